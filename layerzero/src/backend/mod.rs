@@ -1,0 +1,5 @@
+//! Backends at the edge: probing what is installed on this host. The only place `unsafe`
+//! may appear (leaf modules, each block with a SAFETY comment).
+
+pub mod cuda;
+pub mod library;

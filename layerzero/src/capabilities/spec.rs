@@ -1,0 +1,491 @@
+//! What a kernel can do, as data: the typed form of `capabilities/*.json`.
+//!
+//! Every field here is read by a check in `constraint/` and flipped by a test; a field that
+//! nothing checks must not exist. Lists and ranges that are absent do not restrict; feature
+//! flags that are absent mean "not supported" (a capability is never assumed).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::hardware::profile::{ComputeCapability, CpuFeatures};
+use crate::model::attrs::{CausalAlignment, GeluApproximate, RopeStyle};
+use crate::model::device::DeviceKind;
+use crate::model::dtype::DType;
+use crate::model::layout::Layout;
+use crate::model::op::Op;
+
+/// How a backend's kernels get executed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Execution {
+    /// Compiled into LayerZero.
+    Builtin,
+    /// LayerZero's own code over a library loaded at run time (probe names the libraries).
+    DynamicLibrary,
+    /// Another project's library; runs when the host registers an executor for it.
+    External,
+}
+
+/// Where the facts of a backend file were read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Upstream {
+    /// Repository (`owner/name`).
+    pub repository: String,
+    /// Version string in that tree.
+    pub version: String,
+    /// Commit read.
+    pub commit: String,
+    /// Files read.
+    #[serde(default)]
+    pub files: Vec<String>,
+}
+
+/// How to find out at run time whether a dynamic-library backend is installed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Probe {
+    /// Shared libraries, any one of which makes the backend installed.
+    pub libraries: Vec<String>,
+}
+
+/// A compiled CUDA target: `8.0` (runs on 8.x with x >= 0) or `9.0a` (arch-specific: 9.0 only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ArchTarget {
+    /// The capability compiled for.
+    pub cc: ComputeCapability,
+    /// Arch-specific features (`sm_90a`): runs on exactly that capability.
+    pub arch_specific: bool,
+}
+
+impl ArchTarget {
+    /// True when a binary for this target runs on a device of capability `dev`.
+    pub fn runs_on(self, dev: ComputeCapability) -> bool {
+        if self.arch_specific {
+            dev == self.cc
+        } else {
+            dev.major == self.cc.major && dev.minor >= self.cc.minor
+        }
+    }
+}
+
+impl fmt::Display for ArchTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", self.cc, if self.arch_specific { "a" } else { "" })
+    }
+}
+
+impl FromStr for ArchTarget {
+    type Err = String;
+    fn from_str(s: &str) -> Result<ArchTarget, String> {
+        let (base, arch_specific) = match s.strip_suffix('a') {
+            Some(b) => (b, true),
+            None => (s, false),
+        };
+        Ok(ArchTarget { cc: base.parse()?, arch_specific })
+    }
+}
+
+impl Serialize for ArchTarget {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for ArchTarget {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<ArchTarget, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// An inclusive range of compute capabilities.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CcRange {
+    /// Lowest supported.
+    #[serde(default)]
+    pub min: Option<ComputeCapability>,
+    /// Highest supported.
+    #[serde(default)]
+    pub max: Option<ComputeCapability>,
+}
+
+/// An inclusive integer range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Range {
+    /// Lowest accepted.
+    #[serde(default)]
+    pub min: Option<u64>,
+    /// Highest accepted.
+    #[serde(default)]
+    pub max: Option<u64>,
+}
+
+impl Range {
+    /// True when `v` is inside.
+    pub fn contains(&self, v: u64) -> bool {
+        self.min.is_none_or(|m| v >= m) && self.max.is_none_or(|m| v <= m)
+    }
+}
+
+/// A dtype that needs more of the hardware than the kernel in general.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DtypeRequirement {
+    /// The dtype.
+    pub dtype: DType,
+    /// Lowest compute capability for this dtype.
+    #[serde(default)]
+    pub min_compute_capability: Option<ComputeCapability>,
+    /// CPU feature sets, any one of which (all of its features) enables this dtype.
+    #[serde(default)]
+    pub cpu_isa_any_of: Option<Vec<CpuFeatures>>,
+}
+
+/// head_dim limits.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeadDim {
+    /// Smallest.
+    #[serde(default)]
+    pub min: Option<u64>,
+    /// Largest.
+    #[serde(default)]
+    pub max: Option<u64>,
+    /// Required multiple (all dtypes).
+    #[serde(default)]
+    pub multiple: Option<u64>,
+    /// Required multiple for specific dtypes (overrides `multiple`).
+    #[serde(default)]
+    pub multiple_by_dtype: BTreeMap<DType, u64>,
+    /// The only values built.
+    #[serde(default)]
+    pub values: Option<Vec<u64>>,
+}
+
+/// Grouped-query attention support.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Gqa {
+    /// Whether heads_q != heads_kv is accepted natively.
+    pub supported: bool,
+    /// The only group sizes (heads_q / heads_kv) accepted, if restricted.
+    #[serde(default)]
+    pub group_sizes: Option<Vec<u64>>,
+}
+
+/// Causal masking support.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Causal {
+    /// Alignments the kernel implements (they differ only when seq_q != seq_k).
+    pub alignments: Vec<CausalAlignment>,
+    /// Causal only with seq_q == seq_k.
+    #[serde(default)]
+    pub square_only: bool,
+    /// Causal only with seq_q <= seq_k.
+    #[serde(default)]
+    pub seq_q_le_seq_k: bool,
+}
+
+/// Mask kinds by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MaskName {
+    /// Boolean keep-mask.
+    Bool,
+    /// Additive float mask.
+    Float,
+}
+
+/// What strides a kernel accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StrideRule {
+    /// Any strides.
+    Any,
+    /// Any strides with stride(-1) == 1 (the kernel reads row and head strides).
+    LastDimContiguous,
+    /// Fully contiguous tensors only.
+    Contiguous,
+}
+
+/// Paged-cache page sizes.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PageSize {
+    /// Required multiple.
+    #[serde(default)]
+    pub multiple: Option<u64>,
+    /// The only values built.
+    #[serde(default)]
+    pub values: Option<Vec<u64>>,
+}
+
+/// The two swiglu input forms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SwigluForm {
+    /// `x` holds both halves.
+    Split,
+    /// Separate `gate` and `up`.
+    Separate,
+}
+
+/// Every constraint a kernel can declare.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Constraints {
+    // ---- hardware ----
+    /// Compute-capability range the backend's own check enforces.
+    #[serde(default)]
+    pub compute_capability: Option<CcRange>,
+    /// CUDA targets with compiled kernels; a device none of them runs on has no kernel image.
+    #[serde(default)]
+    pub built_archs: Option<Vec<ArchTarget>>,
+    /// ROCm gfx architectures supported.
+    #[serde(default)]
+    pub gfx: Option<Vec<String>>,
+    /// CPU features all required.
+    #[serde(default)]
+    pub cpu_isa: Option<CpuFeatures>,
+    // ---- dtypes ----
+    /// dtypes of the primary tensor (q, x, logits, table).
+    #[serde(default)]
+    pub dtypes: Option<Vec<DType>>,
+    /// Extra hardware needs of particular dtypes.
+    #[serde(default)]
+    pub dtype_requirements: Vec<DtypeRequirement>,
+    // ---- attention ----
+    /// head_dim limits.
+    #[serde(default)]
+    pub head_dim: Option<HeadDim>,
+    /// The value head_dim may differ from the query/key head_dim.
+    #[serde(default)]
+    pub different_v_head_dim: bool,
+    /// GQA/MQA support; absent means heads_q must equal heads_kv.
+    #[serde(default)]
+    pub gqa: Option<Gqa>,
+    /// seq_len_q range.
+    #[serde(default)]
+    pub seq_len_q: Option<Range>,
+    /// Causal support; absent means no causal masking.
+    #[serde(default)]
+    pub causal: Option<Causal>,
+    /// Mask kinds accepted (no mask is always accepted).
+    #[serde(default)]
+    pub masks: Vec<MaskName>,
+    /// An additive float mask must have the query's dtype.
+    #[serde(default)]
+    pub float_mask_matches_q: bool,
+    /// A mask may be combined with causal.
+    #[serde(default)]
+    pub mask_with_causal: bool,
+    /// A mask may broadcast over batch/heads (otherwise it must be full [B, H, Sq, Sk]).
+    #[serde(default)]
+    pub mask_broadcast: bool,
+    /// Dropout.
+    #[serde(default)]
+    pub dropout: bool,
+    /// Left sliding window.
+    #[serde(default)]
+    pub window: bool,
+    /// tanh soft-cap.
+    #[serde(default)]
+    pub softcap: bool,
+    /// Native ALiBi.
+    #[serde(default)]
+    pub alibi: bool,
+    /// Custom softmax scale.
+    #[serde(default)]
+    pub custom_scale: bool,
+    /// Ragged batches through cu_seqlens.
+    #[serde(default)]
+    pub varlen: bool,
+    // ---- layout ----
+    /// Layout tags accepted for the data tensors that carry one.
+    #[serde(default)]
+    pub layouts: Option<Vec<Layout>>,
+    /// Stride rule for the data tensors.
+    #[serde(default)]
+    pub strides: Option<StrideRule>,
+    // ---- paged KV ----
+    /// Page sizes.
+    #[serde(default)]
+    pub page_size: Option<PageSize>,
+    /// Block-table dtypes.
+    #[serde(default)]
+    pub block_table_dtypes: Option<Vec<DType>>,
+    /// KV cache layouts.
+    #[serde(default)]
+    pub kv_cache_layouts: Option<Vec<Layout>>,
+    /// KV cache dtypes; absent means the cache must have the query's dtype.
+    #[serde(default)]
+    pub kv_cache_dtypes: Option<Vec<DType>>,
+    // ---- row-wise ops ----
+    /// Range of the last (hidden) dimension.
+    #[serde(default)]
+    pub hidden_size: Option<Range>,
+    /// rms_norm: fused residual add.
+    #[serde(default)]
+    pub fused_residual: bool,
+    /// rope: pair arrangements.
+    #[serde(default)]
+    pub rope_styles: Option<Vec<RopeStyle>>,
+    /// rope: frequency scaling supported.
+    #[serde(default)]
+    pub rope_scaling: bool,
+    /// gelu: approximations.
+    #[serde(default)]
+    pub gelu_approximations: Option<Vec<GeluApproximate>>,
+    /// swiglu: input forms.
+    #[serde(default)]
+    pub swiglu_forms: Option<Vec<SwigluForm>>,
+    /// linear: weight layouts.
+    #[serde(default)]
+    pub weight_layouts: Option<Vec<Layout>>,
+}
+
+/// Which ops may declare which op-specific constraint fields.
+pub(crate) fn fields_for_op(op: Op) -> &'static [&'static str] {
+    const ATTN: &[&str] = &[
+        "head_dim", "different_v_head_dim", "gqa", "seq_len_q", "causal", "masks", "float_mask_matches_q",
+        "mask_with_causal", "mask_broadcast", "dropout", "window", "softcap", "alibi", "custom_scale", "varlen",
+    ];
+    const PAGED: &[&str] = &[
+        "head_dim", "different_v_head_dim", "gqa", "seq_len_q", "causal", "softcap", "alibi", "custom_scale", "window",
+        "page_size", "block_table_dtypes", "kv_cache_layouts", "kv_cache_dtypes",
+    ];
+    match op {
+        Op::Attention => ATTN,
+        Op::PagedAttention => PAGED,
+        Op::RmsNorm => &["hidden_size", "fused_residual"],
+        Op::LayerNorm => &["hidden_size"],
+        Op::Rope => &["hidden_size", "rope_styles", "rope_scaling"],
+        Op::Gelu => &["hidden_size", "gelu_approximations"],
+        Op::Swiglu => &["hidden_size", "swiglu_forms"],
+        Op::Linear => &["weight_layouts"],
+        _ => &["hidden_size"],
+    }
+}
+
+/// Names of the op-specific fields a constraint set actually declares.
+pub(crate) fn declared_op_fields(c: &Constraints) -> Vec<&'static str> {
+    let mut v = Vec::new();
+    let mut add = |present: bool, name: &'static str| {
+        if present {
+            v.push(name);
+        }
+    };
+    add(c.head_dim.is_some(), "head_dim");
+    add(c.different_v_head_dim, "different_v_head_dim");
+    add(c.gqa.is_some(), "gqa");
+    add(c.seq_len_q.is_some(), "seq_len_q");
+    add(c.causal.is_some(), "causal");
+    add(!c.masks.is_empty(), "masks");
+    add(c.float_mask_matches_q, "float_mask_matches_q");
+    add(c.mask_with_causal, "mask_with_causal");
+    add(c.mask_broadcast, "mask_broadcast");
+    add(c.dropout, "dropout");
+    add(c.window, "window");
+    add(c.softcap, "softcap");
+    add(c.alibi, "alibi");
+    add(c.custom_scale, "custom_scale");
+    add(c.varlen, "varlen");
+    add(c.page_size.is_some(), "page_size");
+    add(c.block_table_dtypes.is_some(), "block_table_dtypes");
+    add(c.kv_cache_layouts.is_some(), "kv_cache_layouts");
+    add(c.kv_cache_dtypes.is_some(), "kv_cache_dtypes");
+    add(c.hidden_size.is_some(), "hidden_size");
+    add(c.fused_residual, "fused_residual");
+    add(c.rope_styles.is_some(), "rope_styles");
+    add(c.rope_scaling, "rope_scaling");
+    add(c.gelu_approximations.is_some(), "gelu_approximations");
+    add(c.swiglu_forms.is_some(), "swiglu_forms");
+    add(c.weight_layouts.is_some(), "weight_layouts");
+    v
+}
+
+/// Execution properties of a kernel.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Properties {
+    /// Bitwise-reproducible across runs.
+    pub deterministic: bool,
+    /// Safe to capture into a CUDA graph (no allocation, no host sync).
+    pub graph_safe: bool,
+    /// Compiles at first use.
+    pub needs_jit: bool,
+    /// Scratch memory it allocates, in bytes.
+    pub workspace_bytes: u64,
+}
+
+/// Cost-model coefficients of a kernel.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PerfModel {
+    /// Fraction of the device's peak FLOP/s the kernel reaches.
+    pub eff_compute: f64,
+    /// Fraction of the device's memory bandwidth the kernel reaches.
+    pub eff_mem: f64,
+    /// Fixed per-call cost, ns.
+    pub launch_ns: f64,
+}
+
+/// One kernel of a backend.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KernelSpec {
+    /// `backend.op.variant`.
+    pub id: String,
+    /// The op.
+    pub op: Op,
+    /// Kernel version (defaults to the backend's).
+    #[serde(default)]
+    pub version: Option<String>,
+    /// What it accepts.
+    pub constraints: Constraints,
+    /// How it behaves.
+    pub properties: Properties,
+    /// Cost-model coefficients.
+    pub perf: PerfModel,
+    /// Where each fact comes from (upstream file and line, or the test that shows it).
+    #[serde(default)]
+    pub sources: Vec<String>,
+}
+
+/// One backend file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendSpec {
+    /// Reference to the schema (ignored).
+    #[serde(rename = "$schema", default, skip_serializing)]
+    pub schema_ref: Option<String>,
+    /// File format version.
+    pub schema_version: u32,
+    /// Backend name.
+    pub backend: String,
+    /// What it is.
+    pub description: String,
+    /// Device kind its kernels run on.
+    pub device: DeviceKind,
+    /// Backend version the facts describe.
+    pub version: String,
+    /// How its kernels run.
+    pub execution: Execution,
+    /// How to detect it on a host (dynamic libraries).
+    #[serde(default)]
+    pub probe: Option<Probe>,
+    /// Where the facts come from.
+    #[serde(default)]
+    pub upstream: Option<Upstream>,
+    /// Its kernels.
+    pub kernels: Vec<KernelSpec>,
+}
+
+/// The capability-file format version this build reads.
+pub const CAPABILITIES_SCHEMA_VERSION: u32 = 1;

@@ -1,0 +1,73 @@
+//! The one public error type: opaque, with a kind and the reasons behind it.
+
+use std::fmt;
+
+use crate::reason::Reason;
+
+/// What went wrong, broadly. Match on this, not on messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// A request, capability, hardware or policy document is malformed or names an unknown value.
+    InvalidInput,
+    /// A file could not be read or written.
+    Io,
+    /// A document does not satisfy its JSON Schema.
+    Schema,
+    /// No kernel qualifies for the request; `reasons()` lists why, per candidate.
+    NoKernel,
+    /// A policy lock names a kernel that is not eligible; `reasons()` lists why.
+    LockViolation,
+    /// A named hardware profile does not exist.
+    UnknownHardware,
+}
+
+/// LayerZero's error: a kind, a one-line message that names the field and the value, and
+/// (for selection failures) every reason collected on the way.
+#[derive(Debug, Clone)]
+pub struct Error {
+    kind: ErrorKind,
+    message: String,
+    reasons: Vec<Reason>,
+}
+
+impl Error {
+    pub(crate) fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
+        Error { kind, message: message.into(), reasons: Vec::new() }
+    }
+
+    pub(crate) fn with_reasons(mut self, reasons: Vec<Reason>) -> Error {
+        self.reasons = reasons;
+        self
+    }
+
+    pub(crate) fn invalid(message: impl Into<String>) -> Error {
+        Error::new(ErrorKind::InvalidInput, message)
+    }
+
+    /// The broad kind.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The reasons behind a selection failure (empty for other kinds).
+    pub fn reasons(&self) -> &[Reason] {
+        &self.reasons
+    }
+
+    /// The message without the reasons.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Result with LayerZero's error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,5 @@
+//! Hardware as data: profiles (shipped and named, or detected from this host).
+
+pub mod detect;
+pub mod named;
+pub mod profile;

@@ -1,0 +1,19 @@
+//! LayerZero: a kernel-selection runtime for ML inference.
+//!
+//! It knows what every kernel of every backend can do (capabilities as data), selects the
+//! fastest valid kernel for a request on a machine, and explains every verdict with stable
+//! reason codes. See `DESIGN.md` for the one data path this crate implements.
+
+#![deny(unsafe_code)]
+
+pub mod backend;
+pub mod canonical;
+pub mod capabilities;
+pub mod error;
+pub mod hardware;
+pub mod model;
+pub mod reason;
+pub mod schema;
+
+pub use error::{Error, ErrorKind, Result};
+pub use reason::{Category, Reason, ReasonCode};

@@ -1,0 +1,262 @@
+//! Per-op attributes, typed. Unknown attributes are an error, never ignored.
+
+use serde::{Deserialize, Serialize};
+
+use super::dtype::DType;
+
+/// Which way a causal mask is aligned when seq_q != seq_k.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CausalAlignment {
+    /// Query i sees keys up to i + (seq_k - seq_q): FlashAttention's convention (the default).
+    #[default]
+    BottomRight,
+    /// Query i sees keys up to i: PyTorch SDPA's `is_causal`.
+    TopLeft,
+}
+
+impl CausalAlignment {
+    /// The stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CausalAlignment::BottomRight => "bottom_right",
+            CausalAlignment::TopLeft => "top_left",
+        }
+    }
+}
+
+/// Attributes of `attention` and `paged_attention`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AttentionAttrs {
+    /// Causal masking.
+    pub causal: bool,
+    /// Alignment of the causal mask when seq_q != seq_k.
+    pub causal_alignment: CausalAlignment,
+    /// Dropout probability (0 for inference).
+    pub dropout_p: f64,
+    /// Left sliding-window size in keys; `None` is unbounded.
+    pub window_left: Option<u64>,
+    /// tanh soft-cap on the logits; `None` is off.
+    pub softcap: Option<f64>,
+    /// Native ALiBi slopes (standard geometric slopes per head).
+    pub alibi: bool,
+    /// Softmax scale; `None` means 1/sqrt(head_dim).
+    pub scale: Option<f64>,
+}
+
+/// Attributes of `rms_norm` and `layer_norm`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NormAttrs {
+    /// Epsilon added to the variance; `None` is the op's default (1e-6 rms, 1e-5 layer).
+    pub eps: Option<f64>,
+}
+
+/// RoPE pair arrangement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RopeStyle {
+    /// Rotate-half pairing (NeoX / Llama): element i pairs with i + rotary_dim/2.
+    #[default]
+    RotateHalf,
+    /// Interleaved pairing (GPT-J): element 2i pairs with 2i + 1.
+    Interleaved,
+}
+
+/// RoPE frequency scaling.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum RopeScaling {
+    /// Positions divided by `factor`.
+    Linear {
+        /// Scaling factor.
+        factor: f64,
+    },
+    /// Dynamic NTK-aware base scaling.
+    DynamicNtk {
+        /// Scaling factor.
+        factor: f64,
+        /// Context length the model was trained at.
+        original_max_position: u64,
+    },
+    /// YaRN interpolation.
+    Yarn {
+        /// Scaling factor.
+        factor: f64,
+        /// Context length the model was trained at.
+        original_max_position: u64,
+        /// High-frequency boundary (rotations).
+        #[serde(default = "yarn_beta_fast")]
+        beta_fast: f64,
+        /// Low-frequency boundary (rotations).
+        #[serde(default = "yarn_beta_slow")]
+        beta_slow: f64,
+    },
+    /// Llama 3 frequency-band scaling.
+    Llama3 {
+        /// Scaling factor.
+        factor: f64,
+        /// Low-frequency factor.
+        low_freq_factor: f64,
+        /// High-frequency factor.
+        high_freq_factor: f64,
+        /// Context length the model was trained at.
+        original_max_position: u64,
+    },
+}
+
+fn yarn_beta_fast() -> f64 {
+    32.0
+}
+fn yarn_beta_slow() -> f64 {
+    1.0
+}
+
+/// Attributes of `rope`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RopeAttrs {
+    /// Pair arrangement.
+    pub style: RopeStyle,
+    /// Rotated leading part of head_dim; `None` rotates all of it.
+    pub rotary_dim: Option<u64>,
+    /// Frequency base (theta); `None` is 10000.
+    pub base: Option<f64>,
+    /// Frequency scaling.
+    pub scaling: Option<RopeScaling>,
+}
+
+/// Attributes of `swiglu`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SwigluAttrs {
+    /// `x` holds gate and up as two halves of its last dimension.
+    pub split: bool,
+}
+
+/// GELU approximation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GeluApproximate {
+    /// Exact erf form.
+    #[default]
+    None,
+    /// tanh approximation.
+    Tanh,
+}
+
+/// Attributes of `gelu`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GeluAttrs {
+    /// Approximation.
+    pub approximate: GeluApproximate,
+}
+
+/// Attributes of `sample`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SampleAttrs {
+    /// Softmax temperature; 0 or `None` with no other filter means greedy.
+    pub temperature: Option<f64>,
+    /// Keep the k most likely tokens.
+    pub top_k: Option<u64>,
+    /// Keep the smallest set whose probability reaches p.
+    pub top_p: Option<f64>,
+    /// Drop tokens below min_p times the top probability.
+    pub min_p: Option<f64>,
+    /// RNG seed.
+    pub seed: Option<u64>,
+}
+
+/// Quantization granularity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QuantScheme {
+    /// One scale for the whole tensor.
+    PerTensor,
+    /// One scale per output channel (row).
+    PerChannel,
+    /// One scale per block of `block` elements.
+    PerBlock,
+}
+
+/// Memory order of a scale tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScaleLayout {
+    /// Row-major scales.
+    RowMajor,
+    /// Column-major scales.
+    ColumnMajor,
+}
+
+/// Attributes of `quantize` and `dequantize`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuantAttrs {
+    /// Granularity.
+    pub scheme: QuantScheme,
+    /// Block shape [rows, cols] for `per_block`.
+    #[serde(default)]
+    pub block: Option<[u64; 2]>,
+    /// Scale memory order.
+    #[serde(default)]
+    pub scale_layout: Option<ScaleLayout>,
+    /// Quantized dtype (i8, fp8_e4m3 or fp8_e5m2).
+    #[serde(default)]
+    pub target: Option<DType>,
+}
+
+/// Attributes of `moe_route`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoeRouteAttrs {
+    /// Experts per token.
+    pub top_k: u64,
+    /// Renormalize the kept weights to sum to one.
+    #[serde(default)]
+    pub renormalize: bool,
+}
+
+/// Attributes of `tokenize`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TokenizeAttrs {
+    /// Identity of the tokenizer (name or hash).
+    pub tokenizer_id: Option<String>,
+    /// Whether offsets are wanted.
+    pub return_offsets: bool,
+}
+
+/// Attributes, typed per op family.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Attrs {
+    /// `attention`, `paged_attention`.
+    Attention(AttentionAttrs),
+    /// `rms_norm`, `layer_norm`.
+    Norm(NormAttrs),
+    /// `rope`.
+    Rope(RopeAttrs),
+    /// `swiglu`.
+    Swiglu(SwigluAttrs),
+    /// `gelu`.
+    Gelu(GeluAttrs),
+    /// `sample`.
+    Sample(SampleAttrs),
+    /// `quantize`, `dequantize`.
+    Quant(QuantAttrs),
+    /// `moe_route`.
+    MoeRoute(MoeRouteAttrs),
+    /// `tokenize`.
+    Tokenize(TokenizeAttrs),
+    /// Ops without attributes (`linear`, `silu`, `embedding`).
+    None(NoAttrs),
+}
+
+/// The empty attribute set.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoAttrs {}

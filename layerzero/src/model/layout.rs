@@ -1,0 +1,58 @@
+//! Layout tags: what each dimension of a tensor's shape means.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// The meaning of a tensor's dimensions. Layouts are always explicit: LayerZero never
+/// guesses them from shapes or strides (a contiguous BSHD and BHSD look the same when S == H).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Layout {
+    /// [batch, seq, heads, head_dim].
+    #[serde(rename = "BSHD")]
+    Bshd,
+    /// [batch, heads, seq, head_dim].
+    #[serde(rename = "BHSD")]
+    Bhsd,
+    /// Paged KV cache [num_pages, page_size, kv_heads, head_dim].
+    #[serde(rename = "NHD")]
+    Nhd,
+    /// Paged KV cache [num_pages, kv_heads, page_size, head_dim].
+    #[serde(rename = "HND")]
+    Hnd,
+    /// Linear weight [out_features, in_features] (x @ W^T).
+    #[serde(rename = "NT")]
+    Nt,
+    /// Linear weight [in_features, out_features] (x @ W).
+    #[serde(rename = "NN")]
+    Nn,
+}
+
+impl Layout {
+    /// The stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Layout::Bshd => "BSHD",
+            Layout::Bhsd => "BHSD",
+            Layout::Nhd => "NHD",
+            Layout::Hnd => "HND",
+            Layout::Nt => "NT",
+            Layout::Nn => "NN",
+        }
+    }
+}
+
+impl fmt::Display for Layout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Row-major strides (in elements) of a contiguous tensor of `shape`.
+pub fn contiguous_strides(shape: &[u64]) -> Vec<u64> {
+    let mut strides = vec![1u64; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1].saturating_mul(shape[i + 1].max(1));
+    }
+    strides
+}

@@ -1,0 +1,11 @@
+//! The vocabulary: ops, dtypes, layouts, devices, tensor descriptors, requests, and the
+//! validated problem a request poses.
+
+pub mod attrs;
+pub mod device;
+pub mod dtype;
+pub mod layout;
+pub mod op;
+pub mod problem;
+pub mod request;
+pub mod tensor;

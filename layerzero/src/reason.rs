@@ -1,0 +1,272 @@
+//! Reason codes: the closed vocabulary in which every verdict is explained.
+//!
+//! A code is data: a stable SCREAMING_SNAKE string, a category, and a one-line meaning.
+//! Messages carry the numbers (`HEAD_DIM_TOO_LARGE: head_dim 288 > max 256`) but are never
+//! parsed; tools match on the code. `schemas/reason_codes.json` is generated from this
+//! enum (`lz reason-codes --json`) and a test keeps the two in sync.
+
+use std::fmt;
+
+use serde::{Serialize, Serializer};
+
+/// The stage of the data path a reason belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Category {
+    /// The backend is not installed, not probed, or absent from the target device.
+    Availability,
+    /// A kernel constraint does not hold for the request on this hardware.
+    Constraint,
+    /// An operator policy rule removed the kernel.
+    Policy,
+    /// An adaptation the kernel would need is not allowed.
+    Transform,
+    /// Memory or workspace does not fit.
+    Capacity,
+    /// The kernel is not safe to capture into a CUDA graph.
+    Graph,
+    /// The backend is marked unhealthy by the runtime.
+    Health,
+    /// A baked plan could not serve the request.
+    Plan,
+    /// The request itself is malformed or inconsistent.
+    Input,
+}
+
+impl Category {
+    /// Stable lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Category::Availability => "availability",
+            Category::Constraint => "constraint",
+            Category::Policy => "policy",
+            Category::Transform => "transform",
+            Category::Capacity => "capacity",
+            Category::Graph => "graph",
+            Category::Health => "health",
+            Category::Plan => "plan",
+            Category::Input => "input",
+        }
+    }
+}
+
+macro_rules! reason_codes {
+    ($( $(#[doc = $doc:literal])+ $variant:ident => $category:ident, )+) => {
+        /// Why a kernel was rejected (or why something else on the data path happened).
+        ///
+        /// Closed: a code that is not here cannot be reported.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        #[allow(non_camel_case_types)]
+        pub enum ReasonCode {
+            $( $(#[doc = $doc])+ $variant, )+
+        }
+
+        impl ReasonCode {
+            /// Every code, in declaration order.
+            pub const ALL: &'static [ReasonCode] = &[ $( ReasonCode::$variant, )+ ];
+
+            /// The stable SCREAMING_SNAKE string.
+            pub fn as_str(self) -> &'static str {
+                match self { $( ReasonCode::$variant => stringify!($variant), )+ }
+            }
+
+            /// The data-path stage this code belongs to.
+            pub fn category(self) -> Category {
+                match self { $( ReasonCode::$variant => Category::$category, )+ }
+            }
+
+            /// What the code means, in one line.
+            pub fn meaning(self) -> &'static str {
+                match self { $( ReasonCode::$variant => concat!($($doc),+).trim_ascii(), )+ }
+            }
+
+            /// Parses the stable string.
+            pub fn from_name(name: &str) -> Option<ReasonCode> {
+                match name { $( stringify!($variant) => Some(ReasonCode::$variant), )+ _ => None }
+            }
+        }
+    };
+}
+
+reason_codes! {
+    /// The backend is not installed on this host (no library found, no executor registered).
+    BACKEND_NOT_INSTALLED => Availability,
+    /// The kernel runs on another kind of device than the request's tensors.
+    DEVICE_KIND_MISMATCH => Availability,
+    /// The request names a device index the hardware profile does not have.
+    DEVICE_NOT_PRESENT => Availability,
+    /// The runtime marked the backend unhealthy after failures.
+    BACKEND_UNHEALTHY => Health,
+    /// The device's compute capability is below the kernel's minimum.
+    COMPUTE_CAPABILITY_TOO_OLD => Constraint,
+    /// The device's compute capability is above the kernel's maximum.
+    COMPUTE_CAPABILITY_TOO_NEW => Constraint,
+    /// The backend ships no kernel image that runs on this architecture.
+    NO_KERNEL_IMAGE_FOR_ARCH => Constraint,
+    /// The ROCm gfx architecture is not supported.
+    GFX_ARCH_UNSUPPORTED => Constraint,
+    /// The CPU lacks an instruction-set extension the kernel requires.
+    CPU_ISA_MISSING => Constraint,
+    /// The kernel does not accept the tensor's dtype.
+    DTYPE_UNSUPPORTED => Constraint,
+    /// The dtype is accepted, but not on this hardware.
+    DTYPE_UNSUPPORTED_ON_HARDWARE => Constraint,
+    /// Tensors that must share a dtype do not.
+    DTYPE_MISMATCH => Constraint,
+    /// head_dim is below the kernel's minimum.
+    HEAD_DIM_TOO_SMALL => Constraint,
+    /// head_dim is above the kernel's maximum.
+    HEAD_DIM_TOO_LARGE => Constraint,
+    /// head_dim is not a multiple of the kernel's required alignment.
+    HEAD_DIM_ALIGNMENT => Constraint,
+    /// head_dim is not one of the values the kernel is built for.
+    HEAD_DIM_UNSUPPORTED => Constraint,
+    /// The value head_dim differs from the query/key head_dim and the kernel needs them equal.
+    HEAD_DIM_V_MISMATCH => Constraint,
+    /// Query and key/value head counts differ (GQA/MQA) and the kernel needs them equal.
+    GQA_UNSUPPORTED => Constraint,
+    /// The GQA group size (q heads per kv head) is not one the kernel supports.
+    GQA_GROUP_SIZE_UNSUPPORTED => Constraint,
+    /// seq_len_q is outside the kernel's range.
+    SEQ_LEN_Q_UNSUPPORTED => Constraint,
+    /// The kernel takes no attention mask of this kind.
+    MASK_UNSUPPORTED => Constraint,
+    /// An additive float mask must have the query's dtype.
+    MASK_DTYPE_MISMATCH => Constraint,
+    /// An explicit mask together with causal is not accepted by this kernel.
+    MASK_CAUSAL_CONFLICT => Constraint,
+    /// The kernel needs a full [batch, heads, seq_q, seq_k] mask, not a broadcast one.
+    MASK_BROADCAST_UNSUPPORTED => Constraint,
+    /// The kernel does not do causal masking.
+    CAUSAL_UNSUPPORTED => Constraint,
+    /// The kernel cannot honour the requested causal alignment (they differ when seq_q != seq_k).
+    CAUSAL_ALIGNMENT_UNSUPPORTED => Constraint,
+    /// Causal attention with seq_q > seq_k is not accepted by this kernel.
+    CAUSAL_SEQ_Q_EXCEEDS_SEQ_K => Constraint,
+    /// The kernel does no dropout.
+    DROPOUT_UNSUPPORTED => Constraint,
+    /// The kernel does no sliding-window (local) attention.
+    WINDOW_UNSUPPORTED => Constraint,
+    /// The kernel does no tanh logit soft-capping.
+    SOFTCAP_UNSUPPORTED => Constraint,
+    /// The kernel takes no native ALiBi slopes.
+    ALIBI_UNSUPPORTED => Constraint,
+    /// The kernel takes no custom softmax scale.
+    SCALE_UNSUPPORTED => Constraint,
+    /// The kernel takes no ragged (cu_seqlens) batches.
+    VARLEN_UNSUPPORTED => Constraint,
+    /// The kernel does not accept the tensor layout.
+    LAYOUT_UNSUPPORTED => Constraint,
+    /// The kernel needs stride(-1) == 1.
+    LAST_DIM_NOT_CONTIGUOUS => Constraint,
+    /// The kernel needs fully contiguous tensors.
+    NOT_CONTIGUOUS => Constraint,
+    /// The paged KV cache page size is not accepted.
+    PAGE_SIZE_UNSUPPORTED => Constraint,
+    /// The block table dtype is not accepted.
+    BLOCK_TABLE_DTYPE_UNSUPPORTED => Constraint,
+    /// The KV cache layout (NHD/HND) is not accepted.
+    KV_CACHE_LAYOUT_UNSUPPORTED => Constraint,
+    /// The KV cache dtype is not accepted.
+    KV_CACHE_DTYPE_UNSUPPORTED => Constraint,
+    /// The normalized / activated dimension exceeds what the kernel handles.
+    HIDDEN_SIZE_UNSUPPORTED => Constraint,
+    /// The kernel needs the op's attribute in another form (e.g. a fused split, an approximation).
+    ATTR_UNSUPPORTED => Constraint,
+    /// A policy deny rule matched the kernel.
+    POLICY_DENIED => Policy,
+    /// An allow-list is active for this request and does not name the kernel.
+    POLICY_NOT_ALLOWED => Policy,
+    /// A policy lock selects another kernel for this request.
+    POLICY_LOCKED_OTHER => Policy,
+    /// The policy requires deterministic kernels and this one is not.
+    NON_DETERMINISTIC => Policy,
+    /// The kernel needs JIT compilation and the policy forbids it.
+    JIT_DISALLOWED => Policy,
+    /// The kernel needs an adaptation (layout, contiguity, dtype) and strict_mode forbids implicit transforms.
+    TRANSFORM_REJECTED_STRICT => Transform,
+    /// The kernel needs more workspace than the device has left after the request's tensors.
+    MEMORY_HEADROOM_EXCEEDED => Capacity,
+    /// The kernel is not safe to capture into a CUDA graph and graph_strict_mode is on.
+    GRAPH_UNSAFE => Graph,
+    /// The request is malformed or inconsistent (missing tensor, wrong rank, mismatched dims).
+    INVALID_REQUEST => Input,
+    /// The request's tensors live on different devices.
+    DEVICE_MIXED => Input,
+}
+
+impl Serialize for ReasonCode {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl fmt::Display for ReasonCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One reason: a code plus a message with the numbers.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Reason {
+    code: ReasonCode,
+    message: String,
+}
+
+impl Reason {
+    /// A reason with its message.
+    pub fn new(code: ReasonCode, message: impl Into<String>) -> Reason {
+        Reason { code, message: message.into() }
+    }
+
+    /// The code.
+    pub fn code(&self) -> ReasonCode {
+        self.code
+    }
+
+    /// The category of the code.
+    pub fn category(&self) -> Category {
+        self.code.category()
+    }
+
+    /// The message, with the numbers.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+impl Serialize for Reason {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("Reason", 3)?;
+        st.serialize_field("code", self.code.as_str())?;
+        st.serialize_field("category", self.code.category().as_str())?;
+        st.serialize_field("message", &self.message)?;
+        st.end()
+    }
+}
+
+/// The `schemas/reason_codes.json` document: every code with its category and meaning.
+pub fn reason_codes_document() -> serde_json::Value {
+    let codes: Vec<serde_json::Value> = ReasonCode::ALL
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "code": c.as_str(),
+                "category": c.category().as_str(),
+                "meaning": c.meaning(),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "description": "Every LayerZero reason code. Generated from layerzero::ReasonCode by `lz reason-codes --json`; do not edit by hand.",
+        "codes": codes,
+    })
+}

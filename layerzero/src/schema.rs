@@ -1,0 +1,102 @@
+//! JSON Schemas (draft 2020-12) of every file format and `--json` output, compiled in from
+//! `schemas/` and enforced with the `jsonschema` crate.
+
+use std::sync::OnceLock;
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// The documents LayerZero reads or writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SchemaKind {
+    /// `capabilities/*.json`.
+    Capabilities,
+    /// `capabilities/hardware/*.json`.
+    Hardware,
+    /// Policy files.
+    Policy,
+    /// Request files.
+    Request,
+    /// `lz explain --json`.
+    SelectionReport,
+    /// `lz doctor --json`.
+    Doctor,
+}
+
+impl SchemaKind {
+    /// Every kind.
+    pub const ALL: [SchemaKind; 6] = [
+        SchemaKind::Capabilities,
+        SchemaKind::Hardware,
+        SchemaKind::Policy,
+        SchemaKind::Request,
+        SchemaKind::SelectionReport,
+        SchemaKind::Doctor,
+    ];
+
+    /// The schema file name in `schemas/`.
+    pub fn file_name(self) -> &'static str {
+        match self {
+            SchemaKind::Capabilities => "capabilities.schema.json",
+            SchemaKind::Hardware => "hardware.schema.json",
+            SchemaKind::Policy => "policy.schema.json",
+            SchemaKind::Request => "request.schema.json",
+            SchemaKind::SelectionReport => "selection_report.schema.json",
+            SchemaKind::Doctor => "doctor.schema.json",
+        }
+    }
+
+    /// The schema text.
+    pub fn text(self) -> &'static str {
+        match self {
+            SchemaKind::Capabilities => include_str!("../../schemas/capabilities.schema.json"),
+            SchemaKind::Hardware => include_str!("../../schemas/hardware.schema.json"),
+            SchemaKind::Policy => include_str!("../../schemas/policy.schema.json"),
+            SchemaKind::Request => include_str!("../../schemas/request.schema.json"),
+            SchemaKind::SelectionReport => include_str!("../../schemas/selection_report.schema.json"),
+            SchemaKind::Doctor => include_str!("../../schemas/doctor.schema.json"),
+        }
+    }
+
+    fn slot(self) -> usize {
+        self as usize
+    }
+}
+
+type Compiled = std::result::Result<jsonschema::Validator, String>;
+
+fn validator(kind: SchemaKind) -> std::result::Result<&'static jsonschema::Validator, String> {
+    static VALIDATORS: [OnceLock<Compiled>; 6] = [const { OnceLock::new() }; 6];
+    VALIDATORS[kind.slot()]
+        .get_or_init(|| {
+            let schema: serde_json::Value = serde_json::from_str(kind.text())
+                .map_err(|e| format!("schemas/{} is not JSON: {e}", kind.file_name()))?;
+            jsonschema::draft202012::new(&schema).map_err(|e| format!("schemas/{} is not a valid schema: {e}", kind.file_name()))
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// Every violation of `kind`'s schema in `value`, as `path: message` lines.
+pub fn violations(kind: SchemaKind, value: &serde_json::Value) -> Result<Vec<String>> {
+    let v = validator(kind).map_err(|e| Error::new(ErrorKind::Schema, e))?;
+    Ok(v
+        .iter_errors(value)
+        .map(|e| {
+            let path = e.instance_path().to_string();
+            let at = if path.is_empty() { "/".to_owned() } else { path };
+            format!("{at}: {e}")
+        })
+        .collect())
+}
+
+/// Checks `value` against `kind`'s schema; the error names the file, the field and the rule.
+pub fn validate(kind: SchemaKind, value: &serde_json::Value, origin: &str) -> Result<()> {
+    let errs = violations(kind, value)?;
+    match errs.first() {
+        None => Ok(()),
+        Some(first) => {
+            let more = if errs.len() > 1 { format!(" (and {} more)", errs.len() - 1) } else { String::new() };
+            Err(Error::new(ErrorKind::Schema, format!("{origin}: schema violation at {first}{more}")))
+        }
+    }
+}
