@@ -9,11 +9,18 @@
 pub mod backend;
 pub mod canonical;
 pub mod capabilities;
+#[cfg(feature = "cli")]
+pub mod cli;
+pub mod constraint;
 pub mod error;
 pub mod hardware;
 pub mod model;
+pub mod policy;
 pub mod reason;
 pub mod schema;
+pub mod score;
+pub mod select;
+pub mod transform;
 
 pub use error::{Error, ErrorKind, Result};
 pub use reason::{Category, Reason, ReasonCode};

@@ -203,6 +203,10 @@ impl<'de> Deserialize<'de> for CpuFeatures {
     }
 }
 
+fn no_features(f: &CpuFeatures) -> bool {
+    f.is_empty()
+}
+
 /// One device of a machine.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -220,7 +224,7 @@ pub struct DeviceProfile {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gfx: Option<String>,
     /// CPU instruction-set extensions (CPU devices).
-    #[serde(default, skip_serializing_if = "CpuFeatures::is_empty")]
+    #[serde(default, skip_serializing_if = "no_features")]
     pub isa: CpuFeatures,
     /// Device memory in bytes (host RAM for a CPU).
     pub memory_bytes: u64,

@@ -5,7 +5,6 @@
 //! that disagree) yields `INVALID_REQUEST` reasons here, each naming the field and value.
 
 use super::attrs::Attrs;
-use super::device::DeviceRef;
 use super::dtype::DType;
 use super::layout::Layout;
 use super::op::Op;
@@ -122,13 +121,11 @@ pub struct Problem {
     pub op: Op,
     /// The compute dtype (dtype of the primary tensor: q, x, logits...).
     pub dtype: DType,
-    /// The device all tensors live on (`None` = the profile's primary device).
-    pub device: Option<DeviceRef>,
     /// Derived dimensions.
     pub dims: Dims,
     /// Bytes of all request tensors (inputs), for capacity and cost.
     pub input_bytes: u64,
-    /// `INVALID_REQUEST` / `DEVICE_MIXED` reasons; empty when the request is consistent.
+    /// `INVALID_REQUEST` reasons; empty when the request is consistent.
     pub errors: Vec<Reason>,
 }
 
@@ -280,9 +277,8 @@ impl Problem {
                 v.err(format!("tensor `{name}` has {} strides for rank {}", strides.len(), t.rank()));
             }
         }
-        let device = Self::common_device(req, &mut v);
         let (dtype, dims) = match req.op {
-            Op::Attention => Self::attention(&mut v),
+            Op::Attention => Self::dense_attention(&mut v),
             Op::PagedAttention => Self::paged(&mut v),
             Op::Linear => Self::linear(&mut v),
             Op::Tokenize => (DType::I32, Dims::None),
@@ -290,7 +286,7 @@ impl Problem {
         };
         Self::check_attrs(&mut v);
         let input_bytes = req.tensors.values().fold(0u64, |a, t| a.saturating_add(t.bytes()));
-        Problem { op: req.op, dtype, device, dims, input_bytes, errors: v.errors }
+        Problem { op: req.op, dtype, dims, input_bytes, errors: v.errors }
     }
 
     /// The attention dims, for the attention ops with a valid request.
@@ -301,32 +297,7 @@ impl Problem {
         }
     }
 
-    fn common_device(req: &Request, v: &mut Validator<'_>) -> Option<DeviceRef> {
-        let mut first: Option<(&str, DeviceRef)> = None;
-        let mut mixed = false;
-        for (name, t) in &req.tensors {
-            let Some(d) = t.device else { continue };
-            match first {
-                None => first = Some((name, d)),
-                Some((fname, fd)) if fd.kind != d.kind || fd.ordinal() != d.ordinal() => {
-                    if !mixed {
-                        v.errors.push(Reason::new(
-                            ReasonCode::DEVICE_MIXED,
-                            format!("tensor `{fname}` is on {fd} but tensor `{name}` is on {d}; one request runs on one device"),
-                        ));
-                    }
-                    mixed = true;
-                }
-                Some(_) => {}
-            }
-        }
-        // Tensors without a device are on the primary device; mixing them with explicit
-        // devices is only consistent when the explicit one is the primary, which the
-        // selector checks against the profile.
-        first.map(|(_, d)| d)
-    }
-
-    fn attention(v: &mut Validator<'_>) -> (DType, Dims) {
+    fn dense_attention(v: &mut Validator<'_>) -> (DType, Dims) {
         let q = v.ranked("q", 4);
         let k = v.ranked("k", 4);
         let val = v.ranked("v", 4);

@@ -1,0 +1,334 @@
+//! The `lz` command line. Every command has `--json`; exit 0 ok, 1 check failed,
+//! 2 usage, configuration or input error. Errors print as one line, never a panic.
+
+mod doctor;
+mod render;
+mod validate;
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::capabilities::catalog::Catalog;
+use crate::error::{Error, ErrorKind, Result};
+use crate::hardware::{detect, named};
+use crate::model::op::Op;
+use crate::model::request::Request;
+use crate::policy::Policy;
+use crate::schema::{self, SchemaKind};
+use crate::select::{Availability, Selector};
+
+/// LayerZero: selects the fastest valid kernel for an ML op on a machine, and says why.
+#[derive(Parser, Debug)]
+#[command(name = "lz", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Explain the selection for a request: the winner, then every candidate with its verdict.
+    Explain(SelectArgs),
+    /// Print the kernel id selected for a request (exit 1 when none qualifies).
+    Which(SelectArgs),
+    /// List the kernels of the catalog.
+    ListKernels(ListArgs),
+    /// Schema-check capability, hardware, policy and request files (all shipped files by default).
+    Validate(ValidateArgs),
+    /// Show a hardware profile (this host, detected, unless --hardware is given).
+    Hardware(HardwareArgs),
+    /// Check this installation: hardware, backends, files, one sample selection.
+    Doctor(DoctorArgs),
+    /// Print every reason code with its category and meaning.
+    ReasonCodes(JsonArg),
+}
+
+#[derive(Args, Debug)]
+struct JsonArg {
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct CatalogArg {
+    /// Read capability files from this folder instead of the shipped ones.
+    #[arg(long, value_name = "DIR")]
+    capabilities: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct SelectArgs {
+    /// Request file (JSON), or - for standard input.
+    #[arg(long, value_name = "FILE|-")]
+    request: String,
+    /// Plan for a named hardware profile or a profile file instead of this host.
+    #[arg(long, value_name = "NAME|PATH")]
+    hardware: Option<String>,
+    /// Policy file.
+    #[arg(long, value_name = "FILE")]
+    policy: Option<PathBuf>,
+    #[command(flatten)]
+    catalog: CatalogArg,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct ListArgs {
+    /// Only kernels of this op.
+    #[arg(long)]
+    op: Option<String>,
+    /// Only kernels of this backend.
+    #[arg(long)]
+    backend: Option<String>,
+    #[command(flatten)]
+    catalog: CatalogArg,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct ValidateArgs {
+    /// Files to check; the kind is read from the path or the content.
+    files: Vec<PathBuf>,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct HardwareArgs {
+    /// A named profile or a profile file instead of this host.
+    #[arg(long, value_name = "NAME|PATH")]
+    hardware: Option<String>,
+    /// List the shipped profile names.
+    #[arg(long)]
+    list: bool,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct DoctorArgs {
+    #[command(flatten)]
+    catalog: CatalogArg,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+/// What a command reports back to `main`.
+enum Outcome {
+    Ok,
+    CheckFailed,
+    /// The input was wrong; the output (e.g. a JSON report) was already printed.
+    InputError,
+}
+
+/// Runs `lz` with the process arguments.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let result = std::panic::catch_unwind(|| run(cli));
+    match result {
+        Ok(Ok(Outcome::Ok)) => ExitCode::SUCCESS,
+        Ok(Ok(Outcome::CheckFailed)) => ExitCode::from(1),
+        Ok(Ok(Outcome::InputError)) => ExitCode::from(2),
+        Ok(Err(e)) => {
+            eprintln!("lz: error: {e}");
+            ExitCode::from(2)
+        }
+        Err(_) => {
+            eprintln!("lz: internal error (a bug in LayerZero; please report it with the command you ran)");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<Outcome> {
+    match cli.command {
+        Command::Explain(a) => explain(a, false),
+        Command::Which(a) => explain(a, true),
+        Command::ListKernels(a) => list_kernels(a),
+        Command::Validate(a) => validate::run(&a.files, a.json),
+        Command::Hardware(a) => hardware(a),
+        Command::Doctor(a) => doctor::run(load_catalog(&a.catalog)?, a.json),
+        Command::ReasonCodes(a) => {
+            if a.json {
+                print_json(&crate::reason::reason_codes_document());
+            } else {
+                print!("{}", render::reason_codes());
+            }
+            Ok(Outcome::Ok)
+        }
+    }
+}
+
+fn load_catalog(arg: &CatalogArg) -> Result<Arc<Catalog>> {
+    match &arg.capabilities {
+        Some(dir) => Catalog::load_dir(dir).map(Arc::new),
+        None => Catalog::builtin(),
+    }
+}
+
+fn read_text(path: &str) -> Result<String> {
+    if path == "-" {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .map_err(|e| Error::new(ErrorKind::Io, format!("cannot read the request from standard input: {e}")))?;
+        return Ok(s);
+    }
+    std::fs::read_to_string(path).map_err(|e| Error::new(ErrorKind::Io, format!("cannot read {path}: {e}")))
+}
+
+/// Reads, schema-checks and parses a request file.
+fn load_request(path: &str) -> Result<Request> {
+    let text = read_text(path)?;
+    let origin = if path == "-" { "request (stdin)" } else { path };
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| Error::invalid(format!("{origin}: invalid JSON: {e}")))?;
+    schema::validate(SchemaKind::Request, &value, origin)?;
+    Request::from_json(&text).map_err(|e| Error::invalid(format!("{origin}: {e}")))
+}
+
+/// The selector for `--hardware` (planning) or this host (probed).
+fn selector(hardware: Option<&str>, policy: Option<&PathBuf>, catalog: Arc<Catalog>) -> Result<Selector> {
+    let policy = match policy {
+        Some(p) => {
+            let text = read_text(&p.display().to_string())?;
+            Policy::from_json(&text, &p.display().to_string())?
+        }
+        None => Policy::default(),
+    };
+    let policy = Arc::new(policy);
+    match hardware {
+        Some(h) => Selector::planning(catalog, Arc::new(named::load(h)?), policy),
+        None => {
+            let host = Arc::new(detect::detect_host().profile);
+            let availability = Arc::new(Availability::probe_host(&catalog, &host, &[]));
+            Selector::new(catalog, host, policy, availability)
+        }
+    }
+}
+
+fn explain(a: SelectArgs, which: bool) -> Result<Outcome> {
+    let request = load_request(&a.request)?;
+    let sel = selector(a.hardware.as_deref(), a.policy.as_ref(), load_catalog(&a.catalog)?)?;
+    let report = sel.explain(&request);
+    if a.json {
+        if which {
+            print_json(&serde_json::json!({
+                "selected": report.selected,
+                "hardware": report.hardware,
+                "request_errors": report.request_errors,
+            }));
+        } else {
+            print_json(&report.to_json());
+        }
+    } else if which {
+        match &report.selected {
+            Some(k) => println!("{k}"),
+            None => eprintln!("{}", render::no_selection_line(&report)),
+        }
+    } else {
+        print!("{}", render::explain(&report));
+    }
+    if !report.request_errors.is_empty() {
+        if !a.json {
+            return Err(Error::invalid(format!("invalid request: {}", report.request_errors[0])));
+        }
+        return Ok(Outcome::InputError);
+    }
+    Ok(if report.selected.is_some() { Outcome::Ok } else { Outcome::CheckFailed })
+}
+
+fn list_kernels(a: ListArgs) -> Result<Outcome> {
+    let catalog = load_catalog(&a.catalog)?;
+    let op = match &a.op {
+        Some(name) => Some(Op::from_name(name).ok_or_else(|| {
+            let names: Vec<&str> = Op::ALL.iter().map(|o| o.as_str()).collect();
+            Error::invalid(format!("--op {name:?} is not an op (expected one of {})", names.join(", ")))
+        })?),
+        None => None,
+    };
+    if let Some(b) = &a.backend
+        && catalog.backend(b).is_none()
+    {
+        let names: Vec<&str> = catalog.backends().iter().map(|b| b.backend.as_str()).collect();
+        return Err(Error::invalid(format!("--backend {b:?} is not a backend (expected one of {})", names.join(", "))));
+    }
+    let rows: Vec<_> = catalog
+        .kernels()
+        .filter(|(_, b, k)| op.is_none_or(|o| k.op == o) && a.backend.as_ref().is_none_or(|n| &b.backend == n))
+        .collect();
+    if a.json {
+        let items: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(_, b, k)| {
+                serde_json::json!({
+                    "kernel": k.id,
+                    "backend": b.backend,
+                    "op": k.op,
+                    "device": b.device,
+                    "execution": b.execution,
+                    "version": k.version.as_deref().unwrap_or(&b.version),
+                    "properties": k.properties,
+                })
+            })
+            .collect();
+        print_json(&serde_json::json!({ "capabilities_hash": catalog.hash(), "kernels": items }));
+    } else {
+        print!("{}", render::kernel_table(&rows));
+    }
+    Ok(Outcome::Ok)
+}
+
+fn hardware(a: HardwareArgs) -> Result<Outcome> {
+    if a.list {
+        let names = named::builtin_names();
+        if a.json {
+            print_json(&serde_json::json!({ "profiles": names }));
+        } else {
+            println!("{}", names.join("\n"));
+        }
+        return Ok(Outcome::Ok);
+    }
+    let (profile, notes) = match &a.hardware {
+        Some(h) => (named::load(h)?, Vec::new()),
+        None => {
+            let d = detect::detect_host();
+            (d.profile, d.notes)
+        }
+    };
+    if a.json {
+        let mut v = profile.to_file_json();
+        v["fingerprint"] = serde_json::Value::String(profile.fingerprint.clone());
+        v["notes"] = serde_json::json!(notes);
+        print_json(&v);
+    } else {
+        print!("{}", render::hardware(&profile, &notes));
+    }
+    Ok(Outcome::Ok)
+}
+
+fn print_json(v: &serde_json::Value) {
+    match serde_json::to_string_pretty(v) {
+        Ok(s) => println!("{s}"),
+        Err(e) => eprintln!("lz: error: cannot write JSON: {e}"),
+    }
+}

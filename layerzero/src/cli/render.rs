@@ -1,0 +1,185 @@
+//! Human renderings of reports and tables.
+
+use std::fmt::Write as _;
+
+use crate::capabilities::spec::{BackendSpec, KernelSpec};
+use crate::hardware::profile::HardwareProfile;
+use crate::reason::ReasonCode;
+use crate::select::{SelectionReport, Verdict};
+
+/// A duration for people: ns, µs, ms or s.
+pub(super) fn duration(ns: f64) -> String {
+    if ns < 1e3 {
+        format!("{ns:.0} ns")
+    } else if ns < 1e6 {
+        format!("{:.2} µs", ns / 1e3)
+    } else if ns < 1e9 {
+        format!("{:.3} ms", ns / 1e6)
+    } else {
+        format!("{:.3} s", ns / 1e9)
+    }
+}
+
+fn request_line(r: &SelectionReport) -> String {
+    let mut parts = Vec::new();
+    for (name, t) in &r.request.tensors {
+        let layout = t.layout.map(|l| format!(" {l}")).unwrap_or_default();
+        let strided = if t.strides.is_some() && !t.is_contiguous() { " strided" } else { "" };
+        parts.push(format!("{name}={} {:?}{layout}{strided}", t.dtype, t.shape));
+    }
+    format!("{} {}", r.request.op, parts.join(", "))
+}
+
+/// The one-line reason `which` prints when nothing qualifies.
+pub(super) fn no_selection_line(r: &SelectionReport) -> String {
+    if let Some(e) = r.request_errors.first() {
+        return format!("no kernel: invalid request: {e}");
+    }
+    format!("no kernel qualifies for {} on {} ({} candidates rejected; run `lz explain` for the reasons)", r.request.op, r.hardware.name, r.candidates.len())
+}
+
+/// `lz explain` for people: the winner and its arithmetic, then every candidate.
+pub(super) fn explain(r: &SelectionReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "request:   {}", request_line(r));
+    let _ = writeln!(out, "hardware:  {} [{}] on {} ({} mode)", r.hardware.name, r.hardware.fingerprint, r.device, r.mode);
+    let _ = writeln!(out, "hashes:    capabilities {}  policy {}", &r.capabilities_hash[..16], &r.policy_hash[..16]);
+    if let Some(l) = &r.lock {
+        let _ = writeln!(out, "lock:      policy rule {} locks {}", l.rule, l.kernel);
+    }
+    for e in &r.request_errors {
+        let _ = writeln!(out, "error:     {e}");
+    }
+    match r.selected_candidate() {
+        Some(c) => {
+            let _ = writeln!(out, "selected:  {}", c.kernel);
+            if let Some(s) = &c.score {
+                let m = &s.model;
+                let _ = writeln!(
+                    out,
+                    "  score:   total {} = (estimated {} [{}] + transforms {}) x policy {}",
+                    duration(s.total_ns),
+                    duration(s.estimated_ns),
+                    s.source.as_str(),
+                    duration(s.transform_ns),
+                    s.policy_factor
+                );
+                let _ = writeln!(
+                    out,
+                    "  model:   max(compute {}, memory {}) + launch {}  ({:.3e} flop, {:.3e} bytes)",
+                    duration(m.compute_ns),
+                    duration(m.memory_ns),
+                    duration(m.launch_ns),
+                    m.flops,
+                    m.bytes
+                );
+            }
+            for t in &c.transforms {
+                let _ = writeln!(out, "  transform: {} {} {} -> {} ({} bytes, {})", t.kind.as_str(), t.tensor, t.from, t.to, t.bytes, duration(t.ns));
+            }
+        }
+        None => {
+            let _ = writeln!(out, "selected:  none");
+        }
+    }
+    let _ = writeln!(out, "\ncandidates ({}):", r.candidates.len());
+    let width = r.candidates.iter().map(|c| c.kernel.len()).max().unwrap_or(6).max(6);
+    let _ = writeln!(out, "  {:<9} {:<width$}  {:>12}  REASONS", "VERDICT", "KERNEL", "TOTAL");
+    let mut order: Vec<&crate::select::CandidateReport> = r.candidates.iter().collect();
+    order.sort_by(|a, b| {
+        let rank = |v: Verdict| match v {
+            Verdict::Selected => 0,
+            Verdict::Eligible => 1,
+            Verdict::Rejected => 2,
+        };
+        let total = |c: &crate::select::CandidateReport| c.score.as_ref().map_or(f64::INFINITY, |s| s.total_ns);
+        rank(a.verdict).cmp(&rank(b.verdict)).then(total(a).total_cmp(&total(b))).then(a.kernel.cmp(&b.kernel))
+    });
+    for c in order {
+        let total = c.score.as_ref().map_or_else(|| "-".to_owned(), |s| duration(s.total_ns));
+        let first = c.reasons.first().map_or_else(
+            || if c.transforms.is_empty() { "-".to_owned() } else { format!("needs {} transform(s)", c.transforms.len()) },
+            |r| r.to_string(),
+        );
+        let _ = writeln!(out, "  {:<9} {:<width$}  {:>12}  {first}", c.verdict.as_str(), c.kernel, total);
+        for reason in c.reasons.iter().skip(1) {
+            let _ = writeln!(out, "  {:<9} {:<width$}  {:>12}  {reason}", "", "", "");
+        }
+    }
+    out
+}
+
+/// `lz list-kernels` for people.
+pub(super) fn kernel_table(rows: &[(usize, &BackendSpec, &KernelSpec)]) -> String {
+    let mut out = String::new();
+    let width = rows.iter().map(|(_, _, k)| k.id.len()).max().unwrap_or(6).max(6);
+    let _ = writeln!(out, "{:<width$}  {:<16} {:<5} {:<16} {:<10} PROPERTIES", "KERNEL", "OP", "DEV", "EXECUTION", "VERSION");
+    for (_, b, k) in rows {
+        let p = &k.properties;
+        let mut props = Vec::new();
+        if p.deterministic {
+            props.push("deterministic");
+        }
+        if p.graph_safe {
+            props.push("graph_safe");
+        }
+        if p.needs_jit {
+            props.push("jit");
+        }
+        let exec = format!("{:?}", b.execution).to_lowercase();
+        let _ = writeln!(
+            out,
+            "{:<width$}  {:<16} {:<5} {:<16} {:<10} {}",
+            k.id,
+            k.op.as_str(),
+            b.device.as_str(),
+            exec,
+            k.version.as_deref().unwrap_or(&b.version),
+            props.join(" ")
+        );
+    }
+    let _ = writeln!(out, "{} kernels", rows.len());
+    out
+}
+
+/// `lz hardware` for people.
+pub(super) fn hardware(p: &HardwareProfile, notes: &[String]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "profile:     {} [{}]", p.name, p.fingerprint);
+    let _ = writeln!(out, "description: {}", p.description);
+    for (i, d) in p.devices.iter().enumerate() {
+        let role = if i == 0 { "primary" } else { "device" };
+        let _ = writeln!(out, "{role}:     {} {} ({})", d.kind, d.name, d.vendor);
+        if let Some(cc) = d.compute_capability {
+            let _ = writeln!(out, "  compute capability {cc}");
+        }
+        if let Some(g) = &d.gfx {
+            let _ = writeln!(out, "  gfx {g}");
+        }
+        if !d.isa.is_empty() {
+            let _ = writeln!(out, "  isa: {}", d.isa.names());
+        }
+        let _ = writeln!(
+            out,
+            "  memory {:.1} GiB, bandwidth {} GB/s, {} compute units",
+            d.memory_bytes as f64 / (1u64 << 30) as f64,
+            d.memory_bandwidth_gbps,
+            d.compute_units
+        );
+        let peaks: Vec<String> = d.peak_tflops.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let _ = writeln!(out, "  peak TFLOP/s: {}", peaks.join(", "));
+    }
+    for n in notes {
+        let _ = writeln!(out, "note: {n}");
+    }
+    out
+}
+
+/// `lz reason-codes` for people.
+pub(super) fn reason_codes() -> String {
+    let mut out = String::new();
+    for c in ReasonCode::ALL {
+        let _ = writeln!(out, "{:<32} {:<12} {}", c.as_str(), c.category().as_str(), c.meaning());
+    }
+    out
+}

@@ -1,0 +1,66 @@
+//! Tensor-level constraints: dtypes, layouts, strides.
+
+use super::list;
+use crate::capabilities::spec::{Constraints, StrideRule};
+use crate::model::op::Op;
+use crate::model::problem::{Problem, data_roles};
+use crate::model::request::Request;
+use crate::reason::{Reason, ReasonCode};
+
+pub(super) fn check(c: &Constraints, req: &Request, problem: &Problem, out: &mut Vec<Reason>) {
+    if let Some(dtypes) = &c.dtypes
+        && !dtypes.contains(&problem.dtype)
+    {
+        out.push(Reason::new(
+            ReasonCode::DTYPE_UNSUPPORTED,
+            format!("dtype {} not in [{}]", problem.dtype, list(dtypes)),
+        ));
+    }
+    // Every kernel of these ops computes in one dtype: its data tensors must share it.
+    let same_dtype: &[&str] = match req.op {
+        Op::Attention => &["q", "k", "v"],
+        Op::RmsNorm | Op::LayerNorm => &["x", "weight", "bias", "residual"],
+        Op::Linear => &["x", "weight", "bias"],
+        Op::Swiglu => &["gate", "up"],
+        Op::Rope => &["q", "k"],
+        _ => &[],
+    };
+    for name in same_dtype {
+        if let Some(t) = req.get(name)
+            && t.dtype != problem.dtype
+        {
+            out.push(Reason::new(
+                ReasonCode::DTYPE_MISMATCH,
+                format!("tensor `{name}` is {} but the op computes in {}", t.dtype, problem.dtype),
+            ));
+        }
+    }
+    for name in data_roles(req.op) {
+        let Some(t) = req.get(name) else { continue };
+        if let (Some(layouts), Some(l)) = (&c.layouts, t.layout)
+            && !layouts.contains(&l)
+            && !is_paged_cache(req.op, name)
+        {
+            out.push(Reason::new(
+                ReasonCode::LAYOUT_UNSUPPORTED,
+                format!("tensor `{name}` layout {l} not in [{}]", list(layouts)),
+            ));
+        }
+        match c.strides {
+            Some(StrideRule::Contiguous) if !t.is_contiguous() => out.push(Reason::new(
+                ReasonCode::NOT_CONTIGUOUS,
+                format!("tensor `{name}` strides {:?} are not contiguous for shape {:?}", t.strides.as_deref().unwrap_or(&[]), t.shape),
+            )),
+            Some(StrideRule::LastDimContiguous) if !t.last_dim_contiguous() => out.push(Reason::new(
+                ReasonCode::LAST_DIM_NOT_CONTIGUOUS,
+                format!("tensor `{name}` stride(-1) is {}; the kernel needs 1", t.last_stride()),
+            )),
+            _ => {}
+        }
+    }
+}
+
+/// Paged caches carry NHD/HND tags, checked by `kv_cache_layouts`, not `layouts`.
+fn is_paged_cache(op: Op, name: &str) -> bool {
+    op == Op::PagedAttention && (name == "k_cache" || name == "v_cache")
+}

@@ -1,0 +1,281 @@
+//! Policy: what the operator wants. Rules (prefer, avoid, deny, allow, lock) with optional
+//! conditions, and global switches (strict_mode, allow_adaptation, require_deterministic...).
+//!
+//! A lock never bypasses checks: locking an ineligible kernel is an error that lists why.
+
+mod glob;
+
+use serde::{Deserialize, Serialize};
+
+use crate::capabilities::catalog::Catalog;
+use crate::error::{Error, Result};
+use crate::hardware::profile::HardwareProfile;
+use crate::model::device::DeviceKind;
+use crate::model::dtype::DType;
+use crate::model::op::Op;
+use crate::model::problem::{Dims, Problem};
+use crate::schema::{self, SchemaKind};
+
+pub use glob::glob_match;
+
+/// What a rule does to the kernels it names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// Multiply the kernel's score by `factor` (< 1 favours it).
+    Prefer,
+    /// Multiply the kernel's score by `factor` (> 1 disfavours it).
+    Avoid,
+    /// Reject the kernel.
+    Deny,
+    /// Only kernels named by matching allow rules may run.
+    Allow,
+    /// Run exactly this kernel (it must still pass every check).
+    Lock,
+}
+
+/// An inclusive range condition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bounds {
+    /// Lowest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<u64>,
+    /// Highest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<u64>,
+}
+
+impl Bounds {
+    fn contains(&self, v: u64) -> bool {
+        self.min.is_none_or(|m| v >= m) && self.max.is_none_or(|m| v <= m)
+    }
+}
+
+/// Conditions under which a rule applies; all given conditions must hold.
+/// A shape condition on an op that lacks that dimension does not hold.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct When {
+    /// Ops.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub op: Vec<Op>,
+    /// Compute dtypes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dtype: Vec<DType>,
+    /// Hardware profile names (globs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hardware: Vec<String>,
+    /// Device kinds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub device: Vec<DeviceKind>,
+    /// Batch size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<Bounds>,
+    /// Query sequence length.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq_len_q: Option<Bounds>,
+    /// Key sequence length.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq_len_k: Option<Bounds>,
+    /// Attention head dim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<Bounds>,
+    /// Last dimension of row-wise ops.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hidden: Option<Bounds>,
+}
+
+/// One rule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    /// What it does.
+    pub action: Action,
+    /// Kernel ids it names: a glob with `*` (a lock names exactly one kernel id).
+    pub kernels: String,
+    /// Score multiplier for prefer (0, 1] and avoid [1, inf); defaults 0.5 and 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub factor: Option<f64>,
+    /// When it applies (always, if absent).
+    #[serde(default)]
+    pub when: When,
+}
+
+impl Rule {
+    /// The effective score factor of a prefer/avoid rule.
+    pub fn effective_factor(&self) -> f64 {
+        match (self.action, self.factor) {
+            (_, Some(f)) => f,
+            (Action::Prefer, None) => 0.5,
+            (Action::Avoid, None) => 2.0,
+            _ => 1.0,
+        }
+    }
+}
+
+/// The operator's policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    /// Reference to the schema (ignored).
+    #[serde(rename = "$schema", default, skip_serializing)]
+    pub schema_ref: Option<String>,
+    /// File format version.
+    #[serde(default = "one")]
+    pub schema_version: u32,
+    /// Rules, in order; the first matching lock wins.
+    #[serde(default)]
+    pub rules: Vec<Rule>,
+    /// Reject kernels that need an implicit transform (layout, contiguity, dtype cast).
+    #[serde(default)]
+    pub strict_mode: bool,
+    /// Consider adapting inputs (transforms) at all.
+    #[serde(default = "yes")]
+    pub allow_adaptation: bool,
+    /// Only deterministic kernels.
+    #[serde(default)]
+    pub require_deterministic: bool,
+    /// Only kernels safe to capture into a CUDA graph.
+    #[serde(default)]
+    pub graph_strict_mode: bool,
+    /// Kernels that compile at first use are allowed.
+    #[serde(default = "yes")]
+    pub allow_jit: bool,
+    /// Device memory kept free besides the request's tensors, bytes.
+    #[serde(default)]
+    pub memory_reserve_bytes: u64,
+}
+
+fn one() -> u32 {
+    1
+}
+fn yes() -> bool {
+    true
+}
+
+impl Default for Policy {
+    fn default() -> Policy {
+        Policy {
+            schema_ref: None,
+            schema_version: 1,
+            rules: Vec::new(),
+            strict_mode: false,
+            allow_adaptation: true,
+            require_deterministic: false,
+            graph_strict_mode: false,
+            allow_jit: true,
+            memory_reserve_bytes: 0,
+        }
+    }
+}
+
+impl Policy {
+    /// Parses and schema-checks a policy file's text.
+    pub fn from_json(text: &str, origin: &str) -> Result<Policy> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| Error::invalid(format!("{origin}: invalid JSON: {e}")))?;
+        schema::validate(SchemaKind::Policy, &value, origin)?;
+        let policy: Policy = serde_path_to_error::deserialize(value)
+            .map_err(|e| Error::invalid(format!("{origin}: field `{}`: {}", e.path(), e.inner())))?;
+        policy.check_values(origin)?;
+        Ok(policy)
+    }
+
+    fn check_values(&self, origin: &str) -> Result<()> {
+        if self.schema_version != 1 {
+            return Err(Error::invalid(format!("{origin}: field `schema_version` is {}; this build reads 1", self.schema_version)));
+        }
+        for (i, r) in self.rules.iter().enumerate() {
+            let f = r.effective_factor();
+            let bad = match r.action {
+                Action::Prefer => !(f > 0.0 && f <= 1.0),
+                Action::Avoid => !(f.is_finite() && f >= 1.0),
+                _ => r.factor.is_some(),
+            };
+            if bad {
+                return Err(Error::invalid(format!(
+                    "{origin}: field `rules[{i}].factor` is {f}; prefer takes (0, 1], avoid [1, inf), others none"
+                )));
+            }
+            if r.action == Action::Lock && r.kernels.contains('*') {
+                return Err(Error::invalid(format!(
+                    "{origin}: field `rules[{i}].kernels` is {:?}; a lock names exactly one kernel id",
+                    r.kernels
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that every rule names at least one kernel of `catalog` (typos fail loudly).
+    pub fn check_against(&self, catalog: &Catalog) -> Result<()> {
+        for (i, r) in self.rules.iter().enumerate() {
+            if !catalog.kernels().any(|(_, _, k)| glob_match(&r.kernels, &k.id)) {
+                return Err(Error::invalid(format!(
+                    "policy field `rules[{i}].kernels`: {:?} names no kernel in the catalog (see `lz list-kernels`)",
+                    r.kernels
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// blake3 over the canonical JSON of the policy with defaults written out.
+    pub fn hash(&self) -> String {
+        crate::canonical::hash(&serde_json::to_value(self).unwrap_or(serde_json::Value::Null))
+    }
+}
+
+/// Per-request facts rule conditions read.
+pub struct Subject<'a> {
+    /// The problem.
+    pub problem: &'a Problem,
+    /// The hardware profile.
+    pub hardware: &'a HardwareProfile,
+    /// The device kind the request runs on.
+    pub device: DeviceKind,
+}
+
+impl When {
+    /// True when every given condition holds for `s`.
+    pub fn matches(&self, s: &Subject<'_>) -> bool {
+        let p = s.problem;
+        if !self.op.is_empty() && !self.op.contains(&p.op) {
+            return false;
+        }
+        if !self.dtype.is_empty() && !self.dtype.contains(&p.dtype) {
+            return false;
+        }
+        if !self.hardware.is_empty() && !self.hardware.iter().any(|h| glob_match(h, &s.hardware.name)) {
+            return false;
+        }
+        if !self.device.is_empty() && !self.device.contains(&s.device) {
+            return false;
+        }
+        let attn = p.attention();
+        let rows_hidden = match p.dims {
+            Dims::Rows { hidden, .. } => Some(hidden),
+            Dims::Gemm { k, .. } => Some(k),
+            _ => None,
+        };
+        let batch = match p.dims {
+            Dims::Attention(a) => Some(a.batch),
+            Dims::Rows { rows, .. } => Some(rows),
+            Dims::Gemm { m, .. } => Some(m),
+            Dims::None => None,
+        };
+        let conds = [
+            (self.batch, batch),
+            (self.seq_len_q, attn.map(|a| a.seq_q)),
+            (self.seq_len_k, attn.map(|a| a.seq_k)),
+            (self.head_dim, attn.map(|a| a.head_dim)),
+            (self.hidden, rows_hidden),
+        ];
+        conds.iter().all(|(b, v)| match (b, v) {
+            (None, _) => true,
+            (Some(b), Some(v)) => b.contains(*v),
+            (Some(_), None) => false,
+        })
+    }
+}

@@ -1,0 +1,129 @@
+//! The cost model: modeled time of a kernel on a device, from FLOPs, bytes, the device's
+//! peaks and the kernel's efficiencies. Measured times (PerfDB) replace it when present.
+//!
+//! `estimated_ns = max(flops / (peak[dtype] * eff_compute), bytes / (bandwidth * eff_mem)) + launch_ns`
+
+use serde::Serialize;
+
+use crate::capabilities::spec::KernelSpec;
+use crate::hardware::profile::DeviceProfile;
+use crate::model::attrs::{Attrs, CausalAlignment};
+use crate::model::op::Op;
+use crate::model::problem::{AttentionDims, Dims, Problem};
+use crate::model::request::Request;
+
+/// The terms of a modeled estimate.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Estimate {
+    /// Floating-point operations.
+    pub flops: f64,
+    /// Bytes moved to and from memory.
+    pub bytes: f64,
+    /// flops / (peak * eff_compute), ns.
+    pub compute_ns: f64,
+    /// bytes / (bandwidth * eff_mem), ns.
+    pub memory_ns: f64,
+    /// Fixed per-call cost, ns.
+    pub launch_ns: f64,
+    /// max(compute, memory) + launch, ns.
+    pub estimated_ns: f64,
+}
+
+/// Models `kernel` running `problem` on `dev`.
+pub fn estimate(kernel: &KernelSpec, req: &Request, problem: &Problem, dev: &DeviceProfile) -> Estimate {
+    let (flops, bytes) = work(req, problem);
+    let p = &kernel.perf;
+    let compute_ns = flops / (dev.peak_flops(problem.dtype) * p.eff_compute) * 1e9;
+    let memory_ns = bytes / (dev.bandwidth_bytes_per_s() * p.eff_mem) * 1e9;
+    Estimate { flops, bytes, compute_ns, memory_ns, launch_ns: p.launch_ns, estimated_ns: compute_ns.max(memory_ns) + p.launch_ns }
+}
+
+/// Elements of the op's main output.
+pub fn output_elements(problem: &Problem) -> u64 {
+    match problem.dims {
+        Dims::Attention(a) => a.batch.saturating_mul(a.seq_q).saturating_mul(a.heads_q).saturating_mul(a.head_dim_v),
+        Dims::Rows { rows, hidden } => rows.saturating_mul(hidden),
+        Dims::Gemm { m, n, .. } => m.saturating_mul(n),
+        Dims::None => 0,
+    }
+}
+
+/// (FLOPs, bytes) of a request.
+fn work(req: &Request, problem: &Problem) -> (f64, f64) {
+    let out_bytes = output_elements(problem) as f64 * problem.dtype.size_bytes() as f64;
+    let in_bytes = problem.input_bytes as f64;
+    match problem.dims {
+        Dims::Attention(a) => {
+            let keys = visible_keys(req, &a);
+            let per_head = keys * (2.0 * a.head_dim as f64 + 2.0 * a.head_dim_v as f64);
+            let flops = a.batch as f64 * a.heads_q as f64 * per_head;
+            (flops, in_bytes + out_bytes)
+        }
+        Dims::Rows { rows, hidden } => {
+            let per_elem = match req.op {
+                Op::LayerNorm => 8.0,
+                Op::RmsNorm | Op::Rope | Op::Gelu | Op::Swiglu => 6.0,
+                Op::Sample | Op::MoeRoute => 10.0,
+                _ => 1.0,
+            };
+            ((rows * hidden) as f64 * per_elem, in_bytes + out_bytes)
+        }
+        Dims::Gemm { m, n, k } => (2.0 * m as f64 * n as f64 * k as f64, in_bytes + out_bytes),
+        Dims::None => (0.0, in_bytes),
+    }
+}
+
+/// Sum over query rows of the keys each row attends to (causal and window aware).
+fn visible_keys(req: &Request, a: &AttentionDims) -> f64 {
+    let Attrs::Attention(at) = &req.attrs else { return (a.seq_q * a.seq_k) as f64 };
+    let (sq, sk) = (a.seq_q as i128, a.seq_k as i128);
+    let offset = match (at.causal, at.causal_alignment) {
+        (false, _) => None,
+        (true, CausalAlignment::BottomRight) => Some(sk - sq),
+        (true, CausalAlignment::TopLeft) => Some(0),
+    };
+    // Row i sees keys [lo(i), hi(i)] clipped to [0, sk).
+    let total = match (offset, at.window_left) {
+        (None, None) => sq * sk,
+        (Some(off), None) => clamped_sum(off + 1, sq, sk),
+        (Some(off), Some(w)) => clamped_sum(off + 1, sq, sk) - clamped_sum(off - w as i128, sq, sk),
+        (None, Some(w)) => sq * sk - clamped_sum(-(w as i128), sq, sk),
+    };
+    total.max(0) as f64
+}
+
+/// sum_{x = a}^{a + n - 1} clamp(x, 0, cap), in closed form.
+fn clamped_sum(a: i128, n: i128, cap: i128) -> i128 {
+    if n <= 0 || cap <= 0 {
+        return 0;
+    }
+    let b = a + n - 1;
+    // Part in [1, cap - 1]: arithmetic series.
+    let lo = a.max(1);
+    let hi = b.min(cap - 1);
+    let middle = if hi >= lo { (lo + hi) * (hi - lo + 1) / 2 } else { 0 };
+    // Part >= cap contributes cap each.
+    let top_start = a.max(cap);
+    let top = if b >= top_start { (b - top_start + 1) * cap } else { 0 };
+    middle + top
+}
+
+#[cfg(test)]
+mod tests {
+    use super::clamped_sum;
+
+    fn brute(a: i128, n: i128, cap: i128) -> i128 {
+        (a..a + n).map(|x| x.clamp(0, cap)).sum()
+    }
+
+    #[test]
+    fn clamped_sum_matches_the_loop_it_replaces() {
+        for a in -10..12 {
+            for n in 0..15 {
+                for cap in 0..9 {
+                    assert_eq!(clamped_sum(a, n, cap), brute(a, n, cap), "a={a} n={n} cap={cap}");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! Availability: which backends can run here. Computed at the edge (probes) or assumed
+//! (planning for a named profile), then handed to the pure selector as data.
+
+use std::collections::BTreeMap;
+
+use crate::capabilities::catalog::Catalog;
+use crate::capabilities::spec::Execution;
+use crate::hardware::profile::HardwareProfile;
+
+/// Whether a backend can run, and why not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendStatus {
+    /// Installed and usable.
+    Available,
+    /// Not installed; the message says what was looked for.
+    NotInstalled(String),
+    /// Installed but marked unhealthy by the runtime.
+    Unhealthy(String),
+}
+
+/// Backend statuses by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Availability {
+    statuses: BTreeMap<String, BackendStatus>,
+    planning: bool,
+}
+
+impl Availability {
+    /// Planning mode (a named profile): every backend whose device kind the profile has
+    /// counts as installed. Device kinds are checked per request by the selector.
+    pub fn planning(catalog: &Catalog, _hw: &HardwareProfile) -> Availability {
+        let statuses = catalog.backends().iter().map(|b| (b.backend.clone(), BackendStatus::Available)).collect();
+        Availability { statuses, planning: true }
+    }
+
+    /// This host: builtin backends are available, dynamic-library backends are probed,
+    /// external ones are available only when the host registers an executor (`registered`).
+    pub fn probe_host(catalog: &Catalog, hw: &HardwareProfile, registered: &[&str]) -> Availability {
+        let mut statuses = BTreeMap::new();
+        for b in catalog.backends() {
+            let has_device = hw.devices.iter().any(|d| d.kind == b.device);
+            let status = if !has_device {
+                BackendStatus::NotInstalled(format!("this host has no {} device", b.device))
+            } else {
+                match b.execution {
+                    Execution::Builtin => BackendStatus::Available,
+                    Execution::DynamicLibrary => match &b.probe {
+                        Some(p) => match crate::backend::library::first_loadable(&p.libraries) {
+                            Ok(_) => BackendStatus::Available,
+                            Err(why) => BackendStatus::NotInstalled(why),
+                        },
+                        None => BackendStatus::NotInstalled("no probe declared".to_owned()),
+                    },
+                    Execution::External if registered.contains(&b.backend.as_str()) => BackendStatus::Available,
+                    Execution::External => BackendStatus::NotInstalled(format!(
+                        "{} is another project's library; it runs when the host registers an executor for it",
+                        b.backend
+                    )),
+                }
+            };
+            statuses.insert(b.backend.clone(), status);
+        }
+        Availability { statuses, planning: false }
+    }
+
+    /// Sets one backend's status (tests, runtime health).
+    pub fn set(&mut self, backend: &str, status: BackendStatus) {
+        self.statuses.insert(backend.to_owned(), status);
+    }
+
+    /// The status of a backend (unknown backends are not installed).
+    pub fn status(&self, backend: &str) -> BackendStatus {
+        self.statuses
+            .get(backend)
+            .cloned()
+            .unwrap_or_else(|| BackendStatus::NotInstalled(format!("backend {backend} was not probed")))
+    }
+
+    /// True in planning mode.
+    pub fn is_planning(&self) -> bool {
+        self.planning
+    }
+
+    /// All statuses, by backend name.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &BackendStatus)> {
+        self.statuses.iter().map(|(k, v)| (k.as_str(), v))
+    }
+}

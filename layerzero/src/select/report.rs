@@ -1,0 +1,143 @@
+//! The selection report: every candidate, every reason, the arithmetic.
+//! Its JSON form is described by `schemas/selection_report.schema.json`.
+
+use serde::Serialize;
+
+use crate::model::request::Request;
+use crate::reason::Reason;
+use crate::score::Estimate;
+use crate::transform::Transform;
+
+/// A candidate's verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// The chosen kernel.
+    Selected,
+    /// Passed every check, not chosen.
+    Eligible,
+    /// Failed at least one check.
+    Rejected,
+}
+
+impl Verdict {
+    /// The stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Selected => "selected",
+            Verdict::Eligible => "eligible",
+            Verdict::Rejected => "rejected",
+        }
+    }
+}
+
+/// Where an estimate comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScoreSource {
+    /// The analytic cost model.
+    Model,
+}
+
+impl ScoreSource {
+    /// The stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScoreSource::Model => "model",
+        }
+    }
+}
+
+/// The arithmetic behind a candidate's rank.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Score {
+    /// Kernel time, ns.
+    pub estimated_ns: f64,
+    /// Where `estimated_ns` comes from.
+    pub source: ScoreSource,
+    /// Time of the transforms, ns.
+    pub transform_ns: f64,
+    /// Product of matching prefer/avoid factors.
+    pub policy_factor: f64,
+    /// (estimated + transform) x policy_factor; lowest wins.
+    pub total_ns: f64,
+    /// The cost-model terms.
+    pub model: Estimate,
+}
+
+/// One candidate kernel's verdict.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CandidateReport {
+    /// Kernel id.
+    pub kernel: String,
+    /// Backend name.
+    pub backend: String,
+    /// Verdict.
+    pub verdict: Verdict,
+    /// Every reason it was rejected (empty when eligible).
+    pub reasons: Vec<Reason>,
+    /// Adaptations it needs.
+    pub transforms: Vec<Transform>,
+    /// Its score, when eligible.
+    pub score: Option<Score>,
+}
+
+/// The hardware a report was made for.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HardwareRef {
+    /// Profile name.
+    pub name: String,
+    /// Profile fingerprint.
+    pub fingerprint: String,
+}
+
+/// A policy lock that applied to the request.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LockRef {
+    /// The locked kernel.
+    pub kernel: String,
+    /// Index of the rule in the policy.
+    pub rule: usize,
+}
+
+/// The full account of one selection.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SelectionReport {
+    /// The request, as understood (defaults written out).
+    pub request: Request,
+    /// The hardware.
+    pub hardware: HardwareRef,
+    /// The device the request runs on (`cuda:0`, `cpu:0`).
+    pub device: String,
+    /// `planning` (named profile: backends assumed installed) or `host` (probed).
+    pub mode: &'static str,
+    /// Capabilities hash.
+    pub capabilities_hash: String,
+    /// Policy hash.
+    pub policy_hash: String,
+    /// The chosen kernel, or null.
+    pub selected: Option<String>,
+    /// Problems with the request itself (each candidate carries them too).
+    pub request_errors: Vec<Reason>,
+    /// The policy lock that applied, if any.
+    pub lock: Option<LockRef>,
+    /// Every kernel of the op, sorted by id.
+    pub candidates: Vec<CandidateReport>,
+}
+
+impl SelectionReport {
+    /// The report as JSON.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// The selected candidate.
+    pub fn selected_candidate(&self) -> Option<&CandidateReport> {
+        self.candidates.iter().find(|c| c.verdict == Verdict::Selected)
+    }
+
+    /// The candidate for a kernel id.
+    pub fn candidate(&self, kernel: &str) -> Option<&CandidateReport> {
+        self.candidates.iter().find(|c| c.kernel == kernel)
+    }
+}
