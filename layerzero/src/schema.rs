@@ -70,7 +70,8 @@ fn validator(kind: SchemaKind) -> std::result::Result<&'static jsonschema::Valid
         .get_or_init(|| {
             let schema: serde_json::Value = serde_json::from_str(kind.text())
                 .map_err(|e| format!("schemas/{} is not JSON: {e}", kind.file_name()))?;
-            jsonschema::draft202012::new(&schema).map_err(|e| format!("schemas/{} is not a valid schema: {e}", kind.file_name()))
+            jsonschema::draft202012::new(&schema)
+                .map_err(|e| format!("schemas/{} is not a valid schema: {e}", kind.file_name()))
         })
         .as_ref()
         .map_err(Clone::clone)
@@ -79,8 +80,7 @@ fn validator(kind: SchemaKind) -> std::result::Result<&'static jsonschema::Valid
 /// Every violation of `kind`'s schema in `value`, as `path: message` lines.
 pub fn violations(kind: SchemaKind, value: &serde_json::Value) -> Result<Vec<String>> {
     let v = validator(kind).map_err(|e| Error::new(ErrorKind::Schema, e))?;
-    Ok(v
-        .iter_errors(value)
+    Ok(v.iter_errors(value)
         .map(|e| {
             let path = e.instance_path().to_string();
             let at = if path.is_empty() { "/".to_owned() } else { path };

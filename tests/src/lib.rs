@@ -1,1 +1,109 @@
+//! Helpers for LayerZero's integration tests: request builders, catalogs and selectors.
 
+use std::sync::Arc;
+
+use layerzero::capabilities::catalog::Catalog;
+use layerzero::hardware::named;
+use layerzero::model::attrs::{AttentionAttrs, Attrs};
+use layerzero::model::dtype::DType;
+use layerzero::model::layout::Layout;
+use layerzero::model::op::Op;
+use layerzero::model::request::Request;
+use layerzero::model::tensor::TensorDesc;
+use layerzero::policy::Policy;
+use layerzero::select::{SelectionReport, Selector};
+
+/// The repository root (for shipped files).
+pub fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(|p| p.to_path_buf()).unwrap_or_default()
+}
+
+/// Dense attention [batch, seq, heads, head_dim] in BSHD, no attributes set.
+pub fn attention(
+    dtype: DType,
+    batch: u64,
+    seq_q: u64,
+    seq_k: u64,
+    heads_q: u64,
+    heads_kv: u64,
+    head_dim: u64,
+) -> Request {
+    let t = |s: u64, h: u64| TensorDesc::new(dtype, [batch, s, h, head_dim]).with_layout(Layout::Bshd);
+    Request::new(Op::Attention)
+        .tensor("q", t(seq_q, heads_q))
+        .tensor("k", t(seq_k, heads_kv))
+        .tensor("v", t(seq_k, heads_kv))
+}
+
+/// Paged attention: q [batch, seq_q, heads_q, d], caches in `layout` with `page_size`.
+#[allow(clippy::too_many_arguments)]
+pub fn paged(
+    dtype: DType,
+    kv: DType,
+    batch: u64,
+    seq_q: u64,
+    heads_q: u64,
+    heads_kv: u64,
+    head_dim: u64,
+    page_size: u64,
+    layout: Layout,
+    table: DType,
+) -> Request {
+    let pages = 64;
+    let shape = match layout {
+        Layout::Hnd => [pages, heads_kv, page_size, head_dim],
+        _ => [pages, page_size, heads_kv, head_dim],
+    };
+    let cache = TensorDesc::new(kv, shape).with_layout(layout);
+    Request::new(Op::PagedAttention)
+        .tensor("q", TensorDesc::new(dtype, [batch, seq_q, heads_q, head_dim]).with_layout(Layout::Bshd))
+        .tensor("k_cache", cache.clone())
+        .tensor("v_cache", cache)
+        .tensor("block_table", TensorDesc::new(table, [batch, 8]))
+        .tensor("context_lens", TensorDesc::new(DType::I32, [batch]))
+}
+
+/// Replaces the attention attributes.
+pub fn with_attrs(req: Request, attrs: AttentionAttrs) -> Request {
+    req.attrs(Attrs::Attention(attrs))
+}
+
+/// Causal attention attributes (bottom-right).
+pub fn causal() -> AttentionAttrs {
+    AttentionAttrs { causal: true, ..AttentionAttrs::default() }
+}
+
+/// The shipped catalog.
+pub fn catalog() -> Arc<Catalog> {
+    match Catalog::builtin() {
+        Ok(c) => c,
+        Err(e) => panic!("the shipped capabilities do not load: {e}"),
+    }
+}
+
+/// A planning selector over the shipped catalog for a shipped profile.
+pub fn planner(hw: &str) -> Selector {
+    planner_with(catalog(), hw, Policy::default())
+}
+
+/// A planning selector with a given catalog and policy.
+pub fn planner_with(catalog: Arc<Catalog>, hw: &str, policy: Policy) -> Selector {
+    let profile = named::load(hw).unwrap_or_else(|e| panic!("profile {hw}: {e}"));
+    Selector::planning(catalog, Arc::new(profile), Arc::new(policy)).unwrap_or_else(|e| panic!("selector: {e}"))
+}
+
+/// A policy from JSON text.
+pub fn policy(json: &str) -> Policy {
+    Policy::from_json(json, "test policy").unwrap_or_else(|e| panic!("policy: {e}"))
+}
+
+/// The reason codes of one candidate, as strings, in report order.
+pub fn codes(report: &SelectionReport, kernel: &str) -> Vec<&'static str> {
+    match report.candidate(kernel) {
+        Some(c) => c.reasons.iter().map(|r| r.code().as_str()).collect(),
+        None => panic!(
+            "{kernel} is not a candidate; candidates: {:?}",
+            report.candidates.iter().map(|c| &c.kernel).collect::<Vec<_>>()
+        ),
+    }
+}

@@ -51,8 +51,9 @@ impl Catalog {
 
     /// Every `*.json` file directly in `dir` (hardware profiles live in a subfolder).
     pub fn load_dir(dir: &Path) -> Result<Catalog> {
-        let entries = std::fs::read_dir(dir)
-            .map_err(|e| Error::new(ErrorKind::Io, format!("cannot read capabilities folder {}: {e}", dir.display())))?;
+        let entries = std::fs::read_dir(dir).map_err(|e| {
+            Error::new(ErrorKind::Io, format!("cannot read capabilities folder {}: {e}", dir.display()))
+        })?;
         let mut files = Vec::new();
         for entry in entries {
             let path = entry.map_err(|e| Error::new(ErrorKind::Io, format!("{}: {e}", dir.display())))?.path();
@@ -160,15 +161,13 @@ impl Catalog {
 
     /// The kernel with this id.
     pub fn find(&self, id: &str) -> Option<KernelIndex> {
-        self.kernels
-            .binary_search_by(|&(bi, ki)| self.backends[bi].kernels[ki].id.as_str().cmp(id))
-            .ok()
+        self.kernels.binary_search_by(|&(bi, ki)| self.backends[bi].kernels[ki].id.as_str().cmp(id)).ok()
     }
 }
 
 fn parse_backend(origin: &str, text: &str) -> Result<BackendSpec> {
-    let value: serde_json::Value = serde_json::from_str(text)
-        .map_err(|e| Error::invalid(format!("{origin}: invalid JSON: {e}")))?;
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| Error::invalid(format!("{origin}: invalid JSON: {e}")))?;
     schema::validate(SchemaKind::Capabilities, &value, origin)?;
     serde_path_to_error::deserialize(value)
         .map_err(|e| Error::invalid(format!("{origin}: field `{}`: {}", e.path(), e.inner())))
@@ -177,8 +176,8 @@ fn parse_backend(origin: &str, text: &str) -> Result<BackendSpec> {
 fn validate_kernel(b: &BackendSpec, k: &KernelSpec) -> Result<()> {
     let prefix = format!("{}.{}.", b.backend, k.op);
     let variant = k.id.strip_prefix(&prefix).unwrap_or("");
-    let variant_ok = !variant.is_empty()
-        && variant.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    let variant_ok =
+        !variant.is_empty() && variant.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
     if !variant_ok {
         return Err(Error::invalid(format!(
             "backend {}: kernel id {:?} must be `{prefix}VARIANT` with VARIANT in [a-z0-9_]",
@@ -199,7 +198,10 @@ fn validate_kernel(b: &BackendSpec, k: &KernelSpec) -> Result<()> {
         }
     }
     if !(p.launch_ns.is_finite() && p.launch_ns >= 0.0) {
-        return Err(Error::invalid(format!("kernel {}: field `perf.launch_ns` is {}; it must be >= 0", k.id, p.launch_ns)));
+        return Err(Error::invalid(format!(
+            "kernel {}: field `perf.launch_ns` is {}; it must be >= 0",
+            k.id, p.launch_ns
+        )));
     }
     let device_fields = match b.device {
         crate::model::device::DeviceKind::Cpu => ["compute_capability", "built_archs", "gfx"],

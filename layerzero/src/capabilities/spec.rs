@@ -64,11 +64,7 @@ pub struct ArchTarget {
 impl ArchTarget {
     /// True when a binary for this target runs on a device of capability `dev`.
     pub fn runs_on(self, dev: ComputeCapability) -> bool {
-        if self.arch_specific {
-            dev == self.cc
-        } else {
-            dev.major == self.cc.major && dev.minor >= self.cc.minor
-        }
+        if self.arch_specific { dev == self.cc } else { dev.major == self.cc.major && dev.minor >= self.cc.minor }
     }
 }
 
@@ -353,12 +349,36 @@ pub struct Constraints {
 /// Which ops may declare which op-specific constraint fields.
 pub(crate) fn fields_for_op(op: Op) -> &'static [&'static str] {
     const ATTN: &[&str] = &[
-        "head_dim", "different_v_head_dim", "gqa", "seq_len_q", "causal", "masks", "float_mask_matches_q",
-        "mask_with_causal", "mask_broadcast", "dropout", "window", "softcap", "alibi", "custom_scale", "varlen",
+        "head_dim",
+        "different_v_head_dim",
+        "gqa",
+        "seq_len_q",
+        "causal",
+        "masks",
+        "float_mask_matches_q",
+        "mask_with_causal",
+        "mask_broadcast",
+        "dropout",
+        "window",
+        "softcap",
+        "alibi",
+        "custom_scale",
+        "varlen",
     ];
     const PAGED: &[&str] = &[
-        "head_dim", "different_v_head_dim", "gqa", "seq_len_q", "causal", "softcap", "alibi", "custom_scale", "window",
-        "page_size", "block_table_dtypes", "kv_cache_layouts", "kv_cache_dtypes",
+        "head_dim",
+        "different_v_head_dim",
+        "gqa",
+        "seq_len_q",
+        "causal",
+        "softcap",
+        "alibi",
+        "custom_scale",
+        "window",
+        "page_size",
+        "block_table_dtypes",
+        "kv_cache_layouts",
+        "kv_cache_dtypes",
     ];
     match op {
         Op::Attention => ATTN,

@@ -61,7 +61,9 @@ pub(super) fn run(catalog: Arc<Catalog>, json: bool) -> Result<Outcome> {
         Ok(s) => serde_json::json!({
             "request": request, "selected": s.kernel, "estimated_ns": s.score.total_ns, "error": null,
         }),
-        Err(e) => serde_json::json!({"request": request, "selected": null, "estimated_ns": null, "error": e.to_string()}),
+        Err(e) => {
+            serde_json::json!({"request": request, "selected": null, "estimated_ns": null, "error": e.to_string()})
+        }
     };
     if json {
         let mut hw = host.to_file_json();

@@ -35,14 +35,20 @@ pub(super) fn no_selection_line(r: &SelectionReport) -> String {
     if let Some(e) = r.request_errors.first() {
         return format!("no kernel: invalid request: {e}");
     }
-    format!("no kernel qualifies for {} on {} ({} candidates rejected; run `lz explain` for the reasons)", r.request.op, r.hardware.name, r.candidates.len())
+    format!(
+        "no kernel qualifies for {} on {} ({} candidates rejected; run `lz explain` for the reasons)",
+        r.request.op,
+        r.hardware.name,
+        r.candidates.len()
+    )
 }
 
 /// `lz explain` for people: the winner and its arithmetic, then every candidate.
 pub(super) fn explain(r: &SelectionReport) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "request:   {}", request_line(r));
-    let _ = writeln!(out, "hardware:  {} [{}] on {} ({} mode)", r.hardware.name, r.hardware.fingerprint, r.device, r.mode);
+    let _ =
+        writeln!(out, "hardware:  {} [{}] on {} ({} mode)", r.hardware.name, r.hardware.fingerprint, r.device, r.mode);
     let _ = writeln!(out, "hashes:    capabilities {}  policy {}", &r.capabilities_hash[..16], &r.policy_hash[..16]);
     if let Some(l) = &r.lock {
         let _ = writeln!(out, "lock:      policy rule {} locks {}", l.rule, l.kernel);
@@ -75,7 +81,16 @@ pub(super) fn explain(r: &SelectionReport) -> String {
                 );
             }
             for t in &c.transforms {
-                let _ = writeln!(out, "  transform: {} {} {} -> {} ({} bytes, {})", t.kind.as_str(), t.tensor, t.from, t.to, t.bytes, duration(t.ns));
+                let _ = writeln!(
+                    out,
+                    "  transform: {} {} {} -> {} ({} bytes, {})",
+                    t.kind.as_str(),
+                    t.tensor,
+                    t.from,
+                    t.to,
+                    t.bytes,
+                    duration(t.ns)
+                );
             }
         }
         None => {
@@ -98,7 +113,13 @@ pub(super) fn explain(r: &SelectionReport) -> String {
     for c in order {
         let total = c.score.as_ref().map_or_else(|| "-".to_owned(), |s| duration(s.total_ns));
         let first = c.reasons.first().map_or_else(
-            || if c.transforms.is_empty() { "-".to_owned() } else { format!("needs {} transform(s)", c.transforms.len()) },
+            || {
+                if c.transforms.is_empty() {
+                    "-".to_owned()
+                } else {
+                    format!("needs {} transform(s)", c.transforms.len())
+                }
+            },
             |r| r.to_string(),
         );
         let _ = writeln!(out, "  {:<9} {:<width$}  {:>12}  {first}", c.verdict.as_str(), c.kernel, total);
@@ -113,7 +134,11 @@ pub(super) fn explain(r: &SelectionReport) -> String {
 pub(super) fn kernel_table(rows: &[(usize, &BackendSpec, &KernelSpec)]) -> String {
     let mut out = String::new();
     let width = rows.iter().map(|(_, _, k)| k.id.len()).max().unwrap_or(6).max(6);
-    let _ = writeln!(out, "{:<width$}  {:<16} {:<5} {:<16} {:<10} PROPERTIES", "KERNEL", "OP", "DEV", "EXECUTION", "VERSION");
+    let _ = writeln!(
+        out,
+        "{:<width$}  {:<16} {:<5} {:<16} {:<10} PROPERTIES",
+        "KERNEL", "OP", "DEV", "EXECUTION", "VERSION"
+    );
     for (_, b, k) in rows {
         let p = &k.properties;
         let mut props = Vec::new();

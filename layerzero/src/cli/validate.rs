@@ -68,7 +68,9 @@ fn shipped() -> Vec<Checked> {
             kind: "capabilities",
             errors: Vec::new(),
         }),
-        Err(e) => out.push(Checked { file: "capabilities/".to_owned(), kind: "capabilities", errors: vec![e.to_string()] }),
+        Err(e) => {
+            out.push(Checked { file: "capabilities/".to_owned(), kind: "capabilities", errors: vec![e.to_string()] })
+        }
     }
     for (name, text) in named::builtin_files() {
         let origin = format!("capabilities/hardware/{name}");
@@ -104,7 +106,9 @@ fn check_file(path: &Path, text: &str) -> Checked {
     let origin = path.display().to_string();
     let value: serde_json::Value = match serde_json::from_str(text) {
         Ok(v) => v,
-        Err(e) => return Checked { file: origin.clone(), kind: "json", errors: vec![format!("{origin}: invalid JSON: {e}")] },
+        Err(e) => {
+            return Checked { file: origin.clone(), kind: "json", errors: vec![format!("{origin}: invalid JSON: {e}")] };
+        }
     };
     match detect_kind(path, &value) {
         Some(kind) => check_text(&origin, text, kind),
@@ -120,12 +124,18 @@ fn check_file(path: &Path, text: &str) -> Checked {
 
 fn check_text(origin: &str, text: &str, kind: Kind) -> Checked {
     let (name, result): (&'static str, Result<()>) = match kind {
-        Kind::Capabilities => ("capabilities", Catalog::from_texts(&[(origin.to_owned(), text.to_owned())]).map(|_| ())),
+        Kind::Capabilities => {
+            ("capabilities", Catalog::from_texts(&[(origin.to_owned(), text.to_owned())]).map(|_| ()))
+        }
         Kind::Hardware => ("hardware", check_hardware(origin, text)),
         Kind::Policy => ("policy", Policy::from_json(text, origin).map(|_| ())),
         Kind::Request => ("request", check_request(origin, text)),
     };
-    Checked { file: origin.to_owned(), kind: name, errors: result.err().map(|e| vec![e.to_string()]).unwrap_or_default() }
+    Checked {
+        file: origin.to_owned(),
+        kind: name,
+        errors: result.err().map(|e| vec![e.to_string()]).unwrap_or_default(),
+    }
 }
 
 fn check_hardware(origin: &str, text: &str) -> Result<()> {

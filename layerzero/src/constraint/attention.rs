@@ -60,7 +60,10 @@ fn head_dims(c: &Constraints, problem: &Problem, d: &AttentionDims, out: &mut Ve
             if let Some(values) = &h.values
                 && !values.contains(&hd)
             {
-                out.push(Reason::new(ReasonCode::HEAD_DIM_UNSUPPORTED, format!("{what} {hd} not in [{}]", list(values))));
+                out.push(Reason::new(
+                    ReasonCode::HEAD_DIM_UNSUPPORTED,
+                    format!("{what} {hd} not in [{}]", list(values)),
+                ));
             }
         }
     }
@@ -83,7 +86,13 @@ fn heads(c: &Constraints, d: &AttentionDims, out: &mut Vec<Reason>) {
             {
                 out.push(Reason::new(
                     ReasonCode::GQA_GROUP_SIZE_UNSUPPORTED,
-                    format!("group size {} ({} q heads / {} kv heads) not in [{}]", d.group_size(), d.heads_q, d.heads_kv, list(sizes)),
+                    format!(
+                        "group size {} ({} q heads / {} kv heads) not in [{}]",
+                        d.group_size(),
+                        d.heads_q,
+                        d.heads_kv,
+                        list(sizes)
+                    ),
                 ));
             }
         }
@@ -106,7 +115,10 @@ fn causal(c: &Constraints, a: &AttentionAttrs, d: &AttentionDims, out: &mut Vec<
     if cz.square_only && !square {
         out.push(Reason::new(
             ReasonCode::CAUSAL_ALIGNMENT_UNSUPPORTED,
-            format!("causal with seq_q {} != seq_k {} is rejected; the kernel does causal only when they are equal", d.seq_q, d.seq_k),
+            format!(
+                "causal with seq_q {} != seq_k {} is rejected; the kernel does causal only when they are equal",
+                d.seq_q, d.seq_k
+            ),
         ));
     } else if !square && !cz.alignments.contains(&a.causal_alignment) {
         let have: Vec<&str> = cz.alignments.iter().map(|x| x.as_str()).collect();
@@ -136,7 +148,10 @@ fn mask(c: &Constraints, a: &AttentionAttrs, problem: &Problem, d: &AttentionDim
         MaskKind::Float(_) => MaskName::Float,
     };
     if !c.masks.contains(&name) {
-        out.push(Reason::new(ReasonCode::MASK_UNSUPPORTED, format!("{} mask given; the kernel takes none", m.kind.as_str())));
+        out.push(Reason::new(
+            ReasonCode::MASK_UNSUPPORTED,
+            format!("{} mask given; the kernel takes none", m.kind.as_str()),
+        ));
         return;
     }
     if let MaskKind::Float(dt) = m.kind
@@ -167,17 +182,26 @@ fn mask(c: &Constraints, a: &AttentionAttrs, problem: &Problem, d: &AttentionDim
 
 fn features(c: &Constraints, a: &AttentionAttrs, d: &AttentionDims, out: &mut Vec<Reason>) {
     if a.dropout_p > 0.0 && !c.dropout {
-        out.push(Reason::new(ReasonCode::DROPOUT_UNSUPPORTED, format!("dropout_p {} > 0; the kernel has no dropout", a.dropout_p)));
+        out.push(Reason::new(
+            ReasonCode::DROPOUT_UNSUPPORTED,
+            format!("dropout_p {} > 0; the kernel has no dropout", a.dropout_p),
+        ));
     }
     if let Some(w) = a.window_left
         && !c.window
     {
-        out.push(Reason::new(ReasonCode::WINDOW_UNSUPPORTED, format!("window_left {w} requested; the kernel has no sliding window")));
+        out.push(Reason::new(
+            ReasonCode::WINDOW_UNSUPPORTED,
+            format!("window_left {w} requested; the kernel has no sliding window"),
+        ));
     }
     if let Some(s) = a.softcap
         && !c.softcap
     {
-        out.push(Reason::new(ReasonCode::SOFTCAP_UNSUPPORTED, format!("softcap {s} requested; the kernel has no soft-capping")));
+        out.push(Reason::new(
+            ReasonCode::SOFTCAP_UNSUPPORTED,
+            format!("softcap {s} requested; the kernel has no soft-capping"),
+        ));
     }
     if a.alibi && !c.alibi {
         out.push(Reason::new(ReasonCode::ALIBI_UNSUPPORTED, "ALiBi requested; the kernel takes no ALiBi slopes"));
@@ -185,24 +209,42 @@ fn features(c: &Constraints, a: &AttentionAttrs, d: &AttentionDims, out: &mut Ve
     if let Some(s) = a.scale
         && !c.custom_scale
     {
-        out.push(Reason::new(ReasonCode::SCALE_UNSUPPORTED, format!("scale {s} requested; the kernel uses 1/sqrt(head_dim)")));
+        out.push(Reason::new(
+            ReasonCode::SCALE_UNSUPPORTED,
+            format!("scale {s} requested; the kernel uses 1/sqrt(head_dim)"),
+        ));
     }
     if d.varlen && !c.varlen {
-        out.push(Reason::new(ReasonCode::VARLEN_UNSUPPORTED, "ragged batch (cu_seqlens) given; the kernel takes padded batches only"));
+        out.push(Reason::new(
+            ReasonCode::VARLEN_UNSUPPORTED,
+            "ragged batch (cu_seqlens) given; the kernel takes padded batches only",
+        ));
     }
 }
 
-fn paged(c: &Constraints, problem: &Problem, d: &AttentionDims, p: &crate::model::problem::PagedDims, out: &mut Vec<Reason>) {
+fn paged(
+    c: &Constraints,
+    problem: &Problem,
+    d: &AttentionDims,
+    p: &crate::model::problem::PagedDims,
+    out: &mut Vec<Reason>,
+) {
     if let Some(ps) = &c.page_size {
         if let Some(m) = ps.multiple
             && p.page_size % m != 0
         {
-            out.push(Reason::new(ReasonCode::PAGE_SIZE_UNSUPPORTED, format!("page_size {} is not a multiple of {m}", p.page_size)));
+            out.push(Reason::new(
+                ReasonCode::PAGE_SIZE_UNSUPPORTED,
+                format!("page_size {} is not a multiple of {m}", p.page_size),
+            ));
         }
         if let Some(values) = &ps.values
             && !values.contains(&p.page_size)
         {
-            out.push(Reason::new(ReasonCode::PAGE_SIZE_UNSUPPORTED, format!("page_size {} not in [{}]", p.page_size, list(values))));
+            out.push(Reason::new(
+                ReasonCode::PAGE_SIZE_UNSUPPORTED,
+                format!("page_size {} not in [{}]", p.page_size, list(values)),
+            ));
         }
     }
     if let Some(dts) = &c.block_table_dtypes

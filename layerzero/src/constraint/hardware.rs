@@ -45,10 +45,7 @@ pub(super) fn check(c: &Constraints, dtype: DType, dev: &DeviceProfile, out: &mu
     if let Some(isa) = c.cpu_isa {
         let missing = dev.isa.missing(isa);
         if !missing.is_empty() {
-            out.push(Reason::new(
-                ReasonCode::CPU_ISA_MISSING,
-                format!("CPU {} lacks {}", dev.name, missing.names()),
-            ));
+            out.push(Reason::new(ReasonCode::CPU_ISA_MISSING, format!("CPU {} lacks {}", dev.name, missing.names())));
         }
     }
     for req in c.dtype_requirements.iter().filter(|r| r.dtype == dtype) {
@@ -66,7 +63,12 @@ pub(super) fn check(c: &Constraints, dtype: DType, dev: &DeviceProfile, out: &mu
             let options: Vec<String> = any_of.iter().map(|s: &CpuFeatures| format!("[{}]", s.names())).collect();
             out.push(Reason::new(
                 ReasonCode::DTYPE_UNSUPPORTED_ON_HARDWARE,
-                format!("{dtype} needs one of the CPU feature sets {}; {} has [{}]", options.join(" "), dev.name, dev.isa.names()),
+                format!(
+                    "{dtype} needs one of the CPU feature sets {}; {} has [{}]",
+                    options.join(" "),
+                    dev.name,
+                    dev.isa.names()
+                ),
             ));
         }
     }

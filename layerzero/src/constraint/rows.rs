@@ -53,10 +53,15 @@ pub(super) fn check(c: &Constraints, req: &Request, problem: &Problem, out: &mut
         }
         _ => {}
     }
-    if let (Some(layouts), Some(w)) = (&c.weight_layouts, req.get("weight").filter(|_| req.op == crate::model::op::Op::Linear)) {
+    if let (Some(layouts), Some(w)) =
+        (&c.weight_layouts, req.get("weight").filter(|_| req.op == crate::model::op::Op::Linear))
+    {
         let l = w.layout.unwrap_or(Layout::Nt);
         if !layouts.contains(&l) {
-            out.push(Reason::new(ReasonCode::LAYOUT_UNSUPPORTED, format!("weight layout {l} not in [{}]", list(layouts))));
+            out.push(Reason::new(
+                ReasonCode::LAYOUT_UNSUPPORTED,
+                format!("weight layout {l} not in [{}]", list(layouts)),
+            ));
         }
     }
 }

@@ -49,7 +49,11 @@ pub(super) fn check(c: &Constraints, req: &Request, problem: &Problem, out: &mut
         match c.strides {
             Some(StrideRule::Contiguous) if !t.is_contiguous() => out.push(Reason::new(
                 ReasonCode::NOT_CONTIGUOUS,
-                format!("tensor `{name}` strides {:?} are not contiguous for shape {:?}", t.strides.as_deref().unwrap_or(&[]), t.shape),
+                format!(
+                    "tensor `{name}` strides {:?} are not contiguous for shape {:?}",
+                    t.strides.as_deref().unwrap_or(&[]),
+                    t.shape
+                ),
             )),
             Some(StrideRule::LastDimContiguous) if !t.last_dim_contiguous() => out.push(Reason::new(
                 ReasonCode::LAST_DIM_NOT_CONTIGUOUS,

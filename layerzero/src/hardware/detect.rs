@@ -169,7 +169,8 @@ fn detect_isa(cpuinfo_flags: Option<&[String]>, notes: &mut Vec<String>) -> CpuF
         CpuFeature::Avx512Bf16,
         CpuFeature::Avx512Fp16,
     ];
-    const AMX_FAMILY: [CpuFeature; 4] = [CpuFeature::AmxTile, CpuFeature::AmxBf16, CpuFeature::AmxInt8, CpuFeature::AmxFp16];
+    const AMX_FAMILY: [CpuFeature; 4] =
+        [CpuFeature::AmxTile, CpuFeature::AmxBf16, CpuFeature::AmxInt8, CpuFeature::AmxFp16];
     if !std::is_x86_feature_detected!("avx") {
         let mut all = vec![
             CpuFeature::Avx,
@@ -289,9 +290,7 @@ fn detect_cpu(notes: &mut Vec<String>) -> DeviceProfile {
     };
     let physical = (compute_units / smt).max(1);
     if smt > 1 {
-        notes.push(format!(
-            "SMT x{smt}: {compute_units} logical CPUs, peak counted on {physical} physical cores"
-        ));
+        notes.push(format!("SMT x{smt}: {compute_units} logical CPUs, peak counted on {physical} physical cores"));
     }
 
     let memory_bytes = match read("/proc/meminfo").as_deref().and_then(parse_meminfo_total) {
@@ -402,9 +401,10 @@ cpu MHz\t\t: 2445.000\nsiblings\t: 4\ncpu cores\t: 2\nflags\t\t: fpu avx avx2 fm
         let zen4: CpuFeatures = [F::Avx2, F::Fma, F::Avx512f, F::Avx512Bf16, F::Avx512Vnni].into_iter().collect();
         let p = flops_per_cycle(zen4, "amd");
         assert_eq!((p[&DType::F32], p[&DType::BF16], p[&DType::I8]), (32.0, 64.0, 128.0));
-        let spr: CpuFeatures = [F::Avx2, F::Fma, F::Avx512f, F::Avx512Bf16, F::Avx512Fp16, F::AmxTile, F::AmxBf16, F::AmxInt8]
-            .into_iter()
-            .collect();
+        let spr: CpuFeatures =
+            [F::Avx2, F::Fma, F::Avx512f, F::Avx512Bf16, F::Avx512Fp16, F::AmxTile, F::AmxBf16, F::AmxInt8]
+                .into_iter()
+                .collect();
         let p = flops_per_cycle(spr, "intel");
         assert_eq!((p[&DType::F32], p[&DType::F16], p[&DType::BF16], p[&DType::I8]), (64.0, 128.0, 1024.0, 2048.0));
         assert_eq!(flops_per_cycle(CpuFeatures::empty(), "unknown")[&DType::F32], 8.0);

@@ -12,9 +12,8 @@ macro_rules! shipped {
 }
 
 /// Every shipped profile file, sorted by file name: `(file name, text)`.
-static FILES: &[(&str, &str)] = shipped!(
-    "a10", "a100", "b200", "h100", "h200", "icx", "l4", "mi300x", "rtx4090", "spr", "t4", "zen3", "zen4",
-);
+static FILES: &[(&str, &str)] =
+    shipped!("a10", "a100", "b200", "h100", "h200", "icx", "l4", "mi300x", "rtx4090", "spr", "t4", "zen3", "zen4",);
 
 /// The shipped profile files: `(file name such as "h100.json", JSON text)`, sorted by name.
 pub fn builtin_files() -> &'static [(&'static str, &'static str)] {
@@ -31,10 +30,7 @@ pub fn builtin_names() -> Vec<&'static str> {
 
 /// The text of a shipped profile by name.
 fn builtin_text(name: &str) -> Option<(&'static str, &'static str)> {
-    FILES
-        .iter()
-        .find(|(file, _)| file.strip_suffix(".json") == Some(name))
-        .map(|&(file, text)| (file, text))
+    FILES.iter().find(|(file, _)| file.strip_suffix(".json") == Some(name)).map(|&(file, text)| (file, text))
 }
 
 /// True when `s` should be read as a path rather than a shipped name.
@@ -45,8 +41,8 @@ fn looks_like_path(s: &str) -> bool {
 /// Parses and checks a profile document: schema first (names the field and the rule), then
 /// the typed parse.
 fn parse(text: &str, origin: &str) -> Result<HardwareProfile> {
-    let value: serde_json::Value = serde_json::from_str(text)
-        .map_err(|e| Error::invalid(format!("{origin}: not valid JSON: {e}")))?;
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| Error::invalid(format!("{origin}: not valid JSON: {e}")))?;
     schema::validate(SchemaKind::Hardware, &value, origin)?;
     HardwareProfile::from_json(text, origin)
 }
@@ -98,7 +94,8 @@ mod tests {
         let mut sorted = names.clone();
         sorted.sort_unstable();
         assert_eq!(names, sorted);
-        for n in ["t4", "a100", "a10", "l4", "rtx4090", "h100", "h200", "b200", "mi300x", "zen3", "icx", "zen4", "spr"] {
+        for n in ["t4", "a100", "a10", "l4", "rtx4090", "h100", "h200", "b200", "mi300x", "zen3", "icx", "zen4", "spr"]
+        {
             assert!(names.contains(&n), "{n} missing");
         }
     }

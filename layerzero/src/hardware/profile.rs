@@ -228,7 +228,7 @@ pub struct DeviceProfile {
     pub isa: CpuFeatures,
     /// Device memory in bytes (host RAM for a CPU).
     pub memory_bytes: u64,
-    /// Sustained memory bandwidth, GB/s.
+    /// Memory bandwidth, GB/s (a nominal peak: spec sheet or channels x transfer rate).
     pub memory_bandwidth_gbps: f64,
     /// SMs / CUs / CPU cores.
     pub compute_units: u32,
@@ -282,7 +282,11 @@ pub const HARDWARE_SCHEMA_VERSION: u32 = 1;
 
 impl HardwareProfile {
     /// A profile from its devices; computes the fingerprint.
-    pub fn new(name: impl Into<String>, description: impl Into<String>, devices: Vec<DeviceProfile>) -> HardwareProfile {
+    pub fn new(
+        name: impl Into<String>,
+        description: impl Into<String>,
+        devices: Vec<DeviceProfile>,
+    ) -> HardwareProfile {
         let fingerprint = fingerprint(&devices);
         HardwareProfile { name: name.into(), description: description.into(), devices, fingerprint }
     }
@@ -299,7 +303,9 @@ impl HardwareProfile {
             )));
         }
         if file.devices.is_empty() {
-            return Err(Error::invalid(format!("{origin}: field `devices` is empty; a profile needs at least one device")));
+            return Err(Error::invalid(format!(
+                "{origin}: field `devices` is empty; a profile needs at least one device"
+            )));
         }
         for (i, d) in file.devices.iter().enumerate() {
             let problem = match d.kind {

@@ -75,7 +75,9 @@ impl FromStr for DeviceRef {
             "cpu" => DeviceKind::Cpu,
             "cuda" => DeviceKind::Cuda,
             "rocm" => DeviceKind::Rocm,
-            other => return Err(format!("unknown device {other:?} (expected cpu, cuda or rocm, optionally with :INDEX)")),
+            other => {
+                return Err(format!("unknown device {other:?} (expected cpu, cuda or rocm, optionally with :INDEX)"));
+            }
         };
         Ok(DeviceRef { kind, index })
     }

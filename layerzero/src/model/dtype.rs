@@ -106,10 +106,8 @@ impl fmt::Display for DType {
 impl FromStr for DType {
     type Err = String;
     fn from_str(s: &str) -> Result<DType, String> {
-        DType::ALL
-            .iter()
-            .copied()
-            .find(|d| d.as_str() == s)
-            .ok_or_else(|| format!("unknown dtype {s:?} (expected one of f32 f16 bf16 fp8_e4m3 fp8_e5m2 i8 i32 i64 bool)"))
+        DType::ALL.iter().copied().find(|d| d.as_str() == s).ok_or_else(|| {
+            format!("unknown dtype {s:?} (expected one of f32 f16 bf16 fp8_e4m3 fp8_e5m2 i8 i32 i64 bool)")
+        })
     }
 }

@@ -132,7 +132,9 @@ pub struct Problem {
 /// Tensor roles an op accepts: (name, required).
 pub fn tensor_roles(op: Op) -> &'static [(&'static str, bool)] {
     match op {
-        Op::Attention => &[("q", true), ("k", true), ("v", true), ("mask", false), ("cu_seqlens_q", false), ("cu_seqlens_k", false)],
+        Op::Attention => {
+            &[("q", true), ("k", true), ("v", true), ("mask", false), ("cu_seqlens_q", false), ("cu_seqlens_k", false)]
+        }
         Op::PagedAttention => &[
             ("q", true),
             ("k_cache", true),
@@ -194,7 +196,12 @@ impl<'r> Validator<'r> {
     fn ranked(&mut self, name: &str, rank: usize) -> Option<&'r TensorDesc> {
         let t = self.tensor(name)?;
         if t.rank() != rank {
-            self.err(format!("tensor `{name}` has rank {} (shape {:?}); {} needs rank {rank}", t.rank(), t.shape, self.req.op));
+            self.err(format!(
+                "tensor `{name}` has rank {} (shape {:?}); {} needs rank {rank}",
+                t.rank(),
+                t.shape,
+                self.req.op
+            ));
             return None;
         }
         Some(t)
@@ -320,7 +327,9 @@ impl Problem {
         if varlen {
             for name in ["cu_seqlens_q", "cu_seqlens_k"] {
                 let Some(t) = v.ranked(name, 1) else {
-                    v.err(format!("ragged attention needs both `cu_seqlens_q` and `cu_seqlens_k`; `{name}` is missing"));
+                    v.err(format!(
+                        "ragged attention needs both `cu_seqlens_q` and `cu_seqlens_k`; `{name}` is missing"
+                    ));
                     continue;
                 };
                 v.dtype_in(name, t, &[DType::I32]);
@@ -331,7 +340,8 @@ impl Problem {
             if bq != 1 {
                 v.err(format!("ragged attention packs all tokens into batch 1 of q; q batch is {bq}"));
             }
-            batch = v.tensor("cu_seqlens_q").map(|t| t.shape.first().copied().unwrap_or(1).saturating_sub(1)).unwrap_or(1);
+            batch =
+                v.tensor("cu_seqlens_q").map(|t| t.shape.first().copied().unwrap_or(1).saturating_sub(1)).unwrap_or(1);
         } else {
             v.eq("k batch must equal q batch", bk, bq);
         }
@@ -339,7 +349,15 @@ impl Problem {
         v.eq("k head_dim must equal q head_dim", dk, d);
         v.eq("v seq_len must equal k seq_len", sv, sk);
         v.eq("v heads must equal k heads", hv, hk);
-        for (what, n) in [("q batch", bq), ("q seq_len", sq), ("k seq_len", sk), ("q heads", hq), ("k heads", hk), ("head_dim", d), ("v head_dim", dv)] {
+        for (what, n) in [
+            ("q batch", bq),
+            ("q seq_len", sq),
+            ("k seq_len", sk),
+            ("q heads", hq),
+            ("k heads", hk),
+            ("head_dim", d),
+            ("v head_dim", dv),
+        ] {
             v.positive(what, n);
         }
         if hk > 0 && hq % hk != 0 {
@@ -432,7 +450,16 @@ impl Problem {
         v.eq("k_cache head_dim must equal q head_dim", dk, d);
         v.eq("block_table rows must equal q batch", bt.shape[0], b);
         v.eq("context_lens length must equal q batch", cl.shape[0], b);
-        for (what, n) in [("q batch", b), ("q seq_len", sq), ("q heads", hq), ("head_dim", d), ("kv heads", hk), ("page_size", page_size), ("num_pages", num_pages), ("block_table width", bt.shape[1])] {
+        for (what, n) in [
+            ("q batch", b),
+            ("q seq_len", sq),
+            ("q heads", hq),
+            ("head_dim", d),
+            ("kv heads", hk),
+            ("page_size", page_size),
+            ("num_pages", num_pages),
+            ("block_table width", bt.shape[1]),
+        ] {
             v.positive(what, n);
         }
         if hk > 0 && hq % hk != 0 {
@@ -444,11 +471,15 @@ impl Problem {
                 let per_tensor = s.numel() == 1;
                 let per_head = s.rank() == 1 && s.shape[0] == hk;
                 if !(per_tensor || per_head) {
-                    v.err(format!("tensor `{scale}` shape {:?} is neither per-tensor [1] nor per-head [{hk}]", s.shape));
+                    v.err(format!(
+                        "tensor `{scale}` shape {:?} is neither per-tensor [1] nor per-head [{hk}]",
+                        s.shape
+                    ));
                 }
             }
         }
-        let paged = PagedDims { page_size, num_pages, max_pages: bt.shape[1], kv_layout: lk, block_table_dtype: bt.dtype };
+        let paged =
+            PagedDims { page_size, num_pages, max_pages: bt.shape[1], kv_layout: lk, block_table_dtype: bt.dtype };
         let dims = AttentionDims {
             batch: b,
             seq_q: sq,
@@ -500,7 +531,11 @@ impl Problem {
             Op::Embedding => "table",
             Op::Sample | Op::MoeRoute => "logits",
             Op::Swiglu => {
-                if v.tensor("x").is_some() { "x" } else { "gate" }
+                if v.tensor("x").is_some() {
+                    "x"
+                } else {
+                    "gate"
+                }
             }
             _ => "x",
         };
@@ -589,7 +624,9 @@ impl Problem {
                 if let Some(s) = a.scale
                     && !(s.is_finite() && s > 0.0)
                 {
-                    errs.push(format!("attrs.scale is {s}; it must be a positive number (or null for 1/sqrt(head_dim))"));
+                    errs.push(format!(
+                        "attrs.scale is {s}; it must be a positive number (or null for 1/sqrt(head_dim))"
+                    ));
                 }
             }
             Attrs::Norm(n) => {

@@ -88,7 +88,11 @@ impl Request {
     fn from_raw(raw: RawRequest) -> Result<Request> {
         let op = Op::from_name(&raw.op).ok_or_else(|| {
             let names: Vec<&str> = Op::ALL.iter().map(|o| o.as_str()).collect();
-            Error::invalid(format!("request field `op`: unknown op {:?} (expected one of {})", raw.op, names.join(", ")))
+            Error::invalid(format!(
+                "request field `op`: unknown op {:?} (expected one of {})",
+                raw.op,
+                names.join(", ")
+            ))
         })?;
         let attrs = match raw.attrs {
             None | Some(serde_json::Value::Null) => default_attrs(op),

@@ -184,7 +184,10 @@ impl Policy {
 
     fn check_values(&self, origin: &str) -> Result<()> {
         if self.schema_version != 1 {
-            return Err(Error::invalid(format!("{origin}: field `schema_version` is {}; this build reads 1", self.schema_version)));
+            return Err(Error::invalid(format!(
+                "{origin}: field `schema_version` is {}; this build reads 1",
+                self.schema_version
+            )));
         }
         for (i, r) in self.rules.iter().enumerate() {
             let f = r.effective_factor();

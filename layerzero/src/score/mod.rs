@@ -35,7 +35,14 @@ pub fn estimate(kernel: &KernelSpec, req: &Request, problem: &Problem, dev: &Dev
     let p = &kernel.perf;
     let compute_ns = flops / (dev.peak_flops(problem.dtype) * p.eff_compute) * 1e9;
     let memory_ns = bytes / (dev.bandwidth_bytes_per_s() * p.eff_mem) * 1e9;
-    Estimate { flops, bytes, compute_ns, memory_ns, launch_ns: p.launch_ns, estimated_ns: compute_ns.max(memory_ns) + p.launch_ns }
+    Estimate {
+        flops,
+        bytes,
+        compute_ns,
+        memory_ns,
+        launch_ns: p.launch_ns,
+        estimated_ns: compute_ns.max(memory_ns) + p.launch_ns,
+    }
 }
 
 /// Elements of the op's main output.

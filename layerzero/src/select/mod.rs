@@ -116,7 +116,12 @@ impl Selector {
             let msg = if report.candidates.is_empty() {
                 format!("no kernel is declared for op {}", req.op)
             } else {
-                format!("no kernel qualifies for {} on {} ({} candidates rejected; see `lz explain`)", req.op, self.hardware.name, report.candidates.len())
+                format!(
+                    "no kernel qualifies for {} on {} ({} candidates rejected; see `lz explain`)",
+                    req.op,
+                    self.hardware.name,
+                    report.candidates.len()
+                )
             };
             return Err(Error::new(ErrorKind::NoKernel, msg).with_reasons(reasons));
         };
@@ -175,7 +180,8 @@ impl Selector {
     fn resolve_device(&self, req: &Request, errors: &mut Vec<Reason>) -> (DeviceRef, Option<&DeviceProfile>) {
         let primary = self.hardware.primary();
         let primary_ref = DeviceRef { kind: primary.kind, index: Some(0) };
-        let norm = |d: Option<DeviceRef>| d.map_or(primary_ref, |d| DeviceRef { kind: d.kind, index: Some(d.ordinal()) });
+        let norm =
+            |d: Option<DeviceRef>| d.map_or(primary_ref, |d| DeviceRef { kind: d.kind, index: Some(d.ordinal()) });
         let mut first: Option<(&str, DeviceRef)> = None;
         for (name, t) in &req.tensors {
             let d = norm(t.device);
@@ -184,7 +190,9 @@ impl Selector {
                 Some((fname, fd)) if fd != d => {
                     errors.push(Reason::new(
                         ReasonCode::DEVICE_MIXED,
-                        format!("tensor `{fname}` is on {fd} but tensor `{name}` is on {d}; one request runs on one device"),
+                        format!(
+                            "tensor `{fname}` is on {fd} but tensor `{name}` is on {d}; one request runs on one device"
+                        ),
                     ));
                     break;
                 }
@@ -239,7 +247,10 @@ impl Selector {
         if backend.device != device_ref.kind {
             reasons.push(Reason::new(
                 ReasonCode::DEVICE_KIND_MISMATCH,
-                format!("{} kernels run on {}; the request's tensors are on {device_ref}", backend.backend, backend.device),
+                format!(
+                    "{} kernels run on {}; the request's tensors are on {device_ref}",
+                    backend.backend, backend.device
+                ),
             ));
         }
         if device.is_none() {
@@ -252,7 +263,8 @@ impl Selector {
         if let (true, Some(dev)) = (request_errors.is_empty(), device) {
             let mut found = Vec::new();
             constraint::check(kernel, req, problem, dev, &mut found);
-            if self.policy.allow_adaptation && transform::all_adaptable(&found)
+            if self.policy.allow_adaptation
+                && transform::all_adaptable(&found)
                 && let Some((planned, adapted_req)) = transform::plan(kernel, req, problem, dev)
             {
                 let adapted_problem = Problem::describe(&adapted_req);
@@ -261,7 +273,10 @@ impl Selector {
                 if recheck.is_empty() {
                     found.clear();
                     if self.policy.strict_mode {
-                        let what: Vec<String> = planned.iter().map(|t| format!("{} {} {}->{}", t.kind.as_str(), t.tensor, t.from, t.to)).collect();
+                        let what: Vec<String> = planned
+                            .iter()
+                            .map(|t| format!("{} {} {}->{}", t.kind.as_str(), t.tensor, t.from, t.to))
+                            .collect();
                         found.push(Reason::new(
                             ReasonCode::TRANSFORM_REJECTED_STRICT,
                             format!("needs {} and strict_mode forbids implicit transforms", what.join(", ")),
@@ -280,7 +295,10 @@ impl Selector {
         }
         if !rules.allow.is_empty() && !rules.allow.iter().any(|r| glob_match(&r.kernels, &kernel.id)) {
             let names: Vec<&str> = rules.allow.iter().map(|r| r.kernels.as_str()).collect();
-            reasons.push(Reason::new(ReasonCode::POLICY_NOT_ALLOWED, format!("the policy allows only {}", names.join(", "))));
+            reasons.push(Reason::new(
+                ReasonCode::POLICY_NOT_ALLOWED,
+                format!("the policy allows only {}", names.join(", ")),
+            ));
         }
         if let Some((i, r)) = rules.lock
             && r.kernels != kernel.id
@@ -288,13 +306,22 @@ impl Selector {
             reasons.push(Reason::new(ReasonCode::POLICY_LOCKED_OTHER, format!("policy rule {i} locks {}", r.kernels)));
         }
         if p.require_deterministic && !kernel.properties.deterministic {
-            reasons.push(Reason::new(ReasonCode::NON_DETERMINISTIC, "the policy requires deterministic kernels; this one is not"));
+            reasons.push(Reason::new(
+                ReasonCode::NON_DETERMINISTIC,
+                "the policy requires deterministic kernels; this one is not",
+            ));
         }
         if !p.allow_jit && kernel.properties.needs_jit {
-            reasons.push(Reason::new(ReasonCode::JIT_DISALLOWED, "the kernel compiles at first use and the policy forbids JIT"));
+            reasons.push(Reason::new(
+                ReasonCode::JIT_DISALLOWED,
+                "the kernel compiles at first use and the policy forbids JIT",
+            ));
         }
         if p.graph_strict_mode && !kernel.properties.graph_safe {
-            reasons.push(Reason::new(ReasonCode::GRAPH_UNSAFE, "graph_strict_mode is on and the kernel allocates or synchronizes"));
+            reasons.push(Reason::new(
+                ReasonCode::GRAPH_UNSAFE,
+                "graph_strict_mode is on and the kernel allocates or synchronizes",
+            ));
         }
         // Capacity.
         if let Some(dev) = device {
@@ -321,10 +348,21 @@ impl Selector {
                 };
                 let model = score::estimate(kernel, r, &pb, dev);
                 let transform_ns = transforms.iter().fold(0.0, |a, t| a + t.ns);
-                let policy_factor: f64 =
-                    rules.factors.iter().filter(|r| glob_match(&r.kernels, &kernel.id)).map(|r| r.effective_factor()).product();
+                let policy_factor: f64 = rules
+                    .factors
+                    .iter()
+                    .filter(|r| glob_match(&r.kernels, &kernel.id))
+                    .map(|r| r.effective_factor())
+                    .product();
                 let total_ns = (model.estimated_ns + transform_ns) * policy_factor;
-                Some(Score { estimated_ns: model.estimated_ns, source: ScoreSource::Model, transform_ns, policy_factor, total_ns, model })
+                Some(Score {
+                    estimated_ns: model.estimated_ns,
+                    source: ScoreSource::Model,
+                    transform_ns,
+                    policy_factor,
+                    total_ns,
+                    model,
+                })
             }
             _ => None,
         };

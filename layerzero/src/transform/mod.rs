@@ -80,7 +80,12 @@ pub fn all_adaptable(reasons: &[Reason]) -> bool {
 
 /// Plans the transforms that make `req` acceptable to `kernel`, returning them with the
 /// adapted request, or `None` when no lossless adaptation exists.
-pub fn plan(kernel: &KernelSpec, req: &Request, problem: &Problem, dev: &DeviceProfile) -> Option<(Vec<Transform>, Request)> {
+pub fn plan(
+    kernel: &KernelSpec,
+    req: &Request,
+    problem: &Problem,
+    dev: &DeviceProfile,
+) -> Option<(Vec<Transform>, Request)> {
     let c = &kernel.constraints;
     let mut adapted = req.clone();
     let mut transforms = Vec::new();
@@ -90,7 +95,8 @@ pub fn plan(kernel: &KernelSpec, req: &Request, problem: &Problem, dev: &DeviceP
     // A lossless widening to the narrowest dtype the kernel takes.
     let target_dtype = match &c.dtypes {
         Some(dts) if !dts.contains(&problem.dtype) => {
-            let mut options: Vec<DType> = dts.iter().copied().filter(|d| problem.dtype.widens_losslessly_to(*d)).collect();
+            let mut options: Vec<DType> =
+                dts.iter().copied().filter(|d| problem.dtype.widens_losslessly_to(*d)).collect();
             options.sort_by_key(|d| (d.size_bytes(), *d));
             Some(*options.first()?)
         }
@@ -112,17 +118,38 @@ pub fn plan(kernel: &KernelSpec, req: &Request, problem: &Problem, dev: &DeviceP
             t.layout = Some(other);
             t.strides = None;
             let bytes = 2 * t.bytes();
-            transforms.push(Transform { kind: TransformKind::Transpose, tensor: (*name).to_owned(), from: l.to_string(), to: other.to_string(), bytes, ns: cost(bytes) });
+            transforms.push(Transform {
+                kind: TransformKind::Transpose,
+                tensor: (*name).to_owned(),
+                from: l.to_string(),
+                to: other.to_string(),
+                bytes,
+                ns: cost(bytes),
+            });
         } else if t.strides.is_some() && !t.is_contiguous() && c.strides.is_some() {
             t.strides = None;
             let bytes = 2 * t.bytes();
-            transforms.push(Transform { kind: TransformKind::MakeContiguous, tensor: (*name).to_owned(), from: "strided".to_owned(), to: "contiguous".to_owned(), bytes, ns: cost(bytes) });
+            transforms.push(Transform {
+                kind: TransformKind::MakeContiguous,
+                tensor: (*name).to_owned(),
+                from: "strided".to_owned(),
+                to: "contiguous".to_owned(),
+                bytes,
+                ns: cost(bytes),
+            });
         }
         if let Some(to) = target_dtype
             && t.dtype == problem.dtype
         {
             let bytes = elems * (t.dtype.size_bytes() + to.size_bytes());
-            transforms.push(Transform { kind: TransformKind::Cast, tensor: (*name).to_owned(), from: t.dtype.to_string(), to: to.to_string(), bytes, ns: cost(bytes) });
+            transforms.push(Transform {
+                kind: TransformKind::Cast,
+                tensor: (*name).to_owned(),
+                from: t.dtype.to_string(),
+                to: to.to_string(),
+                bytes,
+                ns: cost(bytes),
+            });
             t.dtype = to;
         }
     }
@@ -131,12 +158,26 @@ pub fn plan(kernel: &KernelSpec, req: &Request, problem: &Problem, dev: &DeviceP
             && m.dtype == problem.dtype
         {
             let bytes = m.numel() * (m.dtype.size_bytes() + to.size_bytes());
-            transforms.push(Transform { kind: TransformKind::Cast, tensor: "mask".to_owned(), from: m.dtype.to_string(), to: to.to_string(), bytes, ns: cost(bytes) });
+            transforms.push(Transform {
+                kind: TransformKind::Cast,
+                tensor: "mask".to_owned(),
+                from: m.dtype.to_string(),
+                to: to.to_string(),
+                bytes,
+                ns: cost(bytes),
+            });
             m.dtype = to;
         }
         let out_elems = crate::score::output_elements(problem);
         let bytes = out_elems * (problem.dtype.size_bytes() + to.size_bytes());
-        transforms.push(Transform { kind: TransformKind::Cast, tensor: "out".to_owned(), from: to.to_string(), to: problem.dtype.to_string(), bytes, ns: cost(bytes) });
+        transforms.push(Transform {
+            kind: TransformKind::Cast,
+            tensor: "out".to_owned(),
+            from: to.to_string(),
+            to: problem.dtype.to_string(),
+            bytes,
+            ns: cost(bytes),
+        });
     }
     if transforms.is_empty() {
         return None;

@@ -78,7 +78,13 @@ fn sm_rates(cc: ComputeCapability) -> Option<SmRates> {
 }
 
 /// Peak TFLOP/s per dtype for `sms` SMs at `clock_ghz`.
-fn peak_tflops(cc: ComputeCapability, name: &str, sms: u32, clock_ghz: f64, notes: &mut Vec<String>) -> BTreeMap<DType, f64> {
+fn peak_tflops(
+    cc: ComputeCapability,
+    name: &str,
+    sms: u32,
+    clock_ghz: f64,
+    notes: &mut Vec<String>,
+) -> BTreeMap<DType, f64> {
     let per_clock = f64::from(sms) * clock_ghz * 1e9 / 1e12;
     let round = |x: f64| (x * 10.0).round() / 10.0;
     let mut out = BTreeMap::new();
