@@ -1,0 +1,195 @@
+//! The `lz` CLI: exit codes 0/1/2, schema-valid --json, one-line errors, never a panic.
+
+use assert_cmd::Command;
+use layerzero::schema::{SchemaKind, violations};
+use layerzero_tests::repo_root;
+
+/// The `lz` binary; built first when this crate's tests run alone (`cargo test -p layerzero-tests`).
+fn lz() -> Command {
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    BUILT.call_once(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let status = std::process::Command::new(cargo).args(["build", "-q", "-p", "layerzero", "--bin", "lz"]).current_dir(repo_root()).status();
+        assert!(status.is_ok_and(|s| s.success()), "building lz failed");
+    });
+    let mut c = Command::cargo_bin("lz").unwrap_or_else(|e| panic!("{e}"));
+    c.current_dir(repo_root()).env_remove("RUST_BACKTRACE");
+    c
+}
+
+fn example(name: &str) -> String {
+    repo_root().join("examples/requests").join(name).display().to_string()
+}
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = lz().args(args).output().unwrap_or_else(|e| panic!("{e}"));
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn run_stdin(args: &[&str], input: &str) -> (i32, String, String) {
+    let out = lz().args(args).write_stdin(input).output().unwrap_or_else(|e| panic!("{e}"));
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn assert_one_clean_line(stderr: &str) {
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "expected one line, got: {stderr}");
+    assert!(lines[0].starts_with("lz: error: "), "{stderr}");
+    assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"), "{stderr}");
+}
+
+#[test]
+fn explain_json_for_a_named_profile_is_schema_valid_and_selects() {
+    let (code, out, err) = run(&["explain", "--request", &example("llama_prefill_gqa.json"), "--hardware", "h100", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert!(violations(SchemaKind::SelectionReport, &v).unwrap_or_default().is_empty());
+    assert_eq!(v["hardware"]["name"], "h100");
+    assert_eq!(v["mode"], "planning");
+    assert!(v["selected"].is_string());
+}
+
+#[test]
+fn explain_for_people_puts_the_winner_first_then_every_candidate() {
+    let (code, out, _) = run(&["explain", "--request", &example("llama_prefill_gqa.json"), "--hardware", "h100"]);
+    assert_eq!(code, 0);
+    let selected = out.lines().find(|l| l.starts_with("selected:")).unwrap_or_default();
+    assert!(selected.len() > "selected:  ".len(), "{out}");
+    assert!(out.contains("candidates (") && out.contains("VERDICT") && out.contains("rejected"), "{out}");
+}
+
+#[test]
+fn which_prints_only_the_kernel_id() {
+    let (code, out, _) = run(&["which", "--request", &example("paged_decode.json"), "--hardware", "a100"]);
+    assert_eq!(code, 0);
+    let id = out.trim();
+    assert_eq!(id.split('.').count(), 3, "{out}");
+    assert!(id.contains(".paged_attention."), "{out}");
+}
+
+#[test]
+fn which_exits_1_when_no_kernel_qualifies() {
+    // fp8 attention on a T4: nothing supports it.
+    let req = r#"{"op": "attention", "tensors": {"q": {"dtype": "fp8_e4m3", "shape": [1, 16, 8, 64], "layout": "BSHD"},
+        "k": {"dtype": "fp8_e4m3", "shape": [1, 16, 8, 64], "layout": "BSHD"}, "v": {"dtype": "fp8_e4m3", "shape": [1, 16, 8, 64], "layout": "BSHD"}}}"#;
+    let (code, out, err) = run_stdin(&["which", "--request", "-", "--hardware", "t4"], req);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("no kernel qualifies"), "{err}");
+}
+
+#[test]
+fn malformed_json_is_one_line_and_exit_2() {
+    let (code, _, err) = run_stdin(&["explain", "--request", "-", "--hardware", "h100"], "{\"op\": \"attention\", ");
+    assert_eq!(code, 2);
+    assert_one_clean_line(&err);
+    assert!(err.contains("invalid JSON"), "{err}");
+}
+
+#[test]
+fn an_unknown_op_dtype_or_layout_names_the_field_and_value() {
+    for (req, field, value) in [
+        (r#"{"op": "attentoin", "tensors": {}}"#, "/op", "attentoin"),
+        (r#"{"op": "attention", "tensors": {"q": {"dtype": "f64", "shape": [1]}}}"#, "/tensors/q/dtype", "f64"),
+        (r#"{"op": "attention", "tensors": {"q": {"dtype": "f16", "shape": [1], "layout": "SBHD"}}}"#, "/tensors/q/layout", "SBHD"),
+        (r#"{"op": "attention", "tensors": {"q": {"dtype": "f16", "shape": [1, -4]}}}"#, "/tensors/q/shape/1", "-4"),
+        (r#"{"op": "attention", "tensors": {}, "attrs": {"casual": true}}"#, "/attrs", "casual"),
+    ] {
+        let (code, _, err) = run_stdin(&["explain", "--request", "-", "--hardware", "h100"], req);
+        assert_eq!(code, 2, "{req}: {err}");
+        assert_one_clean_line(&err);
+        assert!(err.contains(field) && err.contains(value), "{req}: {err}");
+    }
+}
+
+#[test]
+fn an_inconsistent_request_is_an_input_error_with_invalid_request_reasons() {
+    let req = r#"{"op": "attention", "tensors": {"q": {"dtype": "f16", "shape": [1, 16, 12, 64], "layout": "BSHD"},
+        "k": {"dtype": "f16", "shape": [1, 16, 5, 64], "layout": "BSHD"}, "v": {"dtype": "f16", "shape": [1, 16, 5, 64], "layout": "BSHD"}}}"#;
+    let (code, out, _) = run_stdin(&["explain", "--request", "-", "--hardware", "h100", "--json"], req);
+    assert_eq!(code, 2);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(v["request_errors"][0]["code"], "INVALID_REQUEST");
+    assert!(v["request_errors"][0]["message"].as_str().unwrap_or_default().contains("12 are not divisible by kv heads 5"));
+    let (code, _, err) = run_stdin(&["explain", "--request", "-", "--hardware", "h100"], req);
+    assert_eq!(code, 2);
+    assert_one_clean_line(&err);
+}
+
+#[test]
+fn an_unknown_hardware_name_lists_the_shipped_profiles() {
+    let (code, _, err) = run(&["explain", "--request", &example("rms_norm.json"), "--hardware", "h900"]);
+    assert_eq!(code, 2);
+    assert_one_clean_line(&err);
+    assert!(err.contains("h900") && err.contains("h100") && err.contains("zen4"), "{err}");
+}
+
+#[test]
+fn validate_checks_every_shipped_file_and_names_the_broken_field() {
+    let (code, out, _) = run(&["validate"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("0 invalid"), "{out}");
+
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let bad = dir.path().join("bad_caps.json");
+    let mut caps: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(repo_root().join("capabilities/flash_attn_2.json")).unwrap_or_default()).unwrap_or_default();
+    caps["kernels"][0]["constraints"]["head_dim"]["max"] = serde_json::json!("256");
+    std::fs::write(&bad, caps.to_string()).unwrap_or_else(|e| panic!("{e}"));
+    let (code, out, _) = run(&["validate", bad.to_str().unwrap_or_default(), "--json"]);
+    assert_eq!(code, 1);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}"));
+    let msg = v["files"][0]["errors"][0].as_str().unwrap_or_default();
+    assert!(msg.contains("bad_caps.json") && msg.contains("/kernels/0/constraints/head_dim/max"), "{msg}");
+}
+
+#[test]
+fn doctor_json_is_schema_valid_and_selects_on_this_host() {
+    let (code, out, err) = run(&["doctor", "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}"));
+    assert!(violations(SchemaKind::Doctor, &v).unwrap_or_default().is_empty());
+    assert_eq!(v["ok"], true);
+    assert!(v["sample_selection"]["selected"].as_str().is_some_and(|k| k.starts_with("cpu.")), "{out}");
+    let fa2 = v["backends"].as_array().and_then(|b| b.iter().find(|b| b["backend"] == "flash_attn_2")).cloned().unwrap_or_default();
+    assert_eq!(fa2["status"], "not_installed");
+    assert!(fa2["reason"].as_str().is_some_and(|r| !r.is_empty()));
+}
+
+#[test]
+fn list_kernels_filters_by_op_and_backend() {
+    let (code, out, _) = run(&["list-kernels", "--op", "attention", "--backend", "torch_sdpa", "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}"));
+    let ids: Vec<&str> = v["kernels"].as_array().map(|a| a.iter().filter_map(|k| k["kernel"].as_str()).collect()).unwrap_or_default();
+    for variant in ["flash", "efficient", "cudnn", "math"] {
+        assert!(ids.contains(&format!("torch_sdpa.attention.{variant}").as_str()), "{ids:?}");
+    }
+    assert!(ids.iter().all(|i| i.starts_with("torch_sdpa.attention.")));
+    let (code, _, err) = run(&["list-kernels", "--op", "attn"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("attn"));
+}
+
+#[test]
+fn hardware_shows_a_named_profile_and_the_detected_host() {
+    let (code, out, _) = run(&["hardware", "--hardware", "spr", "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}"));
+    let isa = v["devices"][0]["isa"].as_array().cloned().unwrap_or_default();
+    for f in ["avx512_bf16", "amx_bf16", "amx_int8"] {
+        assert!(isa.contains(&serde_json::json!(f)), "{isa:?}");
+    }
+    let (code, out, _) = run(&["hardware", "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(v["name"], "host");
+    assert!(v["devices"].as_array().is_some_and(|d| d.iter().any(|d| d["kind"] == "cpu")));
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let (code, _, _) = run(&["explain"]);
+    assert_eq!(code, 2);
+    let (code, _, _) = run(&["frobnicate"]);
+    assert_eq!(code, 2);
+}
