@@ -16,7 +16,9 @@ fn main() -> ExitCode {
         }
     };
     let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "json")).collect())
+        .map(|d| {
+            d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "json")).collect()
+        })
         .unwrap_or_default();
     files.sort();
     let (mut passed, mut failed) = (0, 0);

@@ -9,7 +9,10 @@ fn lz() -> Command {
     static BUILT: std::sync::Once = std::sync::Once::new();
     BUILT.call_once(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let status = std::process::Command::new(cargo).args(["build", "-q", "-p", "layerzero", "--bin", "lz"]).current_dir(repo_root()).status();
+        let status = std::process::Command::new(cargo)
+            .args(["build", "-q", "-p", "layerzero", "--bin", "lz"])
+            .current_dir(repo_root())
+            .status();
         assert!(status.is_ok_and(|s| s.success()), "building lz failed");
     });
     let mut c = Command::cargo_bin("lz").unwrap_or_else(|e| panic!("{e}"));
@@ -23,12 +26,20 @@ fn example(name: &str) -> String {
 
 fn run(args: &[&str]) -> (i32, String, String) {
     let out = lz().args(args).output().unwrap_or_else(|e| panic!("{e}"));
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn run_stdin(args: &[&str], input: &str) -> (i32, String, String) {
     let out = lz().args(args).write_stdin(input).output().unwrap_or_else(|e| panic!("{e}"));
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn assert_one_clean_line(stderr: &str) {
@@ -40,7 +51,8 @@ fn assert_one_clean_line(stderr: &str) {
 
 #[test]
 fn explain_json_for_a_named_profile_is_schema_valid_and_selects() {
-    let (code, out, err) = run(&["explain", "--request", &example("llama_prefill_gqa.json"), "--hardware", "h100", "--json"]);
+    let (code, out, err) =
+        run(&["explain", "--request", &example("llama_prefill_gqa.json"), "--hardware", "h100", "--json"]);
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert!(violations(SchemaKind::SelectionReport, &v).unwrap_or_default().is_empty());
@@ -69,9 +81,10 @@ fn which_prints_only_the_kernel_id() {
 
 #[test]
 fn which_exits_1_when_no_kernel_qualifies() {
-    // fp8 attention on a T4: nothing supports it.
-    let req = r#"{"op": "attention", "tensors": {"q": {"dtype": "fp8_e4m3", "shape": [1, 16, 8, 64], "layout": "BSHD"},
-        "k": {"dtype": "fp8_e4m3", "shape": [1, 16, 8, 64], "layout": "BSHD"}, "v": {"dtype": "fp8_e4m3", "shape": [1, 16, 8, 64], "layout": "BSHD"}}}"#;
+    // Dropout together with soft-capping: no kernel on a T4 does both.
+    let req = r#"{"op": "attention", "tensors": {"q": {"dtype": "f16", "shape": [1, 16, 8, 64], "layout": "BSHD"},
+        "k": {"dtype": "f16", "shape": [1, 16, 8, 64], "layout": "BSHD"}, "v": {"dtype": "f16", "shape": [1, 16, 8, 64], "layout": "BSHD"}},
+        "attrs": {"dropout_p": 0.1, "softcap": 30.0}}"#;
     let (code, out, err) = run_stdin(&["which", "--request", "-", "--hardware", "t4"], req);
     assert_eq!(code, 1, "{out}{err}");
     assert!(err.contains("no kernel qualifies"), "{err}");
@@ -90,7 +103,11 @@ fn an_unknown_op_dtype_or_layout_names_the_field_and_value() {
     for (req, field, value) in [
         (r#"{"op": "attentoin", "tensors": {}}"#, "/op", "attentoin"),
         (r#"{"op": "attention", "tensors": {"q": {"dtype": "f64", "shape": [1]}}}"#, "/tensors/q/dtype", "f64"),
-        (r#"{"op": "attention", "tensors": {"q": {"dtype": "f16", "shape": [1], "layout": "SBHD"}}}"#, "/tensors/q/layout", "SBHD"),
+        (
+            r#"{"op": "attention", "tensors": {"q": {"dtype": "f16", "shape": [1], "layout": "SBHD"}}}"#,
+            "/tensors/q/layout",
+            "SBHD",
+        ),
         (r#"{"op": "attention", "tensors": {"q": {"dtype": "f16", "shape": [1, -4]}}}"#, "/tensors/q/shape/1", "-4"),
         (r#"{"op": "attention", "tensors": {}, "attrs": {"casual": true}}"#, "/attrs", "casual"),
     ] {
@@ -109,7 +126,9 @@ fn an_inconsistent_request_is_an_input_error_with_invalid_request_reasons() {
     assert_eq!(code, 2);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert_eq!(v["request_errors"][0]["code"], "INVALID_REQUEST");
-    assert!(v["request_errors"][0]["message"].as_str().unwrap_or_default().contains("12 are not divisible by kv heads 5"));
+    assert!(
+        v["request_errors"][0]["message"].as_str().unwrap_or_default().contains("12 are not divisible by kv heads 5")
+    );
     let (code, _, err) = run_stdin(&["explain", "--request", "-", "--hardware", "h100"], req);
     assert_eq!(code, 2);
     assert_one_clean_line(&err);
@@ -131,8 +150,10 @@ fn validate_checks_every_shipped_file_and_names_the_broken_field() {
 
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let bad = dir.path().join("bad_caps.json");
-    let mut caps: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(repo_root().join("capabilities/flash_attn_2.json")).unwrap_or_default()).unwrap_or_default();
+    let mut caps: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_root().join("capabilities/flash_attn_2.json")).unwrap_or_default(),
+    )
+    .unwrap_or_default();
     caps["kernels"][0]["constraints"]["head_dim"]["max"] = serde_json::json!("256");
     std::fs::write(&bad, caps.to_string()).unwrap_or_else(|e| panic!("{e}"));
     let (code, out, _) = run(&["validate", bad.to_str().unwrap_or_default(), "--json"]);
@@ -150,7 +171,11 @@ fn doctor_json_is_schema_valid_and_selects_on_this_host() {
     assert!(violations(SchemaKind::Doctor, &v).unwrap_or_default().is_empty());
     assert_eq!(v["ok"], true);
     assert!(v["sample_selection"]["selected"].as_str().is_some_and(|k| k.starts_with("cpu.")), "{out}");
-    let fa2 = v["backends"].as_array().and_then(|b| b.iter().find(|b| b["backend"] == "flash_attn_2")).cloned().unwrap_or_default();
+    let fa2 = v["backends"]
+        .as_array()
+        .and_then(|b| b.iter().find(|b| b["backend"] == "flash_attn_2"))
+        .cloned()
+        .unwrap_or_default();
     assert_eq!(fa2["status"], "not_installed");
     assert!(fa2["reason"].as_str().is_some_and(|r| !r.is_empty()));
 }
@@ -160,7 +185,8 @@ fn list_kernels_filters_by_op_and_backend() {
     let (code, out, _) = run(&["list-kernels", "--op", "attention", "--backend", "torch_sdpa", "--json"]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}"));
-    let ids: Vec<&str> = v["kernels"].as_array().map(|a| a.iter().filter_map(|k| k["kernel"].as_str()).collect()).unwrap_or_default();
+    let ids: Vec<&str> =
+        v["kernels"].as_array().map(|a| a.iter().filter_map(|k| k["kernel"].as_str()).collect()).unwrap_or_default();
     for variant in ["flash", "efficient", "cudnn", "math"] {
         assert!(ids.contains(&format!("torch_sdpa.attention.{variant}").as_str()), "{ids:?}");
     }

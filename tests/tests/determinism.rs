@@ -53,17 +53,21 @@ fn the_selected_kernel_has_the_lowest_total_among_eligible_candidates() {
         let sel = planner(hw);
         for (name, req) in example_requests() {
             let r = sel.explain(&req);
-            let best = r
-                .candidates
-                .iter()
-                .filter_map(|c| c.score.as_ref().map(|s| (s.total_ns, &c.kernel)))
-                .fold(None::<(f64, &String)>, |a, b| match a {
+            let best = r.candidates.iter().filter_map(|c| c.score.as_ref().map(|s| (s.total_ns, &c.kernel))).fold(
+                None::<(f64, &String)>,
+                |a, b| match a {
                     Some(a) if a.0 <= b.0 => Some(a),
                     _ => Some(b),
-                });
+                },
+            );
             assert_eq!(r.selected.as_ref(), best.map(|b| b.1), "{hw} {name}");
             for c in &r.candidates {
-                assert_eq!(c.reasons.is_empty(), c.score.is_some(), "{hw} {name} {}: a rejection always has a reason", c.kernel);
+                assert_eq!(
+                    c.reasons.is_empty(),
+                    c.score.is_some(),
+                    "{hw} {name} {}: a rejection always has a reason",
+                    c.kernel
+                );
             }
         }
     }

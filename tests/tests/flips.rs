@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use layerzero::capabilities::catalog::Catalog;
-use layerzero::model::attrs::{AttentionAttrs, Attrs, GeluApproximate, GeluAttrs, NormAttrs, RopeAttrs, RopeScaling, RopeStyle, SwigluAttrs};
+use layerzero::model::attrs::{
+    AttentionAttrs, Attrs, GeluApproximate, GeluAttrs, NormAttrs, RopeAttrs, RopeScaling, RopeStyle, SwigluAttrs,
+};
 use layerzero::model::dtype::DType;
 use layerzero::model::layout::Layout;
 use layerzero::model::op::Op;
@@ -120,94 +122,307 @@ fn rows(op: Op, attrs: Attrs) -> Request {
 fn flips() -> Vec<Flip> {
     let cu = |name, patch, req, code| flip(name, patch, req, code);
     let mut v = vec![
-        cu("compute_capability.min", json!({"compute_capability": {"min": "9.5"}}), mha(), "COMPUTE_CAPABILITY_TOO_OLD"),
-        cu("compute_capability.max", json!({"compute_capability": {"max": "8.9"}}), mha(), "COMPUTE_CAPABILITY_TOO_NEW"),
+        cu(
+            "compute_capability.min",
+            json!({"compute_capability": {"min": "9.5"}}),
+            mha(),
+            "COMPUTE_CAPABILITY_TOO_OLD",
+        ),
+        cu(
+            "compute_capability.max",
+            json!({"compute_capability": {"max": "8.9"}}),
+            mha(),
+            "COMPUTE_CAPABILITY_TOO_NEW",
+        ),
         cu("built_archs (other major)", json!({"built_archs": ["8.0"]}), mha(), "NO_KERNEL_IMAGE_FOR_ARCH"),
         cu("dtypes", json!({"dtypes": ["f16"]}), mha(), "DTYPE_UNSUPPORTED"),
-        cu("dtype_requirements.min_compute_capability", json!({"dtype_requirements": [{"dtype": "bf16", "min_compute_capability": "10.0"}]}), mha(), "DTYPE_UNSUPPORTED_ON_HARDWARE"),
+        cu(
+            "dtype_requirements.min_compute_capability",
+            json!({"dtype_requirements": [{"dtype": "bf16", "min_compute_capability": "10.0"}]}),
+            mha(),
+            "DTYPE_UNSUPPORTED_ON_HARDWARE",
+        ),
         cu("head_dim.min", json!({"head_dim": {"min": 256}}), mha(), "HEAD_DIM_TOO_SMALL"),
         cu("head_dim.max", json!({"head_dim": {"max": 64}}), mha(), "HEAD_DIM_TOO_LARGE"),
         cu("head_dim.multiple", json!({"head_dim": {"multiple": 256}}), mha(), "HEAD_DIM_ALIGNMENT"),
-        cu("head_dim.multiple_by_dtype", json!({"head_dim": {"multiple": 8, "multiple_by_dtype": {"bf16": 96}}}), mha(), "HEAD_DIM_ALIGNMENT"),
+        cu(
+            "head_dim.multiple_by_dtype",
+            json!({"head_dim": {"multiple": 8, "multiple_by_dtype": {"bf16": 96}}}),
+            mha(),
+            "HEAD_DIM_ALIGNMENT",
+        ),
         cu("head_dim.values", json!({"head_dim": {"values": [64, 256]}}), mha(), "HEAD_DIM_UNSUPPORTED"),
-        cu("different_v_head_dim", json!({"different_v_head_dim": null}),
-           mha().tensor("v", TensorDesc::new(DType::BF16, [2, 128, 16, 64]).with_layout(Layout::Bshd)), "HEAD_DIM_V_MISMATCH"),
+        cu(
+            "different_v_head_dim",
+            json!({"different_v_head_dim": null}),
+            mha().tensor("v", TensorDesc::new(DType::BF16, [2, 128, 16, 64]).with_layout(Layout::Bshd)),
+            "HEAD_DIM_V_MISMATCH",
+        ),
         cu("gqa (absent)", json!({"gqa": null}), gqa(), "GQA_UNSUPPORTED"),
         cu("gqa.supported", json!({"gqa": {"supported": false}}), gqa(), "GQA_UNSUPPORTED"),
-        cu("gqa.group_sizes", json!({"gqa": {"supported": true, "group_sizes": [1, 2]}}), gqa(), "GQA_GROUP_SIZE_UNSUPPORTED"),
+        cu(
+            "gqa.group_sizes",
+            json!({"gqa": {"supported": true, "group_sizes": [1, 2]}}),
+            gqa(),
+            "GQA_GROUP_SIZE_UNSUPPORTED",
+        ),
         cu("seq_len_q", json!({"seq_len_q": {"max": 1}}), mha(), "SEQ_LEN_Q_UNSUPPORTED"),
         cu("causal (absent)", json!({"causal": null}), attn_with(causal()), "CAUSAL_UNSUPPORTED"),
-        cu("causal.alignments", json!({"causal": {"alignments": ["top_left"]}}),
-           with_attrs(attention(DType::BF16, 1, 16, 128, 8, 8, 64), causal()), "CAUSAL_ALIGNMENT_UNSUPPORTED"),
-        cu("causal.square_only", json!({"causal": {"alignments": ["top_left", "bottom_right"], "square_only": true}}),
-           with_attrs(attention(DType::BF16, 1, 16, 128, 8, 8, 64), causal()), "CAUSAL_ALIGNMENT_UNSUPPORTED"),
-        cu("causal.seq_q_le_seq_k", json!({"causal": {"alignments": ["bottom_right"], "seq_q_le_seq_k": true}}),
-           with_attrs(attention(DType::BF16, 1, 128, 16, 8, 8, 64), causal()), "CAUSAL_SEQ_Q_EXCEEDS_SEQ_K"),
-        cu("masks (bool)", json!({"masks": ["float"]}), masked(DType::Bool, &[128, 128], AttentionAttrs::default()), "MASK_UNSUPPORTED"),
-        cu("masks (float)", json!({"masks": ["bool"]}), masked(DType::BF16, &[128, 128], AttentionAttrs::default()), "MASK_UNSUPPORTED"),
-        cu("float_mask_matches_q", json!({"float_mask_matches_q": true}), masked(DType::F32, &[128, 128], AttentionAttrs::default()), "MASK_DTYPE_MISMATCH"),
-        cu("mask_with_causal", json!({"mask_with_causal": null}), masked(DType::Bool, &[128, 128], causal()), "MASK_CAUSAL_CONFLICT"),
-        cu("mask_broadcast", json!({"mask_broadcast": null}), masked(DType::Bool, &[128, 128], AttentionAttrs::default()), "MASK_BROADCAST_UNSUPPORTED"),
-        cu("dropout", json!({"dropout": null}), attn_with(AttentionAttrs { dropout_p: 0.1, ..Default::default() }), "DROPOUT_UNSUPPORTED"),
-        cu("window", json!({"window": null}), attn_with(AttentionAttrs { causal: true, window_left: Some(64), ..Default::default() }), "WINDOW_UNSUPPORTED"),
-        cu("softcap", json!({"softcap": null}), attn_with(AttentionAttrs { softcap: Some(30.0), ..Default::default() }), "SOFTCAP_UNSUPPORTED"),
-        cu("alibi", json!({"alibi": null}), attn_with(AttentionAttrs { alibi: true, ..Default::default() }), "ALIBI_UNSUPPORTED"),
-        cu("custom_scale", json!({"custom_scale": null}), attn_with(AttentionAttrs { scale: Some(0.1), ..Default::default() }), "SCALE_UNSUPPORTED"),
-        cu("varlen", json!({"varlen": null}),
-           attention(DType::BF16, 1, 300, 300, 8, 8, 64)
-               .tensor("cu_seqlens_q", TensorDesc::new(DType::I32, [4]))
-               .tensor("cu_seqlens_k", TensorDesc::new(DType::I32, [4])), "VARLEN_UNSUPPORTED"),
+        cu(
+            "causal.alignments",
+            json!({"causal": {"alignments": ["top_left"]}}),
+            with_attrs(attention(DType::BF16, 1, 16, 128, 8, 8, 64), causal()),
+            "CAUSAL_ALIGNMENT_UNSUPPORTED",
+        ),
+        cu(
+            "causal.square_only",
+            json!({"causal": {"alignments": ["top_left", "bottom_right"], "square_only": true}}),
+            with_attrs(attention(DType::BF16, 1, 16, 128, 8, 8, 64), causal()),
+            "CAUSAL_ALIGNMENT_UNSUPPORTED",
+        ),
+        cu(
+            "causal.seq_q_le_seq_k",
+            json!({"causal": {"alignments": ["bottom_right"], "seq_q_le_seq_k": true}}),
+            with_attrs(attention(DType::BF16, 1, 128, 16, 8, 8, 64), causal()),
+            "CAUSAL_SEQ_Q_EXCEEDS_SEQ_K",
+        ),
+        cu(
+            "masks (bool)",
+            json!({"masks": ["float"]}),
+            masked(DType::Bool, &[128, 128], AttentionAttrs::default()),
+            "MASK_UNSUPPORTED",
+        ),
+        cu(
+            "masks (float)",
+            json!({"masks": ["bool"]}),
+            masked(DType::BF16, &[128, 128], AttentionAttrs::default()),
+            "MASK_UNSUPPORTED",
+        ),
+        cu(
+            "float_mask_matches_q",
+            json!({"float_mask_matches_q": true}),
+            masked(DType::F32, &[128, 128], AttentionAttrs::default()),
+            "MASK_DTYPE_MISMATCH",
+        ),
+        cu(
+            "mask_with_causal",
+            json!({"mask_with_causal": null}),
+            masked(DType::Bool, &[128, 128], causal()),
+            "MASK_CAUSAL_CONFLICT",
+        ),
+        cu(
+            "mask_broadcast",
+            json!({"mask_broadcast": null}),
+            masked(DType::Bool, &[128, 128], AttentionAttrs::default()),
+            "MASK_BROADCAST_UNSUPPORTED",
+        ),
+        cu(
+            "dropout",
+            json!({"dropout": null}),
+            attn_with(AttentionAttrs { dropout_p: 0.1, ..Default::default() }),
+            "DROPOUT_UNSUPPORTED",
+        ),
+        cu(
+            "window",
+            json!({"window": null}),
+            attn_with(AttentionAttrs { causal: true, window_left: Some(64), ..Default::default() }),
+            "WINDOW_UNSUPPORTED",
+        ),
+        cu(
+            "softcap",
+            json!({"softcap": null}),
+            attn_with(AttentionAttrs { softcap: Some(30.0), ..Default::default() }),
+            "SOFTCAP_UNSUPPORTED",
+        ),
+        cu(
+            "alibi",
+            json!({"alibi": null}),
+            attn_with(AttentionAttrs { alibi: true, ..Default::default() }),
+            "ALIBI_UNSUPPORTED",
+        ),
+        cu(
+            "custom_scale",
+            json!({"custom_scale": null}),
+            attn_with(AttentionAttrs { scale: Some(0.1), ..Default::default() }),
+            "SCALE_UNSUPPORTED",
+        ),
+        cu(
+            "varlen",
+            json!({"varlen": null}),
+            attention(DType::BF16, 1, 300, 300, 8, 8, 64)
+                .tensor("cu_seqlens_q", TensorDesc::new(DType::I32, [4]))
+                .tensor("cu_seqlens_k", TensorDesc::new(DType::I32, [4])),
+            "VARLEN_UNSUPPORTED",
+        ),
         cu("layouts", json!({"layouts": ["BHSD"]}), mha(), "LAYOUT_UNSUPPORTED"),
-        cu("strides: contiguous", json!({"strides": "contiguous"}),
-           mha().tensor("k", TensorDesc::new(DType::BF16, [2, 128, 16, 128]).with_layout(Layout::Bshd).with_strides([262144, 128, 16384, 1])),
-           "NOT_CONTIGUOUS"),
-        cu("strides: last_dim_contiguous", json!({"strides": "last_dim_contiguous"}),
-           mha().tensor("v", TensorDesc::new(DType::BF16, [2, 128, 16, 128]).with_layout(Layout::Bshd).with_strides([524288, 4096, 256, 2])),
-           "LAST_DIM_NOT_CONTIGUOUS"),
+        cu(
+            "strides: contiguous",
+            json!({"strides": "contiguous"}),
+            mha().tensor(
+                "k",
+                TensorDesc::new(DType::BF16, [2, 128, 16, 128])
+                    .with_layout(Layout::Bshd)
+                    .with_strides([262144, 128, 16384, 1]),
+            ),
+            "NOT_CONTIGUOUS",
+        ),
+        cu(
+            "strides: last_dim_contiguous",
+            json!({"strides": "last_dim_contiguous"}),
+            mha().tensor(
+                "v",
+                TensorDesc::new(DType::BF16, [2, 128, 16, 128])
+                    .with_layout(Layout::Bshd)
+                    .with_strides([524288, 4096, 256, 2]),
+            ),
+            "LAST_DIM_NOT_CONTIGUOUS",
+        ),
     ];
-    let pg = |kv: DType, page: u64, layout: Layout, table: DType| paged(DType::F16, kv, 4, 1, 32, 8, 128, page, layout, table);
+    let pg = |kv: DType, page: u64, layout: Layout, table: DType| {
+        paged(DType::F16, kv, 4, 1, 32, 8, 128, page, layout, table)
+    };
     for (name, patch, req, code) in [
-        ("page_size.multiple", json!({"page_size": {"multiple": 256}}), pg(DType::F16, 16, Layout::Nhd, DType::I32), "PAGE_SIZE_UNSUPPORTED"),
-        ("page_size.values", json!({"page_size": {"values": [16]}}), pg(DType::F16, 32, Layout::Nhd, DType::I32), "PAGE_SIZE_UNSUPPORTED"),
-        ("block_table_dtypes", json!({"block_table_dtypes": ["i32"]}), pg(DType::F16, 16, Layout::Nhd, DType::I64), "BLOCK_TABLE_DTYPE_UNSUPPORTED"),
-        ("kv_cache_layouts", json!({"kv_cache_layouts": ["HND"]}), pg(DType::F16, 16, Layout::Nhd, DType::I32), "KV_CACHE_LAYOUT_UNSUPPORTED"),
-        ("kv_cache_dtypes", json!({"kv_cache_dtypes": ["f16", "bf16"]}), pg(DType::Fp8E4M3, 16, Layout::Nhd, DType::I32), "KV_CACHE_DTYPE_UNSUPPORTED"),
-        ("kv_cache_dtypes (absent: must equal q)", json!({"kv_cache_dtypes": null}), pg(DType::Fp8E5M2, 16, Layout::Hnd, DType::I32), "KV_CACHE_DTYPE_UNSUPPORTED"),
+        (
+            "page_size.multiple",
+            json!({"page_size": {"multiple": 256}}),
+            pg(DType::F16, 16, Layout::Nhd, DType::I32),
+            "PAGE_SIZE_UNSUPPORTED",
+        ),
+        (
+            "page_size.values",
+            json!({"page_size": {"values": [16]}}),
+            pg(DType::F16, 32, Layout::Nhd, DType::I32),
+            "PAGE_SIZE_UNSUPPORTED",
+        ),
+        (
+            "block_table_dtypes",
+            json!({"block_table_dtypes": ["i32"]}),
+            pg(DType::F16, 16, Layout::Nhd, DType::I64),
+            "BLOCK_TABLE_DTYPE_UNSUPPORTED",
+        ),
+        (
+            "kv_cache_layouts",
+            json!({"kv_cache_layouts": ["HND"]}),
+            pg(DType::F16, 16, Layout::Nhd, DType::I32),
+            "KV_CACHE_LAYOUT_UNSUPPORTED",
+        ),
+        (
+            "kv_cache_dtypes",
+            json!({"kv_cache_dtypes": ["f16", "bf16"]}),
+            pg(DType::Fp8E4M3, 16, Layout::Nhd, DType::I32),
+            "KV_CACHE_DTYPE_UNSUPPORTED",
+        ),
+        (
+            "kv_cache_dtypes (absent: must equal q)",
+            json!({"kv_cache_dtypes": null}),
+            pg(DType::Fp8E5M2, 16, Layout::Hnd, DType::I32),
+            "KV_CACHE_DTYPE_UNSUPPORTED",
+        ),
     ] {
         v.push(flip(name, patch, req, code));
     }
     let attrs_flips: Vec<(&'static str, Op, Value, Request, &'static str)> = vec![
-        ("hidden_size", Op::RmsNorm, json!({"hidden_size": {"max": 1024}}), rows(Op::RmsNorm, Attrs::Norm(NormAttrs::default())), "HIDDEN_SIZE_UNSUPPORTED"),
-        ("fused_residual", Op::RmsNorm, json!({"fused_residual": null}),
-         rows(Op::RmsNorm, Attrs::Norm(NormAttrs::default())).tensor("residual", TensorDesc::new(DType::BF16, [64, 4096])), "ATTR_UNSUPPORTED"),
-        ("rope_styles", Op::Rope, json!({"rope_styles": ["rotate_half"]}),
-         rows(Op::Rope, Attrs::Rope(RopeAttrs { style: RopeStyle::Interleaved, ..Default::default() })), "ATTR_UNSUPPORTED"),
-        ("rope_scaling", Op::Rope, json!({"rope_scaling": null}),
-         rows(Op::Rope, Attrs::Rope(RopeAttrs { scaling: Some(RopeScaling::Linear { factor: 2.0 }), ..Default::default() })), "ATTR_UNSUPPORTED"),
-        ("gelu_approximations", Op::Gelu, json!({"gelu_approximations": ["none"]}),
-         rows(Op::Gelu, Attrs::Gelu(GeluAttrs { approximate: GeluApproximate::Tanh })), "ATTR_UNSUPPORTED"),
-        ("swiglu_forms", Op::Swiglu, json!({"swiglu_forms": ["separate"]}), rows(Op::Swiglu, Attrs::Swiglu(SwigluAttrs { split: true })), "ATTR_UNSUPPORTED"),
-        ("weight_layouts", Op::Linear, json!({"weight_layouts": ["NT"]}),
-         Request::new(Op::Linear).tensor("x", TensorDesc::new(DType::BF16, [8, 64])).tensor("weight", TensorDesc::new(DType::BF16, [64, 32]).with_layout(Layout::Nn)),
-         "LAYOUT_UNSUPPORTED"),
+        (
+            "hidden_size",
+            Op::RmsNorm,
+            json!({"hidden_size": {"max": 1024}}),
+            rows(Op::RmsNorm, Attrs::Norm(NormAttrs::default())),
+            "HIDDEN_SIZE_UNSUPPORTED",
+        ),
+        (
+            "fused_residual",
+            Op::RmsNorm,
+            json!({"fused_residual": null}),
+            rows(Op::RmsNorm, Attrs::Norm(NormAttrs::default()))
+                .tensor("residual", TensorDesc::new(DType::BF16, [64, 4096])),
+            "ATTR_UNSUPPORTED",
+        ),
+        (
+            "rope_styles",
+            Op::Rope,
+            json!({"rope_styles": ["rotate_half"]}),
+            rows(Op::Rope, Attrs::Rope(RopeAttrs { style: RopeStyle::Interleaved, ..Default::default() })),
+            "ATTR_UNSUPPORTED",
+        ),
+        (
+            "rope_scaling",
+            Op::Rope,
+            json!({"rope_scaling": null}),
+            rows(
+                Op::Rope,
+                Attrs::Rope(RopeAttrs { scaling: Some(RopeScaling::Linear { factor: 2.0 }), ..Default::default() }),
+            ),
+            "ATTR_UNSUPPORTED",
+        ),
+        (
+            "gelu_approximations",
+            Op::Gelu,
+            json!({"gelu_approximations": ["none"]}),
+            rows(Op::Gelu, Attrs::Gelu(GeluAttrs { approximate: GeluApproximate::Tanh })),
+            "ATTR_UNSUPPORTED",
+        ),
+        (
+            "swiglu_forms",
+            Op::Swiglu,
+            json!({"swiglu_forms": ["separate"]}),
+            rows(Op::Swiglu, Attrs::Swiglu(SwigluAttrs { split: true })),
+            "ATTR_UNSUPPORTED",
+        ),
+        (
+            "weight_layouts",
+            Op::Linear,
+            json!({"weight_layouts": ["NT"]}),
+            Request::new(Op::Linear)
+                .tensor("x", TensorDesc::new(DType::BF16, [8, 64]))
+                .tensor("weight", TensorDesc::new(DType::BF16, [64, 32]).with_layout(Layout::Nn)),
+            "LAYOUT_UNSUPPORTED",
+        ),
     ];
     for (name, _op, patch, req, code) in attrs_flips {
         v.push(flip(name, patch, req, code));
     }
     // Hardware fields of other device kinds.
-    v.push(Flip { device: "rocm", hardware: "mi300x", ..flip("gfx", json!({"gfx": ["gfx90a"]}), mha(), "GFX_ARCH_UNSUPPORTED") });
-    v.push(Flip { device: "cpu", hardware: "zen3", ..flip("cpu_isa", json!({"cpu_isa": ["avx512f"]}), mha(), "CPU_ISA_MISSING") });
+    v.push(Flip {
+        device: "rocm",
+        hardware: "mi300x",
+        ..flip("gfx", json!({"gfx": ["gfx90a"]}), mha(), "GFX_ARCH_UNSUPPORTED")
+    });
     v.push(Flip {
         device: "cpu",
         hardware: "zen3",
-        ..flip("dtype_requirements.cpu_isa_any_of", json!({"dtype_requirements": [{"dtype": "bf16", "cpu_isa_any_of": [["avx512_bf16"], ["amx_bf16"]]}]}), mha(), "DTYPE_UNSUPPORTED_ON_HARDWARE")
+        ..flip("cpu_isa", json!({"cpu_isa": ["avx512f"]}), mha(), "CPU_ISA_MISSING")
+    });
+    v.push(Flip {
+        device: "cpu",
+        hardware: "zen3",
+        ..flip(
+            "dtype_requirements.cpu_isa_any_of",
+            json!({"dtype_requirements": [{"dtype": "bf16", "cpu_isa_any_of": [["avx512_bf16"], ["amx_bf16"]]}]}),
+            mha(),
+            "DTYPE_UNSUPPORTED_ON_HARDWARE",
+        )
     });
     // Properties, enforced through the policy.
     let props = |name, p: Value, pol, code| Flip { properties: p, policy: pol, ..flip(name, json!({}), mha(), code) };
-    v.push(props("properties.deterministic", json!({"deterministic": false}), r#"{"require_deterministic": true}"#, "NON_DETERMINISTIC"));
-    v.push(props("properties.graph_safe", json!({"graph_safe": false}), r#"{"graph_strict_mode": true}"#, "GRAPH_UNSAFE"));
+    v.push(props(
+        "properties.deterministic",
+        json!({"deterministic": false}),
+        r#"{"require_deterministic": true}"#,
+        "NON_DETERMINISTIC",
+    ));
+    v.push(props(
+        "properties.graph_safe",
+        json!({"graph_safe": false}),
+        r#"{"graph_strict_mode": true}"#,
+        "GRAPH_UNSAFE",
+    ));
     v.push(props("properties.needs_jit", json!({"needs_jit": true}), r#"{"allow_jit": false}"#, "JIT_DISALLOWED"));
-    v.push(props("properties.workspace_bytes", json!({"workspace_bytes": 200000000000u64}), "{}", "MEMORY_HEADROOM_EXCEEDED"));
+    v.push(props(
+        "properties.workspace_bytes",
+        json!({"workspace_bytes": 200000000000u64}),
+        "{}",
+        "MEMORY_HEADROOM_EXCEEDED",
+    ));
     v
 }
 
@@ -262,7 +477,8 @@ fn efficiency_coefficients_decide_between_otherwise_equal_kernels() {
         };
         let doc = json!({"schema_version": 1, "backend": "probe", "description": "perf", "device": "cuda", "version": "0",
                          "execution": "builtin", "kernels": [mk("probe.attention.a", worse), mk("probe.attention.b", better)]});
-        let catalog = Arc::new(Catalog::from_texts(&[("p.json".to_owned(), doc.to_string())]).unwrap_or_else(|e| panic!("{e}")));
+        let catalog =
+            Arc::new(Catalog::from_texts(&[("p.json".to_owned(), doc.to_string())]).unwrap_or_else(|e| panic!("{e}")));
         let sel = planner_with(catalog, "h100", layerzero::policy::Policy::default());
         // A memory-bound decode shape for eff_mem; a compute-bound prefill for the others.
         let req = if field == "eff_mem" { attention(DType::BF16, 64, 1, 8192, 32, 32, 128) } else { mha() };

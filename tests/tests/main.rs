@@ -1,8 +1,8 @@
 //! LayerZero integration tests: through the public API and the `lz` CLI.
 
+mod cli;
 mod determinism;
 mod files;
 mod flips;
-mod cli;
 mod policy;
 mod properties;

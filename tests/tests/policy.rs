@@ -15,8 +15,12 @@ fn prefill() -> layerzero::model::request::Request {
 fn deny_removes_the_kernel_that_would_have_won() {
     let free = planner("h100").explain(&prefill());
     let winner = free.selected.clone().unwrap_or_else(|| panic!("nothing selected on h100"));
-    let denied = planner_with(catalog(), "h100", policy(&format!(r#"{{"rules": [{{"action": "deny", "kernels": "{winner}"}}]}}"#)))
-        .explain(&prefill());
+    let denied = planner_with(
+        catalog(),
+        "h100",
+        policy(&format!(r#"{{"rules": [{{"action": "deny", "kernels": "{winner}"}}]}}"#)),
+    )
+    .explain(&prefill());
     assert_ne!(denied.selected.as_deref(), Some(winner.as_str()));
     assert_eq!(codes(&denied, &winner), ["POLICY_DENIED"]);
     assert!(denied.selected.is_some(), "another kernel takes over");
@@ -42,8 +46,12 @@ fn prefer_reorders_eligible_kernels_and_never_revives_a_rejected_one() {
     assert!(eligible.len() >= 2 && !rejected.is_empty());
     // Preferring a rejected kernel, however strongly, changes nothing.
     for k in &rejected {
-        let r = planner_with(catalog(), "h100", policy(&format!(r#"{{"rules": [{{"action": "prefer", "kernels": "{k}", "factor": 0.000001}}]}}"#)))
-            .explain(&prefill());
+        let r = planner_with(
+            catalog(),
+            "h100",
+            policy(&format!(r#"{{"rules": [{{"action": "prefer", "kernels": "{k}", "factor": 0.000001}}]}}"#)),
+        )
+        .explain(&prefill());
         assert_eq!(r.selected, free.selected, "preferring rejected {k}");
     }
     // Preferring the slowest eligible kernel strongly enough makes it win.
@@ -53,19 +61,30 @@ fn prefer_reorders_eligible_kernels_and_never_revives_a_rejected_one() {
         .filter_map(|c| c.score.as_ref().map(|s| (s.total_ns, c.kernel.as_str())))
         .fold((0.0, ""), |a, b| if b.0 > a.0 { b } else { a })
         .1;
-    let r = planner_with(catalog(), "h100", policy(&format!(r#"{{"rules": [{{"action": "prefer", "kernels": "{slowest}", "factor": 0.000001}}]}}"#)))
-        .explain(&prefill());
+    let r = planner_with(
+        catalog(),
+        "h100",
+        policy(&format!(r#"{{"rules": [{{"action": "prefer", "kernels": "{slowest}", "factor": 0.000001}}]}}"#)),
+    )
+    .explain(&prefill());
     assert_eq!(r.selected.as_deref(), Some(slowest));
     let s = r.selected_candidate().and_then(|c| c.score.clone()).unwrap_or_else(|| panic!("no score"));
-    assert!((s.policy_factor - 1e-6).abs() < 1e-12 && (s.total_ns - (s.estimated_ns + s.transform_ns) * s.policy_factor).abs() < 1e-6);
+    assert!(
+        (s.policy_factor - 1e-6).abs() < 1e-12
+            && (s.total_ns - (s.estimated_ns + s.transform_ns) * s.policy_factor).abs() < 1e-6
+    );
 }
 
 #[test]
 fn avoid_multiplies_the_score_and_can_hand_the_win_to_the_runner_up() {
     let free = planner("h100").explain(&prefill());
     let winner = free.selected.clone().unwrap_or_default();
-    let r = planner_with(catalog(), "h100", policy(&format!(r#"{{"rules": [{{"action": "avoid", "kernels": "{winner}", "factor": 1000}}]}}"#)))
-        .explain(&prefill());
+    let r = planner_with(
+        catalog(),
+        "h100",
+        policy(&format!(r#"{{"rules": [{{"action": "avoid", "kernels": "{winner}", "factor": 1000}}]}}"#)),
+    )
+    .explain(&prefill());
     assert_ne!(r.selected.as_deref(), Some(winner.as_str()));
     let c = r.candidate(&winner).unwrap_or_else(|| panic!("candidate"));
     assert_eq!(c.score.as_ref().map(|s| s.policy_factor), Some(1000.0));
@@ -81,7 +100,11 @@ fn a_lock_on_an_eligible_kernel_wins_over_faster_ones() {
         .map(|c| c.kernel.clone())
         .next()
         .unwrap_or_else(|| panic!("need two eligible kernels"));
-    let sel = planner_with(catalog(), "h100", policy(&format!(r#"{{"rules": [{{"action": "lock", "kernels": "{slow}"}}]}}"#)));
+    let sel = planner_with(
+        catalog(),
+        "h100",
+        policy(&format!(r#"{{"rules": [{{"action": "lock", "kernels": "{slow}"}}]}}"#)),
+    );
     let s = sel.select(&prefill()).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(s.kernel, slow);
     let winner = free.selected.unwrap_or_default();
@@ -98,7 +121,9 @@ fn a_lock_on_an_ineligible_kernel_is_an_error_listing_why() {
     let sel = planner_with(
         catalog(),
         "h100",
-        policy(r#"{"allow_adaptation": false, "rules": [{"action": "lock", "kernels": "flash_attn_2.attention.fwd"}]}"#),
+        policy(
+            r#"{"allow_adaptation": false, "rules": [{"action": "lock", "kernels": "flash_attn_2.attention.fwd"}]}"#,
+        ),
     );
     let err = sel.select(&req).err().unwrap_or_else(|| panic!("a lock on an ineligible kernel must fail"));
     assert_eq!(err.kind(), ErrorKind::LockViolation);
@@ -118,7 +143,8 @@ fn a_rule_naming_no_kernel_fails_at_load() {
 
 #[test]
 fn a_lock_with_a_glob_is_rejected_when_the_policy_loads() {
-    let err = layerzero::policy::Policy::from_json(r#"{"rules": [{"action": "lock", "kernels": "flash_attn_*"}]}"#, "p.json");
+    let err =
+        layerzero::policy::Policy::from_json(r#"{"rules": [{"action": "lock", "kernels": "flash_attn_*"}]}"#, "p.json");
     assert!(err.is_err_and(|e| e.to_string().contains("rules[0].kernels")));
 }
 
@@ -139,7 +165,9 @@ fn strict_mode_rejects_kernels_that_need_a_transform_and_lenient_mode_plans_it()
     let strict = planner_with(catalog(), "h100", policy(r#"{"strict_mode": true}"#)).explain(&req);
     assert_eq!(codes(&strict, "flash_attn_3.attention.fwd"), ["TRANSFORM_REJECTED_STRICT"]);
     // A kernel that takes any strides needs no transform and stays eligible.
-    assert!(strict.candidate("torch_sdpa.attention.math").is_some_and(|c| c.reasons.is_empty() && c.transforms.is_empty()));
+    assert!(
+        strict.candidate("torch_sdpa.attention.math").is_some_and(|c| c.reasons.is_empty() && c.transforms.is_empty())
+    );
 
     let off = planner_with(catalog(), "h100", policy(r#"{"allow_adaptation": false}"#)).explain(&req);
     assert_eq!(codes(&off, "flash_attn_3.attention.fwd"), ["LAST_DIM_NOT_CONTIGUOUS"]);

@@ -18,16 +18,36 @@ fn dtype() -> impl Strategy<Value = DType> {
 }
 
 fn layout() -> impl Strategy<Value = Option<Layout>> {
-    proptest::option::of(proptest::sample::select(vec![Layout::Bshd, Layout::Bhsd, Layout::Nhd, Layout::Hnd, Layout::Nt, Layout::Nn]))
+    proptest::option::of(proptest::sample::select(vec![
+        Layout::Bshd,
+        Layout::Bhsd,
+        Layout::Nhd,
+        Layout::Hnd,
+        Layout::Nt,
+        Layout::Nn,
+    ]))
 }
 
 fn tensor() -> impl Strategy<Value = TensorDesc> {
-    (dtype(), proptest::collection::vec(0u64..300, 0..6), layout(), proptest::option::of(proptest::collection::vec(0u64..5000, 0..6)))
+    (
+        dtype(),
+        proptest::collection::vec(0u64..300, 0..6),
+        layout(),
+        proptest::option::of(proptest::collection::vec(0u64..5000, 0..6)),
+    )
         .prop_map(|(d, shape, layout, strides)| TensorDesc { dtype: d, shape, layout, strides, device: None })
 }
 
 fn attention_attrs() -> impl Strategy<Value = AttentionAttrs> {
-    (any::<bool>(), any::<bool>(), 0.0f64..1.0, proptest::option::of(0u64..4096), proptest::option::of(-5.0f64..50.0), any::<bool>(), proptest::option::of(-1.0f64..2.0))
+    (
+        any::<bool>(),
+        any::<bool>(),
+        0.0f64..1.0,
+        proptest::option::of(0u64..4096),
+        proptest::option::of(-5.0f64..50.0),
+        any::<bool>(),
+        proptest::option::of(-1.0f64..2.0),
+    )
         .prop_map(|(causal, tl, dropout_p, window_left, softcap, alibi, scale)| AttentionAttrs {
             causal,
             causal_alignment: if tl { CausalAlignment::TopLeft } else { CausalAlignment::BottomRight },
@@ -41,30 +61,56 @@ fn attention_attrs() -> impl Strategy<Value = AttentionAttrs> {
 
 fn request() -> impl Strategy<Value = Request> {
     let names = proptest::sample::subsequence(
-        vec!["q", "k", "v", "mask", "x", "weight", "k_cache", "v_cache", "block_table", "context_lens", "cu_seqlens_q", "bogus"],
+        vec![
+            "q",
+            "k",
+            "v",
+            "mask",
+            "x",
+            "weight",
+            "k_cache",
+            "v_cache",
+            "block_table",
+            "context_lens",
+            "cu_seqlens_q",
+            "bogus",
+        ],
         0..8,
     );
-    (proptest::sample::select(Op::ALL.to_vec()), names, proptest::collection::vec(tensor(), 8), attention_attrs()).prop_map(
-        |(op, names, tensors, attrs)| {
+    (proptest::sample::select(Op::ALL.to_vec()), names, proptest::collection::vec(tensor(), 8), attention_attrs())
+        .prop_map(|(op, names, tensors, attrs)| {
             let mut r = Request::new(op);
             for (n, t) in names.into_iter().zip(tensors) {
                 r = r.tensor(n, t);
             }
             if op.is_attention() { r.attrs(Attrs::Attention(attrs)) } else { r }
-        },
-    )
+        })
 }
 
 /// Well-formed dense attention with random dims (including zero and odd sizes).
 fn attention_request() -> impl Strategy<Value = Request> {
-    (prop_oneof![Just(DType::F32), Just(DType::F16), Just(DType::BF16), Just(DType::Fp8E4M3)], 0u64..4, 0u64..600, 0u64..600, 1u64..9, 1u64..5, 0u64..300, any::<bool>(), attention_attrs())
+    (
+        prop_oneof![Just(DType::F32), Just(DType::F16), Just(DType::BF16), Just(DType::Fp8E4M3)],
+        0u64..4,
+        0u64..600,
+        0u64..600,
+        1u64..9,
+        1u64..5,
+        0u64..300,
+        any::<bool>(),
+        attention_attrs(),
+    )
         .prop_map(|(d, b, sq, sk, g, hkv, hd, bhsd, attrs)| {
             let l = if bhsd { Layout::Bhsd } else { Layout::Bshd };
             let t = |s: u64, h: u64| {
                 let shape = if bhsd { vec![b, h, s, hd] } else { vec![b, s, h, hd] };
                 TensorDesc::new(d, shape).with_layout(l)
             };
-            Request::new(Op::Attention).tensor("q", t(sq, g * hkv)).tensor("k", t(sk, hkv)).tensor("v", t(sk, hkv)).attrs(Attrs::Attention(attrs))
+            Request::new(Op::Attention)
+                .tensor("q", t(sq, g * hkv))
+                .tensor("k", t(sk, hkv))
+                .tensor("v", t(sk, hkv))
+                .attrs(Attrs::Attention(attrs))
         })
 }
 

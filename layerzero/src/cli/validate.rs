@@ -107,7 +107,11 @@ fn check_file(path: &Path, text: &str) -> Checked {
     let value: serde_json::Value = match serde_json::from_str(text) {
         Ok(v) => v,
         Err(e) => {
-            return Checked { file: origin.clone(), kind: "json", errors: vec![format!("{origin}: invalid JSON: {e}")] };
+            return Checked {
+                file: origin.clone(),
+                kind: "json",
+                errors: vec![format!("{origin}: invalid JSON: {e}")],
+            };
         }
     };
     match detect_kind(path, &value) {

@@ -14,10 +14,20 @@ use crate::model::problem::Problem;
 use crate::model::request::Request;
 use crate::reason::Reason;
 
-/// Appends to `out` every reason `kernel` cannot run `req` on `device`.
-pub fn check(kernel: &KernelSpec, req: &Request, problem: &Problem, device: &DeviceProfile, out: &mut Vec<Reason>) {
+/// Appends to `out` every reason `kernel` cannot run `req` on `device`. Without a device
+/// (the request is on a device of another kind than the kernel's, which availability
+/// already reports) the hardware checks are skipped: they would judge the wrong device.
+pub fn check(
+    kernel: &KernelSpec,
+    req: &Request,
+    problem: &Problem,
+    device: Option<&DeviceProfile>,
+    out: &mut Vec<Reason>,
+) {
     let c = &kernel.constraints;
-    hardware::check(c, problem.dtype, device, out);
+    if let Some(device) = device {
+        hardware::check(c, problem.dtype, device, out);
+    }
     tensors::check(c, req, problem, out);
     if req.op.is_attention() {
         attention::check(c, req, problem, out);

@@ -259,17 +259,20 @@ impl Selector {
                 format!("hardware profile {} has no device {device_ref}", self.hardware.name),
             ));
         }
-        // Constraints (only meaningful for a consistent request on a present device).
-        if let (true, Some(dev)) = (request_errors.is_empty(), device) {
+        // Constraints (only meaningful for a consistent request); hardware checks only
+        // against a device of the kernel's kind.
+        if request_errors.is_empty() {
+            let own_device = device.filter(|d| d.kind == backend.device);
             let mut found = Vec::new();
-            constraint::check(kernel, req, problem, dev, &mut found);
-            if self.policy.allow_adaptation
+            constraint::check(kernel, req, problem, own_device, &mut found);
+            if let Some(dev) = own_device
+                && self.policy.allow_adaptation
                 && transform::all_adaptable(&found)
                 && let Some((planned, adapted_req)) = transform::plan(kernel, req, problem, dev)
             {
                 let adapted_problem = Problem::describe(&adapted_req);
                 let mut recheck = Vec::new();
-                constraint::check(kernel, &adapted_req, &adapted_problem, dev, &mut recheck);
+                constraint::check(kernel, &adapted_req, &adapted_problem, Some(dev), &mut recheck);
                 if recheck.is_empty() {
                     found.clear();
                     if self.policy.strict_mode {
