@@ -35,7 +35,7 @@ fn main() -> ExitCode {
             continue;
         }
         for case in &scenario.cases {
-            match layerzero_e2e::run_case(&catalog, case) {
+            match layerzero_tests::cases::run_case(&catalog, case) {
                 Ok(()) => {
                     passed += 1;
                     println!("ok    §{} {}: {}", scenario.section, scenario.title, case.name);

@@ -1,4 +1,7 @@
-//! Helpers for LayerZero's integration tests: request builders, catalogs and selectors.
+//! Helpers for LayerZero's integration tests: request builders, catalogs and selectors,
+//! and the table-driven case runner.
+
+pub mod cases;
 
 use std::sync::Arc;
 

@@ -108,7 +108,7 @@ fn a_lock_on_an_eligible_kernel_wins_over_faster_ones() {
     let s = sel.select(&prefill()).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(s.kernel, slow);
     let winner = free.selected.unwrap_or_default();
-    assert_eq!(codes(&s.report, &winner), ["POLICY_LOCKED_OTHER"]);
+    assert_eq!(codes(&sel.explain(&prefill()), &winner), ["POLICY_LOCKED_OTHER"]);
 }
 
 #[test]

@@ -138,6 +138,23 @@ proptest! {
     }
 
     #[test]
+    fn select_and_explain_agree_on_the_winner_and_its_score(req in attention_request(), hw in proptest::sample::select(vec!["h100", "a100", "t4", "zen4", "b200"]), strict in any::<bool>()) {
+        let sel = planner_with(catalog(), hw, policy(&format!(r#"{{"strict_mode": {strict}}}"#)));
+        let report = sel.explain(&req);
+        match sel.select(&req) {
+            Ok(s) => {
+                prop_assert_eq!(Some(&s.kernel), report.selected.as_ref());
+                let c = report.selected_candidate().and_then(|c| c.score.clone());
+                prop_assert_eq!(Some(s.score), c);
+            }
+            Err(e) => {
+                prop_assert!(report.selected.is_none(), "select failed ({}) but explain selected {:?}", e, report.selected);
+                prop_assert!(!e.reasons().is_empty());
+            }
+        }
+    }
+
+    #[test]
     fn random_json_requests_never_panic(text in "\\PC{0,200}") {
         let _ = Request::from_json(&text);
     }

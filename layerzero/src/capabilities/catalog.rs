@@ -203,7 +203,7 @@ fn validate_kernel(b: &BackendSpec, k: &KernelSpec) -> Result<()> {
             k.id, p.launch_ns
         )));
     }
-    let device_fields = match b.device {
+    let device_fields = match k.device_kind(b) {
         crate::model::device::DeviceKind::Cpu => ["compute_capability", "built_archs", "gfx"],
         crate::model::device::DeviceKind::Cuda => ["cpu_isa", "gfx", ""],
         crate::model::device::DeviceKind::Rocm => ["cpu_isa", "compute_capability", "built_archs"],
@@ -218,8 +218,9 @@ fn validate_kernel(b: &BackendSpec, k: &KernelSpec) -> Result<()> {
     };
     if let Some(f) = device_fields.iter().find(|f| present(f)) {
         return Err(Error::invalid(format!(
-            "kernel {}: field `constraints.{f}` does not apply to a {} backend",
-            k.id, b.device
+            "kernel {}: field `constraints.{f}` does not apply to a {} kernel",
+            k.id,
+            k.device_kind(b)
         )));
     }
     Ok(())

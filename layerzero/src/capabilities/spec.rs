@@ -232,6 +232,16 @@ pub enum SwigluForm {
     Separate,
 }
 
+impl SwigluForm {
+    /// The stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SwigluForm::Split => "split",
+            SwigluForm::Separate => "separate",
+        }
+    }
+}
+
 /// Every constraint a kernel can declare.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -464,6 +474,10 @@ pub struct KernelSpec {
     pub id: String,
     /// The op.
     pub op: Op,
+    /// Device kind it runs on, when it differs from the backend's (PyTorch SDPA has CPU
+    /// and CUDA kernels).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<DeviceKind>,
     /// Kernel version (defaults to the backend's).
     #[serde(default)]
     pub version: Option<String>,
@@ -476,6 +490,13 @@ pub struct KernelSpec {
     /// Where each fact comes from (upstream file and line, or the test that shows it).
     #[serde(default)]
     pub sources: Vec<String>,
+}
+
+impl KernelSpec {
+    /// The device kind the kernel runs on.
+    pub fn device_kind(&self, backend: &BackendSpec) -> DeviceKind {
+        self.device.unwrap_or(backend.device)
+    }
 }
 
 /// One backend file.
@@ -491,7 +512,7 @@ pub struct BackendSpec {
     pub backend: String,
     /// What it is.
     pub description: String,
-    /// Device kind its kernels run on.
+    /// Device kind its kernels run on (a kernel may override it).
     pub device: DeviceKind,
     /// Backend version the facts describe.
     pub version: String,

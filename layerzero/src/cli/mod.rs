@@ -284,7 +284,7 @@ fn list_kernels(a: ListArgs) -> Result<Outcome> {
                     "kernel": k.id,
                     "backend": b.backend,
                     "op": k.op,
-                    "device": b.device,
+                    "device": k.device_kind(b),
                     "execution": b.execution,
                     "version": k.version.as_deref().unwrap_or(&b.version),
                     "properties": k.properties,

@@ -157,7 +157,7 @@ pub(super) fn kernel_table(rows: &[(usize, &BackendSpec, &KernelSpec)]) -> Strin
             "{:<width$}  {:<16} {:<5} {:<16} {:<10} {}",
             k.id,
             k.op.as_str(),
-            b.device.as_str(),
+            k.device_kind(b).as_str(),
             exec,
             k.version.as_deref().unwrap_or(&b.version),
             props.join(" ")

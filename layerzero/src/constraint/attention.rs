@@ -1,23 +1,23 @@
 //! Attention constraints: head dims, GQA, causal alignment, masks, features, paged KV.
 
+use super::Sink;
 use super::list;
 use crate::capabilities::spec::{Constraints, MaskName};
 use crate::model::attrs::{AttentionAttrs, CausalAlignment};
 use crate::model::problem::{AttentionDims, MaskKind, Problem};
 use crate::model::request::Request;
-use crate::reason::{Reason, ReasonCode};
+use crate::reason::ReasonCode;
 
-pub(super) fn check(c: &Constraints, req: &Request, problem: &Problem, out: &mut Vec<Reason>) {
+pub(super) fn check(c: &Constraints, req: &Request, problem: &Problem, out: &mut impl Sink) {
     let (Some(d), Some(a)) = (problem.attention(), req.attention_attrs()) else { return };
     head_dims(c, problem, d, out);
     heads(c, d, out);
     if let Some(range) = &c.seq_len_q
         && !range.contains(d.seq_q)
     {
-        out.push(Reason::new(
-            ReasonCode::SEQ_LEN_Q_UNSUPPORTED,
-            format!("seq_len_q {} outside [{}, {}]", d.seq_q, bound(range.min), bound(range.max)),
-        ));
+        out.reject(ReasonCode::SEQ_LEN_Q_UNSUPPORTED, || {
+            format!("seq_len_q {} outside [{}, {}]", d.seq_q, bound(range.min), bound(range.max))
+        });
     }
     causal(c, a, d, out);
     mask(c, a, problem, d, out);
@@ -31,7 +31,7 @@ fn bound(b: Option<u64>) -> String {
     b.map_or_else(|| "-".to_owned(), |v| v.to_string())
 }
 
-fn head_dims(c: &Constraints, problem: &Problem, d: &AttentionDims, out: &mut Vec<Reason>) {
+fn head_dims(c: &Constraints, problem: &Problem, d: &AttentionDims, out: &mut impl Sink) {
     if let Some(h) = &c.head_dim {
         for (what, hd) in [("head_dim", d.head_dim), ("v head_dim", d.head_dim_v)] {
             if what == "v head_dim" && hd == d.head_dim {
@@ -40,42 +40,37 @@ fn head_dims(c: &Constraints, problem: &Problem, d: &AttentionDims, out: &mut Ve
             if let Some(min) = h.min
                 && hd < min
             {
-                out.push(Reason::new(ReasonCode::HEAD_DIM_TOO_SMALL, format!("{what} {hd} < min {min}")));
+                out.reject(ReasonCode::HEAD_DIM_TOO_SMALL, || format!("{what} {hd} < min {min}"));
             }
             if let Some(max) = h.max
                 && hd > max
             {
-                out.push(Reason::new(ReasonCode::HEAD_DIM_TOO_LARGE, format!("{what} {hd} > max {max}")));
+                out.reject(ReasonCode::HEAD_DIM_TOO_LARGE, || format!("{what} {hd} > max {max}"));
             }
             let multiple = h.multiple_by_dtype.get(&problem.dtype).copied().or(h.multiple);
             if let Some(m) = multiple
                 && m > 1
                 && hd % m != 0
             {
-                out.push(Reason::new(
-                    ReasonCode::HEAD_DIM_ALIGNMENT,
-                    format!("{what} {hd} is not a multiple of {m} (for {})", problem.dtype),
-                ));
+                out.reject(ReasonCode::HEAD_DIM_ALIGNMENT, || {
+                    format!("{what} {hd} is not a multiple of {m} (for {})", problem.dtype)
+                });
             }
             if let Some(values) = &h.values
                 && !values.contains(&hd)
             {
-                out.push(Reason::new(
-                    ReasonCode::HEAD_DIM_UNSUPPORTED,
-                    format!("{what} {hd} not in [{}]", list(values)),
-                ));
+                out.reject(ReasonCode::HEAD_DIM_UNSUPPORTED, || format!("{what} {hd} not in [{}]", list(values)));
             }
         }
     }
     if d.head_dim_v != d.head_dim && !c.different_v_head_dim {
-        out.push(Reason::new(
-            ReasonCode::HEAD_DIM_V_MISMATCH,
-            format!("v head_dim {} != q/k head_dim {}; the kernel needs them equal", d.head_dim_v, d.head_dim),
-        ));
+        out.reject(ReasonCode::HEAD_DIM_V_MISMATCH, || {
+            format!("v head_dim {} != q/k head_dim {}; the kernel needs them equal", d.head_dim_v, d.head_dim)
+        });
     }
 }
 
-fn heads(c: &Constraints, d: &AttentionDims, out: &mut Vec<Reason>) {
+fn heads(c: &Constraints, d: &AttentionDims, out: &mut impl Sink) {
     if d.heads_q == d.heads_kv {
         return;
     }
@@ -84,141 +79,123 @@ fn heads(c: &Constraints, d: &AttentionDims, out: &mut Vec<Reason>) {
             if let Some(sizes) = &g.group_sizes
                 && !sizes.contains(&d.group_size())
             {
-                out.push(Reason::new(
-                    ReasonCode::GQA_GROUP_SIZE_UNSUPPORTED,
+                out.reject(ReasonCode::GQA_GROUP_SIZE_UNSUPPORTED, || {
                     format!(
                         "group size {} ({} q heads / {} kv heads) not in [{}]",
                         d.group_size(),
                         d.heads_q,
                         d.heads_kv,
                         list(sizes)
-                    ),
-                ));
+                    )
+                });
             }
         }
-        _ => out.push(Reason::new(
-            ReasonCode::GQA_UNSUPPORTED,
-            format!("{} q heads != {} kv heads; the kernel needs them equal", d.heads_q, d.heads_kv),
-        )),
+        _ => out.reject(ReasonCode::GQA_UNSUPPORTED, || {
+            format!("{} q heads != {} kv heads; the kernel needs them equal", d.heads_q, d.heads_kv)
+        }),
     }
 }
 
-fn causal(c: &Constraints, a: &AttentionAttrs, d: &AttentionDims, out: &mut Vec<Reason>) {
+fn causal(c: &Constraints, a: &AttentionAttrs, d: &AttentionDims, out: &mut impl Sink) {
     if !a.causal {
         return;
     }
     let Some(cz) = &c.causal else {
-        out.push(Reason::new(ReasonCode::CAUSAL_UNSUPPORTED, "causal masking requested; the kernel has none"));
+        out.reject(ReasonCode::CAUSAL_UNSUPPORTED, || "causal masking requested; the kernel has none");
         return;
     };
     let square = d.seq_q == d.seq_k;
     if cz.square_only && !square {
-        out.push(Reason::new(
-            ReasonCode::CAUSAL_ALIGNMENT_UNSUPPORTED,
+        out.reject(ReasonCode::CAUSAL_ALIGNMENT_UNSUPPORTED, || {
             format!(
                 "causal with seq_q {} != seq_k {} is rejected; the kernel does causal only when they are equal",
                 d.seq_q, d.seq_k
-            ),
-        ));
+            )
+        });
     } else if !square && !cz.alignments.contains(&a.causal_alignment) {
         let have: Vec<&str> = cz.alignments.iter().map(|x| x.as_str()).collect();
-        out.push(Reason::new(
-            ReasonCode::CAUSAL_ALIGNMENT_UNSUPPORTED,
+        out.reject(ReasonCode::CAUSAL_ALIGNMENT_UNSUPPORTED, || {
             format!(
                 "causal_alignment {} requested with seq_q {} != seq_k {}; the kernel aligns {}",
                 a.causal_alignment.as_str(),
                 d.seq_q,
                 d.seq_k,
                 have.join(" or ")
-            ),
-        ));
+            )
+        });
     }
     if cz.seq_q_le_seq_k && a.causal_alignment == CausalAlignment::BottomRight && d.seq_q > d.seq_k {
-        out.push(Reason::new(
-            ReasonCode::CAUSAL_SEQ_Q_EXCEEDS_SEQ_K,
-            format!("bottom-right causal with seq_q {} > seq_k {}", d.seq_q, d.seq_k),
-        ));
+        out.reject(ReasonCode::CAUSAL_SEQ_Q_EXCEEDS_SEQ_K, || {
+            format!("bottom-right causal with seq_q {} > seq_k {}", d.seq_q, d.seq_k)
+        });
     }
 }
 
-fn mask(c: &Constraints, a: &AttentionAttrs, problem: &Problem, d: &AttentionDims, out: &mut Vec<Reason>) {
+fn mask(c: &Constraints, a: &AttentionAttrs, problem: &Problem, d: &AttentionDims, out: &mut impl Sink) {
     let Some(m) = d.mask else { return };
     let name = match m.kind {
         MaskKind::Bool => MaskName::Bool,
         MaskKind::Float(_) => MaskName::Float,
     };
     if !c.masks.contains(&name) {
-        out.push(Reason::new(
-            ReasonCode::MASK_UNSUPPORTED,
-            format!("{} mask given; the kernel takes none", m.kind.as_str()),
-        ));
+        out.reject(ReasonCode::MASK_UNSUPPORTED, || format!("{} mask given; the kernel takes none", m.kind.as_str()));
         return;
     }
     if let MaskKind::Float(dt) = m.kind
         && c.float_mask_matches_q
         && dt != problem.dtype
     {
-        out.push(Reason::new(
-            ReasonCode::MASK_DTYPE_MISMATCH,
-            format!("float mask is {dt}; the kernel needs the query dtype {}", problem.dtype),
-        ));
+        out.reject(ReasonCode::MASK_DTYPE_MISMATCH, || {
+            format!("float mask is {dt}; the kernel needs the query dtype {}", problem.dtype)
+        });
     }
     if a.causal && !c.mask_with_causal {
-        out.push(Reason::new(
+        out.reject(
             ReasonCode::MASK_CAUSAL_CONFLICT,
-            "an explicit mask together with causal is rejected by this kernel; fold causality into the mask",
-        ));
+            || "an explicit mask together with causal is rejected by this kernel; fold causality into the mask",
+        );
     }
     if !m.full && !c.mask_broadcast {
-        out.push(Reason::new(
-            ReasonCode::MASK_BROADCAST_UNSUPPORTED,
-            format!(
+        out.reject(ReasonCode::MASK_BROADCAST_UNSUPPORTED, || format!(
                 "mask must be a full [batch, heads, seq_q, seq_k] = [{}, {}, {}, {}] tensor (stride-0 expansion is fine)",
                 d.batch, d.heads_q, d.seq_q, d.seq_k
-            ),
-        ));
+            ));
     }
 }
 
-fn features(c: &Constraints, a: &AttentionAttrs, d: &AttentionDims, out: &mut Vec<Reason>) {
+fn features(c: &Constraints, a: &AttentionAttrs, d: &AttentionDims, out: &mut impl Sink) {
     if a.dropout_p > 0.0 && !c.dropout {
-        out.push(Reason::new(
-            ReasonCode::DROPOUT_UNSUPPORTED,
-            format!("dropout_p {} > 0; the kernel has no dropout", a.dropout_p),
-        ));
+        out.reject(ReasonCode::DROPOUT_UNSUPPORTED, || {
+            format!("dropout_p {} > 0; the kernel has no dropout", a.dropout_p)
+        });
     }
     if let Some(w) = a.window_left
         && !c.window
     {
-        out.push(Reason::new(
-            ReasonCode::WINDOW_UNSUPPORTED,
-            format!("window_left {w} requested; the kernel has no sliding window"),
-        ));
+        out.reject(ReasonCode::WINDOW_UNSUPPORTED, || {
+            format!("window_left {w} requested; the kernel has no sliding window")
+        });
     }
     if let Some(s) = a.softcap
         && !c.softcap
     {
-        out.push(Reason::new(
-            ReasonCode::SOFTCAP_UNSUPPORTED,
-            format!("softcap {s} requested; the kernel has no soft-capping"),
-        ));
+        out.reject(ReasonCode::SOFTCAP_UNSUPPORTED, || {
+            format!("softcap {s} requested; the kernel has no soft-capping")
+        });
     }
     if a.alibi && !c.alibi {
-        out.push(Reason::new(ReasonCode::ALIBI_UNSUPPORTED, "ALiBi requested; the kernel takes no ALiBi slopes"));
+        out.reject(ReasonCode::ALIBI_UNSUPPORTED, || "ALiBi requested; the kernel takes no ALiBi slopes");
     }
     if let Some(s) = a.scale
         && !c.custom_scale
     {
-        out.push(Reason::new(
-            ReasonCode::SCALE_UNSUPPORTED,
-            format!("scale {s} requested; the kernel uses 1/sqrt(head_dim)"),
-        ));
+        out.reject(ReasonCode::SCALE_UNSUPPORTED, || format!("scale {s} requested; the kernel uses 1/sqrt(head_dim)"));
     }
     if d.varlen && !c.varlen {
-        out.push(Reason::new(
+        out.reject(
             ReasonCode::VARLEN_UNSUPPORTED,
-            "ragged batch (cu_seqlens) given; the kernel takes padded batches only",
-        ));
+            || "ragged batch (cu_seqlens) given; the kernel takes padded batches only",
+        );
     }
 }
 
@@ -227,51 +204,45 @@ fn paged(
     problem: &Problem,
     d: &AttentionDims,
     p: &crate::model::problem::PagedDims,
-    out: &mut Vec<Reason>,
+    out: &mut impl Sink,
 ) {
     if let Some(ps) = &c.page_size {
         if let Some(m) = ps.multiple
-            && p.page_size % m != 0
+            && !p.page_size.is_multiple_of(m)
         {
-            out.push(Reason::new(
-                ReasonCode::PAGE_SIZE_UNSUPPORTED,
-                format!("page_size {} is not a multiple of {m}", p.page_size),
-            ));
+            out.reject(ReasonCode::PAGE_SIZE_UNSUPPORTED, || {
+                format!("page_size {} is not a multiple of {m}", p.page_size)
+            });
         }
         if let Some(values) = &ps.values
             && !values.contains(&p.page_size)
         {
-            out.push(Reason::new(
-                ReasonCode::PAGE_SIZE_UNSUPPORTED,
-                format!("page_size {} not in [{}]", p.page_size, list(values)),
-            ));
+            out.reject(ReasonCode::PAGE_SIZE_UNSUPPORTED, || {
+                format!("page_size {} not in [{}]", p.page_size, list(values))
+            });
         }
     }
     if let Some(dts) = &c.block_table_dtypes
         && !dts.contains(&p.block_table_dtype)
     {
-        out.push(Reason::new(
-            ReasonCode::BLOCK_TABLE_DTYPE_UNSUPPORTED,
-            format!("block_table dtype {} not in [{}]", p.block_table_dtype, list(dts)),
-        ));
+        out.reject(ReasonCode::BLOCK_TABLE_DTYPE_UNSUPPORTED, || {
+            format!("block_table dtype {} not in [{}]", p.block_table_dtype, list(dts))
+        });
     }
     if let Some(layouts) = &c.kv_cache_layouts
         && !layouts.contains(&p.kv_layout)
     {
-        out.push(Reason::new(
-            ReasonCode::KV_CACHE_LAYOUT_UNSUPPORTED,
-            format!("KV cache layout {} not in [{}]", p.kv_layout, list(layouts)),
-        ));
+        out.reject(ReasonCode::KV_CACHE_LAYOUT_UNSUPPORTED, || {
+            format!("KV cache layout {} not in [{}]", p.kv_layout, list(layouts))
+        });
     }
     match &c.kv_cache_dtypes {
-        Some(dts) if !dts.contains(&d.kv_dtype) => out.push(Reason::new(
-            ReasonCode::KV_CACHE_DTYPE_UNSUPPORTED,
-            format!("KV cache dtype {} not in [{}]", d.kv_dtype, list(dts)),
-        )),
-        None if d.kv_dtype != problem.dtype => out.push(Reason::new(
-            ReasonCode::KV_CACHE_DTYPE_UNSUPPORTED,
-            format!("KV cache dtype {} != query dtype {}; the kernel needs them equal", d.kv_dtype, problem.dtype),
-        )),
+        Some(dts) if !dts.contains(&d.kv_dtype) => out.reject(ReasonCode::KV_CACHE_DTYPE_UNSUPPORTED, || {
+            format!("KV cache dtype {} not in [{}]", d.kv_dtype, list(dts))
+        }),
+        None if d.kv_dtype != problem.dtype => out.reject(ReasonCode::KV_CACHE_DTYPE_UNSUPPORTED, || {
+            format!("KV cache dtype {} != query dtype {}; the kernel needs them equal", d.kv_dtype, problem.dtype)
+        }),
         _ => {}
     }
 }

@@ -1,75 +1,70 @@
 //! Hardware constraints: compute capability, compiled archs, gfx, CPU ISA, per-dtype needs.
 
+use super::Sink;
 use super::list;
 use crate::capabilities::spec::Constraints;
 use crate::hardware::profile::{CpuFeatures, DeviceProfile};
 use crate::model::dtype::DType;
-use crate::reason::{Reason, ReasonCode};
+use crate::reason::ReasonCode;
 
-pub(super) fn check(c: &Constraints, dtype: DType, dev: &DeviceProfile, out: &mut Vec<Reason>) {
+pub(super) fn check(c: &Constraints, dtype: DType, dev: &DeviceProfile, out: &mut impl Sink) {
     if let (Some(range), Some(cc)) = (&c.compute_capability, dev.compute_capability) {
         if let Some(min) = range.min
             && cc < min
         {
-            out.push(Reason::new(
-                ReasonCode::COMPUTE_CAPABILITY_TOO_OLD,
-                format!("compute capability {cc} < min {min} ({})", dev.name),
-            ));
+            out.reject(ReasonCode::COMPUTE_CAPABILITY_TOO_OLD, || {
+                format!("compute capability {cc} < min {min} ({})", dev.name)
+            });
         }
         if let Some(max) = range.max
             && cc > max
         {
-            out.push(Reason::new(
-                ReasonCode::COMPUTE_CAPABILITY_TOO_NEW,
-                format!("compute capability {cc} > max {max} ({})", dev.name),
-            ));
+            out.reject(ReasonCode::COMPUTE_CAPABILITY_TOO_NEW, || {
+                format!("compute capability {cc} > max {max} ({})", dev.name)
+            });
         }
     }
     if let (Some(archs), Some(cc)) = (&c.built_archs, dev.compute_capability)
         && !archs.iter().any(|a| a.runs_on(cc))
     {
-        out.push(Reason::new(
-            ReasonCode::NO_KERNEL_IMAGE_FOR_ARCH,
-            format!("no kernel image runs on sm {cc}; built for {}", list(archs)),
-        ));
+        out.reject(ReasonCode::NO_KERNEL_IMAGE_FOR_ARCH, || {
+            format!("no kernel image runs on sm {cc}; built for {}", list(archs))
+        });
     }
     if let Some(gfx) = &c.gfx {
         let ok = dev.gfx.as_ref().is_some_and(|g| gfx.iter().any(|x| x == g));
         if !ok {
-            out.push(Reason::new(
-                ReasonCode::GFX_ARCH_UNSUPPORTED,
-                format!("gfx arch {} not in {}", dev.gfx.as_deref().unwrap_or("(none)"), list(gfx)),
-            ));
+            out.reject(ReasonCode::GFX_ARCH_UNSUPPORTED, || {
+                format!("gfx arch {} not in {}", dev.gfx.as_deref().unwrap_or("(none)"), list(gfx))
+            });
         }
     }
     if let Some(isa) = c.cpu_isa {
         let missing = dev.isa.missing(isa);
         if !missing.is_empty() {
-            out.push(Reason::new(ReasonCode::CPU_ISA_MISSING, format!("CPU {} lacks {}", dev.name, missing.names())));
+            out.reject(ReasonCode::CPU_ISA_MISSING, || format!("CPU {} lacks {}", dev.name, missing.names()));
         }
     }
     for req in c.dtype_requirements.iter().filter(|r| r.dtype == dtype) {
         if let (Some(min), Some(cc)) = (req.min_compute_capability, dev.compute_capability)
             && cc < min
         {
-            out.push(Reason::new(
-                ReasonCode::DTYPE_UNSUPPORTED_ON_HARDWARE,
-                format!("{dtype} needs compute capability >= {min}; device has {cc}"),
-            ));
+            out.reject(ReasonCode::DTYPE_UNSUPPORTED_ON_HARDWARE, || {
+                format!("{dtype} needs compute capability >= {min}; device has {cc}")
+            });
         }
         if let Some(any_of) = &req.cpu_isa_any_of
             && !any_of.iter().any(|set| dev.isa.contains_all(*set))
         {
             let options: Vec<String> = any_of.iter().map(|s: &CpuFeatures| format!("[{}]", s.names())).collect();
-            out.push(Reason::new(
-                ReasonCode::DTYPE_UNSUPPORTED_ON_HARDWARE,
+            out.reject(ReasonCode::DTYPE_UNSUPPORTED_ON_HARDWARE, || {
                 format!(
                     "{dtype} needs one of the CPU feature sets {}; {} has [{}]",
                     options.join(" "),
                     dev.name,
                     dev.isa.names()
-                ),
-            ));
+                )
+            });
         }
     }
 }

@@ -1,46 +1,53 @@
 //! Constraints of the row-wise and GEMM ops: hidden size and op-attribute forms.
 
+use super::Sink;
 use super::list;
 use crate::capabilities::spec::{Constraints, SwigluForm};
 use crate::model::attrs::Attrs;
 use crate::model::layout::Layout;
 use crate::model::problem::{Dims, Problem};
 use crate::model::request::Request;
-use crate::reason::{Reason, ReasonCode};
+use crate::reason::ReasonCode;
 
-pub(super) fn check(c: &Constraints, req: &Request, problem: &Problem, out: &mut Vec<Reason>) {
+pub(super) fn check(c: &Constraints, req: &Request, problem: &Problem, out: &mut impl Sink) {
     if let (Some(range), Dims::Rows { hidden, .. }) = (&c.hidden_size, problem.dims)
         && !range.contains(hidden)
     {
-        out.push(Reason::new(
-            ReasonCode::HIDDEN_SIZE_UNSUPPORTED,
+        out.reject(ReasonCode::HIDDEN_SIZE_UNSUPPORTED, || {
             format!(
                 "hidden size {hidden} outside [{}, {}]",
                 range.min.map_or("-".to_owned(), |v| v.to_string()),
                 range.max.map_or("-".to_owned(), |v| v.to_string())
-            ),
-        ));
+            )
+        });
     }
-    let attr = |msg: String| Reason::new(ReasonCode::ATTR_UNSUPPORTED, msg);
     match &req.attrs {
         Attrs::Norm(_) if req.get("residual").is_some() && !c.fused_residual => {
-            out.push(attr("a fused residual add was requested; the kernel has none".to_owned()));
+            out.reject(ReasonCode::ATTR_UNSUPPORTED, || {
+                "a fused residual add was requested; the kernel has none".to_owned()
+            });
         }
         Attrs::Rope(r) => {
             if let Some(styles) = &c.rope_styles
                 && !styles.contains(&r.style)
             {
-                out.push(attr(format!("rope style {:?} is not one the kernel implements", r.style)));
+                out.reject(ReasonCode::ATTR_UNSUPPORTED, || {
+                    format!("rope style {} is not one the kernel implements", r.style.as_str())
+                });
             }
             if r.scaling.is_some() && !c.rope_scaling {
-                out.push(attr("rope frequency scaling requested; the kernel has none".to_owned()));
+                out.reject(ReasonCode::ATTR_UNSUPPORTED, || {
+                    "rope frequency scaling requested; the kernel has none".to_owned()
+                });
             }
         }
         Attrs::Gelu(g) => {
             if let Some(ok) = &c.gelu_approximations
                 && !ok.contains(&g.approximate)
             {
-                out.push(attr(format!("gelu approximation {:?} is not one the kernel implements", g.approximate)));
+                out.reject(ReasonCode::ATTR_UNSUPPORTED, || {
+                    format!("gelu approximation {} is not one the kernel implements", g.approximate.as_str())
+                });
             }
         }
         Attrs::Swiglu(s) => {
@@ -48,7 +55,9 @@ pub(super) fn check(c: &Constraints, req: &Request, problem: &Problem, out: &mut
             if let Some(forms) = &c.swiglu_forms
                 && !forms.contains(&form)
             {
-                out.push(attr(format!("swiglu form {form:?} is not one the kernel takes")));
+                out.reject(ReasonCode::ATTR_UNSUPPORTED, || {
+                    format!("swiglu form {} is not one the kernel takes", form.as_str())
+                });
             }
         }
         _ => {}
@@ -58,10 +67,7 @@ pub(super) fn check(c: &Constraints, req: &Request, problem: &Problem, out: &mut
     {
         let l = w.layout.unwrap_or(Layout::Nt);
         if !layouts.contains(&l) {
-            out.push(Reason::new(
-                ReasonCode::LAYOUT_UNSUPPORTED,
-                format!("weight layout {l} not in [{}]", list(layouts)),
-            ));
+            out.reject(ReasonCode::LAYOUT_UNSUPPORTED, || format!("weight layout {l} not in [{}]", list(layouts)));
         }
     }
 }

@@ -1,20 +1,18 @@
 //! Tensor-level constraints: dtypes, layouts, strides.
 
+use super::Sink;
 use super::list;
 use crate::capabilities::spec::{Constraints, StrideRule};
 use crate::model::op::Op;
 use crate::model::problem::{Problem, data_roles};
 use crate::model::request::Request;
-use crate::reason::{Reason, ReasonCode};
+use crate::reason::ReasonCode;
 
-pub(super) fn check(c: &Constraints, req: &Request, problem: &Problem, out: &mut Vec<Reason>) {
+pub(super) fn check(c: &Constraints, req: &Request, problem: &Problem, out: &mut impl Sink) {
     if let Some(dtypes) = &c.dtypes
         && !dtypes.contains(&problem.dtype)
     {
-        out.push(Reason::new(
-            ReasonCode::DTYPE_UNSUPPORTED,
-            format!("dtype {} not in [{}]", problem.dtype, list(dtypes)),
-        ));
+        out.reject(ReasonCode::DTYPE_UNSUPPORTED, || format!("dtype {} not in [{}]", problem.dtype, list(dtypes)));
     }
     // Every kernel of these ops computes in one dtype: its data tensors must share it.
     let same_dtype: &[&str] = match req.op {
@@ -29,10 +27,9 @@ pub(super) fn check(c: &Constraints, req: &Request, problem: &Problem, out: &mut
         if let Some(t) = req.get(name)
             && t.dtype != problem.dtype
         {
-            out.push(Reason::new(
-                ReasonCode::DTYPE_MISMATCH,
-                format!("tensor `{name}` is {} but the op computes in {}", t.dtype, problem.dtype),
-            ));
+            out.reject(ReasonCode::DTYPE_MISMATCH, || {
+                format!("tensor `{name}` is {} but the op computes in {}", t.dtype, problem.dtype)
+            });
         }
     }
     for name in data_roles(req.op) {
@@ -41,24 +38,22 @@ pub(super) fn check(c: &Constraints, req: &Request, problem: &Problem, out: &mut
             && !layouts.contains(&l)
             && !is_paged_cache(req.op, name)
         {
-            out.push(Reason::new(
-                ReasonCode::LAYOUT_UNSUPPORTED,
-                format!("tensor `{name}` layout {l} not in [{}]", list(layouts)),
-            ));
+            out.reject(ReasonCode::LAYOUT_UNSUPPORTED, || {
+                format!("tensor `{name}` layout {l} not in [{}]", list(layouts))
+            });
         }
         match c.strides {
-            Some(StrideRule::Contiguous) if !t.is_contiguous() => out.push(Reason::new(
-                ReasonCode::NOT_CONTIGUOUS,
+            Some(StrideRule::Contiguous) if !t.is_contiguous() => out.reject(ReasonCode::NOT_CONTIGUOUS, || {
                 format!(
                     "tensor `{name}` strides {:?} are not contiguous for shape {:?}",
                     t.strides.as_deref().unwrap_or(&[]),
                     t.shape
-                ),
-            )),
-            Some(StrideRule::LastDimContiguous) if !t.last_dim_contiguous() => out.push(Reason::new(
-                ReasonCode::LAST_DIM_NOT_CONTIGUOUS,
-                format!("tensor `{name}` stride(-1) is {}; the kernel needs 1", t.last_stride()),
-            )),
+                )
+            }),
+            Some(StrideRule::LastDimContiguous) if !t.last_dim_contiguous() => out
+                .reject(ReasonCode::LAST_DIM_NOT_CONTIGUOUS, || {
+                    format!("tensor `{name}` stride(-1) is {}; the kernel needs 1", t.last_stride())
+                }),
             _ => {}
         }
     }

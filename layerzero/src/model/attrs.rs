@@ -64,6 +64,16 @@ pub enum RopeStyle {
     Interleaved,
 }
 
+impl RopeStyle {
+    /// The stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RopeStyle::RotateHalf => "rotate_half",
+            RopeStyle::Interleaved => "interleaved",
+        }
+    }
+}
+
 /// RoPE frequency scaling.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
@@ -144,6 +154,16 @@ pub enum GeluApproximate {
     None,
     /// tanh approximation.
     Tanh,
+}
+
+impl GeluApproximate {
+    /// The stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GeluApproximate::None => "none",
+            GeluApproximate::Tanh => "tanh",
+        }
+    }
 }
 
 /// Attributes of `gelu`.

@@ -38,7 +38,7 @@ impl Availability {
     pub fn probe_host(catalog: &Catalog, hw: &HardwareProfile, registered: &[&str]) -> Availability {
         let mut statuses = BTreeMap::new();
         for b in catalog.backends() {
-            let has_device = hw.devices.iter().any(|d| d.kind == b.device);
+            let has_device = b.kernels.iter().any(|k| hw.devices.iter().any(|d| d.kind == k.device_kind(b)));
             let status = if !has_device {
                 BackendStatus::NotInstalled(format!("this host has no {} device", b.device))
             } else {

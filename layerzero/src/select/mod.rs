@@ -11,7 +11,7 @@ pub use report::{CandidateReport, HardwareRef, LockRef, Score, ScoreSource, Sele
 
 use crate::capabilities::catalog::Catalog;
 use crate::capabilities::spec::{BackendSpec, KernelSpec};
-use crate::constraint;
+use crate::constraint::{self, Codes, Sink};
 use crate::error::{Error, ErrorKind, Result};
 use crate::hardware::profile::{DeviceProfile, HardwareProfile};
 use crate::model::device::DeviceRef;
@@ -22,7 +22,9 @@ use crate::reason::{Reason, ReasonCode};
 use crate::score;
 use crate::transform::{self, Transform};
 
-/// The outcome of a successful selection.
+/// The outcome of a successful selection: the kernel, the adaptations to apply, and the
+/// arithmetic that made it win. The full account of every candidate is
+/// [`Selector::explain`]; `select` formats no message on its way (DESIGN: hot path).
 #[derive(Debug, Clone)]
 pub struct Selection {
     /// The chosen kernel id.
@@ -33,8 +35,8 @@ pub struct Selection {
     pub transforms: Vec<Transform>,
     /// Its score.
     pub score: Score,
-    /// The full report.
-    pub report: SelectionReport,
+    /// How many candidates were judged.
+    pub candidates: usize,
 }
 
 /// Selects kernels for requests on one machine under one policy.
@@ -45,6 +47,22 @@ pub struct Selector {
     policy: Arc<Policy>,
     availability: Arc<Availability>,
     policy_hash: String,
+}
+
+/// One candidate's verdict, before it is written into a report.
+struct Judged<S> {
+    reasons: S,
+    transforms: Vec<Transform>,
+    score: Option<Score>,
+}
+
+/// Everything decided about a request before candidates are judged.
+struct Context<'a> {
+    problem: Problem,
+    request_errors: Vec<Reason>,
+    device_ref: DeviceRef,
+    device: Option<&'a DeviceProfile>,
+    rules: MatchedRules<'a>,
 }
 
 impl Selector {
@@ -91,69 +109,99 @@ impl Selector {
         &self.policy_hash
     }
 
-    /// Selects a kernel. Errors: `NoKernel` (reasons of every candidate), `LockViolation`
-    /// (the locked kernel's reasons), `InvalidInput` (the request is inconsistent).
+    /// Selects a kernel. Errors: `InvalidInput` (the request is inconsistent), `LockViolation`
+    /// (the locked kernel's reasons), `NoKernel` (every candidate's reasons). Errors carry
+    /// the formatted reasons of [`Selector::explain`].
     pub fn select(&self, req: &Request) -> Result<Selection> {
-        let report = self.explain(req);
-        if !report.request_errors.is_empty() {
-            let first = report.request_errors[0].to_string();
-            return Err(Error::new(ErrorKind::InvalidInput, format!("invalid request: {first}"))
-                .with_reasons(report.request_errors.clone()));
+        let cx = self.context(req);
+        let candidates = self.catalog.candidates(req.op);
+        let mut best: Option<(usize, Judged<Codes>)> = None;
+        let mut memo = Adapted::new();
+        let lock = cx.rules.lock.map(|(_, r)| r.kernels.as_str());
+        for (i, &ki) in candidates.iter().enumerate() {
+            let (backend, kernel) = self.catalog.kernel(ki);
+            if lock.is_some_and(|l| l != kernel.id) {
+                continue;
+            }
+            let j: Judged<Codes> = self.judge(backend, kernel, req, &cx, &mut memo);
+            let Some(s) = &j.score else { continue };
+            let better = match &best {
+                Some((_, b)) => b.score.as_ref().is_none_or(|bs| s.total_ns < bs.total_ns),
+                None => true,
+            };
+            if better {
+                best = Some((i, j));
+            }
         }
-        if let Some(lock) = &report.lock
-            && report.selected.is_none()
-        {
+        match best {
+            Some((i, j)) => {
+                let (backend, kernel) = self.catalog.kernel(candidates[i]);
+                let score = j
+                    .score
+                    .ok_or_else(|| Error::new(ErrorKind::NoKernel, "internal: a best candidate without a score"))?;
+                Ok(Selection {
+                    kernel: kernel.id.clone(),
+                    backend: backend.backend.clone(),
+                    transforms: j.transforms,
+                    score,
+                    candidates: candidates.len(),
+                })
+            }
+            None => Err(self.failure(req)),
+        }
+    }
+
+    /// The error for a request nothing qualifies for, with every reason formatted.
+    fn failure(&self, req: &Request) -> Error {
+        let report = self.explain(req);
+        if let Some(first) = report.request_errors.first() {
+            return Error::new(ErrorKind::InvalidInput, format!("invalid request: {first}"))
+                .with_reasons(report.request_errors.clone());
+        }
+        if let Some(lock) = &report.lock {
             let reasons = report.candidate(&lock.kernel).map(|c| c.reasons.clone()).unwrap_or_default();
             let why: Vec<String> = reasons.iter().map(|r| r.to_string()).collect();
-            return Err(Error::new(
+            return Error::new(
                 ErrorKind::LockViolation,
                 format!("policy rule {} locks {} but it is not eligible: {}", lock.rule, lock.kernel, why.join("; ")),
             )
-            .with_reasons(reasons));
+            .with_reasons(reasons);
         }
-        let Some(chosen) = report.selected_candidate() else {
-            let reasons: Vec<Reason> = report.candidates.iter().flat_map(|c| c.reasons.iter().cloned()).collect();
-            let msg = if report.candidates.is_empty() {
-                format!("no kernel is declared for op {}", req.op)
-            } else {
-                format!(
-                    "no kernel qualifies for {} on {} ({} candidates rejected; see `lz explain`)",
-                    req.op,
-                    self.hardware.name,
-                    report.candidates.len()
-                )
-            };
-            return Err(Error::new(ErrorKind::NoKernel, msg).with_reasons(reasons));
+        let reasons: Vec<Reason> = report.candidates.iter().flat_map(|c| c.reasons.iter().cloned()).collect();
+        let msg = if report.candidates.is_empty() {
+            format!("no kernel is declared for op {}", req.op)
+        } else {
+            format!(
+                "no kernel qualifies for {} on {} ({} candidates rejected; see `lz explain`)",
+                req.op,
+                self.hardware.name,
+                report.candidates.len()
+            )
         };
-        let (kernel, backend, transforms) = (chosen.kernel.clone(), chosen.backend.clone(), chosen.transforms.clone());
-        let Some(score) = chosen.score.clone() else {
-            return Err(Error::new(ErrorKind::NoKernel, "internal: the selected candidate has no score"));
-        };
-        Ok(Selection { kernel, backend, transforms, score, report })
+        Error::new(ErrorKind::NoKernel, msg).with_reasons(reasons)
     }
 
     /// The full report for a request: every candidate's verdict, reasons and score.
     pub fn explain(&self, req: &Request) -> SelectionReport {
-        let problem = Problem::describe(req);
-        let mut request_errors = problem.errors.clone();
-        let (device_ref, device) = self.resolve_device(req, &mut request_errors);
-        let subject = Subject { problem: &problem, hardware: &self.hardware, device: device_ref.kind };
-        let rules = self.matching_rules(&subject, req);
-        let lock = rules.lock.map(|(i, r)| LockRef { kernel: r.kernels.clone(), rule: i });
-
+        let cx = self.context(req);
+        let lock = cx.rules.lock.map(|(i, r)| LockRef { kernel: r.kernels.clone(), rule: i });
         let mut candidates = Vec::with_capacity(self.catalog.candidates(req.op).len());
+        let mut memo = Adapted::new();
         for &ki in self.catalog.candidates(req.op) {
             let (backend, kernel) = self.catalog.kernel(ki);
-            candidates.push(self.judge(backend, kernel, req, &problem, device, device_ref, &request_errors, &rules));
+            let j: Judged<Vec<Reason>> = self.judge(backend, kernel, req, &cx, &mut memo);
+            candidates.push(CandidateReport {
+                kernel: kernel.id.clone(),
+                backend: backend.backend.clone(),
+                verdict: if j.score.is_some() { Verdict::Eligible } else { Verdict::Rejected },
+                reasons: j.reasons,
+                transforms: j.transforms,
+                score: j.score,
+            });
         }
         let mut best: Option<usize> = None;
         for (i, c) in candidates.iter().enumerate() {
             let Some(s) = &c.score else { continue };
-            if let Some(l) = &lock
-                && l.kernel != c.kernel
-            {
-                continue;
-            }
             match best {
                 Some(b) if candidates[b].score.as_ref().is_some_and(|bs| bs.total_ns <= s.total_ns) => {}
                 _ => best = Some(i),
@@ -165,18 +213,27 @@ impl Selector {
         SelectionReport {
             request: req.clone(),
             hardware: HardwareRef { name: self.hardware.name.clone(), fingerprint: self.hardware.fingerprint.clone() },
-            device: device_ref.to_string(),
+            device: cx.device_ref.to_string(),
             mode: if self.availability.is_planning() { "planning" } else { "host" },
             capabilities_hash: self.catalog.hash().to_owned(),
             policy_hash: self.policy_hash.clone(),
             selected: best.map(|b| candidates[b].kernel.clone()),
-            request_errors,
+            request_errors: cx.request_errors,
             lock,
             candidates,
         }
     }
 
-    /// The device every tensor lives on; records DEVICE_MIXED / DEVICE_NOT_PRESENT.
+    fn context<'a>(&'a self, req: &Request) -> Context<'a> {
+        let problem = Problem::describe(req);
+        let mut request_errors = problem.errors.clone();
+        let (device_ref, device) = self.resolve_device(req, &mut request_errors);
+        let subject = Subject { problem: &problem, hardware: &self.hardware, device: device_ref.kind };
+        let rules = self.matching_rules(&subject, req);
+        Context { problem, request_errors, device_ref, device, rules }
+    }
+
+    /// The device every tensor lives on; records DEVICE_MIXED.
     fn resolve_device(&self, req: &Request, errors: &mut Vec<Reason>) -> (DeviceRef, Option<&DeviceProfile>) {
         let primary = self.hardware.primary();
         let primary_ref = DeviceRef { kind: primary.kind, index: Some(0) };
@@ -223,111 +280,106 @@ impl Selector {
         m
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn judge(
+    /// Runs every stage for one kernel: availability, constraints, transforms, policy,
+    /// graph, capacity, score. `S` decides whether messages are formatted.
+    fn judge<S: Sink + Default>(
         &self,
         backend: &BackendSpec,
         kernel: &KernelSpec,
         req: &Request,
-        problem: &Problem,
-        device: Option<&DeviceProfile>,
-        device_ref: DeviceRef,
-        request_errors: &[Reason],
-        rules: &MatchedRules<'_>,
-    ) -> CandidateReport {
-        let mut reasons: Vec<Reason> = request_errors.to_vec();
+        cx: &Context<'_>,
+        memo: &mut Adapted,
+    ) -> Judged<S> {
+        let mut reasons = S::default();
+        for e in &cx.request_errors {
+            reasons.reject(e.code(), || e.message().to_owned());
+        }
         let mut transforms = Vec::new();
-        let mut adapted: Option<Request> = None;
+        let mut adapted: Option<usize> = None;
+        let device_ref = cx.device_ref;
         // Availability.
         match self.availability.status(&backend.backend) {
             BackendStatus::Available => {}
-            BackendStatus::NotInstalled(why) => reasons.push(Reason::new(ReasonCode::BACKEND_NOT_INSTALLED, why)),
-            BackendStatus::Unhealthy(why) => reasons.push(Reason::new(ReasonCode::BACKEND_UNHEALTHY, why)),
+            BackendStatus::NotInstalled(why) => reasons.reject(ReasonCode::BACKEND_NOT_INSTALLED, || why),
+            BackendStatus::Unhealthy(why) => reasons.reject(ReasonCode::BACKEND_UNHEALTHY, || why),
         }
-        if backend.device != device_ref.kind {
-            reasons.push(Reason::new(
-                ReasonCode::DEVICE_KIND_MISMATCH,
-                format!(
-                    "{} kernels run on {}; the request's tensors are on {device_ref}",
-                    backend.backend, backend.device
-                ),
-            ));
+        let kernel_device = kernel.device_kind(backend);
+        if kernel_device != device_ref.kind {
+            reasons.reject(ReasonCode::DEVICE_KIND_MISMATCH, || {
+                format!("the kernel runs on {kernel_device}; the request's tensors are on {device_ref}")
+            });
         }
-        if device.is_none() {
-            reasons.push(Reason::new(
-                ReasonCode::DEVICE_NOT_PRESENT,
-                format!("hardware profile {} has no device {device_ref}", self.hardware.name),
-            ));
+        if cx.device.is_none() {
+            reasons.reject(ReasonCode::DEVICE_NOT_PRESENT, || {
+                format!("hardware profile {} has no device {device_ref}", self.hardware.name)
+            });
         }
         // Constraints (only meaningful for a consistent request); hardware checks only
         // against a device of the kernel's kind.
-        if request_errors.is_empty() {
-            let own_device = device.filter(|d| d.kind == backend.device);
-            let mut found = Vec::new();
-            constraint::check(kernel, req, problem, own_device, &mut found);
+        if cx.request_errors.is_empty() {
+            let own_device = cx.device.filter(|d| d.kind == kernel_device);
+            let mut found = S::default();
+            constraint::check(kernel, req, &cx.problem, own_device, &mut found);
             if let Some(dev) = own_device
                 && self.policy.allow_adaptation
-                && transform::all_adaptable(&found)
-                && let Some((planned, adapted_req)) = transform::plan(kernel, req, problem, dev)
+                && found.all_in(transform::ADAPTABLE)
+                && let Some(planned) = transform::plan(kernel, req, &cx.problem, dev)
             {
-                let adapted_problem = Problem::describe(&adapted_req);
-                let mut recheck = Vec::new();
-                constraint::check(kernel, &adapted_req, &adapted_problem, Some(dev), &mut recheck);
-                if recheck.is_empty() {
-                    found.clear();
+                let slot = adapted_index(memo, req, &planned);
+                let (_, adapted_req, adapted_problem) = &memo[slot];
+                let mut recheck = Codes::default();
+                constraint::check(kernel, adapted_req, adapted_problem, Some(dev), &mut recheck);
+                if recheck.is_clear() {
+                    found = S::default();
                     if self.policy.strict_mode {
-                        let what: Vec<String> = planned
-                            .iter()
-                            .map(|t| format!("{} {} {}->{}", t.kind.as_str(), t.tensor, t.from, t.to))
-                            .collect();
-                        found.push(Reason::new(
-                            ReasonCode::TRANSFORM_REJECTED_STRICT,
-                            format!("needs {} and strict_mode forbids implicit transforms", what.join(", ")),
-                        ));
+                        found.reject(ReasonCode::TRANSFORM_REJECTED_STRICT, || {
+                            let what: Vec<String> = planned
+                                .iter()
+                                .map(|t| format!("{} {} {}->{}", t.kind.as_str(), t.tensor, t.from, t.to))
+                                .collect();
+                            format!("needs {} and strict_mode forbids implicit transforms", what.join(", "))
+                        });
                     }
                     transforms = planned;
-                    adapted = Some(adapted_req);
+                    adapted = Some(slot);
                 }
             }
-            reasons.extend(found);
+            reasons.append(found);
         }
         // Policy.
         let p = &self.policy;
+        let rules = &cx.rules;
         if let Some(r) = rules.deny.iter().find(|r| glob_match(&r.kernels, &kernel.id)) {
-            reasons.push(Reason::new(ReasonCode::POLICY_DENIED, format!("denied by policy rule `deny {}`", r.kernels)));
+            reasons.reject(ReasonCode::POLICY_DENIED, || format!("denied by policy rule `deny {}`", r.kernels));
         }
         if !rules.allow.is_empty() && !rules.allow.iter().any(|r| glob_match(&r.kernels, &kernel.id)) {
-            let names: Vec<&str> = rules.allow.iter().map(|r| r.kernels.as_str()).collect();
-            reasons.push(Reason::new(
-                ReasonCode::POLICY_NOT_ALLOWED,
-                format!("the policy allows only {}", names.join(", ")),
-            ));
+            reasons.reject(ReasonCode::POLICY_NOT_ALLOWED, || {
+                let names: Vec<&str> = rules.allow.iter().map(|r| r.kernels.as_str()).collect();
+                format!("the policy allows only {}", names.join(", "))
+            });
         }
         if let Some((i, r)) = rules.lock
             && r.kernels != kernel.id
         {
-            reasons.push(Reason::new(ReasonCode::POLICY_LOCKED_OTHER, format!("policy rule {i} locks {}", r.kernels)));
+            reasons.reject(ReasonCode::POLICY_LOCKED_OTHER, || format!("policy rule {i} locks {}", r.kernels));
         }
         if p.require_deterministic && !kernel.properties.deterministic {
-            reasons.push(Reason::new(
-                ReasonCode::NON_DETERMINISTIC,
-                "the policy requires deterministic kernels; this one is not",
-            ));
+            reasons
+                .reject(ReasonCode::NON_DETERMINISTIC, || "the policy requires deterministic kernels; this one is not");
         }
         if !p.allow_jit && kernel.properties.needs_jit {
-            reasons.push(Reason::new(
-                ReasonCode::JIT_DISALLOWED,
-                "the kernel compiles at first use and the policy forbids JIT",
-            ));
+            reasons
+                .reject(ReasonCode::JIT_DISALLOWED, || "the kernel compiles at first use and the policy forbids JIT");
         }
         if p.graph_strict_mode && !kernel.properties.graph_safe {
-            reasons.push(Reason::new(
+            reasons.reject(
                 ReasonCode::GRAPH_UNSAFE,
-                "graph_strict_mode is on and the kernel allocates or synchronizes",
-            ));
+                || "graph_strict_mode is on and the kernel allocates or synchronizes",
+            );
         }
         // Capacity.
-        if let Some(dev) = device {
+        if let Some(dev) = cx.device {
+            let problem = &cx.problem;
             let out_bytes = score::output_elements(problem).saturating_mul(problem.dtype.size_bytes());
             let transform_bytes: u64 = transforms.iter().map(|t| t.bytes / 2).sum();
             let need = kernel.properties.workspace_bytes.saturating_add(transform_bytes);
@@ -337,19 +389,20 @@ impl Selector {
                 .saturating_sub(out_bytes)
                 .saturating_sub(p.memory_reserve_bytes);
             if need > free {
-                reasons.push(Reason::new(
-                    ReasonCode::MEMORY_HEADROOM_EXCEEDED,
-                    format!("needs {need} bytes of workspace and copies; {free} bytes are free after the request's tensors and the reserve"),
-                ));
+                reasons.reject(ReasonCode::MEMORY_HEADROOM_EXCEEDED, || {
+                    format!(
+                        "needs {need} bytes of workspace and copies; {free} bytes are free after the request's tensors and the reserve"
+                    )
+                });
             }
         }
-        let score = match (reasons.is_empty(), device) {
+        let score = match (reasons.is_clear(), cx.device) {
             (true, Some(dev)) => {
-                let (r, pb) = match &adapted {
-                    Some(a) => (a, Problem::describe(a)),
-                    None => (req, problem.clone()),
+                let (r, pb) = match adapted {
+                    Some(slot) => (&memo[slot].1, &memo[slot].2),
+                    None => (req, &cx.problem),
                 };
-                let model = score::estimate(kernel, r, &pb, dev);
+                let model = score::estimate(kernel, r, pb, dev);
                 let transform_ns = transforms.iter().fold(0.0, |a, t| a + t.ns);
                 let policy_factor: f64 = rules
                     .factors
@@ -369,15 +422,22 @@ impl Selector {
             }
             _ => None,
         };
-        CandidateReport {
-            kernel: kernel.id.clone(),
-            backend: backend.backend.clone(),
-            verdict: if score.is_some() { Verdict::Eligible } else { Verdict::Rejected },
-            reasons,
-            transforms,
-            score,
-        }
+        Judged { reasons, transforms, score }
     }
+}
+
+/// Adapted requests of one selection, by the transforms that made them: kernels that need
+/// the same adaptation share one adapted request and its problem.
+type Adapted = Vec<(Vec<Transform>, Request, Problem)>;
+
+fn adapted_index(memo: &mut Adapted, req: &Request, planned: &[Transform]) -> usize {
+    if let Some(i) = memo.iter().position(|(t, _, _)| t.as_slice() == planned) {
+        return i;
+    }
+    let adapted = transform::apply(req, planned);
+    let problem = Problem::describe(&adapted);
+    memo.push((planned.to_vec(), adapted, problem));
+    memo.len() - 1
 }
 
 struct MatchedRules<'p> {

@@ -13,7 +13,7 @@ use crate::model::dtype::DType;
 use crate::model::layout::Layout;
 use crate::model::problem::{Problem, data_roles};
 use crate::model::request::Request;
-use crate::reason::{Reason, ReasonCode};
+use crate::reason::ReasonCode;
 
 /// Constraint failures a transform can remove.
 pub const ADAPTABLE: &[ReasonCode] = &[
@@ -52,11 +52,11 @@ pub struct Transform {
     /// What it does.
     pub kind: TransformKind,
     /// The tensor it applies to (`out` for the cast back of the result).
-    pub tensor: String,
+    pub tensor: &'static str,
     /// Before (layout, `strided`, or dtype).
-    pub from: String,
+    pub from: &'static str,
     /// After.
-    pub to: String,
+    pub to: &'static str,
     /// Bytes read plus written.
     pub bytes: u64,
     /// Modeled time, ns.
@@ -73,24 +73,17 @@ fn launch_ns(kind: DeviceKind) -> f64 {
     }
 }
 
-/// True when every reason can be removed by adapting inputs.
-pub fn all_adaptable(reasons: &[Reason]) -> bool {
-    !reasons.is_empty() && reasons.iter().all(|r| ADAPTABLE.contains(&r.code()))
-}
-
-/// Plans the transforms that make `req` acceptable to `kernel`, returning them with the
-/// adapted request, or `None` when no lossless adaptation exists.
-pub fn plan(
-    kernel: &KernelSpec,
-    req: &Request,
-    problem: &Problem,
-    dev: &DeviceProfile,
-) -> Option<(Vec<Transform>, Request)> {
+/// Plans the transforms that would make `req` acceptable to `kernel` (`None` when no
+/// lossless adaptation exists). The caller re-checks the adapted request ([`apply`]):
+/// a plan is only used when the kernel then passes every check.
+pub fn plan(kernel: &KernelSpec, req: &Request, problem: &Problem, dev: &DeviceProfile) -> Option<Vec<Transform>> {
     let c = &kernel.constraints;
-    let mut adapted = req.clone();
     let mut transforms = Vec::new();
     let bw = dev.bandwidth_bytes_per_s() * COPY_EFFICIENCY;
     let cost = |bytes: u64| bytes as f64 / bw * 1e9 + launch_ns(dev.kind);
+    let mut push = |kind, tensor, from, to, bytes: u64| {
+        transforms.push(Transform { kind, tensor, from, to, bytes, ns: cost(bytes) });
+    };
 
     // A lossless widening to the narrowest dtype the kernel takes.
     let target_dtype = match &c.dtypes {
@@ -102,9 +95,8 @@ pub fn plan(
         }
         _ => None,
     };
-    for name in data_roles(req.op) {
-        let Some(t) = adapted.tensors.get_mut(*name) else { continue };
-        let elems = t.numel();
+    for &name in data_roles(req.op) {
+        let Some(t) = req.tensors.get(name) else { continue };
         if let (Some(layouts), Some(l)) = (&c.layouts, t.layout)
             && !layouts.contains(&l)
             && matches!(l, Layout::Bshd | Layout::Bhsd)
@@ -113,74 +105,50 @@ pub fn plan(
             if !layouts.contains(&other) {
                 return None;
             }
-            let s = t.shape.clone();
-            t.shape = vec![s[0], s[2], s[1], s[3]];
-            t.layout = Some(other);
-            t.strides = None;
-            let bytes = 2 * t.bytes();
-            transforms.push(Transform {
-                kind: TransformKind::Transpose,
-                tensor: (*name).to_owned(),
-                from: l.to_string(),
-                to: other.to_string(),
-                bytes,
-                ns: cost(bytes),
-            });
+            push(TransformKind::Transpose, name, l.as_str(), other.as_str(), 2 * t.bytes());
         } else if t.strides.is_some() && !t.is_contiguous() && c.strides.is_some() {
-            t.strides = None;
-            let bytes = 2 * t.bytes();
-            transforms.push(Transform {
-                kind: TransformKind::MakeContiguous,
-                tensor: (*name).to_owned(),
-                from: "strided".to_owned(),
-                to: "contiguous".to_owned(),
-                bytes,
-                ns: cost(bytes),
-            });
+            push(TransformKind::MakeContiguous, name, "strided", "contiguous", 2 * t.bytes());
         }
         if let Some(to) = target_dtype
             && t.dtype == problem.dtype
         {
-            let bytes = elems * (t.dtype.size_bytes() + to.size_bytes());
-            transforms.push(Transform {
-                kind: TransformKind::Cast,
-                tensor: (*name).to_owned(),
-                from: t.dtype.to_string(),
-                to: to.to_string(),
-                bytes,
-                ns: cost(bytes),
-            });
-            t.dtype = to;
+            let bytes = t.numel() * (t.dtype.size_bytes() + to.size_bytes());
+            push(TransformKind::Cast, name, t.dtype.as_str(), to.as_str(), bytes);
         }
     }
     if let Some(to) = target_dtype {
-        if let Some(m) = adapted.tensors.get_mut("mask")
+        if let Some(m) = req.tensors.get("mask")
             && m.dtype == problem.dtype
         {
             let bytes = m.numel() * (m.dtype.size_bytes() + to.size_bytes());
-            transforms.push(Transform {
-                kind: TransformKind::Cast,
-                tensor: "mask".to_owned(),
-                from: m.dtype.to_string(),
-                to: to.to_string(),
-                bytes,
-                ns: cost(bytes),
-            });
-            m.dtype = to;
+            push(TransformKind::Cast, "mask", m.dtype.as_str(), to.as_str(), bytes);
         }
-        let out_elems = crate::score::output_elements(problem);
-        let bytes = out_elems * (problem.dtype.size_bytes() + to.size_bytes());
-        transforms.push(Transform {
-            kind: TransformKind::Cast,
-            tensor: "out".to_owned(),
-            from: to.to_string(),
-            to: problem.dtype.to_string(),
-            bytes,
-            ns: cost(bytes),
-        });
+        let bytes = crate::score::output_elements(problem) * (problem.dtype.size_bytes() + to.size_bytes());
+        push(TransformKind::Cast, "out", to.as_str(), problem.dtype.as_str(), bytes);
     }
-    if transforms.is_empty() {
-        return None;
+    if transforms.is_empty() { None } else { Some(transforms) }
+}
+
+/// The request as the kernel sees it after `transforms`.
+pub fn apply(req: &Request, transforms: &[Transform]) -> Request {
+    let mut adapted = req.clone();
+    for tr in transforms {
+        let Some(t) = adapted.tensors.get_mut(tr.tensor) else { continue };
+        match tr.kind {
+            TransformKind::Transpose => {
+                if t.shape.len() == 4 {
+                    t.shape.swap(1, 2);
+                }
+                t.layout = if tr.to == Layout::Bhsd.as_str() { Some(Layout::Bhsd) } else { Some(Layout::Bshd) };
+                t.strides = None;
+            }
+            TransformKind::MakeContiguous => t.strides = None,
+            TransformKind::Cast => {
+                if let Ok(d) = tr.to.parse::<DType>() {
+                    t.dtype = d;
+                }
+            }
+        }
     }
-    Some((transforms, adapted))
+    adapted
 }
