@@ -6,3 +6,4 @@ mod files;
 mod flips;
 mod policy;
 mod properties;
+mod selection_table;
