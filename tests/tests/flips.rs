@@ -486,3 +486,39 @@ fn efficiency_coefficients_decide_between_otherwise_equal_kernels() {
         assert_eq!(report.selected.as_deref(), Some("probe.attention.b"), "{field}: {:?}", report.candidates);
     }
 }
+
+#[test]
+fn equal_scores_break_ties_by_kernel_id() {
+    let k = |id: &str| kernel(id, Op::Attention, permissive(Op::Attention), props());
+    let doc = json!({"schema_version": 1, "backend": "probe", "description": "tie", "device": "cuda", "version": "0",
+                     "execution": "builtin", "kernels": [k("probe.attention.zeta"), k("probe.attention.alpha"), k("probe.attention.mid")]});
+    let catalog =
+        Arc::new(Catalog::from_texts(&[("t.json".to_owned(), doc.to_string())]).unwrap_or_else(|e| panic!("{e}")));
+    let sel = planner_with(catalog, "h100", layerzero::policy::Policy::default());
+    let report = sel.explain(&mha());
+    let totals: Vec<f64> = report.candidates.iter().filter_map(|c| c.score.as_ref().map(|s| s.total_ns)).collect();
+    assert!(totals.windows(2).all(|w| w[0] == w[1]), "{totals:?}");
+    assert_eq!(report.selected.as_deref(), Some("probe.attention.alpha"));
+    assert_eq!(sel.select(&mha()).map(|s| s.kernel).ok().as_deref(), Some("probe.attention.alpha"));
+}
+
+#[test]
+fn a_single_bottom_right_causal_row_is_judged_as_unmasked_unless_alibi_needs_the_flag() {
+    // A kernel without causal support takes a decode row (it sees every key anyway)...
+    let catalog = two_kernel_catalog(Op::Attention, "cuda", &json!({"causal": null}), &json!({}));
+    let sel = planner_with(catalog, "h100", layerzero::policy::Policy::default());
+    let decode = with_attrs(attention(DType::BF16, 4, 1, 512, 8, 8, 64), causal());
+    assert!(codes(&sel.explain(&decode), "probe.attention.flipped").is_empty());
+    // ...but not a top-left one (row 0 sees key 0 only), nor one whose ALiBi bias depends on it.
+    let top_left = with_attrs(
+        decode.clone(),
+        AttentionAttrs {
+            causal: true,
+            causal_alignment: layerzero::model::attrs::CausalAlignment::TopLeft,
+            ..Default::default()
+        },
+    );
+    assert_eq!(codes(&sel.explain(&top_left), "probe.attention.flipped"), ["CAUSAL_UNSUPPORTED"]);
+    let alibi = with_attrs(decode, AttentionAttrs { causal: true, alibi: true, ..Default::default() });
+    assert_eq!(codes(&sel.explain(&alibi), "probe.attention.flipped"), ["CAUSAL_UNSUPPORTED"]);
+}

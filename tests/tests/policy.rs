@@ -182,3 +182,33 @@ fn the_policy_hash_changes_with_any_setting_and_ignores_formatting() {
     assert_ne!(a.hash(), c.hash());
     assert_ne!(a.hash(), layerzero::policy::Policy::default().hash());
 }
+
+#[test]
+fn rule_conditions_scope_a_rule_to_the_requests_they_describe() {
+    let deny_short = policy(
+        r#"{"rules": [{"action": "deny", "kernels": "flash_attn_3.*",
+            "when": {"op": ["attention"], "dtype": ["bf16"], "hardware": ["h1*"], "device": ["cuda"], "batch": {"max": 4},
+                     "seq_len_q": {"max": 1024}, "seq_len_k": {"min": 1}, "head_dim": {"min": 64, "max": 128}}}]}"#,
+    );
+    let short = with_attrs(attention(DType::BF16, 2, 512, 512, 32, 8, 128), causal());
+    let long = with_attrs(attention(DType::BF16, 2, 4096, 4096, 32, 8, 128), causal());
+    let f16 = with_attrs(attention(DType::F16, 2, 512, 512, 32, 8, 128), causal());
+    let big_batch = with_attrs(attention(DType::BF16, 8, 512, 512, 32, 8, 128), causal());
+    let denied = |hw: &str, req: &layerzero::model::request::Request| {
+        codes(&planner_with(catalog(), hw, deny_short.clone()).explain(req), "flash_attn_3.attention.fwd")
+            .contains(&"POLICY_DENIED")
+    };
+    assert!(denied("h100", &short));
+    assert!(!denied("h200", &short), "hardware glob h1* does not match h200");
+    assert!(!denied("h100", &long), "seq_len_q above the bound");
+    assert!(!denied("h100", &f16), "another dtype");
+    assert!(!denied("h100", &big_batch), "batch above the bound");
+    // A shape condition on an op without that dimension never holds.
+    let norm_rule =
+        policy(r#"{"rules": [{"action": "deny", "kernels": "liger.*", "when": {"seq_len_q": {"max": 1000000}}}]}"#);
+    let rms = layerzero::model::request::Request::new(layerzero::model::op::Op::RmsNorm)
+        .tensor("x", TensorDesc::new(DType::BF16, [8, 4096]))
+        .tensor("weight", TensorDesc::new(DType::BF16, [4096]));
+    let r = planner_with(catalog(), "h100", norm_rule).explain(&rms);
+    assert!(codes(&r, "liger.rms_norm.triton").is_empty());
+}

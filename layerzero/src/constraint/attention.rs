@@ -97,7 +97,7 @@ fn heads(c: &Constraints, d: &AttentionDims, out: &mut impl Sink) {
 }
 
 fn causal(c: &Constraints, a: &AttentionAttrs, d: &AttentionDims, out: &mut impl Sink) {
-    if !a.causal {
+    if !d.masks_causally(a) {
         return;
     }
     let Some(cz) = &c.causal else {
@@ -149,7 +149,7 @@ fn mask(c: &Constraints, a: &AttentionAttrs, problem: &Problem, d: &AttentionDim
             format!("float mask is {dt}; the kernel needs the query dtype {}", problem.dtype)
         });
     }
-    if a.causal && !c.mask_with_causal {
+    if d.masks_causally(a) && !c.mask_with_causal {
         out.reject(
             ReasonCode::MASK_CAUSAL_CONFLICT,
             || "an explicit mask together with causal is rejected by this kernel; fold causality into the mask",

@@ -83,6 +83,13 @@ pub struct AttentionDims {
 }
 
 impl AttentionDims {
+    /// True when `causal` changes the result. A single query row under bottom-right
+    /// alignment sees every key, so it is the same as no causal mask (FlashAttention makes
+    /// the same substitution); with ALiBi the flag still changes the bias, so it stays.
+    pub fn masks_causally(&self, a: &super::attrs::AttentionAttrs) -> bool {
+        a.causal && !(self.seq_q == 1 && a.causal_alignment == super::attrs::CausalAlignment::BottomRight && !a.alibi)
+    }
+
     /// Query heads per key/value head.
     pub fn group_size(&self) -> u64 {
         self.heads_q / self.heads_kv.max(1)
