@@ -155,6 +155,33 @@ proptest! {
     }
 
     #[test]
+    fn enormous_dimensions_never_overflow(dims in proptest::collection::vec(prop_oneof![Just(u64::MAX), Just(u64::MAX / 3), Just(1u64 << 40), 1u64..5], 8), hw in proptest::sample::select(vec!["h100", "zen4"])) {
+        let t = |b: u64, s: u64, h: u64, d: u64| TensorDesc::new(DType::BF16, [b, s, h, d]).with_layout(Layout::Bshd);
+        let attn = Request::new(Op::Attention)
+            .tensor("q", t(dims[0], dims[1], dims[2], dims[3]))
+            .tensor("k", t(dims[0], dims[4], dims[2], dims[3]))
+            .tensor("v", t(dims[0], dims[4], dims[2], dims[3]).with_strides([dims[5], dims[6], 2, dims[7]]))
+            .tensor("mask", TensorDesc::new(DType::F32, [dims[1], dims[4]]).with_strides([0]))
+            .attrs(Attrs::Attention(AttentionAttrs { causal: true, window_left: Some(dims[6]), ..AttentionAttrs::default() }));
+        let linear = Request::new(Op::Linear)
+            .tensor("x", TensorDesc::new(DType::F16, [dims[0], dims[1], dims[2]]))
+            .tensor("weight", TensorDesc::new(DType::F16, [dims[3], dims[2]]));
+        let norm = Request::new(Op::RmsNorm)
+            .tensor("x", TensorDesc::new(DType::F16, [dims[0], dims[1], dims[2]]))
+            .tensor("weight", TensorDesc::new(DType::F16, [dims[2]]));
+        for req in [attn, linear, norm] {
+            let sel = planner(hw);
+            let r = sel.explain(&req);
+            for c in &r.candidates {
+                if let Some(s) = &c.score {
+                    prop_assert!(!s.total_ns.is_nan(), "{}", c.kernel);
+                }
+            }
+            let _ = sel.select(&req);
+        }
+    }
+
+    #[test]
     fn random_json_requests_never_panic(text in "\\PC{0,200}") {
         let _ = Request::from_json(&text);
     }

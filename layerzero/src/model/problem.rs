@@ -411,7 +411,7 @@ impl Problem {
                 return None;
             }
         }
-        let expanded_ok = |i: usize| m.shape[i] == full[i] || m.strides.as_ref().is_some_and(|s| s[i] == 0);
+        let expanded_ok = |i: usize| m.shape[i] == full[i] || m.strides.as_ref().is_some_and(|s| s.get(i) == Some(&0));
         let is_full = m.rank() == 4 && (0..4).all(expanded_ok);
         Some(MaskInfo { kind, full: is_full })
     }
@@ -513,7 +513,7 @@ impl Problem {
             return (dtype, Dims::None);
         }
         let k = x.shape[x.rank() - 1];
-        let m = x.shape[..x.rank() - 1].iter().product::<u64>();
+        let m = x.shape[..x.rank() - 1].iter().fold(1u64, |a, &d| a.saturating_mul(d));
         let (n, wk) = match w.layout {
             Some(Layout::Nn) => (w.shape[1], w.shape[0]),
             Some(Layout::Nt) | None => (w.shape[0], w.shape[1]),
@@ -557,7 +557,7 @@ impl Problem {
             return (t.dtype, Dims::None);
         }
         let hidden = t.shape[t.rank() - 1];
-        let rows = t.shape[..t.rank() - 1].iter().product::<u64>();
+        let rows = t.shape[..t.rank() - 1].iter().fold(1u64, |a, &d| a.saturating_mul(d));
         match op {
             Op::RmsNorm | Op::LayerNorm => {
                 for name in ["weight", "bias"] {

@@ -73,7 +73,7 @@ fn work(req: &Request, problem: &Problem) -> (f64, f64) {
                 Op::Sample | Op::MoeRoute => 10.0,
                 _ => 1.0,
             };
-            ((rows * hidden) as f64 * per_elem, in_bytes + out_bytes)
+            (rows as f64 * hidden as f64 * per_elem, in_bytes + out_bytes)
         }
         Dims::Gemm { m, n, k } => (2.0 * m as f64 * n as f64 * k as f64, in_bytes + out_bytes),
         Dims::None => (0.0, in_bytes),
@@ -91,10 +91,10 @@ fn visible_keys(req: &Request, a: &AttentionDims) -> f64 {
     };
     // Row i sees keys [lo(i), hi(i)] clipped to [0, sk).
     let total = match (offset, at.window_left) {
-        (None, None) => sq * sk,
+        (None, None) => sq.saturating_mul(sk),
         (Some(off), None) => clamped_sum(off + 1, sq, sk),
         (Some(off), Some(w)) => clamped_sum(off + 1, sq, sk) - clamped_sum(off - w as i128, sq, sk),
-        (None, Some(w)) => sq * sk - clamped_sum(-(w as i128), sq, sk),
+        (None, Some(w)) => sq.saturating_mul(sk) - clamped_sum(-(w as i128), sq, sk),
     };
     total.max(0) as f64
 }
@@ -108,11 +108,11 @@ fn clamped_sum(a: i128, n: i128, cap: i128) -> i128 {
     // Part in [1, cap - 1]: arithmetic series.
     let lo = a.max(1);
     let hi = b.min(cap - 1);
-    let middle = if hi >= lo { (lo + hi) * (hi - lo + 1) / 2 } else { 0 };
+    let middle = if hi >= lo { (lo + hi).saturating_mul(hi - lo + 1) / 2 } else { 0 };
     // Part >= cap contributes cap each.
     let top_start = a.max(cap);
-    let top = if b >= top_start { (b - top_start + 1) * cap } else { 0 };
-    middle + top
+    let top = if b >= top_start { (b - top_start + 1).saturating_mul(cap) } else { 0 };
+    middle.saturating_add(top)
 }
 
 #[cfg(test)]

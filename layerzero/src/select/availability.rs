@@ -28,7 +28,7 @@ pub struct Availability {
 impl Availability {
     /// Planning mode (a named profile): every backend whose device kind the profile has
     /// counts as installed. Device kinds are checked per request by the selector.
-    pub fn planning(catalog: &Catalog, _hw: &HardwareProfile) -> Availability {
+    pub fn planning(catalog: &Catalog) -> Availability {
         let statuses = catalog.backends().iter().map(|b| (b.backend.clone(), BackendStatus::Available)).collect();
         Availability { statuses, planning: true }
     }

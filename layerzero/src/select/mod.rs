@@ -80,7 +80,7 @@ impl Selector {
 
     /// A planning selector for a named or given profile: every backend counts as installed.
     pub fn planning(catalog: Arc<Catalog>, hardware: Arc<HardwareProfile>, policy: Arc<Policy>) -> Result<Selector> {
-        let availability = Arc::new(Availability::planning(&catalog, &hardware));
+        let availability = Arc::new(Availability::planning(&catalog));
         Selector::new(catalog, hardware, policy, availability)
     }
 

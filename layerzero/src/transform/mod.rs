@@ -105,14 +105,14 @@ pub fn plan(kernel: &KernelSpec, req: &Request, problem: &Problem, dev: &DeviceP
             if !layouts.contains(&other) {
                 return None;
             }
-            push(TransformKind::Transpose, name, l.as_str(), other.as_str(), 2 * t.bytes());
+            push(TransformKind::Transpose, name, l.as_str(), other.as_str(), t.bytes().saturating_mul(2));
         } else if t.strides.is_some() && !t.is_contiguous() && c.strides.is_some() {
-            push(TransformKind::MakeContiguous, name, "strided", "contiguous", 2 * t.bytes());
+            push(TransformKind::MakeContiguous, name, "strided", "contiguous", t.bytes().saturating_mul(2));
         }
         if let Some(to) = target_dtype
             && t.dtype == problem.dtype
         {
-            let bytes = t.numel() * (t.dtype.size_bytes() + to.size_bytes());
+            let bytes = t.numel().saturating_mul(t.dtype.size_bytes() + to.size_bytes());
             push(TransformKind::Cast, name, t.dtype.as_str(), to.as_str(), bytes);
         }
     }
@@ -120,10 +120,10 @@ pub fn plan(kernel: &KernelSpec, req: &Request, problem: &Problem, dev: &DeviceP
         if let Some(m) = req.tensors.get("mask")
             && m.dtype == problem.dtype
         {
-            let bytes = m.numel() * (m.dtype.size_bytes() + to.size_bytes());
+            let bytes = m.numel().saturating_mul(m.dtype.size_bytes() + to.size_bytes());
             push(TransformKind::Cast, "mask", m.dtype.as_str(), to.as_str(), bytes);
         }
-        let bytes = crate::score::output_elements(problem) * (problem.dtype.size_bytes() + to.size_bytes());
+        let bytes = crate::score::output_elements(problem).saturating_mul(problem.dtype.size_bytes() + to.size_bytes());
         push(TransformKind::Cast, "out", to.as_str(), problem.dtype.as_str(), bytes);
     }
     if transforms.is_empty() { None } else { Some(transforms) }
