@@ -48,6 +48,7 @@ pub mod reason;
 pub mod schema;
 pub mod score;
 pub mod select;
+pub mod tensor;
 pub mod transform;
 
 pub use error::{Error, ErrorKind, Result};

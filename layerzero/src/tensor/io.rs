@@ -1,0 +1,153 @@
+//! safetensors files: read every tensor by name, write tensors (contiguous copies).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use half::{bf16, f16};
+use safetensors::tensor::{Dtype as StDtype, TensorView};
+
+use super::{HostTensor, Storage};
+use crate::error::{Error, ErrorKind, Result};
+
+fn st_dtype(s: &Storage) -> StDtype {
+    match s {
+        Storage::F32(_) => StDtype::F32,
+        Storage::F16(_) => StDtype::F16,
+        Storage::BF16(_) => StDtype::BF16,
+        Storage::Fp8E4M3(_) => StDtype::F8_E4M3,
+        Storage::Fp8E5M2(_) => StDtype::F8_E5M2,
+        Storage::I8(_) => StDtype::I8,
+        Storage::I32(_) => StDtype::I32,
+        Storage::I64(_) => StDtype::I64,
+        Storage::Bool(_) => StDtype::BOOL,
+    }
+}
+
+fn to_bytes(s: &Storage) -> Vec<u8> {
+    match s {
+        Storage::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Storage::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Storage::BF16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Storage::Fp8E4M3(v) | Storage::Fp8E5M2(v) => v.clone(),
+        Storage::I8(v) => v.iter().map(|&x| x as u8).collect(),
+        Storage::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Storage::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Storage::Bool(v) => v.iter().map(|&x| u8::from(x)).collect(),
+    }
+}
+
+fn chunks<const N: usize>(b: &[u8]) -> impl Iterator<Item = [u8; N]> + '_ {
+    b.chunks_exact(N).map(|c| {
+        let mut a = [0u8; N];
+        a.copy_from_slice(c);
+        a
+    })
+}
+
+fn from_view(name: &str, origin: &str, v: &TensorView<'_>) -> Result<HostTensor> {
+    let b = v.data();
+    let storage = match v.dtype() {
+        StDtype::F32 => Storage::F32(chunks::<4>(b).map(f32::from_le_bytes).collect()),
+        StDtype::F16 => Storage::F16(chunks::<2>(b).map(f16::from_le_bytes).collect()),
+        StDtype::BF16 => Storage::BF16(chunks::<2>(b).map(bf16::from_le_bytes).collect()),
+        StDtype::F8_E4M3 => Storage::Fp8E4M3(b.to_vec()),
+        StDtype::F8_E5M2 => Storage::Fp8E5M2(b.to_vec()),
+        StDtype::I8 => Storage::I8(b.iter().map(|&x| x as i8).collect()),
+        StDtype::I32 => Storage::I32(chunks::<4>(b).map(i32::from_le_bytes).collect()),
+        StDtype::I64 => Storage::I64(chunks::<8>(b).map(i64::from_le_bytes).collect()),
+        StDtype::BOOL => Storage::Bool(b.iter().map(|&x| x != 0).collect()),
+        other => {
+            return Err(Error::invalid(format!(
+                "{origin}: tensor `{name}` has dtype {other:?}, which LayerZero does not read (f32 f16 bf16 f8_e4m3 f8_e5m2 i8 i32 i64 bool)"
+            )));
+        }
+    };
+    HostTensor::new(storage, v.shape()).map_err(|e| Error::invalid(format!("{origin}: tensor `{name}`: {e}")))
+}
+
+/// Parses safetensors bytes.
+pub fn parse(bytes: &[u8], origin: &str) -> Result<BTreeMap<String, HostTensor>> {
+    let st = safetensors::SafeTensors::deserialize(bytes)
+        .map_err(|e| Error::invalid(format!("{origin}: not a safetensors file: {e}")))?;
+    let mut out = BTreeMap::new();
+    for (name, view) in st.tensors() {
+        out.insert(name.clone(), from_view(&name, origin, &view)?);
+    }
+    Ok(out)
+}
+
+/// Reads every tensor of a safetensors file.
+pub fn read(path: &Path) -> Result<BTreeMap<String, HostTensor>> {
+    let bytes =
+        std::fs::read(path).map_err(|e| Error::new(ErrorKind::Io, format!("cannot read {}: {e}", path.display())))?;
+    parse(&bytes, &path.display().to_string())
+}
+
+/// safetensors bytes of the given tensors (each written contiguous).
+pub fn serialize(tensors: &BTreeMap<String, HostTensor>) -> Result<Vec<u8>> {
+    let owned: Vec<(String, HostTensor, Vec<u8>)> = tensors
+        .iter()
+        .map(|(n, t)| {
+            let c = t.contiguous();
+            let bytes = to_bytes(c.storage());
+            (n.clone(), c, bytes)
+        })
+        .collect();
+    let mut views = Vec::with_capacity(owned.len());
+    for (name, t, bytes) in &owned {
+        let v = TensorView::new(st_dtype(t.storage()), t.shape().to_vec(), bytes)
+            .map_err(|e| Error::invalid(format!("tensor `{name}`: {e}")))?;
+        views.push((name.clone(), v));
+    }
+    safetensors::serialize(views, None).map_err(|e| Error::invalid(format!("cannot serialize tensors: {e}")))
+}
+
+/// Writes tensors to a safetensors file (to a temporary file first, then renamed, so a
+/// failed write never leaves a half-written file under the final name).
+pub fn write(path: &Path, tensors: &BTreeMap<String, HostTensor>) -> Result<()> {
+    let bytes = serialize(tensors)?;
+    let tmp = path.with_extension("safetensors.tmp");
+    std::fs::write(&tmp, &bytes)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| Error::new(ErrorKind::Io, format!("cannot write {}: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::dtype::DType;
+
+    #[test]
+    fn every_dtype_round_trips_through_safetensors() {
+        let values = [0.5f32, -1.25, 3.0, 448.0, -0.0, 7.0];
+        let mut m = BTreeMap::new();
+        for d in DType::ALL {
+            let t = HostTensor::from_f32_as(d, &[2, 3], &values).unwrap_or_else(|e| panic!("{e}"));
+            m.insert(d.as_str().to_owned(), t);
+        }
+        let back = parse(&serialize(&m).unwrap_or_default(), "test").unwrap_or_else(|e| panic!("{e}"));
+        for (name, t) in &m {
+            let b = &back[name];
+            assert_eq!(b.dtype(), t.dtype());
+            assert_eq!(b.shape(), t.shape());
+            assert_eq!(b.to_f64_vec(), t.to_f64_vec(), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_permuted_view_is_written_in_logical_order() {
+        let t = HostTensor::from_f32(&[2, 3], vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]).unwrap_or_else(|e| panic!("{e}"));
+        let p = t.permute(&[1, 0]).unwrap_or_else(|e| panic!("{e}"));
+        let mut m = BTreeMap::new();
+        m.insert("p".to_owned(), p);
+        let back = parse(&serialize(&m).unwrap_or_default(), "test").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back["p"].shape(), &[3, 2]);
+        assert_eq!(back["p"].to_f32_vec(), vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+    }
+
+    #[test]
+    fn garbage_is_a_clear_error() {
+        let err = parse(b"not a file", "x.safetensors").err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("x.safetensors") && err.contains("not a safetensors file"), "{err}");
+    }
+}

@@ -1,0 +1,420 @@
+//! Host tensors: an owned buffer with a dtype, a shape and strides, plus views (permuted
+//! and strided) that share the buffer. This is what executors read and write.
+
+pub mod fp8;
+pub mod io;
+
+use std::sync::Arc;
+
+use half::{bf16, f16};
+
+use crate::error::{Error, Result};
+use crate::model::dtype::DType;
+use crate::model::layout::Layout;
+use crate::model::tensor::TensorDesc;
+use fp8::Fp8;
+
+/// The elements of a tensor, in memory order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Storage {
+    /// f32.
+    F32(Vec<f32>),
+    /// f16.
+    F16(Vec<f16>),
+    /// bf16.
+    BF16(Vec<bf16>),
+    /// FP8 E4M3 codes.
+    Fp8E4M3(Vec<u8>),
+    /// FP8 E5M2 codes.
+    Fp8E5M2(Vec<u8>),
+    /// i8.
+    I8(Vec<i8>),
+    /// i32.
+    I32(Vec<i32>),
+    /// i64.
+    I64(Vec<i64>),
+    /// bool.
+    Bool(Vec<bool>),
+}
+
+impl Storage {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Storage::F32(v) => v.len(),
+            Storage::F16(v) => v.len(),
+            Storage::BF16(v) => v.len(),
+            Storage::Fp8E4M3(v) | Storage::Fp8E5M2(v) => v.len(),
+            Storage::I8(v) => v.len(),
+            Storage::I32(v) => v.len(),
+            Storage::I64(v) => v.len(),
+            Storage::Bool(v) => v.len(),
+        }
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The dtype.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Storage::F32(_) => DType::F32,
+            Storage::F16(_) => DType::F16,
+            Storage::BF16(_) => DType::BF16,
+            Storage::Fp8E4M3(_) => DType::Fp8E4M3,
+            Storage::Fp8E5M2(_) => DType::Fp8E5M2,
+            Storage::I8(_) => DType::I8,
+            Storage::I32(_) => DType::I32,
+            Storage::I64(_) => DType::I64,
+            Storage::Bool(_) => DType::Bool,
+        }
+    }
+
+    /// Element `i` as f64 (fp8 decoded without scale, bool as 0/1).
+    #[inline]
+    pub fn get_f64(&self, i: usize) -> f64 {
+        match self {
+            Storage::F32(v) => f64::from(v[i]),
+            Storage::F16(v) => f64::from(v[i].to_f32()),
+            Storage::BF16(v) => f64::from(v[i].to_f32()),
+            Storage::Fp8E4M3(v) => f64::from(Fp8::E4M3.decode(v[i])),
+            Storage::Fp8E5M2(v) => f64::from(Fp8::E5M2.decode(v[i])),
+            Storage::I8(v) => f64::from(v[i]),
+            Storage::I32(v) => f64::from(v[i]),
+            Storage::I64(v) => v[i] as f64,
+            Storage::Bool(v) => f64::from(u8::from(v[i])),
+        }
+    }
+
+    /// Element `i` as f32.
+    #[inline]
+    pub fn get_f32(&self, i: usize) -> f32 {
+        match self {
+            Storage::F32(v) => v[i],
+            Storage::F16(v) => v[i].to_f32(),
+            Storage::BF16(v) => v[i].to_f32(),
+            Storage::Fp8E4M3(v) => Fp8::E4M3.decode(v[i]),
+            Storage::Fp8E5M2(v) => Fp8::E5M2.decode(v[i]),
+            _ => self.get_f64(i) as f32,
+        }
+    }
+
+    /// Element `i` as i64 (integers; floats truncate, bool 0/1).
+    #[inline]
+    pub fn get_i64(&self, i: usize) -> i64 {
+        match self {
+            Storage::I8(v) => i64::from(v[i]),
+            Storage::I32(v) => i64::from(v[i]),
+            Storage::I64(v) => v[i],
+            Storage::Bool(v) => i64::from(v[i]),
+            _ => self.get_f64(i) as i64,
+        }
+    }
+
+    /// `n` zeros of `dtype`.
+    pub fn zeros(dtype: DType, n: usize) -> Storage {
+        match dtype {
+            DType::F32 => Storage::F32(vec![0.0; n]),
+            DType::F16 => Storage::F16(vec![f16::ZERO; n]),
+            DType::BF16 => Storage::BF16(vec![bf16::ZERO; n]),
+            DType::Fp8E4M3 => Storage::Fp8E4M3(vec![0; n]),
+            DType::Fp8E5M2 => Storage::Fp8E5M2(vec![0; n]),
+            DType::I8 => Storage::I8(vec![0; n]),
+            DType::I32 => Storage::I32(vec![0; n]),
+            DType::I64 => Storage::I64(vec![0; n]),
+            DType::Bool => Storage::Bool(vec![false; n]),
+        }
+    }
+
+    /// f32 values converted to `dtype` (round to nearest even; fp8 saturates; ints truncate).
+    pub fn from_f32(dtype: DType, values: &[f32]) -> Storage {
+        match dtype {
+            DType::F32 => Storage::F32(values.to_vec()),
+            DType::F16 => Storage::F16(values.iter().map(|&x| f16::from_f32(x)).collect()),
+            DType::BF16 => Storage::BF16(values.iter().map(|&x| bf16::from_f32(x)).collect()),
+            DType::Fp8E4M3 => Storage::Fp8E4M3(values.iter().map(|&x| Fp8::E4M3.encode(x)).collect()),
+            DType::Fp8E5M2 => Storage::Fp8E5M2(values.iter().map(|&x| Fp8::E5M2.encode(x)).collect()),
+            DType::I8 => Storage::I8(values.iter().map(|&x| x as i8).collect()),
+            DType::I32 => Storage::I32(values.iter().map(|&x| x as i32).collect()),
+            DType::I64 => Storage::I64(values.iter().map(|&x| x as i64).collect()),
+            DType::Bool => Storage::Bool(values.iter().map(|&x| x != 0.0).collect()),
+        }
+    }
+}
+
+/// A tensor in host memory: shared storage seen through a shape, strides and an offset.
+#[derive(Debug, Clone)]
+pub struct HostTensor {
+    data: Arc<Storage>,
+    shape: Vec<usize>,
+    strides: Vec<usize>,
+    offset: usize,
+    layout: Option<Layout>,
+}
+
+/// Row-major strides of `shape`.
+pub fn row_major_strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1usize; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1].saturating_mul(shape[i + 1].max(1));
+    }
+    s
+}
+
+fn numel(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
+}
+
+impl HostTensor {
+    /// A contiguous tensor over `storage`; its length must match the shape.
+    pub fn new(storage: Storage, shape: &[usize]) -> Result<HostTensor> {
+        let n = numel(shape).ok_or_else(|| Error::invalid(format!("shape {shape:?} overflows")))?;
+        if n != storage.len() {
+            return Err(Error::invalid(format!(
+                "shape {shape:?} holds {n} elements but the data has {}",
+                storage.len()
+            )));
+        }
+        Ok(HostTensor {
+            data: Arc::new(storage),
+            strides: row_major_strides(shape),
+            shape: shape.to_vec(),
+            offset: 0,
+            layout: None,
+        })
+    }
+
+    /// A contiguous f32 tensor.
+    pub fn from_f32(shape: &[usize], values: Vec<f32>) -> Result<HostTensor> {
+        HostTensor::new(Storage::F32(values), shape)
+    }
+
+    /// A contiguous tensor of `dtype` from f32 values (converted).
+    pub fn from_f32_as(dtype: DType, shape: &[usize], values: &[f32]) -> Result<HostTensor> {
+        HostTensor::new(Storage::from_f32(dtype, values), shape)
+    }
+
+    /// Zeros.
+    pub fn zeros(dtype: DType, shape: &[usize]) -> Result<HostTensor> {
+        let n = numel(shape).ok_or_else(|| Error::invalid(format!("shape {shape:?} overflows")))?;
+        HostTensor::new(Storage::zeros(dtype, n), shape)
+    }
+
+    /// The same tensor with a layout tag.
+    pub fn with_layout(mut self, layout: Layout) -> HostTensor {
+        self.layout = Some(layout);
+        self
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.data.dtype()
+    }
+
+    /// Sizes.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Strides in elements.
+    pub fn strides(&self) -> &[usize] {
+        &self.strides
+    }
+
+    /// Offset of element [0, ..., 0] in the storage.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Layout tag.
+    pub fn layout(&self) -> Option<Layout> {
+        self.layout
+    }
+
+    /// The storage (shared with every view).
+    pub fn storage(&self) -> &Storage {
+        &self.data
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// True when the view is row-major contiguous (size-1 dims ignored).
+    pub fn is_contiguous(&self) -> bool {
+        let expected = row_major_strides(&self.shape);
+        self.strides.iter().zip(&expected).zip(&self.shape).all(|((s, e), &d)| d <= 1 || s == e)
+    }
+
+    /// Storage index of a multi-index (no bounds check beyond debug asserts).
+    #[inline]
+    pub fn index_of(&self, idx: &[usize]) -> usize {
+        debug_assert_eq!(idx.len(), self.shape.len());
+        self.offset + idx.iter().zip(&self.strides).map(|(i, s)| i * s).sum::<usize>()
+    }
+
+    /// Element at a multi-index as f64.
+    #[inline]
+    pub fn at(&self, idx: &[usize]) -> f64 {
+        self.data.get_f64(self.index_of(idx))
+    }
+
+    /// A permuted view: dimension `i` of the result is dimension `dims[i]` of `self`.
+    pub fn permute(&self, dims: &[usize]) -> Result<HostTensor> {
+        let mut seen = vec![false; self.rank()];
+        if dims.len() != self.rank() || dims.iter().any(|&d| d >= self.rank() || std::mem::replace(&mut seen[d], true))
+        {
+            return Err(Error::invalid(format!("permutation {dims:?} is not one of the {} dims", self.rank())));
+        }
+        Ok(HostTensor {
+            data: self.data.clone(),
+            shape: dims.iter().map(|&d| self.shape[d]).collect(),
+            strides: dims.iter().map(|&d| self.strides[d]).collect(),
+            offset: self.offset,
+            layout: None,
+        })
+    }
+
+    /// A strided view over the same storage; every element it can address must exist.
+    pub fn view(&self, shape: &[usize], strides: &[usize], offset: usize) -> Result<HostTensor> {
+        if shape.len() != strides.len() {
+            return Err(Error::invalid(format!("view shape {shape:?} and strides {strides:?} differ in rank")));
+        }
+        if shape.contains(&0) {
+            return Ok(HostTensor {
+                data: self.data.clone(),
+                shape: shape.to_vec(),
+                strides: strides.to_vec(),
+                offset,
+                layout: None,
+            });
+        }
+        let last = shape
+            .iter()
+            .zip(strides)
+            .try_fold(offset, |a, (&d, &s)| (d - 1).checked_mul(s).and_then(|x| a.checked_add(x)));
+        match last {
+            Some(l) if l < self.data.len() => Ok(HostTensor {
+                data: self.data.clone(),
+                shape: shape.to_vec(),
+                strides: strides.to_vec(),
+                offset,
+                layout: None,
+            }),
+            _ => Err(Error::invalid(format!(
+                "view shape {shape:?} strides {strides:?} offset {offset} reaches past the {} stored elements",
+                self.data.len()
+            ))),
+        }
+    }
+
+    /// Visits every element's storage index in row-major logical order.
+    pub fn for_each_index(&self, mut f: impl FnMut(usize)) {
+        let n = self.numel();
+        if n == 0 {
+            return;
+        }
+        let rank = self.rank();
+        let mut idx = vec![0usize; rank];
+        let mut pos = self.offset;
+        for _ in 0..n {
+            f(pos);
+            for d in (0..rank).rev() {
+                idx[d] += 1;
+                pos += self.strides[d];
+                if idx[d] < self.shape[d] {
+                    break;
+                }
+                pos -= self.strides[d] * self.shape[d];
+                idx[d] = 0;
+            }
+        }
+    }
+
+    /// The elements in logical order as f32 (fp8 decoded without scale).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        if let (Storage::F32(v), true) = (&*self.data, self.is_contiguous()) {
+            return v[self.offset..self.offset + self.numel()].to_vec();
+        }
+        let mut out = Vec::with_capacity(self.numel());
+        self.for_each_index(|i| out.push(self.data.get_f32(i)));
+        out
+    }
+
+    /// The elements in logical order as f64.
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        let mut out = Vec::with_capacity(self.numel());
+        self.for_each_index(|i| out.push(self.data.get_f64(i)));
+        out
+    }
+
+    /// The elements in logical order as i64 (index tensors).
+    pub fn to_i64_vec(&self) -> Vec<i64> {
+        let mut out = Vec::with_capacity(self.numel());
+        self.for_each_index(|i| out.push(self.data.get_i64(i)));
+        out
+    }
+
+    /// A contiguous copy (same dtype).
+    pub fn contiguous(&self) -> HostTensor {
+        if self.is_contiguous() && self.offset == 0 && self.data.len() == self.numel() {
+            return self.clone();
+        }
+        let mut idx = Vec::with_capacity(self.numel());
+        self.for_each_index(|i| idx.push(i));
+        let storage = match &*self.data {
+            Storage::F32(v) => Storage::F32(idx.iter().map(|&i| v[i]).collect()),
+            Storage::F16(v) => Storage::F16(idx.iter().map(|&i| v[i]).collect()),
+            Storage::BF16(v) => Storage::BF16(idx.iter().map(|&i| v[i]).collect()),
+            Storage::Fp8E4M3(v) => Storage::Fp8E4M3(idx.iter().map(|&i| v[i]).collect()),
+            Storage::Fp8E5M2(v) => Storage::Fp8E5M2(idx.iter().map(|&i| v[i]).collect()),
+            Storage::I8(v) => Storage::I8(idx.iter().map(|&i| v[i]).collect()),
+            Storage::I32(v) => Storage::I32(idx.iter().map(|&i| v[i]).collect()),
+            Storage::I64(v) => Storage::I64(idx.iter().map(|&i| v[i]).collect()),
+            Storage::Bool(v) => Storage::Bool(idx.iter().map(|&i| v[i]).collect()),
+        };
+        HostTensor {
+            data: Arc::new(storage),
+            strides: row_major_strides(&self.shape),
+            shape: self.shape.clone(),
+            offset: 0,
+            layout: self.layout,
+        }
+    }
+
+    /// The selection-facing description of this tensor (strides only when not contiguous).
+    pub fn desc(&self) -> TensorDesc {
+        TensorDesc {
+            dtype: self.dtype(),
+            shape: self.shape.iter().map(|&d| d as u64).collect(),
+            layout: self.layout,
+            strides: if self.is_contiguous() { None } else { Some(self.strides.iter().map(|&s| s as u64).collect()) },
+            device: None,
+        }
+    }
+
+    /// Counts of NaN and infinite elements (floats only).
+    pub fn non_finite(&self) -> (usize, usize) {
+        if !self.dtype().is_float() {
+            return (0, 0);
+        }
+        let (mut nan, mut inf) = (0, 0);
+        self.for_each_index(|i| {
+            let v = self.data.get_f32(i);
+            if v.is_nan() {
+                nan += 1;
+            } else if v.is_infinite() {
+                inf += 1;
+            }
+        });
+        (nan, inf)
+    }
+}
