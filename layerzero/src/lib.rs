@@ -41,6 +41,7 @@ pub mod capabilities;
 pub mod cli;
 pub mod constraint;
 pub mod error;
+pub mod exec;
 pub mod hardware;
 pub mod model;
 pub mod policy;

@@ -95,8 +95,12 @@ reason_codes! {
     DEVICE_KIND_MISMATCH => Availability,
     /// The request names a device index the hardware profile does not have.
     DEVICE_NOT_PRESENT => Availability,
-    /// The runtime marked the backend unhealthy after failures.
+    /// No executor is registered for the kernel in this process (it can be planned, not run).
+    EXECUTOR_NOT_REGISTERED => Availability,
+    /// The runtime marked the backend (or the kernel's circuit) unhealthy after failures.
     BACKEND_UNHEALTHY => Health,
+    /// The kernel errored or panicked while running; the runtime fell back.
+    KERNEL_FAILED => Health,
     /// The device's compute capability is below the kernel's minimum.
     COMPUTE_CAPABILITY_TOO_OLD => Constraint,
     /// The device's compute capability is above the kernel's maximum.

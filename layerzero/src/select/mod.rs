@@ -151,6 +151,37 @@ impl Selector {
         }
     }
 
+    /// Every eligible kernel for `req`, best first: the order dispatch falls back in.
+    /// Errors as [`Selector::select`] when none is eligible.
+    pub fn ranked(&self, req: &Request) -> Result<Vec<Selection>> {
+        let cx = self.context(req);
+        let candidates = self.catalog.candidates(req.op);
+        let lock = cx.rules.lock.map(|(_, r)| r.kernels.as_str());
+        let mut memo = Adapted::new();
+        let mut out = Vec::new();
+        for &ki in candidates {
+            let (backend, kernel) = self.catalog.kernel(ki);
+            if lock.is_some_and(|l| l != kernel.id) {
+                continue;
+            }
+            let j: Judged<Codes> = self.judge(backend, kernel, req, &cx, &mut memo);
+            if let Some(score) = j.score {
+                out.push(Selection {
+                    kernel: kernel.id.clone(),
+                    backend: backend.backend.clone(),
+                    transforms: j.transforms,
+                    score,
+                    candidates: candidates.len(),
+                });
+            }
+        }
+        if out.is_empty() {
+            return Err(self.failure(req));
+        }
+        out.sort_by(|a, b| a.score.total_ns.total_cmp(&b.score.total_ns).then_with(|| a.kernel.cmp(&b.kernel)));
+        Ok(out)
+    }
+
     /// The error for a request nothing qualifies for, with every reason formatted.
     fn failure(&self, req: &Request) -> Error {
         let report = self.explain(req);

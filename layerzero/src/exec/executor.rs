@@ -1,0 +1,83 @@
+//! Executors: the code that runs a kernel, bound to kernel ids in a registry.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::args::{OpArgs, Outputs};
+
+/// Why a kernel did not produce a result.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KernelError {
+    /// The inputs are invalid for this op (an out-of-range block-table entry, a mask that
+    /// cannot broadcast); another kernel would fail the same way.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// The kernel cannot take these inputs (a case its capability file should have ruled out).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// The kernel failed (or panicked) while running.
+    #[error("failed: {0}")]
+    Failed(String),
+}
+
+/// Runs one kernel.
+pub trait Executor: Send + Sync {
+    /// Computes the outputs for `args`.
+    fn run(&self, args: &OpArgs) -> Result<Outputs, KernelError>;
+}
+
+impl<F> Executor for F
+where
+    F: Fn(&OpArgs) -> Result<Outputs, KernelError> + Send + Sync,
+{
+    fn run(&self, args: &OpArgs) -> Result<Outputs, KernelError> {
+        self(args)
+    }
+}
+
+/// Kernel id -> executor.
+#[derive(Clone, Default)]
+pub struct Registry {
+    executors: BTreeMap<String, Arc<dyn Executor>>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry").field("kernels", &self.executors.keys().collect::<Vec<_>>()).finish()
+    }
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Registry {
+        Registry::default()
+    }
+
+    /// LayerZero's own executors: `cpu_reference` and `cpu`.
+    pub fn builtin() -> Registry {
+        let mut r = Registry::new();
+        crate::backend::cpu_reference::register(&mut r);
+        crate::backend::cpu::register(&mut r);
+        r
+    }
+
+    /// Binds `kernel` to `executor` (replacing any previous one).
+    pub fn register(&mut self, kernel: &str, executor: Arc<dyn Executor>) {
+        self.executors.insert(kernel.to_owned(), executor);
+    }
+
+    /// The executor of `kernel`.
+    pub fn get(&self, kernel: &str) -> Option<&Arc<dyn Executor>> {
+        self.executors.get(kernel)
+    }
+
+    /// Registered kernel ids.
+    pub fn kernels(&self) -> impl Iterator<Item = &str> {
+        self.executors.keys().map(|k| k.as_str())
+    }
+
+    /// True when `kernel` has an executor.
+    pub fn contains(&self, kernel: &str) -> bool {
+        self.executors.contains_key(kernel)
+    }
+}
