@@ -44,6 +44,7 @@ pub mod error;
 pub mod exec;
 pub mod hardware;
 pub mod model;
+pub mod parity;
 pub mod policy;
 pub mod reason;
 pub mod schema;

@@ -219,3 +219,205 @@ fn usage_errors_exit_2() {
     let (code, _, _) = run(&["frobnicate"]);
     assert_eq!(code, 2);
 }
+
+mod run {
+    use super::*;
+    use layerzero::tensor::HostTensor;
+    use std::collections::BTreeMap;
+
+    fn write_inputs(dir: &std::path::Path, tensors: &[(&str, HostTensor)]) -> String {
+        let path = dir.join("in.safetensors");
+        let map: BTreeMap<String, HostTensor> = tensors.iter().map(|(n, t)| ((*n).to_owned(), t.clone())).collect();
+        layerzero::tensor::io::write(&path, &map).unwrap_or_else(|e| panic!("{e}"));
+        path.display().to_string()
+    }
+
+    fn seeded(shape: &[usize], seed: u64) -> HostTensor {
+        let mut rng = layerzero::parity::rng::Rng::new(seed);
+        let n: usize = shape.iter().product();
+        HostTensor::from_f32(shape, rng.normals(n)).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    const REQ: &str = r#"{"op": "attention",
+        "tensors": {"q": {"dtype": "f32", "shape": [1, 37, 4, 64], "layout": "BSHD"},
+                    "k": {"dtype": "f32", "shape": [1, 37, 2, 64], "layout": "BSHD"},
+                    "v": {"dtype": "f32", "shape": [1, 37, 2, 64], "layout": "BSHD", "strides": [9472, 256, 128, 2]}},
+        "attrs": {"causal": true}}"#;
+
+    fn setup() -> (tempfile::TempDir, String, String) {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let req = dir.path().join("req.json");
+        std::fs::write(&req, REQ).unwrap_or_else(|e| panic!("{e}"));
+        let inputs = write_inputs(
+            dir.path(),
+            &[("q", seeded(&[1, 37, 4, 64], 1)), ("k", seeded(&[1, 37, 2, 64], 2)), ("v", seeded(&[1, 37, 2, 64], 3))],
+        );
+        (dir, req.display().to_string(), inputs)
+    }
+
+    fn out_of(path: &std::path::Path) -> Vec<f64> {
+        layerzero::tensor::io::read(path).unwrap_or_else(|e| panic!("{e}"))["out"].to_f64_vec()
+    }
+
+    #[test]
+    fn run_selects_the_fast_kernel_writes_out_and_times_it() {
+        let (dir, req, inputs) = setup();
+        let out = dir.path().join("out.safetensors");
+        let (code, stdout, stderr) = run(&[
+            "run",
+            "--request",
+            &req,
+            "--inputs",
+            &inputs,
+            "--out",
+            out.to_str().unwrap_or_default(),
+            "--repeat",
+            "3",
+            "--json",
+        ]);
+        assert_eq!(code, 0, "{stdout}{stderr}");
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+        assert_eq!(v["kernel"], "cpu.attention.flash");
+        assert!(v["timing"]["median_ns"].as_f64().is_some_and(|t| t > 0.0));
+        assert_eq!(v["outputs"]["out"]["shape"], serde_json::json!([1, 37, 4, 64]));
+        // The same request forced onto the oracle agrees within the f32 tolerance.
+        let oracle = dir.path().join("oracle.safetensors");
+        let (code, _, err) = run(&[
+            "run",
+            "--request",
+            &req,
+            "--inputs",
+            &inputs,
+            "--out",
+            oracle.to_str().unwrap_or_default(),
+            "--kernel",
+            "cpu_reference.attention.naive",
+        ]);
+        assert_eq!(code, 0, "{err}");
+        let (a, b) = (out_of(&out), out_of(&oracle));
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() <= 1e-5 + 1e-5 * y.abs(), "{x} vs {y}");
+        }
+    }
+
+    #[test]
+    fn a_forced_kernel_that_cannot_take_the_request_is_refused_with_its_reasons() {
+        let (dir, req, inputs) = setup();
+        let out = dir.path().join("out.safetensors");
+        let (code, _, err) = run(&[
+            "run",
+            "--request",
+            &req,
+            "--inputs",
+            &inputs,
+            "--out",
+            out.to_str().unwrap_or_default(),
+            "--kernel",
+            "flash_attn_2.attention.fwd",
+        ]);
+        assert_eq!(code, 2);
+        assert_one_clean_line(&err);
+        assert!(err.contains("flash_attn_2.attention.fwd") && err.contains("DEVICE_KIND_MISMATCH"), "{err}");
+        assert!(!out.exists(), "nothing is written on failure");
+    }
+
+    #[test]
+    fn inputs_that_disagree_with_the_request_name_the_tensor() {
+        let (dir, req, _) = setup();
+        let out = dir.path().join("out.safetensors");
+        for (tensors, expect) in [
+            (vec![("q", seeded(&[1, 37, 4, 64], 1)), ("k", seeded(&[1, 37, 2, 64], 2))], "input tensor `v` is missing"),
+            (
+                vec![
+                    ("q", seeded(&[1, 36, 4, 64], 1)),
+                    ("k", seeded(&[1, 37, 2, 64], 2)),
+                    ("v", seeded(&[1, 37, 2, 64], 3)),
+                ],
+                "input tensor `q` has shape [1, 36, 4, 64]",
+            ),
+        ] {
+            let inputs = write_inputs(dir.path(), &tensors);
+            let (code, _, err) =
+                run(&["run", "--request", &req, "--inputs", &inputs, "--out", out.to_str().unwrap_or_default()]);
+            assert_eq!(code, 2, "{err}");
+            assert_one_clean_line(&err);
+            assert!(err.contains(expect), "{err}");
+        }
+        let garbage = dir.path().join("garbage.safetensors");
+        std::fs::write(&garbage, b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}").unwrap_or_else(|e| panic!("{e}"));
+        let (code, _, err) = run(&[
+            "run",
+            "--request",
+            &req,
+            "--inputs",
+            garbage.to_str().unwrap_or_default(),
+            "--out",
+            out.to_str().unwrap_or_default(),
+        ]);
+        assert_eq!(code, 2);
+        assert_one_clean_line(&err);
+        assert!(err.contains("not a safetensors file"), "{err}");
+    }
+
+    #[test]
+    fn a_block_table_entry_outside_the_cache_is_an_error_not_a_read() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let req = dir.path().join("req.json");
+        std::fs::write(
+            &req,
+            r#"{"op": "paged_attention", "tensors": {"q": {"dtype": "f32", "shape": [2, 1, 4, 32], "layout": "BSHD"},
+                "k_cache": {"dtype": "f32", "shape": [4, 16, 2, 32], "layout": "NHD"}, "v_cache": {"dtype": "f32", "shape": [4, 16, 2, 32], "layout": "NHD"},
+                "block_table": {"dtype": "i32", "shape": [2, 2]}, "context_lens": {"dtype": "i32", "shape": [2]}}, "attrs": {"causal": true}}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let table = HostTensor::from_f32_as(layerzero::model::dtype::DType::I32, &[2, 2], &[0.0, 1.0, 2.0, 9.0])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let lens = HostTensor::from_f32_as(layerzero::model::dtype::DType::I32, &[2], &[20.0, 30.0])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let inputs = write_inputs(
+            dir.path(),
+            &[
+                ("q", seeded(&[2, 1, 4, 32], 1)),
+                ("k_cache", seeded(&[4, 16, 2, 32], 2)),
+                ("v_cache", seeded(&[4, 16, 2, 32], 3)),
+                ("block_table", table),
+                ("context_lens", lens),
+            ],
+        );
+        let out = dir.path().join("out.safetensors");
+        let (code, _, err) = run(&[
+            "run",
+            "--request",
+            &req.display().to_string(),
+            "--inputs",
+            &inputs,
+            "--out",
+            out.to_str().unwrap_or_default(),
+        ]);
+        assert_eq!(code, 2, "{err}");
+        assert_one_clean_line(&err);
+        assert!(err.contains("9"), "{err}");
+    }
+
+    #[test]
+    fn parity_passes_for_every_executable_kernel() {
+        let (code, out, err) = run(&["parity", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+        let failing: Vec<String> = v["rows"]
+            .as_array()
+            .map(|rows| {
+                rows.iter().filter(|r| r["status"] != "pass" && r["status"] != "skip").map(|r| r.to_string()).collect()
+            })
+            .unwrap_or_default();
+        assert!(failing.is_empty(), "{}", failing.join("\n"));
+        assert_eq!(code, 0);
+        for kernel in ["cpu.attention.flash", "cpu.paged_attention.split_kv", "cpu.rope.fast"] {
+            let ran = v["rows"]
+                .as_array()
+                .map(|r| r.iter().filter(|r| r["kernel"] == kernel && r["status"] == "pass").count())
+                .unwrap_or(0);
+            assert!(ran >= 9, "{kernel} passed only {ran} cases");
+        }
+    }
+}

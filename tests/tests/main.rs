@@ -6,4 +6,5 @@ mod files;
 mod flips;
 mod policy;
 mod properties;
+mod runtime;
 mod selection_table;

@@ -2,7 +2,9 @@
 //! 2 usage, configuration or input error. Errors print as one line, never a panic.
 
 mod doctor;
+mod parity;
 mod render;
+mod run;
 mod validate;
 
 use std::io::Read;
@@ -45,6 +47,52 @@ enum Command {
     Doctor(DoctorArgs),
     /// Print every reason code with its category and meaning.
     ReasonCodes(JsonArg),
+    /// Run a request on this machine: load inputs, select (or force) a kernel, write outputs.
+    Run(RunCmd),
+    /// Check every executable kernel against cpu_reference over the case matrix.
+    Parity(ParityArgs),
+}
+
+#[derive(Args, Debug)]
+struct RunCmd {
+    /// Request file (JSON), or - for standard input.
+    #[arg(long, value_name = "FILE|-")]
+    request: String,
+    /// Input tensors (safetensors), named as in the request.
+    #[arg(long, value_name = "IN.safetensors")]
+    inputs: PathBuf,
+    /// Where to write the outputs (`out`; RoPE also `out_k`).
+    #[arg(long, value_name = "OUT.safetensors")]
+    out: PathBuf,
+    /// Run this kernel (it must still pass every check).
+    #[arg(long, value_name = "ID")]
+    kernel: Option<String>,
+    /// Policy file.
+    #[arg(long, value_name = "FILE")]
+    policy: Option<PathBuf>,
+    /// Run the kernel N more times and report the median time.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    repeat: usize,
+    #[command(flatten)]
+    catalog: CatalogArg,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct ParityArgs {
+    /// Only this op.
+    #[arg(long)]
+    op: Option<String>,
+    /// Only this kernel.
+    #[arg(long, value_name = "ID")]
+    kernel: Option<String>,
+    #[command(flatten)]
+    catalog: CatalogArg,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -143,6 +191,9 @@ pub fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    // Kernel panics are caught and reported by the runtime; keep the default hook from
+    // printing them (and their backtraces) on the way.
+    std::panic::set_hook(Box::new(|_| {}));
     let result = std::panic::catch_unwind(|| run(cli));
     match result {
         Ok(Ok(Outcome::Ok)) => ExitCode::SUCCESS,
@@ -167,6 +218,26 @@ fn run(cli: Cli) -> Result<Outcome> {
         Command::Validate(a) => validate::run(&a.files, a.json),
         Command::Hardware(a) => hardware(a),
         Command::Doctor(a) => doctor::run(load_catalog(&a.catalog)?, a.json),
+        Command::Run(a) => {
+            let policy = a.policy.as_ref().map(|p| load_policy(p)).transpose()?;
+            let catalog = load_catalog(&a.catalog)?;
+            run::run(
+                run::RunArgs {
+                    request: &a.request,
+                    inputs: &a.inputs,
+                    out: &a.out,
+                    kernel: a.kernel.as_deref(),
+                    policy,
+                    repeat: a.repeat,
+                    json: a.json,
+                },
+                catalog,
+            )
+        }
+        Command::Parity(a) => {
+            let op = a.op.as_deref().map(parse_op).transpose()?;
+            parity::run(load_catalog(&a.catalog)?, op, a.kernel.as_deref(), a.json)
+        }
         Command::ReasonCodes(a) => {
             if a.json {
                 print_json(&crate::reason::reason_codes_document());
@@ -206,13 +277,22 @@ fn load_request(path: &str) -> Result<Request> {
     Request::from_json(&text).map_err(|e| Error::invalid(format!("{origin}: {e}")))
 }
 
+fn load_policy(p: &PathBuf) -> Result<Policy> {
+    let text = read_text(&p.display().to_string())?;
+    Policy::from_json(&text, &p.display().to_string())
+}
+
+fn parse_op(name: &str) -> Result<Op> {
+    Op::from_name(name).ok_or_else(|| {
+        let names: Vec<&str> = Op::ALL.iter().map(|o| o.as_str()).collect();
+        Error::invalid(format!("--op {name:?} is not an op (expected one of {})", names.join(", ")))
+    })
+}
+
 /// The selector for `--hardware` (planning) or this host (probed).
 fn selector(hardware: Option<&str>, policy: Option<&PathBuf>, catalog: Arc<Catalog>) -> Result<Selector> {
     let policy = match policy {
-        Some(p) => {
-            let text = read_text(&p.display().to_string())?;
-            Policy::from_json(&text, &p.display().to_string())?
-        }
+        Some(p) => load_policy(p)?,
         None => Policy::default(),
     };
     let policy = Arc::new(policy);
@@ -259,13 +339,7 @@ fn explain(a: SelectArgs, which: bool) -> Result<Outcome> {
 
 fn list_kernels(a: ListArgs) -> Result<Outcome> {
     let catalog = load_catalog(&a.catalog)?;
-    let op = match &a.op {
-        Some(name) => Some(Op::from_name(name).ok_or_else(|| {
-            let names: Vec<&str> = Op::ALL.iter().map(|o| o.as_str()).collect();
-            Error::invalid(format!("--op {name:?} is not an op (expected one of {})", names.join(", ")))
-        })?),
-        None => None,
-    };
+    let op = a.op.as_deref().map(parse_op).transpose()?;
     if let Some(b) = &a.backend
         && catalog.backend(b).is_none()
     {

@@ -1,0 +1,112 @@
+//! `lz run`: load inputs, select (or force) a kernel, execute it, write the outputs.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::{Outcome, print_json, render};
+use crate::capabilities::catalog::Catalog;
+use crate::error::{Error, Result};
+use crate::exec::args::OpArgs;
+use crate::exec::executor::Registry;
+use crate::exec::runtime::Runtime;
+use crate::hardware::detect;
+use crate::policy::{Action, Policy, Rule, When};
+use crate::select::{Availability, Selector};
+use crate::tensor::io;
+
+/// What `lz run` was asked to do.
+pub(super) struct RunArgs<'a> {
+    pub request: &'a str,
+    pub inputs: &'a Path,
+    pub out: &'a Path,
+    pub kernel: Option<&'a str>,
+    pub policy: Option<Policy>,
+    pub repeat: usize,
+    pub json: bool,
+}
+
+pub(super) fn run(a: RunArgs<'_>, catalog: Arc<Catalog>) -> Result<Outcome> {
+    let request = super::load_request(a.request)?;
+    let inputs = io::read(a.inputs)?;
+    let args =
+        OpArgs::from_request(&request, inputs).map_err(|e| Error::invalid(format!("{}: {e}", a.inputs.display())))?;
+    let mut policy = a.policy.unwrap_or_default();
+    if let Some(k) = a.kernel {
+        if catalog.find(k).is_none() {
+            return Err(Error::invalid(format!(
+                "--kernel {k:?} is not a kernel of the catalog (see `lz list-kernels`)"
+            )));
+        }
+        // A forced kernel is a lock: it must still pass every check.
+        policy
+            .rules
+            .insert(0, Rule { action: Action::Lock, kernels: k.to_owned(), factor: None, when: When::default() });
+    }
+    let host = Arc::new(detect::detect_host().profile);
+    let registry = Registry::builtin();
+    let registered: Vec<&str> = Vec::new();
+    let availability = Arc::new(Availability::probe_host(&catalog, &host, &registered));
+    let selector = Selector::new(catalog, host, Arc::new(policy), availability)?;
+    let runtime = Runtime::new(selector, registry);
+    let dispatch = runtime.dispatch(&args)?;
+    let mut timing = None;
+    if a.repeat > 0 {
+        let mut ns = Vec::with_capacity(a.repeat);
+        for _ in 0..a.repeat {
+            let t = Instant::now();
+            runtime.run_selection(&dispatch.selection, &args)?;
+            ns.push(t.elapsed().as_nanos() as f64);
+        }
+        ns.sort_by(f64::total_cmp);
+        timing = Some(serde_json::json!({
+            "repeat": a.repeat,
+            "median_ns": ns[ns.len() / 2],
+            "min_ns": ns[0],
+            "max_ns": ns[ns.len() - 1],
+        }));
+    }
+    let outputs: BTreeMap<String, _> = dispatch.outputs.clone();
+    io::write(a.out, &outputs)?;
+    let sel = &dispatch.selection;
+    if a.json {
+        let outs: serde_json::Map<String, serde_json::Value> = outputs
+            .iter()
+            .map(|(k, t)| (k.clone(), serde_json::json!({"dtype": t.dtype(), "shape": t.shape()})))
+            .collect();
+        print_json(&serde_json::json!({
+            "kernel": sel.kernel,
+            "backend": sel.backend,
+            "fell_back": dispatch.fell_back(),
+            "attempts": dispatch.attempts,
+            "transforms": sel.transforms,
+            "score": sel.score,
+            "input_flags": dispatch.input_flags,
+            "outputs": outs,
+            "out_file": a.out.display().to_string(),
+            "timing": timing,
+        }));
+    } else {
+        println!("kernel:    {} ({})", sel.kernel, sel.backend);
+        for at in &dispatch.attempts {
+            if let Some(r) = &at.reason {
+                println!("fallback:  {} did not run: {r}", at.kernel);
+            }
+        }
+        for t in &sel.transforms {
+            println!("transform: {} {} {} -> {}", t.kind.as_str(), t.tensor, t.from, t.to);
+        }
+        for f in &dispatch.input_flags {
+            println!("warning:   input `{}` has {} NaN and {} Inf values; computed anyway", f.tensor, f.nan, f.inf);
+        }
+        for (name, t) in &outputs {
+            println!("output:    {name} {} {:?} -> {}", t.dtype(), t.shape(), a.out.display());
+        }
+        if let Some(t) = &timing {
+            let med = t["median_ns"].as_f64().unwrap_or(0.0);
+            println!("timing:    median {} over {} runs", render::duration(med), a.repeat);
+        }
+    }
+    Ok(Outcome::Ok)
+}
