@@ -20,17 +20,38 @@ pub enum SchemaKind {
     SelectionReport,
     /// `lz doctor --json`.
     Doctor,
+    /// `lz list-kernels --json`.
+    ListKernels,
+    /// `lz which --json`.
+    Which,
+    /// `lz validate --json`.
+    Validate,
+    /// `lz hardware --json`.
+    HardwareReport,
+    /// `schemas/reason_codes.json`, `lz reason-codes --json`.
+    ReasonCodes,
+    /// `lz run --json`.
+    RunReport,
+    /// `lz parity --json`.
+    ParityReport,
 }
 
 impl SchemaKind {
     /// Every kind.
-    pub const ALL: [SchemaKind; 6] = [
+    pub const ALL: [SchemaKind; 13] = [
         SchemaKind::Capabilities,
         SchemaKind::Hardware,
         SchemaKind::Policy,
         SchemaKind::Request,
         SchemaKind::SelectionReport,
         SchemaKind::Doctor,
+        SchemaKind::ListKernels,
+        SchemaKind::Which,
+        SchemaKind::Validate,
+        SchemaKind::HardwareReport,
+        SchemaKind::ReasonCodes,
+        SchemaKind::RunReport,
+        SchemaKind::ParityReport,
     ];
 
     /// The schema file name in `schemas/`.
@@ -42,6 +63,13 @@ impl SchemaKind {
             SchemaKind::Request => "request.schema.json",
             SchemaKind::SelectionReport => "selection_report.schema.json",
             SchemaKind::Doctor => "doctor.schema.json",
+            SchemaKind::ListKernels => "list_kernels.schema.json",
+            SchemaKind::Which => "which.schema.json",
+            SchemaKind::Validate => "validate.schema.json",
+            SchemaKind::HardwareReport => "hardware_report.schema.json",
+            SchemaKind::ReasonCodes => "reason_codes.schema.json",
+            SchemaKind::RunReport => "run_report.schema.json",
+            SchemaKind::ParityReport => "parity_report.schema.json",
         }
     }
 
@@ -54,6 +82,13 @@ impl SchemaKind {
             SchemaKind::Request => include_str!("../../schemas/request.schema.json"),
             SchemaKind::SelectionReport => include_str!("../../schemas/selection_report.schema.json"),
             SchemaKind::Doctor => include_str!("../../schemas/doctor.schema.json"),
+            SchemaKind::ListKernels => include_str!("../../schemas/list_kernels.schema.json"),
+            SchemaKind::Which => include_str!("../../schemas/which.schema.json"),
+            SchemaKind::Validate => include_str!("../../schemas/validate.schema.json"),
+            SchemaKind::HardwareReport => include_str!("../../schemas/hardware_report.schema.json"),
+            SchemaKind::ReasonCodes => include_str!("../../schemas/reason_codes.schema.json"),
+            SchemaKind::RunReport => include_str!("../../schemas/run_report.schema.json"),
+            SchemaKind::ParityReport => include_str!("../../schemas/parity_report.schema.json"),
         }
     }
 
@@ -65,7 +100,7 @@ impl SchemaKind {
 type Compiled = std::result::Result<jsonschema::Validator, String>;
 
 fn validator(kind: SchemaKind) -> std::result::Result<&'static jsonschema::Validator, String> {
-    static VALIDATORS: [OnceLock<Compiled>; 6] = [const { OnceLock::new() }; 6];
+    static VALIDATORS: [OnceLock<Compiled>; 13] = [const { OnceLock::new() }; 13];
     VALIDATORS[kind.slot()]
         .get_or_init(|| {
             let schema: serde_json::Value = serde_json::from_str(kind.text())

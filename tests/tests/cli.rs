@@ -213,6 +213,25 @@ fn hardware_shows_a_named_profile_and_the_detected_host() {
 }
 
 #[test]
+fn every_json_output_validates_against_its_schema() {
+    let req = example("llama_prefill_gqa.json");
+    for (args, kind) in [
+        (vec!["list-kernels", "--json"], SchemaKind::ListKernels),
+        (vec!["which", "--request", req.as_str(), "--hardware", "h100", "--json"], SchemaKind::Which),
+        (vec!["validate", "--json"], SchemaKind::Validate),
+        (vec!["hardware", "--json"], SchemaKind::HardwareReport),
+        (vec!["hardware", "--hardware", "mi300x", "--json"], SchemaKind::HardwareReport),
+        (vec!["reason-codes", "--json"], SchemaKind::ReasonCodes),
+    ] {
+        let (code, out, err) = run(&args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        let errs = violations(kind, &v).unwrap_or_else(|e| panic!("{e}"));
+        assert!(errs.is_empty(), "{args:?}: {errs:?}");
+    }
+}
+
+#[test]
 fn usage_errors_exit_2() {
     let (code, _, _) = run(&["explain"]);
     assert_eq!(code, 2);
@@ -277,6 +296,7 @@ mod run {
         ]);
         assert_eq!(code, 0, "{stdout}{stderr}");
         let v: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+        assert!(violations(SchemaKind::RunReport, &v).unwrap_or_default().is_empty());
         assert_eq!(v["kernel"], "cpu.attention.flash");
         assert!(v["timing"]["median_ns"].as_f64().is_some_and(|t| t > 0.0));
         assert_eq!(v["outputs"]["out"]["shape"], serde_json::json!([1, 37, 4, 64]));
@@ -404,6 +424,7 @@ mod run {
     fn parity_passes_for_every_executable_kernel() {
         let (code, out, err) = run(&["parity", "--json"]);
         let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+        assert!(violations(SchemaKind::ParityReport, &v).unwrap_or_default().is_empty());
         let failing: Vec<String> = v["rows"]
             .as_array()
             .map(|rows| {

@@ -6,7 +6,7 @@
 //! plus one; its attention factor multiplies cos and sin, as YaRN does), or from the
 //! `cos`/`sin` tables as given (no scaling or attention factor applied to them).
 
-use super::{Heads, expect_float, expect_rank, from_f64_as, index_values, invalid};
+use super::{Heads, expect_float, expect_rank, from_f64_as, index_values, invalid, zeros_for};
 use crate::exec::args::{Outputs, RopeArgs};
 use crate::exec::executor::KernelError;
 use crate::exec::semantics::rope_frequencies;
@@ -82,7 +82,7 @@ fn rotate(
     expect_float(name, t)?;
     let x = Heads::new(name, t)?;
     let half = rot / 2;
-    let mut out = vec![0.0f64; x.b * x.s * x.h * x.d];
+    let mut out = zeros_for(&x.out_shape(x.d))?;
     for b in 0..x.b {
         for s in 0..x.s {
             let p = pos.get(b, s);

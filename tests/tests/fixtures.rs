@@ -1,0 +1,300 @@
+//! PyTorch golden fixtures (`tests/fixtures/*.safetensors`, made by `tools/gen_fixtures.py`):
+//! every builtin kernel of a fixture's op runs on the stored inputs and must match the stored
+//! `expected` (and `expected_k`) within the tolerance of the specification's table (§5).
+//! A fixture that no kernel checked is a failure too.
+
+use std::collections::BTreeMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::{Path, PathBuf};
+
+use layerzero::exec::args::OpArgs;
+use layerzero::exec::executor::{KernelError, Registry};
+use layerzero::model::dtype::DType;
+use layerzero::model::request::Request;
+use layerzero::schema::{SchemaKind, violations};
+use layerzero::select::Verdict;
+use layerzero::tensor::{HostTensor, io};
+use layerzero_tests::{planner, repo_root};
+use safetensors::SafeTensors;
+
+/// Where the fixtures live.
+fn fixture_dir() -> PathBuf {
+    repo_root().join("tests").join("fixtures")
+}
+
+fn fixture_paths() -> Vec<PathBuf> {
+    let dir = fixture_dir();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// One fixture file, decoded.
+struct Fixture {
+    name: String,
+    request_json: String,
+    category: String,
+    source: String,
+    /// Input tensors by request role name.
+    inputs: BTreeMap<String, HostTensor>,
+    /// Expected outputs by output name (`out`, `out_k`).
+    expected: BTreeMap<String, HostTensor>,
+}
+
+fn load(path: &Path) -> Result<Fixture, String> {
+    let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
+    let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| format!("bad safetensors header: {e}"))?;
+    let meta = meta.metadata().clone().unwrap_or_default();
+    let field = |k: &str| meta.get(k).cloned().ok_or_else(|| format!("metadata has no `{k}`"));
+    let (request_json, category, source) = (field("request")?, field("op_category")?, field("source")?);
+    let mut inputs = io::parse(&bytes, &path.display().to_string()).map_err(|e| e.to_string())?;
+    let mut expected = BTreeMap::new();
+    for (stored, out) in [("expected", "out"), ("expected_k", "out_k")] {
+        if let Some(t) = inputs.remove(stored) {
+            expected.insert(out.to_owned(), t);
+        }
+    }
+    if !expected.contains_key("out") {
+        return Err("no `expected` tensor".to_owned());
+    }
+    Ok(Fixture { name, request_json, category, source, inputs, expected })
+}
+
+/// The specification's allclose tolerance (rtol, atol) for a category and output dtype.
+fn tolerance(category: &str, dtype: DType) -> Option<(f64, f64)> {
+    Some(match (category, dtype) {
+        ("attention", DType::F32) => (1e-5, 1e-5),
+        ("attention", DType::F16) => (1e-3, 1e-3),
+        ("attention", DType::BF16) => (1e-2, 1e-2),
+        ("rope", DType::F32) => (1e-6, 1e-6),
+        ("rope", DType::F16) => (1e-4, 1e-4),
+        ("rope", DType::BF16) => (1e-3, 1e-3),
+        _ => return None,
+    })
+}
+
+/// One unit in the last place, relative, of a 16-bit float dtype: `expected` and a kernel's
+/// output are each rounded to the dtype from slightly different exact values, so they may land
+/// on neighbouring representable values; that one-ulp step is allowed on top of the table
+/// (it matters only for RoPE, whose table is tighter than a 16-bit ulp).
+fn ulp_rel(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => 2f64.powi(-10),
+        DType::BF16 => 2f64.powi(-7),
+        _ => 0.0,
+    }
+}
+
+/// How far `out` is from `reference`.
+struct Diff {
+    nmse: f64,
+    max_abs: f64,
+    violations: usize,
+    first_bad: Option<(usize, f64, f64)>,
+}
+
+fn compare(reference: &[f64], out: &[f64], (rtol, atol): (f64, f64), ulp: f64) -> Diff {
+    let (mut se, mut sr, mut max_abs, mut violations, mut first_bad) = (0.0, 0.0, 0f64, 0, None);
+    for (i, (&r, &o)) in reference.iter().zip(out).enumerate() {
+        let d = (o - r).abs();
+        let ok = d <= atol + rtol * r.abs() || d <= ulp * r.abs().max(o.abs());
+        if !ok {
+            violations += 1;
+            first_bad.get_or_insert((i, r, o));
+        }
+        if d.is_finite() {
+            se += d * d;
+            max_abs = max_abs.max(d);
+        } else {
+            max_abs = f64::INFINITY;
+            se = f64::INFINITY;
+        }
+        sr += r * r;
+    }
+    let nmse = if sr > 0.0 { se / sr } else if se == 0.0 { 0.0 } else { f64::INFINITY };
+    Diff { nmse, max_abs, violations, first_bad }
+}
+
+/// A row of the failure table.
+struct Failure {
+    fixture: String,
+    kernel: String,
+    nmse: Option<f64>,
+    max_abs: Option<f64>,
+    what: String,
+}
+
+fn fail(fixture: &str, kernel: &str, what: impl Into<String>) -> Failure {
+    Failure { fixture: fixture.to_owned(), kernel: kernel.to_owned(), nmse: None, max_abs: None, what: what.into() }
+}
+
+/// Runs every builtin kernel of the fixture's op; returns the failures and the kernels that
+/// produced a checked output.
+fn check(fx: &Fixture, registry: &Registry, failures: &mut Vec<Failure>) -> Vec<String> {
+    let name = fx.name.as_str();
+    let json: serde_json::Value = match serde_json::from_str(&fx.request_json) {
+        Ok(v) => v,
+        Err(e) => {
+            failures.push(fail(name, "-", format!("request metadata is not JSON: {e}")));
+            return Vec::new();
+        }
+    };
+    match violations(SchemaKind::Request, &json) {
+        Ok(errs) if errs.is_empty() => {}
+        Ok(errs) => failures.push(fail(name, "-", format!("request violates the schema: {errs:?}"))),
+        Err(e) => failures.push(fail(name, "-", format!("schema: {e}"))),
+    }
+    let request = match Request::from_json(&fx.request_json) {
+        Ok(r) => r,
+        Err(e) => {
+            failures.push(fail(name, "-", format!("request does not parse: {e}")));
+            return Vec::new();
+        }
+    };
+    let op = request.op.as_str();
+    let want_category = if request.op.is_attention() { "attention" } else { op };
+    if fx.category != want_category {
+        failures.push(fail(name, "-", format!("op_category `{}` for op {op}", fx.category)));
+    }
+    let args = match OpArgs::from_request(&request, fx.inputs.clone()) {
+        Ok(a) => a,
+        Err(e) => {
+            failures.push(fail(name, "-", format!("arguments: {e}")));
+            return Vec::new();
+        }
+    };
+    // The capabilities say which kernels must take this request (a CPU profile, planning).
+    let report = planner("spr").explain(&request);
+    let admitted = |kernel: &str| report.candidate(kernel).is_some_and(|c| c.verdict != Verdict::Rejected);
+    let mut checked = Vec::new();
+    let kernels: Vec<String> =
+        registry.kernels().filter(|k| k.split('.').nth(1) == Some(op)).map(str::to_owned).collect();
+    for kernel in &kernels {
+        let Some(exec) = registry.get(kernel) else { continue };
+        let outputs = match catch_unwind(AssertUnwindSafe(|| exec.run(&args))) {
+            Ok(Ok(o)) => o,
+            Ok(Err(KernelError::Unsupported(why))) if !admitted(kernel) => {
+                eprintln!("fixture {name}: {kernel} skipped (unsupported, and its capabilities agree): {why}");
+                continue;
+            }
+            Ok(Err(e)) => {
+                failures.push(fail(name, kernel, format!("error: {e}")));
+                continue;
+            }
+            Err(_) => {
+                failures.push(fail(name, kernel, "panicked"));
+                continue;
+            }
+        };
+        let mut ok = true;
+        for (out_name, exp) in &fx.expected {
+            let Some(got) = outputs.get(out_name) else {
+                failures.push(fail(name, kernel, format!("no output `{out_name}`")));
+                ok = false;
+                continue;
+            };
+            if got.shape() != exp.shape() || got.dtype() != exp.dtype() {
+                failures.push(fail(
+                    name,
+                    kernel,
+                    format!(
+                        "`{out_name}` is {} {:?}; expected {} {:?}",
+                        got.dtype(),
+                        got.shape(),
+                        exp.dtype(),
+                        exp.shape()
+                    ),
+                ));
+                ok = false;
+                continue;
+            }
+            let Some(tol) = tolerance(&fx.category, exp.dtype()) else {
+                failures.push(fail(name, kernel, format!("no tolerance for {} {}", fx.category, exp.dtype())));
+                ok = false;
+                continue;
+            };
+            let d = compare(&exp.to_f64_vec(), &got.to_f64_vec(), tol, ulp_rel(exp.dtype()));
+            if d.violations > 0 {
+                let (i, r, o) = d.first_bad.unwrap_or((0, 0.0, 0.0));
+                failures.push(Failure {
+                    fixture: name.to_owned(),
+                    kernel: kernel.clone(),
+                    nmse: Some(d.nmse),
+                    max_abs: Some(d.max_abs),
+                    what: format!(
+                        "`{out_name}`: {} of {} elements outside rtol={:e} atol={:e} (first: [{i}] expected {r} got {o})",
+                        d.violations,
+                        exp.numel(),
+                        tol.0,
+                        tol.1
+                    ),
+                });
+                ok = false;
+            } else {
+                eprintln!("fixture {name}: {kernel} `{out_name}` nmse={:.3e} max_abs={:.3e}", d.nmse, d.max_abs);
+            }
+        }
+        if ok {
+            checked.push(kernel.clone());
+        } else {
+            // A wrong answer still counts as "a kernel ran"; the failure is already recorded.
+            checked.push(kernel.clone());
+        }
+    }
+    if checked.is_empty() {
+        failures.push(fail(
+            name,
+            "-",
+            format!("no kernel checked this fixture (kernels of op {op}: {kernels:?}; source: {})", fx.source),
+        ));
+    }
+    checked
+}
+
+#[test]
+fn every_builtin_kernel_matches_the_pytorch_fixtures() {
+    let paths = fixture_paths();
+    assert!(
+        paths.len() >= 30,
+        "{} fixtures in {}; regenerate with `tools/.venv/bin/python tools/gen_fixtures.py`",
+        paths.len(),
+        fixture_dir().display()
+    );
+    let registry = Registry::builtin();
+    let mut failures = Vec::new();
+    let mut runs = 0;
+    for path in &paths {
+        match load(path) {
+            Ok(fx) => runs += check(&fx, &registry, &mut failures).len(),
+            Err(e) => failures.push(fail(&path.display().to_string(), "-", e)),
+        }
+    }
+    if !failures.is_empty() {
+        let num = |x: Option<f64>| x.map(|v| format!("{v:.3e}")).unwrap_or_else(|| "-".to_owned());
+        let mut table = format!(
+            "{} failure(s) over {} fixtures ({runs} kernel runs checked):\n{:<56} {:<38} {:>10} {:>10}  what\n",
+            failures.len(),
+            paths.len(),
+            "fixture",
+            "kernel",
+            "nmse",
+            "max_abs"
+        );
+        for f in &failures {
+            table.push_str(&format!(
+                "{:<56} {:<38} {:>10} {:>10}  {}\n",
+                f.fixture,
+                f.kernel,
+                num(f.nmse),
+                num(f.max_abs),
+                f.what
+            ));
+        }
+        panic!("{table}");
+    }
+}
