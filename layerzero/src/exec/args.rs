@@ -44,7 +44,8 @@ pub struct AttentionArgs {
 /// page; `context_lens` (i32 [B]) is each sequence's key count. The Sq queries of sequence b
 /// are its last Sq positions (bottom-right alignment). fp8 caches are dequantized with
 /// `k_scale`/`v_scale` (f32, [1] per tensor or [Hkv] per head; 1 when absent). A table
-/// entry outside the cache, or a context longer than the table, is an error.
+/// entry that a context reaches but that lies outside the cache, or a context longer than
+/// the table, is an error; entries past the pages a context reaches are never read (padding).
 #[derive(Debug, Clone)]
 pub struct PagedAttentionArgs {
     /// Queries.

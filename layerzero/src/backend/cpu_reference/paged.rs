@@ -107,16 +107,6 @@ pub fn paged_attention(args: &PagedAttentionArgs) -> Result<HostTensor, KernelEr
     }
     let max_pages = bt.shape()[1];
     let table = index_values("block_table", bt)?;
-    for (n, &page) in table.iter().enumerate() {
-        if page < 0 || page >= kc.pages as i64 {
-            return Err(invalid(format!(
-                "block_table[{}, {}] = {page} is outside the cache's {} pages",
-                n / max_pages,
-                n % max_pages,
-                kc.pages
-            )));
-        }
-    }
     let cl = &args.context_lens;
     expect_rank("context_lens", cl, 1, &format!("[batch = {}]", q.b))?;
     if cl.shape()[0] != q.b {
@@ -130,6 +120,21 @@ pub fn paged_attention(args: &PagedAttentionArgs) -> Result<HostTensor, KernelEr
                 "context_lens[{b}] = {len}; it must be in 0..={capacity} ({max_pages} pages of {} tokens)",
                 kc.page_size
             )));
+        }
+    }
+
+    // Only the entries a sequence's context reaches are read, so only those must point
+    // into the cache: hosts pad the rest of a row with anything (vLLM uses 0, others -1).
+    for (b, &len) in lens.iter().enumerate() {
+        for p in 0..(len as usize).div_ceil(kc.page_size) {
+            let page = table[b * max_pages + p];
+            if page < 0 || page >= kc.pages as i64 {
+                return Err(invalid(format!(
+                    "block_table[{b}, {p}] = {page} is outside the cache's {} pages (sequence {b} reads {} pages for {len} tokens)",
+                    kc.pages,
+                    (len as usize).div_ceil(kc.page_size)
+                )));
+            }
         }
     }
 
@@ -322,6 +327,11 @@ mod tests {
             let at = format!("block_table[{}, {}] = {value}", entry / 2, entry % 2);
             assert!(matches!(&err, KernelError::InvalidInput(m) if m.contains(&at)), "{err}");
         }
+        // A padding entry past the pages a context reaches is never read, so it may be anything.
+        let mut a = small();
+        a.block_table = HostTensor::new(Storage::I32(vec![0, 1, 2, -1]), &[2, 2]).unwrap();
+        a.context_lens = HostTensor::new(Storage::I32(vec![4, 2]), &[2]).unwrap();
+        assert!(paged_attention(&a).is_ok());
         for len in [5, -1] {
             let mut a = small();
             a.context_lens = HostTensor::new(Storage::I32(vec![4, len]), &[2]).unwrap();
