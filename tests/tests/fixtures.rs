@@ -11,6 +11,7 @@ use layerzero::exec::args::OpArgs;
 use layerzero::exec::executor::{KernelError, Registry};
 use layerzero::model::dtype::DType;
 use layerzero::model::request::Request;
+use layerzero::parity::compare::{Category, compare, tolerance};
 use layerzero::schema::{SchemaKind, violations};
 use layerzero::select::Verdict;
 use layerzero::tensor::{HostTensor, io};
@@ -65,59 +66,13 @@ fn load(path: &Path) -> Result<Fixture, String> {
     Ok(Fixture { name, request_json, category, source, inputs, expected })
 }
 
-/// The specification's allclose tolerance (rtol, atol) for a category and output dtype.
-fn tolerance(category: &str, dtype: DType) -> Option<(f64, f64)> {
-    Some(match (category, dtype) {
-        ("attention", DType::F32) => (1e-5, 1e-5),
-        ("attention", DType::F16) => (1e-3, 1e-3),
-        ("attention", DType::BF16) => (1e-2, 1e-2),
-        ("rope", DType::F32) => (1e-6, 1e-6),
-        ("rope", DType::F16) => (1e-4, 1e-4),
-        ("rope", DType::BF16) => (1e-3, 1e-3),
-        _ => return None,
-    })
-}
-
-/// One unit in the last place, relative, of a 16-bit float dtype: `expected` and a kernel's
-/// output are each rounded to the dtype from slightly different exact values, so they may land
-/// on neighbouring representable values; that one-ulp step is allowed on top of the table
-/// (it matters only for RoPE, whose table is tighter than a 16-bit ulp).
-fn ulp_rel(dtype: DType) -> f64 {
-    match dtype {
-        DType::F16 => 2f64.powi(-10),
-        DType::BF16 => 2f64.powi(-7),
-        _ => 0.0,
+/// The tolerance-table row of a fixture's `op_category`.
+fn category(name: &str) -> Option<Category> {
+    match name {
+        "attention" => Some(Category::Attention),
+        "rope" => Some(Category::Rope),
+        _ => None,
     }
-}
-
-/// How far `out` is from `reference`.
-struct Diff {
-    nmse: f64,
-    max_abs: f64,
-    violations: usize,
-    first_bad: Option<(usize, f64, f64)>,
-}
-
-fn compare(reference: &[f64], out: &[f64], (rtol, atol): (f64, f64), ulp: f64) -> Diff {
-    let (mut se, mut sr, mut max_abs, mut violations, mut first_bad) = (0.0, 0.0, 0f64, 0, None);
-    for (i, (&r, &o)) in reference.iter().zip(out).enumerate() {
-        let d = (o - r).abs();
-        let ok = d <= atol + rtol * r.abs() || d <= ulp * r.abs().max(o.abs());
-        if !ok {
-            violations += 1;
-            first_bad.get_or_insert((i, r, o));
-        }
-        if d.is_finite() {
-            se += d * d;
-            max_abs = max_abs.max(d);
-        } else {
-            max_abs = f64::INFINITY;
-            se = f64::INFINITY;
-        }
-        sr += r * r;
-    }
-    let nmse = if sr > 0.0 { se / sr } else if se == 0.0 { 0.0 } else { f64::INFINITY };
-    Diff { nmse, max_abs, violations, first_bad }
 }
 
 /// A row of the failure table.
@@ -210,13 +165,13 @@ fn check(fx: &Fixture, registry: &Registry, failures: &mut Vec<Failure>) -> Vec<
                 ));
                 continue;
             }
-            let Some(tol) = tolerance(&fx.category, exp.dtype()) else {
+            let Some(tol) = category(&fx.category).map(|c| tolerance(c, exp.dtype())) else {
                 failures.push(fail(name, kernel, format!("no tolerance for {} {}", fx.category, exp.dtype())));
                 continue;
             };
-            let d = compare(&exp.to_f64_vec(), &got.to_f64_vec(), tol, ulp_rel(exp.dtype()));
+            let d = compare(&exp.to_f64_vec(), &got.to_f64_vec(), tol);
             if d.violations > 0 {
-                let (i, r, o) = d.first_bad.unwrap_or((0, 0.0, 0.0));
+                let (i, r, o) = d.first_violation.unwrap_or((0, 0.0, 0.0));
                 failures.push(Failure {
                     fixture: name.to_owned(),
                     kernel: kernel.clone(),
@@ -226,8 +181,8 @@ fn check(fx: &Fixture, registry: &Registry, failures: &mut Vec<Failure>) -> Vec<
                         "`{out_name}`: {} of {} elements outside rtol={:e} atol={:e} (first: [{i}] expected {r} got {o})",
                         d.violations,
                         exp.numel(),
-                        tol.0,
-                        tol.1
+                        tol.rtol,
+                        tol.atol
                     ),
                 });
             } else {

@@ -3,6 +3,7 @@
 mod cli;
 mod determinism;
 mod files;
+mod fixtures;
 mod flips;
 mod policy;
 mod properties;
