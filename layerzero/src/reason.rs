@@ -177,6 +177,8 @@ reason_codes! {
     HIDDEN_SIZE_UNSUPPORTED => Constraint,
     /// The kernel needs the op's attribute in another form (e.g. a fused split, an approximation).
     ATTR_UNSUPPORTED => Constraint,
+    /// A scale tensor's shape or memory order does not match the quantization scheme or what the kernel reads.
+    SCALE_LAYOUT_MISMATCH => Constraint,
     /// A policy deny rule matched the kernel.
     POLICY_DENIED => Policy,
     /// An allow-list is active for this request and does not name the kernel.

@@ -362,9 +362,9 @@ fn flips() -> Vec<Flip> {
             "ATTR_UNSUPPORTED",
         ),
         (
-            "swiglu_forms",
+            "glu_forms",
             Op::Swiglu,
-            json!({"swiglu_forms": ["separate"]}),
+            json!({"glu_forms": ["separate"]}),
             rows(Op::Swiglu, Attrs::Swiglu(SwigluAttrs { split: true })),
             "ATTR_UNSUPPORTED",
         ),

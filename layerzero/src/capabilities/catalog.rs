@@ -197,6 +197,12 @@ fn validate_kernel(b: &BackendSpec, k: &KernelSpec) -> Result<()> {
             return Err(Error::invalid(format!("kernel {}: field `perf.{name}` is {v}; it must be in (0, 1]", k.id)));
         }
     }
+    if p.fused && !matches!(k.op, Op::Mlp | Op::MoeExperts) {
+        return Err(Error::invalid(format!(
+            "kernel {}: field `perf.fused` applies to mlp and moe_experts only (nothing else reads it)",
+            k.id
+        )));
+    }
     if !(p.launch_ns.is_finite() && p.launch_ns >= 0.0) {
         return Err(Error::invalid(format!(
             "kernel {}: field `perf.launch_ns` is {}; it must be >= 0",

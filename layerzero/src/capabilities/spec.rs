@@ -11,7 +11,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::hardware::profile::{ComputeCapability, CpuFeatures};
-use crate::model::attrs::{CausalAlignment, GeluApproximate, RopeStyle};
+use crate::model::attrs::{Activation, CausalAlignment, GeluApproximate, QuantScheme, RopeStyle, ScaleLayout};
 use crate::model::device::DeviceKind;
 use crate::model::dtype::DType;
 use crate::model::layout::Layout;
@@ -345,15 +345,34 @@ pub struct Constraints {
     /// rope: frequency scaling supported.
     #[serde(default)]
     pub rope_scaling: bool,
-    /// gelu: approximations.
+    /// gelu, geglu: approximations.
     #[serde(default)]
     pub gelu_approximations: Option<Vec<GeluApproximate>>,
-    /// swiglu: input forms.
+    /// swiglu, geglu: input forms.
     #[serde(default)]
-    pub swiglu_forms: Option<Vec<SwigluForm>>,
+    pub glu_forms: Option<Vec<SwigluForm>>,
     /// linear: weight layouts.
     #[serde(default)]
     pub weight_layouts: Option<Vec<Layout>>,
+    /// mlp, moe_experts: activations.
+    #[serde(default)]
+    pub activations: Option<Vec<Activation>>,
+    // ---- quantization ----
+    /// quantize, dequantize: granularities.
+    #[serde(default)]
+    pub quant_schemes: Option<Vec<QuantScheme>>,
+    /// quantize: target dtypes; dequantize: input dtypes.
+    #[serde(default)]
+    pub quant_targets: Option<Vec<DType>>,
+    /// quantize, dequantize: per_block block shapes [rows, cols].
+    #[serde(default)]
+    pub quant_blocks: Option<Vec<[u64; 2]>>,
+    /// quantize, dequantize: memory orders of the scale tensor.
+    #[serde(default)]
+    pub scale_layouts: Option<Vec<ScaleLayout>>,
+    /// linear_int4: group sizes.
+    #[serde(default)]
+    pub group_sizes: Option<Vec<u64>>,
 }
 
 /// Which ops may declare which op-specific constraint fields.
@@ -397,8 +416,13 @@ pub(crate) fn fields_for_op(op: Op) -> &'static [&'static str] {
         Op::LayerNorm => &["hidden_size"],
         Op::Rope => &["hidden_size", "rope_styles", "rope_scaling"],
         Op::Gelu => &["hidden_size", "gelu_approximations"],
-        Op::Swiglu => &["hidden_size", "swiglu_forms"],
+        Op::Swiglu => &["hidden_size", "glu_forms"],
+        Op::Geglu => &["hidden_size", "glu_forms", "gelu_approximations"],
         Op::Linear => &["weight_layouts"],
+        Op::Mlp | Op::MoeExperts => &["activations"],
+        Op::Quantize | Op::Dequantize => &["hidden_size", "quant_schemes", "quant_targets", "quant_blocks", "scale_layouts"],
+        Op::LinearInt4 => &["group_sizes"],
+        Op::LinearW8a8 | Op::Tokenize => &[],
         _ => &["hidden_size"],
     }
 }
@@ -435,8 +459,14 @@ pub(crate) fn declared_op_fields(c: &Constraints) -> Vec<&'static str> {
     add(c.rope_styles.is_some(), "rope_styles");
     add(c.rope_scaling, "rope_scaling");
     add(c.gelu_approximations.is_some(), "gelu_approximations");
-    add(c.swiglu_forms.is_some(), "swiglu_forms");
+    add(c.glu_forms.is_some(), "glu_forms");
     add(c.weight_layouts.is_some(), "weight_layouts");
+    add(c.activations.is_some(), "activations");
+    add(c.quant_schemes.is_some(), "quant_schemes");
+    add(c.quant_targets.is_some(), "quant_targets");
+    add(c.quant_blocks.is_some(), "quant_blocks");
+    add(c.scale_layouts.is_some(), "scale_layouts");
+    add(c.group_sizes.is_some(), "group_sizes");
     v
 }
 
@@ -464,6 +494,10 @@ pub struct PerfModel {
     pub eff_mem: f64,
     /// Fixed per-call cost, ns.
     pub launch_ns: f64,
+    /// `mlp`/`moe_experts`: the kernel keeps the intermediate projections in cache instead
+    /// of writing them to memory and reading them back.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fused: bool,
 }
 
 /// One kernel of a backend.

@@ -5,6 +5,7 @@
 
 mod attention;
 mod hardware;
+mod quant;
 mod rows;
 mod tensors;
 

@@ -50,18 +50,36 @@ pub(super) fn check(c: &Constraints, req: &Request, problem: &Problem, out: &mut
                 });
             }
         }
-        Attrs::Swiglu(s) => {
-            let form = if s.split { SwigluForm::Split } else { SwigluForm::Separate };
-            if let Some(forms) = &c.swiglu_forms
-                && !forms.contains(&form)
+        Attrs::Swiglu(s) => glu_form(c, s.split, out),
+        Attrs::Geglu(g) => {
+            glu_form(c, g.split, out);
+            if let Some(ok) = &c.gelu_approximations
+                && !ok.contains(&g.approximate)
             {
                 out.reject(ReasonCode::ATTR_UNSUPPORTED, || {
-                    format!("swiglu form {} is not one the kernel takes", form.as_str())
+                    format!("gelu approximation {} is not one the kernel implements", g.approximate.as_str())
                 });
+            }
+        }
+        Attrs::Mlp(m) => {
+            if let Some(acts) = &c.activations
+                && !acts.contains(&m.activation)
+            {
+                out.reject(ReasonCode::ATTR_UNSUPPORTED, || {
+                    format!("activation {} is not one the kernel implements", m.activation.as_str())
+                });
+            }
+        }
+        Attrs::Int4(a) => {
+            if let Some(g) = &c.group_sizes
+                && !g.contains(&a.group_size)
+            {
+                out.reject(ReasonCode::ATTR_UNSUPPORTED, || format!("group_size {} not in [{}]", a.group_size, list(g)));
             }
         }
         _ => {}
     }
+    super::quant::check(c, req, out);
     if let (Some(layouts), Some(w)) =
         (&c.weight_layouts, req.get("weight").filter(|_| req.op == crate::model::op::Op::Linear))
     {
@@ -69,5 +87,14 @@ pub(super) fn check(c: &Constraints, req: &Request, problem: &Problem, out: &mut
         if !layouts.contains(&l) {
             out.reject(ReasonCode::LAYOUT_UNSUPPORTED, || format!("weight layout {l} not in [{}]", list(layouts)));
         }
+    }
+}
+
+fn glu_form(c: &Constraints, split: bool, out: &mut impl Sink) {
+    let form = if split { SwigluForm::Split } else { SwigluForm::Separate };
+    if let Some(forms) = &c.glu_forms
+        && !forms.contains(&form)
+    {
+        out.reject(ReasonCode::ATTR_UNSUPPORTED, || format!("gated form {} is not one the kernel takes", form.as_str()));
     }
 }

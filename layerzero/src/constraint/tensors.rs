@@ -19,7 +19,8 @@ pub(super) fn check(c: &Constraints, req: &Request, problem: &Problem, out: &mut
         Op::Attention => &["q", "k", "v"],
         Op::RmsNorm | Op::LayerNorm => &["x", "weight", "bias", "residual"],
         Op::Linear => &["x", "weight", "bias"],
-        Op::Swiglu => &["gate", "up"],
+        Op::Swiglu | Op::Geglu => &["gate", "up"],
+        Op::Mlp | Op::MoeExperts => &["x", "w_gate", "w_up", "w_down"],
         Op::Rope => &["q", "k"],
         _ => &[],
     };

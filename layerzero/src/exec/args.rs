@@ -1,166 +1,287 @@
 //! Typed arguments, one struct per op family. The selection `Request` is derived from them
-//! (`describe`), so what is selected and what is executed cannot disagree.
+//! (`describe`), so what is selected and what is executed cannot disagree. Each struct's
+//! doc comment is the semantics every kernel of the op implements.
 
 use std::collections::BTreeMap;
 
 use crate::error::{Error, Result};
-use crate::model::attrs::{AttentionAttrs, Attrs, RopeAttrs};
+use crate::model::attrs::{
+    AttentionAttrs, Attrs, GegluAttrs, GeluAttrs, Int4Attrs, MlpAttrs, MoeRouteAttrs, NoAttrs, NormAttrs, QuantAttrs,
+    RopeAttrs, SampleAttrs, SwigluAttrs, W8a8Attrs,
+};
 use crate::model::layout::Layout;
 use crate::model::op::Op;
 use crate::model::request::Request;
-use crate::model::tensor::TensorDesc;
 use crate::tensor::HostTensor;
 
-/// `attention`: q, k, v in BSHD or BHSD (any strides), optional mask and ragged offsets.
-///
-/// Shapes: q [B, Sq, Hq, D] (BSHD) or [B, Hq, Sq, D] (BHSD); k [B, Sk, Hkv, D]; v
-/// [B, Sk, Hkv, Dv]; Hq % Hkv == 0 and query head `h` reads kv head `h / (Hq / Hkv)`.
-/// `mask` broadcasts to [B, Hq, Sq, Sk]: bool keeps `true`, a float mask is added to the
-/// scores. With `cu_seqlens_q`/`cu_seqlens_k` (i32 [N+1]) q and k/v hold N sequences packed
-/// along the sequence dim of batch 1; each attends only within itself and causal alignment
-/// applies per sequence. The output has q's layout with head dim Dv and q's dtype.
-#[derive(Debug, Clone)]
-pub struct AttentionArgs {
-    /// Queries.
-    pub q: HostTensor,
-    /// Keys.
-    pub k: HostTensor,
-    /// Values.
-    pub v: HostTensor,
-    /// Optional mask.
-    pub mask: Option<HostTensor>,
-    /// Ragged query offsets.
-    pub cu_seqlens_q: Option<HostTensor>,
-    /// Ragged key offsets.
-    pub cu_seqlens_k: Option<HostTensor>,
-    /// Options.
-    pub attrs: AttentionAttrs,
+/// Takes a tensor by role name (`None` when the request does not have it).
+type Take<'a> = dyn FnMut(&str) -> Result<Option<HostTensor>> + 'a;
+/// Maps a tensor by role name.
+type MapFn<'a> = dyn FnMut(&str, &HostTensor) -> Result<HostTensor> + 'a;
+
+macro_rules! op_args {
+    ($(#[$doc:meta])* $name:ident { attrs: $attrs:ty, required: [$($req:ident),*], optional: [$($opt:ident),*] }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone)]
+        #[allow(missing_docs)]
+        pub struct $name {
+            $( pub $req: HostTensor, )*
+            $( pub $opt: Option<HostTensor>, )*
+            /// Options.
+            pub attrs: $attrs,
+        }
+
+        impl $name {
+            fn tensor_list(&self) -> Vec<(&'static str, &HostTensor)> {
+                #[allow(unused_mut)]
+                let mut v: Vec<(&'static str, &HostTensor)> = vec![$( (stringify!($req), &self.$req), )*];
+                $( if let Some(t) = &self.$opt { v.push((stringify!($opt), t)); } )*
+                v
+            }
+
+            fn map(&self, f: &mut MapFn<'_>) -> Result<$name> {
+                Ok($name {
+                    $( $req: f(stringify!($req), &self.$req)?, )*
+                    $( $opt: match &self.$opt { Some(t) => Some(f(stringify!($opt), t)?), None => None }, )*
+                    attrs: self.attrs.clone(),
+                })
+            }
+
+            fn take(take: &mut Take<'_>, attrs: $attrs, op: Op) -> Result<$name> {
+                Ok($name {
+                    $( $req: take(stringify!($req))?.ok_or_else(|| {
+                        Error::invalid(format!("the request has no tensor `{}`, which {op} needs", stringify!($req)))
+                    })?, )*
+                    $( $opt: take(stringify!($opt))?, )*
+                    attrs,
+                })
+            }
+        }
+    };
 }
 
-/// `paged_attention`: q [B, Sq, Hq, D] (BSHD) against caches addressed by a block table.
-///
-/// Caches are NHD [pages, page_size, Hkv, D] or HND [pages, Hkv, page_size, D];
-/// `block_table` (i32/i64 [B, max_pages]) maps sequence b's logical page p to a physical
-/// page; `context_lens` (i32 [B]) is each sequence's key count. The Sq queries of sequence b
-/// are its last Sq positions (bottom-right alignment). fp8 caches are dequantized with
-/// `k_scale`/`v_scale` (f32, [1] per tensor or [Hkv] per head; 1 when absent). A table
-/// entry that a context reaches but that lies outside the cache, or a context longer than
-/// the table, is an error; entries past the pages a context reaches are never read (padding).
-#[derive(Debug, Clone)]
-pub struct PagedAttentionArgs {
-    /// Queries.
-    pub q: HostTensor,
-    /// Key cache.
-    pub k_cache: HostTensor,
-    /// Value cache.
-    pub v_cache: HostTensor,
-    /// Page indices per sequence.
-    pub block_table: HostTensor,
-    /// Keys per sequence.
-    pub context_lens: HostTensor,
-    /// Key dequantization scale.
-    pub k_scale: Option<HostTensor>,
-    /// Value dequantization scale.
-    pub v_scale: Option<HostTensor>,
-    /// Options.
-    pub attrs: AttentionAttrs,
+op_args! {
+    /// `attention`: q, k, v in BSHD or BHSD (any strides), optional mask and ragged offsets.
+    ///
+    /// Shapes: q [B, Sq, Hq, D] (BSHD) or [B, Hq, Sq, D] (BHSD); k [B, Sk, Hkv, D]; v
+    /// [B, Sk, Hkv, Dv]; Hq % Hkv == 0 and query head `h` reads kv head `h / (Hq / Hkv)`.
+    /// `mask` broadcasts to [B, Hq, Sq, Sk]: bool keeps `true`, a float mask is added to the
+    /// scores. With `cu_seqlens_q`/`cu_seqlens_k` (i32 [N+1]) q and k/v hold N sequences
+    /// packed along the sequence dim of batch 1; each attends only within itself and causal
+    /// alignment applies per sequence. The output has q's layout with head dim Dv and q's
+    /// dtype. Score order: see `semantics`.
+    AttentionArgs { attrs: AttentionAttrs, required: [q, k, v], optional: [mask, cu_seqlens_q, cu_seqlens_k] }
 }
 
-/// `rope`: rotates q (and k) [B, S, H, D] in BSHD or BHSD.
-///
-/// The first `rotary_dim` (default D) dims of each head rotate; the rest pass through.
-/// Positions are `positions` (i32/i64, [S] or [B, S]) or 0..S. Angles are
-/// `position * inv_freq` (see `semantics::rope_frequencies`), or come from `cos`/`sin`
-/// ([max_position, rotary_dim / 2], indexed by position) when given.
-#[derive(Debug, Clone)]
-pub struct RopeArgs {
-    /// Queries.
-    pub q: HostTensor,
-    /// Keys.
-    pub k: Option<HostTensor>,
-    /// Positions.
-    pub positions: Option<HostTensor>,
-    /// Precomputed cosines.
-    pub cos: Option<HostTensor>,
-    /// Precomputed sines.
-    pub sin: Option<HostTensor>,
-    /// Options.
-    pub attrs: RopeAttrs,
+op_args! {
+    /// `paged_attention`: q [B, Sq, Hq, D] (BSHD) against caches addressed by a block table.
+    ///
+    /// Caches are NHD [pages, page_size, Hkv, D] or HND [pages, Hkv, page_size, D];
+    /// `block_table` (i32/i64 [B, max_pages]) maps sequence b's logical page p to a physical
+    /// page; `context_lens` (i32 [B]) is each sequence's key count. The Sq queries of
+    /// sequence b are its last Sq positions (bottom-right alignment). fp8 caches are
+    /// dequantized with `k_scale`/`v_scale` (f32, [1] per tensor or [Hkv] per head; 1 when
+    /// absent). A table entry that a context reaches but that lies outside the cache, or a
+    /// context longer than the table, is an error; entries past the pages a context reaches
+    /// are never read (padding).
+    PagedAttentionArgs {
+        attrs: AttentionAttrs,
+        required: [q, k_cache, v_cache, block_table, context_lens],
+        optional: [k_scale, v_scale]
+    }
 }
 
-/// The arguments of any op LayerZero executes.
-#[derive(Debug, Clone)]
-pub enum OpArgs {
-    /// Dense attention.
-    Attention(AttentionArgs),
-    /// Paged attention.
-    PagedAttention(PagedAttentionArgs),
-    /// RoPE.
-    Rope(RopeArgs),
+op_args! {
+    /// `rope`: rotates q (and k) [B, S, H, D] in BSHD or BHSD.
+    ///
+    /// The first `rotary_dim` (default D) dims of each head rotate; the rest pass through.
+    /// Positions are `positions` (i32/i64, [S] or [B, S]) or 0..S. Angles are
+    /// `position * inv_freq` (see `semantics::rope_frequencies`), or come from `cos`/`sin`
+    /// ([max_position, rotary_dim / 2], indexed by position) when given. Outputs `out` (q)
+    /// and `out_k` (k).
+    RopeArgs { attrs: RopeAttrs, required: [q], optional: [k, positions, cos, sin] }
 }
 
-/// Named output tensors (`out`; RoPE also `out_k`).
+op_args! {
+    /// `rms_norm` and `layer_norm` over the last dim H of x [..., H], computed in f32 (f64 in
+    /// the reference) and rounded once to x's dtype.
+    ///
+    /// rms_norm: `s = x + residual` (when given; also output as `residual_out`), then
+    /// `out = s / sqrt(mean(s^2) + eps) * weight` (eps inside the root, as
+    /// `torch.nn.functional.rms_norm` and Hugging Face's LlamaRMSNorm; default 1e-6).
+    /// layer_norm: `out = (x - mean) / sqrt(var + eps) * weight + bias`, biased variance,
+    /// as `torch.nn.functional.layer_norm` (default eps 1e-5).
+    NormArgs { attrs: NormAttrs, required: [x, weight], optional: [bias, residual] }
+}
+
+op_args! {
+    /// `linear`: `out = x @ W^T + bias` with x [..., K], weight [N, K] (layout NT, the
+    /// default) or [K, N] (layout NN), bias [N]; f32 accumulation; out [..., N] in x's dtype.
+    LinearArgs { attrs: NoAttrs, required: [x, weight], optional: [bias] }
+}
+
+op_args! {
+    /// `swiglu`: `silu(gate) * up`, from `gate` and `up`, or (split) from `x` whose last dim
+    /// holds gate then up. Output in the input dtype.
+    SwigluArgs { attrs: SwigluAttrs, required: [], optional: [x, gate, up] }
+}
+
+op_args! {
+    /// `geglu`: `gelu(gate) * up` (erf or tanh GELU), forms as `swiglu`.
+    GegluArgs { attrs: GegluAttrs, required: [], optional: [x, gate, up] }
+}
+
+op_args! {
+    /// `gelu`: `0.5 x (1 + erf(x / sqrt 2))`, or with tanh:
+    /// `0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))`.
+    GeluArgs { attrs: GeluAttrs, required: [x], optional: [] }
+}
+
+op_args! {
+    /// `silu`: `x * sigmoid(x)`.
+    SiluArgs { attrs: NoAttrs, required: [x], optional: [] }
+}
+
+op_args! {
+    /// `mlp`: `out = (act(x @ w_gate^T) * (x @ w_up^T)) @ w_down^T` with x [..., H],
+    /// w_gate/w_up [I, H], w_down [H, I]; f32 accumulation; out [..., H] in x's dtype.
+    MlpArgs { attrs: MlpAttrs, required: [x, w_gate, w_up, w_down], optional: [] }
+}
+
+op_args! {
+    /// `moe_experts`: for token t, `out[t] = sum_j weights[t, j] * mlp_e(x[t])` with
+    /// `e = experts[t, j]` and expert e's weights `w_gate[e]` [I, H], `w_up[e]`, `w_down[e]`
+    /// [H, I]. An expert id outside [0, E) is an error naming the position.
+    MoeExpertsArgs { attrs: MlpAttrs, required: [x, experts, weights, w_gate, w_up, w_down], optional: [] }
+}
+
+op_args! {
+    /// `embedding`: `out[..., :] = table[ids[...], :]`; ids i32/i64 of any shape, table
+    /// [V, H]; an id outside [0, V) is an error naming its position.
+    EmbeddingArgs { attrs: NoAttrs, required: [ids, table], optional: [] }
+}
+
+op_args! {
+    /// `sample`: one token per row of logits [B, V], output `tokens` (i64 [B]).
+    ///
+    /// Greedy (argmax, lowest index on ties) when temperature is absent or 0 and no filter is
+    /// set. Otherwise: probabilities `softmax(logits / temperature)` (temperature 1 when
+    /// absent); top-k keeps the k most probable (ties by lower index); top-p keeps the
+    /// smallest prefix of the descending order whose mass reaches p; min-p keeps tokens with
+    /// p >= min_p * max p; the kept mass is renormalized and one token is drawn by inverse
+    /// CDF over the kept tokens in descending order with `u = uniform(seed, row)` from a
+    /// counter-based generator, so the same seed gives the same tokens on any thread count.
+    SampleArgs { attrs: SampleAttrs, required: [logits], optional: [] }
+}
+
+op_args! {
+    /// `quantize`: x (f32/f16/bf16) to `out` (i8 or fp8) and `scale` (f32) with
+    /// `x ~ out * scale`. Per tensor / channel (row of a 2-D x) / block ([r, c] tiles of a
+    /// 2-D x): `scale = amax / qmax` (qmax 127 for i8, 448 for e4m3, 57344 for e5m2; 1 when
+    /// amax is 0), `out = round_half_even(x / scale)` clamped to [-qmax, qmax] (i8) or
+    /// saturated (fp8). `none` casts to fp8 with saturation (scale 1). Per-block scales are
+    /// [ceil(R/r), ceil(C/c)], stored row- or column-major as `scale_layout` says.
+    QuantizeArgs { attrs: QuantAttrs, required: [x], optional: [] }
+}
+
+op_args! {
+    /// `dequantize`: `out = x * scale` broadcast by the scheme (the inverse of `quantize`),
+    /// in `out_dtype` (f32 by default). A scale whose shape or memory order does not match
+    /// the scheme is an error (SCALE_LAYOUT_MISMATCH).
+    DequantizeArgs { attrs: QuantAttrs, required: [x, scale], optional: [] }
+}
+
+op_args! {
+    /// `moe_route`: `p = softmax(logits[t])` (f32); the top_k experts by p (ties by lower
+    /// index) as `experts` (i32 [T, k], descending p) and their `weights` (f32 [T, k]),
+    /// renormalized to sum 1 when `renormalize`.
+    MoeRouteArgs { attrs: MoeRouteAttrs, required: [logits], optional: [] }
+}
+
+op_args! {
+    /// `linear_w8a8`: `out[m, n] = (sum_k x[m, k] * weight[n, k]) * x_scale[m] * w_scale[n]
+    /// (+ bias[n])` with i8 x [M, K] and weight [N, K], i32 accumulation, scales f32 ([1]
+    /// broadcasts), out in `out_dtype` (f32 by default).
+    W8a8Args { attrs: W8a8Attrs, required: [x, x_scale, weight, w_scale], optional: [bias] }
+}
+
+op_args! {
+    /// `linear_int4`: weight-only int4. `weight` i8 [N, K/2] packs two unsigned 4-bit values
+    /// per byte, low nibble for the even k; `w[n, k] = (q[n, k] - zero[n, g]) * scale[n, g]`
+    /// with g = k / group_size and zero 8 when `zeros` is absent; `out = x @ w^T (+ bias)`
+    /// with f32 accumulation, in x's dtype.
+    Int4Args { attrs: Int4Attrs, required: [x, weight, scales], optional: [zeros, bias] }
+}
+
+macro_rules! op_enum {
+    ($( $variant:ident($args:ident) = $op:ident, $attrs:ident; )*) => {
+        /// The arguments of any op LayerZero executes.
+        #[derive(Debug, Clone)]
+        #[allow(missing_docs)]
+        pub enum OpArgs { $( $variant($args), )* }
+
+        impl OpArgs {
+            /// The op.
+            pub fn op(&self) -> Op {
+                match self { $( OpArgs::$variant(_) => Op::$op, )* }
+            }
+
+            /// The tensors by role name.
+            pub fn tensors(&self) -> Vec<(&'static str, &HostTensor)> {
+                match self { $( OpArgs::$variant(a) => a.tensor_list(), )* }
+            }
+
+            /// The typed attributes.
+            pub fn attrs(&self) -> Attrs {
+                match self { $( OpArgs::$variant(a) => Attrs::$attrs(a.attrs.clone()), )* }
+            }
+
+            /// The same arguments with every tensor passed through `f(name, tensor)`.
+            pub fn map_tensors(&self, mut f: impl FnMut(&str, &HostTensor) -> Result<HostTensor>) -> Result<OpArgs> {
+                Ok(match self { $( OpArgs::$variant(a) => OpArgs::$variant(a.map(&mut f)?), )* })
+            }
+
+            fn build(op: Op, attrs: &Attrs, take: &mut Take<'_>) -> Result<OpArgs> {
+                match (op, attrs) {
+                    $( (Op::$op, Attrs::$attrs(a)) => Ok(OpArgs::$variant($args::take(take, a.clone(), op)?)), )*
+                    (op, _) => Err(Error::invalid(format!("op {op} has no executor in this build"))),
+                }
+            }
+        }
+    };
+}
+
+op_enum! {
+    Attention(AttentionArgs) = Attention, Attention;
+    PagedAttention(PagedAttentionArgs) = PagedAttention, Attention;
+    Rope(RopeArgs) = Rope, Rope;
+    RmsNorm(NormArgs) = RmsNorm, Norm;
+    LayerNorm(NormArgs) = LayerNorm, Norm;
+    Linear(LinearArgs) = Linear, None;
+    Swiglu(SwigluArgs) = Swiglu, Swiglu;
+    Geglu(GegluArgs) = Geglu, Geglu;
+    Gelu(GeluArgs) = Gelu, Gelu;
+    Silu(SiluArgs) = Silu, None;
+    Mlp(MlpArgs) = Mlp, Mlp;
+    MoeExperts(MoeExpertsArgs) = MoeExperts, Mlp;
+    Embedding(EmbeddingArgs) = Embedding, None;
+    Sample(SampleArgs) = Sample, Sample;
+    Quantize(QuantizeArgs) = Quantize, Quant;
+    Dequantize(DequantizeArgs) = Dequantize, Quant;
+    MoeRoute(MoeRouteArgs) = MoeRoute, MoeRoute;
+    LinearW8a8(W8a8Args) = LinearW8a8, W8a8;
+    LinearInt4(Int4Args) = LinearInt4, Int4;
+}
+
+/// Named output tensors (`out`; RoPE also `out_k`; rms_norm with a residual also
+/// `residual_out`; quantize also `scale`; sample `tokens`; moe_route `experts`, `weights`).
 pub type Outputs = BTreeMap<String, HostTensor>;
 
-fn put(map: &mut BTreeMap<String, TensorDesc>, name: &str, t: Option<&HostTensor>) {
-    if let Some(t) = t {
-        map.insert(name.to_owned(), t.desc());
-    }
-}
-
 impl OpArgs {
-    /// The op.
-    pub fn op(&self) -> Op {
-        match self {
-            OpArgs::Attention(_) => Op::Attention,
-            OpArgs::PagedAttention(_) => Op::PagedAttention,
-            OpArgs::Rope(_) => Op::Rope,
-        }
-    }
-
-    /// The tensors by role name.
-    pub fn tensors(&self) -> Vec<(&'static str, &HostTensor)> {
-        let all: Vec<(&'static str, Option<&HostTensor>)> = match self {
-            OpArgs::Attention(a) => vec![
-                ("q", Some(&a.q)),
-                ("k", Some(&a.k)),
-                ("v", Some(&a.v)),
-                ("mask", a.mask.as_ref()),
-                ("cu_seqlens_q", a.cu_seqlens_q.as_ref()),
-                ("cu_seqlens_k", a.cu_seqlens_k.as_ref()),
-            ],
-            OpArgs::PagedAttention(a) => vec![
-                ("q", Some(&a.q)),
-                ("k_cache", Some(&a.k_cache)),
-                ("v_cache", Some(&a.v_cache)),
-                ("block_table", Some(&a.block_table)),
-                ("context_lens", Some(&a.context_lens)),
-                ("k_scale", a.k_scale.as_ref()),
-                ("v_scale", a.v_scale.as_ref()),
-            ],
-            OpArgs::Rope(a) => vec![
-                ("q", Some(&a.q)),
-                ("k", a.k.as_ref()),
-                ("positions", a.positions.as_ref()),
-                ("cos", a.cos.as_ref()),
-                ("sin", a.sin.as_ref()),
-            ],
-        };
-        all.into_iter().filter_map(|(n, t)| t.map(|t| (n, t))).collect()
-    }
-
     /// The selection request these arguments pose.
     pub fn describe(&self) -> Request {
-        let mut tensors = BTreeMap::new();
-        for (name, t) in self.tensors() {
-            put(&mut tensors, name, Some(t));
-        }
-        let attrs = match self {
-            OpArgs::Attention(a) => Attrs::Attention(a.attrs.clone()),
-            OpArgs::PagedAttention(a) => Attrs::Attention(a.attrs.clone()),
-            OpArgs::Rope(a) => Attrs::Rope(a.attrs.clone()),
-        };
-        Request { op: self.op(), tensors, attrs }
+        let tensors = self.tensors().into_iter().map(|(n, t)| (n.to_owned(), t.desc())).collect();
+        Request { op: self.op(), tensors, attrs: self.attrs() }
     }
 
     /// Arguments for `request` from tensors by name (e.g. read from safetensors). Each
@@ -197,43 +318,10 @@ impl OpArgs {
                 None => t,
             }))
         };
-        let need = |t: Option<HostTensor>, name: &str| {
-            t.ok_or_else(|| Error::invalid(format!("the request has no tensor `{name}`, which {} needs", request.op)))
-        };
-        let args = match (&request.attrs, request.op) {
-            (Attrs::Attention(attrs), Op::Attention) => OpArgs::Attention(AttentionArgs {
-                q: need(take("q")?, "q")?,
-                k: need(take("k")?, "k")?,
-                v: need(take("v")?, "v")?,
-                mask: take("mask")?,
-                cu_seqlens_q: take("cu_seqlens_q")?,
-                cu_seqlens_k: take("cu_seqlens_k")?,
-                attrs: attrs.clone(),
-            }),
-            (Attrs::Attention(attrs), Op::PagedAttention) => OpArgs::PagedAttention(PagedAttentionArgs {
-                q: need(take("q")?, "q")?,
-                k_cache: need(take("k_cache")?, "k_cache")?,
-                v_cache: need(take("v_cache")?, "v_cache")?,
-                block_table: need(take("block_table")?, "block_table")?,
-                context_lens: need(take("context_lens")?, "context_lens")?,
-                k_scale: take("k_scale")?,
-                v_scale: take("v_scale")?,
-                attrs: attrs.clone(),
-            }),
-            (Attrs::Rope(attrs), Op::Rope) => OpArgs::Rope(RopeArgs {
-                q: need(take("q")?, "q")?,
-                k: take("k")?,
-                positions: take("positions")?,
-                cos: take("cos")?,
-                sin: take("sin")?,
-                attrs: attrs.clone(),
-            }),
-            (_, op) => {
-                return Err(Error::invalid(format!(
-                    "op {op} cannot be executed by this build yet (no executor for it)"
-                )));
-            }
-        };
+        let args = OpArgs::build(request.op, &request.attrs, &mut take)?;
+        if let Some(extra) = request.tensors.keys().find(|k| !args.tensors().iter().any(|(n, _)| n == k)) {
+            return Err(Error::invalid(format!("request tensor `{extra}` is not one {} takes", request.op)));
+        }
         if let Some(extra) = inputs.keys().next() {
             return Err(Error::invalid(format!("input tensor `{extra}` is not named by the request")));
         }
@@ -285,43 +373,4 @@ pub fn strided_copy(t: &HostTensor, strides: &[usize]) -> Result<HostTensor> {
 /// Layout of a dense attention tensor (BSHD when untagged).
 pub fn layout_of(t: &HostTensor) -> Layout {
     t.layout().unwrap_or(Layout::Bshd)
-}
-
-impl OpArgs {
-    /// The same arguments with every tensor passed through `f(name, tensor)`.
-    pub fn map_tensors(&self, mut f: impl FnMut(&str, &HostTensor) -> Result<HostTensor>) -> Result<OpArgs> {
-        let mut g = |name: &str, t: &HostTensor| f(name, t);
-        let opt = |name: &str, t: &Option<HostTensor>, g: &mut dyn FnMut(&str, &HostTensor) -> Result<HostTensor>| {
-            t.as_ref().map(|t| g(name, t)).transpose()
-        };
-        Ok(match self {
-            OpArgs::Attention(a) => OpArgs::Attention(AttentionArgs {
-                q: g("q", &a.q)?,
-                k: g("k", &a.k)?,
-                v: g("v", &a.v)?,
-                mask: opt("mask", &a.mask, &mut g)?,
-                cu_seqlens_q: opt("cu_seqlens_q", &a.cu_seqlens_q, &mut g)?,
-                cu_seqlens_k: opt("cu_seqlens_k", &a.cu_seqlens_k, &mut g)?,
-                attrs: a.attrs.clone(),
-            }),
-            OpArgs::PagedAttention(a) => OpArgs::PagedAttention(PagedAttentionArgs {
-                q: g("q", &a.q)?,
-                k_cache: g("k_cache", &a.k_cache)?,
-                v_cache: g("v_cache", &a.v_cache)?,
-                block_table: g("block_table", &a.block_table)?,
-                context_lens: g("context_lens", &a.context_lens)?,
-                k_scale: opt("k_scale", &a.k_scale, &mut g)?,
-                v_scale: opt("v_scale", &a.v_scale, &mut g)?,
-                attrs: a.attrs.clone(),
-            }),
-            OpArgs::Rope(a) => OpArgs::Rope(RopeArgs {
-                q: g("q", &a.q)?,
-                k: opt("k", &a.k, &mut g)?,
-                positions: opt("positions", &a.positions, &mut g)?,
-                cos: opt("cos", &a.cos, &mut g)?,
-                sin: opt("sin", &a.sin, &mut g)?,
-                attrs: a.attrs.clone(),
-            }),
-        })
-    }
 }

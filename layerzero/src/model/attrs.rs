@@ -194,6 +194,8 @@ pub struct SampleAttrs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum QuantScheme {
+    /// A plain saturating cast (fp8 targets; the scale is 1).
+    None,
     /// One scale for the whole tensor.
     PerTensor,
     /// One scale per output channel (row).
@@ -224,9 +226,92 @@ pub struct QuantAttrs {
     /// Scale memory order.
     #[serde(default)]
     pub scale_layout: Option<ScaleLayout>,
-    /// Quantized dtype (i8, fp8_e4m3 or fp8_e5m2).
+    /// Quantized dtype (i8, fp8_e4m3 or fp8_e5m2); i8 when absent.
     #[serde(default)]
     pub target: Option<DType>,
+    /// Dequantized dtype (f32, f16, bf16); f32 when absent.
+    #[serde(default)]
+    pub out_dtype: Option<DType>,
+}
+
+impl QuantScheme {
+    /// The stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QuantScheme::None => "none",
+            QuantScheme::PerTensor => "per_tensor",
+            QuantScheme::PerChannel => "per_channel",
+            QuantScheme::PerBlock => "per_block",
+        }
+    }
+}
+
+impl ScaleLayout {
+    /// The stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScaleLayout::RowMajor => "row_major",
+            ScaleLayout::ColumnMajor => "column_major",
+        }
+    }
+}
+
+/// The activation of a gated MLP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// SiLU (SwiGLU).
+    #[default]
+    Silu,
+    /// Exact GELU (GEGLU).
+    Gelu,
+    /// tanh-approximated GELU.
+    GeluTanh,
+}
+
+impl Activation {
+    /// The stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Activation::Silu => "silu",
+            Activation::Gelu => "gelu",
+            Activation::GeluTanh => "gelu_tanh",
+        }
+    }
+}
+
+/// Attributes of `geglu`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GegluAttrs {
+    /// `x` holds gate and up as two halves of its last dimension.
+    pub split: bool,
+    /// GELU approximation.
+    pub approximate: GeluApproximate,
+}
+
+/// Attributes of `mlp` and `moe_experts`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MlpAttrs {
+    /// Activation applied to the gate projection.
+    pub activation: Activation,
+}
+
+/// Attributes of `linear_w8a8`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct W8a8Attrs {
+    /// Output dtype (f32, f16, bf16); f32 when absent.
+    pub out_dtype: Option<DType>,
+}
+
+/// Attributes of `linear_int4`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Int4Attrs {
+    /// Input features per scale (and zero point) group.
+    pub group_size: u64,
 }
 
 /// Attributes of `moe_route`.
@@ -272,6 +357,14 @@ pub enum Attrs {
     MoeRoute(MoeRouteAttrs),
     /// `tokenize`.
     Tokenize(TokenizeAttrs),
+    /// `geglu`.
+    Geglu(GegluAttrs),
+    /// `mlp`, `moe_experts`.
+    Mlp(MlpAttrs),
+    /// `linear_w8a8`.
+    W8a8(W8a8Attrs),
+    /// `linear_int4`.
+    Int4(Int4Attrs),
     /// Ops without attributes (`linear`, `silu`, `embedding`).
     None(NoAttrs),
 }

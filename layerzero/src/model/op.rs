@@ -38,11 +38,21 @@ pub enum Op {
     MoeRoute,
     /// Text tokenization.
     Tokenize,
+    /// GEGLU gated activation.
+    Geglu,
+    /// A gated MLP block: down(act(x @ gate^T) * (x @ up^T)).
+    Mlp,
+    /// Mixture-of-experts expert computation over routed tokens (grouped GEMM).
+    MoeExperts,
+    /// int8 x int8 linear with per-token and per-channel scales (w8a8).
+    LinearW8a8,
+    /// Linear with packed int4 weights in groups (weight-only quantization).
+    LinearInt4,
 }
 
 impl Op {
     /// Every op, in declaration order.
-    pub const ALL: [Op; 15] = [
+    pub const ALL: [Op; 20] = [
         Op::Attention,
         Op::PagedAttention,
         Op::RmsNorm,
@@ -58,6 +68,11 @@ impl Op {
         Op::Dequantize,
         Op::MoeRoute,
         Op::Tokenize,
+        Op::Geglu,
+        Op::Mlp,
+        Op::MoeExperts,
+        Op::LinearW8a8,
+        Op::LinearInt4,
     ];
 
     /// The stable name.
@@ -78,6 +93,11 @@ impl Op {
             Op::Dequantize => "dequantize",
             Op::MoeRoute => "moe_route",
             Op::Tokenize => "tokenize",
+            Op::Geglu => "geglu",
+            Op::Mlp => "mlp",
+            Op::MoeExperts => "moe_experts",
+            Op::LinearW8a8 => "linear_w8a8",
+            Op::LinearInt4 => "linear_int4",
         }
     }
 

@@ -108,7 +108,21 @@ pub enum Dims {
         /// The last dimension.
         hidden: u64,
     },
-    /// `linear`: [m, k] x [k, n].
+    /// `mlp` and `moe_experts`: tokens x hidden through `experts` gated MLPs of width
+    /// `intermediate`, `top_k` of them per token (1 and 1 for `mlp`).
+    Mlp {
+        /// Tokens (rows of x).
+        tokens: u64,
+        /// Model width.
+        hidden: u64,
+        /// MLP width.
+        intermediate: u64,
+        /// Experts.
+        experts: u64,
+        /// Experts per token.
+        top_k: u64,
+    },
+    /// `linear` and the quantized linears: [m, k] x [k, n].
     Gemm {
         /// Rows of x.
         m: u64,
@@ -155,8 +169,19 @@ pub fn tensor_roles(op: Op) -> &'static [(&'static str, bool)] {
         Op::LayerNorm => &[("x", true), ("weight", true), ("bias", false)],
         Op::Rope => &[("q", true), ("k", false), ("positions", false), ("cos", false), ("sin", false)],
         Op::Linear => &[("x", true), ("weight", true), ("bias", false)],
-        Op::Swiglu => &[("x", false), ("gate", false), ("up", false)],
+        Op::Swiglu | Op::Geglu => &[("x", false), ("gate", false), ("up", false)],
         Op::Gelu | Op::Silu => &[("x", true)],
+        Op::Mlp => &[("x", true), ("w_gate", true), ("w_up", true), ("w_down", true)],
+        Op::MoeExperts => &[
+            ("x", true),
+            ("experts", true),
+            ("weights", true),
+            ("w_gate", true),
+            ("w_up", true),
+            ("w_down", true),
+        ],
+        Op::LinearW8a8 => &[("x", true), ("x_scale", true), ("weight", true), ("w_scale", true), ("bias", false)],
+        Op::LinearInt4 => &[("x", true), ("weight", true), ("scales", true), ("zeros", false), ("bias", false)],
         Op::Embedding => &[("ids", true), ("table", true)],
         Op::Sample => &[("logits", true)],
         Op::Quantize => &[("x", true)],
@@ -175,8 +200,10 @@ pub fn data_roles(op: Op) -> &'static [&'static str] {
         Op::LayerNorm => &["x", "weight", "bias"],
         Op::Rope => &["q", "k"],
         Op::Linear => &["x", "weight", "bias"],
-        Op::Swiglu => &["x", "gate", "up"],
+        Op::Swiglu | Op::Geglu => &["x", "gate", "up"],
         Op::Gelu | Op::Silu => &["x"],
+        Op::Mlp | Op::MoeExperts => &["x", "w_gate", "w_up", "w_down"],
+        Op::LinearW8a8 | Op::LinearInt4 => &["x", "weight"],
         Op::Embedding => &["table"],
         Op::Sample | Op::MoeRoute => &["logits"],
         Op::Quantize => &["x"],
@@ -295,6 +322,9 @@ impl Problem {
             Op::Attention => Self::dense_attention(&mut v),
             Op::PagedAttention => Self::paged(&mut v),
             Op::Linear => Self::linear(&mut v),
+            Op::LinearW8a8 | Op::LinearInt4 => Self::quantized_linear(&mut v),
+            Op::Mlp | Op::MoeExperts => Self::mlp(&mut v),
+            Op::Quantize | Op::Dequantize => Self::quant(&mut v),
             Op::Tokenize => (DType::I32, Dims::None),
             _ => Self::rows(&mut v),
         };
@@ -531,6 +561,122 @@ impl Problem {
         (dtype, Dims::Gemm { m, n, k })
     }
 
+    fn quantized_linear(v: &mut Validator<'_>) -> (DType, Dims) {
+        let op = v.req.op;
+        let x = v.ranked("x", 2);
+        let w = v.ranked("weight", 2);
+        let dtype = x.map(|t| t.dtype).unwrap_or(DType::F32);
+        let (Some(x), Some(w)) = (x, w) else { return (dtype, Dims::None) };
+        let (m, k) = (x.shape[0], x.shape[1]);
+        let n = w.shape[0];
+        if op == Op::LinearW8a8 {
+            v.dtype_in("x", x, &[DType::I8]);
+            v.dtype_in("weight", w, &[DType::I8]);
+            v.eq("weight in_features must equal x's last dim", w.shape[1], k);
+            for name in ["x_scale", "w_scale"] {
+                if let Some(s) = v.tensor(name) {
+                    v.dtype_in(name, s, &[DType::F32]);
+                }
+            }
+        } else {
+            v.dtype_in("x", x, &[DType::F32, DType::F16, DType::BF16]);
+            v.dtype_in("weight", w, &[DType::I8]);
+            if k % 2 != 0 {
+                v.err(format!("linear_int4 packs two input features per byte; x's last dim {k} is odd"));
+            }
+            v.eq("packed weight columns must be in_features / 2", w.shape[1], k / 2);
+            for name in ["scales", "zeros"] {
+                if let Some(s) = v.tensor(name) {
+                    v.dtype_in(name, s, &[DType::F32, DType::F16, DType::BF16]);
+                }
+            }
+        }
+        if let Some(b) = v.tensor("bias")
+            && (b.rank() != 1 || b.shape[0] != n)
+        {
+            v.err(format!("tensor `bias` shape {:?} must be [{n}]", b.shape));
+        }
+        (dtype, Dims::Gemm { m, n, k })
+    }
+
+    fn mlp(v: &mut Validator<'_>) -> (DType, Dims) {
+        let moe = v.req.op == Op::MoeExperts;
+        let lead = usize::from(moe);
+        let x = v.tensor("x");
+        let (wg, wu, wd) = (v.ranked("w_gate", 2 + lead), v.ranked("w_up", 2 + lead), v.ranked("w_down", 2 + lead));
+        let dtype = x.map(|t| t.dtype).unwrap_or(DType::F32);
+        let (Some(x), Some(wg), Some(wu), Some(wd)) = (x, wg, wu, wd) else { return (dtype, Dims::None) };
+        if x.rank() < 2 || (moe && x.rank() != 2) {
+            v.err(format!("tensor `x` has rank {}; {} needs [tokens, hidden]", x.rank(), v.req.op));
+            return (dtype, Dims::None);
+        }
+        let hidden = x.shape[x.rank() - 1];
+        let tokens = x.shape[..x.rank() - 1].iter().fold(1u64, |a, &d| a.saturating_mul(d));
+        let experts = if moe { wg.shape[0] } else { 1 };
+        let inter = wg.shape[lead];
+        let e_shape = |rest: [u64; 2]| if moe { vec![experts, rest[0], rest[1]] } else { rest.to_vec() };
+        for (name, t, want) in [("w_gate", wg, e_shape([inter, hidden])), ("w_up", wu, e_shape([inter, hidden])), ("w_down", wd, e_shape([hidden, inter]))] {
+            if t.shape != want {
+                v.err(format!("tensor `{name}` shape {:?} must be {want:?}", t.shape));
+            }
+        }
+        let mut top_k = 1;
+        if moe {
+            let ids = v.ranked("experts", 2);
+            let w = v.ranked("weights", 2);
+            if let (Some(ids), Some(w)) = (ids, w) {
+                v.dtype_in("experts", ids, &[DType::I32, DType::I64]);
+                v.dtype_in("weights", w, &[DType::F32, DType::F16, DType::BF16]);
+                v.eq("experts rows must equal tokens", ids.shape[0], tokens);
+                if w.shape != ids.shape {
+                    v.err(format!("tensor `weights` shape {:?} must equal `experts` shape {:?}", w.shape, ids.shape));
+                }
+                top_k = ids.shape[1];
+            }
+        }
+        (dtype, Dims::Mlp { tokens, hidden, intermediate: inter, experts, top_k })
+    }
+
+    fn quant(v: &mut Validator<'_>) -> (DType, Dims) {
+        let Some(x) = v.tensor("x") else { return (DType::F32, Dims::None) };
+        let Attrs::Quant(a) = &v.req.attrs else { return (x.dtype, Dims::None) };
+        let quantized = [DType::I8, DType::Fp8E4M3, DType::Fp8E5M2];
+        if v.req.op == Op::Quantize {
+            v.dtype_in("x", x, &[DType::F32, DType::F16, DType::BF16]);
+            let target = a.target.unwrap_or(DType::I8);
+            if !quantized.contains(&target) {
+                v.err(format!("attrs.target is {target}; quantize targets i8, fp8_e4m3 or fp8_e5m2"));
+            }
+            if a.scheme == crate::model::attrs::QuantScheme::None && target == DType::I8 {
+                v.err("attrs.scheme none is a plain cast; it needs an fp8 target".to_owned());
+            }
+        } else {
+            v.dtype_in("x", x, &quantized);
+            if let Some(s) = v.tensor("scale") {
+                v.dtype_in("scale", s, &[DType::F32]);
+            }
+            if let Some(o) = a.out_dtype
+                && !matches!(o, DType::F32 | DType::F16 | DType::BF16)
+            {
+                v.err(format!("attrs.out_dtype is {o}; dequantize produces f32, f16 or bf16"));
+            }
+        }
+        use crate::model::attrs::QuantScheme;
+        match a.scheme {
+            QuantScheme::PerChannel | QuantScheme::PerBlock if x.rank() != 2 => {
+                v.err(format!("{} quantization needs a 2-D x [rows, cols]; x has rank {}", a.scheme.as_str(), x.rank()));
+            }
+            QuantScheme::PerBlock => match a.block {
+                Some([r, c]) if r > 0 && c > 0 => {}
+                other => v.err(format!("attrs.block is {other:?}; per_block needs [rows, cols] >= 1")),
+            },
+            _ => {}
+        }
+        let hidden = x.shape.last().copied().unwrap_or(1);
+        let rows = x.shape[..x.rank().saturating_sub(1)].iter().fold(1u64, |acc, &d| acc.saturating_mul(d));
+        (x.dtype, Dims::Rows { rows, hidden })
+    }
+
     fn rows(v: &mut Validator<'_>) -> (DType, Dims) {
         let op = v.req.op;
         let primary = match op {
@@ -547,8 +693,8 @@ impl Problem {
             _ => "x",
         };
         let Some(t) = v.tensor(primary) else {
-            if op == Op::Swiglu {
-                v.err("swiglu needs either `x` (with attrs.split = true) or both `gate` and `up`".to_owned());
+            if matches!(op, Op::Swiglu | Op::Geglu) {
+                v.err(format!("{op} needs either `x` (with attrs.split = true) or both `gate` and `up`"));
             }
             return (DType::F32, Dims::None);
         };
@@ -573,22 +719,23 @@ impl Problem {
                     v.err(format!("tensor `residual` shape {:?} must equal x's shape {:?}", r.shape, t.shape));
                 }
             }
-            Op::Swiglu => {
-                let split = matches!(&v.req.attrs, Attrs::Swiglu(a) if a.split);
+            Op::Swiglu | Op::Geglu => {
+                let split = matches!(&v.req.attrs, Attrs::Swiglu(a) if a.split)
+                    || matches!(&v.req.attrs, Attrs::Geglu(a) if a.split);
                 match (v.tensor("x").is_some(), v.tensor("gate"), v.tensor("up")) {
                     (true, None, None) if split => {
                         if hidden % 2 != 0 {
-                            v.err(format!("swiglu with split = true needs an even last dim; x's is {hidden}"));
+                            v.err(format!("{op} with split = true needs an even last dim; x's is {hidden}"));
                         }
                         return (t.dtype, Dims::Rows { rows, hidden: hidden / 2 });
                     }
-                    (true, None, None) => v.err("swiglu with `x` needs attrs.split = true".to_owned()),
+                    (true, None, None) => v.err(format!("{op} with `x` needs attrs.split = true")),
                     (false, Some(_), Some(u)) => {
                         if u.shape != t.shape {
                             v.err(format!("tensor `up` shape {:?} must equal `gate` shape {:?}", u.shape, t.shape));
                         }
                     }
-                    _ => v.err("swiglu takes either `x` alone (split) or `gate` and `up`".to_owned()),
+                    _ => v.err(format!("{op} takes either `x` alone (split) or `gate` and `up`")),
                 }
             }
             Op::Embedding => {

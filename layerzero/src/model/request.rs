@@ -7,8 +7,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::attrs::{
-    AttentionAttrs, Attrs, GeluAttrs, MoeRouteAttrs, NoAttrs, NormAttrs, QuantAttrs, RopeAttrs, SampleAttrs,
-    SwigluAttrs, TokenizeAttrs,
+    AttentionAttrs, Attrs, GegluAttrs, GeluAttrs, Int4Attrs, MlpAttrs, MoeRouteAttrs, NoAttrs, NormAttrs, QuantAttrs,
+    RopeAttrs, SampleAttrs, SwigluAttrs, TokenizeAttrs, W8a8Attrs,
 };
 use super::op::Op;
 use super::tensor::TensorDesc;
@@ -120,9 +120,14 @@ fn default_attrs(op: Op) -> Attrs {
             block: None,
             scale_layout: None,
             target: None,
+            out_dtype: None,
         }),
         Op::MoeRoute => Attrs::MoeRoute(MoeRouteAttrs { top_k: 1, renormalize: false }),
         Op::Tokenize => Attrs::Tokenize(TokenizeAttrs::default()),
+        Op::Geglu => Attrs::Geglu(GegluAttrs::default()),
+        Op::Mlp | Op::MoeExperts => Attrs::Mlp(MlpAttrs::default()),
+        Op::LinearW8a8 => Attrs::W8a8(W8a8Attrs::default()),
+        Op::LinearInt4 => Attrs::Int4(Int4Attrs { group_size: 128 }),
         Op::Linear | Op::Silu | Op::Embedding => Attrs::None(NoAttrs {}),
     }
 }
@@ -149,6 +154,10 @@ fn parse_attrs(op: Op, value: serde_json::Value) -> Result<Attrs> {
         Op::Quantize | Op::Dequantize => Attrs::Quant(typed(value)?),
         Op::MoeRoute => Attrs::MoeRoute(typed(value)?),
         Op::Tokenize => Attrs::Tokenize(typed(value)?),
+        Op::Geglu => Attrs::Geglu(typed(value)?),
+        Op::Mlp | Op::MoeExperts => Attrs::Mlp(typed(value)?),
+        Op::LinearW8a8 => Attrs::W8a8(typed(value)?),
+        Op::LinearInt4 => Attrs::Int4(typed(value)?),
         Op::Linear | Op::Silu | Op::Embedding => Attrs::None(typed(value)?),
     })
 }

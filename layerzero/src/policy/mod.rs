@@ -258,13 +258,14 @@ impl When {
         }
         let attn = p.attention();
         let rows_hidden = match p.dims {
-            Dims::Rows { hidden, .. } => Some(hidden),
+            Dims::Rows { hidden, .. } | Dims::Mlp { hidden, .. } => Some(hidden),
             Dims::Gemm { k, .. } => Some(k),
             _ => None,
         };
         let batch = match p.dims {
             Dims::Attention(a) => Some(a.batch),
             Dims::Rows { rows, .. } => Some(rows),
+            Dims::Mlp { tokens, .. } => Some(tokens),
             Dims::Gemm { m, .. } => Some(m),
             Dims::None => None,
         };

@@ -31,7 +31,7 @@ pub struct Estimate {
 
 /// Models `kernel` running `problem` on `dev`.
 pub fn estimate(kernel: &KernelSpec, req: &Request, problem: &Problem, dev: &DeviceProfile) -> Estimate {
-    let (flops, bytes) = work(req, problem);
+    let (flops, bytes) = work(kernel, req, problem);
     let p = &kernel.perf;
     let compute_ns = flops / (dev.peak_flops(problem.dtype) * p.eff_compute) * 1e9;
     let memory_ns = bytes / (dev.bandwidth_bytes_per_s() * p.eff_mem) * 1e9;
@@ -51,12 +51,13 @@ pub fn output_elements(problem: &Problem) -> u64 {
         Dims::Attention(a) => a.batch.saturating_mul(a.seq_q).saturating_mul(a.heads_q).saturating_mul(a.head_dim_v),
         Dims::Rows { rows, hidden } => rows.saturating_mul(hidden),
         Dims::Gemm { m, n, .. } => m.saturating_mul(n),
+        Dims::Mlp { tokens, hidden, .. } => tokens.saturating_mul(hidden),
         Dims::None => 0,
     }
 }
 
-/// (FLOPs, bytes) of a request.
-fn work(req: &Request, problem: &Problem) -> (f64, f64) {
+/// (FLOPs, bytes) of a request on `kernel`.
+fn work(kernel: &KernelSpec, req: &Request, problem: &Problem) -> (f64, f64) {
     let out_bytes = output_elements(problem) as f64 * problem.dtype.size_bytes() as f64;
     let in_bytes = problem.input_bytes as f64;
     match problem.dims {
@@ -69,13 +70,21 @@ fn work(req: &Request, problem: &Problem) -> (f64, f64) {
         Dims::Rows { rows, hidden } => {
             let per_elem = match req.op {
                 Op::LayerNorm => 8.0,
-                Op::RmsNorm | Op::Rope | Op::Gelu | Op::Swiglu => 6.0,
+                Op::RmsNorm | Op::Rope | Op::Gelu | Op::Swiglu | Op::Geglu => 6.0,
                 Op::Sample | Op::MoeRoute => 10.0,
                 _ => 1.0,
             };
             (rows as f64 * hidden as f64 * per_elem, in_bytes + out_bytes)
         }
         Dims::Gemm { m, n, k } => (2.0 * m as f64 * n as f64 * k as f64, in_bytes + out_bytes),
+        Dims::Mlp { tokens, hidden, intermediate, top_k, .. } => {
+            let rows = tokens as f64 * top_k as f64;
+            let flops = 6.0 * rows * hidden as f64 * intermediate as f64;
+            // An unfused chain writes the gate and up projections and the activation, and
+            // reads them back (f32); a fused kernel keeps them in cache.
+            let intermediates = if kernel.perf.fused { 0.0 } else { 6.0 * rows * intermediate as f64 * 4.0 };
+            (flops, in_bytes + out_bytes + intermediates)
+        }
         Dims::None => (0.0, in_bytes),
     }
 }

@@ -1,8 +1,46 @@
-//! `cpu`: fast Rust kernels (tiling, online softmax, rayon, matrixmultiply).
+//! `cpu`: fast Rust kernels. Attention is flash-style (packed f32 tiles, AVX-512/AVX2
+//! microkernels, online softmax, rayon over batch x kv head x query tile); decode and paged
+//! attention split the cache into chunks merged by log-sum-exp; RoPE computes its angles in
+//! f64. Semantics are those of `exec::semantics`, shared with `cpu_reference`.
 
+mod attention;
+mod decode;
+mod engine;
+mod pack;
+mod paged;
+mod rope;
 pub(crate) mod simd;
 
-use crate::exec::executor::Registry;
+use std::sync::Arc;
+
+use crate::exec::args::OpArgs;
+use crate::exec::executor::{KernelError, Registry};
+
+fn wrong_op(kernel: &str, args: &OpArgs) -> KernelError {
+    KernelError::Unsupported(format!("{kernel} does not run {}", args.op()))
+}
 
 /// Binds this backend's kernels.
-pub fn register(_registry: &mut Registry) {}
+pub fn register(registry: &mut Registry) {
+    registry.register(
+        "cpu.attention.flash",
+        Arc::new(|args: &OpArgs| match args {
+            OpArgs::Attention(a) => attention::run(a),
+            other => Err(wrong_op("cpu.attention.flash", other)),
+        }),
+    );
+    registry.register(
+        "cpu.paged_attention.split_kv",
+        Arc::new(|args: &OpArgs| match args {
+            OpArgs::PagedAttention(a) => paged::run(a),
+            other => Err(wrong_op("cpu.paged_attention.split_kv", other)),
+        }),
+    );
+    registry.register(
+        "cpu.rope.fast",
+        Arc::new(|args: &OpArgs| match args {
+            OpArgs::Rope(a) => rope::run(a),
+            other => Err(wrong_op("cpu.rope.fast", other)),
+        }),
+    );
+}

@@ -1,0 +1,147 @@
+//! `cpu.attention.flash`: dense attention (BSHD/BHSD, any strides, GQA, masks, varlen).
+
+use crate::exec::args::{AttentionArgs, Outputs, layout_of};
+use crate::exec::executor::KernelError;
+use crate::exec::semantics::{alibi_slopes, softmax_scale};
+use crate::model::attrs::AttentionAttrs;
+
+use super::engine::{self, KvAddr, KvSrc, MaskView, Mods, Problem, Seq};
+use super::pack::{Bshd, invalid, ints, output};
+
+/// Checks the options every attention kernel shares (the reference's checks and messages).
+pub(crate) fn check_attrs(attrs: &AttentionAttrs) -> Result<(), KernelError> {
+    crate::backend::cpu_reference::attention::check_attrs(attrs)
+}
+
+/// Validated cumulative sequence offsets: `cu[n]..cu[n+1]` within `0..=limit`.
+fn offsets(t: &crate::tensor::HostTensor, name: &str, limit: usize) -> Result<Vec<usize>, KernelError> {
+    if t.rank() != 1 {
+        return Err(invalid(format!("`{name}` must have rank 1 ([N+1]); its shape is {:?}", t.shape())));
+    }
+    let v = ints(t, name)?;
+    if v.is_empty() {
+        return Err(invalid(format!("`{name}` is empty; it needs N+1 >= 1 offsets")));
+    }
+    let mut out = Vec::with_capacity(v.len());
+    for (i, &x) in v.iter().enumerate() {
+        if x < 0 || x as u64 > limit as u64 {
+            return Err(invalid(format!("`{name}`[{i}] = {x} is outside 0..={limit} (the packed sequence length)")));
+        }
+        if i > 0 && x < v[i - 1] {
+            return Err(invalid(format!("`{name}`[{i}] = {x} is less than `{name}`[{}] = {}", i - 1, v[i - 1])));
+        }
+        out.push(x as usize);
+    }
+    Ok(out)
+}
+
+/// Runs dense attention.
+pub(crate) fn run(a: &AttentionArgs) -> Result<Outputs, KernelError> {
+    check_attrs(&a.attrs)?;
+    let q = Bshd::new(&a.q, "q")?;
+    let k = Bshd::new(&a.k, "k")?;
+    let v = Bshd::new(&a.v, "v")?;
+    let [b, sq, hq, d] = q.n;
+    let [bk, sk, hkv, dk] = k.n;
+    let [bv, skv, hkv_v, dv] = v.n;
+    if bv != bk {
+        return Err(invalid(format!("v batch {bv} != k batch {bk}")));
+    }
+    if dk != d {
+        return Err(invalid(format!("head dims differ: q {d}, k {dk}")));
+    }
+    if skv != sk || hkv_v != hkv {
+        return Err(invalid(format!(
+            "v has {skv} keys and {hkv_v} heads; k has {sk} keys and {hkv} heads"
+        )));
+    }
+    if hq > 0 && (hkv == 0 || hq % hkv != 0) {
+        return Err(invalid(format!("query heads {hq} are not a multiple of kv heads {hkv}")));
+    }
+    let layout = layout_of(&a.q);
+    if hq == 0 || b == 0 || sq == 0 || dv == 0 {
+        return finish(vec![0f32; b * sq * hq * dv], a, [b, sq, hq, dv], layout);
+    }
+    fn kv_src<'a>(t: &Bshd<'a>, bb: usize, j0: usize) -> KvSrc<'a> {
+        KvSrc {
+            st: t.st,
+            sd: t.s[3],
+            sh: t.s[2],
+            addr: KvAddr::Dense { base: t.off + bb * t.s[0] + j0 * t.s[1], sj: t.s[1] },
+            scale: None,
+        }
+    }
+    let seqs: Vec<Seq> = match (&a.cu_seqlens_q, &a.cu_seqlens_k) {
+        (None, None) if bk != b => return Err(invalid(format!("k batch {bk} != q batch {b}"))),
+        (None, None) => (0..b)
+            .map(|bb| Seq {
+                b: bb,
+                q0: 0,
+                sq,
+                sk,
+                mask_b: bb,
+                mask_k0: 0,
+                k: kv_src(&k, bb, 0),
+                v: kv_src(&v, bb, 0),
+            })
+            .collect(),
+        (Some(cq), Some(ck)) => {
+            if b != 1 || bk != 1 {
+                return Err(invalid(format!(
+                    "ragged attention packs sequences into batch 1; q batch is {b}, k/v batch is {bk}"
+                )));
+            }
+            let cq = offsets(cq, "cu_seqlens_q", sq)?;
+            let ck = offsets(ck, "cu_seqlens_k", sk)?;
+            if cq.len() != ck.len() {
+                return Err(invalid(format!(
+                    "cu_seqlens_q has {} offsets and cu_seqlens_k {}; they must match",
+                    cq.len(),
+                    ck.len()
+                )));
+            }
+            (0..cq.len() - 1)
+                .map(|n| Seq {
+                    b: 0,
+                    q0: cq[n],
+                    sq: cq[n + 1] - cq[n],
+                    sk: ck[n + 1] - ck[n],
+                    mask_b: n,
+                    mask_k0: ck[n],
+                    k: kv_src(&k, 0, ck[n]),
+                    v: kv_src(&v, 0, ck[n]),
+                })
+                .collect()
+        }
+        _ => return Err(invalid("cu_seqlens_q and cu_seqlens_k must be given together")),
+    };
+    let mask = a.mask.as_ref().map(|m| MaskView::new(m, [seqs.len(), hq, sq, sk])).transpose()?;
+    let p = Problem {
+        q,
+        hq,
+        hkv,
+        d,
+        dv,
+        scale: softmax_scale(&a.attrs, d) as f32,
+        attrs: &a.attrs,
+        mods: Mods {
+            softcap: a.attrs.softcap.map(|c| c as f32),
+            alibi: a.attrs.alibi.then(|| alibi_slopes(hq)),
+            mask,
+        },
+        seqs,
+    };
+    let blocks = engine::compute(&p);
+    let out = engine::scatter(&p, &blocks, [b, sq, hq, dv], layout);
+    finish(out, a, [b, sq, hq, dv], layout)
+}
+
+fn finish(
+    values: Vec<f32>,
+    a: &AttentionArgs,
+    n: [usize; 4],
+    layout: crate::model::layout::Layout,
+) -> Result<Outputs, KernelError> {
+    let t = output(values, a.q.dtype(), n, layout)?;
+    Ok(Outputs::from([("out".to_owned(), t)]))
+}

@@ -1,0 +1,175 @@
+//! Split-KV decode: few queries against a long cache. Memory-bound, so every key and value
+//! row is read once for all the query heads of its kv-head group (and, when the heads of a
+//! row sit next to each other in memory, for all kv heads in one sequential pass). The keys
+//! are cut into chunks processed in parallel; partial results are merged with log-sum-exp.
+
+use rayon::prelude::*;
+
+use super::engine::{Block, Problem};
+use super::simd;
+
+/// Smallest chunk of keys per task.
+const MIN_CHUNK: usize = 256;
+
+/// A task: kv heads `h0..h1` of sequence `seq`, keys `c0..c1`.
+#[derive(Debug, Clone, Copy)]
+struct Task {
+    seq: usize,
+    h0: usize,
+    h1: usize,
+    c0: usize,
+    c1: usize,
+}
+
+/// Unnormalized output rows with their running max and sum.
+struct Partial {
+    o: Vec<f32>,
+    m: Vec<f32>,
+    l: Vec<f32>,
+}
+
+/// Runs the decode path for the sequences `seqs` of `p`.
+pub(crate) fn run(p: &Problem, seqs: &[usize]) -> Vec<Block> {
+    if seqs.is_empty() {
+        return Vec::new();
+    }
+    // Head groups per sequence: all kv heads together when they are adjacent in memory.
+    let mut groups = Vec::new();
+    for &si in seqs {
+        let seq = &p.seqs[si];
+        if seq.k.heads_inner() && seq.v.heads_inner() {
+            groups.push((si, 0, p.hkv));
+        } else {
+            groups.extend((0..p.hkv).map(|h| (si, h, h + 1)));
+        }
+    }
+    let want = 4 * rayon::current_num_threads();
+    let per_group = want.div_ceil(groups.len()).max(1);
+    let mut tasks = Vec::new();
+    let mut spans = Vec::with_capacity(groups.len());
+    for &(si, h0, h1) in &groups {
+        let sk = p.seqs[si].sk;
+        let chunks = per_group.min(sk.div_ceil(MIN_CHUNK)).max(1);
+        let len = sk.div_ceil(chunks).max(1);
+        let first = tasks.len();
+        let mut c0 = 0;
+        loop {
+            let c1 = (c0 + len).min(sk);
+            tasks.push(Task { seq: si, h0, h1, c0, c1 });
+            c0 = c1;
+            if c0 >= sk {
+                break;
+            }
+        }
+        spans.push(first..tasks.len());
+    }
+    let partials: Vec<Partial> = tasks.par_iter().map(|t| task(p, t)).collect();
+    groups
+        .iter()
+        .zip(spans)
+        .map(|(&(si, h0, h1), span)| combine(p, si, h0, h1, &partials[span]))
+        .collect()
+}
+
+fn task(p: &Problem, t: &Task) -> Partial {
+    let seq = &p.seqs[t.seq];
+    let (d, dv, g, sq) = (p.d, p.dv, p.group(), seq.sq);
+    let per_head = g * sq;
+    let nheads = t.h1 - t.h0;
+    let rows = nheads * per_head;
+    let mut out = Partial { o: vec![0f32; rows * dv], m: vec![f32::NEG_INFINITY; rows], l: vec![0f32; rows] };
+    let ranges: Vec<(usize, usize)> = (0..sq).map(|i| p.range(seq, i)).collect();
+    let (lo, hi) = ranges.iter().filter(|r| r.0 < r.1).fold((usize::MAX, 0), |(a, b), r| (a.min(r.0), b.max(r.1)));
+    let (ja, jb) = (lo.max(t.c0), hi.min(t.c1));
+    if ja >= jb {
+        return out;
+    }
+    let w = jb - ja;
+    // Queries, rows ordered [kv head][head in group][position].
+    let mut qp = vec![0f32; rows * d];
+    for kh in 0..nheads {
+        for hh in 0..g {
+            for i in 0..sq {
+                let r = (kh * g + hh) * sq + i;
+                p.read_q(seq, i, (t.h0 + kh) * g + hh, &mut qp[r * d..(r + 1) * d]);
+            }
+        }
+    }
+    // Scores [row][key].
+    let mut s = vec![0f32; rows * w];
+    let mut tmp = vec![0f32; per_head];
+    let mut kscratch = vec![0f32; d];
+    for j in ja..jb {
+        for kh in 0..nheads {
+            let krow = seq.k.row_f32(t.h0 + kh, j, &mut kscratch);
+            simd::dots(&qp[kh * per_head * d..(kh + 1) * per_head * d], d, krow, &mut tmp);
+            for (r, &x) in tmp.iter().enumerate() {
+                s[(kh * per_head + r) * w + (j - ja)] = x;
+            }
+        }
+    }
+    for r in 0..rows {
+        let (kh, hh, i) = (r / per_head, (r / sq) % g, r % sq);
+        let (lo, hi) = ranges[i];
+        let a = lo.clamp(ja, jb) - ja;
+        let b = hi.clamp(ja, jb) - ja;
+        let row = &mut s[r * w..(r + 1) * w];
+        row[..a].fill(0.0);
+        row[b.max(a)..].fill(0.0);
+        if a >= b {
+            continue;
+        }
+        let seg = &mut row[a..b];
+        if p.mods.active() {
+            p.mods.apply(seq, (t.h0 + kh) * g + hh, i, ja + a, seg);
+        }
+        let mx = simd::row_max(seg);
+        if mx == f32::NEG_INFINITY {
+            seg.fill(0.0);
+            continue;
+        }
+        out.l[r] = simd::exp_sub_sum(seg, mx);
+        out.m[r] = mx;
+    }
+    let mut vscratch = vec![0f32; dv];
+    for j in ja..jb {
+        for kh in 0..nheads {
+            let vrow = seq.v.row_f32(t.h0 + kh, j, &mut vscratch);
+            for r in kh * per_head..(kh + 1) * per_head {
+                let pr = s[r * w + (j - ja)];
+                if pr != 0.0 {
+                    simd::axpy(&mut out.o[r * dv..(r + 1) * dv], pr, vrow);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn combine(p: &Problem, si: usize, h0: usize, h1: usize, parts: &[Partial]) -> Block {
+    let (g, dv, sq) = (p.group(), p.dv, p.seqs[si].sq);
+    let rows = (h1 - h0) * g * sq;
+    let mut data = vec![0f32; rows * dv];
+    for r in 0..rows {
+        let mx = parts.iter().map(|q| q.m[r]).fold(f32::NEG_INFINITY, f32::max);
+        if mx == f32::NEG_INFINITY {
+            continue;
+        }
+        let dst = &mut data[r * dv..(r + 1) * dv];
+        let mut l = 0f32;
+        for q in parts {
+            if q.m[r] == f32::NEG_INFINITY {
+                continue;
+            }
+            let f = (q.m[r] - mx).exp();
+            l += f * q.l[r];
+            simd::axpy(dst, f, &q.o[r * dv..(r + 1) * dv]);
+        }
+        if l > 0.0 {
+            simd::scale(dst, 1.0 / l);
+        } else {
+            dst.fill(0.0);
+        }
+    }
+    Block { seq: si, h0: h0 * g, nh: (h1 - h0) * g, i0: 0, n: sq, data }
+}

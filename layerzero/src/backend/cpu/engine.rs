@@ -1,0 +1,431 @@
+//! The attention engine shared by dense and paged attention: a problem is a list of
+//! sequences (queries of one batch row against their keys), each key row reachable through a
+//! [`KvSrc`] (dense strided or through a block table). Sequences with many queries run the
+//! flash-style tiled path (packed f32 tiles, AVX-512/AVX2 tile products, online softmax);
+//! sequences with few queries run the split-KV decode path (`decode.rs`).
+
+use rayon::prelude::*;
+
+use crate::exec::semantics::{alibi_distance, visible_keys};
+use crate::model::attrs::AttentionAttrs;
+use crate::model::layout::Layout;
+use crate::tensor::{HostTensor, Storage};
+
+use super::pack::{self, Bshd, invalid, out_index, read_f32};
+use super::{decode, simd};
+use crate::exec::executor::KernelError;
+
+/// Keys per tile of the tiled path.
+pub(crate) const BK: usize = 128;
+/// Sequences with at most this many queries take the decode path.
+pub(crate) const DECODE_MAX_SQ: usize = 4;
+
+/// Where key (or value) row `j` of kv head `h` of one sequence lives.
+#[derive(Debug, Clone)]
+pub(crate) enum KvAddr {
+    /// `base + j * sj + h * sh`.
+    Dense {
+        /// Storage index of row 0, head 0.
+        base: usize,
+        /// Stride between rows.
+        sj: usize,
+    },
+    /// `pages[j / ps] + (j % ps) * s_slot + h * sh`.
+    Paged {
+        /// Storage index of each logical page (already validated).
+        pages: Vec<usize>,
+        /// Page size.
+        ps: usize,
+        /// Stride between slots of a page.
+        s_slot: usize,
+    },
+}
+
+/// The key or value rows of one sequence.
+#[derive(Debug, Clone)]
+pub(crate) struct KvSrc<'a> {
+    /// Storage.
+    pub st: &'a Storage,
+    /// Stride of the head dim.
+    pub sd: usize,
+    /// Stride between kv heads.
+    pub sh: usize,
+    /// Row addressing.
+    pub addr: KvAddr,
+    /// Per-kv-head dequantization scale (fp8 caches).
+    pub scale: Option<&'a [f32]>,
+}
+
+impl KvSrc<'_> {
+    /// Storage index of row `j` of head `h`.
+    #[inline]
+    pub(crate) fn row(&self, h: usize, j: usize) -> usize {
+        match &self.addr {
+            KvAddr::Dense { base, sj } => base + j * sj + h * self.sh,
+            KvAddr::Paged { pages, ps, s_slot } => pages[j / ps] + (j % ps) * s_slot + h * self.sh,
+        }
+    }
+
+    /// True when the heads of one row are closer in memory than consecutive rows.
+    pub(crate) fn heads_inner(&self) -> bool {
+        match &self.addr {
+            KvAddr::Dense { sj, .. } => self.sh < *sj,
+            KvAddr::Paged { s_slot, .. } => self.sh < *s_slot,
+        }
+    }
+
+    /// Row `j` of head `h` as f32: borrowed from the storage when it is contiguous f32,
+    /// else converted (and dequantized) into `scratch` (whose length is the row length).
+    #[inline]
+    pub(crate) fn row_f32<'s>(&'s self, h: usize, j: usize, scratch: &'s mut [f32]) -> &'s [f32] {
+        let base = self.row(h, j);
+        if self.scale.is_none()
+            && let Some(r) = pack::f32_row(self.st, base, self.sd, scratch.len())
+        {
+            return r;
+        }
+        read_f32(self.st, base, self.sd, scratch);
+        if let Some(s) = self.scale {
+            simd::scale(scratch, s[h]);
+        }
+        scratch
+    }
+}
+
+/// One sequence: `sq` queries (rows `q0..q0+sq` of batch row `b` of q) against `sk` keys.
+#[derive(Debug, Clone)]
+pub(crate) struct Seq<'a> {
+    /// Batch row of q (and of the mask's batch index, `mask_b`).
+    pub b: usize,
+    /// First query row.
+    pub q0: usize,
+    /// Queries.
+    pub sq: usize,
+    /// Keys.
+    pub sk: usize,
+    /// Mask batch index.
+    pub mask_b: usize,
+    /// Mask column of key 0.
+    pub mask_k0: usize,
+    /// Keys.
+    pub k: KvSrc<'a>,
+    /// Values.
+    pub v: KvSrc<'a>,
+}
+
+/// A mask seen as [B, Hq, Sq, Sk] with zero strides on broadcast dims.
+#[derive(Debug, Clone)]
+pub(crate) struct MaskView<'a> {
+    st: &'a Storage,
+    off: usize,
+    s: [usize; 4],
+}
+
+impl<'a> MaskView<'a> {
+    /// Checks that `t` (bool or float) broadcasts to `target` and builds the view.
+    pub(crate) fn new(t: &'a HostTensor, target: [usize; 4]) -> Result<MaskView<'a>, KernelError> {
+        use crate::model::dtype::DType;
+        if !(t.dtype() == DType::Bool || t.dtype().is_float()) {
+            return Err(invalid(format!(
+                "tensor `mask` has dtype {}; a mask is bool (keep) or float (additive)",
+                t.dtype()
+            )));
+        }
+        let r = t.rank();
+        if r > 4 {
+            return Err(invalid(format!("`mask` has rank {r} (shape {:?}); it must broadcast to {target:?}", t.shape())));
+        }
+        let mut s = [0usize; 4];
+        for (i, &want) in target.iter().enumerate() {
+            if i + r < 4 {
+                continue;
+            }
+            let md = i + r - 4;
+            let have = t.shape()[md];
+            if have == want {
+                s[i] = if have == 1 { 0 } else { t.strides()[md] };
+            } else if have != 1 {
+                return Err(invalid(format!(
+                    "`mask` shape {:?} does not broadcast to [B, Hq, Sq, Sk] = {target:?} (dim {md} is {have}, needs 1 or {want})",
+                    t.shape()
+                )));
+            }
+        }
+        Ok(MaskView { st: t.storage(), off: t.offset(), s })
+    }
+}
+
+/// Score modifiers beyond scale and causal/window: soft-cap, ALiBi, mask.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Mods<'a> {
+    /// Soft-cap.
+    pub softcap: Option<f32>,
+    /// ALiBi slope per query head.
+    pub alibi: Option<Vec<f64>>,
+    /// Mask.
+    pub mask: Option<MaskView<'a>>,
+}
+
+impl Mods<'_> {
+    /// True when any modifier is on.
+    pub(crate) fn active(&self) -> bool {
+        self.softcap.is_some() || self.alibi.is_some() || self.mask.is_some()
+    }
+
+    /// Applies the modifiers to the scores `s` of query `i` (head `h`) and keys `j0..`.
+    pub(crate) fn apply(&self, seq: &Seq, h: usize, i: usize, j0: usize, s: &mut [f32]) {
+        if let Some(c) = self.softcap {
+            for x in s.iter_mut() {
+                *x = c * (*x / c).tanh();
+            }
+        }
+        if let Some(slopes) = &self.alibi {
+            let slope = slopes[h];
+            for (t, x) in s.iter_mut().enumerate() {
+                *x -= (slope * alibi_distance(i, j0 + t, seq.sq, seq.sk)) as f32;
+            }
+        }
+        if let Some(m) = &self.mask {
+            let base = m.off + seq.mask_b * m.s[0] + h * m.s[1] + (seq.q0 + i) * m.s[2] + (seq.mask_k0 + j0) * m.s[3];
+            let sj = m.s[3];
+            match m.st {
+                Storage::Bool(v) => {
+                    for (t, x) in s.iter_mut().enumerate() {
+                        if !v[base + t * sj] {
+                            *x = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+                Storage::F32(v) => s.iter_mut().enumerate().for_each(|(t, x)| *x += v[base + t * sj]),
+                other => s.iter_mut().enumerate().for_each(|(t, x)| *x += other.get_f32(base + t * sj)),
+            }
+        }
+    }
+}
+
+/// An attention problem.
+#[derive(Debug)]
+pub(crate) struct Problem<'a> {
+    /// Queries (canonical BSHD view).
+    pub q: Bshd<'a>,
+    /// Query heads.
+    pub hq: usize,
+    /// Kv heads.
+    pub hkv: usize,
+    /// Head dim of q and k.
+    pub d: usize,
+    /// Head dim of v.
+    pub dv: usize,
+    /// Softmax scale.
+    pub scale: f32,
+    /// Options (causal, window).
+    pub attrs: &'a AttentionAttrs,
+    /// Score modifiers.
+    pub mods: Mods<'a>,
+    /// Sequences.
+    pub seqs: Vec<Seq<'a>>,
+}
+
+impl Problem<'_> {
+    /// Query heads per kv head.
+    pub(crate) fn group(&self) -> usize {
+        self.hq / self.hkv
+    }
+
+    /// Visible key range of query `i` of `seq`.
+    #[inline]
+    pub(crate) fn range(&self, seq: &Seq, i: usize) -> (usize, usize) {
+        visible_keys(i, seq.sq, seq.sk, self.attrs)
+    }
+
+    /// Reads query (seq, i, h) scaled by the softmax scale into `out` (length d).
+    #[inline]
+    pub(crate) fn read_q(&self, seq: &Seq, i: usize, h: usize, out: &mut [f32]) {
+        self.q.read(seq.b, seq.q0 + i, h, out);
+        simd::scale(out, self.scale);
+    }
+}
+
+/// Output rows of query heads `h0..h0+nh`, positions `i0..i0+n` of one sequence, stored
+/// `[nh][n][dv]`.
+#[derive(Debug)]
+pub(crate) struct Block {
+    /// Sequence index.
+    pub seq: usize,
+    /// First query head.
+    pub h0: usize,
+    /// Query heads.
+    pub nh: usize,
+    /// First position (within the sequence).
+    pub i0: usize,
+    /// Positions.
+    pub n: usize,
+    /// Values.
+    pub data: Vec<f32>,
+}
+
+/// Runs every sequence of `p`.
+pub(crate) fn compute(p: &Problem) -> Vec<Block> {
+    let (dec, pre): (Vec<usize>, Vec<usize>) =
+        (0..p.seqs.len()).filter(|&i| p.seqs[i].sq > 0).partition(|&i| p.seqs[i].sq <= DECODE_MAX_SQ);
+    let mut blocks = decode::run(p, &dec);
+    blocks.extend(prefill(p, &pre));
+    blocks
+}
+
+/// Writes the blocks into a zeroed contiguous f32 output of canonical size `n` in `layout`.
+pub(crate) fn scatter(p: &Problem, blocks: &[Block], n: [usize; 4], layout: Layout) -> Vec<f32> {
+    let dv = p.dv;
+    let mut out = vec![0f32; n.iter().product()];
+    for blk in blocks {
+        let seq = &p.seqs[blk.seq];
+        for hh in 0..blk.nh {
+            for t in 0..blk.n {
+                let src = &blk.data[(hh * blk.n + t) * dv..][..dv];
+                let dst = out_index(n, layout, seq.b, seq.q0 + blk.i0 + t, blk.h0 + hh);
+                out[dst..dst + dv].copy_from_slice(src);
+            }
+        }
+    }
+    out
+}
+
+/// K of one (sequence, kv head) as transposed tiles `[tile][d][BK]`, V as rows `[j][dv]`,
+/// both zero-padded to whole tiles.
+struct Packed {
+    kt: Vec<f32>,
+    v: Vec<f32>,
+}
+
+fn pack_kv(seq: &Seq, kvh: usize, d: usize, dv: usize) -> Packed {
+    let nt = seq.sk.div_ceil(BK);
+    let mut kt = vec![0f32; nt * d * BK];
+    let mut v = vec![0f32; nt * BK * dv];
+    const G: usize = 16;
+    let mut buf = vec![0f32; G * d];
+    let mut scratch = vec![0f32; d];
+    let mut j0 = 0;
+    while j0 < seq.sk {
+        let g = G.min(seq.sk - j0);
+        for c in 0..g {
+            let row = seq.k.row_f32(kvh, j0 + c, &mut scratch);
+            buf[c * d..(c + 1) * d].copy_from_slice(row);
+        }
+        let tile = &mut kt[(j0 / BK) * d * BK..][..d * BK];
+        let col = j0 % BK;
+        for dd in 0..d {
+            let dst = &mut tile[dd * BK + col..dd * BK + col + g];
+            for (c, x) in dst.iter_mut().enumerate() {
+                *x = buf[c * d + dd];
+            }
+        }
+        j0 += g;
+    }
+    let mut vs = vec![0f32; dv];
+    for j in 0..seq.sk {
+        let row = seq.v.row_f32(kvh, j, &mut vs);
+        v[j * dv..(j + 1) * dv].copy_from_slice(row);
+    }
+    Packed { kt, v }
+}
+
+/// Query positions per tile for `g` heads per kv head: about 64 rows in all, a multiple of
+/// the microkernel height (6) where possible.
+fn q_tile(g: usize) -> usize {
+    let first = 64usize.div_ceil(g).max(1);
+    (first..first + 6).find(|bq| (g * bq) % 6 == 0).unwrap_or(first)
+}
+
+fn prefill(p: &Problem, seqs: &[usize]) -> Vec<Block> {
+    if seqs.is_empty() {
+        return Vec::new();
+    }
+    let (hkv, d, dv) = (p.hkv, p.d, p.dv);
+    let packed: Vec<Packed> = (0..seqs.len() * hkv)
+        .into_par_iter()
+        .map(|x| pack_kv(&p.seqs[seqs[x / hkv]], x % hkv, d, dv))
+        .collect();
+    let bq = q_tile(p.group());
+    let mut items = Vec::new();
+    for (pi, &si) in seqs.iter().enumerate() {
+        for kvh in 0..hkv {
+            for i0 in (0..p.seqs[si].sq).step_by(bq) {
+                items.push((pi, si, kvh, i0, bq.min(p.seqs[si].sq - i0)));
+            }
+        }
+    }
+    items
+        .into_par_iter()
+        .map(|(pi, si, kvh, i0, n)| prefill_item(p, si, &packed[pi * hkv + kvh], kvh, i0, n))
+        .collect()
+}
+
+/// One tile of queries (all heads of kv head `kvh`, positions `i0..i0+n`) against every
+/// visible key tile, with online softmax.
+fn prefill_item(p: &Problem, si: usize, pk: &Packed, kvh: usize, i0: usize, n: usize) -> Block {
+    let seq = &p.seqs[si];
+    let (d, dv, g) = (p.d, p.dv, p.group());
+    let m = g * n;
+    let mut qp = vec![0f32; m * d];
+    for hh in 0..g {
+        for t in 0..n {
+            let r = hh * n + t;
+            p.read_q(seq, i0 + t, kvh * g + hh, &mut qp[r * d..(r + 1) * d]);
+        }
+    }
+    let ranges: Vec<(usize, usize)> = (0..n).map(|t| p.range(seq, i0 + t)).collect();
+    let (jmin, jmax) =
+        ranges.iter().filter(|r| r.0 < r.1).fold((usize::MAX, 0), |(a, b), r| (a.min(r.0), b.max(r.1)));
+    let mut o = vec![0f32; m * dv];
+    let mut mrow = vec![f32::NEG_INFINITY; m];
+    let mut lrow = vec![0f32; m];
+    if jmin < jmax {
+        let mut s = vec![0f32; m * BK];
+        for tile in jmin / BK..jmax.div_ceil(BK) {
+            let tj0 = tile * BK;
+            let c0 = jmin.max(tj0) - tj0;
+            let c1 = jmax.min(tj0 + BK) - tj0;
+            let kt = &pk.kt[tile * d * BK..(tile + 1) * d * BK];
+            simd::gemm(m, c1 - c0, d, &qp, d, &kt[c0..], BK, &mut s[c0..], BK, false);
+            for r in 0..m {
+                let (t, h) = (r % n, kvh * g + r / n);
+                let (lo, hi) = ranges[t];
+                let a = lo.clamp(tj0 + c0, tj0 + c1) - tj0;
+                let b = hi.clamp(tj0 + c0, tj0 + c1) - tj0;
+                let row = &mut s[r * BK + c0..r * BK + c1];
+                if a >= b {
+                    row.fill(0.0);
+                    continue;
+                }
+                row[..a - c0].fill(0.0);
+                row[b - c0..].fill(0.0);
+                let seg = &mut row[a - c0..b - c0];
+                if p.mods.active() {
+                    p.mods.apply(seq, h, i0 + t, tj0 + a, seg);
+                }
+                let m_new = mrow[r].max(simd::row_max(seg));
+                if m_new == f32::NEG_INFINITY {
+                    seg.fill(0.0);
+                    continue;
+                }
+                let corr = simd::exp_approx(mrow[r] - m_new);
+                let sum = simd::exp_sub_sum(seg, m_new);
+                lrow[r] = lrow[r] * corr + sum;
+                mrow[r] = m_new;
+                if corr != 1.0 {
+                    simd::scale(&mut o[r * dv..(r + 1) * dv], corr);
+                }
+            }
+            simd::gemm(m, dv, c1 - c0, &s[c0..], BK, &pk.v[(tj0 + c0) * dv..], dv, &mut o, dv, true);
+        }
+    }
+    for r in 0..m {
+        let row = &mut o[r * dv..(r + 1) * dv];
+        if lrow[r] > 0.0 {
+            simd::scale(row, 1.0 / lrow[r]);
+        } else {
+            row.fill(0.0);
+        }
+    }
+    Block { seq: si, h0: kvh * g, nh: g, i0, n, data: o }
+}

@@ -1,0 +1,172 @@
+//! Reading strided tensors of any float dtype into contiguous f32 rows: the one place where
+//! layouts, strides and dtypes are resolved, so the kernels only see packed f32.
+
+use std::sync::OnceLock;
+
+use crate::exec::executor::KernelError;
+use crate::model::dtype::DType;
+use crate::model::layout::Layout;
+use crate::tensor::fp8::Fp8;
+use crate::tensor::{HostTensor, Storage};
+
+use super::simd;
+
+/// `KernelError::InvalidInput` from a message.
+pub(crate) fn invalid(msg: impl Into<String>) -> KernelError {
+    KernelError::InvalidInput(msg.into())
+}
+
+fn fp8_table(format: Fp8) -> &'static [f32; 256] {
+    static E4M3: OnceLock<[f32; 256]> = OnceLock::new();
+    static E5M2: OnceLock<[f32; 256]> = OnceLock::new();
+    let cell = match format {
+        Fp8::E4M3 => &E4M3,
+        Fp8::E5M2 => &E5M2,
+    };
+    cell.get_or_init(|| std::array::from_fn(|c| format.decode(c as u8)))
+}
+
+/// Reads `out.len()` elements at storage indices `base + i * stride` as f32 (fp8 decoded).
+/// The caller guarantees the indices exist (they come from a validated view).
+pub(crate) fn read_f32(st: &Storage, base: usize, stride: usize, out: &mut [f32]) {
+    let n = out.len();
+    if n == 0 {
+        return;
+    }
+    if stride == 1 {
+        let r = base..base + n;
+        match st {
+            Storage::F32(v) => out.copy_from_slice(&v[r]),
+            Storage::BF16(v) => simd::bf16_to_f32(&v[r], out),
+            Storage::F16(v) => simd::f16_to_f32(&v[r], out),
+            Storage::Fp8E4M3(v) => lut(&v[r], fp8_table(Fp8::E4M3), out),
+            Storage::Fp8E5M2(v) => lut(&v[r], fp8_table(Fp8::E5M2), out),
+            other => out.iter_mut().enumerate().for_each(|(i, o)| *o = other.get_f32(base + i)),
+        }
+        return;
+    }
+    match st {
+        Storage::F32(v) => out.iter_mut().enumerate().for_each(|(i, o)| *o = v[base + i * stride]),
+        Storage::BF16(v) => out.iter_mut().enumerate().for_each(|(i, o)| *o = v[base + i * stride].to_f32()),
+        Storage::F16(v) => out.iter_mut().enumerate().for_each(|(i, o)| *o = v[base + i * stride].to_f32()),
+        Storage::Fp8E4M3(v) => {
+            let t = fp8_table(Fp8::E4M3);
+            out.iter_mut().enumerate().for_each(|(i, o)| *o = t[usize::from(v[base + i * stride])]);
+        }
+        Storage::Fp8E5M2(v) => {
+            let t = fp8_table(Fp8::E5M2);
+            out.iter_mut().enumerate().for_each(|(i, o)| *o = t[usize::from(v[base + i * stride])]);
+        }
+        other => out.iter_mut().enumerate().for_each(|(i, o)| *o = other.get_f32(base + i * stride)),
+    }
+}
+
+fn lut(src: &[u8], table: &[f32; 256], out: &mut [f32]) {
+    for (o, &c) in out.iter_mut().zip(src) {
+        *o = table[usize::from(c)];
+    }
+}
+
+/// A contiguous f32 slice of the storage when the row needs no conversion.
+pub(crate) fn f32_row(st: &Storage, base: usize, stride: usize, n: usize) -> Option<&[f32]> {
+    match st {
+        Storage::F32(v) if stride == 1 || n <= 1 => v.get(base..base + n),
+        _ => None,
+    }
+}
+
+/// A rank-4 attention tensor seen in canonical [B, S, H, D] order (BHSD views permuted).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bshd<'a> {
+    /// Storage.
+    pub st: &'a Storage,
+    /// Offset of element 0.
+    pub off: usize,
+    /// Sizes (b, s, h, d).
+    pub n: [usize; 4],
+    /// Strides (b, s, h, d).
+    pub s: [usize; 4],
+}
+
+impl<'a> Bshd<'a> {
+    /// The canonical view of `t` (rank 4, BSHD or BHSD; `name` is used in errors).
+    pub(crate) fn new(t: &'a HostTensor, name: &str) -> Result<Bshd<'a>, KernelError> {
+        if t.rank() != 4 {
+            return Err(invalid(format!("`{name}` must have rank 4 (BSHD or BHSD); its shape is {:?}", t.shape())));
+        }
+        if !t.dtype().is_float() {
+            return Err(invalid(format!("tensor `{name}` has dtype {}; expected a float dtype", t.dtype())));
+        }
+        let (sh, st) = (t.shape(), t.strides());
+        let perm = match t.layout().unwrap_or(Layout::Bshd) {
+            Layout::Bshd => [0, 1, 2, 3],
+            Layout::Bhsd => [0, 2, 1, 3],
+            other => return Err(invalid(format!("`{name}` has layout {other}; expected BSHD or BHSD"))),
+        };
+        Ok(Bshd {
+            st: t.storage(),
+            off: t.offset(),
+            n: perm.map(|d| sh[d]),
+            s: perm.map(|d| st[d]),
+        })
+    }
+
+    /// Storage index of element (b, s, h, 0).
+    #[inline]
+    pub(crate) fn row(&self, b: usize, s: usize, h: usize) -> usize {
+        self.off + b * self.s[0] + s * self.s[1] + h * self.s[2]
+    }
+
+    /// Reads row (b, s, h) as f32 into `out` (length D).
+    #[inline]
+    pub(crate) fn read(&self, b: usize, s: usize, h: usize, out: &mut [f32]) {
+        read_f32(self.st, self.row(b, s, h), self.s[3], out);
+    }
+}
+
+/// The output of a BSHD/BHSD kernel: a contiguous tensor of `dtype` in `layout`.
+pub(crate) fn output(
+    values: Vec<f32>,
+    dtype: DType,
+    canonical: [usize; 4],
+    layout: Layout,
+) -> Result<HostTensor, KernelError> {
+    let [b, s, h, d] = canonical;
+    let shape = match layout {
+        Layout::Bhsd => [b, h, s, d],
+        _ => [b, s, h, d],
+    };
+    let storage = match dtype {
+        DType::F32 => Storage::F32(values),
+        other => Storage::from_f32(other, &values),
+    };
+    HostTensor::new(storage, &shape)
+        .map(|t| t.with_layout(layout))
+        .map_err(|e| KernelError::Failed(format!("building the output: {e}")))
+}
+
+/// Index of (b, s, h, 0) in a contiguous output of canonical size `n` and `layout`.
+#[inline]
+pub(crate) fn out_index(n: [usize; 4], layout: Layout, b: usize, s: usize, h: usize) -> usize {
+    let [_, ns, nh, d] = n;
+    match layout {
+        Layout::Bhsd => ((b * nh + h) * ns + s) * d,
+        _ => ((b * ns + s) * nh + h) * d,
+    }
+}
+
+/// Integer elements of a rank-1 (or any-rank) index tensor, in logical order.
+pub(crate) fn ints(t: &HostTensor, name: &str) -> Result<Vec<i64>, KernelError> {
+    if !matches!(t.dtype(), DType::I32 | DType::I64) {
+        return Err(invalid(format!("`{name}` has dtype {}; expected i32 or i64", t.dtype())));
+    }
+    Ok(t.to_i64_vec())
+}
+
+/// Float elements of a small tensor as f32, in logical order.
+pub(crate) fn floats(t: &HostTensor, name: &str) -> Result<Vec<f32>, KernelError> {
+    if !t.dtype().is_float() {
+        return Err(invalid(format!("`{name}` has dtype {}; expected a float dtype", t.dtype())));
+    }
+    Ok(t.to_f32_vec())
+}

@@ -1,0 +1,179 @@
+//! `cpu.paged_attention.split_kv`: queries against NHD/HND page caches addressed through a
+//! block table. Every table entry a context reaches and every context length is validated
+//! before any read; the engine then runs split-KV decode (few queries) or the tiled path
+//! over the gathered pages, dequantizing fp8 (or any dtype) with `k_scale`/`v_scale`.
+
+use crate::exec::args::{Outputs, PagedAttentionArgs};
+use crate::exec::executor::KernelError;
+use crate::exec::semantics::{alibi_slopes, softmax_scale};
+use crate::model::layout::Layout;
+use crate::tensor::HostTensor;
+
+use super::attention::check_attrs;
+use super::engine::{self, KvAddr, KvSrc, Mods, Problem, Seq};
+use super::pack::{Bshd, floats, invalid, ints, output};
+
+/// A page cache: sizes and strides in (page, slot, head, d) order.
+struct Cache<'a> {
+    t: &'a HostTensor,
+    n: [usize; 4],
+    s: [usize; 4],
+    scale: Option<Vec<f32>>,
+}
+
+impl<'a> Cache<'a> {
+    fn new(name: &str, t: &'a HostTensor, scale: Option<&HostTensor>, scale_name: &str) -> Result<Cache<'a>, KernelError> {
+        if !t.dtype().is_float() {
+            return Err(invalid(format!("tensor `{name}` has dtype {}; expected a float dtype", t.dtype())));
+        }
+        let perm = match t.layout() {
+            Some(Layout::Nhd) => [0, 1, 2, 3],
+            Some(Layout::Hnd) => [0, 2, 1, 3],
+            Some(other) => return Err(invalid(format!("tensor `{name}` has layout {other}; expected NHD or HND"))),
+            None => return Err(invalid(format!("tensor `{name}` needs a layout tag (NHD or HND)"))),
+        };
+        if t.rank() != 4 {
+            return Err(invalid(format!(
+                "tensor `{name}` has shape {:?} (rank {}); expected rank 4 (NHD or HND)",
+                t.shape(),
+                t.rank()
+            )));
+        }
+        let n = perm.map(|d| t.shape()[d]);
+        let s = perm.map(|d| t.strides()[d]);
+        let heads = n[2];
+        let scale = match scale {
+            None => None,
+            Some(st) => {
+                let v = floats(st, scale_name)?;
+                if v.len() == 1 {
+                    Some(vec![v[0]; heads])
+                } else if st.rank() == 1 && v.len() == heads {
+                    Some(v)
+                } else {
+                    return Err(invalid(format!(
+                        "tensor `{scale_name}` has shape {:?}; expected [1] (per tensor) or [{heads}] (per kv head)",
+                        st.shape()
+                    )));
+                }
+            }
+        };
+        Ok(Cache { t, n, s, scale })
+    }
+
+    fn src(&self, table_row: &[i64]) -> KvSrc<'a>
+    where
+        Self: 'a,
+    {
+        KvSrc {
+            st: self.t.storage(),
+            sd: self.s[3],
+            sh: self.s[2],
+            addr: KvAddr::Paged {
+                pages: table_row.iter().map(|&p| self.t.offset() + p as usize * self.s[0]).collect(),
+                ps: self.n[1],
+                s_slot: self.s[1],
+            },
+            scale: None,
+        }
+    }
+}
+
+/// Runs paged attention: output [B, Sq, Hq, Dv] (BSHD) in q's dtype.
+pub(crate) fn run(a: &PagedAttentionArgs) -> Result<Outputs, KernelError> {
+    check_attrs(&a.attrs)?;
+    if let Some(l) = a.q.layout()
+        && l != Layout::Bshd
+    {
+        return Err(invalid(format!("tensor `q` has layout {l}; paged attention takes BSHD queries")));
+    }
+    let q = Bshd::new(&a.q, "q")?;
+    let kc = Cache::new("k_cache", &a.k_cache, a.k_scale.as_ref(), "k_scale")?;
+    let vc = Cache::new("v_cache", &a.v_cache, a.v_scale.as_ref(), "v_scale")?;
+    let [b, sq, hq, d] = q.n;
+    let [pages, ps, hkv, dk] = kc.n;
+    if vc.n[..3] != kc.n[..3] {
+        return Err(invalid(format!(
+            "v_cache [pages, page_size, heads] = {:?} != k_cache's {:?}",
+            &vc.n[..3],
+            &kc.n[..3]
+        )));
+    }
+    let dv = vc.n[3];
+    if dk != d {
+        return Err(invalid(format!("k_cache head_dim {dk} != q head_dim {d}")));
+    }
+    if hkv == 0 || hq % hkv != 0 {
+        return Err(invalid(format!("q heads {hq} are not a multiple of kv heads {hkv}")));
+    }
+    let bt = &a.block_table;
+    if bt.rank() != 2 || bt.shape()[0] != b {
+        return Err(invalid(format!(
+            "tensor `block_table` has shape {:?}; expected [batch = {b}, max_pages]",
+            bt.shape()
+        )));
+    }
+    let max_pages = bt.shape()[1];
+    let table = ints(bt, "block_table")?;
+    let cl = &a.context_lens;
+    if cl.rank() != 1 || cl.shape()[0] != b {
+        return Err(invalid(format!("tensor `context_lens` has shape {:?}; expected [batch = {b}]", cl.shape())));
+    }
+    let lens = ints(cl, "context_lens")?;
+    let capacity = max_pages.saturating_mul(ps);
+    for (bb, &len) in lens.iter().enumerate() {
+        if len < 0 || len as u64 > capacity as u64 {
+            return Err(invalid(format!(
+                "context_lens[{bb}] = {len}; it must be in 0..={capacity} ({max_pages} pages of {ps} tokens)"
+            )));
+        }
+    }
+    for (bb, &len) in lens.iter().enumerate() {
+        let need = (len as usize).div_ceil(ps.max(1));
+        for p in 0..need {
+            let page = table[bb * max_pages + p];
+            if page < 0 || page >= pages as i64 {
+                return Err(invalid(format!(
+                    "block_table[{bb}, {p}] = {page} is outside the cache's {pages} pages (sequence {bb} reads {need} pages for {len} tokens)"
+                )));
+            }
+        }
+    }
+    if b == 0 || sq == 0 || hq == 0 || dv == 0 {
+        return finish(vec![0f32; b * sq * hq * dv], a, [b, sq, hq, dv]);
+    }
+    let seqs: Vec<Seq> = (0..b)
+        .map(|bb| {
+            let len = lens[bb] as usize;
+            let row = &table[bb * max_pages..bb * max_pages + len.div_ceil(ps.max(1))];
+            let mut k = kc.src(row);
+            let mut v = vc.src(row);
+            k.scale = kc.scale.as_deref();
+            v.scale = vc.scale.as_deref();
+            Seq { b: bb, q0: 0, sq, sk: len, mask_b: bb, mask_k0: 0, k, v }
+        })
+        .collect();
+    let p = Problem {
+        q,
+        hq,
+        hkv,
+        d,
+        dv,
+        scale: softmax_scale(&a.attrs, d) as f32,
+        attrs: &a.attrs,
+        mods: Mods {
+            softcap: a.attrs.softcap.map(|c| c as f32),
+            alibi: a.attrs.alibi.then(|| alibi_slopes(hq)),
+            mask: None,
+        },
+        seqs,
+    };
+    let blocks = engine::compute(&p);
+    let out = engine::scatter(&p, &blocks, [b, sq, hq, dv], Layout::Bshd);
+    finish(out, a, [b, sq, hq, dv])
+}
+
+fn finish(values: Vec<f32>, a: &PagedAttentionArgs, n: [usize; 4]) -> Result<Outputs, KernelError> {
+    let t = output(values, a.q.dtype(), n, Layout::Bshd)?;
+    Ok(Outputs::from([("out".to_owned(), t)]))
+}

@@ -1,0 +1,214 @@
+//! `cpu.rope.fast`: rotary embeddings over BSHD/BHSD views of any strides. The cos/sin of
+//! every distinct position are computed once in f64 (an f32 angle at position 4096 is off by
+//! about 2e-4), the rotation is done in f64 and rounded once to the output dtype; rows are
+//! processed in parallel.
+
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use crate::exec::args::{Outputs, RopeArgs};
+use crate::exec::executor::KernelError;
+use crate::exec::semantics::rope_frequencies;
+use crate::model::attrs::RopeStyle;
+use crate::model::dtype::DType;
+use crate::model::layout::Layout;
+use crate::tensor::{HostTensor, Storage};
+
+use super::pack::{Bshd, invalid, ints};
+
+/// cos and sin per (position entry, pair): `[entries][half]`.
+struct Table {
+    cos: Vec<f64>,
+    sin: Vec<f64>,
+    half: usize,
+    /// Position entry of (b, s): `s` when shared, else `b * seq + s`.
+    shared: bool,
+    seq: usize,
+}
+
+impl Table {
+    #[inline]
+    fn entry(&self, b: usize, s: usize) -> usize {
+        if self.shared { s } else { b * self.seq + s }
+    }
+}
+
+fn table_values(name: &str, t: &HostTensor, half: usize) -> Result<(), KernelError> {
+    if !t.dtype().is_float() {
+        return Err(invalid(format!("tensor `{name}` has dtype {}; expected a float dtype", t.dtype())));
+    }
+    if t.rank() != 2 || t.shape()[1] != half {
+        return Err(invalid(format!(
+            "tensor `{name}` has shape {:?}; expected [max_position, rotary_dim / 2 = {half}]",
+            t.shape()
+        )));
+    }
+    Ok(())
+}
+
+/// Runs RoPE: `out` (q rotated) and `out_k` when k is given.
+pub(crate) fn run(a: &RopeArgs) -> Result<Outputs, KernelError> {
+    let attrs = &a.attrs;
+    let q = Bshd::new(&a.q, "q")?;
+    let [nb, ns, _, d] = q.n;
+    let rot = match attrs.rotary_dim {
+        None => d,
+        Some(r) => usize::try_from(r).unwrap_or(usize::MAX),
+    };
+    if rot % 2 != 0 || rot > d {
+        return Err(invalid(format!("rotary_dim is {rot}; it must be even and at most head_dim {d}")));
+    }
+    let half = rot / 2;
+    let k = a.k.as_ref().map(|k| Bshd::new(k, "k")).transpose()?;
+    if let Some(k) = &k
+        && (k.n[0], k.n[1], k.n[3]) != (nb, ns, d)
+    {
+        return Err(invalid(format!(
+            "k [batch, seq, head_dim] = [{}, {}, {}] != q's [{nb}, {ns}, {d}]",
+            k.n[0], k.n[1], k.n[3]
+        )));
+    }
+    let (positions, shared) = match &a.positions {
+        None => ((0..ns as i64).collect::<Vec<_>>(), true),
+        Some(p) => {
+            let shared = match p.shape() {
+                [s] if *s == ns => true,
+                [b, s] if *b == nb && *s == ns => false,
+                other => {
+                    return Err(invalid(format!(
+                        "tensor `positions` has shape {other:?}; expected [{ns}] or [{nb}, {ns}]"
+                    )));
+                }
+            };
+            let v = ints(p, "positions")?;
+            if let Some((n, &x)) = v.iter().enumerate().find(|(_, x)| **x < 0) {
+                return Err(invalid(format!("positions (flat index {n}) = {x} is negative")));
+            }
+            (v, shared)
+        }
+    };
+    let max_pos = positions.iter().copied().max().unwrap_or(-1);
+    let entries = positions.len();
+    let mut cos = vec![0f64; entries * half];
+    let mut sin = vec![0f64; entries * half];
+    match (&a.cos, &a.sin) {
+        (None, None) => {
+            let seq_len = usize::try_from(max_pos + 1).unwrap_or(usize::MAX);
+            let (inv_freq, factor) = rope_frequencies(attrs, rot, seq_len);
+            if half > 0 {
+                cos.par_chunks_mut(half).zip(sin.par_chunks_mut(half)).zip(&positions).for_each(|((c, s), &pos)| {
+                    for i in 0..half {
+                        let theta = pos as f64 * inv_freq[i];
+                        c[i] = theta.cos() * factor;
+                        s[i] = theta.sin() * factor;
+                    }
+                });
+            }
+        }
+        (Some(ct), Some(st)) => {
+            if ct.shape() != st.shape() {
+                return Err(invalid(format!("tensor `cos` shape {:?} != `sin` shape {:?}", ct.shape(), st.shape())));
+            }
+            table_values("cos", ct, half)?;
+            table_values("sin", st, half)?;
+            let rows = ct.shape()[0];
+            if max_pos >= rows as i64 {
+                return Err(invalid(format!(
+                    "positions reach {max_pos} but the cos/sin tables have {rows} rows (positions 0..{rows})"
+                )));
+            }
+            for (e, &pos) in positions.iter().enumerate() {
+                for i in 0..half {
+                    let (p, c) = (pos as usize, e * half + i);
+                    cos[c] = ct.storage().get_f64(ct.offset() + p * ct.strides()[0] + i * ct.strides()[1]);
+                    sin[c] = st.storage().get_f64(st.offset() + p * st.strides()[0] + i * st.strides()[1]);
+                }
+            }
+        }
+        _ => return Err(invalid("rope takes both `cos` and `sin` tables or neither; one is missing")),
+    }
+    let table = Table { cos, sin, half, shared, seq: ns };
+    let mut outputs = Outputs::new();
+    outputs.insert("out".to_owned(), rotate(&a.q, &q, &table, rot, attrs.style)?);
+    if let (Some(kt), Some(k)) = (&a.k, &k) {
+        outputs.insert("out_k".to_owned(), rotate(kt, k, &table, rot, attrs.style)?);
+    }
+    Ok(outputs)
+}
+
+/// Rotates every row of `x` into a contiguous tensor of `t`'s dtype and layout.
+fn rotate(t: &HostTensor, x: &Bshd, table: &Table, rot: usize, style: RopeStyle) -> Result<HostTensor, KernelError> {
+    let [nb, ns, nh, d] = x.n;
+    let bhsd = t.layout() == Some(Layout::Bhsd);
+    let rows = nb * ns * nh;
+    // (b, s, h) of contiguous output row r.
+    let coords = move |r: usize| {
+        if bhsd {
+            (r / (nh * ns), r % ns, (r / ns) % nh)
+        } else {
+            (r / (ns * nh), (r / nh) % ns, r % nh)
+        }
+    };
+    let row = move |r: usize, out: &mut [f64], src: &mut [f32]| {
+        let (b, s, h) = coords(r);
+        x.read(b, s, h, src);
+        let e = table.entry(b, s);
+        let half = table.half;
+        let (c, sn) = (&table.cos[e * half..(e + 1) * half], &table.sin[e * half..(e + 1) * half]);
+        for (o, &v) in out[rot..].iter_mut().zip(&src[rot..]) {
+            *o = f64::from(v);
+        }
+        for i in 0..half {
+            let (i1, i2) = match style {
+                RopeStyle::RotateHalf => (i, i + half),
+                RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+            };
+            let (x1, x2) = (f64::from(src[i1]), f64::from(src[i2]));
+            out[i1] = x1 * c[i] - x2 * sn[i];
+            out[i2] = x2 * c[i] + x1 * sn[i];
+        }
+    };
+    fn fill<T: Send>(
+        out: &mut [T],
+        d: usize,
+        conv: impl Fn(f64) -> T + Sync,
+        row: &(impl Fn(usize, &mut [f64], &mut [f32]) + Sync),
+    ) {
+        if d == 0 {
+            return;
+        }
+        out.par_chunks_mut(d).enumerate().with_min_len(16).for_each_init(
+            || (vec![0f64; d], vec![0f32; d]),
+            |(buf, src), (r, dst)| {
+                row(r, buf, src);
+                for (o, &v) in dst.iter_mut().zip(buf.iter()) {
+                    *o = conv(v);
+                }
+            },
+        );
+    }
+    let n = rows * d;
+    let storage = match t.dtype() {
+        DType::F16 => {
+            let mut v = vec![f16::ZERO; n];
+            fill(&mut v, d, f16::from_f64, &row);
+            Storage::F16(v)
+        }
+        DType::BF16 => {
+            let mut v = vec![bf16::ZERO; n];
+            fill(&mut v, d, bf16::from_f64, &row);
+            Storage::BF16(v)
+        }
+        other => {
+            let mut v = vec![0f32; n];
+            fill(&mut v, d, |x| x as f32, &row);
+            if other == DType::F32 { Storage::F32(v) } else { Storage::from_f32(other, &v) }
+        }
+    };
+    let shape = if bhsd { [nb, nh, ns, d] } else { [nb, ns, nh, d] };
+    let out = HostTensor::new(storage, &shape).map_err(|e| KernelError::Failed(format!("building the output: {e}")))?;
+    Ok(match t.layout() {
+        Some(l) => out.with_layout(l),
+        None => out,
+    })
+}

@@ -1,0 +1,146 @@
+//! Quantization constraints: scale tensors must have the shape and memory order the scheme
+//! implies (SCALE_LAYOUT_MISMATCH, never garbage computed quietly), and the kernel must
+//! implement the scheme, target, block shape, scale layout and group size.
+
+use super::{Sink, list};
+use crate::capabilities::spec::Constraints;
+use crate::model::attrs::{Attrs, QuantAttrs, QuantScheme, ScaleLayout};
+use crate::model::dtype::DType;
+use crate::model::op::Op;
+use crate::model::request::Request;
+use crate::model::tensor::TensorDesc;
+use crate::reason::ReasonCode;
+
+pub(super) fn check(c: &Constraints, req: &Request, out: &mut impl Sink) {
+    match (&req.attrs, req.op) {
+        (Attrs::Quant(a), Op::Quantize | Op::Dequantize) => quant(c, req, a, out),
+        (Attrs::W8a8(_), Op::LinearW8a8) => w8a8(req, out),
+        (Attrs::Int4(a), Op::LinearInt4) => int4(req, a.group_size, out),
+        _ => {}
+    }
+}
+
+fn mismatch(out: &mut impl Sink, msg: impl FnOnce() -> String) {
+    out.reject(ReasonCode::SCALE_LAYOUT_MISMATCH, msg);
+}
+
+/// The logical scale shape a scheme implies for x.
+fn expected_scale_shape(a: &QuantAttrs, x: &TensorDesc) -> Option<Vec<u64>> {
+    match a.scheme {
+        QuantScheme::None | QuantScheme::PerTensor => Some(vec![1]),
+        QuantScheme::PerChannel => x.shape.first().map(|&r| vec![r]),
+        QuantScheme::PerBlock => {
+            let [br, bc] = a.block?;
+            let (r, cols) = (*x.shape.first()?, *x.shape.get(1)?);
+            Some(vec![r.div_ceil(br.max(1)), cols.div_ceil(bc.max(1))])
+        }
+    }
+}
+
+/// The memory order of a 2-D scale tensor (`None` when it is ambiguous: a dim of 1).
+fn scale_order(s: &TensorDesc) -> Option<ScaleLayout> {
+    if s.rank() != 2 || s.shape.iter().any(|&d| d <= 1) {
+        return None;
+    }
+    match s.strides.as_deref() {
+        None => Some(ScaleLayout::RowMajor),
+        Some([a, 1]) if *a == s.shape[1] => Some(ScaleLayout::RowMajor),
+        Some([1, b]) if *b == s.shape[0] => Some(ScaleLayout::ColumnMajor),
+        Some(_) => None,
+    }
+}
+
+fn quant(c: &Constraints, req: &Request, a: &QuantAttrs, out: &mut impl Sink) {
+    let layout = a.scale_layout.unwrap_or(ScaleLayout::RowMajor);
+    if let Some(ok) = &c.quant_schemes
+        && !ok.contains(&a.scheme)
+    {
+        out.reject(ReasonCode::ATTR_UNSUPPORTED, || format!("scheme {} not in [{}]", a.scheme.as_str(), names(ok)));
+    }
+    let qdtype = match req.op {
+        Op::Quantize => a.target.unwrap_or(DType::I8),
+        _ => req.get("x").map_or(DType::I8, |x| x.dtype),
+    };
+    if let Some(ok) = &c.quant_targets
+        && !ok.contains(&qdtype)
+    {
+        out.reject(ReasonCode::DTYPE_UNSUPPORTED, || format!("quantized dtype {qdtype} not in [{}]", list(ok)));
+    }
+    if let (QuantScheme::PerBlock, Some(block), Some(ok)) = (a.scheme, a.block, &c.quant_blocks)
+        && !ok.contains(&block)
+    {
+        out.reject(ReasonCode::ATTR_UNSUPPORTED, || {
+            let b: Vec<String> = ok.iter().map(|b| format!("{b:?}")).collect();
+            format!("block {block:?} not in [{}]", b.join(", "))
+        });
+    }
+    if a.scheme == QuantScheme::PerBlock
+        && let Some(ok) = &c.scale_layouts
+        && !ok.contains(&layout)
+    {
+        mismatch(out, || format!("scale_layout {} requested; the kernel reads {} scales", layout.as_str(), names2(ok)));
+    }
+    // A given scale tensor (dequantize) must match the scheme's shape and the stated layout.
+    if let (Some(scale), Some(x)) = (req.get("scale"), req.get("x"))
+        && let Some(want) = expected_scale_shape(a, x)
+    {
+        let numel: u64 = scale.shape.iter().product();
+        let shape_ok = match a.scheme {
+            QuantScheme::None | QuantScheme::PerTensor => numel == 1,
+            _ => scale.shape == want,
+        };
+        if !shape_ok {
+            mismatch(out, || {
+                format!(
+                    "scale shape {:?} does not match {} quantization of x {:?}: expected {want:?}",
+                    scale.shape,
+                    a.scheme.as_str(),
+                    x.shape
+                )
+            });
+        } else if let Some(order) = scale_order(scale)
+            && a.scheme == QuantScheme::PerBlock
+            && order != layout
+        {
+            mismatch(out, || {
+                format!("scale strides {:?} are {}; attrs.scale_layout says {}", scale.strides, order.as_str(), layout.as_str())
+            });
+        }
+    }
+}
+
+fn w8a8(req: &Request, out: &mut impl Sink) {
+    let (Some(x), Some(w)) = (req.get("x"), req.get("weight")) else { return };
+    for (name, rows) in [("x_scale", x.shape.first()), ("w_scale", w.shape.first())] {
+        let (Some(s), Some(&rows)) = (req.get(name), rows) else { continue };
+        let n: u64 = s.shape.iter().product();
+        if !(s.rank() == 1 && (n == 1 || n == rows)) {
+            mismatch(out, || format!("tensor `{name}` shape {:?} must be [1] or [{rows}] (one scale per row)", s.shape));
+        }
+    }
+}
+
+fn int4(req: &Request, group: u64, out: &mut impl Sink) {
+    let (Some(x), Some(w)) = (req.get("x"), req.get("weight")) else { return };
+    let (Some(&k), Some(&n)) = (x.shape.last(), w.shape.first()) else { return };
+    if group == 0 || k % group != 0 {
+        mismatch(out, || format!("group_size {group} does not divide in_features {k}"));
+        return;
+    }
+    let want = vec![n, k / group];
+    for name in ["scales", "zeros"] {
+        if let Some(s) = req.get(name)
+            && s.shape != want
+        {
+            mismatch(out, || format!("tensor `{name}` shape {:?} must be [out_features, in_features / group_size] = {want:?}", s.shape));
+        }
+    }
+}
+
+fn names(v: &[QuantScheme]) -> String {
+    v.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+}
+
+fn names2(v: &[ScaleLayout]) -> String {
+    v.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" or ")
+}
