@@ -47,6 +47,7 @@ macro_rules! op_args {
                 })
             }
 
+            #[allow(unused_variables)]
             fn take(take: &mut Take<'_>, attrs: $attrs, op: Op) -> Result<$name> {
                 Ok($name {
                     $( $req: take(stringify!($req))?.ok_or_else(|| {

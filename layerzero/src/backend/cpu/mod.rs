@@ -3,13 +3,23 @@
 //! attention split the cache into chunks merged by log-sum-exp; RoPE computes its angles in
 //! f64. Semantics are those of `exec::semantics`, shared with `cpu_reference`.
 
+mod activation;
 mod attention;
+mod embedding;
+mod linear;
+mod mlp;
+mod moe;
+mod norm;
+mod quant;
+mod sample;
 mod decode;
 mod engine;
 mod pack;
 mod paged;
 mod rope;
 pub(crate) mod simd;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 
@@ -36,6 +46,14 @@ pub fn register(registry: &mut Registry) {
             other => Err(wrong_op("cpu.paged_attention.split_kv", other)),
         }),
     );
+    norm::register(registry);
+    activation::register(registry);
+    embedding::register(registry);
+    linear::register(registry);
+    quant::register(registry);
+    mlp::register(registry);
+    sample::register(registry);
+    moe::register(registry);
     registry.register(
         "cpu.rope.fast",
         Arc::new(|args: &OpArgs| match args {

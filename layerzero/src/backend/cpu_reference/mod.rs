@@ -5,7 +5,15 @@
 //! every dimension it relies on and answers bad input with `KernelError::InvalidInput`
 //! naming the tensor, the position and the value; it never indexes out of bounds.
 
+mod activation;
 pub mod attention;
+mod embedding;
+mod linear;
+mod mlp;
+mod moe;
+mod norm;
+mod quant;
+mod sample;
 pub mod paged;
 pub mod rope;
 
@@ -43,6 +51,14 @@ pub fn register(registry: &mut Registry) {
             other => Err(wrong_op(PAGED_ATTENTION, Op::PagedAttention, other)),
         }),
     );
+    norm::register(registry);
+    activation::register(registry);
+    embedding::register(registry);
+    linear::register(registry);
+    quant::register(registry);
+    mlp::register(registry);
+    sample::register(registry);
+    moe::register(registry);
     registry.register(
         ROPE,
         Arc::new(|args: &OpArgs| match args {
