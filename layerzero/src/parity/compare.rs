@@ -19,6 +19,17 @@ pub enum Category {
     Rope,
 }
 
+/// Exact equality: integer and fp8 outputs (tokens, expert ids, quantized values).
+pub const EXACT: Tolerance = Tolerance { rtol: 0.0, atol: 0.0, ulp: 0.0 };
+
+/// The tolerance for one output: exact for integer and fp8 dtypes, else the table's.
+pub fn output_tolerance(category: Category, dtype: DType) -> Tolerance {
+    match dtype {
+        DType::F32 | DType::F16 | DType::BF16 => tolerance(category, dtype),
+        _ => EXACT,
+    }
+}
+
 /// An allclose tolerance: |out - ref| <= atol + rtol * |ref| for every element, or within
 /// one unit in the last place of a 16-bit output dtype. Two results each rounded correctly
 /// to f16/bf16 from slightly different exact values may land on neighbouring values; RoPE's

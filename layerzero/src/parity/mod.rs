@@ -14,7 +14,7 @@ use crate::exec::executor::Registry;
 use crate::model::op::Op;
 use crate::select::{Selector, Verdict};
 use cases::Case;
-use compare::{Diff, Tolerance, compare, tolerance};
+use compare::{Diff, Tolerance, compare, output_tolerance, tolerance};
 
 /// The fixed seed of the case matrix.
 pub const SEED: u64 = 0x4C5A_5041_5249_5459;
@@ -132,7 +132,7 @@ pub fn run(registry: &Registry, selector: &Selector, op: Option<Op>, kernel: Opt
                                 Some(format!("output `{name}` shape {:?} != reference {:?}", o.shape(), r.shape()));
                             break;
                         }
-                        let d = compare(&r.to_f64_vec(), &o.to_f64_vec(), tol);
+                        let d = compare(&r.to_f64_vec(), &o.to_f64_vec(), output_tolerance(case.category, r.dtype()));
                         if worst.is_none_or(|w| {
                             d.violations > w.violations || (d.violations == w.violations && d.nmse > w.nmse)
                         }) {
