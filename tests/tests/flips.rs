@@ -5,6 +5,9 @@ use std::sync::Arc;
 
 use layerzero::capabilities::catalog::Catalog;
 use layerzero::model::attrs::{
+    Activation, Int4Attrs, MlpAttrs, QuantAttrs, QuantScheme, ScaleLayout,
+};
+use layerzero::model::attrs::{
     AttentionAttrs, Attrs, GeluApproximate, GeluAttrs, NormAttrs, RopeAttrs, RopeScaling, RopeStyle, SwigluAttrs,
 };
 use layerzero::model::dtype::DType;
@@ -381,6 +384,7 @@ fn flips() -> Vec<Flip> {
     for (name, _op, patch, req, code) in attrs_flips {
         v.push(flip(name, patch, req, code));
     }
+    v.extend(quant_and_mlp_flips());
     // Hardware fields of other device kinds.
     v.push(Flip {
         device: "rocm",
@@ -521,4 +525,133 @@ fn a_single_bottom_right_causal_row_is_judged_as_unmasked_unless_alibi_needs_the
     assert_eq!(codes(&sel.explain(&top_left), "probe.attention.flipped"), ["CAUSAL_UNSUPPORTED"]);
     let alibi = with_attrs(decode, AttentionAttrs { causal: true, alibi: true, ..Default::default() });
     assert_eq!(codes(&sel.explain(&alibi), "probe.attention.flipped"), ["CAUSAL_UNSUPPORTED"]);
+}
+
+fn quant_request(op: Op, attrs: QuantAttrs, scale: Option<TensorDesc>) -> Request {
+    let x = match op {
+        Op::Quantize => TensorDesc::new(DType::BF16, [256, 512]),
+        _ => TensorDesc::new(DType::I8, [256, 512]),
+    };
+    let r = Request::new(op).attrs(Attrs::Quant(attrs)).tensor("x", x);
+    match scale {
+        Some(s) => r.tensor("scale", s),
+        None => r,
+    }
+}
+
+fn qattrs(scheme: QuantScheme, block: Option<[u64; 2]>, layout: Option<ScaleLayout>, target: Option<DType>) -> QuantAttrs {
+    QuantAttrs { scheme, block, scale_layout: layout, target, out_dtype: None }
+}
+
+fn mlp_request(op: Op, act: Activation) -> Request {
+    let t = |s: &[u64]| TensorDesc::new(DType::BF16, s.to_vec());
+    let r = Request::new(op).attrs(Attrs::Mlp(MlpAttrs { activation: act })).tensor("x", t(&[16, 64]));
+    match op {
+        Op::MoeExperts => r
+            .tensor("experts", TensorDesc::new(DType::I32, [16, 2]))
+            .tensor("weights", TensorDesc::new(DType::F32, [16, 2]))
+            .tensor("w_gate", t(&[4, 128, 64]))
+            .tensor("w_up", t(&[4, 128, 64]))
+            .tensor("w_down", t(&[4, 64, 128])),
+        _ => r.tensor("w_gate", t(&[128, 64])).tensor("w_up", t(&[128, 64])).tensor("w_down", t(&[64, 128])),
+    }
+}
+
+fn int4_request(group: u64) -> Request {
+    Request::new(Op::LinearInt4)
+        .attrs(Attrs::Int4(Int4Attrs { group_size: group }))
+        .tensor("x", TensorDesc::new(DType::BF16, [4, 256]))
+        .tensor("weight", TensorDesc::new(DType::I8, [32, 128]))
+        .tensor("scales", TensorDesc::new(DType::F32, [32, 256 / group]))
+}
+
+fn quant_and_mlp_flips() -> Vec<Flip> {
+    let block = Some([128, 128]);
+    vec![
+        flip("quant_schemes", json!({"quant_schemes": ["per_tensor"]}), quant_request(Op::Quantize, qattrs(QuantScheme::PerChannel, None, None, None), None), "ATTR_UNSUPPORTED"),
+        flip("quant_targets", json!({"quant_targets": ["i8"]}), quant_request(Op::Quantize, qattrs(QuantScheme::PerTensor, None, None, Some(DType::Fp8E4M3)), None), "DTYPE_UNSUPPORTED"),
+        flip("quant_blocks", json!({"quant_blocks": [[1, 128]]}), quant_request(Op::Quantize, qattrs(QuantScheme::PerBlock, block, None, None), None), "ATTR_UNSUPPORTED"),
+        flip(
+            "scale_layouts",
+            json!({"scale_layouts": ["row_major"]}),
+            quant_request(Op::Quantize, qattrs(QuantScheme::PerBlock, block, Some(ScaleLayout::ColumnMajor), None), None),
+            "SCALE_LAYOUT_MISMATCH",
+        ),
+        flip("activations", json!({"activations": ["silu"]}), mlp_request(Op::Mlp, Activation::GeluTanh), "ATTR_UNSUPPORTED"),
+        flip("activations (moe)", json!({"activations": ["gelu"]}), mlp_request(Op::MoeExperts, Activation::Silu), "ATTR_UNSUPPORTED"),
+        flip("group_sizes", json!({"group_sizes": [32, 128]}), int4_request(64), "ATTR_UNSUPPORTED"),
+    ]
+}
+
+#[test]
+fn a_scale_that_does_not_match_its_scheme_is_rejected_for_every_kernel() {
+    // Universal checks: no capability field turns them off.
+    let catalog = two_kernel_catalog(Op::Dequantize, "cpu", &json!({}), &json!({}));
+    let sel = planner_with(catalog, "zen4", layerzero::policy::Policy::default());
+    let block = Some([128, 128]);
+    let row_major = TensorDesc::new(DType::F32, [2, 4]);
+    let col_major = TensorDesc::new(DType::F32, [2, 4]).with_strides([1, 2]);
+    let cases = [
+        // [256, 512] in 128x128 blocks needs a [2, 4] scale.
+        (qattrs(QuantScheme::PerBlock, block, None, None), TensorDesc::new(DType::F32, [4, 2]), true),
+        (qattrs(QuantScheme::PerBlock, block, None, None), row_major.clone(), false),
+        // Column-major memory where row-major was stated (the silent bug of spec 004).
+        (qattrs(QuantScheme::PerBlock, block, None, None), col_major.clone(), true),
+        (qattrs(QuantScheme::PerBlock, block, Some(ScaleLayout::ColumnMajor), None), col_major, false),
+        (qattrs(QuantScheme::PerBlock, block, Some(ScaleLayout::ColumnMajor), None), row_major, true),
+        (qattrs(QuantScheme::PerChannel, None, None, None), TensorDesc::new(DType::F32, [512]), true),
+        (qattrs(QuantScheme::PerChannel, None, None, None), TensorDesc::new(DType::F32, [256]), false),
+        (qattrs(QuantScheme::PerTensor, None, None, None), TensorDesc::new(DType::F32, [2]), true),
+    ];
+    for (attrs, scale, mismatch) in cases {
+        let req = quant_request(Op::Dequantize, attrs.clone(), Some(scale.clone()));
+        let report = sel.explain(&req);
+        assert!(report.request_errors.is_empty(), "{:?}", report.request_errors);
+        let got = codes(&report, "probe.dequantize.base");
+        let want: &[&str] = if mismatch { &["SCALE_LAYOUT_MISMATCH"] } else { &[] };
+        assert_eq!(got, want, "{attrs:?} with scale {scale:?}");
+    }
+    // Quantized linears: per-row scales and int4 groups.
+    let cat = two_kernel_catalog(Op::LinearInt4, "cpu", &json!({}), &json!({}));
+    let sel = planner_with(cat, "zen4", layerzero::policy::Policy::default());
+    let bad = int4_request(64).tensor("scales", TensorDesc::new(DType::F32, [32, 8]));
+    assert_eq!(codes(&sel.explain(&bad), "probe.linear_int4.base"), ["SCALE_LAYOUT_MISMATCH"]);
+    let cat = two_kernel_catalog(Op::LinearW8a8, "cpu", &json!({}), &json!({}));
+    let sel = planner_with(cat, "zen4", layerzero::policy::Policy::default());
+    let w8 = |xs: u64| {
+        Request::new(Op::LinearW8a8)
+            .tensor("x", TensorDesc::new(DType::I8, [4, 64]))
+            .tensor("x_scale", TensorDesc::new(DType::F32, [xs]))
+            .tensor("weight", TensorDesc::new(DType::I8, [32, 64]))
+            .tensor("w_scale", TensorDesc::new(DType::F32, [32]))
+    };
+    assert!(codes(&sel.explain(&w8(4)), "probe.linear_w8a8.base").is_empty());
+    assert!(codes(&sel.explain(&w8(1)), "probe.linear_w8a8.base").is_empty());
+    assert_eq!(codes(&sel.explain(&w8(32)), "probe.linear_w8a8.base"), ["SCALE_LAYOUT_MISMATCH"]);
+}
+
+#[test]
+fn a_fused_mlp_is_modeled_without_its_intermediate_traffic() {
+    // perf.fused drops the intermediates' bytes: on a memory-bound shape it wins.
+    let mk = |id: &str, fused: bool| {
+        let mut k = kernel(id, Op::Mlp, json!({}), props());
+        if fused {
+            k["perf"]["fused"] = json!(true);
+        }
+        k
+    };
+    let doc = json!({"schema_version": 1, "backend": "probe", "description": "mlp", "device": "cpu", "version": "0",
+                     "execution": "builtin", "kernels": [mk("probe.mlp.chain", false), mk("probe.mlp.fused", true)]});
+    let catalog = Arc::new(Catalog::from_texts(&[("m.json".to_owned(), doc.to_string())]).unwrap_or_else(|e| panic!("{e}")));
+    let sel = planner_with(catalog, "zen4", layerzero::policy::Policy::default());
+    let r = sel.explain(&mlp_request(Op::Mlp, Activation::Silu));
+    let bytes = |k: &str| r.candidate(k).and_then(|c| c.score.as_ref()).map(|s| s.model.bytes).unwrap_or_default();
+    assert!(bytes("probe.mlp.fused") < bytes("probe.mlp.chain"));
+    assert_eq!(r.selected.as_deref(), Some("probe.mlp.fused"));
+    // And nothing else may declare it.
+    let mut bad = kernel("probe.linear.x", Op::Linear, json!({}), props());
+    bad["perf"]["fused"] = json!(true);
+    let doc = json!({"schema_version": 1, "backend": "probe", "description": "x", "device": "cpu", "version": "0", "execution": "builtin", "kernels": [bad]});
+    let err = Catalog::from_texts(&[("x.json".to_owned(), doc.to_string())]).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("perf.fused"), "{err}");
 }
