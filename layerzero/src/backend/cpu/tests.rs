@@ -232,7 +232,7 @@ fn attention_input_errors_are_invalid_input() {
     let mut bad_cu = dense(1, 8, 8, 2, 2, 8, 8, DType::F32);
     bad_cu.cu_seqlens_q = Some(HostTensor::new(Storage::I32(vec![0, 5, 3]), &[3]).unwrap());
     bad_cu.cu_seqlens_k = Some(HostTensor::new(Storage::I32(vec![0, 4, 8]), &[3]).unwrap());
-    assert!(matches!(attention::run(&bad_cu), Err(KernelError::InvalidInput(m)) if m.contains("cu_seqlens_q[2]")));
+    assert!(matches!(attention::run(&bad_cu), Err(KernelError::InvalidInput(m)) if m.contains("[2] = 3")));
     bad_cu.cu_seqlens_q = Some(HostTensor::new(Storage::I32(vec![0, 5, 9]), &[3]).unwrap());
     assert!(matches!(attention::run(&bad_cu), Err(KernelError::InvalidInput(m)) if m.contains("9")));
     bad_cu.cu_seqlens_k = None;
@@ -432,7 +432,7 @@ fn rope_styles_partial_positions_scalings_tables_and_dtypes() {
         }
     }
     // cos/sin tables.
-    let q = t(&[1, 5, 3, 32], 3, DType::F32, Layout::Bhsd);
+    let q = bhsd_view(&t(&[1, 5, 3, 32], 3, DType::F32, Layout::Bshd));
     let mut a = rope_args(q, None, RopeAttrs { rotary_dim: Some(24), ..Default::default() });
     a.cos = Some(t(&[10, 12], 4, DType::F32, Layout::Bshd));
     a.sin = Some(t(&[10, 12], 5, DType::BF16, Layout::Bshd));
