@@ -2,16 +2,20 @@
 """Generates LayerZero's PyTorch golden fixtures (tests/fixtures/*.safetensors).
 
 Each file holds the op's input tensors under their request role names (q, k, v, mask,
-cu_seqlens_q, k_cache, block_table, positions, cos, ...), the expected output `expected`
-(and `expected_k` for RoPE with k), and safetensors metadata:
+cu_seqlens_q, k_cache, block_table, positions, cos, x, weight, ids, logits, ...), the
+expected output `expected` (the kernel output `out`; `expected_k` for RoPE's `out_k`; and
+`expected_<name>` for the output `<name>`: residual_out, scale, experts, weights), and
+safetensors metadata:
   request      the request JSON (public form, schemas/request.schema.json)
-  op_category  attention | rope (the row of the tolerance table, spec 002 section 5)
+  op_category  attention | rope | norms | gemm (the row of the tolerance table, spec 002 section 5)
   source       the torch expression the expected output comes from
 
 Inputs are stored in the request dtype; the expected output is computed in float64 from the
-dtype-rounded inputs and cast to the request (q) dtype. The semantics followed are those of
+dtype-rounded inputs and cast to the output dtype. The semantics followed are those of
 layerzero/src/exec/args.rs and layerzero/src/exec/semantics.rs. A query row with no visible
-key yields zeros (LayerZero's definition; torch gives NaN there).
+key yields zeros (LayerZero's definition; torch gives NaN there). Integer and fp8 outputs
+(quantize, moe_route's experts) are computed with the documented float32 arithmetic and
+must match exactly.
 
 Deterministic: every case seeds torch from its name. Regenerate with
   tools/.venv/bin/python tools/gen_fixtures.py
@@ -748,11 +752,767 @@ def _():
                 attrs={"style": "interleaved", "rotary_dim": 32})
 
 
+# ------------------------------------------------------------- row-wise, GEMM and quant ops
+#
+# Expected outputs are computed in float64 from the dtype-rounded inputs and cast to the
+# output dtype. Each case also runs a float32 emulation of a straightforward kernel (f32
+# accumulation, as the args docs say) and asserts that it passes the fixture's tolerance
+# with margin, so a fixture never asks for more than the specification's table allows;
+# integer and fp8 outputs are exact and their emulation must match bit for bit.
+
+DT["i8"] = torch.int8
+VERBOSE = False
+F32 = torch.float32
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def rnd_shift(shape, dtype, scale=1.0, shift=0.0):
+    x = (torch.randn(shape, dtype=F64) * scale + shift).to(DT[dtype])
+    return x, x.to(F64)
+
+
+def table_tol(category, dtype):
+    """(rtol, atol, ulp) of spec 002 section 5, as layerzero::parity::compare::output_tolerance."""
+    if dtype not in FLOATS:
+        return 0.0, 0.0, 0.0
+    ulp = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}.get(dtype, 0.0)
+    rows = {
+        "attention": (1e-3, 1e-2, 1e-5), "norms": (1e-3, 1e-2, 1e-6), "gemm": (1e-3, 1e-2, 1e-6),
+        "rope": (1e-4, 1e-3, 1e-6),
+    }
+    f16, bf16, f32 = rows[category]
+    t = {torch.float16: f16, torch.bfloat16: bf16, torch.float32: f32}[dtype]
+    return t, t, ulp
+
+
+def check_emulation(name, category, tensors, emu, label, margin=0.5):
+    """Asserts that the emulated outputs {expected_name: tensor} pass the comparison of
+    tests/tests/fixtures.rs, with the table's rtol/atol scaled by `margin`."""
+    for key, got in emu.items():
+        ref = tensors[key]
+        assert got.dtype == ref.dtype and got.shape == ref.shape, (name, label, key, got.dtype, got.shape)
+        rtol, atol, ulp = table_tol(category, ref.dtype)
+        r, o = ref.to(F64), got.to(F64)
+        d = (o - r).abs()
+        ok = (d <= margin * (atol + rtol * r.abs())) | (d <= ulp * torch.maximum(r.abs(), o.abs()))
+        if VERBOSE and atol > 0:
+            worst = float(torch.where(d <= ulp * torch.maximum(r.abs(), o.abs()), 0.0, d / (atol + rtol * r.abs())).max())
+            print(f"  {name}: {label} `{key}` worst |d| / tol = {worst:.3f}", file=sys.stderr)
+        if not bool(ok.all()):
+            i = int((~ok).flatten().nonzero()[0])
+            raise AssertionError(f"{name}: {label} `{key}` fails at [{i}]: {r.flatten()[i]} vs {o.flatten()[i]} "
+                                 f"({int((~ok).sum())} of {ok.numel()})")
+
+
+# ----------------------------------------------------------------------------------- norms
+
+
+def sum_seq(v):
+    """Float32 sum over the last dim, one element at a time (torch's own float32 sums
+    accumulate more precisely than a plain loop kernel)."""
+    acc = torch.zeros(v.shape[:-1], dtype=F32)
+    for i in range(v.shape[-1]):
+        acc = acc + v[..., i]
+    return acc
+
+
+def rms_norm_seq32(s, w, eps):
+    ms = sum_seq(s * s) / s.shape[-1]
+    return s * torch.rsqrt(ms + eps)[..., None] * w
+
+
+def layer_norm_seq32(x, w, b, eps):
+    H = x.shape[-1]
+    mean = sum_seq(x) / H
+    d = x - mean[..., None]
+    var = sum_seq(d * d) / H
+    out = d * torch.rsqrt(var + eps)[..., None] * w
+    return out if b is None else out + b
+
+
+def norm(name, op, dtype, shape, residual=False, bias=False, eps=None):
+    seed(name)
+    H = shape[-1]
+    x, x64 = rnd_shift(shape, dtype, 2.0, 0.5 if op == "layer_norm" else 0.0)
+    w, w64 = rnd_shift((H,), dtype, 0.25, 0.5)  # |out| mostly < 2: float32 sums stay well inside 1e-6
+    tensors = {"x": x, "weight": w}
+    attrs = {} if eps is None else {"eps": eps}
+    if op == "rms_norm":
+        e = 1e-6 if eps is None else eps
+        s64 = x64
+        if residual:
+            r, r64 = rnd(shape, dtype)
+            tensors["residual"] = r
+            s64 = x64 + r64
+            tensors["expected_residual_out"] = s64.to(DT[dtype])
+        tensors["expected"] = F.rms_norm(s64, (H,), w64, eps=e).to(DT[dtype])
+        s32 = x.float() + tensors["residual"].float() if residual else x.float()
+        emu = {"expected": F.rms_norm(s32, (H,), w.float(), eps=e).to(DT[dtype])}
+        emu_seq = {"expected": rms_norm_seq32(s32, w.float(), e).to(DT[dtype])}
+        if residual:
+            emu["expected_residual_out"] = s32.to(DT[dtype])
+        src = (f"torch.nn.functional.rms_norm(s, ({H},), weight, eps={e}) in float64 with s = x"
+               + (" + residual (float64; expected_residual_out = s cast to x's dtype)" if residual else ""))
+    else:
+        e = 1e-5 if eps is None else eps
+        b64 = None
+        if bias:
+            b, b64 = rnd((H,), dtype, 0.5)
+            tensors["bias"] = b
+        tensors["expected"] = F.layer_norm(x64, (H,), w64, b64, eps=e).to(DT[dtype])
+        b32 = tensors["bias"].float() if bias else None
+        emu = {"expected": F.layer_norm(x.float(), (H,), w.float(), b32, eps=e).to(DT[dtype])}
+        emu_seq = {"expected": layer_norm_seq32(x.float(), w.float(), b32, e).to(DT[dtype])}
+        src = f"torch.nn.functional.layer_norm(x, ({H},), weight, {'bias' if bias else 'None'}, eps={e}) in float64"
+    check_emulation(name, "norms", tensors, emu, "f32 torch")
+    check_emulation(name, "norms", tensors, emu_seq, "f32 sequential sums")
+    req_t = {k: desc(t, dtype) for k, t in tensors.items() if not k.startswith("expected")}
+    request = {"op": op, "tensors": req_t, "attrs": attrs}
+    return name, tensors, request, "norms", src + ", cast to x's dtype"
+
+
+@case
+def _():
+    return norm("rms_norm_f32_h511", "rms_norm", "f32", (9, 511))
+
+
+@case
+def _():
+    return norm("rms_norm_f16_residual_b3s4_h257", "rms_norm", "f16", (3, 4, 257), residual=True)
+
+
+@case
+def _():
+    return norm("rms_norm_bf16_residual_eps1e-5_h129", "rms_norm", "bf16", (6, 129), residual=True, eps=1e-5)
+
+
+@case
+def _():
+    return norm("rms_norm_bf16_h95", "rms_norm", "bf16", (7, 95))
+
+
+@case
+def _():
+    return norm("layer_norm_f32_bias_h511", "layer_norm", "f32", (4, 511), bias=True)
+
+
+@case
+def _():
+    return norm("layer_norm_f16_nobias_h95", "layer_norm", "f16", (7, 95))
+
+
+@case
+def _():
+    return norm("layer_norm_bf16_bias_eps1e-6_b2s3_h333", "layer_norm", "bf16", (2, 3, 333), bias=True, eps=1e-6)
+
+
+# ---------------------------------------------------------------------------------- linear
+
+
+def mm_torch(a, b):
+    return a.float() @ b.float()
+
+
+def mm_seq(a, b):
+    """a [..., K] @ b [K, N] in float32, the products added one k at a time (a plain loop)."""
+    a, b = a.float(), b.float()
+    acc = torch.zeros(a.shape[:-1] + (b.shape[1],), dtype=F32)
+    for k in range(a.shape[-1]):
+        acc = acc + a[..., k, None] * b[k]
+    return acc
+
+
+def mm_lanes(a, b, lanes=8):
+    """Float32 with `lanes` interleaved partial sums (k % lanes), added at the end (SIMD style)."""
+    parts = [mm_seq(a[..., i::lanes], b[i::lanes]) for i in range(lanes)]
+    out = parts[0]
+    for p in parts[1:]:
+        out = out + p
+    return out
+
+
+# Float32 GEMM emulations every GEMM fixture must pass (note: torch's float32 cumsum/sum
+# accumulate in double, so the loops are written out).
+MATMULS = {"f32 torch matmul": mm_torch, "f32 sequential": mm_seq, "f32 8 lanes": mm_lanes}
+
+
+def linear(name, dtype, M, K, N, layout="NT", bias=True):
+    seed(name)
+    x, x64 = rnd((M, K), dtype)
+    wshape = (N, K) if layout == "NT" else (K, N)
+    w, w64 = rnd(wshape, dtype, 0.5 / math.sqrt(K))  # outputs ~0.5: f32 sums stay well inside 1e-6
+    W64 = w64.T if layout == "NT" else w64  # [K, N]
+    W = w.T if layout == "NT" else w
+    tensors = {"x": x, "weight": w}
+    out = x64 @ W64
+    emus = {label: mm(x, W) for label, mm in MATMULS.items()}
+    if bias:
+        b, b64 = rnd((N,), dtype, 0.5)
+        tensors["bias"] = b
+        out = out + b64
+        emus = {label: e + b.float() for label, e in emus.items()}
+    tensors["expected"] = out.to(DT[dtype])
+    for label, e in emus.items():
+        check_emulation(name, "gemm", tensors, {"expected": e.to(DT[dtype])}, label)
+    req_t = {"x": desc(x, dtype), "weight": desc(w, dtype, layout)}
+    if bias:
+        req_t["bias"] = desc(tensors["bias"], dtype)
+    request = {"op": "linear", "tensors": req_t, "attrs": {}}
+    wt = "weight.T" if layout == "NT" else "weight"
+    src = f"x @ {wt}" + (" + bias" if bias else "") + f" in float64 (weight layout {layout}), cast to x's dtype"
+    return name, tensors, request, "gemm", src
+
+
+@case
+def _():
+    return linear("linear_nt_f32_m1_k96_n40_bias", "f32", 1, 96, 40, "NT")
+
+
+@case
+def _():
+    return linear("linear_nn_f32_m17_k80_n33_bias", "f32", 17, 80, 33, "NN")
+
+
+@case
+def _():
+    return linear("linear_nt_f16_m17_k130_n24", "f16", 17, 130, 24, "NT", bias=False)
+
+
+@case
+def _():
+    return linear("linear_nn_bf16_m1_k64_n48_bias", "bf16", 1, 64, 48, "NN")
+
+
+# ----------------------------------------------------------------------------- activations
+
+
+def act64(kind, x):
+    if kind == "silu":
+        return F.silu(x)
+    if kind in ("gelu", "none"):
+        return F.gelu(x)
+    if kind in ("gelu_tanh", "tanh"):
+        return F.gelu(x, approximate="tanh")
+    raise ValueError(kind)
+
+
+def act_src(kind):
+    return {"silu": "torch.nn.functional.silu", "gelu": "torch.nn.functional.gelu",
+            "none": "torch.nn.functional.gelu",
+            "gelu_tanh": "torch.nn.functional.gelu(approximate='tanh')",
+            "tanh": "torch.nn.functional.gelu(approximate='tanh')"}[kind]
+
+
+def elementwise(name, op, dtype, shape, approximate=None, margin=0.5):
+    seed(name)
+    x, x64 = rnd(shape, dtype, 3.0)
+    kind = "silu" if op == "silu" else (approximate or "none")
+    tensors = {"x": x, "expected": act64(kind, x64).to(DT[dtype])}
+    check_emulation(name, "gemm", tensors, {"expected": act64(kind, x.float()).to(DT[dtype])}, "f32 torch", margin)
+    attrs = {} if approximate is None else {"approximate": approximate}
+    request = {"op": op, "tensors": {"x": desc(x, dtype)}, "attrs": attrs}
+    return name, tensors, request, "gemm", f"{act_src(kind)}(x) in float64, cast to x's dtype"
+
+
+def glu(name, op, dtype, shape, split, approximate=None, scale=2.0):
+    """shape: the output shape [..., I]."""
+    seed(name)
+    kind = "silu" if op == "swiglu" else (approximate or "none")
+    I = shape[-1]
+    tensors = {}
+    if split:
+        x, x64 = rnd(tuple(shape[:-1]) + (2 * I,), dtype, scale)
+        tensors["x"] = x
+        g64, u64 = x64[..., :I], x64[..., I:]
+        g32, u32 = x.float()[..., :I], x.float()[..., I:]
+    else:
+        g, g64 = rnd(shape, dtype, scale)
+        u, u64 = rnd(shape, dtype, scale)
+        tensors["gate"], tensors["up"] = g, u
+        g32, u32 = g.float(), u.float()
+    tensors["expected"] = (act64(kind, g64) * u64).to(DT[dtype])
+    check_emulation(name, "gemm", tensors, {"expected": (act64(kind, g32) * u32).to(DT[dtype])}, "f32 torch")
+    attrs = {"split": split}
+    if approximate is not None:
+        attrs["approximate"] = approximate
+    req_t = {k: desc(t, dtype) for k, t in tensors.items() if k != "expected"}
+    request = {"op": op, "tensors": req_t, "attrs": attrs}
+    parts = "gate, up = x[..., :I], x[..., I:]; " if split else ""
+    return name, tensors, request, "gemm", parts + f"{act_src(kind)}(gate) * up in float64, cast to the input dtype"
+
+
+@case
+def _():
+    return glu("swiglu_split_f16_i65", "swiglu", "f16", (9, 65), split=True)
+
+
+@case
+def _():
+    return glu("swiglu_separate_bf16_b2s3_i48", "swiglu", "bf16", (2, 3, 48), split=False)
+
+
+@case
+def _():
+    return glu("swiglu_separate_f32_i33", "swiglu", "f32", (5, 33), split=False)
+
+
+@case
+def _():
+    return glu("geglu_separate_erf_f32_i70", "geglu", "f32", (4, 70), split=False, approximate="none",
+               scale=1.0)
+
+
+@case
+def _():
+    return glu("geglu_split_tanh_bf16_i57", "geglu", "bf16", (6, 57), split=True, approximate="tanh")
+
+
+@case
+def _():
+    return elementwise("gelu_erf_f32", "gelu", "f32", (7, 130), margin=1.0)
+
+
+@case
+def _():
+    return elementwise("gelu_tanh_f16", "gelu", "f16", (5, 97), approximate="tanh")
+
+
+@case
+def _():
+    return elementwise("silu_bf16", "silu", "bf16", (3, 4, 77))
+
+
+@case
+def _():
+    return elementwise("silu_f32", "silu", "f32", (6, 61))
+
+
+# ------------------------------------------------------------------------------ MLP and MoE
+
+
+def mlp64(x64, wg, wu, wd, activation):
+    return (act64(activation, x64 @ wg.T) * (x64 @ wu.T)) @ wd.T
+
+
+def mlp32(x, wg, wu, wd, activation, chain_dtype=None, mm=mm_torch):
+    """Float32 emulation; with chain_dtype the two projections and the GLU are rounded to
+    that dtype between steps (an unfused linear -> swiglu -> linear chain)."""
+    rd = (lambda t: t.to(chain_dtype).float()) if chain_dtype else (lambda t: t)
+    g, u = rd(mm(x, wg.float().T)), rd(mm(x, wu.float().T))
+    h = rd(act64(activation, g) * u)
+    return mm(h, wd.float().T)
+
+
+def mlp(name, dtype, xshape, I, activation):
+    seed(name)
+    H = xshape[-1]
+    x, x64 = rnd(xshape, dtype)
+    wg, wg64 = rnd((I, H), dtype, 1.0 / math.sqrt(H))
+    wu, wu64 = rnd((I, H), dtype, 1.0 / math.sqrt(H))
+    wd, wd64 = rnd((H, I), dtype, 0.5 / math.sqrt(I))
+    tensors = {"x": x, "w_gate": wg, "w_up": wu, "w_down": wd}
+    tensors["expected"] = mlp64(x64, wg64, wu64, wd64, activation).to(DT[dtype])
+    for label, mm in MATMULS.items():
+        check_emulation(name, "gemm", tensors, {"expected": mlp32(x, wg, wu, wd, activation, mm=mm).to(DT[dtype])},
+                        "fused " + label)
+    check_emulation(name, "gemm", tensors,
+                    {"expected": mlp32(x, wg, wu, wd, activation, DT[dtype]).to(DT[dtype])}, "chain", margin=1.0)
+    req_t = {k: desc(t, dtype) for k, t in tensors.items() if k != "expected"}
+    request = {"op": "mlp", "tensors": req_t, "attrs": {"activation": activation}}
+    src = f"({act_src(activation)}(x @ w_gate.T) * (x @ w_up.T)) @ w_down.T in float64, cast to x's dtype"
+    return name, tensors, request, "gemm", src
+
+
+@case
+def _():
+    return mlp("mlp_silu_f32_t17_h48_i80", "f32", (17, 48), 80, "silu")
+
+
+@case
+def _():
+    return mlp("mlp_gelu_tanh_bf16_b2s5_h64_i96", "bf16", (2, 5, 64), 96, "gelu_tanh")
+
+
+def moe_experts(name, dtype, T, H, I, E, k, ids_dtype, activation):
+    seed(name)
+    x, x64 = rnd((T, H), dtype)
+    experts = torch.stack([torch.randperm(E)[:k] for _ in range(T)]).to(DT[ids_dtype])
+    weights = (torch.rand(T, k, dtype=F64) * 0.9 + 0.1).to(F32)
+    wg, wg64 = rnd((E, I, H), dtype, 1.0 / math.sqrt(H))
+    wu, wu64 = rnd((E, I, H), dtype, 1.0 / math.sqrt(H))
+    wd, wd64 = rnd((E, H, I), dtype, 0.5 / math.sqrt(I))
+    # Dense: every expert on every token, then the routed combination.
+    Y = torch.stack([mlp64(x64, wg64[e], wu64[e], wd64[e], activation) for e in range(E)])  # [E, T, H]
+    ids = experts.to(torch.int64)
+    t = torch.arange(T)[:, None]
+    out = (weights.to(F64)[..., None] * Y[ids, t]).sum(1)
+    emus = {}
+    for label, mm in MATMULS.items():
+        Y32 = torch.stack([mlp32(x, wg[e], wu[e], wd[e], activation, mm=mm) for e in range(E)])
+        emu = weights[:, 0, None] * Y32[ids[:, 0], t[:, 0]]
+        for j in range(1, k):
+            emu = emu + weights[:, j, None] * Y32[ids[:, j], t[:, 0]]
+        emus[label] = emu
+    tensors = {"x": x, "experts": experts, "weights": weights, "w_gate": wg, "w_up": wu, "w_down": wd,
+               "expected": out.to(DT[dtype])}
+    for label, emu in emus.items():
+        check_emulation(name, "gemm", tensors, {"expected": emu.to(DT[dtype])}, label)
+    req_t = {k_: desc(t_, {torch.float32: "f32"}.get(t_.dtype, dtype) if k_ != "experts" else ids_dtype)
+             for k_, t_ in tensors.items() if k_ != "expected"}
+    request = {"op": "moe_experts", "tensors": req_t, "attrs": {"activation": activation}}
+    src = (f"dense: y_e = ({act_src(activation)}(x @ w_gate[e].T) * (x @ w_up[e].T)) @ w_down[e].T for every "
+           f"expert e, out[t] = sum_j weights[t, j] * y_(experts[t, j])[t], float64, cast to x's dtype")
+    return name, tensors, request, "gemm", src
+
+
+@case
+def _():
+    return moe_experts("moe_experts_silu_f32_e4_k2_i32", "f32", 9, 32, 48, 4, 2, "i32", "silu")
+
+
+@case
+def _():
+    return moe_experts("moe_experts_gelu_bf16_e4_k2_i64", "bf16", 7, 64, 40, 4, 2, "i64", "gelu")
+
+
+# ------------------------------------------------------------------------------- embedding
+
+
+def embedding(name, dtype, ids_shape, ids_dtype, V, H):
+    seed(name)
+    table, table64 = rnd((V, H), dtype)
+    ids = torch.randint(0, V, ids_shape)
+    ids.view(-1)[0], ids.view(-1)[-1] = 0, V - 1
+    ids = ids.to(DT[ids_dtype])
+    tensors = {"ids": ids, "table": table, "expected": table64[ids.to(torch.int64)].to(DT[dtype])}
+    request = {"op": "embedding", "tensors": {"ids": desc(ids, ids_dtype), "table": desc(table, dtype)}, "attrs": {}}
+    return name, tensors, request, "gemm", "table[ids] (torch.nn.functional.embedding), exact"
+
+
+@case
+def _():
+    return embedding("embedding_ids_i32_b2s9_f16", "f16", (2, 9), "i32", 50, 24)
+
+
+@case
+def _():
+    return embedding("embedding_ids_i64_s13_f32", "f32", (13,), "i64", 37, 40)
+
+
+# ------------------------------------------------------------------------------- MoE route
+
+
+def topk_lower_index(p, k):
+    """Top-k of each row by (-p, index): a stable descending sort, ties by lower index."""
+    rows = []
+    for row in p.tolist():
+        order = sorted(range(len(row)), key=lambda e: (-row[e], e))
+        rows.append(order[:k])
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+def moe_route(name, dtype, T, E, k, renormalize):
+    seed(name)
+    logits, l64 = rnd((T, E), dtype, 2.0)
+    # Ties: an all-equal row, a tie for first place, a tie at the k boundary.
+    logits[0] = 0.5
+    logits[1, 5] = logits[1, 2] = logits[1].max() + 1
+    top = logits[2].max()
+    logits[2, 4] = top + 2  # first, then k tied for the k - 1 remaining places: the lower indices win
+    for e in [6, 1, 3][:k]:
+        logits[2, e] = top + 1
+    l64 = logits.to(F64)
+    p = torch.softmax(l64, -1)
+    experts = topk_lower_index(p, k)
+    # The order must not hinge on rounding: a float32 softmax picks the same experts.
+    assert torch.equal(experts, topk_lower_index(torch.softmax(logits.float(), -1).to(F64), k)), name
+    w = p.gather(1, experts)
+    if renormalize:
+        w = w / w.sum(-1, keepdim=True)
+    tensors = {"logits": logits, "expected_experts": experts.to(torch.int32), "expected_weights": w.to(F32)}
+    p32 = torch.softmax(logits.float(), -1)
+    w32 = p32.gather(1, experts)
+    if renormalize:
+        w32 = w32 / w32.sum(-1, keepdim=True)
+    check_emulation(name, "norms", tensors, {"expected_weights": w32}, "f32 softmax")
+    request = {"op": "moe_route", "tensors": {"logits": desc(logits, dtype)},
+               "attrs": {"top_k": k, "renormalize": renormalize}}
+    src = (f"p = torch.softmax(logits, -1) in float64; experts = top {k} by a stable sort on (-p, index) "
+           f"(ties to the lower index), i32; weights = p[experts]"
+           + (" / sum (renormalized)" if renormalize else "") + ", f32")
+    return name, tensors, request, "norms", src
+
+
+@case
+def _():
+    return moe_route("moe_route_f32_e8_k2", "f32", 9, 8, 2, False)
+
+
+@case
+def _():
+    return moe_route("moe_route_bf16_e8_k3_renormalize", "bf16", 7, 8, 3, True)
+
+
+# ------------------------------------------------------------------------- (de)quantization
+
+
+QMAX_I8 = 127.0
+
+
+def i8_quantize(x32, scale32):
+    """round_half_even(x / scale) clamped to [-127, 127]; x / scale is one float32 division."""
+    return torch.round(x32 / scale32).clamp(-QMAX_I8, QMAX_I8).to(torch.int8)
+
+
+def amax_scale(amax32):
+    """scale = amax / 127 in float32 (1 where amax is 0)."""
+    s = amax32 / torch.tensor(QMAX_I8, dtype=F32)
+    return torch.where(amax32 == 0, torch.ones_like(s), s)
+
+
+def check_i8_numpy(name, x32, scale_full32, q):
+    """The same arithmetic in numpy float32 (IEEE division, rint = half to even)."""
+    import numpy as np
+    xs = x32.numpy().astype(np.float32)
+    ss = scale_full32.numpy().astype(np.float32)
+    ref = np.clip(np.rint(np.divide(xs, ss, dtype=np.float32)), -127, 127).astype(np.int8)
+    assert (ref == q.numpy()).all(), name
+    # Near-ties that a kernel computing x * (1 / scale) or in float64 would round the other way.
+    recip = np.clip(np.rint(xs * (np.float32(1) / ss)), -127, 127).astype(np.int8)
+    f64 = np.clip(np.rint(xs.astype(np.float64) / ss.astype(np.float64)), -127, 127).astype(np.int8)
+    return int((recip != ref).sum()), int((f64 != ref).sum())
+
+
+def quantize(name, dtype, shape, scheme, block=None, scale_layout=None, target="i8"):
+    seed(name)
+    x, _ = rnd(shape, dtype, 2.0)
+    x32 = x.float()
+    attrs = {"scheme": scheme, "target": target}
+    R = shape[0]
+    if scheme == "per_tensor":
+        # amax 127/16 makes the scale 1/16: x = (n + 1/2) / 16 are exact ties (half to even).
+        x.clamp_(-7.9, 7.9)
+        x.view(-1)[0] = 127.0 / 16
+        ties = torch.tensor([2.5, -2.5, 3.5, -3.5, 0.5, -0.5, 1.5, -126.5], dtype=F64) / 16
+        x.view(-1)[1: 1 + len(ties)] = ties.to(DT[dtype])
+        x32 = x.float()
+        scale = amax_scale(x32.abs().amax()).reshape(1)
+        full = scale.expand(shape)
+        src = "scale = x.abs().amax() / 127 ([1])"
+    elif scheme == "per_channel":
+        x[1] = 0  # amax 0: scale 1
+        x[2, :] = x[2, :].clamp(-7.9, 7.9)
+        x[2, 0] = 127.0 / 16
+        x[2, 1:5] = torch.tensor([2.5, -0.5, 5.5, -1.5], dtype=F64).to(DT[dtype]) / 16
+        x32 = x.float()
+        scale = amax_scale(x32.abs().amax(1))
+        full = scale[:, None].expand(shape)
+        src = "scale[r] = x[r].abs().amax() / 127 ([R]; 1 for an all-zero row)"
+    elif scheme == "per_block":
+        br, bc = block
+        nR, nC = math.ceil(shape[0] / br), math.ceil(shape[1] / bc)
+        x[(nR - 1) * br:, (nC - 1) * bc:] = 0  # the last (partial) block is all zeros: scale 1
+        x32 = x.float()
+        pad = torch.zeros(nR * br, nC * bc, dtype=F32)
+        pad[: shape[0], : shape[1]] = x32.abs()
+        amax = pad.view(nR, br, nC, bc).amax((1, 3))
+        scale = amax_scale(amax)
+        full = scale.repeat_interleave(br, 0).repeat_interleave(bc, 1)[: shape[0], : shape[1]]
+        attrs["block"] = list(block)
+        attrs["scale_layout"] = scale_layout
+        src = (f"scale[i, j] = x[{br}i:{br}(i+1), {bc}j:{bc}(j+1)].abs().amax() / 127 (logical [{nR}, {nC}]; "
+               f"the kernel returns it {scale_layout}; compared in logical order; 1 for an all-zero block)")
+    if scheme == "none":
+        # Values past e4m3's 448 saturate; small ones go subnormal.
+        x.view(-1)[:8] = torch.tensor([448.0, 464.0, 480.0, 1000.0, -600.0, -449.0, 0.001, -3e-4]).to(DT[dtype])
+        x32 = x.float()
+        out = x32.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        scale = torch.ones(1, dtype=F32)
+        src = ("x.float().clamp(-448, 448).to(torch.float8_e4m3fn) (round to nearest even, saturating); "
+               "scale = [1.0]")
+        extra = ""
+    else:
+        out = i8_quantize(x32, full)
+        recip, f64 = check_i8_numpy(name, x32, full.contiguous(), out)
+        src += ("; out = torch.round(x.float() / scale) (half to even, one float32 division) "
+                "clamped to [-127, 127], int8; scale float32 = amax / 127 in float32")
+        extra = f" [{recip} element(s) would differ with x * (1/scale), {f64} with a float64 division]"
+        if VERBOSE:
+            print(f"  {name}: {recip} near-tie(s) vs reciprocal multiply, {f64} vs float64 division", file=sys.stderr)
+    tensors = {"x": x, "expected": out, "expected_scale": scale.contiguous()}
+    request = {"op": "quantize", "tensors": {"x": desc(x, dtype)}, "attrs": attrs}
+    return name, tensors, request, "norms", src + extra
+
+
+@case
+def _():
+    return quantize("quantize_per_tensor_i8_f32_ties", "f32", (9, 70), "per_tensor")
+
+
+@case
+def _():
+    return quantize("quantize_per_channel_i8_bf16", "bf16", (11, 96), "per_channel")
+
+
+@case
+def _():
+    return quantize("quantize_per_block_128x128_column_major_i8_f16", "f16", (130, 260), "per_block",
+                    block=(128, 128), scale_layout="column_major")
+
+
+@case
+def _():
+    return quantize("quantize_none_fp8_e4m3_saturating_f32", "f32", (6, 40), "none", target="fp8_e4m3")
+
+
+@case
+def _():
+    return quantize("quantize_none_fp8_e4m3_saturating_bf16", "bf16", (5, 33), "none", target="fp8_e4m3")
+
+
+def rand_i8(shape):
+    return torch.randint(-127, 128, shape, dtype=torch.int8)
+
+
+def dequantize(name, shape, scheme, block=None, out_dtype=None):
+    seed(name)
+    x = rand_i8(shape)
+    attrs = {"scheme": scheme}
+    if scheme == "per_channel":
+        scale = (torch.rand(shape[0], dtype=F64) * 0.02 + 0.001).to(F32)
+        full = scale.to(F64)[:, None]
+        src = "x.to(float64) * scale[:, None]"
+    else:
+        br, bc = block
+        nR, nC = math.ceil(shape[0] / br), math.ceil(shape[1] / bc)
+        scale = (torch.rand(nR, nC, dtype=F64) * 0.02 + 0.001).to(F32)
+        full = scale.to(F64).repeat_interleave(br, 0).repeat_interleave(bc, 1)[: shape[0], : shape[1]]
+        attrs["block"] = list(block)
+        attrs["scale_layout"] = "row_major"
+        src = f"x.to(float64) * scale[i // {br}, j // {bc}] (scale [{nR}, {nC}] row-major)"
+    if out_dtype:
+        attrs["out_dtype"] = out_dtype
+    od = out_dtype or "f32"
+    out = (x.to(F64) * full).to(DT[od])
+    tensors = {"x": x, "scale": scale, "expected": out}
+    request = {"op": "dequantize", "tensors": {"x": desc(x, "i8"), "scale": desc(scale, "f32")}, "attrs": attrs}
+    return name, tensors, request, "norms", src + f", cast to {od} (exact: one rounding)"
+
+
+@case
+def _():
+    return dequantize("dequantize_per_channel_i8_f32", (33, 70), "per_channel")
+
+
+@case
+def _():
+    return dequantize("dequantize_per_block_128x128_row_major_i8_f32", (130, 260), "per_block", block=(128, 128),
+                      out_dtype="f32")
+
+
+# ------------------------------------------------------------------------- quantized linear
+
+
+def linear_w8a8(name, M, K, N, per_row=True, bias=True, out_dtype=None):
+    seed(name)
+    x, w = rand_i8((M, K)), rand_i8((N, K))
+    xs = (torch.rand(M if per_row else 1, dtype=F64) * 0.02 + 0.002).to(F32)
+    ws = (torch.rand(N if per_row else 1, dtype=F64) * 0.002 + 0.0002).to(F32)
+    acc = x.to(torch.int64) @ w.to(torch.int64).T  # exact
+    assert acc.abs().max() < 2 ** 31
+    out = acc.to(F64) * xs.to(F64)[:, None] * ws.to(F64)[None, :]
+    emu = acc.to(F32) * xs[:, None] * ws[None, :]
+    tensors = {"x": x, "x_scale": xs, "weight": w, "w_scale": ws}
+    req_t = {"x": desc(x, "i8"), "x_scale": desc(xs, "f32"), "weight": desc(w, "i8"), "w_scale": desc(ws, "f32")}
+    if bias:
+        b = (torch.randn(N, dtype=F64) * 0.5).to(F32)
+        tensors["bias"] = b
+        req_t["bias"] = desc(b, "f32")
+        out, emu = out + b.to(F64), emu + b
+    od = out_dtype or "f32"
+    tensors["expected"] = out.to(DT[od])
+    check_emulation(name, "gemm", tensors, {"expected": emu.to(DT[od])}, "f32")
+    attrs = {} if out_dtype is None else {"out_dtype": out_dtype}
+    request = {"op": "linear_w8a8", "tensors": req_t, "attrs": attrs}
+    src = ("acc = x.to(int64) @ weight.to(int64).T (exact, fits int32); out = acc * x_scale[:, None] * "
+           "w_scale[None, :]" + (" + bias" if bias else "") + f" in float64, cast to {od}")
+    return name, tensors, request, "gemm", src
+
+
+@case
+def _():
+    return linear_w8a8("linear_w8a8_m17_k256_n33_per_token_channel_bias", 17, 256, 33)
+
+
+@case
+def _():
+    return linear_w8a8("linear_w8a8_m3_k64_n16_scalar_scales_bf16", 3, 64, 16, per_row=False, bias=False,
+                       out_dtype="bf16")
+
+
+def linear_int4(name, dtype, M, K, N, group, zeros=False, bias=False, qdtype="f32"):
+    seed(name)
+    x, x64 = rnd((M, K), dtype)
+    q = torch.randint(0, 16, (N, K))
+    packed = (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8).view(torch.int8)  # low nibble = even k
+    G = K // group
+    scales = (torch.rand(N, G, dtype=F64) * 0.004 + 0.003).to(DT[qdtype])  # outputs ~0.5
+    tensors = {"x": x, "weight": packed, "scales": scales}
+    req_t = {"x": desc(x, dtype), "weight": desc(packed, "i8"), "scales": desc(scales, qdtype)}
+    if zeros:
+        z = torch.randint(0, 16, (N, G)).to(DT[qdtype])
+        tensors["zeros"] = z
+        req_t["zeros"] = desc(z, qdtype)
+    else:
+        z = torch.full((N, G), 8.0, dtype=F64)
+    rep = lambda t: t.to(F64).repeat_interleave(group, 1)  # noqa: E731
+    w64 = (q.to(F64) - rep(z)) * rep(scales)
+    w32 = ((q.to(F64) - rep(z)) * rep(scales)).to(F32)  # (q - z) exact; one float32 rounding
+    out = x64 @ w64.T
+    emus = {label: mm(x, w32.T) for label, mm in MATMULS.items()}
+    if bias:
+        b, b64 = rnd((N,), dtype, 0.5)
+        tensors["bias"] = b
+        req_t["bias"] = desc(b, dtype)
+        out = out + b64
+        emus = {label: e + b.float() for label, e in emus.items()}
+    tensors["expected"] = out.to(DT[dtype])
+    for label, emu in emus.items():
+        check_emulation(name, "gemm", tensors, {"expected": emu.to(DT[dtype])}, label)
+    request = {"op": "linear_int4", "tensors": req_t, "attrs": {"group_size": group}}
+    src = (f"q[n, k] = nibble of weight (byte k // 2, low nibble for even k); w = (q - "
+           + ("zeros" if zeros else "8") + f"[n, k // {group}]) * scales[n, k // {group}]; out = x @ w.T"
+           + (" + bias" if bias else "") + " in float64, cast to x's dtype")
+    return name, tensors, request, "gemm", src
+
+
+@case
+def _():
+    return linear_int4("linear_int4_g32_zeros_f32_m5_k256_n24", "f32", 5, 256, 24, 32, zeros=True)
+
+
+@case
+def _():
+    return linear_int4("linear_int4_g128_bf16_m1_k256_n40_bias", "bf16", 1, 256, 40, 128, bias=True)
+
+
+@case
+def _():
+    return linear_int4("linear_int4_g32_f32_m17_k128_n16", "f32", 17, 128, 16, 32)
+
+
+@case
+def _():
+    return linear_int4("linear_int4_g128_zeros_f16_scales_f16_m3_k384_n20", "f16", 3, 384, 20, 128, zeros=True,
+                       qdtype="f16")
+
+
+
 # ----------------------------------------------------------------------------------- main
 
 ST_DTYPE = {
     torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float8_e4m3fn: "F8_E4M3",
-    torch.int32: "I32", torch.int64: "I64", torch.bool: "BOOL",
+    torch.int32: "I32", torch.int64: "I64", torch.bool: "BOOL", torch.int8: "I8",
 }
 
 
@@ -782,7 +1542,10 @@ def save_deterministic(tensors, path, metadata):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "tests" / "fixtures"))
+    ap.add_argument("--verbose", action="store_true", help="print how close the float32 emulations come to the tolerance")
     a = ap.parse_args()
+    global VERBOSE
+    VERBOSE = a.verbose
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)

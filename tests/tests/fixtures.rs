@@ -1,6 +1,7 @@
 //! PyTorch golden fixtures (`tests/fixtures/*.safetensors`, made by `tools/gen_fixtures.py`):
 //! every builtin kernel of a fixture's op runs on the stored inputs and must match the stored
-//! `expected` (and `expected_k`) within the tolerance of the specification's table (§5).
+//! `expected` (and every `expected_*` output) within the tolerance of the specification's
+//! table (§5); integer and fp8 outputs must match exactly.
 //! A fixture that no kernel checked is a failure too.
 
 use std::collections::BTreeMap;
@@ -9,9 +10,9 @@ use std::path::{Path, PathBuf};
 
 use layerzero::exec::args::OpArgs;
 use layerzero::exec::executor::{KernelError, Registry};
-use layerzero::model::dtype::DType;
+use layerzero::model::op::Op;
 use layerzero::model::request::Request;
-use layerzero::parity::compare::{Category, compare, tolerance};
+use layerzero::parity::compare::{Category, compare, output_tolerance};
 use layerzero::schema::{SchemaKind, violations};
 use layerzero::select::Verdict;
 use layerzero::tensor::{HostTensor, io};
@@ -42,7 +43,7 @@ struct Fixture {
     source: String,
     /// Input tensors by request role name.
     inputs: BTreeMap<String, HostTensor>,
-    /// Expected outputs by output name (`out`, `out_k`).
+    /// Expected outputs by output name (`out`, `out_k`, `residual_out`, `scale`, `experts`, ...).
     expected: BTreeMap<String, HostTensor>,
 }
 
@@ -54,14 +55,25 @@ fn load(path: &Path) -> Result<Fixture, String> {
     let field = |k: &str| meta.get(k).cloned().ok_or_else(|| format!("metadata has no `{k}`"));
     let (request_json, category, source) = (field("request")?, field("op_category")?, field("source")?);
     let mut inputs = io::parse(&bytes, &path.display().to_string()).map_err(|e| e.to_string())?;
+    // `expected` is the output `out`, `expected_k` RoPE's `out_k`, `expected_<name>` the output `<name>`.
     let mut expected = BTreeMap::new();
-    for (stored, out) in [("expected", "out"), ("expected_k", "out_k")] {
-        if let Some(t) = inputs.remove(stored) {
-            expected.insert(out.to_owned(), t);
+    let stored: Vec<String> = inputs.keys().filter(|k| k.starts_with("expected")).cloned().collect();
+    for key in stored {
+        let out = match key.as_str() {
+            "expected" => "out",
+            "expected_k" => "out_k",
+            other => match other.strip_prefix("expected_") {
+                Some(suffix) if !suffix.is_empty() => suffix,
+                _ => return Err(format!("tensor `{other}` is neither an input nor `expected_<output>`")),
+            },
+        }
+        .to_owned();
+        if let Some(t) = inputs.remove(&key) {
+            expected.insert(out, t);
         }
     }
-    if !expected.contains_key("out") {
-        return Err("no `expected` tensor".to_owned());
+    if expected.is_empty() {
+        return Err("no `expected` or `expected_*` tensor".to_owned());
     }
     Ok(Fixture { name, request_json, category, source, inputs, expected })
 }
@@ -71,7 +83,29 @@ fn category(name: &str) -> Option<Category> {
     match name {
         "attention" => Some(Category::Attention),
         "rope" => Some(Category::Rope),
+        "norms" => Some(Category::Norms),
+        "gemm" => Some(Category::Gemm),
         _ => None,
+    }
+}
+
+/// The `op_category` a fixture of `op` must name (the rows of `parity::cases`).
+fn op_category(op: Op) -> &'static str {
+    match op {
+        Op::Attention | Op::PagedAttention => "attention",
+        Op::Rope => "rope",
+        Op::RmsNorm | Op::LayerNorm | Op::MoeRoute | Op::Quantize | Op::Dequantize | Op::Sample => "norms",
+        Op::Linear
+        | Op::Swiglu
+        | Op::Geglu
+        | Op::Gelu
+        | Op::Silu
+        | Op::Embedding
+        | Op::Mlp
+        | Op::MoeExperts
+        | Op::LinearW8a8
+        | Op::LinearInt4 => "gemm",
+        Op::Tokenize => "tokenizers",
     }
 }
 
@@ -112,7 +146,7 @@ fn check(fx: &Fixture, registry: &Registry, failures: &mut Vec<Failure>) -> Vec<
         }
     };
     let op = request.op.as_str();
-    let want_category = if request.op.is_attention() { "attention" } else { op };
+    let want_category = op_category(request.op);
     if fx.category != want_category {
         failures.push(fail(name, "-", format!("op_category `{}` for op {op}", fx.category)));
     }
@@ -165,7 +199,7 @@ fn check(fx: &Fixture, registry: &Registry, failures: &mut Vec<Failure>) -> Vec<
                 ));
                 continue;
             }
-            let Some(tol) = category(&fx.category).map(|c| tolerance(c, exp.dtype())) else {
+            let Some(tol) = category(&fx.category).map(|c| output_tolerance(c, exp.dtype())) else {
                 failures.push(fail(name, kernel, format!("no tolerance for {} {}", fx.category, exp.dtype())));
                 continue;
             };

@@ -1,6 +1,996 @@
-//! `linear` kernels of the `cpu` backend.
+//! `linear`, `linear_w8a8` and `linear_int4` of the `cpu` backend.
+//!
+//! - Prefill (M > `GEMV_MAX_M` rows): `matrixmultiply::sgemm` (its "threading" feature,
+//!   `MATMUL_NUM_THREADS` threads) with the views' strides passed as they are: f32 x and an
+//!   f32 NT or NN weight are never copied. f16/bf16 weights (and int4 weights, dequantized)
+//!   are converted to f32 panels of up to `PANEL_ELEMS` elements, one panel at a time.
+//! - Decode (M <= `GEMV_MAX_M`): a GEMV parallel over N (rayon) that reads every weight row
+//!   once and dots it with the M activation rows (NT), or sweeps the [K, N] weight once with
+//!   axpy per column chunk (NN); bandwidth-bound on the weight bytes.
+//! - `linear_w8a8`: exact i32 dot products (i64 across 64Ki-element chunks, so no K can
+//!   overflow) parallel over weight-row chunks, then `(acc * xs) * ws + bias` in f32.
+//!
+//! Accumulation is f32 (the reference is f64); the output is rounded once to x's dtype.
+//! This module holds the backend's only calls into `matrixmultiply` (`unsafe` there, each
+//! preceded by the bounds checks that make it sound).
 
-use crate::exec::executor::Registry;
+use std::sync::Arc;
+
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use super::pack::read_f32;
+use super::simd;
+use super::wrong_op;
+use crate::exec::args::{Int4Args, LinearArgs, OpArgs, Outputs, W8a8Args};
+use crate::exec::executor::{KernelError, Registry};
+use crate::model::dtype::DType;
+use crate::model::layout::Layout;
+use crate::tensor::{HostTensor, Storage};
+
+/// Linear kernel id.
+pub(super) const LINEAR: &str = "cpu.linear.fast";
+/// W8A8 kernel id.
+pub(super) const W8A8: &str = "cpu.linear_w8a8.fast";
+/// Int4 kernel id.
+pub(super) const INT4: &str = "cpu.linear_int4.fast";
+
+/// Up to this many rows a linear runs as a weight-streaming GEMV.
+pub(super) const GEMV_MAX_M: usize = 4;
+/// Elements of one converted f32 weight panel (16 MiB).
+const PANEL_ELEMS: usize = 1 << 22;
 
 /// Binds these kernels.
-pub(crate) fn register(_registry: &mut Registry) {}
+pub(crate) fn register(registry: &mut Registry) {
+    registry.register(
+        LINEAR,
+        Arc::new(|args: &OpArgs| match args {
+            OpArgs::Linear(a) => linear(a).map(out),
+            other => Err(wrong_op(LINEAR, other)),
+        }),
+    );
+    registry.register(
+        W8A8,
+        Arc::new(|args: &OpArgs| match args {
+            OpArgs::LinearW8a8(a) => linear_w8a8(a).map(out),
+            other => Err(wrong_op(W8A8, other)),
+        }),
+    );
+    registry.register(
+        INT4,
+        Arc::new(|args: &OpArgs| match args {
+            OpArgs::LinearInt4(a) => linear_int4(a).map(out),
+            other => Err(wrong_op(INT4, other)),
+        }),
+    );
+}
+
+fn out(t: HostTensor) -> Outputs {
+    Outputs::from([("out".to_owned(), t)])
+}
+
+pub(super) fn invalid(msg: impl Into<String>) -> KernelError {
+    KernelError::InvalidInput(msg.into())
+}
+
+// ---------------------------------------------------------------------------------------
+// Views.
+
+/// A 2-D view of a storage: element (r, c) at `off + r * rs + c * cs`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Mat<'a> {
+    pub st: &'a Storage,
+    pub off: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl<'a> Mat<'a> {
+    /// A rank-2 tensor as a matrix.
+    pub(super) fn of(t: &'a HostTensor) -> Mat<'a> {
+        let (sh, st) = (t.shape(), t.strides());
+        Mat { st: t.storage(), off: t.offset(), rows: sh[0], cols: sh[1], rs: st[0], cs: st[1] }
+    }
+
+    /// Storage index of (r, c).
+    #[inline]
+    pub(super) fn at(&self, r: usize, c: usize) -> usize {
+        self.off + r * self.rs + c * self.cs
+    }
+
+    /// The transposed view.
+    pub(super) fn t(&self) -> Mat<'a> {
+        Mat { rows: self.cols, cols: self.rows, rs: self.cs, cs: self.rs, ..*self }
+    }
+
+    /// Columns `c0..c0 + n`.
+    pub(super) fn cols(&self, c0: usize, n: usize) -> Mat<'a> {
+        Mat { off: self.off + c0 * self.cs, cols: n, ..*self }
+    }
+
+    /// Rows `r0..r0 + n`.
+    pub(super) fn rows(&self, r0: usize, n: usize) -> Mat<'a> {
+        Mat { off: self.off + r0 * self.rs, rows: n, ..*self }
+    }
+
+    /// Reads row `r` as f32 (`out.len()` == cols).
+    #[inline]
+    pub(super) fn read_row(&self, r: usize, out: &mut [f32]) {
+        read_f32(self.st, self.at(r, 0), self.cs, out);
+    }
+
+    /// Reads column `c` as f32 (`out.len()` == rows).
+    #[inline]
+    pub(super) fn read_col(&self, c: usize, out: &mut [f32]) {
+        read_f32(self.st, self.at(0, c), self.rs, out);
+    }
+
+    /// Row `r` in place when it is stored as contiguous f32.
+    #[inline]
+    pub(super) fn f32_row(&self, r: usize) -> Option<&'a [f32]> {
+        match self.st {
+            Storage::F32(v) if self.cs == 1 || self.cols <= 1 => v.get(self.at(r, 0)..self.at(r, 0) + self.cols),
+            _ => None,
+        }
+    }
+
+    /// Column `c` in place when it is stored as contiguous f32.
+    #[inline]
+    pub(super) fn f32_col(&self, c: usize) -> Option<&'a [f32]> {
+        self.t().f32_row(c)
+    }
+
+    /// The f32 view when the storage is f32.
+    pub(super) fn as_f32(&self) -> Option<F32View<'a>> {
+        match self.st {
+            Storage::F32(v) => {
+                Some(F32View { data: v, off: self.off, rows: self.rows, cols: self.cols, rs: self.rs, cs: self.cs })
+            }
+            _ => None,
+        }
+    }
+
+    /// A contiguous row-major f32 copy (parallel over rows).
+    pub(super) fn to_f32(&self) -> Vec<f32> {
+        let mut v = vec![0f32; self.rows * self.cols];
+        if self.cols > 0 {
+            v.par_chunks_mut(self.cols).enumerate().for_each(|(r, row)| self.read_row(r, row));
+        }
+        v
+    }
+}
+
+/// A 2-D view of f32 data (element (r, c) at `off + r * rs + c * cs`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct F32View<'a> {
+    pub data: &'a [f32],
+    pub off: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl<'a> F32View<'a> {
+    /// A contiguous row-major [rows, cols] matrix.
+    pub(super) fn dense(data: &'a [f32], rows: usize, cols: usize) -> F32View<'a> {
+        F32View { data, off: 0, rows, cols, rs: cols, cs: 1 }
+    }
+
+    /// Rows `r0..r0 + n`.
+    pub(super) fn rows(&self, r0: usize, n: usize) -> F32View<'a> {
+        F32View { off: self.off + r0 * self.rs, rows: n, ..*self }
+    }
+
+    /// The last storage index the view reaches (None when it overflows); views with a zero
+    /// dim reach nothing.
+    fn last(&self) -> Option<usize> {
+        if self.rows == 0 || self.cols == 0 {
+            return Some(0);
+        }
+        (self.rows - 1)
+            .checked_mul(self.rs)
+            .and_then(|a| (self.cols - 1).checked_mul(self.cs).and_then(|b| a.checked_add(b)))
+            .and_then(|a| a.checked_add(self.off))
+    }
+
+    fn in_bounds(&self) -> bool {
+        self.rows == 0 || self.cols == 0 || self.last().is_some_and(|l| l < self.data.len())
+    }
+}
+
+/// The rows of x [..., K] as a matrix [M, K] (leading dims collapsed). A view whose
+/// leading dims do not collapse to one stride is copied to a contiguous tensor first
+/// (`holder` keeps the copy alive).
+pub(super) fn rows_view<'a>(x: &'a HostTensor, holder: &'a mut Option<HostTensor>) -> Result<Mat<'a>, KernelError> {
+    let Some((&k, lead)) = x.shape().split_last() else {
+        return Err(invalid(format!("tensor `x` has shape {:?}; expected at least one dim [..., K]", x.shape())));
+    };
+    let m = lead
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| invalid(format!("tensor `x` shape {:?} overflows", x.shape())))?;
+    let st = x.strides();
+    // The stride of the collapsed leading dims, when they collapse.
+    let mut rs = None;
+    let mut expect = None;
+    let mut ok = true;
+    for d in (0..lead.len()).rev() {
+        if lead[d] == 1 {
+            continue;
+        }
+        match expect {
+            None => rs = Some(st[d]),
+            Some(e) if e == st[d] => {}
+            Some(_) => ok = false,
+        }
+        expect = st[d].checked_mul(lead[d]);
+        if expect.is_none() {
+            ok = false;
+        }
+    }
+    let cs = st.last().copied().unwrap_or(1);
+    if ok {
+        return Ok(Mat { st: x.storage(), off: x.offset(), rows: m, cols: k, rs: rs.unwrap_or(k), cs });
+    }
+    let c = holder.insert(x.contiguous());
+    Ok(Mat { st: c.storage(), off: c.offset(), rows: m, cols: k, rs: k, cs: 1 })
+}
+
+// ---------------------------------------------------------------------------------------
+// sgemm.
+
+/// `C = A . B + beta * C` with A [m, k] and B [k, n] f32 views and C [m, n] at the start of
+/// `c` with row stride `ldc` and unit column stride.
+pub(super) fn sgemm(a: F32View, b: F32View, beta: f32, c: &mut [f32], ldc: usize) -> Result<(), KernelError> {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    if b.rows != k {
+        return Err(KernelError::Failed(format!("sgemm: A is {m}x{k} but B is {}x{n}", b.rows)));
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let c_need = (m - 1).checked_mul(ldc).and_then(|x| x.checked_add(n));
+    if !(ldc >= n && c_need.is_some_and(|need| need <= c.len())) {
+        return Err(KernelError::Failed(format!("sgemm: C of {} elements cannot hold {m}x{n} rows of {ldc}", c.len())));
+    }
+    if k == 0 {
+        for r in 0..m {
+            let row = &mut c[r * ldc..r * ldc + n];
+            if beta == 0.0 {
+                row.fill(0.0);
+            } else {
+                row.iter_mut().for_each(|v| *v *= beta);
+            }
+        }
+        return Ok(());
+    }
+    if !(a.in_bounds() && b.in_bounds()) {
+        return Err(KernelError::Failed("sgemm: an operand view reaches past its data".to_owned()));
+    }
+    // A dim of one never steps its stride; 0 keeps the arithmetic trivially in range.
+    let stride = |len: usize, s: usize| -> Result<isize, KernelError> {
+        if len <= 1 { Ok(0) } else { isize::try_from(s).map_err(|_| KernelError::Failed(format!("sgemm: stride {s}"))) }
+    };
+    let (rsa, csa) = (stride(m, a.rs)?, stride(k, a.cs)?);
+    let (rsb, csb) = (stride(k, b.rs)?, stride(n, b.cs)?);
+    let rsc = stride(m, ldc)?;
+    let (pa, pb) = (a.data[a.off..].as_ptr(), b.data[b.off..].as_ptr());
+    #[allow(unsafe_code)]
+    // SAFETY: every element A and B reach (off + r*rs + c*cs for r, c inside the dims) lies
+    // inside their slices (`in_bounds`, checked without overflow); C's m x n elements at
+    // r*ldc + c lie inside `c` (checked) and do not alias each other (unit column stride,
+    // ldc >= n); A and B are shared borrows and C an exclusive one, so nothing overlaps.
+    unsafe {
+        matrixmultiply::sgemm(m, k, n, 1.0, pa, rsa, csa, pb, rsb, csb, beta, c.as_mut_ptr(), rsc, 1);
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Weights: the B operand [K, N] of `out = x . B`.
+
+/// A weight-only int4 matrix: `w[n, k] = (q[n, k] - zero[n, k / g]) * scale[n, k / g]`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Int4W<'a> {
+    /// Packed bytes [N, K/2] (i8 storage).
+    packed: Mat<'a>,
+    bytes: &'a [i8],
+    scales: Mat<'a>,
+    zeros: Option<Mat<'a>>,
+    k: usize,
+    g: usize,
+}
+
+impl Int4W<'_> {
+    /// Dequantizes weight row `n` (length K) into `out`.
+    fn row(&self, n: usize, out: &mut [f32]) {
+        let groups = self.k / self.g;
+        let mut sc = [0f32; 1];
+        let mut zc = [8f32; 1];
+        for gi in 0..groups {
+            read_f32(self.scales.st, self.scales.at(n, gi), 1, &mut sc);
+            if let Some(z) = &self.zeros {
+                read_f32(z.st, z.at(n, gi), 1, &mut zc);
+            }
+            let (s, z) = (sc[0], zc[0]);
+            // The 16 values of this group: (q - zero) * scale, exactly as element-wise.
+            let lut: [f32; 16] = std::array::from_fn(|q| (q as f32 - z) * s);
+            let dst = &mut out[gi * self.g..(gi + 1) * self.g];
+            let b0 = gi * self.g / 2;
+            for (j, pair) in dst.chunks_exact_mut(2).enumerate() {
+                let b = self.bytes[self.packed.at(n, b0 + j)] as u8;
+                pair[0] = lut[usize::from(b & 0x0F)];
+                pair[1] = lut[usize::from(b >> 4)];
+            }
+        }
+    }
+}
+
+/// The B operand of a linear: [K, N].
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Weights<'a> {
+    /// A dense view of any float dtype.
+    Dense(Mat<'a>),
+    /// Packed int4 (always read by output column, i.e. by weight row).
+    Int4(Int4W<'a>),
+}
+
+impl Weights<'_> {
+    fn k(&self) -> usize {
+        match self {
+            Weights::Dense(b) => b.rows,
+            Weights::Int4(w) => w.k,
+        }
+    }
+
+    fn n(&self) -> usize {
+        match self {
+            Weights::Dense(b) => b.cols,
+            Weights::Int4(w) => w.packed.rows,
+        }
+    }
+
+    /// True when B is read column by column (one weight row of K elements at a time).
+    fn by_column(&self) -> bool {
+        match self {
+            Weights::Dense(b) => b.rs <= b.cs,
+            Weights::Int4(_) => true,
+        }
+    }
+
+    /// Column `n` of B (weight row n) as f32 into `out` (length K).
+    fn read_col(&self, n: usize, out: &mut [f32]) {
+        match self {
+            Weights::Dense(b) => b.read_col(n, out),
+            Weights::Int4(w) => w.row(n, out),
+        }
+    }
+
+    /// Converts columns `n0..n0 + w` to an f32 panel: [w, K] (by column) or [K, w].
+    fn panel(&self, n0: usize, w: usize, buf: &mut Vec<f32>) -> (usize, usize) {
+        let k = self.k();
+        buf.clear();
+        buf.resize(k * w, 0.0);
+        if self.by_column() {
+            buf.par_chunks_mut(k).enumerate().for_each(|(j, col)| self.read_col(n0 + j, col));
+            (1, k)
+        } else {
+            if let Weights::Dense(b) = self {
+                let sub = b.cols(n0, w);
+                buf.par_chunks_mut(w).enumerate().for_each(|(p, row)| sub.read_row(p, row));
+            }
+            (w, 1)
+        }
+    }
+}
+
+/// `C = x . B + beta * C` for an f32 x [M, K] and any B; C [M, N] with row stride `ldc`.
+pub(super) fn gemm(x: F32View, w: &Weights, beta: f32, c: &mut [f32], ldc: usize) -> Result<(), KernelError> {
+    if let Weights::Dense(b) = w
+        && let Some(bv) = b.as_f32()
+    {
+        return sgemm(x, bv, beta, c, ldc);
+    }
+    let (k, n) = (w.k(), w.n());
+    let nb = (PANEL_ELEMS / k.max(1)).clamp(16, n.max(16));
+    let mut buf = Vec::new();
+    let mut n0 = 0;
+    while n0 < n {
+        let width = nb.min(n - n0);
+        let (rs, cs) = w.panel(n0, width, &mut buf);
+        let pv = F32View { data: &buf, off: 0, rows: k, cols: width, rs, cs };
+        sgemm(x, pv, beta, &mut c[n0..], ldc)?;
+        n0 += width;
+    }
+    Ok(())
+}
+
+/// Column ranges splitting `n` for a parallel sweep (about 8 per thread, at least `min`).
+pub(super) fn chunks(n: usize, min: usize) -> Vec<(usize, usize)> {
+    let target = rayon::current_num_threads().max(1) * 8;
+    let size = n.div_ceil(target).max(min).max(1);
+    (0..n).step_by(size).map(|n0| (n0, size.min(n - n0))).collect()
+}
+
+/// `C [M, N] = x [M, K] . B` for a few rows: every weight element is read once.
+fn gemv(x: &[f32], m: usize, w: &Weights, c: &mut [f32]) {
+    let (k, n) = (w.k(), w.n());
+    let parts: Vec<Vec<f32>> = chunks(n, 16)
+        .into_par_iter()
+        .map(|(n0, nb)| {
+            let mut part = vec![0f32; m * nb];
+            let mut scratch = vec![0f32; k];
+            if w.by_column() {
+                // part is [nb, m]: one weight row dotted with every x row.
+                for j in 0..nb {
+                    let col = match w {
+                        Weights::Dense(b) => b.f32_col(n0 + j),
+                        Weights::Int4(_) => None,
+                    };
+                    let col = match col {
+                        Some(c) => c,
+                        None => {
+                            w.read_col(n0 + j, &mut scratch);
+                            &scratch
+                        }
+                    };
+                    simd::dots(x, k, col, &mut part[j * m..(j + 1) * m]);
+                }
+            } else if let Weights::Dense(b) = w {
+                // part is [m, nb]: the weight rows' segments, each read once, axpy'd in.
+                let sub = b.cols(n0, nb);
+                let mut seg = vec![0f32; nb];
+                for p in 0..k {
+                    let row = match sub.f32_row(p) {
+                        Some(r) => r,
+                        None => {
+                            sub.read_row(p, &mut seg);
+                            &seg
+                        }
+                    };
+                    for i in 0..m {
+                        simd::axpy(&mut part[i * nb..(i + 1) * nb], x[i * k + p], row);
+                    }
+                }
+            }
+            part
+        })
+        .collect();
+    let by_col = w.by_column();
+    for ((n0, nb), part) in chunks(n, 16).into_iter().zip(parts) {
+        for i in 0..m {
+            for j in 0..nb {
+                c[i * n + n0 + j] = if by_col { part[j * m + i] } else { part[i * nb + j] };
+            }
+        }
+    }
+}
+
+/// `x [M, K] . B + bias` in f32, as a contiguous [M, N] vector.
+pub(super) fn linear_f32(x: &Mat, w: &Weights, bias: Option<&[f32]>) -> Result<Vec<f32>, KernelError> {
+    let (m, k, n) = (x.rows, w.k(), w.n());
+    let len = m.checked_mul(n).ok_or_else(|| invalid(format!("the output [{m}, {n}] overflows")))?;
+    let mut c = vec![0f32; len];
+    if len == 0 {
+        return Ok(c);
+    }
+    if k == 0 {
+        // Nothing to sum; bias below.
+    } else if m <= GEMV_MAX_M {
+        let xf = x.to_f32();
+        gemv(&xf, m, w, &mut c);
+    } else {
+        let owned;
+        let xv = match x.as_f32() {
+            Some(v) => v,
+            None => {
+                owned = x.to_f32();
+                F32View::dense(&owned, m, k)
+            }
+        };
+        let beta = match bias {
+            Some(b) => {
+                c.par_chunks_mut(n).for_each(|row| row.copy_from_slice(b));
+                1.0
+            }
+            None => 0.0,
+        };
+        gemm(xv, w, beta, &mut c, n)?;
+        return Ok(c);
+    }
+    if let Some(b) = bias {
+        c.par_chunks_mut(n).for_each(|row| row.iter_mut().zip(b).for_each(|(v, b)| *v += b));
+    }
+    Ok(c)
+}
+
+/// An f32 result as a contiguous tensor of `dtype` (rounded once).
+pub(super) fn to_tensor(dtype: DType, shape: &[usize], v: Vec<f32>) -> Result<HostTensor, KernelError> {
+    let storage = match dtype {
+        DType::F32 => Storage::F32(v),
+        DType::F16 => Storage::F16(v.par_iter().map(|&x| f16::from_f32(x)).collect()),
+        DType::BF16 => Storage::BF16(v.par_iter().map(|&x| bf16::from_f32(x)).collect()),
+        other => Storage::from_f32(other, &v),
+    };
+    HostTensor::new(storage, shape).map_err(|e| KernelError::Failed(format!("building the output: {e}")))
+}
+
+// ---------------------------------------------------------------------------------------
+// Checks (the same rules as the reference backend's).
+
+/// f32, f16 or bf16; other floats are outside what these kernels declare.
+pub(super) fn expect_dense_float(name: &str, t: &HostTensor) -> Result<(), KernelError> {
+    match t.dtype() {
+        DType::F32 | DType::F16 | DType::BF16 => Ok(()),
+        d if d.is_float() => Err(KernelError::Unsupported(format!(
+            "tensor `{name}` has dtype {d}; this kernel computes f32, f16 or bf16"
+        ))),
+        d => Err(invalid(format!("tensor `{name}` has dtype {d}; expected f32, f16 or bf16"))),
+    }
+}
+
+fn check_bias(bias: Option<&HostTensor>, n: usize) -> Result<Option<Vec<f32>>, KernelError> {
+    let Some(b) = bias else { return Ok(None) };
+    if !b.dtype().is_float() {
+        return Err(invalid(format!("tensor `bias` has dtype {}; expected a float dtype", b.dtype())));
+    }
+    if b.shape() != [n] {
+        return Err(invalid(format!("tensor `bias` has shape {:?}; expected [N] = [{n}]", b.shape())));
+    }
+    Ok(Some(b.to_f32_vec()))
+}
+
+/// The weight of `linear` as B [K, N] (NT [N, K] transposed, NN as is), checked against K.
+pub(super) fn weight_b<'a>(name: &str, w: &'a HostTensor, k: usize) -> Result<Mat<'a>, KernelError> {
+    let nn = match w.layout() {
+        None | Some(Layout::Nt) => false,
+        Some(Layout::Nn) => true,
+        Some(other) => {
+            return Err(invalid(format!("tensor `{name}` has layout {other}; expected NT ([N, K]) or NN ([K, N])")));
+        }
+    };
+    if w.rank() != 2 {
+        let want = if nn { "NN expects rank 2 [K, N]" } else { "NT expects rank 2 [N, K]" };
+        return Err(invalid(format!("tensor `{name}` has shape {:?} (rank {}); layout {want}", w.shape(), w.rank())));
+    }
+    let b = if nn { Mat::of(w) } else { Mat::of(w).t() };
+    if b.rows != k {
+        return Err(invalid(format!(
+            "tensor `{name}` has shape {:?}; its in_features {} must equal x's last dim K = {k}",
+            w.shape(),
+            b.rows
+        )));
+    }
+    Ok(b)
+}
+
+fn out_shape(x: &HostTensor, n: usize) -> Vec<usize> {
+    let mut s = x.shape()[..x.rank() - 1].to_vec();
+    s.push(n);
+    s
+}
+
+// ---------------------------------------------------------------------------------------
+// Kernels.
+
+/// `linear`: `out = x @ W^T + bias` (NT) or `x @ W + bias` (NN).
+pub(super) fn linear(a: &LinearArgs) -> Result<HostTensor, KernelError> {
+    expect_dense_float("x", &a.x)?;
+    expect_dense_float("weight", &a.weight)?;
+    let mut holder = None;
+    let x = rows_view(&a.x, &mut holder)?;
+    let b = weight_b("weight", &a.weight, x.cols)?;
+    let bias = check_bias(a.bias.as_ref(), b.cols)?;
+    let c = linear_f32(&x, &Weights::Dense(b), bias.as_deref())?;
+    to_tensor(a.x.dtype(), &out_shape(&a.x, b.cols), c)
+}
+
+/// `linear_int4`: the packed weight is dequantized per row (GEMV) or per panel (sgemm).
+pub(super) fn linear_int4(a: &Int4Args) -> Result<HostTensor, KernelError> {
+    expect_dense_float("x", &a.x)?;
+    let mut holder = None;
+    let x = rows_view(&a.x, &mut holder)?;
+    let k = x.cols;
+    let Storage::I8(bytes) = a.weight.storage() else {
+        return Err(invalid(format!(
+            "tensor `weight` has dtype {}; linear_int4 expects i8 bytes packing two 4-bit values",
+            a.weight.dtype()
+        )));
+    };
+    let &[n, half] = a.weight.shape() else {
+        return Err(invalid(format!("tensor `weight` has shape {:?}; expected rank 2 [N, K/2]", a.weight.shape())));
+    };
+    if k % 2 != 0 || half * 2 != k {
+        return Err(invalid(format!(
+            "tensor `weight` has shape {:?}; expected [N, K/2] = [{n}, K/2] with K = {k} from x {:?} (K even)",
+            a.weight.shape(),
+            a.x.shape()
+        )));
+    }
+    let g = usize::try_from(a.attrs.group_size).unwrap_or(0);
+    if g == 0 || k % g != 0 {
+        return Err(invalid(format!(
+            "SCALE_LAYOUT_MISMATCH: attrs.group_size {} does not divide in_features K = {k}",
+            a.attrs.group_size
+        )));
+    }
+    let want = [n, k / g];
+    for (name, t) in [("scales", Some(&a.scales)), ("zeros", a.zeros.as_ref())] {
+        let Some(t) = t else { continue };
+        if !t.dtype().is_float() {
+            return Err(invalid(format!("tensor `{name}` has dtype {}; expected a float dtype", t.dtype())));
+        }
+        if t.shape() != want {
+            return Err(invalid(format!(
+                "SCALE_LAYOUT_MISMATCH: tensor `{name}` has shape {:?} strides {:?}; expected [N, K / group_size] = \
+                 {want:?} (group_size {g})",
+                t.shape(),
+                t.strides()
+            )));
+        }
+    }
+    let bias = check_bias(a.bias.as_ref(), n)?;
+    let w = Int4W {
+        packed: Mat::of(&a.weight),
+        bytes,
+        scales: Mat::of(&a.scales),
+        zeros: a.zeros.as_ref().map(Mat::of),
+        k,
+        g,
+    };
+    let c = linear_f32(&x, &Weights::Int4(w), bias.as_deref())?;
+    to_tensor(a.x.dtype(), &out_shape(&a.x, n), c)
+}
+
+#[inline(always)]
+fn dot_i8_impl(a: &[i8], b: &[i8]) -> i64 {
+    // |a * b| <= 2^14, so 2^16 products fit an i32 (the vectorizer's pmaddwd pattern).
+    let mut total = 0i64;
+    for (ca, cb) in a.chunks(1 << 16).zip(b.chunks(1 << 16)) {
+        let s: i32 = ca.iter().zip(cb).map(|(&x, &y)| i32::from(x) * i32::from(y)).sum();
+        total += i64::from(s);
+    }
+    total
+}
+
+/// The exact dot product of two i8 vectors.
+fn dot_i8(a: &[i8], b: &[i8]) -> i64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx512bw,avx2")]
+        fn with_avx512(a: &[i8], b: &[i8]) -> i64 {
+            dot_i8_impl(a, b)
+        }
+        #[target_feature(enable = "avx2")]
+        fn with_avx2(a: &[i8], b: &[i8]) -> i64 {
+            dot_i8_impl(a, b)
+        }
+        match simd::level() {
+            simd::Level::Avx512 => {
+                #[allow(unsafe_code)]
+                // SAFETY: `level()` is Avx512 only when the CPU reports AVX-512F/BW and AVX2.
+                return unsafe { with_avx512(a, b) };
+            }
+            simd::Level::Avx2 => {
+                #[allow(unsafe_code)]
+                // SAFETY: `level()` is Avx2 only when the CPU reports AVX2.
+                return unsafe { with_avx2(a, b) };
+            }
+            simd::Level::Portable => {}
+        }
+    }
+    dot_i8_impl(a, b)
+}
+
+/// The elements of an i8 matrix in row-major order (in place when contiguous).
+fn i8_rows<'a>(t: &'a HostTensor, holder: &'a mut Vec<i8>) -> &'a [i8] {
+    if let Storage::I8(v) = t.storage()
+        && t.is_contiguous()
+    {
+        return &v[t.offset()..t.offset() + t.numel()];
+    }
+    *holder = t.to_i64_vec().into_iter().map(|v| v as i8).collect();
+    holder
+}
+
+/// A per-row scale ([1] or [rows]) of `linear_w8a8`, checked.
+fn row_scale(name: &str, s: &HostTensor, rows: usize, of: &str) -> Result<Vec<f32>, KernelError> {
+    if s.dtype() != DType::F32 {
+        return Err(invalid(format!("tensor `{name}` has dtype {}; expected f32", s.dtype())));
+    }
+    if s.shape() != [1] && s.shape() != [rows] {
+        return Err(invalid(format!(
+            "SCALE_LAYOUT_MISMATCH: tensor `{name}` has shape {:?} strides {:?}; expected [1] (per tensor) or \
+             [{rows}] (one scale per row of {of})",
+            s.shape(),
+            s.strides()
+        )));
+    }
+    Ok(s.to_f32_vec())
+}
+
+/// `linear_w8a8`: `out = (acc * x_scale) * w_scale + bias` with exact integer `acc`.
+pub(super) fn linear_w8a8(a: &W8a8Args) -> Result<HostTensor, KernelError> {
+    for (name, t) in [("x", &a.x), ("weight", &a.weight)] {
+        if t.dtype() != DType::I8 {
+            return Err(invalid(format!("tensor `{name}` has dtype {}; linear_w8a8 expects i8", t.dtype())));
+        }
+        if t.rank() != 2 {
+            return Err(invalid(format!("tensor `{name}` has shape {:?}; expected rank 2", t.shape())));
+        }
+    }
+    if let Some(l) = a.weight.layout()
+        && l != Layout::Nt
+    {
+        return Err(invalid(format!("tensor `weight` has layout {l}; linear_w8a8 takes [N, K] (NT) weights")));
+    }
+    let (m, k, n) = (a.x.shape()[0], a.x.shape()[1], a.weight.shape()[0]);
+    if a.weight.shape()[1] != k {
+        return Err(invalid(format!(
+            "tensor `weight` has shape {:?}; expected [N, K] with K = {k} from x {:?}",
+            a.weight.shape(),
+            a.x.shape()
+        )));
+    }
+    let xs = row_scale("x_scale", &a.x_scale, m, "x")?;
+    let ws = row_scale("w_scale", &a.w_scale, n, "weight")?;
+    let bias = check_bias(a.bias.as_ref(), n)?;
+    let dtype = match a.attrs.out_dtype.unwrap_or(DType::F32) {
+        d @ (DType::F32 | DType::F16 | DType::BF16) => d,
+        d => return Err(invalid(format!("attrs.out_dtype is {d}; expected f32, f16 or bf16"))),
+    };
+    let len = m.checked_mul(n).ok_or_else(|| invalid(format!("the output [{m}, {n}] overflows")))?;
+    let (mut hx, mut hw) = (Vec::new(), Vec::new());
+    let (x, w) = (i8_rows(&a.x, &mut hx), i8_rows(&a.weight, &mut hw));
+    let mut c = vec![0f32; len];
+    if len > 0 {
+        // Weight-row chunks in parallel (each chunk stays in cache across the M rows).
+        let parts: Vec<Vec<f32>> = chunks(n, 16)
+            .into_par_iter()
+            .map(|(n0, nb)| {
+                let mut part = vec![0f32; m * nb];
+                for i in 0..m {
+                    let xr = &x[i * k..(i + 1) * k];
+                    let sx = xs[if xs.len() == 1 { 0 } else { i }];
+                    for j in 0..nb {
+                        let col = n0 + j;
+                        let acc = dot_i8(xr, &w[col * k..(col + 1) * k]);
+                        let sw = ws[if ws.len() == 1 { 0 } else { col }];
+                        part[i * nb + j] = (acc as f32 * sx) * sw + bias.as_ref().map_or(0.0, |b| b[col]);
+                    }
+                }
+                part
+            })
+            .collect();
+        for ((n0, nb), part) in chunks(n, 16).into_iter().zip(parts) {
+            for i in 0..m {
+                c[i * n + n0..i * n + n0 + nb].copy_from_slice(&part[i * nb..(i + 1) * nb]);
+            }
+        }
+    }
+    to_tensor(dtype, &[m, n], c)
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+    use crate::backend::cpu_reference;
+    use crate::backend::cpu_reference::test_util::values;
+    use crate::exec::args::strided_copy;
+    use crate::model::attrs::{Int4Attrs, NoAttrs, W8a8Attrs};
+
+    fn reference(args: &OpArgs) -> HostTensor {
+        let mut r = Registry::new();
+        cpu_reference::register(&mut r);
+        let id = match args {
+            OpArgs::Linear(_) => "cpu_reference.linear.naive",
+            OpArgs::LinearW8a8(_) => "cpu_reference.linear_w8a8.naive",
+            _ => "cpu_reference.linear_int4.naive",
+        };
+        r.get(id).unwrap().run(args).unwrap().remove("out").unwrap()
+    }
+
+    fn t(shape: &[usize], seed: u64, dtype: DType) -> HostTensor {
+        let n = shape.iter().product();
+        HostTensor::from_f32_as(dtype, shape, &values(n, seed)).unwrap()
+    }
+
+    /// GEMM tolerance: per element `tol * (|ref| + sqrt(K) * rms(|x| |w|) scale)`, plus one
+    /// 16-bit ulp for f16/bf16 outputs; `mag` is the magnitude of the summed products.
+    pub(crate) fn assert_gemm_close(ours: &HostTensor, want: &HostTensor, k: usize, mag: f64, what: &str) {
+        assert_eq!(ours.shape(), want.shape(), "{what}: shape");
+        assert_eq!(ours.dtype(), want.dtype(), "{what}: dtype");
+        let (tol, ulp) = match want.dtype() {
+            DType::F32 => (1e-6, 0.0),
+            DType::F16 => (1e-3, 2f64.powi(-10)),
+            _ => (1e-2, 2f64.powi(-7)),
+        };
+        let bound = tol * (k.max(1) as f64).sqrt() * mag;
+        for (i, (o, r)) in ours.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
+            let d = (o - r).abs();
+            assert!(d <= bound + tol * r.abs() || d <= ulp * r.abs().max(o.abs()), "{what}: element {i}: {o} vs {r}");
+        }
+    }
+
+    fn lin(x: HostTensor, weight: HostTensor, bias: Option<HostTensor>) -> LinearArgs {
+        LinearArgs { x, weight, bias, attrs: NoAttrs {} }
+    }
+
+    #[test]
+    fn fast_matches_reference_on_odd_shapes_dtypes_and_layouts() {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for m in [1usize, 3, 17, 130] {
+                for k in [5usize, 64, 130] {
+                    for n in [7usize, 64] {
+                        for nn in [false, true] {
+                            let x = t(&[m, k], 1 + m as u64, dtype);
+                            let w = if nn { t(&[k, n], 2, dtype).with_layout(Layout::Nn) } else { t(&[n, k], 2, dtype) };
+                            let bias = (n == 7).then(|| t(&[n], 3, dtype));
+                            let a = lin(x, w, bias);
+                            let what = format!("{dtype} m{m} k{k} n{n} nn={nn}");
+                            let ours = linear(&a).unwrap();
+                            assert_gemm_close(&ours, &reference(&OpArgs::Linear(a)), k, 1.0, &what);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn strided_and_batched_views() {
+        for dtype in [DType::F32, DType::BF16] {
+            for m in [2usize, 9] {
+                let (k, n) = (33usize, 19usize);
+                let x = t(&[m, k], 5, dtype);
+                // x read through a transposed buffer; weight through padded row strides.
+                let xt = x.permute(&[1, 0]).unwrap().contiguous().permute(&[1, 0]).unwrap();
+                let wp = strided_copy(&t(&[n, k], 6, dtype), &[k + 3, 1]).unwrap();
+                let a = lin(xt, wp.clone(), None);
+                assert_gemm_close(&linear(&a).unwrap(), &reference(&OpArgs::Linear(a)), k, 1.0, "strided");
+                // A 3-D x whose leading dims do not collapse (a permuted batch).
+                let x3 = t(&[3, m, k], 7, dtype).permute(&[1, 0, 2]).unwrap();
+                let a = lin(x3, wp, Some(t(&[n], 8, DType::F32)));
+                let ours = linear(&a).unwrap();
+                assert_eq!(ours.shape(), &[m, 3, n]);
+                assert_gemm_close(&ours, &reference(&OpArgs::Linear(a)), k, 1.0, "batched");
+            }
+        }
+    }
+
+    #[test]
+    fn errors_and_empty_dims() {
+        let x = t(&[2, 3], 1, DType::F32);
+        match linear(&lin(x.clone(), t(&[4, 2], 1, DType::F32), None)) {
+            Err(KernelError::InvalidInput(m)) => assert!(m.contains("`weight`") && m.contains("K = 3"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(linear(&lin(x.clone(), t(&[4, 3], 1, DType::F32), Some(t(&[3], 1, DType::F32)))),
+            Err(KernelError::InvalidInput(m)) if m.contains("`bias`")));
+        let e = linear(&lin(t(&[0, 3], 1, DType::F32), t(&[4, 3], 1, DType::F32), None)).unwrap();
+        assert_eq!(e.shape(), &[0, 4]);
+        let z = linear(&lin(t(&[5, 0], 1, DType::F32), t(&[2, 0], 1, DType::F32), Some(t(&[2], 2, DType::F32)))).unwrap();
+        assert_eq!(z.to_f32_vec(), [values(2, 2), values(2, 2), values(2, 2), values(2, 2), values(2, 2)].concat());
+        let mut r = Registry::new();
+        register(&mut r);
+        let q = OpArgs::LinearW8a8(W8a8Args {
+            x: HostTensor::zeros(DType::I8, &[1, 2]).unwrap(),
+            x_scale: t(&[1], 1, DType::F32),
+            weight: HostTensor::zeros(DType::I8, &[1, 2]).unwrap(),
+            w_scale: t(&[1], 1, DType::F32),
+            bias: None,
+            attrs: W8a8Attrs::default(),
+        });
+        assert!(matches!(r.get(LINEAR).unwrap().run(&q), Err(KernelError::Unsupported(_))));
+        assert!(r.get(W8A8).unwrap().run(&q).is_ok());
+    }
+
+    fn i8s(shape: &[usize], seed: u64) -> HostTensor {
+        let n = shape.iter().product();
+        let v: Vec<f32> = values(n, seed).iter().map(|v| (v * 128.0).floor().clamp(-128.0, 127.0)).collect();
+        HostTensor::from_f32_as(DType::I8, shape, &v).unwrap()
+    }
+
+    #[test]
+    fn w8a8_matches_the_dequantized_float_reference() {
+        for (m, k, n) in [(1usize, 5usize, 7usize), (17, 130, 64), (3, 64, 33)] {
+            let (x, w) = (i8s(&[m, k], 11), i8s(&[n, k], 12));
+            let xs = HostTensor::from_f32(&[m], values(m, 13).iter().map(|v| v.abs() * 0.01 + 1e-3).collect()).unwrap();
+            let ws = HostTensor::from_f32(&[1], vec![0.02]).unwrap();
+            for out_dtype in [None, Some(DType::BF16)] {
+                let a = W8a8Args {
+                    x: x.clone(),
+                    x_scale: xs.clone(),
+                    weight: w.clone(),
+                    w_scale: ws.clone(),
+                    bias: Some(t(&[n], 14, DType::F16)),
+                    attrs: W8a8Attrs { out_dtype },
+                };
+                let ours = linear_w8a8(&a).unwrap();
+                assert_gemm_close(&ours, &reference(&OpArgs::LinearW8a8(a.clone())), k, 1.0, "w8a8 vs reference");
+                // The same product as a float linear of the dequantized operands.
+                let xd = HostTensor::from_f32(
+                    &[m, k],
+                    x.to_f32_vec().iter().enumerate().map(|(i, v)| v * xs.to_f32_vec()[i / k]).collect(),
+                )
+                .unwrap();
+                let wd = HostTensor::from_f32(&[n, k], w.to_f32_vec().iter().map(|v| v * 0.02).collect()).unwrap();
+                let f = reference(&OpArgs::Linear(lin(xd, wd, a.bias.clone())));
+                let f = HostTensor::from_f32_as(ours.dtype(), f.shape(), &f.to_f32_vec()).unwrap();
+                assert_gemm_close(&ours, &f, k, 1.0, "w8a8 vs dequantized linear");
+            }
+        }
+        // Exactness of the integer accumulation at the extremes (no i32 overflow).
+        let k = 140_000usize;
+        let x = HostTensor::from_f32_as(DType::I8, &[1, k], &vec![-128.0; k]).unwrap();
+        let a = W8a8Args {
+            x: x.clone(),
+            x_scale: HostTensor::from_f32(&[1], vec![1.0]).unwrap(),
+            weight: x,
+            w_scale: HostTensor::from_f32(&[1], vec![1.0]).unwrap(),
+            bias: None,
+            attrs: W8a8Attrs::default(),
+        };
+        assert_eq!(linear_w8a8(&a).unwrap().to_f64_vec(), vec![(k as f64 * 16384.0) as f32 as f64]);
+    }
+
+    fn int4_args(m: usize, k: usize, n: usize, g: usize, zeros: bool, dtype: DType) -> Int4Args {
+        let bytes: Vec<i8> = values(n * k / 2, 21).iter().map(|v| (v * 128.0).floor() as i8).collect();
+        Int4Args {
+            x: t(&[m, k], 22, dtype),
+            weight: HostTensor::new(Storage::I8(bytes), &[n, k / 2]).unwrap(),
+            scales: HostTensor::from_f32(&[n, k / g], values(n * k / g, 23).iter().map(|v| v.abs() * 0.1).collect())
+                .unwrap(),
+            zeros: zeros.then(|| {
+                let z = values(n * k / g, 24).iter().map(|v| ((v + 1.0) * 8.0).floor()).collect();
+                HostTensor::from_f32(&[n, k / g], z).unwrap()
+            }),
+            bias: Some(t(&[n], 25, DType::F32)),
+            attrs: Int4Attrs { group_size: g as u64 },
+        }
+    }
+
+    #[test]
+    fn int4_matches_the_dequantized_reference_for_group_sizes() {
+        for g in [32usize, 64, 128] {
+            for zeros in [false, true] {
+                for (m, dtype) in [(1usize, DType::F32), (3, DType::BF16), (17, DType::F32), (130, DType::F16)] {
+                    let (k, n) = (256usize, 7usize);
+                    let a = int4_args(m, k, n, g, zeros, dtype);
+                    let ours = linear_int4(&a).unwrap();
+                    let what = format!("int4 g{g} zeros={zeros} m{m} {dtype}");
+                    assert_gemm_close(&ours, &reference(&OpArgs::LinearInt4(a.clone())), k, 1.0, &what);
+                    // Against a float linear of the weight dequantized here by hand.
+                    let bytes = a.weight.to_i64_vec();
+                    let (s, z) = (a.scales.to_f32_vec(), a.zeros.as_ref().map(|z| z.to_f32_vec()));
+                    let mut w = vec![0f32; n * k];
+                    for r in 0..n {
+                        for c in 0..k {
+                            let b = bytes[r * k / 2 + c / 2] as u8;
+                            let q = if c % 2 == 0 { b & 15 } else { b >> 4 };
+                            let gi = r * (k / g) + c / g;
+                            w[r * k + c] = (f32::from(q) - z.as_ref().map_or(8.0, |z| z[gi])) * s[gi];
+                        }
+                    }
+                    let f = reference(&OpArgs::Linear(lin(
+                        a.x.clone(),
+                        HostTensor::from_f32_as(dtype, &[n, k], &w).unwrap(),
+                        a.bias.clone(),
+                    )));
+                    if dtype == DType::F32 {
+                        assert_gemm_close(&ours, &f, k, 1.0, &format!("{what} vs dequantized linear"));
+                    }
+                }
+            }
+        }
+        let mut bad = int4_args(2, 64, 3, 32, true, DType::F32);
+        bad.attrs.group_size = 48;
+        assert!(matches!(linear_int4(&bad), Err(KernelError::InvalidInput(m)) if m.contains("SCALE_LAYOUT_MISMATCH")));
+        let mut bad = int4_args(2, 64, 3, 32, true, DType::F32);
+        bad.zeros = Some(t(&[3, 4], 1, DType::F32));
+        assert!(matches!(linear_int4(&bad), Err(KernelError::InvalidInput(m)) if m.contains("`zeros`") && m.contains("[3, 2]")));
+    }
+}

@@ -1,6 +1,388 @@
-//! `mlp` kernels of the `cpu` backend.
+//! `mlp` of the `cpu` backend: `out = (act(x @ w_gate^T) * (x @ w_up^T)) @ w_down^T`.
+//!
+//! - `cpu.mlp.chain`: three calls of the fast linear (`linear::linear_f32`) and an
+//!   activation pass, materializing the [M, I] gate and up projections.
+//! - `cpu.mlp.fused`: tiles over I. For M > `GEMV_MAX_M`, each I-tile of `TILE_I` columns
+//!   (and block of at most `BLOCK_M` rows) computes its gate and up tiles with sgemm,
+//!   applies the activation, and accumulates the tile's down-projection contribution into
+//!   the output (sgemm with beta 1); [M, I] is never materialized. For decode, rayon runs
+//!   the I-tiles (`TILE_I_DECODE`) in parallel, each reading its rows of w_gate/w_up and its
+//!   column slice of w_down once, and the per-tile partial outputs are summed in tile order
+//!   (deterministic for any thread count).
+//!
+//! Both compute in f32 with the same activation code (`act_mul`): silu `g / (1 + e^-g)`;
+//! gelu_tanh `g / (1 + e^(-2u))` with `u = sqrt(2/pi) (g + 0.044715 g^3)` (equal to
+//! `g/2 (1 + tanh u)`, no cancellation); gelu `g/2 * erfc(-g / sqrt 2)` with an erfc of
+//! relative error about 1e-7 (Numerical Recipes' `erfcc`), written `g - g/2 erfc(|g|/sqrt 2)`
+//! for g >= 0. The output is rounded once to x's dtype.
 
-use crate::exec::executor::Registry;
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use super::linear::{F32View, GEMV_MAX_M, Mat, Weights, expect_dense_float, gemm, invalid, linear_f32, rows_view, to_tensor};
+use super::simd;
+use super::wrong_op;
+use crate::exec::args::{MlpArgs, OpArgs, Outputs};
+use crate::exec::executor::{KernelError, Registry};
+use crate::model::attrs::Activation;
+use crate::model::layout::Layout;
+use crate::tensor::{HostTensor, Storage};
+
+/// Unfused MLP kernel id.
+pub(super) const CHAIN: &str = "cpu.mlp.chain";
+/// Fused MLP kernel id.
+pub(super) const FUSED: &str = "cpu.mlp.fused";
+
+/// I columns per tile of the fused kernel (prefill).
+const TILE_I: usize = 256;
+/// Rows per block of the fused kernel (prefill); the live intermediates are
+/// 2 x BLOCK_M x TILE_I floats.
+const BLOCK_M: usize = 512;
+/// I columns per parallel tile of the fused kernel (decode).
+const TILE_I_DECODE: usize = 128;
 
 /// Binds these kernels.
-pub(crate) fn register(_registry: &mut Registry) {}
+pub(crate) fn register(registry: &mut Registry) {
+    registry.register(
+        CHAIN,
+        Arc::new(|args: &OpArgs| match args {
+            OpArgs::Mlp(a) => chain(a).map(out),
+            other => Err(wrong_op(CHAIN, other)),
+        }),
+    );
+    registry.register(
+        FUSED,
+        Arc::new(|args: &OpArgs| match args {
+            OpArgs::Mlp(a) => fused(a).map(out),
+            other => Err(wrong_op(FUSED, other)),
+        }),
+    );
+}
+
+fn out(t: HostTensor) -> Outputs {
+    Outputs::from([("out".to_owned(), t)])
+}
+
+/// erfc(z) for z >= 0, relative error about 1.2e-7 (Numerical Recipes' Chebyshev fit).
+#[inline(always)]
+fn erfc_pos(z: f32) -> f32 {
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let mut p = 0.170_872_77f32;
+    for c in [-0.822_152_23f32, 1.488_515_9, -1.135_204, 0.278_868_07, -0.186_288_06, 0.096_784_18, 0.374_091_96, 1.000_023_7]
+    {
+        p = p * t + c;
+    }
+    t * simd::exp_approx(-z * z - 1.265_512_2 + t * p)
+}
+
+/// `g[i] = act(g[i]) * u[i]`.
+pub(super) fn act_mul(act: Activation, g: &mut [f32], u: &[f32]) {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    match act {
+        Activation::Silu => {
+            for (g, &u) in g.iter_mut().zip(u) {
+                *g = *g / (1.0 + simd::exp_approx(-*g)) * u;
+            }
+        }
+        Activation::GeluTanh => {
+            for (g, &u) in g.iter_mut().zip(u) {
+                let x = *g;
+                let t = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
+                *g = x / (1.0 + simd::exp_approx(-2.0 * t)) * u;
+            }
+        }
+        Activation::Gelu => {
+            for (g, &u) in g.iter_mut().zip(u) {
+                let x = *g;
+                let e = erfc_pos(x.abs() * std::f32::consts::FRAC_1_SQRT_2);
+                let v = if x >= 0.0 { x - 0.5 * x * e } else { 0.5 * x * e };
+                *g = v * u;
+            }
+        }
+    }
+}
+
+/// `act_mul` over large buffers, in parallel chunks.
+fn act_mul_par(act: Activation, g: &mut [f32], u: &[f32]) {
+    const CHUNK: usize = 1 << 14;
+    g.par_chunks_mut(CHUNK).zip(u.par_chunks(CHUNK)).for_each(|(g, u)| act_mul(act, g, u));
+}
+
+/// The checked views: x as [M, H] rows, w_gate and w_up [I, H], w_down [H, I].
+struct Problem<'a> {
+    x: Mat<'a>,
+    wg: Mat<'a>,
+    wu: Mat<'a>,
+    wd: Mat<'a>,
+    shape: Vec<usize>,
+}
+
+fn problem<'a>(a: &'a MlpArgs, holder: &'a mut Option<HostTensor>) -> Result<Problem<'a>, KernelError> {
+    expect_dense_float("x", &a.x)?;
+    for (name, t) in [("w_gate", &a.w_gate), ("w_up", &a.w_up), ("w_down", &a.w_down)] {
+        expect_dense_float(name, t)?;
+        if let Some(l) = t.layout()
+            && l != Layout::Nt
+        {
+            return Err(invalid(format!(
+                "tensor `{name}` has layout {l}; mlp weights are [out_features, in_features] (NT)"
+            )));
+        }
+    }
+    let x = rows_view(&a.x, holder)?;
+    let h = x.cols;
+    let &[i, gh] = a.w_gate.shape() else {
+        return Err(invalid(format!("tensor `w_gate` has shape {:?}; expected rank 2 [I, H]", a.w_gate.shape())));
+    };
+    if gh != h {
+        return Err(invalid(format!(
+            "tensor `w_gate` has shape {:?}; expected [I, H] with H = {h} from x {:?}",
+            a.w_gate.shape(),
+            a.x.shape()
+        )));
+    }
+    if a.w_up.shape() != [i, h] {
+        return Err(invalid(format!("tensor `w_up` has shape {:?}; expected [I, H] = [{i}, {h}]", a.w_up.shape())));
+    }
+    if a.w_down.shape() != [h, i] {
+        return Err(invalid(format!("tensor `w_down` has shape {:?}; expected [H, I] = [{h}, {i}]", a.w_down.shape())));
+    }
+    x.rows.checked_mul(i.max(h)).ok_or_else(|| invalid(format!("x {:?} with I = {i} overflows", a.x.shape())))?;
+    Ok(Problem { x, wg: Mat::of(&a.w_gate), wu: Mat::of(&a.w_up), wd: Mat::of(&a.w_down), shape: a.x.shape().to_vec() })
+}
+
+/// Unfused: gate and up projections [M, I], activation, down projection.
+pub(super) fn chain(a: &MlpArgs) -> Result<HostTensor, KernelError> {
+    let mut holder = None;
+    let p = problem(a, &mut holder)?;
+    let (m, i) = (p.x.rows, p.wg.rows);
+    let mut gate = linear_f32(&p.x, &Weights::Dense(p.wg.t()), None)?;
+    let up = linear_f32(&p.x, &Weights::Dense(p.wu.t()), None)?;
+    act_mul_par(a.attrs.activation, &mut gate, &up);
+    drop(up);
+    let hidden = Storage::F32(gate);
+    let hm = Mat { st: &hidden, off: 0, rows: m, cols: i, rs: i, cs: 1 };
+    let out = linear_f32(&hm, &Weights::Dense(p.wd.t()), None)?;
+    to_tensor(a.x.dtype(), &p.shape, out)
+}
+
+/// Fused: tiles over I; the [M, I] intermediates are never materialized.
+pub(super) fn fused(a: &MlpArgs) -> Result<HostTensor, KernelError> {
+    let mut holder = None;
+    let p = problem(a, &mut holder)?;
+    let (m, h) = (p.x.rows, p.x.cols);
+    let out = if m == 0 || h == 0 {
+        vec![0f32; m * h]
+    } else if m <= GEMV_MAX_M {
+        fused_decode(&p, a.attrs.activation)
+    } else {
+        fused_tiled(&p, a.attrs.activation)?
+    };
+    to_tensor(a.x.dtype(), &p.shape, out)
+}
+
+fn fused_tiled(p: &Problem, act: Activation) -> Result<Vec<f32>, KernelError> {
+    let (m, h, i) = (p.x.rows, p.x.cols, p.wg.rows);
+    let owned;
+    let xv = match p.x.as_f32() {
+        Some(v) => v,
+        None => {
+            owned = p.x.to_f32();
+            F32View::dense(&owned, m, h)
+        }
+    };
+    let mut out = vec![0f32; m * h];
+    let mut g = Vec::new();
+    let mut u = Vec::new();
+    for r0 in (0..m).step_by(BLOCK_M) {
+        let mb = BLOCK_M.min(m - r0);
+        let xb = xv.rows(r0, mb);
+        let ob = &mut out[r0 * h..(r0 + mb) * h];
+        for j0 in (0..i).step_by(TILE_I) {
+            let ti = TILE_I.min(i - j0);
+            g.resize(mb * ti, 0.0);
+            u.resize(mb * ti, 0.0);
+            gemm(xb, &Weights::Dense(p.wg.rows(j0, ti).t()), 0.0, &mut g, ti)?;
+            gemm(xb, &Weights::Dense(p.wu.rows(j0, ti).t()), 0.0, &mut u, ti)?;
+            act_mul_par(act, &mut g, &u);
+            let beta = if j0 == 0 { 0.0 } else { 1.0 };
+            gemm(F32View::dense(&g, mb, ti), &Weights::Dense(p.wd.cols(j0, ti).t()), beta, ob, h)?;
+        }
+    }
+    Ok(out)
+}
+
+fn fused_decode(p: &Problem, act: Activation) -> Vec<f32> {
+    let (m, h, i) = (p.x.rows, p.x.cols, p.wg.rows);
+    let x = p.x.to_f32();
+    let tiles: Vec<(usize, usize)> = (0..i).step_by(TILE_I_DECODE).map(|j0| (j0, TILE_I_DECODE.min(i - j0))).collect();
+    let partials: Vec<Vec<f32>> = tiles
+        .into_par_iter()
+        .map(|(j0, ti)| {
+            // Gate and up for this tile, [ti, m] (one weight row dotted with every x row).
+            let mut g = vec![0f32; ti * m];
+            let mut u = vec![0f32; ti * m];
+            let mut scratch = vec![0f32; h.max(ti)];
+            for (w, dst) in [(&p.wg, &mut g), (&p.wu, &mut u)] {
+                for j in 0..ti {
+                    let row = match w.f32_row(j0 + j) {
+                        Some(r) => r,
+                        None => {
+                            w.read_row(j0 + j, &mut scratch[..h]);
+                            &scratch[..h]
+                        }
+                    };
+                    simd::dots(&x, h, row, &mut dst[j * m..(j + 1) * m]);
+                }
+            }
+            act_mul(act, &mut g, &u);
+            // hidden as [m, ti].
+            let mut hm = vec![0f32; m * ti];
+            for j in 0..ti {
+                for r in 0..m {
+                    hm[r * ti + j] = g[j * m + r];
+                }
+            }
+            // This tile's down contribution: out[r, c] = hidden[r, :] . w_down[c, j0..j0+ti].
+            let wd = p.wd.cols(j0, ti);
+            let mut partial = vec![0f32; m * h];
+            let mut tmp = vec![0f32; m];
+            for c in 0..h {
+                let seg = match wd.f32_row(c) {
+                    Some(r) => r,
+                    None => {
+                        wd.read_row(c, &mut scratch[..ti]);
+                        &scratch[..ti]
+                    }
+                };
+                simd::dots(&hm, ti, seg, &mut tmp);
+                for r in 0..m {
+                    partial[r * h + c] = tmp[r];
+                }
+            }
+            partial
+        })
+        .collect();
+    let mut out = vec![0f32; m * h];
+    for part in &partials {
+        for (o, v) in out.iter_mut().zip(part) {
+            *o += v;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::linear::tests::assert_gemm_close;
+    use crate::backend::cpu_reference;
+    use crate::backend::cpu_reference::test_util::values;
+    use crate::exec::args::strided_copy;
+    use crate::model::attrs::MlpAttrs;
+    use crate::model::dtype::DType;
+
+    fn t(shape: &[usize], seed: u64, dtype: DType, scale: f32) -> HostTensor {
+        let n = shape.iter().product();
+        let v: Vec<f32> = values(n, seed).iter().map(|v| v * scale).collect();
+        HostTensor::from_f32_as(dtype, shape, &v).unwrap()
+    }
+
+    fn args(m: usize, h: usize, i: usize, dtype: DType, act: Activation) -> MlpArgs {
+        MlpArgs {
+            x: t(&[m, h], 1, dtype, 2.0),
+            w_gate: t(&[i, h], 2, dtype, 0.3),
+            w_up: t(&[i, h], 3, dtype, 0.3),
+            w_down: t(&[h, i], 4, dtype, 0.3),
+            attrs: MlpAttrs { activation: act },
+        }
+    }
+
+    fn reference(a: &MlpArgs) -> HostTensor {
+        let mut r = Registry::new();
+        cpu_reference::register(&mut r);
+        r.get("cpu_reference.mlp.naive").unwrap().run(&OpArgs::Mlp(a.clone())).unwrap().remove("out").unwrap()
+    }
+
+    #[test]
+    fn activation_matches_the_f64_definitions() {
+        let xs: Vec<f32> = (-4000..=4000).map(|v| v as f32 / 400.0).collect();
+        for act in [Activation::Silu, Activation::Gelu, Activation::GeluTanh] {
+            let mut g = xs.clone();
+            act_mul(act, &mut g, &vec![1.0; xs.len()]);
+            for (&x, &y) in xs.iter().zip(&g) {
+                let want = match act {
+                    Activation::Silu => f64::from(x) / (1.0 + (-f64::from(x)).exp()),
+                    Activation::Gelu => {
+                        // erf through the f64 reference: [x, 1] with gate = x, up = 1.
+                        let mlp = MlpArgs {
+                            x: HostTensor::from_f32(&[1, 2], vec![x, 1.0]).unwrap(),
+                            w_gate: HostTensor::from_f32(&[1, 2], vec![1.0, 0.0]).unwrap(),
+                            w_up: HostTensor::from_f32(&[1, 2], vec![0.0, 1.0]).unwrap(),
+                            w_down: HostTensor::from_f32(&[2, 1], vec![1.0, 0.0]).unwrap(),
+                            attrs: MlpAttrs { activation: act },
+                        };
+                        f64::from(reference(&mlp).to_f32_vec()[0])
+                    }
+                    Activation::GeluTanh => {
+                        let x = f64::from(x);
+                        0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
+                    }
+                };
+                let err = (f64::from(y) - want).abs();
+                assert!(err <= 1e-6 * want.abs() + 1e-7, "{act:?}({x}) = {y}, want {want}");
+            }
+        }
+    }
+
+    #[test]
+    fn chain_fused_and_reference_agree() {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for act in [Activation::Silu, Activation::Gelu, Activation::GeluTanh] {
+                for (m, h, i) in [(1usize, 48usize, 80usize), (3, 17, 300), (17, 48, 80), (130, 64, 520), (9, 5, 7)] {
+                    let a = args(m, h, i, dtype, act);
+                    let want = reference(&a);
+                    let c = chain(&a).unwrap();
+                    let f = fused(&a).unwrap();
+                    let what = format!("{dtype} {act:?} m{m} h{h} i{i}");
+                    // |hidden| ~ |x| |w| sqrt(H) (<= 1 here), summed over I.
+                    assert_gemm_close(&c, &want, i, 1.0, &format!("chain {what}"));
+                    assert_gemm_close(&f, &want, i, 1.0, &format!("fused {what}"));
+                    assert_gemm_close(&f, &c, i, 1.0, &format!("fused vs chain {what}"));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn strided_inputs_and_shape_errors() {
+        let mut a = args(6, 20, 33, DType::F32, Activation::Silu);
+        let want = reference(&a);
+        a.x = a.x.permute(&[1, 0]).unwrap().contiguous().permute(&[1, 0]).unwrap();
+        a.w_down = strided_copy(&a.w_down, &[40, 1]).unwrap();
+        for r in [chain(&a).unwrap(), fused(&a).unwrap()] {
+            assert_gemm_close(&r, &want, 33, 1.0, "strided");
+        }
+        let mut x3 = args(6, 20, 33, DType::F32, Activation::Gelu);
+        x3.x = t(&[2, 3, 20], 9, DType::F32, 1.0);
+        let w3 = reference(&x3);
+        assert_eq!(w3.shape(), &[2, 3, 20]);
+        assert_gemm_close(&fused(&x3).unwrap(), &w3, 33, 1.0, "3-D x");
+        let mut bad = args(2, 4, 3, DType::F32, Activation::Silu);
+        bad.w_up = t(&[3, 5], 1, DType::F32, 1.0);
+        for f in [chain, fused] {
+            assert!(matches!(f(&bad), Err(KernelError::InvalidInput(m)) if m.contains("`w_up`") && m.contains("[3, 4]")));
+        }
+        let mut r = Registry::new();
+        register(&mut r);
+        let lin = OpArgs::Linear(crate::exec::args::LinearArgs {
+            x: t(&[1, 2], 1, DType::F32, 1.0),
+            weight: t(&[1, 2], 1, DType::F32, 1.0),
+            bias: None,
+            attrs: crate::model::attrs::NoAttrs {},
+        });
+        assert!(matches!(r.get(FUSED).unwrap().run(&lin), Err(KernelError::Unsupported(_))));
+        assert!(matches!(r.get(CHAIN).unwrap().run(&lin), Err(KernelError::Unsupported(_))));
+    }
+}

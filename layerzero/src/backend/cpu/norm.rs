@@ -1,6 +1,702 @@
-//! `norm` kernels of the `cpu` backend.
+//! `cpu.rms_norm.fast` and `cpu.layer_norm.fast`, and the row machinery the element-wise
+//! kernels of this backend share (`View`, `Elem`, `fill`).
+//!
+//! The kernels are memory-bound: each row is read once from memory (f32 rows of a
+//! contiguous view are borrowed in place, f16/bf16 rows converted to an f32 scratch row that
+//! stays in L1/L2), reduced with 16 independent f32 accumulators (vectorized), and written
+//! once in the output dtype. Rows are spread over rayon tasks of about 32K elements; small
+//! inputs run on the calling thread.
 
-use crate::exec::executor::Registry;
+use std::sync::Arc;
+
+use half::slice::HalfFloatSliceExt;
+use half::vec::HalfBitsVecExt;
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use crate::exec::args::{NormArgs, OpArgs, Outputs};
+use crate::exec::executor::{KernelError, Registry};
+use crate::tensor::{HostTensor, Storage};
+
+use super::pack::{invalid, read_f32};
+use super::wrong_op;
+
+/// RMSNorm kernel id.
+pub const RMS_NORM: &str = "cpu.rms_norm.fast";
+/// LayerNorm kernel id.
+pub const LAYER_NORM: &str = "cpu.layer_norm.fast";
 
 /// Binds these kernels.
-pub(crate) fn register(_registry: &mut Registry) {}
+pub(crate) fn register(registry: &mut Registry) {
+    registry.register(
+        RMS_NORM,
+        Arc::new(|args: &OpArgs| match args {
+            OpArgs::RmsNorm(a) => rms_norm(a),
+            other => Err(wrong_op(RMS_NORM, other)),
+        }),
+    );
+    registry.register(
+        LAYER_NORM,
+        Arc::new(|args: &OpArgs| match args {
+            OpArgs::LayerNorm(a) => layer_norm(a),
+            other => Err(wrong_op(LAYER_NORM, other)),
+        }),
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Shared row machinery.
+
+/// Elements per rayon task.
+pub(super) const TASK: usize = 1 << 15;
+/// Below this many output elements everything runs on the calling thread.
+pub(super) const PAR_MIN: usize = 1 << 15;
+
+/// A float tensor of any strides read in logical (row-major) order.
+#[derive(Debug, Clone)]
+pub(super) struct View<'a> {
+    st: &'a Storage,
+    off: usize,
+    /// Shape (rank 0 is seen as [1]).
+    shape: Vec<usize>,
+    strides: Vec<usize>,
+    /// Length of the last dim.
+    n: usize,
+    /// Stride of the last dim.
+    last: usize,
+    /// Storage distance between consecutive rows when the leading dims collapse to one.
+    row_stride: Option<usize>,
+}
+
+impl<'a> View<'a> {
+    /// The view of `t`.
+    pub(super) fn new(t: &'a HostTensor) -> View<'a> {
+        View::of(t, t.shape(), t.strides(), t.offset())
+    }
+
+    /// A view of `t`'s storage with another shape, strides and offset (the caller keeps
+    /// them inside the tensor, e.g. one half of its last dim).
+    pub(super) fn of(t: &'a HostTensor, shape: &[usize], strides: &[usize], off: usize) -> View<'a> {
+        let (shape, strides) = if shape.is_empty() { (vec![1], vec![1]) } else { (shape.to_vec(), strides.to_vec()) };
+        let r = shape.len();
+        let (n, last) = (shape[r - 1], strides[r - 1]);
+        // Leading dims collapse when each stride is the next one times its size (size-1
+        // dims do not matter).
+        let mut row_stride = None;
+        let mut ok = true;
+        for d in (0..r - 1).rev() {
+            if shape[d] <= 1 {
+                continue;
+            }
+            match row_stride {
+                None => row_stride = Some((strides[d], shape[d])),
+                Some((s, span)) => {
+                    if strides[d] != s * span {
+                        ok = false;
+                    }
+                    row_stride = Some((s, span * shape[d]));
+                }
+            }
+        }
+        let row_stride = if ok { Some(row_stride.map_or(0, |(s, _)| s)) } else { None };
+        View { st: t.storage(), off, shape, strides, n, last, row_stride }
+    }
+
+    /// Storage index of element 0 of row `r` (a row is one index of the leading dims).
+    #[inline]
+    pub(super) fn row_base(&self, r: usize) -> usize {
+        if let Some(s) = self.row_stride {
+            return self.off + r * s;
+        }
+        let mut rem = r;
+        let mut base = self.off;
+        for d in (0..self.shape.len() - 1).rev() {
+            base += (rem % self.shape[d]) * self.strides[d];
+            rem /= self.shape[d];
+        }
+        base
+    }
+
+    /// Logical elements [start, start + len) as a borrowed f32 slice, when they lie in one
+    /// row of an f32 storage with unit stride.
+    #[inline]
+    pub(super) fn f32_slice(&self, start: usize, len: usize) -> Option<&'a [f32]> {
+        let Storage::F32(v) = self.st else { return None };
+        if self.n == 0 {
+            return None;
+        }
+        let (r, c) = (start / self.n, start % self.n);
+        if c + len > self.n || (self.last != 1 && len > 1) {
+            return None;
+        }
+        let b = self.row_base(r) + c * self.last;
+        v.get(b..b + len)
+    }
+
+    /// Reads logical elements [start, start + out.len()) as f32.
+    pub(super) fn read(&self, start: usize, out: &mut [f32]) {
+        if self.n == 0 || out.is_empty() {
+            return;
+        }
+        let (mut r, mut c) = (start / self.n, start % self.n);
+        let mut pos = 0;
+        while pos < out.len() {
+            let run = (self.n - c).min(out.len() - pos);
+            read_f32(self.st, self.row_base(r) + c * self.last, self.last, &mut out[pos..pos + run]);
+            pos += run;
+            r += 1;
+            c = 0;
+        }
+    }
+
+    /// Logical elements [start, start + len) as f32: borrowed when possible, else read
+    /// into `buf`.
+    #[inline]
+    pub(super) fn get<'b>(&self, start: usize, buf: &'b mut [f32]) -> &'b [f32]
+    where
+        'a: 'b,
+    {
+        match self.f32_slice(start, buf.len()) {
+            Some(s) => s,
+            None => {
+                self.read(start, buf);
+                buf
+            }
+        }
+    }
+}
+
+/// An output element type (f32, f16, bf16).
+pub(super) trait Elem: Copy + Send + Sync + 'static {
+    /// `n` zeros (calloc-backed: the pages are first touched by the kernel's writes).
+    fn zeros(n: usize) -> Vec<Self>;
+    /// `dst[i] = src[i]` rounded to nearest even.
+    fn store(src: &[f32], dst: &mut [Self]);
+    /// Runs `f` on an f32 image of `dst` and stores it (in place for f32).
+    #[inline]
+    fn produce(dst: &mut [Self], scratch: &mut Vec<f32>, f: impl FnOnce(&mut [f32])) {
+        scratch.clear();
+        scratch.resize(dst.len(), 0.0);
+        f(scratch);
+        Self::store(scratch, dst);
+    }
+    /// The storage of these values.
+    fn storage(v: Vec<Self>) -> Storage;
+    /// The typed elements of `st`, when it holds this type.
+    fn slice(st: &Storage) -> Option<&[Self]>;
+}
+
+impl Elem for f32 {
+    fn zeros(n: usize) -> Vec<f32> {
+        vec![0.0; n]
+    }
+    #[inline]
+    fn store(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+    #[inline]
+    fn produce(dst: &mut [f32], _scratch: &mut Vec<f32>, f: impl FnOnce(&mut [f32])) {
+        f(dst);
+    }
+    fn storage(v: Vec<f32>) -> Storage {
+        Storage::F32(v)
+    }
+    fn slice(st: &Storage) -> Option<&[f32]> {
+        if let Storage::F32(v) = st { Some(v) } else { None }
+    }
+}
+
+impl Elem for f16 {
+    fn zeros(n: usize) -> Vec<f16> {
+        vec![0u16; n].reinterpret_into()
+    }
+    #[inline]
+    fn store(src: &[f32], dst: &mut [f16]) {
+        // half converts 8 at a time with F16C when the CPU has it (detected at run time).
+        dst.convert_from_f32_slice(src);
+    }
+    fn storage(v: Vec<f16>) -> Storage {
+        Storage::F16(v)
+    }
+    fn slice(st: &Storage) -> Option<&[f16]> {
+        if let Storage::F16(v) = st { Some(v) } else { None }
+    }
+}
+
+/// f32 to bf16 bits, round to nearest even, NaN kept quiet (as `bf16::from_f32`), written
+/// without branches so that the loop vectorizes.
+#[inline(always)]
+pub(super) fn bf16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    let rounded = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
+    let quiet = ((b >> 16) | 0x40) as u16;
+    if (b & 0x7fff_ffff) > 0x7f80_0000 { quiet } else { rounded }
+}
+
+impl Elem for bf16 {
+    fn zeros(n: usize) -> Vec<bf16> {
+        vec![0u16; n].reinterpret_into()
+    }
+    #[inline]
+    fn store(src: &[f32], dst: &mut [bf16]) {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = bf16::from_bits(bf16_bits(s));
+        }
+    }
+    fn storage(v: Vec<bf16>) -> Storage {
+        Storage::BF16(v)
+    }
+    fn slice(st: &Storage) -> Option<&[bf16]> {
+        if let Storage::BF16(v) = st { Some(v) } else { None }
+    }
+}
+
+/// Runs `$body` with `$t` bound to the element type of `$dtype` (f32, f16, bf16); any other
+/// dtype is `Unsupported` by `$kernel`.
+macro_rules! by_dtype {
+    ($dtype:expr, $kernel:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            $crate::model::dtype::DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            $crate::model::dtype::DType::F16 => {
+                type $t = half::f16;
+                $body
+            }
+            $crate::model::dtype::DType::BF16 => {
+                type $t = half::bf16;
+                $body
+            }
+            other => Err($crate::exec::executor::KernelError::Unsupported(format!(
+                "{} computes f32, f16 and bf16; it was given {other}",
+                $kernel
+            ))),
+        }
+    };
+}
+pub(super) use by_dtype;
+
+/// A new output of `total` elements: `f(start, dst, scratch)` computes the logical elements
+/// [start, start + dst.len()) in f32 for units of `unit` elements (the last may be shorter),
+/// on rayon tasks of about `TASK` elements when the output is large; `scratch` is a buffer
+/// of the task that `f` may use as it likes.
+pub(super) fn fill<T: Elem>(
+    total: usize,
+    unit: usize,
+    f: impl Fn(usize, &mut [f32], &mut Vec<f32>) + Sync,
+) -> Vec<T> {
+    let mut out = T::zeros(total);
+    if total == 0 {
+        return out;
+    }
+    let unit = unit.max(1);
+    let per_task = (TASK / unit).max(1) * unit;
+    let work = |(ti, blk): (usize, &mut [T])| {
+        let (mut conv, mut scratch) = (Vec::new(), Vec::new());
+        for (ui, dst) in blk.chunks_mut(unit).enumerate() {
+            let start = ti * per_task + ui * unit;
+            T::produce(dst, &mut conv, |d| f(start, d, &mut scratch));
+        }
+    };
+    if total < PAR_MIN {
+        out.chunks_mut(per_task).enumerate().for_each(work);
+    } else {
+        out.par_chunks_mut(per_task).enumerate().for_each(work);
+    }
+    out
+}
+
+/// A contiguous output tensor.
+pub(super) fn tensor<T: Elem>(v: Vec<T>, shape: &[usize]) -> Result<HostTensor, KernelError> {
+    HostTensor::new(T::storage(v), shape).map_err(|e| KernelError::Failed(format!("building the output: {e}")))
+}
+
+/// `t` must hold floats.
+pub(super) fn expect_float(name: &str, t: &HostTensor) -> Result<(), KernelError> {
+    if !t.dtype().is_float() {
+        return Err(invalid(format!("tensor `{name}` has dtype {}; expected a float dtype", t.dtype())));
+    }
+    Ok(())
+}
+
+/// All elements of a (small) float tensor as f32.
+pub(super) fn all_f32(t: &HostTensor) -> Vec<f32> {
+    let v = View::new(t);
+    let mut out = vec![0f32; t.numel()];
+    v.read(0, &mut out);
+    out
+}
+
+#[inline(always)]
+fn tree16(mut acc: [f32; 16]) -> f32 {
+    for w in [8, 4, 2, 1] {
+        for l in 0..w {
+            acc[l] += acc[l + w];
+        }
+    }
+    acc[0]
+}
+
+/// Sum of the elements (16 accumulators).
+#[inline]
+pub(super) fn sum(x: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let mut ch = x.chunks_exact(16);
+    for c in &mut ch {
+        for l in 0..16 {
+            acc[l] += c[l];
+        }
+    }
+    tree16(acc) + ch.remainder().iter().sum::<f32>()
+}
+
+/// Sum of the squares (16 accumulators).
+#[inline]
+pub(super) fn sum_sq(x: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let mut ch = x.chunks_exact(16);
+    for c in &mut ch {
+        for l in 0..16 {
+            acc[l] += c[l] * c[l];
+        }
+    }
+    tree16(acc) + ch.remainder().iter().map(|v| v * v).sum::<f32>()
+}
+
+// ---------------------------------------------------------------------------------------
+// The norms.
+
+/// (rows, hidden, eps) after checking the tensors.
+fn check(a: &NormArgs, rms: bool) -> Result<(usize, usize, f32), KernelError> {
+    let x = &a.x;
+    expect_float("x", x)?;
+    let op = if rms { "rms_norm" } else { "layer_norm" };
+    let Some(&h) = x.shape().last() else {
+        return Err(invalid(format!("tensor `x` has shape {:?}; {op} needs at least one dim [..., H]", x.shape())));
+    };
+    let vector = |name: &str, t: &HostTensor| -> Result<(), KernelError> {
+        expect_float(name, t)?;
+        if t.shape() != [h] {
+            return Err(invalid(format!("tensor `{name}` has shape {:?}; expected [H] = [{h}]", t.shape())));
+        }
+        Ok(())
+    };
+    vector("weight", &a.weight)?;
+    if rms {
+        if let Some(b) = &a.bias {
+            return Err(invalid(format!("rms_norm takes no `bias` (one of shape {:?} was given)", b.shape())));
+        }
+        if let Some(r) = &a.residual {
+            expect_float("residual", r)?;
+            if r.shape() != x.shape() {
+                return Err(invalid(format!(
+                    "tensor `residual` has shape {:?}; it must match x's shape {:?}",
+                    r.shape(),
+                    x.shape()
+                )));
+            }
+        }
+    } else {
+        if let Some(b) = &a.bias {
+            vector("bias", b)?;
+        }
+        if let Some(r) = &a.residual {
+            return Err(invalid(format!(
+                "layer_norm takes no `residual` (one of shape {:?} was given); only rms_norm fuses it",
+                r.shape()
+            )));
+        }
+    }
+    let eps = a.attrs.eps.unwrap_or(if rms { 1e-6 } else { 1e-5 });
+    if !(eps.is_finite() && eps >= 0.0) {
+        return Err(invalid(format!("eps is {eps}; it must be finite and >= 0")));
+    }
+    let rows = if h == 0 { 0 } else { x.numel() / h };
+    Ok((rows, h, eps as f32))
+}
+
+/// `rms_norm`: `out` and, with a residual, `residual_out`.
+pub(crate) fn rms_norm(a: &NormArgs) -> Result<Outputs, KernelError> {
+    let (rows, h, eps) = check(a, true)?;
+    by_dtype!(a.x.dtype(), RMS_NORM, T => rms_typed::<T>(a, rows, h, eps))
+}
+
+#[inline]
+fn rms_row(s: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let inv = 1.0 / (sum_sq(s) / s.len() as f32 + eps).sqrt();
+    for ((o, &v), &w) in out.iter_mut().zip(s).zip(w) {
+        *o = v * inv * w;
+    }
+}
+
+fn rms_typed<T: Elem>(a: &NormArgs, rows: usize, h: usize, eps: f32) -> Result<Outputs, KernelError> {
+    let w = all_f32(&a.weight);
+    let x = View::new(&a.x);
+    let shape = a.x.shape();
+    let Some(res) = &a.residual else {
+        let out = fill::<T>(rows * h, h, |start, dst, buf| {
+            buf.resize(h, 0.0);
+            rms_row(x.get(start, buf), &w, eps, dst);
+        });
+        return Ok(Outputs::from([("out".to_owned(), tensor(out, shape)?)]));
+    };
+    // Fused residual: s = x + residual (f32), residual_out = s, out = rmsnorm(s).
+    let r = View::new(res);
+    let mut out = T::zeros(rows * h);
+    let mut res_out = T::zeros(rows * h);
+    if rows * h > 0 {
+        let per_task = (TASK / h).max(1) * h;
+        let work = |(ti, (ob, rb)): (usize, (&mut [T], &mut [T]))| {
+            let (mut s, mut tmp, mut scratch) = (vec![0f32; h], vec![0f32; h], Vec::new());
+            for (ui, (o, ro)) in ob.chunks_mut(h).zip(rb.chunks_mut(h)).enumerate() {
+                let start = ti * per_task + ui * h;
+                x.read(start, &mut s);
+                let rv = r.get(start, &mut tmp);
+                for (s, &r) in s.iter_mut().zip(rv) {
+                    *s += r;
+                }
+                T::store(&s, ro);
+                T::produce(o, &mut scratch, |d| rms_row(&s, &w, eps, d));
+            }
+        };
+        if rows * h < PAR_MIN {
+            out.chunks_mut(per_task).zip(res_out.chunks_mut(per_task)).enumerate().for_each(work);
+        } else {
+            out.par_chunks_mut(per_task).zip(res_out.par_chunks_mut(per_task)).enumerate().for_each(work);
+        }
+    }
+    Ok(Outputs::from([
+        ("out".to_owned(), tensor(out, shape)?),
+        ("residual_out".to_owned(), tensor(res_out, shape)?),
+    ]))
+}
+
+/// `layer_norm`.
+pub(crate) fn layer_norm(a: &NormArgs) -> Result<Outputs, KernelError> {
+    let (rows, h, eps) = check(a, false)?;
+    by_dtype!(a.x.dtype(), LAYER_NORM, T => layer_typed::<T>(a, rows, h, eps))
+}
+
+fn layer_typed<T: Elem>(a: &NormArgs, rows: usize, h: usize, eps: f32) -> Result<Outputs, KernelError> {
+    let w = all_f32(&a.weight);
+    let b = a.bias.as_ref().map(all_f32);
+    let x = View::new(&a.x);
+    let out = fill::<T>(rows * h, h, |start, dst, buf| {
+        buf.resize(h, 0.0);
+        let v = x.get(start, buf);
+        // Centre into `dst`, then scale in place.
+        let mean = sum(v) / h as f32;
+        for (d, &v) in dst.iter_mut().zip(v) {
+            *d = v - mean;
+        }
+        let inv = 1.0 / (sum_sq(dst) / h as f32 + eps).sqrt();
+        match &b {
+            Some(b) => {
+                for ((d, &w), &b) in dst.iter_mut().zip(&w).zip(b) {
+                    *d = *d * inv * w + b;
+                }
+            }
+            None => {
+                for (d, &w) in dst.iter_mut().zip(&w) {
+                    *d = *d * inv * w;
+                }
+            }
+        }
+    });
+    Ok(Outputs::from([("out".to_owned(), tensor(out, a.x.shape())?)]))
+}
+
+/// Helpers of the parity tests of this file and its siblings.
+#[cfg(test)]
+pub(super) mod testing {
+    use crate::exec::args::{OpArgs, strided_copy};
+    use crate::exec::executor::{KernelError, Registry};
+    use crate::model::dtype::DType;
+    use crate::parity::compare::{Category, compare, tolerance};
+    use crate::tensor::HostTensor;
+
+    pub(in super::super) use crate::backend::cpu_reference::test_util::values;
+
+    /// Deterministic values in [-scale, scale) of `dtype`.
+    pub(in super::super) fn t(shape: &[usize], seed: u64, dtype: DType, scale: f32) -> HostTensor {
+        let n = shape.iter().product();
+        let v: Vec<f32> = values(n, seed).into_iter().map(|x| x * scale).collect();
+        HostTensor::from_f32_as(dtype, shape, &v).unwrap()
+    }
+
+    /// Views of the same values with other strides: rows padded, the last dim strided by 2,
+    /// and (rank 2) the transpose of a column-major copy.
+    pub(in super::super) fn strided(x: &HostTensor) -> Vec<HostTensor> {
+        let sh = x.shape();
+        let r = sh.len();
+        let mut out = Vec::new();
+        let mut pad = vec![1usize; r];
+        let mut two = vec![2usize; r];
+        for d in (0..r.saturating_sub(1)).rev() {
+            pad[d] = pad[d + 1] * (sh[d + 1] + if d + 1 == r - 1 { 3 } else { 0 });
+            two[d] = two[d + 1] * sh[d + 1] + 1;
+        }
+        out.push(strided_copy(x, &pad).unwrap());
+        out.push(strided_copy(x, &two).unwrap());
+        if r == 2 {
+            let cm = strided_copy(x, &[1, sh[0]]).unwrap();
+            assert!(!cm.is_contiguous() || sh[0] <= 1 || sh[1] <= 1);
+            out.push(cm);
+        }
+        out
+    }
+
+    /// Runs `fast` and `reference` on `args` and holds every output of `fast` to the
+    /// reference's within the specification's tolerance for its dtype.
+    pub(in super::super) fn check(fast: &str, reference: &str, args: &OpArgs, category: Category, what: &str) {
+        let r = Registry::builtin();
+        let want = r.get(reference).unwrap().run(args).unwrap_or_else(|e| panic!("{what}: reference: {e}"));
+        let got = r.get(fast).unwrap().run(args).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(got.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>(), "{what}: outputs");
+        for (name, w) in &want {
+            let g = &got[name];
+            assert_eq!((g.shape(), g.dtype()), (w.shape(), w.dtype()), "{what}: {name} shape/dtype");
+            assert!(g.is_contiguous(), "{what}: {name} contiguous");
+            let d = compare(&w.to_f64_vec(), &g.to_f64_vec(), tolerance(category, w.dtype()));
+            assert_eq!(d.violations, 0, "{what}: {name}: {d:?}");
+        }
+    }
+
+    /// Runs `kernel` and returns its `InvalidInput` message.
+    pub(in super::super) fn invalid_message(kernel: &str, args: &OpArgs) -> String {
+        match Registry::builtin().get(kernel).unwrap().run(args) {
+            Err(KernelError::InvalidInput(m)) => m,
+            other => panic!("{kernel}: expected invalid input, got {other:?}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{check, invalid_message, strided, t};
+    use super::*;
+    use crate::model::attrs::NormAttrs;
+    use crate::model::dtype::DType;
+    use crate::parity::compare::Category;
+
+    const REF_RMS: &str = "cpu_reference.rms_norm.naive";
+    const REF_LAYER: &str = "cpu_reference.layer_norm.naive";
+
+    fn norm(x: HostTensor, weight: HostTensor, bias: Option<HostTensor>, residual: Option<HostTensor>) -> NormArgs {
+        NormArgs { x, weight, bias, residual, attrs: NormAttrs::default() }
+    }
+
+    #[test]
+    fn rms_norm_by_hand() {
+        let x = HostTensor::from_f32(&[1, 2], vec![3.0, 4.0]).unwrap();
+        let w = HostTensor::from_f32(&[2], vec![1.0, 1.0]).unwrap();
+        let out = rms_norm(&norm(x, w, None, None)).unwrap();
+        let d = (12.5f64 + 1e-6).sqrt();
+        let got = out["out"].to_f64_vec();
+        assert!((got[0] - 3.0 / d).abs() < 1e-7 && (got[1] - 4.0 / d).abs() < 1e-7, "{got:?}");
+    }
+
+    #[test]
+    fn bf16_rounding_matches_half() {
+        let mut bits: Vec<u32> = (0..200_000u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
+        bits.extend([0, 0x8000_0000, 0x7f80_0000, 0xff80_0000, 0x7fc0_0000, 0x7f80_0001, 0xff80_0001, 0x7f7f_ffff]);
+        bits.extend([0x3f80_8000, 0x3f81_8000, 0x0000_8000, 0x0001_8000, 0xff7f_ffff, 0x7f7f_8000]);
+        let src: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
+        let mut ours = vec![bf16::ZERO; src.len()];
+        <bf16 as Elem>::store(&src, &mut ours);
+        let mut f16s = vec![f16::ZERO; src.len()];
+        <f16 as Elem>::store(&src, &mut f16s);
+        for (i, &x) in src.iter().enumerate() {
+            let want = bf16::from_f32(x);
+            assert!(ours[i].to_bits() == want.to_bits() || (x.is_nan() && ours[i].is_nan()), "{:#x}", bits[i]);
+            assert!(f16s[i].to_bits() == f16::from_f32(x).to_bits() || (x.is_nan() && f16s[i].is_nan()));
+        }
+    }
+
+    #[test]
+    fn norms_match_the_reference_on_odd_shapes_and_every_dtype() {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for rows in [1usize, 7, 33] {
+                for h in [1usize, 5, 4096, 4097] {
+                    let seed = (rows * 10_000 + h) as u64;
+                    let x = t(&[rows, h], seed, dtype, 2.0);
+                    let w = t(&[h], seed + 1, dtype, 1.5);
+                    let b = t(&[h], seed + 2, dtype, 1.0);
+                    let r = t(&[rows, h], seed + 3, dtype, 1.0);
+                    let what = format!("{rows}x{h} {dtype}");
+                    let a = |bias, res| norm(x.clone(), w.clone(), bias, res);
+                    check(RMS_NORM, REF_RMS, &OpArgs::RmsNorm(a(None, None)), Category::Norms, &what);
+                    let res = OpArgs::RmsNorm(a(None, Some(r.clone())));
+                    check(RMS_NORM, REF_RMS, &res, Category::Norms, &format!("{what} residual"));
+                    check(LAYER_NORM, REF_LAYER, &OpArgs::LayerNorm(a(None, None)), Category::Norms, &what);
+                    let lb = OpArgs::LayerNorm(a(Some(b.clone()), None));
+                    check(LAYER_NORM, REF_LAYER, &lb, Category::Norms, &format!("{what} bias"));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn norms_on_strided_views_mixed_dtypes_and_eps() {
+        for dtype in [DType::F32, DType::BF16] {
+            let x = t(&[3, 5, 67], 7, dtype, 3.0);
+            let w = t(&[67], 8, DType::F32, 1.0);
+            let b = t(&[67], 9, DType::F16, 1.0);
+            let r = t(&[3, 5, 67], 10, DType::F16, 1.0);
+            for (i, xs) in strided(&x).into_iter().enumerate() {
+                for (j, rs) in strided(&r).into_iter().enumerate() {
+                    let what = format!("{dtype} x view {i} residual view {j}");
+                    let mut a = norm(xs.clone(), w.clone(), None, Some(rs));
+                    a.attrs.eps = Some(1e-2);
+                    check(RMS_NORM, REF_RMS, &OpArgs::RmsNorm(a), Category::Norms, &what);
+                }
+                let what = format!("{dtype} x view {i}");
+                let a = norm(xs.clone(), w.clone(), Some(b.clone()), None);
+                check(LAYER_NORM, REF_LAYER, &OpArgs::LayerNorm(a), Category::Norms, &what);
+                // Leading dims permuted (rows no longer one stride apart).
+                let p = xs.permute(&[1, 0, 2]).unwrap();
+                check(RMS_NORM, REF_RMS, &OpArgs::RmsNorm(norm(p, w.clone(), None, None)), Category::Norms, &what);
+            }
+            // A transposed x normalizes along its own last dim; a strided weight.
+            let xt = t(&[48, 9], 11, dtype, 1.0).permute(&[1, 0]).unwrap();
+            let wv = strided(&t(&[48], 12, dtype, 1.0)).remove(1);
+            let a = norm(xt, wv, None, None);
+            check(RMS_NORM, REF_RMS, &OpArgs::RmsNorm(a.clone()), Category::Norms, "transposed");
+            check(LAYER_NORM, REF_LAYER, &OpArgs::LayerNorm(a), Category::Norms, "transposed");
+        }
+    }
+
+    #[test]
+    fn norm_errors_and_empty_inputs() {
+        let x = t(&[2, 3], 1, DType::F32, 1.0);
+        let m = invalid_message(RMS_NORM, &OpArgs::RmsNorm(norm(x.clone(), t(&[2], 2, DType::F32, 1.0), None, None)));
+        assert!(m.contains("`weight`") && m.contains("[2]") && m.contains("[3]"), "{m}");
+        let bad_res = norm(x.clone(), t(&[3], 2, DType::F32, 1.0), None, Some(t(&[3, 2], 3, DType::F32, 1.0)));
+        let m = invalid_message(RMS_NORM, &OpArgs::RmsNorm(bad_res.clone()));
+        assert!(m.contains("`residual`") && m.contains("[3, 2]"), "{m}");
+        assert!(invalid_message(LAYER_NORM, &OpArgs::LayerNorm(bad_res)).contains("residual"));
+        let bad_bias = norm(x.clone(), t(&[3], 2, DType::F32, 1.0), Some(t(&[4], 3, DType::F32, 1.0)), None);
+        assert!(invalid_message(LAYER_NORM, &OpArgs::LayerNorm(bad_bias.clone())).contains("`bias`"));
+        assert!(invalid_message(RMS_NORM, &OpArgs::RmsNorm(bad_bias)).contains("bias"));
+        let mut neg = norm(x.clone(), t(&[3], 2, DType::F32, 1.0), None, None);
+        neg.attrs.eps = Some(-1.0);
+        assert!(invalid_message(RMS_NORM, &OpArgs::RmsNorm(neg)).contains("eps"));
+        let scalar = norm(t(&[], 1, DType::F32, 1.0), t(&[1], 2, DType::F32, 1.0), None, None);
+        assert!(invalid_message(LAYER_NORM, &OpArgs::LayerNorm(scalar)).contains("`x`"));
+        // fp8 x is not one of the declared dtypes: unsupported, not a panic.
+        let f8 = HostTensor::from_f32_as(DType::Fp8E4M3, &[1, 3], &[1.0, 2.0, 3.0]).unwrap();
+        let r = rms_norm(&norm(f8, t(&[3], 2, DType::F32, 1.0), None, None));
+        assert!(matches!(r, Err(KernelError::Unsupported(_))), "{r:?}");
+        // Empty rows and an empty hidden dim.
+        let e = norm(t(&[0, 4], 1, DType::BF16, 1.0), t(&[4], 2, DType::BF16, 1.0), None, Some(t(&[0, 4], 3, DType::BF16, 1.0)));
+        let o = rms_norm(&e).unwrap();
+        assert_eq!((o["out"].shape(), o["residual_out"].shape()), (&[0usize, 4][..], &[0usize, 4][..]));
+        let e = norm(t(&[3, 0], 1, DType::F16, 1.0), t(&[0], 2, DType::F16, 1.0), None, None);
+        assert_eq!(layer_norm(&e).unwrap()["out"].shape(), &[3, 0]);
+        // The wrong op.
+        let r = Registry::builtin();
+        let a = OpArgs::LayerNorm(norm(x, t(&[3], 2, DType::F32, 1.0), None, None));
+        assert!(matches!(r.get(RMS_NORM).unwrap().run(&a), Err(KernelError::Unsupported(_))));
+    }
+}

@@ -1,6 +1,407 @@
-//! `sample` kernels of the `cpu` backend.
+//! `sample` kernels of the `cpu` backend: `cpu.sample.fast`.
+//!
+//! The semantics are those of `cpu_reference.sample.naive` (see that module), and this
+//! kernel picks the same token for the same seed: the weights `exp((l - m) / T)`, the mass
+//! `Z` (index order) and the running sums along the descending order are the same f64
+//! operations in the same order. What is faster: rows run in parallel (rayon), logits are
+//! read in place when they are contiguous f32, `Z` (a full pass of exps) is computed only
+//! when `top_p` needs it, and the descending order is built by partial selection
+//! (`select_nth_unstable_by` over a prefix that doubles until a filter ends the kept set)
+//! instead of a full sort.
 
-use crate::exec::executor::Registry;
+use std::borrow::Cow;
+use std::cmp::Ordering;
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use super::wrong_op;
+use crate::exec::args::{OpArgs, Outputs, SampleArgs};
+use crate::exec::executor::{KernelError, Registry};
+use crate::model::attrs::SampleAttrs;
+use crate::tensor::{HostTensor, Storage};
+
+/// Kernel id.
+pub(crate) const SAMPLE: &str = "cpu.sample.fast";
 
 /// Binds these kernels.
-pub(crate) fn register(_registry: &mut Registry) {}
+pub(crate) fn register(registry: &mut Registry) {
+    registry.register(
+        SAMPLE,
+        Arc::new(|args: &OpArgs| match args {
+            OpArgs::Sample(a) => run(a),
+            other => Err(wrong_op(SAMPLE, other)),
+        }),
+    );
+}
+
+fn invalid(message: impl Into<String>) -> KernelError {
+    KernelError::InvalidInput(message.into())
+}
+
+/// The elements of `t` in logical order as f32: borrowed when `t` is contiguous f32.
+pub(crate) fn f32_cow(t: &HostTensor) -> Cow<'_, [f32]> {
+    let n = t.numel();
+    if n == 0 {
+        return Cow::Owned(Vec::new());
+    }
+    if let (Storage::F32(v), true) = (t.storage(), t.is_contiguous())
+        && let Some(s) = v.get(t.offset()..t.offset() + n)
+    {
+        return Cow::Borrowed(s);
+    }
+    Cow::Owned(t.to_f32_vec())
+}
+
+/// The validated options.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    greedy: bool,
+    temperature: f64,
+    /// 0 = no top-k.
+    top_k: u64,
+    top_p: Option<f64>,
+    min_p: f64,
+    seed: u64,
+}
+
+fn plan(a: &SampleAttrs) -> Result<Plan, KernelError> {
+    let temperature = a.temperature.unwrap_or(1.0);
+    if !(temperature.is_finite() && temperature >= 0.0) {
+        return Err(invalid(format!("attrs.temperature is {temperature}; it must be a finite number >= 0")));
+    }
+    if let Some(p) = a.top_p
+        && !(p > 0.0 && p <= 1.0)
+    {
+        return Err(invalid(format!("attrs.top_p is {p}; it must be in (0, 1]")));
+    }
+    if let Some(p) = a.min_p
+        && !(0.0..=1.0).contains(&p)
+    {
+        return Err(invalid(format!("attrs.min_p is {p}; it must be in [0, 1]")));
+    }
+    let top_k = a.top_k.unwrap_or(0);
+    let filtered = top_k > 0 || a.top_p.is_some() || a.min_p.is_some();
+    let greedy = temperature == 0.0 || (a.temperature.is_none() && !filtered);
+    Ok(Plan { greedy, temperature, top_k, top_p: a.top_p, min_p: a.min_p.unwrap_or(0.0), seed: a.seed.unwrap_or(0) })
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Uniform in [0, 1) from (seed, row); the same function as the reference's.
+fn uniform(seed: u64, row: u64) -> f64 {
+    const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+    let state = mix(seed ^ 0x5851_F42D_4C95_7F2D).wrapping_add(row.wrapping_add(1).wrapping_mul(GAMMA));
+    (mix(state) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// `cpu.sample.fast`.
+pub(crate) fn run(a: &SampleArgs) -> Result<Outputs, KernelError> {
+    let logits = &a.logits;
+    if logits.rank() != 2 {
+        return Err(invalid(format!(
+            "tensor `logits` has shape {:?} (rank {}); expected [batch, vocab]",
+            logits.shape(),
+            logits.rank()
+        )));
+    }
+    if !logits.dtype().is_float() {
+        return Err(invalid(format!("tensor `logits` has dtype {}; expected a float dtype", logits.dtype())));
+    }
+    let plan = plan(&a.attrs)?;
+    let (b, v) = (logits.shape()[0], logits.shape()[1]);
+    if b > 0 && v == 0 {
+        return Err(invalid(format!("tensor `logits` has shape {:?}; a row needs at least one token", logits.shape())));
+    }
+    if v > u32::MAX as usize {
+        return Err(KernelError::Unsupported(format!("a vocabulary of {v} tokens is more than this kernel indexes")));
+    }
+    let data = f32_cow(logits);
+    let results: Vec<Result<i64, KernelError>> = (0..b)
+        .into_par_iter()
+        .map_init(Scratch::default, |s, row| sample_row(&data[row * v..(row + 1) * v], row, &plan, s))
+        .collect();
+    let tokens = results.into_iter().collect::<Result<Vec<i64>, KernelError>>()?;
+    let t = HostTensor::new(Storage::I64(tokens), &[b])
+        .map_err(|e| KernelError::Failed(format!("building the output: {e}")))?;
+    Ok(Outputs::from([("tokens".to_owned(), t)]))
+}
+
+#[derive(Default)]
+struct Scratch {
+    idx: Vec<u32>,
+    kept: Vec<(u32, f64)>,
+}
+
+fn sample_row(l: &[f32], row: usize, plan: &Plan, s: &mut Scratch) -> Result<i64, KernelError> {
+    let mut best = 0;
+    for (j, &x) in l.iter().enumerate() {
+        if x.is_nan() {
+            return Err(invalid(format!("tensor `logits` is NaN at [{row}, {j}]")));
+        }
+        if x > l[best] {
+            best = j;
+        }
+    }
+    if plan.greedy {
+        return Ok(best as i64);
+    }
+    let m = f64::from(l[best]);
+    if m == f64::NEG_INFINITY {
+        return Err(invalid(format!("row {row} of tensor `logits` is all -inf; there is no token to sample")));
+    }
+    let t = plan.temperature;
+    let weight = |x: f32| {
+        let x = f64::from(x);
+        if m == f64::INFINITY { if x == f64::INFINITY { 1.0 } else { 0.0 } } else { ((x - m) / t).exp() }
+    };
+    // The top-p threshold needs the whole mass, summed in index order as the reference does.
+    let threshold = plan.top_p.map(|p| {
+        let mut z = 0.0;
+        for &x in l {
+            z += weight(x);
+        }
+        p * z
+    });
+    let cap = if plan.top_k == 0 { l.len() } else { usize::try_from(plan.top_k).unwrap_or(usize::MAX).min(l.len()) };
+    // Descending logits, ties by lower index (a total order: no NaN remains).
+    let cmp = |a: &u32, b: &u32| l[*b as usize].partial_cmp(&l[*a as usize]).unwrap_or(Ordering::Equal).then(a.cmp(b));
+    s.idx.clear();
+    s.idx.extend(0..l.len() as u32);
+    s.kept.clear();
+    let mut mass = 0.0;
+    let mut done = 0;
+    let mut chunk = cap.min(64);
+    'prefix: while done < cap {
+        let end = (done + chunk).min(cap);
+        let rest = &mut s.idx[done..];
+        if end - done < rest.len() {
+            rest.select_nth_unstable_by(end - done - 1, cmp);
+        }
+        s.idx[done..end].sort_unstable_by(cmp);
+        for &i in &s.idx[done..end] {
+            let wi = weight(l[i as usize]);
+            if wi <= 0.0 || wi < plan.min_p {
+                break 'prefix;
+            }
+            s.kept.push((i, wi));
+            mass += wi;
+            if threshold.is_some_and(|th| mass >= th) {
+                break 'prefix;
+            }
+        }
+        done = end;
+        chunk = chunk.saturating_mul(2);
+    }
+    let target = uniform(plan.seed, row as u64) * mass;
+    let mut run = 0.0;
+    for &(i, wi) in &s.kept {
+        run += wi;
+        if run > target {
+            return Ok(i64::from(i));
+        }
+    }
+    Ok(s.kept.last().map_or(best as i64, |&(i, _)| i64::from(i)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu_reference;
+    use crate::model::dtype::DType;
+    use crate::parity::rng::Rng;
+
+    /// (temperature, top_k, top_p, min_p).
+    type Filters = (Option<f64>, Option<u64>, Option<f64>, Option<f64>);
+
+    fn attrs(t: Option<f64>, k: Option<u64>, p: Option<f64>, mp: Option<f64>, seed: u64) -> SampleAttrs {
+        SampleAttrs { temperature: t, top_k: k, top_p: p, min_p: mp, seed: Some(seed) }
+    }
+
+    fn fast(logits: &HostTensor, a: &SampleAttrs) -> Result<Vec<i64>, KernelError> {
+        let mut r = Registry::new();
+        register(&mut r);
+        let outs =
+            r.get(SAMPLE).unwrap().run(&OpArgs::Sample(SampleArgs { logits: logits.clone(), attrs: a.clone() }))?;
+        assert_eq!(outs["tokens"].dtype(), DType::I64);
+        assert_eq!(outs["tokens"].shape(), &[logits.shape()[0]]);
+        Ok(outs["tokens"].to_i64_vec())
+    }
+
+    fn reference(logits: &HostTensor, a: &SampleAttrs) -> Result<Vec<i64>, KernelError> {
+        let mut r = Registry::new();
+        cpu_reference::register(&mut r);
+        let outs = r
+            .get("cpu_reference.sample.naive")
+            .unwrap()
+            .run(&OpArgs::Sample(SampleArgs { logits: logits.clone(), attrs: a.clone() }))?;
+        Ok(outs["tokens"].to_i64_vec())
+    }
+
+    fn random_logits(b: usize, v: usize, scale: f64, seed: u64, dtype: DType) -> HostTensor {
+        let mut rng = Rng::new(seed);
+        let vals: Vec<f32> = (0..b * v).map(|_| (rng.normal() * scale) as f32).collect();
+        HostTensor::from_f32_as(dtype, &[b, v], &vals).unwrap()
+    }
+
+    #[test]
+    fn fast_picks_the_reference_tokens() {
+        let settings: [Filters; 12] = [
+            (None, None, None, None),
+            (Some(1.0), None, None, None),
+            (Some(0.7), None, None, None),
+            (None, Some(1), None, None),
+            (None, Some(5), None, None),
+            (Some(1.2), Some(40), None, None),
+            (None, None, Some(0.9), None),
+            (Some(0.5), None, Some(0.3), None),
+            (None, None, None, Some(0.1)),
+            (Some(0.9), Some(20), Some(0.95), Some(0.02)),
+            (Some(2.0), Some(0), Some(1.0), Some(0.0)),
+            (Some(0.0), Some(3), None, None),
+        ];
+        let mut cases = 0;
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for (v, scale) in [(7usize, 1.0), (50, 2.0), (300, 4.0), (2000, 1.5)] {
+                let l = random_logits(6, v, scale, v as u64 * 31 + dtype.size_bytes(), dtype);
+                for (si, s) in settings.iter().enumerate() {
+                    for seed in 0..12u64 {
+                        let a = attrs(s.0, s.1, s.2, s.3, seed * 1_000_003 + si as u64);
+                        assert_eq!(
+                            fast(&l, &a).unwrap(),
+                            reference(&l, &a).unwrap(),
+                            "{dtype} v {v} {s:?} seed {seed}"
+                        );
+                        cases += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(cases, 3 * 4 * 12 * 12);
+        // Many exact ties (a few distinct values) and -inf entries.
+        let mut rng = Rng::new(5);
+        let vals: Vec<f32> =
+            (0..4 * 500).map(|i| if i % 17 == 0 { f32::NEG_INFINITY } else { (rng.below(6) as f32) * 0.5 }).collect();
+        let l = HostTensor::from_f32(&[4, 500], vals).unwrap();
+        for seed in 0..40 {
+            for s in [attrs(None, Some(30), None, None, seed), attrs(Some(0.3), None, Some(0.7), None, seed)] {
+                assert_eq!(fast(&l, &s).unwrap(), reference(&l, &s).unwrap());
+            }
+        }
+        // A strided view.
+        let l = random_logits(40, 9, 1.0, 3, DType::F32);
+        let view =
+            HostTensor::from_f32(&[9, 40], l.permute(&[1, 0]).unwrap().to_f32_vec()).unwrap().permute(&[1, 0]).unwrap();
+        let a = attrs(Some(1.0), Some(4), Some(0.9), None, 11);
+        assert_eq!(fast(&view, &a).unwrap(), reference(&l, &a).unwrap());
+    }
+
+    #[test]
+    fn tokens_do_not_depend_on_the_thread_count() {
+        let l = random_logits(64, 1000, 2.0, 9, DType::F32);
+        let a = attrs(Some(0.8), None, Some(0.95), None, 77);
+        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+        let two = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        let t1 = one.install(|| fast(&l, &a).unwrap());
+        let t2 = two.install(|| fast(&l, &a).unwrap());
+        assert_eq!(t1, t2);
+        assert_eq!(t1, fast(&l, &a).unwrap());
+        assert_eq!(t1, reference(&l, &a).unwrap());
+    }
+
+    #[test]
+    fn errors_match_the_reference() {
+        let mut v = vec![0.0f32; 6];
+        v[5] = f32::NAN;
+        let l = HostTensor::from_f32(&[2, 3], v).unwrap();
+        for a in [SampleAttrs::default(), attrs(Some(1.0), None, None, None, 0)] {
+            let e = fast(&l, &a).unwrap_err();
+            assert_eq!(e, reference(&l, &a).unwrap_err());
+            assert!(matches!(&e, KernelError::InvalidInput(m) if m.contains("[1, 2]")), "{e}");
+        }
+        let ok = HostTensor::from_f32(&[1, 3], vec![0.0, 1.0, 2.0]).unwrap();
+        for a in [
+            attrs(Some(-1.0), None, None, None, 0),
+            attrs(Some(f64::INFINITY), None, None, None, 0),
+            attrs(None, None, Some(0.0), None, 0),
+            attrs(None, None, Some(f64::NAN), None, 0),
+            attrs(None, None, None, Some(2.0), 0),
+        ] {
+            assert!(matches!(fast(&ok, &a), Err(KernelError::InvalidInput(_))), "{a:?}");
+        }
+        let empty = HostTensor::from_f32(&[1, 0], vec![]).unwrap();
+        assert!(matches!(fast(&empty, &SampleAttrs::default()), Err(KernelError::InvalidInput(_))));
+        let rank3 = HostTensor::from_f32(&[1, 1, 3], vec![0.0; 3]).unwrap();
+        assert!(matches!(fast(&rank3, &SampleAttrs::default()), Err(KernelError::InvalidInput(_))));
+        let mut r = Registry::new();
+        register(&mut r);
+        let other = OpArgs::Silu(crate::exec::args::SiluArgs { x: ok, attrs: Default::default() });
+        assert!(matches!(r.get(SAMPLE).unwrap().run(&other), Err(KernelError::Unsupported(_))));
+    }
+
+    /// The 0.999 quantile of chi-square with df degrees of freedom (df 1..=7).
+    const CHI2_999: [f64; 7] = [10.828, 13.816, 16.266, 18.467, 20.515, 22.458, 24.322];
+
+    /// The exact filtered, renormalized distribution (softmax in f64; filters as sets over
+    /// the probability order; one renormalization).
+    fn exact(l: &[f64], t: f64, top_k: usize, top_p: f64, min_p: f64) -> Vec<f64> {
+        let m = l.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = l.iter().map(|x| ((x - m) / t).exp()).collect();
+        let z: f64 = e.iter().sum();
+        let p: Vec<f64> = e.iter().map(|x| x / z).collect();
+        let mut idx: Vec<usize> = (0..l.len()).collect();
+        idx.sort_by(|&a, &b| p[b].partial_cmp(&p[a]).unwrap());
+        let mut keep = vec![false; l.len()];
+        let mut before = 0.0;
+        for (rank, &i) in idx.iter().enumerate() {
+            keep[i] = (top_k == 0 || rank < top_k) && before < top_p && p[i] >= min_p * p[idx[0]];
+            before += p[i];
+        }
+        let kept: f64 = (0..l.len()).filter(|&i| keep[i]).map(|i| p[i]).sum();
+        (0..l.len()).map(|i| if keep[i] { p[i] / kept } else { 0.0 }).collect()
+    }
+
+    #[test]
+    fn fast_draws_follow_the_filtered_distribution() {
+        const N: usize = 20_000;
+        let logits = [0.5f32, 2.0, -1.0, 1.2, 0.1, 1.5, -0.3, 0.9];
+        let settings: [(&str, Filters); 5] = [
+            ("temperature 0.7", (Some(0.7), None, None, None)),
+            ("top_k 3", (None, Some(3), None, None)),
+            ("top_p 0.8", (None, None, Some(0.8), None)),
+            ("min_p 0.2", (None, None, None, Some(0.2))),
+            ("combined t 0.8, top_k 5, top_p 0.9, min_p 0.05", (Some(0.8), Some(5), Some(0.9), Some(0.05))),
+        ];
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let rows = HostTensor::from_f32_as(dtype, &[N, 8], &logits.repeat(N)).unwrap();
+            // The distribution of the logits as stored (rounded to the dtype).
+            let l: Vec<f64> = rows.to_f64_vec()[..8].to_vec();
+            for (name, s) in &settings {
+                let probs =
+                    exact(&l, s.0.unwrap_or(1.0), s.1.unwrap_or(0) as usize, s.2.unwrap_or(1.0), s.3.unwrap_or(0.0));
+                let mut counts = [0u64; 8];
+                for t in fast(&rows, &attrs(s.0, s.1, s.2, s.3, 99)).unwrap() {
+                    counts[t as usize] += 1;
+                }
+                let mut stat = 0.0;
+                let mut cells = 0;
+                for (i, (&c, &p)) in counts.iter().zip(&probs).enumerate() {
+                    if p == 0.0 {
+                        assert_eq!(c, 0, "{dtype} {name}: token {i} is outside the kept set");
+                        continue;
+                    }
+                    let e = p * N as f64;
+                    stat += (c as f64 - e).powi(2) / e;
+                    cells += 1;
+                }
+                let df = cells - 1;
+                println!("fast {dtype} {name}: chi-square {stat:.2}, df {df}, 0.999 quantile {}", CHI2_999[df - 1]);
+                assert!(stat < CHI2_999[df - 1], "{dtype} {name}: chi-square {stat} with {df} df; counts {counts:?}");
+            }
+        }
+    }
+}
