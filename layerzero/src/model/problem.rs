@@ -683,7 +683,7 @@ impl Problem {
             Op::Rope => "q",
             Op::Embedding => "table",
             Op::Sample | Op::MoeRoute => "logits",
-            Op::Swiglu => {
+            Op::Swiglu | Op::Geglu => {
                 if v.tensor("x").is_some() {
                     "x"
                 } else {

@@ -445,11 +445,23 @@ mod tests {
                 }
                 for (k, x) in xs.iter().enumerate() {
                     let a = swiglu(Some(x.clone()), None, None);
-                    check(SWIGLU, "cpu_reference.swiglu.naive", &a, Category::Gemm, &format!("swiglu split {what} {k}"));
+                    check(
+                        SWIGLU,
+                        "cpu_reference.swiglu.naive",
+                        &a,
+                        Category::Gemm,
+                        &format!("swiglu split {what} {k}"),
+                    );
                     for approximate in gelus() {
                         let attrs = GegluAttrs { split: true, approximate };
                         let a = OpArgs::Geglu(GegluArgs { x: Some(x.clone()), gate: None, up: None, attrs });
-                        check(GEGLU, "cpu_reference.geglu.naive", &a, Category::Gemm, &format!("geglu split {what} {k}"));
+                        check(
+                            GEGLU,
+                            "cpu_reference.geglu.naive",
+                            &a,
+                            Category::Gemm,
+                            &format!("geglu split {what} {k}"),
+                        );
                     }
                 }
                 for (k, (g, u)) in gs.iter().enumerate() {
@@ -486,7 +498,8 @@ mod tests {
         let ints = HostTensor::new(Storage::I32(vec![1, 2]), &[2]).unwrap();
         let m = invalid_message(SILU, &OpArgs::Silu(SiluArgs { x: ints, attrs: NoAttrs {} }));
         assert!(m.contains("`x`") && m.contains("dtype"), "{m}");
-        let r = silu(&SiluArgs { x: HostTensor::from_f32_as(DType::Fp8E5M2, &[1], &[1.0]).unwrap(), attrs: NoAttrs {} });
+        let r =
+            silu(&SiluArgs { x: HostTensor::from_f32_as(DType::Fp8E5M2, &[1], &[1.0]).unwrap(), attrs: NoAttrs {} });
         assert!(matches!(r, Err(KernelError::Unsupported(_))));
         let r = crate::exec::executor::Registry::builtin();
         let a = OpArgs::Silu(SiluArgs { x: odd, attrs: NoAttrs {} });

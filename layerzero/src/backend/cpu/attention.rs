@@ -6,7 +6,7 @@ use crate::exec::semantics::{alibi_slopes, softmax_scale};
 use crate::model::attrs::AttentionAttrs;
 
 use super::engine::{self, KvAddr, KvSrc, MaskView, Mods, Problem, Seq};
-use super::pack::{Bshd, invalid, ints, output};
+use super::pack::{Bshd, ints, invalid, output};
 
 /// Checks the options every attention kernel shares (the reference's checks and messages).
 pub(crate) fn check_attrs(attrs: &AttentionAttrs) -> Result<(), KernelError> {
@@ -51,9 +51,7 @@ pub(crate) fn run(a: &AttentionArgs) -> Result<Outputs, KernelError> {
         return Err(invalid(format!("head dims differ: q {d}, k {dk}")));
     }
     if skv != sk || hkv_v != hkv {
-        return Err(invalid(format!(
-            "v has {skv} keys and {hkv_v} heads; k has {sk} keys and {hkv} heads"
-        )));
+        return Err(invalid(format!("v has {skv} keys and {hkv_v} heads; k has {sk} keys and {hkv} heads")));
     }
     if hq > 0 && (hkv == 0 || hq % hkv != 0) {
         return Err(invalid(format!("query heads {hq} are not a multiple of kv heads {hkv}")));
@@ -74,16 +72,7 @@ pub(crate) fn run(a: &AttentionArgs) -> Result<Outputs, KernelError> {
     let seqs: Vec<Seq> = match (&a.cu_seqlens_q, &a.cu_seqlens_k) {
         (None, None) if bk != b => return Err(invalid(format!("k batch {bk} != q batch {b}"))),
         (None, None) => (0..b)
-            .map(|bb| Seq {
-                b: bb,
-                q0: 0,
-                sq,
-                sk,
-                mask_b: bb,
-                mask_k0: 0,
-                k: kv_src(&k, bb, 0),
-                v: kv_src(&v, bb, 0),
-            })
+            .map(|bb| Seq { b: bb, q0: 0, sq, sk, mask_b: bb, mask_k0: 0, k: kv_src(&k, bb, 0), v: kv_src(&v, bb, 0) })
             .collect(),
         (Some(cq), Some(ck)) => {
             if b != 1 || bk != 1 {
@@ -124,11 +113,7 @@ pub(crate) fn run(a: &AttentionArgs) -> Result<Outputs, KernelError> {
         dv,
         scale: softmax_scale(&a.attrs, d) as f32,
         attrs: &a.attrs,
-        mods: Mods {
-            softcap: a.attrs.softcap.map(|c| c as f32),
-            alibi: a.attrs.alibi.then(|| alibi_slopes(hq)),
-            mask,
-        },
+        mods: Mods { softcap: a.attrs.softcap.map(|c| c as f32), alibi: a.attrs.alibi.then(|| alibi_slopes(hq)), mask },
         seqs,
     };
     let blocks = engine::compute(&p);

@@ -64,11 +64,7 @@ pub(crate) fn run(p: &Problem, seqs: &[usize]) -> Vec<Block> {
         spans.push(first..tasks.len());
     }
     let partials: Vec<Partial> = tasks.par_iter().map(|t| task(p, t)).collect();
-    groups
-        .iter()
-        .zip(spans)
-        .map(|(&(si, h0, h1), span)| combine(p, si, h0, h1, &partials[span]))
-        .collect()
+    groups.iter().zip(spans).map(|(&(si, h0, h1), span)| combine(p, si, h0, h1, &partials[span])).collect()
 }
 
 fn task(p: &Problem, t: &Task) -> Partial {

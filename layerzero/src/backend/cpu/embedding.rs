@@ -133,7 +133,8 @@ mod tests {
                         })
                         .unwrap();
                         let tv = table.to_f64_vec();
-                        let want: Vec<f64> = iv.iter().flat_map(|&r| tv[r as usize * h..(r as usize + 1) * h].to_vec()).collect();
+                        let want: Vec<f64> =
+                            iv.iter().flat_map(|&r| tv[r as usize * h..(r as usize + 1) * h].to_vec()).collect();
                         assert_eq!(got["out"].to_f64_vec(), want, "{what}");
                     }
                 }
@@ -143,7 +144,8 @@ mod tests {
         let table = t(&[1000, 96], 3, DType::BF16, 1.0);
         let iv: Vec<i64> = (0..777).map(|k| (k * 31 % 1000) as i64).collect();
         check(EMBEDDING, REF, &args(ids(DType::I64, &[777], &iv), table.clone()), Category::Gemm, "777 ids");
-        let o = embedding(&EmbeddingArgs { ids: ids(DType::I32, &[], &[999]), table: table.clone(), attrs: NoAttrs {} });
+        let o =
+            embedding(&EmbeddingArgs { ids: ids(DType::I32, &[], &[999]), table: table.clone(), attrs: NoAttrs {} });
         assert_eq!(o.unwrap()["out"].shape(), &[96]);
         let o = embedding(&EmbeddingArgs { ids: ids(DType::I32, &[0, 3], &[]), table, attrs: NoAttrs {} });
         assert_eq!(o.unwrap()["out"].shape(), &[0, 3, 96]);

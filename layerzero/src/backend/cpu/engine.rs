@@ -133,7 +133,10 @@ impl<'a> MaskView<'a> {
         }
         let r = t.rank();
         if r > 4 {
-            return Err(invalid(format!("`mask` has rank {r} (shape {:?}); it must broadcast to {target:?}", t.shape())));
+            return Err(invalid(format!(
+                "`mask` has rank {r} (shape {:?}); it must broadcast to {target:?}",
+                t.shape()
+            )));
         }
         let mut s = [0usize; 4];
         for (i, &want) in target.iter().enumerate() {
@@ -341,10 +344,8 @@ fn prefill(p: &Problem, seqs: &[usize]) -> Vec<Block> {
         return Vec::new();
     }
     let (hkv, d, dv) = (p.hkv, p.d, p.dv);
-    let packed: Vec<Packed> = (0..seqs.len() * hkv)
-        .into_par_iter()
-        .map(|x| pack_kv(&p.seqs[seqs[x / hkv]], x % hkv, d, dv))
-        .collect();
+    let packed: Vec<Packed> =
+        (0..seqs.len() * hkv).into_par_iter().map(|x| pack_kv(&p.seqs[seqs[x / hkv]], x % hkv, d, dv)).collect();
     let bq = q_tile(p.group());
     let mut items = Vec::new();
     for (pi, &si) in seqs.iter().enumerate() {
@@ -354,10 +355,7 @@ fn prefill(p: &Problem, seqs: &[usize]) -> Vec<Block> {
             }
         }
     }
-    items
-        .into_par_iter()
-        .map(|(pi, si, kvh, i0, n)| prefill_item(p, si, &packed[pi * hkv + kvh], kvh, i0, n))
-        .collect()
+    items.into_par_iter().map(|(pi, si, kvh, i0, n)| prefill_item(p, si, &packed[pi * hkv + kvh], kvh, i0, n)).collect()
 }
 
 /// One tile of queries (all heads of kv head `kvh`, positions `i0..i0+n`) against every
@@ -374,8 +372,7 @@ fn prefill_item(p: &Problem, si: usize, pk: &Packed, kvh: usize, i0: usize, n: u
         }
     }
     let ranges: Vec<(usize, usize)> = (0..n).map(|t| p.range(seq, i0 + t)).collect();
-    let (jmin, jmax) =
-        ranges.iter().filter(|r| r.0 < r.1).fold((usize::MAX, 0), |(a, b), r| (a.min(r.0), b.max(r.1)));
+    let (jmin, jmax) = ranges.iter().filter(|r| r.0 < r.1).fold((usize::MAX, 0), |(a, b), r| (a.min(r.0), b.max(r.1)));
     let mut o = vec![0f32; m * dv];
     let mut mrow = vec![f32::NEG_INFINITY; m];
     let mut lrow = vec![0f32; m];

@@ -36,7 +36,7 @@ pub(super) const W8A8: &str = "cpu.linear_w8a8.fast";
 pub(super) const INT4: &str = "cpu.linear_int4.fast";
 
 /// Up to this many rows a linear runs as a weight-streaming GEMV.
-pub(super) const GEMV_MAX_M: usize = 4;
+pub(super) const GEMV_MAX_M: usize = 8;
 /// Elements of one converted f32 weight panel (16 MiB).
 const PANEL_ELEMS: usize = 1 << 22;
 
@@ -153,7 +153,7 @@ impl<'a> Mat<'a> {
     }
 
     /// A contiguous row-major f32 copy (parallel over rows).
-    pub(super) fn to_f32(&self) -> Vec<f32> {
+    pub(super) fn to_f32(self) -> Vec<f32> {
         let mut v = vec![0f32; self.rows * self.cols];
         if self.cols > 0 {
             v.par_chunks_mut(self.cols).enumerate().for_each(|(r, row)| self.read_row(r, row));
@@ -408,6 +408,97 @@ pub(super) fn gemm(x: F32View, w: &Weights, beta: f32, c: &mut [f32], ldc: usize
     Ok(())
 }
 
+/// `out[r] = x[r * k..(r + 1) * k] . w` for `R` rows at once: each 16-lane slice of `w`
+/// is loaded once for all rows (f32 lanes; fused multiply-add when `FMA`).
+#[inline(always)]
+fn dots_rows_n<const R: usize, const FMA: bool>(x: &[f32], k: usize, w: &[f32], out: &mut [f32]) {
+    const L: usize = 16;
+    let rows: [&[f32]; R] = std::array::from_fn(|r| &x[r * k..(r + 1) * k]);
+    let w = &w[..k];
+    let mut acc = [[0f32; L]; R];
+    let full = k / L * L;
+    for (c, wv) in w[..full].chunks_exact(L).enumerate() {
+        for (r, row) in rows.iter().enumerate() {
+            let xv = &row[c * L..c * L + L];
+            for l in 0..L {
+                acc[r][l] = if FMA { xv[l].mul_add(wv[l], acc[r][l]) } else { acc[r][l] + xv[l] * wv[l] };
+            }
+        }
+    }
+    for (r, row) in rows.iter().enumerate() {
+        let mut a = acc[r];
+        for width in [8, 4, 2, 1] {
+            for l in 0..width {
+                a[l] += a[l + width];
+            }
+        }
+        let tail: f32 = row[full..].iter().zip(&w[full..]).map(|(x, w)| x * w).sum();
+        out[r] = a[0] + tail;
+    }
+}
+
+#[inline(always)]
+fn dots_rows_impl<const FMA: bool>(x: &[f32], k: usize, w: &[f32], out: &mut [f32]) {
+    let mut r0 = 0;
+    while r0 < out.len() {
+        let (xs, o) = (&x[r0 * k..], &mut out[r0..]);
+        r0 += match o.len() {
+            1 => {
+                dots_rows_n::<1, FMA>(xs, k, w, o);
+                1
+            }
+            2 => {
+                dots_rows_n::<2, FMA>(xs, k, w, o);
+                2
+            }
+            3 => {
+                dots_rows_n::<3, FMA>(xs, k, w, o);
+                3
+            }
+            _ => {
+                dots_rows_n::<4, FMA>(xs, k, w, o);
+                4
+            }
+        };
+    }
+}
+
+/// `out[r] = x[r * k..(r + 1) * k] . w` for every r < `out.len()` (x holds that many rows
+/// of length k, w at least k elements), reading `w` once per four rows.
+pub(super) fn dots_rows(x: &[f32], k: usize, w: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+        fn with_avx512(x: &[f32], k: usize, w: &[f32], out: &mut [f32]) {
+            dots_rows_impl::<true>(x, k, w, out);
+        }
+        #[target_feature(enable = "avx2,fma")]
+        fn with_avx2(x: &[f32], k: usize, w: &[f32], out: &mut [f32]) {
+            dots_rows_impl::<true>(x, k, w, out);
+        }
+        match simd::level() {
+            simd::Level::Avx512 => {
+                #[allow(unsafe_code)]
+                // SAFETY: `level()` is Avx512 only when the CPU reports AVX-512F/VL, AVX2 and FMA.
+                unsafe {
+                    with_avx512(x, k, w, out)
+                };
+                return;
+            }
+            simd::Level::Avx2 => {
+                #[allow(unsafe_code)]
+                // SAFETY: `level()` is Avx2 only when the CPU reports AVX2 and FMA.
+                unsafe {
+                    with_avx2(x, k, w, out)
+                };
+                return;
+            }
+            simd::Level::Portable => {}
+        }
+    }
+    dots_rows_impl::<false>(x, k, w, out);
+}
+
 /// Column ranges splitting `n` for a parallel sweep (about 8 per thread, at least `min`).
 pub(super) fn chunks(n: usize, min: usize) -> Vec<(usize, usize)> {
     let target = rayon::current_num_threads().max(1) * 8;
@@ -437,7 +528,7 @@ fn gemv(x: &[f32], m: usize, w: &Weights, c: &mut [f32]) {
                             &scratch
                         }
                     };
-                    simd::dots(x, k, col, &mut part[j * m..(j + 1) * m]);
+                    dots_rows(x, k, col, &mut part[j * m..(j + 1) * m]);
                 }
             } else if let Weights::Dense(b) = w {
                 // part is [m, nb]: the weight rows' segments, each read once, axpy'd in.
@@ -827,7 +918,8 @@ pub(super) mod tests {
                     for n in [7usize, 64] {
                         for nn in [false, true] {
                             let x = t(&[m, k], 1 + m as u64, dtype);
-                            let w = if nn { t(&[k, n], 2, dtype).with_layout(Layout::Nn) } else { t(&[n, k], 2, dtype) };
+                            let w =
+                                if nn { t(&[k, n], 2, dtype).with_layout(Layout::Nn) } else { t(&[n, k], 2, dtype) };
                             let bias = (n == 7).then(|| t(&[n], 3, dtype));
                             let a = lin(x, w, bias);
                             let what = format!("{dtype} m{m} k{k} n{n} nn={nn}");
@@ -872,7 +964,8 @@ pub(super) mod tests {
             Err(KernelError::InvalidInput(m)) if m.contains("`bias`")));
         let e = linear(&lin(t(&[0, 3], 1, DType::F32), t(&[4, 3], 1, DType::F32), None)).unwrap();
         assert_eq!(e.shape(), &[0, 4]);
-        let z = linear(&lin(t(&[5, 0], 1, DType::F32), t(&[2, 0], 1, DType::F32), Some(t(&[2], 2, DType::F32)))).unwrap();
+        let z =
+            linear(&lin(t(&[5, 0], 1, DType::F32), t(&[2, 0], 1, DType::F32), Some(t(&[2], 2, DType::F32)))).unwrap();
         assert_eq!(z.to_f32_vec(), [values(2, 2), values(2, 2), values(2, 2), values(2, 2), values(2, 2)].concat());
         let mut r = Registry::new();
         register(&mut r);
@@ -991,6 +1084,8 @@ pub(super) mod tests {
         assert!(matches!(linear_int4(&bad), Err(KernelError::InvalidInput(m)) if m.contains("SCALE_LAYOUT_MISMATCH")));
         let mut bad = int4_args(2, 64, 3, 32, true, DType::F32);
         bad.zeros = Some(t(&[3, 4], 1, DType::F32));
-        assert!(matches!(linear_int4(&bad), Err(KernelError::InvalidInput(m)) if m.contains("`zeros`") && m.contains("[3, 2]")));
+        assert!(
+            matches!(linear_int4(&bad), Err(KernelError::InvalidInput(m)) if m.contains("`zeros`") && m.contains("[3, 2]"))
+        );
     }
 }

@@ -20,7 +20,9 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::linear::{F32View, GEMV_MAX_M, Mat, Weights, expect_dense_float, gemm, invalid, linear_f32, rows_view, to_tensor};
+use super::linear::{
+    F32View, GEMV_MAX_M, Mat, Weights, dots_rows, expect_dense_float, gemm, invalid, linear_f32, rows_view, to_tensor,
+};
 use super::simd;
 use super::wrong_op;
 use crate::exec::args::{MlpArgs, OpArgs, Outputs};
@@ -233,7 +235,7 @@ fn fused_decode(p: &Problem, act: Activation) -> Vec<f32> {
                             &scratch[..h]
                         }
                     };
-                    simd::dots(&x, h, row, &mut dst[j * m..(j + 1) * m]);
+                    dots_rows(&x, h, row, &mut dst[j * m..(j + 1) * m]);
                 }
             }
             act_mul(act, &mut g, &u);
@@ -256,7 +258,7 @@ fn fused_decode(p: &Problem, act: Activation) -> Vec<f32> {
                         &scratch[..ti]
                     }
                 };
-                simd::dots(&hm, ti, seg, &mut tmp);
+                dots_rows(&hm, ti, seg, &mut tmp);
                 for r in 0..m {
                     partial[r * h + c] = tmp[r];
                 }

@@ -5,18 +5,18 @@
 
 mod activation;
 mod attention;
+mod decode;
 mod embedding;
+mod engine;
 mod linear;
 mod mlp;
 mod moe;
 mod norm;
-mod quant;
-mod sample;
-mod decode;
-mod engine;
 mod pack;
 mod paged;
+mod quant;
 mod rope;
+mod sample;
 pub(crate) mod simd;
 #[cfg(test)]
 mod tests;

@@ -281,11 +281,7 @@ pub(super) use by_dtype;
 /// [start, start + dst.len()) in f32 for units of `unit` elements (the last may be shorter),
 /// on rayon tasks of about `TASK` elements when the output is large; `scratch` is a buffer
 /// of the task that `f` may use as it likes.
-pub(super) fn fill<T: Elem>(
-    total: usize,
-    unit: usize,
-    f: impl Fn(usize, &mut [f32], &mut Vec<f32>) + Sync,
-) -> Vec<T> {
+pub(super) fn fill<T: Elem>(total: usize, unit: usize, f: impl Fn(usize, &mut [f32], &mut Vec<f32>) + Sync) -> Vec<T> {
     let mut out = T::zeros(total);
     if total == 0 {
         return out;
@@ -412,7 +408,7 @@ fn check(a: &NormArgs, rms: bool) -> Result<(usize, usize, f32), KernelError> {
     if !(eps.is_finite() && eps >= 0.0) {
         return Err(invalid(format!("eps is {eps}; it must be finite and >= 0")));
     }
-    let rows = if h == 0 { 0 } else { x.numel() / h };
+    let rows = x.numel().checked_div(h).unwrap_or(0);
     Ok((rows, h, eps as f32))
 }
 
@@ -466,10 +462,7 @@ fn rms_typed<T: Elem>(a: &NormArgs, rows: usize, h: usize, eps: f32) -> Result<O
             out.par_chunks_mut(per_task).zip(res_out.par_chunks_mut(per_task)).enumerate().for_each(work);
         }
     }
-    Ok(Outputs::from([
-        ("out".to_owned(), tensor(out, shape)?),
-        ("residual_out".to_owned(), tensor(res_out, shape)?),
-    ]))
+    Ok(Outputs::from([("out".to_owned(), tensor(out, shape)?), ("residual_out".to_owned(), tensor(res_out, shape)?)]))
 }
 
 /// `layer_norm`.
@@ -689,7 +682,12 @@ mod tests {
         let r = rms_norm(&norm(f8, t(&[3], 2, DType::F32, 1.0), None, None));
         assert!(matches!(r, Err(KernelError::Unsupported(_))), "{r:?}");
         // Empty rows and an empty hidden dim.
-        let e = norm(t(&[0, 4], 1, DType::BF16, 1.0), t(&[4], 2, DType::BF16, 1.0), None, Some(t(&[0, 4], 3, DType::BF16, 1.0)));
+        let e = norm(
+            t(&[0, 4], 1, DType::BF16, 1.0),
+            t(&[4], 2, DType::BF16, 1.0),
+            None,
+            Some(t(&[0, 4], 3, DType::BF16, 1.0)),
+        );
         let o = rms_norm(&e).unwrap();
         assert_eq!((o["out"].shape(), o["residual_out"].shape()), (&[0usize, 4][..], &[0usize, 4][..]));
         let e = norm(t(&[3, 0], 1, DType::F16, 1.0), t(&[0], 2, DType::F16, 1.0), None, None);

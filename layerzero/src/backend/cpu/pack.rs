@@ -103,12 +103,7 @@ impl<'a> Bshd<'a> {
             Layout::Bhsd => [0, 2, 1, 3],
             other => return Err(invalid(format!("`{name}` has layout {other}; expected BSHD or BHSD"))),
         };
-        Ok(Bshd {
-            st: t.storage(),
-            off: t.offset(),
-            n: perm.map(|d| sh[d]),
-            s: perm.map(|d| st[d]),
-        })
+        Ok(Bshd { st: t.storage(), off: t.offset(), n: perm.map(|d| sh[d]), s: perm.map(|d| st[d]) })
     }
 
     /// Storage index of element (b, s, h, 0).

@@ -11,7 +11,7 @@ use crate::tensor::HostTensor;
 
 use super::attention::check_attrs;
 use super::engine::{self, KvAddr, KvSrc, Mods, Problem, Seq};
-use super::pack::{Bshd, floats, invalid, ints, output};
+use super::pack::{Bshd, floats, ints, invalid, output};
 
 /// A page cache: sizes and strides in (page, slot, head, d) order.
 struct Cache<'a> {
@@ -22,7 +22,12 @@ struct Cache<'a> {
 }
 
 impl<'a> Cache<'a> {
-    fn new(name: &str, t: &'a HostTensor, scale: Option<&HostTensor>, scale_name: &str) -> Result<Cache<'a>, KernelError> {
+    fn new(
+        name: &str,
+        t: &'a HostTensor,
+        scale: Option<&HostTensor>,
+        scale_name: &str,
+    ) -> Result<Cache<'a>, KernelError> {
         if !t.dtype().is_float() {
             return Err(invalid(format!("tensor `{name}` has dtype {}; expected a float dtype", t.dtype())));
         }

@@ -328,7 +328,8 @@ fn check_scale(a: &QuantAttrs, x: &HostTensor, s: &HostTensor, grid: &Grid) -> R
     if a.scheme == QuantScheme::PerBlock && grid.gr > 1 && grid.gc > 1 {
         let layout = a.scale_layout.unwrap_or(ScaleLayout::RowMajor);
         let order = memory_order(s);
-        let ok = matches!((order, layout), (Some(true), ScaleLayout::RowMajor) | (Some(false), ScaleLayout::ColumnMajor));
+        let ok =
+            matches!((order, layout), (Some(true), ScaleLayout::RowMajor) | (Some(false), ScaleLayout::ColumnMajor));
         if !ok {
             let found = match order {
                 Some(true) => "row-major",
@@ -491,7 +492,10 @@ mod tests {
             for target in [DType::I8, DType::Fp8E4M3, DType::Fp8E5M2] {
                 for &(scheme, block, layout) in &schemes {
                     for x in [&x, &strided] {
-                        let args = OpArgs::Quantize(QuantizeArgs { x: x.clone(), attrs: attrs(scheme, block, layout, target) });
+                        let args = OpArgs::Quantize(QuantizeArgs {
+                            x: x.clone(),
+                            attrs: attrs(scheme, block, layout, target),
+                        });
                         let want = reference(&args);
                         let OpArgs::Quantize(q) = &args else { unreachable!() };
                         let ours = quantize(q).unwrap();
@@ -509,7 +513,8 @@ mod tests {
         let x3 = HostTensor::from_f32(&[2, 3, 4], values(24, 5)).unwrap().permute(&[2, 0, 1]).unwrap();
         let x0 = HostTensor::from_f32(&[], vec![-2.5]).unwrap();
         for x in [x3, x0] {
-            let args = OpArgs::Quantize(QuantizeArgs { x, attrs: attrs(QuantScheme::PerTensor, None, None, DType::I8) });
+            let args =
+                OpArgs::Quantize(QuantizeArgs { x, attrs: attrs(QuantScheme::PerTensor, None, None, DType::I8) });
             let OpArgs::Quantize(q) = &args else { unreachable!() };
             let ours = quantize(q).unwrap();
             assert_eq!(bits(&ours["out"]), bits(&reference(&args)["out"]));
@@ -583,11 +588,16 @@ mod tests {
             }
         }
         // A transposed (column-major) scale where row-major is stated: refused, named.
-        for (layout, scale) in [(Some(ScaleLayout::RowMajor), &col), (None, &col), (Some(ScaleLayout::ColumnMajor), &rowm)] {
+        for (layout, scale) in
+            [(Some(ScaleLayout::RowMajor), &col), (None, &col), (Some(ScaleLayout::ColumnMajor), &rowm)]
+        {
             let a = attrs(QuantScheme::PerBlock, Some([128, 128]), layout, DType::I8);
             match dequantize(&DequantizeArgs { x: x8.clone(), scale: scale.clone(), attrs: a }) {
                 Err(KernelError::InvalidInput(m)) => {
-                    assert!(m.contains("SCALE_LAYOUT_MISMATCH") && m.contains("`scale`") && m.contains("[2, 3]"), "{m}");
+                    assert!(
+                        m.contains("SCALE_LAYOUT_MISMATCH") && m.contains("`scale`") && m.contains("[2, 3]"),
+                        "{m}"
+                    );
                     assert!(m.contains(&format!("strides {:?}", scale.strides())), "{m}");
                 }
                 other => panic!("{other:?}"),

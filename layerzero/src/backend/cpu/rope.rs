@@ -14,7 +14,7 @@ use crate::model::dtype::DType;
 use crate::model::layout::Layout;
 use crate::tensor::{HostTensor, Storage};
 
-use super::pack::{Bshd, invalid, ints};
+use super::pack::{Bshd, ints, invalid};
 
 /// cos and sin per (position entry, pair): `[entries][half]`.
 struct Table {
@@ -143,11 +143,7 @@ fn rotate(t: &HostTensor, x: &Bshd, table: &Table, rot: usize, style: RopeStyle)
     let rows = nb * ns * nh;
     // (b, s, h) of contiguous output row r.
     let coords = move |r: usize| {
-        if bhsd {
-            (r / (nh * ns), r % ns, (r / ns) % nh)
-        } else {
-            (r / (ns * nh), (r / nh) % ns, r % nh)
-        }
+        if bhsd { (r / (nh * ns), r % ns, (r / ns) % nh) } else { (r / (ns * nh), (r / nh) % ns, r % nh) }
     };
     let row = move |r: usize, out: &mut [f64], src: &mut [f32]| {
         let (b, s, h) = coords(r);

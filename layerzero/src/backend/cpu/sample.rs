@@ -10,7 +10,6 @@
 //! instead of a full sort.
 
 use std::borrow::Cow;
-use std::cmp::Ordering;
 use std::sync::Arc;
 
 use rayon::prelude::*;
@@ -133,7 +132,8 @@ pub(crate) fn run(a: &SampleArgs) -> Result<Outputs, KernelError> {
 
 #[derive(Default)]
 struct Scratch {
-    idx: Vec<u32>,
+    keys: Vec<u64>,
+    buf: Vec<u64>,
     kept: Vec<(u32, f64)>,
 }
 
@@ -168,22 +168,51 @@ fn sample_row(l: &[f32], row: usize, plan: &Plan, s: &mut Scratch) -> Result<i64
         p * z
     });
     let cap = if plan.top_k == 0 { l.len() } else { usize::try_from(plan.top_k).unwrap_or(usize::MAX).min(l.len()) };
-    // Descending logits, ties by lower index (a total order: no NaN remains).
-    let cmp = |a: &u32, b: &u32| l[*b as usize].partial_cmp(&l[*a as usize]).unwrap_or(Ordering::Equal).then(a.cmp(b));
-    s.idx.clear();
-    s.idx.extend(0..l.len() as u32);
+    // Candidates: every token that can pass the weight checks (the others have smaller
+    // logits than every candidate, so they would end the walk anyway). A token whose logit
+    // is below `lo` has a weight below min_p (with a margin far above rounding) or one that
+    // underflows to 0.
+    let lo = if m == f64::INFINITY {
+        f64::INFINITY
+    } else {
+        let mut lo = m - 746.0 * t;
+        if plan.min_p > 0.0 {
+            let ln = plan.min_p.ln();
+            lo = lo.max(m + t * ln - 1e-6 * (m.abs() + t * -ln + 1.0));
+        }
+        lo
+    };
+    // One u64 per candidate sorts as descending logit, then ascending index: the high half
+    // is the complement of the logit's order-preserving bits (-0.0 made +0.0 so that it
+    // ties with 0.0), the low half the index.
+    let key = |i: usize, x: f32| {
+        let b = (x + 0.0).to_bits();
+        let ord = if b >> 31 == 1 { !b } else { b | 0x8000_0000 };
+        (u64::from(!ord) << 32) | i as u64
+    };
+    s.keys.clear();
+    s.keys.extend(l.iter().enumerate().filter(|&(_, &x)| f64::from(x) >= lo).map(|(i, &x)| key(i, x)));
+    let cap = cap.min(s.keys.len());
     s.kept.clear();
     let mut mass = 0.0;
     let mut done = 0;
     let mut chunk = cap.min(64);
     'prefix: while done < cap {
-        let end = (done + chunk).min(cap);
-        let rest = &mut s.idx[done..];
-        if end - done < rest.len() {
-            rest.select_nth_unstable_by(end - done - 1, cmp);
+        let mut end = (done + chunk).min(cap);
+        if (end - done) * 4 >= cap - done {
+            end = cap;
         }
-        s.idx[done..end].sort_unstable_by(cmp);
-        for &i in &s.idx[done..end] {
+        let rest = &mut s.keys[done..];
+        if end - done < rest.len() {
+            rest.select_nth_unstable(end - done - 1);
+        }
+        if end - done > 2048 {
+            radix_sort(&mut s.keys[done..end], &mut s.buf, l.len());
+        } else {
+            s.keys[done..end].sort_unstable();
+        }
+        for &k in &s.keys[done..end] {
+            let i = k as u32;
             let wi = weight(l[i as usize]);
             if wi <= 0.0 || wi < plan.min_p {
                 break 'prefix;
@@ -206,6 +235,40 @@ fn sample_row(l: &[f32], row: usize, plan: &Plan, s: &mut Scratch) -> Result<i64
         }
     }
     Ok(s.kept.last().map_or(best as i64, |&(i, _)| i64::from(i)))
+}
+
+/// Sorts keys whose low half is an index below `n` and whose high half is anything
+/// (LSD radix sort, 11-bit digits, skipping the always-zero bits and the digits every key
+/// shares).
+fn radix_sort(keys: &mut [u64], buf: &mut Vec<u64>, n: usize) {
+    const BITS: u32 = 11;
+    const MASK: u64 = (1 << BITS) - 1;
+    let index_bits = usize::BITS - n.saturating_sub(1).leading_zeros();
+    let shifts = (0..index_bits.div_ceil(BITS)).map(|d| d * BITS).chain((0..3).map(|d| 32 + d * BITS));
+    buf.clear();
+    buf.resize(keys.len(), 0);
+    let mut counts = vec![0usize; 1 << BITS];
+    for shift in shifts {
+        counts.iter_mut().for_each(|c| *c = 0);
+        for &k in keys.iter() {
+            counts[((k >> shift) & MASK) as usize] += 1;
+        }
+        if counts.contains(&keys.len()) {
+            continue;
+        }
+        let mut sum = 0;
+        for c in counts.iter_mut() {
+            let here = *c;
+            *c = sum;
+            sum += here;
+        }
+        for &k in keys.iter() {
+            let d = ((k >> shift) & MASK) as usize;
+            buf[counts[d]] = k;
+            counts[d] += 1;
+        }
+        keys.copy_from_slice(buf);
+    }
 }
 
 #[cfg(test)]
@@ -298,6 +361,22 @@ mod tests {
             HostTensor::from_f32(&[9, 40], l.permute(&[1, 0]).unwrap().to_f32_vec()).unwrap().permute(&[1, 0]).unwrap();
         let a = attrs(Some(1.0), Some(4), Some(0.9), None, 11);
         assert_eq!(fast(&view, &a).unwrap(), reference(&l, &a).unwrap());
+    }
+
+    #[test]
+    fn radix_sort_sorts() {
+        let mut rng = Rng::new(4);
+        for n in [1usize, 3, 2049, 5000, 70_000] {
+            let mut keys: Vec<u64> = (0..n).map(|i| (rng.below(1 << 32) << 32) | i as u64).collect();
+            // Many equal high halves.
+            for k in keys.iter_mut().step_by(3) {
+                *k &= 0xFFFF_FFFF;
+            }
+            let mut want = keys.clone();
+            want.sort_unstable();
+            radix_sort(&mut keys, &mut Vec::new(), n);
+            assert_eq!(keys, want, "n {n}");
+        }
     }
 
     #[test]

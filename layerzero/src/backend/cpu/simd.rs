@@ -28,7 +28,8 @@ fn detect() -> Level {
     let cap = std::env::var("LZ_CPU_SIMD").unwrap_or_default();
     #[cfg(target_arch = "x86_64")]
     {
-        let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
+        let avx2 =
+            is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
         let avx512 = avx2 && is_x86_feature_detected!("avx512f");
         if cap == "portable" {
             return Level::Portable;
@@ -592,7 +593,8 @@ mod tests {
     #[test]
     fn gemm_matches_the_portable_loops_on_odd_shapes() {
         let mut seed = 7u64;
-        for &(m, n, k) in &[(1, 1, 1), (6, 64, 128), (7, 65, 3), (13, 130, 80), (64, 128, 96), (5, 17, 256), (2, 9, 1)] {
+        for &(m, n, k) in &[(1, 1, 1), (6, 64, 128), (7, 65, 3), (13, 130, 80), (64, 128, 96), (5, 17, 256), (2, 9, 1)]
+        {
             for acc in [false, true] {
                 let (lda, ldb, ldc) = (k + 3, n + 5, n + 2);
                 let a: Vec<f32> = (0..m * lda).map(|_| lcg(&mut seed)).collect();

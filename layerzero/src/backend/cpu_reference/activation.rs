@@ -179,6 +179,9 @@ pub(crate) fn silu(a: &SiluArgs) -> Result<HostTensor, KernelError> {
     unary("x", &a.x, silu_f64)
 }
 
+/// Gate and up values in logical order, the output shape and the output dtype.
+type GateUp = (Vec<f64>, Vec<f64>, Vec<usize>, DType);
+
 /// The (gate, up) values in logical order, the output shape and dtype of a gated op.
 fn gate_up(
     op: Op,
@@ -186,7 +189,7 @@ fn gate_up(
     x: Option<&HostTensor>,
     gate: Option<&HostTensor>,
     up: Option<&HostTensor>,
-) -> Result<(Vec<f64>, Vec<f64>, Vec<usize>, DType), KernelError> {
+) -> Result<GateUp, KernelError> {
     if split {
         let (Some(x), None, None) = (x, gate, up) else {
             return Err(invalid(format!(
@@ -360,7 +363,7 @@ mod tests {
         let split =
             swiglu(&SwigluArgs { x: Some(x.clone()), gate: None, up: None, attrs: SwigluAttrs { split: true } }).unwrap();
         assert_eq!(split.shape(), &[2, 2]);
-        let want = [silu_f64(1.0) * 2.0, silu_f64(-1.0) * 3.0, silu_f64(0.5) * -1.0, silu_f64(2.0) * 1.0];
+        let want = [silu_f64(1.0) * 2.0, silu_f64(-1.0) * 3.0, -silu_f64(0.5), silu_f64(2.0)];
         assert_eq!(split.to_f64_vec(), want.map(|v| v as f32 as f64));
         let xt = f32t(&[4, 2], &[1.0, 0.5, -1.0, 2.0, 2.0, -1.0, 3.0, 1.0]).permute(&[1, 0]).unwrap();
         let strided =
@@ -375,7 +378,7 @@ mod tests {
             attrs: GegluAttrs { split: false, approximate: GeluApproximate::None },
         })
         .unwrap();
-        let want = [gelu_erf(1.0) * 2.0, gelu_erf(-1.0) * 3.0, gelu_erf(0.5) * -1.0, gelu_erf(2.0)];
+        let want = [gelu_erf(1.0) * 2.0, gelu_erf(-1.0) * 3.0, -gelu_erf(0.5), gelu_erf(2.0)];
         assert_eq!(sep.to_f64_vec(), want.map(|v| v as f32 as f64));
         let split_tanh = geglu(&GegluArgs {
             x: Some(x),

@@ -302,7 +302,7 @@ pub(crate) fn int4_dims(a: &Int4Args) -> Result<(Vec<usize>, usize, usize, usize
 #[inline]
 pub(crate) fn nibble(byte: i8, k: usize) -> u8 {
     let b = byte as u8;
-    if k % 2 == 0 { b & 0x0F } else { b >> 4 }
+    if k.is_multiple_of(2) { b & 0x0F } else { b >> 4 }
 }
 
 /// `linear_int4`: the weight dequantized in f64, then `x @ w^T + bias`, rounded once.

@@ -85,7 +85,7 @@ fn check(a: &NormArgs, op: Op, default_eps: f64) -> Result<(usize, usize, f64), 
     if !(eps.is_finite() && eps >= 0.0) {
         return Err(invalid(format!("eps is {eps}; it must be finite and >= 0")));
     }
-    let rows = if h == 0 { 0 } else { x.numel() / h };
+    let rows = x.numel().checked_div(h).unwrap_or(0);
     Ok((rows, h, eps))
 }
 

@@ -1,0 +1,115 @@
+//! Linear and MLP speed of the `cpu` backend, through the builtin registry:
+//! - `linear_f32` / `linear_bf16`: decode 1x4096x4096 and prefill 512x4096x4096 (M x K x N,
+//!   NT weight); items/s are FLOP/s (2 M N K), bytes/s the weight bytes read per call.
+//! - `linear_small_m`: the GEMV / sgemm crossover (M = 1..32, f32).
+//! - `copy_weight`: a copy of the same weight bytes (one `copy_from_slice`, and one split
+//!   over the rayon threads), the bandwidth the decode GEMV is compared with.
+//! - `mlp`: `cpu.mlp.chain` vs `cpu.mlp.fused`, 128 tokens, H = 1024, I = 2816.
+//!
+//! Run: `cargo bench -p layerzero --bench linear` (matrixmultiply reads `MATMUL_NUM_THREADS`,
+//! rayon `RAYON_NUM_THREADS`).
+
+use std::sync::Arc;
+
+use divan::Bencher;
+use divan::counter::{BytesCount, ItemsCount};
+use layerzero::exec::args::{LinearArgs, MlpArgs, OpArgs};
+use layerzero::exec::executor::{Executor, Registry};
+use layerzero::model::attrs::{Activation, MlpAttrs, NoAttrs};
+use layerzero::model::dtype::DType;
+use layerzero::tensor::HostTensor;
+use rayon::prelude::*;
+
+fn main() {
+    divan::main();
+}
+
+const K: usize = 4096;
+const N: usize = 4096;
+
+/// Deterministic values in [-scale, scale).
+fn tensor(dtype: DType, shape: &[usize], seed: u64, scale: f32) -> HostTensor {
+    let n: usize = shape.iter().product();
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let v: Vec<f32> = (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect();
+    HostTensor::from_f32_as(dtype, shape, &v).expect("tensor")
+}
+
+fn kernel(id: &str) -> Arc<dyn Executor> {
+    Registry::builtin().get(id).cloned().unwrap_or_else(|| panic!("{id} is not registered"))
+}
+
+fn bench_linear(bencher: Bencher, dtype: DType, m: usize) {
+    let exec = kernel("cpu.linear.fast");
+    let args = OpArgs::Linear(LinearArgs {
+        x: tensor(dtype, &[m, K], 1, 1.0),
+        weight: tensor(dtype, &[N, K], 2, 0.02),
+        bias: None,
+        attrs: NoAttrs {},
+    });
+    let bytes = N * K * dtype.size_bytes() as usize;
+    bencher
+        .counter(ItemsCount::new(2 * m * N * K))
+        .counter(BytesCount::new(bytes))
+        .bench_local(|| exec.run(divan::black_box(&args)).expect("linear runs").len());
+}
+
+/// f32, M x 4096 x 4096 (1 = decode, 512 = prefill).
+#[divan::bench(args = [1, 512], sample_count = 10, sample_size = 1)]
+fn linear_f32(bencher: Bencher, m: usize) {
+    bench_linear(bencher, DType::F32, m);
+}
+
+/// bf16, M x 4096 x 4096.
+#[divan::bench(args = [1, 512], sample_count = 10, sample_size = 1)]
+fn linear_bf16(bencher: Bencher, m: usize) {
+    bench_linear(bencher, DType::BF16, m);
+}
+
+/// f32 with few rows: where the GEMV hands over to sgemm.
+#[divan::bench(args = [2, 4, 8, 16, 32], sample_count = 10, sample_size = 1)]
+fn linear_small_m(bencher: Bencher, m: usize) {
+    bench_linear(bencher, DType::F32, m);
+}
+
+/// A copy of the 4096 x 4096 weight bytes (f32: 64 MiB; bf16: 32 MiB); counted bytes are
+/// the bytes read, as for the GEMV.
+#[divan::bench(args = ["f32", "bf16", "f32_parallel", "bf16_parallel"], sample_count = 20, sample_size = 1)]
+fn copy_weight(bencher: Bencher, case: &str) {
+    let bytes = N * K * if case.starts_with("f32") { 4 } else { 2 };
+    let src = vec![1u8; bytes];
+    let mut dst = vec![0u8; bytes];
+    let parallel = case.ends_with("parallel");
+    let chunk = bytes.div_ceil(rayon::current_num_threads().max(1));
+    bencher.counter(BytesCount::new(bytes)).bench_local(|| {
+        if parallel {
+            dst.par_chunks_mut(chunk).zip(src.par_chunks(chunk)).for_each(|(d, s)| d.copy_from_slice(s));
+        } else {
+            dst.copy_from_slice(divan::black_box(&src));
+        }
+        dst[bytes / 2]
+    });
+}
+
+/// Gated MLP, 128 tokens, H 1024, I 2816 (f32 and bf16): the chain and the fused kernel.
+#[divan::bench(args = ["chain_f32", "fused_f32", "chain_bf16", "fused_bf16"], sample_count = 10, sample_size = 1)]
+fn mlp(bencher: Bencher, case: &str) {
+    let (t, h, i) = (128usize, 1024usize, 2816usize);
+    let dtype = if case.ends_with("bf16") { DType::BF16 } else { DType::F32 };
+    let exec = kernel(if case.starts_with("chain") { "cpu.mlp.chain" } else { "cpu.mlp.fused" });
+    let args = OpArgs::Mlp(MlpArgs {
+        x: tensor(dtype, &[t, h], 3, 1.0),
+        w_gate: tensor(dtype, &[i, h], 4, 0.03),
+        w_up: tensor(dtype, &[i, h], 5, 0.03),
+        w_down: tensor(dtype, &[h, i], 6, 0.02),
+        attrs: MlpAttrs { activation: Activation::Silu },
+    });
+    bencher
+        .counter(ItemsCount::new(3 * 2 * t * h * i))
+        .bench_local(|| exec.run(divan::black_box(&args)).expect("mlp runs").len());
+}

@@ -1,0 +1,113 @@
+//! Row-wise kernels of the `cpu` backend against this machine's copy bandwidth: rms_norm and
+//! layer_norm over [4096, 4096] (f32, bf16), swiglu over a split [4096, 2 * 5504] f32, and an
+//! embedding lookup of 4096 ids in a [32000, 4096] f32 table; each next to a plain copy of
+//! the same number of bytes (read + written), so the throughput column gives the ratio.
+//! Run: `cargo bench -p layerzero --bench rows`.
+
+use std::sync::OnceLock;
+
+use divan::Bencher;
+use divan::counter::BytesCount;
+use layerzero::exec::args::{EmbeddingArgs, NormArgs, OpArgs, SwigluArgs};
+use layerzero::exec::executor::Registry;
+use layerzero::model::attrs::{NoAttrs, NormAttrs, SwigluAttrs};
+use layerzero::model::dtype::DType;
+use layerzero::tensor::{HostTensor, Storage};
+use rayon::prelude::*;
+
+fn main() {
+    divan::main();
+}
+
+const ROWS: usize = 4096;
+const HIDDEN: usize = 4096;
+const INTER: usize = 5504;
+const VOCAB: usize = 32000;
+
+fn registry() -> &'static Registry {
+    static R: OnceLock<Registry> = OnceLock::new();
+    R.get_or_init(Registry::builtin)
+}
+
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((x >> 40) as f64 / (1u64 << 24) as f64 * 2.0 - 1.0) as f32
+        })
+        .collect()
+}
+
+fn tensor(dtype: DType, shape: &[usize], seed: u64) -> HostTensor {
+    HostTensor::from_f32_as(dtype, shape, &values(shape.iter().product(), seed)).expect("tensor")
+}
+
+fn run(bencher: Bencher, kernel: &str, args: OpArgs, bytes: usize) {
+    let exec = registry().get(kernel).expect("kernel registered").clone();
+    exec.run(&args).expect("kernel runs");
+    bencher.counter(BytesCount::new(bytes)).bench_local(|| exec.run(divan::black_box(&args)).map(|o| o.len()));
+}
+
+fn norm_args(dtype: DType) -> NormArgs {
+    NormArgs {
+        x: tensor(dtype, &[ROWS, HIDDEN], 1),
+        weight: tensor(dtype, &[HIDDEN], 2),
+        bias: None,
+        residual: None,
+        attrs: NormAttrs::default(),
+    }
+}
+
+fn norm_bytes(dtype: DType) -> usize {
+    2 * ROWS * HIDDEN * dtype.size_bytes() as usize
+}
+
+#[divan::bench(args = [DType::F32, DType::BF16], sample_count = 30)]
+fn rms_norm_4096x4096(bencher: Bencher, dtype: DType) {
+    run(bencher, "cpu.rms_norm.fast", OpArgs::RmsNorm(norm_args(dtype)), norm_bytes(dtype));
+}
+
+#[divan::bench(args = [DType::F32, DType::BF16], sample_count = 30)]
+fn layer_norm_4096x4096(bencher: Bencher, dtype: DType) {
+    let mut a = norm_args(dtype);
+    a.bias = Some(tensor(dtype, &[HIDDEN], 3));
+    run(bencher, "cpu.layer_norm.fast", OpArgs::LayerNorm(a), norm_bytes(dtype));
+}
+
+#[divan::bench(sample_count = 30)]
+fn swiglu_split_4096x11008_f32(bencher: Bencher) {
+    let x = tensor(DType::F32, &[ROWS, 2 * INTER], 4);
+    let a = SwigluArgs { x: Some(x), gate: None, up: None, attrs: SwigluAttrs { split: true } };
+    run(bencher, "cpu.swiglu.fast", OpArgs::Swiglu(a), 3 * ROWS * INTER * 4);
+}
+
+#[divan::bench(sample_count = 30)]
+fn embedding_4096_of_32000x4096_f32(bencher: Bencher) {
+    let ids: Vec<i64> = (0..ROWS as u64).map(|i| (i.wrapping_mul(2_654_435_761) % VOCAB as u64) as i64).collect();
+    let ids = HostTensor::new(Storage::I64(ids), &[ROWS]).expect("ids");
+    let a = EmbeddingArgs { ids, table: tensor(DType::F32, &[VOCAB, HIDDEN], 5), attrs: NoAttrs {} };
+    run(bencher, "cpu.embedding.fast", OpArgs::Embedding(a), 2 * ROWS * HIDDEN * 4);
+}
+
+/// Bytes moved (read + written) by the copies: those of the bf16 norms, the f32 norms and
+/// the embedding, and swiglu.
+const COPY_BYTES: [usize; 3] = [2 * ROWS * HIDDEN * 2, 2 * ROWS * HIDDEN * 4, 3 * ROWS * INTER * 4];
+
+/// A plain copy into a new buffer (`Vec::clone`: one thread, `memcpy`).
+#[divan::bench(args = COPY_BYTES, sample_count = 30)]
+fn copy_memcpy(bencher: Bencher, bytes: usize) {
+    let src = vec![1u8; bytes / 2];
+    bencher.counter(BytesCount::new(bytes)).bench_local(|| divan::black_box(&src).clone().len());
+}
+
+/// A plain copy into a new buffer on rayon's threads (as the kernels run).
+#[divan::bench(args = COPY_BYTES, sample_count = 30)]
+fn copy_rayon(bencher: Bencher, bytes: usize) {
+    let src = vec![1u8; bytes / 2];
+    bencher.counter(BytesCount::new(bytes)).bench_local(|| {
+        let mut dst = vec![0u8; src.len()];
+        dst.par_chunks_mut(1 << 17).zip(divan::black_box(&src).par_chunks(1 << 17)).for_each(|(d, s)| d.copy_from_slice(s));
+        dst.len()
+    });
+}
