@@ -145,6 +145,10 @@ fn check(fx: &Fixture, registry: &Registry, failures: &mut Vec<Failure>) -> Vec<
             return Vec::new();
         }
     };
+    // A fixture is a valid request: selection must not call it inconsistent.
+    if let Some(e) = layerzero::model::problem::Problem::describe(&request).errors.first() {
+        failures.push(fail(name, "-", format!("the request is invalid for selection: {e}")));
+    }
     let op = request.op.as_str();
     let want_category = op_category(request.op);
     if fx.category != want_category {

@@ -97,6 +97,13 @@ pub fn run(registry: &Registry, selector: &Selector, op: Option<Op>, kernel: Opt
                 diff: None,
                 detail: None,
             };
+            if let Some(e) = report.request_errors.first() {
+                // Every case of the matrix is meant to be valid: an invalid one is a bug.
+                row.status = "error";
+                row.detail = Some(format!("the case's request is invalid: {e}"));
+                rows.push(row);
+                continue;
+            }
             let verdict = report.candidate(&k);
             if let Some(c) = verdict.filter(|c| c.verdict == Verdict::Rejected) {
                 row.status = "skip";
