@@ -168,8 +168,9 @@ op_args! {
     /// Greedy (argmax, lowest index on ties) when temperature is absent or 0 and no filter is
     /// set. Otherwise: probabilities `softmax(logits / temperature)` (temperature 1 when
     /// absent); top-k keeps the k most probable (ties by lower index); top-p keeps the
-    /// smallest prefix of the descending order whose mass reaches p; min-p keeps tokens with
-    /// p >= min_p * max p; the kept mass is renormalized and one token is drawn by inverse
+    /// smallest prefix of the descending order whose mass reaches p of what top-k kept (the
+    /// order of Hugging Face and vLLM); min-p keeps tokens with p >= min_p * max p; the kept
+    /// mass is renormalized and one token is drawn by inverse
     /// CDF over the kept tokens in descending order with `u = uniform(seed, row)` from a
     /// counter-based generator, so the same seed gives the same tokens on any thread count.
     SampleArgs { attrs: SampleAttrs, required: [logits], optional: [] }

@@ -10,6 +10,8 @@ use super::simd;
 
 /// Smallest chunk of keys per task.
 const MIN_CHUNK: usize = 256;
+/// Keys per block of the P . V product.
+const VBLOCK: usize = 64;
 
 /// A task: kv heads `h0..h1` of sequence `seq`, keys `c0..c1`.
 #[derive(Debug, Clone, Copy)]
@@ -127,17 +129,32 @@ fn task(p: &Problem, t: &Task) -> Partial {
         out.l[r] = simd::exp_sub_sum(seg, mx);
         out.m[r] = mx;
     }
-    let mut vscratch = vec![0f32; dv];
-    for j in ja..jb {
+    // out += P . V, per kv head, over blocks of keys (a block of all heads stays in L2).
+    let mut vbuf = Vec::new();
+    let mut j0 = ja;
+    while j0 < jb {
+        let j1 = (j0 + VBLOCK).min(jb);
         for kh in 0..nheads {
-            let vrow = seq.v.row_f32(t.h0 + kh, j, &mut vscratch);
-            for r in kh * per_head..(kh + 1) * per_head {
-                let pr = s[r * w + (j - ja)];
-                if pr != 0.0 {
-                    simd::axpy(&mut out.o[r * dv..(r + 1) * dv], pr, vrow);
+            let h = t.h0 + kh;
+            let o = &mut out.o[kh * per_head * dv..(kh + 1) * per_head * dv];
+            let mut j = j0;
+            while j < j1 {
+                let e = seq.v.run_end(j, j1);
+                let a = &s[kh * per_head * w + (j - ja)..];
+                match seq.v.f32_run(h, j, e, dv) {
+                    Some((rows, ld)) => simd::gemm(per_head, dv, e - j, a, w, rows, ld, o, dv, true),
+                    None => {
+                        vbuf.resize((e - j) * dv, 0.0);
+                        for (x, row) in vbuf.chunks_exact_mut(dv).enumerate() {
+                            seq.v.read_row(h, j + x, row);
+                        }
+                        simd::gemm(per_head, dv, e - j, a, w, &vbuf, dv, o, dv, true);
+                    }
                 }
+                j = e;
             }
         }
+        j0 = j1;
     }
     out
 }

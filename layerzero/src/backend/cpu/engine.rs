@@ -16,7 +16,7 @@ use super::{decode, simd};
 use crate::exec::executor::KernelError;
 
 /// Keys per tile of the tiled path.
-pub(crate) const BK: usize = 128;
+pub(crate) const BK: usize = 256;
 /// Sequences with at most this many queries take the decode path.
 pub(crate) const DECODE_MAX_SQ: usize = 4;
 
@@ -71,6 +71,38 @@ impl KvSrc<'_> {
         match &self.addr {
             KvAddr::Dense { sj, .. } => self.sh < *sj,
             KvAddr::Paged { s_slot, .. } => self.sh < *s_slot,
+        }
+    }
+
+    /// Rows `j0..j1` of head `h` as one f32 slice with its row stride, when they are f32
+    /// with a unit head-dim stride, need no scale and lie in one run (one page when paged).
+    pub(crate) fn f32_run(&self, h: usize, j0: usize, j1: usize, width: usize) -> Option<(&[f32], usize)> {
+        if self.scale.is_some() || (self.sd != 1 && width > 1) || j1 <= j0 {
+            return None;
+        }
+        let stride = match &self.addr {
+            KvAddr::Dense { sj, .. } => *sj,
+            KvAddr::Paged { ps, s_slot, .. } if j0 / ps == (j1 - 1) / ps => *s_slot,
+            KvAddr::Paged { .. } => return None,
+        };
+        let Storage::F32(v) = self.st else { return None };
+        let base = self.row(h, j0);
+        v.get(base..base + (j1 - j0 - 1) * stride + width).map(|r| (r, stride))
+    }
+
+    /// The end of the run of rows starting at `j` (the page end when paged), capped at `end`.
+    pub(crate) fn run_end(&self, j: usize, end: usize) -> usize {
+        match &self.addr {
+            KvAddr::Dense { .. } => end,
+            KvAddr::Paged { ps, .. } => ((j / ps + 1) * ps).min(end),
+        }
+    }
+
+    /// Row `j` of head `h` converted (and dequantized) into `out` (the row length).
+    pub(crate) fn read_row(&self, h: usize, j: usize, out: &mut [f32]) {
+        read_f32(self.st, self.row(h, j), self.sd, out);
+        if let Some(s) = self.scale {
+            simd::scale(out, s[h]);
         }
     }
 
@@ -378,41 +410,25 @@ fn prefill_item(p: &Problem, si: usize, pk: &Packed, kvh: usize, i0: usize, n: u
     let mut lrow = vec![0f32; m];
     if jmin < jmax {
         let mut s = vec![0f32; m * BK];
+        let mut local = vec![(0usize, 0usize); m];
         for tile in jmin / BK..jmax.div_ceil(BK) {
             let tj0 = tile * BK;
             let c0 = jmin.max(tj0) - tj0;
             let c1 = jmax.min(tj0 + BK) - tj0;
             let kt = &pk.kt[tile * d * BK..(tile + 1) * d * BK];
             simd::gemm(m, c1 - c0, d, &qp, d, &kt[c0..], BK, &mut s[c0..], BK, false);
-            for r in 0..m {
-                let (t, h) = (r % n, kvh * g + r / n);
-                let (lo, hi) = ranges[t];
+            for (r, lr) in local.iter_mut().enumerate() {
+                let (lo, hi) = ranges[r % n];
                 let a = lo.clamp(tj0 + c0, tj0 + c1) - tj0;
                 let b = hi.clamp(tj0 + c0, tj0 + c1) - tj0;
-                let row = &mut s[r * BK + c0..r * BK + c1];
-                if a >= b {
-                    row.fill(0.0);
-                    continue;
-                }
-                row[..a - c0].fill(0.0);
-                row[b - c0..].fill(0.0);
-                let seg = &mut row[a - c0..b - c0];
-                if p.mods.active() {
-                    p.mods.apply(seq, h, i0 + t, tj0 + a, seg);
-                }
-                let m_new = mrow[r].max(simd::row_max(seg));
-                if m_new == f32::NEG_INFINITY {
-                    seg.fill(0.0);
-                    continue;
-                }
-                let corr = simd::exp_approx(mrow[r] - m_new);
-                let sum = simd::exp_sub_sum(seg, m_new);
-                lrow[r] = lrow[r] * corr + sum;
-                mrow[r] = m_new;
-                if corr != 1.0 {
-                    simd::scale(&mut o[r * dv..(r + 1) * dv], corr);
+                *lr = (a - c0, b.max(a) - c0);
+                if a < b && p.mods.active() {
+                    let seg = &mut s[r * BK + a..r * BK + b];
+                    p.mods.apply(seq, kvh * g + r / n, i0 + r % n, tj0 + a, seg);
                 }
             }
+            let rows = simd::SoftmaxRows { ranges: &local, m: &mut mrow, l: &mut lrow };
+            simd::softmax_tile(&mut s[c0..], BK, c1 - c0, rows, &mut o, dv, dv);
             simd::gemm(m, dv, c1 - c0, &s[c0..], BK, &pk.v[(tj0 + c0) * dv..], dv, &mut o, dv, true);
         }
     }

@@ -408,63 +408,51 @@ pub(super) fn gemm(x: F32View, w: &Weights, beta: f32, c: &mut [f32], ldc: usize
     Ok(())
 }
 
-/// `out[r] = x[r * k..(r + 1) * k] . w` for `R` rows at once: each 16-lane slice of `w`
-/// is loaded once for all rows (f32 lanes; fused multiply-add when `FMA`).
+/// Accumulates `x . w` (equal lengths) into 32 f32 lanes (fused multiply-add when `FMA`);
+/// returns the dot of the elements past the last full 32.
 #[inline(always)]
-fn dots_rows_n<const R: usize, const FMA: bool>(x: &[f32], k: usize, w: &[f32], out: &mut [f32]) {
-    const L: usize = 16;
-    let rows: [&[f32]; R] = std::array::from_fn(|r| &x[r * k..(r + 1) * k]);
-    let w = &w[..k];
-    let mut acc = [[0f32; L]; R];
-    let full = k / L * L;
-    for (c, wv) in w[..full].chunks_exact(L).enumerate() {
-        for (r, row) in rows.iter().enumerate() {
-            let xv = &row[c * L..c * L + L];
-            for l in 0..L {
-                acc[r][l] = if FMA { xv[l].mul_add(wv[l], acc[r][l]) } else { acc[r][l] + xv[l] * wv[l] };
-            }
+fn seg_dot<const FMA: bool>(acc: &mut [f32; 32], x: &[f32], w: &[f32]) -> f32 {
+    let mut xc = x.chunks_exact(32);
+    let mut wc = w.chunks_exact(32);
+    for (xv, wv) in (&mut xc).zip(&mut wc) {
+        for l in 0..32 {
+            acc[l] = if FMA { xv[l].mul_add(wv[l], acc[l]) } else { acc[l] + xv[l] * wv[l] };
         }
     }
-    for (r, row) in rows.iter().enumerate() {
-        let mut a = acc[r];
-        for width in [8, 4, 2, 1] {
-            for l in 0..width {
-                a[l] += a[l + width];
-            }
-        }
-        let tail: f32 = row[full..].iter().zip(&w[full..]).map(|(x, w)| x * w).sum();
-        out[r] = a[0] + tail;
-    }
+    xc.remainder().iter().zip(wc.remainder()).map(|(a, b)| a * b).sum()
 }
+
+/// Elements of `w` per segment: a segment stays in L1 while each of the rows reads it.
+const SEG: usize = 512;
+/// Rows sharing one sweep over `w`.
+const SWEEP_ROWS: usize = 8;
 
 #[inline(always)]
 fn dots_rows_impl<const FMA: bool>(x: &[f32], k: usize, w: &[f32], out: &mut [f32]) {
-    let mut r0 = 0;
-    while r0 < out.len() {
-        let (xs, o) = (&x[r0 * k..], &mut out[r0..]);
-        r0 += match o.len() {
-            1 => {
-                dots_rows_n::<1, FMA>(xs, k, w, o);
-                1
+    let w = &w[..k];
+    for (r0, o) in (0..out.len()).step_by(SWEEP_ROWS).zip(out.chunks_mut(SWEEP_ROWS)) {
+        let mut acc = [[0f32; 32]; SWEEP_ROWS];
+        let mut tail = [0f32; SWEEP_ROWS];
+        for (s, ws) in w.chunks(SEG).enumerate() {
+            for (r, (a, t)) in acc.iter_mut().zip(tail.iter_mut()).take(o.len()).enumerate() {
+                let start = (r0 + r) * k + s * SEG;
+                *t += seg_dot::<FMA>(a, &x[start..start + ws.len()], ws);
             }
-            2 => {
-                dots_rows_n::<2, FMA>(xs, k, w, o);
-                2
+        }
+        for ((o, a), t) in o.iter_mut().zip(acc.iter()).zip(tail) {
+            let mut a = *a;
+            for width in [16, 8, 4, 2, 1] {
+                for l in 0..width {
+                    a[l] += a[l + width];
+                }
             }
-            3 => {
-                dots_rows_n::<3, FMA>(xs, k, w, o);
-                3
-            }
-            _ => {
-                dots_rows_n::<4, FMA>(xs, k, w, o);
-                4
-            }
-        };
+            *o = a[0] + t;
+        }
     }
 }
 
 /// `out[r] = x[r * k..(r + 1) * k] . w` for every r < `out.len()` (x holds that many rows
-/// of length k, w at least k elements), reading `w` once per four rows.
+/// of length k, w at least k elements), sweeping `w` once per eight rows.
 pub(super) fn dots_rows(x: &[f32], k: usize, w: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {

@@ -71,8 +71,16 @@ fn out(t: HostTensor) -> Outputs {
 fn erfc_pos(z: f32) -> f32 {
     let t = 1.0 / (1.0 + 0.5 * z);
     let mut p = 0.170_872_77f32;
-    for c in [-0.822_152_23f32, 1.488_515_9, -1.135_204, 0.278_868_07, -0.186_288_06, 0.096_784_18, 0.374_091_96, 1.000_023_7]
-    {
+    for c in [
+        -0.822_152_23f32,
+        1.488_515_9,
+        -1.135_204,
+        0.278_868_07,
+        -0.186_288_06,
+        0.096_784_18,
+        0.374_091_96,
+        1.000_023_7,
+    ] {
         p = p * t + c;
     }
     t * simd::exp_approx(-z * z - 1.265_512_2 + t * p)
@@ -374,7 +382,9 @@ mod tests {
         let mut bad = args(2, 4, 3, DType::F32, Activation::Silu);
         bad.w_up = t(&[3, 5], 1, DType::F32, 1.0);
         for f in [chain, fused] {
-            assert!(matches!(f(&bad), Err(KernelError::InvalidInput(m)) if m.contains("`w_up`") && m.contains("[3, 4]")));
+            assert!(
+                matches!(f(&bad), Err(KernelError::InvalidInput(m)) if m.contains("`w_up`") && m.contains("[3, 4]"))
+            );
         }
         let mut r = Registry::new();
         register(&mut r);

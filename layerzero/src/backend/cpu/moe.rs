@@ -356,7 +356,10 @@ fn experts(a: &MoeExpertsArgs, rows: usize, ib: usize) -> Result<HostTensor, Ker
             p0 += len;
         }
     }
-    let mut y = vec![0f32; pairs * hidden];
+    let y_len = pairs
+        .checked_mul(hidden)
+        .ok_or_else(|| invalid(format!("{pairs} routed rows of {hidden} values overflow the address space")))?;
+    let mut y = vec![0f32; y_len];
     let mut chunks = Vec::with_capacity(panels.len());
     let mut rest = y.as_mut_slice();
     for &(_, _, len) in &panels {
@@ -660,73 +663,5 @@ mod tests {
             assert!(out.to_f32_vec().iter().all(|&v| v == 0.0));
         }
         assert!(matches!(fast(&OpArgs::MoeExperts(good), MOE_ROUTE), Err(KernelError::Unsupported(_))));
-    }
-}
-#[cfg(test)]
-mod tmp_bench {
-    use super::*;
-    #[test]
-    #[ignore]
-    fn tmp_bench_moe() {
-        for dtype in [DType::F32, DType::BF16] {
-            let (t, e, k, h, i) = (512, 8, 2, 1024, 2816);
-            let mut rng = crate::parity::rng::Rng::new(1);
-            let a = MoeExpertsArgs {
-                x: HostTensor::from_f32_as(dtype, &[t, h], &rng.normals(t * h)).unwrap(),
-                experts: HostTensor::new(
-                    Storage::I32((0..t * k).map(|_| rng.below(e as u64) as i32).collect()),
-                    &[t, k],
-                )
-                .unwrap(),
-                weights: HostTensor::from_f32(&[t, k], vec![0.5; t * k]).unwrap(),
-                w_gate: HostTensor::from_f32_as(dtype, &[e, i, h], &rng.normals(e * i * h)).unwrap(),
-                w_up: HostTensor::from_f32_as(dtype, &[e, i, h], &rng.normals(e * i * h)).unwrap(),
-                w_down: HostTensor::from_f32_as(dtype, &[e, h, i], &rng.normals(e * i * h)).unwrap(),
-                attrs: Default::default(),
-            };
-            for _ in 0..3 {
-                let s = std::time::Instant::now();
-                experts(&a, ROWS, IB).unwrap();
-                let dt = s.elapsed().as_secs_f64();
-                println!("{dtype}: {:.1} ms, {:.1} GFLOP/s", dt * 1e3, (6 * t * k * h * i) as f64 / dt / 1e9);
-            }
-        }
-        let l = {
-            let mut rng = crate::parity::rng::Rng::new(2);
-            HostTensor::from_f32(&[64, 128_000], rng.normals(64 * 128_000)).unwrap()
-        };
-        for (name, attrs) in [
-            (
-                "top_k 50",
-                crate::model::attrs::SampleAttrs { temperature: Some(0.8), top_k: Some(50), ..Default::default() },
-            ),
-            (
-                "top_p 0.9",
-                crate::model::attrs::SampleAttrs { temperature: Some(0.8), top_p: Some(0.9), ..Default::default() },
-            ),
-            ("temp only", crate::model::attrs::SampleAttrs { temperature: Some(0.8), ..Default::default() }),
-        ] {
-            let args = crate::exec::args::SampleArgs { logits: l.clone(), attrs };
-            let s = std::time::Instant::now();
-            super::super::sample::run(&args).unwrap();
-            println!("sample 64 x 128000 {name}: {:.1} ms", s.elapsed().as_secs_f64() * 1e3);
-        }
-    }
-}
-#[cfg(test)]
-mod tmp_bench2 {
-    #[test]
-    #[ignore]
-    fn tmp_bench_parts() {
-        let mut rng = crate::parity::rng::Rng::new(2);
-        let l: Vec<f32> = rng.normals(128_000);
-        let s = std::time::Instant::now();
-        let mut z = 0.0;
-        for _ in 0..10 { for &x in &l { z += ((f64::from(x) - 3.0) / 0.8).exp(); } }
-        println!("10 x 128k exps: {:.2} ms ({z})", s.elapsed().as_secs_f64() * 1e3);
-        let mut keys: Vec<u64> = l.iter().enumerate().map(|(i, &x)| ((x.to_bits() as u64) << 32) | i as u64).collect();
-        let s = std::time::Instant::now();
-        keys.sort_unstable();
-        println!("sort 128k: {:.2} ms", s.elapsed().as_secs_f64() * 1e3);
     }
 }

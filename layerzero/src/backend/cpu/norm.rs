@@ -19,7 +19,7 @@ use crate::exec::executor::{KernelError, Registry};
 use crate::tensor::{HostTensor, Storage};
 
 use super::pack::{invalid, read_f32};
-use super::wrong_op;
+use super::{simd, wrong_op};
 
 /// RMSNorm kernel id.
 pub const RMS_NORM: &str = "cpu.rms_norm.fast";
@@ -180,10 +180,32 @@ pub(super) trait Elem: Copy + Send + Sync + 'static {
         f(scratch);
         Self::store(scratch, dst);
     }
+    /// `dst[i] = c[i] * inv * w[i] (+ b[i])`, rounded once.
+    #[inline]
+    fn store_affine(c: &[f32], inv: f32, w: &[f32], b: Option<&[f32]>, dst: &mut [Self], scratch: &mut Vec<f32>) {
+        Self::produce(dst, scratch, |d| affine(c, inv, w, b, d));
+    }
     /// The storage of these values.
     fn storage(v: Vec<Self>) -> Storage;
     /// The typed elements of `st`, when it holds this type.
     fn slice(st: &Storage) -> Option<&[Self]>;
+}
+
+/// `out[i] = c[i] * inv * w[i] (+ b[i])`.
+#[inline(always)]
+fn affine(c: &[f32], inv: f32, w: &[f32], b: Option<&[f32]>, out: &mut [f32]) {
+    match b {
+        Some(b) => {
+            for (((o, &c), &w), &b) in out.iter_mut().zip(c).zip(w).zip(b) {
+                *o = c * inv * w + b;
+            }
+        }
+        None => {
+            for ((o, &c), &w) in out.iter_mut().zip(c).zip(w) {
+                *o = c * inv * w;
+            }
+        }
+    }
 }
 
 impl Elem for f32 {
@@ -243,6 +265,22 @@ impl Elem for bf16 {
             *d = bf16::from_bits(bf16_bits(s));
         }
     }
+    #[inline]
+    fn store_affine(c: &[f32], inv: f32, w: &[f32], b: Option<&[f32]>, dst: &mut [bf16], _: &mut Vec<f32>) {
+        // Fused: one pass from the f32 row to the bf16 output.
+        match b {
+            Some(b) => {
+                for (((d, &c), &w), &b) in dst.iter_mut().zip(c).zip(w).zip(b) {
+                    *d = bf16::from_bits(bf16_bits(c * inv * w + b));
+                }
+            }
+            None => {
+                for ((d, &c), &w) in dst.iter_mut().zip(c).zip(w) {
+                    *d = bf16::from_bits(bf16_bits(c * inv * w));
+                }
+            }
+        }
+    }
     fn storage(v: Vec<bf16>) -> Storage {
         Storage::BF16(v)
     }
@@ -282,6 +320,15 @@ pub(super) use by_dtype;
 /// on rayon tasks of about `TASK` elements when the output is large; `scratch` is a buffer
 /// of the task that `f` may use as it likes.
 pub(super) fn fill<T: Elem>(total: usize, unit: usize, f: impl Fn(usize, &mut [f32], &mut Vec<f32>) + Sync) -> Vec<T> {
+    fill_typed::<T>(total, unit, |start, dst, conv, scratch| T::produce(dst, conv, |d| f(start, d, scratch)))
+}
+
+/// As `fill`, with `f(start, dst, scratch_a, scratch_b)` writing the output type itself.
+pub(super) fn fill_typed<T: Elem>(
+    total: usize,
+    unit: usize,
+    f: impl Fn(usize, &mut [T], &mut Vec<f32>, &mut Vec<f32>) + Sync,
+) -> Vec<T> {
     let mut out = T::zeros(total);
     if total == 0 {
         return out;
@@ -289,10 +336,9 @@ pub(super) fn fill<T: Elem>(total: usize, unit: usize, f: impl Fn(usize, &mut [f
     let unit = unit.max(1);
     let per_task = (TASK / unit).max(1) * unit;
     let work = |(ti, blk): (usize, &mut [T])| {
-        let (mut conv, mut scratch) = (Vec::new(), Vec::new());
+        let (mut a, mut b) = (Vec::new(), Vec::new());
         for (ui, dst) in blk.chunks_mut(unit).enumerate() {
-            let start = ti * per_task + ui * unit;
-            T::produce(dst, &mut conv, |d| f(start, d, &mut scratch));
+            f(ti * per_task + ui * unit, dst, &mut a, &mut b);
         }
     };
     if total < PAR_MIN {
@@ -324,40 +370,12 @@ pub(super) fn all_f32(t: &HostTensor) -> Vec<f32> {
     out
 }
 
-#[inline(always)]
-fn tree16(mut acc: [f32; 16]) -> f32 {
-    for w in [8, 4, 2, 1] {
-        for l in 0..w {
-            acc[l] += acc[l + w];
-        }
-    }
-    acc[0]
-}
-
-/// Sum of the elements (16 accumulators).
+/// `x . y` (the backend's vectorized dot: AVX-512/AVX2 when present, 32 accumulators).
 #[inline]
-pub(super) fn sum(x: &[f32]) -> f32 {
-    let mut acc = [0f32; 16];
-    let mut ch = x.chunks_exact(16);
-    for c in &mut ch {
-        for l in 0..16 {
-            acc[l] += c[l];
-        }
-    }
-    tree16(acc) + ch.remainder().iter().sum::<f32>()
-}
-
-/// Sum of the squares (16 accumulators).
-#[inline]
-pub(super) fn sum_sq(x: &[f32]) -> f32 {
-    let mut acc = [0f32; 16];
-    let mut ch = x.chunks_exact(16);
-    for c in &mut ch {
-        for l in 0..16 {
-            acc[l] += c[l] * c[l];
-        }
-    }
-    tree16(acc) + ch.remainder().iter().map(|v| v * v).sum::<f32>()
+pub(super) fn dot(x: &[f32], y: &[f32]) -> f32 {
+    let mut o = [0f32];
+    simd::dots(x, x.len(), y, &mut o);
+    o[0]
 }
 
 // ---------------------------------------------------------------------------------------
@@ -418,12 +436,10 @@ pub(crate) fn rms_norm(a: &NormArgs) -> Result<Outputs, KernelError> {
     by_dtype!(a.x.dtype(), RMS_NORM, T => rms_typed::<T>(a, rows, h, eps))
 }
 
+/// `1 / sqrt(mean(s^2) + eps)`.
 #[inline]
-fn rms_row(s: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let inv = 1.0 / (sum_sq(s) / s.len() as f32 + eps).sqrt();
-    for ((o, &v), &w) in out.iter_mut().zip(s).zip(w) {
-        *o = v * inv * w;
-    }
+fn rms_inv(s: &[f32], eps: f32) -> f32 {
+    1.0 / (dot(s, s) / s.len() as f32 + eps).sqrt()
 }
 
 fn rms_typed<T: Elem>(a: &NormArgs, rows: usize, h: usize, eps: f32) -> Result<Outputs, KernelError> {
@@ -431,9 +447,10 @@ fn rms_typed<T: Elem>(a: &NormArgs, rows: usize, h: usize, eps: f32) -> Result<O
     let x = View::new(&a.x);
     let shape = a.x.shape();
     let Some(res) = &a.residual else {
-        let out = fill::<T>(rows * h, h, |start, dst, buf| {
+        let out = fill_typed::<T>(rows * h, h, |start, dst, buf, scratch| {
             buf.resize(h, 0.0);
-            rms_row(x.get(start, buf), &w, eps, dst);
+            let s = x.get(start, buf);
+            T::store_affine(s, rms_inv(s, eps), &w, None, dst, scratch);
         });
         return Ok(Outputs::from([("out".to_owned(), tensor(out, shape)?)]));
     };
@@ -453,7 +470,7 @@ fn rms_typed<T: Elem>(a: &NormArgs, rows: usize, h: usize, eps: f32) -> Result<O
                     *s += r;
                 }
                 T::store(&s, ro);
-                T::produce(o, &mut scratch, |d| rms_row(&s, &w, eps, d));
+                T::store_affine(&s, rms_inv(&s, eps), &w, None, o, &mut scratch);
             }
         };
         if rows * h < PAR_MIN {
@@ -475,27 +492,18 @@ fn layer_typed<T: Elem>(a: &NormArgs, rows: usize, h: usize, eps: f32) -> Result
     let w = all_f32(&a.weight);
     let b = a.bias.as_ref().map(all_f32);
     let x = View::new(&a.x);
-    let out = fill::<T>(rows * h, h, |start, dst, buf| {
+    let ones = vec![1f32; h];
+    let out = fill_typed::<T>(rows * h, h, |start, dst, buf, centred| {
         buf.resize(h, 0.0);
+        centred.resize(h, 0.0);
         let v = x.get(start, buf);
-        // Centre into `dst`, then scale in place.
-        let mean = sum(v) / h as f32;
-        for (d, &v) in dst.iter_mut().zip(v) {
-            *d = v - mean;
+        let mean = dot(v, &ones) / h as f32;
+        for (c, &v) in centred.iter_mut().zip(v) {
+            *c = v - mean;
         }
-        let inv = 1.0 / (sum_sq(dst) / h as f32 + eps).sqrt();
-        match &b {
-            Some(b) => {
-                for ((d, &w), &b) in dst.iter_mut().zip(&w).zip(b) {
-                    *d = *d * inv * w + b;
-                }
-            }
-            None => {
-                for (d, &w) in dst.iter_mut().zip(&w) {
-                    *d = *d * inv * w;
-                }
-            }
-        }
+        let inv = 1.0 / (dot(centred, centred) / h as f32 + eps).sqrt();
+        // `buf` is free again: the scratch of the f16 store.
+        T::store_affine(centred, inv, &w, b.as_deref(), dst, buf);
     });
     Ok(Outputs::from([("out".to_owned(), tensor(out, a.x.shape())?)]))
 }

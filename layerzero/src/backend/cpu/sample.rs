@@ -5,9 +5,10 @@
 //! `Z` (index order) and the running sums along the descending order are the same f64
 //! operations in the same order. What is faster: rows run in parallel (rayon), logits are
 //! read in place when they are contiguous f32, `Z` (a full pass of exps) is computed only
-//! when `top_p` needs it, and the descending order is built by partial selection
-//! (`select_nth_unstable_by` over a prefix that doubles until a filter ends the kept set)
-//! instead of a full sort.
+//! when `top_p` needs it, tokens that min-p or underflow must drop are never ordered, and
+//! the descending order is built from packed u64 keys (logit order, index) by partial
+//! selection (`select_nth_unstable`) over a prefix that grows fourfold until a filter ends
+//! the kept set (top_k small: one selection of k keys), with a radix sort for large prefixes.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -134,6 +135,7 @@ pub(crate) fn run(a: &SampleArgs) -> Result<Outputs, KernelError> {
 struct Scratch {
     keys: Vec<u64>,
     buf: Vec<u64>,
+    w: Vec<f64>,
     kept: Vec<(u32, f64)>,
 }
 
@@ -159,15 +161,38 @@ fn sample_row(l: &[f32], row: usize, plan: &Plan, s: &mut Scratch) -> Result<i64
         let x = f64::from(x);
         if m == f64::INFINITY { if x == f64::INFINITY { 1.0 } else { 0.0 } } else { ((x - m) / t).exp() }
     };
-    // The top-p threshold needs the whole mass, summed in index order as the reference does.
+    // The key of token i sorts as descending logit, then ascending index: the high half is
+    // the complement of the logit's order-preserving bits (-0.0 made +0.0 so that it ties
+    // with 0.0), the low half the index.
+    let key = |i: usize, x: f32| {
+        let b = (x + 0.0).to_bits();
+        let ord = if b >> 31 == 1 { !b } else { b | 0x8000_0000 };
+        (u64::from(!ord) << 32) | i as u64
+    };
+    let cap = if plan.top_k == 0 { l.len() } else { usize::try_from(plan.top_k).unwrap_or(usize::MAX).min(l.len()) };
+    // The top-p threshold is a fraction of the mass top-k keeps, summed exactly as the
+    // reference does: the first `cap` weights in descending order, or (without top-k) every
+    // weight in index order. The weights are kept for the walk below.
+    s.w.clear();
     let threshold = plan.top_p.map(|p| {
         let mut z = 0.0;
         for &x in l {
-            z += weight(x);
+            let wi = weight(x);
+            s.w.push(wi);
+            z += wi;
+        }
+        if cap < l.len() {
+            s.keys.clear();
+            s.keys.extend(l.iter().enumerate().map(|(i, &x)| key(i, x)));
+            s.keys.select_nth_unstable(cap - 1);
+            s.keys[..cap].sort_unstable();
+            z = 0.0;
+            for &k in &s.keys[..cap] {
+                z += s.w[k as u32 as usize];
+            }
         }
         p * z
     });
-    let cap = if plan.top_k == 0 { l.len() } else { usize::try_from(plan.top_k).unwrap_or(usize::MAX).min(l.len()) };
     // Candidates: every token that can pass the weight checks (the others have smaller
     // logits than every candidate, so they would end the walk anyway). A token whose logit
     // is below `lo` has a weight below min_p (with a margin far above rounding) or one that
@@ -182,21 +207,15 @@ fn sample_row(l: &[f32], row: usize, plan: &Plan, s: &mut Scratch) -> Result<i64
         }
         lo
     };
-    // One u64 per candidate sorts as descending logit, then ascending index: the high half
-    // is the complement of the logit's order-preserving bits (-0.0 made +0.0 so that it
-    // ties with 0.0), the low half the index.
-    let key = |i: usize, x: f32| {
-        let b = (x + 0.0).to_bits();
-        let ord = if b >> 31 == 1 { !b } else { b | 0x8000_0000 };
-        (u64::from(!ord) << 32) | i as u64
-    };
     s.keys.clear();
     s.keys.extend(l.iter().enumerate().filter(|&(_, &x)| f64::from(x) >= lo).map(|(i, &x)| key(i, x)));
     let cap = cap.min(s.keys.len());
     s.kept.clear();
     let mut mass = 0.0;
     let mut done = 0;
-    let mut chunk = cap.min(64);
+    // Without top-p nearly every candidate is kept: sort them at once. With it, select a
+    // prefix that grows fourfold until the mass reaches the threshold.
+    let mut chunk = if threshold.is_some() { cap.min(256) } else { cap };
     'prefix: while done < cap {
         let mut end = (done + chunk).min(cap);
         if (end - done) * 4 >= cap - done {
@@ -213,7 +232,7 @@ fn sample_row(l: &[f32], row: usize, plan: &Plan, s: &mut Scratch) -> Result<i64
         }
         for &k in &s.keys[done..end] {
             let i = k as u32;
-            let wi = weight(l[i as usize]);
+            let wi = if s.w.is_empty() { weight(l[i as usize]) } else { s.w[i as usize] };
             if wi <= 0.0 || wi < plan.min_p {
                 break 'prefix;
             }
@@ -224,7 +243,7 @@ fn sample_row(l: &[f32], row: usize, plan: &Plan, s: &mut Scratch) -> Result<i64
             }
         }
         done = end;
-        chunk = chunk.saturating_mul(2);
+        chunk = chunk.saturating_mul(4);
     }
     let target = uniform(plan.seed, row as u64) * mass;
     let mut run = 0.0;
@@ -313,7 +332,7 @@ mod tests {
 
     #[test]
     fn fast_picks_the_reference_tokens() {
-        let settings: [Filters; 12] = [
+        let settings: [Filters; 14] = [
             (None, None, None, None),
             (Some(1.0), None, None, None),
             (Some(0.7), None, None, None),
@@ -326,13 +345,16 @@ mod tests {
             (Some(0.9), Some(20), Some(0.95), Some(0.02)),
             (Some(2.0), Some(0), Some(1.0), Some(0.0)),
             (Some(0.0), Some(3), None, None),
+            (Some(0.002), None, None, None),
+            (Some(0.01), None, Some(0.99), Some(0.001)),
         ];
         let mut cases = 0;
         for dtype in [DType::F32, DType::F16, DType::BF16] {
-            for (v, scale) in [(7usize, 1.0), (50, 2.0), (300, 4.0), (2000, 1.5)] {
+            for (v, scale) in [(7usize, 1.0), (50, 2.0), (300, 4.0), (2000, 1.5), (5000, 0.5)] {
                 let l = random_logits(6, v, scale, v as u64 * 31 + dtype.size_bytes(), dtype);
                 for (si, s) in settings.iter().enumerate() {
-                    for seed in 0..12u64 {
+                    // Fewer draws for the large vocabularies (the reference sorts them).
+                    for seed in 0..if v >= 2000 { 3u64 } else { 12 } {
                         let a = attrs(s.0, s.1, s.2, s.3, seed * 1_000_003 + si as u64);
                         assert_eq!(
                             fast(&l, &a).unwrap(),
@@ -344,14 +366,24 @@ mod tests {
                 }
             }
         }
-        assert_eq!(cases, 3 * 4 * 12 * 12);
+        assert_eq!(cases, 3 * 14 * (3 * 12 + 2 * 3));
         // Many exact ties (a few distinct values) and -inf entries.
         let mut rng = Rng::new(5);
-        let vals: Vec<f32> =
-            (0..4 * 500).map(|i| if i % 17 == 0 { f32::NEG_INFINITY } else { (rng.below(6) as f32) * 0.5 }).collect();
+        let vals: Vec<f32> = (0..4 * 500)
+            .map(|i| match (i % 17, rng.below(6)) {
+                (0, _) => f32::NEG_INFINITY,
+                // -0.0 ties with 0.0.
+                (_, 0) if i % 2 == 1 => -0.0,
+                (_, r) => r as f32 * 0.5 - 1.0,
+            })
+            .collect();
         let l = HostTensor::from_f32(&[4, 500], vals).unwrap();
         for seed in 0..40 {
-            for s in [attrs(None, Some(30), None, None, seed), attrs(Some(0.3), None, Some(0.7), None, seed)] {
+            for s in [
+                attrs(None, Some(30), None, None, seed),
+                attrs(Some(0.3), None, Some(0.7), None, seed),
+                attrs(Some(2.0), Some(200), None, Some(0.1), seed),
+            ] {
                 assert_eq!(fast(&l, &s).unwrap(), reference(&l, &s).unwrap());
             }
         }
@@ -425,8 +457,8 @@ mod tests {
     /// The 0.999 quantile of chi-square with df degrees of freedom (df 1..=7).
     const CHI2_999: [f64; 7] = [10.828, 13.816, 16.266, 18.467, 20.515, 22.458, 24.322];
 
-    /// The exact filtered, renormalized distribution (softmax in f64; filters as sets over
-    /// the probability order; one renormalization).
+    /// The exact filtered, renormalized distribution (softmax in f64; top-k, renormalize,
+    /// then top-p and min-p over the probability order).
     fn exact(l: &[f64], t: f64, top_k: usize, top_p: f64, min_p: f64) -> Vec<f64> {
         let m = l.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let e: Vec<f64> = l.iter().map(|x| ((x - m) / t).exp()).collect();
@@ -435,9 +467,10 @@ mod tests {
         let mut idx: Vec<usize> = (0..l.len()).collect();
         idx.sort_by(|&a, &b| p[b].partial_cmp(&p[a]).unwrap());
         let mut keep = vec![false; l.len()];
+        let k_mass: f64 = idx.iter().take(if top_k == 0 { l.len() } else { top_k }).map(|&i| p[i]).sum();
         let mut before = 0.0;
         for (rank, &i) in idx.iter().enumerate() {
-            keep[i] = (top_k == 0 || rank < top_k) && before < top_p && p[i] >= min_p * p[idx[0]];
+            keep[i] = (top_k == 0 || rank < top_k) && before < top_p * k_mass && p[i] >= min_p * p[idx[0]];
             before += p[i];
         }
         let kept: f64 = (0..l.len()).filter(|&i| keep[i]).map(|i| p[i]).sum();

@@ -90,8 +90,11 @@ macro_rules! multiversion {
 pub(crate) fn exp_approx(x: f32) -> f32 {
     let xc = x.clamp(-87.5, 88.0);
     let t = xc * std::f32::consts::LOG2_E;
-    // Round to nearest with the 1.5 * 2^23 trick (valid for |t| < 2^22).
-    let n = (t + 12_582_912.0) - 12_582_912.0;
+    // Round to nearest with the 1.5 * 2^23 trick (valid for |t| < 2^22): the low mantissa
+    // bits of `z` then hold n as an integer, so 2^n is built with integer ops only.
+    const MAGIC: f32 = 12_582_912.0;
+    let z = t + MAGIC;
+    let n = z - MAGIC;
     let r = xc - n * 0.693_359_4 + n * 2.121_944_4e-4;
     let mut p = 1.987_569_1e-4f32;
     p = p * r + 1.398_199_9e-3;
@@ -100,7 +103,7 @@ pub(crate) fn exp_approx(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 5.000_000_1e-1;
     let y = p * r * r + r + 1.0;
-    let pow2n = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    let pow2n = f32::from_bits(z.to_bits().wrapping_sub(MAGIC.to_bits()).wrapping_add(127) << 23);
     if x < -87.0 { 0.0 } else { y * pow2n }
 }
 
@@ -135,8 +138,19 @@ fn exp_sub_sum_impl(x: &mut [f32], m: f32) -> f32 {
 }
 
 multiversion! {
-    /// `x[i] = exp(x[i] - m)`; returns the sum.
-    fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 => exp_sub_sum_impl;
+    fn exp_sub_sum_generic(x: &mut [f32], m: f32) -> f32 => exp_sub_sum_impl;
+}
+
+/// `x[i] = exp(x[i] - m)` (0 for -inf); returns the sum.
+pub(crate) fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if level() == Level::Avx512 {
+        #[allow(unsafe_code)]
+        // SAFETY: AVX-512F was detected on this CPU.
+        let r = unsafe { x86::exp_sub_sum_avx512(x, m) };
+        return r;
+    }
+    exp_sub_sum_generic(x, m)
 }
 
 #[inline(always)]
@@ -221,8 +235,22 @@ fn dots_impl(q: &[f32], d: usize, k: &[f32], out: &mut [f32]) {
 }
 
 multiversion! {
-    /// `out[r] = q[r*d..(r+1)*d] . k` for each row of `q`.
-    fn dots(q: &[f32], d: usize, k: &[f32], out: &mut [f32]) => dots_impl;
+    fn dots_generic(q: &[f32], d: usize, k: &[f32], out: &mut [f32]) => dots_impl;
+}
+
+/// `out[r] = q[r*d..(r+1)*d] . k[..d]` for each row of `q` (`out.len()` rows).
+pub(crate) fn dots(q: &[f32], d: usize, k: &[f32], out: &mut [f32]) {
+    assert!(q.len() >= out.len() * d && k.len() >= d, "dots: operands too short");
+    #[cfg(target_arch = "x86_64")]
+    if level() == Level::Avx512 {
+        #[allow(unsafe_code)]
+        // SAFETY: AVX-512F was detected on this CPU.
+        unsafe {
+            x86::dots_avx512(q, d, k, out)
+        };
+        return;
+    }
+    dots_generic(q, d, k, out);
 }
 
 #[inline(always)]
@@ -247,6 +275,94 @@ fn f16_to_f32_impl(src: &[half::f16], dst: &mut [f32]) {
 multiversion! {
     /// f16 to f32 (exact).
     fn f16_to_f32(src: &[half::f16], dst: &mut [f32]) => f16_to_f32_impl;
+}
+
+// ---------------------------------------------------------------------------------------
+// Online softmax over a score tile.
+
+/// Per-row bookkeeping of an online softmax tile.
+pub(crate) struct SoftmaxRows<'a> {
+    /// Visible columns `[a, b)` of each row within the tile.
+    pub ranges: &'a [(usize, usize)],
+    /// Running max per row.
+    pub m: &'a mut [f32],
+    /// Running sum per row.
+    pub l: &'a mut [f32],
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn softmax_tile_body(
+    s: &mut [f32],
+    lds: usize,
+    w: usize,
+    rows: SoftmaxRows,
+    o: &mut [f32],
+    ldo: usize,
+    dv: usize,
+    exp_sum: impl Fn(&mut [f32], f32) -> f32,
+) {
+    let SoftmaxRows { ranges, m, l } = rows;
+    for (r, &(a, b)) in ranges.iter().enumerate() {
+        let row = &mut s[r * lds..r * lds + w];
+        if a >= b {
+            row.fill(0.0);
+            continue;
+        }
+        row[..a].fill(0.0);
+        row[b..].fill(0.0);
+        let seg = &mut row[a..b];
+        let m_new = m[r].max(row_max_impl(seg));
+        if m_new == f32::NEG_INFINITY {
+            seg.fill(0.0);
+            continue;
+        }
+        let corr = exp_approx(m[r] - m_new);
+        let sum = exp_sum(seg, m_new);
+        l[r] = l[r] * corr + sum;
+        m[r] = m_new;
+        if corr != 1.0 {
+            scale_impl(&mut o[r * ldo..r * ldo + dv], corr);
+        }
+    }
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn softmax_tile_portable(
+    s: &mut [f32],
+    lds: usize,
+    w: usize,
+    rows: SoftmaxRows,
+    o: &mut [f32],
+    ldo: usize,
+    dv: usize,
+) {
+    softmax_tile_body(s, lds, w, rows, o, ldo, dv, exp_sub_sum_impl);
+}
+
+multiversion! {
+    #[allow(clippy::too_many_arguments)]
+    fn softmax_tile_generic(s: &mut [f32], lds: usize, w: usize, rows: SoftmaxRows, o: &mut [f32], ldo: usize, dv: usize) => softmax_tile_portable;
+}
+
+/// One online-softmax step over the score tile `s` (rows of stride `lds`, `w` columns):
+/// for each row, columns outside its range become 0; inside, `exp(s - m_new)` with
+/// `m_new = max(m, max s)`; `l = l * exp(m - m_new) + sum`; the output row of `o` (stride
+/// `ldo`, `dv` wide) is rescaled by `exp(m - m_new)`. Rows that have seen no finite score
+/// stay zero.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn softmax_tile(s: &mut [f32], lds: usize, w: usize, rows: SoftmaxRows, o: &mut [f32], ldo: usize, dv: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if level() == Level::Avx512 {
+        #[allow(unsafe_code)]
+        // SAFETY: AVX-512F was detected on this CPU.
+        unsafe {
+            x86::softmax_tile_avx512(s, lds, w, rows, o, ldo, dv)
+        };
+        return;
+    }
+    softmax_tile_generic(s, lds, w, rows, o, ldo, dv);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -396,6 +512,96 @@ mod x86 {
                 _ => $kern::<1, 1>($($args),*),
             }
         };
+    }
+
+    /// `x = exp(x - m)` (exactly 0 for -inf), returning the sum: 2^t with t = (x - m) log2 e
+    /// split into round(t) (applied by `vscalefps`) and a degree-6 polynomial on [-1/2, 1/2].
+    #[allow(unsafe_code)]
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn exp_sub_sum_avx512(x: &mut [f32], m: f32) -> f32 {
+        let n = x.len();
+        let p = x.as_mut_ptr();
+        let (vm, log2e, floor) =
+            (_mm512_set1_ps(m), _mm512_set1_ps(std::f32::consts::LOG2_E), _mm512_set1_ps(-150.0));
+        let c = [
+            _mm512_set1_ps(1.540_353_e-4),
+            _mm512_set1_ps(1.333_355_8e-3),
+            _mm512_set1_ps(9.618_129e-3),
+            _mm512_set1_ps(5.550_411e-2),
+            _mm512_set1_ps(2.402_265e-1),
+            _mm512_set1_ps(6.931_472e-1),
+            _mm512_set1_ps(1.0),
+        ];
+        let mut sum = _mm512_setzero_ps();
+        let mut i = 0;
+        while i < n {
+            let len = (n - i).min(16);
+            let mask: u16 = if len == 16 { 0xFFFF } else { (1u16 << len) - 1 };
+            // SAFETY: lanes i..i+len lie within `x`; masked-off lanes are not accessed.
+            let v = unsafe { _mm512_maskz_loadu_ps(mask, p.add(i)) };
+            let t = _mm512_max_ps(_mm512_mul_ps(_mm512_sub_ps(v, vm), log2e), floor);
+            let k = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
+            let f = _mm512_sub_ps(t, k);
+            let mut y = c[0];
+            for &ci in &c[1..] {
+                y = _mm512_fmadd_ps(y, f, ci);
+            }
+            let e = _mm512_maskz_mov_ps(mask, _mm512_scalef_ps(y, k));
+            // SAFETY: as for the load.
+            unsafe { _mm512_mask_storeu_ps(p.add(i), mask, e) };
+            sum = _mm512_add_ps(sum, e);
+            i += len;
+        }
+        _mm512_reduce_add_ps(sum)
+    }
+
+    /// [`super::softmax_tile`] with the AVX-512 exponential.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c")]
+    pub(super) fn softmax_tile_avx512(
+        s: &mut [f32],
+        lds: usize,
+        w: usize,
+        rows: super::SoftmaxRows,
+        o: &mut [f32],
+        ldo: usize,
+        dv: usize,
+    ) {
+        super::softmax_tile_body(s, lds, w, rows, o, ldo, dv, |x, m| exp_sub_sum_avx512(x, m));
+    }
+
+    /// Dot products of each row of `q` (`d` wide) with `k`, four rows at a time.
+    #[allow(unsafe_code)]
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn dots_avx512(q: &[f32], d: usize, k: &[f32], out: &mut [f32]) {
+        let rows = out.len();
+        assert!(q.len() >= rows * d && k.len() >= d);
+        let (qp, kp) = (q.as_ptr(), k.as_ptr());
+        let mut r = 0;
+        while r < rows {
+            let nr = (rows - r).min(4);
+            let mut acc = [[_mm512_setzero_ps(); 2]; 4];
+            let mut i = 0;
+            let mut flip = 0;
+            while i < d {
+                let len = (d - i).min(16);
+                let mask: u16 = if len == 16 { 0xFFFF } else { (1u16 << len) - 1 };
+                // SAFETY: columns i..i+len < d of k and of rows r..r+nr of q (asserted above);
+                // masked-off lanes are not accessed.
+                let kv = unsafe { _mm512_maskz_loadu_ps(mask, kp.add(i)) };
+                for (x, a) in acc.iter_mut().enumerate().take(nr) {
+                    // SAFETY: as above.
+                    let qv = unsafe { _mm512_maskz_loadu_ps(mask, qp.add((r + x) * d + i)) };
+                    a[flip] = _mm512_fmadd_ps(qv, kv, a[flip]);
+                }
+                flip ^= 1;
+                i += len;
+            }
+            for (x, a) in acc.iter().enumerate().take(nr) {
+                out[r + x] = _mm512_reduce_add_ps(_mm512_add_ps(a[0], a[1]));
+            }
+            r += nr;
+        }
     }
 
     /// Blocked driver over the AVX-512 microkernel (6 rows x up to 64 columns).
@@ -662,17 +868,18 @@ mod perf {
     #[test]
     #[ignore]
     fn gemm_speed() {
-        for &(m, n, k) in &[(60usize, 128usize, 128usize), (60, 128, 128), (66, 128, 128), (48, 128, 128)] {
+        // (m, n, k, ldb): ldb 64 is a packed panel; 256 / 128 are tile rows.
+        for &(m, n, k, ldb) in &[(72usize, 64usize, 128usize, 64usize), (72, 64, 128, 256), (72, 64, 128, 128), (72, 64, 256, 64), (72, 64, 256, 128)] {
             let a = vec![0.5f32; m * k];
-            let b = vec![0.25f32; k * n];
+            let b = vec![0.25f32; k * ldb];
             let mut c = vec![0f32; m * n];
             let iters = 20000;
             let t = std::time::Instant::now();
             for _ in 0..iters {
-                super::gemm(m, n, k, &a, k, &b, n, &mut c, n, true);
+                super::gemm(m, n, k, &a, k, &b, ldb, &mut c, n, true);
             }
             let s = t.elapsed().as_secs_f64();
-            eprintln!("{m}x{n}x{k}: {:.1} GFLOP/s", (2 * m * n * k * iters) as f64 / s / 1e9);
+            eprintln!("{m}x{n}x{k} ldb {ldb}: {:.1} GFLOP/s", (2 * m * n * k * iters) as f64 / s / 1e9);
         }
     }
 }

@@ -596,3 +596,54 @@ fn registered_kernels_run_their_op_and_reject_others() {
     assert!(outs.contains_key("out") && outs.contains_key("out_k"));
     assert!(matches!(r.get("cpu.attention.flash").unwrap().run(&rope_op), Err(KernelError::Unsupported(_))));
 }
+
+/// Release-mode timing (wall and process CPU time, which contention does not inflate):
+/// `cargo test --release -p layerzero --lib backend::cpu::tests::timing -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn timing() {
+    fn cpu_s() -> f64 {
+        let s = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        let f: Vec<&str> = s.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+        let tick = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+        (tick(11) + tick(12)) / 100.0
+    }
+    let cases: Vec<(&str, OpArgs)> = vec![
+        (
+            "prefill 512 f32",
+            OpArgs::Attention(AttentionArgs { attrs: causal(), ..dense(1, 512, 512, 32, 8, 128, 128, DType::F32) }),
+        ),
+        (
+            "prefill 2048 f32",
+            OpArgs::Attention(AttentionArgs { attrs: causal(), ..dense(1, 2048, 2048, 32, 8, 128, 128, DType::F32) }),
+        ),
+        (
+            "prefill 2048 bf16",
+            OpArgs::Attention(AttentionArgs { attrs: causal(), ..dense(1, 2048, 2048, 32, 8, 128, 128, DType::BF16) }),
+        ),
+        (
+            "decode 4096 f32",
+            OpArgs::Attention(AttentionArgs { attrs: causal(), ..dense(1, 1, 4096, 32, 8, 128, 128, DType::F32) }),
+        ),
+    ];
+    let mut r = Registry::new();
+    super::register(&mut r);
+    let only = std::env::var("LZ_TIMING").unwrap_or_default();
+    for (name, op) in cases.iter().filter(|c| c.0.contains(only.as_str())) {
+        let k = r
+            .get(if matches!(op, OpArgs::Attention(_)) {
+                "cpu.attention.flash"
+            } else {
+                "cpu.paged_attention.split_kv"
+            })
+            .unwrap();
+        let reps = if name.starts_with("decode") { 200 } else { 5 };
+        let _ = k.run(op).unwrap();
+        let (w0, c0) = (std::time::Instant::now(), cpu_s());
+        for _ in 0..reps {
+            let _ = k.run(op).unwrap();
+        }
+        let (w, c) = (w0.elapsed().as_secs_f64() / reps as f64, (cpu_s() - c0) / reps as f64);
+        eprintln!("{name}: wall {:.2} ms, cpu {:.2} ms", w * 1e3, c * 1e3);
+    }
+}

@@ -346,7 +346,8 @@ mod tests {
         let x = HostTensor::from_f32_as(DType::BF16, &[2, 2], &[1.0, -1.0, 0.5, 3.0]).unwrap();
         let g = gelu(&GeluArgs { x: x.clone(), attrs: GeluAttrs::default() }).unwrap();
         assert_eq!((g.dtype(), g.shape()), (DType::BF16, &[2usize, 2][..]));
-        let want: Vec<f64> = [1.0, -1.0, 0.5, 3.0].iter().map(|&v| half::bf16::from_f64(gelu_erf(v)).to_f64()).collect();
+        let want: Vec<f64> =
+            [1.0, -1.0, 0.5, 3.0].iter().map(|&v| half::bf16::from_f64(gelu_erf(v)).to_f64()).collect();
         assert_eq!(g.to_f64_vec(), want);
         let s = silu(&SiluArgs { x: f32t(&[], &[1.0]), attrs: NoAttrs {} }).unwrap();
         assert_eq!(s.shape(), &[] as &[usize]);
@@ -361,7 +362,8 @@ mod tests {
         let xv = [1.0f32, -1.0, 2.0, 3.0, 0.5, 2.0, -1.0, 1.0];
         let x = f32t(&[2, 4], &xv);
         let split =
-            swiglu(&SwigluArgs { x: Some(x.clone()), gate: None, up: None, attrs: SwigluAttrs { split: true } }).unwrap();
+            swiglu(&SwigluArgs { x: Some(x.clone()), gate: None, up: None, attrs: SwigluAttrs { split: true } })
+                .unwrap();
         assert_eq!(split.shape(), &[2, 2]);
         let want = [silu_f64(1.0) * 2.0, silu_f64(-1.0) * 3.0, -silu_f64(0.5), silu_f64(2.0)];
         assert_eq!(split.to_f64_vec(), want.map(|v| v as f32 as f64));
@@ -397,9 +399,15 @@ mod tests {
             other => panic!("expected invalid input, got {other:?}"),
         };
         let odd = f32t(&[2, 3], &[0.0; 6]);
-        let m = inv(swiglu(&SwigluArgs { x: Some(odd.clone()), gate: None, up: None, attrs: SwigluAttrs { split: true } }));
+        let m =
+            inv(swiglu(&SwigluArgs { x: Some(odd.clone()), gate: None, up: None, attrs: SwigluAttrs { split: true } }));
         assert!(m.contains("`x`") && m.contains("[2, 3]") && m.contains("even"), "{m}");
-        let m = inv(swiglu(&SwigluArgs { x: Some(odd.clone()), gate: None, up: None, attrs: SwigluAttrs { split: false } }));
+        let m = inv(swiglu(&SwigluArgs {
+            x: Some(odd.clone()),
+            gate: None,
+            up: None,
+            attrs: SwigluAttrs { split: false },
+        }));
         assert!(m.contains("split = false"), "{m}");
         let m = inv(swiglu(&SwigluArgs {
             x: None,

@@ -27,7 +27,9 @@ pub(crate) fn register(registry: &mut Registry) {
 /// The first id outside [0, v) as an error naming its flat position and value.
 pub(crate) fn check_ids(ids: &[i64], v: usize) -> Result<(), KernelError> {
     match ids.iter().enumerate().find(|(_, id)| !usize::try_from(**id).is_ok_and(|i| i < v)) {
-        Some((n, id)) => Err(invalid(format!("ids (flat position {n}) = {id} is outside [0, {v}) (the table has {v} rows)"))),
+        Some((n, id)) => {
+            Err(invalid(format!("ids (flat position {n}) = {id} is outside [0, {v}) (the table has {v} rows)")))
+        }
         None => Ok(()),
     }
 }

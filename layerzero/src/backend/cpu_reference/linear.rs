@@ -95,9 +95,7 @@ pub(crate) fn weight_dims(name: &str, w: &HostTensor, k: usize) -> Result<(Weigh
         None | Some(Layout::Nt) => WeightLayout::Nt,
         Some(Layout::Nn) => WeightLayout::Nn,
         Some(other) => {
-            return Err(invalid(format!(
-                "tensor `{name}` has layout {other}; expected NT ([N, K]) or NN ([K, N])"
-            )));
+            return Err(invalid(format!("tensor `{name}` has layout {other}; expected NT ([N, K]) or NN ([K, N])")));
         }
     };
     let s = w.shape();
@@ -142,7 +140,14 @@ fn out_shape(lead: &[usize], n: usize) -> Vec<usize> {
 }
 
 /// `out[m, n] = sum_k x[m, k] * w(n, k) + bias[n]` in f64 (x logical rows of length K).
-fn matmul_f64(x: &[f64], m: usize, k: usize, n: usize, w: impl Fn(usize, usize) -> f64, bias: Option<&[f64]>) -> Vec<f64> {
+fn matmul_f64(
+    x: &[f64],
+    m: usize,
+    k: usize,
+    n: usize,
+    w: impl Fn(usize, usize) -> f64,
+    bias: Option<&[f64]>,
+) -> Vec<f64> {
     let mut out = vec![0.0f64; m * n];
     for i in 0..m {
         let row = &x[i * k..(i + 1) * k];
@@ -417,7 +422,9 @@ mod tests {
         assert_eq!(o.to_f32_vec(), vec![0.875, -0.625, 47.875, 4.5, 2.5, -65.5]);
         let bad = args(f32s(&[3], &[1.0; 3]), f32s(&[1], &[1.0]), None);
         match linear_w8a8(&bad) {
-            Err(KernelError::InvalidInput(m)) => assert!(m.contains("SCALE_LAYOUT_MISMATCH") && m.contains("x_scale"), "{m}"),
+            Err(KernelError::InvalidInput(m)) => {
+                assert!(m.contains("SCALE_LAYOUT_MISMATCH") && m.contains("x_scale"), "{m}")
+            }
             other => panic!("{other:?}"),
         }
     }
@@ -438,7 +445,10 @@ mod tests {
         // Zero 8: w = [-7, -6, -4, 3.5].
         assert_eq!(linear_int4(&args(None)).unwrap().to_f32_vec(), vec![-7.0 - 60.0 - 400.0 + 3500.0]);
         // Zeros [0, 15]: w = [1, 2, -7.5, 0].
-        assert_eq!(linear_int4(&args(Some(f32s(&[1, 2], &[0.0, 15.0])))).unwrap().to_f32_vec(), vec![1.0 + 20.0 - 750.0]);
+        assert_eq!(
+            linear_int4(&args(Some(f32s(&[1, 2], &[0.0, 15.0])))).unwrap().to_f32_vec(),
+            vec![1.0 + 20.0 - 750.0]
+        );
         let mut bad = args(None);
         bad.attrs.group_size = 3;
         assert!(matches!(linear_int4(&bad), Err(KernelError::InvalidInput(m)) if m.contains("SCALE_LAYOUT_MISMATCH")));

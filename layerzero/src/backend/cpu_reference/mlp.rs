@@ -193,7 +193,9 @@ mod tests {
         assert_eq!(mlp(&args).unwrap().to_f32_vec(), vec![h as f32, (2.0 * h) as f32]);
         let mut bad = args.clone();
         bad.w_down = HostTensor::from_f32(&[1, 2], vec![1.0, 2.0]).unwrap();
-        assert!(matches!(mlp(&bad), Err(KernelError::InvalidInput(m)) if m.contains("`w_down`") && m.contains("[2, 1]")));
+        assert!(
+            matches!(mlp(&bad), Err(KernelError::InvalidInput(m)) if m.contains("`w_down`") && m.contains("[2, 1]"))
+        );
         let mut bad = args.clone();
         bad.x = HostTensor::zeros(DType::F32, &[1, 3]).unwrap();
         assert!(matches!(mlp(&bad), Err(KernelError::InvalidInput(m)) if m.contains("`w_gate`")));

@@ -54,9 +54,7 @@ pub(crate) fn register(registry: &mut Registry) {
     registry.register(
         DEQUANTIZE,
         Arc::new(|args: &OpArgs| match args {
-            OpArgs::Dequantize(a) => {
-                dequantize(a).map(|t| Outputs::from([("out".to_owned(), t)]))
-            }
+            OpArgs::Dequantize(a) => dequantize(a).map(|t| Outputs::from([("out".to_owned(), t)])),
             other => Err(wrong_op(DEQUANTIZE, Op::Dequantize, other)),
         }),
     );
@@ -192,8 +190,11 @@ pub fn quantize(a: &QuantizeArgs) -> Result<Outputs, KernelError> {
     }
     let none = grid.scheme == QuantScheme::None;
     let scales: Vec<f32> = amax.iter().map(|&m| if none { 1.0 } else { scale_of(m, target.qmax()) }).collect();
-    let codes: Vec<i32> =
-        vals.iter().enumerate().map(|(i, &v)| encode(target, if none { v } else { v / scales[grid.group(i)] })).collect();
+    let codes: Vec<i32> = vals
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| encode(target, if none { v } else { v / scales[grid.group(i)] }))
+        .collect();
     let storage = match target {
         Target::I8 => Storage::I8(codes.iter().map(|&c| c as i8).collect()),
         Target::Fp8(Fp8::E4M3) => Storage::Fp8E4M3(codes.iter().map(|&c| c as u8).collect()),
@@ -328,7 +329,10 @@ mod tests {
         assert_eq!(o["scale"].shape(), &[1]);
         assert_eq!(o["scale"].to_f32_vec(), vec![1.0]);
         // All zeros: scale 1.
-        let z = q(&HostTensor::from_f32(&[2, 2], vec![0.0; 4]).unwrap(), attrs(QuantScheme::PerChannel, None, None, DType::I8));
+        let z = q(
+            &HostTensor::from_f32(&[2, 2], vec![0.0; 4]).unwrap(),
+            attrs(QuantScheme::PerChannel, None, None, DType::I8),
+        );
         assert_eq!(z["scale"].to_f32_vec(), vec![1.0, 1.0]);
     }
 
@@ -381,7 +385,9 @@ mod tests {
         let row = q(&x, attrs(QuantScheme::PerBlock, Some([2, 3]), None, DType::I8));
         assert_eq!(row["scale"].strides(), &[3, 1]);
         assert_eq!(s.to_f32_vec(), row["scale"].to_f32_vec());
-        let deq = |scale: &HostTensor, a: QuantAttrs| dequantize(&DequantizeArgs { x: o["out"].clone(), scale: scale.clone(), attrs: a });
+        let deq = |scale: &HostTensor, a: QuantAttrs| {
+            dequantize(&DequantizeArgs { x: o["out"].clone(), scale: scale.clone(), attrs: a })
+        };
         assert!(deq(s, a.clone()).is_ok());
         // The column-major scale where row-major is stated (or implied) is refused.
         for stated in [Some(ScaleLayout::RowMajor), None] {
@@ -389,7 +395,10 @@ mod tests {
             b.scale_layout = stated;
             match deq(s, b) {
                 Err(KernelError::InvalidInput(m)) => {
-                    assert!(m.contains("SCALE_LAYOUT_MISMATCH") && m.contains("strides [1, 3]") && m.contains("row_major"), "{m}")
+                    assert!(
+                        m.contains("SCALE_LAYOUT_MISMATCH") && m.contains("strides [1, 3]") && m.contains("row_major"),
+                        "{m}"
+                    )
                 }
                 other => panic!("{other:?}"),
             }

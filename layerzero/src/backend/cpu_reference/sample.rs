@@ -12,11 +12,12 @@
 //! - The descending-probability order is the order of the logits, descending, ties by lower
 //!   index: it equals the exact probability order, and ties in rounded weights cannot make
 //!   two kernels disagree.
-//! - The filters are applied to the tempered probabilities `p` and each keeps a prefix of
-//!   that order, so the kept set is the shortest of: the first `top_k` tokens; the smallest
-//!   prefix whose mass (the weights summed in that order) reaches `top_p * Z`; the tokens
-//!   with `p_i >= min_p * p_max`, i.e. `w_i >= min_p`; the tokens of nonzero weight.
-//!   There is no intermediate renormalization between filters.
+//! - Each filter keeps a prefix of that order, so the kept set is the shortest of: the first
+//!   `top_k` tokens; the smallest prefix whose mass reaches `top_p` of the mass top-k left
+//!   (Hugging Face's and vLLM's order: top-p sees the distribution renormalized after
+//!   top-k; that mass is `Z_k`, the first `top_k` weights summed in that order, or `Z`
+//!   without top-k); the tokens with `p_i >= min_p * p_max`, i.e. `w_i >= min_p` (a ratio,
+//!   unchanged by renormalization); the tokens of nonzero weight.
 //! - With `S` the kept weights summed in that order and `u = uniform(seed, row)` in [0, 1),
 //!   the token is the first kept one whose running sum exceeds `u * S` (the last kept one if
 //!   rounding leaves none).
@@ -149,6 +150,16 @@ fn sample_row(l: &[f64], row: usize, plan: &Plan) -> Result<i64, KernelError> {
     let mut order: Vec<usize> = (0..l.len()).collect();
     order.sort_by(|&i, &j| l[j].partial_cmp(&l[i]).unwrap_or(Ordering::Equal).then(i.cmp(&j)));
     let cap = if plan.top_k == 0 { l.len() } else { usize::try_from(plan.top_k).unwrap_or(usize::MAX).min(l.len()) };
+    // The mass top-p is a fraction of: what top-k keeps, summed in order (or everything).
+    let zk = if cap < l.len() {
+        let mut zk = 0.0;
+        for &i in &order[..cap] {
+            zk += w[i];
+        }
+        zk
+    } else {
+        z
+    };
     let mut kept: Vec<(usize, f64)> = Vec::new();
     let mut mass = 0.0;
     for &i in &order[..cap] {
@@ -160,7 +171,7 @@ fn sample_row(l: &[f64], row: usize, plan: &Plan) -> Result<i64, KernelError> {
         kept.push((i, wi));
         mass += wi;
         if let Some(p) = plan.top_p
-            && mass >= p * z
+            && mass >= p * zk
         {
             break;
         }
@@ -203,7 +214,7 @@ mod tests {
         [10.828, 13.816, 16.266, 18.467, 20.515, 22.458, 24.322, 26.124, 27.877, 29.588];
 
     /// The exact filtered, renormalized distribution, computed independently of the kernel:
-    /// softmax in f64, sort by probability, then each filter as a set.
+    /// softmax in f64, sort by probability, top-k, renormalize, then top-p and min-p.
     pub(crate) fn exact(l: &[f64], t: f64, top_k: usize, top_p: f64, min_p: f64) -> Vec<f64> {
         let m = l.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let e: Vec<f64> = l.iter().map(|x| ((x - m) / t).exp()).collect();
@@ -212,11 +223,12 @@ mod tests {
         let pmax = p.iter().cloned().fold(0.0, f64::max);
         let mut idx: Vec<usize> = (0..l.len()).collect();
         idx.sort_by(|&a, &b| p[b].partial_cmp(&p[a]).unwrap());
+        let k_mass: f64 = idx.iter().take(if top_k == 0 { l.len() } else { top_k }).map(|&i| p[i]).sum();
         let mut keep = vec![false; l.len()];
         let mut cum = 0.0;
         for (rank, &i) in idx.iter().enumerate() {
             let in_k = top_k == 0 || rank < top_k;
-            let in_p = cum < top_p; // the mass before this token has not reached p yet
+            let in_p = cum < top_p * k_mass; // the renormalized mass before this token is below p
             let in_min = p[i] >= min_p * pmax;
             keep[i] = in_k && in_p && in_min;
             cum += p[i];
