@@ -2,7 +2,9 @@
 //! layer_norm over [4096, 4096] (f32, bf16), swiglu over a split [4096, 2 * 5504] f32, and an
 //! embedding lookup of 4096 ids in a [32000, 4096] f32 table; each next to a plain copy of
 //! the same number of bytes (read + written), so the throughput column gives the ratio.
-//! Run: `cargo bench -p layerzero --bench rows`.
+//! Run: `cargo bench -p layerzero --bench rows`; `LZ_ROWS_TABLE=1 cargo bench -p layerzero
+//! --bench rows` instead prints one table (ms, GB/s, % of copy) measured with the kernel and
+//! its copies interleaved, round by round, which keeps the ratio honest on a busy machine.
 
 use std::sync::OnceLock;
 
@@ -16,7 +18,11 @@ use layerzero::tensor::{HostTensor, Storage};
 use rayon::prelude::*;
 
 fn main() {
-    divan::main();
+    if std::env::var_os("LZ_ROWS_TABLE").is_some() {
+        table();
+    } else {
+        divan::main();
+    }
 }
 
 const ROWS: usize = 4096;
@@ -128,4 +134,91 @@ fn copy_existing_buffer(bencher: Bencher, bytes: usize) {
         divan::black_box(&mut dst).copy_from_slice(divan::black_box(&src));
         divan::black_box(&dst);
     });
+}
+
+/// Median and minimum of the samples, in seconds.
+fn stats(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2], v[0])
+}
+
+fn time<T>(f: impl FnOnce() -> T) -> f64 {
+    let t = std::time::Instant::now();
+    let out = divan::black_box(f());
+    let s = t.elapsed().as_secs_f64();
+    drop(out);
+    s
+}
+
+/// Copy of `bytes / 2` bytes into a new buffer: the faster of `memcpy` on one thread and a
+/// rayon copy.
+fn copy_time(src: &[u8]) -> f64 {
+    let one = time(|| src.to_vec());
+    let par = time(|| {
+        let mut dst = vec![0u8; src.len()];
+        dst.par_chunks_mut(1 << 17).zip(src.par_chunks(1 << 17)).for_each(|(d, s)| d.copy_from_slice(s));
+        dst
+    });
+    one.min(par)
+}
+
+fn table() {
+    let rounds: usize = std::env::var("LZ_ROWS_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(15);
+    let ln = |dtype| {
+        let mut a = norm_args(dtype);
+        a.bias = Some(tensor(dtype, &[HIDDEN], 3));
+        OpArgs::LayerNorm(a)
+    };
+    let ids: Vec<i64> = (0..ROWS as u64).map(|i| (i.wrapping_mul(2_654_435_761) % VOCAB as u64) as i64).collect();
+    let emb = EmbeddingArgs {
+        ids: HostTensor::new(Storage::I64(ids), &[ROWS]).expect("ids"),
+        table: tensor(DType::F32, &[VOCAB, HIDDEN], 5),
+        attrs: NoAttrs {},
+    };
+    let swiglu = SwigluArgs {
+        x: Some(tensor(DType::F32, &[ROWS, 2 * INTER], 4)),
+        gate: None,
+        up: None,
+        attrs: SwigluAttrs { split: true },
+    };
+    let cases: Vec<(&str, &str, OpArgs, usize)> = vec![
+        ("rms_norm 4096x4096 f32", "cpu.rms_norm.fast", OpArgs::RmsNorm(norm_args(DType::F32)), norm_bytes(DType::F32)),
+        (
+            "rms_norm 4096x4096 bf16",
+            "cpu.rms_norm.fast",
+            OpArgs::RmsNorm(norm_args(DType::BF16)),
+            norm_bytes(DType::BF16),
+        ),
+        ("layer_norm 4096x4096 f32", "cpu.layer_norm.fast", ln(DType::F32), norm_bytes(DType::F32)),
+        ("layer_norm 4096x4096 bf16", "cpu.layer_norm.fast", ln(DType::BF16), norm_bytes(DType::BF16)),
+        ("swiglu split 4096x11008 f32", "cpu.swiglu.fast", OpArgs::Swiglu(swiglu), 3 * ROWS * INTER * 4),
+        ("embedding 4096 of 32000x4096 f32", "cpu.embedding.fast", OpArgs::Embedding(emb), 2 * ROWS * HIDDEN * 4),
+    ];
+    println!("{rounds} interleaved rounds; bytes = read + written; copy = the same bytes into a new buffer");
+    println!(
+        "{:<34} {:>9} {:>8} {:>9} {:>8} {:>8} {:>10}",
+        "case", "ms (med)", "GB/s", "copy ms", "GB/s", "% copy", "% (best)"
+    );
+    let only = std::env::var("LZ_ROWS_CASE").unwrap_or_default();
+    for (name, kernel, args, bytes) in cases.into_iter().filter(|c| c.0.contains(only.as_str())) {
+        let exec = registry().get(kernel).expect("kernel registered").clone();
+        let src = vec![1u8; bytes / 2];
+        exec.run(&args).expect("kernel runs");
+        let (mut k, mut c) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            k.push(time(|| exec.run(&args)));
+            c.push(copy_time(&src));
+        }
+        let ((km, kmin), (cm, cmin)) = (stats(k), stats(c));
+        let gbs = |s: f64| bytes as f64 / s / 1e9;
+        println!(
+            "{name:<34} {:>9.2} {:>8.2} {:>9.2} {:>8.2} {:>7.0}% {:>9.0}%",
+            km * 1e3,
+            gbs(km),
+            cm * 1e3,
+            gbs(cm),
+            100.0 * cm / km,
+            100.0 * cmin / kmin
+        );
+    }
 }

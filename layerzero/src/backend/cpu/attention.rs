@@ -115,6 +115,7 @@ pub(crate) fn run(a: &AttentionArgs) -> Result<Outputs, KernelError> {
         attrs: &a.attrs,
         mods: Mods { softcap: a.attrs.softcap.map(|c| c as f32), alibi: a.attrs.alibi.then(|| alibi_slopes(hq)), mask },
         seqs,
+        bf16: [&a.q, &a.k, &a.v].iter().all(|t| t.dtype() == crate::model::dtype::DType::BF16),
     };
     let blocks = engine::compute(&p);
     let out = engine::scatter(&p, &blocks, [b, sq, hq, dv], layout);

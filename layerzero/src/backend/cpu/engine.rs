@@ -98,6 +98,17 @@ impl KvSrc<'_> {
         }
     }
 
+    /// Row `j` of head `h` as bf16 bits (exact when the storage is bf16 with no scale).
+    pub(crate) fn read_row_bf16(&self, h: usize, j: usize, out: &mut [u16]) {
+        if self.scale.is_none() {
+            pack::read_bf16_bits(self.st, self.row(h, j), self.sd, out);
+        } else {
+            let mut tmp = vec![0f32; out.len()];
+            self.read_row(h, j, &mut tmp);
+            simd::f32_to_bf16_bits(&tmp, out);
+        }
+    }
+
     /// Row `j` of head `h` converted (and dequantized) into `out` (the row length).
     pub(crate) fn read_row(&self, h: usize, j: usize, out: &mut [f32]) {
         read_f32(self.st, self.row(h, j), self.sd, out);
@@ -259,6 +270,9 @@ pub(crate) struct Problem<'a> {
     pub mods: Mods<'a>,
     /// Sequences.
     pub seqs: Vec<Seq<'a>>,
+    /// q, k and v hold bf16 values exactly (bf16 storage, no dequantization scale): the
+    /// tile products may then run on bf16 pairs (exact products, f32 sums).
+    pub bf16: bool,
 }
 
 impl Problem<'_> {
@@ -325,50 +339,102 @@ pub(crate) fn scatter(p: &Problem, blocks: &[Block], n: [usize; 4], layout: Layo
     out
 }
 
-/// K of one (sequence, kv head) as transposed tiles `[tile][d][BK]`, V as rows `[j][dv]`,
-/// both zero-padded to whole tiles.
-struct Packed {
-    kt: Vec<f32>,
-    v: Vec<f32>,
+/// K of one (sequence, kv head) transposed into tiles of panels `[tile][BK/64][d][64]`
+/// and V into `[tile][ceil(dv/64)][BK][64]` (the B operands of the two tile products),
+/// zero-padded to whole tiles. The bf16 form holds pairs along the product's inner dim:
+/// K `[tile][BK/64][ceil(d/2)][64]`, V `[tile][ceil(dv/64)][BK/2][64]` (u32 = low, high).
+enum Packed {
+    F32 { kt: Vec<f32>, v: Vec<f32> },
+    Bf16 { kt: Vec<u32>, v: Vec<u32> },
 }
 
 fn pack_kv(seq: &Seq, kvh: usize, d: usize, dv: usize) -> Packed {
+    const P: usize = simd::PANEL;
     let nt = seq.sk.div_ceil(BK);
+    let nvb = dv.div_ceil(P);
     let mut kt = vec![0f32; nt * d * BK];
-    let mut v = vec![0f32; nt * BK * dv];
+    let mut v = vec![0f32; nt * nvb * BK * P];
     const G: usize = 16;
     let mut buf = vec![0f32; G * d];
-    let mut scratch = vec![0f32; d];
     let mut j0 = 0;
     while j0 < seq.sk {
         let g = G.min(seq.sk - j0);
         for c in 0..g {
-            let row = seq.k.row_f32(kvh, j0 + c, &mut scratch);
-            buf[c * d..(c + 1) * d].copy_from_slice(row);
+            seq.k.read_row(kvh, j0 + c, &mut buf[c * d..(c + 1) * d]);
         }
-        let tile = &mut kt[(j0 / BK) * d * BK..][..d * BK];
-        let col = j0 % BK;
+        let (tile, col) = (j0 / BK, j0 % BK);
+        let panel = &mut kt[(tile * (BK / P) + col / P) * d * P..][..d * P];
         for dd in 0..d {
-            let dst = &mut tile[dd * BK + col..dd * BK + col + g];
+            let dst = &mut panel[dd * P + col % P..dd * P + col % P + g];
             for (c, x) in dst.iter_mut().enumerate() {
                 *x = buf[c * d + dd];
             }
         }
         j0 += g;
     }
-    let mut vs = vec![0f32; dv];
+    let mut row = vec![0f32; dv];
     for j in 0..seq.sk {
-        let row = seq.v.row_f32(kvh, j, &mut vs);
-        v[j * dv..(j + 1) * dv].copy_from_slice(row);
+        seq.v.read_row(kvh, j, &mut row);
+        let (tile, c) = (j / BK, j % BK);
+        for (vb, part) in row.chunks(P).enumerate() {
+            v[((tile * nvb + vb) * BK + c) * P..][..part.len()].copy_from_slice(part);
+        }
     }
-    Packed { kt, v }
+    Packed::F32 { kt, v }
+}
+
+fn pack_kv_bf16(seq: &Seq, kvh: usize, d: usize, dv: usize) -> Packed {
+    const P: usize = simd::PANEL;
+    let (nt, nvb, d2) = (seq.sk.div_ceil(BK), dv.div_ceil(P), d.div_ceil(2));
+    let mut kt = vec![0u32; nt * d2 * BK];
+    let mut v = vec![0u32; nt * nvb * (BK / 2) * P];
+    const G: usize = 16;
+    let mut buf = vec![0u16; G * (d + 1)];
+    let mut j0 = 0;
+    while j0 < seq.sk {
+        let g = G.min(seq.sk - j0);
+        for c in 0..g {
+            seq.k.read_row_bf16(kvh, j0 + c, &mut buf[c * (d + 1)..c * (d + 1) + d]);
+        }
+        let (tile, col) = (j0 / BK, j0 % BK);
+        let panel = &mut kt[(tile * (BK / P) + col / P) * d2 * P..][..d2 * P];
+        for pr in 0..d2 {
+            let dst = &mut panel[pr * P + col % P..pr * P + col % P + g];
+            for (c, x) in dst.iter_mut().enumerate() {
+                let (lo, hi) = (buf[c * (d + 1) + 2 * pr], buf[c * (d + 1) + 2 * pr + 1]);
+                *x = u32::from(lo) | (u32::from(hi) << 16);
+            }
+        }
+        j0 += g;
+    }
+    let (mut r0, mut r1) = (vec![0u16; dv], vec![0u16; dv]);
+    let mut j = 0;
+    while j < seq.sk {
+        seq.v.read_row_bf16(kvh, j, &mut r0);
+        if j + 1 < seq.sk {
+            seq.v.read_row_bf16(kvh, j + 1, &mut r1);
+        } else {
+            r1.fill(0);
+        }
+        let (tile, c) = (j / BK, j % BK);
+        for vb in 0..nvb {
+            let e0 = vb * P;
+            let w = P.min(dv - e0);
+            let dst = &mut v[((tile * nvb + vb) * (BK / 2) + c / 2) * P..][..w];
+            for (x, (&lo, &hi)) in dst.iter_mut().zip(r0[e0..e0 + w].iter().zip(&r1[e0..e0 + w])) {
+                *x = u32::from(lo) | (u32::from(hi) << 16);
+            }
+        }
+        j += 2;
+    }
+    Packed::Bf16 { kt, v }
 }
 
 /// Query positions per tile for `g` heads per kv head: about 64 rows in all, a multiple of
 /// the microkernel height (6) where possible.
 fn q_tile(g: usize) -> usize {
     let first = 64usize.div_ceil(g).max(1);
-    (first..first + 6).find(|bq| (g * bq) % 6 == 0).unwrap_or(first)
+    (first..first + 6).find(|bq| (g * bq).is_multiple_of(6)).unwrap_or(first)
 }
 
 fn prefill(p: &Problem, seqs: &[usize]) -> Vec<Block> {
@@ -376,8 +442,14 @@ fn prefill(p: &Problem, seqs: &[usize]) -> Vec<Block> {
         return Vec::new();
     }
     let (hkv, d, dv) = (p.hkv, p.d, p.dv);
-    let packed: Vec<Packed> =
-        (0..seqs.len() * hkv).into_par_iter().map(|x| pack_kv(&p.seqs[seqs[x / hkv]], x % hkv, d, dv)).collect();
+    let bf16 = p.bf16 && simd::bf16_dot();
+    let packed: Vec<Packed> = (0..seqs.len() * hkv)
+        .into_par_iter()
+        .map(|x| {
+            let seq = &p.seqs[seqs[x / hkv]];
+            if bf16 { pack_kv_bf16(seq, x % hkv, d, dv) } else { pack_kv(seq, x % hkv, d, dv) }
+        })
+        .collect();
     let bq = q_tile(p.group());
     let mut items = Vec::new();
     for (pi, &si) in seqs.iter().enumerate() {
@@ -393,14 +465,26 @@ fn prefill(p: &Problem, seqs: &[usize]) -> Vec<Block> {
 /// One tile of queries (all heads of kv head `kvh`, positions `i0..i0+n`) against every
 /// visible key tile, with online softmax.
 fn prefill_item(p: &Problem, si: usize, pk: &Packed, kvh: usize, i0: usize, n: usize) -> Block {
+    const P: usize = simd::PANEL;
     let seq = &p.seqs[si];
     let (d, dv, g) = (p.d, p.dv, p.group());
     let m = g * n;
-    let mut qp = vec![0f32; m * d];
-    for hh in 0..g {
-        for t in 0..n {
-            let r = hh * n + t;
-            p.read_q(seq, i0 + t, kvh * g + hh, &mut qp[r * d..(r + 1) * d]);
+    // Queries: f32 pre-scaled, or bf16 bits (scaled after the product) with an even width.
+    let dq = d + d % 2;
+    let (mut qp, mut qb) = (Vec::new(), Vec::new());
+    match pk {
+        Packed::F32 { .. } => {
+            qp = vec![0f32; m * d];
+            for (r, row) in qp.chunks_exact_mut(d.max(1)).enumerate().take(m) {
+                p.read_q(seq, i0 + r % n, kvh * g + r / n, row);
+            }
+        }
+        Packed::Bf16 { .. } => {
+            qb = vec![0u16; m * dq];
+            for (r, row) in qb.chunks_exact_mut(dq.max(1)).enumerate().take(m) {
+                let base = p.q.row(seq.b, seq.q0 + i0 + r % n, kvh * g + r / n);
+                pack::read_bf16_bits(p.q.st, base, p.q.s[3], &mut row[..d]);
+            }
         }
     }
     let ranges: Vec<(usize, usize)> = (0..n).map(|t| p.range(seq, i0 + t)).collect();
@@ -410,13 +494,28 @@ fn prefill_item(p: &Problem, si: usize, pk: &Packed, kvh: usize, i0: usize, n: u
     let mut lrow = vec![0f32; m];
     if jmin < jmax {
         let mut s = vec![0f32; m * BK];
+        let mut pb = if matches!(pk, Packed::Bf16 { .. }) { vec![0u16; m * BK] } else { Vec::new() };
         let mut local = vec![(0usize, 0usize); m];
+        let nvb = dv.div_ceil(P);
         for tile in jmin / BK..jmax.div_ceil(BK) {
             let tj0 = tile * BK;
-            let c0 = jmin.max(tj0) - tj0;
+            // Columns c0..c1 of the tile, c0 on a panel boundary.
+            let c0 = (jmin.max(tj0) - tj0) / P * P;
             let c1 = jmax.min(tj0 + BK) - tj0;
-            let kt = &pk.kt[tile * d * BK..(tile + 1) * d * BK];
-            simd::gemm(m, c1 - c0, d, &qp, d, &kt[c0..], BK, &mut s[c0..], BK, false);
+            match pk {
+                Packed::F32 { kt, .. } => {
+                    let kt = &kt[(tile * BK + c0) * d..(tile + 1) * BK * d];
+                    simd::gemm_panels(m, c1 - c0, d, &qp, d, kt, d * P, &mut s[c0..], BK, false);
+                }
+                Packed::Bf16 { kt, .. } => {
+                    let d2 = dq / 2;
+                    let kt = &kt[(tile * BK + c0) * d2..(tile + 1) * BK * d2];
+                    simd::gemm_bf16_panels(m, c1 - c0, d2, &qb, dq, kt, d2 * P, &mut s[c0..], BK, false);
+                    for r in 0..m {
+                        simd::scale(&mut s[r * BK + c0..r * BK + c1], p.scale);
+                    }
+                }
+            }
             for (r, lr) in local.iter_mut().enumerate() {
                 let (lo, hi) = ranges[r % n];
                 let a = lo.clamp(tj0 + c0, tj0 + c1) - tj0;
@@ -429,7 +528,24 @@ fn prefill_item(p: &Problem, si: usize, pk: &Packed, kvh: usize, i0: usize, n: u
             }
             let rows = simd::SoftmaxRows { ranges: &local, m: &mut mrow, l: &mut lrow };
             simd::softmax_tile(&mut s[c0..], BK, c1 - c0, rows, &mut o, dv, dv);
-            simd::gemm(m, dv, c1 - c0, &s[c0..], BK, &pk.v[(tj0 + c0) * dv..], dv, &mut o, dv, true);
+            match pk {
+                Packed::F32 { v, .. } => {
+                    let vt = &v[(tile * nvb * BK + c0) * P..];
+                    simd::gemm_panels(m, dv, c1 - c0, &s[c0..], BK, vt, BK * P, &mut o, dv, true);
+                }
+                Packed::Bf16 { v, .. } => {
+                    // P to bf16 pairs (an odd column count is padded with a zero weight).
+                    let kw = (c1 - c0).div_ceil(2) * 2;
+                    for r in 0..m {
+                        simd::f32_to_bf16_bits(&s[r * BK + c0..r * BK + c1], &mut pb[r * BK + c0..r * BK + c1]);
+                        if c0 + kw > c1 {
+                            pb[r * BK + c1] = 0;
+                        }
+                    }
+                    let vt = &v[(tile * nvb * (BK / 2) + c0 / 2) * P..];
+                    simd::gemm_bf16_panels(m, dv, kw / 2, &pb[c0..], BK, vt, (BK / 2) * P, &mut o, dv, true);
+                }
+            }
         }
     }
     for r in 0..m {

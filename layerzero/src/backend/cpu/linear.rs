@@ -5,14 +5,16 @@
 //!   f32 NT or NN weight are never copied. f16/bf16 weights (and int4 weights, dequantized)
 //!   are converted to f32 panels of up to `PANEL_ELEMS` elements, one panel at a time.
 //! - Decode (M <= `GEMV_MAX_M`): a GEMV parallel over N (rayon) that reads every weight row
-//!   once and dots it with the M activation rows (NT), or sweeps the [K, N] weight once with
-//!   axpy per column chunk (NN); bandwidth-bound on the weight bytes.
+//!   once and dots it with the M activation rows, four rows per load of the weight (NT; f32
+//!   and bf16 rows are read in place, bf16 widened in registers; others through one f32
+//!   row), or sweeps the [K, N] weight once with axpy per column chunk (NN);
+//!   bandwidth-bound on the weight bytes.
 //! - `linear_w8a8`: exact i32 dot products (i64 across 64Ki-element chunks, so no K can
 //!   overflow) parallel over weight-row chunks, then `(acc * xs) * ws + bias` in f32.
 //!
 //! Accumulation is f32 (the reference is f64); the output is rounded once to x's dtype.
-//! This module holds the backend's only calls into `matrixmultiply` (`unsafe` there, each
-//! preceded by the bounds checks that make it sound).
+//! `unsafe` here is the one `matrixmultiply::sgemm` call (preceded by the bounds checks that
+//! make it sound) and calls of `#[target_feature]` kernels on CPUs that report the features.
 
 use std::sync::Arc;
 
@@ -134,12 +136,6 @@ impl<'a> Mat<'a> {
             Storage::F32(v) if self.cs == 1 || self.cols <= 1 => v.get(self.at(r, 0)..self.at(r, 0) + self.cols),
             _ => None,
         }
-    }
-
-    /// Column `c` in place when it is stored as contiguous f32.
-    #[inline]
-    pub(super) fn f32_col(&self, c: usize) -> Option<&'a [f32]> {
-        self.t().f32_row(c)
     }
 
     /// The f32 view when the storage is f32.
@@ -408,61 +404,119 @@ pub(super) fn gemm(x: F32View, w: &Weights, beta: f32, c: &mut [f32], ldc: usize
     Ok(())
 }
 
-/// Accumulates `x . w` (equal lengths) into 32 f32 lanes (fused multiply-add when `FMA`);
-/// returns the dot of the elements past the last full 32.
-#[inline(always)]
-fn seg_dot<const FMA: bool>(acc: &mut [f32; 32], x: &[f32], w: &[f32]) -> f32 {
-    let mut xc = x.chunks_exact(32);
-    let mut wc = w.chunks_exact(32);
-    for (xv, wv) in (&mut xc).zip(&mut wc) {
-        for l in 0..32 {
-            acc[l] = if FMA { xv[l].mul_add(wv[l], acc[l]) } else { acc[l] + xv[l] * wv[l] };
-        }
-    }
-    xc.remainder().iter().zip(wc.remainder()).map(|(a, b)| a * b).sum()
+/// A weight element the dot kernels widen to f32 as they load it.
+pub(super) trait Widen: Copy + Send + Sync {
+    /// The exact f32 value.
+    fn widen(self) -> f32;
 }
 
-/// Elements of `w` per segment: a segment stays in L1 while each of the rows reads it.
-const SEG: usize = 512;
-/// Rows sharing one sweep over `w`.
-const SWEEP_ROWS: usize = 8;
+impl Widen for f32 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+}
+
+impl Widen for bf16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        f32::from_bits(u32::from(self.to_bits()) << 16)
+    }
+}
 
 #[inline(always)]
-fn dots_rows_impl<const FMA: bool>(x: &[f32], k: usize, w: &[f32], out: &mut [f32]) {
+fn fma<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA { a.mul_add(b, c) } else { c + a * b }
+}
+
+#[inline(always)]
+fn hsum16(mut a: [f32; 16]) -> f32 {
+    for width in [8, 4, 2, 1] {
+        for l in 0..width {
+            a[l] += a[l + width];
+        }
+    }
+    a[0]
+}
+
+/// `x . w` (equal lengths) with 64 independent f32 lanes.
+#[inline(always)]
+fn dot1<W: Widen, const FMA: bool>(x: &[f32], w: &[W]) -> f32 {
+    const L: usize = 16;
+    let (mut a0, mut a1, mut a2, mut a3) = ([0f32; L], [0f32; L], [0f32; L], [0f32; L]);
+    let n = w.len().min(x.len()) / (4 * L) * (4 * L);
+    for (wv, xv) in w[..n].chunks_exact(4 * L).zip(x[..n].chunks_exact(4 * L)) {
+        for l in 0..L {
+            a0[l] = fma::<FMA>(xv[l], wv[l].widen(), a0[l]);
+            a1[l] = fma::<FMA>(xv[L + l], wv[L + l].widen(), a1[l]);
+            a2[l] = fma::<FMA>(xv[2 * L + l], wv[2 * L + l].widen(), a2[l]);
+            a3[l] = fma::<FMA>(xv[3 * L + l], wv[3 * L + l].widen(), a3[l]);
+        }
+    }
+    for l in 0..L {
+        a0[l] += (a1[l] + a2[l]) + a3[l];
+    }
+    let tail: f32 = x[n..].iter().zip(&w[n..]).map(|(p, q)| p * q.widen()).sum();
+    hsum16(a0) + tail
+}
+
+/// Four rows dotted with one `w`: each 16-lane slice of `w` is loaded once for the four.
+#[inline(always)]
+fn dot4<W: Widen, const FMA: bool>(x: [&[f32]; 4], w: &[W]) -> [f32; 4] {
+    const L: usize = 16;
+    let (mut a0, mut a1, mut a2, mut a3) = ([0f32; L], [0f32; L], [0f32; L], [0f32; L]);
+    let len = x.iter().fold(w.len(), |m, r| m.min(r.len()));
+    let n = len / L * L;
+    let rows = w[..n]
+        .chunks_exact(L)
+        .zip(x[0][..n].chunks_exact(L))
+        .zip(x[1][..n].chunks_exact(L))
+        .zip(x[2][..n].chunks_exact(L))
+        .zip(x[3][..n].chunks_exact(L));
+    for ((((wv, x0), x1), x2), x3) in rows {
+        for l in 0..L {
+            let v = wv[l].widen();
+            a0[l] = fma::<FMA>(x0[l], v, a0[l]);
+            a1[l] = fma::<FMA>(x1[l], v, a1[l]);
+            a2[l] = fma::<FMA>(x2[l], v, a2[l]);
+            a3[l] = fma::<FMA>(x3[l], v, a3[l]);
+        }
+    }
+    let mut out = [0f32; 4];
+    for (r, a) in [a0, a1, a2, a3].into_iter().enumerate() {
+        let tail: f32 = x[r][n..len].iter().zip(&w[n..len]).map(|(p, q)| p * q.widen()).sum();
+        out[r] = hsum16(a) + tail;
+    }
+    out
+}
+
+#[inline(always)]
+fn dots_rows_impl<W: Widen, const FMA: bool>(x: &[f32], k: usize, w: &[W], out: &mut [f32]) {
     let w = &w[..k];
-    for (r0, o) in (0..out.len()).step_by(SWEEP_ROWS).zip(out.chunks_mut(SWEEP_ROWS)) {
-        let mut acc = [[0f32; 32]; SWEEP_ROWS];
-        let mut tail = [0f32; SWEEP_ROWS];
-        for (s, ws) in w.chunks(SEG).enumerate() {
-            for (r, (a, t)) in acc.iter_mut().zip(tail.iter_mut()).take(o.len()).enumerate() {
-                let start = (r0 + r) * k + s * SEG;
-                *t += seg_dot::<FMA>(a, &x[start..start + ws.len()], ws);
-            }
-        }
-        for ((o, a), t) in o.iter_mut().zip(acc.iter()).zip(tail) {
-            let mut a = *a;
-            for width in [16, 8, 4, 2, 1] {
-                for l in 0..width {
-                    a[l] += a[l + width];
-                }
-            }
-            *o = a[0] + t;
-        }
+    let row = |r: usize| &x[r * k..(r + 1) * k];
+    let mut r = 0;
+    while r + 4 <= out.len() {
+        out[r..r + 4].copy_from_slice(&dot4::<W, FMA>([row(r), row(r + 1), row(r + 2), row(r + 3)], w));
+        r += 4;
+    }
+    while r < out.len() {
+        out[r] = dot1::<W, FMA>(row(r), w);
+        r += 1;
     }
 }
 
 /// `out[r] = x[r * k..(r + 1) * k] . w` for every r < `out.len()` (x holds that many rows
-/// of length k, w at least k elements), sweeping `w` once per eight rows.
-pub(super) fn dots_rows(x: &[f32], k: usize, w: &[f32], out: &mut [f32]) {
+/// of length k, w at least k elements), loading `w` once per four rows.
+pub(super) fn dots_rows<W: Widen>(x: &[f32], k: usize, w: &[W], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-        fn with_avx512(x: &[f32], k: usize, w: &[f32], out: &mut [f32]) {
-            dots_rows_impl::<true>(x, k, w, out);
+        fn with_avx512<W: Widen>(x: &[f32], k: usize, w: &[W], out: &mut [f32]) {
+            dots_rows_impl::<W, true>(x, k, w, out);
         }
         #[target_feature(enable = "avx2,fma")]
-        fn with_avx2(x: &[f32], k: usize, w: &[f32], out: &mut [f32]) {
-            dots_rows_impl::<true>(x, k, w, out);
+        fn with_avx2<W: Widen>(x: &[f32], k: usize, w: &[W], out: &mut [f32]) {
+            dots_rows_impl::<W, true>(x, k, w, out);
         }
         match simd::level() {
             simd::Level::Avx512 => {
@@ -484,7 +538,23 @@ pub(super) fn dots_rows(x: &[f32], k: usize, w: &[f32], out: &mut [f32]) {
             simd::Level::Portable => {}
         }
     }
-    dots_rows_impl::<false>(x, k, w, out);
+    dots_rows_impl::<W, false>(x, k, w, out);
+}
+
+/// `out[i] = x_i . w[r, :]` for the rows x_i of `x` (each `w.cols` long): a contiguous f32
+/// or bf16 row is read in place (bf16 widened as it is loaded), any other through
+/// `scratch` (at least `w.cols` long).
+pub(super) fn dots_mat_row(x: &[f32], w: &Mat, r: usize, scratch: &mut [f32], out: &mut [f32]) {
+    let (k, at) = (w.cols, w.at(r, 0));
+    if w.cs == 1 || k <= 1 {
+        match w.st {
+            Storage::F32(v) if at + k <= v.len() => return dots_rows(x, k, &v[at..at + k], out),
+            Storage::BF16(v) if at + k <= v.len() => return dots_rows(x, k, &v[at..at + k], out),
+            _ => {}
+        }
+    }
+    w.read_row(r, &mut scratch[..k]);
+    dots_rows(x, k, &scratch[..k], out);
 }
 
 /// Column ranges splitting `n` for a parallel sweep (about 8 per thread, at least `min`).
@@ -505,18 +575,14 @@ fn gemv(x: &[f32], m: usize, w: &Weights, c: &mut [f32]) {
             if w.by_column() {
                 // part is [nb, m]: one weight row dotted with every x row.
                 for j in 0..nb {
-                    let col = match w {
-                        Weights::Dense(b) => b.f32_col(n0 + j),
-                        Weights::Int4(_) => None,
-                    };
-                    let col = match col {
-                        Some(c) => c,
-                        None => {
-                            w.read_col(n0 + j, &mut scratch);
-                            &scratch
+                    let out = &mut part[j * m..(j + 1) * m];
+                    match w {
+                        Weights::Dense(b) => dots_mat_row(x, &b.t(), n0 + j, &mut scratch, out),
+                        Weights::Int4(q) => {
+                            q.row(n0 + j, &mut scratch);
+                            dots_rows(x, k, &scratch, out);
                         }
-                    };
-                    dots_rows(x, k, col, &mut part[j * m..(j + 1) * m]);
+                    }
                 }
             } else if let Weights::Dense(b) = w {
                 // part is [m, nb]: the weight rows' segments, each read once, axpy'd in.

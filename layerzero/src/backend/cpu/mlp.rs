@@ -21,7 +21,8 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use super::linear::{
-    F32View, GEMV_MAX_M, Mat, Weights, dots_rows, expect_dense_float, gemm, invalid, linear_f32, rows_view, to_tensor,
+    F32View, GEMV_MAX_M, Mat, Weights, dots_mat_row, expect_dense_float, gemm, invalid, linear_f32, rows_view,
+    to_tensor,
 };
 use super::simd;
 use super::wrong_op;
@@ -37,7 +38,7 @@ pub(super) const CHAIN: &str = "cpu.mlp.chain";
 pub(super) const FUSED: &str = "cpu.mlp.fused";
 
 /// I columns per tile of the fused kernel (prefill).
-const TILE_I: usize = 256;
+const TILE_I: usize = 512;
 /// Rows per block of the fused kernel (prefill); the live intermediates are
 /// 2 x BLOCK_M x TILE_I floats.
 const BLOCK_M: usize = 512;
@@ -86,8 +87,43 @@ fn erfc_pos(z: f32) -> f32 {
     t * simd::exp_approx(-z * z - 1.265_512_2 + t * p)
 }
 
-/// `g[i] = act(g[i]) * u[i]`.
+/// `g[i] = act(g[i]) * u[i]`, compiled for the best SIMD level this CPU has.
 pub(super) fn act_mul(act: Activation, g: &mut [f32], u: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c")]
+        fn with_avx512(act: Activation, g: &mut [f32], u: &[f32]) {
+            act_mul_impl(act, g, u);
+        }
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn with_avx2(act: Activation, g: &mut [f32], u: &[f32]) {
+            act_mul_impl(act, g, u);
+        }
+        match simd::level() {
+            simd::Level::Avx512 => {
+                #[allow(unsafe_code)]
+                // SAFETY: `level()` is Avx512 only when the CPU reports every feature enabled above.
+                unsafe {
+                    with_avx512(act, g, u)
+                };
+                return;
+            }
+            simd::Level::Avx2 => {
+                #[allow(unsafe_code)]
+                // SAFETY: `level()` is Avx2 only when the CPU reports AVX2, FMA and F16C.
+                unsafe {
+                    with_avx2(act, g, u)
+                };
+                return;
+            }
+            simd::Level::Portable => {}
+        }
+    }
+    act_mul_impl(act, g, u);
+}
+
+#[inline(always)]
+fn act_mul_impl(act: Activation, g: &mut [f32], u: &[f32]) {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     match act {
         Activation::Silu => {
@@ -236,14 +272,7 @@ fn fused_decode(p: &Problem, act: Activation) -> Vec<f32> {
             let mut scratch = vec![0f32; h.max(ti)];
             for (w, dst) in [(&p.wg, &mut g), (&p.wu, &mut u)] {
                 for j in 0..ti {
-                    let row = match w.f32_row(j0 + j) {
-                        Some(r) => r,
-                        None => {
-                            w.read_row(j0 + j, &mut scratch[..h]);
-                            &scratch[..h]
-                        }
-                    };
-                    dots_rows(&x, h, row, &mut dst[j * m..(j + 1) * m]);
+                    dots_mat_row(&x, w, j0 + j, &mut scratch, &mut dst[j * m..(j + 1) * m]);
                 }
             }
             act_mul(act, &mut g, &u);
@@ -259,14 +288,7 @@ fn fused_decode(p: &Problem, act: Activation) -> Vec<f32> {
             let mut partial = vec![0f32; m * h];
             let mut tmp = vec![0f32; m];
             for c in 0..h {
-                let seg = match wd.f32_row(c) {
-                    Some(r) => r,
-                    None => {
-                        wd.read_row(c, &mut scratch[..ti]);
-                        &scratch[..ti]
-                    }
-                };
-                dots_rows(&hm, ti, seg, &mut tmp);
+                dots_mat_row(&hm, &wd, c, &mut scratch, &mut tmp);
                 for r in 0..m {
                     partial[r * h + c] = tmp[r];
                 }

@@ -121,7 +121,14 @@ impl<'a> View<'a> {
     /// row of an f32 storage with unit stride.
     #[inline]
     pub(super) fn f32_slice(&self, start: usize, len: usize) -> Option<&'a [f32]> {
-        let Storage::F32(v) = self.st else { return None };
+        self.typed::<f32>(start, len)
+    }
+
+    /// Logical elements [start, start + len) as a borrowed slice of `T`, when they lie in
+    /// one row of a `T` storage with unit stride.
+    #[inline]
+    pub(super) fn typed<T: Elem>(&self, start: usize, len: usize) -> Option<&'a [T]> {
+        let v = T::slice(self.st)?;
         if self.n == 0 {
             return None;
         }
@@ -180,10 +187,25 @@ pub(super) trait Elem: Copy + Send + Sync + 'static {
         f(scratch);
         Self::store(scratch, dst);
     }
-    /// `dst[i] = c[i] * inv * w[i] (+ b[i])`, rounded once.
+    /// True for f32: an output that keeps f32's precision (the norms then take the
+    /// two-pass variance).
+    const WIDE: bool = false;
+    /// `dst[i] = (c[i] - shift) * inv * w[i] (+ b[i])`, rounded once; `finite` says that
+    /// no input is NaN.
     #[inline]
-    fn store_affine(c: &[f32], inv: f32, w: &[f32], b: Option<&[f32]>, dst: &mut [Self], scratch: &mut Vec<f32>) {
-        Self::produce(dst, scratch, |d| affine(c, inv, w, b, d));
+    #[allow(clippy::too_many_arguments)]
+    fn store_affine(
+        c: &[f32],
+        shift: f32,
+        inv: f32,
+        w: &[f32],
+        b: Option<&[f32]>,
+        finite: bool,
+        dst: &mut [Self],
+        scratch: &mut Vec<f32>,
+    ) {
+        let _ = finite;
+        Self::produce(dst, scratch, |d| affine(c, shift, inv, w, b, d, |x| x));
     }
     /// The storage of these values.
     fn storage(v: Vec<Self>) -> Storage;
@@ -191,24 +213,25 @@ pub(super) trait Elem: Copy + Send + Sync + 'static {
     fn slice(st: &Storage) -> Option<&[Self]>;
 }
 
-/// `out[i] = c[i] * inv * w[i] (+ b[i])`.
+/// `out[i] = round((c[i] - shift) * inv * w[i] (+ b[i]))`.
 #[inline(always)]
-fn affine(c: &[f32], inv: f32, w: &[f32], b: Option<&[f32]>, out: &mut [f32]) {
+fn affine<O>(c: &[f32], shift: f32, inv: f32, w: &[f32], b: Option<&[f32]>, out: &mut [O], round: impl Fn(f32) -> O) {
     match b {
         Some(b) => {
             for (((o, &c), &w), &b) in out.iter_mut().zip(c).zip(w).zip(b) {
-                *o = c * inv * w + b;
+                *o = round((c - shift) * inv * w + b);
             }
         }
         None => {
             for ((o, &c), &w) in out.iter_mut().zip(c).zip(w) {
-                *o = c * inv * w;
+                *o = round((c - shift) * inv * w);
             }
         }
     }
 }
 
 impl Elem for f32 {
+    const WIDE: bool = true;
     fn zeros(n: usize) -> Vec<f32> {
         vec![0.0; n]
     }
@@ -255,6 +278,13 @@ pub(super) fn bf16_bits(x: f32) -> u16 {
     if (b & 0x7fff_ffff) > 0x7f80_0000 { quiet } else { rounded }
 }
 
+/// `bf16_bits` for a value that is not NaN (infinities stay infinite).
+#[inline(always)]
+fn bf16_bits_finite(x: f32) -> u16 {
+    let b = x.to_bits();
+    (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16
+}
+
 impl Elem for bf16 {
     fn zeros(n: usize) -> Vec<bf16> {
         vec![0u16; n].reinterpret_into()
@@ -266,19 +296,22 @@ impl Elem for bf16 {
         }
     }
     #[inline]
-    fn store_affine(c: &[f32], inv: f32, w: &[f32], b: Option<&[f32]>, dst: &mut [bf16], _: &mut Vec<f32>) {
-        // Fused: one pass from the f32 row to the bf16 output.
-        match b {
-            Some(b) => {
-                for (((d, &c), &w), &b) in dst.iter_mut().zip(c).zip(w).zip(b) {
-                    *d = bf16::from_bits(bf16_bits(c * inv * w + b));
-                }
-            }
-            None => {
-                for ((d, &c), &w) in dst.iter_mut().zip(c).zip(w) {
-                    *d = bf16::from_bits(bf16_bits(c * inv * w));
-                }
-            }
+    fn store_affine(
+        c: &[f32],
+        shift: f32,
+        inv: f32,
+        w: &[f32],
+        b: Option<&[f32]>,
+        finite: bool,
+        dst: &mut [bf16],
+        _: &mut Vec<f32>,
+    ) {
+        // Fused: one pass from the f32 row to the bf16 output. Without NaN inputs a NaN can
+        // only be the default quiet NaN, which the plain rounding keeps NaN: no NaN select.
+        if finite {
+            affine(c, shift, inv, w, b, dst, |x| bf16::from_bits(bf16_bits_finite(x)));
+        } else {
+            affine(c, shift, inv, w, b, dst, |x| bf16::from_bits(bf16_bits(x)));
         }
     }
     fn storage(v: Vec<bf16>) -> Storage {
@@ -436,21 +469,64 @@ pub(crate) fn rms_norm(a: &NormArgs) -> Result<Outputs, KernelError> {
     by_dtype!(a.x.dtype(), RMS_NORM, T => rms_typed::<T>(a, rows, h, eps))
 }
 
-/// `1 / sqrt(mean(s^2) + eps)`.
+/// `1 / sqrt(mean(s^2) + eps)`, and whether the row is finite (the sum of squares is).
 #[inline]
-fn rms_inv(s: &[f32], eps: f32) -> f32 {
-    1.0 / (dot(s, s) / s.len() as f32 + eps).sqrt()
+fn rms_inv(s: &[f32], eps: f32) -> (f32, bool) {
+    let ss = dot(s, s);
+    (1.0 / (ss / s.len() as f32 + eps).sqrt(), ss.is_finite())
+}
+
+/// bf16 to f32 into `dst` (exact: the bits shifted up) and the sum of the squares, in one
+/// pass (8 f32 accumulators, written so that the loop vectorizes: one reduction per loop).
+#[inline]
+fn bf16_load_sq(src: &[bf16], dst: &mut [f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut d8 = dst.chunks_exact_mut(8);
+    let mut s8 = src.chunks_exact(8);
+    for (d, x) in (&mut d8).zip(&mut s8) {
+        let (Ok(d), Ok(x)) = (<&mut [f32; 8]>::try_from(d), <&[bf16; 8]>::try_from(x)) else { continue };
+        let v: [f32; 8] = std::array::from_fn(|l| f32::from_bits(u32::from(x[l].to_bits()) << 16));
+        *d = v;
+        for l in 0..8 {
+            acc[l] += v[l] * v[l];
+        }
+    }
+    let mut tail = 0f32;
+    for (d, x) in d8.into_remainder().iter_mut().zip(s8.remainder()) {
+        *d = f32::from_bits(u32::from(x.to_bits()) << 16);
+        tail += *d * *d;
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Row `start..start + buf.len()` of `x` as f32 (borrowed, or read into `buf`) with its sum
+/// of squares; a bf16 row is converted and squared in one pass.
+#[inline]
+fn row_sq<'b>(x: &View<'b>, start: usize, buf: &'b mut [f32]) -> (&'b [f32], f32) {
+    if let Some(src) = x.typed::<bf16>(start, buf.len()) {
+        let q = bf16_load_sq(src, buf);
+        return (buf, q);
+    }
+    let v = x.get(start, buf);
+    (v, dot(v, v))
+}
+
+/// True when every element is finite.
+fn all_finite(v: &[f32]) -> bool {
+    v.iter().all(|x| x.is_finite())
 }
 
 fn rms_typed<T: Elem>(a: &NormArgs, rows: usize, h: usize, eps: f32) -> Result<Outputs, KernelError> {
     let w = all_f32(&a.weight);
+    let w_finite = all_finite(&w);
     let x = View::new(&a.x);
     let shape = a.x.shape();
     let Some(res) = &a.residual else {
         let out = fill_typed::<T>(rows * h, h, |start, dst, buf, scratch| {
             buf.resize(h, 0.0);
-            let s = x.get(start, buf);
-            T::store_affine(s, rms_inv(s, eps), &w, None, dst, scratch);
+            let (s, ss) = row_sq(&x, start, buf);
+            let inv = 1.0 / (ss / h as f32 + eps).sqrt();
+            T::store_affine(s, 0.0, inv, &w, None, ss.is_finite() && w_finite, dst, scratch);
         });
         return Ok(Outputs::from([("out".to_owned(), tensor(out, shape)?)]));
     };
@@ -470,7 +546,8 @@ fn rms_typed<T: Elem>(a: &NormArgs, rows: usize, h: usize, eps: f32) -> Result<O
                     *s += r;
                 }
                 T::store(&s, ro);
-                T::store_affine(&s, rms_inv(&s, eps), &w, None, o, &mut scratch);
+                let (inv, finite) = rms_inv(&s, eps);
+                T::store_affine(&s, 0.0, inv, &w, None, finite && w_finite, o, &mut scratch);
             }
         };
         if rows * h < PAR_MIN {
@@ -491,19 +568,40 @@ pub(crate) fn layer_norm(a: &NormArgs) -> Result<Outputs, KernelError> {
 fn layer_typed<T: Elem>(a: &NormArgs, rows: usize, h: usize, eps: f32) -> Result<Outputs, KernelError> {
     let w = all_f32(&a.weight);
     let b = a.bias.as_ref().map(all_f32);
+    let wb_finite = all_finite(&w) && b.as_deref().is_none_or(all_finite);
     let x = View::new(&a.x);
     let ones = vec![1f32; h];
+    let hf = h as f32;
     let out = fill_typed::<T>(rows * h, h, |start, dst, buf, centred| {
         buf.resize(h, 0.0);
+        let (v, sq) = if T::WIDE { (x.get(start, buf), 0.0) } else { row_sq(&x, start, buf) };
+        let sum = dot(v, &ones);
+        let mean = sum / hf;
+        if !T::WIDE {
+            // 16-bit outputs: the one-pass variance (both sums in the reading pass), unless
+            // the mean is so large against the spread that the subtraction would cancel.
+            let var = sq / hf - mean * mean;
+            if var >= 0.0 && mean * mean <= 16.0 * var {
+                let inv = 1.0 / (var + eps).sqrt();
+                let finite = wb_finite && sq.is_finite();
+                T::store_affine(v, mean, inv, &w, b.as_deref(), finite, dst, centred);
+                return;
+            }
+        }
+        // The corrected two-pass algorithm (Chan, Golub & LeVeque): centre on the first
+        // mean, then correct it by the mean of the centred values, which also removes the
+        // rounding error of the first sum when the mean is large against the spread.
         centred.resize(h, 0.0);
-        let v = x.get(start, buf);
-        let mean = dot(v, &ones) / h as f32;
         for (c, &v) in centred.iter_mut().zip(v) {
             *c = v - mean;
         }
-        let inv = 1.0 / (dot(centred, centred) / h as f32 + eps).sqrt();
+        let corr = dot(centred, &ones) / hf;
+        let sq = dot(centred, centred);
+        let var = (sq / hf - corr * corr).max(0.0);
+        let inv = 1.0 / (var + eps).sqrt();
+        let finite = wb_finite && sq.is_finite() && sum.is_finite();
         // `buf` is free again: the scratch of the f16 store.
-        T::store_affine(centred, inv, &w, b.as_deref(), dst, buf);
+        T::store_affine(centred, corr, inv, &w, b.as_deref(), finite, dst, buf);
     });
     Ok(Outputs::from([("out".to_owned(), tensor(out, a.x.shape())?)]))
 }
@@ -612,6 +710,9 @@ mod tests {
             let want = bf16::from_f32(x);
             assert!(ours[i].to_bits() == want.to_bits() || (x.is_nan() && ours[i].is_nan()), "{:#x}", bits[i]);
             assert!(f16s[i].to_bits() == f16::from_f32(x).to_bits() || (x.is_nan() && f16s[i].is_nan()));
+            if !x.is_nan() {
+                assert_eq!(bf16_bits_finite(x), want.to_bits(), "{:#x}", bits[i]);
+            }
         }
     }
 
@@ -635,6 +736,17 @@ mod tests {
                     check(LAYER_NORM, REF_LAYER, &lb, Category::Norms, &format!("{what} bias"));
                 }
             }
+        }
+    }
+
+    #[test]
+    fn layer_norm_of_a_large_mean_keeps_its_precision() {
+        // mean 1000, spread 1: the one-pass variance of the 16-bit path would cancel.
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let v: Vec<f32> = super::testing::values(3 * 256, 4).iter().map(|x| 1000.0 + x).collect();
+            let x = HostTensor::from_f32_as(dtype, &[3, 256], &v).unwrap();
+            let a = norm(x, t(&[256], 5, dtype, 1.0), Some(t(&[256], 6, dtype, 1.0)), None);
+            check(LAYER_NORM, REF_LAYER, &OpArgs::LayerNorm(a), Category::Norms, &format!("mean 1000 {dtype}"));
         }
     }
 

@@ -61,6 +61,20 @@ pub(crate) fn read_f32(st: &Storage, base: usize, stride: usize, out: &mut [f32]
     }
 }
 
+/// Reads `out.len()` elements at `base + i * stride` as bf16 bits (exact for bf16 storage,
+/// rounded to nearest even otherwise).
+pub(crate) fn read_bf16_bits(st: &Storage, base: usize, stride: usize, out: &mut [u16]) {
+    if let Storage::BF16(v) = st {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = v[base + i * stride].to_bits();
+        }
+        return;
+    }
+    let mut tmp = vec![0f32; out.len()];
+    read_f32(st, base, stride, &mut tmp);
+    simd::f32_to_bf16_bits(&tmp, out);
+}
+
 fn lut(src: &[u8], table: &[f32; 256], out: &mut [f32]) {
     for (o, &c) in out.iter_mut().zip(src) {
         *o = table[usize::from(c)];

@@ -172,6 +172,9 @@ pub(crate) fn run(a: &PagedAttentionArgs) -> Result<Outputs, KernelError> {
             mask: None,
         },
         seqs,
+        bf16: [&a.q, &a.k_cache, &a.v_cache].iter().all(|t| t.dtype() == crate::model::dtype::DType::BF16)
+            && a.k_scale.is_none()
+            && a.v_scale.is_none(),
     };
     let blocks = engine::compute(&p);
     let out = engine::scatter(&p, &blocks, [b, sq, hq, dv], Layout::Bshd);

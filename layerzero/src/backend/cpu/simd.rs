@@ -101,7 +101,7 @@ pub(crate) fn exp_approx(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5;
     let y = p * r * r + r + 1.0;
     let pow2n = f32::from_bits(z.to_bits().wrapping_sub(MAGIC.to_bits()).wrapping_add(127) << 23);
     if x < -87.0 { 0.0 } else { y * pow2n }
@@ -369,6 +369,7 @@ pub(crate) fn softmax_tile(s: &mut [f32], lds: usize, w: usize, rows: SoftmaxRow
 // GEMM: C[m x n] (+)= A[m x k] . B[k x n], all row-major with leading dimensions.
 
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn gemm_portable(
     m: usize,
     n: usize,
@@ -399,6 +400,7 @@ fn gemm_portable(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn check_gemm(m: usize, n: usize, k: usize, a: &[f32], lda: usize, b: &[f32], ldb: usize, c: &[f32], ldc: usize) {
     assert!(m == 0 || n == 0 || c.len() >= (m - 1) * ldc + n, "gemm: C too short");
     assert!(m == 0 || k == 0 || a.len() >= (m - 1) * lda + k, "gemm: A too short");
@@ -456,6 +458,33 @@ pub(crate) fn gemm(
     gemm_portable(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
 }
 
+/// Columns per packed B panel of [`gemm_panels`].
+pub(crate) const PANEL: usize = 64;
+
+/// [`gemm`] with B packed as panels: columns `64q..64q+64` of B are the `k x 64` row-major
+/// block at `b[q * pstride..]` (so each microkernel streams contiguous memory).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_panels(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    pstride: usize,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    let mut q = 0;
+    while q * PANEL < n {
+        let nw = (n - q * PANEL).min(PANEL);
+        let bq = if k == 0 { &b[..0] } else { &b[q * pstride..] };
+        gemm(m, nw, k, a, lda, bq, PANEL, &mut c[q * PANEL..], ldc, accumulate);
+        q += 1;
+    }
+}
+
 /// The portable GEMM (tests compare the microkernels with it).
 #[cfg(test)]
 #[allow(clippy::too_many_arguments)]
@@ -473,6 +502,89 @@ pub(crate) fn gemm_reference(
 ) {
     check_gemm(m, n, k, a, lda, b, ldb, c, ldc);
     gemm_portable(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+}
+
+// ---------------------------------------------------------------------------------------
+// bf16 pair GEMM (AVX512_BF16 `vdpbf16ps`): products of bf16 values are exact in f32, so
+// for bf16 inputs this computes what the f32 GEMM would, at twice the rate.
+
+/// True when the bf16 pair GEMM runs on this CPU (AVX-512 level and AVX512_BF16;
+/// `LZ_CPU_SIMD=nobf16` turns it off).
+pub(crate) fn bf16_dot() -> bool {
+    static BF16: OnceLock<bool> = OnceLock::new();
+    *BF16.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            level() == Level::Avx512
+                && is_x86_feature_detected!("avx512bf16")
+                && std::env::var("LZ_CPU_SIMD").map_or(true, |v| v != "nobf16")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
+#[inline(always)]
+fn f32_to_bf16_bits_impl(src: &[f32], dst: &mut [u16]) {
+    for (d, &x) in dst.iter_mut().zip(src) {
+        let b = x.to_bits();
+        let rounded = (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
+        *d = if x.is_nan() { 0x7FC0 } else { rounded };
+    }
+}
+
+multiversion! {
+    /// f32 to bf16 bits, round to nearest even (NaN stays NaN).
+    fn f32_to_bf16_bits(src: &[f32], dst: &mut [u16]) => f32_to_bf16_bits_impl;
+}
+
+/// `C (+)= A . B` over bf16 pairs: A is row-major bf16 bits with `lda` (even) elements per
+/// row and `2 * k2` columns; columns `64q..64q+64` of B are the panel at `b[q * pstride..]`,
+/// `k2` rows of 64 `u32`, each the pair (B[2p][n] low, B[2p+1][n] high). Only callable
+/// when [`bf16_dot`] is true.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_bf16_panels(
+    m: usize,
+    n: usize,
+    k2: usize,
+    a: &[u16],
+    lda: usize,
+    b: &[u32],
+    pstride: usize,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    assert!(bf16_dot(), "gemm_bf16_panels needs AVX512_BF16");
+    assert!(lda % 2 == 0 && (m == 0 || k2 == 0 || a.len() >= (m - 1) * lda + 2 * k2), "gemm_bf16: A too short");
+    assert!(m == 0 || n == 0 || (ldc >= n && c.len() >= (m - 1) * ldc + n), "gemm_bf16: C too short");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k2 == 0 {
+        if !accumulate {
+            for i in 0..m {
+                c[i * ldc..i * ldc + n].fill(0.0);
+            }
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut q = 0;
+        while q * PANEL < n {
+            let nw = (n - q * PANEL).min(PANEL);
+            assert!(b.len() >= q * pstride + (k2 - 1) * PANEL + nw, "gemm_bf16: B too short");
+            #[allow(unsafe_code)]
+            // SAFETY: `bf16_dot()` (asserted above) detected AVX-512F and AVX512_BF16.
+            unsafe {
+                x86::gemm_bf16_avx512(m, nw, k2, a, lda, &b[q * pstride..], c, q * PANEL, ldc, accumulate)
+            };
+            q += 1;
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -539,7 +651,8 @@ mod x86 {
             let mask: u16 = if len == 16 { 0xFFFF } else { (1u16 << len) - 1 };
             // SAFETY: lanes i..i+len lie within `x`; masked-off lanes are not accessed.
             let v = unsafe { _mm512_maskz_loadu_ps(mask, p.add(i)) };
-            let t = _mm512_max_ps(_mm512_mul_ps(_mm512_sub_ps(v, vm), log2e), floor);
+            // max(floor, t) returns t when t is NaN, so NaN propagates; -inf becomes 2^-150 = 0.
+            let t = _mm512_max_ps(floor, _mm512_mul_ps(_mm512_sub_ps(v, vm), log2e));
             let k = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
             let f = _mm512_sub_ps(t, k);
             let mut y = c[0];
@@ -681,6 +794,93 @@ mod x86 {
                     let av = _mm512_set1_ps(*ap.add(i * lda + p));
                     for (x, &bvv) in row.iter_mut().zip(&bv) {
                         *x = _mm512_fmadd_ps(av, bvv, *x);
+                    }
+                }
+            }
+            for (i, row) in accs.iter().enumerate() {
+                for (v, &x) in row.iter().enumerate() {
+                    let mk = if v + 1 == NV { mask } else { 0xFFFF };
+                    _mm512_mask_storeu_ps(cp.add(i * ldc + v * 16), mk, x);
+                }
+            }
+        }
+    }
+
+    /// One 64-column panel of [`super::gemm_bf16_panels`] (`nw` columns), written at column
+    /// `c0` of C.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) fn gemm_bf16_avx512(
+        m: usize,
+        nw: usize,
+        k2: usize,
+        a: &[u16],
+        lda: usize,
+        b: &[u32],
+        c: &mut [f32],
+        c0: usize,
+        ldc: usize,
+        acc: bool,
+    ) {
+        let nv = nw.div_ceil(16);
+        let rem = nw - (nv - 1) * 16;
+        let mask: u16 = if rem == 16 { 0xFFFF } else { (1u16 << rem) - 1 };
+        let mut rb = 0;
+        while rb < m {
+            let mr = (m - rb).min(MR);
+            let (a_s, c_s) = (&a[rb * lda..], &mut c[rb * ldc + c0..]);
+            by_shape!(micro_bf16, mr, nv, (k2, a_s, lda, b, c_s, ldc, mask, acc));
+            rb += mr;
+        }
+    }
+
+    /// C[R x cols] (+)= A[R x 2 k2] (bf16) . B[k2 pairs x cols], cols = (NV - 1) * 16 +
+    /// popcount(mask); B rows are 64 `u32` apart.
+    #[allow(clippy::too_many_arguments)]
+    #[allow(unsafe_code)]
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    fn micro_bf16<const R: usize, const NV: usize>(
+        k2: usize,
+        a: &[u16],
+        lda: usize,
+        b: &[u32],
+        c: &mut [f32],
+        ldc: usize,
+        mask: u16,
+        acc: bool,
+    ) {
+        const LDB: usize = super::PANEL;
+        let tail = mask.count_ones() as usize;
+        let cols = (NV - 1) * 16 + tail;
+        assert!(tail > 0 && (u32::from(mask) + 1).is_power_of_two());
+        assert!(k2 > 0 && a.len() >= (R - 1) * lda + 2 * k2 && b.len() >= (k2 - 1) * LDB + cols);
+        assert!(c.len() >= (R - 1) * ldc + cols);
+        let (ap, bp, cp) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
+        let mut accs = [[_mm512_setzero_ps(); NV]; R];
+        // SAFETY: the asserts above bound every access: A reads the u32 pair at elements
+        // 2p, 2p + 1 < 2 k2 of rows i < R (read unaligned); B reads rows p < k2 at columns
+        // < cols (the last vector masked; masked-off lanes are not accessed); C reads and
+        // writes rows i < R, columns < cols. `__m512i` and `__m512bh` are both 512 bits.
+        unsafe {
+            if acc {
+                for (i, row) in accs.iter_mut().enumerate() {
+                    for (v, x) in row.iter_mut().enumerate() {
+                        let mk = if v + 1 == NV { mask } else { 0xFFFF };
+                        *x = _mm512_maskz_loadu_ps(mk, cp.add(i * ldc + v * 16));
+                    }
+                }
+            }
+            for p in 0..k2 {
+                let mut bv = [_mm512_setzero_si512(); NV];
+                for (v, x) in bv.iter_mut().enumerate() {
+                    let mk = if v + 1 == NV { mask } else { 0xFFFF };
+                    *x = _mm512_maskz_loadu_epi32(mk, bp.add(p * LDB + v * 16).cast());
+                }
+                for (i, row) in accs.iter_mut().enumerate() {
+                    let pair = ap.add(i * lda + 2 * p).cast::<u32>().read_unaligned();
+                    let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(pair as i32));
+                    for (x, &bvv) in row.iter_mut().zip(&bv) {
+                        *x = _mm512_dpbf16_ps(*x, av, std::mem::transmute::<__m512i, __m512bh>(bvv));
                     }
                 }
             }

@@ -63,9 +63,6 @@ fn canonical(x: &HostTensor) -> (Vec<f64>, [usize; 4]) {
 fn naive(a: &AttentionArgs) -> Vec<f64> {
     let ((q, [b, nq, hq, d]), (k, [bk, nk, hkv, _]), (v, [_, _, _, dv])) =
         (canonical(&a.q), canonical(&a.k), canonical(&a.v));
-    let at = |x: &[f64], n: [usize; 3], bb: usize, s: usize, h: usize, dd: usize, w: usize| {
-        x[((bb * n[0] + s) * n[1] + h) * w + dd]
-    };
     let segs: Vec<(usize, usize, usize, usize, usize, usize, usize)> = match (&a.cu_seqlens_q, &a.cu_seqlens_k) {
         (Some(cq), Some(ck)) => {
             let (cq, ck) = (cq.to_i64_vec(), ck.to_i64_vec());
@@ -626,6 +623,14 @@ fn timing() {
             OpArgs::Attention(AttentionArgs { attrs: causal(), ..dense(1, 1, 4096, 32, 8, 128, 128, DType::F32) }),
         ),
     ];
+    let pc = Paged { layout: Layout::Nhd, page_size: 16, i64_table: false, dtype: DType::F32, scaled: false, sq: 1 };
+    let mut pa = paged_args(&pc, &[4096], causal());
+    pa.q = t(&[1, 1, 32, 128], 23, DType::F32, Layout::Bshd);
+    let shape = [pa.k_cache.shape()[0], 16, 8, 128];
+    pa.k_cache = t(&shape, 21, DType::F32, Layout::Nhd);
+    pa.v_cache = t(&shape, 22, DType::F32, Layout::Nhd);
+    let mut cases = cases;
+    cases.push(("paged decode 4096 f32", OpArgs::PagedAttention(pa)));
     let mut r = Registry::new();
     super::register(&mut r);
     let only = std::env::var("LZ_TIMING").unwrap_or_default();
@@ -637,7 +642,7 @@ fn timing() {
                 "cpu.paged_attention.split_kv"
             })
             .unwrap();
-        let reps = if name.starts_with("decode") { 200 } else { 5 };
+        let reps = if name.contains("decode") { 200 } else { 5 };
         let _ = k.run(op).unwrap();
         let (w0, c0) = (std::time::Instant::now(), cpu_s());
         for _ in 0..reps {
