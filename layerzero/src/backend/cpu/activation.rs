@@ -9,7 +9,8 @@
 //! `u = sqrt(2/pi) (x + 0.044715 x^3)` (the same value as `0.5 x (1 + tanh u)` without
 //! cancellation), and erf-GELU `= 0.5 x erfc(-x / sqrt 2)` with `erfc` from Numerical
 //! Recipes' Chebyshev fit `erfc(z) = t exp(-z^2 - 1.26551223 + t P(t))`, `t = 1/(1 + z/2)`
-//! (relative error below 1.2e-7 for every z >= 0; `erfc(-z) = 2 - erfc(z)`).
+//! (relative error of the fit 1.05e-7 for every z >= 0, 6.6e-7 evaluated in f32 for z < 2;
+//! `erfc(-z) = 2 - erfc(z)`).
 
 use std::sync::Arc;
 
@@ -106,8 +107,9 @@ fn erfc_arg(z: f32, t: f32) -> f32 {
     -z * z - 1.265_512_2 + t * p
 }
 
-/// erfc in f32, relative error about 2e-7 (NaN stays NaN).
-#[cfg_attr(not(test), allow(dead_code))] // for the other kernels of this backend
+/// erfc in f32 (NaN stays NaN). Against mpmath: relative error below 6.6e-7 for |x| < 2,
+/// growing with the rounding of x^2 to 9e-6 at x = 9 (where erfc is 4e-37).
+#[cfg_attr(not(test), allow(dead_code))] // the kernels inline the same formula (`apply`)
 pub(crate) fn erfc_f32(x: f32) -> f32 {
     let z = x.abs();
     let t = 1.0 / (1.0 + 0.5 * z);
@@ -116,8 +118,9 @@ pub(crate) fn erfc_f32(x: f32) -> f32 {
 }
 
 /// erf in f32: a Taylor series below 0.8 (where `1 - erfc` would lose relative
-/// precision), `1 - erfc` above; error below 2e-7 relative.
-#[cfg_attr(not(test), allow(dead_code))] // for the other kernels of this backend
+/// precision), `1 - erfc` above; relative error below 1.6e-7 (against mpmath on 6500
+/// points in [0, 9]).
+#[cfg_attr(not(test), allow(dead_code))] // the f32 erf itself, held to known values by the tests
 pub(crate) fn erf_f32(x: f32) -> f32 {
     let z = x.abs();
     if z < 0.8 {
@@ -146,7 +149,7 @@ pub(crate) fn erf_f32(x: f32) -> f32 {
 
 /// `out[i] = act(g[i])`, or `act(g[i]) * u[i]` when `u` is given (g and u at least as long
 /// as `out`).
-#[cfg_attr(not(test), allow(dead_code))] // for the other kernels of this backend
+#[cfg_attr(not(test), allow(dead_code))] // a slice API for other kernels; the kernels here use `apply_chunk`
 pub(crate) fn apply(act: Act, g: &[f32], u: Option<&[f32]>, out: &mut [f32]) {
     let (mut e, mut t) = ([0f32; CH], [0f32; CH]);
     let mut pos = 0;

@@ -4,6 +4,8 @@ use crate::exec::args::{AttentionArgs, Outputs, layout_of};
 use crate::exec::executor::KernelError;
 use crate::exec::semantics::{alibi_slopes, softmax_scale};
 use crate::model::attrs::AttentionAttrs;
+use crate::model::layout::Layout;
+use crate::tensor::Storage;
 
 use super::engine::{self, KvAddr, KvSrc, MaskView, Mods, Problem, Seq};
 use super::pack::{Bshd, ints, invalid, output};
@@ -58,7 +60,7 @@ pub(crate) fn run(a: &AttentionArgs) -> Result<Outputs, KernelError> {
     }
     let layout = layout_of(&a.q);
     if hq == 0 || b == 0 || sq == 0 || dv == 0 {
-        return finish(vec![0f32; b * sq * hq * dv], a, [b, sq, hq, dv], layout);
+        return finish(Storage::zeros(a.q.dtype(), b * sq * hq * dv), [b, sq, hq, dv], layout);
     }
     fn kv_src<'a>(t: &Bshd<'a>, bb: usize, j0: usize) -> KvSrc<'a> {
         KvSrc {
@@ -117,17 +119,9 @@ pub(crate) fn run(a: &AttentionArgs) -> Result<Outputs, KernelError> {
         seqs,
         bf16: [&a.q, &a.k, &a.v].iter().all(|t| t.dtype() == crate::model::dtype::DType::BF16),
     };
-    let blocks = engine::compute(&p);
-    let out = engine::scatter(&p, &blocks, [b, sq, hq, dv], layout);
-    finish(out, a, [b, sq, hq, dv], layout)
+    finish(engine::run(&p, [b, sq, hq, dv], layout, a.q.dtype()), [b, sq, hq, dv], layout)
 }
 
-fn finish(
-    values: Vec<f32>,
-    a: &AttentionArgs,
-    n: [usize; 4],
-    layout: crate::model::layout::Layout,
-) -> Result<Outputs, KernelError> {
-    let t = output(values, a.q.dtype(), n, layout)?;
-    Ok(Outputs::from([("out".to_owned(), t)]))
+fn finish(storage: Storage, n: [usize; 4], layout: Layout) -> Result<Outputs, KernelError> {
+    Ok(Outputs::from([("out".to_owned(), output(storage, n, layout)?)]))
 }

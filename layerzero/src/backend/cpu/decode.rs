@@ -5,7 +5,7 @@
 
 use rayon::prelude::*;
 
-use super::engine::{Block, Problem};
+use super::engine::{Problem, Sink, Unit};
 use super::simd;
 
 /// Smallest chunk of keys per task.
@@ -30,34 +30,43 @@ struct Partial {
     l: Vec<f32>,
 }
 
-/// Runs the decode path for the sequences `seqs` of `p`.
-pub(crate) fn run(p: &Problem, seqs: &[usize]) -> Vec<Block> {
-    if seqs.is_empty() {
-        return Vec::new();
-    }
-    // Head groups per sequence: all kv heads together when they are adjacent in memory.
-    let mut groups = Vec::new();
+/// The decode units: per sequence, all kv heads together when the heads of a row are
+/// adjacent in memory (one sequential pass), else one unit per kv head; with its kv heads.
+pub(crate) fn units(p: &Problem, seqs: &[usize]) -> Vec<(Unit, (usize, usize))> {
+    let g = p.group();
+    let mut out = Vec::new();
     for &si in seqs {
         let seq = &p.seqs[si];
-        if seq.k.heads_inner() && seq.v.heads_inner() {
-            groups.push((si, 0, p.hkv));
+        let ranges: Vec<(usize, usize)> = if seq.k.heads_inner() && seq.v.heads_inner() {
+            vec![(0, p.hkv)]
         } else {
-            groups.extend((0..p.hkv).map(|h| (si, h, h + 1)));
+            (0..p.hkv).map(|h| (h, h + 1)).collect()
+        };
+        for (h0, h1) in ranges {
+            out.push((Unit { seq: si, h0: h0 * g, nh: (h1 - h0) * g, i0: 0, n: seq.sq }, (h0, h1)));
         }
     }
+    out
+}
+
+/// Runs the decode units, each key range split into chunks computed in parallel and merged.
+pub(crate) fn run(p: &Problem, units: &[(Unit, (usize, usize))], sinks: Vec<Sink>) {
+    if units.is_empty() {
+        return;
+    }
     let want = 4 * rayon::current_num_threads();
-    let per_group = want.div_ceil(groups.len()).max(1);
+    let per_group = want.div_ceil(units.len()).max(1);
     let mut tasks = Vec::new();
-    let mut spans = Vec::with_capacity(groups.len());
-    for &(si, h0, h1) in &groups {
-        let sk = p.seqs[si].sk;
+    let mut spans = Vec::with_capacity(units.len());
+    for &(u, (h0, h1)) in units {
+        let sk = p.seqs[u.seq].sk;
         let chunks = per_group.min(sk.div_ceil(MIN_CHUNK)).max(1);
         let len = sk.div_ceil(chunks).max(1);
         let first = tasks.len();
         let mut c0 = 0;
         loop {
             let c1 = (c0 + len).min(sk);
-            tasks.push(Task { seq: si, h0, h1, c0, c1 });
+            tasks.push(Task { seq: u.seq, h0, h1, c0, c1 });
             c0 = c1;
             if c0 >= sk {
                 break;
@@ -66,7 +75,9 @@ pub(crate) fn run(p: &Problem, seqs: &[usize]) -> Vec<Block> {
         spans.push(first..tasks.len());
     }
     let partials: Vec<Partial> = tasks.par_iter().map(|t| task(p, t)).collect();
-    groups.iter().zip(spans).map(|(&(si, h0, h1), span)| combine(p, si, h0, h1, &partials[span])).collect()
+    units.par_iter().zip(spans).zip(sinks).for_each(|((&(u, _), span), mut sink)| {
+        combine(p, &u, &partials[span], &mut sink);
+    });
 }
 
 fn task(p: &Problem, t: &Task) -> Partial {
@@ -159,30 +170,28 @@ fn task(p: &Problem, t: &Task) -> Partial {
     out
 }
 
-fn combine(p: &Problem, si: usize, h0: usize, h1: usize, parts: &[Partial]) -> Block {
-    let (g, dv, sq) = (p.group(), p.dv, p.seqs[si].sq);
-    let rows = (h1 - h0) * g * sq;
-    let mut data = vec![0f32; rows * dv];
-    for r in 0..rows {
+fn combine(p: &Problem, u: &Unit, parts: &[Partial], sink: &mut Sink) {
+    let dv = p.dv;
+    let mut row = vec![0f32; dv];
+    for r in 0..u.nh * u.n {
+        row.fill(0.0);
         let mx = parts.iter().map(|q| q.m[r]).fold(f32::NEG_INFINITY, f32::max);
-        if mx == f32::NEG_INFINITY {
-            continue;
-        }
-        let dst = &mut data[r * dv..(r + 1) * dv];
         let mut l = 0f32;
-        for q in parts {
-            if q.m[r] == f32::NEG_INFINITY {
-                continue;
+        if mx != f32::NEG_INFINITY {
+            for q in parts {
+                if q.m[r] == f32::NEG_INFINITY {
+                    continue;
+                }
+                let f = (q.m[r] - mx).exp();
+                l += f * q.l[r];
+                simd::axpy(&mut row, f, &q.o[r * dv..(r + 1) * dv]);
             }
-            let f = (q.m[r] - mx).exp();
-            l += f * q.l[r];
-            simd::axpy(dst, f, &q.o[r * dv..(r + 1) * dv]);
         }
         if l > 0.0 {
-            simd::scale(dst, 1.0 / l);
+            simd::scale(&mut row, 1.0 / l);
         } else {
-            dst.fill(0.0);
+            row.fill(0.0);
         }
+        sink(r, &row);
     }
-    Block { seq: si, h0: h0 * g, nh: (h1 - h0) * g, i0: 0, n: sq, data }
 }

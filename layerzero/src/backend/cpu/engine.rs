@@ -9,6 +9,10 @@ use rayon::prelude::*;
 use crate::exec::semantics::{alibi_distance, visible_keys};
 use crate::model::attrs::AttentionAttrs;
 use crate::model::layout::Layout;
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
+use crate::model::dtype::DType;
 use crate::tensor::{HostTensor, Storage};
 
 use super::pack::{self, Bshd, invalid, out_index, read_f32};
@@ -295,10 +299,13 @@ impl Problem<'_> {
     }
 }
 
-/// Output rows of query heads `h0..h0+nh`, positions `i0..i0+n` of one sequence, stored
-/// `[nh][n][dv]`.
-#[derive(Debug)]
-pub(crate) struct Block {
+/// Where a unit of work writes its output: row `r` (ordered [head][position] within the
+/// unit) as f32 values, converted to the output dtype.
+pub(crate) type Sink<'s> = Box<dyn FnMut(usize, &[f32]) + Send + 's>;
+
+/// One unit's output: query heads `h0..h0+nh`, positions `i0..i0+n` of sequence `seq`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Unit {
     /// Sequence index.
     pub seq: usize,
     /// First query head.
@@ -309,33 +316,59 @@ pub(crate) struct Block {
     pub i0: usize,
     /// Positions.
     pub n: usize,
-    /// Values.
-    pub data: Vec<f32>,
 }
 
-/// Runs every sequence of `p`.
-pub(crate) fn compute(p: &Problem) -> Vec<Block> {
-    let (dec, pre): (Vec<usize>, Vec<usize>) =
-        (0..p.seqs.len()).filter(|&i| p.seqs[i].sq > 0).partition(|&i| p.seqs[i].sq <= DECODE_MAX_SQ);
-    let mut blocks = decode::run(p, &dec);
-    blocks.extend(prefill(p, &pre));
-    blocks
+/// Runs `p`: the output (canonical size `n` = [b, sq, hq, dv], contiguous in `layout`,
+/// `dtype`), each row written once by the unit that computes it; rows that belong to no
+/// sequence are zeros.
+pub(crate) fn run(p: &Problem, n: [usize; 4], layout: Layout, dtype: DType) -> Storage {
+    fn copy(d: &mut [f32], s: &[f32]) {
+        d.copy_from_slice(s);
+    }
+    fn to_f16(d: &mut [f16], s: &[f32]) {
+        d.convert_from_f32_slice(s);
+    }
+    fn to_bf16(d: &mut [half::bf16], s: &[f32]) {
+        simd::f32_to_bf16(s, d);
+    }
+    match dtype {
+        DType::F32 => Storage::F32(run_typed(p, n, layout, copy)),
+        DType::BF16 => Storage::BF16(run_typed(p, n, layout, to_bf16)),
+        DType::F16 => Storage::F16(run_typed(p, n, layout, to_f16)),
+        other => Storage::from_f32(other, &run_typed(p, n, layout, copy)),
+    }
 }
 
-/// Writes the blocks into a zeroed contiguous f32 output of canonical size `n` in `layout`.
-pub(crate) fn scatter(p: &Problem, blocks: &[Block], n: [usize; 4], layout: Layout) -> Vec<f32> {
+fn run_typed<T: Copy + Default + Send>(p: &Problem, n: [usize; 4], layout: Layout, put: fn(&mut [T], &[f32])) -> Vec<T> {
     let dv = p.dv;
-    let mut out = vec![0f32; n.iter().product()];
-    for blk in blocks {
-        let seq = &p.seqs[blk.seq];
-        for hh in 0..blk.nh {
-            for t in 0..blk.n {
-                let src = &blk.data[(hh * blk.n + t) * dv..][..dv];
-                let dst = out_index(n, layout, seq.b, seq.q0 + blk.i0 + t, blk.h0 + hh);
-                out[dst..dst + dv].copy_from_slice(src);
+    let mut out = vec![T::default(); n.iter().product()];
+    if dv == 0 {
+        return out;
+    }
+    let mut slots: Vec<Option<&mut [T]>> = out.chunks_mut(dv).map(Some).collect();
+    let mut sink = |u: &Unit| -> Sink<'_> {
+        let seq = &p.seqs[u.seq];
+        let mut rows = Vec::with_capacity(u.nh * u.n);
+        for hh in 0..u.nh {
+            for t in 0..u.n {
+                let r = out_index(n, layout, seq.b, seq.q0 + u.i0 + t, u.h0 + hh) / dv;
+                rows.push(slots.get_mut(r).and_then(Option::take));
             }
         }
-    }
+        Box::new(move |r: usize, src: &[f32]| {
+            if let Some(Some(d)) = rows.get_mut(r) {
+                put(d, src);
+            }
+        })
+    };
+    let (dec, pre): (Vec<usize>, Vec<usize>) =
+        (0..p.seqs.len()).filter(|&i| p.seqs[i].sq > 0).partition(|&i| p.seqs[i].sq <= DECODE_MAX_SQ);
+    let dec_units = decode::units(p, &dec);
+    let pre_units = prefill_units(p, &pre);
+    let dec_sinks: Vec<Sink> = dec_units.iter().map(|u| sink(&u.0)).collect();
+    let pre_sinks: Vec<Sink> = pre_units.iter().map(|u| sink(&u.0)).collect();
+    decode::run(p, &dec_units, dec_sinks);
+    prefill(p, &pre, &pre_units, pre_sinks);
     out
 }
 
@@ -383,25 +416,29 @@ fn pack_kv(seq: &Seq, kvh: usize, d: usize, dv: usize) -> Packed {
     Packed::F32 { kt, v }
 }
 
+/// Rows of the AMX operands are padded to multiples of 16 pairs (32 bf16).
+const AMX_K: usize = 32;
+
 fn pack_kv_bf16(seq: &Seq, kvh: usize, d: usize, dv: usize) -> Packed {
     const P: usize = simd::PANEL;
-    let (nt, nvb, d2) = (seq.sk.div_ceil(BK), dv.div_ceil(P), d.div_ceil(2));
+    let (nt, nvb, d2) = (seq.sk.div_ceil(BK), dv.div_ceil(P), d.div_ceil(AMX_K) * AMX_K / 2);
     let mut kt = vec![0u32; nt * d2 * BK];
     let mut v = vec![0u32; nt * nvb * (BK / 2) * P];
     const G: usize = 16;
-    let mut buf = vec![0u16; G * (d + 1)];
+    let w = 2 * d2;
+    let mut buf = vec![0u16; G * w];
     let mut j0 = 0;
     while j0 < seq.sk {
         let g = G.min(seq.sk - j0);
         for c in 0..g {
-            seq.k.read_row_bf16(kvh, j0 + c, &mut buf[c * (d + 1)..c * (d + 1) + d]);
+            seq.k.read_row_bf16(kvh, j0 + c, &mut buf[c * w..c * w + d]);
         }
         let (tile, col) = (j0 / BK, j0 % BK);
         let panel = &mut kt[(tile * (BK / P) + col / P) * d2 * P..][..d2 * P];
         for pr in 0..d2 {
             let dst = &mut panel[pr * P + col % P..pr * P + col % P + g];
             for (c, x) in dst.iter_mut().enumerate() {
-                let (lo, hi) = (buf[c * (d + 1) + 2 * pr], buf[c * (d + 1) + 2 * pr + 1]);
+                let (lo, hi) = (buf[c * w + 2 * pr], buf[c * w + 2 * pr + 1]);
                 *x = u32::from(lo) | (u32::from(hi) << 16);
             }
         }
@@ -437,12 +474,27 @@ fn q_tile(g: usize) -> usize {
     (first..first + 6).find(|bq| (g * bq).is_multiple_of(6)).unwrap_or(first)
 }
 
-fn prefill(p: &Problem, seqs: &[usize]) -> Vec<Block> {
+/// The prefill units (one per sequence, kv head and query tile) with their kv head.
+fn prefill_units(p: &Problem, seqs: &[usize]) -> Vec<(Unit, usize)> {
+    let (g, bq) = (p.group(), q_tile(p.group()));
+    let mut units = Vec::new();
+    for &si in seqs {
+        for kvh in 0..p.hkv {
+            for i0 in (0..p.seqs[si].sq).step_by(bq) {
+                let n = bq.min(p.seqs[si].sq - i0);
+                units.push((Unit { seq: si, h0: kvh * g, nh: g, i0, n }, kvh));
+            }
+        }
+    }
+    units
+}
+
+fn prefill(p: &Problem, seqs: &[usize], units: &[(Unit, usize)], sinks: Vec<Sink>) {
     if seqs.is_empty() {
-        return Vec::new();
+        return;
     }
     let (hkv, d, dv) = (p.hkv, p.d, p.dv);
-    let bf16 = p.bf16 && simd::bf16_dot();
+    let bf16 = p.bf16 && simd::amx_bf16();
     let packed: Vec<Packed> = (0..seqs.len() * hkv)
         .into_par_iter()
         .map(|x| {
@@ -450,51 +502,47 @@ fn prefill(p: &Problem, seqs: &[usize]) -> Vec<Block> {
             if bf16 { pack_kv_bf16(seq, x % hkv, d, dv) } else { pack_kv(seq, x % hkv, d, dv) }
         })
         .collect();
-    let bq = q_tile(p.group());
-    let mut items = Vec::new();
+    let mut index = vec![usize::MAX; p.seqs.len()];
     for (pi, &si) in seqs.iter().enumerate() {
-        for kvh in 0..hkv {
-            for i0 in (0..p.seqs[si].sq).step_by(bq) {
-                items.push((pi, si, kvh, i0, bq.min(p.seqs[si].sq - i0)));
-            }
-        }
+        index[si] = pi;
     }
-    items.into_par_iter().map(|(pi, si, kvh, i0, n)| prefill_item(p, si, &packed[pi * hkv + kvh], kvh, i0, n)).collect()
+    units.par_iter().zip(sinks).for_each(|(&(u, kvh), mut sink)| {
+        prefill_item(p, &u, &packed[index[u.seq] * hkv + kvh], kvh, &mut sink);
+    });
 }
 
 /// One tile of queries (all heads of kv head `kvh`, positions `i0..i0+n`) against every
 /// visible key tile, with online softmax.
-fn prefill_item(p: &Problem, si: usize, pk: &Packed, kvh: usize, i0: usize, n: usize) -> Block {
+fn prefill_item(p: &Problem, u: &Unit, pk: &Packed, kvh: usize, sink: &mut Sink) {
     const P: usize = simd::PANEL;
-    let seq = &p.seqs[si];
+    let (seq, i0, n) = (&p.seqs[u.seq], u.i0, u.n);
     let (d, dv, g) = (p.d, p.dv, p.group());
     let m = g * n;
-    // Queries: f32 pre-scaled, or bf16 bits (scaled after the product) with an even width.
-    let dq = d + d % 2;
+    let amx = matches!(pk, Packed::Bf16 { .. });
+    // The AMX form pads rows to 16, the head dims to 32 (q . k) and 16 (p . v).
+    let (mp, dq, ldo) = if amx { (m.div_ceil(16) * 16, d.div_ceil(AMX_K) * AMX_K, dv.div_ceil(16) * 16) } else { (m, d, dv) };
+    // Queries: f32 pre-scaled, or bf16 bits (scaled after the product).
     let (mut qp, mut qb) = (Vec::new(), Vec::new());
-    match pk {
-        Packed::F32 { .. } => {
-            qp = vec![0f32; m * d];
-            for (r, row) in qp.chunks_exact_mut(d.max(1)).enumerate().take(m) {
-                p.read_q(seq, i0 + r % n, kvh * g + r / n, row);
-            }
+    if amx {
+        qb = vec![0u16; mp * dq];
+        for (r, row) in qb.chunks_exact_mut(dq.max(1)).enumerate().take(m) {
+            let base = p.q.row(seq.b, seq.q0 + i0 + r % n, kvh * g + r / n);
+            pack::read_bf16_bits(p.q.st, base, p.q.s[3], &mut row[..d]);
         }
-        Packed::Bf16 { .. } => {
-            qb = vec![0u16; m * dq];
-            for (r, row) in qb.chunks_exact_mut(dq.max(1)).enumerate().take(m) {
-                let base = p.q.row(seq.b, seq.q0 + i0 + r % n, kvh * g + r / n);
-                pack::read_bf16_bits(p.q.st, base, p.q.s[3], &mut row[..d]);
-            }
+    } else {
+        qp = vec![0f32; m * d];
+        for (r, row) in qp.chunks_exact_mut(d.max(1)).enumerate().take(m) {
+            p.read_q(seq, i0 + r % n, kvh * g + r / n, row);
         }
     }
     let ranges: Vec<(usize, usize)> = (0..n).map(|t| p.range(seq, i0 + t)).collect();
     let (jmin, jmax) = ranges.iter().filter(|r| r.0 < r.1).fold((usize::MAX, 0), |(a, b), r| (a.min(r.0), b.max(r.1)));
-    let mut o = vec![0f32; m * dv];
+    let mut o = vec![0f32; mp * ldo];
     let mut mrow = vec![f32::NEG_INFINITY; m];
     let mut lrow = vec![0f32; m];
     if jmin < jmax {
-        let mut s = vec![0f32; m * BK];
-        let mut pb = if matches!(pk, Packed::Bf16 { .. }) { vec![0u16; m * BK] } else { Vec::new() };
+        let mut s = vec![0f32; mp * BK];
+        let mut pb = if amx { vec![0u16; mp * BK] } else { Vec::new() };
         let mut local = vec![(0usize, 0usize); m];
         let nvb = dv.div_ceil(P);
         for tile in jmin / BK..jmax.div_ceil(BK) {
@@ -510,9 +558,12 @@ fn prefill_item(p: &Problem, si: usize, pk: &Packed, kvh: usize, i0: usize, n: u
                 Packed::Bf16 { kt, .. } => {
                     let d2 = dq / 2;
                     let kt = &kt[(tile * BK + c0) * d2..(tile + 1) * BK * d2];
-                    simd::gemm_bf16_panels(m, c1 - c0, d2, &qb, dq, kt, d2 * P, &mut s[c0..], BK, false);
-                    for r in 0..m {
-                        simd::scale(&mut s[r * BK + c0..r * BK + c1], p.scale);
+                    let nc = (c1 - c0).div_ceil(16) * 16;
+                    simd::gemm_amx_bf16(mp, nc, d2, &qb, dq, kt, d2 * P, &mut s[c0..], BK, false);
+                    if p.mods.active() {
+                        for r in 0..m {
+                            simd::scale(&mut s[r * BK + c0..r * BK + c1], p.scale);
+                        }
                     }
                 }
             }
@@ -526,35 +577,36 @@ fn prefill_item(p: &Problem, si: usize, pk: &Packed, kvh: usize, i0: usize, n: u
                     p.mods.apply(seq, kvh * g + r / n, i0 + r % n, tj0 + a, seg);
                 }
             }
-            let rows = simd::SoftmaxRows { ranges: &local, m: &mut mrow, l: &mut lrow };
-            simd::softmax_tile(&mut s[c0..], BK, c1 - c0, rows, &mut o, dv, dv);
+            // The bf16 scores are unscaled; with modifiers they were scaled above.
+            let scale = if amx && !p.mods.active() { p.scale } else { 1.0 };
+            let rows = simd::SoftmaxRows { ranges: &local, m: &mut mrow, l: &mut lrow, scale };
+            simd::softmax_tile(&mut s[c0..], BK, c1 - c0, rows, &mut o, ldo, dv);
             match pk {
                 Packed::F32 { v, .. } => {
                     let vt = &v[(tile * nvb * BK + c0) * P..];
                     simd::gemm_panels(m, dv, c1 - c0, &s[c0..], BK, vt, BK * P, &mut o, dv, true);
                 }
                 Packed::Bf16 { v, .. } => {
-                    // P to bf16 pairs (an odd column count is padded with a zero weight).
-                    let kw = (c1 - c0).div_ceil(2) * 2;
+                    // P to bf16, zero-padded to a multiple of 32 keys (within the tile).
+                    let kw = (c1 - c0).div_ceil(AMX_K) * AMX_K;
                     for r in 0..m {
-                        simd::f32_to_bf16_bits(&s[r * BK + c0..r * BK + c1], &mut pb[r * BK + c0..r * BK + c1]);
-                        if c0 + kw > c1 {
-                            pb[r * BK + c1] = 0;
-                        }
+                        let row = &mut pb[r * BK + c0..r * BK + c0 + kw];
+                        simd::f32_to_bf16_bits(&s[r * BK + c0..r * BK + c1], &mut row[..c1 - c0]);
+                        row[c1 - c0..].fill(0);
                     }
                     let vt = &v[(tile * nvb * (BK / 2) + c0 / 2) * P..];
-                    simd::gemm_bf16_panels(m, dv, kw / 2, &pb[c0..], BK, vt, (BK / 2) * P, &mut o, dv, true);
+                    simd::gemm_amx_bf16(mp, ldo, kw / 2, &pb[c0..], BK, vt, (BK / 2) * P, &mut o, ldo, true);
                 }
             }
         }
     }
     for r in 0..m {
-        let row = &mut o[r * dv..(r + 1) * dv];
+        let row = &mut o[r * ldo..r * ldo + dv];
         if lrow[r] > 0.0 {
             simd::scale(row, 1.0 / lrow[r]);
         } else {
             row.fill(0.0);
         }
+        sink(r, row);
     }
-    Block { seq: si, h0: kvh * g, nh: g, i0, n, data: o }
 }

@@ -2,10 +2,16 @@
 //! kernels of this backend share (`View`, `Elem`, `fill`).
 //!
 //! The kernels are memory-bound: each row is read once from memory (f32 rows of a
-//! contiguous view are borrowed in place, f16/bf16 rows converted to an f32 scratch row that
-//! stays in L1/L2), reduced with 16 independent f32 accumulators (vectorized), and written
-//! once in the output dtype. Rows are spread over rayon tasks of about 32K elements; small
-//! inputs run on the calling thread.
+//! contiguous view are borrowed in place; f16/bf16 rows are converted into an f32 scratch
+//! row that stays in L1, bf16 rows squared and summed in the same pass), reduced by the
+//! backend's vectorized dot (`simd::dots`), and written once in the output dtype (bf16 by a
+//! fused scale-and-round loop). f32 outputs take the corrected two-pass LayerNorm variance;
+//! 16-bit outputs the one-pass variance unless the mean dwarfs the spread. Rows are spread
+//! over rayon tasks of about 32K elements; small inputs run on the calling thread.
+//!
+//! Every output is a new buffer, so on a machine where first-touch page faults are slow
+//! they, not the arithmetic, set the pace: `benches/rows.rs` compares each kernel with a
+//! copy of the same bytes into a new buffer.
 
 use std::sync::Arc;
 
@@ -278,7 +284,8 @@ pub(super) fn bf16_bits(x: f32) -> u16 {
     if (b & 0x7fff_ffff) > 0x7f80_0000 { quiet } else { rounded }
 }
 
-/// `bf16_bits` for a value that is not NaN (infinities stay infinite).
+/// `bf16_bits` for a value that is not NaN, or is the default quiet NaN that arithmetic on
+/// non-NaN values produces (it stays NaN); infinities stay infinite.
 #[inline(always)]
 fn bf16_bits_finite(x: f32) -> u16 {
     let b = x.to_bits();
@@ -499,6 +506,21 @@ fn bf16_load_sq(src: &[bf16], dst: &mut [f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
+/// Sum of the elements (8 f32 accumulators, vectorized; enough for 16-bit outputs).
+#[inline]
+fn sum8(x: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut ch = x.chunks_exact(8);
+    for c in &mut ch {
+        if let Ok(c) = <&[f32; 8]>::try_from(c) {
+            for l in 0..8 {
+                acc[l] += c[l];
+            }
+        }
+    }
+    acc.iter().sum::<f32>() + ch.remainder().iter().sum::<f32>()
+}
+
 /// Row `start..start + buf.len()` of `x` as f32 (borrowed, or read into `buf`) with its sum
 /// of squares; a bf16 row is converted and squared in one pass.
 #[inline]
@@ -575,7 +597,7 @@ fn layer_typed<T: Elem>(a: &NormArgs, rows: usize, h: usize, eps: f32) -> Result
     let out = fill_typed::<T>(rows * h, h, |start, dst, buf, centred| {
         buf.resize(h, 0.0);
         let (v, sq) = if T::WIDE { (x.get(start, buf), 0.0) } else { row_sq(&x, start, buf) };
-        let sum = dot(v, &ones);
+        let sum = if T::WIDE { dot(v, &ones) } else { sum8(v) };
         let mean = sum / hf;
         if !T::WIDE {
             // 16-bit outputs: the one-pass variance (both sums in the reading pass), unless

@@ -65,8 +65,15 @@ pub(crate) fn read_f32(st: &Storage, base: usize, stride: usize, out: &mut [f32]
 /// rounded to nearest even otherwise).
 pub(crate) fn read_bf16_bits(st: &Storage, base: usize, stride: usize, out: &mut [u16]) {
     if let Storage::BF16(v) = st {
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = v[base + i * stride].to_bits();
+        if stride == 1 {
+            let n = out.len();
+            for (o, x) in out.iter_mut().zip(&v[base..base + n]) {
+                *o = x.to_bits();
+            }
+        } else {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = v[base + i * stride].to_bits();
+            }
         }
         return;
     }
@@ -133,21 +140,13 @@ impl<'a> Bshd<'a> {
     }
 }
 
-/// The output of a BSHD/BHSD kernel: a contiguous tensor of `dtype` in `layout`.
-pub(crate) fn output(
-    values: Vec<f32>,
-    dtype: DType,
-    canonical: [usize; 4],
-    layout: Layout,
-) -> Result<HostTensor, KernelError> {
+/// The output of a BSHD/BHSD kernel: `storage` holding a contiguous tensor of canonical
+/// size `canonical` in `layout`.
+pub(crate) fn output(storage: Storage, canonical: [usize; 4], layout: Layout) -> Result<HostTensor, KernelError> {
     let [b, s, h, d] = canonical;
     let shape = match layout {
         Layout::Bhsd => [b, h, s, d],
         _ => [b, s, h, d],
-    };
-    let storage = match dtype {
-        DType::F32 => Storage::F32(values),
-        other => Storage::from_f32(other, &values),
     };
     HostTensor::new(storage, &shape)
         .map(|t| t.with_layout(layout))

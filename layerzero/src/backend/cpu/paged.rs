@@ -7,7 +7,7 @@ use crate::exec::args::{Outputs, PagedAttentionArgs};
 use crate::exec::executor::KernelError;
 use crate::exec::semantics::{alibi_slopes, softmax_scale};
 use crate::model::layout::Layout;
-use crate::tensor::HostTensor;
+use crate::tensor::{HostTensor, Storage};
 
 use super::attention::check_attrs;
 use super::engine::{self, KvAddr, KvSrc, Mods, Problem, Seq};
@@ -145,7 +145,7 @@ pub(crate) fn run(a: &PagedAttentionArgs) -> Result<Outputs, KernelError> {
         }
     }
     if b == 0 || sq == 0 || hq == 0 || dv == 0 {
-        return finish(vec![0f32; b * sq * hq * dv], a, [b, sq, hq, dv]);
+        return finish(Storage::zeros(a.q.dtype(), b * sq * hq * dv), [b, sq, hq, dv]);
     }
     let seqs: Vec<Seq> = (0..b)
         .map(|bb| {
@@ -176,12 +176,9 @@ pub(crate) fn run(a: &PagedAttentionArgs) -> Result<Outputs, KernelError> {
             && a.k_scale.is_none()
             && a.v_scale.is_none(),
     };
-    let blocks = engine::compute(&p);
-    let out = engine::scatter(&p, &blocks, [b, sq, hq, dv], Layout::Bshd);
-    finish(out, a, [b, sq, hq, dv])
+    finish(engine::run(&p, [b, sq, hq, dv], Layout::Bshd, a.q.dtype()), [b, sq, hq, dv])
 }
 
-fn finish(values: Vec<f32>, a: &PagedAttentionArgs, n: [usize; 4]) -> Result<Outputs, KernelError> {
-    let t = output(values, a.q.dtype(), n, Layout::Bshd)?;
-    Ok(Outputs::from([("out".to_owned(), t)]))
+fn finish(storage: Storage, n: [usize; 4]) -> Result<Outputs, KernelError> {
+    Ok(Outputs::from([("out".to_owned(), output(storage, n, Layout::Bshd)?)]))
 }

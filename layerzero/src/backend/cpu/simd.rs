@@ -119,18 +119,23 @@ fn hsum16(mut acc: [f32; 16]) -> f32 {
 
 #[inline(always)]
 fn exp_sub_sum_impl(x: &mut [f32], m: f32) -> f32 {
+    exp_scale_sub_sum_impl(x, 1.0, m)
+}
+
+#[inline(always)]
+fn exp_scale_sub_sum_impl(x: &mut [f32], c: f32, m: f32) -> f32 {
     let mut acc = [0f32; 16];
     let mut chunks = x.chunks_exact_mut(16);
     for ch in &mut chunks {
         for l in 0..16 {
-            let e = exp_approx(ch[l] - m);
+            let e = exp_approx(ch[l] * c - m);
             ch[l] = e;
             acc[l] += e;
         }
     }
     let mut s = 0f32;
     for v in chunks.into_remainder() {
-        let e = exp_approx(*v - m);
+        let e = exp_approx(*v * c - m);
         *v = e;
         s += e;
     }
@@ -147,7 +152,7 @@ pub(crate) fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
     if level() == Level::Avx512 {
         #[allow(unsafe_code)]
         // SAFETY: AVX-512F was detected on this CPU.
-        let r = unsafe { x86::exp_sub_sum_avx512(x, m) };
+        let r = unsafe { x86::exp_sub_sum_avx512(x, 1.0, m) };
         return r;
     }
     exp_sub_sum_generic(x, m)
@@ -288,6 +293,8 @@ pub(crate) struct SoftmaxRows<'a> {
     pub m: &'a mut [f32],
     /// Running sum per row.
     pub l: &'a mut [f32],
+    /// Factor (> 0) applied to the scores before the softmax.
+    pub scale: f32,
 }
 
 #[inline(always)]
@@ -300,9 +307,9 @@ fn softmax_tile_body(
     o: &mut [f32],
     ldo: usize,
     dv: usize,
-    exp_sum: impl Fn(&mut [f32], f32) -> f32,
+    exp_sum: impl Fn(&mut [f32], f32, f32) -> f32,
 ) {
-    let SoftmaxRows { ranges, m, l } = rows;
+    let SoftmaxRows { ranges, m, l, scale } = rows;
     for (r, &(a, b)) in ranges.iter().enumerate() {
         let row = &mut s[r * lds..r * lds + w];
         if a >= b {
@@ -312,13 +319,13 @@ fn softmax_tile_body(
         row[..a].fill(0.0);
         row[b..].fill(0.0);
         let seg = &mut row[a..b];
-        let m_new = m[r].max(row_max_impl(seg));
+        let m_new = m[r].max(scale * row_max_impl(seg));
         if m_new == f32::NEG_INFINITY {
             seg.fill(0.0);
             continue;
         }
         let corr = exp_approx(m[r] - m_new);
-        let sum = exp_sum(seg, m_new);
+        let sum = exp_sum(seg, scale, m_new);
         l[r] = l[r] * corr + sum;
         m[r] = m_new;
         if corr != 1.0 {
@@ -338,7 +345,7 @@ fn softmax_tile_portable(
     ldo: usize,
     dv: usize,
 ) {
-    softmax_tile_body(s, lds, w, rows, o, ldo, dv, exp_sub_sum_impl);
+    softmax_tile_body(s, lds, w, rows, o, ldo, dv, exp_scale_sub_sum_impl);
 }
 
 multiversion! {
@@ -505,33 +512,44 @@ pub(crate) fn gemm_reference(
 }
 
 // ---------------------------------------------------------------------------------------
-// bf16 pair GEMM (AVX512_BF16 `vdpbf16ps`): products of bf16 values are exact in f32, so
-// for bf16 inputs this computes what the f32 GEMM would, at twice the rate.
+// bf16 tile GEMM on AMX. Products of bf16 values are exact in f32 and AMX sums them in f32,
+// so for bf16 inputs this is the f32 GEMM at many times the rate.
 
-/// True when the bf16 pair GEMM runs on this CPU (AVX-512 level and AVX512_BF16;
-/// `LZ_CPU_SIMD=nobf16` turns it off).
-pub(crate) fn bf16_dot() -> bool {
-    static BF16: OnceLock<bool> = OnceLock::new();
-    *BF16.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
+/// True when AMX bf16 tiles are usable: the CPU has AMX-TILE and AMX-BF16, the AVX-512
+/// level is on, and Linux granted this process the tile state (`arch_prctl`).
+/// `LZ_CPU_SIMD=noamx` (or any cap below AVX-512) turns it off.
+pub(crate) fn amx_bf16() -> bool {
+    static AMX: OnceLock<bool> = OnceLock::new();
+    *AMX.get_or_init(|| {
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
         {
+            let cpu = raw_cpuid::CpuId::new()
+                .get_extended_feature_info()
+                .is_some_and(|f| f.has_amx_tile() && f.has_amx_bf16());
             level() == Level::Avx512
-                && is_x86_feature_detected!("avx512bf16")
-                && std::env::var("LZ_CPU_SIMD").map_or(true, |v| v != "nobf16")
+                && cpu
+                && std::env::var("LZ_CPU_SIMD").map_or(true, |v| v != "noamx")
+                && x86::request_amx()
         }
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
         {
             false
         }
     })
 }
 
+/// bf16 bits of `x`, round to nearest even; NaN keeps its sign and becomes quiet.
+#[inline(always)]
+fn bf16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    let rounded = (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
+    if x.is_nan() { ((b >> 16) as u16) | 0x0040 } else { rounded }
+}
+
 #[inline(always)]
 fn f32_to_bf16_bits_impl(src: &[f32], dst: &mut [u16]) {
     for (d, &x) in dst.iter_mut().zip(src) {
-        let b = x.to_bits();
-        let rounded = (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
-        *d = if x.is_nan() { 0x7FC0 } else { rounded };
+        *d = bf16_bits(x);
     }
 }
 
@@ -540,12 +558,24 @@ multiversion! {
     fn f32_to_bf16_bits(src: &[f32], dst: &mut [u16]) => f32_to_bf16_bits_impl;
 }
 
-/// `C (+)= A . B` over bf16 pairs: A is row-major bf16 bits with `lda` (even) elements per
-/// row and `2 * k2` columns; columns `64q..64q+64` of B are the panel at `b[q * pstride..]`,
-/// `k2` rows of 64 `u32`, each the pair (B[2p][n] low, B[2p+1][n] high). Only callable
-/// when [`bf16_dot`] is true.
+#[inline(always)]
+fn f32_to_bf16_impl(src: &[f32], dst: &mut [half::bf16]) {
+    for (d, &x) in dst.iter_mut().zip(src) {
+        *d = half::bf16::from_bits(bf16_bits(x));
+    }
+}
+
+multiversion! {
+    /// f32 to bf16, round to nearest even (as `half::bf16::from_f32`).
+    fn f32_to_bf16(src: &[f32], dst: &mut [half::bf16]) => f32_to_bf16_impl;
+}
+
+/// `C (+)= A . B` on AMX tiles. A is row-major bf16 bits, `m` rows of `lda` elements (the
+/// first `2 * k2` used); B is in 64-column panels, panel `q` at `b[q * pstride..]` holding
+/// `k2` rows of 64 `u32` pairs (low half: B[2p][n], high: B[2p+1][n]); C is f32 with `ldc`.
+/// `m`, `n` and `k2` must be multiples of 16. Only callable when [`amx_bf16`] is true.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm_bf16_panels(
+pub(crate) fn gemm_amx_bf16(
     m: usize,
     n: usize,
     k2: usize,
@@ -557,12 +587,12 @@ pub(crate) fn gemm_bf16_panels(
     ldc: usize,
     accumulate: bool,
 ) {
-    assert!(bf16_dot(), "gemm_bf16_panels needs AVX512_BF16");
-    assert!(lda % 2 == 0 && (m == 0 || k2 == 0 || a.len() >= (m - 1) * lda + 2 * k2), "gemm_bf16: A too short");
-    assert!(m == 0 || n == 0 || (ldc >= n && c.len() >= (m - 1) * ldc + n), "gemm_bf16: C too short");
+    assert!(amx_bf16(), "gemm_amx_bf16 needs AMX");
+    assert!(m % 16 == 0 && n % 16 == 0 && k2 % 16 == 0, "gemm_amx_bf16: m, n, k2 must be multiples of 16");
     if m == 0 || n == 0 {
         return;
     }
+    assert!(ldc >= n && c.len() >= (m - 1) * ldc + n, "gemm_amx_bf16: C too short");
     if k2 == 0 {
         if !accumulate {
             for i in 0..m {
@@ -571,20 +601,14 @@ pub(crate) fn gemm_bf16_panels(
         }
         return;
     }
+    assert!(lda >= 2 * k2 && a.len() >= (m - 1) * lda + 2 * k2, "gemm_amx_bf16: A too short");
+    let last = (n - 1) / PANEL;
+    assert!(
+        pstride >= k2 * PANEL && b.len() >= last * pstride + (k2 - 1) * PANEL + (n - last * PANEL),
+        "gemm_amx_bf16: B too short"
+    );
     #[cfg(target_arch = "x86_64")]
-    {
-        let mut q = 0;
-        while q * PANEL < n {
-            let nw = (n - q * PANEL).min(PANEL);
-            assert!(b.len() >= q * pstride + (k2 - 1) * PANEL + nw, "gemm_bf16: B too short");
-            #[allow(unsafe_code)]
-            // SAFETY: `bf16_dot()` (asserted above) detected AVX-512F and AVX512_BF16.
-            unsafe {
-                x86::gemm_bf16_avx512(m, nw, k2, a, lda, &b[q * pstride..], c, q * PANEL, ldc, accumulate)
-            };
-            q += 1;
-        }
-    }
+    x86::gemm_amx(m, n, k2, a, lda, b, pstride, c, ldc, accumulate);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -626,24 +650,31 @@ mod x86 {
         };
     }
 
-    /// `x = exp(x - m)` (exactly 0 for -inf), returning the sum: 2^t with t = (x - m) log2 e
-    /// split into round(t) (applied by `vscalefps`) and a degree-6 polynomial on [-1/2, 1/2].
+    /// `x = exp(x scale - m)` (exactly 0 for -inf, NaN stays NaN), returning the sum.
+    /// Cephes range reduction (n = round(x log2 e), r = x - n ln 2 in two parts), a
+    /// degree-6 polynomial for e^r, and `vscalefps` for the 2^n (overflow gives inf, deep
+    /// underflow 0).
     #[allow(unsafe_code)]
     #[target_feature(enable = "avx512f")]
-    pub(super) fn exp_sub_sum_avx512(x: &mut [f32], m: f32) -> f32 {
+    pub(super) fn exp_sub_sum_avx512(x: &mut [f32], scale: f32, m: f32) -> f32 {
         let n = x.len();
         let p = x.as_mut_ptr();
-        let (vm, log2e, floor) =
-            (_mm512_set1_ps(m), _mm512_set1_ps(std::f32::consts::LOG2_E), _mm512_set1_ps(-150.0));
+        let (vc, vm, log2e, floor) = (
+            _mm512_set1_ps(scale),
+            _mm512_set1_ps(-m),
+            _mm512_set1_ps(std::f32::consts::LOG2_E),
+            _mm512_set1_ps(-104.0),
+        );
+        let (ln2_hi, ln2_lo) = (_mm512_set1_ps(0.693_359_4), _mm512_set1_ps(-2.121_944_4e-4));
         let c = [
-            _mm512_set1_ps(1.540_353_e-4),
-            _mm512_set1_ps(1.333_355_8e-3),
-            _mm512_set1_ps(9.618_129e-3),
-            _mm512_set1_ps(5.550_411e-2),
-            _mm512_set1_ps(2.402_265e-1),
-            _mm512_set1_ps(6.931_472e-1),
-            _mm512_set1_ps(1.0),
+            _mm512_set1_ps(1.987_569_1e-4),
+            _mm512_set1_ps(1.398_199_9e-3),
+            _mm512_set1_ps(8.333_452e-3),
+            _mm512_set1_ps(4.166_579_6e-2),
+            _mm512_set1_ps(1.666_666_5e-1),
+            _mm512_set1_ps(0.5),
         ];
+        let one = _mm512_set1_ps(1.0);
         let mut sum = _mm512_setzero_ps();
         let mut i = 0;
         while i < n {
@@ -651,14 +682,16 @@ mod x86 {
             let mask: u16 = if len == 16 { 0xFFFF } else { (1u16 << len) - 1 };
             // SAFETY: lanes i..i+len lie within `x`; masked-off lanes are not accessed.
             let v = unsafe { _mm512_maskz_loadu_ps(mask, p.add(i)) };
-            // max(floor, t) returns t when t is NaN, so NaN propagates; -inf becomes 2^-150 = 0.
-            let t = _mm512_max_ps(floor, _mm512_mul_ps(_mm512_sub_ps(v, vm), log2e));
-            let k = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
-            let f = _mm512_sub_ps(t, k);
+            // max(floor, y) returns y when y is NaN, so NaN propagates; -inf becomes -104,
+            // whose e^x underflows to 0 below.
+            let xc = _mm512_max_ps(floor, _mm512_fmadd_ps(v, vc, vm));
+            let k = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(xc, log2e));
+            let r = _mm512_fnmadd_ps(k, ln2_lo, _mm512_fnmadd_ps(k, ln2_hi, xc));
             let mut y = c[0];
             for &ci in &c[1..] {
-                y = _mm512_fmadd_ps(y, f, ci);
+                y = _mm512_fmadd_ps(y, r, ci);
             }
+            let y = _mm512_add_ps(_mm512_fmadd_ps(y, _mm512_mul_ps(r, r), r), one);
             let e = _mm512_maskz_mov_ps(mask, _mm512_scalef_ps(y, k));
             // SAFETY: as for the load.
             unsafe { _mm512_mask_storeu_ps(p.add(i), mask, e) };
@@ -680,7 +713,7 @@ mod x86 {
         ldo: usize,
         dv: usize,
     ) {
-        super::softmax_tile_body(s, lds, w, rows, o, ldo, dv, |x, m| exp_sub_sum_avx512(x, m));
+        super::softmax_tile_body(s, lds, w, rows, o, ldo, dv, |x, c, m| exp_sub_sum_avx512(x, c, m));
     }
 
     /// Dot products of each row of `q` (`d` wide) with `k`, four rows at a time.
@@ -806,90 +839,174 @@ mod x86 {
         }
     }
 
-    /// One 64-column panel of [`super::gemm_bf16_panels`] (`nw` columns), written at column
-    /// `c0` of C.
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx512f,avx512bf16")]
-    pub(super) fn gemm_bf16_avx512(
-        m: usize,
-        nw: usize,
-        k2: usize,
-        a: &[u16],
-        lda: usize,
-        b: &[u32],
-        c: &mut [f32],
-        c0: usize,
-        ldc: usize,
-        acc: bool,
-    ) {
-        let nv = nw.div_ceil(16);
-        let rem = nw - (nv - 1) * 16;
-        let mask: u16 = if rem == 16 { 0xFFFF } else { (1u16 << rem) - 1 };
-        let mut rb = 0;
-        while rb < m {
-            let mr = (m - rb).min(MR);
-            let (a_s, c_s) = (&a[rb * lda..], &mut c[rb * ldc + c0..]);
-            by_shape!(micro_bf16, mr, nv, (k2, a_s, lda, b, c_s, ldc, mask, acc));
-            rb += mr;
+    /// Asks Linux for the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM, XTILEDATA).
+    #[allow(unsafe_code)]
+    pub(super) fn request_amx() -> bool {
+        const ARCH_PRCTL: i64 = 158;
+        const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
+        const XFEATURE_XTILEDATA: i64 = 18;
+        let ret: i64;
+        // SAFETY: the arch_prctl system call with these arguments only changes this
+        // process's permitted xstate features; it reads and writes no user memory. `syscall`
+        // clobbers rcx and r11, declared here.
+        unsafe {
+            std::arch::asm!(
+                "syscall",
+                inlateout("rax") ARCH_PRCTL => ret,
+                in("rdi") ARCH_REQ_XCOMP_PERM,
+                in("rsi") XFEATURE_XTILEDATA,
+                lateout("rcx") _,
+                lateout("r11") _,
+                options(nostack)
+            );
         }
+        ret == 0
     }
 
-    /// C[R x cols] (+)= A[R x 2 k2] (bf16) . B[k2 pairs x cols], cols = (NV - 1) * 16 +
-    /// popcount(mask); B rows are 64 `u32` apart.
+    /// Tile configuration: palette 1, all eight tiles 16 rows of 64 bytes.
+    #[repr(C, align(64))]
+    struct TileConfig([u8; 64]);
+
+    const fn tile_config() -> TileConfig {
+        let mut c = [0u8; 64];
+        c[0] = 1;
+        let mut t = 0;
+        while t < 8 {
+            c[16 + 2 * t] = 64;
+            c[48 + t] = 16;
+            t += 1;
+        }
+        TileConfig(c)
+    }
+
+    /// [`super::gemm_amx_bf16`] after its checks: C blocks of 32 x 32 (tmm0-3) from A
+    /// tiles (tmm4-5, 16 rows x 32 bf16) and B tiles (tmm6-7, 16 pair rows x 16 columns),
+    /// 16 x 16 blocks at the edges.
     #[allow(clippy::too_many_arguments)]
     #[allow(unsafe_code)]
-    #[target_feature(enable = "avx512f,avx512bf16")]
-    fn micro_bf16<const R: usize, const NV: usize>(
+    pub(super) fn gemm_amx(
+        m: usize,
+        n: usize,
         k2: usize,
         a: &[u16],
         lda: usize,
         b: &[u32],
+        pstride: usize,
         c: &mut [f32],
         ldc: usize,
-        mask: u16,
         acc: bool,
     ) {
-        const LDB: usize = super::PANEL;
-        let tail = mask.count_ones() as usize;
-        let cols = (NV - 1) * 16 + tail;
-        assert!(tail > 0 && (u32::from(mask) + 1).is_power_of_two());
-        assert!(k2 > 0 && a.len() >= (R - 1) * lda + 2 * k2 && b.len() >= (k2 - 1) * LDB + cols);
-        assert!(c.len() >= (R - 1) * ldc + cols);
+        let cfg = tile_config();
         let (ap, bp, cp) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
-        let mut accs = [[_mm512_setzero_ps(); NV]; R];
-        // SAFETY: the asserts above bound every access: A reads the u32 pair at elements
-        // 2p, 2p + 1 < 2 k2 of rows i < R (read unaligned); B reads rows p < k2 at columns
-        // < cols (the last vector masked; masked-off lanes are not accessed); C reads and
-        // writes rows i < R, columns < cols. `__m512i` and `__m512bh` are both 512 bits.
+        let (sa, sb, sc) = (lda * 2, super::PANEL * 4, ldc * 4);
+        // SAFETY (every block below): the caller checked that m, n, k2 are multiples of 16,
+        // that A holds m rows of lda >= 2 k2 elements, B every panel's k2 rows of 64 u32
+        // up to column n, and C m rows of ldc >= n floats. A tile at (row r, pair p) reads
+        // rows r..r+16, elements 2p..2p+32 <= 2 k2; a B tile at (pair p, column j) reads
+        // pair rows p..p+16 < k2 of panel j / 64, columns j % 64..+16 <= 64 and < n; a C
+        // tile at (r, j) reads or writes rows r..r+16 <= m, columns j..j+16 <= n. The tile
+        // registers are configured first and released last; no other code uses them.
         unsafe {
-            if acc {
-                for (i, row) in accs.iter_mut().enumerate() {
-                    for (v, x) in row.iter_mut().enumerate() {
-                        let mk = if v + 1 == NV { mask } else { 0xFFFF };
-                        *x = _mm512_maskz_loadu_ps(mk, cp.add(i * ldc + v * 16));
+            std::arch::asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly));
+        }
+        let a_at = |r: usize, p: usize| ap.wrapping_add(r * lda + 2 * p);
+        let b_at = |p: usize, j: usize| bp.wrapping_add((j / super::PANEL) * pstride + p * super::PANEL + j % super::PANEL);
+        let c_at = |r: usize, j: usize| cp.wrapping_add(r * ldc + j);
+        let mut r = 0;
+        while r < m {
+            let two_r = r + 32 <= m;
+            let mut j = 0;
+            while j < n {
+                let two_c = j + 32 <= n;
+                // SAFETY: see above.
+                unsafe {
+                    if acc {
+                        std::arch::asm!(
+                            "tileloadd tmm0, [{c0} + {sc}*1]",
+                            "tileloadd tmm1, [{c1} + {sc}*1]",
+                            "tileloadd tmm2, [{c2} + {sc}*1]",
+                            "tileloadd tmm3, [{c3} + {sc}*1]",
+                            c0 = in(reg) c_at(r, j),
+                            c1 = in(reg) if two_c { c_at(r, j + 16) } else { c_at(r, j) },
+                            c2 = in(reg) if two_r { c_at(r + 16, j) } else { c_at(r, j) },
+                            c3 = in(reg) if two_r && two_c { c_at(r + 16, j + 16) } else { c_at(r, j) },
+                            sc = in(reg) sc,
+                            options(nostack, readonly)
+                        );
+                    } else {
+                        std::arch::asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
                     }
                 }
-            }
-            for p in 0..k2 {
-                let mut bv = [_mm512_setzero_si512(); NV];
-                for (v, x) in bv.iter_mut().enumerate() {
-                    let mk = if v + 1 == NV { mask } else { 0xFFFF };
-                    *x = _mm512_maskz_loadu_epi32(mk, bp.add(p * LDB + v * 16).cast());
+                let mut p = 0;
+                while p < k2 {
+                    let (a0, b0) = (a_at(r, p), b_at(p, j));
+                    // SAFETY: see above.
+                    unsafe {
+                        match (two_r, two_c) {
+                            (true, true) => std::arch::asm!(
+                                "tileloadd tmm4, [{a0} + {sa}*1]",
+                                "tileloadd tmm5, [{a1} + {sa}*1]",
+                                "tileloadd tmm6, [{b0} + {sb}*1]",
+                                "tileloadd tmm7, [{b1} + {sb}*1]",
+                                "tdpbf16ps tmm0, tmm4, tmm6",
+                                "tdpbf16ps tmm1, tmm4, tmm7",
+                                "tdpbf16ps tmm2, tmm5, tmm6",
+                                "tdpbf16ps tmm3, tmm5, tmm7",
+                                a0 = in(reg) a0, a1 = in(reg) a_at(r + 16, p), b0 = in(reg) b0,
+                                b1 = in(reg) b_at(p, j + 16), sa = in(reg) sa, sb = in(reg) sb,
+                                options(nostack, readonly)
+                            ),
+                            (true, false) => std::arch::asm!(
+                                "tileloadd tmm4, [{a0} + {sa}*1]",
+                                "tileloadd tmm5, [{a1} + {sa}*1]",
+                                "tileloadd tmm6, [{b0} + {sb}*1]",
+                                "tdpbf16ps tmm0, tmm4, tmm6",
+                                "tdpbf16ps tmm2, tmm5, tmm6",
+                                a0 = in(reg) a0, a1 = in(reg) a_at(r + 16, p), b0 = in(reg) b0,
+                                sa = in(reg) sa, sb = in(reg) sb,
+                                options(nostack, readonly)
+                            ),
+                            (false, true) => std::arch::asm!(
+                                "tileloadd tmm4, [{a0} + {sa}*1]",
+                                "tileloadd tmm6, [{b0} + {sb}*1]",
+                                "tileloadd tmm7, [{b1} + {sb}*1]",
+                                "tdpbf16ps tmm0, tmm4, tmm6",
+                                "tdpbf16ps tmm1, tmm4, tmm7",
+                                a0 = in(reg) a0, b0 = in(reg) b0, b1 = in(reg) b_at(p, j + 16),
+                                sa = in(reg) sa, sb = in(reg) sb,
+                                options(nostack, readonly)
+                            ),
+                            (false, false) => std::arch::asm!(
+                                "tileloadd tmm4, [{a0} + {sa}*1]",
+                                "tileloadd tmm6, [{b0} + {sb}*1]",
+                                "tdpbf16ps tmm0, tmm4, tmm6",
+                                a0 = in(reg) a0, b0 = in(reg) b0, sa = in(reg) sa, sb = in(reg) sb,
+                                options(nostack, readonly)
+                            ),
+                        }
+                    }
+                    p += 16;
                 }
-                for (i, row) in accs.iter_mut().enumerate() {
-                    let pair = ap.add(i * lda + 2 * p).cast::<u32>().read_unaligned();
-                    let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(pair as i32));
-                    for (x, &bvv) in row.iter_mut().zip(&bv) {
-                        *x = _mm512_dpbf16_ps(*x, av, std::mem::transmute::<__m512i, __m512bh>(bvv));
+                // SAFETY: see above.
+                unsafe {
+                    std::arch::asm!("tilestored [{c0} + {sc}*1], tmm0", c0 = in(reg) c_at(r, j), sc = in(reg) sc, options(nostack));
+                    if two_c {
+                        std::arch::asm!("tilestored [{c1} + {sc}*1], tmm1", c1 = in(reg) c_at(r, j + 16), sc = in(reg) sc, options(nostack));
+                    }
+                    if two_r {
+                        std::arch::asm!("tilestored [{c2} + {sc}*1], tmm2", c2 = in(reg) c_at(r + 16, j), sc = in(reg) sc, options(nostack));
+                    }
+                    if two_r && two_c {
+                        std::arch::asm!("tilestored [{c3} + {sc}*1], tmm3", c3 = in(reg) c_at(r + 16, j + 16), sc = in(reg) sc, options(nostack));
                     }
                 }
+                j += if two_c { 32 } else { 16 };
             }
-            for (i, row) in accs.iter().enumerate() {
-                for (v, &x) in row.iter().enumerate() {
-                    let mk = if v + 1 == NV { mask } else { 0xFFFF };
-                    _mm512_mask_storeu_ps(cp.add(i * ldc + v * 16), mk, x);
-                }
-            }
+            r += if two_r { 32 } else { 16 };
+        }
+        // SAFETY: releases the tile state configured above.
+        unsafe {
+            std::arch::asm!("tilerelease", options(nostack, nomem));
         }
     }
 
@@ -1024,8 +1141,43 @@ mod tests {
     }
 
     #[test]
+    fn amx_gemm_matches_the_f32_gemm_on_bf16_values() {
+        if !amx_bf16() {
+            return;
+        }
+        let mut seed = 3u64;
+        let bf = |x: f32| half::bf16::from_f32(x);
+        for &(m, n, k2, acc) in &[(16usize, 16usize, 16usize, false), (48, 80, 32, true), (64, 160, 48, false), (32, 64, 16, true)] {
+            let (lda, ldc) = (2 * k2 + 6, n + 4);
+            let a: Vec<half::bf16> = (0..m * lda).map(|_| bf(lcg(&mut seed))).collect();
+            // B as f32 k x n (row-major) and as 64-column pair panels.
+            let bm: Vec<half::bf16> = (0..2 * k2 * n).map(|_| bf(lcg(&mut seed))).collect();
+            let panels = n.div_ceil(PANEL);
+            let pstride = k2 * PANEL + 8;
+            let mut bp = vec![0u32; panels * pstride];
+            for p in 0..k2 {
+                for j in 0..n {
+                    let (lo, hi) = (bm[2 * p * n + j].to_bits(), bm[(2 * p + 1) * n + j].to_bits());
+                    bp[(j / PANEL) * pstride + p * PANEL + j % PANEL] = u32::from(lo) | (u32::from(hi) << 16);
+                }
+            }
+            let c0: Vec<f32> = (0..m * ldc).map(|_| lcg(&mut seed)).collect();
+            let (mut c1, mut c2) = (c0.clone(), c0.clone());
+            let a_bits: Vec<u16> = a.iter().map(|x| x.to_bits()).collect();
+            gemm_amx_bf16(m, n, k2, &a_bits, lda, &bp, pstride, &mut c1, ldc, acc);
+            let af: Vec<f32> = a.iter().map(|x| x.to_f32()).collect();
+            let bf32: Vec<f32> = bm.iter().map(|x| x.to_f32()).collect();
+            gemm_reference(m, n, 2 * k2, &af, lda, &bf32, n, &mut c2, ldc, acc);
+            for i in 0..m * ldc {
+                assert!((c1[i] - c2[i]).abs() < 1e-4, "{m}x{n}x{k2} at {i}: {} vs {}", c1[i], c2[i]);
+            }
+        }
+    }
+
+    #[test]
     fn exp_is_accurate_and_zero_for_minus_infinity() {
-        let mut x: Vec<f32> = (-1000..=100).map(|i| i as f32 * 0.087).collect();
+        let mut x: Vec<f32> = (-1000..=1000).map(|i| i as f32 * 0.087).collect();
+        x.push(f32::NEG_INFINITY);
         x.push(f32::NEG_INFINITY);
         let orig = x.clone();
         let s = exp_sub_sum(&mut x, 0.0);
@@ -1034,12 +1186,22 @@ mod tests {
             let e = f64::from(o).exp();
             want += e;
             if o < -87.0 {
-                assert_eq!(*y, 0.0);
+                // Zero, or the (sub)normal value itself.
+                assert!(*y >= 0.0 && *y < 2e-38, "exp({o}) = {y}");
+            } else if o > 88.0 {
+                assert!(*y > 1e38, "exp({o}) = {y}");
             } else {
                 assert!((f64::from(*y) - e).abs() <= 3e-7 * e, "exp({o}) = {y}, want {e}");
             }
         }
-        assert!((f64::from(s) - want).abs() < 1e-5 * want);
+        assert!(want > 1e38 || (f64::from(s) - want).abs() < 1e-5 * want);
+        assert_eq!(x[x.len() - 1], 0.0);
+        // The scalar form is 0 below -87.
+        assert_eq!(exp_approx(-87.5), 0.0);
+        assert_eq!(exp_approx(f32::NEG_INFINITY), 0.0);
+        assert!(exp_approx(f32::NAN).is_nan());
+        let mut nan = [f32::NAN, 0.0];
+        assert!(exp_sub_sum(&mut nan, 0.0).is_nan());
     }
 
     #[test]
@@ -1080,6 +1242,19 @@ mod perf {
             }
             let s = t.elapsed().as_secs_f64();
             eprintln!("{m}x{n}x{k} ldb {ldb}: {:.1} GFLOP/s", (2 * m * n * k * iters) as f64 / s / 1e9);
+        }
+        if super::amx_bf16() {
+            let (m, n, k2) = (64usize, 128usize, 64usize);
+            let a = vec![0x3f80u16; m * 2 * k2];
+            let b = vec![0x3f803f80u32; k2 * 128];
+            let mut c = vec![0f32; m * n];
+            let iters = 20000;
+            let t = std::time::Instant::now();
+            for _ in 0..iters {
+                super::gemm_amx_bf16(m, n, k2, &a, 2 * k2, &b, 64 * k2, &mut c, n, true);
+            }
+            let s = t.elapsed().as_secs_f64();
+            eprintln!("bf16 {m}x{n}x{}: {:.1} GFLOP/s", 2 * k2, (2 * m * n * 2 * k2 * iters) as f64 / s / 1e9);
         }
     }
 }

@@ -323,6 +323,25 @@ fn bhsd_strided_views_and_half_dtypes() {
 }
 
 #[test]
+fn bf16_prefill_on_every_head_dim_group_and_option() {
+    // With AMX the bf16 tile products run on bf16 tiles (rows padded to 16, q.k dims to 32).
+    let cases = [(7, 64, 4, 4, 48), (63, 80, 12, 4, 80), (130, 96, 8, 1, 96), (130, 128, 6, 2, 40), (20, 256, 3, 1, 256)];
+    for (s, d, hq, hkv, dv) in cases {
+        for attrs in [
+            causal(),
+            AttentionAttrs::default(),
+            AttentionAttrs { causal: true, window_left: Some(9), alibi: true, softcap: Some(8.0), ..Default::default() },
+        ] {
+            let mut a = dense(1, s, s + 3, hq, hkv, d, dv, DType::BF16);
+            a.attrs = attrs.clone();
+            check(&a, &format!("bf16 s={s} d={d} hq={hq} hkv={hkv}"));
+            a.mask = Some(t(&[s, s + 3], 8, DType::BF16, Layout::Bshd));
+            check(&a, &format!("bf16 masked s={s} d={d}"));
+        }
+    }
+}
+
+#[test]
 fn decode_split_kv_against_long_caches() {
     for (sq, sk) in [(1, 1000), (3, 777), (4, 1), (1, 0)] {
         for (hq, hkv) in [(8, 1), (8, 8), (16, 2)] {
@@ -462,6 +481,13 @@ fn paged_half_and_fp8_caches_with_scales() {
                 check_paged(&paged_args(&c, &[100, 33], causal()), &format!("{dtype} {layout} sq={sq}"));
             }
         }
+    }
+    // bf16 caches and queries, no scales: the bf16 (AMX) tile path.
+    for layout in [Layout::Nhd, Layout::Hnd] {
+        let c = Paged { layout, page_size: 16, i64_table: true, dtype: DType::BF16, scaled: false, sq: 20 };
+        let mut a = paged_args(&c, &[100, 33], causal());
+        a.q = t(a.q.shape(), 23, DType::BF16, Layout::Bshd);
+        check_paged(&a, &format!("bf16 unscaled {layout}"));
     }
 }
 

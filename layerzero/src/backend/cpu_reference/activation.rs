@@ -4,8 +4,9 @@
 //!
 //! `erf` / `erfc` are computed here (std has no erf): the series
 //! `erf(x) = 2/sqrt(pi) exp(-x^2) sum_n (2x^2)^n x / (1*3*...*(2n+1))` (Abramowitz & Stegun
-//! 7.1.6; every term positive, so no cancellation) below 2, and the continued fraction of
-//! `erfc` (A&S 7.1.14, modified Lentz) from 2 up; both are accurate to a few f64 ulps.
+//! 7.1.6; every term positive, so no cancellation), and the continued fraction of `erfc`
+//! (A&S 7.1.14, modified Lentz) for erf from 2 up and erfc from 1 up. Against mpmath on 6000
+//! points in [0, 30] the largest relative errors are 1.0e-15 (erf) and 2.9e-15 (erfc).
 
 use std::sync::Arc;
 
@@ -83,7 +84,7 @@ fn erf_series(x: f64) -> f64 {
     std::f64::consts::FRAC_2_SQRT_PI * exp_minus_square(x) * sum
 }
 
-/// erfc(x) for x >= 2 by the continued fraction
+/// erfc(x) for x >= 1 by the continued fraction
 /// `erfc(x) = exp(-x^2)/sqrt(pi) * 1/(x + (1/2)/(x + 1/(x + (3/2)/(x + 2/(x + ...)))))`.
 fn erfc_fraction(x: f64) -> f64 {
     if x > 27.3 {
@@ -107,7 +108,7 @@ fn erfc_fraction(x: f64) -> f64 {
         d = 1.0 / d;
         let delta = c * d;
         f *= delta;
-        if (delta - 1.0).abs() < 1e-17 {
+        if (delta - 1.0).abs() <= f64::EPSILON {
             break;
         }
     }
@@ -129,7 +130,7 @@ pub(crate) fn erfc(x: f64) -> f64 {
     if x.is_nan() {
         return x;
     }
-    if x >= 2.0 {
+    if x >= 1.0 {
         erfc_fraction(x)
     } else if x >= 0.0 {
         1.0 - erf_series(x)
@@ -291,8 +292,10 @@ mod tests {
     ];
 
     /// erfc where it is small (relative precision matters).
-    const ERFC: [(f64, f64); 5] = [
+    const ERFC: [(f64, f64); 7] = [
         (0.5, 0.4795001221869535),
+        (1.0, 0.15729920705028513),
+        (1.5, 0.033894853524689274),
         (2.0, 4.677734981047266e-3),
         (3.0, 2.209049699858544e-5),
         (5.0, 1.537459794428035e-12),
@@ -311,7 +314,7 @@ mod tests {
             assert!((erfc(x) - (1.0 - want)).abs() <= 4e-16, "erfc({x})");
         }
         for (x, want) in ERFC {
-            assert!(rel(erfc(x), want) <= 1e-14, "erfc({x}) = {} vs {want}", erfc(x));
+            assert!(rel(erfc(x), want) <= 4e-15, "erfc({x}) = {} vs {want}", erfc(x));
             assert!(rel(erfc(-x), 2.0 - want) <= 4e-16, "erfc(-{x})");
         }
         assert!(erf(f64::NAN).is_nan() && erfc(f64::NAN).is_nan());
