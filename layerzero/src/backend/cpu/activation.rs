@@ -109,7 +109,6 @@ fn erfc_arg(z: f32, t: f32) -> f32 {
 
 /// erfc in f32 (NaN stays NaN). Against mpmath: relative error below 6.6e-7 for |x| < 2,
 /// growing with the rounding of x^2 to 9e-6 at x = 9 (where erfc is 4e-37).
-#[cfg_attr(not(test), allow(dead_code))] // the kernels inline the same formula (`apply`)
 pub(crate) fn erfc_f32(x: f32) -> f32 {
     let z = x.abs();
     let t = 1.0 / (1.0 + 0.5 * z);

@@ -580,20 +580,16 @@ fn prefill_item(p: &Problem, u: &Unit, pk: &Packed, kvh: usize, sink: &mut Sink)
             // The bf16 scores are unscaled; with modifiers they were scaled above.
             let scale = if amx && !p.mods.active() { p.scale } else { 1.0 };
             let rows = simd::SoftmaxRows { ranges: &local, m: &mut mrow, l: &mut lrow, scale };
-            simd::softmax_tile(&mut s[c0..], BK, c1 - c0, rows, &mut o, ldo, dv);
             match pk {
                 Packed::F32 { v, .. } => {
+                    simd::softmax_tile(&mut s[c0..], BK, c1 - c0, rows, &mut o, ldo, dv);
                     let vt = &v[(tile * nvb * BK + c0) * P..];
                     simd::gemm_panels(m, dv, c1 - c0, &s[c0..], BK, vt, BK * P, &mut o, dv, true);
                 }
                 Packed::Bf16 { v, .. } => {
-                    // P to bf16, zero-padded to a multiple of 32 keys (within the tile).
+                    // P as bf16, zero-padded to a multiple of 32 keys (within the tile).
                     let kw = (c1 - c0).div_ceil(AMX_K) * AMX_K;
-                    for r in 0..m {
-                        let row = &mut pb[r * BK + c0..r * BK + c0 + kw];
-                        simd::f32_to_bf16_bits(&s[r * BK + c0..r * BK + c1], &mut row[..c1 - c0]);
-                        row[c1 - c0..].fill(0);
-                    }
+                    simd::softmax_tile_bf16(&s[c0..], BK, c1 - c0, rows, &mut o, ldo, dv, &mut pb[c0..], BK, kw);
                     let vt = &v[(tile * nvb * (BK / 2) + c0 / 2) * P..];
                     simd::gemm_amx_bf16(mp, ldo, kw / 2, &pb[c0..], BK, vt, (BK / 2) * P, &mut o, ldo, true);
                 }

@@ -67,26 +67,6 @@ fn out(t: HostTensor) -> Outputs {
     Outputs::from([("out".to_owned(), t)])
 }
 
-/// erfc(z) for z >= 0, relative error about 1.2e-7 (Numerical Recipes' Chebyshev fit).
-#[inline(always)]
-fn erfc_pos(z: f32) -> f32 {
-    let t = 1.0 / (1.0 + 0.5 * z);
-    let mut p = 0.170_872_77f32;
-    for c in [
-        -0.822_152_23f32,
-        1.488_515_9,
-        -1.135_204,
-        0.278_868_07,
-        -0.186_288_06,
-        0.096_784_18,
-        0.374_091_96,
-        1.000_023_7,
-    ] {
-        p = p * t + c;
-    }
-    t * simd::exp_approx(-z * z - 1.265_512_2 + t * p)
-}
-
 /// `g[i] = act(g[i]) * u[i]`, compiled for the best SIMD level this CPU has.
 pub(super) fn act_mul(act: Activation, g: &mut [f32], u: &[f32]) {
     #[cfg(target_arch = "x86_64")]
@@ -141,7 +121,7 @@ fn act_mul_impl(act: Activation, g: &mut [f32], u: &[f32]) {
         Activation::Gelu => {
             for (g, &u) in g.iter_mut().zip(u) {
                 let x = *g;
-                let e = erfc_pos(x.abs() * std::f32::consts::FRAC_1_SQRT_2);
+                let e = super::activation::erfc_f32(x.abs() * std::f32::consts::FRAC_1_SQRT_2);
                 let v = if x >= 0.0 { x - 0.5 * x * e } else { 0.5 * x * e };
                 *g = v * u;
             }

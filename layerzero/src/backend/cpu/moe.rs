@@ -162,28 +162,12 @@ fn route_row(
     Ok(())
 }
 
-/// erfc(x) with relative error below 1.2e-7 everywhere (the Chebyshev fit of Numerical
-/// Recipes' `erfcc`), enough for f32.
-fn erfc(x: f64) -> f64 {
-    let z = x.abs();
-    let t = 1.0 / (1.0 + 0.5 * z);
-    let poly = -z * z - 1.265_512_23
-        + t * (1.000_023_68
-            + t * (0.374_091_96
-                + t * (0.096_784_18
-                    + t * (-0.186_288_06
-                        + t * (0.278_868_07
-                            + t * (-1.135_203_98 + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
-    let r = t * poly.exp();
-    if x >= 0.0 { r } else { 2.0 - r }
-}
-
 /// The gated MLP's activation (computed in f64, stored in f32).
 fn activate(act: Activation, x: f32) -> f32 {
     let x = f64::from(x);
     let y = match act {
         Activation::Silu => x / (1.0 + (-x).exp()),
-        Activation::Gelu => 0.5 * x * erfc(-x / std::f64::consts::SQRT_2),
+        Activation::Gelu => 0.5 * x * f64::from(super::activation::erfc_f32((-x / std::f64::consts::SQRT_2) as f32)),
         Activation::GeluTanh => {
             let c = (2.0 / std::f64::consts::PI).sqrt();
             0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())

@@ -528,6 +528,9 @@ pub(crate) fn amx_bf16() -> bool {
                 .is_some_and(|f| f.has_amx_tile() && f.has_amx_bf16());
             level() == Level::Avx512
                 && cpu
+                && is_x86_feature_detected!("avx512bf16")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
                 && std::env::var("LZ_CPU_SIMD").map_or(true, |v| v != "noamx")
                 && x86::request_amx()
         }
@@ -568,6 +571,35 @@ fn f32_to_bf16_impl(src: &[f32], dst: &mut [half::bf16]) {
 multiversion! {
     /// f32 to bf16, round to nearest even (as `half::bf16::from_f32`).
     fn f32_to_bf16(src: &[f32], dst: &mut [half::bf16]) => f32_to_bf16_impl;
+}
+
+/// [`softmax_tile`] for the bf16 tile path: the probabilities go to `pb` as bf16 (row
+/// stride `ldp`, `kw >= w` columns, zeros outside each row's range) and are computed with a
+/// cheaper exponential (relative error 3e-6, far below bf16's 2^-9); `s` is only read.
+/// Only callable when [`amx_bf16`] is true.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn softmax_tile_bf16(
+    s: &[f32],
+    lds: usize,
+    w: usize,
+    rows: SoftmaxRows,
+    o: &mut [f32],
+    ldo: usize,
+    dv: usize,
+    pb: &mut [u16],
+    ldp: usize,
+    kw: usize,
+) {
+    assert!(amx_bf16(), "softmax_tile_bf16 needs AMX (AVX512_BF16)");
+    assert!(kw >= w && ldp >= kw && lds >= w);
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[allow(unsafe_code)]
+        // SAFETY: `amx_bf16()` (asserted above) detected AVX-512F/BW/VL and AVX512_BF16.
+        unsafe {
+            x86::softmax_tile_bf16_avx512(s, lds, w, rows, o, ldo, dv, pb, ldp, kw)
+        };
+    }
 }
 
 /// `C (+)= A . B` on AMX tiles. A is row-major bf16 bits, `m` rows of `lda` elements (the
@@ -699,6 +731,87 @@ mod x86 {
             i += len;
         }
         _mm512_reduce_add_ps(sum)
+    }
+
+    /// e^(x scale - m) for the bf16 path: 2^t, t = x scale log2 e - m log2 e, a degree-4
+    /// fit of 2^f on [-1/2, 1/2] (relative error 2.6e-6); writes bf16 bits, returns the sum.
+    #[allow(unsafe_code)]
+    #[target_feature(enable = "avx512f,avx512bf16,avx512bw,avx512vl")]
+    fn exp_to_bf16_avx512(x: &[f32], scale: f32, m: f32, out: &mut [u16]) -> f32 {
+        let n = x.len().min(out.len());
+        let (xp, op) = (x.as_ptr(), out.as_mut_ptr());
+        let l2e = std::f32::consts::LOG2_E;
+        let (vc, vm, floor) = (_mm512_set1_ps(scale * l2e), _mm512_set1_ps(-m * l2e), _mm512_set1_ps(-150.0));
+        let c = [
+            _mm512_set1_ps(9.570_102e-3),
+            _mm512_set1_ps(5.591_786_3e-2),
+            _mm512_set1_ps(2.402_474_4e-1),
+            _mm512_set1_ps(6.931_218e-1),
+            _mm512_set1_ps(0.999_999_3),
+        ];
+        let mut sum = _mm512_setzero_ps();
+        let mut i = 0;
+        while i < n {
+            let len = (n - i).min(16);
+            let mask: u16 = if len == 16 { 0xFFFF } else { (1u16 << len) - 1 };
+            // SAFETY: lanes i..i+len lie within `x` and `out`; masked-off lanes are not accessed.
+            let v = unsafe { _mm512_maskz_loadu_ps(mask, xp.add(i)) };
+            let t = _mm512_max_ps(floor, _mm512_fmadd_ps(v, vc, vm));
+            let k = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
+            let f = _mm512_sub_ps(t, k);
+            let mut y = c[0];
+            for &ci in &c[1..] {
+                y = _mm512_fmadd_ps(y, f, ci);
+            }
+            let e = _mm512_maskz_mov_ps(mask, _mm512_scalef_ps(y, k));
+            sum = _mm512_add_ps(sum, e);
+            let bits: __m256i = unsafe { std::mem::transmute(_mm512_cvtneps_pbh(e)) };
+            // SAFETY: as for the load.
+            unsafe { _mm256_mask_storeu_epi16(op.add(i).cast(), mask, bits) };
+            i += len;
+        }
+        _mm512_reduce_add_ps(sum)
+    }
+
+    /// [`super::softmax_tile_bf16`] after its checks.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bf16,avx512bw,avx512vl,avx2,fma")]
+    pub(super) fn softmax_tile_bf16_avx512(
+        s: &[f32],
+        lds: usize,
+        w: usize,
+        rows: super::SoftmaxRows,
+        o: &mut [f32],
+        ldo: usize,
+        dv: usize,
+        pb: &mut [u16],
+        ldp: usize,
+        kw: usize,
+    ) {
+        let super::SoftmaxRows { ranges, m, l, scale } = rows;
+        for (r, &(a, b)) in ranges.iter().enumerate() {
+            let prow = &mut pb[r * ldp..r * ldp + kw];
+            let b = b.min(w);
+            if a >= b {
+                prow.fill(0);
+                continue;
+            }
+            prow[..a].fill(0);
+            prow[b..].fill(0);
+            let seg = &s[r * lds + a..r * lds + b];
+            let m_new = m[r].max(scale * super::row_max_impl(seg));
+            if m_new == f32::NEG_INFINITY {
+                prow[a..b].fill(0);
+                continue;
+            }
+            let corr = super::exp_approx(m[r] - m_new);
+            let sum = exp_to_bf16_avx512(seg, scale, m_new, &mut prow[a..b]);
+            l[r] = l[r] * corr + sum;
+            m[r] = m_new;
+            if corr != 1.0 {
+                super::scale_impl(&mut o[r * ldo..r * ldo + dv], corr);
+            }
+        }
     }
 
     /// [`super::softmax_tile`] with the AVX-512 exponential.

@@ -141,6 +141,16 @@ pub(crate) fn erfc(x: f64) -> f64 {
 
 /// GELU, exact: `0.5 x (1 + erf(x / sqrt 2))`, written `0.5 x erfc(-x / sqrt 2)` (the same
 /// value without the cancellation for negative x).
+/// A gated MLP's activation in f64 (`mlp`, `moe_experts`).
+pub(crate) fn activate(act: crate::model::attrs::Activation, x: f64) -> f64 {
+    use crate::model::attrs::Activation;
+    match act {
+        Activation::Silu => silu_f64(x),
+        Activation::Gelu => gelu_erf(x),
+        Activation::GeluTanh => gelu_tanh(x),
+    }
+}
+
 pub(crate) fn gelu_erf(x: f64) -> f64 {
     0.5 * x * erfc(-x * std::f64::consts::FRAC_1_SQRT_2)
 }

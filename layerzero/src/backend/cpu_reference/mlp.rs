@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use crate::exec::args::{MlpArgs, OpArgs, Outputs};
 use crate::exec::executor::{KernelError, Registry};
-use crate::model::attrs::Activation;
 use crate::model::layout::Layout;
 use crate::model::op::Op;
 use crate::tensor::HostTensor;
@@ -60,64 +59,8 @@ pub(crate) fn mlp_dims(a: &MlpArgs) -> Result<(Vec<usize>, usize, usize, usize),
     Ok((lead, m, h, i))
 }
 
-/// erfc(z) in f64 (about 1e-13 relative or better): 1 - the Maclaurin series of erf below
-/// 2, a continued fraction (modified Lentz) from 2; `2 - erfc(-z)` for negative z.
-pub(crate) fn erfc(z: f64) -> f64 {
-    if z.is_nan() {
-        return z;
-    }
-    if z < 0.0 {
-        return 2.0 - erfc(-z);
-    }
-    if z < 2.0 {
-        // erf(z) = 2/sqrt(pi) * sum_n (-1)^n z^(2n+1) / (n! (2n+1)).
-        let z2 = z * z;
-        let (mut term, mut sum) = (z, z);
-        for n in 1..200 {
-            term *= -z2 / n as f64;
-            let t = term / (2 * n + 1) as f64;
-            sum += t;
-            if t.abs() < 1e-17 * sum.abs() {
-                break;
-            }
-        }
-        return 1.0 - sum * std::f64::consts::FRAC_2_SQRT_PI;
-    }
-    if z > 27.0 {
-        return 0.0;
-    }
-    // erfc(z) = exp(-z^2)/sqrt(pi) * 1/(z + (1/2)/(z + 1/(z + (3/2)/(z + 2/(z + ...))))).
-    let tiny = 1e-300;
-    let mut f = z;
-    let (mut c, mut d) = (z, 0.0f64);
-    for n in 1..500 {
-        let an = n as f64 / 2.0;
-        d = z + an * d;
-        d = if d.abs() < tiny { tiny } else { d };
-        c = z + an / c;
-        c = if c.abs() < tiny { tiny } else { c };
-        d = 1.0 / d;
-        let delta = c * d;
-        f *= delta;
-        if (delta - 1.0).abs() < 1e-16 {
-            break;
-        }
-    }
-    (-z * z).exp() / std::f64::consts::PI.sqrt() / f
-}
+use super::activation::activate;
 
-/// The activation in f64: silu `x / (1 + e^-x)`; gelu `x/2 * erfc(-x / sqrt 2)`; gelu_tanh
-/// `x/2 * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
-pub(crate) fn activate(act: Activation, x: f64) -> f64 {
-    match act {
-        Activation::Silu => x / (1.0 + (-x).exp()),
-        Activation::Gelu => 0.5 * x * erfc(-x / std::f64::consts::SQRT_2),
-        Activation::GeluTanh => {
-            let u = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
-            0.5 * x * (1.0 + u.tanh())
-        }
-    }
-}
 
 /// `mlp` in f64, rounded once to x's dtype.
 pub fn mlp(a: &MlpArgs) -> Result<HostTensor, KernelError> {
@@ -146,27 +89,10 @@ pub fn mlp(a: &MlpArgs) -> Result<HostTensor, KernelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::attrs::Activation;
     use crate::model::attrs::MlpAttrs;
     use crate::model::dtype::DType;
 
-    #[test]
-    fn erfc_known_values() {
-        // Reference values (Abramowitz & Stegun / mpmath).
-        for (z, want) in [
-            (0.0, 1.0),
-            (0.5, 0.479_500_122_186_953_5),
-            (1.0, 0.157_299_207_050_285_13),
-            (2.0, 0.004_677_734_981_047_266),
-            (3.0, 2.209_049_699_858_544e-5),
-            (5.0, 1.537_459_794_428_035e-12),
-            (-1.0, 1.842_700_792_949_715),
-        ] {
-            let got = erfc(z);
-            assert!((got - want).abs() <= 1e-13 * want.abs().max(1e-300), "erfc({z}) = {got}, want {want}");
-        }
-        assert_eq!(erfc(30.0), 0.0);
-        assert_eq!(erfc(-30.0), 2.0);
-    }
 
     #[test]
     fn activations_known_values() {

@@ -20,7 +20,6 @@ use std::sync::Arc;
 use super::{expect_float, expect_rank, from_f64_as, index_values, invalid, out, wrong_op, zeros_for};
 use crate::exec::args::{MoeExpertsArgs, MoeRouteArgs, OpArgs, Outputs};
 use crate::exec::executor::{KernelError, Registry};
-use crate::model::attrs::Activation;
 use crate::model::op::Op;
 use crate::tensor::{HostTensor, Storage};
 
@@ -97,40 +96,8 @@ pub(crate) fn moe_route(a: &MoeRouteArgs) -> Result<Outputs, KernelError> {
     Ok(Outputs::from([("experts".to_owned(), experts), ("weights".to_owned(), weights)]))
 }
 
-/// erf(x) to about 1e-15: `2/sqrt(pi) exp(-x^2) sum_n 2^n x^(2n+1) / (2n+1)!!`, a series of
-/// positive terms (no cancellation); |erf(x)| is 1 in f64 beyond 6.
-pub(crate) fn erf(x: f64) -> f64 {
-    if x.is_nan() {
-        return x;
-    }
-    let a = x.abs();
-    if a >= 6.0 {
-        return x.signum();
-    }
-    let x2 = a * a;
-    let mut term = a;
-    let mut sum = a;
-    let mut n = 0.0;
-    while term > sum * 1e-17 {
-        n += 1.0;
-        term *= 2.0 * x2 / (2.0 * n + 1.0);
-        sum += term;
-    }
-    let r = 2.0 / std::f64::consts::PI.sqrt() * (-x2).exp() * sum;
-    r.min(1.0).copysign(x)
-}
+use super::activation::activate;
 
-/// The gated MLP's activation in f64.
-pub(crate) fn activate(act: Activation, x: f64) -> f64 {
-    match act {
-        Activation::Silu => x / (1.0 + (-x).exp()),
-        Activation::Gelu => 0.5 * x * (1.0 + erf(x / std::f64::consts::SQRT_2)),
-        Activation::GeluTanh => {
-            let c = (2.0 / std::f64::consts::PI).sqrt();
-            0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
-        }
-    }
-}
 
 /// The checked dimensions of a `moe_experts` call.
 #[derive(Debug, Clone, Copy)]
@@ -222,6 +189,7 @@ pub(crate) fn moe_experts(a: &MoeExpertsArgs) -> Result<HostTensor, KernelError>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::attrs::Activation;
     use crate::model::attrs::{MlpAttrs, MoeRouteAttrs};
     use crate::model::dtype::DType;
 
@@ -284,24 +252,6 @@ mod tests {
         assert!(ex.is_empty() && w.is_empty());
     }
 
-    #[test]
-    fn erf_matches_known_values() {
-        for (x, want) in [
-            (0.0, 0.0),
-            (0.1, 0.1124629160182849),
-            (0.5, 0.5204998778130465),
-            (1.0, 0.8427007929497149),
-            (2.0, 0.9953222650189527),
-            (3.0, 0.9999779095030014),
-            (-1.5, -0.9661051464753108),
-            (5.0, 0.9999999999984626),
-        ] {
-            assert!((erf(x) - want).abs() < 1e-15, "erf({x}) = {} vs {want}", erf(x));
-        }
-        assert_eq!(erf(7.0), 1.0);
-        assert_eq!(erf(-30.0), -1.0);
-        assert!(erf(f64::NAN).is_nan());
-    }
 
     #[allow(clippy::too_many_arguments)]
     fn experts_args(
