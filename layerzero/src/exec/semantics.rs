@@ -122,6 +122,62 @@ pub fn rope_frequencies(a: &RopeAttrs, rotary_dim: usize, seq_len: usize) -> (Ve
     }
 }
 
+/// Validated sampling options (`sample`), shared by every sampling kernel so that they
+/// agree on what the attributes mean.
+#[derive(Debug, Clone, Copy)]
+pub struct SamplePlan {
+    /// Argmax (lowest index on ties).
+    pub greedy: bool,
+    /// Softmax temperature (1 when absent).
+    pub temperature: f64,
+    /// 0 = no top-k.
+    pub top_k: u64,
+    /// Top-p mass, of what top-k keeps.
+    pub top_p: Option<f64>,
+    /// Min-p ratio (0 = off).
+    pub min_p: f64,
+    /// RNG seed (0 when absent).
+    pub seed: u64,
+}
+
+/// Validates sampling attributes; the error names the attribute and its value.
+pub fn sample_plan(a: &crate::model::attrs::SampleAttrs) -> Result<SamplePlan, String> {
+    let temperature = a.temperature.unwrap_or(1.0);
+    if !(temperature.is_finite() && temperature >= 0.0) {
+        return Err(format!("attrs.temperature is {temperature}; it must be a finite number >= 0"));
+    }
+    if let Some(p) = a.top_p
+        && !(p > 0.0 && p <= 1.0)
+    {
+        return Err(format!("attrs.top_p is {p}; it must be in (0, 1]"));
+    }
+    if let Some(p) = a.min_p
+        && !(0.0..=1.0).contains(&p)
+    {
+        return Err(format!("attrs.min_p is {p}; it must be in [0, 1]"));
+    }
+    let top_k = a.top_k.unwrap_or(0);
+    let filtered = top_k > 0 || a.top_p.is_some() || a.min_p.is_some();
+    let greedy = temperature == 0.0 || (a.temperature.is_none() && !filtered);
+    Ok(SamplePlan { greedy, temperature, top_k, top_p: a.top_p, min_p: a.min_p.unwrap_or(0.0), seed: a.seed.unwrap_or(0) })
+}
+
+/// The SplitMix64 output function.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The sampler's draw for a row: uniform in [0, 1), element `row` of the SplitMix64 stream
+/// whose state starts at `mix(seed)` (53 random bits). Counter-based: it depends only on
+/// (seed, row), never on thread count or the order rows are visited.
+pub fn sample_uniform(seed: u64, row: u64) -> f64 {
+    const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+    let state = mix(seed ^ 0x5851_F42D_4C95_7F2D).wrapping_add(row.wrapping_add(1).wrapping_mul(GAMMA));
+    (mix(state) >> 11) as f64 / (1u64 << 53) as f64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -53,51 +53,12 @@ pub(crate) fn f32_cow(t: &HostTensor) -> Cow<'_, [f32]> {
     Cow::Owned(t.to_f32_vec())
 }
 
-/// The validated options.
-#[derive(Debug, Clone, Copy)]
-struct Plan {
-    greedy: bool,
-    temperature: f64,
-    /// 0 = no top-k.
-    top_k: u64,
-    top_p: Option<f64>,
-    min_p: f64,
-    seed: u64,
-}
+use crate::exec::semantics::{SamplePlan as Plan, sample_plan, sample_uniform as uniform};
 
 fn plan(a: &SampleAttrs) -> Result<Plan, KernelError> {
-    let temperature = a.temperature.unwrap_or(1.0);
-    if !(temperature.is_finite() && temperature >= 0.0) {
-        return Err(invalid(format!("attrs.temperature is {temperature}; it must be a finite number >= 0")));
-    }
-    if let Some(p) = a.top_p
-        && !(p > 0.0 && p <= 1.0)
-    {
-        return Err(invalid(format!("attrs.top_p is {p}; it must be in (0, 1]")));
-    }
-    if let Some(p) = a.min_p
-        && !(0.0..=1.0).contains(&p)
-    {
-        return Err(invalid(format!("attrs.min_p is {p}; it must be in [0, 1]")));
-    }
-    let top_k = a.top_k.unwrap_or(0);
-    let filtered = top_k > 0 || a.top_p.is_some() || a.min_p.is_some();
-    let greedy = temperature == 0.0 || (a.temperature.is_none() && !filtered);
-    Ok(Plan { greedy, temperature, top_k, top_p: a.top_p, min_p: a.min_p.unwrap_or(0.0), seed: a.seed.unwrap_or(0) })
+    sample_plan(a).map_err(KernelError::InvalidInput)
 }
 
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// Uniform in [0, 1) from (seed, row); the same function as the reference's.
-fn uniform(seed: u64, row: u64) -> f64 {
-    const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
-    let state = mix(seed ^ 0x5851_F42D_4C95_7F2D).wrapping_add(row.wrapping_add(1).wrapping_mul(GAMMA));
-    (mix(state) >> 11) as f64 / (1u64 << 53) as f64
-}
 
 /// `cpu.sample.fast`.
 pub(crate) fn run(a: &SampleArgs) -> Result<Outputs, KernelError> {
