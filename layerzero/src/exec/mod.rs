@@ -3,5 +3,6 @@
 
 pub mod args;
 pub mod executor;
+pub mod quant;
 pub mod runtime;
 pub mod semantics;

@@ -23,10 +23,11 @@ use super::pack::read_f32;
 use super::wrong_op;
 use crate::exec::args::{DequantizeArgs, OpArgs, Outputs, QuantizeArgs};
 use crate::exec::executor::{KernelError, Registry};
-use crate::model::attrs::{QuantAttrs, QuantScheme, ScaleLayout};
+use crate::model::attrs::{QuantScheme, ScaleLayout};
 use crate::model::dtype::DType;
 use crate::tensor::fp8::Fp8;
 use crate::tensor::{HostTensor, Storage};
+use crate::exec::quant::{Grid, Target, check_scale};
 
 /// Quantize kernel id.
 pub(super) const QUANTIZE: &str = "cpu.quantize.fast";
@@ -88,83 +89,6 @@ pub(super) fn fp8_encode(f: Fp8, x: f32) -> u8 {
 fn i8_encode(q: f32) -> i8 {
     // A saturating cast: NaN gives 0.
     q.round_ties_even().clamp(-127.0, 127.0) as i8
-}
-
-/// The quantized format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Target {
-    I8,
-    Fp8(Fp8),
-}
-
-impl Target {
-    fn of(d: DType, what: &str) -> Result<Target, KernelError> {
-        match d {
-            DType::I8 => Ok(Target::I8),
-            DType::Fp8E4M3 => Ok(Target::Fp8(Fp8::E4M3)),
-            DType::Fp8E5M2 => Ok(Target::Fp8(Fp8::E5M2)),
-            d => Err(invalid(format!("{what} is {d}; expected i8, fp8_e4m3 or fp8_e5m2"))),
-        }
-    }
-
-    fn qmax(self) -> f32 {
-        match self {
-            Target::I8 => 127.0,
-            Target::Fp8(f) => f.max(),
-        }
-    }
-}
-
-/// The scale grid of a scheme over a 2-D x (x of any rank is seen as rows of its last dim
-/// for `none`/`per_tensor`, which have a single group).
-#[derive(Debug, Clone, Copy)]
-struct Grid {
-    scheme: QuantScheme,
-    br: usize,
-    bc: usize,
-    gr: usize,
-    gc: usize,
-}
-
-impl Grid {
-    fn new(a: &QuantAttrs, x: &HostTensor) -> Result<Grid, KernelError> {
-        let two_d = |what: &str| -> Result<(usize, usize), KernelError> {
-            match x.shape() {
-                &[r, c] => Ok((r, c)),
-                s => Err(invalid(format!("tensor `x` has shape {s:?}; {what} quantization needs a 2-D x [R, C]"))),
-            }
-        };
-        match a.scheme {
-            QuantScheme::None | QuantScheme::PerTensor => Ok(Grid { scheme: a.scheme, br: 1, bc: 1, gr: 1, gc: 1 }),
-            QuantScheme::PerChannel => {
-                let (r, c) = two_d("per_channel")?;
-                Ok(Grid { scheme: a.scheme, br: 1, bc: c.max(1), gr: r, gc: 1 })
-            }
-            QuantScheme::PerBlock => {
-                let (r, c) = two_d("per_block")?;
-                let Some([br, bc]) = a.block else {
-                    return Err(invalid("attrs.block is missing; per_block quantization needs a block [rows, cols]"));
-                };
-                let (br, bc) = (usize::try_from(br).unwrap_or(0), usize::try_from(bc).unwrap_or(0));
-                if br == 0 || bc == 0 {
-                    return Err(invalid(format!("attrs.block is {:?}; both sides must be positive", a.block)));
-                }
-                Ok(Grid { scheme: a.scheme, br, bc, gr: r.div_ceil(br), gc: c.div_ceil(bc) })
-            }
-        }
-    }
-
-    fn shape(&self) -> Vec<usize> {
-        match self.scheme {
-            QuantScheme::None | QuantScheme::PerTensor => vec![1],
-            QuantScheme::PerChannel => vec![self.gr],
-            QuantScheme::PerBlock => vec![self.gr, self.gc],
-        }
-    }
-
-    fn banded(&self) -> bool {
-        matches!(self.scheme, QuantScheme::PerChannel | QuantScheme::PerBlock)
-    }
 }
 
 /// x as rows of its last dim (a 0-d x is one row of one element).
@@ -289,70 +213,6 @@ pub(super) fn quantize(a: &QuantizeArgs) -> Result<Outputs, KernelError> {
     Ok(Outputs::from([("out".to_owned(), out), ("scale".to_owned(), scale)]))
 }
 
-/// Memory order of a 2-D view: `Some(true)` row-major, `Some(false)` column-major.
-fn memory_order(t: &HostTensor) -> Option<bool> {
-    let (sh, st) = (t.shape(), t.strides());
-    let (r, c) = (sh[0], sh[1]);
-    if (c <= 1 || st[1] == 1) && (r <= 1 || st[0] >= c) {
-        Some(true)
-    } else if (r <= 1 || st[0] == 1) && (c <= 1 || st[1] >= r) {
-        Some(false)
-    } else {
-        None
-    }
-}
-
-/// The given scale must be f32, have the scheme's shape and (per block) the stated order.
-fn check_scale(a: &QuantAttrs, x: &HostTensor, s: &HostTensor, grid: &Grid) -> Result<(), KernelError> {
-    if s.dtype() != DType::F32 {
-        return Err(invalid(format!("tensor `scale` has dtype {}; expected f32", s.dtype())));
-    }
-    let want = grid.shape();
-    let what = match a.scheme {
-        QuantScheme::PerBlock => format!("per_block {:?}", a.block.unwrap_or_default()),
-        other => other.as_str().to_owned(),
-    };
-    let shape_ok = match a.scheme {
-        QuantScheme::None | QuantScheme::PerTensor => s.numel() == 1,
-        _ => s.shape() == want,
-    };
-    if !shape_ok {
-        return Err(invalid(format!(
-            "SCALE_LAYOUT_MISMATCH: tensor `scale` has shape {:?} strides {:?}; {what} quantization of x {:?} \
-             expects scale shape {want:?}",
-            s.shape(),
-            s.strides(),
-            x.shape()
-        )));
-    }
-    if a.scheme == QuantScheme::PerBlock && grid.gr > 1 && grid.gc > 1 {
-        let layout = a.scale_layout.unwrap_or(ScaleLayout::RowMajor);
-        let order = memory_order(s);
-        let ok =
-            matches!((order, layout), (Some(true), ScaleLayout::RowMajor) | (Some(false), ScaleLayout::ColumnMajor));
-        if !ok {
-            let found = match order {
-                Some(true) => "row-major",
-                Some(false) => "column-major",
-                None => "neither row- nor column-major",
-            };
-            let expected = match layout {
-                ScaleLayout::RowMajor => format!("[{}, 1]", grid.gc),
-                ScaleLayout::ColumnMajor => format!("[1, {}]", grid.gr),
-            };
-            return Err(invalid(format!(
-                "SCALE_LAYOUT_MISMATCH: tensor `scale` has shape {:?} strides {:?} ({found}); attrs.scale_layout \
-                 is {}, so {what} scales of x {:?} must have strides {expected}",
-                s.shape(),
-                s.strides(),
-                layout.as_str(),
-                x.shape()
-            )));
-        }
-    }
-    Ok(())
-}
-
 /// `dequantize`: `out = decode(x) * scale` in f32, rounded once to `attrs.out_dtype`.
 pub(super) fn dequantize(a: &DequantizeArgs) -> Result<HostTensor, KernelError> {
     let x = &a.x;
@@ -403,6 +263,7 @@ fn read_x_row(x: &Mat, r: usize, out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::attrs::QuantAttrs;
     use crate::backend::cpu_reference;
     use crate::backend::cpu_reference::test_util::values;
     use crate::exec::args::strided_copy;
