@@ -75,10 +75,9 @@ def main(argv: list[str] | None = None) -> None:
         w = torch.randn(HIDDEN, generator=g).to(dt)
         b = torch.randn(HIDDEN, generator=g).to(dt)
         nbytes = 2 * ROWS * HIDDEN * x.element_size()
-        key = "F32" if name == "f32" else "BF16"
-        rows.append((f"rms_norm 4096x4096 {name}", ours.get(f"rms_norm_4096x4096/{key}"),
+        rows.append((f"rms_norm 4096x4096 {name}", ours.get(f"rms_norm_4096x4096/{name}"),
                      median_ms(lambda: F.rms_norm(x, (HIDDEN,), w, 1e-6), args.reps), nbytes, None))
-        rows.append((f"layer_norm 4096x4096 {name}", ours.get(f"layer_norm_4096x4096/{key}"),
+        rows.append((f"layer_norm 4096x4096 {name}", ours.get(f"layer_norm_4096x4096/{name}"),
                      median_ms(lambda: F.layer_norm(x, (HIDDEN,), w, b, 1e-5), args.reps), nbytes, None))
     xs = torch.randn(ROWS, 2 * INTER, generator=g)
     rows.append(("swiglu split 4096x11008 f32", ours.get("swiglu_split_4096x11008_f32"),
