@@ -4,9 +4,7 @@
 use std::sync::Arc;
 
 use layerzero::capabilities::catalog::Catalog;
-use layerzero::model::attrs::{
-    Activation, Int4Attrs, MlpAttrs, QuantAttrs, QuantScheme, ScaleLayout,
-};
+use layerzero::model::attrs::{Activation, Int4Attrs, MlpAttrs, QuantAttrs, QuantScheme, ScaleLayout};
 use layerzero::model::attrs::{
     AttentionAttrs, Attrs, GeluApproximate, GeluAttrs, NormAttrs, RopeAttrs, RopeScaling, RopeStyle, SwigluAttrs,
 };
@@ -539,7 +537,12 @@ fn quant_request(op: Op, attrs: QuantAttrs, scale: Option<TensorDesc>) -> Reques
     }
 }
 
-fn qattrs(scheme: QuantScheme, block: Option<[u64; 2]>, layout: Option<ScaleLayout>, target: Option<DType>) -> QuantAttrs {
+fn qattrs(
+    scheme: QuantScheme,
+    block: Option<[u64; 2]>,
+    layout: Option<ScaleLayout>,
+    target: Option<DType>,
+) -> QuantAttrs {
     QuantAttrs { scheme, block, scale_layout: layout, target, out_dtype: None }
 }
 
@@ -568,17 +571,46 @@ fn int4_request(group: u64) -> Request {
 fn quant_and_mlp_flips() -> Vec<Flip> {
     let block = Some([128, 128]);
     vec![
-        flip("quant_schemes", json!({"quant_schemes": ["per_tensor"]}), quant_request(Op::Quantize, qattrs(QuantScheme::PerChannel, None, None, None), None), "ATTR_UNSUPPORTED"),
-        flip("quant_targets", json!({"quant_targets": ["i8"]}), quant_request(Op::Quantize, qattrs(QuantScheme::PerTensor, None, None, Some(DType::Fp8E4M3)), None), "DTYPE_UNSUPPORTED"),
-        flip("quant_blocks", json!({"quant_blocks": [[1, 128]]}), quant_request(Op::Quantize, qattrs(QuantScheme::PerBlock, block, None, None), None), "ATTR_UNSUPPORTED"),
+        flip(
+            "quant_schemes",
+            json!({"quant_schemes": ["per_tensor"]}),
+            quant_request(Op::Quantize, qattrs(QuantScheme::PerChannel, None, None, None), None),
+            "ATTR_UNSUPPORTED",
+        ),
+        flip(
+            "quant_targets",
+            json!({"quant_targets": ["i8"]}),
+            quant_request(Op::Quantize, qattrs(QuantScheme::PerTensor, None, None, Some(DType::Fp8E4M3)), None),
+            "DTYPE_UNSUPPORTED",
+        ),
+        flip(
+            "quant_blocks",
+            json!({"quant_blocks": [[1, 128]]}),
+            quant_request(Op::Quantize, qattrs(QuantScheme::PerBlock, block, None, None), None),
+            "ATTR_UNSUPPORTED",
+        ),
         flip(
             "scale_layouts",
             json!({"scale_layouts": ["row_major"]}),
-            quant_request(Op::Quantize, qattrs(QuantScheme::PerBlock, block, Some(ScaleLayout::ColumnMajor), None), None),
+            quant_request(
+                Op::Quantize,
+                qattrs(QuantScheme::PerBlock, block, Some(ScaleLayout::ColumnMajor), None),
+                None,
+            ),
             "SCALE_LAYOUT_MISMATCH",
         ),
-        flip("activations", json!({"activations": ["silu"]}), mlp_request(Op::Mlp, Activation::GeluTanh), "ATTR_UNSUPPORTED"),
-        flip("activations (moe)", json!({"activations": ["gelu"]}), mlp_request(Op::MoeExperts, Activation::Silu), "ATTR_UNSUPPORTED"),
+        flip(
+            "activations",
+            json!({"activations": ["silu"]}),
+            mlp_request(Op::Mlp, Activation::GeluTanh),
+            "ATTR_UNSUPPORTED",
+        ),
+        flip(
+            "activations (moe)",
+            json!({"activations": ["gelu"]}),
+            mlp_request(Op::MoeExperts, Activation::Silu),
+            "ATTR_UNSUPPORTED",
+        ),
         flip("group_sizes", json!({"group_sizes": [32, 128]}), int4_request(64), "ATTR_UNSUPPORTED"),
     ]
 }
@@ -642,7 +674,8 @@ fn a_fused_mlp_is_modeled_without_its_intermediate_traffic() {
     };
     let doc = json!({"schema_version": 1, "backend": "probe", "description": "mlp", "device": "cpu", "version": "0",
                      "execution": "builtin", "kernels": [mk("probe.mlp.chain", false), mk("probe.mlp.fused", true)]});
-    let catalog = Arc::new(Catalog::from_texts(&[("m.json".to_owned(), doc.to_string())]).unwrap_or_else(|e| panic!("{e}")));
+    let catalog =
+        Arc::new(Catalog::from_texts(&[("m.json".to_owned(), doc.to_string())]).unwrap_or_else(|e| panic!("{e}")));
     let sel = planner_with(catalog, "zen4", layerzero::policy::Policy::default());
     let r = sel.explain(&mlp_request(Op::Mlp, Activation::Silu));
     let bytes = |k: &str| r.candidate(k).and_then(|c| c.score.as_ref()).map(|s| s.model.bytes).unwrap_or_default();
@@ -652,6 +685,7 @@ fn a_fused_mlp_is_modeled_without_its_intermediate_traffic() {
     let mut bad = kernel("probe.linear.x", Op::Linear, json!({}), props());
     bad["perf"]["fused"] = json!(true);
     let doc = json!({"schema_version": 1, "backend": "probe", "description": "x", "device": "cpu", "version": "0", "execution": "builtin", "kernels": [bad]});
-    let err = Catalog::from_texts(&[("x.json".to_owned(), doc.to_string())]).err().map(|e| e.to_string()).unwrap_or_default();
+    let err =
+        Catalog::from_texts(&[("x.json".to_owned(), doc.to_string())]).err().map(|e| e.to_string()).unwrap_or_default();
     assert!(err.contains("perf.fused"), "{err}");
 }

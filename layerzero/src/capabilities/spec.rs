@@ -420,7 +420,9 @@ pub(crate) fn fields_for_op(op: Op) -> &'static [&'static str] {
         Op::Geglu => &["hidden_size", "glu_forms", "gelu_approximations"],
         Op::Linear => &["weight_layouts"],
         Op::Mlp | Op::MoeExperts => &["activations"],
-        Op::Quantize | Op::Dequantize => &["hidden_size", "quant_schemes", "quant_targets", "quant_blocks", "scale_layouts"],
+        Op::Quantize | Op::Dequantize => {
+            &["hidden_size", "quant_schemes", "quant_targets", "quant_blocks", "scale_layouts"]
+        }
         Op::LinearInt4 => &["group_sizes"],
         Op::LinearW8a8 | Op::Tokenize => &[],
         _ => &["hidden_size"],

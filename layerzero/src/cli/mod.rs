@@ -219,7 +219,7 @@ fn run(cli: Cli) -> Result<Outcome> {
         Command::Hardware(a) => hardware(a),
         Command::Doctor(a) => doctor::run(load_catalog(&a.catalog)?, a.json),
         Command::Run(a) => {
-            let policy = a.policy.as_ref().map(|p| load_policy(p)).transpose()?;
+            let policy = a.policy.as_deref().map(load_policy).transpose()?;
             let catalog = load_catalog(&a.catalog)?;
             run::run(
                 run::RunArgs {
@@ -277,7 +277,7 @@ fn load_request(path: &str) -> Result<Request> {
     Request::from_json(&text).map_err(|e| Error::invalid(format!("{origin}: {e}")))
 }
 
-fn load_policy(p: &PathBuf) -> Result<Policy> {
+fn load_policy(p: &std::path::Path) -> Result<Policy> {
     let text = read_text(&p.display().to_string())?;
     Policy::from_json(&text, &p.display().to_string())
 }

@@ -103,7 +103,12 @@ fn quant(c: &Constraints, req: &Request, a: &QuantAttrs, out: &mut impl Sink) {
             && order != layout
         {
             mismatch(out, || {
-                format!("scale strides {:?} are {}; attrs.scale_layout says {}", scale.strides, order.as_str(), layout.as_str())
+                format!(
+                    "scale strides {:?} are {}; attrs.scale_layout says {}",
+                    scale.strides,
+                    order.as_str(),
+                    layout.as_str()
+                )
             });
         }
     }
@@ -115,7 +120,9 @@ fn w8a8(req: &Request, out: &mut impl Sink) {
         let (Some(s), Some(&rows)) = (req.get(name), rows) else { continue };
         let n: u64 = s.shape.iter().product();
         if !(s.rank() == 1 && (n == 1 || n == rows)) {
-            mismatch(out, || format!("tensor `{name}` shape {:?} must be [1] or [{rows}] (one scale per row)", s.shape));
+            mismatch(out, || {
+                format!("tensor `{name}` shape {:?} must be [1] or [{rows}] (one scale per row)", s.shape)
+            });
         }
     }
 }
@@ -132,7 +139,12 @@ fn int4(req: &Request, group: u64, out: &mut impl Sink) {
         if let Some(s) = req.get(name)
             && s.shape != want
         {
-            mismatch(out, || format!("tensor `{name}` shape {:?} must be [out_features, in_features / group_size] = {want:?}", s.shape));
+            mismatch(out, || {
+                format!(
+                    "tensor `{name}` shape {:?} must be [out_features, in_features / group_size] = {want:?}",
+                    s.shape
+                )
+            });
         }
     }
 }

@@ -74,7 +74,9 @@ pub(super) fn check(c: &Constraints, req: &Request, problem: &Problem, out: &mut
             if let Some(g) = &c.group_sizes
                 && !g.contains(&a.group_size)
             {
-                out.reject(ReasonCode::ATTR_UNSUPPORTED, || format!("group_size {} not in [{}]", a.group_size, list(g)));
+                out.reject(ReasonCode::ATTR_UNSUPPORTED, || {
+                    format!("group_size {} not in [{}]", a.group_size, list(g))
+                });
             }
         }
         _ => {}
@@ -95,6 +97,8 @@ fn glu_form(c: &Constraints, split: bool, out: &mut impl Sink) {
     if let Some(forms) = &c.glu_forms
         && !forms.contains(&form)
     {
-        out.reject(ReasonCode::ATTR_UNSUPPORTED, || format!("gated form {} is not one the kernel takes", form.as_str()));
+        out.reject(ReasonCode::ATTR_UNSUPPORTED, || {
+            format!("gated form {} is not one the kernel takes", form.as_str())
+        });
     }
 }

@@ -159,7 +159,14 @@ pub fn sample_plan(a: &crate::model::attrs::SampleAttrs) -> Result<SamplePlan, S
     let top_k = a.top_k.unwrap_or(0);
     let filtered = top_k > 0 || a.top_p.is_some() || a.min_p.is_some();
     let greedy = temperature == 0.0 || (a.temperature.is_none() && !filtered);
-    Ok(SamplePlan { greedy, temperature, top_k, top_p: a.top_p, min_p: a.min_p.unwrap_or(0.0), seed: a.seed.unwrap_or(0) })
+    Ok(SamplePlan {
+        greedy,
+        temperature,
+        top_k,
+        top_p: a.top_p,
+        min_p: a.min_p.unwrap_or(0.0),
+        seed: a.seed.unwrap_or(0),
+    })
 }
 
 /// The SplitMix64 output function.

@@ -172,14 +172,9 @@ pub fn tensor_roles(op: Op) -> &'static [(&'static str, bool)] {
         Op::Swiglu | Op::Geglu => &[("x", false), ("gate", false), ("up", false)],
         Op::Gelu | Op::Silu => &[("x", true)],
         Op::Mlp => &[("x", true), ("w_gate", true), ("w_up", true), ("w_down", true)],
-        Op::MoeExperts => &[
-            ("x", true),
-            ("experts", true),
-            ("weights", true),
-            ("w_gate", true),
-            ("w_up", true),
-            ("w_down", true),
-        ],
+        Op::MoeExperts => {
+            &[("x", true), ("experts", true), ("weights", true), ("w_gate", true), ("w_up", true), ("w_down", true)]
+        }
         Op::LinearW8a8 => &[("x", true), ("x_scale", true), ("weight", true), ("w_scale", true), ("bias", false)],
         Op::LinearInt4 => &[("x", true), ("weight", true), ("scales", true), ("zeros", false), ("bias", false)],
         Op::Embedding => &[("ids", true), ("table", true)],
@@ -615,7 +610,11 @@ impl Problem {
         let experts = if moe { wg.shape[0] } else { 1 };
         let inter = wg.shape[lead];
         let e_shape = |rest: [u64; 2]| if moe { vec![experts, rest[0], rest[1]] } else { rest.to_vec() };
-        for (name, t, want) in [("w_gate", wg, e_shape([inter, hidden])), ("w_up", wu, e_shape([inter, hidden])), ("w_down", wd, e_shape([hidden, inter]))] {
+        for (name, t, want) in [
+            ("w_gate", wg, e_shape([inter, hidden])),
+            ("w_up", wu, e_shape([inter, hidden])),
+            ("w_down", wd, e_shape([hidden, inter])),
+        ] {
             if t.shape != want {
                 v.err(format!("tensor `{name}` shape {:?} must be {want:?}", t.shape));
             }
@@ -664,7 +663,11 @@ impl Problem {
         use crate::model::attrs::QuantScheme;
         match a.scheme {
             QuantScheme::PerChannel | QuantScheme::PerBlock if x.rank() != 2 => {
-                v.err(format!("{} quantization needs a 2-D x [rows, cols]; x has rank {}", a.scheme.as_str(), x.rank()));
+                v.err(format!(
+                    "{} quantization needs a 2-D x [rows, cols]; x has rank {}",
+                    a.scheme.as_str(),
+                    x.rank()
+                ));
             }
             QuantScheme::PerBlock => match a.block {
                 Some([r, c]) if r > 0 && c > 0 => {}

@@ -367,17 +367,33 @@ pub fn rows_and_gemm(seed: u64) -> Vec<Case> {
                 attrs: NormAttrs::default(),
             };
             push(format!("rms_norm/{rows}x{h}/{dtype}"), Category::Norms, OpArgs::RmsNorm(norm(None, None)));
-            push(format!("rms_norm/{rows}x{h}_residual/{dtype}"), Category::Norms, OpArgs::RmsNorm(norm(None, Some(r.clone()))));
-            push(format!("layer_norm/{rows}x{h}_bias/{dtype}"), Category::Norms, OpArgs::LayerNorm(norm(Some(b.clone()), None)));
+            push(
+                format!("rms_norm/{rows}x{h}_residual/{dtype}"),
+                Category::Norms,
+                OpArgs::RmsNorm(norm(None, Some(r.clone()))),
+            );
+            push(
+                format!("layer_norm/{rows}x{h}_bias/{dtype}"),
+                Category::Norms,
+                OpArgs::LayerNorm(norm(Some(b.clone()), None)),
+            );
             push(format!("layer_norm/{rows}x{h}/{dtype}"), Category::Norms, OpArgs::LayerNorm(norm(None, None)));
         }
         // A transposed (strided) view normalizes along its own last dim.
         if let Ok(xt) = tensor(&mut rng, dtype, &[48, 9], 1.0).permute(&[1, 0]) {
-            let args = NormArgs { x: xt, weight: tensor(&mut rng, dtype, &[48], 1.0), bias: None, residual: None, attrs: NormAttrs { eps: Some(1e-5) } };
+            let args = NormArgs {
+                x: xt,
+                weight: tensor(&mut rng, dtype, &[48], 1.0),
+                bias: None,
+                residual: None,
+                attrs: NormAttrs { eps: Some(1e-5) },
+            };
             push(format!("rms_norm/strided_view/{dtype}"), Category::Norms, OpArgs::RmsNorm(args));
         }
         // Linear.
-        for (m, k, n, nn, bias) in [(1usize, 64usize, 7usize, false, true), (17, 130, 64, true, false), (130, 64, 33, false, false)] {
+        for (m, k, n, nn, bias) in
+            [(1usize, 64usize, 7usize, false, true), (17, 130, 64, true, false), (130, 64, 33, false, false)]
+        {
             let x = tensor(&mut rng, dtype, &[m, k], 1.0);
             let weight = if nn {
                 tensor(&mut rng, dtype, &[k, n], 0.2).with_layout(Layout::Nn)
@@ -386,18 +402,56 @@ pub fn rows_and_gemm(seed: u64) -> Vec<Case> {
             };
             let bias = bias.then(|| tensor(&mut rng, dtype, &[n], 1.0));
             let tag = if nn { "nn" } else { "nt" };
-            push(format!("linear/{m}x{k}x{n}_{tag}/{dtype}"), Category::Gemm, OpArgs::Linear(LinearArgs { x, weight, bias, attrs: NoAttrs {} }));
+            push(
+                format!("linear/{m}x{k}x{n}_{tag}/{dtype}"),
+                Category::Gemm,
+                OpArgs::Linear(LinearArgs { x, weight, bias, attrs: NoAttrs {} }),
+            );
         }
         // Activations.
         let x = tensor(&mut rng, dtype, &[9, 130], 2.0);
-        push(format!("gelu/erf/{dtype}"), Category::Gemm, OpArgs::Gelu(GeluArgs { x: x.clone(), attrs: GeluAttrs::default() }));
-        push(format!("gelu/tanh/{dtype}"), Category::Gemm, OpArgs::Gelu(GeluArgs { x: x.clone(), attrs: GeluAttrs { approximate: GeluApproximate::Tanh } }));
+        push(
+            format!("gelu/erf/{dtype}"),
+            Category::Gemm,
+            OpArgs::Gelu(GeluArgs { x: x.clone(), attrs: GeluAttrs::default() }),
+        );
+        push(
+            format!("gelu/tanh/{dtype}"),
+            Category::Gemm,
+            OpArgs::Gelu(GeluArgs { x: x.clone(), attrs: GeluAttrs { approximate: GeluApproximate::Tanh } }),
+        );
         push(format!("silu/{dtype}"), Category::Gemm, OpArgs::Silu(SiluArgs { x: x.clone(), attrs: NoAttrs {} }));
         let (g, u) = (tensor(&mut rng, dtype, &[9, 65], 2.0), tensor(&mut rng, dtype, &[9, 65], 2.0));
-        push(format!("swiglu/split/{dtype}"), Category::Gemm, OpArgs::Swiglu(SwigluArgs { x: Some(x.clone()), gate: None, up: None, attrs: SwigluAttrs { split: true } }));
-        push(format!("swiglu/separate/{dtype}"), Category::Gemm, OpArgs::Swiglu(SwigluArgs { x: None, gate: Some(g.clone()), up: Some(u.clone()), attrs: SwigluAttrs { split: false } }));
-        push(format!("geglu/split_tanh/{dtype}"), Category::Gemm, OpArgs::Geglu(GegluArgs { x: Some(x), gate: None, up: None, attrs: GegluAttrs { split: true, approximate: GeluApproximate::Tanh } }));
-        push(format!("geglu/separate/{dtype}"), Category::Gemm, OpArgs::Geglu(GegluArgs { x: None, gate: Some(g), up: Some(u), attrs: GegluAttrs::default() }));
+        push(
+            format!("swiglu/split/{dtype}"),
+            Category::Gemm,
+            OpArgs::Swiglu(SwigluArgs { x: Some(x.clone()), gate: None, up: None, attrs: SwigluAttrs { split: true } }),
+        );
+        push(
+            format!("swiglu/separate/{dtype}"),
+            Category::Gemm,
+            OpArgs::Swiglu(SwigluArgs {
+                x: None,
+                gate: Some(g.clone()),
+                up: Some(u.clone()),
+                attrs: SwigluAttrs { split: false },
+            }),
+        );
+        push(
+            format!("geglu/split_tanh/{dtype}"),
+            Category::Gemm,
+            OpArgs::Geglu(GegluArgs {
+                x: Some(x),
+                gate: None,
+                up: None,
+                attrs: GegluAttrs { split: true, approximate: GeluApproximate::Tanh },
+            }),
+        );
+        push(
+            format!("geglu/separate/{dtype}"),
+            Category::Gemm,
+            OpArgs::Geglu(GegluArgs { x: None, gate: Some(g), up: Some(u), attrs: GegluAttrs::default() }),
+        );
         // Embedding.
         let table = tensor(&mut rng, dtype, &[50, 24], 1.0);
         for ids_dtype in [DType::I32, DType::I64] {
@@ -432,7 +486,10 @@ pub fn rows_and_gemm(seed: u64) -> Vec<Case> {
         };
         push(format!("moe_experts/t{t}_e{e}_k{topk}/{dtype}"), Category::Gemm, OpArgs::MoeExperts(args));
         for renormalize in [false, true] {
-            let args = MoeRouteArgs { logits: tensor(&mut rng, dtype, &[t, 8], 2.0), attrs: MoeRouteAttrs { top_k: 2, renormalize } };
+            let args = MoeRouteArgs {
+                logits: tensor(&mut rng, dtype, &[t, 8], 2.0),
+                attrs: MoeRouteAttrs { top_k: 2, renormalize },
+            };
             push(format!("moe_route/renormalize_{renormalize}/{dtype}"), Category::Norms, OpArgs::MoeRoute(args));
         }
         // Sampling: tokens must be identical.
@@ -440,22 +497,43 @@ pub fn rows_and_gemm(seed: u64) -> Vec<Case> {
         for (name, attrs) in [
             ("greedy", SampleAttrs::default()),
             ("temperature", SampleAttrs { temperature: Some(0.8), seed: Some(7), ..Default::default() }),
-            ("top_k_top_p", SampleAttrs { temperature: Some(1.0), top_k: Some(40), top_p: Some(0.9), seed: Some(11), ..Default::default() }),
+            (
+                "top_k_top_p",
+                SampleAttrs {
+                    temperature: Some(1.0),
+                    top_k: Some(40),
+                    top_p: Some(0.9),
+                    seed: Some(11),
+                    ..Default::default()
+                },
+            ),
             ("min_p", SampleAttrs { temperature: Some(1.2), min_p: Some(0.05), seed: Some(3), ..Default::default() }),
         ] {
-            push(format!("sample/{name}/{dtype}"), Category::Norms, OpArgs::Sample(SampleArgs { logits: logits.clone(), attrs }));
+            push(
+                format!("sample/{name}/{dtype}"),
+                Category::Norms,
+                OpArgs::Sample(SampleArgs { logits: logits.clone(), attrs }),
+            );
         }
         // Quantization round trips.
         let x = tensor(&mut rng, dtype, &[130, 260], 3.0);
-        let q = |scheme, block, scale_layout, target| QuantAttrs { scheme, block, scale_layout, target, out_dtype: None };
+        let q =
+            |scheme, block, scale_layout, target| QuantAttrs { scheme, block, scale_layout, target, out_dtype: None };
         for (name, attrs) in [
             ("per_tensor_i8", q(QuantScheme::PerTensor, None, None, Some(DType::I8))),
             ("per_channel_i8", q(QuantScheme::PerChannel, None, None, Some(DType::I8))),
             ("per_block_1x128_e4m3", q(QuantScheme::PerBlock, Some([1, 128]), None, Some(DType::Fp8E4M3))),
-            ("per_block_128x128_col_i8", q(QuantScheme::PerBlock, Some([128, 128]), Some(ScaleLayout::ColumnMajor), Some(DType::I8))),
+            (
+                "per_block_128x128_col_i8",
+                q(QuantScheme::PerBlock, Some([128, 128]), Some(ScaleLayout::ColumnMajor), Some(DType::I8)),
+            ),
             ("cast_e5m2", q(QuantScheme::None, None, None, Some(DType::Fp8E5M2))),
         ] {
-            push(format!("quantize/{name}/{dtype}"), Category::Norms, OpArgs::Quantize(QuantizeArgs { x: x.clone(), attrs: attrs.clone() }));
+            push(
+                format!("quantize/{name}/{dtype}"),
+                Category::Norms,
+                OpArgs::Quantize(QuantizeArgs { x: x.clone(), attrs: attrs.clone() }),
+            );
         }
     }
     // Dequantize and the quantized linears take already-quantized inputs (dtype-independent).
@@ -467,7 +545,11 @@ pub fn rows_and_gemm(seed: u64) -> Vec<Case> {
         scale,
         attrs: QuantAttrs { scheme, block, scale_layout: layout, target: None, out_dtype: Some(DType::F32) },
     };
-    push("dequantize/per_channel_i8".to_owned(), Category::Norms, OpArgs::Dequantize(deq(x8.clone(), scale_rows, QuantScheme::PerChannel, None, None)));
+    push(
+        "dequantize/per_channel_i8".to_owned(),
+        Category::Norms,
+        OpArgs::Dequantize(deq(x8.clone(), scale_rows, QuantScheme::PerChannel, None, None)),
+    );
     // A column-major [2, 3] scale for 128x128 blocks of [130, 260].
     let col = HostTensor::from_f32(&[6], vec![0.01, 0.02, 0.03, 0.04, 0.05, 0.06])
         .and_then(|t| t.view(&[2, 3], &[1, 2], 0))
@@ -475,7 +557,13 @@ pub fn rows_and_gemm(seed: u64) -> Vec<Case> {
     push(
         "dequantize/per_block_128x128_column_major".to_owned(),
         Category::Norms,
-        OpArgs::Dequantize(deq(x8.clone(), col, QuantScheme::PerBlock, Some([128, 128]), Some(ScaleLayout::ColumnMajor))),
+        OpArgs::Dequantize(deq(
+            x8.clone(),
+            col,
+            QuantScheme::PerBlock,
+            Some([128, 128]),
+            Some(ScaleLayout::ColumnMajor),
+        )),
     );
     let (m, k, n) = (17usize, 256usize, 33usize);
     let xi: Vec<f32> = (0..m * k).map(|_| (rng.below(255) as f32) - 127.0).collect();

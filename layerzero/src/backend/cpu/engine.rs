@@ -1,26 +1,31 @@
-//! The attention engine shared by dense and paged attention: a problem is a list of
+//! The attention engine shared by dense and paged attention. A problem is a list of
 //! sequences (queries of one batch row against their keys), each key row reachable through a
-//! [`KvSrc`] (dense strided or through a block table). Sequences with many queries run the
-//! flash-style tiled path (packed f32 tiles, AVX-512/AVX2 tile products, online softmax);
-//! sequences with few queries run the split-KV decode path (`decode.rs`).
+//! [`KvSrc`] (dense strided, or through a block table). Sequences with many queries run the
+//! flash-style tiled path: K and V of each (sequence, kv head) are packed once into panels,
+//! then each unit (all query heads of a kv head x a tile of positions) walks the visible key
+//! tiles with an online softmax, its two tile products on the AVX-512/AVX2 microkernels (f32)
+//! or on AMX tiles (bf16 inputs); fully masked key tiles are never visited. Sequences with few
+//! queries run the split-KV decode path (`decode.rs`). Every output row is written once, in
+//! the output dtype, by the unit that computes it.
 
-use rayon::prelude::*;
-
-use crate::exec::semantics::{alibi_distance, visible_keys};
-use crate::model::attrs::AttentionAttrs;
-use crate::model::layout::Layout;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
+use rayon::prelude::*;
 
+use crate::exec::executor::KernelError;
+use crate::exec::semantics::{alibi_distance, visible_keys};
+use crate::model::attrs::AttentionAttrs;
 use crate::model::dtype::DType;
+use crate::model::layout::Layout;
 use crate::tensor::{HostTensor, Storage};
 
 use super::pack::{self, Bshd, invalid, out_index, read_f32};
 use super::{decode, simd};
-use crate::exec::executor::KernelError;
 
 /// Keys per tile of the tiled path.
 pub(crate) const BK: usize = 256;
+/// Keys per tile of the bf16 (AMX) path.
+pub(crate) const BK_AMX: usize = 512;
 /// Sequences with at most this many queries take the decode path.
 pub(crate) const DECODE_MAX_SQ: usize = 4;
 
@@ -56,7 +61,7 @@ pub(crate) struct KvSrc<'a> {
     pub sh: usize,
     /// Row addressing.
     pub addr: KvAddr,
-    /// Per-kv-head dequantization scale (fp8 caches).
+    /// Per-kv-head dequantization scale (paged caches with `k_scale`/`v_scale`).
     pub scale: Option<&'a [f32]>,
 }
 
@@ -171,7 +176,6 @@ pub(crate) struct MaskView<'a> {
 impl<'a> MaskView<'a> {
     /// Checks that `t` (bool or float) broadcasts to `target` and builds the view.
     pub(crate) fn new(t: &'a HostTensor, target: [usize; 4]) -> Result<MaskView<'a>, KernelError> {
-        use crate::model::dtype::DType;
         if !(t.dtype() == DType::Bool || t.dtype().is_float()) {
             return Err(invalid(format!(
                 "tensor `mask` has dtype {}; a mask is bool (keep) or float (additive)",
@@ -339,7 +343,12 @@ pub(crate) fn run(p: &Problem, n: [usize; 4], layout: Layout, dtype: DType) -> S
     }
 }
 
-fn run_typed<T: Copy + Default + Send>(p: &Problem, n: [usize; 4], layout: Layout, put: fn(&mut [T], &[f32])) -> Vec<T> {
+fn run_typed<T: Copy + Default + Send>(
+    p: &Problem,
+    n: [usize; 4],
+    layout: Layout,
+    put: fn(&mut [T], &[f32]),
+) -> Vec<T> {
     let dv = p.dv;
     let mut out = vec![T::default(); n.iter().product()];
     if dv == 0 {
@@ -374,8 +383,9 @@ fn run_typed<T: Copy + Default + Send>(p: &Problem, n: [usize; 4], layout: Layou
 
 /// K of one (sequence, kv head) transposed into tiles of panels `[tile][BK/64][d][64]`
 /// and V into `[tile][ceil(dv/64)][BK][64]` (the B operands of the two tile products),
-/// zero-padded to whole tiles. The bf16 form holds pairs along the product's inner dim:
-/// K `[tile][BK/64][ceil(d/2)][64]`, V `[tile][ceil(dv/64)][BK/2][64]` (u32 = low, high).
+/// zero-padded to whole tiles. The bf16 (AMX) form holds pairs along the product's inner
+/// dim in 16-column panels: K `[tile][BK/16][d2][16]` (d2 = d rounded up to 32, halved), V
+/// `[tile][ceil(dv/16)][BK/2][16]` (u32 = low, high).
 enum Packed {
     F32 { kt: Vec<f32>, v: Vec<f32> },
     Bf16 { kt: Vec<u32>, v: Vec<u32> },
@@ -420,10 +430,10 @@ fn pack_kv(seq: &Seq, kvh: usize, d: usize, dv: usize) -> Packed {
 const AMX_K: usize = 32;
 
 fn pack_kv_bf16(seq: &Seq, kvh: usize, d: usize, dv: usize) -> Packed {
-    const P: usize = simd::PANEL;
-    let (nt, nvb, d2) = (seq.sk.div_ceil(BK), dv.div_ceil(P), d.div_ceil(AMX_K) * AMX_K / 2);
-    let mut kt = vec![0u32; nt * d2 * BK];
-    let mut v = vec![0u32; nt * nvb * (BK / 2) * P];
+    const P: usize = simd::AMX_PANEL;
+    let (nt, nvb, d2) = (seq.sk.div_ceil(BK_AMX), dv.div_ceil(P), d.div_ceil(AMX_K) * AMX_K / 2);
+    let mut kt = vec![0u32; nt * d2 * BK_AMX];
+    let mut v = vec![0u32; nt * nvb * (BK_AMX / 2) * P];
     const G: usize = 16;
     let w = 2 * d2;
     let mut buf = vec![0u16; G * w];
@@ -433,8 +443,8 @@ fn pack_kv_bf16(seq: &Seq, kvh: usize, d: usize, dv: usize) -> Packed {
         for c in 0..g {
             seq.k.read_row_bf16(kvh, j0 + c, &mut buf[c * w..c * w + d]);
         }
-        let (tile, col) = (j0 / BK, j0 % BK);
-        let panel = &mut kt[(tile * (BK / P) + col / P) * d2 * P..][..d2 * P];
+        let (tile, col) = (j0 / BK_AMX, j0 % BK_AMX);
+        let panel = &mut kt[(tile * (BK_AMX / P) + col / P) * d2 * P..][..d2 * P];
         for pr in 0..d2 {
             let dst = &mut panel[pr * P + col % P..pr * P + col % P + g];
             for (c, x) in dst.iter_mut().enumerate() {
@@ -453,11 +463,11 @@ fn pack_kv_bf16(seq: &Seq, kvh: usize, d: usize, dv: usize) -> Packed {
         } else {
             r1.fill(0);
         }
-        let (tile, c) = (j / BK, j % BK);
+        let (tile, c) = (j / BK_AMX, j % BK_AMX);
         for vb in 0..nvb {
             let e0 = vb * P;
             let w = P.min(dv - e0);
-            let dst = &mut v[((tile * nvb + vb) * (BK / 2) + c / 2) * P..][..w];
+            let dst = &mut v[((tile * nvb + vb) * (BK_AMX / 2) + c / 2) * P..][..w];
             for (x, (&lo, &hi)) in dst.iter_mut().zip(r0[e0..e0 + w].iter().zip(&r1[e0..e0 + w])) {
                 *x = u32::from(lo) | (u32::from(hi) << 16);
             }
@@ -468,15 +478,17 @@ fn pack_kv_bf16(seq: &Seq, kvh: usize, d: usize, dv: usize) -> Packed {
 }
 
 /// Query positions per tile for `g` heads per kv head: about 64 rows in all, a multiple of
-/// the microkernel height (6) where possible.
-fn q_tile(g: usize) -> usize {
-    let first = 64usize.div_ceil(g).max(1);
-    (first..first + 6).find(|bq| (g * bq).is_multiple_of(6)).unwrap_or(first)
+/// the microkernel height (6) where possible; for the AMX path about 128 rows, a multiple of
+/// the tile height (16) where possible.
+fn q_tile(g: usize, amx: bool) -> usize {
+    let (rows, mult) = if amx { (128usize, 16) } else { (64, 6) };
+    let first = rows.div_ceil(g).max(1);
+    (first..first + mult).find(|bq| (g * bq).is_multiple_of(mult)).unwrap_or(first)
 }
 
 /// The prefill units (one per sequence, kv head and query tile) with their kv head.
 fn prefill_units(p: &Problem, seqs: &[usize]) -> Vec<(Unit, usize)> {
-    let (g, bq) = (p.group(), q_tile(p.group()));
+    let (g, bq) = (p.group(), q_tile(p.group(), p.bf16 && simd::amx_bf16()));
     let mut units = Vec::new();
     for &si in seqs {
         for kvh in 0..p.hkv {
@@ -506,63 +518,99 @@ fn prefill(p: &Problem, seqs: &[usize], units: &[(Unit, usize)], sinks: Vec<Sink
     for (pi, &si) in seqs.iter().enumerate() {
         index[si] = pi;
     }
-    units.par_iter().zip(sinks).for_each(|(&(u, kvh), mut sink)| {
-        prefill_item(p, &u, &packed[index[u.seq] * hkv + kvh], kvh, &mut sink);
+    units.par_iter().zip(sinks).for_each_init(Scratch::default, |scratch, (&(u, kvh), mut sink)| {
+        prefill_item(p, &u, &packed[index[u.seq] * hkv + kvh], kvh, &mut sink, scratch);
     });
+}
+
+/// Buffers of [`prefill_item`], reused across the items a worker runs (no zeroing needed
+/// except where noted there).
+#[derive(Default)]
+struct Scratch {
+    qp: Vec<f32>,
+    qb: Vec<u16>,
+    o: Vec<f32>,
+    s: Vec<f32>,
+    pb: Vec<u16>,
+    local: Vec<(usize, usize)>,
+    mrow: Vec<f32>,
+    lrow: Vec<f32>,
+}
+
+/// `v` with at least `n` elements (old contents kept: the caller overwrites what it reads).
+fn grow<T: Copy + Default>(v: &mut Vec<T>, n: usize) -> &mut [T] {
+    if v.len() < n {
+        v.resize(n, T::default());
+    }
+    &mut v[..n]
+}
+
+/// `v` as `n` copies of `x`.
+fn filled<T: Copy>(v: &mut Vec<T>, n: usize, x: T) -> &mut [T] {
+    v.clear();
+    v.resize(n, x);
+    v
 }
 
 /// One tile of queries (all heads of kv head `kvh`, positions `i0..i0+n`) against every
 /// visible key tile, with online softmax.
-fn prefill_item(p: &Problem, u: &Unit, pk: &Packed, kvh: usize, sink: &mut Sink) {
+fn prefill_item(p: &Problem, u: &Unit, pk: &Packed, kvh: usize, sink: &mut Sink, scratch: &mut Scratch) {
     const P: usize = simd::PANEL;
     let (seq, i0, n) = (&p.seqs[u.seq], u.i0, u.n);
     let (d, dv, g) = (p.d, p.dv, p.group());
     let m = g * n;
     let amx = matches!(pk, Packed::Bf16 { .. });
-    // The AMX form pads rows to 16, the head dims to 32 (q . k) and 16 (p . v).
-    let (mp, dq, ldo) = if amx { (m.div_ceil(16) * 16, d.div_ceil(AMX_K) * AMX_K, dv.div_ceil(16) * 16) } else { (m, d, dv) };
+    let bk = if amx { BK_AMX } else { BK };
+    // The AMX form pads rows to 16, the head dims to 32 (q . k) and 16 (p . v). Padding rows
+    // of the A operands may hold stale values: they only reach padding rows of the results.
+    let (mp, dq, ldo) =
+        if amx { (m.div_ceil(16) * 16, d.div_ceil(AMX_K) * AMX_K, dv.div_ceil(16) * 16) } else { (m, d, dv) };
     // Queries: f32 pre-scaled, or bf16 bits (scaled after the product).
-    let (mut qp, mut qb) = (Vec::new(), Vec::new());
-    if amx {
-        qb = vec![0u16; mp * dq];
+    let Scratch { qp, qb, o, s, pb, local, mrow, lrow } = scratch;
+    let (qp, qb) = if amx {
+        let qb = grow(qb, mp * dq);
         for (r, row) in qb.chunks_exact_mut(dq.max(1)).enumerate().take(m) {
             let base = p.q.row(seq.b, seq.q0 + i0 + r % n, kvh * g + r / n);
             pack::read_bf16_bits(p.q.st, base, p.q.s[3], &mut row[..d]);
+            row[d..].fill(0);
         }
+        (&mut [][..], qb)
     } else {
-        qp = vec![0f32; m * d];
+        let qp = grow(qp, m * d);
         for (r, row) in qp.chunks_exact_mut(d.max(1)).enumerate().take(m) {
             p.read_q(seq, i0 + r % n, kvh * g + r / n, row);
         }
-    }
+        (qp, &mut [][..])
+    };
+    let (qp, qb): (&[f32], &[u16]) = (qp, qb);
     let ranges: Vec<(usize, usize)> = (0..n).map(|t| p.range(seq, i0 + t)).collect();
     let (jmin, jmax) = ranges.iter().filter(|r| r.0 < r.1).fold((usize::MAX, 0), |(a, b), r| (a.min(r.0), b.max(r.1)));
-    let mut o = vec![0f32; mp * ldo];
-    let mut mrow = vec![f32::NEG_INFINITY; m];
-    let mut lrow = vec![0f32; m];
+    let o = filled(o, mp * ldo, 0f32);
+    let mrow = filled(mrow, m, f32::NEG_INFINITY);
+    let lrow = filled(lrow, m, 0f32);
     if jmin < jmax {
-        let mut s = vec![0f32; mp * BK];
-        let mut pb = if amx { vec![0u16; mp * BK] } else { Vec::new() };
-        let mut local = vec![(0usize, 0usize); m];
+        let s = grow(s, mp * bk);
+        let pb = if amx { grow(pb, mp * bk) } else { &mut [][..] };
+        let local = filled(local, m, (0usize, 0usize));
         let nvb = dv.div_ceil(P);
-        for tile in jmin / BK..jmax.div_ceil(BK) {
-            let tj0 = tile * BK;
+        for tile in jmin / bk..jmax.div_ceil(bk) {
+            let tj0 = tile * bk;
             // Columns c0..c1 of the tile, c0 on a panel boundary.
             let c0 = (jmin.max(tj0) - tj0) / P * P;
-            let c1 = jmax.min(tj0 + BK) - tj0;
+            let c1 = jmax.min(tj0 + bk) - tj0;
             match pk {
                 Packed::F32 { kt, .. } => {
-                    let kt = &kt[(tile * BK + c0) * d..(tile + 1) * BK * d];
-                    simd::gemm_panels(m, c1 - c0, d, &qp, d, kt, d * P, &mut s[c0..], BK, false);
+                    let kt = &kt[(tile * bk + c0) * d..(tile + 1) * bk * d];
+                    simd::gemm_panels(m, c1 - c0, d, qp, d, kt, d * P, &mut s[c0..], bk, false);
                 }
                 Packed::Bf16 { kt, .. } => {
                     let d2 = dq / 2;
-                    let kt = &kt[(tile * BK + c0) * d2..(tile + 1) * BK * d2];
+                    let kt = &kt[(tile * bk + c0) * d2..(tile + 1) * bk * d2];
                     let nc = (c1 - c0).div_ceil(16) * 16;
-                    simd::gemm_amx_bf16(mp, nc, d2, &qb, dq, kt, d2 * P, &mut s[c0..], BK, false);
+                    simd::gemm_amx_bf16(mp, nc, d2, qb, dq, kt, d2 * simd::AMX_PANEL, &mut s[c0..], bk, false);
                     if p.mods.active() {
                         for r in 0..m {
-                            simd::scale(&mut s[r * BK + c0..r * BK + c1], p.scale);
+                            simd::scale(&mut s[r * bk + c0..r * bk + c1], p.scale);
                         }
                     }
                 }
@@ -573,25 +621,26 @@ fn prefill_item(p: &Problem, u: &Unit, pk: &Packed, kvh: usize, sink: &mut Sink)
                 let b = hi.clamp(tj0 + c0, tj0 + c1) - tj0;
                 *lr = (a - c0, b.max(a) - c0);
                 if a < b && p.mods.active() {
-                    let seg = &mut s[r * BK + a..r * BK + b];
+                    let seg = &mut s[r * bk + a..r * bk + b];
                     p.mods.apply(seq, kvh * g + r / n, i0 + r % n, tj0 + a, seg);
                 }
             }
             // The bf16 scores are unscaled; with modifiers they were scaled above.
             let scale = if amx && !p.mods.active() { p.scale } else { 1.0 };
-            let rows = simd::SoftmaxRows { ranges: &local, m: &mut mrow, l: &mut lrow, scale };
+            let rows = simd::SoftmaxRows { ranges: local, m: mrow, l: lrow, scale };
             match pk {
                 Packed::F32 { v, .. } => {
-                    simd::softmax_tile(&mut s[c0..], BK, c1 - c0, rows, &mut o, ldo, dv);
-                    let vt = &v[(tile * nvb * BK + c0) * P..];
-                    simd::gemm_panels(m, dv, c1 - c0, &s[c0..], BK, vt, BK * P, &mut o, dv, true);
+                    simd::softmax_tile(&mut s[c0..], bk, c1 - c0, rows, o, ldo, dv);
+                    let vt = &v[(tile * nvb * bk + c0) * P..];
+                    simd::gemm_panels(m, dv, c1 - c0, &s[c0..], bk, vt, bk * P, o, dv, true);
                 }
                 Packed::Bf16 { v, .. } => {
                     // P as bf16, zero-padded to a multiple of 32 keys (within the tile).
                     let kw = (c1 - c0).div_ceil(AMX_K) * AMX_K;
-                    simd::softmax_tile_bf16(&s[c0..], BK, c1 - c0, rows, &mut o, ldo, dv, &mut pb[c0..], BK, kw);
-                    let vt = &v[(tile * nvb * (BK / 2) + c0 / 2) * P..];
-                    simd::gemm_amx_bf16(mp, ldo, kw / 2, &pb[c0..], BK, vt, (BK / 2) * P, &mut o, ldo, true);
+                    simd::softmax_tile_bf16(&s[c0..], bk, c1 - c0, rows, o, ldo, dv, &mut pb[c0..], bk, kw);
+                    const AP: usize = simd::AMX_PANEL;
+                    let vt = &v[(tile * dv.div_ceil(AP) * (bk / 2) + c0 / 2) * AP..];
+                    simd::gemm_amx_bf16(mp, ldo, kw / 2, &pb[c0..], bk, vt, (bk / 2) * AP, o, ldo, true);
                 }
             }
         }

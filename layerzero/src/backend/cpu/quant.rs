@@ -23,11 +23,11 @@ use super::pack::read_f32;
 use super::wrong_op;
 use crate::exec::args::{DequantizeArgs, OpArgs, Outputs, QuantizeArgs};
 use crate::exec::executor::{KernelError, Registry};
+use crate::exec::quant::{Grid, Target, check_scale};
 use crate::model::attrs::{QuantScheme, ScaleLayout};
 use crate::model::dtype::DType;
 use crate::tensor::fp8::Fp8;
 use crate::tensor::{HostTensor, Storage};
-use crate::exec::quant::{Grid, Target, check_scale};
 
 /// Quantize kernel id.
 pub(super) const QUANTIZE: &str = "cpu.quantize.fast";
@@ -263,10 +263,10 @@ fn read_x_row(x: &Mat, r: usize, out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::attrs::QuantAttrs;
     use crate::backend::cpu_reference;
     use crate::backend::cpu_reference::test_util::values;
     use crate::exec::args::strided_copy;
+    use crate::model::attrs::QuantAttrs;
 
     fn reference(args: &OpArgs) -> Outputs {
         let mut r = Registry::new();

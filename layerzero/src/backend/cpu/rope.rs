@@ -154,14 +154,24 @@ fn rotate(t: &HostTensor, x: &Bshd, table: &Table, rot: usize, style: RopeStyle)
         for (o, &v) in out[rot..].iter_mut().zip(&src[rot..]) {
             *o = f64::from(v);
         }
-        for i in 0..half {
-            let (i1, i2) = match style {
-                RopeStyle::RotateHalf => (i, i + half),
-                RopeStyle::Interleaved => (2 * i, 2 * i + 1),
-            };
-            let (x1, x2) = (f64::from(src[i1]), f64::from(src[i2]));
-            out[i1] = x1 * c[i] - x2 * sn[i];
-            out[i2] = x2 * c[i] + x1 * sn[i];
+        match style {
+            RopeStyle::RotateHalf => {
+                let (o1, o2) = out[..2 * half].split_at_mut(half);
+                let (x1, x2) = src[..2 * half].split_at(half);
+                for i in 0..half {
+                    let (a, b) = (f64::from(x1[i]), f64::from(x2[i]));
+                    o1[i] = a * c[i] - b * sn[i];
+                    o2[i] = b * c[i] + a * sn[i];
+                }
+            }
+            RopeStyle::Interleaved => {
+                let pairs = out[..2 * half].chunks_exact_mut(2).zip(src[..2 * half].chunks_exact(2));
+                for (i, (o, x)) in pairs.enumerate() {
+                    let (a, b) = (f64::from(x[0]), f64::from(x[1]));
+                    o[0] = a * c[i] - b * sn[i];
+                    o[1] = b * c[i] + a * sn[i];
+                }
+            }
         }
     };
     fn fill<T: Send>(

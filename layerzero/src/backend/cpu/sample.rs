@@ -59,7 +59,6 @@ fn plan(a: &SampleAttrs) -> Result<Plan, KernelError> {
     sample_plan(a).map_err(KernelError::InvalidInput)
 }
 
-
 /// `cpu.sample.fast`.
 pub(crate) fn run(a: &SampleArgs) -> Result<Outputs, KernelError> {
     let logits = &a.logits;

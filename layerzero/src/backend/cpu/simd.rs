@@ -1,9 +1,12 @@
-//! SIMD primitives of the fast CPU kernels, chosen once at run time: AVX-512 and AVX2
-//! microkernels (intrinsics) for the tile products, and portable loops that the compiler
-//! vectorizes inside `#[target_feature]` wrappers for everything else. This is the only
-//! module of the `cpu` backend with `unsafe`: each block says why it is sound.
+//! SIMD primitives of the fast CPU kernels, chosen once at run time: AVX-512 and AVX2 GEMM
+//! microkernels (intrinsics) for f32 tile products, an AMX tile GEMM for bf16 operands
+//! (Linux, after `arch_prctl` grants the tile state), AVX-512 exponentials for the online
+//! softmax, and portable loops that the compiler vectorizes inside `#[target_feature]`
+//! wrappers for everything else. This is the only module of the `cpu` backend with
+//! `unsafe`: each block says why it is sound.
 //!
-//! `LZ_CPU_SIMD=avx2` or `LZ_CPU_SIMD=portable` caps the level (benchmarks, debugging).
+//! `LZ_CPU_SIMD=avx2` or `LZ_CPU_SIMD=portable` caps the level, `LZ_CPU_SIMD=noamx` keeps
+//! AVX-512 but turns AMX off (benchmarks, debugging).
 
 use std::sync::OnceLock;
 
@@ -176,8 +179,19 @@ fn row_max_impl(x: &[f32]) -> f32 {
 }
 
 multiversion! {
-    /// The largest element (-inf when empty; NaN elements are skipped).
-    fn row_max(x: &[f32]) -> f32 => row_max_impl;
+    fn row_max_generic(x: &[f32]) -> f32 => row_max_impl;
+}
+
+/// The largest element (-inf when empty; NaN elements are skipped).
+pub(crate) fn row_max(x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if level() == Level::Avx512 {
+        #[allow(unsafe_code)]
+        // SAFETY: AVX-512F was detected on this CPU.
+        let r = unsafe { x86::row_max_avx512(x) };
+        return r;
+    }
+    row_max_generic(x)
 }
 
 #[inline(always)]
@@ -307,6 +321,7 @@ fn softmax_tile_body(
     o: &mut [f32],
     ldo: usize,
     dv: usize,
+    row_max: impl Fn(&[f32]) -> f32,
     exp_sum: impl Fn(&mut [f32], f32, f32) -> f32,
 ) {
     let SoftmaxRows { ranges, m, l, scale } = rows;
@@ -319,7 +334,7 @@ fn softmax_tile_body(
         row[..a].fill(0.0);
         row[b..].fill(0.0);
         let seg = &mut row[a..b];
-        let m_new = m[r].max(scale * row_max_impl(seg));
+        let m_new = m[r].max(scale * row_max(seg));
         if m_new == f32::NEG_INFINITY {
             seg.fill(0.0);
             continue;
@@ -336,16 +351,8 @@ fn softmax_tile_body(
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn softmax_tile_portable(
-    s: &mut [f32],
-    lds: usize,
-    w: usize,
-    rows: SoftmaxRows,
-    o: &mut [f32],
-    ldo: usize,
-    dv: usize,
-) {
-    softmax_tile_body(s, lds, w, rows, o, ldo, dv, exp_scale_sub_sum_impl);
+fn softmax_tile_portable(s: &mut [f32], lds: usize, w: usize, rows: SoftmaxRows, o: &mut [f32], ldo: usize, dv: usize) {
+    softmax_tile_body(s, lds, w, rows, o, ldo, dv, row_max_impl, exp_scale_sub_sum_impl);
 }
 
 multiversion! {
@@ -359,7 +366,15 @@ multiversion! {
 /// `ldo`, `dv` wide) is rescaled by `exp(m - m_new)`. Rows that have seen no finite score
 /// stay zero.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn softmax_tile(s: &mut [f32], lds: usize, w: usize, rows: SoftmaxRows, o: &mut [f32], ldo: usize, dv: usize) {
+pub(crate) fn softmax_tile(
+    s: &mut [f32],
+    lds: usize,
+    w: usize,
+    rows: SoftmaxRows,
+    o: &mut [f32],
+    ldo: usize,
+    dv: usize,
+) {
     #[cfg(target_arch = "x86_64")]
     if level() == Level::Avx512 {
         #[allow(unsafe_code)]
@@ -602,9 +617,13 @@ pub(crate) fn softmax_tile_bf16(
     }
 }
 
+/// Columns per B panel of [`gemm_amx_bf16`] (16-column panels, whose tile loads are
+/// contiguous, measured slower here).
+pub(crate) const AMX_PANEL: usize = 64;
+
 /// `C (+)= A . B` on AMX tiles. A is row-major bf16 bits, `m` rows of `lda` elements (the
-/// first `2 * k2` used); B is in 64-column panels, panel `q` at `b[q * pstride..]` holding
-/// `k2` rows of 64 `u32` pairs (low half: B[2p][n], high: B[2p+1][n]); C is f32 with `ldc`.
+/// first `2 * k2` used); B is in 16-column panels, panel `q` at `b[q * pstride..]` holding
+/// `k2` rows of 16 `u32` pairs (low half: B[2p][n], high: B[2p+1][n]); C is f32 with `ldc`.
 /// `m`, `n` and `k2` must be multiples of 16. Only callable when [`amx_bf16`] is true.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_amx_bf16(
@@ -620,7 +639,10 @@ pub(crate) fn gemm_amx_bf16(
     accumulate: bool,
 ) {
     assert!(amx_bf16(), "gemm_amx_bf16 needs AMX");
-    assert!(m % 16 == 0 && n % 16 == 0 && k2 % 16 == 0, "gemm_amx_bf16: m, n, k2 must be multiples of 16");
+    assert!(
+        m.is_multiple_of(16) && n.is_multiple_of(16) && k2.is_multiple_of(16),
+        "gemm_amx_bf16: m, n, k2 must be multiples of 16"
+    );
     if m == 0 || n == 0 {
         return;
     }
@@ -634,11 +656,8 @@ pub(crate) fn gemm_amx_bf16(
         return;
     }
     assert!(lda >= 2 * k2 && a.len() >= (m - 1) * lda + 2 * k2, "gemm_amx_bf16: A too short");
-    let last = (n - 1) / PANEL;
-    assert!(
-        pstride >= k2 * PANEL && b.len() >= last * pstride + (k2 - 1) * PANEL + (n - last * PANEL),
-        "gemm_amx_bf16: B too short"
-    );
+    let last = (n - 1) / AMX_PANEL;
+    assert!(pstride >= k2 * AMX_PANEL && b.len() >= last * pstride + k2 * AMX_PANEL, "gemm_amx_bf16: B too short");
     #[cfg(target_arch = "x86_64")]
     x86::gemm_amx(m, n, k2, a, lda, b, pstride, c, ldc, accumulate);
 }
@@ -765,12 +784,32 @@ mod x86 {
             }
             let e = _mm512_maskz_mov_ps(mask, _mm512_scalef_ps(y, k));
             sum = _mm512_add_ps(sum, e);
+            // SAFETY: `__m256bh` and `__m256i` are both 256-bit vectors of plain bits.
             let bits: __m256i = unsafe { std::mem::transmute(_mm512_cvtneps_pbh(e)) };
             // SAFETY: as for the load.
             unsafe { _mm256_mask_storeu_epi16(op.add(i).cast(), mask, bits) };
             i += len;
         }
         _mm512_reduce_add_ps(sum)
+    }
+
+    /// The largest element of `x` (-inf when empty; NaN lanes are skipped).
+    #[allow(unsafe_code)]
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn row_max_avx512(x: &[f32]) -> f32 {
+        let (n, p) = (x.len(), x.as_ptr());
+        let mut acc = _mm512_set1_ps(f32::NEG_INFINITY);
+        let mut i = 0;
+        while i < n {
+            let len = (n - i).min(16);
+            let mask: u16 = if len == 16 { 0xFFFF } else { (1u16 << len) - 1 };
+            // SAFETY: lanes i..i+len lie within `x`; masked-off lanes are not accessed.
+            let v = unsafe { _mm512_mask_loadu_ps(acc, mask, p.add(i)) };
+            // max(v, acc) returns acc where v is NaN.
+            acc = _mm512_max_ps(v, acc);
+            i += len;
+        }
+        _mm512_reduce_max_ps(acc)
     }
 
     /// [`super::softmax_tile_bf16`] after its checks.
@@ -799,7 +838,7 @@ mod x86 {
             prow[..a].fill(0);
             prow[b..].fill(0);
             let seg = &s[r * lds + a..r * lds + b];
-            let m_new = m[r].max(scale * super::row_max_impl(seg));
+            let m_new = m[r].max(scale * row_max_avx512(seg));
             if m_new == f32::NEG_INFINITY {
                 prow[a..b].fill(0);
                 continue;
@@ -826,7 +865,17 @@ mod x86 {
         ldo: usize,
         dv: usize,
     ) {
-        super::softmax_tile_body(s, lds, w, rows, o, ldo, dv, |x, c, m| exp_sub_sum_avx512(x, c, m));
+        super::softmax_tile_body(
+            s,
+            lds,
+            w,
+            rows,
+            o,
+            ldo,
+            dv,
+            |x| row_max_avx512(x),
+            |x, c, m| exp_sub_sum_avx512(x, c, m),
+        );
     }
 
     /// Dot products of each row of `q` (`d` wide) with `k`, four rows at a time.
@@ -1009,12 +1058,19 @@ mod x86 {
         ldc: usize,
         acc: bool,
     ) {
+        // The checks every tile access below relies on.
+        const BP: usize = super::AMX_PANEL;
+        let last = n.saturating_sub(1) / BP;
+        assert!(super::amx_bf16() && m.is_multiple_of(16) && n.is_multiple_of(16) && k2.is_multiple_of(16));
+        assert!(m > 0 && n > 0 && k2 > 0 && ldc >= n && c.len() >= (m - 1) * ldc + n);
+        assert!(lda >= 2 * k2 && a.len() >= (m - 1) * lda + 2 * k2);
+        assert!(pstride >= k2 * BP && b.len() >= last * pstride + k2 * BP);
         let cfg = tile_config();
         let (ap, bp, cp) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
-        let (sa, sb, sc) = (lda * 2, super::PANEL * 4, ldc * 4);
-        // SAFETY (every block below): the caller checked that m, n, k2 are multiples of 16,
-        // that A holds m rows of lda >= 2 k2 elements, B every panel's k2 rows of 64 u32
-        // up to column n, and C m rows of ldc >= n floats. A tile at (row r, pair p) reads
+        let (sa, sb, sc) = (lda * 2, BP * 4, ldc * 4);
+        // SAFETY: (for every block below) AMX is enabled (asserted); m, n, k2 are multiples
+        // of 16, A holds m rows of lda >= 2 k2 elements, B the k2 rows of 16 u32 of every
+        // panel up to column n, and C m rows of ldc >= n floats (asserted above). An A tile at (r, p) reads
         // rows r..r+16, elements 2p..2p+32 <= 2 k2; a B tile at (pair p, column j) reads
         // pair rows p..p+16 < k2 of panel j / 64, columns j % 64..+16 <= 64 and < n; a C
         // tile at (r, j) reads or writes rows r..r+16 <= m, columns j..j+16 <= n. The tile
@@ -1023,8 +1079,9 @@ mod x86 {
             std::arch::asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly));
         }
         let a_at = |r: usize, p: usize| ap.wrapping_add(r * lda + 2 * p);
-        let b_at = |p: usize, j: usize| bp.wrapping_add((j / super::PANEL) * pstride + p * super::PANEL + j % super::PANEL);
+        let b_at = |p: usize, j: usize| bp.wrapping_add((j / BP) * pstride + p * BP + j % BP);
         let c_at = |r: usize, j: usize| cp.wrapping_add(r * ldc + j);
+        // Blocks of C: 32 x 32 (16 rows or columns at the edges).
         let mut r = 0;
         while r < m {
             let two_r = r + 32 <= m;
@@ -1047,7 +1104,13 @@ mod x86 {
                             options(nostack, readonly)
                         );
                     } else {
-                        std::arch::asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
+                        std::arch::asm!(
+                            "tilezero tmm0",
+                            "tilezero tmm1",
+                            "tilezero tmm2",
+                            "tilezero tmm3",
+                            options(nostack, nomem)
+                        );
                     }
                 }
                 let mut p = 0;
@@ -1260,18 +1323,21 @@ mod tests {
         }
         let mut seed = 3u64;
         let bf = |x: f32| half::bf16::from_f32(x);
-        for &(m, n, k2, acc) in &[(16usize, 16usize, 16usize, false), (48, 80, 32, true), (64, 160, 48, false), (32, 64, 16, true)] {
+        for &(m, n, k2, acc) in
+            &[(16usize, 16usize, 16usize, false), (48, 80, 32, true), (64, 160, 48, false), (32, 64, 16, true)]
+        {
             let (lda, ldc) = (2 * k2 + 6, n + 4);
             let a: Vec<half::bf16> = (0..m * lda).map(|_| bf(lcg(&mut seed))).collect();
             // B as f32 k x n (row-major) and as 64-column pair panels.
             let bm: Vec<half::bf16> = (0..2 * k2 * n).map(|_| bf(lcg(&mut seed))).collect();
-            let panels = n.div_ceil(PANEL);
-            let pstride = k2 * PANEL + 8;
+            let panels = n.div_ceil(AMX_PANEL);
+            let pstride = k2 * AMX_PANEL + 8;
             let mut bp = vec![0u32; panels * pstride];
             for p in 0..k2 {
                 for j in 0..n {
                     let (lo, hi) = (bm[2 * p * n + j].to_bits(), bm[(2 * p + 1) * n + j].to_bits());
-                    bp[(j / PANEL) * pstride + p * PANEL + j % PANEL] = u32::from(lo) | (u32::from(hi) << 16);
+                    bp[(j / AMX_PANEL) * pstride + p * AMX_PANEL + j % AMX_PANEL] =
+                        u32::from(lo) | (u32::from(hi) << 16);
                 }
             }
             let c0: Vec<f32> = (0..m * ldc).map(|_| lcg(&mut seed)).collect();
@@ -1335,39 +1401,5 @@ mod tests {
         assert_eq!(y[2], 5.0);
         scale(&mut y, 0.5);
         assert_eq!(y[2], 2.5);
-    }
-}
-
-#[cfg(test)]
-mod perf {
-    #[test]
-    #[ignore]
-    fn gemm_speed() {
-        // (m, n, k, ldb): ldb 64 is a packed panel; 256 / 128 are tile rows.
-        for &(m, n, k, ldb) in &[(72usize, 64usize, 128usize, 64usize), (72, 64, 128, 256), (72, 64, 128, 128), (72, 64, 256, 64), (72, 64, 256, 128)] {
-            let a = vec![0.5f32; m * k];
-            let b = vec![0.25f32; k * ldb];
-            let mut c = vec![0f32; m * n];
-            let iters = 20000;
-            let t = std::time::Instant::now();
-            for _ in 0..iters {
-                super::gemm(m, n, k, &a, k, &b, ldb, &mut c, n, true);
-            }
-            let s = t.elapsed().as_secs_f64();
-            eprintln!("{m}x{n}x{k} ldb {ldb}: {:.1} GFLOP/s", (2 * m * n * k * iters) as f64 / s / 1e9);
-        }
-        if super::amx_bf16() {
-            let (m, n, k2) = (64usize, 128usize, 64usize);
-            let a = vec![0x3f80u16; m * 2 * k2];
-            let b = vec![0x3f803f80u32; k2 * 128];
-            let mut c = vec![0f32; m * n];
-            let iters = 20000;
-            let t = std::time::Instant::now();
-            for _ in 0..iters {
-                super::gemm_amx_bf16(m, n, k2, &a, 2 * k2, &b, 64 * k2, &mut c, n, true);
-            }
-            let s = t.elapsed().as_secs_f64();
-            eprintln!("bf16 {m}x{n}x{}: {:.1} GFLOP/s", 2 * k2, (2 * m * n * 2 * k2 * iters) as f64 / s / 1e9);
-        }
     }
 }

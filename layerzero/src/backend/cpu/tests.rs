@@ -325,12 +325,19 @@ fn bhsd_strided_views_and_half_dtypes() {
 #[test]
 fn bf16_prefill_on_every_head_dim_group_and_option() {
     // With AMX the bf16 tile products run on bf16 tiles (rows padded to 16, q.k dims to 32).
-    let cases = [(7, 64, 4, 4, 48), (63, 80, 12, 4, 80), (130, 96, 8, 1, 96), (130, 128, 6, 2, 40), (20, 256, 3, 1, 256)];
+    let cases =
+        [(7, 64, 4, 4, 48), (63, 80, 12, 4, 80), (130, 96, 8, 1, 96), (130, 128, 6, 2, 40), (20, 256, 3, 1, 256)];
     for (s, d, hq, hkv, dv) in cases {
         for attrs in [
             causal(),
             AttentionAttrs::default(),
-            AttentionAttrs { causal: true, window_left: Some(9), alibi: true, softcap: Some(8.0), ..Default::default() },
+            AttentionAttrs {
+                causal: true,
+                window_left: Some(9),
+                alibi: true,
+                softcap: Some(8.0),
+                ..Default::default()
+            },
         ] {
             let mut a = dense(1, s, s + 3, hq, hkv, d, dv, DType::BF16);
             a.attrs = attrs.clone();
@@ -338,6 +345,20 @@ fn bf16_prefill_on_every_head_dim_group_and_option() {
             a.mask = Some(t(&[s, s + 3], 8, DType::BF16, Layout::Bshd));
             check(&a, &format!("bf16 masked s={s} d={d}"));
         }
+    }
+}
+
+#[test]
+fn long_sequences_cross_several_key_tiles() {
+    for dtype in [DType::F32, DType::BF16] {
+        for attrs in [causal(), AttentionAttrs { causal: true, window_left: Some(300), ..Default::default() }] {
+            let mut a = dense(1, 1100, 1100, 2, 1, 32, 32, dtype);
+            a.attrs = attrs.clone();
+            check(&a, &format!("long {dtype} window {:?}", attrs.window_left));
+        }
+        let mut a = dense(1, 600, 1300, 2, 2, 16, 16, dtype);
+        a.attrs = AttentionAttrs { causal: true, causal_alignment: CausalAlignment::TopLeft, ..Default::default() };
+        check(&a, &format!("long cross {dtype}"));
     }
 }
 
@@ -618,63 +639,4 @@ fn registered_kernels_run_their_op_and_reject_others() {
     let outs = r.get("cpu.rope.fast").unwrap().run(&rope_op).unwrap();
     assert!(outs.contains_key("out") && outs.contains_key("out_k"));
     assert!(matches!(r.get("cpu.attention.flash").unwrap().run(&rope_op), Err(KernelError::Unsupported(_))));
-}
-
-/// Release-mode timing (wall and process CPU time, which contention does not inflate):
-/// `cargo test --release -p layerzero --lib backend::cpu::tests::timing -- --ignored --nocapture`.
-#[test]
-#[ignore]
-fn timing() {
-    fn cpu_s() -> f64 {
-        let s = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-        let f: Vec<&str> = s.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-        let tick = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
-        (tick(11) + tick(12)) / 100.0
-    }
-    let cases: Vec<(&str, OpArgs)> = vec![
-        (
-            "prefill 512 f32",
-            OpArgs::Attention(AttentionArgs { attrs: causal(), ..dense(1, 512, 512, 32, 8, 128, 128, DType::F32) }),
-        ),
-        (
-            "prefill 2048 f32",
-            OpArgs::Attention(AttentionArgs { attrs: causal(), ..dense(1, 2048, 2048, 32, 8, 128, 128, DType::F32) }),
-        ),
-        (
-            "prefill 2048 bf16",
-            OpArgs::Attention(AttentionArgs { attrs: causal(), ..dense(1, 2048, 2048, 32, 8, 128, 128, DType::BF16) }),
-        ),
-        (
-            "decode 4096 f32",
-            OpArgs::Attention(AttentionArgs { attrs: causal(), ..dense(1, 1, 4096, 32, 8, 128, 128, DType::F32) }),
-        ),
-    ];
-    let pc = Paged { layout: Layout::Nhd, page_size: 16, i64_table: false, dtype: DType::F32, scaled: false, sq: 1 };
-    let mut pa = paged_args(&pc, &[4096], causal());
-    pa.q = t(&[1, 1, 32, 128], 23, DType::F32, Layout::Bshd);
-    let shape = [pa.k_cache.shape()[0], 16, 8, 128];
-    pa.k_cache = t(&shape, 21, DType::F32, Layout::Nhd);
-    pa.v_cache = t(&shape, 22, DType::F32, Layout::Nhd);
-    let mut cases = cases;
-    cases.push(("paged decode 4096 f32", OpArgs::PagedAttention(pa)));
-    let mut r = Registry::new();
-    super::register(&mut r);
-    let only = std::env::var("LZ_TIMING").unwrap_or_default();
-    for (name, op) in cases.iter().filter(|c| c.0.contains(only.as_str())) {
-        let k = r
-            .get(if matches!(op, OpArgs::Attention(_)) {
-                "cpu.attention.flash"
-            } else {
-                "cpu.paged_attention.split_kv"
-            })
-            .unwrap();
-        let reps = if name.contains("decode") { 200 } else { 5 };
-        let _ = k.run(op).unwrap();
-        let (w0, c0) = (std::time::Instant::now(), cpu_s());
-        for _ in 0..reps {
-            let _ = k.run(op).unwrap();
-        }
-        let (w, c) = (w0.elapsed().as_secs_f64() / reps as f64, (cpu_s() - c0) / reps as f64);
-        eprintln!("{name}: wall {:.2} ms, cpu {:.2} ms", w * 1e3, c * 1e3);
-    }
 }

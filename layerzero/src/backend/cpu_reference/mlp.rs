@@ -61,7 +61,6 @@ pub(crate) fn mlp_dims(a: &MlpArgs) -> Result<(Vec<usize>, usize, usize, usize),
 
 use super::activation::activate;
 
-
 /// `mlp` in f64, rounded once to x's dtype.
 pub fn mlp(a: &MlpArgs) -> Result<HostTensor, KernelError> {
     let (lead, m, h, i) = mlp_dims(a)?;
@@ -92,7 +91,6 @@ mod tests {
     use crate::model::attrs::Activation;
     use crate::model::attrs::MlpAttrs;
     use crate::model::dtype::DType;
-
 
     #[test]
     fn activations_known_values() {

@@ -12,10 +12,10 @@ mod linear;
 mod mlp;
 mod moe;
 mod norm;
-mod quant;
-mod sample;
 pub mod paged;
+mod quant;
 pub mod rope;
+mod sample;
 
 use std::sync::Arc;
 

@@ -98,7 +98,6 @@ pub(crate) fn moe_route(a: &MoeRouteArgs) -> Result<Outputs, KernelError> {
 
 use super::activation::activate;
 
-
 /// The checked dimensions of a `moe_experts` call.
 #[derive(Debug, Clone, Copy)]
 struct Dims {
@@ -251,7 +250,6 @@ mod tests {
         let (ex, w) = route(&l, 2, false).unwrap();
         assert!(ex.is_empty() && w.is_empty());
     }
-
 
     #[allow(clippy::too_many_arguments)]
     fn experts_args(

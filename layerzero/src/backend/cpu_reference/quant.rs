@@ -147,8 +147,8 @@ pub fn dequantize(a: &DequantizeArgs) -> Result<HostTensor, KernelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::attrs::QuantAttrs;
     use crate::backend::cpu_reference::test_util::values;
+    use crate::model::attrs::QuantAttrs;
 
     fn attrs(scheme: QuantScheme, block: Option<[u64; 2]>, layout: Option<ScaleLayout>, target: DType) -> QuantAttrs {
         QuantAttrs { scheme, block, scale_layout: layout, target: Some(target), out_dtype: None }
