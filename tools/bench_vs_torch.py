@@ -12,7 +12,8 @@ Shapes: prefill B=1, Hq=32, Hkv=8, D=128, S in {512, 2048}, causal, f32 and bf16
 query against a 4096-key f32 cache; paged decode the same cache in pages of 16 (torch has no
 paged SDPA: it is compared with torch's dense decode on the same cache).
 
-Usage: python3 tools/bench_vs_torch.py [--threads 2] [--divan-output FILE] [--reps 7]
+Usage: python3 tools/bench_vs_torch.py [--threads 2] [--divan-output FILE] [--reps 7] [--attention-only]
+After attention it runs tools/bench_ops.py (norms, swiglu, embedding, linear) in the same run.
 Requires: pip install torch numpy.
 """
 
@@ -120,6 +121,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--divan-output", help="parse this saved `cargo bench` output instead of running it")
+    ap.add_argument("--attention-only", action="store_true", help="skip the row-wise and GEMM kernels (tools/bench_ops.py)")
     args = ap.parse_args()
 
     text = Path(args.divan_output).read_text() if args.divan_output else run_divan(args.threads)
@@ -147,6 +149,12 @@ def main() -> None:
                 f"{case:40} K+V {kv_bytes / 2**20:.0f} MiB read at {gbs:5.1f} GB/s = "
                 f"{100 * gbs / bw_big:5.1f}% of 256 MiB copy, {100 * gbs / bw_small:5.1f}% of 32 MiB copy"
             )
+
+    # The row-wise and GEMM kernels (norms, swiglu, embedding, linear) in the same run.
+    if not args.attention_only:
+        import bench_ops
+
+        bench_ops.main(["--threads", str(args.threads), "--reps", str(args.reps)])
 
 
 if __name__ == "__main__":
