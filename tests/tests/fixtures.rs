@@ -282,3 +282,58 @@ fn every_builtin_kernel_matches_the_pytorch_fixtures() {
         panic!("{table}");
     }
 }
+
+#[test]
+fn every_fixture_is_selected_and_dispatched_end_to_end() {
+    // Selection plus execution through the runtime on a CPU profile: every op of every
+    // fixture is selectable and executable, backends without an executor here (oneDNN,
+    // ZenDNN, PyTorch SDPA) are skipped with a reason, and the result matches PyTorch.
+    use layerzero::exec::runtime::Runtime;
+    use layerzero::parity::compare::output_tolerance;
+    let catalog = layerzero_tests::catalog();
+    let hw = std::sync::Arc::new(layerzero::hardware::named::load("spr").unwrap_or_else(|e| panic!("{e}")));
+    let selector =
+        layerzero::select::Selector::planning(catalog, hw, std::sync::Arc::new(layerzero::policy::Policy::default()))
+            .unwrap_or_else(|e| panic!("{e}"));
+    let runtime = Runtime::new(selector, Registry::builtin());
+    let mut failures = Vec::new();
+    for path in fixture_paths() {
+        let fx = match load(&path) {
+            Ok(f) => f,
+            Err(e) => {
+                failures.push(format!("{}: {e}", path.display()));
+                continue;
+            }
+        };
+        let Some(category) = category(&fx.category) else { continue };
+        let request = Request::from_json(&fx.request_json).unwrap_or_else(|e| panic!("{}: {e}", fx.name));
+        let args = OpArgs::from_request(&request, fx.inputs.clone()).unwrap_or_else(|e| panic!("{}: {e}", fx.name));
+        let d = match runtime.dispatch(&args) {
+            Ok(d) => d,
+            Err(e) => {
+                failures.push(format!("{}: dispatch failed: {e}", fx.name));
+                continue;
+            }
+        };
+        for a in d.attempts.iter().filter(|a| !a.ok) {
+            let code = a.reason.as_ref().map(|r| r.code().as_str()).unwrap_or_default();
+            if code != "EXECUTOR_NOT_REGISTERED" {
+                failures.push(format!("{}: {} failed at dispatch: {code}", fx.name, a.kernel));
+            }
+        }
+        for (name, exp) in &fx.expected {
+            let Some(got) = d.outputs.get(name) else {
+                failures.push(format!("{}: {} produced no `{name}`", fx.name, d.selection.kernel));
+                continue;
+            };
+            let diff = compare(&exp.to_f64_vec(), &got.to_f64_vec(), output_tolerance(category, exp.dtype()));
+            if diff.violations > 0 || got.shape() != exp.shape() {
+                failures.push(format!(
+                    "{}: {} `{name}`: {} elements outside the tolerance",
+                    fx.name, d.selection.kernel, diff.violations
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
