@@ -735,48 +735,14 @@ pub(super) fn linear(a: &LinearArgs) -> Result<HostTensor, KernelError> {
 
 /// `linear_int4`: the packed weight is dequantized per row (GEMV) or per panel (sgemm).
 pub(super) fn linear_int4(a: &Int4Args) -> Result<HostTensor, KernelError> {
-    expect_dense_float("x", &a.x)?;
+    // What makes int4 arguments valid (packing, group size, scale shapes) is defined once,
+    // by the oracle.
+    let (_, _, k, n, g) = crate::backend::cpu_reference::linear::int4_dims(a)?;
     let mut holder = None;
     let x = rows_view(&a.x, &mut holder)?;
-    let k = x.cols;
     let Storage::I8(bytes) = a.weight.storage() else {
-        return Err(invalid(format!(
-            "tensor `weight` has dtype {}; linear_int4 expects i8 bytes packing two 4-bit values",
-            a.weight.dtype()
-        )));
+        return Err(invalid(format!("tensor `weight` has dtype {}; expected i8", a.weight.dtype())));
     };
-    let &[n, half] = a.weight.shape() else {
-        return Err(invalid(format!("tensor `weight` has shape {:?}; expected rank 2 [N, K/2]", a.weight.shape())));
-    };
-    if k % 2 != 0 || half * 2 != k {
-        return Err(invalid(format!(
-            "tensor `weight` has shape {:?}; expected [N, K/2] = [{n}, K/2] with K = {k} from x {:?} (K even)",
-            a.weight.shape(),
-            a.x.shape()
-        )));
-    }
-    let g = usize::try_from(a.attrs.group_size).unwrap_or(0);
-    if g == 0 || k % g != 0 {
-        return Err(invalid(format!(
-            "SCALE_LAYOUT_MISMATCH: attrs.group_size {} does not divide in_features K = {k}",
-            a.attrs.group_size
-        )));
-    }
-    let want = [n, k / g];
-    for (name, t) in [("scales", Some(&a.scales)), ("zeros", a.zeros.as_ref())] {
-        let Some(t) = t else { continue };
-        if !t.dtype().is_float() {
-            return Err(invalid(format!("tensor `{name}` has dtype {}; expected a float dtype", t.dtype())));
-        }
-        if t.shape() != want {
-            return Err(invalid(format!(
-                "SCALE_LAYOUT_MISMATCH: tensor `{name}` has shape {:?} strides {:?}; expected [N, K / group_size] = \
-                 {want:?} (group_size {g})",
-                t.shape(),
-                t.strides()
-            )));
-        }
-    }
     let bias = check_bias(a.bias.as_ref(), n)?;
     let w = Int4W {
         packed: Mat::of(&a.weight),

@@ -20,16 +20,12 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::linear::{
-    F32View, GEMV_MAX_M, Mat, Weights, dots_mat_row, expect_dense_float, gemm, invalid, linear_f32, rows_view,
-    to_tensor,
-};
+use super::linear::{F32View, GEMV_MAX_M, Mat, Weights, dots_mat_row, gemm, linear_f32, rows_view, to_tensor};
 use super::simd;
 use super::wrong_op;
 use crate::exec::args::{MlpArgs, OpArgs, Outputs};
 use crate::exec::executor::{KernelError, Registry};
 use crate::model::attrs::Activation;
-use crate::model::layout::Layout;
 use crate::tensor::{HostTensor, Storage};
 
 /// Unfused MLP kernel id.
@@ -145,36 +141,9 @@ struct Problem<'a> {
 }
 
 fn problem<'a>(a: &'a MlpArgs, holder: &'a mut Option<HostTensor>) -> Result<Problem<'a>, KernelError> {
-    expect_dense_float("x", &a.x)?;
-    for (name, t) in [("w_gate", &a.w_gate), ("w_up", &a.w_up), ("w_down", &a.w_down)] {
-        expect_dense_float(name, t)?;
-        if let Some(l) = t.layout()
-            && l != Layout::Nt
-        {
-            return Err(invalid(format!(
-                "tensor `{name}` has layout {l}; mlp weights are [out_features, in_features] (NT)"
-            )));
-        }
-    }
+    // What makes MLP arguments valid is defined once, by the oracle.
+    crate::backend::cpu_reference::mlp::mlp_dims(a)?;
     let x = rows_view(&a.x, holder)?;
-    let h = x.cols;
-    let &[i, gh] = a.w_gate.shape() else {
-        return Err(invalid(format!("tensor `w_gate` has shape {:?}; expected rank 2 [I, H]", a.w_gate.shape())));
-    };
-    if gh != h {
-        return Err(invalid(format!(
-            "tensor `w_gate` has shape {:?}; expected [I, H] with H = {h} from x {:?}",
-            a.w_gate.shape(),
-            a.x.shape()
-        )));
-    }
-    if a.w_up.shape() != [i, h] {
-        return Err(invalid(format!("tensor `w_up` has shape {:?}; expected [I, H] = [{i}, {h}]", a.w_up.shape())));
-    }
-    if a.w_down.shape() != [h, i] {
-        return Err(invalid(format!("tensor `w_down` has shape {:?}; expected [H, I] = [{h}, {i}]", a.w_down.shape())));
-    }
-    x.rows.checked_mul(i.max(h)).ok_or_else(|| invalid(format!("x {:?} with I = {i} overflows", a.x.shape())))?;
     Ok(Problem { x, wg: Mat::of(&a.w_gate), wu: Mat::of(&a.w_up), wd: Mat::of(&a.w_down), shape: a.x.shape().to_vec() })
 }
 

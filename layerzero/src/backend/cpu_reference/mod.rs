@@ -8,8 +8,8 @@
 mod activation;
 pub mod attention;
 mod embedding;
-mod linear;
-mod mlp;
+pub(crate) mod linear;
+pub(crate) mod mlp;
 mod moe;
 mod norm;
 pub mod paged;
