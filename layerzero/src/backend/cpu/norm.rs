@@ -22,6 +22,7 @@ use rayon::prelude::*;
 
 use crate::exec::args::{NormArgs, OpArgs, Outputs};
 use crate::exec::executor::{KernelError, Registry};
+use crate::model::op::Op;
 use crate::tensor::{HostTensor, Storage};
 
 use super::pack::{invalid, read_f32};
@@ -423,50 +424,9 @@ pub(super) fn dot(x: &[f32], y: &[f32]) -> f32 {
 
 /// (rows, hidden, eps) after checking the tensors.
 fn check(a: &NormArgs, rms: bool) -> Result<(usize, usize, f32), KernelError> {
-    let x = &a.x;
-    expect_float("x", x)?;
-    let op = if rms { "rms_norm" } else { "layer_norm" };
-    let Some(&h) = x.shape().last() else {
-        return Err(invalid(format!("tensor `x` has shape {:?}; {op} needs at least one dim [..., H]", x.shape())));
-    };
-    let vector = |name: &str, t: &HostTensor| -> Result<(), KernelError> {
-        expect_float(name, t)?;
-        if t.shape() != [h] {
-            return Err(invalid(format!("tensor `{name}` has shape {:?}; expected [H] = [{h}]", t.shape())));
-        }
-        Ok(())
-    };
-    vector("weight", &a.weight)?;
-    if rms {
-        if let Some(b) = &a.bias {
-            return Err(invalid(format!("rms_norm takes no `bias` (one of shape {:?} was given)", b.shape())));
-        }
-        if let Some(r) = &a.residual {
-            expect_float("residual", r)?;
-            if r.shape() != x.shape() {
-                return Err(invalid(format!(
-                    "tensor `residual` has shape {:?}; it must match x's shape {:?}",
-                    r.shape(),
-                    x.shape()
-                )));
-            }
-        }
-    } else {
-        if let Some(b) = &a.bias {
-            vector("bias", b)?;
-        }
-        if let Some(r) = &a.residual {
-            return Err(invalid(format!(
-                "layer_norm takes no `residual` (one of shape {:?} was given); only rms_norm fuses it",
-                r.shape()
-            )));
-        }
-    }
-    let eps = a.attrs.eps.unwrap_or(if rms { 1e-6 } else { 1e-5 });
-    if !(eps.is_finite() && eps >= 0.0) {
-        return Err(invalid(format!("eps is {eps}; it must be finite and >= 0")));
-    }
-    let rows = x.numel().checked_div(h).unwrap_or(0);
+    // What makes norm arguments valid is defined once, by the oracle.
+    let op = if rms { Op::RmsNorm } else { Op::LayerNorm };
+    let (rows, h, eps) = crate::backend::cpu_reference::norm::check(a, op)?;
     Ok((rows, h, eps as f32))
 }
 

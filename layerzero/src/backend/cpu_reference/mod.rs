@@ -11,7 +11,7 @@ mod embedding;
 pub(crate) mod linear;
 pub(crate) mod mlp;
 mod moe;
-mod norm;
+pub(crate) mod norm;
 pub mod paged;
 mod quant;
 pub mod rope;

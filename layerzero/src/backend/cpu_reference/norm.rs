@@ -39,7 +39,9 @@ pub(crate) fn register(registry: &mut Registry) {
 }
 
 /// Checks the tensors of a norm and returns (rows, hidden, eps).
-fn check(a: &NormArgs, op: Op, default_eps: f64) -> Result<(usize, usize, f64), KernelError> {
+/// Checks norm arguments: (rows, H, eps) with eps defaulting to 1e-6 (rms) or 1e-5 (layer).
+pub(crate) fn check(a: &NormArgs, op: Op) -> Result<(usize, usize, f64), KernelError> {
+    let default_eps = if op == Op::RmsNorm { RMS_EPS } else { LAYER_EPS };
     let x = &a.x;
     expect_float("x", x)?;
     let Some(&h) = x.shape().last() else {
@@ -91,7 +93,7 @@ fn check(a: &NormArgs, op: Op, default_eps: f64) -> Result<(usize, usize, f64), 
 
 /// `rms_norm`: `out` and, with a residual, `residual_out = x + residual`.
 pub(crate) fn rms_norm(a: &NormArgs) -> Result<Outputs, KernelError> {
-    let (rows, h, eps) = check(a, Op::RmsNorm, RMS_EPS)?;
+    let (rows, h, eps) = check(a, Op::RmsNorm)?;
     let mut s = a.x.to_f64_vec();
     if let Some(r) = &a.residual {
         for (s, r) in s.iter_mut().zip(r.to_f64_vec()) {
@@ -118,7 +120,7 @@ pub(crate) fn rms_norm(a: &NormArgs) -> Result<Outputs, KernelError> {
 
 /// `layer_norm`: `out = (x - mean) / sqrt(var + eps) * weight (+ bias)`, biased variance.
 pub(crate) fn layer_norm(a: &NormArgs) -> Result<Outputs, KernelError> {
-    let (rows, h, eps) = check(a, Op::LayerNorm, LAYER_EPS)?;
+    let (rows, h, eps) = check(a, Op::LayerNorm)?;
     let x = a.x.to_f64_vec();
     let w = a.weight.to_f64_vec();
     let b = a.bias.as_ref().map_or_else(|| vec![0.0; h], |b| b.to_f64_vec());
