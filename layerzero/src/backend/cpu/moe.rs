@@ -80,13 +80,6 @@ fn expect_float(name: &str, t: &HostTensor) -> Result<(), KernelError> {
     Ok(())
 }
 
-fn expect_shape(name: &str, t: &HostTensor, want: &[usize], what: &str) -> Result<(), KernelError> {
-    if t.shape() != want {
-        return Err(invalid(format!("tensor `{name}` has shape {:?}; expected {what} = {want:?}", t.shape())));
-    }
-    Ok(())
-}
-
 /// `cpu.moe_route.fast`.
 fn route(a: &MoeRouteArgs) -> Result<Outputs, KernelError> {
     let logits = &a.logits;
@@ -271,23 +264,9 @@ impl Weights<'_> {
 /// `cpu.moe_experts.grouped` with `rows` tokens per panel and `ib` intermediate columns
 /// per block.
 fn experts(a: &MoeExpertsArgs, rows: usize, ib: usize) -> Result<HostTensor, KernelError> {
-    expect_rank("x", &a.x, 2, "[tokens, hidden]")?;
-    expect_float("x", &a.x)?;
-    expect_rank("experts", &a.experts, 2, "[tokens, top_k]")?;
-    expect_rank("weights", &a.weights, 2, "[tokens, top_k]")?;
-    expect_float("weights", &a.weights)?;
-    expect_rank("w_gate", &a.w_gate, 3, "[experts, intermediate, hidden]")?;
-    for (name, w) in [("w_gate", &a.w_gate), ("w_up", &a.w_up), ("w_down", &a.w_down)] {
-        expect_float(name, w)?;
-    }
-    let (tokens, hidden) = (a.x.shape()[0], a.x.shape()[1]);
-    let slots = a.experts.shape()[1];
-    expect_shape("experts", &a.experts, &[tokens, slots], "[tokens, top_k]")?;
-    expect_shape("weights", &a.weights, &[tokens, slots], "[tokens, top_k] (as `experts`)")?;
-    let (n_exp, inter) = (a.w_gate.shape()[0], a.w_gate.shape()[1]);
-    expect_shape("w_gate", &a.w_gate, &[n_exp, inter, hidden], "[experts, intermediate, hidden]")?;
-    expect_shape("w_up", &a.w_up, &[n_exp, inter, hidden], "[experts, intermediate, hidden] (as `w_gate`)")?;
-    expect_shape("w_down", &a.w_down, &[n_exp, hidden, inter], "[experts, hidden, intermediate]")?;
+    // What makes MoE arguments valid is defined once, by the oracle.
+    let d = crate::backend::cpu_reference::moe::dims(a)?;
+    let (tokens, hidden, slots, n_exp, inter) = (d.tokens, d.hidden, d.slots, d.experts, d.inter);
     let ids = match a.experts.dtype() {
         DType::I32 | DType::I64 => a.experts.to_i64_vec(),
         other => return Err(invalid(format!("tensor `experts` has dtype {other}; expected i32 or i64"))),

@@ -10,7 +10,7 @@ pub mod attention;
 mod embedding;
 pub(crate) mod linear;
 pub(crate) mod mlp;
-mod moe;
+pub(crate) mod moe;
 pub(crate) mod norm;
 pub mod paged;
 mod quant;

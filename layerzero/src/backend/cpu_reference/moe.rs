@@ -100,12 +100,13 @@ use super::activation::activate;
 
 /// The checked dimensions of a `moe_experts` call.
 #[derive(Debug, Clone, Copy)]
-struct Dims {
-    tokens: usize,
-    hidden: usize,
-    slots: usize,
-    experts: usize,
-    inter: usize,
+/// The checked sizes of an expert computation.
+pub(crate) struct Dims {
+    pub(crate) tokens: usize,
+    pub(crate) hidden: usize,
+    pub(crate) slots: usize,
+    pub(crate) experts: usize,
+    pub(crate) inter: usize,
 }
 
 fn expect_shape(name: &str, t: &HostTensor, want: &[usize], what: &str) -> Result<(), KernelError> {
@@ -115,7 +116,8 @@ fn expect_shape(name: &str, t: &HostTensor, want: &[usize], what: &str) -> Resul
     Ok(())
 }
 
-fn dims(a: &MoeExpertsArgs) -> Result<Dims, KernelError> {
+/// Checks the tensors of an expert computation.
+pub(crate) fn dims(a: &MoeExpertsArgs) -> Result<Dims, KernelError> {
     expect_rank("x", &a.x, 2, "[tokens, hidden]")?;
     expect_float("x", &a.x)?;
     expect_rank("experts", &a.experts, 2, "[tokens, top_k]")?;
