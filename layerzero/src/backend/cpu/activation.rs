@@ -264,55 +264,22 @@ pub(crate) fn gated(
     up: Option<&HostTensor>,
     act: Act,
 ) -> Result<Outputs, KernelError> {
-    if split {
-        let (Some(x), None, None) = (x, gate, up) else {
-            return Err(invalid(format!(
-                "{op} with split = true takes `x` (gate and up halves of its last dim) and no `gate`/`up`; \
-                 given: x {}, gate {}, up {}",
-                x.is_some(),
-                gate.is_some(),
-                up.is_some()
-            )));
-        };
-        expect_float("x", x)?;
-        let Some(&n) = x.shape().last() else {
-            return Err(invalid(format!("tensor `x` has shape {:?}; split {op} needs a last dim", x.shape())));
-        };
-        if n % 2 != 0 {
-            return Err(invalid(format!(
-                "tensor `x` has shape {:?}; the last dim ({n}) must be even to split into gate and up",
-                x.shape()
-            )));
+    // What makes gated operands valid is defined once, by the oracle.
+    let shape = crate::backend::cpu_reference::activation::check_gated(op, split, x, gate, up)?;
+    match (x, gate, up) {
+        (Some(x), _, _) if split => {
+            let i = shape.last().copied().unwrap_or(0);
+            let last_stride = x.strides().last().copied().unwrap_or(1);
+            let g = View::of(x, &shape, x.strides(), x.offset());
+            let u = View::of(x, &shape, x.strides(), x.offset() + i * last_stride);
+            by_dtype!(x.dtype(), kernel, T => run_gated::<T>(act, &g, &u, &shape))
         }
-        let i = n / 2;
-        let mut shape = x.shape().to_vec();
-        if let Some(last) = shape.last_mut() {
-            *last = i;
+        (_, Some(gate), Some(up)) => {
+            let (g, u) = (View::new(gate), View::new(up));
+            by_dtype!(gate.dtype(), kernel, T => run_gated::<T>(act, &g, &u, &shape))
         }
-        let last_stride = x.strides().last().copied().unwrap_or(1);
-        let g = View::of(x, &shape, x.strides(), x.offset());
-        let u = View::of(x, &shape, x.strides(), x.offset() + i * last_stride);
-        return by_dtype!(x.dtype(), kernel, T => run_gated::<T>(act, &g, &u, &shape));
+        _ => Err(invalid(format!("{op}: the checked operands are missing"))),
     }
-    let (None, Some(gate), Some(up)) = (x, gate, up) else {
-        return Err(invalid(format!(
-            "{op} with split = false takes `gate` and `up` and no `x`; given: x {}, gate {}, up {}",
-            x.is_some(),
-            gate.is_some(),
-            up.is_some()
-        )));
-    };
-    expect_float("gate", gate)?;
-    expect_float("up", up)?;
-    if gate.shape() != up.shape() {
-        return Err(invalid(format!(
-            "tensor `gate` has shape {:?} but `up` has shape {:?}; they must match",
-            gate.shape(),
-            up.shape()
-        )));
-    }
-    let (g, u) = (View::new(gate), View::new(up));
-    by_dtype!(gate.dtype(), kernel, T => run_gated::<T>(act, &g, &u, gate.shape()))
 }
 
 fn run_gated<T: Elem>(act: Act, g: &View<'_>, u: &View<'_>, shape: &[usize]) -> Result<Outputs, KernelError> {

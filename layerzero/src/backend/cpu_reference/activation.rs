@@ -193,14 +193,16 @@ pub(crate) fn silu(a: &SiluArgs) -> Result<HostTensor, KernelError> {
 /// Gate and up values in logical order, the output shape and the output dtype.
 type GateUp = (Vec<f64>, Vec<f64>, Vec<usize>, DType);
 
-/// The (gate, up) values in logical order, the output shape and dtype of a gated op.
-fn gate_up(
-    op: Op,
+/// Checks the operands of a gated activation (`swiglu`, `geglu`): the split form takes `x`
+/// (gate and up halves of its last dim), the separate form `gate` and `up` of equal shape.
+/// Returns the output shape (x's with the last dim halved, or gate's).
+pub(crate) fn check_gated(
+    op: &str,
     split: bool,
     x: Option<&HostTensor>,
     gate: Option<&HostTensor>,
     up: Option<&HostTensor>,
-) -> Result<GateUp, KernelError> {
+) -> Result<Vec<usize>, KernelError> {
     if split {
         let (Some(x), None, None) = (x, gate, up) else {
             return Err(invalid(format!(
@@ -221,20 +223,11 @@ fn gate_up(
                 x.shape()
             )));
         }
-        let i = n / 2;
         let mut shape = x.shape().to_vec();
         if let Some(last) = shape.last_mut() {
-            *last = i;
+            *last = n / 2;
         }
-        let all = x.to_f64_vec();
-        let (mut g, mut u) = (Vec::with_capacity(all.len() / 2), Vec::with_capacity(all.len() / 2));
-        if n > 0 {
-            for row in all.chunks_exact(n) {
-                g.extend_from_slice(&row[..i]);
-                u.extend_from_slice(&row[i..]);
-            }
-        }
-        return Ok((g, u, shape, x.dtype()));
+        return Ok(shape);
     }
     let (None, Some(gate), Some(up)) = (x, gate, up) else {
         return Err(invalid(format!(
@@ -253,7 +246,33 @@ fn gate_up(
             up.shape()
         )));
     }
-    Ok((gate.to_f64_vec(), up.to_f64_vec(), gate.shape().to_vec(), gate.dtype()))
+    Ok(gate.shape().to_vec())
+}
+
+fn gate_up(
+    op: Op,
+    split: bool,
+    x: Option<&HostTensor>,
+    gate: Option<&HostTensor>,
+    up: Option<&HostTensor>,
+) -> Result<GateUp, KernelError> {
+    let shape = check_gated(op.as_str(), split, x, gate, up)?;
+    match (x, gate, up) {
+        (Some(x), _, _) if split => {
+            let (n, i) = (x.shape().last().copied().unwrap_or(0), shape.last().copied().unwrap_or(0));
+            let all = x.to_f64_vec();
+            let (mut g, mut u) = (Vec::with_capacity(all.len() / 2), Vec::with_capacity(all.len() / 2));
+            if n > 0 {
+                for row in all.chunks_exact(n) {
+                    g.extend_from_slice(&row[..i]);
+                    u.extend_from_slice(&row[i..]);
+                }
+            }
+            Ok((g, u, shape, x.dtype()))
+        }
+        (_, Some(gate), Some(up)) => Ok((gate.to_f64_vec(), up.to_f64_vec(), shape, gate.dtype())),
+        _ => Err(invalid(format!("{op}: the checked operands are missing"))),
+    }
 }
 
 fn gated(

@@ -5,7 +5,7 @@
 //! every dimension it relies on and answers bad input with `KernelError::InvalidInput`
 //! naming the tensor, the position and the value; it never indexes out of bounds.
 
-mod activation;
+pub(crate) mod activation;
 pub mod attention;
 mod embedding;
 pub(crate) mod linear;
