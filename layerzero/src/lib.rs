@@ -45,6 +45,7 @@ pub mod exec;
 pub mod hardware;
 pub mod model;
 pub mod parity;
+pub mod plan;
 pub mod policy;
 pub mod reason;
 pub mod schema;

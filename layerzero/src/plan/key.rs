@@ -1,0 +1,255 @@
+//! The selection key (DESIGN invariant 5): every field a check reads, exact, plus the perf
+//! axes bucketed. Two requests with the same key get the same verdict from every check.
+//!
+//! The exact part (`validity`) is a 128-bit stable hash of a canonical walk of the request:
+//! op; per tensor its name, dtype, layout, device, and each dimension either as "perf axis
+//! a" (at a position that carries axis a and holds its value) or as its exact size; per
+//! dimension the stride as zero, as a ratio to the contiguous stride, or exact; the
+//! attributes as canonical JSON; and the order relations between perf values (seq_q vs
+//! seq_k). The perf part is the bucket of each axis (see [`super::bucket`]).
+//! Checks that read sizes compare them with other sizes (captured by the symbols and
+//! relations), with 1 (bucket 0 is exactly 1) or with capability ranges whose bounds are
+//! bucket edges (a test over the builtin catalog keeps it so).
+
+use std::fmt;
+
+use super::axes::{self, MAX_AXES};
+use crate::canonical;
+use crate::model::layout::contiguous_strides;
+use crate::model::op::Op;
+use crate::model::request::Request;
+
+/// Version of the canonical walk; part of every persisted key's meaning.
+pub const KEY_FORMAT: u32 = 1;
+
+/// A request's selection key, before the context (hardware, capabilities, policy) is mixed in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SelectionKey {
+    /// The op.
+    pub op: Op,
+    /// Hash of everything exact.
+    pub validity: u128,
+    /// The perf values, one per axis of the op (exact; bucketed at lookup).
+    pub perf: [u64; MAX_AXES],
+    /// How many of `perf` are used.
+    pub axes: u8,
+}
+
+/// The buckets of a key: one per axis; `None` when a value is outside its anchor's bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Buckets(pub [u8; MAX_AXES]);
+
+impl SelectionKey {
+    /// Derives the key of `req`. Never panics; a request missing its axis tensors gets an
+    /// exact key (no perf axes).
+    pub fn derive(req: &Request) -> SelectionKey {
+        let (perf, n) = axes::values(req).unwrap_or(([0; MAX_AXES], 0));
+        let mut h = StableHasher::new();
+        h.word(u64::from(KEY_FORMAT));
+        h.bytes(req.op.as_str().as_bytes());
+        h.word(n as u64);
+        for (name, t) in &req.tensors {
+            h.bytes(name.as_bytes());
+            h.bytes(t.dtype.as_str().as_bytes());
+            h.bytes(t.layout.map_or("-", |l| l.as_str()).as_bytes());
+            match t.device {
+                Some(d) => {
+                    h.bytes(d.kind.as_str().as_bytes());
+                    h.word(d.index.map_or(u64::MAX, u64::from));
+                }
+                None => h.word(u64::MAX - 1),
+            }
+            h.word(t.rank() as u64);
+            let contiguous = contiguous_strides(&t.shape);
+            for (i, &d) in t.shape.iter().enumerate() {
+                let axis = if n > 0 {
+                    axes::positions_in(req.op, name, t).find(|&(pi, a)| pi == i && perf[a] == d).map(|(_, a)| a)
+                } else {
+                    None
+                };
+                match axis {
+                    Some(a) => h.tagged(1, a as u64),
+                    None => h.tagged(2, d),
+                }
+                if let Some(strides) = &t.strides {
+                    let s = strides.get(i).copied().unwrap_or(0);
+                    let c = contiguous[i];
+                    if s == 0 {
+                        h.tagged(3, 0);
+                    } else if c > 0 && s % c == 0 {
+                        h.tagged(4, s / c);
+                    } else {
+                        h.tagged(5, s);
+                    }
+                }
+            }
+            h.word(u64::from(t.strides.is_some()));
+        }
+        let attrs = serde_json::to_value(&req.attrs).map(|v| canonical::to_string(&v)).unwrap_or_default();
+        h.bytes(attrs.as_bytes());
+        for i in 0..n {
+            for j in i + 1..n {
+                h.word(perf[i].cmp(&perf[j]) as i8 as u64);
+            }
+        }
+        SelectionKey { op: req.op, validity: h.finish128(), perf, axes: n as u8 }
+    }
+
+    /// The buckets of the perf values; `None` when one is outside its bounds.
+    #[inline]
+    pub fn buckets(&self) -> Option<Buckets> {
+        let mut out = [0u8; MAX_AXES];
+        for (i, axis) in axes::axes(self.op).iter().enumerate().take(self.axes as usize) {
+            out[i] = axis.anchor.bucket(self.perf[i])?;
+        }
+        Some(Buckets(out))
+    }
+
+    /// The validity hash as 32 hex digits (tables and PerfDB rows).
+    pub fn validity_hex(&self) -> String {
+        format!("{:032x}", self.validity)
+    }
+}
+
+impl Buckets {
+    /// `batch=1,seq_q=513..1024,seq_k=513..1024`: the bucket as written in tables and rows.
+    pub fn text(&self, op: Op) -> String {
+        let parts: Vec<String> = axes::axes(op)
+            .iter()
+            .zip(self.0)
+            .map(|(axis, b)| {
+                let (lo, hi) = axis.anchor.range(b);
+                format!("{}={}", axis.name, super::bucket::range_text(lo, hi))
+            })
+            .collect();
+        if parts.is_empty() { "exact".to_owned() } else { parts.join(",") }
+    }
+}
+
+impl fmt::Display for SelectionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{:032x}", self.op, self.validity)
+    }
+}
+
+/// A fixed-key 128-bit hasher (two independent 64-bit lanes): the same bytes give the same
+/// hash in every process and on every machine, unlike `std`'s randomized hasher.
+#[derive(Debug, Clone, Copy)]
+pub struct StableHasher {
+    a: u64,
+    b: u64,
+}
+
+const K1: u64 = 0x9e37_79b9_7f4a_7c15;
+const K2: u64 = 0xc2b2_ae3d_27d4_eb4f;
+
+impl StableHasher {
+    /// A hasher in its initial state.
+    pub fn new() -> StableHasher {
+        StableHasher { a: 0x243f_6a88_85a3_08d3, b: 0x1319_8a2e_0370_7344 }
+    }
+
+    /// Mixes one word.
+    #[inline]
+    pub fn word(&mut self, w: u64) {
+        self.a = mix(self.a ^ w, K1);
+        self.b = mix(self.b.wrapping_add(w), K2);
+    }
+
+    fn tagged(&mut self, tag: u64, w: u64) {
+        self.word(tag);
+        self.word(w);
+    }
+
+    /// Mixes a length-prefixed byte string.
+    pub fn bytes(&mut self, bytes: &[u8]) {
+        self.word(bytes.len() as u64);
+        for chunk in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            self.word(u64::from_le_bytes(w));
+        }
+    }
+
+    /// The 128-bit result.
+    pub fn finish128(&self) -> u128 {
+        let a = mix(self.a ^ self.b.rotate_left(29), K2);
+        let b = mix(self.b ^ self.a.rotate_left(17), K1);
+        (u128::from(a) << 64) | u128::from(b)
+    }
+}
+
+impl Default for StableHasher {
+    fn default() -> Self {
+        StableHasher::new()
+    }
+}
+
+/// One round of a multiply-xorshift mixer (full-width multiply, fold the halves).
+#[inline]
+fn mix(x: u64, k: u64) -> u64 {
+    let m = u128::from(x ^ (x >> 32)).wrapping_mul(u128::from(k));
+    let y = (m as u64) ^ ((m >> 64) as u64);
+    y ^ (y >> 29)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::attrs::{AttentionAttrs, Attrs};
+    use crate::model::dtype::DType;
+    use crate::model::layout::Layout;
+    use crate::model::tensor::TensorDesc;
+
+    fn attention(b: u64, sq: u64, sk: u64, causal: bool) -> Request {
+        let t = |s: u64, h: u64| TensorDesc::new(DType::BF16, [b, s, h, 128]).with_layout(Layout::Bshd);
+        Request::new(Op::Attention)
+            .tensor("q", t(sq, 32))
+            .tensor("k", t(sk, 8))
+            .tensor("v", t(sk, 8))
+            .attrs(Attrs::Attention(AttentionAttrs { causal, ..AttentionAttrs::default() }))
+    }
+
+    #[test]
+    fn sizes_within_a_bucket_share_a_key_and_its_buckets() {
+        let a = SelectionKey::derive(&attention(2, 600, 600, true));
+        let b = SelectionKey::derive(&attention(2, 1000, 1000, true));
+        assert_eq!(a.validity, b.validity);
+        assert_eq!(a.buckets(), b.buckets());
+        assert_eq!(a.buckets().unwrap().text(Op::Attention), "batch=2,seq_q=513..1024,seq_k=513..1024");
+    }
+
+    #[test]
+    fn every_exact_field_changes_the_key() {
+        let base = SelectionKey::derive(&attention(1, 64, 64, true)).validity;
+        assert_ne!(base, SelectionKey::derive(&attention(1, 64, 64, false)).validity, "attrs");
+        let mut r = attention(1, 64, 64, true);
+        r.tensors.get_mut("q").unwrap().shape[3] = 64;
+        r.tensors.get_mut("k").unwrap().shape[3] = 64;
+        r.tensors.get_mut("v").unwrap().shape[3] = 64;
+        assert_ne!(base, SelectionKey::derive(&r).validity, "head_dim");
+        let mut r = attention(1, 64, 64, true);
+        r.tensors.get_mut("v").unwrap().strides = Some(vec![64 * 3072, 3072, 128, 1]);
+        assert_ne!(base, SelectionKey::derive(&r).validity, "strides");
+        let mut r = attention(1, 64, 64, true);
+        r.tensors.get_mut("q").unwrap().dtype = DType::F16;
+        assert_ne!(base, SelectionKey::derive(&r).validity, "dtype");
+    }
+
+    #[test]
+    fn the_order_of_sequence_lengths_is_part_of_the_key() {
+        // seq_q == seq_k, < and > read differently by causal checks.
+        let eq = SelectionKey::derive(&attention(1, 64, 64, true)).validity;
+        let lt = SelectionKey::derive(&attention(1, 63, 64, true)).validity;
+        let gt = SelectionKey::derive(&attention(1, 64, 63, true)).validity;
+        assert!(eq != lt && lt != gt && eq != gt);
+    }
+
+    #[test]
+    fn the_hash_is_stable_across_processes() {
+        // A persisted table stores this value: changing the walk must bump KEY_FORMAT.
+        let k = SelectionKey::derive(&attention(1, 64, 64, true));
+        assert_eq!(k.validity_hex().len(), 32);
+        assert_eq!(k.validity, SelectionKey::derive(&attention(1, 64, 64, true)).validity);
+    }
+}
