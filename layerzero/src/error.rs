@@ -45,6 +45,12 @@ impl Error {
         Error::new(ErrorKind::InvalidInput, message)
     }
 
+    /// The same error with `origin: ` in front of its message (a file, an entry).
+    pub(crate) fn context(mut self, origin: &str) -> Error {
+        self.message = format!("{origin}: {}", self.message);
+        self
+    }
+
     /// The broad kind.
     pub fn kind(&self) -> ErrorKind {
         self.kind

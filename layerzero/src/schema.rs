@@ -34,11 +34,21 @@ pub enum SchemaKind {
     RunReport,
     /// `lz parity --json`.
     ParityReport,
+    /// Workload files (`lz tune`, `lz solve`).
+    Workload,
+    /// Dispatch tables (`dispatch_tables/*.json`).
+    DispatchTable,
+    /// `lz tune --json`.
+    TuneReport,
+    /// `lz solve --json`.
+    SolveReport,
+    /// `lz readiness-check --json`.
+    ReadinessReport,
 }
 
 impl SchemaKind {
     /// Every kind.
-    pub const ALL: [SchemaKind; 13] = [
+    pub const ALL: [SchemaKind; 18] = [
         SchemaKind::Capabilities,
         SchemaKind::Hardware,
         SchemaKind::Policy,
@@ -52,6 +62,11 @@ impl SchemaKind {
         SchemaKind::ReasonCodes,
         SchemaKind::RunReport,
         SchemaKind::ParityReport,
+        SchemaKind::Workload,
+        SchemaKind::DispatchTable,
+        SchemaKind::TuneReport,
+        SchemaKind::SolveReport,
+        SchemaKind::ReadinessReport,
     ];
 
     /// The schema file name in `schemas/`.
@@ -70,6 +85,11 @@ impl SchemaKind {
             SchemaKind::ReasonCodes => "reason_codes.schema.json",
             SchemaKind::RunReport => "run_report.schema.json",
             SchemaKind::ParityReport => "parity_report.schema.json",
+            SchemaKind::Workload => "workload.schema.json",
+            SchemaKind::DispatchTable => "dispatch_table.schema.json",
+            SchemaKind::TuneReport => "tune_report.schema.json",
+            SchemaKind::SolveReport => "solve_report.schema.json",
+            SchemaKind::ReadinessReport => "readiness_report.schema.json",
         }
     }
 
@@ -89,6 +109,11 @@ impl SchemaKind {
             SchemaKind::ReasonCodes => include_str!("../../schemas/reason_codes.schema.json"),
             SchemaKind::RunReport => include_str!("../../schemas/run_report.schema.json"),
             SchemaKind::ParityReport => include_str!("../../schemas/parity_report.schema.json"),
+            SchemaKind::Workload => include_str!("../../schemas/workload.schema.json"),
+            SchemaKind::DispatchTable => include_str!("../../schemas/dispatch_table.schema.json"),
+            SchemaKind::TuneReport => include_str!("../../schemas/tune_report.schema.json"),
+            SchemaKind::SolveReport => include_str!("../../schemas/solve_report.schema.json"),
+            SchemaKind::ReadinessReport => include_str!("../../schemas/readiness_report.schema.json"),
         }
     }
 
@@ -100,7 +125,7 @@ impl SchemaKind {
 type Compiled = std::result::Result<jsonschema::Validator, String>;
 
 fn validator(kind: SchemaKind) -> std::result::Result<&'static jsonschema::Validator, String> {
-    static VALIDATORS: [OnceLock<Compiled>; 13] = [const { OnceLock::new() }; 13];
+    static VALIDATORS: [OnceLock<Compiled>; SchemaKind::ALL.len()] = [const { OnceLock::new() }; SchemaKind::ALL.len()];
     VALIDATORS[kind.slot()]
         .get_or_init(|| {
             let schema: serde_json::Value = serde_json::from_str(kind.text())

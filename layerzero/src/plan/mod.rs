@@ -8,5 +8,6 @@
 pub mod axes;
 pub mod bucket;
 pub mod key;
+pub mod workload;
 
 pub use key::{Buckets, SelectionKey};
