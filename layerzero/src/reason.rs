@@ -29,6 +29,8 @@ pub enum Category {
     Health,
     /// A baked plan could not serve the request.
     Plan,
+    /// A PerfDB measurement was not used.
+    Measurement,
     /// The request itself is malformed or inconsistent.
     Input,
 }
@@ -45,6 +47,7 @@ impl Category {
             Category::Graph => "graph",
             Category::Health => "health",
             Category::Plan => "plan",
+            Category::Measurement => "measurement",
             Category::Input => "input",
         }
     }
@@ -199,6 +202,24 @@ reason_codes! {
     INVALID_REQUEST => Input,
     /// The request's tensors live on different devices.
     DEVICE_MIXED => Input,
+    /// The loaded dispatch table has no entry for the request's key and bucket; selected live.
+    PLAN_BUCKET_MISS => Plan,
+    /// The dispatch table was made for another hardware fingerprint.
+    PLAN_HARDWARE_MISMATCH => Plan,
+    /// The dispatch table was made from other capabilities (capabilities hash differs).
+    PLAN_CAPABILITIES_MISMATCH => Plan,
+    /// The dispatch table was made under another policy (policy hash differs).
+    PLAN_POLICY_MISMATCH => Plan,
+    /// The dispatch table's schema or key format is not the one this layerzero reads.
+    PLAN_SCHEMA_MISMATCH => Plan,
+    /// A dispatch-table entry names a kernel that is unknown or not eligible here.
+    PLAN_KERNEL_INELIGIBLE => Plan,
+    /// A PerfDB row was measured on another hardware fingerprint; ignored.
+    PERFDB_HARDWARE_MISMATCH => Measurement,
+    /// A PerfDB row was measured with another kernel or backend version; ignored.
+    PERFDB_VERSION_MISMATCH => Measurement,
+    /// A PerfDB row has too few samples or too much variance to be trusted; ignored.
+    PERFDB_LOW_CONFIDENCE => Measurement,
 }
 
 impl Serialize for ReasonCode {

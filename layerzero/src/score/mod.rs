@@ -3,6 +3,8 @@
 //!
 //! `estimated_ns = max(flops / (peak[dtype] * eff_compute), bytes / (bandwidth * eff_mem)) + launch_ns`
 
+pub mod measured;
+
 use serde::Serialize;
 
 use crate::capabilities::spec::KernelSpec;

@@ -4,6 +4,7 @@
 mod availability;
 mod report;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub use availability::{Availability, BackendStatus};
@@ -19,7 +20,9 @@ use crate::model::problem::Problem;
 use crate::model::request::Request;
 use crate::policy::{Action, Policy, Rule, Subject, glob_match};
 use crate::reason::{Reason, ReasonCode};
+use crate::plan::SelectionKey;
 use crate::score;
+use crate::score::measured::{self, Measurements, RowVerdict};
 use crate::transform::{self, Transform};
 
 /// The outcome of a successful selection: the kernel, the adaptations to apply, and the
@@ -47,6 +50,7 @@ pub struct Selector {
     policy: Arc<Policy>,
     availability: Arc<Availability>,
     policy_hash: String,
+    measurements: Option<Arc<Measurements>>,
 }
 
 /// One candidate's verdict, before it is written into a report.
@@ -63,6 +67,8 @@ struct Context<'a> {
     device_ref: DeviceRef,
     device: Option<&'a DeviceProfile>,
     rules: MatchedRules<'a>,
+    /// PerfDB rows for the request's key and bucket, by kernel.
+    measured: Option<&'a BTreeMap<String, RowVerdict>>,
 }
 
 impl Selector {
@@ -75,13 +81,24 @@ impl Selector {
     ) -> Result<Selector> {
         policy.check_against(&catalog)?;
         let policy_hash = policy.hash();
-        Ok(Selector { catalog, hardware, policy, availability, policy_hash })
+        Ok(Selector { catalog, hardware, policy, availability, policy_hash, measurements: None })
     }
 
     /// A planning selector for a named or given profile: every backend counts as installed.
     pub fn planning(catalog: Arc<Catalog>, hardware: Arc<HardwareProfile>, policy: Arc<Policy>) -> Result<Selector> {
         let availability = Arc::new(Availability::planning(&catalog));
         Selector::new(catalog, hardware, policy, availability)
+    }
+
+    /// The same selector scoring with measured times where PerfDB has confident rows.
+    pub fn with_measurements(mut self, measurements: Arc<Measurements>) -> Selector {
+        self.measurements = (!measurements.is_empty()).then_some(measurements);
+        self
+    }
+
+    /// The measurements in use, if any.
+    pub fn measurements(&self) -> Option<&Measurements> {
+        self.measurements.as_deref()
     }
 
     /// The catalog.
@@ -261,7 +278,12 @@ impl Selector {
         let (device_ref, device) = self.resolve_device(req, &mut request_errors);
         let subject = Subject { problem: &problem, hardware: &self.hardware, device: device_ref.kind };
         let rules = self.matching_rules(&subject, req);
-        Context { problem, request_errors, device_ref, device, rules }
+        let measured = self.measurements.as_deref().and_then(|m| {
+            let key = SelectionKey::derive(req);
+            let buckets = key.buckets()?;
+            m.point(key.validity, &buckets.text(req.op))
+        });
+        Context { problem, request_errors, device_ref, device, rules, measured }
     }
 
     /// The device every tensor lives on; records DEVICE_MIXED.
@@ -434,6 +456,17 @@ impl Selector {
                     None => (req, &cx.problem),
                 };
                 let model = score::estimate(kernel, r, pb, dev);
+                let (mut estimated_ns, mut source, mut measurement, mut notes) =
+                    (model.estimated_ns, ScoreSource::Model, None, Vec::new());
+                match cx.measured.and_then(|m| m.get(&kernel.id)) {
+                    Some(RowVerdict::Use(m)) => {
+                        estimated_ns = measured::blend(m, model.estimated_ns);
+                        source = if m.weight >= 1.0 { ScoreSource::Perfdb } else { ScoreSource::Blended };
+                        measurement = Some(m.clone());
+                    }
+                    Some(RowVerdict::Ignored(r)) => notes.push(r.clone()),
+                    None => {}
+                }
                 let transform_ns = transforms.iter().fold(0.0, |a, t| a + t.ns);
                 let policy_factor: f64 = rules
                     .factors
@@ -441,15 +474,8 @@ impl Selector {
                     .filter(|r| glob_match(&r.kernels, &kernel.id))
                     .map(|r| r.effective_factor())
                     .product();
-                let total_ns = (model.estimated_ns + transform_ns) * policy_factor;
-                Some(Score {
-                    estimated_ns: model.estimated_ns,
-                    source: ScoreSource::Model,
-                    transform_ns,
-                    policy_factor,
-                    total_ns,
-                    model,
-                })
+                let total_ns = (estimated_ns + transform_ns) * policy_factor;
+                Some(Score { estimated_ns, source, transform_ns, policy_factor, total_ns, model, measurement, notes })
             }
             _ => None,
         };

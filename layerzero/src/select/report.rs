@@ -6,6 +6,7 @@ use serde::Serialize;
 use crate::model::request::Request;
 use crate::reason::Reason;
 use crate::score::Estimate;
+use crate::score::measured::MeasurementRef;
 use crate::transform::Transform;
 
 /// A candidate's verdict.
@@ -37,6 +38,10 @@ impl Verdict {
 pub enum ScoreSource {
     /// The analytic cost model.
     Model,
+    /// A confident PerfDB measurement.
+    Perfdb,
+    /// A PerfDB measurement down-weighted for its variance, blended with the model.
+    Blended,
 }
 
 impl ScoreSource {
@@ -44,6 +49,8 @@ impl ScoreSource {
     pub fn as_str(self) -> &'static str {
         match self {
             ScoreSource::Model => "model",
+            ScoreSource::Perfdb => "perfdb",
+            ScoreSource::Blended => "blended",
         }
     }
 }
@@ -63,6 +70,10 @@ pub struct Score {
     pub total_ns: f64,
     /// The cost-model terms.
     pub model: Estimate,
+    /// The PerfDB measurement behind `estimated_ns` (absent: the model alone).
+    pub measurement: Option<MeasurementRef>,
+    /// PerfDB rows for this kernel and bucket that were not used, with the reason.
+    pub notes: Vec<Reason>,
 }
 
 /// One candidate kernel's verdict.
