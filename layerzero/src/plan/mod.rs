@@ -1,5 +1,5 @@
 //! Plans: selection keys, perf-axis buckets, workloads, dispatch tables and the selection
-//! cache. Pure except for [`table`]'s file loading.
+//! cache. Pure except for reading table files.
 //!
 //! DESIGN: validity fields are exact, perf fields (batch, sequence lengths, tokens) are
 //! bucketed; a dispatch table maps (op, validity key, bucket) to a kernel; a lookup is a
@@ -7,7 +7,55 @@
 
 pub mod axes;
 pub mod bucket;
+pub mod cache;
 pub mod key;
+pub mod table;
 pub mod workload;
 
+use std::hash::Hasher;
+
+pub use cache::SelectionCache;
 pub use key::{Buckets, SelectionKey};
+pub use table::{DispatchTable, Plan};
+
+/// A hasher for keys that are already hashes: folds words with one multiply each. Plan and
+/// cache probes cost nanoseconds; SipHash would double them.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct FoldHasher(u64);
+
+impl Hasher for FoldHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(w));
+        }
+    }
+
+    #[inline]
+    fn write_u64(&mut self, w: u64) {
+        self.0 = (self.0.rotate_left(23) ^ w).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+
+    #[inline]
+    fn write_u128(&mut self, w: u128) {
+        self.write_u64(w as u64);
+        self.write_u64((w >> 64) as u64);
+    }
+
+    #[inline]
+    fn write_u8(&mut self, w: u8) {
+        self.write_u64(u64::from(w));
+    }
+
+    #[inline]
+    fn write_usize(&mut self, w: usize) {
+        self.write_u64(w as u64);
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0 ^ (self.0 >> 31)
+    }
+}

@@ -101,6 +101,11 @@ impl Selector {
         self.measurements.as_deref()
     }
 
+    /// The shared measurements, if any.
+    pub fn measurements_arc(&self) -> Option<Arc<Measurements>> {
+        self.measurements.clone()
+    }
+
     /// The catalog.
     pub fn catalog(&self) -> &Catalog {
         &self.catalog
@@ -197,6 +202,37 @@ impl Selector {
         }
         out.sort_by(|a, b| a.score.total_ns.total_cmp(&b.score.total_ns).then_with(|| a.kernel.cmp(&b.kernel)));
         Ok(out)
+    }
+
+    /// Judges one kernel for `req` (a dispatch-table entry, a forced kernel): its selection
+    /// with transforms and score when eligible, every reason when not.
+    pub fn evaluate(&self, req: &Request, kernel_id: &str) -> std::result::Result<Selection, Vec<Reason>> {
+        let Some(ki) = self.catalog.find(kernel_id) else {
+            return Err(vec![Reason::new(
+                ReasonCode::PLAN_KERNEL_INELIGIBLE,
+                format!("kernel {kernel_id} is not in the catalog"),
+            )]);
+        };
+        let (backend, kernel) = self.catalog.kernel(ki);
+        if kernel.op != req.op {
+            return Err(vec![Reason::new(
+                ReasonCode::PLAN_KERNEL_INELIGIBLE,
+                format!("kernel {kernel_id} runs {}, not {}", kernel.op, req.op),
+            )]);
+        }
+        let cx = self.context(req);
+        let mut memo = Adapted::new();
+        let j: Judged<Vec<Reason>> = self.judge(backend, kernel, req, &cx, &mut memo);
+        match j.score {
+            Some(score) => Ok(Selection {
+                kernel: kernel.id.clone(),
+                backend: backend.backend.clone(),
+                transforms: j.transforms,
+                score,
+                candidates: 1,
+            }),
+            None => Err(j.reasons),
+        }
     }
 
     /// The error for a request nothing qualifies for, with every reason formatted.

@@ -1,7 +1,7 @@
 //! The selection report: every candidate, every reason, the arithmetic.
 //! Its JSON form is described by `schemas/selection_report.schema.json`.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::model::request::Request;
 use crate::reason::Reason;
@@ -33,7 +33,7 @@ impl Verdict {
 }
 
 /// Where an estimate comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ScoreSource {
     /// The analytic cost model.
