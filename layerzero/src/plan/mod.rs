@@ -9,6 +9,7 @@ pub mod axes;
 pub mod bucket;
 pub mod cache;
 pub mod key;
+pub mod solve;
 pub mod table;
 pub mod workload;
 
