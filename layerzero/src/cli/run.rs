@@ -10,7 +10,7 @@ use crate::capabilities::catalog::Catalog;
 use crate::error::{Error, Result};
 use crate::exec::args::OpArgs;
 use crate::exec::executor::Registry;
-use crate::exec::runtime::Runtime;
+use crate::exec::runtime::{PlanMode, Runtime};
 use crate::hardware::detect;
 use crate::policy::{Action, Policy, Rule, When};
 use crate::select::{Availability, Selector};
@@ -24,6 +24,8 @@ pub(super) struct RunArgs<'a> {
     pub kernel: Option<&'a str>,
     pub policy: Option<Policy>,
     pub repeat: usize,
+    pub table: Option<&'a Path>,
+    pub plan_mode: PlanMode,
     pub json: bool,
 }
 
@@ -49,7 +51,14 @@ pub(super) fn run(a: RunArgs<'_>, catalog: Arc<Catalog>) -> Result<Outcome> {
     let registered: Vec<&str> = Vec::new();
     let availability = Arc::new(Availability::probe_host(&catalog, &host, &registered));
     let selector = Selector::new(catalog, host, Arc::new(policy), availability)?;
-    let runtime = Runtime::new(selector, registry);
+    let mut runtime = Runtime::new(selector, registry);
+    if let Some(path) = a.table {
+        runtime = match crate::plan::table::DispatchTable::read(path) {
+            Ok(table) => runtime.with_plan(&table, a.plan_mode)?,
+            Err(rejected) if a.plan_mode == PlanMode::Strict => return Err(rejected.error),
+            Err(rejected) => runtime.with_plan_rejection(rejected.reason, a.plan_mode)?,
+        };
+    }
     let dispatch = runtime.dispatch(&args)?;
     let mut timing = None;
     if a.repeat > 0 {
@@ -78,6 +87,8 @@ pub(super) fn run(a: RunArgs<'_>, catalog: Arc<Catalog>) -> Result<Outcome> {
         print_json(&serde_json::json!({
             "kernel": sel.kernel,
             "backend": sel.backend,
+            "source": dispatch.source,
+            "plan_notes": dispatch.notes,
             "fell_back": dispatch.fell_back(),
             "attempts": dispatch.attempts,
             "transforms": sel.transforms,
@@ -88,7 +99,14 @@ pub(super) fn run(a: RunArgs<'_>, catalog: Arc<Catalog>) -> Result<Outcome> {
             "timing": timing,
         }));
     } else {
-        println!("kernel:    {} ({})", sel.kernel, sel.backend);
+        println!("kernel:    {} ({}, from the {})", sel.kernel, sel.backend, match dispatch.source {
+            crate::exec::runtime::SelectionSource::Plan => "dispatch table",
+            crate::exec::runtime::SelectionSource::Cache => "selection cache",
+            crate::exec::runtime::SelectionSource::Live => "live selection",
+        });
+        for n in &dispatch.notes {
+            println!("plan:      {n}");
+        }
         for at in &dispatch.attempts {
             if let Some(r) = &at.reason {
                 println!("fallback:  {} did not run: {r}", at.kernel);
