@@ -5,6 +5,7 @@ mod determinism;
 mod files;
 mod fixtures;
 mod flips;
+mod plans;
 mod policy;
 mod properties;
 mod runtime;
