@@ -1,12 +1,15 @@
-//! `lz doctor`: is this installation sound? Hardware, backends, files, one selection.
+//! `lz doctor`: is this installation sound? Hardware, backends, files, one selection, the
+//! PerfDB and every `LAYERZERO_*` knob.
 
 use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{Outcome, print_json, render};
 use crate::capabilities::catalog::Catalog;
 use crate::error::Result;
 use crate::hardware::detect;
+use crate::knobs::{self, KnobReport};
 use crate::model::attrs::{AttentionAttrs, Attrs};
 use crate::model::device::DeviceKind;
 use crate::model::dtype::DType;
@@ -14,6 +17,7 @@ use crate::model::layout::Layout;
 use crate::model::op::Op;
 use crate::model::request::Request;
 use crate::model::tensor::TensorDesc;
+use crate::perfdb::{self, DbStats, PerfDb, Recovery};
 use crate::policy::Policy;
 use crate::select::{Availability, BackendStatus, Selector};
 
@@ -31,7 +35,115 @@ fn sample_request(kind: DeviceKind) -> Request {
         .attrs(Attrs::Attention(AttentionAttrs { causal: true, ..AttentionAttrs::default() }))
 }
 
-pub(super) fn run(catalog: Arc<Catalog>, json: bool) -> Result<Outcome> {
+/// What doctor found at the PerfDB path. A missing file is not created: doctor only looks.
+#[derive(Debug, Default)]
+struct PerfDbCheck {
+    path: PathBuf,
+    exists: bool,
+    stats: Option<DbStats>,
+    recovered: Option<Recovery>,
+    error: Option<String>,
+}
+
+impl PerfDbCheck {
+    fn ok(&self) -> bool {
+        self.error.is_none() && self.stats.as_ref().is_none_or(|s| s.integrity == "ok")
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        let s = self.stats.as_ref();
+        serde_json::json!({
+            "path": self.path.display().to_string(),
+            "exists": self.exists,
+            "rows": s.map(|s| s.rows),
+            "fingerprints": s.map(|s| s.fingerprints),
+            "last_tune": s.and_then(|s| s.last_tune),
+            "integrity": s.map(|s| s.integrity.clone()),
+            "schema_version": s.map(|s| s.schema_version),
+            "recovered": self.recovered.as_ref().map(|r| serde_json::json!({
+                "moved_to": r.moved_to.display().to_string(), "why": r.why,
+            })),
+            "error": self.error,
+        })
+    }
+}
+
+/// Opens the PerfDB at `path` if the file exists (moving it aside if it is damaged) and reads
+/// its statistics.
+fn check_perfdb(path: PathBuf) -> PerfDbCheck {
+    let mut check = PerfDbCheck { exists: path.exists(), ..PerfDbCheck::default() };
+    if check.exists {
+        match PerfDb::open(&path) {
+            Ok(opened) => {
+                check.recovered = opened.recovered;
+                match opened.db.stats() {
+                    Ok(s) => check.stats = Some(s),
+                    Err(e) => check.error = Some(e.to_string()),
+                }
+            }
+            Err(e) => check.error = Some(e.to_string()),
+        }
+    }
+    check.path = path;
+    check
+}
+
+/// Unix seconds as `YYYY-MM-DD HH:MM:SS UTC`.
+fn utc(secs: i64) -> String {
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+fn render_perfdb(out: &mut String, c: &PerfDbCheck) {
+    let _ = writeln!(out, "\nperfdb:");
+    let _ = writeln!(out, "  path           {}", c.path.display());
+    if let Some(r) = &c.recovered {
+        let _ =
+            writeln!(out, "  RECOVERED      the file was damaged ({}); moved aside to {}", r.why, r.moved_to.display());
+        let _ = writeln!(out, "                 and a fresh database was created");
+    }
+    if let Some(e) = &c.error {
+        let _ = writeln!(out, "  ERROR          {e}");
+    }
+    match &c.stats {
+        None if !c.exists => {
+            let _ = writeln!(out, "  exists         no (created by the first measurement)");
+        }
+        None => {}
+        Some(s) => {
+            let last = s.last_tune.map(utc).unwrap_or_else(|| "never".to_owned());
+            let _ = writeln!(out, "  rows           {} ({} hardware fingerprints)", s.rows, s.fingerprints);
+            let _ = writeln!(out, "  last tune      {last}");
+            let _ = writeln!(out, "  integrity      {}", s.integrity);
+            let _ = writeln!(out, "  schema         version {}", s.schema_version);
+        }
+    }
+}
+
+fn render_knobs(out: &mut String, knobs: &[KnobReport]) {
+    let _ = writeln!(out, "\nknobs (environment):");
+    for k in knobs {
+        let value = match (&k.current, &k.error) {
+            (Some(v), None) => format!("= {v}"),
+            (Some(v), Some(e)) => format!("= {v}  INVALID: {e}"),
+            (None, _) => format!("unset (default: {})", k.default),
+        };
+        let _ = writeln!(out, "  {:<26} {:<24} {value}", k.name, k.r#type);
+        let _ = writeln!(out, "      {}", k.doc);
+    }
+}
+
+pub(super) fn run(catalog: Arc<Catalog>, json: bool, perfdb_path: Option<&Path>) -> Result<Outcome> {
     let detection = detect::detect_host();
     let host = Arc::new(detection.profile);
     let availability = Arc::new(Availability::probe_host(&catalog, &host, &[]));
@@ -40,7 +152,10 @@ pub(super) fn run(catalog: Arc<Catalog>, json: bool) -> Result<Outcome> {
     let selector = Selector::new(catalog.clone(), host.clone(), Arc::new(Policy::default()), availability.clone())?;
     let request = sample_request(host.primary().kind);
     let sample = selector.select(&request);
-    let ok = files_ok && sample.is_ok();
+    let knob_reports = knobs::report_in(&knobs::process_env);
+    let knobs_ok = knob_reports.iter().all(|k| k.error.is_none());
+    let db = check_perfdb(perfdb_path.map(Path::to_path_buf).unwrap_or_else(perfdb::default_path));
+    let ok = files_ok && sample.is_ok() && knobs_ok && db.ok();
 
     let backends: Vec<serde_json::Value> = catalog
         .backends()
@@ -77,6 +192,8 @@ pub(super) fn run(catalog: Arc<Catalog>, json: bool) -> Result<Outcome> {
             "backends": backends,
             "files": files.iter().map(|(f, k, e)| serde_json::json!({"file": f, "kind": k, "valid": e.is_empty(), "errors": e})).collect::<Vec<_>>(),
             "sample_selection": sample_json,
+            "perfdb": db.to_json(),
+            "knobs": knob_reports,
         }));
     } else {
         let mut out = String::new();
@@ -112,8 +229,23 @@ pub(super) fn run(catalog: Arc<Catalog>, json: bool) -> Result<Outcome> {
                 let _ = writeln!(out, "  FAILED: {e}");
             }
         }
+        render_perfdb(&mut out, &db);
+        render_knobs(&mut out, &knob_reports);
         let _ = writeln!(out, "\n{}", if ok { "doctor: ok" } else { "doctor: problems found (see above)" });
         print!("{out}");
     }
     Ok(if ok { Outcome::Ok } else { Outcome::CheckFailed })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::utc;
+
+    #[test]
+    fn utc_dates() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc(1_750_000_000), "2025-06-15 15:06:40 UTC");
+        assert_eq!(utc(951_782_400), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc(-86_400), "1969-12-31 00:00:00 UTC");
+    }
 }

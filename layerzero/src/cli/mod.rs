@@ -3,6 +3,7 @@
 
 mod doctor;
 mod parity;
+mod plan;
 mod render;
 mod run;
 mod validate;
@@ -51,6 +52,60 @@ enum Command {
     Run(RunCmd),
     /// Check every executable kernel against cpu_reference over the case matrix.
     Parity(ParityArgs),
+    /// Bake a dispatch table: a decision for every bucket of a workload (PerfDB-backed when
+    /// measurements exist).
+    Solve(SolveCmd),
+    /// Is this machine ready to serve? Schemas, table vs. host, kernels, coverage, PerfDB.
+    /// Exit 0 ready, 1 not ready (every failure names its fix), 2 usage error.
+    ReadinessCheck(ReadinessCmd),
+}
+
+#[derive(Args, Debug)]
+struct SolveCmd {
+    /// The workload file (schemas/workload.schema.json).
+    #[arg(long, value_name = "FILE")]
+    workload: PathBuf,
+    /// Solve for a named hardware profile or a profile file instead of this host.
+    #[arg(long, value_name = "NAME|PATH")]
+    hardware: Option<String>,
+    /// Policy file.
+    #[arg(long, value_name = "FILE")]
+    policy: Option<PathBuf>,
+    /// PerfDB file (default $LAYERZERO_PERFDB, else $LAYERZERO_HOME/perfdb.sqlite).
+    #[arg(long, value_name = "FILE", conflicts_with = "no_perfdb")]
+    perfdb: Option<PathBuf>,
+    /// Use the cost model only, ignoring any PerfDB.
+    #[arg(long)]
+    no_perfdb: bool,
+    /// Where to write the table.
+    #[arg(long, value_name = "FILE")]
+    out: PathBuf,
+    #[command(flatten)]
+    catalog: CatalogArg,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct ReadinessCmd {
+    /// The dispatch table to serve with.
+    #[arg(long, value_name = "FILE")]
+    table: Option<PathBuf>,
+    /// The policy to serve with.
+    #[arg(long, value_name = "FILE")]
+    policy: Option<PathBuf>,
+    /// The workload whose buckets the table must cover.
+    #[arg(long, value_name = "FILE")]
+    workload: Option<PathBuf>,
+    /// PerfDB file (default $LAYERZERO_PERFDB, else $LAYERZERO_HOME/perfdb.sqlite).
+    #[arg(long, value_name = "FILE")]
+    perfdb: Option<PathBuf>,
+    #[command(flatten)]
+    catalog: CatalogArg,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -73,6 +128,14 @@ struct RunCmd {
     /// Run the kernel N more times and report the median time.
     #[arg(long, default_value_t = 0, value_name = "N")]
     repeat: usize,
+    /// Serve the selection from this dispatch table (`lz solve`); a miss selects live.
+    /// Default: $LAYERZERO_DISPATCH_TABLE.
+    #[arg(long, value_name = "FILE")]
+    table: Option<PathBuf>,
+    /// How to use the table: prefer (live on a miss or mismatch), strict (refuse), off.
+    /// Default: $LAYERZERO_PLAN_MODE, else prefer.
+    #[arg(long, value_name = "MODE")]
+    plan_mode: Option<crate::exec::runtime::PlanMode>,
     #[command(flatten)]
     catalog: CatalogArg,
     /// Machine-readable output.
@@ -168,6 +231,9 @@ struct HardwareArgs {
 struct DoctorArgs {
     #[command(flatten)]
     catalog: CatalogArg,
+    /// Check this PerfDB file instead of $LAYERZERO_PERFDB (default $LAYERZERO_HOME/perfdb.sqlite).
+    #[arg(long, value_name = "FILE")]
+    perfdb: Option<PathBuf>,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
@@ -217,10 +283,16 @@ fn run(cli: Cli) -> Result<Outcome> {
         Command::ListKernels(a) => list_kernels(a),
         Command::Validate(a) => validate::run(&a.files, a.json),
         Command::Hardware(a) => hardware(a),
-        Command::Doctor(a) => doctor::run(load_catalog(&a.catalog)?, a.json),
+        Command::Doctor(a) => doctor::run(load_catalog(&a.catalog)?, a.json, a.perfdb.as_deref()),
         Command::Run(a) => {
-            let policy = a.policy.as_deref().map(load_policy).transpose()?;
+            let policy = a.policy.clone().or_else(crate::knobs::policy);
+            let policy = policy.as_deref().map(load_policy).transpose()?;
             let catalog = load_catalog(&a.catalog)?;
+            let table = a.table.clone().or_else(crate::knobs::dispatch_table);
+            let plan_mode = match a.plan_mode {
+                Some(m) => m,
+                None => crate::knobs::plan_mode()?,
+            };
             run::run(
                 run::RunArgs {
                     request: &a.request,
@@ -229,6 +301,8 @@ fn run(cli: Cli) -> Result<Outcome> {
                     kernel: a.kernel.as_deref(),
                     policy,
                     repeat: a.repeat,
+                    table: table.as_deref(),
+                    plan_mode,
                     json: a.json,
                 },
                 catalog,
@@ -238,6 +312,31 @@ fn run(cli: Cli) -> Result<Outcome> {
             let op = a.op.as_deref().map(parse_op).transpose()?;
             parity::run(load_catalog(&a.catalog)?, op, a.kernel.as_deref(), a.json)
         }
+        Command::Solve(a) => {
+            let sel = selector(a.hardware.as_deref(), a.policy.as_ref(), load_catalog(&a.catalog)?)?;
+            let command = std::iter::once("lz".to_owned()).chain(std::env::args().skip(1)).collect::<Vec<_>>().join(" ");
+            plan::solve(
+                plan::SolveArgs {
+                    workload: &a.workload,
+                    out: &a.out,
+                    perfdb: a.perfdb.as_deref(),
+                    no_perfdb: a.no_perfdb,
+                    json: a.json,
+                },
+                sel,
+                command,
+            )
+        }
+        Command::ReadinessCheck(a) => plan::readiness(
+            plan::ReadinessArgs {
+                table: a.table.as_deref(),
+                policy: a.policy.as_ref(),
+                workload: a.workload.as_deref(),
+                perfdb: a.perfdb.as_deref(),
+                json: a.json,
+            },
+            load_catalog(&a.catalog),
+        ),
         Command::ReasonCodes(a) => {
             if a.json {
                 print_json(&crate::reason::reason_codes_document());

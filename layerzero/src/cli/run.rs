@@ -51,7 +51,8 @@ pub(super) fn run(a: RunArgs<'_>, catalog: Arc<Catalog>) -> Result<Outcome> {
     let registered: Vec<&str> = Vec::new();
     let availability = Arc::new(Availability::probe_host(&catalog, &host, &registered));
     let selector = Selector::new(catalog, host, Arc::new(policy), availability)?;
-    let mut runtime = Runtime::new(selector, registry);
+    let slots = usize::try_from(crate::knobs::cache_capacity()?).unwrap_or(usize::MAX);
+    let mut runtime = Runtime::new(selector, registry).with_cache_capacity(slots);
     if let Some(path) = a.table {
         runtime = match crate::plan::table::DispatchTable::read(path) {
             Ok(table) => runtime.with_plan(&table, a.plan_mode)?,

@@ -5,16 +5,15 @@
 //! op; per tensor its name, dtype, layout, device, and each dimension either as "perf axis
 //! a" (at a position that carries axis a and holds its value) or as its exact size; per
 //! dimension the stride as zero, as a ratio to the contiguous stride, or exact; the
-//! attributes as canonical JSON; and the order relations between perf values (seq_q vs
+//! attributes (every field, exact); and the order relations between perf values (seq_q vs
 //! seq_k). The perf part is the bucket of each axis (see [`super::bucket`]).
 //! Checks that read sizes compare them with other sizes (captured by the symbols and
 //! relations), with 1 (bucket 0 is exactly 1) or with capability ranges whose bounds are
 //! bucket edges (a test over the builtin catalog keeps it so).
 
-use std::fmt;
+use std::fmt::{self, Write as _};
 
 use super::axes::{self, MAX_AXES};
-use crate::canonical;
 use crate::model::layout::contiguous_strides;
 use crate::model::op::Op;
 use crate::model::request::Request;
@@ -60,20 +59,28 @@ impl SelectionKey {
                 None => h.word(u64::MAX - 1),
             }
             h.word(t.rank() as u64);
-            let contiguous = contiguous_strides(&t.shape);
+            // Which dimension carries which axis (at most one axis per dimension).
+            let mut carries = [None::<usize>; 8];
+            for (a, axis) in axes::axes(req.op).iter().enumerate().take(n) {
+                for (tn, dim) in axis.at {
+                    if *tn == name.as_str()
+                        && let Some(i) = axes::resolve(t, *dim)
+                        && i < carries.len()
+                        && t.shape[i] == perf[a]
+                    {
+                        carries[i].get_or_insert(a);
+                    }
+                }
+            }
+            let contiguous = t.strides.as_ref().map(|_| contiguous_strides(&t.shape)).unwrap_or_default();
             for (i, &d) in t.shape.iter().enumerate() {
-                let axis = if n > 0 {
-                    axes::positions_in(req.op, name, t).find(|&(pi, a)| pi == i && perf[a] == d).map(|(_, a)| a)
-                } else {
-                    None
-                };
-                match axis {
+                match carries.get(i).copied().flatten() {
                     Some(a) => h.tagged(1, a as u64),
                     None => h.tagged(2, d),
                 }
                 if let Some(strides) = &t.strides {
                     let s = strides.get(i).copied().unwrap_or(0);
-                    let c = contiguous[i];
+                    let c = contiguous.get(i).copied().unwrap_or(0);
                     if s == 0 {
                         h.tagged(3, 0);
                     } else if c > 0 && s % c == 0 {
@@ -85,8 +92,10 @@ impl SelectionKey {
             }
             h.word(u64::from(t.strides.is_some()));
         }
-        let attrs = serde_json::to_value(&req.attrs).map(|v| canonical::to_string(&v)).unwrap_or_default();
-        h.bytes(attrs.as_bytes());
+        // Attributes through their Debug form, streamed into the hasher (no allocation):
+        // every field, exact floats. A table whose keys no longer match its requests'
+        // re-derived keys is caught at load, so this form may change between versions.
+        let _ = write!(AttrWriter(&mut h), "{:?}", req.attrs);
         for i in 0..n {
             for j in i + 1..n {
                 h.word(perf[i].cmp(&perf[j]) as i8 as u64);
@@ -182,6 +191,16 @@ impl StableHasher {
 impl Default for StableHasher {
     fn default() -> Self {
         StableHasher::new()
+    }
+}
+
+/// Feeds formatted text into a hasher.
+struct AttrWriter<'a>(&'a mut StableHasher);
+
+impl fmt::Write for AttrWriter<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.0.bytes(s.as_bytes());
+        Ok(())
     }
 }
 

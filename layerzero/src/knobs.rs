@@ -1,0 +1,491 @@
+//! Every `LAYERZERO_*` environment variable, declared once as data: its name, type, default,
+//! what it does, and how its current value is read and checked.
+//!
+//! The library reads `LAYERZERO_*` variables only through the knobs here, so `lz doctor` can
+//! list them all and a bad value is an error naming the variable and the value. Every function
+//! has an `_in` form that takes the environment as a lookup function, for tests and tools that
+//! must not touch the process environment. An empty value counts as unset.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+
+/// The type of a knob's value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KnobType {
+    /// A file or folder path.
+    Path,
+    /// `1`/`true`/`yes`/`on` or `0`/`false`/`no`/`off` (case-insensitive).
+    Bool,
+    /// A non-negative integer.
+    U64,
+    /// Free text.
+    String,
+    /// One of the listed words.
+    Enum(&'static [&'static str]),
+}
+
+impl KnobType {
+    /// The type as shown by `lz doctor`: `path`, `bool`, `u64`, `string` or `enum(a|b|c)`.
+    pub fn name(&self) -> String {
+        match self {
+            KnobType::Path => "path".to_owned(),
+            KnobType::Bool => "bool".to_owned(),
+            KnobType::U64 => "u64".to_owned(),
+            KnobType::String => "string".to_owned(),
+            KnobType::Enum(values) => format!("enum({})", values.join("|")),
+        }
+    }
+}
+
+/// A parsed knob value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KnobValue {
+    Path(PathBuf),
+    Bool(bool),
+    U64(u64),
+    String(String),
+    /// One of the type's words (lower case).
+    Enum(&'static str),
+}
+
+/// One environment variable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Knob {
+    /// The variable, `LAYERZERO_...`.
+    pub name: &'static str,
+    pub ty: KnobType,
+    /// The default, as text (a description where it is computed, e.g. a folder).
+    pub default: &'static str,
+    /// What it does.
+    pub doc: &'static str,
+}
+
+/// Where the run-time state lives (PerfDB, JIT cache).
+pub const HOME: Knob = Knob {
+    name: "LAYERZERO_HOME",
+    ty: KnobType::Path,
+    default: "the user cache folder: $XDG_CACHE_HOME/layerzero, else $HOME/.cache/layerzero \
+              (macOS ~/Library/Caches/layerzero, Windows %LOCALAPPDATA%\\layerzero)",
+    doc: "Folder for LayerZero's run-time state: the PerfDB and the JIT cache.",
+};
+
+/// The PerfDB file.
+pub const PERFDB: Knob = Knob {
+    name: "LAYERZERO_PERFDB",
+    ty: KnobType::Path,
+    default: "$LAYERZERO_HOME/perfdb.sqlite",
+    doc: "The PerfDB (SQLite timing database) file.",
+};
+
+/// Whether a loaded dispatch table is used.
+pub const PLAN_MODE: Knob = Knob {
+    name: "LAYERZERO_PLAN_MODE",
+    ty: KnobType::Enum(&["off", "prefer", "strict"]),
+    default: "prefer",
+    doc: "off: ignore dispatch tables; prefer: use a dispatch table when one is loaded (a miss or \
+          mismatch runs live selection and is reported); strict: refuse on a table mismatch or miss.",
+};
+
+/// A dispatch table to load.
+pub const DISPATCH_TABLE: Knob = Knob {
+    name: "LAYERZERO_DISPATCH_TABLE",
+    ty: KnobType::Path,
+    default: "none",
+    doc: "Dispatch table file to load at start-up.",
+};
+
+/// A policy file to load.
+pub const POLICY: Knob = Knob {
+    name: "LAYERZERO_POLICY",
+    ty: KnobType::Path,
+    default: "none",
+    doc: "Policy file to load at start-up (absent: the default policy).",
+};
+
+/// Selection cache size.
+pub const CACHE_CAPACITY: Knob = Knob {
+    name: "LAYERZERO_CACHE_CAPACITY",
+    ty: KnobType::U64,
+    default: "4096",
+    doc: "Maximum number of entries in the selection cache.",
+};
+
+/// Log filter.
+pub const LOG: Knob = Knob {
+    name: "LAYERZERO_LOG",
+    ty: KnobType::String,
+    default: "warn",
+    doc: "Log filter (tracing env-filter syntax, e.g. `info` or `layerzero::select=debug`).",
+};
+
+/// Which end-to-end sections run.
+pub const E2E: Knob = Knob {
+    name: "LAYERZERO_E2E",
+    ty: KnobType::String,
+    default: "all sections",
+    doc: "End-to-end suite only: comma-separated section numbers to run (e.g. `6.1,7.3`).",
+};
+
+static ALL: [Knob; 8] = [HOME, PERFDB, PLAN_MODE, DISPATCH_TABLE, POLICY, CACHE_CAPACITY, LOG, E2E];
+
+/// Every knob, in a fixed order.
+pub fn all() -> &'static [Knob] {
+    &ALL
+}
+
+/// The knob called `name`.
+pub fn find(name: &str) -> Option<&'static Knob> {
+    ALL.iter().find(|k| k.name == name)
+}
+
+/// Reads a variable: a function from a name to its value (`None` when unset).
+pub type Lookup<'a> = &'a dyn Fn(&str) -> Option<OsString>;
+
+/// The process environment as a [`Lookup`].
+pub fn process_env(name: &str) -> Option<OsString> {
+    std::env::var_os(name)
+}
+
+fn non_empty(v: Option<OsString>) -> Option<OsString> {
+    v.filter(|v| !v.is_empty())
+}
+
+impl Knob {
+    /// The type as shown by `lz doctor`.
+    pub fn type_name(&self) -> String {
+        self.ty.name()
+    }
+
+    /// The raw value in the process environment (`None` when unset or empty).
+    pub fn current(&self) -> Option<String> {
+        self.current_in(&process_env)
+    }
+
+    /// The raw value in `env` (`None` when unset or empty; non-UTF-8 shown lossily).
+    pub fn current_in(&self, env: Lookup<'_>) -> Option<String> {
+        non_empty(env(self.name)).map(|v| v.to_string_lossy().into_owned())
+    }
+
+    /// The parsed value in the process environment; `Ok(None)` when unset.
+    pub fn value(&self) -> Result<Option<KnobValue>> {
+        self.value_in(&process_env)
+    }
+
+    /// The parsed value in `env`; `Ok(None)` when unset. A bad value is an error naming the
+    /// variable, the value and what was expected.
+    pub fn value_in(&self, env: Lookup<'_>) -> Result<Option<KnobValue>> {
+        let Some(raw) = non_empty(env(self.name)) else { return Ok(None) };
+        if self.ty == KnobType::Path {
+            return Ok(Some(KnobValue::Path(PathBuf::from(raw))));
+        }
+        let Some(text) = raw.to_str() else {
+            return Err(Error::invalid(format!("{}={:?} is not valid UTF-8", self.name, raw)));
+        };
+        self.parse(text).map(Some)
+    }
+
+    /// Parses `text` as this knob's type.
+    pub fn parse(&self, text: &str) -> Result<KnobValue> {
+        let bad = |expected: &str| Error::invalid(format!("{}={text:?}: expected {expected}", self.name));
+        match self.ty {
+            KnobType::Path => Ok(KnobValue::Path(PathBuf::from(text))),
+            KnobType::String => Ok(KnobValue::String(text.to_owned())),
+            KnobType::U64 => text.trim().parse::<u64>().map(KnobValue::U64).map_err(|_| bad("a non-negative integer")),
+            KnobType::Bool => match text.trim().to_ascii_lowercase().as_str() {
+                "1" | "true" | "yes" | "on" => Ok(KnobValue::Bool(true)),
+                "0" | "false" | "no" | "off" => Ok(KnobValue::Bool(false)),
+                _ => Err(bad("a boolean (1/true/yes/on or 0/false/no/off)")),
+            },
+            KnobType::Enum(values) => {
+                let t = text.trim().to_ascii_lowercase();
+                values
+                    .iter()
+                    .find(|v| **v == t)
+                    .map(|v| KnobValue::Enum(v))
+                    .ok_or_else(|| bad(&format!("one of {}", values.join(", "))))
+            }
+        }
+    }
+
+    /// This knob as `lz doctor` reports it, with its current value in `env` and any error.
+    pub fn describe_in(&self, env: Lookup<'_>) -> KnobReport {
+        KnobReport {
+            name: self.name,
+            r#type: self.type_name(),
+            default: self.default,
+            doc: self.doc,
+            current: self.current_in(env),
+            error: self.value_in(env).err().map(|e| e.to_string()),
+        }
+    }
+}
+
+/// A knob with its current value, for reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct KnobReport {
+    pub name: &'static str,
+    pub r#type: String,
+    pub default: &'static str,
+    pub doc: &'static str,
+    /// The raw value set in the environment, if any.
+    pub current: Option<String>,
+    /// Why the current value is invalid, if it is.
+    pub error: Option<String>,
+}
+
+/// Every knob with its current value in `env`.
+pub fn report_in(env: Lookup<'_>) -> Vec<KnobReport> {
+    ALL.iter().map(|k| k.describe_in(env)).collect()
+}
+
+fn path_in(knob: &Knob, env: Lookup<'_>) -> Option<PathBuf> {
+    non_empty(env(knob.name)).map(PathBuf::from)
+}
+
+/// The user cache folder for LayerZero, from the platform's variables in `env`.
+pub fn user_cache_dir_in(env: Lookup<'_>) -> PathBuf {
+    let home = non_empty(env("HOME")).map(PathBuf::from);
+    if cfg!(target_os = "macos") {
+        if let Some(h) = home {
+            return h.join("Library/Caches/layerzero");
+        }
+    } else if cfg!(windows) {
+        if let Some(d) = non_empty(env("LOCALAPPDATA")) {
+            return PathBuf::from(d).join("layerzero");
+        }
+    } else {
+        if let Some(x) = non_empty(env("XDG_CACHE_HOME")).map(PathBuf::from).filter(|p| p.is_absolute()) {
+            return x.join("layerzero");
+        }
+        if let Some(h) = home {
+            return h.join(".cache/layerzero");
+        }
+    }
+    std::env::temp_dir().join("layerzero")
+}
+
+/// `LAYERZERO_HOME` in `env`, else the user cache folder.
+pub fn home_in(env: Lookup<'_>) -> PathBuf {
+    path_in(&HOME, env).unwrap_or_else(|| user_cache_dir_in(env))
+}
+
+/// `LAYERZERO_HOME` in the process environment, else the user cache folder.
+pub fn home() -> PathBuf {
+    home_in(&process_env)
+}
+
+/// `LAYERZERO_PERFDB` in `env`, else `<LAYERZERO_HOME>/perfdb.sqlite`.
+pub fn perfdb_path_in(env: Lookup<'_>) -> PathBuf {
+    path_in(&PERFDB, env).unwrap_or_else(|| home_in(env).join("perfdb.sqlite"))
+}
+
+/// `LAYERZERO_PERFDB` in the process environment, else `<LAYERZERO_HOME>/perfdb.sqlite`.
+pub fn perfdb_path() -> PathBuf {
+    perfdb_path_in(&process_env)
+}
+
+pub use crate::exec::runtime::PlanMode;
+
+/// `LAYERZERO_PLAN_MODE` in `env` (default `prefer`).
+pub fn plan_mode_in(env: Lookup<'_>) -> Result<PlanMode> {
+    Ok(match PLAN_MODE.value_in(env)? {
+        Some(KnobValue::Enum("off")) => PlanMode::Off,
+        Some(KnobValue::Enum("strict")) => PlanMode::Strict,
+        _ => PlanMode::Prefer,
+    })
+}
+
+/// `LAYERZERO_PLAN_MODE` in the process environment (default `prefer`).
+pub fn plan_mode() -> Result<PlanMode> {
+    plan_mode_in(&process_env)
+}
+
+/// `LAYERZERO_DISPATCH_TABLE` in `env`, if set.
+pub fn dispatch_table_in(env: Lookup<'_>) -> Option<PathBuf> {
+    path_in(&DISPATCH_TABLE, env)
+}
+
+/// `LAYERZERO_DISPATCH_TABLE` in the process environment, if set.
+pub fn dispatch_table() -> Option<PathBuf> {
+    dispatch_table_in(&process_env)
+}
+
+/// `LAYERZERO_POLICY` in `env`, if set.
+pub fn policy_in(env: Lookup<'_>) -> Option<PathBuf> {
+    path_in(&POLICY, env)
+}
+
+/// `LAYERZERO_POLICY` in the process environment, if set.
+pub fn policy() -> Option<PathBuf> {
+    policy_in(&process_env)
+}
+
+/// `LAYERZERO_CACHE_CAPACITY` in `env` (default 4096).
+pub fn cache_capacity_in(env: Lookup<'_>) -> Result<u64> {
+    Ok(match CACHE_CAPACITY.value_in(env)? {
+        Some(KnobValue::U64(n)) => n,
+        _ => 4096,
+    })
+}
+
+/// `LAYERZERO_CACHE_CAPACITY` in the process environment (default 4096).
+pub fn cache_capacity() -> Result<u64> {
+    cache_capacity_in(&process_env)
+}
+
+/// `LAYERZERO_LOG` in `env` (default `warn`).
+pub fn log_in(env: Lookup<'_>) -> String {
+    LOG.current_in(env).unwrap_or_else(|| "warn".to_owned())
+}
+
+/// `LAYERZERO_LOG` in the process environment (default `warn`).
+pub fn log() -> String {
+    log_in(&process_env)
+}
+
+/// `LAYERZERO_E2E` in `env`: the section numbers to run (empty: all).
+pub fn e2e_sections_in(env: Lookup<'_>) -> Vec<String> {
+    E2E.current_in(env)
+        .map(|s| s.split(',').map(|p| p.trim().to_owned()).filter(|p| !p.is_empty()).collect())
+        .unwrap_or_default()
+}
+
+/// `LAYERZERO_E2E` in the process environment: the section numbers to run (empty: all).
+pub fn e2e_sections() -> Vec<String> {
+    e2e_sections_in(&process_env)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
+        let map: BTreeMap<String, OsString> = pairs.iter().map(|(k, v)| ((*k).to_owned(), OsString::from(v))).collect();
+        move |name| map.get(name).cloned()
+    }
+
+    #[test]
+    fn names_are_unique_and_prefixed() {
+        let names: BTreeSet<&str> = all().iter().map(|k| k.name).collect();
+        assert_eq!(names.len(), all().len());
+        assert!(all().iter().all(|k| k.name.starts_with("LAYERZERO_") && !k.doc.is_empty() && !k.default.is_empty()));
+        assert_eq!(find("LAYERZERO_PERFDB"), Some(&PERFDB));
+        assert_eq!(find("LAYERZERO_TEST_NOPE"), None);
+    }
+
+    #[test]
+    fn type_names() {
+        assert_eq!(PLAN_MODE.type_name(), "enum(off|prefer|strict)");
+        assert_eq!(CACHE_CAPACITY.type_name(), "u64");
+        assert_eq!(HOME.type_name(), "path");
+        assert_eq!(LOG.type_name(), "string");
+        assert_eq!(KnobType::Bool.name(), "bool");
+    }
+
+    #[test]
+    fn perfdb_path_resolution() {
+        if cfg!(unix) && !cfg!(target_os = "macos") {
+            let e = env(&[("HOME", "/home/u")]);
+            assert_eq!(perfdb_path_in(&e), PathBuf::from("/home/u/.cache/layerzero/perfdb.sqlite"));
+            let e = env(&[("HOME", "/home/u"), ("XDG_CACHE_HOME", "/xdg")]);
+            assert_eq!(perfdb_path_in(&e), PathBuf::from("/xdg/layerzero/perfdb.sqlite"));
+            // A relative XDG_CACHE_HOME is invalid per the spec and ignored.
+            let e = env(&[("HOME", "/home/u"), ("XDG_CACHE_HOME", "rel")]);
+            assert_eq!(home_in(&e), PathBuf::from("/home/u/.cache/layerzero"));
+        }
+        let e = env(&[("HOME", "/home/u"), ("XDG_CACHE_HOME", "/xdg"), ("LAYERZERO_HOME", "/lz")]);
+        assert_eq!(perfdb_path_in(&e), PathBuf::from("/lz/perfdb.sqlite"));
+        let e = env(&[("LAYERZERO_HOME", "/lz"), ("LAYERZERO_PERFDB", "/db/x.sqlite")]);
+        assert_eq!(perfdb_path_in(&e), PathBuf::from("/db/x.sqlite"));
+        // Empty counts as unset.
+        let e = env(&[("LAYERZERO_HOME", "/lz"), ("LAYERZERO_PERFDB", "")]);
+        assert_eq!(perfdb_path_in(&e), PathBuf::from("/lz/perfdb.sqlite"));
+    }
+
+    #[test]
+    fn typed_values_and_errors_name_the_variable_and_value() {
+        let e = env(&[]);
+        assert_eq!(plan_mode_in(&e).ok(), Some(PlanMode::Prefer));
+        assert_eq!(cache_capacity_in(&e).ok(), Some(4096));
+        assert_eq!(log_in(&e), "warn");
+        assert_eq!(dispatch_table_in(&e), None);
+        assert_eq!(policy_in(&e), None);
+        assert!(e2e_sections_in(&e).is_empty());
+
+        let e = env(&[
+            ("LAYERZERO_PLAN_MODE", "Strict"),
+            ("LAYERZERO_CACHE_CAPACITY", "17"),
+            ("LAYERZERO_LOG", "debug"),
+            ("LAYERZERO_POLICY", "/p.json"),
+            ("LAYERZERO_DISPATCH_TABLE", "/t.json"),
+            ("LAYERZERO_E2E", "6.1, 7.3"),
+        ]);
+        assert_eq!(plan_mode_in(&e).ok(), Some(PlanMode::Strict));
+        assert_eq!(cache_capacity_in(&e).ok(), Some(17));
+        assert_eq!(log_in(&e), "debug");
+        assert_eq!(policy_in(&e), Some(PathBuf::from("/p.json")));
+        assert_eq!(dispatch_table_in(&e), Some(PathBuf::from("/t.json")));
+        assert_eq!(e2e_sections_in(&e), vec!["6.1".to_owned(), "7.3".to_owned()]);
+
+        let e = env(&[("LAYERZERO_PLAN_MODE", "sometimes"), ("LAYERZERO_CACHE_CAPACITY", "-3")]);
+        let err = plan_mode_in(&e).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("LAYERZERO_PLAN_MODE") && err.contains("sometimes") && err.contains("strict"), "{err}");
+        let err = cache_capacity_in(&e).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("LAYERZERO_CACHE_CAPACITY") && err.contains("-3"), "{err}");
+        let report = report_in(&e);
+        assert_eq!(report.len(), all().len());
+        let pm = report.iter().find(|r| r.name == "LAYERZERO_PLAN_MODE");
+        assert!(pm.is_some_and(|r| r.current.as_deref() == Some("sometimes") && r.error.is_some()));
+        let log = report.iter().find(|r| r.name == "LAYERZERO_LOG");
+        assert!(log.is_some_and(|r| r.current.is_none() && r.error.is_none()));
+    }
+
+    #[test]
+    fn bool_parsing() {
+        const B: Knob = Knob { name: "LAYERZERO_TEST_BOOL", ty: KnobType::Bool, default: "false", doc: "test" };
+        for (t, v) in [("1", true), ("Yes", true), ("on", true), ("0", false), ("FALSE", false), ("off", false)] {
+            assert_eq!(B.parse(t).ok(), Some(KnobValue::Bool(v)), "{t}");
+        }
+        assert!(B.parse("maybe").err().is_some_and(|e| e.to_string().contains("LAYERZERO_TEST_BOOL=\"maybe\"")));
+    }
+
+    /// Every `LAYERZERO_*` name used anywhere in the repository is declared here.
+    #[test]
+    fn every_variable_in_the_repository_is_declared() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut used = BTreeSet::new();
+        let mut stack: Vec<PathBuf> =
+            ["layerzero/src", "tests", "e2e", "tools", "README.md"].iter().map(|p| root.join(p)).collect();
+        while let Some(p) = stack.pop() {
+            if p.is_dir() {
+                if p.file_name().is_some_and(|n| n == "target" || n == "fixtures" || n == "data") {
+                    continue;
+                }
+                if let Ok(rd) = std::fs::read_dir(&p) {
+                    stack.extend(rd.filter_map(|e| e.ok().map(|e| e.path())));
+                }
+                continue;
+            }
+            let Ok(text) = std::fs::read_to_string(&p) else { continue };
+            let mut rest = text.as_str();
+            while let Some(i) = rest.find("LAYERZERO_") {
+                let tail = &rest[i..];
+                let end = tail.find(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'));
+                let name = &tail[..end.unwrap_or(tail.len())];
+                // `LAYERZERO_TEST_*` names are test-local; a bare prefix is a mention, not a variable.
+                if name.len() > "LAYERZERO_".len() && !name.starts_with("LAYERZERO_TEST_") && !name.ends_with('_') {
+                    used.insert((name.to_owned(), p.display().to_string()));
+                }
+                rest = &tail["LAYERZERO_".len()..];
+            }
+        }
+        let missing: Vec<_> = used.iter().filter(|(n, _)| find(n).is_none()).collect();
+        assert!(missing.is_empty(), "undeclared LAYERZERO_* variables (declare them in knobs.rs): {missing:?}");
+    }
+}
