@@ -24,7 +24,7 @@ fn example(name: &str) -> String {
     repo_root().join("examples/requests").join(name).display().to_string()
 }
 
-fn run(args: &[&str]) -> (i32, String, String) {
+pub(crate) fn run(args: &[&str]) -> (i32, String, String) {
     let out = lz().args(args).output().unwrap_or_else(|e| panic!("{e}"));
     (
         out.status.code().unwrap_or(-1),

@@ -1,6 +1,7 @@
 //! LayerZero integration tests: through the public API and the `lz` CLI.
 
 mod cli;
+mod cli_plans;
 mod determinism;
 mod files;
 mod fixtures;

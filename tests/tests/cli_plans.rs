@@ -1,0 +1,205 @@
+//! `lz solve`, `lz readiness-check` and `lz run --table` end to end: solve a table on this
+//! host, gate on it, serve from it; and every way a table can be wrong fails readiness
+//! closed, naming the path and the field, with a fix.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use layerzero::schema::{SchemaKind, violations};
+use layerzero::tensor::HostTensor;
+
+use crate::cli::run;
+
+const WORKLOAD: &str = r#"{"schema_version": 1, "name": "cli-plans", "entries": [
+    {"name": "norm", "request": {"op": "rms_norm", "tensors": {
+        "x": {"dtype": "f32", "shape": [4, 256]}, "weight": {"dtype": "f32", "shape": [256]}},
+        "attrs": {"eps": 1e-6}}, "ranges": {"tokens": [1, 64]}}
+]}"#;
+
+struct Setup {
+    dir: tempfile::TempDir,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(dir.path().join("w.json"), WORKLOAD).unwrap_or_else(|e| panic!("{e}"));
+        Setup { dir }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+
+    fn solve(&self) -> String {
+        let (code, out, err) = run(&[
+            "solve",
+            "--workload",
+            &self.path("w.json"),
+            "--perfdb",
+            &self.path("db.sqlite"),
+            "--out",
+            &self.path("t.json"),
+            "--json",
+        ]);
+        assert_eq!(code, 0, "{out}{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+        assert!(violations(SchemaKind::SolveReport, &v).unwrap_or_default().is_empty(), "{v}");
+        self.path("t.json")
+    }
+
+    fn readiness(&self, table: &str) -> (i32, serde_json::Value) {
+        let (code, out, err) = run(&[
+            "readiness-check",
+            "--table",
+            table,
+            "--workload",
+            &self.path("w.json"),
+            "--perfdb",
+            &self.path("db.sqlite"),
+            "--json",
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+        assert!(violations(SchemaKind::ReadinessReport, &v).unwrap_or_default().is_empty(), "{v}");
+        (code, v)
+    }
+}
+
+fn failed<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    v["checks"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == name && c["ok"] == false))
+        .unwrap_or_else(|| panic!("no failed check {name}: {v}"))
+}
+
+fn edit(path: &str, f: impl FnOnce(&mut serde_json::Value)) {
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{e}"))).unwrap_or_else(|e| panic!("{e}"));
+    f(&mut v);
+    std::fs::write(path, v.to_string()).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn solve_then_readiness_then_run_serves_from_the_table() {
+    let s = Setup::new();
+    let table = s.solve();
+    let (code, v) = s.readiness(&table);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["ready"], true);
+    // A request inside a bucket (tokens 5 is in 5..8) is served by the table.
+    let req = s.path("req.json");
+    std::fs::write(
+        &req,
+        r#"{"op": "rms_norm", "tensors": {"x": {"dtype": "f32", "shape": [5, 256]}, "weight": {"dtype": "f32", "shape": [256]}}, "attrs": {"eps": 1e-6}}"#,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let inputs = s.path("in.safetensors");
+    let t = |shape: &[usize]| HostTensor::from_f32(shape, vec![0.5; shape.iter().product()]).unwrap_or_else(|e| panic!("{e}"));
+    let map: BTreeMap<String, HostTensor> = [("x".to_owned(), t(&[5, 256])), ("weight".to_owned(), t(&[256]))].into();
+    layerzero::tensor::io::write(Path::new(&inputs), &map).unwrap_or_else(|e| panic!("{e}"));
+    let (code, out, err) =
+        run(&["run", "--request", &req, "--inputs", &inputs, "--out", &s.path("out.safetensors"), "--table", &table, "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(v["source"], "plan", "{v}");
+    assert_eq!(v["kernel"], "cpu.rms_norm.fast");
+    // Outside every bucket of the table: live, with PLAN_BUCKET_MISS.
+    std::fs::write(&req, std::fs::read_to_string(&req).unwrap_or_default().replace("[5, 256]", "[100, 256]"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let map: BTreeMap<String, HostTensor> = [("x".to_owned(), t(&[100, 256])), ("weight".to_owned(), t(&[256]))].into();
+    layerzero::tensor::io::write(Path::new(&inputs), &map).unwrap_or_else(|e| panic!("{e}"));
+    let (code, out, err) =
+        run(&["run", "--request", &req, "--inputs", &inputs, "--out", &s.path("out.safetensors"), "--table", &table, "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(v["source"], "live");
+    assert_eq!(v["plan_notes"][0]["code"], "PLAN_BUCKET_MISS", "{v}");
+    // Strict plan mode refuses the miss.
+    let (code, _, err) = run(&[
+        "run", "--request", &req, "--inputs", &inputs, "--out", &s.path("out.safetensors"), "--table", &table, "--plan-mode", "strict",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("PLAN_BUCKET_MISS"), "{err}");
+}
+
+#[test]
+fn solving_twice_gives_the_same_table_apart_from_the_time() {
+    let s = Setup::new();
+    let table = s.solve();
+    let first = std::fs::read_to_string(&table).unwrap_or_default();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    s.solve();
+    let second = std::fs::read_to_string(&table).unwrap_or_default();
+    let strip = |t: &str| t.lines().filter(|l| !l.contains("\"created_at\"")).collect::<Vec<_>>().join("\n");
+    assert_eq!(strip(&first), strip(&second));
+}
+
+#[test]
+fn a_table_with_invalid_json_fails_readiness_naming_the_path() {
+    let s = Setup::new();
+    let table = s.solve();
+    std::fs::write(&table, "{ not json").unwrap_or_else(|e| panic!("{e}"));
+    let (code, v) = s.readiness(&table);
+    assert_eq!(code, 1);
+    let c = failed(&v, "table");
+    assert!(c["detail"].as_str().is_some_and(|d| d.contains("t.json") && d.contains("invalid JSON")), "{c}");
+    assert!(c["fix"].as_str().is_some_and(|f| f.contains("lz solve")), "{c}");
+}
+
+#[test]
+fn a_table_violating_its_schema_fails_readiness_naming_the_field() {
+    let s = Setup::new();
+    let table = s.solve();
+    edit(&table, |v| v["entries"][0]["expected_ns"] = serde_json::json!("fast"));
+    let (code, v) = s.readiness(&table);
+    assert_eq!(code, 1);
+    let c = failed(&v, "table");
+    assert!(c["detail"].as_str().is_some_and(|d| d.contains("/entries/0/expected_ns")), "{c}");
+}
+
+#[test]
+fn a_table_for_other_hardware_or_policy_fails_readiness_with_the_reason_and_the_command() {
+    let s = Setup::new();
+    let table = s.solve();
+    edit(&table, |v| v["header"]["hardware"]["fingerprint"] = serde_json::json!("0123456789abcdef"));
+    let (code, v) = s.readiness(&table);
+    assert_eq!(code, 1);
+    let c = failed(&v, "table_matches_host");
+    assert!(c["detail"].as_str().is_some_and(|d| d.contains("PLAN_HARDWARE_MISMATCH")), "{c}");
+    assert!(c["fix"].as_str().is_some_and(|f| f.contains("lz solve --workload")), "{c}");
+    let table = s.solve();
+    edit(&table, |v| v["header"]["policy_hash"] = serde_json::json!("f".repeat(64)));
+    let (_, v) = s.readiness(&table);
+    assert!(failed(&v, "table_matches_host")["detail"].as_str().is_some_and(|d| d.contains("PLAN_POLICY_MISMATCH")));
+}
+
+#[test]
+fn a_table_missing_buckets_of_the_workload_reports_its_coverage() {
+    let s = Setup::new();
+    let table = s.solve();
+    edit(&table, |v| {
+        if let Some(es) = v["entries"].as_array_mut() {
+            es.truncate(3);
+        }
+    });
+    let (code, v) = s.readiness(&table);
+    assert_eq!(code, 1);
+    let c = failed(&v, "coverage");
+    assert!(c["detail"].as_str().is_some_and(|d| d.contains("3 of 7 buckets")), "{c}");
+}
+
+#[test]
+fn a_garbage_perfdb_fails_readiness_and_is_moved_aside() {
+    let s = Setup::new();
+    let table = s.solve();
+    std::fs::write(s.path("db.sqlite"), b"this is not a database").unwrap_or_else(|e| panic!("{e}"));
+    let (code, v) = s.readiness(&table);
+    assert_eq!(code, 1);
+    let c = failed(&v, "perfdb");
+    assert!(c["detail"].as_str().is_some_and(|d| d.contains("moved aside")), "{c}");
+    let moved = std::fs::read_dir(s.dir.path())
+        .unwrap_or_else(|e| panic!("{e}"))
+        .filter_map(|e| e.ok())
+        .any(|e| e.file_name().to_string_lossy().contains("db.sqlite.corrupt-"));
+    assert!(moved, "the damaged file is kept");
+}
