@@ -114,14 +114,6 @@ pub const CACHE_CAPACITY: Knob = Knob {
     doc: "Maximum number of entries in the selection cache.",
 };
 
-/// Log filter.
-pub const LOG: Knob = Knob {
-    name: "LAYERZERO_LOG",
-    ty: KnobType::String,
-    default: "warn",
-    doc: "Log filter (tracing env-filter syntax, e.g. `info` or `layerzero::select=debug`).",
-};
-
 /// Which end-to-end sections run.
 pub const E2E: Knob = Knob {
     name: "LAYERZERO_E2E",
@@ -130,7 +122,7 @@ pub const E2E: Knob = Knob {
     doc: "End-to-end suite only: comma-separated section numbers to run (e.g. `6.1,7.3`).",
 };
 
-static ALL: [Knob; 8] = [HOME, PERFDB, PLAN_MODE, DISPATCH_TABLE, POLICY, CACHE_CAPACITY, LOG, E2E];
+static ALL: [Knob; 7] = [HOME, PERFDB, PLAN_MODE, DISPATCH_TABLE, POLICY, CACHE_CAPACITY, E2E];
 
 /// Every knob, in a fixed order.
 pub fn all() -> &'static [Knob] {
@@ -337,16 +329,6 @@ pub fn cache_capacity() -> Result<u64> {
     cache_capacity_in(&process_env)
 }
 
-/// `LAYERZERO_LOG` in `env` (default `warn`).
-pub fn log_in(env: Lookup<'_>) -> String {
-    LOG.current_in(env).unwrap_or_else(|| "warn".to_owned())
-}
-
-/// `LAYERZERO_LOG` in the process environment (default `warn`).
-pub fn log() -> String {
-    log_in(&process_env)
-}
-
 /// `LAYERZERO_E2E` in `env`: the section numbers to run (empty: all).
 pub fn e2e_sections_in(env: Lookup<'_>) -> Vec<String> {
     E2E.current_in(env)
@@ -384,7 +366,7 @@ mod tests {
         assert_eq!(PLAN_MODE.type_name(), "enum(off|prefer|strict)");
         assert_eq!(CACHE_CAPACITY.type_name(), "u64");
         assert_eq!(HOME.type_name(), "path");
-        assert_eq!(LOG.type_name(), "string");
+        assert_eq!(E2E.type_name(), "string");
         assert_eq!(KnobType::Bool.name(), "bool");
     }
 
@@ -413,7 +395,6 @@ mod tests {
         let e = env(&[]);
         assert_eq!(plan_mode_in(&e).ok(), Some(PlanMode::Prefer));
         assert_eq!(cache_capacity_in(&e).ok(), Some(4096));
-        assert_eq!(log_in(&e), "warn");
         assert_eq!(dispatch_table_in(&e), None);
         assert_eq!(policy_in(&e), None);
         assert!(e2e_sections_in(&e).is_empty());
@@ -421,14 +402,12 @@ mod tests {
         let e = env(&[
             ("LAYERZERO_PLAN_MODE", "Strict"),
             ("LAYERZERO_CACHE_CAPACITY", "17"),
-            ("LAYERZERO_LOG", "debug"),
             ("LAYERZERO_POLICY", "/p.json"),
             ("LAYERZERO_DISPATCH_TABLE", "/t.json"),
             ("LAYERZERO_E2E", "6.1, 7.3"),
         ]);
         assert_eq!(plan_mode_in(&e).ok(), Some(PlanMode::Strict));
         assert_eq!(cache_capacity_in(&e).ok(), Some(17));
-        assert_eq!(log_in(&e), "debug");
         assert_eq!(policy_in(&e), Some(PathBuf::from("/p.json")));
         assert_eq!(dispatch_table_in(&e), Some(PathBuf::from("/t.json")));
         assert_eq!(e2e_sections_in(&e), vec!["6.1".to_owned(), "7.3".to_owned()]);
@@ -442,8 +421,8 @@ mod tests {
         assert_eq!(report.len(), all().len());
         let pm = report.iter().find(|r| r.name == "LAYERZERO_PLAN_MODE");
         assert!(pm.is_some_and(|r| r.current.as_deref() == Some("sometimes") && r.error.is_some()));
-        let log = report.iter().find(|r| r.name == "LAYERZERO_LOG");
-        assert!(log.is_some_and(|r| r.current.is_none() && r.error.is_none()));
+        let table = report.iter().find(|r| r.name == "LAYERZERO_DISPATCH_TABLE");
+        assert!(table.is_some_and(|r| r.current.is_none() && r.error.is_none()));
     }
 
     #[test]

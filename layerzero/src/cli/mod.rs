@@ -329,8 +329,8 @@ fn run(cli: Cli) -> Result<Outcome> {
         }
         Command::ReadinessCheck(a) => plan::readiness(
             plan::ReadinessArgs {
-                table: a.table.as_deref(),
-                policy: a.policy.as_ref(),
+                table: a.table.clone().or_else(crate::knobs::dispatch_table).as_deref(),
+                policy: a.policy.clone().or_else(crate::knobs::policy).as_ref(),
                 workload: a.workload.as_deref(),
                 perfdb: a.perfdb.as_deref(),
                 json: a.json,
@@ -390,7 +390,8 @@ fn parse_op(name: &str) -> Result<Op> {
 
 /// The selector for `--hardware` (planning) or this host (probed).
 fn selector(hardware: Option<&str>, policy: Option<&PathBuf>, catalog: Arc<Catalog>) -> Result<Selector> {
-    let policy = match policy {
+    let from_env = crate::knobs::policy();
+    let policy = match policy.or(from_env.as_ref()) {
         Some(p) => load_policy(p)?,
         None => Policy::default(),
     };
