@@ -231,7 +231,7 @@ fn doctor_finds_the_perfdb_through_the_knobs_and_never_creates_it() -> TestResul
 
     // Every knob is listed with its current value; a bad value fails the check, naming it.
     let (code, v) = doctor_json(
-        lz().env("LAYERZERO_HOME", dir.path()).env("LAYERZERO_PLAN_MODE", "sometimes").env("LAYERZERO_LOG", "debug"),
+        lz().env("LAYERZERO_HOME", dir.path()).env("LAYERZERO_PLAN_MODE", "sometimes").env("LAYERZERO_CACHE_CAPACITY", "64"),
         None,
     )?;
     assert_eq!(code, 1, "{v}");
@@ -239,8 +239,8 @@ fn doctor_finds_the_perfdb_through_the_knobs_and_never_creates_it() -> TestResul
     let knobs = v["knobs"].as_array().ok_or("no knobs")?;
     assert_eq!(knobs.len(), layerzero::knobs::all().len());
     let find = |name: &str| knobs.iter().find(|k| k["name"] == name).cloned().unwrap_or_default();
-    assert_eq!(find("LAYERZERO_LOG")["current"], "debug");
-    assert!(find("LAYERZERO_LOG")["error"].is_null());
+    assert_eq!(find("LAYERZERO_CACHE_CAPACITY")["current"], "64");
+    assert!(find("LAYERZERO_CACHE_CAPACITY")["error"].is_null());
     assert_eq!(find("LAYERZERO_PLAN_MODE")["type"], "enum(off|prefer|strict)");
     assert_eq!(find("LAYERZERO_PLAN_MODE")["default"], "prefer");
     let err = find("LAYERZERO_PLAN_MODE")["error"].as_str().unwrap_or_default().to_owned();
