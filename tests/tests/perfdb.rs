@@ -246,6 +246,6 @@ fn doctor_finds_the_perfdb_through_the_knobs_and_never_creates_it() -> TestResul
     let err = find("LAYERZERO_PLAN_MODE")["error"].as_str().unwrap_or_default().to_owned();
     assert!(err.contains("LAYERZERO_PLAN_MODE") && err.contains("sometimes"), "{err}");
     assert_eq!(find("LAYERZERO_CACHE_CAPACITY")["default"], "4096");
-    assert!(find("LAYERZERO_CACHE_CAPACITY")["current"].is_null());
+    assert!(find("LAYERZERO_DISPATCH_TABLE")["current"].is_null());
     Ok(())
 }
