@@ -12,3 +12,5 @@ mod policy;
 mod properties;
 mod runtime;
 mod selection_table;
+mod shipped_tables;
+mod tune;

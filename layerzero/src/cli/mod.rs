@@ -6,6 +6,7 @@ mod parity;
 mod plan;
 mod render;
 mod run;
+mod tune;
 mod validate;
 
 use std::io::Read;
@@ -52,6 +53,8 @@ enum Command {
     Run(RunCmd),
     /// Check every executable kernel against cpu_reference over the case matrix.
     Parity(ParityArgs),
+    /// Measure a workload's kernels on this machine into the PerfDB; --verify reports the regret.
+    Tune(tune::TuneArgs),
     /// Bake a dispatch table: a decision for every bucket of a workload (PerfDB-backed when
     /// measurements exist).
     Solve(SolveCmd),
@@ -269,7 +272,16 @@ pub fn main() -> ExitCode {
             eprintln!("lz: error: {e}");
             ExitCode::from(2)
         }
-        Err(_) => {
+        Err(payload) => {
+            // `lz which ... | head -1`: the reader went away; that is not our failure.
+            let msg = payload
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| payload.downcast_ref::<&str>().copied())
+                .unwrap_or_default();
+            if msg.contains("Broken pipe") {
+                return ExitCode::SUCCESS;
+            }
             eprintln!("lz: internal error (a bug in LayerZero; please report it with the command you ran)");
             ExitCode::from(2)
         }
@@ -308,6 +320,7 @@ fn run(cli: Cli) -> Result<Outcome> {
                 catalog,
             )
         }
+        Command::Tune(a) => tune::run(a),
         Command::Parity(a) => {
             let op = a.op.as_deref().map(parse_op).transpose()?;
             parity::run(load_catalog(&a.catalog)?, op, a.kernel.as_deref(), a.json)

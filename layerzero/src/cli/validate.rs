@@ -85,6 +85,8 @@ enum Kind {
     Hardware,
     Policy,
     Request,
+    Workload,
+    DispatchTable,
 }
 
 fn detect_kind(path: &Path, value: &serde_json::Value) -> Option<Kind> {
@@ -93,6 +95,10 @@ fn detect_kind(path: &Path, value: &serde_json::Value) -> Option<Kind> {
         Some(Kind::Hardware)
     } else if value.get("kernels").is_some() {
         Some(Kind::Capabilities)
+    } else if value.get("header").is_some() && value.get("entries").is_some() {
+        Some(Kind::DispatchTable)
+    } else if value.get("entries").is_some() {
+        Some(Kind::Workload)
     } else if value.get("op").is_some() {
         Some(Kind::Request)
     } else if value.is_object() && value.get("rules").is_some() || value.get("strict_mode").is_some() {
@@ -120,7 +126,7 @@ fn check_file(path: &Path, text: &str) -> Checked {
             file: origin.clone(),
             kind: "unknown",
             errors: vec![format!(
-                "{origin}: cannot tell what this file is (a capability file has `kernels`, a hardware profile `devices`, a request `op`, a policy `rules`)"
+                "{origin}: cannot tell what this file is (a capability file has `kernels`, a hardware profile `devices`, a request `op`, a policy `rules`, a workload `entries`, a dispatch table `header` and `entries`)"
             )],
         },
     }
@@ -134,6 +140,14 @@ fn check_text(origin: &str, text: &str, kind: Kind) -> Checked {
         Kind::Hardware => ("hardware", check_hardware(origin, text)),
         Kind::Policy => ("policy", Policy::from_json(text, origin).map(|_| ())),
         Kind::Request => ("request", check_request(origin, text)),
+        Kind::Workload => (
+            "workload",
+            crate::plan::workload::Workload::from_json(text, origin).and_then(|w| w.points()).map(|_| ()),
+        ),
+        Kind::DispatchTable => (
+            "table",
+            crate::plan::table::DispatchTable::parse(text, origin).map(|_| ()).map_err(|r| r.error),
+        ),
     };
     Checked {
         file: origin.to_owned(),

@@ -81,6 +81,15 @@ pub fn axes(op: Op) -> &'static [Axis] {
     }
 }
 
+/// Pairs of axes whose order some check reads (causal attention compares seq_q with
+/// seq_k); the key holds their order. Other pairs (batch vs seq) no check compares.
+pub fn relations(op: Op) -> &'static [(usize, usize)] {
+    match op {
+        Op::Attention => &[(1, 2)],
+        _ => &[],
+    }
+}
+
 /// The index `dim` names in `t`, if `t` has it.
 pub fn resolve(t: &TensorDesc, dim: Dim) -> Option<usize> {
     let i = match dim {

@@ -96,8 +96,8 @@ impl SelectionKey {
         // every field, exact floats. A table whose keys no longer match its requests'
         // re-derived keys is caught at load, so this form may change between versions.
         let _ = write!(AttrWriter(&mut h), "{:?}", req.attrs);
-        for i in 0..n {
-            for j in i + 1..n {
+        for &(i, j) in axes::relations(req.op) {
+            if i < n && j < n {
                 h.word(perf[i].cmp(&perf[j]) as i8 as u64);
             }
         }

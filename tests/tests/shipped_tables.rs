@@ -1,0 +1,51 @@
+//! The shipped dispatch tables are current: re-solving each from its workload and profile
+//! gives the same table apart from `created_at`, and each loads into a plan for its profile
+//! with no entry dropped.
+
+use std::sync::Arc;
+
+use layerzero::capabilities::catalog::Catalog;
+use layerzero::hardware::named;
+use layerzero::plan::solve::{self, Provenance};
+use layerzero::plan::table::{DispatchTable, Plan};
+use layerzero::plan::workload::Workload;
+use layerzero::policy::Policy;
+use layerzero::select::Selector;
+use layerzero_tests::repo_root;
+
+#[test]
+fn every_shipped_profile_has_a_current_llama_table() {
+    let root = repo_root();
+    let text = std::fs::read_to_string(root.join("workloads/llama-3-8b.json")).unwrap_or_else(|e| panic!("{e}"));
+    let workload = Workload::from_json(&text, "workloads/llama-3-8b.json").unwrap_or_else(|e| panic!("{e}"));
+    let catalog = Catalog::builtin().unwrap_or_else(|e| panic!("{e}"));
+    for name in named::builtin_names() {
+        let path = root.join(format!("dispatch_tables/{name}-llama-3-8b.json"));
+        let shipped = DispatchTable::read(&path).unwrap_or_else(|r| panic!("{}", r.error));
+        let sel = Selector::planning(
+            catalog.clone(),
+            Arc::new(named::load(&name).unwrap_or_else(|e| panic!("{e}"))),
+            Arc::new(Policy::default()),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let fresh = solve::solve(
+            &workload,
+            &sel,
+            Provenance {
+                perfdb_digest: None,
+                created_at: shipped.header.created_at.clone(),
+                command: shipped.header.command.clone(),
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            fresh.to_json() == std::fs::read_to_string(&path).unwrap_or_default(),
+            "{} is stale: regenerate it with the command in dispatch_tables/README.md",
+            path.display()
+        );
+        assert!(shipped.header.command.contains(&format!("--hardware {name} ")), "{}", shipped.header.command);
+        let plan = Plan::new(&shipped, &sel).unwrap_or_else(|r| panic!("{name}: {r}"));
+        assert!(plan.dropped().is_empty(), "{name}: {:?}", plan.dropped());
+        assert_eq!(plan.len(), shipped.entries.len());
+    }
+}
