@@ -5,7 +5,7 @@ use layerzero::schema::{SchemaKind, violations};
 use layerzero_tests::repo_root;
 
 /// The `lz` binary; built first when this crate's tests run alone (`cargo test -p layerzero-tests`).
-fn lz() -> Command {
+pub(crate) fn lz() -> Command {
     static BUILT: std::sync::Once = std::sync::Once::new();
     BUILT.call_once(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());

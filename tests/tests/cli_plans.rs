@@ -203,3 +203,27 @@ fn a_garbage_perfdb_fails_readiness_and_is_moved_aside() {
         .any(|e| e.file_name().to_string_lossy().contains("db.sqlite.corrupt-"));
     assert!(moved, "the damaged file is kept");
 }
+
+#[test]
+fn doctor_reports_the_configured_table_loaded_or_refused() {
+    let s = Setup::new();
+    let table = s.solve();
+    let doctor = |t: &str| {
+        let out = crate::cli::lz()
+            .args(["doctor", "--json", "--perfdb", &s.path("db.sqlite")])
+            .env("LAYERZERO_DISPATCH_TABLE", t)
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}"));
+        assert!(violations(SchemaKind::Doctor, &v).unwrap_or_default().is_empty(), "{v}");
+        (out.status.code(), v["plan"].clone())
+    };
+    let (_, plan) = doctor(&table);
+    assert_eq!(plan["status"], "loaded", "{plan}");
+    assert_eq!(plan["entries"], 7);
+    let spr = layerzero_tests::repo_root().join("dispatch_tables/spr-llama-3-8b.json").display().to_string();
+    let (code, plan) = doctor(&spr);
+    assert_eq!(code, Some(1));
+    assert_eq!(plan["status"], "refused");
+    assert!(plan["reason"].as_str().is_some_and(|r| r.contains("PLAN_HARDWARE_MISMATCH")), "{plan}");
+}

@@ -9,6 +9,7 @@ use super::{Outcome, print_json, render};
 use crate::capabilities::catalog::Catalog;
 use crate::error::Result;
 use crate::hardware::detect;
+use crate::hardware::profile::HardwareProfile;
 use crate::knobs::{self, KnobReport};
 use crate::model::attrs::{AttentionAttrs, Attrs};
 use crate::model::device::DeviceKind;
@@ -143,6 +144,63 @@ fn render_knobs(out: &mut String, knobs: &[KnobReport]) {
     }
 }
 
+/// The plan a runtime here would serve with: `LAYERZERO_DISPATCH_TABLE` under
+/// `LAYERZERO_PLAN_MODE` and `LAYERZERO_POLICY`, checked against this host; and the cache size.
+fn check_plan(catalog: &Arc<Catalog>, host: &Arc<HardwareProfile>, availability: &Arc<Availability>) -> serde_json::Value {
+    let mode = knobs::plan_mode().map(|m| serde_json::json!(m)).unwrap_or(serde_json::Value::Null);
+    let cache_slots = knobs::cache_capacity().ok();
+    let base = |status: &str, table: Option<String>, entries: usize, dropped: usize, reason: Option<String>| {
+        serde_json::json!({
+            "mode": mode, "table": table, "status": status, "entries": entries, "dropped": dropped,
+            "reason": reason, "cache_slots": cache_slots,
+        })
+    };
+    let Some(path) = knobs::dispatch_table() else {
+        return base("none", None, 0, 0, None);
+    };
+    let shown = Some(path.display().to_string());
+    let policy = match knobs::policy() {
+        Some(p) => match super::load_policy(&p) {
+            Ok(p) => p,
+            Err(e) => return base("refused", shown, 0, 0, Some(e.to_string())),
+        },
+        None => Policy::default(),
+    };
+    let selector = match Selector::new(catalog.clone(), host.clone(), Arc::new(policy), availability.clone()) {
+        Ok(s) => s,
+        Err(e) => return base("refused", shown, 0, 0, Some(e.to_string())),
+    };
+    match crate::plan::table::load(&path, &selector) {
+        Ok(plan) => base("loaded", shown, plan.len(), plan.dropped().len(), None),
+        Err(r) => base("refused", shown, 0, 0, Some(r.error.to_string())),
+    }
+}
+
+fn render_plan(out: &mut String, plan: &serde_json::Value) {
+    let _ = writeln!(out, "
+plan:");
+    let mode = plan["mode"].as_str().unwrap_or("invalid");
+    let slots = plan["cache_slots"].as_u64().map_or("invalid".to_owned(), |n| n.to_string());
+    let _ = writeln!(out, "  mode {mode}, selection cache {slots} slots");
+    match plan["status"].as_str() {
+        Some("loaded") => {
+            let _ = writeln!(
+                out,
+                "  table {} loaded: {} entries ({} dropped)",
+                plan["table"].as_str().unwrap_or_default(),
+                plan["entries"],
+                plan["dropped"]
+            );
+        }
+        Some("refused") => {
+            let _ = writeln!(out, "  table REFUSED: {}", plan["reason"].as_str().unwrap_or_default());
+        }
+        _ => {
+            let _ = writeln!(out, "  no dispatch table configured (LAYERZERO_DISPATCH_TABLE); selection is live and cached");
+        }
+    }
+}
+
 pub(super) fn run(catalog: Arc<Catalog>, json: bool, perfdb_path: Option<&Path>) -> Result<Outcome> {
     let detection = detect::detect_host();
     let host = Arc::new(detection.profile);
@@ -155,7 +213,9 @@ pub(super) fn run(catalog: Arc<Catalog>, json: bool, perfdb_path: Option<&Path>)
     let knob_reports = knobs::report_in(&knobs::process_env);
     let knobs_ok = knob_reports.iter().all(|k| k.error.is_none());
     let db = check_perfdb(perfdb_path.map(Path::to_path_buf).unwrap_or_else(perfdb::default_path));
-    let ok = files_ok && sample.is_ok() && knobs_ok && db.ok();
+    let plan = check_plan(&catalog, &host, &availability);
+    let plan_ok = plan["status"] != "refused";
+    let ok = files_ok && sample.is_ok() && knobs_ok && db.ok() && plan_ok;
 
     let backends: Vec<serde_json::Value> = catalog
         .backends()
@@ -193,6 +253,7 @@ pub(super) fn run(catalog: Arc<Catalog>, json: bool, perfdb_path: Option<&Path>)
             "files": files.iter().map(|(f, k, e)| serde_json::json!({"file": f, "kind": k, "valid": e.is_empty(), "errors": e})).collect::<Vec<_>>(),
             "sample_selection": sample_json,
             "perfdb": db.to_json(),
+            "plan": plan,
             "knobs": knob_reports,
         }));
     } else {
@@ -230,6 +291,7 @@ pub(super) fn run(catalog: Arc<Catalog>, json: bool, perfdb_path: Option<&Path>)
             }
         }
         render_perfdb(&mut out, &db);
+        render_plan(&mut out, &plan);
         render_knobs(&mut out, &knob_reports);
         let _ = writeln!(out, "\n{}", if ok { "doctor: ok" } else { "doctor: problems found (see above)" });
         print!("{out}");
