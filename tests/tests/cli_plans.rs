@@ -74,7 +74,8 @@ fn failed<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
 
 fn edit(path: &str, f: impl FnOnce(&mut serde_json::Value)) {
     let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{e}"))).unwrap_or_else(|e| panic!("{e}"));
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{e}")))
+            .unwrap_or_else(|e| panic!("{e}"));
     f(&mut v);
     std::fs::write(path, v.to_string()).unwrap_or_else(|e| panic!("{e}"));
 }
@@ -94,11 +95,23 @@ fn solve_then_readiness_then_run_serves_from_the_table() {
     )
     .unwrap_or_else(|e| panic!("{e}"));
     let inputs = s.path("in.safetensors");
-    let t = |shape: &[usize]| HostTensor::from_f32(shape, vec![0.5; shape.iter().product()]).unwrap_or_else(|e| panic!("{e}"));
+    let t = |shape: &[usize]| {
+        HostTensor::from_f32(shape, vec![0.5; shape.iter().product()]).unwrap_or_else(|e| panic!("{e}"))
+    };
     let map: BTreeMap<String, HostTensor> = [("x".to_owned(), t(&[5, 256])), ("weight".to_owned(), t(&[256]))].into();
     layerzero::tensor::io::write(Path::new(&inputs), &map).unwrap_or_else(|e| panic!("{e}"));
-    let (code, out, err) =
-        run(&["run", "--request", &req, "--inputs", &inputs, "--out", &s.path("out.safetensors"), "--table", &table, "--json"]);
+    let (code, out, err) = run(&[
+        "run",
+        "--request",
+        &req,
+        "--inputs",
+        &inputs,
+        "--out",
+        &s.path("out.safetensors"),
+        "--table",
+        &table,
+        "--json",
+    ]);
     assert_eq!(code, 0, "{out}{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert_eq!(v["source"], "plan", "{v}");
@@ -108,15 +121,35 @@ fn solve_then_readiness_then_run_serves_from_the_table() {
         .unwrap_or_else(|e| panic!("{e}"));
     let map: BTreeMap<String, HostTensor> = [("x".to_owned(), t(&[100, 256])), ("weight".to_owned(), t(&[256]))].into();
     layerzero::tensor::io::write(Path::new(&inputs), &map).unwrap_or_else(|e| panic!("{e}"));
-    let (code, out, err) =
-        run(&["run", "--request", &req, "--inputs", &inputs, "--out", &s.path("out.safetensors"), "--table", &table, "--json"]);
+    let (code, out, err) = run(&[
+        "run",
+        "--request",
+        &req,
+        "--inputs",
+        &inputs,
+        "--out",
+        &s.path("out.safetensors"),
+        "--table",
+        &table,
+        "--json",
+    ]);
     assert_eq!(code, 0, "{out}{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert_eq!(v["source"], "live");
     assert_eq!(v["plan_notes"][0]["code"], "PLAN_BUCKET_MISS", "{v}");
     // Strict plan mode refuses the miss.
     let (code, _, err) = run(&[
-        "run", "--request", &req, "--inputs", &inputs, "--out", &s.path("out.safetensors"), "--table", &table, "--plan-mode", "strict",
+        "run",
+        "--request",
+        &req,
+        "--inputs",
+        &inputs,
+        "--out",
+        &s.path("out.safetensors"),
+        "--table",
+        &table,
+        "--plan-mode",
+        "strict",
     ]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("PLAN_BUCKET_MISS"), "{err}");

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use layerzero::ReasonCode;
 use layerzero::capabilities::catalog::Catalog;
 use layerzero::hardware::named;
 use layerzero::model::request::Request;
@@ -12,7 +13,6 @@ use layerzero::policy::Policy;
 use layerzero::schema::{SchemaKind, violations};
 use layerzero::score::measured::{Measured, Measurements};
 use layerzero::select::{ScoreSource, Selector};
-use layerzero::ReasonCode;
 
 const NORM: &str = r#"{"op": "rms_norm", "tensors": {"x": {"dtype": "f32", "shape": [2, 64]},
     "weight": {"dtype": "f32", "shape": [64]}}, "attrs": {"eps": 1e-6}}"#;
@@ -85,7 +85,10 @@ fn a_noisy_measurement_is_blended_with_less_weight_than_a_steady_one() {
     let base = selector();
     let fp = base.hardware().fingerprint.clone();
     let fast = |sel: &Selector| {
-        sel.explain(&req).candidate("cpu.rms_norm.fast").and_then(|c| c.score.clone()).unwrap_or_else(|| panic!("eligible"))
+        sel.explain(&req)
+            .candidate("cpu.rms_norm.fast")
+            .and_then(|c| c.score.clone())
+            .unwrap_or_else(|| panic!("eligible"))
     };
     let model = fast(&base).estimated_ns;
     let estimate = |cv: f64| {
@@ -112,7 +115,11 @@ fn rows_from_another_machine_or_version_are_ignored_with_a_reason_in_the_report(
     let sel = with(base, vec![old, elsewhere]);
     let report = sel.explain(&req);
     let notes = |k: &str| -> Vec<ReasonCode> {
-        report.candidate(k).and_then(|c| c.score.as_ref()).map(|s| s.notes.iter().map(|r| r.code()).collect()).unwrap_or_default()
+        report
+            .candidate(k)
+            .and_then(|c| c.score.as_ref())
+            .map(|s| s.notes.iter().map(|r| r.code()).collect())
+            .unwrap_or_default()
     };
     assert_eq!(notes("cpu.rms_norm.fast"), vec![ReasonCode::PERFDB_VERSION_MISMATCH]);
     assert_eq!(notes("cpu_reference.rms_norm.naive"), vec![ReasonCode::PERFDB_HARDWARE_MISMATCH]);

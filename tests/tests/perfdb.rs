@@ -231,7 +231,9 @@ fn doctor_finds_the_perfdb_through_the_knobs_and_never_creates_it() -> TestResul
 
     // Every knob is listed with its current value; a bad value fails the check, naming it.
     let (code, v) = doctor_json(
-        lz().env("LAYERZERO_HOME", dir.path()).env("LAYERZERO_PLAN_MODE", "sometimes").env("LAYERZERO_CACHE_CAPACITY", "64"),
+        lz().env("LAYERZERO_HOME", dir.path())
+            .env("LAYERZERO_PLAN_MODE", "sometimes")
+            .env("LAYERZERO_CACHE_CAPACITY", "64"),
         None,
     )?;
     assert_eq!(code, 1, "{v}");

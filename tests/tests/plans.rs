@@ -166,7 +166,13 @@ fn the_cache_is_bounded_and_serves_only_kernels_eligible_for_the_exact_request()
             // Within a bucket the fastest kernel may differ by size; validity may not.
             let report = rt.selector().explain(&r);
             let served = report.candidate(&c.selection.kernel).unwrap_or_else(|| panic!("unknown kernel"));
-            assert!(served.score.is_some(), "head_dim {hd} seq {}: {} served but {:?}", s * 13, served.kernel, served.reasons);
+            assert!(
+                served.score.is_some(),
+                "head_dim {hd} seq {}: {} served but {:?}",
+                s * 13,
+                served.kernel,
+                served.reasons
+            );
         }
     }
     assert_eq!(rt.cache().capacity(), 16);
@@ -187,8 +193,9 @@ fn requests_sharing_a_key_share_every_verdict() {
             Some(p) => Policy::from_json(&p.to_string(), "case policy").unwrap_or_else(|e| panic!("{e}")),
             None => Policy::default(),
         };
-        let sel = Selector::planning(Catalog::builtin().unwrap_or_else(|e| panic!("{e}")), Arc::new(hw), Arc::new(policy))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let sel =
+            Selector::planning(Catalog::builtin().unwrap_or_else(|e| panic!("{e}")), Arc::new(hw), Arc::new(policy))
+                .unwrap_or_else(|e| panic!("{e}"));
         let key = SelectionKey::derive(&request);
         let Some(b) = key.buckets() else { continue };
         let axes_of = axes::axes(request.op);

@@ -24,7 +24,7 @@ fn every_shipped_profile_has_a_current_llama_table() {
         let shipped = DispatchTable::read(&path).unwrap_or_else(|r| panic!("{}", r.error));
         let sel = Selector::planning(
             catalog.clone(),
-            Arc::new(named::load(&name).unwrap_or_else(|e| panic!("{e}"))),
+            Arc::new(named::load(name).unwrap_or_else(|e| panic!("{e}"))),
             Arc::new(Policy::default()),
         )
         .unwrap_or_else(|e| panic!("{e}"));

@@ -146,7 +146,11 @@ fn render_knobs(out: &mut String, knobs: &[KnobReport]) {
 
 /// The plan a runtime here would serve with: `LAYERZERO_DISPATCH_TABLE` under
 /// `LAYERZERO_PLAN_MODE` and `LAYERZERO_POLICY`, checked against this host; and the cache size.
-fn check_plan(catalog: &Arc<Catalog>, host: &Arc<HardwareProfile>, availability: &Arc<Availability>) -> serde_json::Value {
+fn check_plan(
+    catalog: &Arc<Catalog>,
+    host: &Arc<HardwareProfile>,
+    availability: &Arc<Availability>,
+) -> serde_json::Value {
     let mode = knobs::plan_mode().map(|m| serde_json::json!(m)).unwrap_or(serde_json::Value::Null);
     let cache_slots = knobs::cache_capacity().ok();
     let base = |status: &str, table: Option<String>, entries: usize, dropped: usize, reason: Option<String>| {
@@ -177,8 +181,11 @@ fn check_plan(catalog: &Arc<Catalog>, host: &Arc<HardwareProfile>, availability:
 }
 
 fn render_plan(out: &mut String, plan: &serde_json::Value) {
-    let _ = writeln!(out, "
-plan:");
+    let _ = writeln!(
+        out,
+        "
+plan:"
+    );
     let mode = plan["mode"].as_str().unwrap_or("invalid");
     let slots = plan["cache_slots"].as_u64().map_or("invalid".to_owned(), |n| n.to_string());
     let _ = writeln!(out, "  mode {mode}, selection cache {slots} slots");
@@ -196,7 +203,10 @@ plan:");
             let _ = writeln!(out, "  table REFUSED: {}", plan["reason"].as_str().unwrap_or_default());
         }
         _ => {
-            let _ = writeln!(out, "  no dispatch table configured (LAYERZERO_DISPATCH_TABLE); selection is live and cached");
+            let _ = writeln!(
+                out,
+                "  no dispatch table configured (LAYERZERO_DISPATCH_TABLE); selection is live and cached"
+            );
         }
     }
 }

@@ -327,7 +327,8 @@ fn run(cli: Cli) -> Result<Outcome> {
         }
         Command::Solve(a) => {
             let sel = selector(a.hardware.as_deref(), a.policy.as_ref(), load_catalog(&a.catalog)?)?;
-            let command = std::iter::once("lz".to_owned()).chain(std::env::args().skip(1)).collect::<Vec<_>>().join(" ");
+            let command =
+                std::iter::once("lz".to_owned()).chain(std::env::args().skip(1)).collect::<Vec<_>>().join(" ");
             plan::solve(
                 plan::SolveArgs {
                     workload: &a.workload,

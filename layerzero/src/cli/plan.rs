@@ -36,11 +36,7 @@ pub(super) struct FromPerfDb {
 
 /// Opens the PerfDB (if the file exists, or when `explicit`) and builds measurements for
 /// `hardware` from its rows.
-pub(super) fn measurements(
-    path: Option<&Path>,
-    catalog: &Catalog,
-    hardware: &HardwareProfile,
-) -> Result<FromPerfDb> {
+pub(super) fn measurements(path: Option<&Path>, catalog: &Catalog, hardware: &HardwareProfile) -> Result<FromPerfDb> {
     let (path, explicit) = match path {
         Some(p) => (p.to_path_buf(), true),
         None => (perfdb::default_path(), false),
@@ -95,11 +91,8 @@ pub(super) fn solve(a: SolveArgs<'_>, selector: Selector, command: String) -> Re
             None => (selector, None, 0),
         }
     };
-    let table = solve::solve(
-        &workload,
-        &selector,
-        Provenance { perfdb_digest: digest, created_at: now_rfc3339(), command },
-    )?;
+    let table =
+        solve::solve(&workload, &selector, Provenance { perfdb_digest: digest, created_at: now_rfc3339(), command })?;
     write_atomically(a.out, &table.to_json())?;
     let sources = solve::sources(&table);
     if a.json {
@@ -204,7 +197,8 @@ pub(super) fn readiness(a: ReadinessArgs<'_>, catalog: Result<Arc<Catalog>>) -> 
         }
     };
     let files = super::validate::shipped_results();
-    let bad: Vec<String> = files.iter().filter(|(_, _, e)| !e.is_empty()).map(|(f, _, e)| format!("{f}: {}", e[0])).collect();
+    let bad: Vec<String> =
+        files.iter().filter(|(_, _, e)| !e.is_empty()).map(|(f, _, e)| format!("{f}: {}", e[0])).collect();
     checks.push(if bad.is_empty() {
         pass("schemas", format!("{} shipped files valid", files.len()))
     } else {
@@ -219,7 +213,11 @@ pub(super) fn readiness(a: ReadinessArgs<'_>, catalog: Result<Arc<Catalog>>) -> 
                 Some(pol)
             }
             Err(e) => {
-                checks.push(fail("policy", e.to_string(), format!("fix {} (see schemas/policy.schema.json)", p.display())));
+                checks.push(fail(
+                    "policy",
+                    e.to_string(),
+                    format!("fix {} (see schemas/policy.schema.json)", p.display()),
+                ));
                 None
             }
         },
@@ -257,7 +255,10 @@ pub(super) fn readiness(a: ReadinessArgs<'_>, catalog: Result<Arc<Catalog>>) -> 
                         Ok(p) => {
                             checks.push(pass(
                                 "table_matches_host",
-                                format!("hardware {}, capabilities and policy hashes match", table.header.hardware.name),
+                                format!(
+                                    "hardware {}, capabilities and policy hashes match",
+                                    table.header.hardware.name
+                                ),
                             ));
                             checks.push(kernels_check(&p, &table));
                             checks.push(jit_check(&table, sel.catalog()));
@@ -282,7 +283,10 @@ pub(super) fn readiness(a: ReadinessArgs<'_>, catalog: Result<Arc<Catalog>>) -> 
                     fail(
                         "coverage",
                         detail,
-                        format!("solve the table for this workload: lz solve --workload {} --out TABLE", wpath.display()),
+                        format!(
+                            "solve the table for this workload: lz solve --workload {} --out TABLE",
+                            wpath.display()
+                        ),
                     )
                 });
             }
@@ -302,7 +306,12 @@ pub(super) fn readiness(a: ReadinessArgs<'_>, catalog: Result<Arc<Catalog>>) -> 
             )),
             Ok((_, Some(r))) => checks.push(fail(
                 "perfdb",
-                format!("{} was damaged ({}); moved aside to {} and rebuilt empty", db_path.display(), r.why, r.moved_to.display()),
+                format!(
+                    "{} was damaged ({}); moved aside to {} and rebuilt empty",
+                    db_path.display(),
+                    r.why,
+                    r.moved_to.display()
+                ),
                 "re-run `lz tune --workload FILE` to measure again".into(),
             )),
             Err(e) => checks.push(fail("perfdb", e.to_string(), "check the path's permissions".into())),
@@ -368,7 +377,11 @@ fn jit_check(table: &DispatchTable, catalog: &Catalog) -> Check {
     } else {
         fail(
             "jit",
-            format!("{} entries name kernels that compile at first use ({}) and this build has no JIT warm-up", jit.len(), jit[0]),
+            format!(
+                "{} entries name kernels that compile at first use ({}) and this build has no JIT warm-up",
+                jit.len(),
+                jit[0]
+            ),
             "deny JIT kernels in the policy (`allow_jit: false`) and re-solve".into(),
         )
     }

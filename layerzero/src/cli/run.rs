@@ -100,11 +100,16 @@ pub(super) fn run(a: RunArgs<'_>, catalog: Arc<Catalog>) -> Result<Outcome> {
             "timing": timing,
         }));
     } else {
-        println!("kernel:    {} ({}, from the {})", sel.kernel, sel.backend, match dispatch.source {
-            crate::exec::runtime::SelectionSource::Plan => "dispatch table",
-            crate::exec::runtime::SelectionSource::Cache => "selection cache",
-            crate::exec::runtime::SelectionSource::Live => "live selection",
-        });
+        println!(
+            "kernel:    {} ({}, from the {})",
+            sel.kernel,
+            sel.backend,
+            match dispatch.source {
+                crate::exec::runtime::SelectionSource::Plan => "dispatch table",
+                crate::exec::runtime::SelectionSource::Cache => "selection cache",
+                crate::exec::runtime::SelectionSource::Live => "live selection",
+            }
+        );
         for n in &dispatch.notes {
             println!("plan:      {n}");
         }

@@ -140,14 +140,12 @@ fn check_text(origin: &str, text: &str, kind: Kind) -> Checked {
         Kind::Hardware => ("hardware", check_hardware(origin, text)),
         Kind::Policy => ("policy", Policy::from_json(text, origin).map(|_| ())),
         Kind::Request => ("request", check_request(origin, text)),
-        Kind::Workload => (
-            "workload",
-            crate::plan::workload::Workload::from_json(text, origin).and_then(|w| w.points()).map(|_| ()),
-        ),
-        Kind::DispatchTable => (
-            "table",
-            crate::plan::table::DispatchTable::parse(text, origin).map(|_| ()).map_err(|r| r.error),
-        ),
+        Kind::Workload => {
+            ("workload", crate::plan::workload::Workload::from_json(text, origin).and_then(|w| w.points()).map(|_| ()))
+        }
+        Kind::DispatchTable => {
+            ("table", crate::plan::table::DispatchTable::parse(text, origin).map(|_| ()).map_err(|r| r.error))
+        }
     };
     Checked {
         file: origin.to_owned(),

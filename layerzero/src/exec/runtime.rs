@@ -199,7 +199,8 @@ impl Runtime {
     /// [`DEFAULT_CACHE_CAPACITY`] slots and no plan.
     pub fn new(selector: Selector, registry: Registry) -> Runtime {
         let context = context_of(&selector);
-        let max_workspace = selector.catalog().kernels().map(|(_, _, k)| k.properties.workspace_bytes).max().unwrap_or(0);
+        let max_workspace =
+            selector.catalog().kernels().map(|(_, _, k)| k.properties.workspace_bytes).max().unwrap_or(0);
         Runtime {
             selector,
             registry,
@@ -277,7 +278,11 @@ impl Runtime {
         {
             let reason = Reason::new(
                 ReasonCode::PLAN_POLICY_MISMATCH,
-                format!("the table was solved under policy {}; the new policy is {}", &plan.header().policy_hash, selector.policy_hash()),
+                format!(
+                    "the table was solved under policy {}; the new policy is {}",
+                    &plan.header().policy_hash,
+                    selector.policy_hash()
+                ),
             );
             if self.plan_mode == PlanMode::Strict {
                 return Err(Error::new(ErrorKind::InvalidInput, format!("dispatch table refused: {reason}"))
@@ -359,7 +364,9 @@ impl Runtime {
                 format!("the dispatch table has no entry for {} key {} bucket {bucket}", key.op, key.validity_hex()),
             );
             if self.plan_mode == PlanMode::Strict {
-                return Err(Error::new(ErrorKind::NoKernel, format!("strict plan mode: {miss}")).with_reasons(vec![miss]));
+                return Err(
+                    Error::new(ErrorKind::NoKernel, format!("strict plan mode: {miss}")).with_reasons(vec![miss])
+                );
             }
             notes.push(miss);
         } else if let Some(r) = &self.plan_rejection {

@@ -42,7 +42,11 @@ const TOKENS: Anchor = Anchor::pow2(1 << 20);
 const PAGES: Anchor = Anchor::pow2(1 << 16);
 
 const ATTENTION: &[Axis] = &[
-    Axis { name: "batch", anchor: BATCH, at: &[("q", Dim::At(0)), ("k", Dim::At(0)), ("v", Dim::At(0)), ("mask", Dim::At(0))] },
+    Axis {
+        name: "batch",
+        anchor: BATCH,
+        at: &[("q", Dim::At(0)), ("k", Dim::At(0)), ("v", Dim::At(0)), ("mask", Dim::At(0))],
+    },
     Axis { name: "seq_q", anchor: SEQ, at: &[("q", Dim::Seq), ("mask", Dim::At(2))] },
     Axis { name: "seq_k", anchor: SEQ, at: &[("k", Dim::Seq), ("v", Dim::Seq), ("mask", Dim::At(3))] },
 ];
@@ -205,7 +209,12 @@ mod tests {
     #[test]
     fn a_strided_view_stays_a_view_of_the_same_parent() {
         // v viewed from a fused [b, s, 3, h, d] buffer: row stride 3*h*d.
-        let v = TensorDesc::new(DType::F32, [1, 16, 8, 64]).with_layout(Layout::Bshd).with_strides([16 * 1536, 1536, 64, 1]);
+        let v = TensorDesc::new(DType::F32, [1, 16, 8, 64]).with_layout(Layout::Bshd).with_strides([
+            16 * 1536,
+            1536,
+            64,
+            1,
+        ]);
         let req = attention(1, 16, 16).tensor("v", v);
         let big = resize(&req, &[2, 16, 32]).unwrap();
         assert_eq!(big.get("v").unwrap().strides.as_deref(), Some(&[32 * 1536, 1536, 64, 1][..]));

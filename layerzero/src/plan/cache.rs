@@ -98,14 +98,8 @@ mod tests {
     use crate::select::{Score, ScoreSource};
 
     fn sel(kernel: &str) -> Arc<Selection> {
-        let model = Estimate {
-            flops: 0.0,
-            bytes: 0.0,
-            compute_ns: 0.0,
-            memory_ns: 0.0,
-            launch_ns: 0.0,
-            estimated_ns: 1.0,
-        };
+        let model =
+            Estimate { flops: 0.0, bytes: 0.0, compute_ns: 0.0, memory_ns: 0.0, launch_ns: 0.0, estimated_ns: 1.0 };
         Arc::new(Selection {
             kernel: kernel.into(),
             backend: "cpu".into(),

@@ -5,7 +5,9 @@
 use std::collections::BTreeSet;
 
 use super::key::KEY_FORMAT;
-use super::table::{DispatchTable, Header, HardwareId, RunnerUp, TABLE_SCHEMA_VERSION, TableEntry, Unsolved, WorkloadId};
+use super::table::{
+    DispatchTable, HardwareId, Header, RunnerUp, TABLE_SCHEMA_VERSION, TableEntry, Unsolved, WorkloadId,
+};
 use super::workload::Workload;
 use crate::error::Result;
 use crate::select::{ScoreSource, Selector};
@@ -96,8 +98,8 @@ mod tests {
     use super::*;
     use crate::capabilities::catalog::Catalog;
     use crate::hardware::named;
-    use crate::plan::table::Plan;
     use crate::plan::SelectionKey;
+    use crate::plan::table::Plan;
     use crate::policy::Policy;
 
     const W: &str = r#"{"schema_version": 1, "name": "t", "entries": [
@@ -135,7 +137,11 @@ mod tests {
         let w = Workload::from_json(W, "w.json").unwrap();
         let s = selector("h100");
         let table = solve(&w, &s, prov("t")).unwrap();
-        assert_eq!(table.entries.len(), 10 + 13, "tokens 1..300: 10 buckets (1, 2, 3..4, ..., 257..512); seq 1..4096: 13");
+        assert_eq!(
+            table.entries.len(),
+            10 + 13,
+            "tokens 1..300: 10 buckets (1, 2, 3..4, ..., 257..512); seq 1..4096: 13"
+        );
         let plan = Plan::new(&table, &s).unwrap();
         assert_eq!(plan.len(), table.entries.len());
         assert!(plan.dropped().is_empty(), "{:?}", plan.dropped());

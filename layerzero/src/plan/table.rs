@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::key::{Buckets, KEY_FORMAT, SelectionKey};
 use super::FoldHasher;
+use super::key::{Buckets, KEY_FORMAT, SelectionKey};
 use crate::error::{Error, ErrorKind};
 use crate::model::op::Op;
 use crate::model::request::Request;
@@ -179,9 +179,8 @@ impl DispatchTable {
             let m = e.message().to_owned();
             schema_err(ErrorKind::Schema, m)
         })?;
-        let table: DispatchTable = serde_path_to_error::deserialize(value).map_err(|e| {
-            schema_err(ErrorKind::Schema, format!("{origin}: field `{}`: {}", e.path(), e.inner()))
-        })?;
+        let table: DispatchTable = serde_path_to_error::deserialize(value)
+            .map_err(|e| schema_err(ErrorKind::Schema, format!("{origin}: field `{}`: {}", e.path(), e.inner())))?;
         if table.header.key_format != KEY_FORMAT {
             return Err(schema_err(
                 ErrorKind::Schema,
@@ -323,8 +322,8 @@ impl Plan {
             };
             let key = SelectionKey::derive(&request);
             let buckets = key.buckets();
-            let consistent = key.validity_hex() == e.key
-                && buckets.is_some_and(|b| b.0[..key.axes as usize] == e.buckets[..]);
+            let consistent =
+                key.validity_hex() == e.key && buckets.is_some_and(|b| b.0[..key.axes as usize] == e.buckets[..]);
             let Some(buckets) = buckets.filter(|_| consistent) else {
                 dropped.push(drop(vec![Reason::new(
                     ReasonCode::PLAN_SCHEMA_MISMATCH,

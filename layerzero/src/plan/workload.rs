@@ -173,7 +173,8 @@ impl Entry {
                     values[i] = values[j];
                 }
             }
-            let request = axes::resize(&template, &values[..n]).map_err(|e| e.context(&format!("entry `{}`", self.name)))?;
+            let request =
+                axes::resize(&template, &values[..n]).map_err(|e| e.context(&format!("entry `{}`", self.name)))?;
             let key = SelectionKey::derive(&request);
             if let Some(buckets) = key.buckets() {
                 points.push(Point { entry: self.name.clone(), request, key, buckets });

@@ -85,7 +85,11 @@ pub struct Measurements {
 impl Measurements {
     /// Judges `rows` against the catalog's kernel and backend versions and `hardware`'s
     /// fingerprint. A usable row for the same (kernel, key, bucket) beats an ignored one.
-    pub fn build(rows: impl IntoIterator<Item = Measured>, catalog: &Catalog, hardware: &HardwareProfile) -> Measurements {
+    pub fn build(
+        rows: impl IntoIterator<Item = Measured>,
+        catalog: &Catalog,
+        hardware: &HardwareProfile,
+    ) -> Measurements {
         let mut m = Measurements::default();
         for r in rows {
             let Ok(key) = u128::from_str_radix(&r.key, 16) else { continue };
