@@ -6,8 +6,8 @@ shapes through PyTorch with the same thread count, measures copy bandwidth with 
 (a copy into a new buffer, as the kernels write new outputs; STREAM convention: bytes read
 plus written over time), and prints medians, our/torch ratios and % of copy bandwidth.
 
-Shapes: rms_norm / layer_norm over [4096, 4096] (f32, bf16); swiglu split [4096, 2 x 11008]
-f32; embedding of 4096 ids from a [32000, 4096] f32 table; linear 1 x 4096 x 4096 (decode)
+Shapes: rms_norm / layer_norm over [4096, 4096] (f32, bf16); swiglu split [4096, 2 x 5504]
+f32 (as benches/rows.rs); embedding of 4096 ids from a [32000, 4096] f32 table; linear 1 x 4096 x 4096 (decode)
 and 512 x 4096 x 4096 (prefill), f32 and bf16.
 
 Usage: python3 tools/bench_ops.py [--threads 2] [--reps 7]   (called by bench_vs_torch.py)
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_vs_torch import parse_divan  # noqa: E402
 
-ROWS, HIDDEN, INTER, VOCAB, N, K = 4096, 4096, 11008, 32000, 4096, 4096
+ROWS, HIDDEN, INTER, VOCAB, N, K = 4096, 4096, 5504, 32000, 4096, 4096
 
 
 def run_divan(bench: str, threads: int) -> dict[str, float]:

@@ -4,6 +4,8 @@
 //!   `MATMUL_NUM_THREADS` threads) with the views' strides passed as they are: f32 x and an
 //!   f32 NT or NN weight are never copied. f16/bf16 weights (and int4 weights, dequantized)
 //!   are converted to f32 panels of up to `PANEL_ELEMS` elements, one panel at a time.
+//! - Prefill with bf16 x and weight on a CPU with AMX: the `amx` tile GEMM below (the
+//!   weight packed slab by slab into tile order, f32 sums, rounded once).
 //! - Decode (M <= `GEMV_MAX_M`): a GEMV parallel over N (rayon) that reads every weight row
 //!   once and dots it with the M activation rows, four rows per load of the weight (NT; f32
 //!   and bf16 rows are read in place, bf16 widened in registers; others through one f32
@@ -618,7 +620,7 @@ fn gemv(x: &[f32], m: usize, w: &Weights, c: &mut [f32]) {
 pub(super) fn linear_f32(x: &Mat, w: &Weights, bias: Option<&[f32]>) -> Result<Vec<f32>, KernelError> {
     let (m, k, n) = (x.rows, w.k(), w.n());
     let len = m.checked_mul(n).ok_or_else(|| invalid(format!("the output [{m}, {n}] overflows")))?;
-    let mut c = vec![0f32; len];
+    let mut c = super::alloc::huge(vec![0f32; len]);
     if len == 0 {
         return Ok(c);
     }
@@ -729,8 +731,187 @@ pub(super) fn linear(a: &LinearArgs) -> Result<HostTensor, KernelError> {
     let x = rows_view(&a.x, &mut holder)?;
     let b = weight_b("weight", &a.weight, x.cols)?;
     let bias = check_bias(a.bias.as_ref(), b.cols)?;
+    let shape = out_shape(&a.x, b.cols);
+    if x.rows > GEMV_MAX_M
+        && x.cols > 0
+        && b.cols > 0
+        && matches!((x.st, b.st), (Storage::BF16(_), Storage::BF16(_)))
+        && simd::amx_bf16()
+    {
+        let out = amx::linear_bf16(&x, &b, bias.as_deref());
+        return HostTensor::new(Storage::BF16(out), &shape)
+            .map_err(|e| KernelError::Failed(format!("building the output: {e}")));
+    }
     let c = linear_f32(&x, &Weights::Dense(b), bias.as_deref())?;
-    to_tensor(a.x.dtype(), &out_shape(&a.x, b.cols), c)
+    to_tensor(a.x.dtype(), &shape, c)
+}
+
+/// bf16 x bf16 linear on AMX tiles. Products of bf16 values are exact in f32 and the tiles
+/// sum in f32, so this is the f32 GEMM of the same values (another summation order).
+///
+/// It computes the transposed product `C^T [N, M] = W [N, K] . x^T`, so that W, the large
+/// operand, is AMX's A operand, whose tiles are plain row segments: each task packs one
+/// slab of `NB` weight rows at a time into tile order (a copy of 64-byte pieces, into a
+/// buffer that stays in L2) and runs it against x, packed once per call into the pair
+/// columns of B. Tasks own column ranges of the output (and row blocks when N is narrow);
+/// each slab's f32 block is written transposed, bias added and rounded once.
+mod amx {
+    use half::bf16;
+    use half::slice::HalfFloatSliceExt;
+    use half::vec::HalfBitsVecExt;
+    use rayon::prelude::*;
+
+    use super::super::alloc;
+    use super::super::norm::bf16_bits;
+    use super::super::simd::{AMX_A_TILE, AMX_B_TILE, gemm_amx_bf16_tiles};
+    use super::Mat;
+    use crate::tensor::Storage;
+
+    /// Weight rows per slab (a multiple of 32: two row tiles per block).
+    const NB: usize = 64;
+
+    fn bits<'a>(m: &Mat<'a>) -> &'a [u16] {
+        match m.st {
+            Storage::BF16(v) => v.reinterpret_cast(),
+            _ => unreachable!("the AMX path is taken for bf16 storages only"),
+        }
+    }
+
+    /// Row `r` of `m` as `(m[r][2p] | m[r][2p + 1] << 16)` pairs, zero beyond its columns.
+    fn pair_row(m: &Mat, v: &[u16], r: usize, out: &mut [u32]) {
+        out.fill(0);
+        if m.cs == 1 {
+            let src = &v[m.at(r, 0)..m.at(r, 0) + m.cols];
+            let (pairs, tail) = src.as_chunks::<2>();
+            for (d, s) in out.iter_mut().zip(pairs) {
+                *d = u32::from(s[0]) | (u32::from(s[1]) << 16);
+            }
+            if let Some(&t) = tail.first() {
+                out[pairs.len()] = u32::from(t);
+            }
+        } else {
+            for c in 0..m.cols {
+                out[c / 2] |= u32::from(v[m.at(r, c)]) << (16 * (c % 2));
+            }
+        }
+    }
+
+    /// x [M, K] as the B operand: column tile j (x rows 16 j..) is `k2` pair rows of 16.
+    fn pack_x(x: &Mat, kt: usize) -> Vec<u32> {
+        let (m, v) = (x.rows, bits(x));
+        let per = kt * AMX_B_TILE;
+        let mut out = alloc::huge(vec![0u32; m.div_ceil(16) * per]);
+        out.par_chunks_mut(per).enumerate().for_each(|(j, tile)| {
+            let mut row = vec![0u32; kt * 16];
+            for c in 0..16.min(m - 16 * j) {
+                pair_row(x, v, 16 * j + c, &mut row);
+                for (p, &w) in row.iter().enumerate() {
+                    tile[p * 16 + c] = w;
+                }
+            }
+        });
+        out
+    }
+
+    /// Weight rows n0..n0 + nb (w is [N, K]) as the A operand: row tile i, step s is the
+    /// 16 x 32 block at rows 16 i.., columns 32 s..; zero beyond nb rows and K columns.
+    fn pack_slab(w: &Mat, v: &[u16], n0: usize, nb: usize, kt: usize, out: &mut Vec<u16>) {
+        let k = w.cols;
+        out.clear();
+        out.resize(nb.div_ceil(16) * kt * AMX_A_TILE, 0);
+        for r in 0..nb {
+            let base = (r / 16) * kt * AMX_A_TILE + (r % 16) * 32;
+            if w.cs == 1 {
+                let src = &v[w.at(n0 + r, 0)..w.at(n0 + r, 0) + k];
+                // Fixed-size pieces: 64-byte moves, not a memcpy call each.
+                let (pieces, tail) = src.as_chunks::<32>();
+                for (s, piece) in pieces.iter().enumerate() {
+                    let d = base + s * AMX_A_TILE;
+                    if let Some(dst) = out.get_mut(d..d + 32).and_then(|d| <&mut [u16; 32]>::try_from(d).ok()) {
+                        *dst = *piece;
+                    }
+                }
+                if !tail.is_empty() {
+                    let d = base + pieces.len() * AMX_A_TILE;
+                    out[d..d + tail.len()].copy_from_slice(tail);
+                }
+            } else {
+                for c in 0..k {
+                    out[base + (c / 32) * AMX_A_TILE + c % 32] = v[w.at(n0 + r, c)];
+                }
+            }
+        }
+    }
+
+    /// `out [M, N] = x . b + bias` rounded to bf16, for bf16 x [M, K] and b [K, N] (the
+    /// weight); M, K, N > 0. Needs `simd::amx_bf16()`.
+    pub(super) fn linear_bf16(x: &Mat, b: &Mat, bias: Option<&[f32]>) -> Vec<bf16> {
+        let (m, k, n) = (x.rows, x.cols, b.cols);
+        let kt = k.div_ceil(32);
+        let xp = pack_x(x, kt);
+        let w = b.t(); // [N, K]: the weight's rows
+        let wv = bits(&w);
+        let mut out: Vec<bf16> = alloc::huge(vec![0u16; m * n]).reinterpret_into();
+        // Tasks: column ranges of whole slabs, at least 4 per thread; row blocks (of whole
+        // column tiles) too when there are fewer slabs than that.
+        let want = 4 * rayon::current_num_threads().max(1);
+        let slabs = n.div_ceil(NB);
+        let mchunks = want.div_ceil(slabs).min(m.div_ceil(16));
+        let mb = m.div_ceil(16).div_ceil(mchunks) * 16;
+        let mchunks = m.div_ceil(mb);
+        let nsuper = (want / mchunks).clamp(1, slabs);
+        let ns = slabs.div_ceil(nsuper) * NB;
+        let nsuper = n.div_ceil(ns);
+        let mut tasks: Vec<Vec<&mut [bf16]>> = (0..mchunks * nsuper).map(|_| Vec::new()).collect();
+        for (r, row) in out.chunks_mut(n).enumerate() {
+            for (s, seg) in row.chunks_mut(ns).enumerate() {
+                tasks[(r / mb) * nsuper + s].push(seg);
+            }
+        }
+        tasks.into_par_iter().enumerate().for_each(|(t, mut rows)| {
+            let (mi, si) = (t / nsuper, t % nsuper);
+            let nt = rows.len().div_ceil(16);
+            let bp = &xp[(mi * mb / 16) * kt * AMX_B_TILE..];
+            // One spare tile column: C rows a multiple of 4 KiB apart would share L1 sets.
+            let ldc = 16 * nt + 16;
+            let mut ct = vec![0f32; NB * ldc];
+            let mut slab = Vec::new();
+            let n_end = ((si + 1) * ns).min(n);
+            let mut n0 = si * ns;
+            while n0 < n_end {
+                let nb = NB.min(n_end - n0);
+                pack_slab(&w, wv, n0, nb, kt, &mut slab);
+                // The next slab's rows, when contiguous, come into L2 during this product.
+                let next = n0 + nb;
+                let pf = if w.cs == 1 && w.rs == k && next < n_end {
+                    let end = (next + NB).min(n_end);
+                    &wv[w.at(next, 0)..w.at(end - 1, 0) + k]
+                } else {
+                    &[]
+                };
+                gemm_amx_bf16_tiles(nb.div_ceil(16), nt, kt, &slab, bp, &mut ct, ldc, false, pf);
+                // ct [nb, rows] transposed into the output rows, bias added, rounded once.
+                let off = n0 - si * ns;
+                for (i, seg) in rows.iter_mut().enumerate() {
+                    let dst = &mut seg[off..off + nb];
+                    match bias {
+                        Some(bb) => {
+                            for (j, d) in dst.iter_mut().enumerate() {
+                                *d = bf16::from_bits(bf16_bits(ct[j * ldc + i] + bb[n0 + j]));
+                            }
+                        }
+                        None => {
+                            for (j, d) in dst.iter_mut().enumerate() {
+                                *d = bf16::from_bits(bf16_bits(ct[j * ldc + i]));
+                            }
+                        }
+                    }
+                }
+                n0 += nb;
+            }
+        });
+        out
+    }
 }
 
 /// `linear_int4`: the packed weight is dequantized per row (GEMV) or per panel (sgemm).
@@ -948,6 +1129,22 @@ pub(super) mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_tile_path_on_many_slabs_edges_and_layouts() {
+        // Several weight slabs (the last partial), M and K off the tile sizes, a bias, and
+        // NN / strided weights (packed through the generic path).
+        for (m, k, n) in [(40usize, 96usize, 200usize), (9, 70, 130), (130, 64, 256)] {
+            for nn in [false, true] {
+                let x = t(&[m, k], 11, DType::BF16);
+                let w =
+                    if nn { t(&[k, n], 12, DType::BF16).with_layout(Layout::Nn) } else { t(&[n, k], 12, DType::BF16) };
+                let a = lin(x, w, Some(t(&[n], 13, DType::F32)));
+                let what = format!("bf16 m{m} k{k} n{n} nn={nn}");
+                assert_gemm_close(&linear(&a).unwrap(), &reference(&OpArgs::Linear(a)), k, 1.0, &what);
             }
         }
     }

@@ -4,6 +4,7 @@
 //! f64. Semantics are those of `exec::semantics`, shared with `cpu_reference`.
 
 mod activation;
+mod alloc;
 mod attention;
 mod decode;
 mod embedding;

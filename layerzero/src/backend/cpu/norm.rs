@@ -9,9 +9,9 @@
 //! 16-bit outputs the one-pass variance unless the mean dwarfs the spread. Rows are spread
 //! over rayon tasks of about 32K elements; small inputs run on the calling thread.
 //!
-//! Every output is a new buffer, so on a machine where first-touch page faults are slow
-//! they, not the arithmetic, set the pace: `benches/rows.rs` compares each kernel with a
-//! copy of the same bytes into a new buffer.
+//! Every output is a new buffer, so first-touch page faults, not the arithmetic, would set
+//! the pace: large outputs ask for huge pages (`alloc`). `benches/rows.rs` compares each
+//! kernel with a copy of the same bytes into a new buffer.
 
 use std::sync::Arc;
 
@@ -26,7 +26,7 @@ use crate::model::op::Op;
 use crate::tensor::{HostTensor, Storage};
 
 use super::pack::{invalid, read_f32};
-use super::{simd, wrong_op};
+use super::{alloc, simd, wrong_op};
 
 /// RMSNorm kernel id.
 pub const RMS_NORM: &str = "cpu.rms_norm.fast";
@@ -182,7 +182,8 @@ impl<'a> View<'a> {
 
 /// An output element type (f32, f16, bf16).
 pub(super) trait Elem: Copy + Send + Sync + 'static {
-    /// `n` zeros (calloc-backed: the pages are first touched by the kernel's writes).
+    /// `n` zeros (calloc-backed: the pages are first touched by the kernel's writes; huge
+    /// pages requested for large outputs, see `alloc`).
     fn zeros(n: usize) -> Vec<Self>;
     /// `dst[i] = src[i]` rounded to nearest even.
     fn store(src: &[f32], dst: &mut [Self]);
@@ -240,7 +241,7 @@ fn affine<O>(c: &[f32], shift: f32, inv: f32, w: &[f32], b: Option<&[f32]>, out:
 impl Elem for f32 {
     const WIDE: bool = true;
     fn zeros(n: usize) -> Vec<f32> {
-        vec![0.0; n]
+        alloc::huge(vec![0.0; n])
     }
     #[inline]
     fn store(src: &[f32], dst: &mut [f32]) {
@@ -260,7 +261,7 @@ impl Elem for f32 {
 
 impl Elem for f16 {
     fn zeros(n: usize) -> Vec<f16> {
-        vec![0u16; n].reinterpret_into()
+        alloc::huge(vec![0u16; n]).reinterpret_into()
     }
     #[inline]
     fn store(src: &[f32], dst: &mut [f16]) {
@@ -295,7 +296,7 @@ fn bf16_bits_finite(x: f32) -> u16 {
 
 impl Elem for bf16 {
     fn zeros(n: usize) -> Vec<bf16> {
-        vec![0u16; n].reinterpret_into()
+        alloc::huge(vec![0u16; n]).reinterpret_into()
     }
     #[inline]
     fn store(src: &[f32], dst: &mut [bf16]) {

@@ -3,7 +3,7 @@
 //! (Linux, after `arch_prctl` grants the tile state), AVX-512 exponentials for the online
 //! softmax, and portable loops that the compiler vectorizes inside `#[target_feature]`
 //! wrappers for everything else. This is the only module of the `cpu` backend with
-//! `unsafe`: each block says why it is sound.
+//! `unsafe` besides `alloc` (one `madvise` call): each block says why it is sound.
 //!
 //! `LZ_CPU_SIMD=avx2` or `LZ_CPU_SIMD=portable` caps the level, `LZ_CPU_SIMD=noamx` keeps
 //! AVX-512 but turns AMX off (benchmarks, debugging).
@@ -662,6 +662,53 @@ pub(crate) fn gemm_amx_bf16(
     x86::gemm_amx(m, n, k2, a, lda, b, pstride, c, ldc, accumulate);
 }
 
+/// Elements (u16) of one A tile of [`gemm_amx_bf16_tiles`]: 16 rows of 32 bf16.
+pub(crate) const AMX_A_TILE: usize = 512;
+/// Elements (u32) of one B tile of [`gemm_amx_bf16_tiles`]: 16 pair rows of 16 columns.
+pub(crate) const AMX_B_TILE: usize = 256;
+
+/// `C (+)= A . B` on AMX tiles with both operands packed in tile order, so that every tile
+/// load reads 1 KiB of contiguous memory (the GEMM of wide operands, where strided tile
+/// rows measured up to 1.7x slower). A is `mt` row tiles of `kt` K steps: tile (i, s), rows
+/// 16 i.. and bf16 columns 32 s.., is row-major at `a[(i * kt + s) * AMX_A_TILE..]`. B is
+/// `nt` column tiles, each `16 kt` pair rows of 16 `u32` (low half B[2p][n], high
+/// B[2p + 1][n]) at `b[j * kt * AMX_B_TILE..]`. C is f32 [16 mt, 16 nt] with row stride
+/// `ldc`. `prefetch` (any data, may be empty) is brought into L2 a few lines per K step,
+/// so that the caller's next operand arrives while the tiles compute. Only callable when
+/// [`amx_bf16`] is true.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_amx_bf16_tiles(
+    mt: usize,
+    nt: usize,
+    kt: usize,
+    a: &[u16],
+    b: &[u32],
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+    prefetch: &[u16],
+) {
+    assert!(amx_bf16(), "gemm_amx_bf16_tiles needs AMX");
+    if mt == 0 || nt == 0 {
+        return;
+    }
+    assert!(ldc >= 16 * nt && c.len() >= (16 * mt - 1) * ldc + 16 * nt, "gemm_amx_bf16_tiles: C too short");
+    if kt == 0 {
+        if !accumulate {
+            for i in 0..16 * mt {
+                c[i * ldc..i * ldc + 16 * nt].fill(0.0);
+            }
+        }
+        return;
+    }
+    assert!(
+        a.len() >= mt * kt * AMX_A_TILE && b.len() >= nt * kt * AMX_B_TILE,
+        "gemm_amx_bf16_tiles: A or B too short"
+    );
+    #[cfg(target_arch = "x86_64")]
+    x86::gemm_amx_tiles(mt, nt, kt, a, b, c, ldc, accumulate, prefetch);
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
@@ -1179,6 +1226,134 @@ mod x86 {
                 j += if two_c { 32 } else { 16 };
             }
             r += if two_r { 32 } else { 16 };
+        }
+        // SAFETY: releases the tile state configured above.
+        unsafe {
+            std::arch::asm!("tilerelease", options(nostack, nomem));
+        }
+    }
+
+    /// [`super::gemm_amx_bf16_tiles`] after its checks: C blocks of 2 x 2 tiles (tmm0-3)
+    /// from two A tiles (tmm4-5) and two B tiles (tmm6-7) per K step, single tiles at the
+    /// edges. Column blocks are the outer loop, so the two B column tiles (the narrow
+    /// operand's, re-read once per row block) stay in L2 while A streams past.
+    #[allow(clippy::too_many_arguments)]
+    #[allow(unsafe_code)]
+    pub(super) fn gemm_amx_tiles(
+        mt: usize,
+        nt: usize,
+        kt: usize,
+        a: &[u16],
+        b: &[u32],
+        c: &mut [f32],
+        ldc: usize,
+        acc: bool,
+        prefetch: &[u16],
+    ) {
+        const TA: usize = super::AMX_A_TILE;
+        const TB: usize = super::AMX_B_TILE;
+        // The checks every tile access below relies on.
+        assert!(super::amx_bf16() && mt > 0 && nt > 0 && kt > 0);
+        assert!(ldc >= 16 * nt && c.len() >= (16 * mt - 1) * ldc + 16 * nt);
+        assert!(a.len() >= mt * kt * TA && b.len() >= nt * kt * TB);
+        let cfg = tile_config();
+        let (ap, bp, cp) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
+        // Tile rows are 64 bytes apart in A and B; C rows ldc floats apart.
+        let (st, sc) = (64usize, ldc * 4);
+        // SAFETY: (for every block below) AMX is enabled (asserted); tile (i, s) of A reads
+        // the 1 KiB at (i kt + s) TA < mt kt TA <= a.len(), tile (j, s) of B the 1 KiB at
+        // (j kt + s) TB < nt kt TB <= b.len(); a C tile at row tile i, column tile j reads or
+        // writes rows 16 i..16 i + 16 <= 16 mt, columns 16 j..16 j + 16 <= 16 nt <= ldc,
+        // inside `c` (asserted above). The tile registers are configured first and released
+        // last; no other code uses them.
+        unsafe {
+            std::arch::asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly));
+        }
+        let a_at = |i: usize| ap.wrapping_add(i * kt * TA);
+        let b_at = |j: usize| bp.wrapping_add(j * kt * TB);
+        let c_at = |i: usize, j: usize| cp.wrapping_add(16 * i * ldc + 16 * j);
+        // Prefetch: the 64-byte lines of `prefetch`, spread evenly over the K steps.
+        let steps = nt.div_ceil(2) * mt.div_ceil(2) * kt;
+        let lines = prefetch.len().div_ceil(32);
+        let per_step = lines.div_ceil(steps);
+        let mut pf = 0;
+        let mut j = 0;
+        while j < nt {
+            let two_c = j + 2 <= nt;
+            let mut i = 0;
+            while i < mt {
+                let two_r = i + 2 <= mt;
+                // Edge blocks load and store their single tiles twice (same addresses).
+                let (i1, j1) = (if two_r { i + 1 } else { i }, if two_c { j + 1 } else { j });
+                // SAFETY: see above.
+                unsafe {
+                    if acc {
+                        std::arch::asm!(
+                            "tileloadd tmm0, [{c0} + {sc}*1]",
+                            "tileloadd tmm1, [{c1} + {sc}*1]",
+                            "tileloadd tmm2, [{c2} + {sc}*1]",
+                            "tileloadd tmm3, [{c3} + {sc}*1]",
+                            c0 = in(reg) c_at(i, j), c1 = in(reg) c_at(i, j1),
+                            c2 = in(reg) c_at(i1, j), c3 = in(reg) c_at(i1, j1),
+                            sc = in(reg) sc,
+                            options(nostack, readonly)
+                        );
+                    } else {
+                        std::arch::asm!(
+                            "tilezero tmm0",
+                            "tilezero tmm1",
+                            "tilezero tmm2",
+                            "tilezero tmm3",
+                            options(nostack, nomem)
+                        );
+                    }
+                }
+                let (mut a0, mut a1, mut b0, mut b1) = (a_at(i), a_at(i1), b_at(j), b_at(j1));
+                for _ in 0..kt {
+                    // SAFETY: see above (a0..b1 walk the kt tiles of their row or column).
+                    unsafe {
+                        std::arch::asm!(
+                            "tileloadd tmm4, [{a0} + {st}*1]",
+                            "tileloadd tmm6, [{b0} + {st}*1]",
+                            "tdpbf16ps tmm0, tmm4, tmm6",
+                            "tileloadd tmm7, [{b1} + {st}*1]",
+                            "tdpbf16ps tmm1, tmm4, tmm7",
+                            "tileloadd tmm5, [{a1} + {st}*1]",
+                            "tdpbf16ps tmm2, tmm5, tmm6",
+                            "tdpbf16ps tmm3, tmm5, tmm7",
+                            a0 = in(reg) a0, a1 = in(reg) a1, b0 = in(reg) b0, b1 = in(reg) b1,
+                            st = in(reg) st,
+                            options(nostack, readonly)
+                        );
+                    }
+                    for _ in 0..per_step.min(lines - pf) {
+                        // SAFETY: a prefetch only hints the cache and never faults; the
+                        // address is inside `prefetch` anyway (pf < lines).
+                        unsafe { _mm_prefetch::<_MM_HINT_T1>(prefetch.as_ptr().wrapping_add(32 * pf).cast()) };
+                        pf += 1;
+                    }
+                    a0 = a0.wrapping_add(TA);
+                    a1 = a1.wrapping_add(TA);
+                    b0 = b0.wrapping_add(TB);
+                    b1 = b1.wrapping_add(TB);
+                }
+                // SAFETY: see above. The duplicated edge tiles hold the same sums (their
+                // products were computed from the same tiles), stored in order.
+                unsafe {
+                    std::arch::asm!(
+                        "tilestored [{c3} + {sc}*1], tmm3",
+                        "tilestored [{c2} + {sc}*1], tmm2",
+                        "tilestored [{c1} + {sc}*1], tmm1",
+                        "tilestored [{c0} + {sc}*1], tmm0",
+                        c0 = in(reg) c_at(i, j), c1 = in(reg) c_at(i, j1),
+                        c2 = in(reg) c_at(i1, j), c3 = in(reg) c_at(i1, j1),
+                        sc = in(reg) sc,
+                        options(nostack)
+                    );
+                }
+                i += 2;
+            }
+            j += 2;
         }
         // SAFETY: releases the tile state configured above.
         unsafe {
