@@ -55,6 +55,7 @@ pub mod score;
 pub mod select;
 pub mod tensor;
 pub mod transform;
+pub mod tune;
 
 pub use error::{Error, ErrorKind, Result};
 pub use reason::{Category, Reason, ReasonCode};

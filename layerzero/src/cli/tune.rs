@@ -1,0 +1,218 @@
+//! `lz tune`: measure a workload's kernels on this machine into the PerfDB; `--verify`
+//! reports the regret of model-only and PerfDB-backed selection.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::{CatalogArg, Outcome, load_catalog, print_json, render};
+use crate::error::{Error, Result};
+use crate::tune::{self, Event, Host, Status, TuneOptions, TuneReport};
+
+#[derive(Args, Debug)]
+pub(super) struct TuneArgs {
+    /// Workload file (`schemas/workload.schema.json`).
+    #[arg(long, value_name = "FILE")]
+    workload: PathBuf,
+    /// Stop starting new measurements after this many seconds; what is left is listed as skipped.
+    #[arg(long, value_name = "SECONDS")]
+    budget: Option<f64>,
+    /// PerfDB file (default: $LAYERZERO_PERFDB, else $LAYERZERO_HOME/perfdb.sqlite).
+    #[arg(long, value_name = "PATH")]
+    perfdb: Option<PathBuf>,
+    /// Then re-time every eligible kernel and report the regret of model-only and PerfDB-backed selection.
+    #[arg(long)]
+    verify: bool,
+    /// Measure again pairs that already have a usable PerfDB row (by default they are kept).
+    #[arg(long)]
+    refresh: bool,
+    /// Per-kernel time cap in seconds (sampling stops there once 5 samples exist).
+    #[arg(long, value_name = "SECONDS")]
+    time_cap: Option<f64>,
+    #[command(flatten)]
+    catalog: CatalogArg,
+    /// Machine-readable output (`schemas/tune_report.schema.json`).
+    #[arg(long)]
+    json: bool,
+}
+
+fn seconds(flag: &str, v: f64) -> Result<Duration> {
+    if !v.is_finite() || v < 0.0 {
+        return Err(Error::invalid(format!("{flag} {v} is not a number of seconds >= 0")));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+pub(super) fn run(a: TuneArgs) -> Result<Outcome> {
+    let budget = a.budget.map(|b| seconds("--budget", b)).transpose()?;
+    let time_cap = a.time_cap.map(|c| seconds("--time-cap", c)).transpose()?;
+    let workload = tune::load_workload(&a.workload)?;
+    let perfdb = match a.perfdb {
+        Some(p) => p,
+        None => crate::perfdb::default_path(),
+    };
+    let mut opts = TuneOptions::new(workload, &a.workload.display().to_string(), perfdb);
+    opts.budget = budget;
+    opts.verify = a.verify;
+    opts.refresh = a.refresh;
+    if let Some(cap) = time_cap {
+        opts.protocol.time_cap = cap;
+        opts.protocol.hard_cap = opts.protocol.hard_cap.max(cap);
+    }
+    let host = Host::detect(load_catalog(&a.catalog)?)?;
+    let bar = if a.json || !std::io::stderr().is_terminal() {
+        ProgressBar::hidden()
+    } else {
+        let b = ProgressBar::new(0);
+        if let Ok(style) = ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {wide_msg}") {
+            b.set_style(style.progress_chars("=> "));
+        }
+        b
+    };
+    let report = tune::tune_with(&host, &opts, &mut |e| match e {
+        Event::Planned { total } => bar.set_length(total as u64),
+        Event::Started { phase, entry, bucket, kernel } => {
+            bar.set_message(format!("{} {entry} {bucket} {kernel}", phase.as_str()));
+        }
+        Event::Finished => bar.inc(1),
+    });
+    bar.finish_and_clear();
+    let report = report?;
+    if a.json {
+        print_json(&report.to_json());
+    } else {
+        print!("{}", text(&report));
+    }
+    Ok(Outcome::Ok)
+}
+
+/// Left-aligned columns separated by two spaces.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let mut s = String::new();
+        for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(c);
+            } else {
+                s.push_str(c);
+                s.push_str(&" ".repeat(w - c.chars().count() + 2));
+            }
+        }
+        s.trim_end().to_owned() + "\n"
+    };
+    let mut out = line(header.iter().map(|h| (*h).to_owned()).collect());
+    for r in rows {
+        out.push_str(&line(r.clone()));
+    }
+    out
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.1}%", x * 100.0)
+}
+
+fn text(r: &TuneReport) -> String {
+    let count = |s: Status| r.results.iter().filter(|x| x.status == s).count();
+    let mut out = format!(
+        "tuned `{}` ({}) on {} [{}]: {} points; {} measured, {} kept from the PerfDB, {} failed, {} skipped; {:.1} s\n",
+        r.workload,
+        r.workload_file,
+        r.hardware,
+        r.fingerprint.get(..16).unwrap_or(&r.fingerprint),
+        r.points,
+        count(Status::Measured),
+        count(Status::Cached),
+        count(Status::Failed),
+        r.skipped.len(),
+        r.elapsed_s
+    );
+    out.push_str(&format!("perfdb: {} ({} rows written)\n", r.perfdb, r.rows_written));
+    if let Some(rec) = &r.perfdb_recovered {
+        out.push_str(&format!("perfdb: a damaged file was moved to {} ({})\n", rec.moved_to.display(), rec.why));
+    }
+    if !r.results.is_empty() {
+        out.push('\n');
+        let rows: Vec<Vec<String>> = r
+            .results
+            .iter()
+            .map(|x| {
+                let pick = match (x.model_choice, x.perfdb_choice) {
+                    (true, true) => "model+perfdb",
+                    (true, false) => "model",
+                    (false, true) => "perfdb",
+                    (false, false) => "",
+                };
+                let (median, cv, samples) = match x.status {
+                    Status::Failed => ("-".to_owned(), "-".to_owned(), "-".to_owned()),
+                    _ => (render::duration(x.median_ns), pct(x.cv), x.samples.to_string()),
+                };
+                let status = match (x.status, &x.error) {
+                    (Status::Failed, Some(e)) => format!("failed: {e}"),
+                    (Status::Measured, _) => "measured".to_owned(),
+                    (Status::Cached, _) => "stored".to_owned(),
+                    (Status::Failed, None) => "failed".to_owned(),
+                };
+                vec![x.entry.clone(), x.bucket.clone(), x.kernel.clone(), median, cv, samples, pick.to_owned(), status]
+            })
+            .collect();
+        out.push_str(&table(&["ENTRY", "BUCKET", "KERNEL", "MEDIAN", "CV", "SAMPLES", "PICKED BY", "STATUS"], &rows));
+    }
+    if !r.skipped.is_empty() {
+        out.push_str(&format!("\nskipped ({}):\n", r.skipped.len()));
+        let rows: Vec<Vec<String>> = r
+            .skipped
+            .iter()
+            .map(|s| {
+                let why = match s.reason {
+                    "budget" => "budget spent",
+                    "no_executor" => "no executor registered here",
+                    other => other,
+                };
+                vec![s.entry.clone(), s.bucket.clone(), s.kernel.clone(), s.phase.as_str().to_owned(), why.to_owned()]
+            })
+            .collect();
+        out.push_str(&table(&["ENTRY", "BUCKET", "KERNEL", "PHASE", "WHY"], &rows));
+    }
+    for u in &r.unselectable {
+        out.push_str(&format!("no kernel: {} {}: {}\n", u.entry, u.bucket, u.error));
+    }
+    if let Some(v) = &r.verify {
+        out.push_str("\nverify (fresh timings; regret = time(picked) / time(fastest) - 1):\n");
+        let rows: Vec<Vec<String>> = v
+            .buckets
+            .iter()
+            .map(|b| {
+                vec![
+                    b.entry.clone(),
+                    b.bucket.clone(),
+                    format!("{} {}", b.fastest, render::duration(b.fastest_ns)),
+                    b.model.kernel.clone(),
+                    pct(b.model.regret),
+                    b.perfdb.kernel.clone(),
+                    pct(b.perfdb.regret),
+                ]
+            })
+            .collect();
+        out.push_str(&table(&["ENTRY", "BUCKET", "FASTEST", "MODEL PICK", "REGRET", "PERFDB PICK", "REGRET"], &rows));
+        out.push_str(&format!(
+            "\nregret over {} buckets{}:\n",
+            v.verified,
+            if v.unverified > 0 { format!(" ({} not verified)", v.unverified) } else { String::new() }
+        ));
+        let rows = vec![
+            vec!["model-only".to_owned(), pct(v.model.mean), pct(v.model.worst), v.model.misses.to_string()],
+            vec!["perfdb-backed".to_owned(), pct(v.perfdb.mean), pct(v.perfdb.worst), v.perfdb.misses.to_string()],
+        ];
+        out.push_str(&table(&["SELECTION", "MEAN", "WORST", "MISSES"], &rows));
+    }
+    out
+}

@@ -1,0 +1,857 @@
+//! Tuning: measure every eligible kernel at every bucket of a workload on this machine, store
+//! the timings in the PerfDB, and (`verify`) check how much time selection leaves on the
+//! table with and without them.
+//!
+//! This is an I/O edge module (it runs kernels, reads the clock and writes the PerfDB); the
+//! pure core only ever sees the [`Measured`] rows it produces.
+//!
+//! For each workload point (one representative request per bucket), the kernels a host
+//! selector *without* measurements ranks eligible and that have an executor are timed by
+//! the protocol of [`measure`] on inputs from [`synth`], with the selection's transforms
+//! applied before the clock starts. Each series becomes a PerfDB row (origin `tune`, this
+//! host's fingerprint, kernel and backend versions from the catalog). A pair that already
+//! has a usable row for this hardware and these versions is not measured again unless
+//! `refresh` is set, so an interrupted or budget-limited run resumes where it stopped. The
+//! budget stops new measurements from starting; everything not measured is listed.
+//!
+//! Verification re-times every eligible kernel at every point in a fresh series on fresh
+//! inputs (not the series the PerfDB rows came from), then compares, per bucket, the kernel
+//! each selector picks with the fastest: regret = time(picked) / time(fastest) - 1, for the
+//! model alone and for selection backed by the PerfDB rows now stored.
+
+pub mod measure;
+pub mod synth;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::capabilities::catalog::Catalog;
+use crate::error::{Error, Result};
+use crate::exec::args::OpArgs;
+use crate::exec::executor::Registry;
+use crate::exec::runtime::apply_transforms;
+use crate::hardware::detect;
+use crate::perfdb::{self, PerfDb, Recovery, Row};
+use crate::plan::workload::{Point, Workload};
+use crate::policy::Policy;
+use crate::score::measured::{CV_NONE, MIN_SAMPLES, Measured, Measurements};
+use crate::select::{Availability, ScoreSource, Selection, Selector};
+use measure::{Measurement, Protocol};
+
+/// Version of the `lz tune --json` document (`schemas/tune_report.schema.json`).
+pub const REPORT_SCHEMA_VERSION: u32 = 1;
+
+/// The `origin` of rows `lz tune` writes.
+pub const ORIGIN: &str = "tune";
+
+impl From<&Row> for Measured {
+    fn from(r: &Row) -> Measured {
+        Measured {
+            kernel: r.kernel.clone(),
+            kernel_version: r.kernel_version.clone(),
+            backend_version: r.backend_version.clone(),
+            fingerprint: r.fingerprint.clone(),
+            key: r.key.clone(),
+            bucket: r.bucket.clone(),
+            samples: r.samples,
+            median_ns: r.median_ns,
+            p10_ns: r.p10_ns,
+            p90_ns: r.p90_ns,
+            cv: r.cv,
+        }
+    }
+}
+
+/// The core's snapshot of `rows`, judged against `selector`'s catalog and hardware.
+pub fn measurements(rows: &[Row], selector: &Selector) -> Measurements {
+    Measurements::build(rows.iter().map(Measured::from), selector.catalog(), selector.hardware())
+}
+
+/// The machine tuned: a selector that scores by the model alone, and the executors.
+#[derive(Debug, Clone)]
+pub struct Host {
+    /// Model-only selector for this machine.
+    pub selector: Selector,
+    /// Executors.
+    pub registry: Registry,
+}
+
+impl Host {
+    /// This host: detected hardware, probed backends, default policy, builtin executors.
+    pub fn detect(catalog: Arc<Catalog>) -> Result<Host> {
+        let hardware = Arc::new(detect::detect_host().profile);
+        let registry = Registry::builtin();
+        let availability = Arc::new(Availability::probe_host(&catalog, &hardware, &[]));
+        let selector = Selector::new(catalog, hardware, Arc::new(Policy::default()), availability)?;
+        Ok(Host { selector, registry })
+    }
+}
+
+/// What to tune and how.
+#[derive(Debug, Clone)]
+pub struct TuneOptions {
+    /// The workload.
+    pub workload: Workload,
+    /// Where it was read from (reports and error messages).
+    pub workload_file: String,
+    /// The PerfDB file.
+    pub perfdb: PathBuf,
+    /// Stop starting measurements after this long (`None`: no limit).
+    pub budget: Option<Duration>,
+    /// Verify: re-time every kernel and report the regret of both selectors.
+    pub verify: bool,
+    /// Measure pairs that already have a usable row again.
+    pub refresh: bool,
+    /// The timing protocol.
+    pub protocol: Protocol,
+    /// Seed of the synthesized inputs.
+    pub seed: u64,
+}
+
+impl TuneOptions {
+    /// Options with the default protocol, no budget, no verification.
+    pub fn new(workload: Workload, workload_file: &str, perfdb: PathBuf) -> TuneOptions {
+        TuneOptions {
+            workload,
+            workload_file: workload_file.to_owned(),
+            perfdb,
+            budget: None,
+            verify: false,
+            refresh: false,
+            protocol: Protocol::default(),
+            seed: 0x4c5a_5455_4e45,
+        }
+    }
+}
+
+/// The phase a measurement belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Measuring for the PerfDB.
+    Tune,
+    /// Re-measuring to compute the regret.
+    Verify,
+}
+
+impl Phase {
+    /// The stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Tune => "tune",
+            Phase::Verify => "verify",
+        }
+    }
+}
+
+/// Progress, for a progress bar.
+#[derive(Debug, Clone, Copy)]
+pub enum Event<'a> {
+    /// How many measurements are planned in all.
+    Planned {
+        /// Count.
+        total: usize,
+    },
+    /// A measurement starts.
+    Started {
+        /// Its phase.
+        phase: Phase,
+        /// Workload entry.
+        entry: &'a str,
+        /// Bucket text.
+        bucket: &'a str,
+        /// Kernel id.
+        kernel: &'a str,
+    },
+    /// A planned measurement finished, failed or was skipped.
+    Finished,
+}
+
+/// How one (point, kernel) pair fared in the tune phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Timed now; a row was written.
+    Measured,
+    /// A usable row was already stored; not timed again.
+    Cached,
+    /// The kernel failed or panicked; nothing was written.
+    Failed,
+}
+
+/// One (point, kernel) pair of the tune phase.
+#[derive(Debug, Clone, Serialize)]
+pub struct KernelResult {
+    /// Workload entry.
+    pub entry: String,
+    /// Op.
+    pub op: String,
+    /// Bucket text.
+    pub bucket: String,
+    /// Validity key (hex).
+    pub key: String,
+    /// Kernel id.
+    pub kernel: String,
+    /// Backend.
+    pub backend: String,
+    /// What happened.
+    pub status: Status,
+    /// Samples kept (0 when failed).
+    pub samples: u32,
+    /// Samples rejected as outliers.
+    pub rejected: u32,
+    /// Median time per call, ns.
+    pub median_ns: f64,
+    /// 10th percentile, ns.
+    pub p10_ns: f64,
+    /// 90th percentile, ns.
+    pub p90_ns: f64,
+    /// Median absolute deviation, ns.
+    pub mad_ns: f64,
+    /// Coefficient of variation.
+    pub cv: f64,
+    /// Why sampling stopped (measured only).
+    pub stop: Option<&'static str>,
+    /// The failure (failed only).
+    pub error: Option<String>,
+    /// The model-only selector picks this kernel here (first eligible with an executor).
+    pub model_choice: bool,
+    /// The PerfDB-backed selector picks it, after this run's rows were stored.
+    pub perfdb_choice: bool,
+}
+
+/// Work not done.
+#[derive(Debug, Clone, Serialize)]
+pub struct Skipped {
+    /// Workload entry.
+    pub entry: String,
+    /// Bucket text.
+    pub bucket: String,
+    /// Kernel id.
+    pub kernel: String,
+    /// The phase it was skipped in.
+    pub phase: Phase,
+    /// `budget` (the budget was spent) or `no_executor` (eligible, but nothing runs it here).
+    pub reason: &'static str,
+}
+
+/// A point no kernel qualifies for.
+#[derive(Debug, Clone, Serialize)]
+pub struct Unselectable {
+    /// Workload entry.
+    pub entry: String,
+    /// Bucket text.
+    pub bucket: String,
+    /// The selection error.
+    pub error: String,
+}
+
+/// A kernel a selector picked at one bucket, with its verified time.
+#[derive(Debug, Clone, Serialize)]
+pub struct Pick {
+    /// Kernel id.
+    pub kernel: String,
+    /// Its fresh median, ns.
+    pub median_ns: f64,
+    /// time(picked) / time(fastest) - 1.
+    pub regret: f64,
+    /// Where the selector's estimate came from (`model`, `perfdb`, `blended`).
+    pub source: &'static str,
+}
+
+/// One kernel's fresh time at one bucket.
+#[derive(Debug, Clone, Serialize)]
+pub struct VerifiedTime {
+    /// Kernel id.
+    pub kernel: String,
+    /// Median, ns (absent when it failed).
+    pub median_ns: Option<f64>,
+    /// Coefficient of variation.
+    pub cv: Option<f64>,
+    /// Samples kept.
+    pub samples: u32,
+    /// The failure, if it failed.
+    pub error: Option<String>,
+}
+
+/// The regret of both selectors at one bucket.
+#[derive(Debug, Clone, Serialize)]
+pub struct BucketRegret {
+    /// Workload entry.
+    pub entry: String,
+    /// Bucket text.
+    pub bucket: String,
+    /// The fastest kernel in the fresh series.
+    pub fastest: String,
+    /// Its median, ns.
+    pub fastest_ns: f64,
+    /// The model-only pick.
+    pub model: Pick,
+    /// The PerfDB-backed pick.
+    pub perfdb: Pick,
+    /// Every kernel's fresh time.
+    pub times: Vec<VerifiedTime>,
+}
+
+/// Mean and worst regret over the verified buckets.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct RegretSummary {
+    /// Mean regret.
+    pub mean: f64,
+    /// Worst regret.
+    pub worst: f64,
+    /// Buckets where the pick was not the fastest.
+    pub misses: usize,
+}
+
+/// The verification.
+#[derive(Debug, Clone, Serialize)]
+pub struct VerifyReport {
+    /// Buckets verified.
+    pub verified: usize,
+    /// Buckets not verified (budget, or no kernel ran).
+    pub unverified: usize,
+    /// Model-only selection.
+    pub model: RegretSummary,
+    /// PerfDB-backed selection.
+    pub perfdb: RegretSummary,
+    /// Per bucket.
+    pub buckets: Vec<BucketRegret>,
+}
+
+/// The outcome of a tuning run (`lz tune --json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct TuneReport {
+    /// Document version.
+    pub schema_version: u32,
+    /// Workload name.
+    pub workload: String,
+    /// Workload file.
+    pub workload_file: String,
+    /// Points (buckets) the workload covers.
+    pub points: usize,
+    /// Hardware profile name.
+    pub hardware: String,
+    /// Its fingerprint (the rows' `fingerprint`).
+    pub fingerprint: String,
+    /// The PerfDB file.
+    pub perfdb: String,
+    /// A damaged PerfDB that opening moved aside.
+    pub perfdb_recovered: Option<Recovery>,
+    /// Rows written.
+    pub rows_written: usize,
+    /// The budget, seconds.
+    pub budget_s: Option<f64>,
+    /// True when the budget ran out before every planned measurement started.
+    pub budget_exhausted: bool,
+    /// Wall time, seconds.
+    pub elapsed_s: f64,
+    /// The protocol's knobs.
+    pub protocol: serde_json::Value,
+    /// The tune phase, point by point.
+    pub results: Vec<KernelResult>,
+    /// Work not done.
+    pub skipped: Vec<Skipped>,
+    /// Points no kernel qualifies for.
+    pub unselectable: Vec<Unselectable>,
+    /// The verification, when asked for.
+    pub verify: Option<VerifyReport>,
+}
+
+impl TuneReport {
+    /// The report as JSON (`schemas/tune_report.schema.json`).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// One point's plan.
+struct Planned<'a> {
+    point: &'a Point,
+    bucket: String,
+    key: String,
+    /// Eligible kernels with an executor, best first by the model.
+    ranked: Vec<Selection>,
+}
+
+/// Tunes on this host (detected), without progress events.
+pub fn tune(opts: &TuneOptions) -> Result<TuneReport> {
+    let host = Host::detect(Catalog::builtin()?)?;
+    tune_with(&host, opts, &mut |_| {})
+}
+
+/// Tunes on `host`, reporting progress to `on_event`.
+pub fn tune_with(host: &Host, opts: &TuneOptions, on_event: &mut dyn FnMut(Event<'_>)) -> Result<TuneReport> {
+    let start = Instant::now();
+    let deadline = opts.budget.map(|b| start + b);
+    let spent = || deadline.is_some_and(|d| Instant::now() >= d);
+    let file = opts.workload_file.as_str();
+    let points = opts.workload.points().map_err(|e| e.context(file))?;
+    let opened = PerfDb::open(&opts.perfdb)?;
+    let db = opened.db;
+    let selector = &host.selector;
+    let catalog = selector.catalog();
+    let hardware = selector.hardware();
+    let fingerprint = hardware.fingerprint.clone();
+
+    // Plan: the eligible kernels of every point.
+    let mut plans: Vec<Planned<'_>> = Vec::new();
+    let mut skipped: Vec<Skipped> = Vec::new();
+    let mut unselectable = Vec::new();
+    for point in &points {
+        let bucket = point.buckets.text(point.request.op);
+        match selector.ranked(&point.request) {
+            Ok(ranked) => {
+                let (runnable, missing): (Vec<Selection>, Vec<Selection>) =
+                    ranked.into_iter().partition(|s| host.registry.contains(&s.kernel));
+                for s in missing {
+                    skipped.push(Skipped {
+                        entry: point.entry.clone(),
+                        bucket: bucket.clone(),
+                        kernel: s.kernel,
+                        phase: Phase::Tune,
+                        reason: "no_executor",
+                    });
+                }
+                plans.push(Planned { point, key: point.key.validity_hex(), bucket, ranked: runnable });
+            }
+            Err(e) => unselectable.push(Unselectable { entry: point.entry.clone(), bucket, error: e.to_string() }),
+        }
+    }
+
+    // What is already stored and usable.
+    let stored = db.rows_for(&fingerprint)?;
+    let usable = |kernel: &str, key: &str, bucket: &str| -> Option<&Row> {
+        let i = catalog.find(kernel)?;
+        let (b, k) = catalog.kernel(i);
+        let kv = k.version.as_deref().unwrap_or(&b.version);
+        stored.iter().find(|r| {
+            r.kernel == kernel
+                && r.key == key
+                && r.bucket == bucket
+                && r.kernel_version == kv
+                && r.backend_version == b.version
+                && r.samples >= MIN_SAMPLES
+                && r.cv < CV_NONE
+        })
+    };
+    let todo = |p: &Planned<'_>, s: &Selection| opts.refresh || usable(&s.kernel, &p.key, &p.bucket).is_none();
+    let tune_count: usize = plans.iter().map(|p| p.ranked.iter().filter(|s| todo(p, s)).count()).sum();
+    let verify_count: usize = if opts.verify { plans.iter().map(|p| p.ranked.len()).sum() } else { 0 };
+    on_event(Event::Planned { total: tune_count + verify_count });
+
+    // Tune: per point, the kernels to measure are timed together, interleaved.
+    let mut results: Vec<KernelResult> = Vec::new();
+    let mut rows_written = 0usize;
+    let mut budget_exhausted = false;
+    for (pi, plan) in plans.iter().enumerate() {
+        let entry = plan.point.entry.as_str();
+        let todo_now: Vec<&Selection> = plan.ranked.iter().filter(|s| todo(plan, s)).collect();
+        let outcomes: Vec<std::result::Result<Measurement, String>> = if todo_now.is_empty() {
+            Vec::new()
+        } else if spent() {
+            budget_exhausted = true;
+            for sel in &todo_now {
+                skipped.push(Skipped {
+                    entry: entry.to_owned(),
+                    bucket: plan.bucket.clone(),
+                    kernel: sel.kernel.clone(),
+                    phase: Phase::Tune,
+                    reason: "budget",
+                });
+                on_event(Event::Finished);
+            }
+            continue;
+        } else {
+            let names: Vec<&str> = todo_now.iter().map(|s| s.kernel.as_str()).collect();
+            let kernels = names.join(", ");
+            on_event(Event::Started { phase: Phase::Tune, entry, bucket: &plan.bucket, kernel: &kernels });
+            let out = time_group(host, &plan.point.request, &todo_now, opts, pi as u64, deadline);
+            for _ in &todo_now {
+                on_event(Event::Finished);
+            }
+            out
+        };
+        let mut rows = Vec::new();
+        for sel in &plan.ranked {
+            let (backend_spec, kernel_spec) = match catalog.find(&sel.kernel) {
+                Some(i) => catalog.kernel(i),
+                None => continue,
+            };
+            let base = KernelResult {
+                entry: entry.to_owned(),
+                op: plan.point.request.op.as_str().to_owned(),
+                bucket: plan.bucket.clone(),
+                key: plan.key.clone(),
+                kernel: sel.kernel.clone(),
+                backend: sel.backend.clone(),
+                status: Status::Cached,
+                samples: 0,
+                rejected: 0,
+                median_ns: 0.0,
+                p10_ns: 0.0,
+                p90_ns: 0.0,
+                mad_ns: 0.0,
+                cv: 0.0,
+                stop: None,
+                error: None,
+                model_choice: false,
+                perfdb_choice: false,
+            };
+            let Some(oi) = todo_now.iter().position(|t| t.kernel == sel.kernel) else {
+                if let Some(r) = usable(&sel.kernel, &plan.key, &plan.bucket) {
+                    results.push(KernelResult {
+                        samples: r.samples,
+                        median_ns: r.median_ns,
+                        p10_ns: r.p10_ns,
+                        p90_ns: r.p90_ns,
+                        mad_ns: r.mad_ns,
+                        cv: r.cv,
+                        ..base
+                    });
+                }
+                continue;
+            };
+            match &outcomes[oi] {
+                Ok(m) => {
+                    let s = m.summary;
+                    rows.push(Row {
+                        kernel: sel.kernel.clone(),
+                        kernel_version: kernel_spec.version.clone().unwrap_or_else(|| backend_spec.version.clone()),
+                        backend: backend_spec.backend.clone(),
+                        backend_version: backend_spec.version.clone(),
+                        fingerprint: fingerprint.clone(),
+                        op: plan.point.request.op.as_str().to_owned(),
+                        key: plan.key.clone(),
+                        bucket: plan.bucket.clone(),
+                        samples: s.samples,
+                        median_ns: s.median,
+                        p10_ns: s.p10,
+                        p90_ns: s.p90,
+                        mad_ns: s.mad,
+                        cv: s.cv,
+                        origin: ORIGIN.to_owned(),
+                        created_at: perfdb::now_unix(),
+                    });
+                    results.push(KernelResult {
+                        status: Status::Measured,
+                        samples: s.samples,
+                        rejected: s.rejected,
+                        median_ns: s.median,
+                        p10_ns: s.p10,
+                        p90_ns: s.p90,
+                        mad_ns: s.mad,
+                        cv: s.cv,
+                        stop: Some(m.stop.as_str()),
+                        ..base
+                    });
+                }
+                Err(message) => {
+                    results.push(KernelResult { status: Status::Failed, error: Some(message.clone()), ..base })
+                }
+            }
+        }
+        // Stored point by point, so an interrupted run keeps what it measured.
+        if !rows.is_empty() {
+            db.insert_many(&rows)?;
+            rows_written += rows.len();
+        }
+    }
+
+    // The PerfDB-backed selector over every row now stored for this machine.
+    let rows_now = db.rows_for(&fingerprint)?;
+    let with_db = selector.clone().with_measurements(Arc::new(measurements(&rows_now, selector)));
+    let mut picks: Vec<(Option<Selection>, Option<Selection>)> = Vec::with_capacity(plans.len());
+    for plan in &plans {
+        let model = plan.ranked.first().cloned();
+        let perf = with_db
+            .ranked(&plan.point.request)
+            .ok()
+            .and_then(|r| r.into_iter().find(|s| host.registry.contains(&s.kernel)));
+        picks.push((model, perf));
+    }
+    for r in &mut results {
+        if let Some(pi) = plans.iter().position(|p| p.point.entry == r.entry && p.bucket == r.bucket && p.key == r.key)
+        {
+            let (m, p) = &picks[pi];
+            r.model_choice = m.as_ref().is_some_and(|s| s.kernel == r.kernel);
+            r.perfdb_choice = p.as_ref().is_some_and(|s| s.kernel == r.kernel);
+        }
+    }
+
+    // Verify.
+    let verify = if opts.verify {
+        let mut buckets = Vec::new();
+        let mut unverified = 0usize;
+        for (pi, plan) in plans.iter().enumerate() {
+            let entry = plan.point.entry.as_str();
+            if spent() {
+                budget_exhausted = true;
+                unverified += 1;
+                for sel in &plan.ranked {
+                    skipped.push(Skipped {
+                        entry: entry.to_owned(),
+                        bucket: plan.bucket.clone(),
+                        kernel: sel.kernel.clone(),
+                        phase: Phase::Verify,
+                        reason: "budget",
+                    });
+                    on_event(Event::Finished);
+                }
+                continue;
+            }
+            let all: Vec<&Selection> = plan.ranked.iter().collect();
+            let names: Vec<&str> = all.iter().map(|s| s.kernel.as_str()).collect();
+            let kernels = names.join(", ");
+            on_event(Event::Started { phase: Phase::Verify, entry, bucket: &plan.bucket, kernel: &kernels });
+            // Fresh inputs (another seed) and fresh series, not the ones the rows came from.
+            let seed = pi as u64 ^ 0x5645_5249_4659_0000;
+            let outcomes = time_group(host, &plan.point.request, &all, opts, seed, None);
+            for _ in &all {
+                on_event(Event::Finished);
+            }
+            let times: Vec<VerifiedTime> = all
+                .iter()
+                .zip(outcomes)
+                .map(|(sel, t)| match t {
+                    Ok(m) => VerifiedTime {
+                        kernel: sel.kernel.clone(),
+                        median_ns: Some(m.summary.median),
+                        cv: Some(m.summary.cv),
+                        samples: m.summary.samples,
+                        error: None,
+                    },
+                    Err(e) => VerifiedTime {
+                        kernel: sel.kernel.clone(),
+                        median_ns: None,
+                        cv: None,
+                        samples: 0,
+                        error: Some(e),
+                    },
+                })
+                .collect();
+            let perf_ranked: Vec<Selection> = with_db
+                .ranked(&plan.point.request)
+                .map(|r| r.into_iter().filter(|s| host.registry.contains(&s.kernel)).collect())
+                .unwrap_or_default();
+            match regret(plan, &plan.ranked, &perf_ranked, times) {
+                Some(b) => buckets.push(b),
+                None => unverified += 1,
+            }
+        }
+        let summary = |f: fn(&BucketRegret) -> f64| {
+            let n = buckets.len();
+            if n == 0 {
+                return RegretSummary::default();
+            }
+            let v: Vec<f64> = buckets.iter().map(f).collect();
+            RegretSummary {
+                mean: v.iter().sum::<f64>() / n as f64,
+                worst: v.iter().copied().fold(0.0, f64::max),
+                misses: v.iter().filter(|&&r| r > 0.0).count(),
+            }
+        };
+        Some(VerifyReport {
+            verified: buckets.len(),
+            unverified,
+            model: summary(|b| b.model.regret),
+            perfdb: summary(|b| b.perfdb.regret),
+            buckets,
+        })
+    } else {
+        None
+    };
+
+    Ok(TuneReport {
+        schema_version: REPORT_SCHEMA_VERSION,
+        workload: opts.workload.name.clone(),
+        workload_file: opts.workload_file.clone(),
+        points: points.len(),
+        hardware: hardware.name.clone(),
+        fingerprint,
+        perfdb: db.path().display().to_string(),
+        perfdb_recovered: opened.recovered,
+        rows_written,
+        budget_s: opts.budget.map(|b| b.as_secs_f64()),
+        budget_exhausted,
+        elapsed_s: start.elapsed().as_secs_f64(),
+        protocol: opts.protocol.to_json(),
+        results,
+        skipped,
+        unselectable,
+        verify,
+    })
+}
+
+/// A kernel ready to be timed: its executor and its adapted inputs.
+type Prepared<'a> = (&'a Arc<dyn crate::exec::executor::Executor>, OpArgs);
+
+/// Synthesizes the point's inputs, applies each selection's transforms and times the
+/// kernels together (interleaved). One result per selection, in order; errors are messages:
+/// a failing kernel is reported, not fatal.
+fn time_group(
+    host: &Host,
+    request: &crate::model::request::Request,
+    sels: &[&Selection],
+    opts: &TuneOptions,
+    salt: u64,
+    deadline: Option<Instant>,
+) -> Vec<std::result::Result<Measurement, String>> {
+    let seed = opts.seed ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let base = match synth::synthesize(request, seed) {
+        Ok(a) => a,
+        Err(e) => return sels.iter().map(|_| Err(format!("cannot synthesize inputs: {e}"))).collect(),
+    };
+    // Per selection: its executor and adapted inputs, or why it cannot run.
+    let prepared: Vec<std::result::Result<Prepared<'_>, String>> = sels
+        .iter()
+        .map(|sel| {
+            let exec = host
+                .registry
+                .get(&sel.kernel)
+                .ok_or_else(|| format!("no executor is registered for {}", sel.kernel))?;
+            let args =
+                apply_transforms(&base, &sel.transforms).map_err(|e| format!("transform before the kernel: {e}"))?;
+            Ok((exec, args))
+        })
+        .collect();
+    let group: Vec<measure::Candidate<'_>> = prepared
+        .iter()
+        .filter_map(|p| p.as_ref().ok())
+        .map(|(exec, args)| measure::Candidate { exec: exec.as_ref(), args })
+        .collect();
+    let mut measured = measure::measure_interleaved(&group, &opts.protocol, deadline).into_iter();
+    prepared
+        .iter()
+        .map(|p| match p {
+            Ok(_) => measured
+                .next()
+                .unwrap_or_else(|| Err(measure::Failure { message: "not measured".to_owned() }))
+                .map_err(|f| f.message),
+            Err(e) => Err(e.clone()),
+        })
+        .collect()
+}
+
+/// The regret of both selectors at one bucket, from fresh times; `None` when no kernel ran.
+/// A pick that failed here is replaced by the next in its ranking, as dispatch falls back.
+fn regret(
+    plan: &Planned<'_>,
+    model_ranked: &[Selection],
+    perf_ranked: &[Selection],
+    times: Vec<VerifiedTime>,
+) -> Option<BucketRegret> {
+    let time_of = |k: &str| times.iter().find(|t| t.kernel == k).and_then(|t| t.median_ns);
+    let (fastest, fastest_ns) = times
+        .iter()
+        .filter_map(|t| t.median_ns.map(|m| (t.kernel.clone(), m)))
+        .min_by(|a, b| a.1.total_cmp(&b.1).then_with(|| a.0.cmp(&b.0)))?;
+    let pick = |ranked: &[Selection]| -> Option<Pick> {
+        ranked.iter().find_map(|s| {
+            time_of(&s.kernel).map(|t| Pick {
+                kernel: s.kernel.clone(),
+                median_ns: t,
+                regret: if fastest_ns > 0.0 { (t / fastest_ns - 1.0).max(0.0) } else { 0.0 },
+                source: source_name(s.score.source),
+            })
+        })
+    };
+    let model = pick(model_ranked)?;
+    let perfdb = pick(perf_ranked).unwrap_or_else(|| model.clone());
+    Some(BucketRegret {
+        entry: plan.point.entry.clone(),
+        bucket: plan.bucket.clone(),
+        fastest,
+        fastest_ns,
+        model,
+        perfdb,
+        times,
+    })
+}
+
+fn source_name(s: ScoreSource) -> &'static str {
+    s.as_str()
+}
+
+/// Reads and checks a workload file; errors name the file and the field.
+pub fn load_workload(path: &std::path::Path) -> Result<Workload> {
+    let source = path.display().to_string();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::new(crate::error::ErrorKind::Io, format!("cannot read {source}: {e}")))?;
+    let w = Workload::from_json(&text, &source)?;
+    // Resolve the points now, so a bad range or request fails before any timing.
+    w.points().map_err(|e| e.context(&source))?;
+    Ok(w)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TINY: &str = r#"{
+        "schema_version": 1, "name": "tiny",
+        "entries": [
+          {"name": "norm", "request": {"op": "rms_norm", "tensors": {
+              "x": {"dtype": "f32", "shape": [1, 64]}, "weight": {"dtype": "f32", "shape": [64]}}},
+           "ranges": {"tokens": [1, 4]}}
+        ]
+    }"#;
+
+    fn opts(dir: &tempfile::TempDir) -> TuneOptions {
+        let w = Workload::from_json(TINY, "tiny.json").unwrap();
+        let mut o = TuneOptions::new(w, "tiny.json", dir.path().join("perf.sqlite"));
+        o.protocol = Protocol::quick();
+        o
+    }
+
+    #[test]
+    fn tuning_writes_rows_that_the_selector_then_uses() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = Host::detect(Catalog::builtin().unwrap()).unwrap();
+        let mut o = opts(&dir);
+        o.verify = true;
+        let mut events = 0;
+        let report = tune_with(&host, &o, &mut |_| events += 1).unwrap();
+        // tokens 1, 2, 3..4: three points, two CPU kernels each.
+        assert_eq!(report.points, 3);
+        assert_eq!(report.rows_written, 6, "{:#?}", report.results);
+        assert!(report.results.iter().all(|r| r.status == Status::Measured && r.samples > 0));
+        assert!(events > 0);
+        let v = report.verify.unwrap();
+        assert_eq!(v.verified, 3);
+        assert!(v.perfdb.worst >= 0.0 && v.model.worst >= 0.0);
+        let db = PerfDb::open(&o.perfdb).unwrap().db;
+        let rows = db.rows_for(&report.fingerprint).unwrap();
+        assert_eq!(rows.len(), 6);
+        assert!(rows.iter().all(|r| r.origin == ORIGIN && r.key.len() == 32));
+        let with = host.selector.clone().with_measurements(Arc::new(measurements(&rows, &host.selector)));
+        let pts = o.workload.points().unwrap();
+        let sel = with.select(&pts[0].request).unwrap();
+        assert!(
+            matches!(sel.score.source, ScoreSource::Perfdb | ScoreSource::Blended),
+            "{:?} {:?} {rows:#?}",
+            sel.score.source,
+            sel.score.notes
+        );
+        // A second run finds every pair stored and measures nothing.
+        o.verify = false;
+        let again = tune_with(&host, &o, &mut |_| {}).unwrap();
+        assert_eq!(again.rows_written, 0);
+        assert!(again.results.iter().all(|r| r.status == Status::Cached));
+    }
+
+    #[test]
+    fn a_spent_budget_lists_every_pair_as_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = Host::detect(Catalog::builtin().unwrap()).unwrap();
+        let mut o = opts(&dir);
+        o.budget = Some(Duration::ZERO);
+        let report = tune_with(&host, &o, &mut |_| {}).unwrap();
+        assert_eq!(report.rows_written, 0);
+        assert!(report.budget_exhausted);
+        assert_eq!(report.skipped.iter().filter(|s| s.reason == "budget").count(), 6);
+    }
+}

@@ -1,0 +1,177 @@
+//! `lz tune`: rows written to the PerfDB, the budget respected with skipped work listed,
+//! bad workloads rejected with exit 2 naming the field, `--json` valid against its schema.
+
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+use layerzero::perfdb::PerfDb;
+use layerzero::schema::{SchemaKind, violations};
+use layerzero_tests::repo_root;
+
+/// The `lz` binary; built first when this crate's tests run alone.
+fn lz() -> Command {
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    BUILT.call_once(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let status = std::process::Command::new(cargo)
+            .args(["build", "-q", "-p", "layerzero", "--bin", "lz"])
+            .current_dir(repo_root())
+            .status();
+        assert!(status.is_ok_and(|s| s.success()), "building lz failed");
+    });
+    let mut c = Command::cargo_bin("lz").unwrap_or_else(|e| panic!("{e}"));
+    c.current_dir(repo_root()).env_remove("RUST_BACKTRACE");
+    c
+}
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = lz().args(args).output().unwrap_or_else(|e| panic!("{e}"));
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// rms_norm at tokens 1, 2 and 3..4 and a small attention at seq 5..8 and 9..16: five
+/// buckets, two CPU kernels each, microseconds per call.
+const TINY: &str = r#"{
+  "schema_version": 1, "name": "tiny",
+  "entries": [
+    {"name": "norm",
+     "request": {"op": "rms_norm", "tensors": {"x": {"dtype": "f32", "shape": [1, 64]},
+                                               "weight": {"dtype": "f32", "shape": [64]}}},
+     "ranges": {"tokens": [1, 4]}},
+    {"name": "attn",
+     "request": {"op": "attention", "tensors": {
+         "q": {"dtype": "f32", "shape": [1, 8, 4, 32], "layout": "BSHD"},
+         "k": {"dtype": "f32", "shape": [1, 8, 2, 32], "layout": "BSHD"},
+         "v": {"dtype": "f32", "shape": [1, 8, 2, 32], "layout": "BSHD"}},
+       "attrs": {"causal": true}},
+     "ranges": {"seq_q": [8, 16], "seq_k": "seq_q"}}
+  ]
+}"#;
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap_or_else(|e| panic!("{e}"));
+    p
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+fn json(out: &str) -> serde_json::Value {
+    let v: serde_json::Value = serde_json::from_str(out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let errs = violations(SchemaKind::TuneReport, &v).unwrap_or_else(|e| panic!("{e}"));
+    assert!(errs.is_empty(), "{errs:#?}\n{out}");
+    v
+}
+
+#[test]
+fn tuning_a_tiny_workload_writes_rows_and_verifies() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let w = write(dir.path(), "tiny.json", TINY);
+    let db = dir.path().join("perf.sqlite");
+    let (code, out, err) = run(&[
+        "tune",
+        "--workload",
+        &s(&w),
+        "--budget",
+        "60",
+        "--perfdb",
+        &s(&db),
+        "--verify",
+        "--json",
+        "--time-cap",
+        "0.1",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v = json(&out);
+    assert_eq!(v["points"], 5);
+    assert_eq!(v["rows_written"], 10, "{out}");
+    assert_eq!(v["budget_exhausted"], false);
+    let results = v["results"].as_array().cloned().unwrap_or_default();
+    assert_eq!(results.len(), 10);
+    assert!(results.iter().all(|r| r["status"] == "measured" && r["samples"].as_u64() >= Some(5)), "{out}");
+    // One model pick per bucket.
+    assert_eq!(results.iter().filter(|r| r["model_choice"] == true).count(), 5);
+    let verify = &v["verify"];
+    assert_eq!(verify["verified"], 5, "{out}");
+    assert!(verify["perfdb"]["worst"].as_f64().is_some_and(|x| x >= 0.0));
+    // The rows are in the PerfDB, from `tune`, for this machine.
+    let opened = PerfDb::open(&db).unwrap_or_else(|e| panic!("{e}"));
+    let rows = opened.db.rows().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(rows.len(), 10);
+    let fp = v["fingerprint"].as_str().unwrap_or_default();
+    assert!(rows.iter().all(|r| r.origin == "tune" && r.fingerprint == fp && r.samples >= 5));
+    // Again, for people: nothing left to measure; the table and the regret summary print.
+    let (code, out, err) = run(&["tune", "--workload", &s(&w), "--perfdb", &s(&db), "--verify", "--time-cap", "0.1"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("0 measured, 10 kept from the PerfDB"), "{out}");
+    assert!(out.contains("PICKED BY") && out.contains("model-only") && out.contains("perfdb-backed"), "{out}");
+    assert!(err.is_empty(), "no progress bar when stderr is not a terminal: {err}");
+}
+
+#[test]
+fn a_spent_budget_lists_the_skipped_work() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let w = write(dir.path(), "tiny.json", TINY);
+    let db = dir.path().join("perf.sqlite");
+    let (code, out, err) = run(&["tune", "--workload", &s(&w), "--budget", "0", "--perfdb", &s(&db), "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v = json(&out);
+    assert_eq!(v["rows_written"], 0);
+    assert_eq!(v["budget_exhausted"], true);
+    let skipped = v["skipped"].as_array().cloned().unwrap_or_default();
+    assert_eq!(skipped.len(), 10, "{out}");
+    assert!(skipped.iter().all(|k| k["reason"] == "budget" && k["phase"] == "tune" && k["kernel"].is_string()));
+    assert!(skipped.iter().any(|k| k["entry"] == "attn" && k["bucket"] == "batch=1,seq_q=9..16,seq_k=9..16"));
+    let (code, out, _) = run(&["tune", "--workload", &s(&w), "--budget", "0", "--perfdb", &s(&db)]);
+    assert_eq!(code, 0);
+    assert!(out.contains("skipped (10)") && out.contains("budget spent"), "{out}");
+    assert!(out.contains("cpu_reference.rms_norm.naive"), "{out}");
+}
+
+#[test]
+fn a_bad_workload_exits_2_naming_the_file_and_the_field() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let db = dir.path().join("perf.sqlite");
+    let cases = [
+        ("misspelled.json", TINY.replace("\"entries\"", "\"entrees\""), "\"entries\" is a required property"),
+        ("range.json", TINY.replace("\"tokens\": [1, 4]", "\"tokens\": [4, 1]"), "ranges.tokens"),
+        ("axis.json", TINY.replace("\"tokens\": [1, 4]", "\"seq_q\": [1, 4]"), "ranges.seq_q"),
+        (
+            "request.json",
+            TINY.replace("\"dtype\": \"f32\", \"shape\": [64]", "\"dtype\": \"f33\", \"shape\": [64]"),
+            "f33",
+        ),
+    ];
+    for (name, text, field) in cases {
+        let w = write(dir.path(), name, &text);
+        let (code, out, err) = run(&["tune", "--workload", &s(&w), "--perfdb", &s(&db)]);
+        assert_eq!(code, 2, "{name}: {out}{err}");
+        assert!(err.starts_with("lz: error: ") && err.lines().count() == 1, "{name}: {err}");
+        assert!(err.contains(name) && err.contains(field), "{name}: {err}");
+    }
+    let (code, _, err) = run(&["tune", "--workload", "no/such/file.json", "--perfdb", &s(&db)]);
+    assert_eq!(code, 2);
+    assert!(err.contains("no/such/file.json"), "{err}");
+    let w = write(dir.path(), "tiny.json", TINY);
+    let (code, _, err) = run(&["tune", "--workload", &s(&w), "--budget=-1", "--perfdb", &s(&db)]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--budget"), "{err}");
+    assert!(!db.exists() || PerfDb::open(&db).is_ok_and(|o| o.db.rows().is_ok_and(|r| r.is_empty())));
+}
+
+#[test]
+fn the_shipped_workloads_are_valid_and_cover_their_buckets() {
+    for name in ["regret-cpu.json", "llama-3-8b.json"] {
+        let path = repo_root().join("workloads").join(name);
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let w = layerzero::plan::workload::Workload::from_json(&text, name).unwrap_or_else(|e| panic!("{e}"));
+        let points = w.points().unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(points.len() >= 20, "{name}: {} points", points.len());
+    }
+}
