@@ -762,8 +762,7 @@ mod amx {
     use rayon::prelude::*;
 
     use super::super::alloc;
-    use super::super::norm::bf16_bits;
-    use super::super::simd::{AMX_A_TILE, AMX_B_TILE, gemm_amx_bf16_tiles};
+    use super::super::simd::{self, AMX_A_TILE, AMX_B_TILE, gemm_amx_bf16_tiles};
     use super::Mat;
     use crate::tensor::Storage;
 
@@ -891,22 +890,8 @@ mod amx {
                 };
                 gemm_amx_bf16_tiles(nb.div_ceil(16), nt, kt, &slab, bp, &mut ct, ldc, false, pf);
                 // ct [nb, rows] transposed into the output rows, bias added, rounded once.
-                let off = n0 - si * ns;
-                for (i, seg) in rows.iter_mut().enumerate() {
-                    let dst = &mut seg[off..off + nb];
-                    match bias {
-                        Some(bb) => {
-                            for (j, d) in dst.iter_mut().enumerate() {
-                                *d = bf16::from_bits(bf16_bits(ct[j * ldc + i] + bb[n0 + j]));
-                            }
-                        }
-                        None => {
-                            for (j, d) in dst.iter_mut().enumerate() {
-                                *d = bf16::from_bits(bf16_bits(ct[j * ldc + i]));
-                            }
-                        }
-                    }
-                }
+                let bb = bias.map(|b| &b[n0..n0 + nb]);
+                simd::transpose_round_bf16(&ct, ldc, nb, bb, &mut rows, n0 - si * ns);
                 n0 += nb;
             }
         });

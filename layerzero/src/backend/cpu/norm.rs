@@ -1,13 +1,14 @@
 //! `cpu.rms_norm.fast` and `cpu.layer_norm.fast`, and the row machinery the element-wise
 //! kernels of this backend share (`View`, `Elem`, `fill`).
 //!
-//! The kernels are memory-bound: each row is read once from memory (f32 rows of a
-//! contiguous view are borrowed in place; f16/bf16 rows are converted into an f32 scratch
-//! row that stays in L1, bf16 rows squared and summed in the same pass), reduced by the
-//! backend's vectorized dot (`simd::dots`), and written once in the output dtype (bf16 by a
-//! fused scale-and-round loop). f32 outputs take the corrected two-pass LayerNorm variance;
-//! 16-bit outputs the one-pass variance unless the mean dwarfs the spread. Rows are spread
-//! over rayon tasks of about 32K elements; small inputs run on the calling thread.
+//! The kernels are memory-bound: each row is read once from memory, for its statistics
+//! in f64 (RMSNorm: Σ x²; LayerNorm: Σ (x - k) and Σ (x - k)², shifted by the row's first
+//! value, which keeps the one-pass variance exact enough for f32 whatever the mean),
+//! then read again from L1/L2 by a fused normalize-scale-round loop that writes the output
+//! once in its dtype. f32 and bf16 rows are read in place (bf16 never goes through an f32
+//! copy); f16 and strided rows are first read into an f32 row. The loops live in `simd`,
+//! compiled for AVX-512 or AVX2 when the CPU has them. Rows are spread over rayon tasks of
+//! about 32K elements; small inputs run on the calling thread.
 //!
 //! Every output is a new buffer, so first-touch page faults, not the arithmetic, would set
 //! the pace: large outputs ask for huge pages (`alloc`). `benches/rows.rs` compares each
@@ -195,17 +196,13 @@ pub(super) trait Elem: Copy + Send + Sync + 'static {
         f(scratch);
         Self::store(scratch, dst);
     }
-    /// True for f32: an output that keeps f32's precision (the norms then take the
-    /// two-pass variance).
-    const WIDE: bool = false;
-    /// `dst[i] = (c[i] - shift) * inv * w[i] (+ b[i])`, rounded once; `finite` says that
-    /// no input is NaN.
+    /// `dst[i] = ((x[i] - hi) - lo) * inv * w[i] (+ b[i])` with `(hi, lo, inv) = n`, rounded
+    /// once; `finite` says that no input is NaN.
     #[inline]
     #[allow(clippy::too_many_arguments)]
-    fn store_affine(
-        c: &[f32],
-        shift: f32,
-        inv: f32,
+    fn store_norm(
+        x: Src<'_>,
+        n: simd::Norm,
         w: &[f32],
         b: Option<&[f32]>,
         finite: bool,
@@ -213,7 +210,10 @@ pub(super) trait Elem: Copy + Send + Sync + 'static {
         scratch: &mut Vec<f32>,
     ) {
         let _ = finite;
-        Self::produce(dst, scratch, |d| affine(c, shift, inv, w, b, d, |x| x));
+        Self::produce(dst, scratch, |d| match x {
+            Src::F32(x) => simd::affine_f32_f32(x, n, w, b, d),
+            Src::Bf16(x) => simd::affine_bf16_f32(x, n, w, b, d),
+        });
     }
     /// The storage of these values.
     fn storage(v: Vec<Self>) -> Storage;
@@ -221,25 +221,7 @@ pub(super) trait Elem: Copy + Send + Sync + 'static {
     fn slice(st: &Storage) -> Option<&[Self]>;
 }
 
-/// `out[i] = round((c[i] - shift) * inv * w[i] (+ b[i]))`.
-#[inline(always)]
-fn affine<O>(c: &[f32], shift: f32, inv: f32, w: &[f32], b: Option<&[f32]>, out: &mut [O], round: impl Fn(f32) -> O) {
-    match b {
-        Some(b) => {
-            for (((o, &c), &w), &b) in out.iter_mut().zip(c).zip(w).zip(b) {
-                *o = round((c - shift) * inv * w + b);
-            }
-        }
-        None => {
-            for ((o, &c), &w) in out.iter_mut().zip(c).zip(w) {
-                *o = round((c - shift) * inv * w);
-            }
-        }
-    }
-}
-
 impl Elem for f32 {
-    const WIDE: bool = true;
     fn zeros(n: usize) -> Vec<f32> {
         alloc::huge(vec![0.0; n])
     }
@@ -276,51 +258,28 @@ impl Elem for f16 {
     }
 }
 
-/// f32 to bf16 bits, round to nearest even, NaN kept quiet (as `bf16::from_f32`), written
-/// without branches so that the loop vectorizes.
-#[inline(always)]
-pub(super) fn bf16_bits(x: f32) -> u16 {
-    let b = x.to_bits();
-    let rounded = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
-    let quiet = ((b >> 16) | 0x40) as u16;
-    if (b & 0x7fff_ffff) > 0x7f80_0000 { quiet } else { rounded }
-}
-
-/// `bf16_bits` for a value that is not NaN, or is the default quiet NaN that arithmetic on
-/// non-NaN values produces (it stays NaN); infinities stay infinite.
-#[inline(always)]
-fn bf16_bits_finite(x: f32) -> u16 {
-    let b = x.to_bits();
-    (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16
-}
-
 impl Elem for bf16 {
     fn zeros(n: usize) -> Vec<bf16> {
         alloc::huge(vec![0u16; n]).reinterpret_into()
     }
     #[inline]
     fn store(src: &[f32], dst: &mut [bf16]) {
-        for (d, &s) in dst.iter_mut().zip(src) {
-            *d = bf16::from_bits(bf16_bits(s));
-        }
+        simd::f32_to_bf16_bits(src, dst.reinterpret_cast_mut());
     }
     #[inline]
-    fn store_affine(
-        c: &[f32],
-        shift: f32,
-        inv: f32,
+    fn store_norm(
+        x: Src<'_>,
+        n: simd::Norm,
         w: &[f32],
         b: Option<&[f32]>,
         finite: bool,
         dst: &mut [bf16],
         _: &mut Vec<f32>,
     ) {
-        // Fused: one pass from the f32 row to the bf16 output. Without NaN inputs a NaN can
-        // only be the default quiet NaN, which the plain rounding keeps NaN: no NaN select.
-        if finite {
-            affine(c, shift, inv, w, b, dst, |x| bf16::from_bits(bf16_bits_finite(x)));
-        } else {
-            affine(c, shift, inv, w, b, dst, |x| bf16::from_bits(bf16_bits(x)));
+        // Fused: one pass from the row to the bf16 output.
+        match x {
+            Src::F32(x) => simd::affine_f32_bf16(x, n, w, b, dst, finite),
+            Src::Bf16(x) => simd::affine_bf16_bf16(x, n, w, b, dst, finite),
         }
     }
     fn storage(v: Vec<bf16>) -> Storage {
@@ -412,14 +371,6 @@ pub(super) fn all_f32(t: &HostTensor) -> Vec<f32> {
     out
 }
 
-/// `x . y` (the backend's vectorized dot: AVX-512/AVX2 when present, 32 accumulators).
-#[inline]
-pub(super) fn dot(x: &[f32], y: &[f32]) -> f32 {
-    let mut o = [0f32];
-    simd::dots(x, x.len(), y, &mut o);
-    o[0]
-}
-
 // ---------------------------------------------------------------------------------------
 // The norms.
 
@@ -437,61 +388,44 @@ pub(crate) fn rms_norm(a: &NormArgs) -> Result<Outputs, KernelError> {
     by_dtype!(a.x.dtype(), RMS_NORM, T => rms_typed::<T>(a, rows, h, eps))
 }
 
-/// `1 / sqrt(mean(s^2) + eps)`, and whether the row is finite (the sum of squares is).
-#[inline]
-fn rms_inv(s: &[f32], eps: f32) -> (f32, bool) {
-    let ss = dot(s, s);
-    (1.0 / (ss / s.len() as f32 + eps).sqrt(), ss.is_finite())
+/// A row of `x` as the norms read it: borrowed f32 or bf16 elements, or (other dtypes and
+/// strided rows) f32 values read into a buffer.
+#[derive(Clone, Copy)]
+pub(super) enum Src<'a> {
+    /// f32 values.
+    F32(&'a [f32]),
+    /// bf16 values.
+    Bf16(&'a [bf16]),
 }
 
-/// bf16 to f32 into `dst` (exact: the bits shifted up) and the sum of the squares, in one
-/// pass (8 f32 accumulators, written so that the loop vectorizes: one reduction per loop).
+/// Row `start..start + h` of `x`: borrowed when it is a unit-stride f32 or bf16 row, else
+/// read into `buf` as f32.
 #[inline]
-fn bf16_load_sq(src: &[bf16], dst: &mut [f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let mut d8 = dst.chunks_exact_mut(8);
-    let mut s8 = src.chunks_exact(8);
-    for (d, x) in (&mut d8).zip(&mut s8) {
-        let (Ok(d), Ok(x)) = (<&mut [f32; 8]>::try_from(d), <&[bf16; 8]>::try_from(x)) else { continue };
-        let v: [f32; 8] = std::array::from_fn(|l| f32::from_bits(u32::from(x[l].to_bits()) << 16));
-        *d = v;
-        for l in 0..8 {
-            acc[l] += v[l] * v[l];
-        }
+fn row<'b>(x: &View<'b>, start: usize, h: usize, buf: &'b mut Vec<f32>) -> Src<'b> {
+    if let Some(v) = x.typed::<bf16>(start, h) {
+        return Src::Bf16(v);
     }
-    let mut tail = 0f32;
-    for (d, x) in d8.into_remainder().iter_mut().zip(s8.remainder()) {
-        *d = f32::from_bits(u32::from(x.to_bits()) << 16);
-        tail += *d * *d;
+    if let Some(v) = x.f32_slice(start, h) {
+        return Src::F32(v);
     }
-    acc.iter().sum::<f32>() + tail
+    buf.resize(h, 0.0);
+    x.read(start, buf);
+    Src::F32(buf)
 }
 
-/// Sum of the elements (8 f32 accumulators, vectorized; enough for 16-bit outputs).
+/// `(Σ (x - k), Σ (x - k)²)` of a row, in f64 (vectorized).
 #[inline]
-fn sum8(x: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let mut ch = x.chunks_exact(8);
-    for c in &mut ch {
-        if let Ok(c) = <&[f32; 8]>::try_from(c) {
-            for l in 0..8 {
-                acc[l] += c[l];
-            }
-        }
+fn sums(x: Src<'_>, k: f32) -> (f64, f64) {
+    match x {
+        Src::F32(v) => simd::shifted_sums_f32(v, k),
+        Src::Bf16(v) => simd::shifted_sums_bf16(v, k),
     }
-    acc.iter().sum::<f32>() + ch.remainder().iter().sum::<f32>()
 }
 
-/// Row `start..start + buf.len()` of `x` as f32 (borrowed, or read into `buf`) with its sum
-/// of squares; a bf16 row is converted and squared in one pass.
+/// `1 / sqrt(Σ x² / h + eps)` from the f64 sum of squares (which does not overflow).
 #[inline]
-fn row_sq<'b>(x: &View<'b>, start: usize, buf: &'b mut [f32]) -> (&'b [f32], f32) {
-    if let Some(src) = x.typed::<bf16>(start, buf.len()) {
-        let q = bf16_load_sq(src, buf);
-        return (buf, q);
-    }
-    let v = x.get(start, buf);
-    (v, dot(v, v))
+fn rms_inv(ss: f64, h: usize, eps: f32) -> f32 {
+    (1.0 / (ss / h as f64 + f64::from(eps)).sqrt()) as f32
 }
 
 /// True when every element is finite.
@@ -505,11 +439,12 @@ fn rms_typed<T: Elem>(a: &NormArgs, rows: usize, h: usize, eps: f32) -> Result<O
     let x = View::new(&a.x);
     let shape = a.x.shape();
     let Some(res) = &a.residual else {
+        // One pass reads the row for Σ x², one reads it again (from cache) and writes.
         let out = fill_typed::<T>(rows * h, h, |start, dst, buf, scratch| {
-            buf.resize(h, 0.0);
-            let (s, ss) = row_sq(&x, start, buf);
-            let inv = 1.0 / (ss / h as f32 + eps).sqrt();
-            T::store_affine(s, 0.0, inv, &w, None, ss.is_finite() && w_finite, dst, scratch);
+            let src = row(&x, start, h, buf);
+            let (_, ss) = sums(src, 0.0);
+            let inv = rms_inv(ss, h, eps);
+            T::store_norm(src, (0.0, 0.0, inv), &w, None, ss.is_finite() && w_finite, dst, scratch);
         });
         return Ok(Outputs::from([("out".to_owned(), tensor(out, shape)?)]));
     };
@@ -529,8 +464,10 @@ fn rms_typed<T: Elem>(a: &NormArgs, rows: usize, h: usize, eps: f32) -> Result<O
                     *s += r;
                 }
                 T::store(&s, ro);
-                let (inv, finite) = rms_inv(&s, eps);
-                T::store_affine(&s, 0.0, inv, &w, None, finite && w_finite, o, &mut scratch);
+                let (_, ss) = simd::shifted_sums_f32(&s, 0.0);
+                let inv = rms_inv(ss, h, eps);
+                let finite = ss.is_finite() && w_finite;
+                T::store_norm(Src::F32(&s), (0.0, 0.0, inv), &w, None, finite, o, &mut scratch);
             }
         };
         if rows * h < PAR_MIN {
@@ -553,38 +490,27 @@ fn layer_typed<T: Elem>(a: &NormArgs, rows: usize, h: usize, eps: f32) -> Result
     let b = a.bias.as_ref().map(all_f32);
     let wb_finite = all_finite(&w) && b.as_deref().is_none_or(all_finite);
     let x = View::new(&a.x);
-    let ones = vec![1f32; h];
-    let hf = h as f32;
-    let out = fill_typed::<T>(rows * h, h, |start, dst, buf, centred| {
-        buf.resize(h, 0.0);
-        let (v, sq) = if T::WIDE { (x.get(start, buf), 0.0) } else { row_sq(&x, start, buf) };
-        let sum = if T::WIDE { dot(v, &ones) } else { sum8(v) };
-        let mean = sum / hf;
-        if !T::WIDE {
-            // 16-bit outputs: the one-pass variance (both sums in the reading pass), unless
-            // the mean is so large against the spread that the subtraction would cancel.
-            let var = sq / hf - mean * mean;
-            if var >= 0.0 && mean * mean <= 16.0 * var {
-                let inv = 1.0 / (var + eps).sqrt();
-                let finite = wb_finite && sq.is_finite();
-                T::store_affine(v, mean, inv, &w, b.as_deref(), finite, dst, centred);
-                return;
-            }
-        }
-        // The corrected two-pass algorithm (Chan, Golub & LeVeque): centre on the first
-        // mean, then correct it by the mean of the centred values, which also removes the
-        // rounding error of the first sum when the mean is large against the spread.
-        centred.resize(h, 0.0);
-        for (c, &v) in centred.iter_mut().zip(v) {
-            *c = v - mean;
-        }
-        let corr = dot(centred, &ones) / hf;
-        let sq = dot(centred, centred);
-        let var = (sq / hf - corr * corr).max(0.0);
-        let inv = 1.0 / (var + eps).sqrt();
-        let finite = wb_finite && sq.is_finite() && sum.is_finite();
-        // `buf` is free again: the scratch of the f16 store.
-        T::store_affine(centred, corr, inv, &w, b.as_deref(), finite, dst, buf);
+    let (hf, eps) = (h as f64, f64::from(eps));
+    let out = fill_typed::<T>(rows * h, h, |start, dst, buf, scratch| {
+        // One reading pass: Σ (x - k) and Σ (x - k)² in f64, shifted by the row's first
+        // value k, so the one-pass variance does not cancel even when the mean dwarfs the
+        // spread; then one pass reads the row again (from cache) and writes the output,
+        // with the mean split into two f32 parts so that f32 outputs keep their precision.
+        let src = row(&x, start, h, buf);
+        let k = match src {
+            Src::F32(v) => v[0],
+            Src::Bf16(v) => v[0].to_f32(),
+        };
+        let (s, q) = sums(src, k);
+        let m = s / hf;
+        let mean = f64::from(k) + m;
+        let var = q / hf - m * m;
+        // (`max` would turn the NaN of a row with an infinity into 0.)
+        let var = if var < 0.0 { 0.0 } else { var };
+        let inv = (1.0 / (var + eps).sqrt()) as f32;
+        let hi = mean as f32;
+        let lo = (mean - f64::from(hi)) as f32;
+        T::store_norm(src, (hi, lo, inv), &w, b.as_deref(), wb_finite && q.is_finite(), dst, scratch);
     });
     Ok(Outputs::from([("out".to_owned(), tensor(out, a.x.shape())?)]))
 }
@@ -694,7 +620,7 @@ mod tests {
             assert!(ours[i].to_bits() == want.to_bits() || (x.is_nan() && ours[i].is_nan()), "{:#x}", bits[i]);
             assert!(f16s[i].to_bits() == f16::from_f32(x).to_bits() || (x.is_nan() && f16s[i].is_nan()));
             if !x.is_nan() {
-                assert_eq!(bf16_bits_finite(x), want.to_bits(), "{:#x}", bits[i]);
+                assert_eq!(simd::bf16_bits_finite(x), want.to_bits(), "{:#x}", bits[i]);
             }
         }
     }
@@ -730,6 +656,19 @@ mod tests {
             let x = HostTensor::from_f32_as(dtype, &[3, 256], &v).unwrap();
             let a = norm(x, t(&[256], 5, dtype, 1.0), Some(t(&[256], 6, dtype, 1.0)), None);
             check(LAYER_NORM, REF_LAYER, &OpArgs::LayerNorm(a), Category::Norms, &format!("mean 1000 {dtype}"));
+        }
+    }
+
+    #[test]
+    fn norms_of_rows_with_infinities_and_nans_match_the_reference() {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let mut v = super::testing::values(4 * 64, 13);
+            (v[0], v[64 + 5], v[128 + 9], v[192 + 63]) = (f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e30);
+            let x = HostTensor::from_f32_as(dtype, &[4, 64], &v).unwrap();
+            let a = norm(x, t(&[64], 14, dtype, 1.0), Some(t(&[64], 15, dtype, 1.0)), None);
+            check(LAYER_NORM, REF_LAYER, &OpArgs::LayerNorm(a.clone()), Category::Norms, &format!("inf {dtype}"));
+            let r = NormArgs { bias: None, ..a };
+            check(RMS_NORM, REF_RMS, &OpArgs::RmsNorm(r), Category::Norms, &format!("inf {dtype}"));
         }
     }
 

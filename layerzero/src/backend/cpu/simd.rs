@@ -297,6 +297,160 @@ multiversion! {
 }
 
 // ---------------------------------------------------------------------------------------
+// Norm rows: one reading pass for the statistics, one pass that reads the row again (from
+// L1/L2) and writes the output; bf16 rows are read as bf16 both times (no f32 copy).
+
+/// bf16 to f32 (exact: the bits shifted up).
+#[inline(always)]
+fn bf16_f32(x: half::bf16) -> f32 {
+    f32::from_bits(u32::from(x.to_bits()) << 16)
+}
+
+/// `(Σ (x - k), Σ (x - k)²)` accumulated in f64 (32 lanes each), so that the one-pass
+/// variance `q/n - (s/n)²` keeps f32 precision whatever the mean (the shift `k`, a value
+/// of the row, keeps the sums small as well).
+#[inline(always)]
+fn shifted_sums<S: Copy>(x: &[S], k: f32, load: impl Fn(S) -> f32) -> (f64, f64) {
+    const L: usize = 32;
+    let k = f64::from(k);
+    let (mut s, mut q) = ([0f64; L], [0f64; L]);
+    let mut ch = x.chunks_exact(L);
+    for c in &mut ch {
+        for l in 0..L {
+            let d = f64::from(load(c[l])) - k;
+            s[l] += d;
+            q[l] += d * d;
+        }
+    }
+    let (mut ts, mut tq) = (0f64, 0f64);
+    for &v in ch.remainder() {
+        let d = f64::from(load(v)) - k;
+        ts += d;
+        tq += d * d;
+    }
+    (s.iter().sum::<f64>() + ts, q.iter().sum::<f64>() + tq)
+}
+
+#[inline(always)]
+fn shifted_sums_f32_impl(x: &[f32], k: f32) -> (f64, f64) {
+    shifted_sums(x, k, |v| v)
+}
+
+#[inline(always)]
+fn shifted_sums_bf16_impl(x: &[half::bf16], k: f32) -> (f64, f64) {
+    shifted_sums(x, k, bf16_f32)
+}
+
+multiversion! {
+    /// `(Σ (x - k), Σ (x - k)²)` in f64.
+    fn shifted_sums_f32(x: &[f32], k: f32) -> (f64, f64) => shifted_sums_f32_impl;
+}
+
+multiversion! {
+    /// `(Σ (x - k), Σ (x - k)²)` in f64 over a bf16 row.
+    fn shifted_sums_bf16(x: &[half::bf16], k: f32) -> (f64, f64) => shifted_sums_bf16_impl;
+}
+
+/// `out[i] = round(((x[i] - hi) - lo) * inv * w[i] (+ b[i]))`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn affine<S: Copy, D>(
+    x: &[S],
+    (hi, lo, inv): (f32, f32, f32),
+    w: &[f32],
+    b: Option<&[f32]>,
+    out: &mut [D],
+    load: impl Fn(S) -> f32,
+    round: impl Fn(f32) -> D,
+) {
+    let n = out.len();
+    let (x, w) = (&x[..n], &w[..n]);
+    match b {
+        Some(b) => {
+            let b = &b[..n];
+            for i in 0..n {
+                out[i] = round(((load(x[i]) - hi) - lo) * inv * w[i] + b[i]);
+            }
+        }
+        None => {
+            for i in 0..n {
+                out[i] = round(((load(x[i]) - hi) - lo) * inv * w[i]);
+            }
+        }
+    }
+}
+
+/// `bf16_bits` for a value that is not NaN, or is the default quiet NaN that arithmetic on
+/// non-NaN values produces (it stays NaN); infinities stay infinite.
+#[inline(always)]
+pub(crate) fn bf16_bits_finite(x: f32) -> u16 {
+    let b = x.to_bits();
+    (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16
+}
+
+/// The affine step of a norm: mean split in two f32 parts, and the inverse deviation.
+pub(crate) type Norm = (f32, f32, f32);
+
+#[inline(always)]
+fn affine_f32_f32_impl(x: &[f32], n: Norm, w: &[f32], b: Option<&[f32]>, out: &mut [f32]) {
+    affine(x, n, w, b, out, |v| v, |v| v);
+}
+
+#[inline(always)]
+fn affine_bf16_f32_impl(x: &[half::bf16], n: Norm, w: &[f32], b: Option<&[f32]>, out: &mut [f32]) {
+    affine(x, n, w, b, out, bf16_f32, |v| v);
+}
+
+#[inline(always)]
+fn affine_f32_bf16_impl(x: &[f32], n: Norm, w: &[f32], b: Option<&[f32]>, out: &mut [half::bf16], finite: bool) {
+    // Without NaN inputs a NaN can only be the default quiet NaN, which the plain rounding
+    // keeps NaN: no NaN select.
+    if finite {
+        affine(x, n, w, b, out, |v| v, |v| half::bf16::from_bits(bf16_bits_finite(v)));
+    } else {
+        affine(x, n, w, b, out, |v| v, |v| half::bf16::from_bits(bf16_bits(v)));
+    }
+}
+
+#[inline(always)]
+fn affine_bf16_bf16_impl(
+    x: &[half::bf16],
+    n: Norm,
+    w: &[f32],
+    b: Option<&[f32]>,
+    out: &mut [half::bf16],
+    finite: bool,
+) {
+    if finite {
+        affine(x, n, w, b, out, bf16_f32, |v| half::bf16::from_bits(bf16_bits_finite(v)));
+    } else {
+        affine(x, n, w, b, out, bf16_f32, |v| half::bf16::from_bits(bf16_bits(v)));
+    }
+}
+
+multiversion! {
+    /// `out[i] = ((x[i] - hi) - lo) * inv * w[i] (+ b[i])` with `(hi, lo, inv) = n`.
+    fn affine_f32_f32(x: &[f32], n: Norm, w: &[f32], b: Option<&[f32]>, out: &mut [f32]) => affine_f32_f32_impl;
+}
+
+multiversion! {
+    /// `affine_f32_f32` from a bf16 row.
+    fn affine_bf16_f32(x: &[half::bf16], n: Norm, w: &[f32], b: Option<&[f32]>, out: &mut [f32]) => affine_bf16_f32_impl;
+}
+
+multiversion! {
+    /// `affine_f32_f32` rounded to bf16 (`finite`: no input is NaN).
+    fn affine_f32_bf16(x: &[f32], n: Norm, w: &[f32], b: Option<&[f32]>, out: &mut [half::bf16], finite: bool)
+        => affine_f32_bf16_impl;
+}
+
+multiversion! {
+    /// `affine_f32_f32` from a bf16 row rounded to bf16 (`finite`: no input is NaN).
+    fn affine_bf16_bf16(x: &[half::bf16], n: Norm, w: &[f32], b: Option<&[f32]>, out: &mut [half::bf16], finite: bool)
+        => affine_bf16_bf16_impl;
+}
+
+// ---------------------------------------------------------------------------------------
 // Online softmax over a score tile.
 
 /// Per-row bookkeeping of an online softmax tile.
@@ -709,9 +863,123 @@ pub(crate) fn gemm_amx_bf16_tiles(
     x86::gemm_amx_tiles(mt, nt, kt, a, b, c, ldc, accumulate, prefetch);
 }
 
+/// `dst[i][off + j] = bf16(c[j * ldc + i] (+ bias[j]))` for `i < dst.len()`, `j < nb`: an
+/// f32 block `c` [nb, ldc] written transposed into output rows, rounded once (as
+/// `bf16::from_f32`). AVX-512 transposes 16 x 16 blocks in registers.
+pub(crate) fn transpose_round_bf16(
+    c: &[f32],
+    ldc: usize,
+    nb: usize,
+    bias: Option<&[f32]>,
+    dst: &mut [&mut [half::bf16]],
+    off: usize,
+) {
+    let rows = dst.len();
+    if rows == 0 || nb == 0 {
+        return;
+    }
+    assert!(ldc >= rows && c.len() >= (nb - 1) * ldc + rows, "transpose_round_bf16: C too short");
+    assert!(bias.is_none_or(|b| b.len() >= nb), "transpose_round_bf16: bias too short");
+    assert!(dst.iter().all(|d| d.len() >= off + nb), "transpose_round_bf16: rows too short");
+    let (mut i0, mut j_done) = (0, 0);
+    #[cfg(target_arch = "x86_64")]
+    if level() == Level::Avx512 {
+        let jb = nb / 16 * 16;
+        while i0 + 16 <= rows {
+            for j0 in (0..jb).step_by(16) {
+                #[allow(unsafe_code)]
+                // SAFETY: AVX-512F was detected; the asserts above keep every access of
+                // the block (rows i0..i0 + 16 of dst, columns j0..j0 + 16) in bounds.
+                unsafe {
+                    x86::transpose_round_bf16_16x16(c, ldc, i0, j0, bias, &mut dst[i0..i0 + 16], off)
+                };
+            }
+            i0 += 16;
+        }
+        j_done = jb;
+    }
+    // What the blocks left: rows i0.. (all columns), and columns j_done.. of rows ..i0.
+    for (i, d) in dst.iter_mut().enumerate() {
+        let j_start = if i < i0 { j_done } else { 0 };
+        for j in j_start..nb {
+            let v = c[j * ldc + i] + bias.map_or(0.0, |b| b[j]);
+            d[off + j] = half::bf16::from_bits(bf16_bits(v));
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
+
+    /// The 16 x 16 block of `transpose_round_bf16` at rows `i0..` of C's columns and
+    /// columns `j0..` of C's rows; `dst` holds the 16 output rows.
+    #[allow(unsafe_code)]
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn transpose_round_bf16_16x16(
+        c: &[f32],
+        ldc: usize,
+        i0: usize,
+        j0: usize,
+        bias: Option<&[f32]>,
+        dst: &mut [&mut [half::bf16]],
+        off: usize,
+    ) {
+        let r: [__m512; 16] = std::array::from_fn(|j| {
+            // SAFETY: the caller checked that c holds rows j0..j0 + 16 up to column i0 + 16.
+            unsafe { _mm512_loadu_ps(c.as_ptr().add((j0 + j) * ldc + i0)) }
+        });
+        // Pairs of rows interleaved, then pairs of pairs: u[4g + q], lane L, holds output
+        // row 4L + q at columns 4g..4g + 4.
+        let t: [__m512; 16] = std::array::from_fn(|k| {
+            let (a, b) = (r[k & !1], r[k | 1]);
+            if k % 2 == 0 { _mm512_unpacklo_ps(a, b) } else { _mm512_unpackhi_ps(a, b) }
+        });
+        let u: [__m512; 16] = std::array::from_fn(|k| {
+            let (g, q) = (k / 4, k % 4);
+            let (a, b) = (_mm512_castps_pd(t[4 * g + q / 2]), _mm512_castps_pd(t[4 * g + 2 + q / 2]));
+            _mm512_castpd_ps(if q % 2 == 0 { _mm512_unpacklo_pd(a, b) } else { _mm512_unpackhi_pd(a, b) })
+        });
+        let bias = bias.map(|b| {
+            // SAFETY: the caller checked bias.len() >= j0 + 16.
+            unsafe { _mm512_loadu_ps(b.as_ptr().add(j0)) }
+        });
+        let (half, lsb, quiet, abs, inf) = (
+            _mm512_set1_epi32(0x7fff),
+            _mm512_set1_epi32(1),
+            _mm512_set1_epi32(0x40),
+            _mm512_set1_epi32(0x7fff_ffff),
+            _mm512_set1_epi32(0x7f80_0000),
+        );
+        for q in 0..4 {
+            // The 4 x 4 transpose of 128-bit lanes.
+            let v0 = _mm512_shuffle_f32x4::<0x44>(u[q], u[4 + q]);
+            let v1 = _mm512_shuffle_f32x4::<0xEE>(u[q], u[4 + q]);
+            let v2 = _mm512_shuffle_f32x4::<0x44>(u[8 + q], u[12 + q]);
+            let v3 = _mm512_shuffle_f32x4::<0xEE>(u[8 + q], u[12 + q]);
+            let outs = [
+                _mm512_shuffle_f32x4::<0x88>(v0, v2),
+                _mm512_shuffle_f32x4::<0xDD>(v0, v2),
+                _mm512_shuffle_f32x4::<0x88>(v1, v3),
+                _mm512_shuffle_f32x4::<0xDD>(v1, v3),
+            ];
+            for (l, &o) in outs.iter().enumerate() {
+                let o = match bias {
+                    Some(b) => _mm512_add_ps(o, b),
+                    None => o,
+                };
+                // Round to nearest even on the bits; NaN made quiet (as `bf16_bits`).
+                let b = _mm512_castps_si512(o);
+                let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(b), lsb);
+                let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(b, _mm512_add_epi32(half, odd)));
+                let nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(b, abs), inf);
+                let bits = _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(_mm512_srli_epi32::<16>(b), quiet));
+                let row = &mut dst[4 * l + q];
+                // SAFETY: the caller checked row.len() >= off + j0 + 16 (32 bytes stored).
+                unsafe { _mm256_storeu_si256(row.as_mut_ptr().add(off + j0).cast(), _mm512_cvtepi32_epi16(bits)) };
+            }
+        }
+    }
 
     /// Rows per microkernel.
     const MR: usize = 6;
@@ -1458,6 +1726,26 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn transpose_round_bf16_matches_the_scalar_rounding() {
+        let (nb, rows, ldc) = (50usize, 37usize, 40usize);
+        let mut c: Vec<f32> = (0..nb * ldc).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 0.0137).collect();
+        (c[3], c[ldc + 5], c[17 * ldc + 20], c[2 * ldc]) = (f32::NAN, f32::INFINITY, -f32::NAN, 1e-40);
+        let bias: Vec<f32> = (0..nb).map(|j| j as f32 * 0.25 - 3.0).collect();
+        for b in [None, Some(&bias[..])] {
+            let mut out = vec![vec![half::bf16::ZERO; nb + 3]; rows];
+            let mut refs: Vec<&mut [half::bf16]> = out.iter_mut().map(|r| &mut r[..]).collect();
+            transpose_round_bf16(&c, ldc, nb, b, &mut refs, 2);
+            for (i, row) in out.iter().enumerate() {
+                for j in 0..nb {
+                    let want = half::bf16::from_f32(c[j * ldc + i] + b.map_or(0.0, |b| b[j]));
+                    let got = row[2 + j];
+                    assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{i} {j}");
+                }
+            }
+        }
+    }
 
     fn lcg(seed: &mut u64) -> f32 {
         *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
