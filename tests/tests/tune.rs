@@ -109,7 +109,13 @@ fn tuning_a_tiny_workload_writes_rows_and_verifies() {
     // Again, for people: nothing left to measure; the table and the regret summary print.
     let (code, out, err) = run(&["tune", "--workload", &s(&w), "--perfdb", &s(&db), "--verify", "--time-cap", "0.1"]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("0 measured, 10 kept from the PerfDB"), "{out}");
+    // Rows usable here are kept; one too noisy to trust (a loaded machine) is measured again.
+    let counts: Vec<u64> = out
+        .split(';')
+        .nth(1)
+        .map(|part| part.split(',').take(2).filter_map(|w| w.split_whitespace().next()?.parse().ok()).collect())
+        .unwrap_or_default();
+    assert!(counts.len() == 2 && counts[0] + counts[1] == 10 && counts[1] >= 5, "{counts:?}: {out}");
     assert!(out.contains("PICKED BY") && out.contains("model-only") && out.contains("perfdb-backed"), "{out}");
     assert!(err.is_empty(), "no progress bar when stderr is not a terminal: {err}");
 }
@@ -174,4 +180,83 @@ fn the_shipped_workloads_are_valid_and_cover_their_buckets() {
         let points = w.points().unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(points.len() >= 20, "{name}: {} points", points.len());
     }
+}
+
+/// Issue 5's loop on this machine: tune, solve from the measurements, gate, serve.
+#[test]
+fn tune_then_solve_then_readiness_then_run_serves_measured_decisions() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let w = write(dir.path(), "w.json", TINY);
+    let db = dir.path().join("db.sqlite");
+    let table = dir.path().join("t.json");
+    let (code, out, err) = run(&["tune", "--workload", &s(&w), "--perfdb", &s(&db), "--time-cap", "0.1"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, err) = run(&["solve", "--workload", &s(&w), "--perfdb", &s(&db), "--out", &s(&table), "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let solved: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert!(solved["header"]["perfdb_digest"].is_string(), "{solved}");
+    let t: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&table).unwrap_or_default()).unwrap_or_else(|e| panic!("{e}"));
+    let measured = t["entries"].as_array().map_or(0, |es| es.iter().filter(|e| e["source"] != "model").count());
+    assert!(measured > 0, "no entry was decided by a measurement: {t}");
+    let (code, out, err) = run(&["readiness-check", "--table", &s(&table), "--workload", &s(&w), "--perfdb", &s(&db)]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("ready"), "{out}");
+    let req = write(
+        dir.path(),
+        "req.json",
+        r#"{"op": "rms_norm", "tensors": {"x": {"dtype": "f32", "shape": [3, 64]}, "weight": {"dtype": "f32", "shape": [64]}}}"#,
+    );
+    let inputs = dir.path().join("in.safetensors");
+    let t = |shape: &[usize]| {
+        layerzero::tensor::HostTensor::from_f32(shape, vec![0.25; shape.iter().product()])
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let map: std::collections::BTreeMap<String, layerzero::tensor::HostTensor> =
+        [("x".to_owned(), t(&[3, 64])), ("weight".to_owned(), t(&[64]))].into();
+    layerzero::tensor::io::write(&inputs, &map).unwrap_or_else(|e| panic!("{e}"));
+    let out_file = dir.path().join("out.safetensors");
+    let (code, out, err) = run(&[
+        "run",
+        "--request",
+        &s(&req),
+        "--inputs",
+        &s(&inputs),
+        "--out",
+        &s(&out_file),
+        "--table",
+        &s(&table),
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let ran: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(ran["source"], "plan", "{ran}");
+}
+
+/// Two `lz tune` processes on one PerfDB at once: both succeed and no row is lost.
+#[test]
+fn two_processes_tuning_at_once_lose_no_rows() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let w = write(dir.path(), "w.json", TINY);
+    let db = dir.path().join("db.sqlite");
+    let spawn = || {
+        lz().args(["tune", "--workload", &s(&w), "--perfdb", &s(&db), "--refresh", "--time-cap", "0.05"])
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let (a, b) = std::thread::scope(|sc| {
+        let a = sc.spawn(spawn);
+        let b = sc.spawn(spawn);
+        (a.join(), b.join())
+    });
+    for out in [a, b] {
+        let out = out.unwrap_or_else(|_| panic!("thread panicked"));
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let opened = PerfDb::open(&db).unwrap_or_else(|e| panic!("{e}"));
+    assert!(opened.recovered.is_none());
+    let stats = opened.db.stats().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(stats.integrity, "ok");
+    // Five buckets x two kernels: every (bucket, kernel) row present once (upserts, no duplicates).
+    assert_eq!(stats.rows, 10);
 }
