@@ -11,7 +11,7 @@
 //! relations), with 1 (bucket 0 is exactly 1) or with capability ranges whose bounds are
 //! bucket edges (a test over the builtin catalog keeps it so).
 
-use std::fmt::{self, Write as _};
+use std::fmt;
 
 use super::axes::{self, MAX_AXES};
 use crate::model::layout::contiguous_strides;
@@ -92,10 +92,12 @@ impl SelectionKey {
             }
             h.word(u64::from(t.strides.is_some()));
         }
-        // Attributes through their Debug form, streamed into the hasher (no allocation):
-        // every field, exact floats. A table whose keys no longer match its requests'
-        // re-derived keys is caught at load, so this form may change between versions.
-        let _ = write!(AttrWriter(&mut h), "{:?}", req.attrs);
+        // Attributes as JSON streamed into the hasher (no allocation; fields in declaration
+        // order, shortest round-trip floats). A table whose keys no longer match its
+        // requests' re-derived keys is caught at load, so this form may change between versions.
+        let mut w = AttrWriter { h: &mut h, word: 0, filled: 0, total: 0 };
+        let _ = serde_json::to_writer(&mut w, &req.attrs);
+        w.finish();
         for &(i, j) in axes::relations(req.op) {
             if i < n && j < n {
                 h.word(perf[i].cmp(&perf[j]) as i8 as u64);
@@ -194,12 +196,39 @@ impl Default for StableHasher {
     }
 }
 
-/// Feeds formatted text into a hasher.
-struct AttrWriter<'a>(&'a mut StableHasher);
+/// Feeds a byte stream into a hasher a word at a time (serde_json writes many tiny pieces).
+struct AttrWriter<'a> {
+    h: &'a mut StableHasher,
+    word: u64,
+    filled: u32,
+    total: u64,
+}
 
-impl fmt::Write for AttrWriter<'_> {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        self.0.bytes(s.as_bytes());
+impl AttrWriter<'_> {
+    fn finish(self) {
+        if self.filled > 0 {
+            self.h.word(self.word);
+        }
+        self.h.word(self.total);
+    }
+}
+
+impl std::io::Write for AttrWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        for &b in buf {
+            self.word |= u64::from(b) << (8 * self.filled);
+            self.filled += 1;
+            if self.filled == 8 {
+                self.h.word(self.word);
+                self.word = 0;
+                self.filled = 0;
+            }
+        }
+        self.total += buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
 }
