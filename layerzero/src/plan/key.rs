@@ -32,6 +32,10 @@ pub struct SelectionKey {
     pub perf: [u64; MAX_AXES],
     /// How many of `perf` are used.
     pub axes: u8,
+    /// The order of the related perf values (seq_q vs seq_k) the validity hash was derived
+    /// with; a key whose `perf` was changed to another order has no buckets (it must be
+    /// derived again), so a reused key can never skip a check that reads that order.
+    pub order: u8,
 }
 
 /// The buckets of a key: one per axis; `None` when a value is outside its anchor's bounds.
@@ -98,17 +102,18 @@ impl SelectionKey {
         let mut w = AttrWriter { h: &mut h, word: 0, filled: 0, total: 0 };
         let _ = serde_json::to_writer(&mut w, &req.attrs);
         w.finish();
-        for &(i, j) in axes::relations(req.op) {
-            if i < n && j < n {
-                h.word(perf[i].cmp(&perf[j]) as i8 as u64);
-            }
-        }
-        SelectionKey { op: req.op, validity: h.finish128(), perf, axes: n as u8 }
+        let order = order_of(req.op, &perf, n);
+        h.word(u64::from(order));
+        SelectionKey { op: req.op, validity: h.finish128(), perf, axes: n as u8, order }
     }
 
-    /// The buckets of the perf values; `None` when one is outside its bounds.
+    /// The buckets of the perf values; `None` when one is outside its bounds or the values'
+    /// order is not the one the key was derived with.
     #[inline]
     pub fn buckets(&self) -> Option<Buckets> {
+        if order_of(self.op, &self.perf, self.axes as usize) != self.order {
+            return None;
+        }
         let mut out = [0u8; MAX_AXES];
         for (i, axis) in axes::axes(self.op).iter().enumerate().take(self.axes as usize) {
             out[i] = axis.anchor.bucket(self.perf[i])?;
@@ -120,6 +125,18 @@ impl SelectionKey {
     pub fn validity_hex(&self) -> String {
         format!("{:032x}", self.validity)
     }
+}
+
+/// The orderings of the related perf values, two bits each.
+#[inline]
+fn order_of(op: Op, perf: &[u64; MAX_AXES], n: usize) -> u8 {
+    let mut order = 0u8;
+    for (k, &(i, j)) in axes::relations(op).iter().enumerate().take(4) {
+        if i < n && j < n {
+            order |= ((perf[i].cmp(&perf[j]) as i8 + 1) as u8) << (2 * k);
+        }
+    }
+    order
 }
 
 impl Buckets {
@@ -291,6 +308,13 @@ mod tests {
         let lt = SelectionKey::derive(&attention(1, 63, 64, true)).validity;
         let gt = SelectionKey::derive(&attention(1, 64, 63, true)).validity;
         assert!(eq != lt && lt != gt && eq != gt);
+    }
+
+    #[test]
+    fn a_reused_key_whose_sequence_order_changed_has_no_bucket() {
+        let k = SelectionKey::derive(&attention(1, 64, 64, true));
+        assert!(SelectionKey { perf: [1, 600, 600], ..k }.buckets().is_some());
+        assert!(SelectionKey { perf: [1, 600, 700], ..k }.buckets().is_none(), "seq_q < seq_k needs its own key");
     }
 
     #[test]
