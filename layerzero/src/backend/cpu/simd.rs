@@ -1684,6 +1684,7 @@ mod x86 {
     ) {
         const TA: usize = super::AMX_A_TILE;
         const TB: usize = super::AMX_B_TILE;
+        const TILE_AHEAD: usize = 2;
         // The checks every tile access below relies on.
         assert!(super::amx_bf16() && mt > 0 && nt > 0 && kt > 0);
         assert!(ldc >= 16 * nt && c.len() >= (16 * mt - 1) * ldc + 16 * nt);
@@ -1742,6 +1743,16 @@ mod x86 {
                 }
                 let (mut a0, mut a1, mut b0, mut b1) = (a_at(i), a_at(i1), b_at(j), b_at(j1));
                 for _ in 0..kt {
+                    // The two B tiles (x, streamed from L3) TILE_AHEAD steps ahead into L1:
+                    // tile registers are not renamed, so a tile load waits for the products
+                    // reading its register, and a miss is not hidden behind them.
+                    for l in 0..16 {
+                        // SAFETY: a prefetch only hints the cache and never faults.
+                        unsafe {
+                            _mm_prefetch::<_MM_HINT_T0>(b0.wrapping_add(TILE_AHEAD * TB + 16 * l).cast());
+                            _mm_prefetch::<_MM_HINT_T0>(b1.wrapping_add(TILE_AHEAD * TB + 16 * l).cast());
+                        }
+                    }
                     // SAFETY: see above (a0..b1 walk the kt tiles of their row or column).
                     unsafe {
                         std::arch::asm!(
