@@ -89,22 +89,6 @@ fn check_perfdb(path: PathBuf) -> PerfDbCheck {
     check
 }
 
-/// Unix seconds as `YYYY-MM-DD HH:MM:SS UTC`.
-fn utc(secs: i64) -> String {
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC", rem / 3600, rem % 3600 / 60, rem % 60)
-}
-
 fn render_perfdb(out: &mut String, c: &PerfDbCheck) {
     let _ = writeln!(out, "\nperfdb:");
     let _ = writeln!(out, "  path           {}", c.path.display());
@@ -122,7 +106,7 @@ fn render_perfdb(out: &mut String, c: &PerfDbCheck) {
         }
         None => {}
         Some(s) => {
-            let last = s.last_tune.map(utc).unwrap_or_else(|| "never".to_owned());
+            let last = s.last_tune.map(render::utc).unwrap_or_else(|| "never".to_owned());
             let _ = writeln!(out, "  rows           {} ({} hardware fingerprints)", s.rows, s.fingerprints);
             let _ = writeln!(out, "  last tune      {last}");
             let _ = writeln!(out, "  integrity      {}", s.integrity);
@@ -307,17 +291,4 @@ pub(super) fn run(catalog: Arc<Catalog>, json: bool, perfdb_path: Option<&Path>)
         print!("{out}");
     }
     Ok(if ok { Outcome::Ok } else { Outcome::CheckFailed })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::utc;
-
-    #[test]
-    fn utc_dates() {
-        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
-        assert_eq!(utc(1_750_000_000), "2025-06-15 15:06:40 UTC");
-        assert_eq!(utc(951_782_400), "2000-02-29 00:00:00 UTC");
-        assert_eq!(utc(-86_400), "1969-12-31 00:00:00 UTC");
-    }
 }

@@ -48,24 +48,8 @@ pub(super) fn measurements(path: Option<&Path>, catalog: &Catalog, hardware: &Ha
     let rows = opened.db.rows_for(&hardware.fingerprint)?;
     let digest = (!rows.is_empty()).then(|| perfdb::digest_rows(&rows));
     let n = rows.len();
-    let m = Measurements::build(rows.iter().map(to_measured), catalog, hardware);
+    let m = Measurements::build(rows.iter().map(Measured::from), catalog, hardware);
     Ok(FromPerfDb { measurements: Some(Arc::new(m)), digest, rows: n, recovered: opened.recovered })
-}
-
-fn to_measured(r: &perfdb::Row) -> Measured {
-    Measured {
-        kernel: r.kernel.clone(),
-        kernel_version: r.kernel_version.clone(),
-        backend_version: r.backend_version.clone(),
-        fingerprint: r.fingerprint.clone(),
-        key: r.key.clone(),
-        bucket: r.bucket.clone(),
-        samples: r.samples,
-        median_ns: r.median_ns,
-        p10_ns: r.p10_ns,
-        p90_ns: r.p90_ns,
-        cv: r.cv,
-    }
 }
 
 /// What `lz solve` was asked to do.
@@ -91,8 +75,11 @@ pub(super) fn solve(a: SolveArgs<'_>, selector: Selector, command: String) -> Re
             None => (selector, None, 0),
         }
     };
-    let table =
-        solve::solve(&workload, &selector, Provenance { perfdb_digest: digest, created_at: now_rfc3339(), command })?;
+    let table = solve::solve(
+        &workload,
+        &selector,
+        Provenance { perfdb_digest: digest, created_at: super::render::rfc3339(perfdb::now_unix()), command },
+    )?;
     write_atomically(a.out, &table.to_json())?;
     let sources = solve::sources(&table);
     if a.json {
@@ -128,25 +115,6 @@ fn write_atomically(path: &Path, text: &str) -> Result<()> {
     std::fs::write(&tmp, text)
         .and_then(|_| std::fs::rename(&tmp, path))
         .map_err(|e| Error::new(ErrorKind::Io, format!("cannot write {}: {e}", path.display())))
-}
-
-/// Now as RFC 3339 UTC (seconds), without a date crate.
-fn now_rfc3339() -> String {
-    let secs = perfdb::now_unix();
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Civil-from-days (proleptic Gregorian), Howard Hinnant's published algorithm.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = if m <= 2 { y + 1 } else { y };
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
 /// One readiness check.

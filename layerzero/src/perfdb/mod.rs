@@ -95,6 +95,25 @@ impl Row {
     }
 }
 
+/// The selection core's view of a row (the core judges versions, hardware and confidence).
+impl From<&Row> for crate::score::measured::Measured {
+    fn from(r: &Row) -> Self {
+        crate::score::measured::Measured {
+            kernel: r.kernel.clone(),
+            kernel_version: r.kernel_version.clone(),
+            backend_version: r.backend_version.clone(),
+            fingerprint: r.fingerprint.clone(),
+            key: r.key.clone(),
+            bucket: r.bucket.clone(),
+            samples: r.samples,
+            median_ns: r.median_ns,
+            p10_ns: r.p10_ns,
+            p90_ns: r.p90_ns,
+            cv: r.cv,
+        }
+    }
+}
+
 /// What the database holds, for `lz doctor`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DbStats {

@@ -47,24 +47,6 @@ pub const REPORT_SCHEMA_VERSION: u32 = 1;
 /// The `origin` of rows `lz tune` writes.
 pub const ORIGIN: &str = "tune";
 
-impl From<&Row> for Measured {
-    fn from(r: &Row) -> Measured {
-        Measured {
-            kernel: r.kernel.clone(),
-            kernel_version: r.kernel_version.clone(),
-            backend_version: r.backend_version.clone(),
-            fingerprint: r.fingerprint.clone(),
-            key: r.key.clone(),
-            bucket: r.bucket.clone(),
-            samples: r.samples,
-            median_ns: r.median_ns,
-            p10_ns: r.p10_ns,
-            p90_ns: r.p90_ns,
-            cv: r.cv,
-        }
-    }
-}
-
 /// The core's snapshot of `rows`, judged against `selector`'s catalog and hardware.
 pub fn measurements(rows: &[Row], selector: &Selector) -> Measurements {
     Measurements::build(rows.iter().map(Measured::from), selector.catalog(), selector.hardware())
