@@ -402,13 +402,19 @@ fn parse_op(name: &str) -> Result<Op> {
     })
 }
 
-/// The selector for `--hardware` (planning) or this host (probed).
+/// The selector for `--hardware` (planning) or this host (probed), under `--policy`, else
+/// `$LAYERZERO_POLICY`, else the default policy.
 fn selector(hardware: Option<&str>, policy: Option<&PathBuf>, catalog: Arc<Catalog>) -> Result<Selector> {
     let from_env = crate::knobs::policy();
     let policy = match policy.or(from_env.as_ref()) {
         Some(p) => load_policy(p)?,
         None => Policy::default(),
     };
+    selector_with(hardware, policy, catalog)
+}
+
+/// The selector for `--hardware` (planning) or this host (probed), under `policy`.
+fn selector_with(hardware: Option<&str>, policy: Policy, catalog: Arc<Catalog>) -> Result<Selector> {
     let policy = Arc::new(policy);
     match hardware {
         Some(h) => Selector::planning(catalog, Arc::new(named::load(h)?), policy),

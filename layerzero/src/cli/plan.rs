@@ -191,9 +191,7 @@ pub(super) fn readiness(a: ReadinessArgs<'_>, catalog: Result<Arc<Catalog>>) -> 
         },
     };
     let selector = match (&catalog, policy) {
-        (Some(c), Some(p)) => match super::selector(None, None, c.clone()).and_then(|s| {
-            Selector::new(c.clone(), Arc::new(s.hardware().clone()), Arc::new(p), Arc::new(s.availability().clone()))
-        }) {
+        (Some(c), Some(p)) => match super::selector_with(None, p, c.clone()) {
             Ok(s) => Some(s),
             Err(e) => {
                 checks.push(fail("policy", e.to_string(), "fix the policy rule named above".into()));

@@ -217,11 +217,7 @@ impl Runtime {
 
     /// The same runtime with a cache of `slots` slots (0 disables caching).
     pub fn with_cache_capacity(mut self, slots: usize) -> Runtime {
-        self.cache = SelectionCache::new(slots.max(1));
-        if slots == 0 {
-            self.context = u64::MAX;
-            self.cache = SelectionCache::new(1);
-        }
+        self.cache = SelectionCache::new(slots);
         self
     }
 
@@ -263,16 +259,7 @@ impl Runtime {
     /// again (the cache context changes); a loaded plan made under another policy is dropped
     /// with `PLAN_POLICY_MISMATCH` (an error in `Strict` mode).
     pub fn set_policy(&mut self, policy: Arc<Policy>) -> Result<()> {
-        let selector = Selector::new(
-            Arc::new(self.selector.catalog().clone()),
-            Arc::new(self.selector.hardware().clone()),
-            policy,
-            Arc::new(self.selector.availability().clone()),
-        )?;
-        let selector = match self.selector.measurements_arc() {
-            Some(m) => selector.with_measurements(m),
-            None => selector,
-        };
+        let selector = self.selector.with_policy(policy)?;
         if let Some(plan) = &self.plan
             && plan.header().policy_hash != selector.policy_hash()
         {

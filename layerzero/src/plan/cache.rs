@@ -28,10 +28,10 @@ pub struct SelectionCache {
 }
 
 impl SelectionCache {
-    /// A cache of `capacity` slots (rounded up to a power of two, at least 1).
+    /// A cache of `capacity` slots (rounded up to a power of two); 0 caches nothing.
     pub fn new(capacity: usize) -> SelectionCache {
-        let n = capacity.max(1).next_power_of_two();
-        SelectionCache { slots: (0..n).map(|_| RwLock::new(None)).collect(), mask: n - 1 }
+        let n = if capacity == 0 { 0 } else { capacity.next_power_of_two() };
+        SelectionCache { slots: (0..n).map(|_| RwLock::new(None)).collect(), mask: n.saturating_sub(1) }
     }
 
     #[inline]
@@ -45,7 +45,7 @@ impl SelectionCache {
     /// The cached selection for (key, context).
     #[inline]
     pub fn get(&self, key: &PlanKey, context: u64) -> Option<Arc<Selection>> {
-        let slot = self.slots[self.index(key, context)].read().unwrap_or_else(|p| p.into_inner());
+        let slot = self.slots.get(self.index(key, context))?.read().unwrap_or_else(|p| p.into_inner());
         match &*slot {
             Some(s) if s.key == *key && s.context == context => Some(s.selection.clone()),
             _ => None,
@@ -54,8 +54,9 @@ impl SelectionCache {
 
     /// Stores a selection, replacing the slot's previous entry.
     pub fn insert(&self, key: PlanKey, context: u64, selection: Arc<Selection>) {
-        let mut slot = self.slots[self.index(&key, context)].write().unwrap_or_else(|p| p.into_inner());
-        *slot = Some(Slot { key, context, selection });
+        if let Some(slot) = self.slots.get(self.index(&key, context)) {
+            *slot.write().unwrap_or_else(|p| p.into_inner()) = Some(Slot { key, context, selection });
+        }
     }
 
     /// Slots in use.
@@ -139,6 +140,14 @@ mod tests {
         }
         assert_eq!(c.capacity(), 8);
         assert!(c.len() <= 8);
+    }
+
+    #[test]
+    fn a_cache_of_zero_slots_caches_nothing() {
+        let c = SelectionCache::new(0);
+        c.insert(key(1), 10, sel("a"));
+        assert!(c.get(&key(1), 10).is_none());
+        assert_eq!(c.capacity(), 0);
     }
 
     #[test]

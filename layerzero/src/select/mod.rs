@@ -101,9 +101,12 @@ impl Selector {
         self.measurements.as_deref()
     }
 
-    /// The shared measurements, if any.
-    pub fn measurements_arc(&self) -> Option<Arc<Measurements>> {
-        self.measurements.clone()
+    /// The same selector under another policy (catalog, hardware, availability and
+    /// measurements shared). Fails when a rule names no kernel of the catalog.
+    pub fn with_policy(&self, policy: Arc<Policy>) -> Result<Selector> {
+        policy.check_against(&self.catalog)?;
+        let policy_hash = policy.hash();
+        Ok(Selector { policy, policy_hash, ..self.clone() })
     }
 
     /// The catalog.
