@@ -48,6 +48,26 @@ impl Setup {
         self.path("t.json")
     }
 
+    /// `lz run --table` of an rms_norm over `tokens` rows of 256.
+    fn run_rms_norm(&self, tokens: usize, table: &str, extra: &[&str]) -> (i32, String, String) {
+        let req = self.path("req.json");
+        let text = format!(
+            r#"{{"op": "rms_norm", "tensors": {{"x": {{"dtype": "f32", "shape": [{tokens}, 256]}}, "weight": {{"dtype": "f32", "shape": [256]}}}}, "attrs": {{"eps": 1e-6}}}}"#
+        );
+        std::fs::write(&req, text).unwrap_or_else(|e| panic!("{e}"));
+        let inputs = self.path("in.safetensors");
+        let t = |shape: &[usize]| {
+            HostTensor::from_f32(shape, vec![0.5; shape.iter().product()]).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let map: BTreeMap<String, HostTensor> =
+            [("x".to_owned(), t(&[tokens, 256])), ("weight".to_owned(), t(&[256]))].into();
+        layerzero::tensor::io::write(Path::new(&inputs), &map).unwrap_or_else(|e| panic!("{e}"));
+        let out = self.path("out.safetensors");
+        let mut args = vec!["run", "--request", &req, "--inputs", &inputs, "--out", &out, "--table", table];
+        args.extend_from_slice(extra);
+        run(&args)
+    }
+
     fn readiness(&self, table: &str) -> (i32, serde_json::Value) {
         let (code, out, err) = run(&[
             "readiness-check",
@@ -88,69 +108,19 @@ fn solve_then_readiness_then_run_serves_from_the_table() {
     assert_eq!(code, 0, "{v}");
     assert_eq!(v["ready"], true);
     // A request inside a bucket (tokens 5 is in 5..8) is served by the table.
-    let req = s.path("req.json");
-    std::fs::write(
-        &req,
-        r#"{"op": "rms_norm", "tensors": {"x": {"dtype": "f32", "shape": [5, 256]}, "weight": {"dtype": "f32", "shape": [256]}}, "attrs": {"eps": 1e-6}}"#,
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let inputs = s.path("in.safetensors");
-    let t = |shape: &[usize]| {
-        HostTensor::from_f32(shape, vec![0.5; shape.iter().product()]).unwrap_or_else(|e| panic!("{e}"))
-    };
-    let map: BTreeMap<String, HostTensor> = [("x".to_owned(), t(&[5, 256])), ("weight".to_owned(), t(&[256]))].into();
-    layerzero::tensor::io::write(Path::new(&inputs), &map).unwrap_or_else(|e| panic!("{e}"));
-    let (code, out, err) = run(&[
-        "run",
-        "--request",
-        &req,
-        "--inputs",
-        &inputs,
-        "--out",
-        &s.path("out.safetensors"),
-        "--table",
-        &table,
-        "--json",
-    ]);
+    let (code, out, err) = s.run_rms_norm(5, &table, &["--json"]);
     assert_eq!(code, 0, "{out}{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert_eq!(v["source"], "plan", "{v}");
     assert_eq!(v["kernel"], "cpu.rms_norm.fast");
     // Outside every bucket of the table: live, with PLAN_BUCKET_MISS.
-    std::fs::write(&req, std::fs::read_to_string(&req).unwrap_or_default().replace("[5, 256]", "[100, 256]"))
-        .unwrap_or_else(|e| panic!("{e}"));
-    let map: BTreeMap<String, HostTensor> = [("x".to_owned(), t(&[100, 256])), ("weight".to_owned(), t(&[256]))].into();
-    layerzero::tensor::io::write(Path::new(&inputs), &map).unwrap_or_else(|e| panic!("{e}"));
-    let (code, out, err) = run(&[
-        "run",
-        "--request",
-        &req,
-        "--inputs",
-        &inputs,
-        "--out",
-        &s.path("out.safetensors"),
-        "--table",
-        &table,
-        "--json",
-    ]);
+    let (code, out, err) = s.run_rms_norm(100, &table, &["--json"]);
     assert_eq!(code, 0, "{out}{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert_eq!(v["source"], "live");
     assert_eq!(v["plan_notes"][0]["code"], "PLAN_BUCKET_MISS", "{v}");
     // Strict plan mode refuses the miss.
-    let (code, _, err) = run(&[
-        "run",
-        "--request",
-        &req,
-        "--inputs",
-        &inputs,
-        "--out",
-        &s.path("out.safetensors"),
-        "--table",
-        &table,
-        "--plan-mode",
-        "strict",
-    ]);
+    let (code, _, err) = s.run_rms_norm(100, &table, &["--plan-mode", "strict"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("PLAN_BUCKET_MISS"), "{err}");
 }

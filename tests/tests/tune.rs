@@ -3,35 +3,11 @@
 
 use std::path::{Path, PathBuf};
 
-use assert_cmd::Command;
 use layerzero::perfdb::PerfDb;
 use layerzero::schema::{SchemaKind, violations};
 use layerzero_tests::repo_root;
 
-/// The `lz` binary; built first when this crate's tests run alone.
-fn lz() -> Command {
-    static BUILT: std::sync::Once = std::sync::Once::new();
-    BUILT.call_once(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let status = std::process::Command::new(cargo)
-            .args(["build", "-q", "-p", "layerzero", "--bin", "lz"])
-            .current_dir(repo_root())
-            .status();
-        assert!(status.is_ok_and(|s| s.success()), "building lz failed");
-    });
-    let mut c = Command::cargo_bin("lz").unwrap_or_else(|e| panic!("{e}"));
-    c.current_dir(repo_root()).env_remove("RUST_BACKTRACE");
-    c
-}
-
-fn run(args: &[&str]) -> (i32, String, String) {
-    let out = lz().args(args).output().unwrap_or_else(|e| panic!("{e}"));
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+use crate::cli::{lz, run};
 
 /// rms_norm at tokens 1, 2 and 3..4 and a small attention at seq 5..8 and 9..16: five
 /// buckets, two CPU kernels each, microseconds per call.
