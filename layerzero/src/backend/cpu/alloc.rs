@@ -67,6 +67,11 @@ impl<T: Copy + Default> Aligned<T> {
         Aligned { buf, off, len }
     }
 
+    /// Elements the window can hold without a new allocation.
+    pub(super) fn capacity(&self) -> usize {
+        self.buf.len() - self.off
+    }
+
     /// Makes the window `len` long: the same allocation when it has room (contents kept,
     /// old elements beyond the previous length unspecified), else new zeros.
     pub(super) fn set_len(&mut self, len: usize) {
