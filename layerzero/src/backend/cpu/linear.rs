@@ -272,15 +272,14 @@ pub(super) fn sgemm(a: F32View, b: F32View, beta: f32, c: &mut [f32], ldc: usize
         return Err(KernelError::Failed("sgemm: an operand view reaches past its data".to_owned()));
     }
     if use_packed(k, n) {
-        for r in 0..m {
-            let row = &mut c[r * ldc..r * ldc + n];
-            if beta == 0.0 {
-                row.fill(0.0);
-            } else if beta != 1.0 {
-                row.iter_mut().for_each(|v| *v *= beta);
+        if beta != 0.0 && beta != 1.0 {
+            for r in 0..m {
+                c[r * ldc..r * ldc + n].iter_mut().for_each(|v| *v *= beta);
             }
         }
-        packed::gemm_acc(a, b, c, ldc);
+        // beta = 0: the first K block overwrites C (never read: NaN in C does not leak, and
+        // the pages of a new output are first touched by the parallel tasks' writes).
+        packed::gemm(a, b, c, ldc, beta != 0.0);
         return Ok(());
     }
     // A dim of one never steps its stride; 0 keeps the arithmetic trivially in range.
@@ -416,9 +415,10 @@ mod packed {
         }
     }
 
-    /// `C += A . B` for f32 views A [m, k], B [k, n] (in bounds, m, k, n > 0) and C's m
-    /// rows of `ldc` at the start of `c` (checked by the caller).
-    pub(super) fn gemm_acc(a: F32View, b: F32View, c: &mut [f32], ldc: usize) {
+    /// `C += A . B` (`accumulate`) or `C = A . B` for f32 views A [m, k], B [k, n] (in
+    /// bounds, m, k, n > 0) and C's m rows of `ldc` at the start of `c` (checked by the
+    /// caller).
+    pub(super) fn gemm(a: F32View, b: F32View, c: &mut [f32], ldc: usize, accumulate: bool) {
         let (m, k, n) = (a.rows, a.cols, b.cols);
         // Tasks: column blocks of whole panels (at most NC wide, about 4 per thread, so that
         // work stealing evens out busy cores), and row blocks too when N is narrow.
@@ -462,7 +462,9 @@ mod packed {
                             let mr = MR.min(i1 - ir);
                             let at = ((r0 + ir) / MR * k + pc) * MR;
                             let at = &ap[at..at + kc * MR];
-                            simd::gemm_tile_packed(kc, at, bq, &mut rows[ir..ir + mr], jr, NR.min(nc - jr));
+                            let tile = &mut rows[ir..ir + mr];
+                            let overwrite = pc == 0 && !accumulate;
+                            simd::gemm_tile_packed(kc, at, bq, tile, jr, NR.min(nc - jr), overwrite);
                         }
                     }
                 }
@@ -1407,7 +1409,7 @@ pub(super) mod tests {
             let ldc = n + 3;
             let mut c = values(m * ldc, 6);
             let mut want = c.clone();
-            packed::gemm_acc(xv, wv, &mut c, ldc);
+            packed::gemm(xv, wv, &mut c, ldc, true);
             for i in 0..m {
                 for j in 0..n {
                     let s: f64 = (0..k).map(|p| f64::from(xa[i * k + p]) * f64::from(wb[j * k + p])).sum();
@@ -1415,7 +1417,20 @@ pub(super) mod tests {
                 }
             }
             for (i, (o, r)) in c.iter().zip(&want).enumerate() {
-                assert!((o - r).abs() <= 1e-5 * (k as f32).sqrt() + 1e-6 * r.abs(), "gemm_acc {m}x{k}x{n} at {i}");
+                assert!((o - r).abs() <= 1e-5 * (k as f32).sqrt() + 1e-6 * r.abs(), "gemm += {m}x{k}x{n} at {i}");
+            }
+            // beta = 0 overwrites: what C held (NaN here) never reaches the result.
+            let mut c = vec![f32::NAN; m * ldc];
+            packed::gemm(xv, wv, &mut c, ldc, false);
+            for i in 0..m {
+                for j in 0..n {
+                    let s: f64 = (0..k).map(|p| f64::from(xa[i * k + p]) * f64::from(wb[j * k + p])).sum();
+                    let o = c[i * ldc + j];
+                    assert!(
+                        (f64::from(o) - s).abs() <= 1e-5 * (k as f64).sqrt(),
+                        "gemm = {m}x{k}x{n} at {i}, {j}: {o}"
+                    );
+                }
             }
         }
     }

@@ -978,18 +978,27 @@ pub(crate) const TILE_MR: usize = 12;
 /// Columns of a [`gemm_tile_packed`] tile (two 16-lane vectors).
 pub(crate) const TILE_NR: usize = 32;
 
-/// `C += A . B` for one tile of up to `TILE_MR` x `TILE_NR`: `a` is a packed A panel
+/// `C (+)= A . B` for one tile of up to `TILE_MR` x `TILE_NR`: `a` is a packed A panel
 /// (`kc` steps of `TILE_MR` row values, `a[p * TILE_MR + i]` = A[i][p]), `b` a packed B
 /// panel (`kc` steps of `TILE_NR` column values, `b[p * TILE_NR + j]` = B[p][j]); `c`
 /// holds the tile's rows (at most `TILE_MR`), updated at columns `j0..j0 + nr`. Rows of
 /// the panels past `c.len()` and columns past `nr` are computed and dropped (pad them with
 /// anything finite or not: lanes are independent). The sums run over p in order, per
-/// element, in registers; C is read and written once.
-pub(crate) fn gemm_tile_packed(kc: usize, a: &[f32], b: &[f32], c: &mut [&mut [f32]], j0: usize, nr: usize) {
+/// element, in registers; C is read and written once, or (`overwrite`) written only.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_tile_packed(
+    kc: usize,
+    a: &[f32],
+    b: &[f32],
+    c: &mut [&mut [f32]],
+    j0: usize,
+    nr: usize,
+    overwrite: bool,
+) {
     assert!(a.len() >= kc * TILE_MR && b.len() >= kc * TILE_NR, "gemm_tile_packed: panels too short");
     assert!(c.len() <= TILE_MR && nr <= TILE_NR, "gemm_tile_packed: tile too large");
     assert!(c.iter().all(|r| r.len() >= j0 + nr), "gemm_tile_packed: C rows too short");
-    if kc == 0 || nr == 0 {
+    if nr == 0 {
         return;
     }
     #[cfg(target_arch = "x86_64")]
@@ -998,7 +1007,7 @@ pub(crate) fn gemm_tile_packed(kc: usize, a: &[f32], b: &[f32], c: &mut [&mut [f
         // SAFETY: AVX-512F was detected on this CPU; the asserts above are the kernel's
         // bounds.
         unsafe {
-            x86::tile_packed_avx512::<TILE_MR, { TILE_NR / 16 }>(kc, a, b, c, j0, nr)
+            x86::tile_packed_avx512::<TILE_MR, { TILE_NR / 16 }>(kc, a, b, c, j0, nr, overwrite)
         };
         return;
     }
@@ -1008,7 +1017,7 @@ pub(crate) fn gemm_tile_packed(kc: usize, a: &[f32], b: &[f32], c: &mut [&mut [f
             for p in 0..kc {
                 s = a[p * TILE_MR + i].mul_add(b[p * TILE_NR + j], s);
             }
-            *out += s;
+            *out = if overwrite { s } else { *out + s };
         }
     }
 }
@@ -1423,13 +1432,14 @@ mod x86 {
         c: &mut [&mut [f32]],
         j0: usize,
         nr: usize,
+        overwrite: bool,
     ) {
         // The bounds every access below relies on.
         assert!(a.len() >= kc * R && b.len() >= kc * NV * 16 && c.len() <= R && nr <= NV * 16);
         assert!(c.iter().all(|r| r.len() >= j0 + nr));
         // C comes from L3 or memory: its lines are requested now and used after the sums.
         for row in c.iter() {
-            if nr > 0 {
+            if nr > 0 && !overwrite {
                 _mm_prefetch::<_MM_HINT_T0>(row[j0..].as_ptr().cast());
                 _mm_prefetch::<_MM_HINT_T0>(row[j0 + nr - 1..].as_ptr().cast());
             }
@@ -1467,7 +1477,8 @@ mod x86 {
                 // (asserted); masked-off lanes are not accessed.
                 unsafe {
                     let p = cp.add(j0 + 16 * v);
-                    _mm512_mask_storeu_ps(p, mk, _mm512_add_ps(_mm512_maskz_loadu_ps(mk, p), x));
+                    let sum = if overwrite { x } else { _mm512_add_ps(_mm512_maskz_loadu_ps(mk, p), x) };
+                    _mm512_mask_storeu_ps(p, mk, sum);
                 }
             }
         }
