@@ -422,6 +422,19 @@ fn sums(x: Src<'_>, k: f32) -> (f64, f64) {
     }
 }
 
+/// `(mean, variance, Σ x²)` of a bf16 row from its unshifted sums ([`simd::sums_bf16_dp`]),
+/// when they are finite and the row is well conditioned: `var = E[x²] - mean²` loses about
+/// `mean² / var` times the sums' relative error (1e-6), so rows whose mean² exceeds 16
+/// variances take the shifted f64 form instead.
+#[inline]
+fn fast_moments(x: Src<'_>, hf: f64) -> Option<(f64, f64, f64)> {
+    let Src::Bf16(v) = x else { return None };
+    let (s, q) = simd::sums_bf16_dp(v)?;
+    let mean = s / hf;
+    let var = q / hf - mean * mean;
+    (mean * mean <= 16.0 * var).then_some((mean, var, q))
+}
+
 /// `1 / sqrt(Σ x² / h + eps)` from the f64 sum of squares (which does not overflow).
 #[inline]
 fn rms_inv(ss: f64, h: usize, eps: f32) -> f32 {
@@ -442,7 +455,10 @@ fn rms_typed<T: Elem>(a: &NormArgs, rows: usize, h: usize, eps: f32) -> Result<O
         // One pass reads the row for Σ x², one reads it again (from cache) and writes.
         let out = fill_typed::<T>(rows * h, h, |start, dst, buf, scratch| {
             let src = row(&x, start, h, buf);
-            let (_, ss) = sums(src, 0.0);
+            let ss = match src {
+                Src::Bf16(v) => simd::sums_bf16_dp(v).map_or_else(|| sums(src, 0.0).1, |(_, q)| q),
+                Src::F32(_) => sums(src, 0.0).1,
+            };
             let inv = rms_inv(ss, h, eps);
             T::store_norm(src, (0.0, 0.0, inv), &w, None, ss.is_finite() && w_finite, dst, scratch);
         });
@@ -492,19 +508,25 @@ fn layer_typed<T: Elem>(a: &NormArgs, rows: usize, h: usize, eps: f32) -> Result
     let x = View::new(&a.x);
     let (hf, eps) = (h as f64, f64::from(eps));
     let out = fill_typed::<T>(rows * h, h, |start, dst, buf, scratch| {
-        // One reading pass: Σ (x - k) and Σ (x - k)² in f64, shifted by the row's first
-        // value k, so the one-pass variance does not cancel even when the mean dwarfs the
-        // spread; then one pass reads the row again (from cache) and writes the output,
-        // with the mean split into two f32 parts so that f32 outputs keep their precision.
+        // One reading pass for the moments: a well-conditioned bf16 row from exact products
+        // summed in f32 blocks (`fast_moments`); any other row as Σ (x - k) and Σ (x - k)²
+        // in f64, shifted by its first value k, so that the one-pass variance does not
+        // cancel even when the mean dwarfs the spread. Then one pass reads the row again
+        // (from cache) and writes the output, with the mean split into two f32 parts so
+        // that f32 outputs keep their precision.
         let src = row(&x, start, h, buf);
-        let k = match src {
-            Src::F32(v) => v[0],
-            Src::Bf16(v) => v[0].to_f32(),
+        let (mean, var, q) = match fast_moments(src, hf) {
+            Some(moments) => moments,
+            None => {
+                let k = match src {
+                    Src::F32(v) => v[0],
+                    Src::Bf16(v) => v[0].to_f32(),
+                };
+                let (s, q) = sums(src, k);
+                let m = s / hf;
+                (f64::from(k) + m, q / hf - m * m, q)
+            }
         };
-        let (s, q) = sums(src, k);
-        let m = s / hf;
-        let mean = f64::from(k) + m;
-        let var = q / hf - m * m;
         // (`max` would turn the NaN of a row with an infinity into 0.)
         let var = if var < 0.0 { 0.0 } else { var };
         let inv = (1.0 / (var + eps).sqrt()) as f32;

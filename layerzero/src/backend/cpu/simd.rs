@@ -351,6 +351,38 @@ multiversion! {
     fn shifted_sums_bf16(x: &[half::bf16], k: f32) -> (f64, f64) => shifted_sums_bf16_impl;
 }
 
+/// True when the CPU has AVX512_BF16 (and AVX-512 is the level in use).
+pub(crate) fn avx512_bf16() -> bool {
+    static BF16: OnceLock<bool> = OnceLock::new();
+    *BF16.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            level() == Level::Avx512 && is_x86_feature_detected!("avx512bf16") && is_x86_feature_detected!("avx512bw")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
+/// `(Σ x, Σ x²)` of a bf16 row from exact bf16 products (AVX512_BF16 `vdpbf16ps`, which
+/// sums pairs in f32), in f32 within blocks of 512 elements and f64 across them: about
+/// 16 f32 roundings per lane and block, a relative error near 1e-6 of Σ x². `None` where
+/// the instruction is missing or a block's sums are not finite (values past 1e19, or
+/// infinities and NaN: the caller's f64 form handles those rows).
+pub(crate) fn sums_bf16_dp(x: &[half::bf16]) -> Option<(f64, f64)> {
+    #[cfg(target_arch = "x86_64")]
+    if avx512_bf16() {
+        #[allow(unsafe_code)]
+        // SAFETY: AVX-512F/BW and AVX512_BF16 were detected; the kernel reads `x` only.
+        let (s, q) = unsafe { x86::sums_bf16_dp(x) };
+        return (s.is_finite() && q.is_finite()).then_some((s, q));
+    }
+    let _ = x;
+    None
+}
+
 /// `out[i] = round(((x[i] - hi) - lo) * inv * w[i] (+ b[i]))`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -1090,6 +1122,52 @@ mod x86 {
             // SAFETY: the caller checked row.len() >= off + j0 + 16 (32 bytes stored).
             unsafe { _mm256_storeu_si256(row.as_mut_ptr().add(off + j0).cast(), _mm512_cvtepi32_epi16(bits)) };
         }
+    }
+
+    /// [`super::sums_bf16_dp`] on this CPU.
+    #[allow(unsafe_code)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub(super) fn sums_bf16_dp(x: &[half::bf16]) -> (f64, f64) {
+        const BLOCK: usize = 512;
+        let bits: &[u16] = half::slice::HalfFloatSliceExt::reinterpret_cast(x);
+        // SAFETY: `__m512i` and `__m512bh` are both 512-bit vectors of plain bits.
+        let bh = |v: __m512i| -> __m512bh { unsafe { std::mem::transmute(v) } };
+        // bf16 1.0 in every element: x . 1 sums the pairs.
+        let ones = bh(_mm512_set1_epi16(0x3f80));
+        // f64 sums of the blocks, 8 lanes each (reduced once at the end).
+        let (mut s, mut q) = (_mm512_setzero_pd(), _mm512_setzero_pd());
+        let widen = |acc: __m512d, v: __m512| {
+            let lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+            let hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))));
+            _mm512_add_pd(acc, _mm512_add_pd(lo, hi))
+        };
+        for blk in bits.chunks(BLOCK) {
+            let (mut s0, mut q0, mut s1, mut q1) =
+                (_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps());
+            let (pairs, tail) = blk.as_chunks::<64>();
+            for p in pairs {
+                // SAFETY: `p` is 64 elements (128 bytes): two unaligned 64-byte loads.
+                let (a, b) =
+                    unsafe { (_mm512_loadu_si512(p.as_ptr().cast()), _mm512_loadu_si512(p.as_ptr().add(32).cast())) };
+                let (a, b) = (bh(a), bh(b));
+                s0 = _mm512_dpbf16_ps(s0, a, ones);
+                q0 = _mm512_dpbf16_ps(q0, a, a);
+                s1 = _mm512_dpbf16_ps(s1, b, ones);
+                q1 = _mm512_dpbf16_ps(q1, b, b);
+            }
+            for piece in tail.chunks(32) {
+                // Masked: elements past the row read as zero.
+                let mask: u32 = if piece.len() == 32 { u32::MAX } else { (1u32 << piece.len()) - 1 };
+                // SAFETY: the mask keeps the load inside `piece`.
+                let a = unsafe { _mm512_maskz_loadu_epi16(mask, piece.as_ptr().cast()) };
+                let a = bh(a);
+                s0 = _mm512_dpbf16_ps(s0, a, ones);
+                q0 = _mm512_dpbf16_ps(q0, a, a);
+            }
+            s = widen(s, _mm512_add_ps(s0, s1));
+            q = widen(q, _mm512_add_ps(q0, q1));
+        }
+        (_mm512_reduce_add_pd(s), _mm512_reduce_add_pd(q))
     }
 
     /// The 16 x 16 transpose of 32-bit lanes: `out[i]` lane `j` is `r[j]` lane `i`.
@@ -2156,5 +2234,27 @@ mod tests {
         assert_eq!(y[2], 5.0);
         scale(&mut y, 0.5);
         assert_eq!(y[2], 2.5);
+    }
+
+    #[test]
+    fn bf16_dot_sums_match_f64_sums_or_decline() {
+        if !avx512_bf16() {
+            assert!(sums_bf16_dp(&[half::bf16::ONE]).is_none());
+            return;
+        }
+        let mut seed = 5;
+        // Lengths around the 64-element steps, the 32-element tail and the 512 blocks.
+        for n in [1usize, 31, 32, 33, 63, 64, 65, 511, 512, 513, 4096 + 37] {
+            let x: Vec<half::bf16> = (0..n).map(|_| half::bf16::from_f32(lcg(&mut seed) * 3.0 + 0.5)).collect();
+            let (s, q) = sums_bf16_dp(&x).expect("finite row");
+            let ws: f64 = x.iter().map(|v| f64::from(v.to_f32())).sum();
+            let wq: f64 = x.iter().map(|v| f64::from(v.to_f32()).powi(2)).sum();
+            assert!((s - ws).abs() <= 1e-5 * wq.sqrt() * (n as f64).sqrt() + 1e-9, "n {n}: {s} vs {ws}");
+            assert!((q - wq).abs() <= 2e-6 * wq, "n {n}: {q} vs {wq}");
+        }
+        // Squares past f32 and non-finite values are left to the f64 form.
+        assert!(sums_bf16_dp(&[half::bf16::from_f32(1e30); 3]).is_none());
+        assert!(sums_bf16_dp(&[half::bf16::ONE, half::bf16::NAN]).is_none());
+        assert_eq!(sums_bf16_dp(&[]), Some((0.0, 0.0)));
     }
 }
