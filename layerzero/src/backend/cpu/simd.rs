@@ -1468,32 +1468,9 @@ mod x86 {
             // SAFETY: row j < 16 of the block, 16 floats at j lds (asserted).
             unsafe { _mm512_loadu_ps(src.as_ptr().add(j * lds)) }
         });
-        // As in `transpose_round_bf16_16x16`: u[4g + q], lane L, holds output row 4L + q at
-        // columns 4g..4g + 4.
-        let t: [__m512; 16] = std::array::from_fn(|k| {
-            let (a, b) = (r[k & !1], r[k | 1]);
-            if k % 2 == 0 { _mm512_unpacklo_ps(a, b) } else { _mm512_unpackhi_ps(a, b) }
-        });
-        let u: [__m512; 16] = std::array::from_fn(|k| {
-            let (g, q) = (k / 4, k % 4);
-            let (a, b) = (_mm512_castps_pd(t[4 * g + q / 2]), _mm512_castps_pd(t[4 * g + 2 + q / 2]));
-            _mm512_castpd_ps(if q % 2 == 0 { _mm512_unpacklo_pd(a, b) } else { _mm512_unpackhi_pd(a, b) })
-        });
-        for q in 0..4 {
-            let v0 = _mm512_shuffle_f32x4::<0x44>(u[q], u[4 + q]);
-            let v1 = _mm512_shuffle_f32x4::<0xEE>(u[q], u[4 + q]);
-            let v2 = _mm512_shuffle_f32x4::<0x44>(u[8 + q], u[12 + q]);
-            let v3 = _mm512_shuffle_f32x4::<0xEE>(u[8 + q], u[12 + q]);
-            let outs = [
-                _mm512_shuffle_f32x4::<0x88>(v0, v2),
-                _mm512_shuffle_f32x4::<0xDD>(v0, v2),
-                _mm512_shuffle_f32x4::<0x88>(v1, v3),
-                _mm512_shuffle_f32x4::<0xDD>(v1, v3),
-            ];
-            for (l, &o) in outs.iter().enumerate() {
-                // SAFETY: output row 4 l + q < 16, 16 floats at (4 l + q) ldd (asserted).
-                unsafe { _mm512_storeu_ps(dst.as_mut_ptr().add((4 * l + q) * ldd), o) };
-            }
+        for (i, &row) in transpose16(r).iter().enumerate() {
+            // SAFETY: output row i < 16, 16 floats at i ldd (asserted).
+            unsafe { _mm512_storeu_ps(dst.as_mut_ptr().add(i * ldd), row) };
         }
     }
 
