@@ -21,6 +21,27 @@ pub fn repo_root() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(|p| p.to_path_buf()).unwrap_or_default()
 }
 
+/// The `lz` binary, run in the repository root with no `LAYERZERO_*` knob or
+/// `RUST_BACKTRACE` inherited from the caller; built first when this crate's tests run alone
+/// (`cargo test -p layerzero-tests`).
+pub fn lz() -> assert_cmd::Command {
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    BUILT.call_once(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let status = std::process::Command::new(cargo)
+            .args(["build", "-q", "-p", "layerzero", "--bin", "lz"])
+            .current_dir(repo_root())
+            .status();
+        assert!(status.is_ok_and(|s| s.success()), "building lz failed");
+    });
+    let mut c = assert_cmd::Command::cargo_bin("lz").unwrap_or_else(|e| panic!("{e}"));
+    c.current_dir(repo_root()).env_remove("RUST_BACKTRACE");
+    for k in layerzero::knobs::all() {
+        c.env_remove(k.name);
+    }
+    c
+}
+
 /// Dense attention [batch, seq, heads, head_dim] in BSHD, no attributes set.
 pub fn attention(
     dtype: DType,

@@ -1,24 +1,9 @@
 //! The `lz` CLI: exit codes 0/1/2, schema-valid --json, one-line errors, never a panic.
 
-use assert_cmd::Command;
 use layerzero::schema::{SchemaKind, violations};
 use layerzero_tests::repo_root;
 
-/// The `lz` binary; built first when this crate's tests run alone (`cargo test -p layerzero-tests`).
-pub(crate) fn lz() -> Command {
-    static BUILT: std::sync::Once = std::sync::Once::new();
-    BUILT.call_once(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let status = std::process::Command::new(cargo)
-            .args(["build", "-q", "-p", "layerzero", "--bin", "lz"])
-            .current_dir(repo_root())
-            .status();
-        assert!(status.is_ok_and(|s| s.success()), "building lz failed");
-    });
-    let mut c = Command::cargo_bin("lz").unwrap_or_else(|e| panic!("{e}"));
-    c.current_dir(repo_root()).env_remove("RUST_BACKTRACE");
-    c
-}
+pub(crate) use layerzero_tests::lz;
 
 fn example(name: &str) -> String {
     repo_root().join("examples/requests").join(name).display().to_string()

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use assert_cmd::Command;
 use layerzero::perfdb::{PerfDb, Row, SCHEMA_VERSION, digest_rows};
 use layerzero::schema::{SchemaKind, violations};
-use layerzero_tests::repo_root;
+use layerzero_tests::lz;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -147,25 +147,6 @@ fn processes_writing_at_once_lose_nothing() -> TestResult {
     }
     assert_eq!(opened.db.stats()?.integrity, "ok");
     Ok(())
-}
-
-/// The `lz` binary; built first when this test runs alone.
-fn lz() -> Command {
-    static BUILT: std::sync::Once = std::sync::Once::new();
-    BUILT.call_once(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let status = std::process::Command::new(cargo)
-            .args(["build", "-q", "-p", "layerzero", "--bin", "lz"])
-            .current_dir(repo_root())
-            .status();
-        assert!(status.is_ok_and(|s| s.success()), "building lz failed");
-    });
-    let mut c = Command::cargo_bin("lz").unwrap_or_else(|e| panic!("{e}"));
-    c.current_dir(repo_root()).env_remove("RUST_BACKTRACE");
-    for k in layerzero::knobs::all() {
-        c.env_remove(k.name);
-    }
-    c
 }
 
 fn doctor_json(

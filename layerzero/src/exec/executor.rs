@@ -20,6 +20,15 @@ pub enum KernelError {
     Failed(String),
 }
 
+/// The message of a caught panic (`catch_unwind`'s payload), or "unknown panic".
+pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_owned())
+}
+
 /// Runs one kernel.
 pub trait Executor: Send + Sync {
     /// Computes the outputs for `args`.

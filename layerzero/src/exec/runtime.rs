@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::args::{OpArgs, Outputs};
-use super::executor::{KernelError, Registry};
+use super::executor::{KernelError, Registry, panic_text};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::dtype::DType;
 use crate::model::layout::Layout;
@@ -494,11 +494,7 @@ impl Runtime {
             }
             Ok(Err(e)) => Err(Reason::new(ReasonCode::KERNEL_FAILED, format!("{}: {e}", sel.kernel))),
             Err(payload) => {
-                let msg = payload
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| payload.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".to_owned());
+                let msg = panic_text(payload.as_ref());
                 Err(Reason::new(ReasonCode::KERNEL_FAILED, format!("{} panicked: {msg}", sel.kernel)))
             }
         };

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::exec::args::{OpArgs, Outputs};
-use crate::exec::executor::{Executor, KernelError};
+use crate::exec::executor::{Executor, KernelError, panic_text};
 use crate::perfdb::stats::{self, Summary};
 
 /// The knobs of the protocol.
@@ -350,14 +350,7 @@ fn call(exec: &dyn Executor, args: &OpArgs) -> Result<Outputs, Failure> {
     match catch_unwind(AssertUnwindSafe(|| exec.run(args))) {
         Ok(Ok(out)) => Ok(out),
         Ok(Err(e)) => Err(Failure { message: kernel_error(&e) }),
-        Err(payload) => {
-            let msg = payload
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".to_owned());
-            Err(Failure { message: format!("panicked: {msg}") })
-        }
+        Err(payload) => Err(Failure { message: format!("panicked: {}", panic_text(payload.as_ref())) }),
     }
 }
 

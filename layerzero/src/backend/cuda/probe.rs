@@ -37,6 +37,7 @@ use std::panic::{self, AssertUnwindSafe};
 use cudarc::driver::CudaContext;
 use cudarc::driver::sys::CUdevice_attribute;
 
+use crate::exec::executor::panic_text;
 use crate::hardware::profile::{ComputeCapability, CpuFeatures, DeviceProfile};
 use crate::model::device::DeviceKind;
 use crate::model::dtype::DType;
@@ -170,14 +171,6 @@ fn read_device(ordinal: usize, notes: &mut Vec<String>) -> Result<DeviceProfile,
         compute_units: sms,
         peak_tflops: peak,
     })
-}
-
-/// Text of a caught panic payload.
-fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".to_owned())
 }
 
 /// The NVIDIA GPUs of this host with notes on what was estimated or skipped. `Err(reason)`
