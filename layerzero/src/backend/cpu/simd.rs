@@ -727,10 +727,7 @@ pub(crate) fn amx_bf16() -> bool {
             let cpu = raw_cpuid::CpuId::new()
                 .get_extended_feature_info()
                 .is_some_and(|f| f.has_amx_tile() && f.has_amx_bf16());
-            level() == Level::Avx512
-                && cpu
-                && is_x86_feature_detected!("avx512bf16")
-                && is_x86_feature_detected!("avx512bw")
+            cpu && avx512_bf16()
                 && is_x86_feature_detected!("avx512vl")
                 && std::env::var("LZ_CPU_SIMD").map_or(true, |v| v != "noamx")
                 && x86::request_amx()
@@ -1668,6 +1665,39 @@ mod x86 {
         TileConfig(c)
     }
 
+    /// Accumulators tmm0-3 for one block of C: with `acc`, loaded from the four 16 x 16
+    /// f32 blocks at `c` (rows `sc` bytes apart), else zeros.
+    ///
+    /// # Safety
+    /// The tile configuration is loaded (16 rows of 64 bytes per tile) and, with `acc`,
+    /// each of the four blocks is 16 readable rows of 16 floats, `sc` bytes apart.
+    #[allow(unsafe_code)]
+    #[inline(always)]
+    unsafe fn start_c(acc: bool, c: [*mut f32; 4], sc: usize) {
+        // SAFETY: the caller's contract above.
+        unsafe {
+            if acc {
+                std::arch::asm!(
+                    "tileloadd tmm0, [{c0} + {sc}*1]",
+                    "tileloadd tmm1, [{c1} + {sc}*1]",
+                    "tileloadd tmm2, [{c2} + {sc}*1]",
+                    "tileloadd tmm3, [{c3} + {sc}*1]",
+                    c0 = in(reg) c[0], c1 = in(reg) c[1], c2 = in(reg) c[2], c3 = in(reg) c[3],
+                    sc = in(reg) sc,
+                    options(nostack, readonly)
+                );
+            } else {
+                std::arch::asm!(
+                    "tilezero tmm0",
+                    "tilezero tmm1",
+                    "tilezero tmm2",
+                    "tilezero tmm3",
+                    options(nostack, nomem)
+                );
+            }
+        }
+    }
+
     /// [`super::gemm_amx_bf16`] after its checks: C blocks of 32 x 32 (tmm0-3) from A
     /// tiles (tmm4-5, 16 rows x 32 bf16) and B tiles (tmm6-7, 16 pair rows x 16 columns),
     /// 16 x 16 blocks at the edges.
@@ -1715,31 +1745,14 @@ mod x86 {
             let mut j = 0;
             while j < n {
                 let two_c = j + 32 <= n;
+                let blocks = [
+                    c_at(r, j),
+                    if two_c { c_at(r, j + 16) } else { c_at(r, j) },
+                    if two_r { c_at(r + 16, j) } else { c_at(r, j) },
+                    if two_r && two_c { c_at(r + 16, j + 16) } else { c_at(r, j) },
+                ];
                 // SAFETY: see above.
-                unsafe {
-                    if acc {
-                        std::arch::asm!(
-                            "tileloadd tmm0, [{c0} + {sc}*1]",
-                            "tileloadd tmm1, [{c1} + {sc}*1]",
-                            "tileloadd tmm2, [{c2} + {sc}*1]",
-                            "tileloadd tmm3, [{c3} + {sc}*1]",
-                            c0 = in(reg) c_at(r, j),
-                            c1 = in(reg) if two_c { c_at(r, j + 16) } else { c_at(r, j) },
-                            c2 = in(reg) if two_r { c_at(r + 16, j) } else { c_at(r, j) },
-                            c3 = in(reg) if two_r && two_c { c_at(r + 16, j + 16) } else { c_at(r, j) },
-                            sc = in(reg) sc,
-                            options(nostack, readonly)
-                        );
-                    } else {
-                        std::arch::asm!(
-                            "tilezero tmm0",
-                            "tilezero tmm1",
-                            "tilezero tmm2",
-                            "tilezero tmm3",
-                            options(nostack, nomem)
-                        );
-                    }
-                }
+                unsafe { start_c(acc, blocks, sc) };
                 let mut p = 0;
                 while p < k2 {
                     let (a0, b0) = (a_at(r, p), b_at(p, j));
@@ -1867,28 +1880,7 @@ mod x86 {
                 // Edge blocks load and store their single tiles twice (same addresses).
                 let (i1, j1) = (if two_r { i + 1 } else { i }, if two_c { j + 1 } else { j });
                 // SAFETY: see above.
-                unsafe {
-                    if acc {
-                        std::arch::asm!(
-                            "tileloadd tmm0, [{c0} + {sc}*1]",
-                            "tileloadd tmm1, [{c1} + {sc}*1]",
-                            "tileloadd tmm2, [{c2} + {sc}*1]",
-                            "tileloadd tmm3, [{c3} + {sc}*1]",
-                            c0 = in(reg) c_at(i, j), c1 = in(reg) c_at(i, j1),
-                            c2 = in(reg) c_at(i1, j), c3 = in(reg) c_at(i1, j1),
-                            sc = in(reg) sc,
-                            options(nostack, readonly)
-                        );
-                    } else {
-                        std::arch::asm!(
-                            "tilezero tmm0",
-                            "tilezero tmm1",
-                            "tilezero tmm2",
-                            "tilezero tmm3",
-                            options(nostack, nomem)
-                        );
-                    }
-                }
+                unsafe { start_c(acc, [c_at(i, j), c_at(i, j1), c_at(i1, j), c_at(i1, j1)], sc) };
                 let (mut a0, mut a1, mut b0, mut b1) = (a_at(i), a_at(i1), b_at(j), b_at(j1));
                 // SAFETY: see above (a0..b1 walk the kt tiles of their row or column).
                 unsafe {
@@ -1921,8 +1913,9 @@ mod x86 {
                     }
                     (a0, a1, b0, b1) =
                         (a0.wrapping_add(TA), a1.wrapping_add(TA), b0.wrapping_add(TB), b1.wrapping_add(TB));
-                    // The two B tiles TILE_AHEAD steps ahead into L1: without it, tile loads
-                    // wait on L2 and the products ran up to 2.5x slower (measured).
+                    // The two B tiles TILE_AHEAD steps ahead into L1 (a microbenchmark on
+                    // L2-resident tiles ran up to 2.5x slower without; inside the linear GEMM,
+                    // where the B pair is reused across row tiles, it measured within noise).
                     for l in 0..16 {
                         // SAFETY: a prefetch only hints the cache and never faults.
                         unsafe {
