@@ -1,6 +1,7 @@
 //! The one public error type: opaque, with a kind and the reasons behind it.
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::reason::Reason;
 
@@ -16,6 +17,9 @@ pub enum ErrorKind {
     Schema,
     /// No kernel qualifies for the request; `reasons()` lists why, per candidate.
     NoKernel,
+    /// Kernels qualified, but every eligible one failed when it ran; `reasons()` lists each
+    /// attempt and why it failed.
+    KernelFailed,
     /// A policy lock names a kernel that is not eligible; `reasons()` lists why.
     LockViolation,
     /// A named hardware profile does not exist.
@@ -29,11 +33,19 @@ pub struct Error {
     kind: ErrorKind,
     message: String,
     reasons: Vec<Reason>,
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
 }
 
 impl Error {
     pub(crate) fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
-        Error { kind, message: message.into(), reasons: Vec::new() }
+        Error { kind, message: message.into(), reasons: Vec::new(), source: None }
+    }
+
+    /// The same error caused by `source` (an I/O, SQLite or library error), which
+    /// [`std::error::Error::source`] returns.
+    pub(crate) fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Error {
+        self.source = Some(Arc::new(source));
+        self
     }
 
     pub(crate) fn with_reasons(mut self, reasons: Vec<Reason>) -> Error {
@@ -73,7 +85,11 @@ impl fmt::Display for Error {
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source.as_deref().map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
 
 /// Result with LayerZero's error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

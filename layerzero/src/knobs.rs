@@ -44,9 +44,13 @@ impl KnobType {
 /// A parsed knob value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KnobValue {
+    /// A path.
     Path(PathBuf),
+    /// A boolean.
     Bool(bool),
+    /// An unsigned integer.
     U64(u64),
+    /// Free text.
     String(String),
     /// One of the type's words (lower case).
     Enum(&'static str),
@@ -57,6 +61,7 @@ pub enum KnobValue {
 pub struct Knob {
     /// The variable, `LAYERZERO_...`.
     pub name: &'static str,
+    /// Its type.
     pub ty: KnobType,
     /// The default, as text (a description where it is computed, e.g. a folder).
     pub default: &'static str,
@@ -219,9 +224,13 @@ impl Knob {
 /// A knob with its current value, for reports.
 #[derive(Debug, Clone, Serialize)]
 pub struct KnobReport {
+    /// The variable.
     pub name: &'static str,
+    /// Its type, as text.
     pub r#type: String,
+    /// Its default, as text.
     pub default: &'static str,
+    /// What it does.
     pub doc: &'static str,
     /// The raw value set in the environment, if any.
     pub current: Option<String>,
@@ -280,7 +289,7 @@ pub fn perfdb_path() -> PathBuf {
     perfdb_path_in(&process_env)
 }
 
-pub use crate::exec::runtime::PlanMode;
+pub use crate::runtime::PlanMode;
 
 /// `LAYERZERO_PLAN_MODE` in `env` (default `prefer`).
 pub fn plan_mode_in(env: Lookup<'_>) -> Result<PlanMode> {

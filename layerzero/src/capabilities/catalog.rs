@@ -52,14 +52,14 @@ impl Catalog {
     /// Every `*.json` file directly in `dir` (hardware profiles live in a subfolder).
     pub fn load_dir(dir: &Path) -> Result<Catalog> {
         let entries = std::fs::read_dir(dir).map_err(|e| {
-            Error::new(ErrorKind::Io, format!("cannot read capabilities folder {}: {e}", dir.display()))
+            Error::new(ErrorKind::Io, format!("cannot read capabilities folder {}: {e}", dir.display())).with_source(e)
         })?;
         let mut files = Vec::new();
         for entry in entries {
-            let path = entry.map_err(|e| Error::new(ErrorKind::Io, format!("{}: {e}", dir.display())))?.path();
+            let path = entry.map_err(|e| Error::new(ErrorKind::Io, format!("{}: {e}", dir.display())).with_source(e))?.path();
             if path.extension().is_some_and(|e| e == "json") && path.is_file() {
                 let text = std::fs::read_to_string(&path)
-                    .map_err(|e| Error::new(ErrorKind::Io, format!("cannot read {}: {e}", path.display())))?;
+                    .map_err(|e| Error::new(ErrorKind::Io, format!("cannot read {}: {e}", path.display())).with_source(e))?;
                 files.push((path.display().to_string(), text));
             }
         }

@@ -198,7 +198,7 @@ plan:"
 pub(super) fn run(catalog: Arc<Catalog>, json: bool, perfdb_path: Option<&Path>) -> Result<Outcome> {
     let detection = detect::detect_host();
     let host = Arc::new(detection.profile);
-    let availability = Arc::new(Availability::probe_host(&catalog, &host, &[]));
+    let availability = Arc::new(Availability::probe_host(&catalog, &host));
     let files = super::validate::shipped_results();
     let files_ok = files.iter().all(|(_, _, e)| e.is_empty());
     let selector = Selector::new(catalog.clone(), host.clone(), Arc::new(Policy::default()), availability.clone())?;

@@ -138,7 +138,7 @@ struct RunCmd {
     /// How to use the table: prefer (live on a miss or mismatch), strict (refuse), off.
     /// Default: $LAYERZERO_PLAN_MODE, else prefer.
     #[arg(long, value_name = "MODE")]
-    plan_mode: Option<crate::exec::runtime::PlanMode>,
+    plan_mode: Option<crate::runtime::PlanMode>,
     #[command(flatten)]
     catalog: CatalogArg,
     /// Machine-readable output.
@@ -420,7 +420,7 @@ fn selector_with(hardware: Option<&str>, policy: Policy, catalog: Arc<Catalog>) 
         Some(h) => Selector::planning(catalog, Arc::new(named::load(h)?), policy),
         None => {
             let host = Arc::new(detect::detect_host().profile);
-            let availability = Arc::new(Availability::probe_host(&catalog, &host, &[]));
+            let availability = Arc::new(Availability::probe_host(&catalog, &host));
             Selector::new(catalog, host, policy, availability)
         }
     }

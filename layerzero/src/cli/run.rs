@@ -9,11 +9,8 @@ use super::{Outcome, print_json, render};
 use crate::capabilities::catalog::Catalog;
 use crate::error::{Error, Result};
 use crate::exec::args::OpArgs;
-use crate::exec::executor::Registry;
-use crate::exec::runtime::{PlanMode, Runtime};
-use crate::hardware::detect;
 use crate::policy::{Action, Policy, Rule, When};
-use crate::select::{Availability, Selector};
+use crate::runtime::{LayerZero, PlanMode, SelectionSource};
 use crate::tensor::io;
 
 /// What `lz run` was asked to do.
@@ -46,19 +43,14 @@ pub(super) fn run(a: RunArgs<'_>, catalog: Arc<Catalog>) -> Result<Outcome> {
             .rules
             .insert(0, Rule { action: Action::Lock, kernels: k.to_owned(), factor: None, when: When::default() });
     }
-    let host = Arc::new(detect::detect_host().profile);
-    let registry = Registry::builtin();
-    let registered: Vec<&str> = Vec::new();
-    let availability = Arc::new(Availability::probe_host(&catalog, &host, &registered));
-    let selector = Selector::new(catalog, host, Arc::new(policy), availability)?;
     let slots = usize::try_from(crate::knobs::cache_capacity()?).unwrap_or(usize::MAX);
-    let mut runtime = Runtime::new(selector, registry).with_cache_capacity(slots);
+    let mut runtime = LayerZero::detected_with(catalog)?
+        .with_policy(policy)?
+        .with_cache_capacity(slots)
+        // `lz run` reports NaN/Inf inputs; serving handles skip the scan.
+        .with_input_check(true);
     if let Some(path) = a.table {
-        runtime = match crate::plan::table::DispatchTable::read(path) {
-            Ok(table) => runtime.with_plan(&table, a.plan_mode)?,
-            Err(rejected) if a.plan_mode == PlanMode::Strict => return Err(rejected.error),
-            Err(rejected) => runtime.with_plan_rejection(rejected.reason, a.plan_mode)?,
-        };
+        runtime = runtime.with_plan_file(path, a.plan_mode)?;
     }
     let dispatch = runtime.dispatch(&args)?;
     let mut timing = None;
@@ -66,7 +58,7 @@ pub(super) fn run(a: RunArgs<'_>, catalog: Arc<Catalog>) -> Result<Outcome> {
         let mut ns = Vec::with_capacity(a.repeat);
         for _ in 0..a.repeat {
             let t = Instant::now();
-            runtime.run_selection(&dispatch.selection, &args)?;
+            runtime.run_selection(dispatch.selection(), &args)?;
             ns.push(t.elapsed().as_nanos() as f64);
         }
         ns.sort_by(f64::total_cmp);
@@ -79,7 +71,7 @@ pub(super) fn run(a: RunArgs<'_>, catalog: Arc<Catalog>) -> Result<Outcome> {
     }
     let outputs: BTreeMap<String, _> = dispatch.outputs.clone();
     io::write(a.out, &outputs)?;
-    let sel = &dispatch.selection;
+    let sel = dispatch.selection();
     if a.json {
         let outs: serde_json::Map<String, serde_json::Value> = outputs
             .iter()
@@ -91,7 +83,7 @@ pub(super) fn run(a: RunArgs<'_>, catalog: Arc<Catalog>) -> Result<Outcome> {
             "source": dispatch.source,
             "plan_notes": dispatch.notes,
             "fell_back": dispatch.fell_back(),
-            "attempts": dispatch.attempts,
+            "attempts": dispatch.attempts(),
             "transforms": sel.transforms,
             "score": sel.score,
             "input_flags": dispatch.input_flags,
@@ -105,15 +97,15 @@ pub(super) fn run(a: RunArgs<'_>, catalog: Arc<Catalog>) -> Result<Outcome> {
             sel.kernel,
             sel.backend,
             match dispatch.source {
-                crate::exec::runtime::SelectionSource::Plan => "dispatch table",
-                crate::exec::runtime::SelectionSource::Cache => "selection cache",
-                crate::exec::runtime::SelectionSource::Live => "live selection",
+                SelectionSource::Plan => "dispatch table",
+                SelectionSource::Cache => "selection cache",
+                SelectionSource::Live => "live selection",
             }
         );
         for n in &dispatch.notes {
             println!("plan:      {n}");
         }
-        for at in &dispatch.attempts {
+        for at in &dispatch.failed {
             if let Some(r) = &at.reason {
                 println!("fallback:  {} did not run: {r}", at.kernel);
             }

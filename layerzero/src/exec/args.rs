@@ -14,6 +14,9 @@ use crate::model::op::Op;
 use crate::model::request::Request;
 use crate::tensor::HostTensor;
 
+/// Most tensors any op's arguments hold.
+pub(crate) const MAX_SLOTS: usize = 8;
+
 /// Takes a tensor by role name (`None` when the request does not have it).
 type Take<'a> = dyn FnMut(&str) -> Result<Option<HostTensor>> + 'a;
 /// Maps a tensor by role name.
@@ -32,6 +35,19 @@ macro_rules! op_args {
         }
 
         impl $name {
+            /// Tensor role names in slot order (required, then optional).
+            const NAMES: &'static [&'static str] = &[$( stringify!($req), )* $( stringify!($opt), )*];
+
+            /// The tensors by slot (see `NAMES`), without allocating.
+            fn slots(&self) -> [Option<&HostTensor>; MAX_SLOTS] {
+                let list = [$( Some(&self.$req), )* $( self.$opt.as_ref(), )*];
+                let mut out = [None; MAX_SLOTS];
+                for (o, t) in out.iter_mut().zip(list) {
+                    *o = t;
+                }
+                out
+            }
+
             fn tensor_list(&self) -> Vec<(&'static str, &HostTensor)> {
                 #[allow(unused_mut)]
                 let mut v: Vec<(&'static str, &HostTensor)> = vec![$( (stringify!($req), &self.$req), )*];
@@ -58,6 +74,8 @@ macro_rules! op_args {
                 })
             }
         }
+
+        const _: () = assert!($name::NAMES.len() <= MAX_SLOTS, "raise MAX_SLOTS");
     };
 }
 
@@ -231,6 +249,17 @@ macro_rules! op_enum {
             /// The tensors by role name.
             pub fn tensors(&self) -> Vec<(&'static str, &HostTensor)> {
                 match self { $( OpArgs::$variant(a) => a.tensor_list(), )* }
+            }
+
+            /// The role names of the tensor slots and the tensors in them (no allocation):
+            /// the typed selection path reads them.
+            pub(crate) fn slots(&self) -> (&'static [&'static str], [Option<&HostTensor>; MAX_SLOTS]) {
+                match self { $( OpArgs::$variant(a) => ($args::NAMES, a.slots()), )* }
+            }
+
+            /// Feeds every attribute into `h` (exact; floats by their bits).
+            pub(crate) fn hash_attrs(&self, h: &mut crate::plan::typed::AttrHash) {
+                match self { $( OpArgs::$variant(a) => h.add(&a.attrs), )* }
             }
 
             /// The typed attributes.

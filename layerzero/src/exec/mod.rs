@@ -1,8 +1,8 @@
-//! Execution: typed arguments, executors bound to kernel ids, and the runtime that selects,
-//! runs and falls back. The semantics every kernel implements are in `semantics`.
+//! Execution: typed arguments and the executors bound to kernel ids. The semantics every
+//! kernel implements are in `semantics`; the runtime that selects, runs and falls back is
+//! [`crate::runtime`].
 
 pub mod args;
 pub mod executor;
 pub mod quant;
-pub mod runtime;
 pub mod semantics;

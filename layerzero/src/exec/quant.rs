@@ -15,11 +15,14 @@ fn invalid(message: impl Into<String>) -> KernelError {
 /// A quantized format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
+    /// Symmetric int8.
     I8,
+    /// An fp8 format.
     Fp8(Fp8),
 }
 
 impl Target {
+    /// The target of a quantized dtype; another dtype is invalid input (`what` names it).
     pub fn of(d: DType, what: &str) -> Result<Target, KernelError> {
         match d {
             DType::I8 => Ok(Target::I8),
@@ -29,6 +32,7 @@ impl Target {
         }
     }
 
+    /// The largest representable magnitude.
     pub fn qmax(self) -> f32 {
         match self {
             Target::I8 => 127.0,
@@ -40,19 +44,24 @@ impl Target {
 /// Where each element's scale lives: the scale grid of a scheme over x.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Grid {
+    /// The scheme.
     pub scheme: QuantScheme,
     /// Rows and cols of a 2-D x (per-channel and per-block); (1, numel) otherwise.
     pub rows: usize,
+    /// See `rows`.
     pub cols: usize,
     /// Block shape (per-block; (1, cols) per channel; (rows, cols) per tensor).
     pub br: usize,
+    /// See `br`.
     pub bc: usize,
     /// Scale grid dims.
     pub gr: usize,
+    /// See `gr`.
     pub gc: usize,
 }
 
 impl Grid {
+    /// The grid of `a`'s scheme over `x`; invalid input when x's shape does not fit it.
     pub fn new(a: &QuantAttrs, x: &HostTensor) -> Result<Grid, KernelError> {
         let two_d = |what: &str| -> Result<(usize, usize), KernelError> {
             match x.shape() {

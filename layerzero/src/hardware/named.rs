@@ -58,7 +58,7 @@ pub fn load(name_or_path: &str) -> Result<HardwareProfile> {
     }
     if looks_like_path(key) || std::path::Path::new(key).is_file() {
         let text = std::fs::read_to_string(key)
-            .map_err(|e| Error::new(ErrorKind::Io, format!("hardware profile {key}: cannot read: {e}")))?;
+            .map_err(|e| Error::new(ErrorKind::Io, format!("hardware profile {key}: cannot read: {e}")).with_source(e))?;
         return parse(&text, key);
     }
     Err(Error::new(

@@ -35,8 +35,11 @@ pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Row {
     /// Kernel id, e.g. `cpu.attention.flash`.
     pub kernel: String,
+    /// The kernel's version.
     pub kernel_version: String,
+    /// Its backend.
     pub backend: String,
+    /// The backend's version.
     pub backend_version: String,
     /// Hardware fingerprint of the machine measured on.
     pub fingerprint: String,
@@ -48,9 +51,13 @@ pub struct Row {
     pub bucket: String,
     /// Samples kept (after outlier rejection).
     pub samples: u32,
+    /// Median, ns.
     pub median_ns: f64,
+    /// 10th percentile, ns.
     pub p10_ns: f64,
+    /// 90th percentile, ns.
     pub p90_ns: f64,
+    /// Median absolute deviation, ns.
     pub mad_ns: f64,
     /// Coefficient of variation of the kept samples.
     pub cv: f64,
@@ -117,7 +124,9 @@ impl From<&Row> for crate::score::measured::Measured {
 /// What the database holds, for `lz doctor`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DbStats {
+    /// The file.
     pub path: PathBuf,
+    /// Rows stored.
     pub rows: u64,
     /// Distinct hardware fingerprints.
     pub fingerprints: u64,
@@ -125,6 +134,7 @@ pub struct DbStats {
     pub last_tune: Option<i64>,
     /// `ok`, or what `PRAGMA quick_check` found.
     pub integrity: String,
+    /// The schema version of the file.
     pub schema_version: u32,
 }
 
@@ -140,7 +150,9 @@ pub struct Recovery {
 /// An open database, and whether opening had to move a damaged file aside.
 #[derive(Debug)]
 pub struct Opened {
+    /// The database.
     pub db: PerfDb,
+    /// The damaged file moved aside on the way, if any.
     pub recovered: Option<Recovery>,
 }
 
@@ -173,8 +185,8 @@ enum Failure {
     Fatal(Error),
 }
 
-fn sql_error(path: &Path, what: &str, e: &rusqlite::Error) -> Error {
-    Error::new(ErrorKind::Io, format!("perfdb {}: {what}: {e}", path.display()))
+fn sql_error(path: &Path, what: &str, e: rusqlite::Error) -> Error {
+    Error::new(ErrorKind::Io, format!("perfdb {}: {what}: {e}", path.display())).with_source(e)
 }
 
 fn is_damage(e: &rusqlite::Error) -> bool {
@@ -187,7 +199,7 @@ fn is_busy(e: &rusqlite::Error) -> bool {
 
 /// Classifies an error met while opening.
 fn failure(path: &Path, what: &str, e: rusqlite::Error) -> Failure {
-    if is_damage(&e) { Failure::Damaged(format!("{what}: {e}")) } else { Failure::Fatal(sql_error(path, what, &e)) }
+    if is_damage(&e) { Failure::Damaged(format!("{what}: {e}")) } else { Failure::Fatal(sql_error(path, what, e)) }
 }
 
 /// Retries `f` while another process holds a lock, up to [`BUSY_TIMEOUT`] (some set-up steps
@@ -216,11 +228,15 @@ fn check_header(path: &Path) -> std::result::Result<(), Failure> {
     let mut f = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(Failure::Fatal(Error::new(ErrorKind::Io, format!("perfdb {}: {e}", path.display())))),
+        Err(e) => {
+            return Err(Failure::Fatal(
+                Error::new(ErrorKind::Io, format!("perfdb {}: {e}", path.display())).with_source(e),
+            ));
+        }
     };
     let mut header = Vec::with_capacity(100);
     if let Err(e) = f.by_ref().take(100).read_to_end(&mut header) {
-        return Err(Failure::Fatal(Error::new(ErrorKind::Io, format!("perfdb {}: {e}", path.display()))));
+        return Err(Failure::Fatal(Error::new(ErrorKind::Io, format!("perfdb {}: {e}", path.display())).with_source(e)));
     }
     if header.is_empty() {
         return Ok(());
@@ -323,6 +339,7 @@ impl PerfDb {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(|e| {
                 Error::new(ErrorKind::Io, format!("perfdb {}: cannot create {}: {e}", path.display(), parent.display()))
+                    .with_source(e)
             })?;
         }
         match try_open(path) {
@@ -357,7 +374,7 @@ impl PerfDb {
         self.conn.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn err(&self, what: &str, e: &rusqlite::Error) -> Error {
+    fn err(&self, what: &str, e: rusqlite::Error) -> Error {
         sql_error(&self.path, what, e)
     }
 
@@ -375,7 +392,7 @@ impl PerfDb {
         let mut conn = self.conn();
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(|e| self.err("cannot begin a write transaction", &e))?;
+            .map_err(|e| self.err("cannot begin a write transaction", e))?;
         {
             let mut stmt = tx
                 .prepare_cached(&format!(
@@ -387,7 +404,7 @@ impl PerfDb {
                         mad_ns = excluded.mad_ns, cv = excluded.cv, origin = excluded.origin,
                         created_at = excluded.created_at, layerzero_version = excluded.layerzero_version"
                 ))
-                .map_err(|e| self.err("cannot prepare the insert", &e))?;
+                .map_err(|e| self.err("cannot prepare the insert", e))?;
             for r in rows {
                 stmt.execute(params![
                     r.kernel,
@@ -408,19 +425,19 @@ impl PerfDb {
                     r.created_at,
                     env!("CARGO_PKG_VERSION"),
                 ])
-                .map_err(|e| self.err(&format!("cannot store the row for kernel {:?}", r.kernel), &e))?;
+                .map_err(|e| self.err(&format!("cannot store the row for kernel {:?}", r.kernel), e))?;
             }
         }
-        tx.commit().map_err(|e| self.err("cannot commit", &e))
+        tx.commit().map_err(|e| self.err("cannot commit", e))
     }
 
     fn query(&self, sql: &str, args: &[&dyn rusqlite::ToSql]) -> Result<Vec<Row>> {
         let conn = self.conn();
-        let mut stmt = conn.prepare_cached(sql).map_err(|e| self.err("cannot prepare a query", &e))?;
+        let mut stmt = conn.prepare_cached(sql).map_err(|e| self.err("cannot prepare a query", e))?;
         let rows = stmt
             .query_map(args, read_row)
             .and_then(|it| it.collect::<rusqlite::Result<Vec<Row>>>())
-            .map_err(|e| self.err("cannot read rows", &e))?;
+            .map_err(|e| self.err("cannot read rows", e))?;
         Ok(rows)
     }
 
@@ -441,11 +458,11 @@ impl PerfDb {
             .query_row("SELECT count(*), count(DISTINCT fingerprint), max(created_at) FROM perf", [], |r| {
                 Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, Option<i64>>(2)?))
             })
-            .map_err(|e| self.err("cannot count rows", &e))?;
-        let integrity = quick_check(&conn).map_err(|e| self.err("quick_check failed", &e))?;
+            .map_err(|e| self.err("cannot count rows", e))?;
+        let integrity = quick_check(&conn).map_err(|e| self.err("quick_check failed", e))?;
         let version: String = conn
             .query_row("SELECT value FROM meta WHERE name = 'schema_version'", [], |r| r.get(0))
-            .map_err(|e| self.err("cannot read meta.schema_version", &e))?;
+            .map_err(|e| self.err("cannot read meta.schema_version", e))?;
         Ok(DbStats {
             path: self.path.clone(),
             rows: u64::try_from(rows).unwrap_or(0),

@@ -43,6 +43,7 @@ pub(crate) fn move_aside(path: &Path, secs: i64) -> Result<PathBuf> {
                 ErrorKind::Io,
                 format!("perfdb {}: cannot move the damaged file aside to {}: {e}", from.display(), to.display()),
             )
+            .with_source(e)
         })
     };
     if path.symlink_metadata().is_ok() {

@@ -16,6 +16,7 @@ pub struct Summary {
     pub samples: u32,
     /// Samples rejected: outliers, and values that are not finite or are negative.
     pub rejected: u32,
+    /// Median.
     pub median: f64,
     /// 10th percentile (linear interpolation between closest ranks).
     pub p10: f64,

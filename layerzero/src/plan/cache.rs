@@ -7,23 +7,42 @@
 //! slot but never matches.
 
 use std::hash::{Hash, Hasher};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
-use super::FoldHasher;
+use arc_swap::{ArcSwap, Guard};
+
 use super::table::PlanKey;
+use super::{FoldHasher, Resolved};
 use crate::select::Selection;
 
 #[derive(Debug)]
 struct Slot {
     key: PlanKey,
     context: u64,
-    selection: Arc<Selection>,
+    /// False for the shared vacant entry every slot starts with.
+    occupied: bool,
+    resolved: Resolved,
 }
 
-/// A bounded, thread-safe map from (key, context) to a selection.
+/// A cached entry, held without touching its reference count: readers on many threads
+/// hitting the same entry write no shared cache line.
+#[derive(Debug)]
+pub struct CacheHit(Guard<Arc<Slot>>);
+
+impl CacheHit {
+    /// The entry.
+    #[inline]
+    pub fn resolved(&self) -> &Resolved {
+        &self.0.resolved
+    }
+}
+
+/// A bounded, thread-safe map from (key, context) to a resolved selection. Reads take no
+/// lock: each slot is an atomically swapped pointer.
 #[derive(Debug)]
 pub struct SelectionCache {
-    slots: Box<[RwLock<Option<Slot>>]>,
+    slots: Box<[ArcSwap<Slot>]>,
+    vacant: Arc<Slot>,
     mask: usize,
 }
 
@@ -31,7 +50,17 @@ impl SelectionCache {
     /// A cache of `capacity` slots (rounded up to a power of two); 0 caches nothing.
     pub fn new(capacity: usize) -> SelectionCache {
         let n = if capacity == 0 { 0 } else { capacity.next_power_of_two() };
-        SelectionCache { slots: (0..n).map(|_| RwLock::new(None)).collect(), mask: n.saturating_sub(1) }
+        let vacant = Arc::new(Slot {
+            key: PlanKey { validity: 0, buckets: super::Buckets([0; super::axes::MAX_AXES]) },
+            context: 0,
+            occupied: false,
+            resolved: Resolved { selection: Arc::new(Selection::vacant()), executor: None },
+        });
+        SelectionCache {
+            slots: (0..n).map(|_| ArcSwap::new(vacant.clone())).collect(),
+            vacant,
+            mask: n.saturating_sub(1),
+        }
     }
 
     #[inline]
@@ -42,26 +71,23 @@ impl SelectionCache {
         h.finish() as usize & self.mask
     }
 
-    /// The cached selection for (key, context).
+    /// The cached entry for (key, context).
     #[inline]
-    pub fn get(&self, key: &PlanKey, context: u64) -> Option<Arc<Selection>> {
-        let slot = self.slots.get(self.index(key, context))?.read().unwrap_or_else(|p| p.into_inner());
-        match &*slot {
-            Some(s) if s.key == *key && s.context == context => Some(s.selection.clone()),
-            _ => None,
-        }
+    pub fn get(&self, key: &PlanKey, context: u64) -> Option<CacheHit> {
+        let slot = self.slots.get(self.index(key, context))?.load();
+        (slot.occupied && slot.key == *key && slot.context == context).then(|| CacheHit(slot))
     }
 
-    /// Stores a selection, replacing the slot's previous entry.
-    pub fn insert(&self, key: PlanKey, context: u64, selection: Arc<Selection>) {
+    /// Stores an entry, replacing the slot's previous one.
+    pub fn insert(&self, key: PlanKey, context: u64, resolved: Resolved) {
         if let Some(slot) = self.slots.get(self.index(&key, context)) {
-            *slot.write().unwrap_or_else(|p| p.into_inner()) = Some(Slot { key, context, selection });
+            slot.store(Arc::new(Slot { key, context, occupied: true, resolved }));
         }
     }
 
     /// Slots in use.
     pub fn len(&self) -> usize {
-        self.slots.iter().filter(|s| s.read().unwrap_or_else(|p| p.into_inner()).is_some()).count()
+        self.slots.iter().filter(|s| s.load().occupied).count()
     }
 
     /// True when no slot is in use.
@@ -77,7 +103,7 @@ impl SelectionCache {
     /// Empties every slot.
     pub fn clear(&self) {
         for s in self.slots.iter() {
-            *s.write().unwrap_or_else(|p| p.into_inner()) = None;
+            s.store(self.vacant.clone());
         }
     }
 }
@@ -98,11 +124,12 @@ mod tests {
     use crate::score::Estimate;
     use crate::select::{Score, ScoreSource};
 
-    fn sel(kernel: &str) -> Arc<Selection> {
+    fn sel(kernel: &str) -> Resolved {
         let model =
             Estimate { flops: 0.0, bytes: 0.0, compute_ns: 0.0, memory_ns: 0.0, launch_ns: 0.0, estimated_ns: 1.0 };
-        Arc::new(Selection {
+        let selection = Arc::new(Selection {
             kernel: kernel.into(),
+            index: 0,
             backend: "cpu".into(),
             transforms: Vec::new(),
             score: Score {
@@ -116,7 +143,8 @@ mod tests {
                 notes: Vec::new(),
             },
             candidates: 1,
-        })
+        });
+        Resolved { selection, executor: None }
     }
 
     fn key(v: u128) -> PlanKey {
@@ -127,7 +155,7 @@ mod tests {
     fn a_hit_needs_the_same_key_and_the_same_context() {
         let c = SelectionCache::new(64);
         c.insert(key(1), 10, sel("a"));
-        assert_eq!(c.get(&key(1), 10).unwrap().kernel, "a");
+        assert_eq!(c.get(&key(1), 10).unwrap().resolved().selection.kernel, "a");
         assert!(c.get(&key(1), 11).is_none(), "another policy or catalog never matches");
         assert!(c.get(&key(2), 10).is_none());
     }

@@ -129,7 +129,7 @@ impl SelectionKey {
 
 /// The orderings of the related perf values, two bits each.
 #[inline]
-fn order_of(op: Op, perf: &[u64; MAX_AXES], n: usize) -> u8 {
+pub(crate) fn order_of(op: Op, perf: &[u64; MAX_AXES], n: usize) -> u8 {
     let mut order = 0u8;
     for (k, &(i, j)) in axes::relations(op).iter().enumerate().take(4) {
         if i < n && j < n {

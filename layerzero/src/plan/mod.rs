@@ -11,13 +11,37 @@ pub mod cache;
 pub mod key;
 pub mod solve;
 pub mod table;
+pub mod typed;
 pub mod workload;
 
 use std::hash::Hasher;
+use std::sync::Arc;
 
 pub use cache::SelectionCache;
 pub use key::{Buckets, SelectionKey};
 pub use table::{DispatchTable, Plan};
+
+use crate::exec::executor::Executor;
+use crate::select::Selection;
+
+/// A plan or cache entry: the selection and the executor it resolved to when the entry was
+/// made, so serving it needs no registry lookup.
+#[derive(Clone)]
+pub struct Resolved {
+    /// The selection.
+    pub selection: Arc<Selection>,
+    /// The executor of its kernel (`None`: none is registered in this process).
+    pub executor: Option<Arc<dyn Executor>>,
+}
+
+impl std::fmt::Debug for Resolved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resolved")
+            .field("selection", &self.selection)
+            .field("executor", &self.executor.is_some())
+            .finish()
+    }
+}
 
 /// A hasher for keys that are already hashes: folds words with one multiply each. Plan and
 /// cache probes cost nanoseconds; SipHash would double them.

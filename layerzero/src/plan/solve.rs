@@ -152,7 +152,7 @@ mod tests {
         .unwrap();
         req = crate::plan::axes::resize(&req, &[1, 3000, 3000]).unwrap();
         let hit = plan.get(&SelectionKey::derive(&req)).expect("bucket 2049..4096 is in the plan");
-        assert_eq!(hit.kernel, s.select(&req).unwrap().kernel);
+        assert_eq!(hit.selection.kernel, s.select(&req).unwrap().kernel);
     }
 
     #[test]

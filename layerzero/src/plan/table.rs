@@ -14,14 +14,16 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::FoldHasher;
+use super::{FoldHasher, Resolved};
+use crate::capabilities::catalog::KernelIndex;
+use crate::exec::executor::Executor;
 use super::key::{Buckets, KEY_FORMAT, SelectionKey};
 use crate::error::{Error, ErrorKind};
 use crate::model::op::Op;
 use crate::model::request::Request;
 use crate::reason::{Reason, ReasonCode};
 use crate::schema::{self, SchemaKind};
-use crate::select::{ScoreSource, Selection, Selector};
+use crate::select::{ScoreSource, Selector};
 
 /// The table format this build writes and reads.
 pub const TABLE_SCHEMA_VERSION: u32 = 1;
@@ -295,13 +297,14 @@ pub struct DroppedEntry {
 /// A verified table: a hash probe plus a bucket index away from a selection.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    map: HashMap<PlanKey, Arc<Selection>, BuildHasherDefault<FoldHasher>>,
+    map: HashMap<PlanKey, Resolved, BuildHasherDefault<FoldHasher>>,
     header: Header,
     dropped: Vec<DroppedEntry>,
 }
 
 impl Plan {
-    /// Verifies `table` against `selector` (header, then every entry) into a plan.
+    /// Verifies `table` against `selector` (header, then every entry) into a plan. Entries
+    /// carry no executor until [`Plan::bind`].
     pub fn new(table: &DispatchTable, selector: &Selector) -> std::result::Result<Plan, Reason> {
         table.check_header(selector)?;
         let mut map = HashMap::with_capacity_and_hasher(table.entries.len(), BuildHasherDefault::default());
@@ -333,7 +336,8 @@ impl Plan {
             };
             match selector.evaluate(&request, &e.kernel) {
                 Ok(sel) => {
-                    map.insert(PlanKey { validity: key.validity, buckets }, Arc::new(sel));
+                    let resolved = Resolved { selection: Arc::new(sel), executor: None };
+                    map.insert(PlanKey { validity: key.validity, buckets }, resolved);
                 }
                 Err(reasons) => {
                     let mut rs = vec![Reason::new(
@@ -348,9 +352,16 @@ impl Plan {
         Ok(Plan { map, header: table.header.clone(), dropped })
     }
 
-    /// The selection for `key`, if the table has its bucket.
+    /// Resolves every entry's executor (`executor_of` by the kernel's dense index).
+    pub fn bind(&mut self, executor_of: impl Fn(KernelIndex) -> Option<Arc<dyn Executor>>) {
+        for r in self.map.values_mut() {
+            r.executor = executor_of(r.selection.index);
+        }
+    }
+
+    /// The entry for `key`, if the table has its bucket.
     #[inline]
-    pub fn get(&self, key: &SelectionKey) -> Option<&Arc<Selection>> {
+    pub fn get(&self, key: &SelectionKey) -> Option<&Resolved> {
         let buckets = key.buckets()?;
         self.map.get(&PlanKey { validity: key.validity, buckets })
     }

@@ -171,6 +171,14 @@ impl Default for Policy {
 }
 
 impl Policy {
+    /// Reads, schema-checks and parses a policy file.
+    pub fn load(path: &std::path::Path) -> Result<Policy> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::new(crate::error::ErrorKind::Io, format!("cannot read {origin}: {e}")).with_source(e))?;
+        Policy::from_json(&text, &origin)
+    }
+
     /// Parses and schema-checks a policy file's text.
     pub fn from_json(text: &str, origin: &str) -> Result<Policy> {
         let value: serde_json::Value =

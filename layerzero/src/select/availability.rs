@@ -34,8 +34,9 @@ impl Availability {
     }
 
     /// This host: builtin backends are available, dynamic-library backends are probed,
-    /// external ones are available only when the host registers an executor (`registered`).
-    pub fn probe_host(catalog: &Catalog, hw: &HardwareProfile, registered: &[&str]) -> Availability {
+    /// external ones are available only once the host registers an executor for one of their
+    /// kernels ([`Availability::mark_registered`], done by `LayerZero::register`).
+    pub fn probe_host(catalog: &Catalog, hw: &HardwareProfile) -> Availability {
         let mut statuses = BTreeMap::new();
         for b in catalog.backends() {
             let has_device = b.kernels.iter().any(|k| hw.devices.iter().any(|d| d.kind == k.device_kind(b)));
@@ -51,7 +52,6 @@ impl Availability {
                         },
                         None => BackendStatus::NotInstalled("no probe declared".to_owned()),
                     },
-                    Execution::External if registered.contains(&b.backend.as_str()) => BackendStatus::Available,
                     Execution::External => BackendStatus::NotInstalled(format!(
                         "{} is another project's library; it runs when the host registers an executor for it",
                         b.backend
@@ -61,6 +61,18 @@ impl Availability {
             statuses.insert(b.backend.clone(), status);
         }
         Availability { statuses, planning: false }
+    }
+
+    /// Marks the backend of `kernel_id` available because an executor was registered for it,
+    /// where this machine has a device the kernel runs on (planning availability is
+    /// unchanged: every backend already counts as installed).
+    pub fn mark_registered(&mut self, catalog: &Catalog, hw: &HardwareProfile, kernel_id: &str) {
+        let Some(ki) = catalog.find(kernel_id) else { return };
+        let (backend, kernel) = catalog.kernel(ki);
+        if self.planning || !hw.devices.iter().any(|d| d.kind == kernel.device_kind(backend)) {
+            return;
+        }
+        self.statuses.insert(backend.backend.clone(), BackendStatus::Available);
     }
 
     /// Sets one backend's status (tests, runtime health).

@@ -10,7 +10,7 @@ use std::sync::Arc;
 pub use availability::{Availability, BackendStatus};
 pub use report::{CandidateReport, HardwareRef, LockRef, Score, ScoreSource, SelectionReport, Verdict};
 
-use crate::capabilities::catalog::Catalog;
+use crate::capabilities::catalog::{Catalog, KernelIndex};
 use crate::capabilities::spec::{BackendSpec, KernelSpec};
 use crate::constraint::{self, Codes, Sink};
 use crate::error::{Error, ErrorKind, Result};
@@ -32,6 +32,9 @@ use crate::transform::{self, Transform};
 pub struct Selection {
     /// The chosen kernel id.
     pub kernel: String,
+    /// The kernel's dense index in the selector's catalog (fixed while the catalog lives):
+    /// the runtime finds its executor and health by this index, never by the id string.
+    pub index: KernelIndex,
     /// Its backend.
     pub backend: String,
     /// Adaptations to apply before running it.
@@ -40,6 +43,37 @@ pub struct Selection {
     pub score: Score,
     /// How many candidates were judged.
     pub candidates: usize,
+}
+
+impl Selection {
+    /// An empty selection (the placeholder of a vacant cache slot; never served).
+    pub(crate) fn vacant() -> Selection {
+        let model = score::Estimate {
+            flops: 0.0,
+            bytes: 0.0,
+            compute_ns: 0.0,
+            memory_ns: 0.0,
+            launch_ns: 0.0,
+            estimated_ns: 0.0,
+        };
+        Selection {
+            kernel: String::new(),
+            index: usize::MAX,
+            backend: String::new(),
+            transforms: Vec::new(),
+            score: Score {
+                estimated_ns: 0.0,
+                source: ScoreSource::Model,
+                transform_ns: 0.0,
+                policy_factor: 1.0,
+                total_ns: 0.0,
+                model,
+                measurement: None,
+                notes: Vec::new(),
+            },
+            candidates: 0,
+        }
+    }
 }
 
 /// Selects kernels for requests on one machine under one policy.
@@ -109,6 +143,19 @@ impl Selector {
         Ok(Selector { policy, policy_hash, ..self.clone() })
     }
 
+    /// The shared parts: catalog, hardware, policy, availability, measurements.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn into_parts(
+        self,
+    ) -> (Arc<Catalog>, Arc<HardwareProfile>, Arc<Policy>, Arc<Availability>, Option<Arc<Measurements>>) {
+        (self.catalog, self.hardware, self.policy, self.availability, self.measurements)
+    }
+
+    /// The policy, shared.
+    pub(crate) fn policy_arc(&self) -> Arc<Policy> {
+        self.policy.clone()
+    }
+
     /// The catalog.
     pub fn catalog(&self) -> &Catalog {
         &self.catalog
@@ -166,6 +213,7 @@ impl Selector {
                     .ok_or_else(|| Error::new(ErrorKind::NoKernel, "internal: a best candidate without a score"))?;
                 Ok(Selection {
                     kernel: kernel.id.clone(),
+                    index: candidates[i],
                     backend: backend.backend.clone(),
                     transforms: j.transforms,
                     score,
@@ -193,6 +241,7 @@ impl Selector {
             if let Some(score) = j.score {
                 out.push(Selection {
                     kernel: kernel.id.clone(),
+                    index: ki,
                     backend: backend.backend.clone(),
                     transforms: j.transforms,
                     score,
@@ -229,6 +278,7 @@ impl Selector {
         match j.score {
             Some(score) => Ok(Selection {
                 kernel: kernel.id.clone(),
+                index: ki,
                 backend: backend.backend.clone(),
                 transforms: j.transforms,
                 score,

@@ -79,7 +79,7 @@ pub fn parse(bytes: &[u8], origin: &str) -> Result<BTreeMap<String, HostTensor>>
 /// Reads every tensor of a safetensors file.
 pub fn read(path: &Path) -> Result<BTreeMap<String, HostTensor>> {
     let bytes =
-        std::fs::read(path).map_err(|e| Error::new(ErrorKind::Io, format!("cannot read {}: {e}", path.display())))?;
+        std::fs::read(path).map_err(|e| Error::new(ErrorKind::Io, format!("cannot read {}: {e}", path.display())).with_source(e))?;
     parse(&bytes, &path.display().to_string())
 }
 
@@ -109,7 +109,7 @@ pub fn write(path: &Path, tensors: &BTreeMap<String, HostTensor>) -> Result<()> 
     let tmp = path.with_extension("safetensors.tmp");
     std::fs::write(&tmp, &bytes)
         .and_then(|()| std::fs::rename(&tmp, path))
-        .map_err(|e| Error::new(ErrorKind::Io, format!("cannot write {}: {e}", path.display())))
+        .map_err(|e| Error::new(ErrorKind::Io, format!("cannot write {}: {e}", path.display())).with_source(e))
 }
 
 #[cfg(test)]

@@ -4,6 +4,8 @@
 //! Only failures in [`ADAPTABLE`] are candidates for adaptation; a transform is planned
 //! only when the adapted request passes every check, and the report lists each one.
 
+mod tensors;
+
 use serde::Serialize;
 
 use crate::capabilities::spec::KernelSpec;
@@ -14,6 +16,8 @@ use crate::model::layout::Layout;
 use crate::model::problem::{Problem, data_roles};
 use crate::model::request::Request;
 use crate::reason::ReasonCode;
+
+pub use tensors::{apply_transforms, cast_outputs_back};
 
 /// Constraint failures a transform can remove.
 pub const ADAPTABLE: &[ReasonCode] = &[

@@ -32,7 +32,7 @@ use crate::capabilities::catalog::Catalog;
 use crate::error::{Error, Result};
 use crate::exec::args::OpArgs;
 use crate::exec::executor::Registry;
-use crate::exec::runtime::apply_transforms;
+use crate::transform::apply_transforms;
 use crate::hardware::detect;
 use crate::perfdb::{self, PerfDb, Recovery, Row};
 use crate::plan::workload::{Point, Workload};
@@ -66,7 +66,7 @@ impl Host {
     pub fn detect(catalog: Arc<Catalog>) -> Result<Host> {
         let hardware = Arc::new(detect::detect_host().profile);
         let registry = Registry::builtin();
-        let availability = Arc::new(Availability::probe_host(&catalog, &hardware, &[]));
+        let availability = Arc::new(Availability::probe_host(&catalog, &hardware));
         let selector = Selector::new(catalog, hardware, Arc::new(Policy::default()), availability)?;
         Ok(Host { selector, registry })
     }

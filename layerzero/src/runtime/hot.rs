@@ -1,0 +1,178 @@
+//! The hot path: plan, then cache, then live selection; from a key derived once, from a
+//! `Request`, or from typed arguments. A hit is served by reference: no lock, no string
+//! lookup, no reference count touched.
+
+use std::ops::Deref;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::counters::Counter;
+use super::{LayerZero, PlanMode, SelectionSource};
+use crate::capacity;
+use crate::error::{Error, ErrorKind, Result};
+use crate::exec::args::OpArgs;
+use crate::exec::executor::Executor;
+use crate::model::request::Request;
+use crate::plan::cache::CacheHit;
+use crate::plan::table::PlanKey;
+use crate::plan::{Resolved, SelectionKey, typed};
+use crate::reason::{Reason, ReasonCode};
+use crate::select::Selection;
+
+/// A selection as served: by reference into the plan, held from the cache, or made live.
+/// Dereferences to the [`Selection`].
+#[derive(Debug)]
+pub struct Hit<'a> {
+    entry: Entry<'a>,
+    source: SelectionSource,
+    notes: Vec<Reason>,
+}
+
+#[derive(Debug)]
+enum Entry<'a> {
+    Plan(&'a Resolved),
+    Cache(CacheHit),
+    Live(Resolved),
+}
+
+impl Deref for Hit<'_> {
+    type Target = Selection;
+    #[inline]
+    fn deref(&self) -> &Selection {
+        &self.resolved().selection
+    }
+}
+
+impl Hit<'_> {
+    /// Plan, cache or live.
+    pub fn source(&self) -> SelectionSource {
+        self.source
+    }
+
+    /// Why the plan did not serve it (`PLAN_BUCKET_MISS`, a refused table); empty for hits.
+    pub fn notes(&self) -> &[Reason] {
+        &self.notes
+    }
+
+    /// The selection, shared (one reference-count increment).
+    pub fn selection(&self) -> Arc<Selection> {
+        self.resolved().selection.clone()
+    }
+
+    /// The executor of the selected kernel, resolved when the entry was made.
+    pub fn executor(&self) -> Option<&Arc<dyn Executor>> {
+        self.resolved().executor.as_ref()
+    }
+
+    #[inline]
+    pub(crate) fn resolved(&self) -> &Resolved {
+        match &self.entry {
+            Entry::Plan(r) => r,
+            Entry::Cache(c) => c.resolved(),
+            Entry::Live(r) => r,
+        }
+    }
+
+    pub(crate) fn into_notes(self) -> Vec<Reason> {
+        self.notes
+    }
+}
+
+impl LayerZero {
+    /// The plan's entry, else the cache's, for a key derived once (per layer, say) and
+    /// re-bucketed per call; `None` on a miss (then [`LayerZero::select_keyed`]).
+    #[inline]
+    pub fn lookup(&self, key: &SelectionKey) -> Option<Hit<'_>> {
+        if self.plan_on.load(Ordering::Acquire)
+            && let Some(plan) = &self.plan
+            && let Some(r) = plan.get(key)
+        {
+            self.bump(Counter::PlanHits);
+            return Some(Hit { entry: Entry::Plan(r), source: SelectionSource::Plan, notes: Vec::new() });
+        }
+        let buckets = key.buckets()?;
+        let hit = self.cache.get(&PlanKey { validity: key.validity, buckets }, self.context.load(Ordering::Acquire))?;
+        self.bump(Counter::CacheHits);
+        Some(Hit { entry: Entry::Cache(hit), source: SelectionSource::Cache, notes: Vec::new() })
+    }
+
+    /// Selects for `req`: the plan, then the cache, then live selection (cached when every
+    /// size of the bucket is known to get the same verdict). Errors: `InvalidInput`,
+    /// `LockViolation`, `NoKernel` (with every candidate's reasons); in strict plan mode a
+    /// plan miss is `NoKernel` with `PLAN_BUCKET_MISS`.
+    pub fn select(&self, req: &Request) -> Result<Hit<'_>> {
+        self.select_keyed(&SelectionKey::derive(req), req)
+    }
+
+    /// Selects for typed arguments without building a `Request` on a hit: the key comes
+    /// from a fingerprint of the arguments (see `plan::typed`), memoized per handle.
+    pub fn select_args(&self, args: &OpArgs) -> Result<Hit<'_>> {
+        let typed = typed::fingerprint(args);
+        if let Some(t) = &typed
+            && let Some(validity) = self.memo.get(t.fingerprint)
+            && let Some(hit) = self.lookup(&t.key(validity))
+        {
+            return Ok(hit);
+        }
+        let req = args.describe();
+        let key = SelectionKey::derive(&req);
+        if let Some(t) = &typed
+            && (t.perf, t.axes, t.order) == (key.perf, key.axes, key.order)
+        {
+            self.memo.insert(t.fingerprint, key.validity);
+        }
+        self.select_keyed(&key, &req)
+    }
+
+    /// [`LayerZero::select`] with the key already derived.
+    pub fn select_keyed(&self, key: &SelectionKey, req: &Request) -> Result<Hit<'_>> {
+        let mut notes = Vec::new();
+        let buckets = key.buckets();
+        let live = self.live.load();
+        if self.plan_on.load(Ordering::Acquire)
+            && let Some(plan) = &self.plan
+        {
+            if let Some(r) = plan.get(key) {
+                self.bump(Counter::PlanHits);
+                return Ok(Hit { entry: Entry::Plan(r), source: SelectionSource::Plan, notes });
+            }
+            self.bump(Counter::PlanMisses);
+            let bucket = buckets.map_or_else(|| "outside every bucket".to_owned(), |b| b.text(key.op));
+            let miss = Reason::new(
+                ReasonCode::PLAN_BUCKET_MISS,
+                format!("the dispatch table has no entry for {} key {} bucket {bucket}", key.op, key.validity_hex()),
+            );
+            if self.parts.plan_mode == PlanMode::Strict {
+                return Err(
+                    Error::new(ErrorKind::NoKernel, format!("strict plan mode: {miss}")).with_reasons(vec![miss])
+                );
+            }
+            notes.push(miss);
+        } else if let Some(r) = &live.plan_rejection {
+            notes.push(r.clone());
+        }
+        let pk = buckets.map(|b| PlanKey { validity: key.validity, buckets: b });
+        if let Some(pk) = &pk {
+            if let Some(hit) = self.cache.get(pk, live.context) {
+                self.bump(Counter::CacheHits);
+                return Ok(Hit { entry: Entry::Cache(hit), source: SelectionSource::Cache, notes });
+            }
+            self.bump(Counter::CacheMisses);
+        }
+        self.bump(Counter::Live);
+        let selection = Arc::new(live.selector.select(req)?);
+        let resolved = Resolved { executor: self.executor(selection.index).cloned(), selection };
+        let fits = capacity::bucket_fits(key, req, self.max_workspace, &live.selector);
+        match pk {
+            Some(pk) if fits => self.cache.insert(pk, live.context, resolved.clone()),
+            _ => self.bump(Counter::Uncacheable),
+        }
+        Ok(Hit { entry: Entry::Live(resolved), source: SelectionSource::Live, notes })
+    }
+
+    /// A live selection outside plan and cache (fallback candidates, forced kernels).
+    pub(crate) fn live_hit(&self, selection: Selection) -> Hit<'_> {
+        let resolved = Resolved { executor: self.executor(selection.index).cloned(), selection: Arc::new(selection) };
+        Hit { entry: Entry::Live(resolved), source: SelectionSource::Live, notes: Vec::new() }
+    }
+}

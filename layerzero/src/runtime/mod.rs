@@ -1,0 +1,486 @@
+//! The front door: [`LayerZero`], one handle that owns the catalog, the hardware, the
+//! policy, availability, executors, the plan, the caches, health and counters; it selects,
+//! explains and dispatches.
+//!
+//! Threads share one handle (`Arc<LayerZero>` or the process-wide one behind
+//! [`crate::select`]). The hot path — a plan or cache hit, from a `Request` key or typed
+//! arguments — takes no lock, looks nothing up by string and writes only thread-owned
+//! counters. The policy can be swapped on a shared handle ([`LayerZero::set_policy`]); a
+//! choice made under the old policy is never served after the swap returns.
+
+mod counters;
+mod dispatch;
+mod hot;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+use serde::Serialize;
+
+pub use counters::Counters;
+use counters::{Counter, Striped};
+pub use dispatch::{Attempt, Dispatch, InputFlag};
+pub use hot::Hit;
+
+use crate::capabilities::catalog::{Catalog, KernelIndex};
+use crate::error::{Error, ErrorKind, Result};
+use crate::exec::executor::{Executor, Registry};
+use crate::hardware::profile::HardwareProfile;
+use crate::hardware::{detect, named};
+use crate::health::HealthTable;
+use crate::plan::typed::KeyMemo;
+use crate::plan::{DispatchTable, Plan, SelectionCache, cache};
+use crate::policy::Policy;
+use crate::reason::{Reason, ReasonCode};
+use crate::score::measured::Measurements;
+use crate::select::{Availability, SelectionReport, Selector};
+
+/// Default number of selection-cache slots (`LAYERZERO_CACHE_CAPACITY`).
+pub const DEFAULT_CACHE_CAPACITY: usize = 4096;
+/// Slots of the typed-argument key memo.
+const MEMO_SLOTS: usize = 1024;
+
+/// How a runtime uses a dispatch table (`LAYERZERO_PLAN_MODE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlanMode {
+    /// Tables are not used.
+    Off,
+    /// A table serves what it has; a mismatched table or a miss selects live, with a reason.
+    #[default]
+    Prefer,
+    /// A mismatched table is refused at load and a miss is an error.
+    Strict,
+}
+
+impl std::str::FromStr for PlanMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<PlanMode, String> {
+        match s {
+            "off" => Ok(PlanMode::Off),
+            "prefer" => Ok(PlanMode::Prefer),
+            "strict" => Ok(PlanMode::Strict),
+            other => Err(format!("plan mode {other:?} is not one of off, prefer, strict")),
+        }
+    }
+}
+
+/// Where a selection came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SelectionSource {
+    /// The loaded dispatch table.
+    Plan,
+    /// The selection cache.
+    Cache,
+    /// Live selection.
+    Live,
+}
+
+impl SelectionSource {
+    /// The stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SelectionSource::Plan => "plan",
+            SelectionSource::Cache => "cache",
+            SelectionSource::Live => "live",
+        }
+    }
+}
+
+/// What changes when the policy changes: swapped as one value.
+#[derive(Debug)]
+struct Live {
+    selector: Arc<Selector>,
+    context: u64,
+    /// Why the plan is not served (a refused table, a policy it was not solved under).
+    plan_rejection: Option<Reason>,
+}
+
+/// The parts a handle is built from; builder methods change them and rebuild.
+#[derive(Debug, Clone)]
+struct Parts {
+    catalog: Arc<Catalog>,
+    hardware: Arc<HardwareProfile>,
+    availability: Availability,
+    measurements: Option<Arc<Measurements>>,
+    table: Option<DispatchTable>,
+    /// Why the configured table could not even be read.
+    table_rejection: Option<Reason>,
+    plan_mode: PlanMode,
+}
+
+/// LayerZero: selection, explanation and dispatch on one machine under one policy.
+///
+/// ```
+/// use layerzero::prelude::*;
+///
+/// // Plan for an H100 from any machine: every backend counts as installed.
+/// let lz = LayerZero::planning("h100")?;
+/// let request = Request::from_json(r#"{"op": "attention",
+///     "tensors": {"q": {"dtype": "bf16", "shape": [1, 4096, 32, 128], "layout": "BSHD"},
+///                 "k": {"dtype": "bf16", "shape": [1, 4096, 8, 128], "layout": "BSHD"},
+///                 "v": {"dtype": "bf16", "shape": [1, 4096, 8, 128], "layout": "BSHD"}},
+///     "attrs": {"causal": true, "dropout_p": 0.1}}"#)?;
+/// let selection = lz.select(&request)?;
+/// // FlashAttention-3 has no dropout, so it cannot be the answer; the report says why.
+/// assert_ne!(selection.kernel, "flash_attn_3.attention.fwd");
+/// let report = lz.explain(&request);
+/// let fa3 = report.candidate("flash_attn_3.attention.fwd").unwrap();
+/// assert_eq!(fa3.reasons[0].code(), ReasonCode::DROPOUT_UNSUPPORTED);
+/// # Ok::<(), layerzero::Error>(())
+/// ```
+pub struct LayerZero {
+    parts: Parts,
+    registry: Registry,
+    /// Executors by dense kernel index, fixed when the handle is built.
+    executors: Box<[Option<Arc<dyn Executor>>]>,
+    health: HealthTable,
+    live: ArcSwap<Live>,
+    /// Serializes policy swaps (readers never take it).
+    swap: Mutex<()>,
+    plan: Option<Plan>,
+    plan_on: AtomicBool,
+    context: AtomicU64,
+    cache: SelectionCache,
+    memo: KeyMemo,
+    max_workspace: u64,
+    check_inputs: bool,
+    counters: Striped,
+}
+
+impl std::fmt::Debug for LayerZero {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LayerZero")
+            .field("hardware", &self.parts.hardware.name)
+            .field("mode", &if self.parts.availability.is_planning() { "planning" } else { "host" })
+            .field("policy_hash", &self.live.load().selector.policy_hash())
+            .field("plan", &self.plan.as_ref().map(Plan::len))
+            .field("cache_slots", &self.cache.capacity())
+            .finish()
+    }
+}
+
+impl LayerZero {
+    /// This machine: the shipped capabilities, detected hardware, probed backends and the
+    /// builtin executors, with the `LAYERZERO_*` knobs honoured: `LAYERZERO_POLICY` (a policy
+    /// file), `LAYERZERO_DISPATCH_TABLE` with `LAYERZERO_PLAN_MODE`, `LAYERZERO_CACHE_CAPACITY`,
+    /// and the PerfDB (`LAYERZERO_PERFDB`, else `$LAYERZERO_HOME/perfdb.sqlite`) when its file
+    /// exists.
+    pub fn host() -> Result<LayerZero> {
+        let mut lz = LayerZero::detected()?;
+        if let Some(path) = crate::knobs::policy() {
+            lz = lz.with_policy(Policy::load(&path)?)?;
+        }
+        let slots = usize::try_from(crate::knobs::cache_capacity()?).unwrap_or(usize::MAX);
+        lz = lz.with_cache_capacity(slots);
+        let perfdb = crate::perfdb::default_path();
+        if perfdb.exists() {
+            lz = lz.with_perfdb(&perfdb)?;
+        }
+        if let Some(path) = crate::knobs::dispatch_table() {
+            lz = lz.with_plan_file(&path, crate::knobs::plan_mode()?)?;
+        }
+        Ok(lz)
+    }
+
+    /// This machine with the default policy and no knobs read: detected hardware, probed
+    /// backends, builtin executors.
+    pub fn detected() -> Result<LayerZero> {
+        LayerZero::detected_with(Catalog::builtin()?)
+    }
+
+    /// [`LayerZero::detected`] over another catalog (capability files of your own).
+    pub fn detected_with(catalog: Arc<Catalog>) -> Result<LayerZero> {
+        let hardware = Arc::new(detect::detect_host().profile);
+        let availability = Availability::probe_host(&catalog, &hardware);
+        LayerZero::build(catalog, hardware, availability, Arc::new(Policy::default()), Registry::builtin())
+    }
+
+    /// Plans for a named hardware profile (`lz hardware --list`) or a profile file: every
+    /// backend counts as installed; only the builtin executors can run.
+    pub fn planning(hardware: &str) -> Result<LayerZero> {
+        let catalog = Catalog::builtin()?;
+        let availability = Availability::planning(&catalog);
+        let hardware = Arc::new(named::load(hardware)?);
+        LayerZero::build(catalog, hardware, availability, Arc::new(Policy::default()), Registry::builtin())
+    }
+
+    /// A handle over an explicit selector (a custom catalog, a test profile) and executors.
+    /// Backends with a registered executor count as available where the host has their device.
+    pub fn new(selector: Selector, registry: Registry) -> Result<LayerZero> {
+        let (catalog, hardware, policy, availability, measurements) = selector.into_parts();
+        let mut availability = (*availability).clone();
+        for kernel in registry.kernels() {
+            availability.mark_registered(&catalog, &hardware, kernel);
+        }
+        let mut lz = LayerZero::build(catalog, hardware, availability, policy, registry)?;
+        if let Some(m) = measurements {
+            lz.parts.measurements = Some(m);
+            lz = lz.rebuilt(None)?;
+        }
+        Ok(lz)
+    }
+
+    fn build(
+        catalog: Arc<Catalog>,
+        hardware: Arc<HardwareProfile>,
+        availability: Availability,
+        policy: Arc<Policy>,
+        registry: Registry,
+    ) -> Result<LayerZero> {
+        let selector = Selector::new(catalog.clone(), hardware.clone(), policy, Arc::new(availability.clone()))?;
+        let context = context_of(&selector);
+        let max_workspace = catalog.kernels().map(|(_, _, k)| k.properties.workspace_bytes).max().unwrap_or(0);
+        let n = catalog.len();
+        let lz = LayerZero {
+            parts: Parts {
+                catalog,
+                hardware,
+                availability,
+                measurements: None,
+                table: None,
+                table_rejection: None,
+                plan_mode: PlanMode::Prefer,
+            },
+            executors: Box::new([]),
+            registry,
+            health: HealthTable::new(n),
+            live: ArcSwap::from_pointee(Live { selector: Arc::new(selector), context, plan_rejection: None }),
+            swap: Mutex::new(()),
+            plan: None,
+            plan_on: AtomicBool::new(false),
+            context: AtomicU64::new(context),
+            cache: SelectionCache::new(DEFAULT_CACHE_CAPACITY),
+            memo: KeyMemo::new(MEMO_SLOTS),
+            max_workspace,
+            check_inputs: false,
+            counters: Striped::default(),
+        };
+        lz.rebuilt(None)
+    }
+
+    /// Recomputes everything derived from the parts (under `policy`, else the current one):
+    /// the selector, executors by index, the verified plan, the cache context.
+    fn rebuilt(mut self, policy: Option<Arc<Policy>>) -> Result<LayerZero> {
+        let p = &self.parts;
+        let policy = policy.unwrap_or_else(|| self.live.load().selector.policy_arc());
+        let mut selector = Selector::new(p.catalog.clone(), p.hardware.clone(), policy, Arc::new(p.availability.clone()))?;
+        if let Some(m) = &p.measurements {
+            selector = selector.with_measurements(m.clone());
+        }
+        self.executors = p.catalog.kernels().map(|(_, _, k)| self.registry.get(&k.id).cloned()).collect();
+        let mut rejection = p.table_rejection.clone();
+        self.plan = None;
+        if let (Some(table), true) = (&p.table, p.plan_mode != PlanMode::Off) {
+            match Plan::new(table, &selector) {
+                Ok(mut plan) => {
+                    plan.bind(|k| self.executors.get(k).cloned().flatten());
+                    self.plan = Some(plan);
+                }
+                Err(reason) if p.plan_mode == PlanMode::Strict => return Err(refused(reason)),
+                Err(reason) => rejection = Some(reason),
+            }
+        }
+        let context = context_of(&selector);
+        self.plan_on = AtomicBool::new(self.plan.is_some());
+        self.context = AtomicU64::new(context);
+        self.live = ArcSwap::from_pointee(Live { selector: Arc::new(selector), context, plan_rejection: rejection });
+        self.cache.clear();
+        Ok(self)
+    }
+
+    /// The same handle under `policy`. Fails when a rule names no kernel of the catalog, or
+    /// (strict plan mode) when the plan was solved under another policy.
+    pub fn with_policy(self, policy: Policy) -> Result<LayerZero> {
+        self.rebuilt(Some(Arc::new(policy)))
+    }
+
+    /// Loads a dispatch table. `Off` ignores it. A table whose schema version, hardware,
+    /// capabilities or policy does not match is refused with the matching reason: in
+    /// `Strict` mode as an error, in `Prefer` mode recorded (every live selection then
+    /// carries the reason) while the handle selects live. Each entry is re-judged here, so a
+    /// table can never run an ineligible kernel.
+    pub fn with_plan(mut self, table: &DispatchTable, mode: PlanMode) -> Result<LayerZero> {
+        self.parts.table = Some(table.clone());
+        self.parts.table_rejection = None;
+        self.parts.plan_mode = mode;
+        self.rebuilt(None)
+    }
+
+    /// Reads and loads a dispatch table file; an unreadable or invalid file is an error in
+    /// `Strict` mode and a recorded reason otherwise.
+    pub fn with_plan_file(self, path: &Path, mode: PlanMode) -> Result<LayerZero> {
+        match DispatchTable::read(path) {
+            Ok(table) => self.with_plan(&table, mode),
+            Err(rejected) if mode == PlanMode::Strict => Err(rejected.error),
+            Err(rejected) => self.with_plan_rejection(rejected.reason, mode),
+        }
+    }
+
+    /// Records a table that could not be read (`Prefer`: live selection with the reason).
+    pub fn with_plan_rejection(mut self, reason: Reason, mode: PlanMode) -> Result<LayerZero> {
+        if mode == PlanMode::Strict {
+            return Err(refused(reason));
+        }
+        self.parts.table = None;
+        self.parts.plan_mode = mode;
+        self.parts.table_rejection = (mode != PlanMode::Off).then_some(reason);
+        self.rebuilt(None)
+    }
+
+    /// Scores with measured times from the PerfDB at `path` (rows for this hardware's
+    /// fingerprint). A damaged file is moved aside and rebuilt, as `lz doctor` reports.
+    pub fn with_perfdb(self, path: &Path) -> Result<LayerZero> {
+        let opened = crate::perfdb::PerfDb::open(path)?;
+        let rows = opened.db.rows_for(&self.parts.hardware.fingerprint)?;
+        let m = Measurements::build(
+            rows.iter().map(crate::score::measured::Measured::from),
+            &self.parts.catalog,
+            &self.parts.hardware,
+        );
+        self.with_measurements(Arc::new(m))
+    }
+
+    /// Scores with these measurements where they are confident.
+    pub fn with_measurements(mut self, measurements: Arc<Measurements>) -> Result<LayerZero> {
+        self.parts.measurements = (!measurements.is_empty()).then_some(measurements);
+        self.rebuilt(None)
+    }
+
+    /// Binds `kernel_id` to `executor` and marks its backend available (where this machine
+    /// has the backend's device). Fails when the catalog has no such kernel.
+    pub fn register(mut self, kernel_id: &str, executor: Arc<dyn Executor>) -> Result<LayerZero> {
+        if self.parts.catalog.find(kernel_id).is_none() {
+            return Err(Error::invalid(format!(
+                "kernel {kernel_id:?} is not in the catalog; an executor can only be registered for a declared kernel"
+            )));
+        }
+        self.registry.register(kernel_id, executor);
+        let p = &mut self.parts;
+        p.availability.mark_registered(&p.catalog, &p.hardware, kernel_id);
+        self.rebuilt(None)
+    }
+
+    /// The same handle with a selection cache of `slots` slots (0 disables caching).
+    pub fn with_cache_capacity(mut self, slots: usize) -> LayerZero {
+        self.cache = SelectionCache::new(slots);
+        self
+    }
+
+    /// Whether dispatch scans float inputs for NaN/Inf and reports them
+    /// ([`Dispatch::input_flags`]). Off by default: the scan reads every input element.
+    pub fn with_input_check(mut self, on: bool) -> LayerZero {
+        self.check_inputs = on;
+        self
+    }
+
+    /// Replaces the policy on a shared handle. Choices cached under the old policy are never
+    /// served again (the cache context changes); a plan solved under another policy stops
+    /// being served with `PLAN_POLICY_MISMATCH` (an error in `Strict` mode, and the handle
+    /// is unchanged), and is served again if its policy comes back.
+    pub fn set_policy(&self, policy: Policy) -> Result<()> {
+        let _one_at_a_time = self.swap.lock();
+        let selector = self.live.load().selector.with_policy(Arc::new(policy))?;
+        let mut rejection = self.parts.table_rejection.clone();
+        let mut plan_on = false;
+        if let Some(plan) = &self.plan {
+            if plan.header().policy_hash == selector.policy_hash() {
+                plan_on = true;
+            } else {
+                let reason = Reason::new(
+                    ReasonCode::PLAN_POLICY_MISMATCH,
+                    format!(
+                        "the table was solved under policy {}; the new policy is {}",
+                        &plan.header().policy_hash,
+                        selector.policy_hash()
+                    ),
+                );
+                if self.parts.plan_mode == PlanMode::Strict {
+                    return Err(refused(reason));
+                }
+                rejection = Some(reason);
+            }
+        }
+        let context = context_of(&selector);
+        self.live.store(Arc::new(Live { selector: Arc::new(selector), context, plan_rejection: rejection }));
+        self.plan_on.store(plan_on, Ordering::Release);
+        self.context.store(context, Ordering::Release);
+        Ok(())
+    }
+
+    /// The full report for a request: every candidate's verdict, reasons and score.
+    pub fn explain(&self, req: &crate::model::request::Request) -> SelectionReport {
+        self.live.load().selector.explain(req)
+    }
+
+    /// The selector under the current policy.
+    pub fn selector(&self) -> Arc<Selector> {
+        self.live.load().selector.clone()
+    }
+
+    /// The catalog.
+    pub fn catalog(&self) -> &Catalog {
+        &self.parts.catalog
+    }
+
+    /// The hardware profile.
+    pub fn hardware(&self) -> &HardwareProfile {
+        &self.parts.hardware
+    }
+
+    /// The registered executors.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The loaded plan (also while a policy it was not solved under is in force).
+    pub fn plan(&self) -> Option<&Plan> {
+        self.plan.as_ref()
+    }
+
+    /// The plan mode.
+    pub fn plan_mode(&self) -> PlanMode {
+        self.parts.plan_mode
+    }
+
+    /// Why the plan is not served, if it is not.
+    pub fn plan_rejection(&self) -> Option<Reason> {
+        self.live.load().plan_rejection.clone()
+    }
+
+    /// The selection cache.
+    pub fn cache(&self) -> &SelectionCache {
+        &self.cache
+    }
+
+    /// A snapshot of the counters.
+    pub fn counters(&self) -> Counters {
+        self.counters.snapshot()
+    }
+
+    /// Kernels whose circuit is open now.
+    pub fn open_circuits(&self) -> Vec<String> {
+        self.health.open_kernels().map(|k| self.parts.catalog.kernel(k).1.id.clone()).collect()
+    }
+
+    #[inline]
+    fn bump(&self, c: Counter) {
+        self.counters.bump(c);
+    }
+
+    fn executor(&self, kernel: KernelIndex) -> Option<&Arc<dyn Executor>> {
+        self.executors.get(kernel).and_then(Option::as_ref)
+    }
+}
+
+fn context_of(selector: &Selector) -> u64 {
+    cache::context(&selector.hardware().fingerprint, selector.catalog().hash(), selector.policy_hash())
+}
+
+fn refused(reason: Reason) -> Error {
+    Error::new(ErrorKind::InvalidInput, format!("dispatch table refused: {reason}")).with_reasons(vec![reason])
+}

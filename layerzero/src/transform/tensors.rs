@@ -1,0 +1,60 @@
+//! Transforms applied to real tensors at run time: the planned layout changes, copies and
+//! casts before a kernel runs, and the cast of its outputs back to the caller's dtype.
+
+use crate::error::{Error, Result};
+use crate::exec::args::{OpArgs, Outputs};
+use crate::model::dtype::DType;
+use crate::model::layout::Layout;
+use crate::tensor::HostTensor;
+
+use super::{Transform, TransformKind};
+
+/// Applies the input transforms a selection planned (the caller's tensors are not touched:
+/// adapted tensors are new).
+pub fn apply_transforms(args: &OpArgs, transforms: &[Transform]) -> Result<OpArgs> {
+    if transforms.is_empty() {
+        return Ok(args.clone());
+    }
+    args.map_tensors(|name, t| {
+        let mut t = t.clone();
+        for tr in transforms.iter().filter(|tr| tr.tensor == name) {
+            t = match tr.kind {
+                TransformKind::Transpose => {
+                    let to = if tr.to == Layout::Bhsd.as_str() { Layout::Bhsd } else { Layout::Bshd };
+                    t.permute(&[0, 2, 1, 3])?.contiguous().with_layout(to)
+                }
+                TransformKind::MakeContiguous => {
+                    let l = t.layout();
+                    let c = t.contiguous();
+                    match l {
+                        Some(l) => c.with_layout(l),
+                        None => c,
+                    }
+                }
+                TransformKind::Cast => cast(&t, tr.to)?,
+            };
+        }
+        Ok(t)
+    })
+}
+
+fn cast(t: &HostTensor, to: &str) -> Result<HostTensor> {
+    let d: DType = to.parse().map_err(Error::invalid)?;
+    let c = HostTensor::from_f32_as(d, t.shape(), &t.to_f32_vec())?;
+    Ok(match t.layout() {
+        Some(l) => c.with_layout(l),
+        None => c,
+    })
+}
+
+/// Casts float outputs back to the dtype the caller's `out` had, when a cast was planned.
+pub fn cast_outputs_back(mut outputs: Outputs, transforms: &[Transform]) -> Result<Outputs> {
+    if let Some(tr) = transforms.iter().find(|t| t.kind == TransformKind::Cast && t.tensor == "out") {
+        for t in outputs.values_mut() {
+            if t.dtype().is_float() {
+                *t = cast(t, tr.to)?;
+            }
+        }
+    }
+    Ok(outputs)
+}
