@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::capabilities::catalog::Catalog;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::exec::args::OpArgs;
 use crate::exec::executor::Registry;
 use crate::exec::runtime::apply_transforms;
@@ -756,17 +756,6 @@ fn regret(
 
 fn source_name(s: ScoreSource) -> &'static str {
     s.as_str()
-}
-
-/// Reads and checks a workload file; errors name the file and the field.
-pub fn load_workload(path: &std::path::Path) -> Result<Workload> {
-    let source = path.display().to_string();
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| Error::new(crate::error::ErrorKind::Io, format!("cannot read {source}: {e}")))?;
-    let w = Workload::from_json(&text, &source)?;
-    // Resolve the points now, so a bad range or request fails before any timing.
-    w.points().map_err(|e| e.context(&source))?;
-    Ok(w)
 }
 
 #[cfg(test)]
