@@ -49,6 +49,7 @@ pub mod parity;
 pub mod perfdb;
 pub mod plan;
 pub mod policy;
+pub mod readiness;
 pub mod reason;
 pub mod schema;
 pub mod score;

@@ -344,7 +344,7 @@ fn run(cli: Cli) -> Result<Outcome> {
         Command::ReadinessCheck(a) => plan::readiness(
             plan::ReadinessArgs {
                 table: a.table.clone().or_else(crate::knobs::dispatch_table).as_deref(),
-                policy: a.policy.clone().or_else(crate::knobs::policy).as_ref(),
+                policy: a.policy.clone().or_else(crate::knobs::policy).as_deref(),
                 workload: a.workload.as_deref(),
                 perfdb: a.perfdb.as_deref(),
                 json: a.json,

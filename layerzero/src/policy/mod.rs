@@ -182,6 +182,14 @@ impl Policy {
         Ok(policy)
     }
 
+    /// Reads, schema-checks and parses a policy file; errors name the file.
+    pub fn load(path: &std::path::Path) -> Result<Policy> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::new(crate::error::ErrorKind::Io, format!("cannot read {origin}: {e}")))?;
+        Policy::from_json(&text, &origin)
+    }
+
     fn check_values(&self, origin: &str) -> Result<()> {
         if self.schema_version != 1 {
             return Err(Error::invalid(format!(
