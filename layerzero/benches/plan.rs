@@ -1,19 +1,16 @@
-//! The hot path: a plan hit and a cache hit for a key derived once (per layer, say) whose
-//! perf values change per call, the key derivation itself, and live selection for scale.
+//! The hot path on one thread: a plan hit and a cache hit for a key derived once (per layer,
+//! say) whose perf values change per call; selection from typed arguments on a cache hit
+//! (the figure an engine feels); dispatch of an empty kernel on a plan hit (the overhead
+//! dispatch adds); the key derivation itself, `select(&Request)` on a hit, and live
+//! selection for scale. Threads: `benches/threads.rs`.
 //! Run: `cargo bench -p layerzero --bench plan`.
 
 use std::sync::Arc;
 
-use layerzero::capabilities::catalog::Catalog;
-use layerzero::exec::executor::Registry;
-use layerzero::exec::runtime::{PlanMode, Runtime};
-use layerzero::hardware::named;
-use layerzero::model::request::Request;
-use layerzero::plan::SelectionKey;
+use layerzero::exec::args::{AttentionArgs, OpArgs, Outputs};
 use layerzero::plan::solve::{self, Provenance};
 use layerzero::plan::workload::Workload;
-use layerzero::policy::Policy;
-use layerzero::select::Selector;
+use layerzero::{AttentionAttrs, DType, HostTensor, KernelError, LayerZero, Layout, PlanMode, Request, SelectionKey};
 
 fn main() {
     divan::main();
@@ -33,17 +30,22 @@ const PREFILL: &str = r#"{"op": "attention", "tensors": {
     "v": {"dtype": "bf16", "shape": [2, 1500, 8, 128], "layout": "BSHD"}},
     "attrs": {"causal": true}}"#;
 
-fn selector() -> Selector {
-    let catalog = Catalog::builtin().expect("shipped capabilities load");
-    let profile = Arc::new(named::load("h100").expect("shipped profile"));
-    Selector::planning(catalog, profile, Arc::new(Policy::default())).expect("selector")
+fn planning() -> LayerZero {
+    LayerZero::planning("h100").expect("shipped profile")
 }
 
-fn with_plan() -> Runtime {
+fn with_plan() -> LayerZero {
+    let lz = planning();
     let w = Workload::from_json(WORKLOAD, "bench").expect("workload");
     let prov = Provenance { perfdb_digest: None, created_at: String::new(), command: String::new() };
-    let table = solve::solve(&w, &selector(), prov).expect("solve");
-    Runtime::new(selector(), Registry::new()).with_plan(&table, PlanMode::Prefer).expect("plan")
+    let table = solve::solve(&w, &lz.selector(), prov).expect("solve");
+    let lz = lz.with_plan(&table, PlanMode::Prefer).expect("plan");
+    // An executor that does nothing, for every kernel the table names: dispatch overhead.
+    let kernels: Vec<String> = table.entries.iter().map(|e| e.kernel.clone()).collect();
+    kernels.iter().fold(lz, |lz, k| {
+        lz.register(k, Arc::new(|_: &OpArgs| -> Result<Outputs, KernelError> { Ok(Outputs::new()) }))
+            .expect("register")
+    })
 }
 
 /// Keys for sequence lengths 1000..1999 (two buckets): one per call, derived up front.
@@ -52,31 +54,65 @@ fn keys() -> Vec<SelectionKey> {
     (0..1000u64).map(|i| SelectionKey { perf: [2, 1000 + i, 1000 + i], ..base }).collect()
 }
 
+/// Typed prefill arguments (the tensors share one zeroed buffer per shape).
+fn typed() -> OpArgs {
+    let t = |h: usize| HostTensor::zeros(DType::BF16, &[2, 1500, h, 128]).expect("tensor").with_layout(Layout::Bshd);
+    OpArgs::Attention(AttentionArgs {
+        q: t(32),
+        k: t(8),
+        v: t(8),
+        mask: None,
+        cu_seqlens_q: None,
+        cu_seqlens_k: None,
+        attrs: AttentionAttrs { causal: true, ..AttentionAttrs::default() },
+    })
+}
+
+fn warm_cache(lz: &LayerZero) {
+    let req = Request::from_json(PREFILL).expect("request");
+    for seq in [1000, 1500] {
+        let r = layerzero::plan::axes::resize(&req, &[2, seq, seq]).expect("resize");
+        lz.select(&r).expect("select");
+    }
+}
+
 #[divan::bench]
 fn plan_hit(bencher: divan::Bencher) {
-    let rt = with_plan();
+    let lz = with_plan();
     let keys = keys();
     let mut i = 0;
     bencher.bench_local(|| {
         i = (i + 1) % keys.len();
-        rt.lookup(divan::black_box(&keys[i])).map(|(s, _)| s)
+        lz.lookup(divan::black_box(&keys[i])).map(|h| h.index)
     });
 }
 
 #[divan::bench]
 fn cache_hit(bencher: divan::Bencher) {
-    let rt = Runtime::new(selector(), Registry::new());
-    let req = Request::from_json(PREFILL).expect("request");
-    for seq in [1000, 1500] {
-        let r = layerzero::plan::axes::resize(&req, &[2, seq, seq]).expect("resize");
-        rt.select(&r).expect("select");
-    }
+    let lz = planning();
+    warm_cache(&lz);
     let keys = keys();
     let mut i = 0;
     bencher.bench_local(|| {
         i = (i + 1) % keys.len();
-        rt.lookup(divan::black_box(&keys[i])).map(|(s, _)| s)
+        lz.lookup(divan::black_box(&keys[i])).map(|h| h.index)
     });
+}
+
+#[divan::bench]
+fn select_args_cache_hit(bencher: divan::Bencher) {
+    let lz = planning();
+    let args = typed();
+    lz.select_args(&args).expect("select");
+    bencher.bench_local(|| lz.select_args(divan::black_box(&args)).map(|h| h.index));
+}
+
+#[divan::bench]
+fn dispatch_plan_hit_empty_kernel(bencher: divan::Bencher) {
+    let lz = with_plan();
+    let args = typed();
+    assert_eq!(lz.dispatch(&args).expect("dispatch").source, layerzero::SelectionSource::Plan);
+    bencher.bench_local(|| lz.dispatch(divan::black_box(&args)).map(|d| d.outputs.len()));
 }
 
 #[divan::bench]
@@ -87,15 +123,15 @@ fn derive_key(bencher: divan::Bencher) {
 
 #[divan::bench]
 fn select_from_request_cache_hit(bencher: divan::Bencher) {
-    let rt = Runtime::new(selector(), Registry::new());
+    let lz = planning();
     let req = Request::from_json(PREFILL).expect("request");
-    rt.select(&req).expect("select");
-    bencher.bench_local(|| rt.select(divan::black_box(&req)).map(|c| c.selection));
+    lz.select(&req).expect("select");
+    bencher.bench_local(|| lz.select(divan::black_box(&req)).map(|h| h.index));
 }
 
 #[divan::bench]
 fn live_select(bencher: divan::Bencher) {
-    let sel = selector();
+    let sel = planning().selector();
     let req = Request::from_json(PREFILL).expect("request");
     bencher.bench_local(|| sel.select(divan::black_box(&req)));
 }

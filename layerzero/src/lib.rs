@@ -45,6 +45,7 @@ pub mod model;
 pub mod perfdb;
 pub mod plan;
 pub mod policy;
+pub mod readiness;
 pub mod reason;
 pub mod runtime;
 pub mod score;

@@ -288,14 +288,13 @@ fn every_fixture_is_selected_and_dispatched_end_to_end() {
     // Selection plus execution through the runtime on a CPU profile: every op of every
     // fixture is selectable and executable, backends without an executor here (oneDNN,
     // ZenDNN, PyTorch SDPA) are skipped with a reason, and the result matches PyTorch.
-    use layerzero::exec::runtime::Runtime;
     use layerzero::parity::compare::output_tolerance;
     let catalog = layerzero_tests::catalog();
     let hw = std::sync::Arc::new(layerzero::hardware::named::load("spr").unwrap_or_else(|e| panic!("{e}")));
     let selector =
         layerzero::select::Selector::planning(catalog, hw, std::sync::Arc::new(layerzero::policy::Policy::default()))
             .unwrap_or_else(|e| panic!("{e}"));
-    let runtime = Runtime::new(selector, Registry::builtin());
+    let runtime = layerzero::LayerZero::new(selector, Registry::builtin()).unwrap_or_else(|e| panic!("{e}"));
     let mut failures = Vec::new();
     for path in fixture_paths() {
         let fx = match load(&path) {
@@ -315,7 +314,7 @@ fn every_fixture_is_selected_and_dispatched_end_to_end() {
                 continue;
             }
         };
-        for a in d.attempts.iter().filter(|a| !a.ok) {
+        for a in &d.failed {
             let code = a.reason.as_ref().map(|r| r.code().as_str()).unwrap_or_default();
             if code != "EXECUTOR_NOT_REGISTERED" {
                 failures.push(format!("{}: {} failed at dispatch: {code}", fx.name, a.kernel));
@@ -323,14 +322,14 @@ fn every_fixture_is_selected_and_dispatched_end_to_end() {
         }
         for (name, exp) in &fx.expected {
             let Some(got) = d.outputs.get(name) else {
-                failures.push(format!("{}: {} produced no `{name}`", fx.name, d.selection.kernel));
+                failures.push(format!("{}: {} produced no `{name}`", fx.name, d.selection().kernel));
                 continue;
             };
             let diff = compare(&exp.to_f64_vec(), &got.to_f64_vec(), output_tolerance(category, exp.dtype()));
             if diff.violations > 0 || got.shape() != exp.shape() {
                 failures.push(format!(
                     "{}: {} `{name}`: {} elements outside the tolerance",
-                    fx.name, d.selection.kernel, diff.violations
+                    fx.name, d.selection().kernel, diff.violations
                 ));
             }
         }

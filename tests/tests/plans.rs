@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use layerzero::capabilities::catalog::Catalog;
 use layerzero::exec::executor::Registry;
-use layerzero::exec::runtime::{PlanMode, Runtime, SelectionSource};
+use layerzero::{LayerZero, PlanMode, SelectionSource};
 use layerzero::hardware::named;
 use layerzero::model::dtype::DType;
 use layerzero::model::request::Request;
@@ -42,8 +42,8 @@ fn table(hw: &str, policy: Policy) -> DispatchTable {
     solve::solve(&w, &selector(hw, policy), prov).unwrap_or_else(|e| panic!("{e}"))
 }
 
-fn runtime(hw: &str, policy: Policy) -> Runtime {
-    Runtime::new(selector(hw, policy), Registry::new())
+fn runtime(hw: &str, policy: Policy) -> LayerZero {
+    LayerZero::new(selector(hw, policy), Registry::new()).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn prefill(batch: u64, seq: u64) -> Request {
@@ -62,11 +62,11 @@ fn a_loaded_table_serves_every_size_inside_its_buckets() {
         .unwrap_or_else(|e| panic!("{e}"));
     for (b, s) in [(1, 64), (1, 100), (3, 777), (4, 2048)] {
         let c = rt.select(&prefill(b, s)).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(c.source, SelectionSource::Plan, "batch {b} seq {s}");
-        assert!(c.notes.is_empty());
+        assert_eq!(c.source(), SelectionSource::Plan, "batch {b} seq {s}");
+        assert!(c.notes().is_empty());
         // The plan's choice is the live choice at the representative size of the bucket.
         let live = rt.selector().select(&prefill(b, s)).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(c.selection.kernel, live.kernel);
+        assert_eq!(c.kernel, live.kernel);
     }
     assert_eq!(rt.counters().plan_hits, 4);
 }
@@ -77,13 +77,13 @@ fn a_bucket_the_table_lacks_is_selected_live_with_plan_bucket_miss_and_counted()
         .with_plan(&table("h100", Policy::default()), PlanMode::Prefer)
         .unwrap_or_else(|e| panic!("{e}"));
     let c = rt.select(&prefill(1, 8192)).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(c.source, SelectionSource::Live);
-    assert_eq!(c.notes.first().map(|r| r.code()), Some(ReasonCode::PLAN_BUCKET_MISS));
+    assert_eq!(c.source(), SelectionSource::Live);
+    assert_eq!(c.notes().first().map(|r| r.code()), Some(ReasonCode::PLAN_BUCKET_MISS));
     assert_eq!(rt.counters().plan_misses, 1);
     // The same miss again is a cache hit, still reported as a plan miss.
     let again = rt.select(&prefill(1, 8000)).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(again.source, SelectionSource::Cache);
-    assert_eq!(again.notes.first().map(|r| r.code()), Some(ReasonCode::PLAN_BUCKET_MISS));
+    assert_eq!(again.source(), SelectionSource::Cache);
+    assert_eq!(again.notes().first().map(|r| r.code()), Some(ReasonCode::PLAN_BUCKET_MISS));
     assert_eq!(rt.counters().plan_misses, 2);
 }
 
@@ -117,8 +117,8 @@ fn a_table_for_another_machine_catalog_or_policy_is_refused_with_its_reason() {
         let rt = runtime("h100", policy).with_plan(&t, PlanMode::Prefer).unwrap_or_else(|e| panic!("{e}"));
         assert!(rt.plan().is_none());
         let c = rt.select(&prefill(1, 128)).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(c.source, SelectionSource::Live);
-        assert_eq!(c.notes[0].code(), code);
+        assert_eq!(c.source(), SelectionSource::Live);
+        assert_eq!(c.notes()[0].code(), code);
     }
 }
 
@@ -145,27 +145,27 @@ fn a_table_entry_naming_a_kernel_that_is_no_longer_eligible_is_dropped_with_a_re
 
 #[test]
 fn a_policy_change_never_serves_a_selection_cached_under_the_old_policy() {
-    let mut rt = runtime("h100", Policy::default());
+    let rt = runtime("h100", Policy::default());
     let first = rt.select(&prefill(1, 1024)).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(rt.select(&prefill(1, 1000)).unwrap_or_else(|e| panic!("{e}")).source, SelectionSource::Cache);
-    let deny = format!(r#"{{"rules": [{{"action": "deny", "kernels": "{}"}}]}}"#, first.selection.kernel);
-    rt.set_policy(Arc::new(Policy::from_json(&deny, "p.json").unwrap_or_else(|e| panic!("{e}"))))
+    assert_eq!(rt.select(&prefill(1, 1000)).unwrap_or_else(|e| panic!("{e}")).source(), SelectionSource::Cache);
+    let deny = format!(r#"{{"rules": [{{"action": "deny", "kernels": "{}"}}]}}"#, first.kernel);
+    rt.set_policy(Policy::from_json(&deny, "p.json").unwrap_or_else(|e| panic!("{e}")))
         .unwrap_or_else(|e| panic!("{e}"));
     let after = rt.select(&prefill(1, 1000)).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(after.source, SelectionSource::Live);
-    assert_ne!(after.selection.kernel, first.selection.kernel);
+    assert_eq!(after.source(), SelectionSource::Live);
+    assert_ne!(after.kernel, first.kernel);
 }
 
 #[test]
 fn the_cache_is_bounded_and_serves_only_kernels_eligible_for_the_exact_request() {
-    let rt = Runtime::new(selector("h100", Policy::default()), Registry::new()).with_cache_capacity(16);
+    let rt = runtime("h100", Policy::default()).with_cache_capacity(16);
     for hd in [64, 96, 128, 256] {
         for s in 1..=40 {
             let r = attention(DType::BF16, 1, s * 13, s * 13, 32, 8, hd);
             let c = rt.select(&r).unwrap_or_else(|e| panic!("{e}"));
             // Within a bucket the fastest kernel may differ by size; validity may not.
             let report = rt.selector().explain(&r);
-            let served = report.candidate(&c.selection.kernel).unwrap_or_else(|| panic!("unknown kernel"));
+            let served = report.candidate(&c.kernel).unwrap_or_else(|| panic!("unknown kernel"));
             assert!(
                 served.score.is_some(),
                 "head_dim {hd} seq {}: {} served but {:?}",

@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use layerzero::capabilities::catalog::Catalog;
 use layerzero::exec::args::{AttentionArgs, OpArgs, Outputs};
 use layerzero::exec::executor::{KernelError, Registry};
-use layerzero::exec::runtime::{BREAKER_THRESHOLD, Runtime};
+use layerzero::LayerZero;
+use layerzero::health::BREAKER_THRESHOLD;
 use layerzero::model::attrs::AttentionAttrs;
 use layerzero::model::dtype::DType;
 use layerzero::model::layout::Layout;
@@ -50,8 +51,10 @@ fn ok_output(tag: f32) -> Result<Outputs, KernelError> {
     Ok(o)
 }
 
-fn runtime(registry: Registry) -> Runtime {
-    Runtime::new(planner_with(catalog(), "zen4", layerzero::policy::Policy::default()), registry)
+fn runtime(registry: Registry) -> LayerZero {
+    LayerZero::new(planner_with(catalog(), "zen4", layerzero::policy::Policy::default()), registry)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .with_input_check(true)
 }
 
 #[test]
@@ -73,8 +76,9 @@ fn the_best_kernel_runs_when_it_works() {
     let mut r = Registry::new();
     r.register("probe.attention.fast", Arc::new(|_: &OpArgs| ok_output(1.0)));
     r.register("probe.attention.mid", Arc::new(|_: &OpArgs| ok_output(2.0)));
-    let d = runtime(r).dispatch(&args()).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(d.selection.kernel, "probe.attention.fast");
+    let lz = runtime(r);
+    let d = lz.dispatch(&args()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(d.selection().kernel, "probe.attention.fast");
     assert!(!d.fell_back());
     assert_eq!(d.outputs["out"].to_f32_vec(), vec![1.0]);
 }
@@ -88,11 +92,12 @@ fn a_panicking_kernel_is_reported_and_the_next_one_runs() {
     );
     r.register("probe.attention.mid", Arc::new(|_: &OpArgs| Err(KernelError::Failed("device lost".to_owned()))));
     r.register("probe.attention.slow", Arc::new(|_: &OpArgs| ok_output(3.0)));
-    let d = runtime(r).dispatch(&args()).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(d.selection.kernel, "probe.attention.slow");
+    let lz = runtime(r);
+    let d = lz.dispatch(&args()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(d.selection().kernel, "probe.attention.slow");
     assert!(d.fell_back());
     let reasons: Vec<(String, ReasonCode, String)> = d
-        .attempts
+        .failed
         .iter()
         .filter_map(|a| a.reason.as_ref().map(|r| (a.kernel.clone(), r.code(), r.message().to_owned())))
         .collect();
@@ -106,9 +111,10 @@ fn a_panicking_kernel_is_reported_and_the_next_one_runs() {
 fn a_kernel_without_an_executor_is_skipped_with_a_reason() {
     let mut r = Registry::new();
     r.register("probe.attention.mid", Arc::new(|_: &OpArgs| ok_output(2.0)));
-    let d = runtime(r).dispatch(&args()).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(d.selection.kernel, "probe.attention.mid");
-    assert_eq!(d.attempts[0].reason.as_ref().map(|r| r.code()), Some(ReasonCode::EXECUTOR_NOT_REGISTERED));
+    let lz = runtime(r);
+    let d = lz.dispatch(&args()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(d.selection().kernel, "probe.attention.mid");
+    assert_eq!(d.failed[0].reason.as_ref().map(|r| r.code()), Some(ReasonCode::EXECUTOR_NOT_REGISTERED));
 }
 
 #[test]
@@ -149,12 +155,12 @@ fn repeated_failures_open_the_circuit() {
     let rt = runtime(r);
     for _ in 0..BREAKER_THRESHOLD + 2 {
         let d = rt.dispatch(&args()).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(d.selection.kernel, "probe.attention.mid");
+        assert_eq!(d.selection().kernel, "probe.attention.mid");
     }
     assert_eq!(calls.load(Ordering::SeqCst), BREAKER_THRESHOLD as usize, "an open circuit is not called");
     assert_eq!(rt.open_circuits(), vec!["probe.attention.fast".to_owned()]);
     let d = rt.dispatch(&args()).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(d.attempts[0].reason.as_ref().map(|r| r.code()), Some(ReasonCode::BACKEND_UNHEALTHY));
+    assert_eq!(d.failed[0].reason.as_ref().map(|r| r.code()), Some(ReasonCode::BACKEND_UNHEALTHY));
 }
 
 #[test]
@@ -168,7 +174,8 @@ fn nan_and_inf_inputs_are_computed_and_flagged() {
         v[9] = f32::INFINITY;
         x.k = HostTensor::from_f32(&[1, 4, 2, 8], v).unwrap_or_else(|e| panic!("{e}")).with_layout(Layout::Bshd);
     }
-    let d = runtime(r).dispatch(&a).unwrap_or_else(|e| panic!("{e}"));
+    let lz = runtime(r);
+    let d = lz.dispatch(&a).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(d.input_flags.len(), 1);
     assert_eq!((d.input_flags[0].tensor.as_str(), d.input_flags[0].nan, d.input_flags[0].inf), ("k", 1, 1));
 }

@@ -10,6 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::{CatalogArg, Outcome, load_catalog, print_json, render};
 use crate::error::{Error, Result};
+use crate::plan::workload::Workload;
 use crate::tune::{self, Event, Host, Status, TuneOptions, TuneReport};
 
 #[derive(Args, Debug)]
@@ -49,7 +50,7 @@ fn seconds(flag: &str, v: f64) -> Result<Duration> {
 pub(super) fn run(a: TuneArgs) -> Result<Outcome> {
     let budget = a.budget.map(|b| seconds("--budget", b)).transpose()?;
     let time_cap = a.time_cap.map(|c| seconds("--time-cap", c)).transpose()?;
-    let workload = tune::load_workload(&a.workload)?;
+    let workload = Workload::load(&a.workload)?;
     let perfdb = match a.perfdb {
         Some(p) => p,
         None => crate::perfdb::default_path(),

@@ -190,6 +190,7 @@ impl Policy {
         Ok(policy)
     }
 
+
     fn check_values(&self, origin: &str) -> Result<()> {
         if self.schema_version != 1 {
             return Err(Error::invalid(format!(

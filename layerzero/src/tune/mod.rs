@@ -20,26 +20,29 @@
 //! model alone and for selection backed by the PerfDB rows now stored.
 
 pub mod measure;
+mod report;
 pub mod synth;
+mod timing;
+mod verify;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-
 use crate::capabilities::catalog::Catalog;
-use crate::error::{Error, Result};
-use crate::exec::args::OpArgs;
+use crate::error::Result;
 use crate::exec::executor::Registry;
-use crate::transform::apply_transforms;
 use crate::hardware::detect;
-use crate::perfdb::{self, PerfDb, Recovery, Row};
+use crate::perfdb::{self, PerfDb, Row};
 use crate::plan::workload::{Point, Workload};
 use crate::policy::Policy;
 use crate::score::measured::{CV_NONE, MIN_SAMPLES, Measured, Measurements};
-use crate::select::{Availability, ScoreSource, Selection, Selector};
+use crate::select::{Availability, Selection, Selector};
 use measure::{Measurement, Protocol};
+pub use report::{
+    BucketRegret, KernelResult, Phase, Pick, RegretSummary, Skipped, Status, TuneReport, Unselectable, VerifiedTime,
+    VerifyReport,
+};
 
 /// Version of the `lz tune --json` document (`schemas/tune_report.schema.json`).
 pub const REPORT_SCHEMA_VERSION: u32 = 1;
@@ -109,26 +112,6 @@ impl TuneOptions {
     }
 }
 
-/// The phase a measurement belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    /// Measuring for the PerfDB.
-    Tune,
-    /// Re-measuring to compute the regret.
-    Verify,
-}
-
-impl Phase {
-    /// The stable name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Phase::Tune => "tune",
-            Phase::Verify => "verify",
-        }
-    }
-}
-
 /// Progress, for a progress bar.
 #[derive(Debug, Clone, Copy)]
 pub enum Event<'a> {
@@ -152,204 +135,6 @@ pub enum Event<'a> {
     Finished,
 }
 
-/// How one (point, kernel) pair fared in the tune phase.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Status {
-    /// Timed now; a row was written.
-    Measured,
-    /// A usable row was already stored; not timed again.
-    Cached,
-    /// The kernel failed or panicked; nothing was written.
-    Failed,
-}
-
-/// One (point, kernel) pair of the tune phase.
-#[derive(Debug, Clone, Serialize)]
-pub struct KernelResult {
-    /// Workload entry.
-    pub entry: String,
-    /// Op.
-    pub op: String,
-    /// Bucket text.
-    pub bucket: String,
-    /// Validity key (hex).
-    pub key: String,
-    /// Kernel id.
-    pub kernel: String,
-    /// Backend.
-    pub backend: String,
-    /// What happened.
-    pub status: Status,
-    /// Samples kept (0 when failed).
-    pub samples: u32,
-    /// Samples rejected as outliers.
-    pub rejected: u32,
-    /// Median time per call, ns.
-    pub median_ns: f64,
-    /// 10th percentile, ns.
-    pub p10_ns: f64,
-    /// 90th percentile, ns.
-    pub p90_ns: f64,
-    /// Median absolute deviation, ns.
-    pub mad_ns: f64,
-    /// Coefficient of variation.
-    pub cv: f64,
-    /// Why sampling stopped (measured only).
-    pub stop: Option<&'static str>,
-    /// The failure (failed only).
-    pub error: Option<String>,
-    /// The model-only selector picks this kernel here (first eligible with an executor).
-    pub model_choice: bool,
-    /// The PerfDB-backed selector picks it, after this run's rows were stored.
-    pub perfdb_choice: bool,
-}
-
-/// Work not done.
-#[derive(Debug, Clone, Serialize)]
-pub struct Skipped {
-    /// Workload entry.
-    pub entry: String,
-    /// Bucket text.
-    pub bucket: String,
-    /// Kernel id.
-    pub kernel: String,
-    /// The phase it was skipped in.
-    pub phase: Phase,
-    /// `budget` (the budget was spent) or `no_executor` (eligible, but nothing runs it here).
-    pub reason: &'static str,
-}
-
-/// A point no kernel qualifies for.
-#[derive(Debug, Clone, Serialize)]
-pub struct Unselectable {
-    /// Workload entry.
-    pub entry: String,
-    /// Bucket text.
-    pub bucket: String,
-    /// The selection error.
-    pub error: String,
-}
-
-/// A kernel a selector picked at one bucket, with its verified time.
-#[derive(Debug, Clone, Serialize)]
-pub struct Pick {
-    /// Kernel id.
-    pub kernel: String,
-    /// Its fresh median, ns.
-    pub median_ns: f64,
-    /// time(picked) / time(fastest) - 1.
-    pub regret: f64,
-    /// Where the selector's estimate came from (`model`, `perfdb`, `blended`).
-    pub source: &'static str,
-}
-
-/// One kernel's fresh time at one bucket.
-#[derive(Debug, Clone, Serialize)]
-pub struct VerifiedTime {
-    /// Kernel id.
-    pub kernel: String,
-    /// Median, ns (absent when it failed).
-    pub median_ns: Option<f64>,
-    /// Coefficient of variation.
-    pub cv: Option<f64>,
-    /// Samples kept.
-    pub samples: u32,
-    /// The failure, if it failed.
-    pub error: Option<String>,
-}
-
-/// The regret of both selectors at one bucket.
-#[derive(Debug, Clone, Serialize)]
-pub struct BucketRegret {
-    /// Workload entry.
-    pub entry: String,
-    /// Bucket text.
-    pub bucket: String,
-    /// The fastest kernel in the fresh series.
-    pub fastest: String,
-    /// Its median, ns.
-    pub fastest_ns: f64,
-    /// The model-only pick.
-    pub model: Pick,
-    /// The PerfDB-backed pick.
-    pub perfdb: Pick,
-    /// Every kernel's fresh time.
-    pub times: Vec<VerifiedTime>,
-}
-
-/// Mean and worst regret over the verified buckets.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
-pub struct RegretSummary {
-    /// Mean regret.
-    pub mean: f64,
-    /// Worst regret.
-    pub worst: f64,
-    /// Buckets where the pick was not the fastest.
-    pub misses: usize,
-}
-
-/// The verification.
-#[derive(Debug, Clone, Serialize)]
-pub struct VerifyReport {
-    /// Buckets verified.
-    pub verified: usize,
-    /// Buckets not verified (budget, or no kernel ran).
-    pub unverified: usize,
-    /// Model-only selection.
-    pub model: RegretSummary,
-    /// PerfDB-backed selection.
-    pub perfdb: RegretSummary,
-    /// Per bucket.
-    pub buckets: Vec<BucketRegret>,
-}
-
-/// The outcome of a tuning run (`lz tune --json`).
-#[derive(Debug, Clone, Serialize)]
-pub struct TuneReport {
-    /// Document version.
-    pub schema_version: u32,
-    /// Workload name.
-    pub workload: String,
-    /// Workload file.
-    pub workload_file: String,
-    /// Points (buckets) the workload covers.
-    pub points: usize,
-    /// Hardware profile name.
-    pub hardware: String,
-    /// Its fingerprint (the rows' `fingerprint`).
-    pub fingerprint: String,
-    /// The PerfDB file.
-    pub perfdb: String,
-    /// A damaged PerfDB that opening moved aside.
-    pub perfdb_recovered: Option<Recovery>,
-    /// Rows written.
-    pub rows_written: usize,
-    /// The budget, seconds.
-    pub budget_s: Option<f64>,
-    /// True when the budget ran out before every planned measurement started.
-    pub budget_exhausted: bool,
-    /// Wall time, seconds.
-    pub elapsed_s: f64,
-    /// The protocol's knobs.
-    pub protocol: serde_json::Value,
-    /// The tune phase, point by point.
-    pub results: Vec<KernelResult>,
-    /// Work not done.
-    pub skipped: Vec<Skipped>,
-    /// Points no kernel qualifies for.
-    pub unselectable: Vec<Unselectable>,
-    /// The verification, when asked for.
-    pub verify: Option<VerifyReport>,
-}
-
-impl TuneReport {
-    /// The report as JSON (`schemas/tune_report.schema.json`).
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
-    }
-}
-
 /// One point's plan.
 struct Planned<'a> {
     point: &'a Point,
@@ -369,7 +154,7 @@ pub fn tune(opts: &TuneOptions) -> Result<TuneReport> {
 pub fn tune_with(host: &Host, opts: &TuneOptions, on_event: &mut dyn FnMut(Event<'_>)) -> Result<TuneReport> {
     let start = Instant::now();
     let deadline = opts.budget.map(|b| start + b);
-    let spent = || deadline.is_some_and(|d| Instant::now() >= d);
+    let spent = || timing::spent(deadline);
     let file = opts.workload_file.as_str();
     let points = opts.workload.points().map_err(|e| e.context(file))?;
     let opened = PerfDb::open(&opts.perfdb)?;
@@ -451,7 +236,7 @@ pub fn tune_with(host: &Host, opts: &TuneOptions, on_event: &mut dyn FnMut(Event
             let names: Vec<&str> = todo_now.iter().map(|s| s.kernel.as_str()).collect();
             let kernels = names.join(", ");
             on_event(Event::Started { phase: Phase::Tune, entry, bucket: &plan.bucket, kernel: &kernels });
-            let out = time_group(host, &plan.point.request, &todo_now, opts, pi as u64, deadline);
+            let out = timing::time_group(host, &plan.point.request, &todo_now, opts, pi as u64, deadline);
             for _ in &todo_now {
                 on_event(Event::Finished);
             }
@@ -564,85 +349,10 @@ pub fn tune_with(host: &Host, opts: &TuneOptions, on_event: &mut dyn FnMut(Event
         }
     }
 
-    // Verify.
     let verify = if opts.verify {
-        let mut buckets = Vec::new();
-        let mut unverified = 0usize;
-        for (pi, plan) in plans.iter().enumerate() {
-            let entry = plan.point.entry.as_str();
-            if spent() {
-                budget_exhausted = true;
-                unverified += 1;
-                for sel in &plan.ranked {
-                    skipped.push(Skipped {
-                        entry: entry.to_owned(),
-                        bucket: plan.bucket.clone(),
-                        kernel: sel.kernel.clone(),
-                        phase: Phase::Verify,
-                        reason: "budget",
-                    });
-                    on_event(Event::Finished);
-                }
-                continue;
-            }
-            let all: Vec<&Selection> = plan.ranked.iter().collect();
-            let names: Vec<&str> = all.iter().map(|s| s.kernel.as_str()).collect();
-            let kernels = names.join(", ");
-            on_event(Event::Started { phase: Phase::Verify, entry, bucket: &plan.bucket, kernel: &kernels });
-            // Fresh inputs (another seed) and fresh series, not the ones the rows came from.
-            let seed = pi as u64 ^ 0x5645_5249_4659_0000;
-            let outcomes = time_group(host, &plan.point.request, &all, opts, seed, None);
-            for _ in &all {
-                on_event(Event::Finished);
-            }
-            let times: Vec<VerifiedTime> = all
-                .iter()
-                .zip(outcomes)
-                .map(|(sel, t)| match t {
-                    Ok(m) => VerifiedTime {
-                        kernel: sel.kernel.clone(),
-                        median_ns: Some(m.summary.median),
-                        cv: Some(m.summary.cv),
-                        samples: m.summary.samples,
-                        error: None,
-                    },
-                    Err(e) => VerifiedTime {
-                        kernel: sel.kernel.clone(),
-                        median_ns: None,
-                        cv: None,
-                        samples: 0,
-                        error: Some(e),
-                    },
-                })
-                .collect();
-            let perf_ranked: Vec<Selection> = with_db
-                .ranked(&plan.point.request)
-                .map(|r| r.into_iter().filter(|s| host.registry.contains(&s.kernel)).collect())
-                .unwrap_or_default();
-            match regret(plan, &plan.ranked, &perf_ranked, times) {
-                Some(b) => buckets.push(b),
-                None => unverified += 1,
-            }
-        }
-        let summary = |f: fn(&BucketRegret) -> f64| {
-            let n = buckets.len();
-            if n == 0 {
-                return RegretSummary::default();
-            }
-            let v: Vec<f64> = buckets.iter().map(f).collect();
-            RegretSummary {
-                mean: v.iter().sum::<f64>() / n as f64,
-                worst: v.iter().copied().fold(0.0, f64::max),
-                misses: v.iter().filter(|&&r| r > 0.0).count(),
-            }
-        };
-        Some(VerifyReport {
-            verified: buckets.len(),
-            unverified,
-            model: summary(|b| b.model.regret),
-            perfdb: summary(|b| b.perfdb.regret),
-            buckets,
-        })
+        let (report, exhausted) = verify::run(host, opts, &plans, &with_db, deadline, &mut skipped, on_event);
+        budget_exhausted |= exhausted;
+        Some(report)
     } else {
         None
     };
@@ -668,110 +378,10 @@ pub fn tune_with(host: &Host, opts: &TuneOptions, on_event: &mut dyn FnMut(Event
     })
 }
 
-/// A kernel ready to be timed: its executor and its adapted inputs.
-type Prepared<'a> = (&'a Arc<dyn crate::exec::executor::Executor>, OpArgs);
-
-/// Synthesizes the point's inputs, applies each selection's transforms and times the
-/// kernels together (interleaved). One result per selection, in order; errors are messages:
-/// a failing kernel is reported, not fatal.
-fn time_group(
-    host: &Host,
-    request: &crate::model::request::Request,
-    sels: &[&Selection],
-    opts: &TuneOptions,
-    salt: u64,
-    deadline: Option<Instant>,
-) -> Vec<std::result::Result<Measurement, String>> {
-    let seed = opts.seed ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    let base = match synth::synthesize(request, seed) {
-        Ok(a) => a,
-        Err(e) => return sels.iter().map(|_| Err(format!("cannot synthesize inputs: {e}"))).collect(),
-    };
-    // Per selection: its executor and adapted inputs, or why it cannot run.
-    let prepared: Vec<std::result::Result<Prepared<'_>, String>> = sels
-        .iter()
-        .map(|sel| {
-            let exec = host
-                .registry
-                .get(&sel.kernel)
-                .ok_or_else(|| format!("no executor is registered for {}", sel.kernel))?;
-            let args =
-                apply_transforms(&base, &sel.transforms).map_err(|e| format!("transform before the kernel: {e}"))?;
-            Ok((exec, args))
-        })
-        .collect();
-    let group: Vec<measure::Candidate<'_>> = prepared
-        .iter()
-        .filter_map(|p| p.as_ref().ok())
-        .map(|(exec, args)| measure::Candidate { exec: exec.as_ref(), args })
-        .collect();
-    let mut measured = measure::measure_interleaved(&group, &opts.protocol, deadline).into_iter();
-    prepared
-        .iter()
-        .map(|p| match p {
-            Ok(_) => measured
-                .next()
-                .unwrap_or_else(|| Err(measure::Failure { message: "not measured".to_owned() }))
-                .map_err(|f| f.message),
-            Err(e) => Err(e.clone()),
-        })
-        .collect()
-}
-
-/// The regret of both selectors at one bucket, from fresh times; `None` when no kernel ran.
-/// A pick that failed here is replaced by the next in its ranking, as dispatch falls back.
-fn regret(
-    plan: &Planned<'_>,
-    model_ranked: &[Selection],
-    perf_ranked: &[Selection],
-    times: Vec<VerifiedTime>,
-) -> Option<BucketRegret> {
-    let time_of = |k: &str| times.iter().find(|t| t.kernel == k).and_then(|t| t.median_ns);
-    let (fastest, fastest_ns) = times
-        .iter()
-        .filter_map(|t| t.median_ns.map(|m| (t.kernel.clone(), m)))
-        .min_by(|a, b| a.1.total_cmp(&b.1).then_with(|| a.0.cmp(&b.0)))?;
-    let pick = |ranked: &[Selection]| -> Option<Pick> {
-        ranked.iter().find_map(|s| {
-            time_of(&s.kernel).map(|t| Pick {
-                kernel: s.kernel.clone(),
-                median_ns: t,
-                regret: if fastest_ns > 0.0 { (t / fastest_ns - 1.0).max(0.0) } else { 0.0 },
-                source: source_name(s.score.source),
-            })
-        })
-    };
-    let model = pick(model_ranked)?;
-    let perfdb = pick(perf_ranked).unwrap_or_else(|| model.clone());
-    Some(BucketRegret {
-        entry: plan.point.entry.clone(),
-        bucket: plan.bucket.clone(),
-        fastest,
-        fastest_ns,
-        model,
-        perfdb,
-        times,
-    })
-}
-
-fn source_name(s: ScoreSource) -> &'static str {
-    s.as_str()
-}
-
-/// Reads and checks a workload file; errors name the file and the field.
-pub fn load_workload(path: &std::path::Path) -> Result<Workload> {
-    let source = path.display().to_string();
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| Error::new(crate::error::ErrorKind::Io, format!("cannot read {source}: {e}")))?;
-    let w = Workload::from_json(&text, &source)?;
-    // Resolve the points now, so a bad range or request fails before any timing.
-    w.points().map_err(|e| e.context(&source))?;
-    Ok(w)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::select::ScoreSource;
 
     const TINY: &str = r#"{
         "schema_version": 1, "name": "tiny",

@@ -1,0 +1,225 @@
+//! The `lz` command line as data: every command and its arguments (clap derives the
+//! parser and the help text from these definitions and their doc comments).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use super::tune;
+
+/// LayerZero: selects the fastest valid kernel for an ML op on a machine, and says why.
+#[derive(Parser, Debug)]
+#[command(name = "lz", version, about, propagate_version = true)]
+pub(super) struct Cli {
+    #[command(subcommand)]
+    pub(super) command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub(super) enum Command {
+    /// Explain the selection for a request: the winner, then every candidate with its verdict.
+    Explain(SelectArgs),
+    /// Print the kernel id selected for a request (exit 1 when none qualifies).
+    Which(SelectArgs),
+    /// List the kernels of the catalog.
+    ListKernels(ListArgs),
+    /// Schema-check capability, hardware, policy and request files (all shipped files by default).
+    Validate(ValidateArgs),
+    /// Show a hardware profile (this host, detected, unless --hardware is given).
+    Hardware(HardwareArgs),
+    /// Check this installation: hardware, backends, files, one sample selection.
+    Doctor(DoctorArgs),
+    /// Print every reason code with its category and meaning.
+    ReasonCodes(JsonArg),
+    /// Run a request on this machine: load inputs, select (or force) a kernel, write outputs.
+    Run(RunCmd),
+    /// Check every executable kernel against cpu_reference over the case matrix.
+    Parity(ParityArgs),
+    /// Measure a workload's kernels on this machine into the PerfDB; --verify reports the regret.
+    Tune(tune::TuneArgs),
+    /// Bake a dispatch table: a decision for every bucket of a workload (PerfDB-backed when
+    /// measurements exist).
+    Solve(SolveCmd),
+    /// Is this machine ready to serve? Schemas, table vs. host, kernels, coverage, PerfDB.
+    /// Exit 0 ready, 1 not ready (every failure names its fix), 2 usage error.
+    ReadinessCheck(ReadinessCmd),
+}
+
+#[derive(Args, Debug)]
+pub(super) struct SolveCmd {
+    /// The workload file (schemas/workload.schema.json).
+    #[arg(long, value_name = "FILE")]
+    pub(super) workload: PathBuf,
+    /// Solve for a named hardware profile or a profile file instead of this host.
+    #[arg(long, value_name = "NAME|PATH")]
+    pub(super) hardware: Option<String>,
+    /// Policy file.
+    #[arg(long, value_name = "FILE")]
+    pub(super) policy: Option<PathBuf>,
+    /// PerfDB file (default $LAYERZERO_PERFDB, else $LAYERZERO_HOME/perfdb.sqlite).
+    #[arg(long, value_name = "FILE", conflicts_with = "no_perfdb")]
+    pub(super) perfdb: Option<PathBuf>,
+    /// Use the cost model only, ignoring any PerfDB.
+    #[arg(long)]
+    pub(super) no_perfdb: bool,
+    /// Where to write the table.
+    #[arg(long, value_name = "FILE")]
+    pub(super) out: PathBuf,
+    #[command(flatten)]
+    pub(super) catalog: CatalogArg,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub(super) json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct ReadinessCmd {
+    /// The dispatch table to serve with.
+    #[arg(long, value_name = "FILE")]
+    pub(super) table: Option<PathBuf>,
+    /// The policy to serve with.
+    #[arg(long, value_name = "FILE")]
+    pub(super) policy: Option<PathBuf>,
+    /// The workload whose buckets the table must cover.
+    #[arg(long, value_name = "FILE")]
+    pub(super) workload: Option<PathBuf>,
+    /// PerfDB file (default $LAYERZERO_PERFDB, else $LAYERZERO_HOME/perfdb.sqlite).
+    #[arg(long, value_name = "FILE")]
+    pub(super) perfdb: Option<PathBuf>,
+    #[command(flatten)]
+    pub(super) catalog: CatalogArg,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub(super) json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct RunCmd {
+    /// Request file (JSON), or - for standard input.
+    #[arg(long, value_name = "FILE|-")]
+    pub(super) request: String,
+    /// Input tensors (safetensors), named as in the request.
+    #[arg(long, value_name = "IN.safetensors")]
+    pub(super) inputs: PathBuf,
+    /// Where to write the outputs (`out`; RoPE also `out_k`).
+    #[arg(long, value_name = "OUT.safetensors")]
+    pub(super) out: PathBuf,
+    /// Run this kernel (it must still pass every check).
+    #[arg(long, value_name = "ID")]
+    pub(super) kernel: Option<String>,
+    /// Policy file.
+    #[arg(long, value_name = "FILE")]
+    pub(super) policy: Option<PathBuf>,
+    /// Run the kernel N more times and report the median time.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub(super) repeat: usize,
+    /// Serve the selection from this dispatch table (`lz solve`); a miss selects live.
+    /// Default: $LAYERZERO_DISPATCH_TABLE.
+    #[arg(long, value_name = "FILE")]
+    pub(super) table: Option<PathBuf>,
+    /// How to use the table: prefer (live on a miss or mismatch), strict (refuse), off.
+    /// Default: $LAYERZERO_PLAN_MODE, else prefer.
+    #[arg(long, value_name = "MODE")]
+    pub(super) plan_mode: Option<crate::runtime::PlanMode>,
+    #[command(flatten)]
+    pub(super) catalog: CatalogArg,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub(super) json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct ParityArgs {
+    /// Only this op.
+    #[arg(long)]
+    pub(super) op: Option<String>,
+    /// Only this kernel.
+    #[arg(long, value_name = "ID")]
+    pub(super) kernel: Option<String>,
+    #[command(flatten)]
+    pub(super) catalog: CatalogArg,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub(super) json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct JsonArg {
+    /// Machine-readable output.
+    #[arg(long)]
+    pub(super) json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct CatalogArg {
+    /// Read capability files from this folder instead of the shipped ones.
+    #[arg(long, value_name = "DIR")]
+    pub(super) capabilities: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct SelectArgs {
+    /// Request file (JSON), or - for standard input.
+    #[arg(long, value_name = "FILE|-")]
+    pub(super) request: String,
+    /// Plan for a named hardware profile or a profile file instead of this host.
+    #[arg(long, value_name = "NAME|PATH")]
+    pub(super) hardware: Option<String>,
+    /// Policy file.
+    #[arg(long, value_name = "FILE")]
+    pub(super) policy: Option<PathBuf>,
+    #[command(flatten)]
+    pub(super) catalog: CatalogArg,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub(super) json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct ListArgs {
+    /// Only kernels of this op.
+    #[arg(long)]
+    pub(super) op: Option<String>,
+    /// Only kernels of this backend.
+    #[arg(long)]
+    pub(super) backend: Option<String>,
+    #[command(flatten)]
+    pub(super) catalog: CatalogArg,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub(super) json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct ValidateArgs {
+    /// Files to check; the kind is read from the path or the content.
+    pub(super) files: Vec<PathBuf>,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub(super) json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct HardwareArgs {
+    /// A named profile or a profile file instead of this host.
+    #[arg(long, value_name = "NAME|PATH")]
+    pub(super) hardware: Option<String>,
+    /// List the shipped profile names.
+    #[arg(long)]
+    pub(super) list: bool,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub(super) json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct DoctorArgs {
+    #[command(flatten)]
+    pub(super) catalog: CatalogArg,
+    /// Check this PerfDB file instead of $LAYERZERO_PERFDB (default $LAYERZERO_HOME/perfdb.sqlite).
+    #[arg(long, value_name = "FILE")]
+    pub(super) perfdb: Option<PathBuf>,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub(super) json: bool,
+}

@@ -1,0 +1,321 @@
+//! Is this installation sound? Hardware, backends, shipped files, one sample selection, the
+//! PerfDB, the configured dispatch table and every `LAYERZERO_*` knob, as one report.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use super::files::{self, FileCheck};
+use crate::capabilities::catalog::Catalog;
+use crate::capabilities::spec::Execution;
+use crate::error::Result;
+use crate::runtime::PlanMode;
+use crate::hardware::detect;
+use crate::hardware::profile::HardwareProfile;
+use crate::knobs::{self, KnobReport};
+use crate::model::attrs::{AttentionAttrs, Attrs};
+use crate::model::device::DeviceKind;
+use crate::model::dtype::DType;
+use crate::model::layout::Layout;
+use crate::model::op::Op;
+use crate::model::request::Request;
+use crate::model::tensor::TensorDesc;
+use crate::perfdb::{self, DbStats, PerfDb, Recovery};
+use crate::policy::Policy;
+use crate::select::{Availability, BackendStatus, Selector};
+
+/// What to examine.
+pub struct DoctorInputs<'a> {
+    /// The catalog in use.
+    pub catalog: Arc<Catalog>,
+    /// The PerfDB file; `None` is the default path (`$LAYERZERO_PERFDB`, ...).
+    pub perfdb: Option<&'a Path>,
+}
+
+/// Everything doctor found. The host is always detected: doctor is about this machine.
+#[derive(Debug)]
+pub struct DoctorReport {
+    /// This host's profile.
+    pub hardware: Arc<HardwareProfile>,
+    /// What detection could not see or had to estimate.
+    pub hardware_notes: Vec<String>,
+    /// The catalog's hash.
+    pub capabilities_hash: String,
+    /// Every backend of the catalog and whether it can run here.
+    pub backends: Vec<BackendCheck>,
+    /// The shipped files' schema checks.
+    pub files: Vec<FileCheck>,
+    /// A typical request for the primary device and what it selects.
+    pub sample: SampleSelection,
+    /// The PerfDB.
+    pub perfdb: PerfDbCheck,
+    /// The dispatch table a runtime here would serve with.
+    pub plan: PlanCheck,
+    /// Every `LAYERZERO_*` knob as the process environment sets it.
+    pub knobs: Vec<KnobReport>,
+    /// No problem anywhere above.
+    pub ok: bool,
+}
+
+/// One backend of the catalog.
+#[derive(Debug, Clone)]
+pub struct BackendCheck {
+    /// Its name.
+    pub backend: String,
+    /// The device it runs on.
+    pub device: DeviceKind,
+    /// How it executes.
+    pub execution: Execution,
+    /// Its version.
+    pub version: String,
+    /// How many kernels it declares.
+    pub kernels: usize,
+    /// Whether it can run here, and why not.
+    pub status: BackendStatus,
+}
+
+/// The sample selection: causal GQA attention prefill on the primary device.
+#[derive(Debug, Clone)]
+pub struct SampleSelection {
+    /// The primary device's kind.
+    pub device: DeviceKind,
+    /// The request selected for.
+    pub request: Request,
+    /// The winner and its modeled time in ns, or why nothing qualified.
+    pub result: std::result::Result<(String, f64), String>,
+}
+
+/// What doctor found at the PerfDB path. A missing file is not created: doctor only looks.
+#[derive(Debug, Clone, Default)]
+pub struct PerfDbCheck {
+    /// The path looked at.
+    pub path: PathBuf,
+    /// Whether a file was there.
+    pub exists: bool,
+    /// Its statistics, when it could be read.
+    pub stats: Option<DbStats>,
+    /// Set when the file was damaged and moved aside.
+    pub recovered: Option<Recovery>,
+    /// Why it could not be opened or read.
+    pub error: Option<String>,
+}
+
+/// Whether a configured dispatch table loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlanStatus {
+    /// No `LAYERZERO_DISPATCH_TABLE`: selection is live and cached.
+    None,
+    /// The table loaded.
+    Loaded,
+    /// The table, its policy or the selector for it was refused; `PlanCheck::reason` says why.
+    Refused,
+}
+
+/// The plan a runtime here would serve with: `LAYERZERO_DISPATCH_TABLE` under
+/// `LAYERZERO_PLAN_MODE` and `LAYERZERO_POLICY`, checked against this host; and the cache size.
+#[derive(Debug, Clone)]
+pub struct PlanCheck {
+    /// `LAYERZERO_PLAN_MODE`; `None` when its value is invalid.
+    pub mode: Option<PlanMode>,
+    /// The table path, when one is configured.
+    pub table: Option<String>,
+    /// Whether it loads.
+    pub status: PlanStatus,
+    /// Entries served.
+    pub entries: usize,
+    /// Entries dropped because their kernel is no longer eligible here.
+    pub dropped: usize,
+    /// Why it was refused.
+    pub reason: Option<String>,
+    /// `LAYERZERO_CACHE_CAPACITY`; `None` when its value is invalid.
+    pub cache_slots: Option<u64>,
+}
+
+/// Examines this installation. Fails only when no selector can be built for this host.
+pub fn doctor(inputs: &DoctorInputs<'_>) -> Result<DoctorReport> {
+    let catalog = &inputs.catalog;
+    let detection = detect::detect_host();
+    let host = Arc::new(detection.profile);
+    let availability = Arc::new(Availability::probe_host(catalog, &host));
+    let files = files::shipped();
+    let selector = Selector::new(catalog.clone(), host.clone(), Arc::new(Policy::default()), availability.clone())?;
+    let device = host.primary().kind;
+    let request = sample_request(device);
+    let result = selector.select(&request).map(|s| (s.kernel, s.score.total_ns)).map_err(|e| e.to_string());
+    let knobs = knobs::report_in(&knobs::process_env);
+    let perfdb = check_perfdb(inputs.perfdb.map_or_else(perfdb::default_path, Path::to_path_buf));
+    let plan = check_plan(catalog, &host, &availability);
+    let backends = catalog
+        .backends()
+        .iter()
+        .map(|b| BackendCheck {
+            backend: b.backend.clone(),
+            device: b.device,
+            execution: b.execution,
+            version: b.version.clone(),
+            kernels: b.kernels.len(),
+            status: availability.status(&b.backend),
+        })
+        .collect();
+    let ok = files.iter().all(FileCheck::is_valid)
+        && result.is_ok()
+        && knobs.iter().all(|k| k.error.is_none())
+        && perfdb.ok()
+        && plan.status != PlanStatus::Refused;
+    Ok(DoctorReport {
+        hardware: host,
+        hardware_notes: detection.notes,
+        capabilities_hash: catalog.hash().to_owned(),
+        backends,
+        files,
+        sample: SampleSelection { device, request, result },
+        perfdb,
+        plan,
+        knobs,
+        ok,
+    })
+}
+
+impl DoctorReport {
+    /// The report as `lz doctor --json` prints it (`schemas/doctor.schema.json`).
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut hw = self.hardware.to_file_json();
+        hw["fingerprint"] = serde_json::Value::String(self.hardware.fingerprint.clone());
+        let backends: Vec<serde_json::Value> = self
+            .backends
+            .iter()
+            .map(|b| {
+                let (status, reason) = match &b.status {
+                    BackendStatus::Available => ("available", None),
+                    BackendStatus::NotInstalled(r) => ("not_installed", Some(r)),
+                    BackendStatus::Unhealthy(r) => ("unhealthy", Some(r)),
+                };
+                serde_json::json!({
+                    "backend": b.backend, "device": b.device, "execution": b.execution, "version": b.version,
+                    "kernels": b.kernels, "status": status, "reason": reason,
+                })
+            })
+            .collect();
+        let request = &self.sample.request;
+        let sample = match &self.sample.result {
+            Ok((kernel, ns)) => serde_json::json!({
+                "request": request, "selected": kernel, "estimated_ns": ns, "error": null,
+            }),
+            Err(e) => serde_json::json!({"request": request, "selected": null, "estimated_ns": null, "error": e}),
+        };
+        serde_json::json!({
+            "layerzero_version": env!("CARGO_PKG_VERSION"),
+            "ok": self.ok,
+            "hardware": hw,
+            "hardware_notes": self.hardware_notes,
+            "capabilities_hash": self.capabilities_hash,
+            "backends": backends,
+            "files": self.files.iter().map(|f| serde_json::json!({"file": f.file, "kind": f.kind, "valid": f.is_valid(), "errors": f.errors})).collect::<Vec<_>>(),
+            "sample_selection": sample,
+            "perfdb": self.perfdb.to_json(),
+            "plan": self.plan.to_json(),
+            "knobs": self.knobs,
+        })
+    }
+}
+
+impl PerfDbCheck {
+    /// Readable, and intact when present.
+    pub fn ok(&self) -> bool {
+        self.error.is_none() && self.stats.as_ref().is_none_or(|s| s.integrity == "ok")
+    }
+
+    /// The `perfdb` object of the doctor report.
+    pub fn to_json(&self) -> serde_json::Value {
+        let s = self.stats.as_ref();
+        serde_json::json!({
+            "path": self.path.display().to_string(),
+            "exists": self.exists,
+            "rows": s.map(|s| s.rows),
+            "fingerprints": s.map(|s| s.fingerprints),
+            "last_tune": s.and_then(|s| s.last_tune),
+            "integrity": s.map(|s| s.integrity.clone()),
+            "schema_version": s.map(|s| s.schema_version),
+            "recovered": self.recovered.as_ref().map(|r| serde_json::json!({
+                "moved_to": r.moved_to.display().to_string(), "why": r.why,
+            })),
+            "error": self.error,
+        })
+    }
+}
+
+impl PlanCheck {
+    /// The `plan` object of the doctor report.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "mode": self.mode, "table": self.table, "status": self.status, "entries": self.entries,
+            "dropped": self.dropped, "reason": self.reason, "cache_slots": self.cache_slots,
+        })
+    }
+}
+
+/// A typical attention request for the primary device: causal GQA prefill.
+fn sample_request(kind: DeviceKind) -> Request {
+    let (dtype, seq) = match kind {
+        DeviceKind::Cpu => (DType::F32, 512),
+        DeviceKind::Cuda | DeviceKind::Rocm => (DType::BF16, 2048),
+    };
+    let t = |h: u64| TensorDesc::new(dtype, [1, seq, h, 128]).with_layout(Layout::Bshd);
+    Request::new(Op::Attention)
+        .tensor("q", t(32))
+        .tensor("k", t(8))
+        .tensor("v", t(8))
+        .attrs(Attrs::Attention(AttentionAttrs { causal: true, ..AttentionAttrs::default() }))
+}
+
+/// Opens the PerfDB at `path` if the file exists (moving it aside if it is damaged) and reads
+/// its statistics.
+fn check_perfdb(path: PathBuf) -> PerfDbCheck {
+    let mut check = PerfDbCheck { exists: path.exists(), ..PerfDbCheck::default() };
+    if check.exists {
+        match PerfDb::open(&path) {
+            Ok(opened) => {
+                check.recovered = opened.recovered;
+                match opened.db.stats() {
+                    Ok(s) => check.stats = Some(s),
+                    Err(e) => check.error = Some(e.to_string()),
+                }
+            }
+            Err(e) => check.error = Some(e.to_string()),
+        }
+    }
+    check.path = path;
+    check
+}
+
+fn check_plan(catalog: &Arc<Catalog>, host: &Arc<HardwareProfile>, availability: &Arc<Availability>) -> PlanCheck {
+    let mut check = PlanCheck {
+        mode: knobs::plan_mode().ok(),
+        table: None,
+        status: PlanStatus::None,
+        entries: 0,
+        dropped: 0,
+        reason: None,
+        cache_slots: knobs::cache_capacity().ok(),
+    };
+    let Some(path) = knobs::dispatch_table() else { return check };
+    check.table = Some(path.display().to_string());
+    let loaded = knobs::policy()
+        .map_or_else(|| Ok(Policy::default()), |p| Policy::load(&p))
+        .and_then(|policy| Selector::new(catalog.clone(), host.clone(), Arc::new(policy), availability.clone()))
+        .and_then(|selector| crate::plan::table::load(&path, &selector).map_err(|r| r.error));
+    match loaded {
+        Ok(plan) => {
+            check.status = PlanStatus::Loaded;
+            check.entries = plan.len();
+            check.dropped = plan.dropped().len();
+        }
+        Err(e) => {
+            check.status = PlanStatus::Refused;
+            check.reason = Some(e.to_string());
+        }
+    }
+    check
+}

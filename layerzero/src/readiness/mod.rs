@@ -1,0 +1,310 @@
+//! Is this machine ready to serve, and is this installation sound? The checks behind
+//! `lz readiness-check` and `lz doctor`, computed as data so that a host program can run
+//! them at start-up and decide for itself; the CLI only renders them.
+//!
+//! ```no_run
+//! use std::path::Path;
+//! use layerzero::capabilities::catalog::Catalog;
+//! use layerzero::readiness::{self, ReadinessInputs};
+//!
+//! let inputs = ReadinessInputs {
+//!     table: Some(Path::new("plans/llama.json")),
+//!     ..ReadinessInputs::new(Catalog::builtin())
+//! };
+//! let checks = readiness::readiness(&inputs);
+//! for c in checks.iter().filter(|c| !c.ok) {
+//!     eprintln!("{}: {} (fix: {})", c.name, c.detail, c.fix.as_deref().unwrap_or(""));
+//! }
+//! assert!(readiness::all_passed(&checks));
+//! ```
+
+pub mod doctor;
+pub mod files;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::capabilities::catalog::Catalog;
+use crate::error::Result;
+use crate::exec::executor::Registry;
+use crate::hardware::detect;
+use crate::hardware::profile::HardwareProfile;
+use crate::perfdb::{self, PerfDb};
+use crate::plan::table::{DispatchTable, Plan};
+use crate::plan::workload::Workload;
+use crate::policy::Policy;
+use crate::select::{Availability, Selector};
+
+/// One readiness check.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Check {
+    /// What was checked (`capabilities`, `schemas`, `policy`, `table`, `table_matches_host`,
+    /// `kernels`, `jit`, `workload`, `coverage`, `perfdb`).
+    pub name: String,
+    /// Passed.
+    pub ok: bool,
+    /// What was found.
+    pub detail: String,
+    /// What to do about a failure; `None` when the check passed.
+    pub fix: Option<String>,
+}
+
+impl Check {
+    /// A passed check.
+    pub fn pass(name: &str, detail: String) -> Check {
+        Check { name: name.to_owned(), ok: true, detail, fix: None }
+    }
+
+    /// A failed check and its fix.
+    pub fn fail(name: &str, detail: String, fix: String) -> Check {
+        Check { name: name.to_owned(), ok: false, detail, fix: Some(fix) }
+    }
+}
+
+/// Whether every check passed: the machine is ready to serve.
+pub fn all_passed(checks: &[Check]) -> bool {
+    checks.iter().all(|c| c.ok)
+}
+
+/// What to check readiness for.
+pub struct ReadinessInputs<'a> {
+    /// The catalog, or why it could not be loaded (reported as the `capabilities` check).
+    pub catalog: Result<Arc<Catalog>>,
+    /// The machine that will serve; `None` detects this host. Its backends are probed.
+    pub hardware: Option<Arc<HardwareProfile>>,
+    /// The policy file to serve with; `None` is the default policy.
+    pub policy: Option<&'a Path>,
+    /// The dispatch table to serve with; `None` skips the table checks.
+    pub table: Option<&'a Path>,
+    /// The workload whose buckets the table must cover; `None` skips the coverage check.
+    pub workload: Option<&'a Path>,
+    /// The PerfDB file; `None` is the default path (`$LAYERZERO_PERFDB`, ...).
+    pub perfdb: Option<&'a Path>,
+}
+
+impl ReadinessInputs<'_> {
+    /// Only the catalog: this host, the default policy and PerfDB path, no table or workload.
+    pub fn new(catalog: Result<Arc<Catalog>>) -> Self {
+        ReadinessInputs { catalog, hardware: None, policy: None, table: None, workload: None, perfdb: None }
+    }
+}
+
+/// Runs every readiness check that `inputs` allows, in a fixed order. A check that cannot run
+/// because an earlier one failed (no catalog, no valid policy) is left out, not failed twice.
+pub fn readiness(inputs: &ReadinessInputs<'_>) -> Vec<Check> {
+    let mut checks = Vec::new();
+    let catalog = capabilities_check(&inputs.catalog, &mut checks);
+    let files = files::shipped();
+    let bad: Vec<String> =
+        files.iter().filter(|f| !f.is_valid()).map(|f| format!("{}: {}", f.file, f.errors[0])).collect();
+    checks.push(if bad.is_empty() {
+        Check::pass("schemas", format!("{} shipped files valid", files.len()))
+    } else {
+        Check::fail("schemas", bad.join("; "), "fix the files named (`lz validate` lists every violation)".into())
+    });
+    let policy = policy_check(inputs.policy, &mut checks);
+    let selector = match (catalog, policy) {
+        (Some(c), Some(p)) => match selector(c, inputs.hardware.clone(), p) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                checks.push(Check::fail("policy", e.to_string(), "fix the policy rule named above".into()));
+                None
+            }
+        },
+        _ => None,
+    };
+    let plan = inputs.table.and_then(|path| table_checks(path, selector.as_ref(), &mut checks));
+    if let Some(path) = inputs.workload {
+        checks.push(coverage_check(path, plan.as_ref()));
+    }
+    checks.push(perfdb_check(inputs.perfdb));
+    checks
+}
+
+fn capabilities_check(catalog: &Result<Arc<Catalog>>, checks: &mut Vec<Check>) -> Option<Arc<Catalog>> {
+    match catalog {
+        Ok(c) => {
+            checks.push(Check::pass(
+                "capabilities",
+                format!("{} kernels, hash {}", c.kernels().count(), &c.hash()[..12]),
+            ));
+            Some(c.clone())
+        }
+        Err(e) => {
+            checks.push(Check::fail(
+                "capabilities",
+                e.to_string(),
+                "fix the capability file named above (`lz validate` lists every violation)".into(),
+            ));
+            None
+        }
+    }
+}
+
+/// The policy to serve with; a default policy is not worth a line of its own.
+fn policy_check(path: Option<&Path>, checks: &mut Vec<Check>) -> Option<Policy> {
+    let Some(p) = path else { return Some(Policy::default()) };
+    match Policy::load(p) {
+        Ok(pol) => {
+            checks.push(Check::pass("policy", format!("{} valid", p.display())));
+            Some(pol)
+        }
+        Err(e) => {
+            checks.push(Check::fail(
+                "policy",
+                e.to_string(),
+                format!("fix {} (see schemas/policy.schema.json)", p.display()),
+            ));
+            None
+        }
+    }
+}
+
+/// The selector a runtime on `hardware` (else this host) would build, its backends probed.
+fn selector(catalog: Arc<Catalog>, hardware: Option<Arc<HardwareProfile>>, policy: Policy) -> Result<Selector> {
+    let host = hardware.unwrap_or_else(|| Arc::new(detect::detect_host().profile));
+    let availability = Arc::new(Availability::probe_host(&catalog, &host));
+    Selector::new(catalog, host, Arc::new(policy), availability)
+}
+
+/// The table: readable, valid, made for this machine and these hashes, every kernel usable.
+/// Returns the plan when the table matches the host.
+fn table_checks(path: &Path, selector: Option<&Selector>, checks: &mut Vec<Check>) -> Option<Plan> {
+    let table = match DispatchTable::read(path) {
+        Err(r) => {
+            checks.push(Check::fail(
+                "table",
+                r.error.to_string(),
+                format!("regenerate {} with `lz solve` (the `command` in a valid table's header)", path.display()),
+            ));
+            return None;
+        }
+        Ok(t) => t,
+    };
+    checks.push(Check::pass("table", format!("{} valid, {} entries", path.display(), table.entries.len())));
+    let sel = selector?;
+    match Plan::new(&table, sel) {
+        Err(reason) => {
+            checks.push(Check::fail(
+                "table_matches_host",
+                reason.to_string(),
+                format!("re-solve on this machine with this policy: {}", table.header.command),
+            ));
+            None
+        }
+        Ok(p) => {
+            checks.push(Check::pass(
+                "table_matches_host",
+                format!("hardware {}, capabilities and policy hashes match", table.header.hardware.name),
+            ));
+            checks.push(kernels_check(&p, &table));
+            checks.push(jit_check(&table, sel.catalog()));
+            Some(p)
+        }
+    }
+}
+
+/// Every kernel the plan serves is still eligible here and has an executor in this process.
+fn kernels_check(plan: &Plan, table: &DispatchTable) -> Check {
+    let registry = Registry::builtin();
+    let mut problems: Vec<String> = plan
+        .dropped()
+        .iter()
+        .map(|d| {
+            // The first reason is the drop itself; the rest say why.
+            let why: Vec<&str> = d.reasons.iter().skip(1).map(|r| r.code().as_str()).collect();
+            format!("{} {} -> {} ({})", d.entry, d.bucket, d.kernel, why.join(", "))
+        })
+        .collect();
+    let mut kernels: Vec<&str> = table.entries.iter().map(|e| e.kernel.as_str()).collect();
+    kernels.sort_unstable();
+    kernels.dedup();
+    for k in &kernels {
+        if registry.get(k).is_none() {
+            problems.push(format!("{k} has no executor in this process (EXECUTOR_NOT_REGISTERED)"));
+        }
+    }
+    if problems.is_empty() {
+        Check::pass("kernels", format!("{} kernels named, all eligible and executable here", kernels.len()))
+    } else {
+        Check::fail(
+            "kernels",
+            problems.join("; "),
+            "install or register the backends named, or re-solve the table on this machine".into(),
+        )
+    }
+}
+
+/// A kernel that compiles at first use stalls the first request; this build cannot warm it up.
+fn jit_check(table: &DispatchTable, catalog: &Catalog) -> Check {
+    let jit: Vec<&str> = table
+        .entries
+        .iter()
+        .filter(|e| catalog.find(&e.kernel).is_some_and(|i| catalog.kernel(i).1.properties.needs_jit))
+        .map(|e| e.kernel.as_str())
+        .collect();
+    if jit.is_empty() {
+        Check::pass("jit", "no kernel in the table compiles at first use".into())
+    } else {
+        Check::fail(
+            "jit",
+            format!(
+                "{} entries name kernels that compile at first use ({}) and this build has no JIT warm-up",
+                jit.len(),
+                jit[0]
+            ),
+            "deny JIT kernels in the policy (`allow_jit: false`) and re-solve".into(),
+        )
+    }
+}
+
+/// How many of the workload's buckets the plan serves; without a plan, none.
+fn coverage_check(path: &Path, plan: Option<&Plan>) -> Check {
+    let points = match Workload::load(path).and_then(|w| w.points()) {
+        Err(e) => return Check::fail("workload", e.to_string(), format!("fix {}", path.display())),
+        Ok(p) => p,
+    };
+    let covered = plan.map_or(0, |p| points.iter().filter(|pt| p.get(&pt.key).is_some()).count());
+    let pct = if points.is_empty() { 100.0 } else { 100.0 * covered as f64 / points.len() as f64 };
+    let detail = format!("{covered} of {} buckets ({pct:.1}%) served by the table", points.len());
+    if covered == points.len() {
+        Check::pass("coverage", detail)
+    } else {
+        Check::fail(
+            "coverage",
+            detail,
+            format!("solve the table for this workload: lz solve --workload {} --out TABLE", path.display()),
+        )
+    }
+}
+
+/// PerfDB integrity. A missing file passes: selection then uses the cost model.
+fn perfdb_check(path: Option<&Path>) -> Check {
+    let db_path = path.map_or_else(perfdb::default_path, Path::to_path_buf);
+    if !db_path.exists() {
+        return Check::pass("perfdb", format!("{} absent (selection uses the cost model)", db_path.display()));
+    }
+    match PerfDb::open(&db_path).and_then(|o| Ok((o.db.stats()?, o.recovered))) {
+        Ok((stats, None)) if stats.integrity == "ok" => {
+            Check::pass("perfdb", format!("{} ok, {} rows", db_path.display(), stats.rows))
+        }
+        Ok((stats, None)) => Check::fail(
+            "perfdb",
+            format!("{}: integrity check: {}", db_path.display(), stats.integrity),
+            "move the file aside and re-run `lz tune`".into(),
+        ),
+        Ok((_, Some(r))) => Check::fail(
+            "perfdb",
+            format!(
+                "{} was damaged ({}); moved aside to {} and rebuilt empty",
+                db_path.display(),
+                r.why,
+                r.moved_to.display()
+            ),
+            "re-run `lz tune --workload FILE` to measure again".into(),
+        ),
+        Err(e) => Check::fail("perfdb", e.to_string(), "check the path's permissions".into()),
+    }
+}

@@ -1,0 +1,139 @@
+//! Verification: re-time every eligible kernel at every point in a fresh series on fresh
+//! inputs (not the series the PerfDB rows came from) and compare, per bucket, each
+//! selector's pick with the fastest.
+
+use std::time::Instant;
+
+use super::report::{BucketRegret, Phase, Pick, RegretSummary, Skipped, VerifiedTime, VerifyReport};
+use super::{Event, Host, Planned, TuneOptions, timing};
+use crate::select::{ScoreSource, Selection, Selector};
+
+/// Verifies every planned point with the model-only ranking and `with_db`'s (PerfDB-backed)
+/// one. Points the budget leaves no time for are listed in `skipped`; the flag says whether
+/// that happened.
+pub(super) fn run(
+    host: &Host,
+    opts: &TuneOptions,
+    plans: &[Planned<'_>],
+    with_db: &Selector,
+    deadline: Option<Instant>,
+    skipped: &mut Vec<Skipped>,
+    on_event: &mut dyn FnMut(Event<'_>),
+) -> (VerifyReport, bool) {
+    let spent = || timing::spent(deadline);
+    let mut budget_exhausted = false;
+    let mut buckets = Vec::new();
+    let mut unverified = 0usize;
+    for (pi, plan) in plans.iter().enumerate() {
+        let entry = plan.point.entry.as_str();
+        if spent() {
+            budget_exhausted = true;
+            unverified += 1;
+            for sel in &plan.ranked {
+                skipped.push(Skipped {
+                    entry: entry.to_owned(),
+                    bucket: plan.bucket.clone(),
+                    kernel: sel.kernel.clone(),
+                    phase: Phase::Verify,
+                    reason: "budget",
+                });
+                on_event(Event::Finished);
+            }
+            continue;
+        }
+        let all: Vec<&Selection> = plan.ranked.iter().collect();
+        let names: Vec<&str> = all.iter().map(|s| s.kernel.as_str()).collect();
+        let kernels = names.join(", ");
+        on_event(Event::Started { phase: Phase::Verify, entry, bucket: &plan.bucket, kernel: &kernels });
+        // Fresh inputs (another seed) and fresh series, not the ones the rows came from.
+        let seed = pi as u64 ^ 0x5645_5249_4659_0000;
+        let outcomes = timing::time_group(host, &plan.point.request, &all, opts, seed, None);
+        for _ in &all {
+            on_event(Event::Finished);
+        }
+        let times: Vec<VerifiedTime> = all
+            .iter()
+            .zip(outcomes)
+            .map(|(sel, t)| match t {
+                Ok(m) => VerifiedTime {
+                    kernel: sel.kernel.clone(),
+                    median_ns: Some(m.summary.median),
+                    cv: Some(m.summary.cv),
+                    samples: m.summary.samples,
+                    error: None,
+                },
+                Err(e) => {
+                    VerifiedTime { kernel: sel.kernel.clone(), median_ns: None, cv: None, samples: 0, error: Some(e) }
+                }
+            })
+            .collect();
+        let perf_ranked: Vec<Selection> = with_db
+            .ranked(&plan.point.request)
+            .map(|r| r.into_iter().filter(|s| host.registry.contains(&s.kernel)).collect())
+            .unwrap_or_default();
+        match regret(plan, &plan.ranked, &perf_ranked, times) {
+            Some(b) => buckets.push(b),
+            None => unverified += 1,
+        }
+    }
+    let summary = |f: fn(&BucketRegret) -> f64| {
+        let n = buckets.len();
+        if n == 0 {
+            return RegretSummary::default();
+        }
+        let v: Vec<f64> = buckets.iter().map(f).collect();
+        RegretSummary {
+            mean: v.iter().sum::<f64>() / n as f64,
+            worst: v.iter().copied().fold(0.0, f64::max),
+            misses: v.iter().filter(|&&r| r > 0.0).count(),
+        }
+    };
+    let report = VerifyReport {
+        verified: buckets.len(),
+        unverified,
+        model: summary(|b| b.model.regret),
+        perfdb: summary(|b| b.perfdb.regret),
+        buckets,
+    };
+    (report, budget_exhausted)
+}
+
+/// The regret of both selectors at one bucket, from fresh times; `None` when no kernel ran.
+/// A pick that failed here is replaced by the next in its ranking, as dispatch falls back.
+fn regret(
+    plan: &Planned<'_>,
+    model_ranked: &[Selection],
+    perf_ranked: &[Selection],
+    times: Vec<VerifiedTime>,
+) -> Option<BucketRegret> {
+    let time_of = |k: &str| times.iter().find(|t| t.kernel == k).and_then(|t| t.median_ns);
+    let (fastest, fastest_ns) = times
+        .iter()
+        .filter_map(|t| t.median_ns.map(|m| (t.kernel.clone(), m)))
+        .min_by(|a, b| a.1.total_cmp(&b.1).then_with(|| a.0.cmp(&b.0)))?;
+    let pick = |ranked: &[Selection]| -> Option<Pick> {
+        ranked.iter().find_map(|s| {
+            time_of(&s.kernel).map(|t| Pick {
+                kernel: s.kernel.clone(),
+                median_ns: t,
+                regret: if fastest_ns > 0.0 { (t / fastest_ns - 1.0).max(0.0) } else { 0.0 },
+                source: source_name(s.score.source),
+            })
+        })
+    };
+    let model = pick(model_ranked)?;
+    let perfdb = pick(perf_ranked).unwrap_or_else(|| model.clone());
+    Some(BucketRegret {
+        entry: plan.point.entry.clone(),
+        bucket: plan.bucket.clone(),
+        fastest,
+        fastest_ns,
+        model,
+        perfdb,
+        times,
+    })
+}
+
+fn source_name(s: ScoreSource) -> &'static str {
+    s.as_str()
+}
