@@ -114,12 +114,18 @@ fn dots_rows_impl<W: Widen, const FMA: bool>(x: &[f32], k: usize, w: &[W], out: 
 pub(in crate::backend::cpu) fn dots_rows<W: Widen>(x: &[f32], k: usize, w: &[W], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
+        /// # Safety
+        /// The CPU must support AVX-512F, AVX-512VL, AVX2, FMA.
+        #[allow(unsafe_code)]
         #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-        fn with_avx512<W: Widen>(x: &[f32], k: usize, w: &[W], out: &mut [f32]) {
+        unsafe fn with_avx512<W: Widen>(x: &[f32], k: usize, w: &[W], out: &mut [f32]) {
             dots_rows_impl::<W, true>(x, k, w, out);
         }
+        /// # Safety
+        /// The CPU must support AVX2, FMA.
+        #[allow(unsafe_code)]
         #[target_feature(enable = "avx2,fma")]
-        fn with_avx2<W: Widen>(x: &[f32], k: usize, w: &[W], out: &mut [f32]) {
+        unsafe fn with_avx2<W: Widen>(x: &[f32], k: usize, w: &[W], out: &mut [f32]) {
             dots_rows_impl::<W, true>(x, k, w, out);
         }
         match simd::level() {

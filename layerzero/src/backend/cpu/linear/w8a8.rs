@@ -26,12 +26,18 @@ fn dot_i8_impl(a: &[i8], b: &[i8]) -> i64 {
 fn dot_i8(a: &[i8], b: &[i8]) -> i64 {
     #[cfg(target_arch = "x86_64")]
     {
+        /// # Safety
+        /// The CPU must support AVX-512F, AVX-512BW, AVX2.
+        #[allow(unsafe_code)]
         #[target_feature(enable = "avx512f,avx512bw,avx2")]
-        fn with_avx512(a: &[i8], b: &[i8]) -> i64 {
+        unsafe fn with_avx512(a: &[i8], b: &[i8]) -> i64 {
             dot_i8_impl(a, b)
         }
+        /// # Safety
+        /// The CPU must support AVX2.
+        #[allow(unsafe_code)]
         #[target_feature(enable = "avx2")]
-        fn with_avx2(a: &[i8], b: &[i8]) -> i64 {
+        unsafe fn with_avx2(a: &[i8], b: &[i8]) -> i64 {
             dot_i8_impl(a, b)
         }
         match simd::level() {

@@ -179,9 +179,13 @@ mod x86 {
     }
 
     /// Blocked driver over the AVX-512 microkernel (6 rows x up to 64 columns).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[allow(unsafe_code)]
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
-    pub(super) fn gemm_avx512(
+    pub(super) unsafe fn gemm_avx512(
         m: usize,
         n: usize,
         k: usize,
@@ -203,7 +207,9 @@ mod x86 {
             while rb < m {
                 let mr = (m - rb).min(MR);
                 let (a_s, b_s, c_s) = (&a[rb * lda..], &b[nb..], &mut c[rb * ldc + nb..]);
-                by_shape!(micro_avx512, mr, nv, (k, a_s, lda, b_s, ldb, c_s, ldc, mask, acc));
+                // SAFETY: AVX-512F is enabled here (this function's contract); the kernel
+                // asserts its bounds.
+                unsafe { by_shape!(micro_avx512, mr, nv, (k, a_s, lda, b_s, ldb, c_s, ldc, mask, acc)) };
                 rb += mr;
             }
             nb += nw;
@@ -211,10 +217,13 @@ mod x86 {
     }
 
     /// C[MR x cols] (+)= A[MR x k] . B[k x cols], cols = (NV - 1) * 16 + popcount(mask).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F (the bounds are asserted here).
     #[allow(clippy::too_many_arguments)]
     #[allow(unsafe_code)]
     #[target_feature(enable = "avx512f")]
-    fn micro_avx512<const R: usize, const NV: usize>(
+    unsafe fn micro_avx512<const R: usize, const NV: usize>(
         k: usize,
         a: &[f32],
         lda: usize,
@@ -268,9 +277,13 @@ mod x86 {
     }
 
     /// Blocked driver over the AVX2 microkernel (6 rows x up to 16 columns).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[allow(unsafe_code)]
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn gemm_avx2(
+    pub(super) unsafe fn gemm_avx2(
         m: usize,
         n: usize,
         k: usize,
@@ -291,7 +304,9 @@ mod x86 {
             while rb < m {
                 let mr = (m - rb).min(MR);
                 let (a_s, b_s, c_s) = (&a[rb * lda..], &b[nb..], &mut c[rb * ldc + nb..]);
-                by_shape!(micro_avx2, mr, nv, (k, a_s, lda, b_s, ldb, c_s, ldc, tail, acc));
+                // SAFETY: AVX2 and FMA are enabled here (this function's contract); the kernel
+                // asserts its bounds.
+                unsafe { by_shape!(micro_avx2, mr, nv, (k, a_s, lda, b_s, ldb, c_s, ldc, tail, acc)) };
                 rb += mr;
             }
             nb += nw;
@@ -299,10 +314,13 @@ mod x86 {
     }
 
     /// C[MR x cols] (+)= A[MR x k] . B[k x cols], cols = (NV - 1) * 8 + tail.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA (the bounds are asserted here).
     #[allow(clippy::too_many_arguments)]
     #[allow(unsafe_code)]
     #[target_feature(enable = "avx2,fma")]
-    fn micro_avx2<const R: usize, const NV: usize>(
+    unsafe fn micro_avx2<const R: usize, const NV: usize>(
         k: usize,
         a: &[f32],
         lda: usize,

@@ -2,8 +2,8 @@
 //! microkernels (intrinsics) for f32 tile products, an AMX tile GEMM for bf16 operands
 //! (Linux, after `arch_prctl` grants the tile state), AVX-512 exponentials for the online
 //! softmax, and portable loops that the compiler vectorizes inside `#[target_feature]`
-//! wrappers for everything else. This is the only module of the `cpu` backend with
-//! `unsafe` besides `alloc` (one `madvise` call): each block says why it is sound.
+//! wrappers for everything else. Each `unsafe` block says why it is sound; each kernel with
+//! a caller contract (CPU features, operand bounds) is an `unsafe fn` stating it.
 //!
 //! `LZ_CPU_SIMD=avx2` or `LZ_CPU_SIMD=portable` caps the level, `LZ_CPU_SIMD=noamx` keeps
 //! AVX-512 but turns AMX off (benchmarks, debugging).
@@ -87,12 +87,18 @@ macro_rules! multiversion {
             use $crate::backend::cpu::simd::{Level, level};
             #[cfg(target_arch = "x86_64")]
             {
+                /// # Safety
+                /// The CPU must support AVX-512F, AVX-512VL, AVX-512BW, AVX-512DQ, AVX2, FMA, F16C.
+                #[allow(unsafe_code)]
                 #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c")]
-                fn with_avx512($($arg: $ty),*) $(-> $ret)? {
+                unsafe fn with_avx512($($arg: $ty),*) $(-> $ret)? {
                     $imp($($arg),*)
                 }
+                /// # Safety
+                /// The CPU must support AVX2, FMA, F16C.
+                #[allow(unsafe_code)]
                 #[target_feature(enable = "avx2,fma,f16c")]
-                fn with_avx2($($arg: $ty),*) $(-> $ret)? {
+                unsafe fn with_avx2($($arg: $ty),*) $(-> $ret)? {
                     $imp($($arg),*)
                 }
                 match level() {

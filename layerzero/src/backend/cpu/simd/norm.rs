@@ -162,9 +162,12 @@ mod x86 {
     use std::arch::x86_64::*;
 
     /// [`super::sums_bf16_dp`] on this CPU.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F/BW and AVX512_BF16.
     #[allow(unsafe_code)]
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    pub(super) fn sums_bf16_dp(x: &[half::bf16]) -> (f64, f64) {
+    pub(super) unsafe fn sums_bf16_dp(x: &[half::bf16]) -> (f64, f64) {
         const BLOCK: usize = 512;
         let bits: &[u16] = half::slice::HalfFloatSliceExt::reinterpret_cast(x);
         // SAFETY: `__m512i` and `__m512bh` are both 512-bit vectors of plain bits.

@@ -129,9 +129,12 @@ mod x86 {
 
     /// e^(x scale - m) for the bf16 path: 2^t, t = x scale log2 e - m log2 e, a degree-4
     /// fit of 2^f on [-1/2, 1/2] (relative error 2.6e-6); writes bf16 bits, returns the sum.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F/BW/VL and AVX512_BF16.
     #[allow(unsafe_code)]
     #[target_feature(enable = "avx512f,avx512bf16,avx512bw,avx512vl")]
-    fn exp_to_bf16_avx512(x: &[f32], scale: f32, m: f32, out: &mut [u16]) -> f32 {
+    unsafe fn exp_to_bf16_avx512(x: &[f32], scale: f32, m: f32, out: &mut [u16]) -> f32 {
         let n = x.len().min(out.len());
         let (xp, op) = (x.as_ptr(), out.as_mut_ptr());
         let l2e = std::f32::consts::LOG2_E;
@@ -169,9 +172,13 @@ mod x86 {
     }
 
     /// [`super::softmax_tile_bf16`] after its checks.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F/BW/VL, AVX512_BF16, AVX2 and FMA.
+    #[allow(unsafe_code)]
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bf16,avx512bw,avx512vl,avx2,fma")]
-    pub(super) fn softmax_tile_bf16_avx512(
+    pub(super) unsafe fn softmax_tile_bf16_avx512(
         s: &[f32],
         lds: usize,
         w: usize,
@@ -194,13 +201,15 @@ mod x86 {
             prow[..a].fill(0);
             prow[b..].fill(0);
             let seg = &s[r * lds + a..r * lds + b];
-            let m_new = m[r].max(scale * row_max_avx512(seg));
+            // SAFETY: AVX-512F is enabled here (this function's contract).
+            let m_new = m[r].max(scale * unsafe { row_max_avx512(seg) });
             if m_new == f32::NEG_INFINITY {
                 prow[a..b].fill(0);
                 continue;
             }
             let corr = super::exp_approx(m[r] - m_new);
-            let sum = exp_to_bf16_avx512(seg, scale, m_new, &mut prow[a..b]);
+            // SAFETY: AVX-512F/BW/VL and AVX512_BF16 are enabled here (this function's contract).
+            let sum = unsafe { exp_to_bf16_avx512(seg, scale, m_new, &mut prow[a..b]) };
             l[r] = l[r] * corr + sum;
             m[r] = m_new;
             if corr != 1.0 {
@@ -210,9 +219,13 @@ mod x86 {
     }
 
     /// [`super::softmax_tile`] with the AVX-512 exponential.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F/VL/BW/DQ, AVX2, FMA and F16C.
+    #[allow(unsafe_code)]
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c")]
-    pub(super) fn softmax_tile_avx512(
+    pub(super) unsafe fn softmax_tile_avx512(
         s: &mut [f32],
         lds: usize,
         w: usize,
@@ -229,8 +242,14 @@ mod x86 {
             o,
             ldo,
             dv,
-            |x| row_max_avx512(x),
-            |x, c, m| exp_sub_sum_avx512(x, c, m),
+            |x| {
+                // SAFETY: AVX-512F is enabled here (this function's contract).
+                unsafe { row_max_avx512(x) }
+            },
+            |x, c, m| {
+                // SAFETY: as above.
+                unsafe { exp_sub_sum_avx512(x, c, m) }
+            },
         );
     }
 }

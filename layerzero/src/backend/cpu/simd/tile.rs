@@ -59,9 +59,12 @@ mod x86 {
     const B_AHEAD: usize = 8;
 
     /// [`super::gemm_tile_packed`] after its checks, for R rows of NV vectors.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F (the bounds are asserted here).
     #[allow(unsafe_code)]
     #[target_feature(enable = "avx512f")]
-    pub(super) fn tile_packed_avx512<const R: usize, const NV: usize>(
+    pub(super) unsafe fn tile_packed_avx512<const R: usize, const NV: usize>(
         kc: usize,
         a: &[f32],
         b: &[f32],

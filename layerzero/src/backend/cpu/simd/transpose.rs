@@ -98,8 +98,12 @@ mod x86 {
     use std::arch::x86_64::*;
 
     /// The 16 x 16 transpose of 32-bit lanes: `out[i]` lane `j` is `r[j]` lane `i`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[allow(unsafe_code)]
     #[target_feature(enable = "avx512f")]
-    fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
+    unsafe fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
         // Pairs of rows interleaved, then pairs of pairs: u[4g + q], lane L, holds output
         // row 4L + q at columns 4g..4g + 4.
         let t: [__m512; 16] = std::array::from_fn(|k| {
@@ -128,9 +132,14 @@ mod x86 {
 
     /// The 16 x 16 block of `transpose_round_bf16` at rows `i0..` of C's columns and
     /// columns `j0..` of C's rows; `dst` holds the 16 output rows.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; `c` must hold the 16 floats at `(j0 + j) * ldc + i0` for
+    /// each j < 16, `bias` (when given) at least `j0 + 16` elements, and `dst` 16 rows of at
+    /// least `off + j0 + 16` elements.
     #[allow(unsafe_code)]
     #[target_feature(enable = "avx512f")]
-    pub(super) fn transpose_round_bf16_16x16(
+    pub(super) unsafe fn transpose_round_bf16_16x16(
         c: &[f32],
         ldc: usize,
         i0: usize,
@@ -140,12 +149,13 @@ mod x86 {
         off: usize,
     ) {
         let r: [__m512; 16] = std::array::from_fn(|j| {
-            // SAFETY: the caller checked that c holds rows j0..j0 + 16 up to column i0 + 16.
+            // SAFETY: c holds rows j0..j0 + 16 up to column i0 + 16 (the contract above).
             unsafe { _mm512_loadu_ps(c.as_ptr().add((j0 + j) * ldc + i0)) }
         });
-        let cols = transpose16(r);
+        // SAFETY: AVX-512F is enabled here (this function's contract).
+        let cols = unsafe { transpose16(r) };
         let bias = bias.map(|b| {
-            // SAFETY: the caller checked bias.len() >= j0 + 16.
+            // SAFETY: bias.len() >= j0 + 16 (the contract above).
             unsafe { _mm512_loadu_ps(b.as_ptr().add(j0)) }
         });
         let (half, lsb, quiet, abs, inf) = (
@@ -167,35 +177,46 @@ mod x86 {
             let nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(b, abs), inf);
             let bits = _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(_mm512_srli_epi32::<16>(b), quiet));
             let row = &mut dst[i];
-            // SAFETY: the caller checked row.len() >= off + j0 + 16 (32 bytes stored).
+            // SAFETY: row.len() >= off + j0 + 16 (the contract above; 32 bytes stored).
             unsafe { _mm256_storeu_si256(row.as_mut_ptr().add(off + j0).cast(), _mm512_cvtepi32_epi16(bits)) };
         }
     }
 
     /// [`super::pair_tile`] for a full 16 x 32 block, after its checks.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; `src` must hold 16 rows of 32 elements, `ld` apart
+    /// (`src.len() >= 15 * ld + 32`), and `dst` at least 256 elements.
     #[allow(unsafe_code)]
     #[target_feature(enable = "avx512f")]
-    pub(super) fn pair_tile_16x32(src: &[u16], ld: usize, dst: &mut [u32]) {
+    pub(super) unsafe fn pair_tile_16x32(src: &[u16], ld: usize, dst: &mut [u32]) {
         let r: [__m512; 16] = std::array::from_fn(|c| {
-            // SAFETY: the caller checked that src holds 16 rows of 32 elements, ld apart.
+            // SAFETY: src holds 16 rows of 32 elements, ld apart (the contract above).
             unsafe { _mm512_loadu_ps(src.as_ptr().add(c * ld).cast()) }
         });
-        for (q, row) in transpose16(r).iter().enumerate() {
-            // SAFETY: the caller checked dst.len() >= 256.
+        // SAFETY: AVX-512F is enabled here (this function's contract).
+        let cols = unsafe { transpose16(r) };
+        for (q, row) in cols.iter().enumerate() {
+            // SAFETY: dst.len() >= 256 (the contract above).
             unsafe { _mm512_storeu_ps(dst.as_mut_ptr().add(16 * q).cast(), *row) };
         }
     }
 
     /// [`super::transpose_16x16`] after its check.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F (the bounds are asserted here).
     #[allow(unsafe_code)]
     #[target_feature(enable = "avx512f")]
-    pub(super) fn transpose_16x16_avx512(src: &[f32], lds: usize, dst: &mut [f32], ldd: usize) {
+    pub(super) unsafe fn transpose_16x16_avx512(src: &[f32], lds: usize, dst: &mut [f32], ldd: usize) {
         assert!(src.len() >= 15 * lds + 16 && dst.len() >= 15 * ldd + 16);
         let r: [__m512; 16] = std::array::from_fn(|j| {
             // SAFETY: row j < 16 of the block, 16 floats at j lds (asserted).
             unsafe { _mm512_loadu_ps(src.as_ptr().add(j * lds)) }
         });
-        for (i, &row) in transpose16(r).iter().enumerate() {
+        // SAFETY: AVX-512F is enabled here (this function's contract).
+        let cols = unsafe { transpose16(r) };
+        for (i, &row) in cols.iter().enumerate() {
             // SAFETY: output row i < 16, 16 floats at i ldd (asserted).
             unsafe { _mm512_storeu_ps(dst.as_mut_ptr().add(i * ldd), row) };
         }

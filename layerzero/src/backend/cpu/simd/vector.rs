@@ -194,9 +194,12 @@ pub(super) mod x86 {
     /// Cephes range reduction (n = round(x log2 e), r = x - n ln 2 in two parts), a
     /// degree-6 polynomial for e^r, and `vscalefps` for the 2^n (overflow gives inf, deep
     /// underflow 0).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
     #[allow(unsafe_code)]
     #[target_feature(enable = "avx512f")]
-    pub(in crate::backend::cpu::simd) fn exp_sub_sum_avx512(x: &mut [f32], scale: f32, m: f32) -> f32 {
+    pub(in crate::backend::cpu::simd) unsafe fn exp_sub_sum_avx512(x: &mut [f32], scale: f32, m: f32) -> f32 {
         let n = x.len();
         let p = x.as_mut_ptr();
         let (vc, vm, log2e, floor) = (
@@ -242,9 +245,12 @@ pub(super) mod x86 {
     }
 
     /// The largest element of `x` (-inf when empty; NaN lanes are skipped).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
     #[allow(unsafe_code)]
     #[target_feature(enable = "avx512f")]
-    pub(in crate::backend::cpu::simd) fn row_max_avx512(x: &[f32]) -> f32 {
+    pub(in crate::backend::cpu::simd) unsafe fn row_max_avx512(x: &[f32]) -> f32 {
         let (n, p) = (x.len(), x.as_ptr());
         let mut acc = _mm512_set1_ps(f32::NEG_INFINITY);
         let mut i = 0;
@@ -261,9 +267,12 @@ pub(super) mod x86 {
     }
 
     /// Dot products of each row of `q` (`d` wide) with `k`, four rows at a time.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F (the bounds are asserted here).
     #[allow(unsafe_code)]
     #[target_feature(enable = "avx512f")]
-    pub(super) fn dots_avx512(q: &[f32], d: usize, k: &[f32], out: &mut [f32]) {
+    pub(super) unsafe fn dots_avx512(q: &[f32], d: usize, k: &[f32], out: &mut [f32]) {
         let rows = out.len();
         assert!(q.len() >= rows * d && k.len() >= d);
         let (qp, kp) = (q.as_ptr(), k.as_ptr());
