@@ -67,12 +67,18 @@ fn out(t: HostTensor) -> Outputs {
 pub(super) fn act_mul(act: Activation, g: &mut [f32], u: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     {
+        /// # Safety
+        /// The CPU must support AVX-512F, AVX-512VL, AVX-512BW, AVX-512DQ, AVX2, FMA, F16C.
+        #[allow(unsafe_code)]
         #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c")]
-        fn with_avx512(act: Activation, g: &mut [f32], u: &[f32]) {
+        unsafe fn with_avx512(act: Activation, g: &mut [f32], u: &[f32]) {
             act_mul_impl(act, g, u);
         }
+        /// # Safety
+        /// The CPU must support AVX2, FMA, F16C.
+        #[allow(unsafe_code)]
         #[target_feature(enable = "avx2,fma,f16c")]
-        fn with_avx2(act: Activation, g: &mut [f32], u: &[f32]) {
+        unsafe fn with_avx2(act: Activation, g: &mut [f32], u: &[f32]) {
             act_mul_impl(act, g, u);
         }
         match simd::level() {

@@ -1,0 +1,225 @@
+//! Decode GEMV (M <= `GEMV_MAX_M`): every weight element is read once, parallel over N.
+
+use half::bf16;
+use rayon::prelude::*;
+
+use super::view::Mat;
+use super::weights::Weights;
+use crate::backend::cpu::simd;
+use crate::tensor::Storage;
+
+/// A weight element the dot kernels widen to f32 as they load it.
+pub(in crate::backend::cpu) trait Widen: Copy + Send + Sync {
+    /// The exact f32 value.
+    fn widen(self) -> f32;
+}
+
+impl Widen for f32 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+}
+
+impl Widen for bf16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        f32::from_bits(u32::from(self.to_bits()) << 16)
+    }
+}
+
+#[inline(always)]
+fn fma<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA { a.mul_add(b, c) } else { c + a * b }
+}
+
+#[inline(always)]
+fn hsum16(mut a: [f32; 16]) -> f32 {
+    for width in [8, 4, 2, 1] {
+        for l in 0..width {
+            a[l] += a[l + width];
+        }
+    }
+    a[0]
+}
+
+/// `x . w` (equal lengths) with 64 independent f32 lanes.
+#[inline(always)]
+fn dot1<W: Widen, const FMA: bool>(x: &[f32], w: &[W]) -> f32 {
+    const L: usize = 16;
+    let (mut a0, mut a1, mut a2, mut a3) = ([0f32; L], [0f32; L], [0f32; L], [0f32; L]);
+    let n = w.len().min(x.len()) / (4 * L) * (4 * L);
+    for (wv, xv) in w[..n].chunks_exact(4 * L).zip(x[..n].chunks_exact(4 * L)) {
+        for l in 0..L {
+            a0[l] = fma::<FMA>(xv[l], wv[l].widen(), a0[l]);
+            a1[l] = fma::<FMA>(xv[L + l], wv[L + l].widen(), a1[l]);
+            a2[l] = fma::<FMA>(xv[2 * L + l], wv[2 * L + l].widen(), a2[l]);
+            a3[l] = fma::<FMA>(xv[3 * L + l], wv[3 * L + l].widen(), a3[l]);
+        }
+    }
+    for l in 0..L {
+        a0[l] += (a1[l] + a2[l]) + a3[l];
+    }
+    let tail: f32 = x[n..].iter().zip(&w[n..]).map(|(p, q)| p * q.widen()).sum();
+    hsum16(a0) + tail
+}
+
+/// Four rows dotted with one `w`: each 16-lane slice of `w` is loaded once for the four.
+#[inline(always)]
+fn dot4<W: Widen, const FMA: bool>(x: [&[f32]; 4], w: &[W]) -> [f32; 4] {
+    const L: usize = 16;
+    let (mut a0, mut a1, mut a2, mut a3) = ([0f32; L], [0f32; L], [0f32; L], [0f32; L]);
+    let len = x.iter().fold(w.len(), |m, r| m.min(r.len()));
+    let n = len / L * L;
+    let rows = w[..n]
+        .chunks_exact(L)
+        .zip(x[0][..n].chunks_exact(L))
+        .zip(x[1][..n].chunks_exact(L))
+        .zip(x[2][..n].chunks_exact(L))
+        .zip(x[3][..n].chunks_exact(L));
+    for ((((wv, x0), x1), x2), x3) in rows {
+        for l in 0..L {
+            let v = wv[l].widen();
+            a0[l] = fma::<FMA>(x0[l], v, a0[l]);
+            a1[l] = fma::<FMA>(x1[l], v, a1[l]);
+            a2[l] = fma::<FMA>(x2[l], v, a2[l]);
+            a3[l] = fma::<FMA>(x3[l], v, a3[l]);
+        }
+    }
+    let mut out = [0f32; 4];
+    for (r, a) in [a0, a1, a2, a3].into_iter().enumerate() {
+        let tail: f32 = x[r][n..len].iter().zip(&w[n..len]).map(|(p, q)| p * q.widen()).sum();
+        out[r] = hsum16(a) + tail;
+    }
+    out
+}
+
+#[inline(always)]
+fn dots_rows_impl<W: Widen, const FMA: bool>(x: &[f32], k: usize, w: &[W], out: &mut [f32]) {
+    let w = &w[..k];
+    let row = |r: usize| &x[r * k..(r + 1) * k];
+    let mut r = 0;
+    while r + 4 <= out.len() {
+        out[r..r + 4].copy_from_slice(&dot4::<W, FMA>([row(r), row(r + 1), row(r + 2), row(r + 3)], w));
+        r += 4;
+    }
+    while r < out.len() {
+        out[r] = dot1::<W, FMA>(row(r), w);
+        r += 1;
+    }
+}
+
+/// `out[r] = x[r * k..(r + 1) * k] . w` for every r < `out.len()` (x holds that many rows
+/// of length k, w at least k elements), loading `w` once per four rows.
+pub(in crate::backend::cpu) fn dots_rows<W: Widen>(x: &[f32], k: usize, w: &[W], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        /// # Safety
+        /// The CPU must support AVX-512F, AVX-512VL, AVX2, FMA.
+        #[allow(unsafe_code)]
+        #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+        unsafe fn with_avx512<W: Widen>(x: &[f32], k: usize, w: &[W], out: &mut [f32]) {
+            dots_rows_impl::<W, true>(x, k, w, out);
+        }
+        /// # Safety
+        /// The CPU must support AVX2, FMA.
+        #[allow(unsafe_code)]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn with_avx2<W: Widen>(x: &[f32], k: usize, w: &[W], out: &mut [f32]) {
+            dots_rows_impl::<W, true>(x, k, w, out);
+        }
+        match simd::level() {
+            simd::Level::Avx512 => {
+                #[allow(unsafe_code)]
+                // SAFETY: `level()` is Avx512 only when the CPU reports AVX-512F/VL, AVX2 and FMA.
+                unsafe {
+                    with_avx512(x, k, w, out)
+                };
+                return;
+            }
+            simd::Level::Avx2 => {
+                #[allow(unsafe_code)]
+                // SAFETY: `level()` is Avx2 only when the CPU reports AVX2 and FMA.
+                unsafe {
+                    with_avx2(x, k, w, out)
+                };
+                return;
+            }
+            simd::Level::Portable => {}
+        }
+    }
+    dots_rows_impl::<W, false>(x, k, w, out);
+}
+
+/// `out[i] = x_i . w[r, :]` for the rows x_i of `x` (each `w.cols` long): a contiguous f32
+/// or bf16 row is read in place (bf16 widened as it is loaded), any other through
+/// `scratch` (at least `w.cols` long).
+pub(in crate::backend::cpu) fn dots_mat_row(x: &[f32], w: &Mat, r: usize, scratch: &mut [f32], out: &mut [f32]) {
+    let (k, at) = (w.cols, w.at(r, 0));
+    if w.cs == 1 || k <= 1 {
+        match w.st {
+            Storage::F32(v) if at + k <= v.len() => return dots_rows(x, k, &v[at..at + k], out),
+            Storage::BF16(v) if at + k <= v.len() => return dots_rows(x, k, &v[at..at + k], out),
+            _ => {}
+        }
+    }
+    w.read_row(r, &mut scratch[..k]);
+    dots_rows(x, k, &scratch[..k], out);
+}
+
+/// Column ranges splitting `n` for a parallel sweep (about 8 per thread, at least `min`).
+pub(in crate::backend::cpu) fn chunks(n: usize, min: usize) -> Vec<(usize, usize)> {
+    let target = rayon::current_num_threads().max(1) * 8;
+    let size = n.div_ceil(target).max(min).max(1);
+    (0..n).step_by(size).map(|n0| (n0, size.min(n - n0))).collect()
+}
+
+/// `C [M, N] = x [M, K] . B` for a few rows: every weight element is read once.
+pub(super) fn gemv(x: &[f32], m: usize, w: &Weights, c: &mut [f32]) {
+    let (k, n) = (w.k(), w.n());
+    let parts: Vec<Vec<f32>> = chunks(n, 16)
+        .into_par_iter()
+        .map(|(n0, nb)| {
+            let mut part = vec![0f32; m * nb];
+            let mut scratch = vec![0f32; k];
+            if w.by_column() {
+                // part is [nb, m]: one weight row dotted with every x row.
+                for j in 0..nb {
+                    let out = &mut part[j * m..(j + 1) * m];
+                    match w {
+                        Weights::Dense(b) => dots_mat_row(x, &b.t(), n0 + j, &mut scratch, out),
+                        Weights::Int4(q) => {
+                            q.row(n0 + j, &mut scratch);
+                            dots_rows(x, k, &scratch, out);
+                        }
+                    }
+                }
+            } else if let Weights::Dense(b) = w {
+                // part is [m, nb]: the weight rows' segments, each read once, axpy'd in.
+                let sub = b.cols(n0, nb);
+                let mut seg = vec![0f32; nb];
+                for p in 0..k {
+                    let row = match sub.f32_row(p) {
+                        Some(r) => r,
+                        None => {
+                            sub.read_row(p, &mut seg);
+                            &seg
+                        }
+                    };
+                    for i in 0..m {
+                        simd::axpy(&mut part[i * nb..(i + 1) * nb], x[i * k + p], row);
+                    }
+                }
+            }
+            part
+        })
+        .collect();
+    let by_col = w.by_column();
+    for ((n0, nb), part) in chunks(n, 16).into_iter().zip(parts) {
+        for i in 0..m {
+            for j in 0..nb {
+                c[i * n + n0 + j] = if by_col { part[j * m + i] } else { part[i * nb + j] };
+            }
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! `linear`, `linear_w8a8` and `linear_int4` of the `cpu` backend.
+//!
+//! - Prefill (M > `GEMV_MAX_M` rows), AVX-512: a cache-blocked GEMM (`packed`: B packed
+//!   per KC x NC block into 32-column panels, A into 12-row panels, a 12 x 32 register tile
+//!   from `simd::gemm_tile_packed`, rayon tasks over column blocks).
+//! - Prefill elsewhere (and tiny K or N): `matrixmultiply::sgemm` (its "threading" feature,
+//!   `MATMUL_NUM_THREADS` threads) with the views' strides passed as they are.
+//!   f16/bf16 weights (and int4 weights, dequantized) are converted to f32 panels of up to
+//!   `PANEL_ELEMS` elements, one panel at a time, for either GEMM.
+//! - Prefill with bf16 x and weight on a CPU with AMX: the `amx` tile GEMM (the
+//!   weight packed slab by slab into tile order, f32 sums, rounded once).
+//! - Decode (M <= `GEMV_MAX_M`): a GEMV parallel over N (rayon) that reads every weight row
+//!   once and dots it with the M activation rows, four rows per load of the weight (NT; f32
+//!   and bf16 rows are read in place, bf16 widened in registers; others through one f32
+//!   row), or sweeps the [K, N] weight once with axpy per column chunk (NN);
+//!   bandwidth-bound on the weight bytes.
+//! - `linear_w8a8`: exact i32 dot products (i64 across 64Ki-element chunks, so no K can
+//!   overflow) parallel over weight-row chunks, then `(acc * xs) * ws + bias` in f32.
+//!
+//! Accumulation is f32 (the reference is f64); the output is rounded once to x's dtype.
+//! `unsafe` here is the one `matrixmultiply::sgemm` call (preceded by the bounds checks that
+//! make it sound) and calls of `#[target_feature]` kernels on CPUs that report the features.
+
+mod amx;
+mod gemm;
+mod gemv;
+mod packed;
+#[cfg(test)]
+pub(super) mod tests;
+mod view;
+mod w8a8;
+mod weights;
+
+use std::sync::Arc;
+
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+pub(super) use gemm::gemm;
+pub(super) use gemv::dots_mat_row;
+use gemv::gemv;
+pub(super) use view::{F32View, Mat, rows_view};
+use w8a8::linear_w8a8;
+use weights::Int4W;
+pub(super) use weights::Weights;
+
+use super::simd;
+use super::wrong_op;
+use crate::exec::args::{Int4Args, LinearArgs, OpArgs, Outputs};
+use crate::exec::executor::{KernelError, Registry};
+use crate::model::dtype::DType;
+use crate::model::layout::Layout;
+use crate::tensor::{HostTensor, Storage};
+
+/// Linear kernel id.
+pub(super) const LINEAR: &str = "cpu.linear.fast";
+/// W8A8 kernel id.
+pub(super) const W8A8: &str = "cpu.linear_w8a8.fast";
+/// Int4 kernel id.
+pub(super) const INT4: &str = "cpu.linear_int4.fast";
+
+/// Up to this many rows a linear runs as a weight-streaming GEMV.
+pub(super) const GEMV_MAX_M: usize = 8;
+
+/// Binds these kernels.
+pub(crate) fn register(registry: &mut Registry) {
+    registry.register(
+        LINEAR,
+        Arc::new(|args: &OpArgs| match args {
+            OpArgs::Linear(a) => linear(a).map(out),
+            other => Err(wrong_op(LINEAR, other)),
+        }),
+    );
+    registry.register(
+        W8A8,
+        Arc::new(|args: &OpArgs| match args {
+            OpArgs::LinearW8a8(a) => linear_w8a8(a).map(out),
+            other => Err(wrong_op(W8A8, other)),
+        }),
+    );
+    registry.register(
+        INT4,
+        Arc::new(|args: &OpArgs| match args {
+            OpArgs::LinearInt4(a) => linear_int4(a).map(out),
+            other => Err(wrong_op(INT4, other)),
+        }),
+    );
+}
+
+fn out(t: HostTensor) -> Outputs {
+    Outputs::from([("out".to_owned(), t)])
+}
+
+pub(super) fn invalid(msg: impl Into<String>) -> KernelError {
+    KernelError::InvalidInput(msg.into())
+}
+
+/// `x [M, K] . B + bias` in f32, as a contiguous [M, N] vector.
+pub(super) fn linear_f32(x: &Mat, w: &Weights, bias: Option<&[f32]>) -> Result<Vec<f32>, KernelError> {
+    let (m, k, n) = (x.rows, w.k(), w.n());
+    let len = m.checked_mul(n).ok_or_else(|| invalid(format!("the output [{m}, {n}] overflows")))?;
+    let mut c = super::alloc::huge(vec![0f32; len]);
+    if len == 0 {
+        return Ok(c);
+    }
+    if k == 0 {
+        // Nothing to sum; bias below.
+    } else if m <= GEMV_MAX_M {
+        let xf = x.to_f32();
+        gemv(&xf, m, w, &mut c);
+    } else {
+        let owned;
+        let xv = match x.as_f32() {
+            Some(v) => v,
+            None => {
+                owned = x.to_f32();
+                F32View::dense(&owned, m, k)
+            }
+        };
+        let beta = match bias {
+            Some(b) => {
+                c.par_chunks_mut(n).for_each(|row| row.copy_from_slice(b));
+                1.0
+            }
+            None => 0.0,
+        };
+        gemm(xv, w, beta, &mut c, n)?;
+        return Ok(c);
+    }
+    if let Some(b) = bias {
+        c.par_chunks_mut(n).for_each(|row| row.iter_mut().zip(b).for_each(|(v, b)| *v += b));
+    }
+    Ok(c)
+}
+
+/// An f32 result as a contiguous tensor of `dtype` (rounded once).
+pub(super) fn to_tensor(dtype: DType, shape: &[usize], v: Vec<f32>) -> Result<HostTensor, KernelError> {
+    let storage = match dtype {
+        DType::F32 => Storage::F32(v),
+        DType::F16 => Storage::F16(v.par_iter().map(|&x| f16::from_f32(x)).collect()),
+        DType::BF16 => Storage::BF16(v.par_iter().map(|&x| bf16::from_f32(x)).collect()),
+        other => Storage::from_f32(other, &v),
+    };
+    HostTensor::new(storage, shape).map_err(|e| KernelError::Failed(format!("building the output: {e}")))
+}
+
+// ---------------------------------------------------------------------------------------
+// Checks (the same rules as the reference backend's).
+
+/// f32, f16 or bf16; other floats are outside what these kernels declare.
+pub(super) fn expect_dense_float(name: &str, t: &HostTensor) -> Result<(), KernelError> {
+    match t.dtype() {
+        DType::F32 | DType::F16 | DType::BF16 => Ok(()),
+        d if d.is_float() => Err(KernelError::Unsupported(format!(
+            "tensor `{name}` has dtype {d}; this kernel computes f32, f16 or bf16"
+        ))),
+        d => Err(invalid(format!("tensor `{name}` has dtype {d}; expected f32, f16 or bf16"))),
+    }
+}
+
+fn check_bias(bias: Option<&HostTensor>, n: usize) -> Result<Option<Vec<f32>>, KernelError> {
+    let Some(b) = bias else { return Ok(None) };
+    if !b.dtype().is_float() {
+        return Err(invalid(format!("tensor `bias` has dtype {}; expected a float dtype", b.dtype())));
+    }
+    if b.shape() != [n] {
+        return Err(invalid(format!("tensor `bias` has shape {:?}; expected [N] = [{n}]", b.shape())));
+    }
+    Ok(Some(b.to_f32_vec()))
+}
+
+/// The weight of `linear` as B [K, N] (NT [N, K] transposed, NN as is), checked against K.
+pub(super) fn weight_b<'a>(name: &str, w: &'a HostTensor, k: usize) -> Result<Mat<'a>, KernelError> {
+    let nn = match w.layout() {
+        None | Some(Layout::Nt) => false,
+        Some(Layout::Nn) => true,
+        Some(other) => {
+            return Err(invalid(format!("tensor `{name}` has layout {other}; expected NT ([N, K]) or NN ([K, N])")));
+        }
+    };
+    if w.rank() != 2 {
+        let want = if nn { "NN expects rank 2 [K, N]" } else { "NT expects rank 2 [N, K]" };
+        return Err(invalid(format!("tensor `{name}` has shape {:?} (rank {}); layout {want}", w.shape(), w.rank())));
+    }
+    let b = if nn { Mat::of(w) } else { Mat::of(w).t() };
+    if b.rows != k {
+        return Err(invalid(format!(
+            "tensor `{name}` has shape {:?}; its in_features {} must equal x's last dim K = {k}",
+            w.shape(),
+            b.rows
+        )));
+    }
+    Ok(b)
+}
+
+fn out_shape(x: &HostTensor, n: usize) -> Vec<usize> {
+    let mut s = x.shape()[..x.rank() - 1].to_vec();
+    s.push(n);
+    s
+}
+
+// ---------------------------------------------------------------------------------------
+// Kernels.
+
+/// `linear`: `out = x @ W^T + bias` (NT) or `x @ W + bias` (NN).
+pub(super) fn linear(a: &LinearArgs) -> Result<HostTensor, KernelError> {
+    expect_dense_float("x", &a.x)?;
+    expect_dense_float("weight", &a.weight)?;
+    let mut holder = None;
+    let x = rows_view(&a.x, &mut holder)?;
+    let b = weight_b("weight", &a.weight, x.cols)?;
+    let bias = check_bias(a.bias.as_ref(), b.cols)?;
+    let shape = out_shape(&a.x, b.cols);
+    if x.rows > GEMV_MAX_M
+        && x.cols > 0
+        && b.cols > 0
+        && matches!((x.st, b.st), (Storage::BF16(_), Storage::BF16(_)))
+        && simd::amx_bf16()
+    {
+        let out = amx::linear_bf16(&x, &b, bias.as_deref());
+        return HostTensor::new(Storage::BF16(out), &shape)
+            .map_err(|e| KernelError::Failed(format!("building the output: {e}")));
+    }
+    let c = linear_f32(&x, &Weights::Dense(b), bias.as_deref())?;
+    to_tensor(a.x.dtype(), &shape, c)
+}
+
+/// `linear_int4`: the packed weight is dequantized per row (GEMV) or per panel (sgemm).
+pub(super) fn linear_int4(a: &Int4Args) -> Result<HostTensor, KernelError> {
+    // What makes int4 arguments valid (packing, group size, scale shapes) is defined once,
+    // by the oracle.
+    let (_, _, k, n, g) = crate::backend::cpu_reference::linear::int4_dims(a)?;
+    let mut holder = None;
+    let x = rows_view(&a.x, &mut holder)?;
+    let Storage::I8(bytes) = a.weight.storage() else {
+        return Err(invalid(format!("tensor `weight` has dtype {}; expected i8", a.weight.dtype())));
+    };
+    let bias = check_bias(a.bias.as_ref(), n)?;
+    let w = Int4W {
+        packed: Mat::of(&a.weight),
+        bytes,
+        scales: Mat::of(&a.scales),
+        zeros: a.zeros.as_ref().map(Mat::of),
+        k,
+        g,
+    };
+    let c = linear_f32(&x, &Weights::Int4(w), bias.as_deref())?;
+    to_tensor(a.x.dtype(), &out_shape(&a.x, n), c)
+}
