@@ -43,8 +43,7 @@ fn with_plan() -> LayerZero {
     // An executor that does nothing, for every kernel the table names: dispatch overhead.
     let kernels: Vec<String> = table.entries.iter().map(|e| e.kernel.clone()).collect();
     kernels.iter().fold(lz, |lz, k| {
-        lz.register(k, Arc::new(|_: &OpArgs| -> Result<Outputs, KernelError> { Ok(Outputs::new()) }))
-            .expect("register")
+        lz.register(k, Arc::new(|_: &OpArgs| -> Result<Outputs, KernelError> { Ok(Outputs::new()) })).expect("register")
     })
 }
 

@@ -329,7 +329,9 @@ fn every_fixture_is_selected_and_dispatched_end_to_end() {
             if diff.violations > 0 || got.shape() != exp.shape() {
                 failures.push(format!(
                     "{}: {} `{name}`: {} elements outside the tolerance",
-                    fx.name, d.selection().kernel, diff.violations
+                    fx.name,
+                    d.selection().kernel,
+                    diff.violations
                 ));
             }
         }

@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use layerzero::capabilities::catalog::Catalog;
 use layerzero::exec::executor::Registry;
-use layerzero::{LayerZero, PlanMode, SelectionSource};
 use layerzero::hardware::named;
 use layerzero::model::dtype::DType;
 use layerzero::model::request::Request;
@@ -17,6 +16,7 @@ use layerzero::plan::{SelectionKey, axes};
 use layerzero::policy::Policy;
 use layerzero::select::Selector;
 use layerzero::{ErrorKind, ReasonCode};
+use layerzero::{LayerZero, PlanMode, SelectionSource};
 use layerzero_tests::{attention, repo_root};
 
 const WORKLOAD: &str = r#"{"schema_version": 1, "name": "plans-test", "entries": [

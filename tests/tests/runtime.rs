@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use layerzero::LayerZero;
 use layerzero::capabilities::catalog::Catalog;
 use layerzero::exec::args::{AttentionArgs, OpArgs, Outputs};
 use layerzero::exec::executor::{KernelError, Registry};
-use layerzero::LayerZero;
 use layerzero::health::BREAKER_THRESHOLD;
 use layerzero::model::attrs::AttentionAttrs;
 use layerzero::model::dtype::DType;

@@ -57,8 +57,9 @@ pub fn load(name_or_path: &str) -> Result<HardwareProfile> {
         return parse(text, &format!("capabilities/hardware/{file}"));
     }
     if looks_like_path(key) || std::path::Path::new(key).is_file() {
-        let text = std::fs::read_to_string(key)
-            .map_err(|e| Error::new(ErrorKind::Io, format!("hardware profile {key}: cannot read: {e}")).with_source(e))?;
+        let text = std::fs::read_to_string(key).map_err(|e| {
+            Error::new(ErrorKind::Io, format!("hardware profile {key}: cannot read: {e}")).with_source(e)
+        })?;
         return parse(&text, key);
     }
     Err(Error::new(

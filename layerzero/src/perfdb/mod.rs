@@ -236,7 +236,9 @@ fn check_header(path: &Path) -> std::result::Result<(), Failure> {
     };
     let mut header = Vec::with_capacity(100);
     if let Err(e) = f.by_ref().take(100).read_to_end(&mut header) {
-        return Err(Failure::Fatal(Error::new(ErrorKind::Io, format!("perfdb {}: {e}", path.display())).with_source(e)));
+        return Err(Failure::Fatal(
+            Error::new(ErrorKind::Io, format!("perfdb {}: {e}", path.display())).with_source(e),
+        ));
     }
     if header.is_empty() {
         return Ok(());

@@ -511,7 +511,9 @@ mod tests {
             a.q = t(DType::F32, &[1, 4, s, 16], None).permute(&[0, 2, 1, 3]).unwrap().with_layout(Layout::Bshd);
             out.push(OpArgs::Attention(a));
         }
-        for (rows, h, eps) in [(1, 8, None), (3, 8, None), (4, 8, None), (4, 16, None), (4, 8, Some(1e-5)), (1, 1, None)] {
+        for (rows, h, eps) in
+            [(1, 8, None), (3, 8, None), (4, 8, None), (4, 16, None), (4, 8, Some(1e-5)), (1, 1, None)]
+        {
             out.push(OpArgs::RmsNorm(NormArgs {
                 x: t(DType::F32, &[rows, h], None),
                 weight: t(DType::F32, &[h], None),
@@ -525,21 +527,23 @@ mod tests {
 
     #[test]
     fn one_fingerprint_always_means_one_validity_hash() {
-        let mut seen: HashMap<u128, u128> = HashMap::new();
-        let mut fingerprints = std::collections::HashSet::new();
+        let mut validity_of: HashMap<u128, u128> = HashMap::new();
+        let mut fingerprint_of: HashMap<u128, u128> = HashMap::new();
         for args in cases() {
             let typed = fingerprint(&args).unwrap();
             let key = SelectionKey::derive(&args.describe());
             assert_eq!((typed.perf, typed.axes, typed.order), (key.perf, key.axes, key.order), "{args:?}");
-            let v = *seen.entry(typed.fingerprint).or_insert(key.validity);
+            let v = *validity_of.entry(typed.fingerprint).or_insert(key.validity);
             assert_eq!(v, key.validity, "two validity hashes behind one fingerprint: {args:?}");
-            fingerprints.insert(typed.fingerprint);
+            // Contiguous arguments are no finer than their key: every size of a validity
+            // class shares one memo entry (decode steps whose cache grows hit it).
+            let contiguous = args.tensors().iter().all(|(_, t)| t.is_contiguous());
+            if contiguous {
+                let f = *fingerprint_of.entry(key.validity).or_insert(typed.fingerprint);
+                assert_eq!(f, typed.fingerprint, "one validity class split across fingerprints: {args:?}");
+            }
         }
-        // Sizes within one validity class share a fingerprint (so decode steps hit the memo).
-        let a = fingerprint(&attention(1, 1, 100, Layout::Bshd, true, DType::F32)).unwrap();
-        let b = fingerprint(&attention(1, 1, 101, Layout::Bshd, true, DType::F32)).unwrap();
-        assert_eq!(a.fingerprint, b.fingerprint);
-        assert!(fingerprints.len() > 40, "the cases span many classes");
+        assert!(validity_of.len() >= 20, "the cases span many classes ({})", validity_of.len());
     }
 
     #[test]

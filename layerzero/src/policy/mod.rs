@@ -174,8 +174,9 @@ impl Policy {
     /// Reads, schema-checks and parses a policy file.
     pub fn load(path: &std::path::Path) -> Result<Policy> {
         let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::new(crate::error::ErrorKind::Io, format!("cannot read {origin}: {e}")).with_source(e))?;
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::new(crate::error::ErrorKind::Io, format!("cannot read {origin}: {e}")).with_source(e)
+        })?;
         Policy::from_json(&text, &origin)
     }
 
@@ -189,7 +190,6 @@ impl Policy {
         policy.check_values(origin)?;
         Ok(policy)
     }
-
 
     fn check_values(&self, origin: &str) -> Result<()> {
         if self.schema_version != 1 {

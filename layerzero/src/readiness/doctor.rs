@@ -10,7 +10,6 @@ use super::files::{self, FileCheck};
 use crate::capabilities::catalog::Catalog;
 use crate::capabilities::spec::Execution;
 use crate::error::Result;
-use crate::runtime::PlanMode;
 use crate::hardware::detect;
 use crate::hardware::profile::HardwareProfile;
 use crate::knobs::{self, KnobReport};
@@ -23,6 +22,7 @@ use crate::model::request::Request;
 use crate::model::tensor::TensorDesc;
 use crate::perfdb::{self, DbStats, PerfDb, Recovery};
 use crate::policy::Policy;
+use crate::runtime::PlanMode;
 use crate::select::{Availability, BackendStatus, Selector};
 
 /// What to examine.

@@ -268,7 +268,8 @@ impl LayerZero {
     fn rebuilt(mut self, policy: Option<Arc<Policy>>) -> Result<LayerZero> {
         let p = &self.parts;
         let policy = policy.unwrap_or_else(|| self.live.load().selector.policy_arc());
-        let mut selector = Selector::new(p.catalog.clone(), p.hardware.clone(), policy, Arc::new(p.availability.clone()))?;
+        let mut selector =
+            Selector::new(p.catalog.clone(), p.hardware.clone(), policy, Arc::new(p.availability.clone()))?;
         if let Some(m) = &p.measurements {
             selector = selector.with_measurements(m.clone());
         }

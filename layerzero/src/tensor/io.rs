@@ -78,8 +78,8 @@ pub fn parse(bytes: &[u8], origin: &str) -> Result<BTreeMap<String, HostTensor>>
 
 /// Reads every tensor of a safetensors file.
 pub fn read(path: &Path) -> Result<BTreeMap<String, HostTensor>> {
-    let bytes =
-        std::fs::read(path).map_err(|e| Error::new(ErrorKind::Io, format!("cannot read {}: {e}", path.display())).with_source(e))?;
+    let bytes = std::fs::read(path)
+        .map_err(|e| Error::new(ErrorKind::Io, format!("cannot read {}: {e}", path.display())).with_source(e))?;
     parse(&bytes, &path.display().to_string())
 }
 

@@ -7,9 +7,9 @@ use std::time::Instant;
 use super::measure::{self, Measurement};
 use super::{Host, TuneOptions, synth};
 use crate::exec::args::OpArgs;
-use crate::transform::apply_transforms;
 use crate::model::request::Request;
 use crate::select::Selection;
+use crate::transform::apply_transforms;
 
 /// Whether the budget's deadline has passed; no deadline never passes.
 pub(super) fn spent(deadline: Option<Instant>) -> bool {
