@@ -4,6 +4,7 @@
 //! A lock never bypasses checks: locking an ineligible kernel is an error that lists why.
 
 mod glob;
+pub mod stage;
 
 use serde::{Deserialize, Serialize};
 

@@ -13,6 +13,9 @@ use crate::model::attrs::{Attrs, CausalAlignment};
 use crate::model::op::Op;
 use crate::model::problem::{AttentionDims, Dims, Problem};
 use crate::model::request::Request;
+use crate::select::{Score, ScoreSource};
+use crate::transform::Transform;
+use measured::RowVerdict;
 
 /// The terms of a modeled estimate.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -29,6 +32,35 @@ pub struct Estimate {
     pub launch_ns: f64,
     /// max(compute, memory) + launch, ns.
     pub estimated_ns: f64,
+}
+
+/// The score stage: the modeled time, replaced or blended by a PerfDB measurement where one
+/// is usable (an unusable row becomes a note), plus the transforms' time, times the
+/// policy's prefer/avoid factor. Lowest total wins.
+pub fn total(
+    kernel: &KernelSpec,
+    req: &Request,
+    problem: &Problem,
+    dev: &DeviceProfile,
+    measured: Option<&RowVerdict>,
+    transforms: &[Transform],
+    policy_factor: f64,
+) -> Score {
+    let model = estimate(kernel, req, problem, dev);
+    let (mut estimated_ns, mut source, mut measurement, mut notes) =
+        (model.estimated_ns, ScoreSource::Model, None, Vec::new());
+    match measured {
+        Some(RowVerdict::Use(m)) => {
+            estimated_ns = measured::blend(m, model.estimated_ns);
+            source = if m.weight >= 1.0 { ScoreSource::Perfdb } else { ScoreSource::Blended };
+            measurement = Some(m.clone());
+        }
+        Some(RowVerdict::Ignored(r)) => notes.push(r.clone()),
+        None => {}
+    }
+    let transform_ns = transforms.iter().fold(0.0, |a, t| a + t.ns);
+    let total_ns = (estimated_ns + transform_ns) * policy_factor;
+    Score { estimated_ns, source, transform_ns, policy_factor, total_ns, model, measurement, notes }
 }
 
 /// Models `kernel` running `problem` on `dev`.

@@ -4,8 +4,40 @@
 use std::collections::BTreeMap;
 
 use crate::capabilities::catalog::Catalog;
-use crate::capabilities::spec::Execution;
-use crate::hardware::profile::HardwareProfile;
+use crate::capabilities::spec::{BackendSpec, Execution, KernelSpec};
+use crate::constraint::Sink;
+use crate::hardware::profile::{DeviceProfile, HardwareProfile};
+use crate::model::device::DeviceRef;
+use crate::reason::ReasonCode;
+
+/// The availability stage for one kernel: its backend is installed and healthy, it runs on
+/// the kind of device the request's tensors are on, and the profile has that device.
+pub(crate) fn judge<S: Sink>(
+    availability: &Availability,
+    hardware: &HardwareProfile,
+    backend: &BackendSpec,
+    kernel: &KernelSpec,
+    device_ref: DeviceRef,
+    device: Option<&DeviceProfile>,
+    sink: &mut S,
+) {
+    match availability.status(&backend.backend) {
+        BackendStatus::Available => {}
+        BackendStatus::NotInstalled(why) => sink.reject(ReasonCode::BACKEND_NOT_INSTALLED, || why),
+        BackendStatus::Unhealthy(why) => sink.reject(ReasonCode::BACKEND_UNHEALTHY, || why),
+    }
+    let kernel_device = kernel.device_kind(backend);
+    if kernel_device != device_ref.kind {
+        sink.reject(ReasonCode::DEVICE_KIND_MISMATCH, || {
+            format!("the kernel runs on {kernel_device}; the request's tensors are on {device_ref}")
+        });
+    }
+    if device.is_none() {
+        sink.reject(ReasonCode::DEVICE_NOT_PRESENT, || {
+            format!("hardware profile {} has no device {device_ref}", hardware.name)
+        });
+    }
+}
 
 /// Whether a backend can run, and why not.
 #[derive(Debug, Clone, PartialEq, Eq)]

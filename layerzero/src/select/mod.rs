@@ -12,6 +12,7 @@ pub use report::{CandidateReport, HardwareRef, LockRef, Score, ScoreSource, Sele
 
 use crate::capabilities::catalog::{Catalog, KernelIndex};
 use crate::capabilities::spec::{BackendSpec, KernelSpec};
+use crate::capacity;
 use crate::constraint::{self, Codes, Sink};
 use crate::error::{Error, ErrorKind, Result};
 use crate::hardware::profile::{DeviceProfile, HardwareProfile};
@@ -19,10 +20,11 @@ use crate::model::device::DeviceRef;
 use crate::model::problem::Problem;
 use crate::model::request::Request;
 use crate::plan::SelectionKey;
-use crate::policy::{Action, Policy, Rule, Subject, glob_match};
+use crate::policy::stage::Matched;
+use crate::policy::{self, Policy, Subject, glob_match};
 use crate::reason::{Reason, ReasonCode};
 use crate::score;
-use crate::score::measured::{self, Measurements, RowVerdict};
+use crate::score::measured::{Measurements, RowVerdict};
 use crate::transform::{self, Transform};
 
 /// The outcome of a successful selection: the kernel, the adaptations to apply, and the
@@ -100,7 +102,7 @@ struct Context<'a> {
     request_errors: Vec<Reason>,
     device_ref: DeviceRef,
     device: Option<&'a DeviceProfile>,
-    rules: MatchedRules<'a>,
+    rules: Matched<'a>,
     /// PerfDB rows for the request's key and bucket, by kernel.
     measured: Option<&'a BTreeMap<String, RowVerdict>>,
 }
@@ -402,28 +404,15 @@ impl Selector {
         (d, self.hardware.device(Some(d)))
     }
 
-    fn matching_rules<'p>(&'p self, subject: &Subject<'_>, req: &Request) -> MatchedRules<'p> {
-        let mut m = MatchedRules { lock: None, allow: Vec::new(), deny: Vec::new(), factors: Vec::new() };
-        let names_candidate = |pattern: &str| {
+    fn matching_rules<'p>(&'p self, subject: &Subject<'_>, req: &Request) -> Matched<'p> {
+        policy::stage::matching(&self.policy, subject, |pattern| {
             self.catalog.candidates(req.op).iter().any(|&k| glob_match(pattern, &self.catalog.kernel(k).1.id))
-        };
-        for (i, r) in self.policy.rules.iter().enumerate() {
-            if !r.when.matches(subject) || !names_candidate(&r.kernels) {
-                continue;
-            }
-            match r.action {
-                Action::Lock if m.lock.is_none() => m.lock = Some((i, r)),
-                Action::Lock => {}
-                Action::Allow => m.allow.push(r),
-                Action::Deny => m.deny.push(r),
-                Action::Prefer | Action::Avoid => m.factors.push(r),
-            }
-        }
-        m
+        })
     }
 
-    /// Runs every stage for one kernel: availability, constraints, transforms, policy,
-    /// graph, capacity, score. `S` decides whether messages are formatted.
+    /// Runs every stage for one kernel, in the order of the data path: the request's own
+    /// errors, availability, constraints with transforms, policy, capacity, then the score
+    /// of a kernel nothing rejected. `S` decides whether messages are formatted.
     fn judge<S: Sink + Default>(
         &self,
         backend: &BackendSpec,
@@ -436,107 +425,19 @@ impl Selector {
         for e in &cx.request_errors {
             reasons.reject(e.code(), || e.message().to_owned());
         }
-        let mut transforms = Vec::new();
-        let mut adapted: Option<usize> = None;
-        let device_ref = cx.device_ref;
-        // Availability.
-        match self.availability.status(&backend.backend) {
-            BackendStatus::Available => {}
-            BackendStatus::NotInstalled(why) => reasons.reject(ReasonCode::BACKEND_NOT_INSTALLED, || why),
-            BackendStatus::Unhealthy(why) => reasons.reject(ReasonCode::BACKEND_UNHEALTHY, || why),
-        }
-        let kernel_device = kernel.device_kind(backend);
-        if kernel_device != device_ref.kind {
-            reasons.reject(ReasonCode::DEVICE_KIND_MISMATCH, || {
-                format!("the kernel runs on {kernel_device}; the request's tensors are on {device_ref}")
-            });
-        }
-        if cx.device.is_none() {
-            reasons.reject(ReasonCode::DEVICE_NOT_PRESENT, || {
-                format!("hardware profile {} has no device {device_ref}", self.hardware.name)
-            });
-        }
-        // Constraints (only meaningful for a consistent request); hardware checks only
-        // against a device of the kernel's kind.
-        if cx.request_errors.is_empty() {
-            let own_device = cx.device.filter(|d| d.kind == kernel_device);
-            let mut found = S::default();
-            constraint::check(kernel, req, &cx.problem, own_device, &mut found);
-            if let Some(dev) = own_device
-                && self.policy.allow_adaptation
-                && found.all_in(transform::ADAPTABLE)
-                && let Some(planned) = transform::plan(kernel, req, &cx.problem, dev)
-            {
-                let slot = adapted_index(memo, req, &planned);
-                let (_, adapted_req, adapted_problem) = &memo[slot];
-                let mut recheck = Codes::default();
-                constraint::check(kernel, adapted_req, adapted_problem, Some(dev), &mut recheck);
-                if recheck.is_clear() {
-                    found = S::default();
-                    if self.policy.strict_mode {
-                        found.reject(ReasonCode::TRANSFORM_REJECTED_STRICT, || {
-                            let what: Vec<String> = planned
-                                .iter()
-                                .map(|t| format!("{} {} {}->{}", t.kind.as_str(), t.tensor, t.from, t.to))
-                                .collect();
-                            format!("needs {} and strict_mode forbids implicit transforms", what.join(", "))
-                        });
-                    }
-                    transforms = planned;
-                    adapted = Some(slot);
-                }
-            }
-            reasons.append(found);
-        }
-        // Policy.
-        let p = &self.policy;
-        let rules = &cx.rules;
-        if let Some(r) = rules.deny.iter().find(|r| glob_match(&r.kernels, &kernel.id)) {
-            reasons.reject(ReasonCode::POLICY_DENIED, || format!("denied by policy rule `deny {}`", r.kernels));
-        }
-        if !rules.allow.is_empty() && !rules.allow.iter().any(|r| glob_match(&r.kernels, &kernel.id)) {
-            reasons.reject(ReasonCode::POLICY_NOT_ALLOWED, || {
-                let names: Vec<&str> = rules.allow.iter().map(|r| r.kernels.as_str()).collect();
-                format!("the policy allows only {}", names.join(", "))
-            });
-        }
-        if let Some((i, r)) = rules.lock
-            && r.kernels != kernel.id
-        {
-            reasons.reject(ReasonCode::POLICY_LOCKED_OTHER, || format!("policy rule {i} locks {}", r.kernels));
-        }
-        if p.require_deterministic && !kernel.properties.deterministic {
-            reasons
-                .reject(ReasonCode::NON_DETERMINISTIC, || "the policy requires deterministic kernels; this one is not");
-        }
-        if !p.allow_jit && kernel.properties.needs_jit {
-            reasons
-                .reject(ReasonCode::JIT_DISALLOWED, || "the kernel compiles at first use and the policy forbids JIT");
-        }
-        if p.graph_strict_mode && !kernel.properties.graph_safe {
-            reasons.reject(
-                ReasonCode::GRAPH_UNSAFE,
-                || "graph_strict_mode is on and the kernel allocates or synchronizes",
-            );
-        }
-        // Capacity.
+        availability::judge(
+            &self.availability,
+            &self.hardware,
+            backend,
+            kernel,
+            cx.device_ref,
+            cx.device,
+            &mut reasons,
+        );
+        let (transforms, adapted) = self.constraints(kernel, req, cx, memo, &mut reasons, kernel.device_kind(backend));
+        policy::stage::judge(&self.policy, &cx.rules, kernel, &mut reasons);
         if let Some(dev) = cx.device {
-            let problem = &cx.problem;
-            let out_bytes = score::output_elements(problem).saturating_mul(problem.dtype.size_bytes());
-            let transform_bytes: u64 = transforms.iter().map(|t| t.bytes / 2).sum();
-            let need = kernel.properties.workspace_bytes.saturating_add(transform_bytes);
-            let free = dev
-                .memory_bytes
-                .saturating_sub(problem.input_bytes)
-                .saturating_sub(out_bytes)
-                .saturating_sub(p.memory_reserve_bytes);
-            if need > free {
-                reasons.reject(ReasonCode::MEMORY_HEADROOM_EXCEEDED, || {
-                    format!(
-                        "needs {need} bytes of workspace and copies; {free} bytes are free after the request's tensors and the reserve"
-                    )
-                });
-            }
+            capacity::check(kernel, &cx.problem, &transforms, dev, &self.policy, &mut reasons);
         }
         let score = match (reasons.is_clear(), cx.device) {
             (true, Some(dev)) => {
@@ -544,31 +445,63 @@ impl Selector {
                     Some(slot) => (&memo[slot].1, &memo[slot].2),
                     None => (req, &cx.problem),
                 };
-                let model = score::estimate(kernel, r, pb, dev);
-                let (mut estimated_ns, mut source, mut measurement, mut notes) =
-                    (model.estimated_ns, ScoreSource::Model, None, Vec::new());
-                match cx.measured.and_then(|m| m.get(&kernel.id)) {
-                    Some(RowVerdict::Use(m)) => {
-                        estimated_ns = measured::blend(m, model.estimated_ns);
-                        source = if m.weight >= 1.0 { ScoreSource::Perfdb } else { ScoreSource::Blended };
-                        measurement = Some(m.clone());
-                    }
-                    Some(RowVerdict::Ignored(r)) => notes.push(r.clone()),
-                    None => {}
-                }
-                let transform_ns = transforms.iter().fold(0.0, |a, t| a + t.ns);
-                let policy_factor: f64 = rules
-                    .factors
-                    .iter()
-                    .filter(|r| glob_match(&r.kernels, &kernel.id))
-                    .map(|r| r.effective_factor())
-                    .product();
-                let total_ns = (estimated_ns + transform_ns) * policy_factor;
-                Some(Score { estimated_ns, source, transform_ns, policy_factor, total_ns, model, measurement, notes })
+                let measured = cx.measured.and_then(|m| m.get(&kernel.id));
+                let factor = policy::stage::factor(&cx.rules, &kernel.id);
+                Some(score::total(kernel, r, pb, dev, measured, &transforms, factor))
             }
             _ => None,
         };
         Judged { reasons, transforms, score }
+    }
+
+    /// The constraint stage, with the transform stage where it can help: every failed
+    /// check, unless an allowed adaptation makes the kernel pass them all (then the
+    /// transforms and the adapted request's slot). Hardware checks run only against a
+    /// device of the kernel's kind.
+    fn constraints<S: Sink + Default>(
+        &self,
+        kernel: &KernelSpec,
+        req: &Request,
+        cx: &Context<'_>,
+        memo: &mut Adapted,
+        reasons: &mut S,
+        kernel_device: crate::model::device::DeviceKind,
+    ) -> (Vec<Transform>, Option<usize>) {
+        // Constraints are only meaningful for a consistent request.
+        if !cx.request_errors.is_empty() {
+            return (Vec::new(), None);
+        }
+        let own_device = cx.device.filter(|d| d.kind == kernel_device);
+        let mut found = S::default();
+        constraint::check(kernel, req, &cx.problem, own_device, &mut found);
+        let mut transforms = Vec::new();
+        let mut adapted = None;
+        if let Some(dev) = own_device
+            && self.policy.allow_adaptation
+            && found.all_in(transform::ADAPTABLE)
+            && let Some(planned) = transform::plan(kernel, req, &cx.problem, dev)
+        {
+            let slot = adapted_index(memo, req, &planned);
+            let (_, adapted_req, adapted_problem) = &memo[slot];
+            let mut recheck = Codes::default();
+            constraint::check(kernel, adapted_req, adapted_problem, Some(dev), &mut recheck);
+            if recheck.is_clear() {
+                found = S::default();
+                if self.policy.strict_mode {
+                    found.reject(ReasonCode::TRANSFORM_REJECTED_STRICT, || {
+                        let what: Vec<String> = planned
+                            .iter()
+                            .map(|t| format!("{} {} {}->{}", t.kind.as_str(), t.tensor, t.from, t.to))
+                            .collect();
+                        format!("needs {} and strict_mode forbids implicit transforms", what.join(", "))
+                    });
+                }
+                transforms = planned;
+                adapted = Some(slot);
+            }
+        }
+        reasons.append(found);
+        (transforms, adapted)
     }
 }
 
@@ -584,11 +517,4 @@ fn adapted_index(memo: &mut Adapted, req: &Request, planned: &[Transform]) -> us
     let problem = Problem::describe(&adapted);
     memo.push((planned.to_vec(), adapted, problem));
     memo.len() - 1
-}
-
-struct MatchedRules<'p> {
-    lock: Option<(usize, &'p Rule)>,
-    allow: Vec<&'p Rule>,
-    deny: Vec<&'p Rule>,
-    factors: Vec<&'p Rule>,
 }
