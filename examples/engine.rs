@@ -63,6 +63,6 @@ fn show(name: &str, args: &lz::OpArgs) -> lz::Result<()> {
     }
     let ran = lz::dispatch(args)?;
     let out = &ran.outputs["out"];
-    println!("ran       {} -> out {:?}, {} fallback(s)\n", ran.selection().kernel, out.shape(), ran.failed.len());
+    println!("ran       {} -> out {:?}, {} fallback(s)\n", ran.selection().kernel, out.shape(), ran.failed().len());
     Ok(())
 }

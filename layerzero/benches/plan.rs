@@ -107,10 +107,16 @@ fn select_args_cache_hit(bencher: divan::Bencher) {
 }
 
 #[divan::bench]
+fn typed_fingerprint(bencher: divan::Bencher) {
+    let args = typed();
+    bencher.bench_local(|| layerzero::plan::typed::fingerprint(divan::black_box(&args)));
+}
+
+#[divan::bench]
 fn dispatch_plan_hit_empty_kernel(bencher: divan::Bencher) {
     let lz = with_plan();
     let args = typed();
-    assert_eq!(lz.dispatch(&args).expect("dispatch").source, layerzero::SelectionSource::Plan);
+    assert_eq!(lz.dispatch(&args).expect("dispatch").source(), layerzero::SelectionSource::Plan);
     bencher.bench_local(|| lz.dispatch(divan::black_box(&args)).map(|d| d.outputs.len()));
 }
 

@@ -314,7 +314,7 @@ fn every_fixture_is_selected_and_dispatched_end_to_end() {
                 continue;
             }
         };
-        for a in &d.failed {
+        for a in d.failed() {
             let code = a.reason.as_ref().map(|r| r.code().as_str()).unwrap_or_default();
             if code != "EXECUTOR_NOT_REGISTERED" {
                 failures.push(format!("{}: {} failed at dispatch: {code}", fx.name, a.kernel));

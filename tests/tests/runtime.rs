@@ -97,7 +97,7 @@ fn a_panicking_kernel_is_reported_and_the_next_one_runs() {
     assert_eq!(d.selection().kernel, "probe.attention.slow");
     assert!(d.fell_back());
     let reasons: Vec<(String, ReasonCode, String)> = d
-        .failed
+        .failed()
         .iter()
         .filter_map(|a| a.reason.as_ref().map(|r| (a.kernel.clone(), r.code(), r.message().to_owned())))
         .collect();
@@ -114,7 +114,7 @@ fn a_kernel_without_an_executor_is_skipped_with_a_reason() {
     let lz = runtime(r);
     let d = lz.dispatch(&args()).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(d.selection().kernel, "probe.attention.mid");
-    assert_eq!(d.failed[0].reason.as_ref().map(|r| r.code()), Some(ReasonCode::EXECUTOR_NOT_REGISTERED));
+    assert_eq!(d.failed()[0].reason.as_ref().map(|r| r.code()), Some(ReasonCode::EXECUTOR_NOT_REGISTERED));
 }
 
 #[test]
@@ -160,7 +160,7 @@ fn repeated_failures_open_the_circuit() {
     assert_eq!(calls.load(Ordering::SeqCst), BREAKER_THRESHOLD as usize, "an open circuit is not called");
     assert_eq!(rt.open_circuits(), vec!["probe.attention.fast".to_owned()]);
     let d = rt.dispatch(&args()).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(d.failed[0].reason.as_ref().map(|r| r.code()), Some(ReasonCode::BACKEND_UNHEALTHY));
+    assert_eq!(d.failed()[0].reason.as_ref().map(|r| r.code()), Some(ReasonCode::BACKEND_UNHEALTHY));
 }
 
 #[test]
@@ -176,6 +176,6 @@ fn nan_and_inf_inputs_are_computed_and_flagged() {
     }
     let lz = runtime(r);
     let d = lz.dispatch(&a).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(d.input_flags.len(), 1);
-    assert_eq!((d.input_flags[0].tensor.as_str(), d.input_flags[0].nan, d.input_flags[0].inf), ("k", 1, 1));
+    assert_eq!(d.input_flags().len(), 1);
+    assert_eq!((d.input_flags()[0].tensor.as_str(), d.input_flags()[0].nan, d.input_flags()[0].inf), ("k", 1, 1));
 }

@@ -80,13 +80,13 @@ pub(super) fn run(a: RunArgs<'_>, catalog: Arc<Catalog>) -> Result<Outcome> {
         print_json(&serde_json::json!({
             "kernel": sel.kernel,
             "backend": sel.backend,
-            "source": dispatch.source,
-            "plan_notes": dispatch.notes,
+            "source": dispatch.source(),
+            "plan_notes": dispatch.notes(),
             "fell_back": dispatch.fell_back(),
             "attempts": dispatch.attempts(),
             "transforms": sel.transforms,
             "score": sel.score,
-            "input_flags": dispatch.input_flags,
+            "input_flags": dispatch.input_flags(),
             "outputs": outs,
             "out_file": a.out.display().to_string(),
             "timing": timing,
@@ -96,16 +96,16 @@ pub(super) fn run(a: RunArgs<'_>, catalog: Arc<Catalog>) -> Result<Outcome> {
             "kernel:    {} ({}, from the {})",
             sel.kernel,
             sel.backend,
-            match dispatch.source {
+            match dispatch.source() {
                 SelectionSource::Plan => "dispatch table",
                 SelectionSource::Cache => "selection cache",
                 SelectionSource::Live => "live selection",
             }
         );
-        for n in &dispatch.notes {
+        for n in dispatch.notes() {
             println!("plan:      {n}");
         }
-        for at in &dispatch.failed {
+        for at in dispatch.failed() {
             if let Some(r) = &at.reason {
                 println!("fallback:  {} did not run: {r}", at.kernel);
             }
@@ -113,7 +113,7 @@ pub(super) fn run(a: RunArgs<'_>, catalog: Arc<Catalog>) -> Result<Outcome> {
         for t in &sel.transforms {
             println!("transform: {} {} {} -> {}", t.kind.as_str(), t.tensor, t.from, t.to);
         }
-        for f in &dispatch.input_flags {
+        for f in dispatch.input_flags() {
             println!("warning:   input `{}` has {} NaN and {} Inf values; computed anyway", f.tensor, f.nan, f.inf);
         }
         for (name, t) in &outputs {

@@ -257,9 +257,10 @@ macro_rules! op_enum {
                 match self { $( OpArgs::$variant(a) => ($args::NAMES, a.slots()), )* }
             }
 
-            /// Feeds every attribute into `h` (exact; floats by their bits).
-            pub(crate) fn hash_attrs(&self, h: &mut crate::plan::typed::AttrHash) {
-                match self { $( OpArgs::$variant(a) => h.add(&a.attrs), )* }
+            /// Feeds every attribute into a fingerprint (exact; floats by their bits).
+            pub(crate) fn hash_attrs(&self, sig: &mut crate::plan::typed::Sig) {
+                use crate::plan::typed::Words;
+                match self { $( OpArgs::$variant(a) => a.attrs.words(sig), )* }
             }
 
             /// The typed attributes.

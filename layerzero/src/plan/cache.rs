@@ -1,96 +1,131 @@
-//! The bounded selection cache: direct-mapped slots, each holding one (key, context,
-//! selection). A new entry replaces whatever shares its slot, so the cache never grows past
-//! its capacity and needs no eviction bookkeeping on the hot path.
+//! The bounded selection cache. Decisions are interned: each distinct (key, context) gets
+//! one entry in an append-only table that lives as long as the cache, and direct-mapped
+//! slots point into it. A slot is a sequence lock over four words, so a reader copies four
+//! words and follows an index: no lock, no reference count, no write to shared memory, and
+//! a hit is borrowed for as long as the cache lives.
 //!
 //! The context is a hash of the hardware fingerprint, the capabilities hash and the policy
 //! hash (DESIGN invariant 5): a selection made under another policy or catalog can share a
-//! slot but never matches.
+//! slot but never matches. A policy that comes back finds its entries again.
+//!
+//! Bounds: `capacity` slots, and at most `2 * capacity` interned entries. Once the table is
+//! full, new decisions are not cached (selection stays live and correct, counted as
+//! uncacheable); building a new handle starts a new table.
 
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, fence};
 
-use arc_swap::{ArcSwap, Guard};
+use parking_lot::Mutex;
 
 use super::table::PlanKey;
-use super::{FoldHasher, Resolved};
-use crate::select::Selection;
+use super::{Buckets, FoldHasher, Resolved};
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Slot {
-    key: PlanKey,
-    context: u64,
-    /// False for the shared vacant entry every slot starts with.
-    occupied: bool,
-    resolved: Resolved,
+    /// Even: stable; odd: being written; 0: never written.
+    seq: AtomicU64,
+    /// validity (2 words), buckets and entry index (1), context (1).
+    words: [AtomicU64; 4],
 }
 
-/// A cached entry, held without touching its reference count: readers on many threads
-/// hitting the same entry write no shared cache line.
-#[derive(Debug)]
-pub struct CacheHit(Guard<Arc<Slot>>);
-
-impl CacheHit {
-    /// The entry.
-    #[inline]
-    pub fn resolved(&self) -> &Resolved {
-        &self.0.resolved
-    }
-}
-
-/// A bounded, thread-safe map from (key, context) to a resolved selection. Reads take no
-/// lock: each slot is an atomically swapped pointer.
+/// A bounded, thread-safe map from (key, context) to a resolved selection.
 #[derive(Debug)]
 pub struct SelectionCache {
-    slots: Box<[ArcSwap<Slot>]>,
-    vacant: Arc<Slot>,
+    slots: Box<[Slot]>,
     mask: usize,
+    entries: Box<[OnceLock<Resolved>]>,
+    next: AtomicUsize,
+    /// Where each interned (key, context) lives (insert path only).
+    index: Mutex<HashMap<(PlanKey, u64), u32>>,
 }
 
 impl SelectionCache {
     /// A cache of `capacity` slots (rounded up to a power of two); 0 caches nothing.
     pub fn new(capacity: usize) -> SelectionCache {
         let n = if capacity == 0 { 0 } else { capacity.next_power_of_two() };
-        let vacant = Arc::new(Slot {
-            key: PlanKey { validity: 0, buckets: super::Buckets([0; super::axes::MAX_AXES]) },
-            context: 0,
-            occupied: false,
-            resolved: Resolved { selection: Arc::new(Selection::vacant()), executor: None },
-        });
         SelectionCache {
-            slots: (0..n).map(|_| ArcSwap::new(vacant.clone())).collect(),
-            vacant,
+            slots: (0..n).map(|_| Slot::default()).collect(),
             mask: n.saturating_sub(1),
+            entries: (0..n.saturating_mul(2)).map(|_| OnceLock::new()).collect(),
+            next: AtomicUsize::new(0),
+            index: Mutex::new(HashMap::new()),
         }
     }
 
     #[inline]
-    fn index(&self, key: &PlanKey, context: u64) -> usize {
+    fn slot(&self, key: &PlanKey, context: u64) -> Option<&Slot> {
         let mut h = FoldHasher::default();
         key.hash(&mut h);
         h.write_u64(context);
-        h.finish() as usize & self.mask
+        self.slots.get(h.finish() as usize & self.mask)
     }
 
     /// The cached entry for (key, context).
     #[inline]
-    pub fn get(&self, key: &PlanKey, context: u64) -> Option<CacheHit> {
-        let slot = self.slots.get(self.index(key, context))?.load();
-        (slot.occupied && slot.key == *key && slot.context == context).then(|| CacheHit(slot))
-    }
-
-    /// Stores an entry, replacing the slot's previous one.
-    pub fn insert(&self, key: PlanKey, context: u64, resolved: Resolved) {
-        if let Some(slot) = self.slots.get(self.index(&key, context)) {
-            slot.store(Arc::new(Slot { key, context, occupied: true, resolved }));
+    pub fn get(&self, key: &PlanKey, context: u64) -> Option<&Resolved> {
+        let s = self.slot(key, context)?;
+        let before = s.seq.load(Ordering::Acquire);
+        if before == 0 || before & 1 == 1 {
+            return None;
         }
+        let w: [u64; 4] = std::array::from_fn(|i| s.words[i].load(Ordering::Relaxed));
+        fence(Ordering::Acquire);
+        if s.seq.load(Ordering::Relaxed) != before {
+            return None;
+        }
+        let validity = (u128::from(w[0]) << 64) | u128::from(w[1]);
+        let buckets = Buckets::from_word(w[2] >> 32);
+        if validity != key.validity || buckets != key.buckets || w[3] != context {
+            return None;
+        }
+        self.entries.get((w[2] & 0xffff_ffff) as usize)?.get()
     }
 
-    /// Slots in use.
+    /// Caches an entry (the first one made for a (key, context) is kept). False when the
+    /// cache holds nothing new any more (no slots, or its entry table is full).
+    pub fn insert(&self, key: PlanKey, context: u64, resolved: Resolved) -> bool {
+        let Some(s) = self.slot(&key, context) else { return false };
+        let entry = {
+            let mut index = self.index.lock();
+            match index.get(&(key, context)) {
+                Some(&e) => e,
+                None => {
+                    let e = self.next.fetch_add(1, Ordering::Relaxed);
+                    let Some(cell) = self.entries.get(e) else {
+                        self.next.store(self.entries.len(), Ordering::Relaxed);
+                        return false;
+                    };
+                    let _ = cell.set(resolved);
+                    let e = e as u32;
+                    index.insert((key, context), e);
+                    e
+                }
+            }
+        };
+        // Writers are serialized by the index lock's order of events only loosely; a slot
+        // being written by another thread is left to it.
+        let seq = s.seq.load(Ordering::Relaxed);
+        if seq & 1 == 1 || s.seq.compare_exchange(seq, seq + 1, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            return true;
+        }
+        fence(Ordering::Release);
+        let w =
+            [(key.validity >> 64) as u64, key.validity as u64, (key.buckets.word() << 32) | u64::from(entry), context];
+        for (slot, v) in s.words.iter().zip(w) {
+            slot.store(v, Ordering::Relaxed);
+        }
+        s.seq.store(seq + 2, Ordering::Release);
+        true
+    }
+
+    /// Entries interned (decisions cached so far, under every context).
     pub fn len(&self) -> usize {
-        self.slots.iter().filter(|s| s.load().occupied).count()
+        self.next.load(Ordering::Relaxed).min(self.entries.len())
     }
 
-    /// True when no slot is in use.
+    /// True when nothing was cached.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -98,13 +133,6 @@ impl SelectionCache {
     /// Number of slots.
     pub fn capacity(&self) -> usize {
         self.slots.len()
-    }
-
-    /// Empties every slot.
-    pub fn clear(&self) {
-        for s in self.slots.iter() {
-            s.store(self.vacant.clone());
-        }
     }
 }
 
@@ -119,9 +147,12 @@ pub fn context(fingerprint: &str, capabilities_hash: &str, policy_hash: &str) ->
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use crate::plan::key::Buckets;
     use crate::score::Estimate;
+    use crate::select::Selection;
     use crate::select::{Score, ScoreSource};
 
     fn sel(kernel: &str) -> Resolved {
@@ -155,19 +186,31 @@ mod tests {
     fn a_hit_needs_the_same_key_and_the_same_context() {
         let c = SelectionCache::new(64);
         c.insert(key(1), 10, sel("a"));
-        assert_eq!(c.get(&key(1), 10).unwrap().resolved().selection.kernel, "a");
+        assert_eq!(c.get(&key(1), 10).unwrap().selection.kernel, "a");
         assert!(c.get(&key(1), 11).is_none(), "another policy or catalog never matches");
         assert!(c.get(&key(2), 10).is_none());
     }
 
     #[test]
-    fn the_cache_never_holds_more_than_its_capacity() {
+    fn the_cache_never_holds_more_than_twice_its_slots() {
         let c = SelectionCache::new(8);
-        for v in 0..1000 {
-            c.insert(key(v), 0, sel("k"));
-        }
+        let stored = (0..1000).filter(|&v| c.insert(key(v), 0, sel("k"))).count();
         assert_eq!(c.capacity(), 8);
-        assert!(c.len() <= 8);
+        assert_eq!(stored, 16, "two entries per slot, then nothing new is cached");
+        assert_eq!(c.len(), 16);
+        assert!(c.get(&key(999), 0).is_none());
+    }
+
+    #[test]
+    fn a_decision_made_again_reuses_its_entry() {
+        let c = SelectionCache::new(2);
+        for _ in 0..100 {
+            // Two keys on a 2-slot cache evict each other; the table does not grow.
+            assert!(c.insert(key(1), 10, sel("a")));
+            assert!(c.insert(key(2), 10, sel("b")));
+        }
+        assert_eq!(c.len(), 2);
+        assert_eq!(c.get(&key(2), 10).map(|r| r.selection.kernel.as_str()), Some("b"));
     }
 
     #[test]

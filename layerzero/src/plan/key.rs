@@ -140,6 +140,22 @@ pub(crate) fn order_of(op: Op, perf: &[u64; MAX_AXES], n: usize) -> u8 {
 }
 
 impl Buckets {
+    /// The buckets packed in one word (hashing, cache slots).
+    #[inline]
+    pub fn word(&self) -> u64 {
+        self.0.iter().fold(0u64, |w, &b| (w << 8) | u64::from(b))
+    }
+
+    /// The buckets of [`Buckets::word`].
+    #[inline]
+    pub fn from_word(w: u64) -> Buckets {
+        let mut out = [0u8; MAX_AXES];
+        for (i, b) in out.iter_mut().enumerate() {
+            *b = (w >> (8 * (MAX_AXES - 1 - i))) as u8;
+        }
+        Buckets(out)
+    }
+
     /// `batch=1,seq_q=513..1024,seq_k=513..1024`: the bucket as written in tables and rows.
     pub fn text(&self, op: Op) -> String {
         let parts: Vec<String> = axes::axes(op)

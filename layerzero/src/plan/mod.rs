@@ -70,6 +70,11 @@ impl Hasher for FoldHasher {
     }
 
     #[inline]
+    fn write_u32(&mut self, w: u32) {
+        self.write_u64(u64::from(w));
+    }
+
+    #[inline]
     fn write_u8(&mut self, w: u8) {
         self.write_u64(u64::from(w));
     }

@@ -273,12 +273,21 @@ fn short(h: &str) -> &str {
 }
 
 /// The probe key of a plan or cache: validity plus buckets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PlanKey {
     /// Validity hash (the op is part of it).
     pub validity: u128,
     /// Buckets.
     pub buckets: Buckets,
+}
+
+impl std::hash::Hash for PlanKey {
+    /// Two words: the validity hash is already a hash, and the buckets fit in one word.
+    #[inline]
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u128(self.validity);
+        state.write_u64(self.buckets.word());
+    }
 }
 
 /// An entry dropped at load.

@@ -16,12 +16,15 @@
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 
-use serde::Serialize;
-use serde::ser;
-
 use super::axes::{self, Dim, MAX_AXES};
 use super::key::{SelectionKey, order_of};
 use crate::exec::args::OpArgs;
+use crate::model::attrs::{
+    Activation, AttentionAttrs, CausalAlignment, GegluAttrs, GeluApproximate, GeluAttrs, Int4Attrs, MlpAttrs,
+    MoeRouteAttrs, NoAttrs, NormAttrs, QuantAttrs, QuantScheme, RopeAttrs, RopeScaling, RopeStyle, SampleAttrs,
+    ScaleLayout, SwigluAttrs, TokenizeAttrs, W8a8Attrs,
+};
+use crate::model::dtype::DType;
 use crate::model::layout::Layout;
 use crate::model::op::Op;
 use crate::tensor::HostTensor;
@@ -90,22 +93,9 @@ fn resolve(t: &HostTensor, dim: Dim) -> Option<usize> {
     (i < t.rank()).then_some(i)
 }
 
-/// Row-major contiguity (size-1 dims ignored), as `HostTensor::is_contiguous`, without
-/// allocating.
-#[inline]
-fn contiguous(t: &HostTensor) -> bool {
-    let mut expected = 1usize;
-    for (&d, &s) in t.shape().iter().zip(t.strides()).rev() {
-        if d > 1 && s != expected {
-            return false;
-        }
-        expected = expected.saturating_mul(d.max(1));
-    }
-    true
-}
-
 /// Computes the fingerprint and perf values of `args`; `None` when an axis has no tensor
-/// that carries it (such arguments are selected the slow way).
+/// that carries it, or the arguments are too large to fingerprint (such arguments are
+/// selected the slow way).
 pub fn fingerprint(args: &OpArgs) -> Option<Typed> {
     let op = args.op();
     let (names, slots) = args.slots();
@@ -119,288 +109,223 @@ pub fn fingerprint(args: &OpArgs) -> Option<Typed> {
     }
     let n = t.sources.len().min(MAX_AXES);
     let order = order_of(op, &perf, n);
-    let exact = slots.iter().flatten().any(|x| !contiguous(x));
-    let mut h = Lanes::new();
-    h.word((op as u64) | (u64::from(order) << 8) | (n as u64) << 16 | u64::from(exact) << 24);
+    let exact = slots.iter().flatten().any(|x| !x.is_contiguous());
+    let mut sig = Sig::new();
+    sig.push((op as u64) | (u64::from(order) << 8) | (n as u64) << 16 | u64::from(exact) << 24);
     if exact {
-        perf.iter().for_each(|&p| h.word(p));
+        perf.iter().for_each(|&p| sig.push(p));
     }
     for (s, slot) in slots.iter().enumerate().take(names.len()) {
         let Some(x) = slot else {
-            h.word(u64::MAX);
+            sig.push(u64::MAX);
             continue;
         };
         let layout = x.layout().map_or(0, |l| l as u64 + 1);
-        h.word((x.dtype() as u64) | layout << 8 | (x.rank() as u64) << 16);
-        let carriers = t.carriers.get(s).map_or(&[][..], Vec::as_slice);
-        for (i, &d) in x.shape().iter().enumerate() {
-            let carried = carriers.iter().find(|&&(a, dim)| resolve(x, dim) == Some(i) && d as u64 == perf[a]);
-            match carried {
-                Some(&(a, _)) if !exact => h.word(SYMBOL | a as u64),
-                _ => h.word(d as u64),
-            }
-            if exact {
-                h.word(x.strides()[i] as u64);
+        sig.push((x.dtype() as u64) | layout << 8 | (x.rank() as u64) << 16);
+        // The axis each dimension carries, as the key decides it: the first axis (in axis
+        // order) with a position at this dimension that holds the axis's value.
+        let mut carries = [u8::MAX; 8];
+        if !exact && let Some(carriers) = t.carriers.get(s) {
+            for &(a, dim) in carriers {
+                if let Some(i) = resolve(x, dim)
+                    && let Some(c) = carries.get_mut(i)
+                    && *c == u8::MAX
+                    && x.shape()[i] as u64 == perf[a]
+                {
+                    *c = a as u8;
+                }
             }
         }
+        for (i, &d) in x.shape().iter().enumerate() {
+            match carries.get(i) {
+                Some(&a) if a != u8::MAX => sig.push(SYMBOL | u64::from(a)),
+                _ => sig.push(d as u64),
+            }
+        }
+        if exact {
+            x.strides().iter().for_each(|&st| sig.push(st as u64));
+        }
     }
-    let mut attrs = AttrHash { lanes: h };
-    args.hash_attrs(&mut attrs);
-    Some(Typed { op, fingerprint: attrs.lanes.finish(), perf, axes: n as u8, order })
+    args.hash_attrs(&mut sig);
+    Some(Typed { op, fingerprint: sig.finish()?, perf, axes: n as u8, order })
 }
 
 /// Marks a dimension that holds a perf axis (sizes never reach 2^63).
 const SYMBOL: u64 = 1 << 63;
 
-/// Two independent multiply-rotate lanes: a few cycles a word, 128 bits out.
-#[derive(Debug, Clone, Copy)]
-struct Lanes {
-    a: u64,
-    b: u64,
+/// Most words a fingerprint reads.
+const SIG_WORDS: usize = 64;
+
+/// The words a fingerprint is made of, gathered on the stack, then hashed in one pass.
+#[derive(Debug)]
+pub(crate) struct Sig {
+    words: [u64; SIG_WORDS],
+    n: usize,
 }
 
-impl Lanes {
-    fn new() -> Lanes {
-        Lanes { a: 0x243f_6a88_85a3_08d3, b: 0x1319_8a2e_0370_7344 }
+const LANE_K: [u64; 4] = [0x9e37_79b9_7f4a_7c15, 0xc2b2_ae3d_27d4_eb4f, 0x1656_67b1_9e37_79f9, 0x27d4_eb2f_1656_67c5];
+
+impl Sig {
+    fn new() -> Sig {
+        Sig { words: [0; SIG_WORDS], n: 0 }
     }
 
     #[inline]
-    fn word(&mut self, w: u64) {
-        self.a = (self.a ^ w).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
-        self.b = (self.b.wrapping_add(w)).wrapping_mul(0xc2b2_ae3d_27d4_eb4f).rotate_left(31);
+    pub(crate) fn push(&mut self, w: u64) {
+        if let Some(slot) = self.words.get_mut(self.n) {
+            *slot = w;
+        }
+        self.n += 1;
     }
 
-    fn finish(mut self) -> u128 {
-        let (a, b) = (self.a, self.b);
-        self.word(b);
-        let lo = self.a;
-        self.word(a);
-        (u128::from(self.b) << 64) | u128::from(lo)
-    }
-}
-
-/// Feeds attribute values into the fingerprint through `serde` (every field, in
-/// declaration order; the struct type is fixed by the op, so names need not be hashed).
-#[derive(Debug)]
-pub struct AttrHash {
-    lanes: Lanes,
-}
-
-impl AttrHash {
-    /// Adds one attribute struct.
-    pub(crate) fn add<T: Serialize>(&mut self, attrs: &T) {
-        // The serializer below cannot fail: every value becomes words.
-        let _ = attrs.serialize(&mut *self);
-    }
-}
-
-/// The error type of [`AttrHash`]'s serializer (never produced).
-#[derive(Debug)]
-pub struct Never;
-
-impl std::fmt::Display for Never {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("attribute hashing does not fail")
-    }
-}
-
-impl std::error::Error for Never {}
-
-impl ser::Error for Never {
-    fn custom<T: std::fmt::Display>(_: T) -> Never {
-        Never
-    }
-}
-
-macro_rules! words {
-    ($($name:ident: $t:ty => $e:expr;)*) => {
-        $(
-            #[inline]
-            fn $name(self, v: $t) -> Result<(), Never> {
-                #[allow(clippy::redundant_closure_call)]
-                self.lanes.word(($e)(v));
-                Ok(())
+    /// 128 bits from four independent multiply-rotate lanes (one word each per round, so
+    /// the multiplies of a round run side by side); `None` past the word budget.
+    fn finish(&self) -> Option<u128> {
+        let words = self.words.get(..self.n)?;
+        let mut state = [0x243f_6a88_85a3_08d3u64, 0x1319_8a2e_0370_7344, 0xa409_3822_299f_31d0, 0x082e_fa98_ec4e_6c89];
+        let mut round = |chunk: &[u64]| {
+            for (i, s) in state.iter_mut().enumerate() {
+                let w = chunk.get(i).copied().unwrap_or(0);
+                *s = (*s ^ w).wrapping_mul(LANE_K[i]).rotate_left(31);
             }
-        )*
-    };
+        };
+        words.chunks(4).for_each(&mut round);
+        let n = self.n as u64;
+        round(&[n, !n, n.rotate_left(32), 0x5bd1_e995]);
+        let fold = |x: u64, y: u64, k: u64| {
+            let m = u128::from(x ^ y.rotate_left(17)).wrapping_mul(u128::from(k));
+            (m as u64) ^ ((m >> 64) as u64)
+        };
+        let [a, b, c, d] = state;
+        let lo = fold(a, c, LANE_K[1]) ^ fold(b, d, LANE_K[2]);
+        let hi = fold(b, a, LANE_K[3]) ^ fold(d, c, LANE_K[0]);
+        Some((u128::from(hi) << 64) | u128::from(lo))
+    }
 }
 
-impl ser::Serializer for &mut AttrHash {
-    type Ok = ();
-    type Error = Never;
-    type SerializeSeq = Self;
-    type SerializeTuple = Self;
-    type SerializeTupleStruct = Self;
-    type SerializeTupleVariant = Self;
-    type SerializeMap = Self;
-    type SerializeStruct = Self;
-    type SerializeStructVariant = Self;
+/// Attribute values as fingerprint words: every field, exactly (floats by their bits).
+/// Struct impls destructure without `..`, so a new field cannot be forgotten: it does not
+/// compile until it is hashed.
+pub(crate) trait Words {
+    /// Pushes the value's words.
+    fn words(&self, sig: &mut Sig);
+}
 
-    words! {
-        serialize_bool: bool => u64::from;
-        serialize_i8: i8 => |v: i8| v as u64;
-        serialize_i16: i16 => |v: i16| v as u64;
-        serialize_i32: i32 => |v: i32| v as u64;
-        serialize_i64: i64 => |v: i64| v as u64;
-        serialize_u8: u8 => u64::from;
-        serialize_u16: u16 => u64::from;
-        serialize_u32: u32 => u64::from;
-        serialize_u64: u64 => |v: u64| v;
-        serialize_f32: f32 => |v: f32| u64::from(v.to_bits());
-        serialize_f64: f64 => f64::to_bits;
-        serialize_char: char => u64::from;
+impl Words for bool {
+    fn words(&self, sig: &mut Sig) {
+        sig.push(u64::from(*self));
     }
+}
 
-    fn serialize_str(self, v: &str) -> Result<(), Never> {
-        self.serialize_bytes(v.as_bytes())
+impl Words for u64 {
+    fn words(&self, sig: &mut Sig) {
+        sig.push(*self);
     }
+}
 
-    fn serialize_bytes(self, v: &[u8]) -> Result<(), Never> {
-        self.lanes.word(v.len() as u64);
-        for c in v.chunks(8) {
+impl Words for f64 {
+    fn words(&self, sig: &mut Sig) {
+        sig.push(self.to_bits());
+    }
+}
+
+impl Words for String {
+    fn words(&self, sig: &mut Sig) {
+        sig.push(self.len() as u64);
+        for c in self.as_bytes().chunks(8) {
             let mut w = [0u8; 8];
             w[..c.len()].copy_from_slice(c);
-            self.lanes.word(u64::from_le_bytes(w));
+            sig.push(u64::from_le_bytes(w));
         }
-        Ok(())
-    }
-
-    fn serialize_none(self) -> Result<(), Never> {
-        self.lanes.word(0x6e6f_6e65);
-        Ok(())
-    }
-
-    fn serialize_some<T: ?Sized + Serialize>(self, v: &T) -> Result<(), Never> {
-        self.lanes.word(0x736f_6d65);
-        v.serialize(self)
-    }
-
-    fn serialize_unit(self) -> Result<(), Never> {
-        self.lanes.word(0x756e_6974);
-        Ok(())
-    }
-
-    fn serialize_unit_struct(self, _: &'static str) -> Result<(), Never> {
-        self.serialize_unit()
-    }
-
-    fn serialize_unit_variant(self, _: &'static str, index: u32, _: &'static str) -> Result<(), Never> {
-        self.lanes.word(u64::from(index));
-        Ok(())
-    }
-
-    fn serialize_newtype_struct<T: ?Sized + Serialize>(self, _: &'static str, v: &T) -> Result<(), Never> {
-        v.serialize(self)
-    }
-
-    fn serialize_newtype_variant<T: ?Sized + Serialize>(
-        self,
-        _: &'static str,
-        index: u32,
-        _: &'static str,
-        v: &T,
-    ) -> Result<(), Never> {
-        self.lanes.word(u64::from(index));
-        v.serialize(self)
-    }
-
-    fn serialize_seq(self, len: Option<usize>) -> Result<Self, Never> {
-        self.lanes.word(len.map_or(u64::MAX, |l| l as u64));
-        Ok(self)
-    }
-
-    fn serialize_tuple(self, len: usize) -> Result<Self, Never> {
-        self.serialize_seq(Some(len))
-    }
-
-    fn serialize_tuple_struct(self, _: &'static str, len: usize) -> Result<Self, Never> {
-        self.serialize_seq(Some(len))
-    }
-
-    fn serialize_tuple_variant(self, _: &'static str, index: u32, _: &'static str, len: usize) -> Result<Self, Never> {
-        self.lanes.word(u64::from(index));
-        self.serialize_seq(Some(len))
-    }
-
-    fn serialize_map(self, len: Option<usize>) -> Result<Self, Never> {
-        self.serialize_seq(len)
-    }
-
-    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self, Never> {
-        Ok(self)
-    }
-
-    fn serialize_struct_variant(self, _: &'static str, index: u32, _: &'static str, _: usize) -> Result<Self, Never> {
-        self.lanes.word(u64::from(index));
-        Ok(self)
     }
 }
 
-macro_rules! compound {
-    ($($trait:ident :: $method:ident),*) => {
+impl<const N: usize> Words for [u64; N] {
+    fn words(&self, sig: &mut Sig) {
+        self.iter().for_each(|&w| sig.push(w));
+    }
+}
+
+impl<T: Words> Words for Option<T> {
+    fn words(&self, sig: &mut Sig) {
+        match self {
+            None => sig.push(0x6e6f_6e65),
+            Some(v) => {
+                sig.push(0x736f_6d65);
+                v.words(sig);
+            }
+        }
+    }
+}
+
+macro_rules! unit_enums {
+    ($($t:ty),*) => {
         $(
-            impl ser::$trait for &mut AttrHash {
-                type Ok = ();
-                type Error = Never;
-                fn $method<T: ?Sized + Serialize>(&mut self, v: &T) -> Result<(), Never> {
-                    v.serialize(&mut **self)
-                }
-                fn end(self) -> Result<(), Never> {
-                    self.lanes.word(0x656e_64);
-                    Ok(())
+            impl Words for $t {
+                fn words(&self, sig: &mut Sig) {
+                    sig.push(*self as u64);
                 }
             }
         )*
     };
 }
 
-compound!(
-    SerializeSeq::serialize_element,
-    SerializeTuple::serialize_element,
-    SerializeTupleStruct::serialize_field,
-    SerializeTupleVariant::serialize_field
-);
+unit_enums!(DType, CausalAlignment, RopeStyle, GeluApproximate, QuantScheme, ScaleLayout, Activation);
 
-impl ser::SerializeMap for &mut AttrHash {
-    type Ok = ();
-    type Error = Never;
-    fn serialize_key<T: ?Sized + Serialize>(&mut self, k: &T) -> Result<(), Never> {
-        k.serialize(&mut **self)
-    }
-    fn serialize_value<T: ?Sized + Serialize>(&mut self, v: &T) -> Result<(), Never> {
-        v.serialize(&mut **self)
-    }
-    fn end(self) -> Result<(), Never> {
-        self.lanes.word(0x656e_64);
-        Ok(())
-    }
+macro_rules! struct_words {
+    ($($t:ident { $($f:ident),* })*) => {
+        $(
+            impl Words for $t {
+                #[allow(unused_variables)]
+                fn words(&self, sig: &mut Sig) {
+                    let $t { $($f),* } = self;
+                    $( $f.words(sig); )*
+                }
+            }
+        )*
+    };
 }
 
-impl ser::SerializeStruct for &mut AttrHash {
-    type Ok = ();
-    type Error = Never;
-    fn serialize_field<T: ?Sized + Serialize>(&mut self, _: &'static str, v: &T) -> Result<(), Never> {
-        v.serialize(&mut **self)
-    }
-    fn skip_field(&mut self, _: &'static str) -> Result<(), Never> {
-        self.lanes.word(0x736b_6970);
-        Ok(())
-    }
-    fn end(self) -> Result<(), Never> {
-        self.lanes.word(0x656e_64);
-        Ok(())
-    }
+struct_words! {
+    AttentionAttrs { causal, causal_alignment, dropout_p, window_left, softcap, alibi, scale }
+    NormAttrs { eps }
+    RopeAttrs { style, rotary_dim, base, scaling }
+    SwigluAttrs { split }
+    GeluAttrs { approximate }
+    SampleAttrs { temperature, top_k, top_p, min_p, seed }
+    QuantAttrs { scheme, block, scale_layout, target, out_dtype }
+    GegluAttrs { split, approximate }
+    MlpAttrs { activation }
+    MoeRouteAttrs { top_k, renormalize }
+    TokenizeAttrs { tokenizer_id, return_offsets }
+    W8a8Attrs { out_dtype }
+    Int4Attrs { group_size }
+    NoAttrs {}
 }
 
-impl ser::SerializeStructVariant for &mut AttrHash {
-    type Ok = ();
-    type Error = Never;
-    fn serialize_field<T: ?Sized + Serialize>(&mut self, _: &'static str, v: &T) -> Result<(), Never> {
-        v.serialize(&mut **self)
-    }
-    fn end(self) -> Result<(), Never> {
-        self.lanes.word(0x656e_64);
-        Ok(())
+impl Words for RopeScaling {
+    fn words(&self, sig: &mut Sig) {
+        match self {
+            RopeScaling::Linear { factor } => {
+                sig.push(1);
+                factor.words(sig);
+            }
+            RopeScaling::DynamicNtk { factor, original_max_position } => {
+                sig.push(2);
+                factor.words(sig);
+                original_max_position.words(sig);
+            }
+            RopeScaling::Yarn { factor, original_max_position, beta_fast, beta_slow } => {
+                sig.push(3);
+                [factor, beta_fast, beta_slow].iter().for_each(|f| f.words(sig));
+                original_max_position.words(sig);
+            }
+            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position } => {
+                sig.push(4);
+                [factor, low_freq_factor, high_freq_factor].iter().for_each(|f| f.words(sig));
+                original_max_position.words(sig);
+            }
+        }
     }
 }
 

@@ -45,16 +45,17 @@ pub struct InputFlag {
 pub struct Dispatch<'a> {
     /// Named outputs.
     pub outputs: Outputs,
-    /// The selection that produced them.
+    /// The selection that produced them, with the first choice's source and plan notes.
     ran: Hit<'a>,
-    /// Where the first choice came from.
-    pub source: SelectionSource,
-    /// Plan notes (`PLAN_BUCKET_MISS`, a refused table).
-    pub notes: Vec<Reason>,
-    /// Kernels that were tried and did not run, in order.
-    pub failed: Vec<Attempt>,
-    /// Inputs with NaN/Inf (only when the handle checks inputs: `with_input_check`).
-    pub input_flags: Vec<InputFlag>,
+    /// What only a fallback or an input check produces (kept out of line: the common
+    /// dispatch has neither).
+    extra: Option<Box<Extra>>,
+}
+
+#[derive(Debug, Default)]
+struct Extra {
+    failed: Vec<Attempt>,
+    input_flags: Vec<InputFlag>,
 }
 
 impl Dispatch<'_> {
@@ -68,14 +69,34 @@ impl Dispatch<'_> {
         self.ran.selection()
     }
 
+    /// Where the first choice came from.
+    pub fn source(&self) -> SelectionSource {
+        self.ran.source()
+    }
+
+    /// Plan notes of the first choice (`PLAN_BUCKET_MISS`, a refused table).
+    pub fn notes(&self) -> &[Reason] {
+        self.ran.notes()
+    }
+
+    /// Kernels that were tried and did not run, in order.
+    pub fn failed(&self) -> &[Attempt] {
+        self.extra.as_ref().map_or(&[], |e| &e.failed)
+    }
+
+    /// Float inputs with NaN/Inf (only when the handle checks inputs: `with_input_check`).
+    pub fn input_flags(&self) -> &[InputFlag] {
+        self.extra.as_ref().map_or(&[], |e| &e.input_flags)
+    }
+
     /// True when the first choice did not run.
     pub fn fell_back(&self) -> bool {
-        !self.failed.is_empty()
+        !self.failed().is_empty()
     }
 
     /// Every kernel tried, in order; the last one produced the outputs.
     pub fn attempts(&self) -> Vec<Attempt> {
-        let mut all = self.failed.clone();
+        let mut all = self.failed().to_vec();
         all.push(Attempt { kernel: self.ran.kernel.clone(), ok: true, reason: None });
         all
     }
@@ -89,18 +110,17 @@ impl LayerZero {
     /// each attempt's reason.
     pub fn dispatch(&self, args: &OpArgs) -> Result<Dispatch<'_>> {
         let first = self.select_args(args)?;
-        let source = first.source();
         let input_flags = if self.check_inputs { flags(args) } else { Vec::new() };
-        let outcome = self.try_run(&first, first.executor(), args);
         let mut failed = Vec::new();
-        match outcome {
+        match self.try_run(&first, first.executor(), args) {
             Ok(outputs) => {
-                let notes = first.notes().to_vec();
-                return Ok(Dispatch { outputs, ran: first, source, notes, failed, input_flags });
+                let extra = (!input_flags.is_empty()).then(|| Box::new(Extra { failed, input_flags }));
+                return Ok(Dispatch { outputs, ran: first, extra });
             }
             Err(reason) => self.note_failure(&first, reason, &mut failed)?,
         }
         self.bump(Counter::Fallbacks);
+        let source = first.source();
         let notes = first.into_notes();
         let selector = self.selector();
         let request = args.describe();
@@ -110,7 +130,10 @@ impl LayerZero {
             }
             let hit = self.live_hit(sel);
             match self.try_run(&hit, hit.executor(), args) {
-                Ok(outputs) => return Ok(Dispatch { outputs, ran: hit, source, notes, failed, input_flags }),
+                Ok(outputs) => {
+                    let ran = hit.standing_in_for(source, notes);
+                    return Ok(Dispatch { outputs, ran, extra: Some(Box::new(Extra { failed, input_flags })) });
+                }
                 Err(reason) => self.note_failure(&hit, reason, &mut failed)?,
             }
         }

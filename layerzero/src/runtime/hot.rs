@@ -13,13 +13,12 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::exec::args::OpArgs;
 use crate::exec::executor::Executor;
 use crate::model::request::Request;
-use crate::plan::cache::CacheHit;
 use crate::plan::table::PlanKey;
 use crate::plan::{Resolved, SelectionKey, typed};
 use crate::reason::{Reason, ReasonCode};
 use crate::select::Selection;
 
-/// A selection as served: by reference into the plan, held from the cache, or made live.
+/// A selection as served: borrowed from the plan or the cache, or made live.
 /// Dereferences to the [`Selection`].
 #[derive(Debug)]
 pub struct Hit<'a> {
@@ -30,8 +29,9 @@ pub struct Hit<'a> {
 
 #[derive(Debug)]
 enum Entry<'a> {
-    Plan(&'a Resolved),
-    Cache(CacheHit),
+    /// The plan's or the cache's entry, borrowed from the handle.
+    Held(&'a Resolved),
+    /// Made for this call (not cached).
     Live(Resolved),
 }
 
@@ -67,14 +67,21 @@ impl Hit<'_> {
     #[inline]
     pub(crate) fn resolved(&self) -> &Resolved {
         match &self.entry {
-            Entry::Plan(r) => r,
-            Entry::Cache(c) => c.resolved(),
+            Entry::Held(r) => r,
             Entry::Live(r) => r,
         }
     }
 
     pub(crate) fn into_notes(self) -> Vec<Reason> {
         self.notes
+    }
+
+    /// A fallback that ran in place of a first choice: it reports that choice's source and
+    /// plan notes.
+    pub(crate) fn standing_in_for(mut self, source: SelectionSource, notes: Vec<Reason>) -> Self {
+        self.source = source;
+        self.notes = notes;
+        self
     }
 }
 
@@ -88,12 +95,12 @@ impl LayerZero {
             && let Some(r) = plan.get(key)
         {
             self.bump(Counter::PlanHits);
-            return Some(Hit { entry: Entry::Plan(r), source: SelectionSource::Plan, notes: Vec::new() });
+            return Some(Hit { entry: Entry::Held(r), source: SelectionSource::Plan, notes: Vec::new() });
         }
         let buckets = key.buckets()?;
         let hit = self.cache.get(&PlanKey { validity: key.validity, buckets }, self.context.load(Ordering::Acquire))?;
         self.bump(Counter::CacheHits);
-        Some(Hit { entry: Entry::Cache(hit), source: SelectionSource::Cache, notes: Vec::new() })
+        Some(Hit { entry: Entry::Held(hit), source: SelectionSource::Cache, notes: Vec::new() })
     }
 
     /// Selects for `req`: the plan, then the cache, then live selection (cached when every
@@ -134,7 +141,7 @@ impl LayerZero {
         {
             if let Some(r) = plan.get(key) {
                 self.bump(Counter::PlanHits);
-                return Ok(Hit { entry: Entry::Plan(r), source: SelectionSource::Plan, notes });
+                return Ok(Hit { entry: Entry::Held(r), source: SelectionSource::Plan, notes });
             }
             self.bump(Counter::PlanMisses);
             let bucket = buckets.map_or_else(|| "outside every bucket".to_owned(), |b| b.text(key.op));
@@ -155,7 +162,7 @@ impl LayerZero {
         if let Some(pk) = &pk {
             if let Some(hit) = self.cache.get(pk, live.context) {
                 self.bump(Counter::CacheHits);
-                return Ok(Hit { entry: Entry::Cache(hit), source: SelectionSource::Cache, notes });
+                return Ok(Hit { entry: Entry::Held(hit), source: SelectionSource::Cache, notes });
             }
             self.bump(Counter::CacheMisses);
         }
@@ -164,7 +171,7 @@ impl LayerZero {
         let resolved = Resolved { executor: self.executor(selection.index).cloned(), selection };
         let fits = capacity::bucket_fits(key, req, self.max_workspace, &live.selector);
         match pk {
-            Some(pk) if fits => self.cache.insert(pk, live.context, resolved.clone()),
+            Some(pk) if fits && self.cache.insert(pk, live.context, resolved.clone()) => {}
             _ => self.bump(Counter::Uncacheable),
         }
         Ok(Hit { entry: Entry::Live(resolved), source: SelectionSource::Live, notes })

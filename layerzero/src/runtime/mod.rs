@@ -290,7 +290,7 @@ impl LayerZero {
         self.plan_on = AtomicBool::new(self.plan.is_some());
         self.context = AtomicU64::new(context);
         self.live = ArcSwap::from_pointee(Live { selector: Arc::new(selector), context, plan_rejection: rejection });
-        self.cache.clear();
+        self.cache = SelectionCache::new(self.cache.capacity());
         Ok(self)
     }
 

@@ -47,37 +47,6 @@ pub struct Selection {
     pub candidates: usize,
 }
 
-impl Selection {
-    /// An empty selection (the placeholder of a vacant cache slot; never served).
-    pub(crate) fn vacant() -> Selection {
-        let model = score::Estimate {
-            flops: 0.0,
-            bytes: 0.0,
-            compute_ns: 0.0,
-            memory_ns: 0.0,
-            launch_ns: 0.0,
-            estimated_ns: 0.0,
-        };
-        Selection {
-            kernel: String::new(),
-            index: usize::MAX,
-            backend: String::new(),
-            transforms: Vec::new(),
-            score: Score {
-                estimated_ns: 0.0,
-                source: ScoreSource::Model,
-                transform_ns: 0.0,
-                policy_factor: 1.0,
-                total_ns: 0.0,
-                model,
-                measurement: None,
-                notes: Vec::new(),
-            },
-            candidates: 0,
-        }
-    }
-}
-
 /// Selects kernels for requests on one machine under one policy.
 #[derive(Debug, Clone)]
 pub struct Selector {

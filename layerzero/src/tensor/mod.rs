@@ -152,6 +152,8 @@ pub struct HostTensor {
     strides: Vec<usize>,
     offset: usize,
     layout: Option<Layout>,
+    /// Row-major contiguous (size-1 dims ignored), decided once when the view is made.
+    contiguous: bool,
 }
 
 /// Row-major strides of `shape`.
@@ -168,6 +170,20 @@ fn numel(shape: &[usize]) -> Option<usize> {
 }
 
 impl HostTensor {
+    /// The one constructor every view goes through: contiguity is decided here.
+    fn make(
+        data: Arc<Storage>,
+        shape: Vec<usize>,
+        strides: Vec<usize>,
+        offset: usize,
+        layout: Option<Layout>,
+    ) -> HostTensor {
+        let expected = row_major_strides(&shape);
+        let contiguous = strides.len() == shape.len()
+            && strides.iter().zip(&expected).zip(&shape).all(|((s, e), &d)| d <= 1 || s == e);
+        HostTensor { data, shape, strides, offset, layout, contiguous }
+    }
+
     /// A contiguous tensor over `storage`; its length must match the shape.
     pub fn new(storage: Storage, shape: &[usize]) -> Result<HostTensor> {
         let n = numel(shape).ok_or_else(|| Error::invalid(format!("shape {shape:?} overflows")))?;
@@ -177,13 +193,7 @@ impl HostTensor {
                 storage.len()
             )));
         }
-        Ok(HostTensor {
-            data: Arc::new(storage),
-            strides: row_major_strides(shape),
-            shape: shape.to_vec(),
-            offset: 0,
-            layout: None,
-        })
+        Ok(HostTensor::make(Arc::new(storage), shape.to_vec(), row_major_strides(shape), 0, None))
     }
 
     /// A contiguous f32 tensor.
@@ -249,9 +259,9 @@ impl HostTensor {
     }
 
     /// True when the view is row-major contiguous (size-1 dims ignored).
+    #[inline]
     pub fn is_contiguous(&self) -> bool {
-        let expected = row_major_strides(&self.shape);
-        self.strides.iter().zip(&expected).zip(&self.shape).all(|((s, e), &d)| d <= 1 || s == e)
+        self.contiguous
     }
 
     /// Storage index of a multi-index (no bounds check beyond debug asserts).
@@ -274,13 +284,13 @@ impl HostTensor {
         {
             return Err(Error::invalid(format!("permutation {dims:?} is not one of the {} dims", self.rank())));
         }
-        Ok(HostTensor {
-            data: self.data.clone(),
-            shape: dims.iter().map(|&d| self.shape[d]).collect(),
-            strides: dims.iter().map(|&d| self.strides[d]).collect(),
-            offset: self.offset,
-            layout: None,
-        })
+        Ok(HostTensor::make(
+            self.data.clone(),
+            dims.iter().map(|&d| self.shape[d]).collect(),
+            dims.iter().map(|&d| self.strides[d]).collect(),
+            self.offset,
+            None,
+        ))
     }
 
     /// A strided view over the same storage; every element it can address must exist.
@@ -289,26 +299,16 @@ impl HostTensor {
             return Err(Error::invalid(format!("view shape {shape:?} and strides {strides:?} differ in rank")));
         }
         if shape.contains(&0) {
-            return Ok(HostTensor {
-                data: self.data.clone(),
-                shape: shape.to_vec(),
-                strides: strides.to_vec(),
-                offset,
-                layout: None,
-            });
+            return Ok(HostTensor::make(self.data.clone(), shape.to_vec(), strides.to_vec(), offset, None));
         }
         let last = shape
             .iter()
             .zip(strides)
             .try_fold(offset, |a, (&d, &s)| (d - 1).checked_mul(s).and_then(|x| a.checked_add(x)));
         match last {
-            Some(l) if l < self.data.len() => Ok(HostTensor {
-                data: self.data.clone(),
-                shape: shape.to_vec(),
-                strides: strides.to_vec(),
-                offset,
-                layout: None,
-            }),
+            Some(l) if l < self.data.len() => {
+                Ok(HostTensor::make(self.data.clone(), shape.to_vec(), strides.to_vec(), offset, None))
+            }
             _ => Err(Error::invalid(format!(
                 "view shape {shape:?} strides {strides:?} offset {offset} reaches past the {} stored elements",
                 self.data.len()
@@ -381,13 +381,7 @@ impl HostTensor {
             Storage::I64(v) => Storage::I64(idx.iter().map(|&i| v[i]).collect()),
             Storage::Bool(v) => Storage::Bool(idx.iter().map(|&i| v[i]).collect()),
         };
-        HostTensor {
-            data: Arc::new(storage),
-            strides: row_major_strides(&self.shape),
-            shape: self.shape.clone(),
-            offset: 0,
-            layout: self.layout,
-        }
+        HostTensor::make(Arc::new(storage), self.shape.clone(), row_major_strides(&self.shape), 0, self.layout)
     }
 
     /// The selection-facing description of this tensor (strides only when not contiguous).
