@@ -57,9 +57,11 @@ macro_rules! reason_codes {
     ($( $(#[doc = $doc:literal])+ $variant:ident => $category:ident, )+) => {
         /// Why a kernel was rejected (or why something else on the data path happened).
         ///
-        /// Closed: a code that is not here cannot be reported.
+        /// Closed: a code that is not here cannot be reported. New codes are added in minor
+        /// releases, so matches outside this crate need a wildcard arm.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
         #[allow(non_camel_case_types)]
+        #[non_exhaustive]
         pub enum ReasonCode {
             $( $(#[doc = $doc])+ $variant, )+
         }

@@ -6,6 +6,7 @@ mod determinism;
 mod files;
 mod fixtures;
 mod flips;
+mod front_door;
 mod measured;
 mod plans;
 mod policy;

@@ -375,6 +375,14 @@ impl Plan {
         self.map.get(&PlanKey { validity: key.validity, buckets })
     }
 
+    /// The kernels the plan serves, sorted, each once.
+    pub fn kernels(&self) -> Vec<&str> {
+        let mut k: Vec<&str> = self.map.values().map(|r| r.selection.kernel.as_str()).collect();
+        k.sort_unstable();
+        k.dedup();
+        k
+    }
+
     /// Entries served.
     pub fn len(&self) -> usize {
         self.map.len()

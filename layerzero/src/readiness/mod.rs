@@ -35,6 +35,7 @@ use crate::perfdb::{self, PerfDb};
 use crate::plan::table::{DispatchTable, Plan};
 use crate::plan::workload::Workload;
 use crate::policy::Policy;
+use crate::runtime::LayerZero;
 use crate::select::{Availability, Selector};
 
 /// One readiness check.
@@ -96,14 +97,7 @@ impl ReadinessInputs<'_> {
 pub fn readiness(inputs: &ReadinessInputs<'_>) -> Vec<Check> {
     let mut checks = Vec::new();
     let catalog = capabilities_check(&inputs.catalog, &mut checks);
-    let files = files::shipped();
-    let bad: Vec<String> =
-        files.iter().filter(|f| !f.is_valid()).map(|f| format!("{}: {}", f.file, f.errors[0])).collect();
-    checks.push(if bad.is_empty() {
-        Check::pass("schemas", format!("{} shipped files valid", files.len()))
-    } else {
-        Check::fail("schemas", bad.join("; "), "fix the files named (`lz validate` lists every violation)".into())
-    });
+    checks.push(schemas_check());
     let policy = policy_check(inputs.policy, &mut checks);
     let selector = match (catalog, policy) {
         (Some(c), Some(p)) => match selector(c, inputs.hardware.clone(), p) {
@@ -121,6 +115,55 @@ pub fn readiness(inputs: &ReadinessInputs<'_>) -> Vec<Check> {
     }
     checks.push(perfdb_check(inputs.perfdb));
     checks
+}
+
+/// The readiness of a built handle: the plan it serves from, the executors it holds, the
+/// workload's coverage by that plan, and the PerfDB (`None`: the default path).
+pub fn of_handle(lz: &LayerZero, workload: Option<&Workload>, perfdb: Option<&Path>) -> Vec<Check> {
+    let catalog = lz.catalog();
+    let mut checks = vec![Check::pass(
+        "capabilities",
+        format!("{} kernels, hash {}", catalog.kernels().count(), &catalog.hash()[..12]),
+    )];
+    checks.push(schemas_check());
+    let plan = lz.plan().filter(|_| lz.plan_rejection().is_none());
+    match (plan, lz.plan_rejection()) {
+        (_, Some(reason)) => checks.push(Check::fail(
+            "table_matches_host",
+            reason.to_string(),
+            "re-solve the table on this machine with this policy (the `command` in its header)".into(),
+        )),
+        (Some(p), None) => {
+            checks.push(Check::pass(
+                "table_matches_host",
+                format!("hardware {}, capabilities and policy hashes match", p.header().hardware.name),
+            ));
+            let kernels = p.kernels();
+            checks.push(kernels_check(p, &kernels, |k| lz.registry().contains(k)));
+            checks.push(jit_check(&kernels, catalog));
+        }
+        (None, None) => checks.push(Check::pass("table", "no dispatch table: every selection is live".into())),
+    }
+    if let Some(w) = workload {
+        checks.push(match w.points() {
+            Ok(points) => coverage(&points, plan, &w.name),
+            Err(e) => Check::fail("workload", e.to_string(), format!("fix workload {}", w.name)),
+        });
+    }
+    checks.push(perfdb_check(perfdb));
+    checks
+}
+
+/// Every shipped capability, hardware, policy and request file satisfies its schema.
+fn schemas_check() -> Check {
+    let files = files::shipped();
+    let bad: Vec<String> =
+        files.iter().filter(|f| !f.is_valid()).map(|f| format!("{}: {}", f.file, f.errors[0])).collect();
+    if bad.is_empty() {
+        Check::pass("schemas", format!("{} shipped files valid", files.len()))
+    } else {
+        Check::fail("schemas", bad.join("; "), "fix the files named (`lz validate` lists every violation)".into())
+    }
 }
 
 fn capabilities_check(catalog: &Result<Arc<Catalog>>, checks: &mut Vec<Check>) -> Option<Arc<Catalog>> {
@@ -199,16 +242,17 @@ fn table_checks(path: &Path, selector: Option<&Selector>, checks: &mut Vec<Check
                 "table_matches_host",
                 format!("hardware {}, capabilities and policy hashes match", table.header.hardware.name),
             ));
-            checks.push(kernels_check(&p, &table));
-            checks.push(jit_check(&table, sel.catalog()));
+            let kernels = p.kernels();
+            let registry = Registry::builtin();
+            checks.push(kernels_check(&p, &kernels, |k| registry.contains(k)));
+            checks.push(jit_check(&kernels, sel.catalog()));
             Some(p)
         }
     }
 }
 
 /// Every kernel the plan serves is still eligible here and has an executor in this process.
-fn kernels_check(plan: &Plan, table: &DispatchTable) -> Check {
-    let registry = Registry::builtin();
+fn kernels_check(plan: &Plan, kernels: &[&str], has_executor: impl Fn(&str) -> bool) -> Check {
     let mut problems: Vec<String> = plan
         .dropped()
         .iter()
@@ -218,11 +262,8 @@ fn kernels_check(plan: &Plan, table: &DispatchTable) -> Check {
             format!("{} {} -> {} ({})", d.entry, d.bucket, d.kernel, why.join(", "))
         })
         .collect();
-    let mut kernels: Vec<&str> = table.entries.iter().map(|e| e.kernel.as_str()).collect();
-    kernels.sort_unstable();
-    kernels.dedup();
-    for k in &kernels {
-        if registry.get(k).is_none() {
+    for k in kernels {
+        if !has_executor(k) {
             problems.push(format!("{k} has no executor in this process (EXECUTOR_NOT_REGISTERED)"));
         }
     }
@@ -238,12 +279,11 @@ fn kernels_check(plan: &Plan, table: &DispatchTable) -> Check {
 }
 
 /// A kernel that compiles at first use stalls the first request; this build cannot warm it up.
-fn jit_check(table: &DispatchTable, catalog: &Catalog) -> Check {
-    let jit: Vec<&str> = table
-        .entries
+fn jit_check(kernels: &[&str], catalog: &Catalog) -> Check {
+    let jit: Vec<&str> = kernels
         .iter()
-        .filter(|e| catalog.find(&e.kernel).is_some_and(|i| catalog.kernel(i).1.properties.needs_jit))
-        .map(|e| e.kernel.as_str())
+        .filter(|k| catalog.find(k).is_some_and(|i| catalog.kernel(i).1.properties.needs_jit))
+        .copied()
         .collect();
     if jit.is_empty() {
         Check::pass("jit", "no kernel in the table compiles at first use".into())
@@ -251,7 +291,7 @@ fn jit_check(table: &DispatchTable, catalog: &Catalog) -> Check {
         Check::fail(
             "jit",
             format!(
-                "{} entries name kernels that compile at first use ({}) and this build has no JIT warm-up",
+                "{} kernels of the table compile at first use ({}) and this build has no JIT warm-up",
                 jit.len(),
                 jit[0]
             ),
@@ -262,10 +302,13 @@ fn jit_check(table: &DispatchTable, catalog: &Catalog) -> Check {
 
 /// How many of the workload's buckets the plan serves; without a plan, none.
 fn coverage_check(path: &Path, plan: Option<&Plan>) -> Check {
-    let points = match Workload::load(path).and_then(|w| w.points()) {
-        Err(e) => return Check::fail("workload", e.to_string(), format!("fix {}", path.display())),
-        Ok(p) => p,
-    };
+    match Workload::load(path).and_then(|w| w.points()) {
+        Err(e) => Check::fail("workload", e.to_string(), format!("fix {}", path.display())),
+        Ok(points) => coverage(&points, plan, &path.display().to_string()),
+    }
+}
+
+fn coverage(points: &[crate::plan::workload::Point], plan: Option<&Plan>, workload: &str) -> Check {
     let covered = plan.map_or(0, |p| points.iter().filter(|pt| p.get(&pt.key).is_some()).count());
     let pct = if points.is_empty() { 100.0 } else { 100.0 * covered as f64 / points.len() as f64 };
     let detail = format!("{covered} of {} buckets ({pct:.1}%) served by the table", points.len());
@@ -275,7 +318,7 @@ fn coverage_check(path: &Path, plan: Option<&Plan>) -> Check {
         Check::fail(
             "coverage",
             detail,
-            format!("solve the table for this workload: lz solve --workload {} --out TABLE", path.display()),
+            format!("solve the table for this workload: lz solve --workload {workload} --out TABLE"),
         )
     }
 }

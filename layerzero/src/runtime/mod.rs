@@ -413,6 +413,18 @@ impl LayerZero {
         Ok(())
     }
 
+    /// Is this handle ready to serve? The plan it serves from (matches this machine, every
+    /// kernel eligible and with an executor here, none needing JIT), the coverage of
+    /// `workload`'s buckets by that plan, the shipped files and the PerfDB (`None`: the
+    /// default path). Each failed check names its fix.
+    pub fn readiness(
+        &self,
+        workload: Option<&crate::plan::workload::Workload>,
+        perfdb: Option<&Path>,
+    ) -> Vec<crate::readiness::Check> {
+        crate::readiness::of_handle(self, workload, perfdb)
+    }
+
     /// The full report for a request: every candidate's verdict, reasons and score.
     pub fn explain(&self, req: &crate::model::request::Request) -> SelectionReport {
         self.live.load().selector.explain(req)
