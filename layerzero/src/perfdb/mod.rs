@@ -15,9 +15,9 @@ mod schema;
 pub mod stats;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use parking_lot::{Mutex, MutexGuard};
 use rusqlite::{Connection, ErrorCode, TransactionBehavior, params};
 use serde::{Deserialize, Serialize};
 
@@ -371,9 +371,9 @@ impl PerfDb {
     }
 
     fn conn(&self) -> MutexGuard<'_, Connection> {
-        // A panic while holding the lock leaves the connection usable: SQLite rolls back any
-        // transaction that was not committed.
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+        // parking_lot locks do not poison: a panic while holding the lock leaves the
+        // connection usable, and SQLite rolls back any transaction that was not committed.
+        self.conn.lock()
     }
 
     fn err(&self, what: &str, e: rusqlite::Error) -> Error {
