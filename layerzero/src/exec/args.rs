@@ -82,10 +82,10 @@ macro_rules! op_args {
 op_args! {
     /// `attention`: q, k, v in BSHD or BHSD (any strides), optional mask and ragged offsets.
     ///
-    /// Shapes: q [B, Sq, Hq, D] (BSHD) or [B, Hq, Sq, D] (BHSD); k [B, Sk, Hkv, D]; v
-    /// [B, Sk, Hkv, Dv]; Hq % Hkv == 0 and query head `h` reads kv head `h / (Hq / Hkv)`.
-    /// `mask` broadcasts to [B, Hq, Sq, Sk]: bool keeps `true`, a float mask is added to the
-    /// scores. With `cu_seqlens_q`/`cu_seqlens_k` (i32 [N+1]) q and k/v hold N sequences
+    /// Shapes: q `[B, Sq, Hq, D]` (BSHD) or `[B, Hq, Sq, D]` (BHSD); k `[B, Sk, Hkv, D]`; v
+    /// `[B, Sk, Hkv, Dv]`; Hq % Hkv == 0 and query head `h` reads kv head `h / (Hq / Hkv)`.
+    /// `mask` broadcasts to `[B, Hq, Sq, Sk]`: bool keeps `true`, a float mask is added to the
+    /// scores. With `cu_seqlens_q`/`cu_seqlens_k` (i32 `[N+1]`) q and k/v hold N sequences
     /// packed along the sequence dim of batch 1; each attends only within itself and causal
     /// alignment applies per sequence. The output has q's layout with head dim Dv and q's
     /// dtype. Score order: see `semantics`.
@@ -93,13 +93,13 @@ op_args! {
 }
 
 op_args! {
-    /// `paged_attention`: q [B, Sq, Hq, D] (BSHD) against caches addressed by a block table.
+    /// `paged_attention`: q `[B, Sq, Hq, D]` (BSHD) against caches addressed by a block table.
     ///
-    /// Caches are NHD [pages, page_size, Hkv, D] or HND [pages, Hkv, page_size, D];
-    /// `block_table` (i32/i64 [B, max_pages]) maps sequence b's logical page p to a physical
-    /// page; `context_lens` (i32 [B]) is each sequence's key count. The Sq queries of
+    /// Caches are NHD `[pages, page_size, Hkv, D]` or HND `[pages, Hkv, page_size, D]`;
+    /// `block_table` (i32/i64 `[B, max_pages]`) maps sequence b's logical page p to a physical
+    /// page; `context_lens` (i32 `[B]`) is each sequence's key count. The Sq queries of
     /// sequence b are its last Sq positions (bottom-right alignment). fp8 caches are
-    /// dequantized with `k_scale`/`v_scale` (f32, [1] per tensor or [Hkv] per head; 1 when
+    /// dequantized with `k_scale`/`v_scale` (f32, `[1]` per tensor or `[Hkv]` per head; 1 when
     /// absent). A table entry that a context reaches but that lies outside the cache, or a
     /// context longer than the table, is an error; entries past the pages a context reaches
     /// are never read (padding).
@@ -111,18 +111,18 @@ op_args! {
 }
 
 op_args! {
-    /// `rope`: rotates q (and k) [B, S, H, D] in BSHD or BHSD.
+    /// `rope`: rotates q (and k) `[B, S, H, D]` in BSHD or BHSD.
     ///
     /// The first `rotary_dim` (default D) dims of each head rotate; the rest pass through.
-    /// Positions are `positions` (i32/i64, [S] or [B, S]) or 0..S. Angles are
+    /// Positions are `positions` (i32/i64, `[S]` or `[B, S]`) or 0..S. Angles are
     /// `position * inv_freq` (see `semantics::rope_frequencies`), or come from `cos`/`sin`
-    /// ([max_position, rotary_dim / 2], indexed by position) when given. Outputs `out` (q)
+    /// (`[max_position, rotary_dim / 2]`, indexed by position) when given. Outputs `out` (q)
     /// and `out_k` (k).
     RopeArgs { attrs: RopeAttrs, required: [q], optional: [k, positions, cos, sin] }
 }
 
 op_args! {
-    /// `rms_norm` and `layer_norm` over the last dim H of x [..., H], computed in f32 (f64 in
+    /// `rms_norm` and `layer_norm` over the last dim H of x `[..., H]`, computed in f32 (f64 in
     /// the reference) and rounded once to x's dtype.
     ///
     /// rms_norm: `s = x + residual` (when given; also output as `residual_out`), then
@@ -134,8 +134,8 @@ op_args! {
 }
 
 op_args! {
-    /// `linear`: `out = x @ W^T + bias` with x [..., K], weight [N, K] (layout NT, the
-    /// default) or [K, N] (layout NN), bias [N]; f32 accumulation; out [..., N] in x's dtype.
+    /// `linear`: `out = x @ W^T + bias` with x `[..., K]`, weight `[N, K]` (layout NT, the
+    /// default) or `[K, N]` (layout NN), bias `[N]`; f32 accumulation; out `[..., N]` in x's dtype.
     LinearArgs { attrs: NoAttrs, required: [x, weight], optional: [bias] }
 }
 
@@ -162,26 +162,26 @@ op_args! {
 }
 
 op_args! {
-    /// `mlp`: `out = (act(x @ w_gate^T) * (x @ w_up^T)) @ w_down^T` with x [..., H],
-    /// w_gate/w_up [I, H], w_down [H, I]; f32 accumulation; out [..., H] in x's dtype.
+    /// `mlp`: `out = (act(x @ w_gate^T) * (x @ w_up^T)) @ w_down^T` with x `[..., H]`,
+    /// w_gate/w_up `[I, H]`, w_down `[H, I]`; f32 accumulation; out `[..., H]` in x's dtype.
     MlpArgs { attrs: MlpAttrs, required: [x, w_gate, w_up, w_down], optional: [] }
 }
 
 op_args! {
     /// `moe_experts`: for token t, `out[t] = sum_j weights[t, j] * mlp_e(x[t])` with
-    /// `e = experts[t, j]` and expert e's weights `w_gate[e]` [I, H], `w_up[e]`, `w_down[e]`
-    /// [H, I]. An expert id outside [0, E) is an error naming the position.
+    /// `e = experts[t, j]` and expert e's weights `w_gate[e]` `[I, H]`, `w_up[e]`, `w_down[e]`
+    /// `[H, I]`. An expert id outside [0, E) is an error naming the position.
     MoeExpertsArgs { attrs: MlpAttrs, required: [x, experts, weights, w_gate, w_up, w_down], optional: [] }
 }
 
 op_args! {
     /// `embedding`: `out[..., :] = table[ids[...], :]`; ids i32/i64 of any shape, table
-    /// [V, H]; an id outside [0, V) is an error naming its position.
+    /// `[V, H]`; an id outside [0, V) is an error naming its position.
     EmbeddingArgs { attrs: NoAttrs, required: [ids, table], optional: [] }
 }
 
 op_args! {
-    /// `sample`: one token per row of logits [B, V], output `tokens` (i64 [B]).
+    /// `sample`: one token per row of logits `[B, V]`, output `tokens` (i64 `[B]`).
     ///
     /// Greedy (argmax, lowest index on ties) when temperature is absent or 0 and no filter is
     /// set. Otherwise: probabilities `softmax(logits / temperature)` (temperature 1 when
@@ -196,9 +196,9 @@ op_args! {
 
 op_args! {
     /// `quantize`: x (f32/f16/bf16) to `out` (i8 or fp8) and `scale` (f32) with
-    /// `x ~ out * scale`. Per tensor / channel (row of a 2-D x) / block ([r, c] tiles of a
+    /// `x ~ out * scale`. Per tensor / channel (row of a 2-D x) / block (`[r, c]` tiles of a
     /// 2-D x): `scale = amax / qmax` (qmax 127 for i8, 448 for e4m3, 57344 for e5m2; 1 when
-    /// amax is 0), `out = round_half_even(x / scale)` clamped to [-qmax, qmax] (i8) or
+    /// amax is 0), `out = round_half_even(x / scale)` clamped to `[-qmax, qmax]` (i8) or
     /// saturated (fp8). `none` casts to fp8 with saturation (scale 1). Per-block scales are
     /// [ceil(R/r), ceil(C/c)], stored row- or column-major as `scale_layout` says.
     QuantizeArgs { attrs: QuantAttrs, required: [x], optional: [] }
@@ -213,20 +213,20 @@ op_args! {
 
 op_args! {
     /// `moe_route`: `p = softmax(logits[t])` (f32); the top_k experts by p (ties by lower
-    /// index) as `experts` (i32 [T, k], descending p) and their `weights` (f32 [T, k]),
+    /// index) as `experts` (i32 `[T, k]`, descending p) and their `weights` (f32 `[T, k]`),
     /// renormalized to sum 1 when `renormalize`.
     MoeRouteArgs { attrs: MoeRouteAttrs, required: [logits], optional: [] }
 }
 
 op_args! {
-    /// `linear_w8a8`: `out[m, n] = (sum_k x[m, k] * weight[n, k]) * x_scale[m] * w_scale[n]
-    /// (+ bias[n])` with i8 x [M, K] and weight [N, K], i32 accumulation, scales f32 ([1]
+    /// `linear_w8a8`: `out[m, n] = (sum_k x[m, k] * weight[n, k]) * x_scale[m] * w_scale[n]`
+    /// (`+ bias[n]`) with i8 x `[M, K]` and weight `[N, K]`, i32 accumulation, scales f32 (`[1]`
     /// broadcasts), out in `out_dtype` (f32 by default).
     W8a8Args { attrs: W8a8Attrs, required: [x, x_scale, weight, w_scale], optional: [bias] }
 }
 
 op_args! {
-    /// `linear_int4`: weight-only int4. `weight` i8 [N, K/2] packs two unsigned 4-bit values
+    /// `linear_int4`: weight-only int4. `weight` i8 `[N, K/2]` packs two unsigned 4-bit values
     /// per byte, low nibble for the even k; `w[n, k] = (q[n, k] - zero[n, g]) * scale[n, g]`
     /// with g = k / group_size and zero 8 when `zeros` is absent; `out = x @ w^T (+ bias)`
     /// with f32 accumulation, in x's dtype.

@@ -154,7 +154,7 @@ pub fn fingerprint(args: &OpArgs) -> Option<Typed> {
 const SYMBOL: u64 = 1 << 63;
 
 /// Most words a fingerprint reads.
-const SIG_WORDS: usize = 64;
+const SIG_WORDS: usize = 48;
 
 /// The words a fingerprint is made of, gathered on the stack, then hashed in one pass.
 #[derive(Debug)]
@@ -181,22 +181,26 @@ impl Sig {
     /// 128 bits from four independent multiply-rotate lanes (one word each per round, so
     /// the multiplies of a round run side by side); `None` past the word budget.
     fn finish(&self) -> Option<u128> {
-        let words = self.words.get(..self.n)?;
-        let mut state = [0x243f_6a88_85a3_08d3u64, 0x1319_8a2e_0370_7344, 0xa409_3822_299f_31d0, 0x082e_fa98_ec4e_6c89];
-        let mut round = |chunk: &[u64]| {
-            for (i, s) in state.iter_mut().enumerate() {
-                let w = chunk.get(i).copied().unwrap_or(0);
-                *s = (*s ^ w).wrapping_mul(LANE_K[i]).rotate_left(31);
-            }
-        };
-        words.chunks(4).for_each(&mut round);
+        // Words past `n` are still zero: round up to whole rounds.
+        let words = self.words.get(..(self.n + 3) & !3)?;
+        let [mut a, mut b, mut c, mut d] =
+            [0x243f_6a88_85a3_08d3u64, 0x1319_8a2e_0370_7344, 0xa409_3822_299f_31d0, 0x082e_fa98_ec4e_6c89];
+        let lane = |s: u64, w: u64, k: u64| (s ^ w).wrapping_mul(k).rotate_left(31);
+        for w in words.chunks_exact(4) {
+            a = lane(a, w[0], LANE_K[0]);
+            b = lane(b, w[1], LANE_K[1]);
+            c = lane(c, w[2], LANE_K[2]);
+            d = lane(d, w[3], LANE_K[3]);
+        }
         let n = self.n as u64;
-        round(&[n, !n, n.rotate_left(32), 0x5bd1_e995]);
+        a = lane(a, n, LANE_K[0]);
+        b = lane(b, !n, LANE_K[1]);
+        c = lane(c, n.rotate_left(32), LANE_K[2]);
+        d = lane(d, 0x5bd1_e995, LANE_K[3]);
         let fold = |x: u64, y: u64, k: u64| {
             let m = u128::from(x ^ y.rotate_left(17)).wrapping_mul(u128::from(k));
             (m as u64) ^ ((m >> 64) as u64)
         };
-        let [a, b, c, d] = state;
         let lo = fold(a, c, LANE_K[1]) ^ fold(b, d, LANE_K[2]);
         let hi = fold(b, a, LANE_K[3]) ^ fold(d, c, LANE_K[0]);
         Some((u128::from(hi) << 64) | u128::from(lo))

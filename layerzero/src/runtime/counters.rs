@@ -3,6 +3,7 @@
 //! no locked instruction and two threads never write one line. Threads beyond the stripes
 //! share one more stripe and count atomically. A snapshot sums the stripes.
 
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
@@ -61,51 +62,63 @@ impl Default for Striped {
     }
 }
 
-/// The stripe a thread owns while it lives (`None`: every stripe is taken).
-struct Owned(Option<usize>);
-
 /// Stripe numbers: the next never used, and those freed by threads that ended.
 static FREE: Mutex<(usize, Vec<usize>)> = Mutex::new((0, Vec::new()));
 
-impl Owned {
-    fn claim() -> Owned {
-        let mut free = FREE.lock();
-        if let Some(i) = free.1.pop() {
-            return Owned(Some(i));
-        }
-        let i = free.0;
-        (i < STRIPES).then(|| free.0 += 1);
-        Owned((i < STRIPES).then_some(i))
-    }
-}
+/// Not yet claimed.
+const UNCLAIMED: usize = usize::MAX;
 
-impl Drop for Owned {
+/// Gives the stripe back when its thread ends.
+struct Release(usize);
+
+impl Drop for Release {
     fn drop(&mut self) {
-        if let Some(i) = self.0 {
-            FREE.lock().1.push(i);
-        }
+        MINE.set(UNCLAIMED);
+        FREE.lock().1.push(self.0);
     }
 }
 
 thread_local! {
-    static MINE: Owned = Owned::claim();
+    /// The stripe this thread owns (`STRIPES`: the shared one), read with one load.
+    static MINE: Cell<usize> = const { Cell::new(UNCLAIMED) };
+    static RELEASE: RefCell<Option<Release>> = const { RefCell::new(None) };
+}
+
+/// Claims a stripe for this thread, once.
+#[cold]
+fn claim() -> usize {
+    let mut free = FREE.lock();
+    let i = match free.1.pop() {
+        Some(i) => i,
+        None if free.0 < STRIPES => {
+            free.0 += 1;
+            free.0 - 1
+        }
+        None => STRIPES,
+    };
+    drop(free);
+    if i < STRIPES && RELEASE.try_with(|r| *r.borrow_mut() = Some(Release(i))).is_err() {
+        // The thread is ending: count in the shared stripe, and give the stripe back now.
+        FREE.lock().1.push(i);
+        return STRIPES;
+    }
+    let _ = MINE.try_with(|m| m.set(i));
+    i
 }
 
 impl Striped {
     #[inline]
     pub(crate) fn bump(&self, c: Counter) {
-        let owned = MINE.try_with(|m| m.0).ok().flatten();
-        match owned.and_then(|i| self.stripes.get(i)) {
-            Some(s) => {
-                // Only this thread writes this stripe: a plain read-modify-write is exact.
-                let a = &s.0[c as usize];
-                a.store(a.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
-            }
-            None => {
-                if let Some(s) = self.stripes.get(STRIPES) {
-                    s.0[c as usize].fetch_add(1, Ordering::Relaxed);
-                }
-            }
+        let mine = MINE.try_with(Cell::get).unwrap_or(STRIPES);
+        let i = if mine == UNCLAIMED { claim() } else { mine };
+        if i < STRIPES
+            && let Some(s) = self.stripes.get(i)
+        {
+            // Only this thread writes this stripe: a plain read-modify-write is exact.
+            let a = &s.0[c as usize];
+            a.store(a.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+        } else if let Some(s) = self.stripes.get(STRIPES) {
+            s.0[c as usize].fetch_add(1, Ordering::Relaxed);
         }
     }
 

@@ -3,7 +3,7 @@
 //! explains and dispatches.
 //!
 //! Threads share one handle (`Arc<LayerZero>` or the process-wide one behind
-//! [`crate::select`]). The hot path — a plan or cache hit, from a `Request` key or typed
+//! [`crate::select()`]). The hot path — a plan or cache hit, from a `Request` key or typed
 //! arguments — takes no lock, looks nothing up by string and writes only thread-owned
 //! counters. The policy can be swapped on a shared handle ([`LayerZero::set_policy`]); a
 //! choice made under the old policy is never served after the swap returns.

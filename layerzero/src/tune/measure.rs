@@ -13,7 +13,7 @@
 //!    [`Protocol::max_samples`]; stop at the per-kernel time cap [`Protocol::time_cap`] once
 //!    [`Protocol::min_samples_capped`] samples exist (the fewest PerfDB rows need to be
 //!    used), and unconditionally at [`Protocol::hard_cap`].
-//! 4. Summary: [`perfdb::stats::summarize`] rejects outliers by MAD and gives median,
+//! 4. Summary: [`crate::perfdb::stats::summarize`] rejects outliers by MAD and gives median,
 //!    percentiles, MAD and cv of the rest.
 //!
 //! The kernels competing for one problem are timed together ([`measure_interleaved`]):
