@@ -45,11 +45,11 @@ fn show(name: &str, args: &lz::OpArgs) -> lz::Result<()> {
     let chosen = lz::select(&request)?;
     println!("== {name} on {}", lz::host()?.hardware().name);
     println!(
-        "selected  {} ({}): {:.1} us estimated from the {:?} score, from {}",
+        "selected  {} ({}): {:.1} us ({} estimate), {} selection",
         chosen.kernel,
         chosen.backend,
         chosen.score.total_ns / 1e3,
-        chosen.score.source,
+        chosen.score.source.as_str(),
         chosen.source().as_str()
     );
     for candidate in &lz::explain(&request)?.candidates {
