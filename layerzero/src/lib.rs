@@ -41,6 +41,7 @@ pub mod exec;
 pub mod hardware;
 pub mod health;
 pub mod knobs;
+pub mod llm;
 pub mod model;
 pub mod perfdb;
 pub mod plan;

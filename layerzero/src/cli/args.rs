@@ -43,6 +43,71 @@ pub(super) enum Command {
     /// Is this machine ready to serve? Schemas, table vs. host, kernels, coverage, PerfDB.
     /// Exit 0 ready, 1 not ready (every failure names its fix), 2 usage error.
     ReadinessCheck(ReadinessCmd),
+    /// Generate text with a Hugging Face model folder; every op is selected and dispatched by
+    /// LayerZero. Exit 2 on a bad model, prompt or option.
+    Generate(GenerateCmd),
+    /// Compare two dumps (safetensors) name by name and name the first stage that diverges.
+    /// Exit 0 within thresholds, 1 divergence, 2 usage error or missing tensors.
+    Diff(DiffCmd),
+}
+
+#[derive(Args, Debug)]
+pub(super) struct GenerateCmd {
+    /// The model folder (config.json and *.safetensors; tokenizer.json for --prompt).
+    #[arg(long, value_name = "DIR")]
+    pub(super) model: PathBuf,
+    /// The prompt as text (needs the folder's tokenizer.json).
+    #[arg(long, conflicts_with = "prompt_ids", required_unless_present = "prompt_ids")]
+    pub(super) prompt: Option<String>,
+    /// The prompt as token ids, comma-separated.
+    #[arg(long, value_name = "IDS", value_delimiter = ',')]
+    pub(super) prompt_ids: Option<Vec<u32>>,
+    /// Tokens to generate at most.
+    #[arg(long, default_value_t = 32)]
+    pub(super) max_new_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub(super) temperature: f64,
+    /// Keep the k most probable tokens when sampling.
+    #[arg(long)]
+    pub(super) top_k: Option<u64>,
+    /// Keep the smallest set of tokens whose probability reaches p when sampling.
+    #[arg(long)]
+    pub(super) top_p: Option<f64>,
+    /// Sampler seed.
+    #[arg(long, default_value_t = 0)]
+    pub(super) seed: u64,
+    /// Compute dtype (default: the weights' dtype).
+    #[arg(long, value_name = "f32|bf16")]
+    pub(super) dtype: Option<String>,
+    /// Keep generating after an end-of-sequence token.
+    #[arg(long)]
+    pub(super) ignore_eos: bool,
+    /// Serve selections from this dispatch table.
+    #[arg(long, value_name = "FILE")]
+    pub(super) table: Option<PathBuf>,
+    /// Write hidden states, per-layer stages and logits as safetensors into DIR (dump.safetensors).
+    #[arg(long, value_name = "DIR")]
+    pub(super) dump: Option<PathBuf>,
+    /// Machine-readable output (schemas/generate_report.schema.json).
+    #[arg(long)]
+    pub(super) json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct DiffCmd {
+    /// Our dump (a safetensors file, or a folder holding dump.safetensors).
+    #[arg(value_name = "OURS")]
+    pub(super) ours: PathBuf,
+    /// The reference dump (e.g. from tools/hf_reference.py).
+    #[arg(value_name = "REFERENCE")]
+    pub(super) reference: PathBuf,
+    /// Largest L2-relative error a stage may have.
+    #[arg(long, default_value_t = 1e-3)]
+    pub(super) threshold: f64,
+    /// Machine-readable output (schemas/diff_report.schema.json).
+    #[arg(long)]
+    pub(super) json: bool,
 }
 
 #[derive(Args, Debug)]

@@ -3,6 +3,7 @@
 
 mod args;
 mod doctor;
+mod generate;
 mod inspect;
 mod parity;
 mod plan;
@@ -137,6 +138,8 @@ fn run(cli: Cli) -> Result<Outcome> {
             },
             load_catalog(&a.catalog),
         ),
+        Command::Generate(a) => generate::generate(a),
+        Command::Diff(a) => generate::diff(a),
         Command::ReasonCodes(a) => {
             if a.json {
                 print_json(&crate::reason::reason_codes_document());

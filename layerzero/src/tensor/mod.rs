@@ -339,6 +339,54 @@ impl HostTensor {
         }
     }
 
+    /// Writes `src`'s elements (in logical order) into this tensor's storage from element
+    /// `at` on: the in-place write of a buffer the caller owns, such as a KV cache. This
+    /// tensor must be a contiguous view at offset 0 whose storage no other tensor shares
+    /// (views made for a call must be dropped first), and `src` must have its dtype.
+    pub fn write_at(&mut self, at: usize, src: &HostTensor) -> Result<()> {
+        let n = src.numel();
+        if self.offset != 0 || !self.is_contiguous() {
+            return Err(Error::invalid("write_at: the destination must be a contiguous tensor at offset 0".to_owned()));
+        }
+        if src.dtype() != self.dtype() {
+            return Err(Error::invalid(format!(
+                "write_at: source dtype {} differs from {}",
+                src.dtype(),
+                self.dtype()
+            )));
+        }
+        if at.checked_add(n).is_none_or(|end| end > self.numel()) {
+            return Err(Error::invalid(format!(
+                "write_at: {n} elements at {at} do not fit in {} elements",
+                self.numel()
+            )));
+        }
+        let Some(dst) = Arc::get_mut(&mut self.data) else {
+            return Err(Error::invalid("write_at: the destination's storage is shared with a live view".to_owned()));
+        };
+        let mut idx = Vec::with_capacity(if src.is_contiguous() { 0 } else { n });
+        if !src.is_contiguous() {
+            src.for_each_index(|i| idx.push(i));
+        }
+        macro_rules! copy {
+            ($($v:ident),*) => {
+                match (dst, &*src.data) {
+                    $( (Storage::$v(d), Storage::$v(s)) => {
+                        let d = &mut d[at..at + n];
+                        if idx.is_empty() {
+                            d.copy_from_slice(&s[src.offset..src.offset + n]);
+                        } else {
+                            d.iter_mut().zip(&idx).for_each(|(o, &i)| *o = s[i]);
+                        }
+                    } )*
+                    _ => return Err(Error::invalid("write_at: storage and dtype disagree".to_owned())),
+                }
+            };
+        }
+        copy!(F32, F16, BF16, Fp8E4M3, Fp8E5M2, I8, I32, I64, Bool);
+        Ok(())
+    }
+
     /// The elements in logical order as f32 (fp8 decoded without scale).
     pub fn to_f32_vec(&self) -> Vec<f32> {
         if let (Storage::F32(v), true) = (&*self.data, self.is_contiguous()) {

@@ -1,0 +1,155 @@
+//! `lz generate` and `lz diff`: a model served through LayerZero, and its dumps compared
+//! stage by stage with a reference.
+
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+
+use super::args::{DiffCmd, GenerateCmd};
+use super::{Outcome, print_json};
+use crate::error::{Error, ErrorKind, Result};
+use crate::llm::{self, Generation, Model};
+use crate::model::dtype::DType;
+use crate::runtime::LayerZero;
+use crate::tensor::{HostTensor, Storage, io};
+
+pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
+    let dtype = match a.dtype.as_deref() {
+        None => None,
+        Some("f32") => Some(DType::F32),
+        Some("bf16") => Some(DType::BF16),
+        Some(other) => return Err(Error::invalid(format!("--dtype {other:?} is not one of f32, bf16"))),
+    };
+    let model = Model::load(&a.model, dtype)?;
+    let prompt = match (&a.prompt_ids, &a.prompt) {
+        (Some(ids), _) => ids.clone(),
+        (None, Some(_)) => {
+            return Err(Error::invalid(format!(
+                "--prompt needs a tokenizer, and this build reads none yet: pass --prompt-ids (the ids {} expects)",
+                a.model.display()
+            )));
+        }
+        (None, None) => return Err(Error::invalid("give --prompt or --prompt-ids".to_owned())),
+    };
+    let mut lz = LayerZero::host()?;
+    if let Some(table) = &a.table {
+        lz = lz.with_plan_file(table, crate::knobs::plan_mode()?)?;
+    }
+    let g = Generation {
+        max_new_tokens: a.max_new_tokens,
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        seed: a.seed,
+        stop_at_eos: !a.ignore_eos,
+        dump: a.dump.is_some(),
+    };
+    if !(g.temperature >= 0.0 && g.temperature.is_finite()) {
+        return Err(Error::invalid(format!("--temperature {} must be a finite number >= 0", g.temperature)));
+    }
+    let stream = !a.json && std::io::stdout().is_terminal();
+    let out = llm::generate::generate(&model, &lz, &prompt, &g, |t| {
+        if stream {
+            print!("{t} ");
+            let _ = std::io::stdout().flush();
+        }
+    })?;
+    if let Some(dir) = &a.dump {
+        write_dump(dir, &out)?;
+    }
+    let prefill_ms = out.prefill_ns as f64 / 1e6;
+    let decoded = out.generated_ids.len().saturating_sub(1);
+    let decode_ms = out.decode_ns as f64 / 1e6;
+    let per_token = if decoded > 0 { decode_ms / decoded as f64 } else { 0.0 };
+    if a.json {
+        let ops: serde_json::Map<String, serde_json::Value> = out
+            .stats
+            .iter()
+            .map(|(op, s)| (op.as_str().to_owned(), serde_json::to_value(s).unwrap_or_default()))
+            .collect();
+        print_json(&serde_json::json!({
+            "model": a.model.display().to_string(),
+            "arch": model.config.arch.as_str(),
+            "dtype": model.dtype,
+            "prompt_ids": out.prompt_ids,
+            "generated_ids": out.generated_ids,
+            "text": serde_json::Value::Null,
+            "timing": {
+                "prefill_ms": prefill_ms,
+                "prefill_tokens_per_s": if prefill_ms > 0.0 { out.prompt_ids.len() as f64 / prefill_ms * 1e3 } else { 0.0 },
+                "decode_ms_per_token": per_token,
+                "decode_tokens_per_s": if per_token > 0.0 { 1e3 / per_token } else { 0.0 },
+            },
+            "ops": ops,
+            "counters": lz.counters(),
+            "dump": a.dump.as_ref().map(|d| d.join("dump.safetensors").display().to_string()),
+        }));
+    } else {
+        if stream {
+            println!();
+        } else {
+            let ids: Vec<String> = out.generated_ids.iter().map(u32::to_string).collect();
+            println!("{}", ids.join(" "));
+        }
+        eprintln!(
+            "prefill {} tokens in {prefill_ms:.2} ms; decode {decoded} tokens at {per_token:.2} ms/token",
+            out.prompt_ids.len()
+        );
+    }
+    Ok(Outcome::Ok)
+}
+
+fn ids_tensor(ids: &[u32]) -> Result<HostTensor> {
+    HostTensor::new(Storage::I64(ids.iter().map(|&i| i64::from(i)).collect()), &[ids.len()])
+}
+
+fn write_dump(dir: &Path, out: &llm::Generated) -> Result<()> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::new(ErrorKind::Io, format!("cannot create {}: {e}", dir.display())).with_source(e))?;
+    let mut tensors: BTreeMap<String, HostTensor> = out.dump.clone();
+    tensors.insert("prompt_ids".into(), ids_tensor(&out.prompt_ids)?);
+    tensors.insert("generated_ids".into(), ids_tensor(&out.generated_ids)?);
+    io::write(&dir.join("dump.safetensors"), &tensors)
+}
+
+/// A dump file, or a folder holding `dump.safetensors` (or `reference.safetensors`).
+fn dump_file(p: &Path) -> PathBuf {
+    if p.is_dir() {
+        let ours = p.join("dump.safetensors");
+        if ours.exists() { ours } else { p.join("reference.safetensors") }
+    } else {
+        p.to_path_buf()
+    }
+}
+
+pub(super) fn diff(a: DiffCmd) -> Result<Outcome> {
+    if !(a.threshold > 0.0 && a.threshold.is_finite()) {
+        return Err(Error::invalid(format!("--threshold {} must be a positive number", a.threshold)));
+    }
+    let ours = io::read(&dump_file(&a.ours))?;
+    let reference = io::read(&dump_file(&a.reference))?;
+    let report = llm::diff::diff(&ours, &reference, a.threshold)?;
+    if a.json {
+        print_json(&serde_json::json!({
+            "ok": report.ok(),
+            "threshold": report.threshold,
+            "first_divergence": report.first_divergence,
+            "token_mismatches": report.token_mismatches,
+            "stages": report.stages,
+        }));
+    } else {
+        println!("{:<24} {:>10} {:>12} {:>12}", "stage", "cosine", "l2_rel", "max_abs");
+        for s in &report.stages {
+            let mark = if s.ok { "" } else { "  <-- over the threshold" };
+            println!("{:<24} {:>10.6} {:>12.3e} {:>12.3e}{mark}", s.name, s.cosine, s.l2_rel, s.max_abs);
+        }
+        match &report.first_divergence {
+            Some(name) => println!("first divergence: {name} (l2_rel > {:.1e})", report.threshold),
+            None => println!("every stage within l2_rel {:.1e}", report.threshold),
+        }
+        for (i, o, r) in &report.token_mismatches {
+            println!("token {i}: ours {o}, reference {r}");
+        }
+    }
+    Ok(if report.ok() { Outcome::Ok } else { Outcome::CheckFailed })
+}

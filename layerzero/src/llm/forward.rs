@@ -1,0 +1,296 @@
+//! The forward pass of a decoder, one sequence: every op (embedding, RMSNorm with the
+//! residual fused, the projections, RoPE, attention against the KV cache, the gated MLP, the
+//! LM head) is a dispatch through LayerZero. The KV cache is preallocated per layer and
+//! written in place; attention reads a view of its first `len` positions.
+//!
+//! With a dump, the stages HF transformers names are kept (`hidden.{i}`, `layer.{l}.{stage}`,
+//! `logits.{k}`) so `lz diff` can find the first one that diverges.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::Model;
+use super::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::exec::args::{
+    AttentionArgs, EmbeddingArgs, LinearArgs, MlpArgs, NormArgs, OpArgs, Outputs, RopeArgs, SwigluArgs,
+};
+use crate::model::attrs::{AttentionAttrs, MlpAttrs, NoAttrs, NormAttrs, SwigluAttrs};
+use crate::model::dtype::DType;
+use crate::model::layout::Layout;
+use crate::model::op::Op;
+use crate::runtime::{LayerZero, SelectionSource};
+use crate::tensor::{HostTensor, Storage, row_major_strides};
+
+/// What ran for one op over a generation.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct OpStats {
+    /// Calls, by the kernel that produced the outputs.
+    pub kernels: BTreeMap<String, u64>,
+    /// Selections served by the dispatch table.
+    pub plan_hits: u64,
+    /// Selections served by the selection cache.
+    pub cache_hits: u64,
+    /// Live selections.
+    pub live: u64,
+    /// Calls whose first choice failed and another kernel ran.
+    pub fallbacks: u64,
+}
+
+/// One sequence being run: the model, the handle every op is dispatched through, the KV
+/// cache and what ran.
+pub struct Session<'m> {
+    model: &'m Model,
+    lz: &'m LayerZero,
+    k_cache: Vec<HostTensor>,
+    v_cache: Vec<HostTensor>,
+    len: usize,
+    capacity: usize,
+    /// Per op, what ran.
+    pub stats: BTreeMap<Op, OpStats>,
+    dump: Option<BTreeMap<String, HostTensor>>,
+}
+
+/// A `[rows, cols]` row-major view of a contiguous tensor's elements starting at `offset`.
+fn view(t: &HostTensor, shape: &[usize], offset: usize) -> Result<HostTensor> {
+    t.view(shape, &row_major_strides(shape), t.offset() + offset)
+}
+
+impl<'m> Session<'m> {
+    /// A session with room for `capacity` positions (prompt and generated tokens).
+    pub fn new(model: &'m Model, lz: &'m LayerZero, capacity: usize) -> Result<Session<'m>> {
+        let c = &model.config;
+        if capacity == 0 {
+            return Err(Error::invalid("the KV cache needs room for at least one position".to_owned()));
+        }
+        let shape = [1, capacity, c.kv_heads, c.head_dim];
+        let cache = || -> Result<Vec<HostTensor>> {
+            (0..c.layers).map(|_| HostTensor::zeros(model.dtype, &shape).map(|t| t.with_layout(Layout::Bshd))).collect()
+        };
+        Ok(Session {
+            model,
+            lz,
+            k_cache: cache()?,
+            v_cache: cache()?,
+            len: 0,
+            capacity,
+            stats: BTreeMap::new(),
+            dump: None,
+        })
+    }
+
+    /// Keeps every stage of the following forward calls for `lz diff`.
+    pub fn with_dump(mut self) -> Session<'m> {
+        self.dump = Some(BTreeMap::new());
+        self
+    }
+
+    /// The stages kept so far (empty without a dump).
+    pub fn take_dump(&mut self) -> BTreeMap<String, HostTensor> {
+        self.dump.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Positions in the cache.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True before the first forward call.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn keep(&mut self, name: impl FnOnce() -> String, t: &HostTensor) {
+        if let Some(d) = &mut self.dump {
+            // Dumps are `[tokens, features]`, as HF's are: heads are flattened.
+            let shape = match t.shape() {
+                [.., h, dim] if t.rank() > 2 => vec![t.numel() / (h * dim).max(1), h * dim],
+                s => s.to_vec(),
+            };
+            let f32s = HostTensor::from_f32(&shape, t.to_f32_vec());
+            if let Ok(x) = f32s {
+                d.insert(name(), x);
+            }
+        }
+    }
+
+    /// Dispatches one op and records what ran.
+    fn run(&mut self, args: OpArgs) -> Result<Outputs> {
+        let op = args.op();
+        let d = self.lz.dispatch(&args)?;
+        let s = self.stats.entry(op).or_default();
+        *s.kernels.entry(d.selection().kernel.clone()).or_default() += 1;
+        match d.source() {
+            SelectionSource::Plan => s.plan_hits += 1,
+            SelectionSource::Cache => s.cache_hits += 1,
+            SelectionSource::Live => s.live += 1,
+        }
+        if d.fell_back() {
+            s.fallbacks += 1;
+        }
+        Ok(d.outputs)
+    }
+
+    /// Runs the `sample` op: the token ids it chose.
+    pub(crate) fn sample(&mut self, args: OpArgs) -> Result<HostTensor> {
+        self.take(args, "tokens")
+    }
+
+    fn out(&mut self, args: OpArgs) -> Result<HostTensor> {
+        self.take(args, "out")
+    }
+
+    fn take(&mut self, args: OpArgs, name: &str) -> Result<HostTensor> {
+        let op = args.op();
+        self.run(args)?.remove(name).ok_or_else(|| Error::invalid(format!("{op} produced no `{name}` output")))
+    }
+
+    fn linear(&mut self, x: &HostTensor, weight: &HostTensor, bias: Option<&HostTensor>) -> Result<HostTensor> {
+        self.out(OpArgs::Linear(LinearArgs {
+            x: x.clone(),
+            weight: weight.clone(),
+            bias: bias.cloned(),
+            attrs: NoAttrs {},
+        }))
+    }
+
+    fn rms_norm(&mut self, x: &HostTensor, weight: &HostTensor, residual: Option<&HostTensor>) -> Result<Outputs> {
+        let eps = Some(self.model.config.eps);
+        self.run(OpArgs::RmsNorm(NormArgs {
+            x: x.clone(),
+            weight: weight.clone(),
+            bias: None,
+            residual: residual.cloned(),
+            attrs: NormAttrs { eps },
+        }))
+    }
+
+    /// Runs `ids` (the next tokens of the sequence) through the model, appending their keys
+    /// and values to the cache. Returns the logits `[rows, vocab]`: every position's when
+    /// `all_logits`, else the last one's.
+    pub fn forward(&mut self, ids: &[u32], all_logits: bool) -> Result<HostTensor> {
+        let model = self.model;
+        let c: &ModelConfig = &model.config;
+        let w = &model.weights;
+        let t = ids.len();
+        if t == 0 {
+            return Err(Error::invalid("forward needs at least one token".to_owned()));
+        }
+        if let Some((i, id)) = ids.iter().enumerate().find(|(_, id)| **id as usize >= c.vocab) {
+            return Err(Error::invalid(format!("token {i} is id {id}, outside the vocabulary of {}", c.vocab)));
+        }
+        if self.len + t > self.capacity {
+            return Err(Error::invalid(format!(
+                "{} positions do not fit: {} are cached and the context holds {}",
+                t, self.len, self.capacity
+            )));
+        }
+        let start = self.len;
+        let ids_t = HostTensor::new(Storage::I64(ids.iter().map(|&i| i64::from(i)).collect()), &[t])?;
+        let positions = HostTensor::new(Storage::I64((start..start + t).map(|p| p as i64).collect()), &[t])?;
+        let mut h =
+            self.out(OpArgs::Embedding(EmbeddingArgs { ids: ids_t, table: w.embed.clone(), attrs: NoAttrs {} }))?;
+        self.keep(|| "hidden.0".into(), &h);
+        let (qd, kvd, d) = (c.heads * c.head_dim, c.kv_heads * c.head_dim, c.head_dim);
+        let mut residual: Option<HostTensor> = None;
+        for (l, lw) in w.layers.iter().enumerate() {
+            // Input norm; from the second layer on it also adds the previous layer's output.
+            let mut o = self.rms_norm(&h, &lw.attn_norm, residual.as_ref())?;
+            let x = o.remove("out").ok_or_else(|| Error::invalid("rms_norm produced no output".to_owned()))?;
+            let res = match o.remove("residual_out") {
+                Some(r) => {
+                    self.keep(|| format!("layer.{}.out", l - 1), &r);
+                    self.keep(|| format!("hidden.{l}"), &r);
+                    r
+                }
+                None => h.clone(),
+            };
+            self.keep(|| format!("layer.{l}.attn_norm"), &x);
+            let mut q = self.linear(&x, &lw.q, lw.q_bias.as_ref())?;
+            let mut k = self.linear(&x, &lw.k, lw.k_bias.as_ref())?;
+            let v = self.linear(&x, &lw.v, lw.v_bias.as_ref())?;
+            if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+                // Qwen3: RMSNorm over each head's dims, before RoPE.
+                q = self.rms_norm(&view(&q, &[t, c.heads, d], 0)?, qn, None)?.remove("out").unwrap_or(q);
+                k = self.rms_norm(&view(&k, &[t, c.kv_heads, d], 0)?, kn, None)?.remove("out").unwrap_or(k);
+            }
+            let mut rot = self.run(OpArgs::Rope(RopeArgs {
+                q: view(&q, &[1, t, c.heads, d], 0)?.with_layout(Layout::Bshd),
+                k: Some(view(&k, &[1, t, c.kv_heads, d], 0)?.with_layout(Layout::Bshd)),
+                positions: Some(positions.clone()),
+                cos: None,
+                sin: None,
+                attrs: c.rope.clone(),
+            }))?;
+            let q = rot.remove("out").ok_or_else(|| Error::invalid("rope produced no `out`".to_owned()))?;
+            let k = rot.remove("out_k").ok_or_else(|| Error::invalid("rope produced no `out_k`".to_owned()))?;
+            self.keep(|| format!("layer.{l}.q"), &q);
+            self.keep(|| format!("layer.{l}.k"), &k);
+            self.k_cache[l].write_at(start * kvd, &k)?;
+            self.v_cache[l].write_at(start * kvd, &v)?;
+            let ctx = start + t;
+            let attrs = AttentionAttrs {
+                causal: true,
+                window_left: c.windows.get(l).copied().flatten().map(|w| w as u64 - 1),
+                ..AttentionAttrs::default()
+            };
+            let attn = self.out(OpArgs::Attention(AttentionArgs {
+                q: q.with_layout(Layout::Bshd),
+                k: view(&self.k_cache[l], &[1, ctx, c.kv_heads, d], 0)?.with_layout(Layout::Bshd),
+                v: view(&self.v_cache[l], &[1, ctx, c.kv_heads, d], 0)?.with_layout(Layout::Bshd),
+                mask: None,
+                cu_seqlens_q: None,
+                cu_seqlens_k: None,
+                attrs,
+            }))?;
+            let attn = view(&attn.contiguous(), &[t, qd], 0)?;
+            self.keep(|| format!("layer.{l}.attn_out"), &attn);
+            let proj = self.linear(&attn, &lw.o, lw.o_bias.as_ref())?;
+            self.keep(|| format!("layer.{l}.o_proj"), &proj);
+            let mut o = self.rms_norm(&proj, &lw.ffn_norm, Some(&res))?;
+            let x = o.remove("out").ok_or_else(|| Error::invalid("rms_norm produced no output".to_owned()))?;
+            let post =
+                o.remove("residual_out").ok_or_else(|| Error::invalid("rms_norm dropped the residual".to_owned()))?;
+            self.keep(|| format!("layer.{l}.post_attn"), &post);
+            self.keep(|| format!("layer.{l}.ffn_norm"), &x);
+            let ffn = match &lw.mlp_bias {
+                None => self.out(OpArgs::Mlp(MlpArgs {
+                    x: x.clone(),
+                    w_gate: lw.gate.clone(),
+                    w_up: lw.up.clone(),
+                    w_down: lw.down.clone(),
+                    attrs: MlpAttrs::default(),
+                }))?,
+                Some([bg, bu, bd]) => {
+                    let g = self.linear(&x, &lw.gate, Some(bg))?;
+                    let u = self.linear(&x, &lw.up, Some(bu))?;
+                    let a = self.out(OpArgs::Swiglu(SwigluArgs {
+                        x: None,
+                        gate: Some(g),
+                        up: Some(u),
+                        attrs: SwigluAttrs::default(),
+                    }))?;
+                    self.linear(&a, &lw.down, Some(bd))?
+                }
+            };
+            self.keep(|| format!("layer.{l}.ffn_out"), &ffn);
+            h = ffn;
+            residual = Some(post);
+        }
+        let mut o = self.rms_norm(&h, &w.norm, residual.as_ref())?;
+        let normed = o.remove("out").ok_or_else(|| Error::invalid("rms_norm produced no output".to_owned()))?;
+        if let Some(r) = o.remove("residual_out") {
+            self.keep(|| format!("layer.{}.out", c.layers - 1), &r);
+        }
+        self.keep(|| format!("hidden.{}", c.layers), &normed);
+        self.len += t;
+        let rows = if all_logits { normed } else { view(&normed, &[1, c.hidden], (t - 1) * c.hidden)? };
+        let logits = self.linear(&rows, &w.lm_head, None)?;
+        Ok(if logits.dtype() == DType::F32 {
+            logits
+        } else {
+            HostTensor::from_f32(logits.shape(), logits.to_f32_vec())?
+        })
+    }
+}

@@ -1,0 +1,48 @@
+//! Language models served through LayerZero: a Hugging Face folder (config and safetensors
+//! weights) loaded for the decoder families in [`config::Arch`], and a forward pass in which
+//! every op is a [`crate::LayerZero::dispatch`], so selection, plans, caches, fallback and
+//! counters are exercised by a real workload.
+
+pub mod config;
+pub mod diff;
+pub mod forward;
+pub mod generate;
+pub mod weights;
+
+use std::path::{Path, PathBuf};
+
+pub use config::{Arch, ModelConfig};
+pub use forward::{OpStats, Session};
+pub use generate::{Generated, Generation};
+pub use weights::Weights;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::model::dtype::DType;
+
+/// A loaded model: its config and its weights in the compute dtype.
+#[derive(Debug, Clone)]
+pub struct Model {
+    /// The folder it was read from.
+    pub dir: PathBuf,
+    /// The config.
+    pub config: ModelConfig,
+    /// The weights.
+    pub weights: Weights,
+    /// The dtype every op computes in.
+    pub dtype: DType,
+}
+
+impl Model {
+    /// Loads `dir` (`config.json` and `*.safetensors`), computing in `dtype` or, when `None`,
+    /// in the dtype the weights are stored in.
+    pub fn load(dir: &Path, dtype: Option<DType>) -> Result<Model> {
+        let path = dir.join("config.json");
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| Error::new(ErrorKind::Io, format!("cannot read {origin}: {e}")).with_source(e))?;
+        let config = ModelConfig::parse(&text, &origin)?;
+        let weights = Weights::load(dir, &config, dtype)?;
+        let dtype = dtype.unwrap_or(weights.stored);
+        Ok(Model { dir: dir.to_path_buf(), config, weights, dtype })
+    }
+}

@@ -1,0 +1,215 @@
+//! A model's weights: HF tensor names read from one or more `*.safetensors` shards, every
+//! tensor the config implies checked for presence, shape and dtype, and cast once to the
+//! compute dtype. A missing, truncated or contradicting file is an error naming the file and
+//! the tensor.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use super::config::ModelConfig;
+use crate::error::{Error, ErrorKind, Result};
+use crate::model::dtype::DType;
+use crate::tensor::{HostTensor, io};
+
+/// One decoder layer's weights (projections `[out, in]`, as HF stores them).
+#[derive(Debug, Clone)]
+pub struct LayerWeights {
+    /// input_layernorm `[H]`.
+    pub attn_norm: HostTensor,
+    /// q_proj `[heads * head_dim, H]`.
+    pub q: HostTensor,
+    /// k_proj `[kv_heads * head_dim, H]`.
+    pub k: HostTensor,
+    /// v_proj `[kv_heads * head_dim, H]`.
+    pub v: HostTensor,
+    /// o_proj `[H, heads * head_dim]`.
+    pub o: HostTensor,
+    /// q/k/v biases, when the model has them.
+    pub q_bias: Option<HostTensor>,
+    /// See `q_bias`.
+    pub k_bias: Option<HostTensor>,
+    /// See `q_bias`.
+    pub v_bias: Option<HostTensor>,
+    /// o_proj bias.
+    pub o_bias: Option<HostTensor>,
+    /// Qwen3: q_norm and k_norm `[head_dim]`.
+    pub q_norm: Option<HostTensor>,
+    /// See `q_norm`.
+    pub k_norm: Option<HostTensor>,
+    /// post_attention_layernorm `[H]`.
+    pub ffn_norm: HostTensor,
+    /// gate_proj `[I, H]`.
+    pub gate: HostTensor,
+    /// up_proj `[I, H]`.
+    pub up: HostTensor,
+    /// down_proj `[H, I]`.
+    pub down: HostTensor,
+    /// MLP biases (gate, up, down), when the model has them.
+    pub mlp_bias: Option<[HostTensor; 3]>,
+}
+
+/// Every weight of a model, in the compute dtype.
+#[derive(Debug, Clone)]
+pub struct Weights {
+    /// embed_tokens `[V, H]`.
+    pub embed: HostTensor,
+    /// The decoder layers.
+    pub layers: Vec<LayerWeights>,
+    /// The final norm `[H]`.
+    pub norm: HostTensor,
+    /// lm_head `[V, H]` (the embedding table when tied).
+    pub lm_head: HostTensor,
+    /// The dtype the files store.
+    pub stored: DType,
+}
+
+/// The shard files of a model folder, as HF writes them: `model.safetensors`, or the files
+/// a `model.safetensors.index.json` names.
+fn shards(dir: &Path) -> Result<Vec<PathBuf>> {
+    let single = dir.join("model.safetensors");
+    let index = dir.join("model.safetensors.index.json");
+    if !index.exists() {
+        if !single.is_file() {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!(
+                    "{}: neither model.safetensors nor model.safetensors.index.json is in the model folder",
+                    dir.display()
+                ),
+            ));
+        }
+        return Ok(vec![single]);
+    }
+    let origin = index.display().to_string();
+    let text = std::fs::read_to_string(&index)
+        .map_err(|e| Error::new(ErrorKind::Io, format!("cannot read {origin}: {e}")).with_source(e))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| Error::invalid(format!("{origin}: invalid JSON: {e}")))?;
+    let map = v
+        .get("weight_map")
+        .and_then(serde_json::Value::as_object)
+        .ok_or_else(|| Error::invalid(format!("{origin}: field `weight_map` is missing or not an object")))?;
+    let mut files = BTreeSet::new();
+    for (name, file) in map {
+        let f =
+            file.as_str().ok_or_else(|| Error::invalid(format!("{origin}: field `weight_map.{name}` is {file}")))?;
+        files.insert(f);
+    }
+    Ok(files.into_iter().map(|f| dir.join(f)).collect())
+}
+
+/// Takes the named tensors out of the loaded shards, checking each one.
+struct Take<'a> {
+    tensors: BTreeMap<String, (HostTensor, PathBuf)>,
+    dir: &'a Path,
+    compute: DType,
+}
+
+impl Take<'_> {
+    fn take(&mut self, name: &str, shape: &[usize]) -> Result<HostTensor> {
+        let (t, file) = self.tensors.remove(name).ok_or_else(|| {
+            Error::invalid(format!(
+                "{}: tensor `{name}` is missing from the model's safetensors files",
+                self.dir.display()
+            ))
+        })?;
+        if t.shape() != shape {
+            return Err(Error::invalid(format!(
+                "{}: tensor `{name}` has shape {:?}; the config implies {shape:?}",
+                file.display(),
+                t.shape()
+            )));
+        }
+        if !t.dtype().is_float() {
+            return Err(Error::invalid(format!(
+                "{}: tensor `{name}` has dtype {}; weights must be f32, bf16 or f16",
+                file.display(),
+                t.dtype()
+            )));
+        }
+        Ok(if t.dtype() == self.compute { t } else { HostTensor::from_f32_as(self.compute, shape, &t.to_f32_vec())? })
+    }
+
+    fn maybe(&mut self, name: &str, shape: &[usize], present: bool) -> Result<Option<HostTensor>> {
+        if present { self.take(name, shape).map(Some) } else { Ok(None) }
+    }
+}
+
+impl Weights {
+    /// Reads every weight `config` implies from `dir`, in `compute` dtype (`None`: the
+    /// stored dtype).
+    pub fn load(dir: &Path, config: &ModelConfig, compute: Option<DType>) -> Result<Weights> {
+        let mut tensors = BTreeMap::new();
+        let mut stored = None;
+        for file in shards(dir)? {
+            let bytes = std::fs::read(&file).map_err(|e| {
+                Error::new(ErrorKind::Io, format!("cannot read {}: {e}", file.display())).with_source(e)
+            })?;
+            for (name, t) in io::parse(&bytes, &file.display().to_string())? {
+                // Precomputed RoPE tables are derived from the config, never read.
+                if name.ends_with("rotary_emb.inv_freq") {
+                    continue;
+                }
+                stored.get_or_insert(t.dtype());
+                tensors.insert(name, (t, file.clone()));
+            }
+        }
+        let stored = stored.unwrap_or(DType::F32);
+        let compute = compute.unwrap_or(stored);
+        if !matches!(compute, DType::F32 | DType::BF16) {
+            return Err(Error::invalid(format!("compute dtype {compute} is not supported (f32 or bf16)")));
+        }
+        let c = config;
+        let (h, i, v, d) = (c.hidden, c.intermediate, c.vocab, c.head_dim);
+        let (qd, kvd) = (c.heads * d, c.kv_heads * d);
+        let mut t = Take { tensors, dir, compute };
+        let embed = t.take("model.embed_tokens.weight", &[v, h])?;
+        let mut layers = Vec::with_capacity(c.layers);
+        for l in 0..c.layers {
+            let p = |s: &str| format!("model.layers.{l}.{s}");
+            layers.push(LayerWeights {
+                attn_norm: t.take(&p("input_layernorm.weight"), &[h])?,
+                q: t.take(&p("self_attn.q_proj.weight"), &[qd, h])?,
+                k: t.take(&p("self_attn.k_proj.weight"), &[kvd, h])?,
+                v: t.take(&p("self_attn.v_proj.weight"), &[kvd, h])?,
+                o: t.take(&p("self_attn.o_proj.weight"), &[h, qd])?,
+                q_bias: t.maybe(&p("self_attn.q_proj.bias"), &[qd], c.qkv_bias)?,
+                k_bias: t.maybe(&p("self_attn.k_proj.bias"), &[kvd], c.qkv_bias)?,
+                v_bias: t.maybe(&p("self_attn.v_proj.bias"), &[kvd], c.qkv_bias)?,
+                o_bias: t.maybe(&p("self_attn.o_proj.bias"), &[h], c.o_bias)?,
+                q_norm: t.maybe(&p("self_attn.q_norm.weight"), &[d], c.qk_norm)?,
+                k_norm: t.maybe(&p("self_attn.k_norm.weight"), &[d], c.qk_norm)?,
+                ffn_norm: t.take(&p("post_attention_layernorm.weight"), &[h])?,
+                gate: t.take(&p("mlp.gate_proj.weight"), &[i, h])?,
+                up: t.take(&p("mlp.up_proj.weight"), &[i, h])?,
+                down: t.take(&p("mlp.down_proj.weight"), &[h, i])?,
+                mlp_bias: if c.mlp_bias {
+                    Some([
+                        t.take(&p("mlp.gate_proj.bias"), &[i])?,
+                        t.take(&p("mlp.up_proj.bias"), &[i])?,
+                        t.take(&p("mlp.down_proj.bias"), &[h])?,
+                    ])
+                } else {
+                    None
+                },
+            });
+        }
+        let norm = t.take("model.norm.weight", &[h])?;
+        let lm_head = if c.tied {
+            // A tied checkpoint may still store the head; it is the same table.
+            t.tensors.remove("lm_head.weight");
+            embed.clone()
+        } else {
+            t.take("lm_head.weight", &[v, h])?
+        };
+        if let Some((name, (_, file))) = t.tensors.into_iter().next() {
+            return Err(Error::invalid(format!(
+                "{}: tensor `{name}` is not part of a {}-layer {} model as the config describes it",
+                file.display(),
+                c.layers,
+                c.arch.as_str()
+            )));
+        }
+        Ok(Weights { embed, layers, norm, lm_head, stored })
+    }
+}
