@@ -8,6 +8,7 @@ mod fixtures;
 mod flips;
 mod front_door;
 mod measured;
+mod models;
 mod plans;
 mod policy;
 mod properties;

@@ -1,0 +1,195 @@
+//! Tiny Hugging Face models run through LayerZero and held against HF transformers layer
+//! by layer (the parity pyramid's levels 2-4): every stage within tolerance, the same greedy
+//! tokens, and bad model folders refused with the file, tensor or field named.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use layerzero::LayerZero;
+use layerzero::llm::{self, Generation, Model};
+use layerzero::tensor::{HostTensor, io};
+use layerzero_tests::{lz, repo_root};
+
+fn models() -> PathBuf {
+    repo_root().join("tests/models")
+}
+
+fn ids(t: &HostTensor) -> Vec<u32> {
+    t.to_f64_vec().iter().map(|&x| x as u32).collect()
+}
+
+/// Runs the reference's prompt for as many tokens as the reference generated, with a dump.
+fn run(model: &Model, reference: &BTreeMap<String, HostTensor>) -> llm::Generated {
+    let lz = LayerZero::detected().unwrap_or_else(|e| panic!("{e}"));
+    let prompt = ids(&reference["prompt_ids"]);
+    let n = reference["generated_ids"].numel();
+    let g = Generation { max_new_tokens: n, stop_at_eos: false, dump: true, ..Generation::default() };
+    llm::generate::generate(model, &lz, &prompt, &g, |_| {}).unwrap_or_else(|e| panic!("{}: {e}", model.dir.display()))
+}
+
+fn reference(dir: &Path, file: &str) -> BTreeMap<String, HostTensor> {
+    io::read(&dir.join(file)).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn every_f32_model_matches_hf_transformers_stage_by_stage_and_token_by_token() {
+    let names = [
+        "llama-gqa",
+        "llama-tied-llama3",
+        "llama-deep-linear",
+        "llama-yarn",
+        "llama-dynamic",
+        "qwen2",
+        "qwen3",
+        "mistral-swa",
+    ];
+    let mut failures = Vec::new();
+    for name in names {
+        let dir = models().join(name);
+        let model = Model::load(&dir, None).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let r = reference(&dir, "reference.safetensors");
+        let out = run(&model, &r);
+        let report = llm::diff::diff(&out.dump, &r, 1e-4).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let layers = model.config.layers;
+        assert!(report.stages.len() >= layers * 9 + layers + 1 + 32, "{name}: every stage is compared");
+        if let Some(stage) = &report.first_divergence {
+            failures.push(format!("{name}: first divergence at {stage}"));
+        }
+        let worst_logit =
+            report.stages.iter().filter(|s| s.name.starts_with("logits.")).map(|s| s.max_abs).fold(0.0, f64::max);
+        if worst_logit > 1e-4 {
+            failures.push(format!("{name}: logits differ by {worst_logit:.2e} max-abs"));
+        }
+        if out.generated_ids != ids(&r["generated_ids"]) {
+            failures.push(format!(
+                "{name}: greedy tokens {:?} vs HF {:?}",
+                out.generated_ids,
+                ids(&r["generated_ids"])
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn the_bf16_model_stays_within_bf16_tolerance_of_the_float64_truth_at_every_layer() {
+    let dir = models().join("llama-gqa-bf16");
+    let model = Model::load(&dir, None).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(model.dtype, layerzero::DType::BF16, "computes in the weights' dtype");
+    // The same bf16 weights run by HF transformers in float64.
+    let truth = reference(&dir, "reference_f64.safetensors");
+    let out = run(&model, &truth);
+    let expected = ids(&truth["generated_ids"]);
+    // Logits after a token that differs answer another question: compare up to it, and
+    // only accept a different pick where the reference's top two were within bf16 noise.
+    let same = out.generated_ids.iter().zip(&expected).take_while(|(a, b)| a == b).count();
+    if same < expected.len() {
+        let margin = truth["greedy_margin"].to_f64_vec()[same];
+        assert!(margin < 0.05, "token {same} differs though the reference's margin is {margin}");
+    }
+    let keep: BTreeMap<String, HostTensor> = truth
+        .iter()
+        .filter(|(n, _)| n.strip_prefix("logits.").and_then(|k| k.parse::<usize>().ok()).is_none_or(|k| k <= same))
+        .map(|(n, t)| (n.clone(), t.clone()))
+        .collect();
+    let report = llm::diff::diff(&out.dump, &keep, 1e-2).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(report.first_divergence, None, "{:#?}", report.stages.iter().filter(|s| !s.ok).collect::<Vec<_>>());
+}
+
+#[test]
+fn lz_generate_and_lz_diff_agree_with_the_reference_from_the_command_line() {
+    let dir = models().join("qwen3");
+    let out = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let r = reference(&dir, "reference.safetensors");
+    let prompt: Vec<String> = ids(&r["prompt_ids"]).iter().map(u32::to_string).collect();
+    let generated_run = lz()
+        .args(["generate", "--model"])
+        .arg(&dir)
+        .args(["--prompt-ids", &prompt.join(","), "--max-new-tokens", "32", "--ignore-eos", "--json", "--dump"])
+        .arg(out.path())
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(generated_run.status.success(), "{}", String::from_utf8_lossy(&generated_run.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&generated_run.stdout).unwrap_or_else(|e| panic!("{e}"));
+    let generated: Vec<u32> = json["generated_ids"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|v| v.as_u64()).map(|v| v as u32).collect())
+        .unwrap_or_default();
+    assert_eq!(generated, ids(&r["generated_ids"]));
+    for op in ["embedding", "rms_norm", "linear", "rope", "attention", "mlp", "sample"] {
+        let kernels = &json["ops"][op]["kernels"];
+        assert!(kernels.as_object().is_some_and(|k| !k.is_empty()), "{op} ran: {}", json["ops"]);
+    }
+    let diff = lz()
+        .args(["diff"])
+        .arg(out.path())
+        .arg(dir.join("reference.safetensors"))
+        .args(["--threshold", "1e-4", "--json"])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let report: serde_json::Value = serde_json::from_slice(&diff.stdout).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(diff.status.code(), Some(0), "{report}");
+    assert_eq!(report["first_divergence"], serde_json::Value::Null);
+    // A threshold no float computation meets names the very first stage that moves.
+    let strict = lz()
+        .args(["diff"])
+        .arg(out.path())
+        .arg(dir.join("reference.safetensors"))
+        .args(["--threshold", "1e-12", "--json"])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(strict.status.code(), Some(1));
+    let report: serde_json::Value = serde_json::from_slice(&strict.stdout).unwrap_or_else(|e| panic!("{e}"));
+    assert!(report["first_divergence"].as_str().is_some_and(|s| s.starts_with("layer.0.")), "{report}");
+}
+
+/// A copy of a model folder to break.
+fn copy_of(name: &str) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(models().join(name).join(f), tmp.path().join(f)).unwrap_or_else(|e| panic!("{e}"));
+    }
+    tmp
+}
+
+fn refused(dir: &Path, prompt_ids: &str) -> String {
+    let out = lz()
+        .args(["generate", "--model"])
+        .arg(dir)
+        .args(["--prompt-ids", prompt_ids, "--max-new-tokens", "2"])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stdout));
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(err.starts_with("lz: error: ") && !err.contains("panicked"), "{err}");
+    err
+}
+
+#[test]
+fn bad_model_folders_and_prompts_are_refused_naming_the_file_tensor_or_field() {
+    // A truncated shard.
+    let t = copy_of("llama-gqa");
+    let st = t.path().join("model.safetensors");
+    let bytes = std::fs::read(&st).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&st, &bytes[..bytes.len() / 2]).unwrap_or_else(|e| panic!("{e}"));
+    assert!(refused(t.path(), "1,2,3").contains("model.safetensors"));
+    // A missing shard.
+    std::fs::remove_file(&st).unwrap_or_else(|e| panic!("{e}"));
+    assert!(refused(t.path(), "1,2,3").contains("model.safetensors"));
+    // A config that contradicts its weights.
+    let t = copy_of("llama-gqa");
+    let cfg = t.path().join("config.json");
+    let text = std::fs::read_to_string(&cfg).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&cfg, text.replace("\"intermediate_size\": 128", "\"intermediate_size\": 96"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let err = refused(t.path(), "1,2,3");
+    assert!(err.contains("gate_proj.weight") && err.contains("[96, 64]"), "{err}");
+    // An unsupported activation, by field and value.
+    std::fs::write(&cfg, text.replace("\"silu\"", "\"gelu_new\"")).unwrap_or_else(|e| panic!("{e}"));
+    assert!(refused(t.path(), "1,2,3").contains("field `hidden_act` is \"gelu_new\""));
+    // Ids outside the vocabulary, and a prompt longer than the context.
+    let dir = models().join("llama-gqa");
+    assert!(refused(&dir, "1,9999").contains("outside the model's vocabulary"));
+    let long: Vec<String> = (0..300).map(|i| (i % 200).to_string()).collect();
+    assert!(refused(&dir, &long.join(",")).contains("max_position_embeddings"));
+}

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Regenerate the tiny HF test models and their transformers reference dumps in tests/models/.
+# Run from the repository root:  bash tools/gen_hf_references.sh
+# Needs tools/.venv (torch, transformers 5.24, safetensors, tokenizers). CPU only, ~1 minute.
+set -euo pipefail
+PY=${PY:-tools/.venv/bin/python}
+M=tests/models
+IDS10=1,17,42,99,3,250,7,128,64,5
+IDS20=1,17,42,99,3,250,7,128,64,5,200,33,77,150,9,180,21,240,111,60
+
+"$PY" tools/make_tiny_models.py --out "$M"
+for name in llama-gqa llama-tied-llama3 llama-deep-linear llama-yarn qwen2 qwen3 mistral-swa; do
+    "$PY" tools/hf_reference.py --model "$M/$name" --prompt-ids "$IDS10" --max-new-tokens 32 \
+        --dtype float64 --out "$M/$name/reference.safetensors"
+done
+"$PY" tools/hf_reference.py --model "$M/llama-dynamic" --prompt-ids "$IDS20" --max-new-tokens 32 \
+    --dtype float64 --out "$M/llama-dynamic/reference.safetensors"
+"$PY" tools/hf_reference.py --model "$M/llama-gqa-bf16" --prompt-ids "$IDS10" --max-new-tokens 32 \
+    --dtype bfloat16 --out "$M/llama-gqa-bf16/reference.safetensors"
+# The same bf16 weights computed in float64: the truth a bf16 engine is measured against.
+"$PY" tools/hf_reference.py --model "$M/llama-gqa-bf16" --prompt-ids "$IDS10" --max-new-tokens 32 \
+    --dtype float64 --out "$M/llama-gqa-bf16/reference_f64.safetensors"
+"$PY" tools/hf_reference.py --model "$M/llama-gqa" --prompt "the kernel selector picks the fastest kernel" \
+    --max-new-tokens 32 --dtype float64 --out "$M/llama-gqa/reference_text.safetensors"
+du -ab "$M" | sort -k2
