@@ -193,3 +193,32 @@ fn bad_model_folders_and_prompts_are_refused_naming_the_file_tensor_or_field() {
     let long: Vec<String> = (0..300).map(|i| (i % 200).to_string()).collect();
     assert!(refused(&dir, &long.join(",")).contains("max_position_embeddings"));
 }
+
+#[test]
+fn the_tokenizer_encodes_as_hf_does_and_streams_what_it_decodes() {
+    let dir = models().join("llama-gqa");
+    let tk = llm::Tokenizer::load(&dir.join("tokenizer.json")).unwrap_or_else(|e| panic!("{e}"));
+    let r = reference(&dir, "reference_text.safetensors");
+    let enc = tk.encode("the kernel selector picks the fastest kernel", true).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(enc.ids, ids(&r["prompt_ids"]), "ids as HF's tokenizer made them, BOS included");
+    assert_eq!(enc.offsets.len(), enc.ids.len());
+    // The text prompt runs end to end and gives HF's tokens.
+    let model = Model::load(&dir, None).unwrap_or_else(|e| panic!("{e}"));
+    let out = run(&model, &r);
+    assert_eq!(out.generated_ids, ids(&r["generated_ids"]));
+    // Streaming yields, piece by piece, exactly the full decode.
+    let mut stream = tk.stream(true);
+    let streamed: String =
+        out.generated_ids.iter().map(|&t| stream.step(t).unwrap_or_else(|e| panic!("{e}"))).collect();
+    assert_eq!(streamed, tk.decode(&out.generated_ids, true).unwrap_or_else(|e| panic!("{e}")));
+    // The identity hash moves with anything that changes how text becomes ids.
+    let text = std::fs::read_to_string(dir.join("tokenizer.json")).unwrap_or_else(|e| panic!("{e}"));
+    let same = llm::Tokenizer::parse(&text, "t.json").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(same.hash(), tk.hash());
+    let other = text.replacen("\"<s>\"", "\"<bos>\"", 1);
+    let other = llm::Tokenizer::parse(&other, "t.json").unwrap_or_else(|e| panic!("{e}"));
+    assert_ne!(other.hash(), tk.hash());
+    let broken =
+        llm::Tokenizer::parse("{\"model\": 7}", "bad/tokenizer.json").err().unwrap_or_else(|| panic!("parses"));
+    assert!(broken.to_string().starts_with("bad/tokenizer.json: "), "{broken}");
+}

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use super::args::{DiffCmd, GenerateCmd};
 use super::{Outcome, print_json};
 use crate::error::{Error, ErrorKind, Result};
-use crate::llm::{self, Generation, Model};
+use crate::llm::{self, Generation, Model, Tokenizer};
 use crate::model::dtype::DType;
 use crate::runtime::LayerZero;
 use crate::tensor::{HostTensor, Storage, io};
@@ -21,15 +21,18 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
         Some(other) => return Err(Error::invalid(format!("--dtype {other:?} is not one of f32, bf16"))),
     };
     let model = Model::load(&a.model, dtype)?;
-    let prompt = match (&a.prompt_ids, &a.prompt) {
-        (Some(ids), _) => ids.clone(),
-        (None, Some(_)) => {
+    let tokenizer_file = a.model.join("tokenizer.json");
+    let tokenizer = if tokenizer_file.exists() { Some(Tokenizer::load(&tokenizer_file)?) } else { None };
+    let prompt = match (&a.prompt_ids, &a.prompt, &tokenizer) {
+        (Some(ids), _, _) => ids.clone(),
+        (None, Some(text), Some(t)) => t.encode(text, true)?.ids,
+        (None, Some(_), None) => {
             return Err(Error::invalid(format!(
-                "--prompt needs a tokenizer, and this build reads none yet: pass --prompt-ids (the ids {} expects)",
-                a.model.display()
+                "--prompt needs {}; without a tokenizer pass the ids with --prompt-ids",
+                tokenizer_file.display()
             )));
         }
-        (None, None) => return Err(Error::invalid("give --prompt or --prompt-ids".to_owned())),
+        (None, None, _) => return Err(Error::invalid("give --prompt or --prompt-ids".to_owned())),
     };
     let mut lz = LayerZero::host()?;
     if let Some(table) = &a.table {
@@ -48,12 +51,20 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
         return Err(Error::invalid(format!("--temperature {} must be a finite number >= 0", g.temperature)));
     }
     let stream = !a.json && std::io::stdout().is_terminal();
+    let mut text_stream = tokenizer.as_ref().map(|t| t.stream(true));
     let out = llm::generate::generate(&model, &lz, &prompt, &g, |t| {
         if stream {
-            print!("{t} ");
+            match &mut text_stream {
+                Some(s) => print!("{}", s.step(t).unwrap_or_default()),
+                None => print!("{t} "),
+            }
             let _ = std::io::stdout().flush();
         }
     })?;
+    let text = match &tokenizer {
+        Some(t) => Some(t.decode(&out.generated_ids, true)?),
+        None => None,
+    };
     if let Some(dir) = &a.dump {
         write_dump(dir, &out)?;
     }
@@ -73,7 +84,8 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
             "dtype": model.dtype,
             "prompt_ids": out.prompt_ids,
             "generated_ids": out.generated_ids,
-            "text": serde_json::Value::Null,
+            "text": text,
+            "tokenizer": tokenizer.as_ref().map(|t| serde_json::json!({"hash": t.hash(), "vocab": t.vocab_size()})),
             "timing": {
                 "prefill_ms": prefill_ms,
                 "prefill_tokens_per_s": if prefill_ms > 0.0 { out.prompt_ids.len() as f64 / prefill_ms * 1e3 } else { 0.0 },
@@ -87,6 +99,8 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
     } else {
         if stream {
             println!();
+        } else if let Some(text) = &text {
+            println!("{text}");
         } else {
             let ids: Vec<String> = out.generated_ids.iter().map(u32::to_string).collect();
             println!("{}", ids.join(" "));

@@ -7,6 +7,7 @@ pub mod config;
 pub mod diff;
 pub mod forward;
 pub mod generate;
+pub mod tokenizer;
 pub mod weights;
 
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ use std::path::{Path, PathBuf};
 pub use config::{Arch, ModelConfig};
 pub use forward::{OpStats, Session};
 pub use generate::{Generated, Generation};
+pub use tokenizer::Tokenizer;
 pub use weights::Weights;
 
 use crate::error::{Error, ErrorKind, Result};
