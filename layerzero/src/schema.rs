@@ -44,11 +44,15 @@ pub enum SchemaKind {
     SolveReport,
     /// `lz readiness-check --json`.
     ReadinessReport,
+    /// `lz generate --json`.
+    GenerateReport,
+    /// `lz diff --json`.
+    DiffReport,
 }
 
 impl SchemaKind {
     /// Every kind.
-    pub const ALL: [SchemaKind; 18] = [
+    pub const ALL: [SchemaKind; 20] = [
         SchemaKind::Capabilities,
         SchemaKind::Hardware,
         SchemaKind::Policy,
@@ -67,6 +71,8 @@ impl SchemaKind {
         SchemaKind::TuneReport,
         SchemaKind::SolveReport,
         SchemaKind::ReadinessReport,
+        SchemaKind::GenerateReport,
+        SchemaKind::DiffReport,
     ];
 
     /// The schema file name in `schemas/`.
@@ -90,6 +96,8 @@ impl SchemaKind {
             SchemaKind::TuneReport => "tune_report.schema.json",
             SchemaKind::SolveReport => "solve_report.schema.json",
             SchemaKind::ReadinessReport => "readiness_report.schema.json",
+            SchemaKind::GenerateReport => "generate_report.schema.json",
+            SchemaKind::DiffReport => "diff_report.schema.json",
         }
     }
 
@@ -114,6 +122,8 @@ impl SchemaKind {
             SchemaKind::TuneReport => include_str!("../../schemas/tune_report.schema.json"),
             SchemaKind::SolveReport => include_str!("../../schemas/solve_report.schema.json"),
             SchemaKind::ReadinessReport => include_str!("../../schemas/readiness_report.schema.json"),
+            SchemaKind::GenerateReport => include_str!("../../schemas/generate_report.schema.json"),
+            SchemaKind::DiffReport => include_str!("../../schemas/diff_report.schema.json"),
         }
     }
 

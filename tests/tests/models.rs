@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use layerzero::LayerZero;
 use layerzero::llm::{self, Generation, Model};
+use layerzero::schema::{SchemaKind, violations};
 use layerzero::tensor::{HostTensor, io};
 use layerzero_tests::{lz, repo_root};
 
@@ -111,6 +112,8 @@ fn lz_generate_and_lz_diff_agree_with_the_reference_from_the_command_line() {
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(generated_run.status.success(), "{}", String::from_utf8_lossy(&generated_run.stderr));
     let json: serde_json::Value = serde_json::from_slice(&generated_run.stdout).unwrap_or_else(|e| panic!("{e}"));
+    let bad = violations(SchemaKind::GenerateReport, &json).unwrap_or_else(|e| panic!("{e}"));
+    assert!(bad.is_empty(), "{bad:?}");
     let generated: Vec<u32> = json["generated_ids"]
         .as_array()
         .map(|a| a.iter().filter_map(|v| v.as_u64()).map(|v| v as u32).collect())
@@ -129,6 +132,8 @@ fn lz_generate_and_lz_diff_agree_with_the_reference_from_the_command_line() {
         .unwrap_or_else(|e| panic!("{e}"));
     let report: serde_json::Value = serde_json::from_slice(&diff.stdout).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(diff.status.code(), Some(0), "{report}");
+    let bad = violations(SchemaKind::DiffReport, &report).unwrap_or_else(|e| panic!("{e}"));
+    assert!(bad.is_empty(), "{bad:?}");
     assert_eq!(report["first_divergence"], serde_json::Value::Null);
     // A threshold no float computation meets names the very first stage that moves.
     let strict = lz()
