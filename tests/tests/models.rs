@@ -61,10 +61,10 @@ fn every_f32_model_matches_hf_transformers_stage_by_stage_and_token_by_token() {
         if worst_logit > 1e-4 {
             failures.push(format!("{name}: logits differ by {worst_logit:.2e} max-abs"));
         }
-        if out.generated_ids != ids(&r["generated_ids"]) {
+        if out.generated_ids() != ids(&r["generated_ids"]) {
             failures.push(format!(
                 "{name}: greedy tokens {:?} vs HF {:?}",
-                out.generated_ids,
+                out.generated_ids(),
                 ids(&r["generated_ids"])
             ));
         }
@@ -83,7 +83,7 @@ fn the_bf16_model_stays_within_bf16_tolerance_of_the_float64_truth_at_every_laye
     let expected = ids(&truth["generated_ids"]);
     // Logits after a token that differs answer another question: compare up to it, and
     // only accept a different pick where the reference's top two were within bf16 noise.
-    let same = out.generated_ids.iter().zip(&expected).take_while(|(a, b)| a == b).count();
+    let same = out.generated_ids().iter().zip(&expected).take_while(|(a, b)| a == b).count();
     if same < expected.len() {
         let margin = truth["greedy_margin"].to_f64_vec()[same];
         assert!(margin < 0.05, "token {same} differs though the reference's margin is {margin}");
@@ -210,12 +210,12 @@ fn the_tokenizer_encodes_as_hf_does_and_streams_what_it_decodes() {
     // The text prompt runs end to end and gives HF's tokens.
     let model = Model::load(&dir, None).unwrap_or_else(|e| panic!("{e}"));
     let out = run(&model, &r);
-    assert_eq!(out.generated_ids, ids(&r["generated_ids"]));
+    assert_eq!(out.generated_ids(), ids(&r["generated_ids"]));
     // Streaming yields, piece by piece, exactly the full decode.
     let mut stream = tk.stream(true);
     let streamed: String =
-        out.generated_ids.iter().map(|&t| stream.step(t).unwrap_or_else(|e| panic!("{e}"))).collect();
-    assert_eq!(streamed, tk.decode(&out.generated_ids, true).unwrap_or_else(|e| panic!("{e}")));
+        out.generated_ids().iter().map(|&t| stream.step(t).unwrap_or_else(|e| panic!("{e}"))).collect();
+    assert_eq!(streamed, tk.decode(out.generated_ids(), true).unwrap_or_else(|e| panic!("{e}")));
     // The identity hash moves with anything that changes how text becomes ids.
     let text = std::fs::read_to_string(dir.join("tokenizer.json")).unwrap_or_else(|e| panic!("{e}"));
     let same = llm::Tokenizer::parse(&text, "t.json").unwrap_or_else(|e| panic!("{e}"));
@@ -226,4 +226,95 @@ fn the_tokenizer_encodes_as_hf_does_and_streams_what_it_decodes() {
     let broken =
         llm::Tokenizer::parse("{\"model\": 7}", "bad/tokenizer.json").err().unwrap_or_else(|| panic!("parses"));
     assert!(broken.to_string().starts_with("bad/tokenizer.json: "), "{broken}");
+}
+
+fn greedy(max_new_tokens: usize, kv: llm::KvKind) -> Generation {
+    Generation { max_new_tokens, stop_at_eos: false, kv, ..Generation::default() }
+}
+
+#[test]
+fn a_paged_cache_and_a_batch_give_each_prompt_what_it_gets_alone() {
+    let lz = LayerZero::detected().unwrap_or_else(|e| panic!("{e}"));
+    let paged = llm::KvKind::Paged { page_size: 3 };
+    let prompts: Vec<Vec<u32>> =
+        vec![vec![1, 17, 42, 99, 3, 250, 7, 128, 64, 5], vec![9, 8], vec![5, 6, 7, 8, 9, 10, 11]];
+    for name in ["llama-gqa", "qwen3", "mistral-swa", "llama-dynamic"] {
+        let model = Model::load(&models().join(name), None).unwrap_or_else(|e| panic!("{e}"));
+        let alone: Vec<Vec<u32>> = prompts
+            .iter()
+            .map(|p| {
+                let out = llm::generate::generate(&model, &lz, p, &greedy(12, llm::KvKind::Contiguous), |_| {});
+                out.unwrap_or_else(|e| panic!("{name}: {e}")).generated_ids().to_vec()
+            })
+            .collect();
+        for p in 0..prompts.len() {
+            let out = llm::generate::generate(&model, &lz, &prompts[p], &greedy(12, paged), |_| {});
+            assert_eq!(out.unwrap_or_else(|e| panic!("{e}")).generated_ids(), alone[p], "{name}: paged, prompt {p}");
+        }
+        let batch = llm::generate::generate_batch(&model, &lz, &prompts, &greedy(12, paged), |_, _| {})
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        for (p, s) in batch.sequences.iter().enumerate() {
+            assert_eq!(s.generated_ids, alone[p], "{name}: batched, prompt {p}");
+        }
+        assert_eq!(batch.decode_steps, 11, "every decode step serves the whole batch");
+    }
+}
+
+#[test]
+fn sampling_is_reproducible_and_independent_of_the_batch() {
+    let lz = LayerZero::detected().unwrap_or_else(|e| panic!("{e}"));
+    let model = Model::load(&models().join("llama-gqa"), None).unwrap_or_else(|e| panic!("{e}"));
+    let g = |seed| Generation {
+        max_new_tokens: 16,
+        temperature: 1.0,
+        top_k: Some(50),
+        seed,
+        stop_at_eos: false,
+        kv: llm::KvKind::Paged { page_size: 4 },
+        ..Generation::default()
+    };
+    let prompts = vec![vec![1, 2, 3, 4], vec![1, 2, 3, 4]];
+    let both = llm::generate::generate_batch(&model, &lz, &prompts, &g(7), |_, _| {}).unwrap_or_else(|e| panic!("{e}"));
+    let again =
+        llm::generate::generate_batch(&model, &lz, &prompts, &g(7), |_, _| {}).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(both.sequences, again.sequences, "the same seed gives the same tokens");
+    assert_ne!(both.sequences[0].generated_ids, both.sequences[1].generated_ids, "each sequence has its own stream");
+    let other =
+        llm::generate::generate_batch(&model, &lz, &prompts, &g(8), |_, _| {}).unwrap_or_else(|e| panic!("{e}"));
+    assert_ne!(both.sequences, other.sequences, "another seed, other tokens");
+}
+
+#[test]
+fn several_prompts_from_a_file_generate_together_over_a_paged_cache() {
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let file = tmp.path().join("prompts.json");
+    std::fs::write(&file, r#"["the kernel selector", [1, 17, 42], "picks the fastest kernel"]"#)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let out = lz()
+        .args(["generate", "--model"])
+        .arg(models().join("llama-gqa"))
+        .arg("--prompts")
+        .arg(&file)
+        .args(["--max-new-tokens", "5", "--ignore-eos", "--page-size", "4", "--json"])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}"));
+    assert!(violations(SchemaKind::GenerateReport, &json).unwrap_or_else(|e| panic!("{e}")).is_empty(), "{json}");
+    assert_eq!(json["kv"], "paged");
+    let generated = json["generated_ids"].as_array().unwrap_or_else(|| panic!("{json}"));
+    assert_eq!(generated.len(), 3, "a list per prompt");
+    assert!(generated.iter().all(|g| g.as_array().is_some_and(|a| a.len() == 5)));
+    assert_eq!(json["prompt_ids"][1], serde_json::json!([1, 17, 42]));
+    assert_eq!(json["text"].as_array().map(Vec::len), Some(3));
+    // The middle prompt, alone, gets the same tokens.
+    let alone = lz()
+        .args(["generate", "--model"])
+        .arg(models().join("llama-gqa"))
+        .args(["--prompt-ids", "1,17,42", "--max-new-tokens", "5", "--ignore-eos", "--json"])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let one: serde_json::Value = serde_json::from_slice(&alone.stdout).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(one["kv"], "contiguous");
+    assert_eq!(one["generated_ids"], generated[1]);
 }

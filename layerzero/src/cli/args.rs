@@ -57,11 +57,21 @@ pub(super) struct GenerateCmd {
     #[arg(long, value_name = "DIR")]
     pub(super) model: PathBuf,
     /// The prompt as text (needs the folder's tokenizer.json).
-    #[arg(long, conflicts_with = "prompt_ids", required_unless_present = "prompt_ids")]
+    #[arg(long, conflicts_with_all = ["prompt_ids", "prompts"], required_unless_present_any = ["prompt_ids", "prompts"])]
     pub(super) prompt: Option<String>,
     /// The prompt as token ids, comma-separated.
-    #[arg(long, value_name = "IDS", value_delimiter = ',')]
+    #[arg(long, value_name = "IDS", value_delimiter = ',', conflicts_with = "prompts")]
     pub(super) prompt_ids: Option<Vec<u32>>,
+    /// Several prompts, generated together: a JSON array whose items are text (a string) or
+    /// token ids (an array of integers).
+    #[arg(long, value_name = "FILE")]
+    pub(super) prompts: Option<PathBuf>,
+    /// The KV cache: contiguous (one prompt) or paged (default with several prompts).
+    #[arg(long, value_name = "contiguous|paged")]
+    pub(super) kv: Option<String>,
+    /// Positions per page of the paged KV cache.
+    #[arg(long, default_value_t = 16)]
+    pub(super) page_size: usize,
     /// Tokens to generate at most.
     #[arg(long, default_value_t = 32)]
     pub(super) max_new_tokens: usize,

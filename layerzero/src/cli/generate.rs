@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use super::args::{DiffCmd, GenerateCmd};
 use super::{Outcome, print_json};
 use crate::error::{Error, ErrorKind, Result};
-use crate::llm::{self, Generation, Model, Tokenizer};
+use crate::llm::{self, Generation, KvKind, Model, Tokenizer};
 use crate::model::dtype::DType;
 use crate::runtime::LayerZero;
 use crate::tensor::{HostTensor, Storage, io};
@@ -23,16 +23,28 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
     let model = Model::load(&a.model, dtype)?;
     let tokenizer_file = a.model.join("tokenizer.json");
     let tokenizer = if tokenizer_file.exists() { Some(Tokenizer::load(&tokenizer_file)?) } else { None };
-    let prompt = match (&a.prompt_ids, &a.prompt, &tokenizer) {
-        (Some(ids), _, _) => ids.clone(),
-        (None, Some(text), Some(t)) => t.encode(text, true)?.ids,
-        (None, Some(_), None) => {
-            return Err(Error::invalid(format!(
-                "--prompt needs {}; without a tokenizer pass the ids with --prompt-ids",
+    let encode = |text: &str| -> Result<Vec<u32>> {
+        match &tokenizer {
+            Some(t) => Ok(t.encode(text, true)?.ids),
+            None => Err(Error::invalid(format!(
+                "a text prompt needs {}; without a tokenizer give token ids",
                 tokenizer_file.display()
-            )));
+            ))),
         }
-        (None, None, _) => return Err(Error::invalid("give --prompt or --prompt-ids".to_owned())),
+    };
+    let prompts: Vec<Vec<u32>> = match (&a.prompt_ids, &a.prompt, &a.prompts) {
+        (Some(ids), _, _) => vec![ids.clone()],
+        (None, Some(text), _) => vec![encode(text)?],
+        (None, None, Some(file)) => read_prompts(file, &encode)?,
+        (None, None, None) => return Err(Error::invalid("give --prompt, --prompt-ids or --prompts".to_owned())),
+    };
+    let kv = match (a.kv.as_deref(), prompts.len()) {
+        (None | Some("contiguous"), 1) => KvKind::Contiguous,
+        (Some("contiguous"), n) => {
+            return Err(Error::invalid(format!("--kv contiguous holds one sequence; {n} prompts need --kv paged")));
+        }
+        (None | Some("paged"), _) => KvKind::Paged { page_size: a.page_size },
+        (Some(other), _) => return Err(Error::invalid(format!("--kv {other:?} is not one of contiguous, paged"))),
     };
     let mut lz = LayerZero::host()?;
     if let Some(table) = &a.table {
@@ -46,13 +58,15 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
         seed: a.seed,
         stop_at_eos: !a.ignore_eos,
         dump: a.dump.is_some(),
+        kv,
     };
     if !(g.temperature >= 0.0 && g.temperature.is_finite()) {
         return Err(Error::invalid(format!("--temperature {} must be a finite number >= 0", g.temperature)));
     }
-    let stream = !a.json && std::io::stdout().is_terminal();
+    // One prompt streams to a terminal as it is generated.
+    let stream = !a.json && prompts.len() == 1 && std::io::stdout().is_terminal();
     let mut text_stream = tokenizer.as_ref().map(|t| t.stream(true));
-    let out = llm::generate::generate(&model, &lz, &prompt, &g, |t| {
+    let out = llm::generate::generate_batch(&model, &lz, &prompts, &g, |_, t| {
         if stream {
             match &mut text_stream {
                 Some(s) => print!("{}", s.step(t).unwrap_or_default()),
@@ -61,36 +75,52 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
             let _ = std::io::stdout().flush();
         }
     })?;
-    let text = match &tokenizer {
-        Some(t) => Some(t.decode(&out.generated_ids, true)?),
+    let texts: Option<Vec<String>> = match &tokenizer {
+        Some(t) => Some(out.sequences.iter().map(|s| t.decode(&s.generated_ids, true)).collect::<Result<_>>()?),
         None => None,
     };
     if let Some(dir) = &a.dump {
         write_dump(dir, &out)?;
     }
+    let prompt_tokens: usize = out.sequences.iter().map(|s| s.prompt_ids.len()).sum();
+    let decoded: usize = out.sequences.iter().map(|s| s.generated_ids.len().saturating_sub(1)).sum();
     let prefill_ms = out.prefill_ns as f64 / 1e6;
-    let decoded = out.generated_ids.len().saturating_sub(1);
     let decode_ms = out.decode_ns as f64 / 1e6;
-    let per_token = if decoded > 0 { decode_ms / decoded as f64 } else { 0.0 };
+    let per_step = if out.decode_steps > 0 { decode_ms / out.decode_steps as f64 } else { 0.0 };
     if a.json {
         let ops: serde_json::Map<String, serde_json::Value> = out
             .stats
             .iter()
             .map(|(op, s)| (op.as_str().to_owned(), serde_json::to_value(s).unwrap_or_default()))
             .collect();
+        // One prompt: flat lists; several: a list per prompt.
+        let many = out.sequences.len() > 1;
+        let list = |f: &dyn Fn(&llm::Sequence) -> &Vec<u32>| -> serde_json::Value {
+            if many {
+                serde_json::json!(out.sequences.iter().map(f).collect::<Vec<_>>())
+            } else {
+                serde_json::json!(out.sequences.first().map(f))
+            }
+        };
+        let text = match &texts {
+            Some(t) if many => serde_json::json!(t),
+            Some(t) => serde_json::json!(t.first()),
+            None => serde_json::Value::Null,
+        };
         print_json(&serde_json::json!({
             "model": a.model.display().to_string(),
             "arch": model.config.arch.as_str(),
             "dtype": model.dtype,
-            "prompt_ids": out.prompt_ids,
-            "generated_ids": out.generated_ids,
+            "kv": match kv { KvKind::Contiguous => "contiguous", KvKind::Paged { .. } => "paged" },
+            "prompt_ids": list(&|s| &s.prompt_ids),
+            "generated_ids": list(&|s| &s.generated_ids),
             "text": text,
             "tokenizer": tokenizer.as_ref().map(|t| serde_json::json!({"hash": t.hash(), "vocab": t.vocab_size()})),
             "timing": {
                 "prefill_ms": prefill_ms,
-                "prefill_tokens_per_s": if prefill_ms > 0.0 { out.prompt_ids.len() as f64 / prefill_ms * 1e3 } else { 0.0 },
-                "decode_ms_per_token": per_token,
-                "decode_tokens_per_s": if per_token > 0.0 { 1e3 / per_token } else { 0.0 },
+                "prefill_tokens_per_s": if prefill_ms > 0.0 { prompt_tokens as f64 / prefill_ms * 1e3 } else { 0.0 },
+                "decode_ms_per_token": per_step,
+                "decode_tokens_per_s": if decode_ms > 0.0 { decoded as f64 / decode_ms * 1e3 } else { 0.0 },
             },
             "ops": ops,
             "counters": lz.counters(),
@@ -99,18 +129,54 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
     } else {
         if stream {
             println!();
-        } else if let Some(text) = &text {
-            println!("{text}");
         } else {
-            let ids: Vec<String> = out.generated_ids.iter().map(u32::to_string).collect();
-            println!("{}", ids.join(" "));
+            for (i, s) in out.sequences.iter().enumerate() {
+                match &texts {
+                    Some(t) => println!("{}", t[i]),
+                    None => {
+                        let ids: Vec<String> = s.generated_ids.iter().map(u32::to_string).collect();
+                        println!("{}", ids.join(" "));
+                    }
+                }
+            }
         }
         eprintln!(
-            "prefill {} tokens in {prefill_ms:.2} ms; decode {decoded} tokens at {per_token:.2} ms/token",
-            out.prompt_ids.len()
+            "prefill {prompt_tokens} tokens in {prefill_ms:.2} ms; decode {decoded} tokens in {} steps at {per_step:.2} ms/step",
+            out.decode_steps
         );
     }
     Ok(Outcome::Ok)
+}
+
+/// `--prompts FILE`: a JSON array of text (strings) and token ids (arrays of integers).
+fn read_prompts(file: &Path, encode: &dyn Fn(&str) -> Result<Vec<u32>>) -> Result<Vec<Vec<u32>>> {
+    let origin = file.display().to_string();
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| Error::new(ErrorKind::Io, format!("cannot read {origin}: {e}")).with_source(e))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| Error::invalid(format!("{origin}: invalid JSON: {e}")))?;
+    let items = v.as_array().ok_or_else(|| Error::invalid(format!("{origin}: expected a JSON array of prompts")))?;
+    if items.is_empty() {
+        return Err(Error::invalid(format!("{origin}: the array holds no prompt")));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| match item {
+            serde_json::Value::String(t) => {
+                encode(t).map_err(|e| Error::invalid(format!("{origin}: item {i}: {}", e.message())))
+            }
+            serde_json::Value::Array(ids) => ids
+                .iter()
+                .map(|x| {
+                    x.as_u64()
+                        .and_then(|n| u32::try_from(n).ok())
+                        .ok_or_else(|| Error::invalid(format!("{origin}: item {i} holds {x}, not a token id")))
+                })
+                .collect(),
+            other => Err(Error::invalid(format!("{origin}: item {i} is {other}; expected text or an array of ids"))),
+        })
+        .collect()
 }
 
 fn ids_tensor(ids: &[u32]) -> Result<HostTensor> {
@@ -121,8 +187,8 @@ fn write_dump(dir: &Path, out: &llm::Generated) -> Result<()> {
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::new(ErrorKind::Io, format!("cannot create {}: {e}", dir.display())).with_source(e))?;
     let mut tensors: BTreeMap<String, HostTensor> = out.dump.clone();
-    tensors.insert("prompt_ids".into(), ids_tensor(&out.prompt_ids)?);
-    tensors.insert("generated_ids".into(), ids_tensor(&out.generated_ids)?);
+    tensors.insert("prompt_ids".into(), ids_tensor(out.prompt_ids())?);
+    tensors.insert("generated_ids".into(), ids_tensor(out.generated_ids())?);
     io::write(&dir.join("dump.safetensors"), &tensors)
 }
 

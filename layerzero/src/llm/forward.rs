@@ -14,7 +14,8 @@ use super::Model;
 use super::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::exec::args::{
-    AttentionArgs, EmbeddingArgs, LinearArgs, MlpArgs, NormArgs, OpArgs, Outputs, RopeArgs, SwigluArgs,
+    AttentionArgs, EmbeddingArgs, LinearArgs, MlpArgs, NormArgs, OpArgs, Outputs, PagedAttentionArgs, RopeArgs,
+    SwigluArgs,
 };
 use crate::model::attrs::{AttentionAttrs, MlpAttrs, NoAttrs, NormAttrs, SwigluAttrs};
 use crate::model::dtype::DType;
@@ -38,15 +39,37 @@ pub struct OpStats {
     pub fallbacks: u64,
 }
 
-/// One sequence being run: the model, the handle every op is dispatched through, the KV
-/// cache and what ran.
+/// How keys and values are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvKind {
+    /// One contiguous `[1, capacity, kv_heads, head_dim]` buffer per layer: one sequence.
+    #[default]
+    Contiguous,
+    /// A pool of `[pages, page_size, kv_heads, head_dim]` pages per layer addressed by a
+    /// block table per sequence: several sequences decode together.
+    Paged {
+        /// Positions per page.
+        page_size: usize,
+    },
+}
+
+/// The KV cache: per layer, keys and values, and per sequence its length.
+struct Kv {
+    kind: KvKind,
+    k: Vec<HostTensor>,
+    v: Vec<HostTensor>,
+    /// Per sequence: its pages (paged) and its length.
+    pages: Vec<Vec<u32>>,
+    lens: Vec<usize>,
+    capacity: Vec<usize>,
+}
+
+/// Sequences being run: the model, the handle every op is dispatched through, the KV cache
+/// and what ran.
 pub struct Session<'m> {
     model: &'m Model,
     lz: &'m LayerZero,
-    k_cache: Vec<HostTensor>,
-    v_cache: Vec<HostTensor>,
-    len: usize,
-    capacity: usize,
+    kv: Kv,
     /// Per op, what ran.
     pub stats: BTreeMap<Op, OpStats>,
     dump: Option<BTreeMap<String, HostTensor>>,
@@ -58,23 +81,60 @@ fn view(t: &HostTensor, shape: &[usize], offset: usize) -> Result<HostTensor> {
 }
 
 impl<'m> Session<'m> {
-    /// A session with room for `capacity` positions (prompt and generated tokens).
+    /// A session of one sequence with room for `capacity` positions (prompt and generated
+    /// tokens) in a contiguous cache.
     pub fn new(model: &'m Model, lz: &'m LayerZero, capacity: usize) -> Result<Session<'m>> {
+        Session::with_cache(model, lz, &[capacity], KvKind::Contiguous)
+    }
+
+    /// A session of `capacities.len()` sequences, each with room for its capacity, in a
+    /// cache of `kind` (a contiguous cache holds one sequence).
+    pub fn with_cache(model: &'m Model, lz: &'m LayerZero, capacities: &[usize], kind: KvKind) -> Result<Session<'m>> {
         let c = &model.config;
-        if capacity == 0 {
-            return Err(Error::invalid("the KV cache needs room for at least one position".to_owned()));
+        if capacities.is_empty() || capacities.contains(&0) {
+            return Err(Error::invalid("every sequence needs room for at least one position".to_owned()));
         }
-        let shape = [1, capacity, c.kv_heads, c.head_dim];
+        let (shape, pages) = match kind {
+            KvKind::Contiguous if capacities.len() == 1 => {
+                ([1, capacities[0], c.kv_heads, c.head_dim], vec![Vec::new()])
+            }
+            KvKind::Contiguous => {
+                return Err(Error::invalid(format!(
+                    "a contiguous KV cache holds one sequence; {} need a paged cache (--kv paged)",
+                    capacities.len()
+                )));
+            }
+            KvKind::Paged { page_size: 0 } => return Err(Error::invalid("--page-size must be at least 1".to_owned())),
+            KvKind::Paged { page_size } => {
+                let mut next = 0u32;
+                let pages: Vec<Vec<u32>> = capacities
+                    .iter()
+                    .map(|&cap| {
+                        let n = cap.div_ceil(page_size) as u32;
+                        next += n;
+                        // Pages are handed out back to front so that a sequence's pages are
+                        // not in order: the block table, not the layout, decides.
+                        (next - n..next).rev().collect()
+                    })
+                    .collect();
+                ([next as usize, page_size, c.kv_heads, c.head_dim], pages)
+            }
+        };
+        let layout = if matches!(kind, KvKind::Paged { .. }) { Layout::Nhd } else { Layout::Bshd };
         let cache = || -> Result<Vec<HostTensor>> {
-            (0..c.layers).map(|_| HostTensor::zeros(model.dtype, &shape).map(|t| t.with_layout(Layout::Bshd))).collect()
+            (0..c.layers).map(|_| HostTensor::zeros(model.dtype, &shape).map(|t| t.with_layout(layout))).collect()
         };
         Ok(Session {
             model,
             lz,
-            k_cache: cache()?,
-            v_cache: cache()?,
-            len: 0,
-            capacity,
+            kv: Kv {
+                kind,
+                k: cache()?,
+                v: cache()?,
+                pages,
+                lens: vec![0; capacities.len()],
+                capacity: capacities.to_vec(),
+            },
             stats: BTreeMap::new(),
             dump: None,
         })
@@ -91,14 +151,9 @@ impl<'m> Session<'m> {
         self.dump.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
-    /// Positions in the cache.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// True before the first forward call.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
+    /// Positions cached for sequence `seq`.
+    pub fn len(&self, seq: usize) -> usize {
+        self.kv.lens.get(seq).copied().unwrap_or(0)
     }
 
     fn keep(&mut self, name: impl FnOnce() -> String, t: &HostTensor) {
@@ -166,33 +221,55 @@ impl<'m> Session<'m> {
         }))
     }
 
-    /// Runs `ids` (the next tokens of the sequence) through the model, appending their keys
+    /// Runs `ids` (the next tokens of sequence 0) through the model, appending their keys
     /// and values to the cache. Returns the logits `[rows, vocab]`: every position's when
     /// `all_logits`, else the last one's.
     pub fn forward(&mut self, ids: &[u32], all_logits: bool) -> Result<HostTensor> {
+        self.forward_batch(&[(0, ids)], all_logits)
+    }
+
+    /// Runs a batch: either one sequence with any number of new tokens (a prefill), or
+    /// several sequences with one new token each (a decode step). Returns the logits of
+    /// each sequence's last token (`[sequences, vocab]`), or of every row with `all_logits`.
+    pub fn forward_batch(&mut self, batch: &[(usize, &[u32])], all_logits: bool) -> Result<HostTensor> {
         let model = self.model;
         let c: &ModelConfig = &model.config;
         let w = &model.weights;
-        let t = ids.len();
-        if t == 0 {
-            return Err(Error::invalid("forward needs at least one token".to_owned()));
+        let b = batch.len();
+        let s = batch.first().map_or(0, |(_, ids)| ids.len());
+        if b == 0 || s == 0 || (b > 1 && batch.iter().any(|(_, ids)| ids.len() != 1)) {
+            return Err(Error::invalid(
+                "a batch is one sequence with new tokens, or several sequences with one new token each".to_owned(),
+            ));
         }
-        if let Some((i, id)) = ids.iter().enumerate().find(|(_, id)| **id as usize >= c.vocab) {
-            return Err(Error::invalid(format!("token {i} is id {id}, outside the vocabulary of {}", c.vocab)));
+        let mut starts = Vec::with_capacity(b);
+        for (i, &(seq, ids)) in batch.iter().enumerate() {
+            if batch[..i].iter().any(|(other, _)| *other == seq) {
+                return Err(Error::invalid(format!("sequence {seq} appears twice in one batch")));
+            }
+            let (Some(&len), Some(&cap)) = (self.kv.lens.get(seq), self.kv.capacity.get(seq)) else {
+                return Err(Error::invalid(format!("sequence {seq} is not in this session")));
+            };
+            if let Some((k, id)) = ids.iter().enumerate().find(|(_, id)| **id as usize >= c.vocab) {
+                return Err(Error::invalid(format!("token {k} is id {id}, outside the vocabulary of {}", c.vocab)));
+            }
+            if len + ids.len() > cap {
+                return Err(Error::invalid(format!(
+                    "{} positions do not fit: {len} are cached and sequence {seq} holds {cap}",
+                    ids.len()
+                )));
+            }
+            starts.push(len);
         }
-        if self.len + t > self.capacity {
-            return Err(Error::invalid(format!(
-                "{} positions do not fit: {} are cached and the context holds {}",
-                t, self.len, self.capacity
-            )));
-        }
-        let start = self.len;
-        let ids_t = HostTensor::new(Storage::I64(ids.iter().map(|&i| i64::from(i)).collect()), &[t])?;
-        let positions = HostTensor::new(Storage::I64((start..start + t).map(|p| p as i64).collect()), &[t])?;
+        let rows = b * s;
+        let flat: Vec<i64> = batch.iter().flat_map(|(_, ids)| ids.iter().map(|&i| i64::from(i))).collect();
+        let ids_t = HostTensor::new(Storage::I64(flat), &[rows])?;
+        let pos: Vec<i64> = starts.iter().flat_map(|&st| (st..st + s).map(|p| p as i64)).collect();
+        let positions = HostTensor::new(Storage::I64(pos), &[b, s])?;
         let mut h =
             self.out(OpArgs::Embedding(EmbeddingArgs { ids: ids_t, table: w.embed.clone(), attrs: NoAttrs {} }))?;
         self.keep(|| "hidden.0".into(), &h);
-        let (qd, kvd, d) = (c.heads * c.head_dim, c.kv_heads * c.head_dim, c.head_dim);
+        let (qd, d) = (c.heads * c.head_dim, c.head_dim);
         let mut residual: Option<HostTensor> = None;
         for (l, lw) in w.layers.iter().enumerate() {
             // Input norm; from the second layer on it also adds the previous layer's output.
@@ -212,12 +289,12 @@ impl<'m> Session<'m> {
             let v = self.linear(&x, &lw.v, lw.v_bias.as_ref())?;
             if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
                 // Qwen3: RMSNorm over each head's dims, before RoPE.
-                q = self.rms_norm(&view(&q, &[t, c.heads, d], 0)?, qn, None)?.remove("out").unwrap_or(q);
-                k = self.rms_norm(&view(&k, &[t, c.kv_heads, d], 0)?, kn, None)?.remove("out").unwrap_or(k);
+                q = self.rms_norm(&view(&q, &[rows, c.heads, d], 0)?, qn, None)?.remove("out").unwrap_or(q);
+                k = self.rms_norm(&view(&k, &[rows, c.kv_heads, d], 0)?, kn, None)?.remove("out").unwrap_or(k);
             }
             let mut rot = self.run(OpArgs::Rope(RopeArgs {
-                q: view(&q, &[1, t, c.heads, d], 0)?.with_layout(Layout::Bshd),
-                k: Some(view(&k, &[1, t, c.kv_heads, d], 0)?.with_layout(Layout::Bshd)),
+                q: view(&q, &[b, s, c.heads, d], 0)?.with_layout(Layout::Bshd),
+                k: Some(view(&k, &[b, s, c.kv_heads, d], 0)?.with_layout(Layout::Bshd)),
                 positions: Some(positions.clone()),
                 cos: None,
                 sin: None,
@@ -227,24 +304,13 @@ impl<'m> Session<'m> {
             let k = rot.remove("out_k").ok_or_else(|| Error::invalid("rope produced no `out_k`".to_owned()))?;
             self.keep(|| format!("layer.{l}.q"), &q);
             self.keep(|| format!("layer.{l}.k"), &k);
-            self.k_cache[l].write_at(start * kvd, &k)?;
-            self.v_cache[l].write_at(start * kvd, &v)?;
-            let ctx = start + t;
             let attrs = AttentionAttrs {
                 causal: true,
                 window_left: c.windows.get(l).copied().flatten().map(|w| w as u64 - 1),
                 ..AttentionAttrs::default()
             };
-            let attn = self.out(OpArgs::Attention(AttentionArgs {
-                q: q.with_layout(Layout::Bshd),
-                k: view(&self.k_cache[l], &[1, ctx, c.kv_heads, d], 0)?.with_layout(Layout::Bshd),
-                v: view(&self.v_cache[l], &[1, ctx, c.kv_heads, d], 0)?.with_layout(Layout::Bshd),
-                mask: None,
-                cu_seqlens_q: None,
-                cu_seqlens_k: None,
-                attrs,
-            }))?;
-            let attn = view(&attn.contiguous(), &[t, qd], 0)?;
+            let attn = self.attend(l, batch, &starts, s, q, &k, &v, attrs)?;
+            let attn = view(&attn.contiguous(), &[rows, qd], 0)?;
             self.keep(|| format!("layer.{l}.attn_out"), &attn);
             let proj = self.linear(&attn, &lw.o, lw.o_bias.as_ref())?;
             self.keep(|| format!("layer.{l}.o_proj"), &proj);
@@ -284,13 +350,82 @@ impl<'m> Session<'m> {
             self.keep(|| format!("layer.{}.out", c.layers - 1), &r);
         }
         self.keep(|| format!("hidden.{}", c.layers), &normed);
-        self.len += t;
-        let rows = if all_logits { normed } else { view(&normed, &[1, c.hidden], (t - 1) * c.hidden)? };
-        let logits = self.linear(&rows, &w.lm_head, None)?;
+        for (&(seq, ids), _) in batch.iter().zip(&starts) {
+            self.kv.lens[seq] += ids.len();
+        }
+        let last = if all_logits || s == 1 { normed } else { view(&normed, &[1, c.hidden], (s - 1) * c.hidden)? };
+        let logits = self.linear(&last, &w.lm_head, None)?;
         Ok(if logits.dtype() == DType::F32 {
             logits
         } else {
             HostTensor::from_f32(logits.shape(), logits.to_f32_vec())?
         })
+    }
+
+    /// Writes the batch's keys and values into layer `l`'s cache and attends over each
+    /// sequence's cached positions. `q` and `k` are `[b, s, heads, d]`, `v` is `[b * s, kvd]`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &mut self,
+        l: usize,
+        batch: &[(usize, &[u32])],
+        starts: &[usize],
+        s: usize,
+        q: HostTensor,
+        k: &HostTensor,
+        v: &HostTensor,
+        attrs: AttentionAttrs,
+    ) -> Result<HostTensor> {
+        let c = &self.model.config;
+        let (kvd, d, b) = (c.kv_heads * c.head_dim, c.head_dim, batch.len());
+        match self.kv.kind {
+            KvKind::Contiguous => {
+                let start = starts[0];
+                self.kv.k[l].write_at(start * kvd, k)?;
+                self.kv.v[l].write_at(start * kvd, v)?;
+                let ctx = start + s;
+                self.out(OpArgs::Attention(AttentionArgs {
+                    q: q.with_layout(Layout::Bshd),
+                    k: view(&self.kv.k[l], &[1, ctx, c.kv_heads, d], 0)?.with_layout(Layout::Bshd),
+                    v: view(&self.kv.v[l], &[1, ctx, c.kv_heads, d], 0)?.with_layout(Layout::Bshd),
+                    mask: None,
+                    cu_seqlens_q: None,
+                    cu_seqlens_k: None,
+                    attrs,
+                }))
+            }
+            KvKind::Paged { page_size } => {
+                let k = k.contiguous();
+                for (i, (&(seq, _), &start)) in batch.iter().zip(starts).enumerate() {
+                    for t in 0..s {
+                        let pos = start + t;
+                        let page = self.kv.pages[seq][pos / page_size] as usize;
+                        let at = (page * page_size + pos % page_size) * kvd;
+                        let row = (i * s + t) * kvd;
+                        self.kv.k[l].write_at(at, &view(&k, &[kvd], row)?)?;
+                        self.kv.v[l].write_at(at, &view(v, &[kvd], row)?)?;
+                    }
+                }
+                let width = batch.iter().map(|(seq, _)| self.kv.pages[*seq].len()).max().unwrap_or(0);
+                let mut table = vec![0i32; b * width];
+                let mut lens = Vec::with_capacity(b);
+                for (i, (&(seq, _), &start)) in batch.iter().zip(starts).enumerate() {
+                    for (p, &page) in self.kv.pages[seq].iter().enumerate() {
+                        table[i * width + p] = page as i32;
+                    }
+                    lens.push((start + s) as i32);
+                }
+                self.out(OpArgs::PagedAttention(PagedAttentionArgs {
+                    q: q.with_layout(Layout::Bshd),
+                    k_cache: self.kv.k[l].clone(),
+                    v_cache: self.kv.v[l].clone(),
+                    block_table: HostTensor::new(Storage::I32(table), &[b, width])?,
+                    context_lens: HostTensor::new(Storage::I32(lens), &[b])?,
+                    k_scale: None,
+                    v_scale: None,
+                    attrs,
+                }))
+            }
+        }
     }
 }

@@ -13,8 +13,8 @@ pub mod weights;
 use std::path::{Path, PathBuf};
 
 pub use config::{Arch, ModelConfig};
-pub use forward::{OpStats, Session};
-pub use generate::{Generated, Generation};
+pub use forward::{KvKind, OpStats, Session};
+pub use generate::{Generated, Generation, Sequence};
 pub use tokenizer::Tokenizer;
 pub use weights::Weights;
 
