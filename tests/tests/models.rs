@@ -318,3 +318,63 @@ fn several_prompts_from_a_file_generate_together_over_a_paged_cache() {
     assert_eq!(one["kv"], "contiguous");
     assert_eq!(one["generated_ids"], generated[1]);
 }
+
+#[test]
+fn a_model_workload_solved_into_a_table_serves_generation_from_plan_hits() {
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (w, t) = (tmp.path().join("w.json"), tmp.path().join("t.json"));
+    let model = models().join("mistral-swa");
+    let ok = |args: &[&std::ffi::OsStr]| {
+        let out = lz().args(args).env("LAYERZERO_HOME", tmp.path()).output().unwrap_or_else(|e| panic!("{e}"));
+        assert!(out.status.success(), "{:?}: {}", args, String::from_utf8_lossy(&out.stderr));
+        out.stdout
+    };
+    ok(&[
+        "workload".as_ref(),
+        "--model".as_ref(),
+        model.as_os_str(),
+        "--max-batch".as_ref(),
+        "4".as_ref(),
+        "--max-seq".as_ref(),
+        "64".as_ref(),
+        "--out".as_ref(),
+        w.as_os_str(),
+    ]);
+    let workload = layerzero::plan::workload::Workload::load(&w).unwrap_or_else(|e| panic!("{e}"));
+    let ops: std::collections::BTreeSet<String> =
+        workload.entries.iter().map(|e| e.name.split('.').next().unwrap_or_default().to_owned()).collect();
+    for op in ["embedding", "rms_norm", "linear", "rope", "attention", "paged_attention", "mlp", "sample"] {
+        assert!(ops.contains(op), "{op} in {ops:?}");
+    }
+    ok(&["solve".as_ref(), "--workload".as_ref(), w.as_os_str(), "--out".as_ref(), t.as_os_str()]);
+    let ready = lz()
+        .args(["readiness-check", "--table"])
+        .arg(&t)
+        .arg("--workload")
+        .arg(&w)
+        .env("LAYERZERO_HOME", tmp.path())
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(ready.status.success(), "{}", String::from_utf8_lossy(&ready.stdout));
+    let json = ok(&[
+        "generate".as_ref(),
+        "--model".as_ref(),
+        model.as_os_str(),
+        "--prompt-ids".as_ref(),
+        "1,17,42,99,3,250,7,128,64,5".as_ref(),
+        "--max-new-tokens".as_ref(),
+        "20".as_ref(),
+        "--ignore-eos".as_ref(),
+        "--table".as_ref(),
+        t.as_os_str(),
+        "--json".as_ref(),
+    ]);
+    let r: serde_json::Value = serde_json::from_slice(&json).unwrap_or_else(|e| panic!("{e}"));
+    for (op, s) in r["ops"].as_object().unwrap_or_else(|| panic!("{r}")) {
+        // RoPE keys are exact: only the prompt's own length is outside the table, selected
+        // once live and then cached.
+        let allowed = if op == "rope" { 1 } else { 0 };
+        assert!(s["live"].as_u64() <= Some(allowed), "{op}: {s}");
+        assert!(s["plan_hits"].as_u64() > Some(0), "{op}: {s}");
+    }
+}

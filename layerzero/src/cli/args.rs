@@ -46,6 +46,9 @@ pub(super) enum Command {
     /// Generate text with a Hugging Face model folder; every op is selected and dispatched by
     /// LayerZero. Exit 2 on a bad model, prompt or option.
     Generate(GenerateCmd),
+    /// Write the workload of a model (every op it dispatches, with perf-axis ranges) for
+    /// `lz tune`, `lz solve` and `lz readiness-check`.
+    Workload(WorkloadCmd),
     /// Compare two dumps (safetensors) name by name and name the first stage that diverges.
     /// Exit 0 within thresholds, 1 divergence, 2 usage error or missing tensors.
     Diff(DiffCmd),
@@ -102,6 +105,28 @@ pub(super) struct GenerateCmd {
     /// Machine-readable output (schemas/generate_report.schema.json).
     #[arg(long)]
     pub(super) json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct WorkloadCmd {
+    /// The model folder (only config.json is read).
+    #[arg(long, value_name = "DIR")]
+    pub(super) model: PathBuf,
+    /// Most sequences decoded together.
+    #[arg(long, default_value_t = 8)]
+    pub(super) max_batch: usize,
+    /// Longest sequence, prompt and generated tokens.
+    #[arg(long, default_value = None)]
+    pub(super) max_seq: Option<usize>,
+    /// Positions per page of the paged KV cache.
+    #[arg(long, default_value_t = 16)]
+    pub(super) page_size: usize,
+    /// Compute dtype (default: the config's dtype, else f32).
+    #[arg(long, value_name = "f32|bf16")]
+    pub(super) dtype: Option<String>,
+    /// Write the workload here instead of standard output.
+    #[arg(long, value_name = "FILE")]
+    pub(super) out: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
-use super::args::{DiffCmd, GenerateCmd};
+use super::args::{DiffCmd, GenerateCmd, WorkloadCmd};
 use super::{Outcome, print_json};
 use crate::error::{Error, ErrorKind, Result};
 use crate::llm::{self, Generation, KvKind, Model, Tokenizer};
@@ -13,13 +13,42 @@ use crate::model::dtype::DType;
 use crate::runtime::LayerZero;
 use crate::tensor::{HostTensor, Storage, io};
 
-pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
-    let dtype = match a.dtype.as_deref() {
-        None => None,
-        Some("f32") => Some(DType::F32),
-        Some("bf16") => Some(DType::BF16),
-        Some(other) => return Err(Error::invalid(format!("--dtype {other:?} is not one of f32, bf16"))),
+fn parse_dtype(d: Option<&str>) -> Result<Option<DType>> {
+    match d {
+        None => Ok(None),
+        Some("f32") => Ok(Some(DType::F32)),
+        Some("bf16") => Ok(Some(DType::BF16)),
+        Some(other) => Err(Error::invalid(format!("--dtype {other:?} is not one of f32, bf16"))),
+    }
+}
+
+pub(super) fn workload(a: WorkloadCmd) -> Result<Outcome> {
+    let path = a.model.join("config.json");
+    let origin = path.display().to_string();
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| Error::new(ErrorKind::Io, format!("cannot read {origin}: {e}")).with_source(e))?;
+    let config = llm::ModelConfig::parse(&text, &origin)?;
+    let dtype = parse_dtype(a.dtype.as_deref())?.or(config.dtype).unwrap_or(DType::F32);
+    let serving = llm::workload::Serving {
+        max_batch: a.max_batch,
+        max_seq: a.max_seq.unwrap_or(config.max_positions),
+        page_size: a.page_size,
     };
+    let name = a.model.file_name().map_or_else(|| "model".to_owned(), |n| n.to_string_lossy().into_owned());
+    let lz = LayerZero::host()?;
+    let w = llm::workload::workload(&lz, &name, &config, dtype, serving)?;
+    let json =
+        serde_json::to_string_pretty(&w).map_err(|e| Error::invalid(format!("cannot write the workload: {e}")))?;
+    match &a.out {
+        Some(file) => std::fs::write(file, json + "\n")
+            .map_err(|e| Error::new(ErrorKind::Io, format!("cannot write {}: {e}", file.display())).with_source(e))?,
+        None => println!("{json}"),
+    }
+    Ok(Outcome::Ok)
+}
+
+pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
+    let dtype = parse_dtype(a.dtype.as_deref())?;
     let model = Model::load(&a.model, dtype)?;
     let tokenizer_file = a.model.join("tokenizer.json");
     let tokenizer = if tokenizer_file.exists() { Some(Tokenizer::load(&tokenizer_file)?) } else { None };

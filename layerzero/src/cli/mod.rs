@@ -140,6 +140,7 @@ fn run(cli: Cli) -> Result<Outcome> {
         ),
         Command::Generate(a) => generate::generate(a),
         Command::Diff(a) => generate::diff(a),
+        Command::Workload(a) => generate::workload(a),
         Command::ReasonCodes(a) => {
             if a.json {
                 print_json(&crate::reason::reason_codes_document());

@@ -73,6 +73,8 @@ pub struct Session<'m> {
     /// Per op, what ran.
     pub stats: BTreeMap<Op, OpStats>,
     dump: Option<BTreeMap<String, HostTensor>>,
+    /// Every request dispatched, when recording (`lz workload`).
+    record: Option<Vec<crate::model::request::Request>>,
 }
 
 /// A `[rows, cols]` row-major view of a contiguous tensor's elements starting at `offset`.
@@ -137,6 +139,7 @@ impl<'m> Session<'m> {
             },
             stats: BTreeMap::new(),
             dump: None,
+            record: None,
         })
     }
 
@@ -144,6 +147,17 @@ impl<'m> Session<'m> {
     pub fn with_dump(mut self) -> Session<'m> {
         self.dump = Some(BTreeMap::new());
         self
+    }
+
+    /// Records every request dispatched from now on.
+    pub fn with_recording(mut self) -> Session<'m> {
+        self.record = Some(Vec::new());
+        self
+    }
+
+    /// The requests recorded so far.
+    pub fn take_recorded(&mut self) -> Vec<crate::model::request::Request> {
+        self.record.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// The stages kept so far (empty without a dump).
@@ -173,6 +187,9 @@ impl<'m> Session<'m> {
     /// Dispatches one op and records what ran.
     fn run(&mut self, args: OpArgs) -> Result<Outputs> {
         let op = args.op();
+        if let Some(r) = &mut self.record {
+            r.push(args.describe());
+        }
         let d = self.lz.dispatch(&args)?;
         let s = self.stats.entry(op).or_default();
         *s.kernels.entry(d.selection().kernel.clone()).or_default() += 1;

@@ -9,6 +9,7 @@ pub mod forward;
 pub mod generate;
 pub mod tokenizer;
 pub mod weights;
+pub mod workload;
 
 use std::path::{Path, PathBuf};
 

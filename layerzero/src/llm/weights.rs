@@ -136,6 +136,41 @@ impl Take<'_> {
 }
 
 impl Weights {
+    /// Zero weights of the shapes `config` implies (planning: the shapes, not the values,
+    /// decide which kernels run).
+    pub fn zeros(config: &ModelConfig, dtype: DType) -> Result<Weights> {
+        let c = config;
+        let (h, i, v, d) = (c.hidden, c.intermediate, c.vocab, c.head_dim);
+        let (qd, kvd) = (c.heads * d, c.kv_heads * d);
+        let z = |shape: &[usize]| HostTensor::zeros(dtype, shape);
+        let opt = |present: bool, shape: &[usize]| if present { z(shape).map(Some) } else { Ok(None) };
+        let layers = (0..c.layers)
+            .map(|_| {
+                Ok(LayerWeights {
+                    attn_norm: z(&[h])?,
+                    q: z(&[qd, h])?,
+                    k: z(&[kvd, h])?,
+                    v: z(&[kvd, h])?,
+                    o: z(&[h, qd])?,
+                    q_bias: opt(c.qkv_bias, &[qd])?,
+                    k_bias: opt(c.qkv_bias, &[kvd])?,
+                    v_bias: opt(c.qkv_bias, &[kvd])?,
+                    o_bias: opt(c.o_bias, &[h])?,
+                    q_norm: opt(c.qk_norm, &[d])?,
+                    k_norm: opt(c.qk_norm, &[d])?,
+                    ffn_norm: z(&[h])?,
+                    gate: z(&[i, h])?,
+                    up: z(&[i, h])?,
+                    down: z(&[h, i])?,
+                    mlp_bias: if c.mlp_bias { Some([z(&[i])?, z(&[i])?, z(&[h])?]) } else { None },
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let embed = z(&[v, h])?;
+        let lm_head = if c.tied { embed.clone() } else { z(&[v, h])? };
+        Ok(Weights { embed, layers, norm: z(&[h])?, lm_head, stored: dtype })
+    }
+
     /// Reads every weight `config` implies from `dir`, in `compute` dtype (`None`: the
     /// stored dtype).
     pub fn load(dir: &Path, config: &ModelConfig, compute: Option<DType>) -> Result<Weights> {
