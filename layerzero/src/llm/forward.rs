@@ -37,6 +37,8 @@ pub struct OpStats {
     pub live: u64,
     /// Calls whose first choice failed and another kernel ran.
     pub fallbacks: u64,
+    /// Wall time in these calls (selection, kernels, output allocation), ns.
+    pub ns: u64,
 }
 
 /// How keys and values are kept.
@@ -190,8 +192,11 @@ impl<'m> Session<'m> {
         if let Some(r) = &mut self.record {
             r.push(args.describe());
         }
+        let start = std::time::Instant::now();
         let d = self.lz.dispatch(&args)?;
+        let ns = start.elapsed().as_nanos() as u64;
         let s = self.stats.entry(op).or_default();
+        s.ns += ns;
         *s.kernels.entry(d.selection().kernel.clone()).or_default() += 1;
         match d.source() {
             SelectionSource::Plan => s.plan_hits += 1,
