@@ -188,7 +188,8 @@ pub fn generate_batch(
     }
     let mut tokens = Vec::with_capacity(prompts.len());
     for (i, logits) in last.into_iter().enumerate() {
-        tokens.push(sample(&mut session, logits, g, &[i], 0)?[0]);
+        let chosen = sample(&mut session, logits, g, &[i], 0)?;
+        tokens.push(*chosen.first().ok_or_else(|| Error::invalid("sample returned no token".to_owned()))?);
     }
     let prefill_ns = start.elapsed().as_nanos() as u64;
     let decode_start = Instant::now();
