@@ -154,6 +154,8 @@ pub struct HostTensor {
     layout: Option<Layout>,
     /// Row-major contiguous (size-1 dims ignored), decided once when the view is made.
     contiguous: bool,
+    /// The storage's dtype, read once (the hot path reads it per call).
+    dtype: DType,
 }
 
 /// Row-major strides of `shape`.
@@ -181,7 +183,8 @@ impl HostTensor {
         let expected = row_major_strides(&shape);
         let contiguous = strides.len() == shape.len()
             && strides.iter().zip(&expected).zip(&shape).all(|((s, e), &d)| d <= 1 || s == e);
-        HostTensor { data, shape, strides, offset, layout, contiguous }
+        let dtype = data.dtype();
+        HostTensor { data, shape, strides, offset, layout, contiguous, dtype }
     }
 
     /// A contiguous tensor over `storage`; its length must match the shape.
@@ -219,8 +222,9 @@ impl HostTensor {
     }
 
     /// Element type.
+    #[inline]
     pub fn dtype(&self) -> DType {
-        self.data.dtype()
+        self.dtype
     }
 
     /// Sizes.
