@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering, fence};
 
 use super::axes::{self, Dim, MAX_AXES};
 use super::key::{SelectionKey, order_of};
-use crate::exec::args::OpArgs;
+use crate::exec::args::{MAX_SLOTS, OpArgs};
 use crate::model::attrs::{
     Activation, AttentionAttrs, CausalAlignment, GegluAttrs, GeluApproximate, GeluAttrs, Int4Attrs, MlpAttrs,
     MoeRouteAttrs, NoAttrs, NormAttrs, QuantAttrs, QuantScheme, RopeAttrs, RopeScaling, RopeStyle, SampleAttrs,
@@ -45,6 +45,16 @@ pub struct Typed {
 }
 
 impl Typed {
+    /// The buckets of the perf values (`None` outside an anchor's bounds).
+    #[inline]
+    pub fn buckets(&self) -> Option<super::Buckets> {
+        let mut out = [0u8; MAX_AXES];
+        for (i, axis) in axes::axes(self.op).iter().enumerate().take(usize::from(self.axes)) {
+            out[i] = axis.anchor.bucket(self.perf[i])?;
+        }
+        Some(super::Buckets(out))
+    }
+
     /// The selection key, given the validity hash the memo holds for this fingerprint.
     #[inline]
     pub fn key(&self, validity: u128) -> SelectionKey {
@@ -52,13 +62,44 @@ impl Typed {
     }
 }
 
-/// Where each op's perf axes live, by tensor slot rather than by name.
+/// A perf-axis position resolved for both sequence layouts: the dimension index in a BSHD
+/// (or untagged) tensor and in a BHSD one.
+#[derive(Debug, Clone, Copy, Default)]
+struct Pos {
+    slot: u8,
+    axis: u8,
+    bshd: u8,
+    bhsd: u8,
+}
+
+impl Pos {
+    fn new(slot: usize, axis: usize, d: Dim) -> Pos {
+        let (bshd, bhsd) = match d {
+            Dim::At(i) => (i, i),
+            Dim::Seq => (1, 2),
+        };
+        Pos { slot: slot as u8, axis: axis as u8, bshd: bshd as u8, bhsd: bhsd as u8 }
+    }
+
+    /// The dimension in `t`, if `t` has it.
+    #[inline(always)]
+    fn dim(self, t: &HostTensor) -> Option<usize> {
+        let i = usize::from(if t.layout() == Some(Layout::Bhsd) { self.bhsd } else { self.bshd });
+        (i < t.rank()).then_some(i)
+    }
+}
+
+/// Most positions of one axis, or held by one tensor.
+const POSITIONS: usize = 4;
+
+/// Where each op's perf axes live, by tensor slot rather than by name, in fixed arrays.
 #[derive(Debug, Default)]
 struct OpTable {
-    /// Per axis, the (slot, dim) positions in the order the key reads them.
-    sources: Vec<Vec<(usize, Dim)>>,
-    /// Per slot, the (axis, dim) positions it holds, in axis order.
-    carriers: Vec<Vec<(usize, Dim)>>,
+    axes: usize,
+    /// Per axis, its positions in the order the key reads them.
+    sources: [([Pos; POSITIONS], usize); MAX_AXES],
+    /// Per slot, the positions it holds, in axis order.
+    carriers: [([Pos; POSITIONS], usize); MAX_SLOTS],
 }
 
 fn table(op: Op, names: &[&str]) -> &'static OpTable {
@@ -67,30 +108,26 @@ fn table(op: Op, names: &[&str]) -> &'static OpTable {
     TABLES[slot].get_or_init(|| {
         let slot_of = |name: &str| names.iter().position(|n| *n == name);
         let list = axes::axes(op);
-        let sources = list.iter().map(|a| a.at.iter().filter_map(|(n, d)| Some((slot_of(n)?, *d))).collect()).collect();
-        let carriers = (0..names.len())
-            .map(|s| {
-                list.iter()
-                    .enumerate()
-                    .flat_map(|(ai, a)| a.at.iter().filter(|(n, _)| slot_of(n) == Some(s)).map(move |(_, d)| (ai, *d)))
-                    .collect()
-            })
-            .collect();
-        OpTable { sources, carriers }
+        let mut t = OpTable { axes: list.len().min(MAX_AXES), ..OpTable::default() };
+        for (a, axis) in list.iter().enumerate().take(MAX_AXES) {
+            for (name, d) in axis.at {
+                let Some(s) = slot_of(name) else { continue };
+                let p = Pos::new(s, a, *d);
+                let (src, n) = &mut t.sources[a];
+                if *n < POSITIONS {
+                    src[*n] = p;
+                    *n += 1;
+                }
+                if let Some((car, m)) = t.carriers.get_mut(s)
+                    && *m < POSITIONS
+                {
+                    car[*m] = p;
+                    *m += 1;
+                }
+            }
+        }
+        t
     })
-}
-
-/// The index `dim` names in `t` (as [`axes::resolve`] for descriptions).
-#[inline]
-fn resolve(t: &HostTensor, dim: Dim) -> Option<usize> {
-    let i = match dim {
-        Dim::At(i) => i,
-        Dim::Seq => match t.layout() {
-            Some(Layout::Bhsd) => 2,
-            _ => 1,
-        },
-    };
-    (i < t.rank()).then_some(i)
 }
 
 /// Computes the fingerprint and perf values of `args`; `None` when an axis has no tensor
@@ -100,14 +137,14 @@ pub fn fingerprint(args: &OpArgs) -> Option<Typed> {
     let op = args.op();
     let (names, slots) = args.slots();
     let t = table(op, names);
+    let n = t.axes;
     let mut perf = [0u64; MAX_AXES];
-    for (p, sources) in perf.iter_mut().zip(&t.sources) {
-        *p = sources.iter().find_map(|&(s, d)| {
-            let x = slots.get(s).copied().flatten()?;
-            resolve(x, d).map(|i| x.shape()[i] as u64)
+    for (p, (src, cnt)) in perf.iter_mut().zip(&t.sources).take(n) {
+        *p = src[..*cnt].iter().find_map(|pos| {
+            let x = slots[usize::from(pos.slot)]?;
+            pos.dim(x).map(|i| x.shape()[i] as u64)
         })?;
     }
-    let n = t.sources.len().min(MAX_AXES);
     let order = order_of(op, &perf, n);
     let exact = slots.iter().flatten().any(|x| !x.is_contiguous());
     let mut sig = Sig::new();
@@ -115,32 +152,44 @@ pub fn fingerprint(args: &OpArgs) -> Option<Typed> {
     if exact {
         perf.iter().for_each(|&p| sig.push(p));
     }
-    for (s, slot) in slots.iter().enumerate().take(names.len()) {
+    for (slot, (car, cnt)) in slots.iter().zip(&t.carriers).take(names.len()) {
         let Some(x) = slot else {
             sig.push(u64::MAX);
             continue;
         };
+        let shape = x.shape();
         let layout = x.layout().map_or(0, |l| l as u64 + 1);
-        sig.push((x.dtype() as u64) | layout << 8 | (x.rank() as u64) << 16);
+        sig.push((x.dtype() as u64) | layout << 8 | (shape.len() as u64) << 16);
         // The axis each dimension carries, as the key decides it: the first axis (in axis
         // order) with a position at this dimension that holds the axis's value.
         let mut carries = [u8::MAX; 8];
-        if !exact && let Some(carriers) = t.carriers.get(s) {
-            for &(a, dim) in carriers {
-                if let Some(i) = resolve(x, dim)
+        if !exact {
+            for pos in &car[..*cnt] {
+                if let Some(i) = pos.dim(x)
                     && let Some(c) = carries.get_mut(i)
                     && *c == u8::MAX
-                    && x.shape()[i] as u64 == perf[a]
+                    && shape[i] as u64 == perf[usize::from(pos.axis)]
                 {
-                    *c = a as u8;
+                    *c = pos.axis;
                 }
             }
         }
-        for (i, &d) in x.shape().iter().enumerate() {
-            match carries.get(i) {
-                Some(&a) if a != u8::MAX => sig.push(SYMBOL | u64::from(a)),
-                _ => sig.push(d as u64),
+        // Two dimensions a word (each below 2^31, or a symbol with the top bit set).
+        let mut pair = 0u64;
+        for (i, &d) in shape.iter().enumerate() {
+            let v = match carries.get(i) {
+                Some(&a) if a != u8::MAX => HALF_SYMBOL | u64::from(a),
+                _ if (d as u64) < HALF_SYMBOL => d as u64,
+                _ => return None,
+            };
+            if i % 2 == 0 {
+                pair = v;
+            } else {
+                sig.push(pair | v << 32);
             }
+        }
+        if shape.len() % 2 == 1 {
+            sig.push(pair | EMPTY_HALF << 32);
         }
         if exact {
             x.strides().iter().for_each(|&st| sig.push(st as u64));
@@ -150,11 +199,14 @@ pub fn fingerprint(args: &OpArgs) -> Option<Typed> {
     Some(Typed { op, fingerprint: sig.finish()?, perf, axes: n as u8, order })
 }
 
-/// Marks a dimension that holds a perf axis (sizes never reach 2^63).
-const SYMBOL: u64 = 1 << 63;
+/// Marks a dimension (in its half word) that holds a perf axis; sizes at or above it take
+/// the slow path.
+const HALF_SYMBOL: u64 = 1 << 31;
+/// The second half of the last word of an odd rank.
+const EMPTY_HALF: u64 = u32::MAX as u64;
 
 /// Most words a fingerprint reads.
-const SIG_WORDS: usize = 48;
+const SIG_WORDS: usize = 40;
 
 /// The words a fingerprint is made of, gathered on the stack, then hashed in one pass.
 #[derive(Debug)]
@@ -197,12 +249,13 @@ impl Sig {
         b = lane(b, !n, LANE_K[1]);
         c = lane(c, n.rotate_left(32), LANE_K[2]);
         d = lane(d, 0x5bd1_e995, LANE_K[3]);
+        // Two full-width products, each of all four lanes, side by side.
         let fold = |x: u64, y: u64, k: u64| {
             let m = u128::from(x ^ y.rotate_left(17)).wrapping_mul(u128::from(k));
             (m as u64) ^ ((m >> 64) as u64)
         };
-        let lo = fold(a, c, LANE_K[1]) ^ fold(b, d, LANE_K[2]);
-        let hi = fold(b, a, LANE_K[3]) ^ fold(d, c, LANE_K[0]);
+        let lo = fold(a ^ c.rotate_left(7), b ^ d.rotate_left(41), LANE_K[1]);
+        let hi = fold(b ^ a.rotate_left(23), d ^ c.rotate_left(53), LANE_K[3]);
         Some((u128::from(hi) << 64) | u128::from(lo))
     }
 }

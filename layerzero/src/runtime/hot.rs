@@ -115,7 +115,20 @@ impl LayerZero {
     /// from a fingerprint of the arguments (see `plan::typed`), memoized per handle.
     pub fn select_args(&self, args: &OpArgs) -> Result<Hit<'_>> {
         let typed = typed::fingerprint(args);
-        if let Some(t) = &typed
+        let quiet = self.quiet.load(Ordering::Acquire);
+        // Keyed by the fingerprint itself (no plan to consult, no note to carry).
+        let typed_key = typed.as_ref().filter(|_| quiet).and_then(|t| {
+            let buckets = t.buckets()?;
+            Some(PlanKey { validity: t.fingerprint, buckets })
+        });
+        if let Some(pk) = &typed_key
+            && let Some(r) = self.typed_cache.get(pk, self.context.load(Ordering::Acquire))
+        {
+            self.bump(Counter::CacheHits);
+            return Ok(Hit { entry: Entry::Held(r), source: SelectionSource::Cache, notes: Vec::new() });
+        }
+        if !quiet
+            && let Some(t) = &typed
             && let Some(validity) = self.memo.get(t.fingerprint)
             && let Some(hit) = self.lookup(&t.key(validity))
         {
@@ -128,7 +141,16 @@ impl LayerZero {
         {
             self.memo.insert(t.fingerprint, key.validity);
         }
-        self.select_keyed(&key, &req)
+        let hit = self.select_keyed(&key, &req)?;
+        // What the validity-keyed cache holds, the typed one may serve: same bucket, same
+        // context, so the same verdict.
+        if let (Some(pk), Some(buckets)) = (typed_key, key.buckets()) {
+            let context = self.live.load().context;
+            if let Some(r) = self.cache.get(&PlanKey { validity: key.validity, buckets }, context) {
+                self.typed_cache.insert(pk, context, r.clone());
+            }
+        }
+        Ok(hit)
     }
 
     /// [`LayerZero::select`] with the key already derived.

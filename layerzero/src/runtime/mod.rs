@@ -144,8 +144,13 @@ pub struct LayerZero {
     swap: Mutex<()>,
     plan: Option<Plan>,
     plan_on: AtomicBool,
+    /// No plan and no refused table: nothing a selection must carry as a note, so typed
+    /// selection may be served by `typed_cache` without deriving the validity hash.
+    quiet: AtomicBool,
     context: AtomicU64,
     cache: SelectionCache,
+    /// The selection cache keyed by typed fingerprints instead of validity hashes.
+    typed_cache: SelectionCache,
     memo: KeyMemo,
     max_workspace: u64,
     check_inputs: bool,
@@ -253,8 +258,10 @@ impl LayerZero {
             swap: Mutex::new(()),
             plan: None,
             plan_on: AtomicBool::new(false),
+            quiet: AtomicBool::new(false),
             context: AtomicU64::new(context),
             cache: SelectionCache::new(DEFAULT_CACHE_CAPACITY),
+            typed_cache: SelectionCache::new(DEFAULT_CACHE_CAPACITY),
             memo: KeyMemo::new(MEMO_SLOTS),
             max_workspace,
             check_inputs: false,
@@ -288,9 +295,11 @@ impl LayerZero {
         }
         let context = context_of(&selector);
         self.plan_on = AtomicBool::new(self.plan.is_some());
+        self.quiet = AtomicBool::new(self.plan.is_none() && rejection.is_none());
         self.context = AtomicU64::new(context);
         self.live = ArcSwap::from_pointee(Live { selector: Arc::new(selector), context, plan_rejection: rejection });
         self.cache = SelectionCache::new(self.cache.capacity());
+        self.typed_cache = SelectionCache::new(self.cache.capacity());
         Ok(self)
     }
 
@@ -369,6 +378,7 @@ impl LayerZero {
     /// The same handle with a selection cache of `slots` slots (0 disables caching).
     pub fn with_cache_capacity(mut self, slots: usize) -> LayerZero {
         self.cache = SelectionCache::new(slots);
+        self.typed_cache = SelectionCache::new(slots);
         self
     }
 
@@ -407,8 +417,10 @@ impl LayerZero {
             }
         }
         let context = context_of(&selector);
+        let quiet = self.plan.is_none() && rejection.is_none();
         self.live.store(Arc::new(Live { selector: Arc::new(selector), context, plan_rejection: rejection }));
         self.plan_on.store(plan_on, Ordering::Release);
+        self.quiet.store(quiet, Ordering::Release);
         self.context.store(context, Ordering::Release);
         Ok(())
     }
