@@ -170,3 +170,17 @@ fn an_io_error_keeps_its_source() {
     let source = std::error::Error::source(&err).unwrap_or_else(|| panic!("no source"));
     assert!(source.downcast_ref::<std::io::Error>().is_some());
 }
+
+#[test]
+fn typed_selection_still_says_why_a_table_was_refused() {
+    let reason = Reason::new(ReasonCode::PLAN_SCHEMA_MISMATCH, "plan.json: not a table");
+    let lz = LayerZero::detected()
+        .and_then(|lz| lz.with_plan_rejection(reason, PlanMode::Prefer))
+        .unwrap_or_else(|e| panic!("{e}"));
+    for _ in 0..3 {
+        // Live, then cached: every answer carries the note.
+        let hit = lz.select_args(&norm(4)).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(hit.notes().first().map(|r| r.code()), Some(ReasonCode::PLAN_SCHEMA_MISMATCH));
+    }
+    assert!(lz.counters().cache_hits >= 2);
+}
