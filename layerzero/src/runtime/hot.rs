@@ -130,9 +130,17 @@ impl LayerZero {
         if !quiet
             && let Some(t) = &typed
             && let Some(validity) = self.memo.get(t.fingerprint)
-            && let Some(hit) = self.lookup(&t.key(validity))
         {
-            return Ok(hit);
+            let key = t.key(validity);
+            if self.plan_on.load(Ordering::Acquire)
+                && let Some(r) = self.plan.as_ref().and_then(|p| p.get(&key))
+            {
+                self.bump(Counter::PlanHits);
+                return Ok(Hit { entry: Entry::Held(r), source: SelectionSource::Plan, notes: Vec::new() });
+            }
+            // A note to carry (a plan miss, a refused table): the full order, the request
+            // built only if the selection is live.
+            return self.choose(&key, &mut |_| Ok(std::borrow::Cow::Owned(args.describe())));
         }
         let req = args.describe();
         let key = SelectionKey::derive(&req);
@@ -155,13 +163,31 @@ impl LayerZero {
 
     /// [`LayerZero::select`] with the key already derived.
     pub fn select_keyed(&self, key: &SelectionKey, req: &Request) -> Result<Hit<'_>> {
+        self.choose(key, &mut |_| Ok(std::borrow::Cow::Borrowed(req)))
+    }
+
+    /// Plan, then cache, then live; the request is only built for a live selection.
+    fn choose<'r>(
+        &self,
+        key: &SelectionKey,
+        req: &mut dyn FnMut(()) -> Result<std::borrow::Cow<'r, Request>>,
+    ) -> Result<Hit<'_>> {
         let mut notes = Vec::new();
         let buckets = key.buckets();
+        // A plan hit needs nothing else: the swapped state is loaded only past it.
+        if self.plan_on.load(Ordering::Acquire)
+            && let Some(plan) = &self.plan
+            && let Some(r) = plan.get(key)
+        {
+            self.bump(Counter::PlanHits);
+            return Ok(Hit { entry: Entry::Held(r), source: SelectionSource::Plan, notes });
+        }
         let live = self.live.load();
         if self.plan_on.load(Ordering::Acquire)
             && let Some(plan) = &self.plan
         {
             if let Some(r) = plan.get(key) {
+                // The policy swapped back between the two reads: still the plan's answer.
                 self.bump(Counter::PlanHits);
                 return Ok(Hit { entry: Entry::Held(r), source: SelectionSource::Plan, notes });
             }
@@ -189,9 +215,10 @@ impl LayerZero {
             self.bump(Counter::CacheMisses);
         }
         self.bump(Counter::Live);
-        let selection = Arc::new(live.selector.select(req)?);
+        let req = req(())?;
+        let selection = Arc::new(live.selector.select(&req)?);
         let resolved = Resolved { executor: self.executor(selection.index).cloned(), selection };
-        let fits = capacity::bucket_fits(key, req, self.max_workspace, &live.selector);
+        let fits = capacity::bucket_fits(key, &req, self.max_workspace, &live.selector);
         match pk {
             Some(pk) if fits && self.cache.insert(pk, live.context, resolved.clone()) => {}
             _ => self.bump(Counter::Uncacheable),
