@@ -13,14 +13,13 @@
 //! uncacheable); building a new handle starts a new table.
 
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, fence};
 
 use parking_lot::Mutex;
 
 use super::table::PlanKey;
-use super::{Buckets, FoldHasher, Resolved};
+use super::{Buckets, Resolved};
 
 #[derive(Debug, Default)]
 struct Slot {
@@ -56,10 +55,12 @@ impl SelectionCache {
 
     #[inline]
     fn slot(&self, key: &PlanKey, context: u64) -> Option<&Slot> {
-        let mut h = FoldHasher::default();
-        key.hash(&mut h);
-        h.write_u64(context);
-        self.slots.get(h.finish() as usize & self.mask)
+        // The key's validity is already a 128-bit hash (and so is the context): one multiply
+        // spreads the buckets, which are small numbers, across the slots.
+        let v = key.validity;
+        let b = key.buckets.word().wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let h = (v as u64) ^ ((v >> 64) as u64).rotate_left(29) ^ b ^ b >> 32 ^ context;
+        self.slots.get(h as usize & self.mask)
     }
 
     /// The cached entry for (key, context).
