@@ -11,7 +11,8 @@ intermediate 2048, vocab 32000) with random weights, written once to --dir in f3
 Only speed is compared, so random weights are fine. Build ours first:
 `cargo build --release -p layerzero --bin lz`. llama.cpp is measured when the
 `llama_cpp` (llama-cpp-python) and `gguf` packages are importable; otherwise it is reported as
-not installed.
+not installed. With `--tune SECONDS`, `lz workload` and `lz tune` first measure the model's own
+ops into a PerfDB under --dir (LAYERZERO_HOME), so selection is measured rather than modeled.
 """
 
 import argparse
@@ -45,8 +46,17 @@ def make_model(root: Path) -> None:
     model.to(torch.bfloat16).save_pretrained(root / "bf16", safe_serialization=True)
 
 
-def ours(lz: str, model: Path, prompt: list, new: int, threads: int) -> tuple:
-    env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
+def tune(lz: str, model: Path, home: Path, threads: int, budget: int, max_seq: int) -> None:
+    env = dict(os.environ, RAYON_NUM_THREADS=str(threads), LAYERZERO_HOME=str(home))
+    workload = home / f"{model.name}.workload.json"
+    subprocess.run([lz, "workload", "--model", str(model), "--max-batch", "1", "--max-seq", str(max_seq),
+                    "--out", str(workload)], env=env, check=True, capture_output=True)
+    subprocess.run([lz, "tune", "--workload", str(workload), "--budget", str(budget)], env=env, check=True,
+                   capture_output=True)
+
+
+def ours(lz: str, model: Path, prompt: list, new: int, threads: int, home: Path) -> tuple:
+    env = dict(os.environ, RAYON_NUM_THREADS=str(threads), LAYERZERO_HOME=str(home))
     out = subprocess.run(
         [lz, "generate", "--model", str(model), "--prompt-ids", ",".join(map(str, prompt)),
          "--max-new-tokens", str(new), "--ignore-eos", "--json"],
@@ -101,6 +111,8 @@ def main() -> None:
     ap.add_argument("--dtype", nargs="+", default=["f32", "bf16"])
     ap.add_argument("--lz", default="target/release/lz")
     ap.add_argument("--dir", default="/tmp/lz-bench-125m")
+    ap.add_argument("--tune", type=int, default=0, metavar="SECONDS",
+                    help="measure the model's ops into a PerfDB first (lz workload + lz tune)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     root = Path(a.dir)
@@ -110,12 +122,17 @@ def main() -> None:
           f"torch {torch.__version__}, {os.cpu_count()} CPUs")
     if not llama_cpp_available():
         print("llama.cpp: not installed (pip install llama-cpp-python gguf to include it)")
+    home = root / ("home-tuned" if a.tune else "home-model-only")
+    home.mkdir(parents=True, exist_ok=True)
+    print(f"selection: {'PerfDB-backed (tuned ' + str(a.tune) + ' s per dtype)' if a.tune else 'cost model only'}")
     rows = []
     for dt in a.dtype:
+        if a.tune:
+            tune(a.lz, root / dt, home, a.threads, a.tune, a.prompt + a.new)
         hf = Hf(root / dt, torch.float32 if dt == "f32" else torch.bfloat16)
         samples = {"ours": [], "hf": []}
         for _ in range(a.rounds):
-            samples["ours"].append(ours(a.lz, root / dt, prompt, a.new, a.threads))
+            samples["ours"].append(ours(a.lz, root / dt, prompt, a.new, a.threads, home))
             samples["hf"].append(hf.run(prompt, a.new))
         med = {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for k, v in samples.items()}
         rows.append((dt, med))
