@@ -6,6 +6,10 @@
 use half::{bf16, f16};
 use rayon::prelude::*;
 
+/// Below this many elements the work runs on the calling thread: entering the pool from
+/// outside it costs microseconds, more than a decode step's rotation.
+const SEQUENTIAL_BELOW: usize = 1 << 14;
+
 use crate::exec::args::{Outputs, RopeArgs};
 use crate::exec::executor::KernelError;
 use crate::exec::semantics::rope_frequencies;
@@ -95,14 +99,22 @@ pub(crate) fn run(a: &RopeArgs) -> Result<Outputs, KernelError> {
         (None, None) => {
             let seq_len = usize::try_from(max_pos + 1).unwrap_or(usize::MAX);
             let (inv_freq, factor) = rope_frequencies(attrs, rot, seq_len);
-            if half > 0 {
-                cos.par_chunks_mut(half).zip(sin.par_chunks_mut(half)).zip(&positions).for_each(|((c, s), &pos)| {
-                    for i in 0..half {
-                        let theta = pos as f64 * inv_freq[i];
-                        c[i] = theta.cos() * factor;
-                        s[i] = theta.sin() * factor;
-                    }
-                });
+            let angles = |(c, s): (&mut [f64], &mut [f64]), pos: i64| {
+                for i in 0..c.len().min(s.len()).min(inv_freq.len()) {
+                    let theta = pos as f64 * inv_freq[i];
+                    c[i] = theta.cos() * factor;
+                    s[i] = theta.sin() * factor;
+                }
+            };
+            // A decode step's table is a few dozen angles: handing it to the thread pool
+            // costs more than computing it here.
+            if half > 0 && entries * half < SEQUENTIAL_BELOW {
+                cos.chunks_mut(half).zip(sin.chunks_mut(half)).zip(&positions).for_each(|(cs, &p)| angles(cs, p));
+            } else if half > 0 {
+                cos.par_chunks_mut(half)
+                    .zip(sin.par_chunks_mut(half))
+                    .zip(&positions)
+                    .for_each(|(cs, &p)| angles(cs, p));
             }
         }
         (Some(ct), Some(st)) => {
@@ -181,6 +193,16 @@ fn rotate(t: &HostTensor, x: &Bshd, table: &Table, rot: usize, style: RopeStyle)
         row: &(impl Fn(usize, &mut [f64], &mut [f32]) + Sync),
     ) {
         if d == 0 {
+            return;
+        }
+        if out.len() < SEQUENTIAL_BELOW {
+            let (mut buf, mut src) = (vec![0f64; d], vec![0f32; d]);
+            for (r, dst) in out.chunks_mut(d).enumerate() {
+                row(r, &mut buf, &mut src);
+                for (o, &v) in dst.iter_mut().zip(buf.iter()) {
+                    *o = conv(v);
+                }
+            }
             return;
         }
         out.par_chunks_mut(d).enumerate().with_min_len(16).for_each_init(
