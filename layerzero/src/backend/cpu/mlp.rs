@@ -6,7 +6,7 @@
 //!   (and block of at most `BLOCK_M` rows) computes its gate and up tiles with sgemm,
 //!   applies the activation, and accumulates the tile's down-projection contribution into
 //!   the output (sgemm with beta 1); [M, I] is never materialized. For decode, rayon runs
-//!   the I-tiles (`TILE_I_DECODE`) in parallel, each reading its rows of w_gate/w_up and its
+//!   the I-tiles (a quarter of I, within `TILE_I_DECODE..=TILE_I_DECODE_MAX`) in parallel, each reading its rows of w_gate/w_up and its
 //!   column slice of w_down once, and the per-tile partial outputs are summed in tile order
 //!   (deterministic for any thread count).
 //!
@@ -38,8 +38,9 @@ const TILE_I: usize = 512;
 /// Rows per block of the fused kernel (prefill); the live intermediates are
 /// 2 x BLOCK_M x TILE_I floats.
 const BLOCK_M: usize = 512;
-/// I columns per parallel tile of the fused kernel (decode).
+/// I columns per parallel tile of the fused kernel (decode): at least, and at most.
 const TILE_I_DECODE: usize = 128;
+const TILE_I_DECODE_MAX: usize = 1024;
 
 /// Binds these kernels.
 pub(crate) fn register(registry: &mut Registry) {
@@ -217,7 +218,11 @@ fn fused_tiled(p: &Problem, act: Activation) -> Result<Vec<f32>, KernelError> {
 fn fused_decode(p: &Problem, act: Activation) -> Vec<f32> {
     let (m, h, i) = (p.x.rows, p.x.cols, p.wg.rows);
     let x = p.x.to_f32();
-    let tiles: Vec<(usize, usize)> = (0..i).step_by(TILE_I_DECODE).map(|j0| (j0, TILE_I_DECODE.min(i - j0))).collect();
+    // Four tiles (of at least TILE_I_DECODE, at most TILE_I_DECODE_MAX): the down
+    // projection's dots are a tile long, so fewer, longer tiles pay fewer reductions. The
+    // size depends on I alone, so the sum order is the same on any thread count.
+    let tile = i.div_ceil(4).next_multiple_of(16).clamp(TILE_I_DECODE, TILE_I_DECODE_MAX).min(i.max(1));
+    let tiles: Vec<(usize, usize)> = (0..i).step_by(tile).map(|j0| (j0, tile.min(i - j0))).collect();
     let partials: Vec<Vec<f32>> = tiles
         .into_par_iter()
         .map(|(j0, ti)| {
