@@ -192,6 +192,21 @@ fn bad_model_folders_and_prompts_are_refused_naming_the_file_tensor_or_field() {
     // An unsupported activation, by field and value.
     std::fs::write(&cfg, text.replace("\"silu\"", "\"gelu_new\"")).unwrap_or_else(|e| panic!("{e}"));
     assert!(refused(t.path(), "1,2,3").contains("field `hidden_act` is \"gelu_new\""));
+    // A tokenizer that does not parse, when a text prompt needs it.
+    let t = copy_of("llama-gqa");
+    std::fs::write(t.path().join("tokenizer.json"), "{\"model\": 7}").unwrap_or_else(|e| panic!("{e}"));
+    let out = lz()
+        .args(["generate", "--model"])
+        .arg(t.path())
+        .args(["--prompt", "the kernel", "--max-new-tokens", "2"])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("tokenizer.json"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // Ids outside the vocabulary, and a prompt longer than the context.
     let dir = models().join("llama-gqa");
     assert!(refused(&dir, "1,9999").contains("outside the model's vocabulary"));
