@@ -7,38 +7,19 @@
 
 use std::sync::Arc;
 
-use layerzero::exec::args::{AttentionArgs, OpArgs, Outputs};
-use layerzero::plan::solve::{self, Provenance};
-use layerzero::plan::workload::Workload;
-use layerzero::{AttentionAttrs, DType, HostTensor, KernelError, LayerZero, Layout, PlanMode, Request, SelectionKey};
+use common::{PREFILL, planning, typed};
+use layerzero::exec::args::{OpArgs, Outputs};
+use layerzero::{KernelError, LayerZero, PlanMode, Request, SelectionKey};
+
+mod common;
 
 fn main() {
     divan::main();
 }
 
-const WORKLOAD: &str = r#"{"schema_version": 1, "name": "bench", "entries": [
-    {"name": "attn", "request": {"op": "attention", "tensors": {
-        "q": {"dtype": "bf16", "shape": [1, 16, 32, 128], "layout": "BSHD"},
-        "k": {"dtype": "bf16", "shape": [1, 16, 8, 128], "layout": "BSHD"},
-        "v": {"dtype": "bf16", "shape": [1, 16, 8, 128], "layout": "BSHD"}},
-        "attrs": {"causal": true}}, "ranges": {"batch": [1, 8], "seq_q": [1, 8192], "seq_k": "seq_q"}}
-]}"#;
-
-const PREFILL: &str = r#"{"op": "attention", "tensors": {
-    "q": {"dtype": "bf16", "shape": [2, 1500, 32, 128], "layout": "BSHD"},
-    "k": {"dtype": "bf16", "shape": [2, 1500, 8, 128], "layout": "BSHD"},
-    "v": {"dtype": "bf16", "shape": [2, 1500, 8, 128], "layout": "BSHD"}},
-    "attrs": {"causal": true}}"#;
-
-fn planning() -> LayerZero {
-    LayerZero::planning("h100").expect("shipped profile")
-}
-
 fn with_plan() -> LayerZero {
     let lz = planning();
-    let w = Workload::from_json(WORKLOAD, "bench").expect("workload");
-    let prov = Provenance { perfdb_digest: None, created_at: String::new(), command: String::new() };
-    let table = solve::solve(&w, &lz.selector(), prov).expect("solve");
+    let table = common::table(&lz);
     let lz = lz.with_plan(&table, PlanMode::Prefer).expect("plan");
     // An executor that does nothing, for every kernel the table names: dispatch overhead.
     let kernels: Vec<String> = table.entries.iter().map(|e| e.kernel.clone()).collect();
@@ -51,20 +32,6 @@ fn with_plan() -> LayerZero {
 fn keys() -> Vec<SelectionKey> {
     let base = SelectionKey::derive(&Request::from_json(PREFILL).expect("request"));
     (0..1000u64).map(|i| SelectionKey { perf: [2, 1000 + i, 1000 + i], ..base }).collect()
-}
-
-/// Typed prefill arguments (the tensors share one zeroed buffer per shape).
-fn typed() -> OpArgs {
-    let t = |h: usize| HostTensor::zeros(DType::BF16, &[2, 1500, h, 128]).expect("tensor").with_layout(Layout::Bshd);
-    OpArgs::Attention(AttentionArgs {
-        q: t(32),
-        k: t(8),
-        v: t(8),
-        mask: None,
-        cu_seqlens_q: None,
-        cu_seqlens_k: None,
-        attrs: AttentionAttrs { causal: true, ..AttentionAttrs::default() },
-    })
 }
 
 fn warm_cache(lz: &LayerZero) {

@@ -7,35 +7,18 @@ use std::hint::black_box;
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
-use layerzero::exec::args::{AttentionArgs, OpArgs};
-use layerzero::plan::solve::{self, Provenance};
-use layerzero::plan::workload::Workload;
-use layerzero::{AttentionAttrs, DType, HostTensor, LayerZero, Layout, PlanMode, Request, SelectionKey};
+use common::{PREFILL, planning, typed};
+use layerzero::{PlanMode, Request, SelectionKey};
 
-const WORKLOAD: &str = r#"{"schema_version": 1, "name": "bench", "entries": [
-    {"name": "attn", "request": {"op": "attention", "tensors": {
-        "q": {"dtype": "bf16", "shape": [1, 16, 32, 128], "layout": "BSHD"},
-        "k": {"dtype": "bf16", "shape": [1, 16, 8, 128], "layout": "BSHD"},
-        "v": {"dtype": "bf16", "shape": [1, 16, 8, 128], "layout": "BSHD"}},
-        "attrs": {"causal": true}}, "ranges": {"batch": [1, 8], "seq_q": [1, 8192], "seq_k": "seq_q"}}
-]}"#;
-
-const PREFILL: &str = r#"{"op": "attention", "tensors": {
-    "q": {"dtype": "bf16", "shape": [2, 1500, 32, 128], "layout": "BSHD"},
-    "k": {"dtype": "bf16", "shape": [2, 1500, 8, 128], "layout": "BSHD"},
-    "v": {"dtype": "bf16", "shape": [2, 1500, 8, 128], "layout": "BSHD"}},
-    "attrs": {"causal": true}}"#;
+mod common;
 
 const CALLS: usize = 2_000_000;
 const ROUNDS: usize = 7;
 
 fn main() {
-    let planning = || LayerZero::planning("h100").expect("shipped profile");
     let planned = {
         let lz = planning();
-        let w = Workload::from_json(WORKLOAD, "bench").expect("workload");
-        let prov = Provenance { perfdb_digest: None, created_at: String::new(), command: String::new() };
-        let table = solve::solve(&w, &lz.selector(), prov).expect("solve");
+        let table = common::table(&lz);
         Arc::new(lz.with_plan(&table, PlanMode::Prefer).expect("plan"))
     };
     let cached = Arc::new(planning());
@@ -46,16 +29,7 @@ fn main() {
     let base = SelectionKey::derive(&req);
     let keys: Arc<Vec<SelectionKey>> =
         Arc::new((0..1000u64).map(|i| SelectionKey { perf: [2, 1000 + i, 1000 + i], ..base }).collect());
-    let t = |h: usize| HostTensor::zeros(DType::BF16, &[2, 1500, h, 128]).expect("tensor").with_layout(Layout::Bshd);
-    let args = Arc::new(OpArgs::Attention(AttentionArgs {
-        q: t(32),
-        k: t(8),
-        v: t(8),
-        mask: None,
-        cu_seqlens_q: None,
-        cu_seqlens_k: None,
-        attrs: AttentionAttrs { causal: true, ..AttentionAttrs::default() },
-    }));
+    let args = Arc::new(typed());
     cached.select_args(&args).expect("select");
 
     type Case = (&'static str, Arc<dyn Fn(usize) -> usize + Send + Sync>);

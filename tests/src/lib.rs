@@ -16,6 +16,25 @@ use layerzero::model::tensor::TensorDesc;
 use layerzero::policy::Policy;
 use layerzero::select::{SelectionReport, Selector};
 
+/// Zero f32 attention arguments `[1, 4, 2, 8]` (BSHD) for q, k and v: a call whose numbers do
+/// not matter (executors under test return their own outputs).
+pub fn tiny_attention() -> layerzero::OpArgs {
+    let t = || {
+        layerzero::HostTensor::zeros(DType::F32, &[1, 4, 2, 8])
+            .unwrap_or_else(|e| panic!("{e}"))
+            .with_layout(Layout::Bshd)
+    };
+    layerzero::OpArgs::Attention(layerzero::AttentionArgs {
+        q: t(),
+        k: t(),
+        v: t(),
+        mask: None,
+        cu_seqlens_q: None,
+        cu_seqlens_k: None,
+        attrs: AttentionAttrs::default(),
+    })
+}
+
 /// The repository root (for shipped files).
 pub fn repo_root() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(|p| p.to_path_buf()).unwrap_or_default()

@@ -43,18 +43,7 @@ fn registering_an_undeclared_kernel_is_refused_with_its_name() {
 }
 
 fn attention() -> OpArgs {
-    let t = |h: usize| {
-        HostTensor::zeros(DType::F32, &[1, 4, h, 8]).unwrap_or_else(|e| panic!("{e}")).with_layout(Layout::Bshd)
-    };
-    OpArgs::Attention(AttentionArgs {
-        q: t(2),
-        k: t(2),
-        v: t(2),
-        mask: None,
-        cu_seqlens_q: None,
-        cu_seqlens_k: None,
-        attrs: AttentionAttrs::default(),
-    })
+    layerzero_tests::tiny_attention()
 }
 
 const SDPA: &str = "torch_sdpa.attention.math_cpu";

@@ -7,10 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use layerzero::LayerZero;
 use layerzero::capabilities::catalog::Catalog;
-use layerzero::exec::args::{AttentionArgs, OpArgs, Outputs};
+use layerzero::exec::args::{OpArgs, Outputs};
 use layerzero::exec::executor::{KernelError, Registry};
 use layerzero::health::BREAKER_THRESHOLD;
-use layerzero::model::attrs::AttentionAttrs;
 use layerzero::model::dtype::DType;
 use layerzero::model::layout::Layout;
 use layerzero::tensor::HostTensor;
@@ -31,18 +30,7 @@ fn catalog() -> Arc<Catalog> {
 }
 
 fn args() -> OpArgs {
-    let t = |h: usize| {
-        HostTensor::zeros(DType::F32, &[1, 4, h, 8]).unwrap_or_else(|e| panic!("{e}")).with_layout(Layout::Bshd)
-    };
-    OpArgs::Attention(AttentionArgs {
-        q: t(2),
-        k: t(2),
-        v: t(2),
-        mask: None,
-        cu_seqlens_q: None,
-        cu_seqlens_k: None,
-        attrs: AttentionAttrs::default(),
-    })
+    layerzero_tests::tiny_attention()
 }
 
 fn ok_output(tag: f32) -> Result<Outputs, KernelError> {

@@ -23,11 +23,7 @@ fn parse_dtype(d: Option<&str>) -> Result<Option<DType>> {
 }
 
 pub(super) fn workload(a: WorkloadCmd) -> Result<Outcome> {
-    let path = a.model.join("config.json");
-    let origin = path.display().to_string();
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| Error::new(ErrorKind::Io, format!("cannot read {origin}: {e}")).with_source(e))?;
-    let config = llm::ModelConfig::parse(&text, &origin)?;
+    let config = llm::ModelConfig::load(&a.model)?;
     let dtype = parse_dtype(a.dtype.as_deref())?.or(config.dtype).unwrap_or(DType::F32);
     let serving = llm::workload::Serving {
         max_batch: a.max_batch,
@@ -49,6 +45,9 @@ pub(super) fn workload(a: WorkloadCmd) -> Result<Outcome> {
 
 pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
     let dtype = parse_dtype(a.dtype.as_deref())?;
+    if !(a.temperature >= 0.0 && a.temperature.is_finite()) {
+        return Err(Error::invalid(format!("--temperature {} must be a finite number >= 0", a.temperature)));
+    }
     let model = Model::load(&a.model, dtype)?;
     let tokenizer_file = a.model.join("tokenizer.json");
     let tokenizer = if tokenizer_file.exists() { Some(Tokenizer::load(&tokenizer_file)?) } else { None };
@@ -89,9 +88,6 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
         dump: a.dump.is_some(),
         kv,
     };
-    if !(g.temperature >= 0.0 && g.temperature.is_finite()) {
-        return Err(Error::invalid(format!("--temperature {} must be a finite number >= 0", g.temperature)));
-    }
     // One prompt streams to a terminal as it is generated.
     let stream = !a.json && prompts.len() == 1 && std::io::stdout().is_terminal();
     let mut text_stream = tokenizer.as_ref().map(|t| t.stream(true));

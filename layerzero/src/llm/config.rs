@@ -136,6 +136,16 @@ impl<'a> Fields<'a> {
 }
 
 impl ModelConfig {
+    /// Reads `dir/config.json`.
+    pub fn load(dir: &std::path::Path) -> Result<ModelConfig> {
+        let path = dir.join("config.json");
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            Error::new(crate::error::ErrorKind::Io, format!("cannot read {origin}: {e}")).with_source(e)
+        })?;
+        ModelConfig::parse(&text, &origin)
+    }
+
     /// Parses `config.json` text (`origin` names the file in errors).
     pub fn parse(text: &str, origin: &str) -> Result<ModelConfig> {
         let value: Value =

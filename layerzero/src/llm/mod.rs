@@ -19,7 +19,7 @@ pub use generate::{Generated, Generation, Sequence};
 pub use tokenizer::Tokenizer;
 pub use weights::Weights;
 
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::Result;
 use crate::model::dtype::DType;
 
 /// A loaded model: its config and its weights in the compute dtype.
@@ -39,11 +39,7 @@ impl Model {
     /// Loads `dir` (`config.json` and `*.safetensors`), computing in `dtype` or, when `None`,
     /// in the dtype the weights are stored in.
     pub fn load(dir: &Path, dtype: Option<DType>) -> Result<Model> {
-        let path = dir.join("config.json");
-        let origin = path.display().to_string();
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| Error::new(ErrorKind::Io, format!("cannot read {origin}: {e}")).with_source(e))?;
-        let config = ModelConfig::parse(&text, &origin)?;
+        let config = ModelConfig::load(dir)?;
         let weights = Weights::load(dir, &config, dtype)?;
         let dtype = dtype.unwrap_or(weights.stored);
         Ok(Model { dir: dir.to_path_buf(), config, weights, dtype })

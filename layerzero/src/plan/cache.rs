@@ -14,25 +14,19 @@
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, fence};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
+use super::seqlock::SeqWords;
 use super::table::PlanKey;
 use super::{Buckets, Resolved};
-
-#[derive(Debug, Default)]
-struct Slot {
-    /// Even: stable; odd: being written; 0: never written.
-    seq: AtomicU64,
-    /// validity (2 words), buckets and entry index (1), context (1).
-    words: [AtomicU64; 4],
-}
 
 /// A bounded, thread-safe map from (key, context) to a resolved selection.
 #[derive(Debug)]
 pub struct SelectionCache {
-    slots: Box<[Slot]>,
+    /// validity (2 words), buckets and entry index (1), context (1).
+    slots: Box<[SeqWords]>,
     mask: usize,
     entries: Box<[OnceLock<Resolved>]>,
     next: AtomicUsize,
@@ -45,7 +39,7 @@ impl SelectionCache {
     pub fn new(capacity: usize) -> SelectionCache {
         let n = if capacity == 0 { 0 } else { capacity.next_power_of_two() };
         SelectionCache {
-            slots: (0..n).map(|_| Slot::default()).collect(),
+            slots: (0..n).map(|_| SeqWords::default()).collect(),
             mask: n.saturating_sub(1),
             entries: (0..n.saturating_mul(2)).map(|_| OnceLock::new()).collect(),
             next: AtomicUsize::new(0),
@@ -54,7 +48,7 @@ impl SelectionCache {
     }
 
     #[inline]
-    fn slot(&self, key: &PlanKey, context: u64) -> Option<&Slot> {
+    fn slot(&self, key: &PlanKey, context: u64) -> Option<&SeqWords> {
         // The key's validity is already a 128-bit hash (and so is the context): one multiply
         // spreads the buckets, which are small numbers, across the slots.
         let v = key.validity;
@@ -66,16 +60,7 @@ impl SelectionCache {
     /// The cached entry for (key, context).
     #[inline]
     pub fn get(&self, key: &PlanKey, context: u64) -> Option<&Resolved> {
-        let s = self.slot(key, context)?;
-        let before = s.seq.load(Ordering::Acquire);
-        if before == 0 || before & 1 == 1 {
-            return None;
-        }
-        let w: [u64; 4] = std::array::from_fn(|i| s.words[i].load(Ordering::Relaxed));
-        fence(Ordering::Acquire);
-        if s.seq.load(Ordering::Relaxed) != before {
-            return None;
-        }
+        let w = self.slot(key, context)?.read()?;
         let validity = (u128::from(w[0]) << 64) | u128::from(w[1]);
         let buckets = Buckets::from_word(w[2] >> 32);
         if validity != key.validity || buckets != key.buckets || w[3] != context {
@@ -105,19 +90,14 @@ impl SelectionCache {
                 }
             }
         };
-        // Writers are serialized by the index lock's order of events only loosely; a slot
-        // being written by another thread is left to it.
-        let seq = s.seq.load(Ordering::Relaxed);
-        if seq & 1 == 1 || s.seq.compare_exchange(seq, seq + 1, Ordering::Acquire, Ordering::Relaxed).is_err() {
-            return true;
-        }
-        fence(Ordering::Release);
-        let w =
-            [(key.validity >> 64) as u64, key.validity as u64, (key.buckets.word() << 32) | u64::from(entry), context];
-        for (slot, v) in s.words.iter().zip(w) {
-            slot.store(v, Ordering::Relaxed);
-        }
-        s.seq.store(seq + 2, Ordering::Release);
+        // A slot being written by another thread is left to it: the entry is interned
+        // either way.
+        s.write([
+            (key.validity >> 64) as u64,
+            key.validity as u64,
+            (key.buckets.word() << 32) | u64::from(entry),
+            context,
+        ]);
         true
     }
 

@@ -9,6 +9,7 @@ pub mod axes;
 pub mod bucket;
 pub mod cache;
 pub mod key;
+mod seqlock;
 pub mod solve;
 pub mod table;
 pub mod typed;
@@ -67,11 +68,6 @@ impl Hasher for FoldHasher {
     fn write_u128(&mut self, w: u128) {
         self.write_u64(w as u64);
         self.write_u64((w >> 64) as u64);
-    }
-
-    #[inline]
-    fn write_u32(&mut self, w: u32) {
-        self.write_u64(u64::from(w));
     }
 
     #[inline]

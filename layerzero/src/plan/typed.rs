@@ -14,10 +14,10 @@
 //! arguments with one fingerprint always have one validity hash.
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering, fence};
 
 use super::axes::{self, Dim, MAX_AXES};
 use super::key::{SelectionKey, order_of};
+use super::seqlock::SeqWords;
 use crate::exec::args::{MAX_SLOTS, OpArgs};
 use crate::model::attrs::{
     Activation, AttentionAttrs, CausalAlignment, GegluAttrs, GeluApproximate, GeluAttrs, Int4Attrs, MlpAttrs,
@@ -386,63 +386,39 @@ impl Words for RopeScaling {
     }
 }
 
-/// A direct-mapped, lock-free memo from fingerprint to validity hash. Each slot is a
-/// sequence lock over four words: readers retry nothing (a torn read is a miss), writers
-/// that find a slot busy skip it.
+/// A direct-mapped, lock-free memo from fingerprint to validity hash: each slot holds both,
+/// four words behind a sequence lock (a torn read is a miss; a busy slot is skipped).
 #[derive(Debug)]
 pub struct KeyMemo {
-    slots: Box<[MemoSlot]>,
+    slots: Box<[SeqWords]>,
     mask: usize,
-}
-
-#[derive(Debug, Default)]
-struct MemoSlot {
-    seq: AtomicU64,
-    words: [AtomicU64; 4],
 }
 
 impl KeyMemo {
     /// A memo of `capacity` slots (rounded up to a power of two, at least 1).
     pub fn new(capacity: usize) -> KeyMemo {
         let n = capacity.max(1).next_power_of_two();
-        KeyMemo { slots: (0..n).map(|_| MemoSlot::default()).collect(), mask: n - 1 }
+        KeyMemo { slots: (0..n).map(|_| SeqWords::default()).collect(), mask: n - 1 }
     }
 
     #[inline]
-    fn slot(&self, fingerprint: u128) -> Option<&MemoSlot> {
+    fn slot(&self, fingerprint: u128) -> Option<&SeqWords> {
         self.slots.get((fingerprint as usize ^ (fingerprint >> 64) as usize) & self.mask)
     }
 
     /// The validity hash memoized for `fingerprint`.
     #[inline]
     pub fn get(&self, fingerprint: u128) -> Option<u128> {
-        let s = self.slot(fingerprint)?;
-        let before = s.seq.load(Ordering::Acquire);
-        if before == 0 || before & 1 == 1 {
-            return None;
-        }
-        let w: [u64; 4] = std::array::from_fn(|i| s.words[i].load(Ordering::Relaxed));
-        fence(Ordering::Acquire);
-        if s.seq.load(Ordering::Relaxed) != before {
-            return None;
-        }
+        let w = self.slot(fingerprint)?.read()?;
         let f = (u128::from(w[0]) << 64) | u128::from(w[1]);
         (f == fingerprint).then_some((u128::from(w[2]) << 64) | u128::from(w[3]))
     }
 
     /// Memoizes `validity` for `fingerprint` (skipped when another writer holds the slot).
     pub fn insert(&self, fingerprint: u128, validity: u128) {
-        let Some(s) = self.slot(fingerprint) else { return };
-        let seq = s.seq.load(Ordering::Relaxed);
-        if seq & 1 == 1 || s.seq.compare_exchange(seq, seq + 1, Ordering::Acquire, Ordering::Relaxed).is_err() {
-            return;
+        if let Some(s) = self.slot(fingerprint) {
+            s.write([(fingerprint >> 64) as u64, fingerprint as u64, (validity >> 64) as u64, validity as u64]);
         }
-        fence(Ordering::Release);
-        let w = [(fingerprint >> 64) as u64, fingerprint as u64, (validity >> 64) as u64, validity as u64];
-        for (slot, v) in s.words.iter().zip(w) {
-            slot.store(v, Ordering::Relaxed);
-        }
-        s.seq.store(seq + 2, Ordering::Release);
     }
 }
 

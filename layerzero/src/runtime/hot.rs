@@ -2,6 +2,7 @@
 //! `Request`, or from typed arguments. A hit is served by reference: no lock, no string
 //! lookup, no reference count touched.
 
+use std::borrow::Cow;
 use std::ops::Deref;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -90,17 +91,21 @@ impl LayerZero {
     /// re-bucketed per call; `None` on a miss (then [`LayerZero::select_keyed`]).
     #[inline]
     pub fn lookup(&self, key: &SelectionKey) -> Option<Hit<'_>> {
-        if self.plan_on.load(Ordering::Acquire)
-            && let Some(plan) = &self.plan
-            && let Some(r) = plan.get(key)
-        {
-            self.bump(Counter::PlanHits);
-            return Some(Hit { entry: Entry::Held(r), source: SelectionSource::Plan, notes: Vec::new() });
+        if let Some(hit) = self.plan_hit(key) {
+            return Some(hit);
         }
         let buckets = key.buckets()?;
         let hit = self.cache.get(&PlanKey { validity: key.validity, buckets }, self.context.load(Ordering::Acquire))?;
         self.bump(Counter::CacheHits);
         Some(Hit { entry: Entry::Held(hit), source: SelectionSource::Cache, notes: Vec::new() })
+    }
+
+    /// The plan's entry for `key`, when a plan is being served and has its bucket.
+    #[inline]
+    fn plan_hit(&self, key: &SelectionKey) -> Option<Hit<'_>> {
+        let r = self.plan.as_ref().filter(|_| self.plan_on.load(Ordering::Acquire))?.get(key)?;
+        self.bump(Counter::PlanHits);
+        Some(Hit { entry: Entry::Held(r), source: SelectionSource::Plan, notes: Vec::new() })
     }
 
     /// Selects for `req`: the plan, then the cache, then live selection (cached when every
@@ -131,16 +136,9 @@ impl LayerZero {
             && let Some(t) = &typed
             && let Some(validity) = self.memo.get(t.fingerprint)
         {
-            let key = t.key(validity);
-            if self.plan_on.load(Ordering::Acquire)
-                && let Some(r) = self.plan.as_ref().and_then(|p| p.get(&key))
-            {
-                self.bump(Counter::PlanHits);
-                return Ok(Hit { entry: Entry::Held(r), source: SelectionSource::Plan, notes: Vec::new() });
-            }
-            // A note to carry (a plan miss, a refused table): the full order, the request
-            // built only if the selection is live.
-            return self.choose(&key, &mut |_| Ok(std::borrow::Cow::Owned(args.describe())));
+            // A plan to consult or a note to carry: the full order, the request built only
+            // if the selection is live.
+            return self.choose(&t.key(validity), || Cow::Owned(args.describe()));
         }
         let req = args.describe();
         let key = SelectionKey::derive(&req);
@@ -163,34 +161,20 @@ impl LayerZero {
 
     /// [`LayerZero::select`] with the key already derived.
     pub fn select_keyed(&self, key: &SelectionKey, req: &Request) -> Result<Hit<'_>> {
-        self.choose(key, &mut |_| Ok(std::borrow::Cow::Borrowed(req)))
+        self.choose(key, || Cow::Borrowed(req))
     }
 
     /// Plan, then cache, then live; the request is only built for a live selection.
-    fn choose<'r>(
-        &self,
-        key: &SelectionKey,
-        req: &mut dyn FnMut(()) -> Result<std::borrow::Cow<'r, Request>>,
-    ) -> Result<Hit<'_>> {
+    #[inline]
+    fn choose<'r>(&self, key: &SelectionKey, req: impl FnOnce() -> Cow<'r, Request>) -> Result<Hit<'_>> {
+        // A plan hit needs nothing else: the swapped state is loaded only past it.
+        if let Some(hit) = self.plan_hit(key) {
+            return Ok(hit);
+        }
         let mut notes = Vec::new();
         let buckets = key.buckets();
-        // A plan hit needs nothing else: the swapped state is loaded only past it.
-        if self.plan_on.load(Ordering::Acquire)
-            && let Some(plan) = &self.plan
-            && let Some(r) = plan.get(key)
-        {
-            self.bump(Counter::PlanHits);
-            return Ok(Hit { entry: Entry::Held(r), source: SelectionSource::Plan, notes });
-        }
         let live = self.live.load();
-        if self.plan_on.load(Ordering::Acquire)
-            && let Some(plan) = &self.plan
-        {
-            if let Some(r) = plan.get(key) {
-                // The policy swapped back between the two reads: still the plan's answer.
-                self.bump(Counter::PlanHits);
-                return Ok(Hit { entry: Entry::Held(r), source: SelectionSource::Plan, notes });
-            }
+        if self.plan.is_some() && self.plan_on.load(Ordering::Acquire) {
             self.bump(Counter::PlanMisses);
             let bucket = buckets.map_or_else(|| "outside every bucket".to_owned(), |b| b.text(key.op));
             let miss = Reason::new(
@@ -215,7 +199,7 @@ impl LayerZero {
             self.bump(Counter::CacheMisses);
         }
         self.bump(Counter::Live);
-        let req = req(())?;
+        let req = req();
         let selection = Arc::new(live.selector.select(&req)?);
         let resolved = Resolved { executor: self.executor(selection.index).cloned(), selection };
         let fits = capacity::bucket_fits(key, &req, self.max_workspace, &live.selector);

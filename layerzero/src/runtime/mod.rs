@@ -143,10 +143,14 @@ pub struct LayerZero {
     /// Serializes policy swaps (readers never take it).
     swap: Mutex<()>,
     plan: Option<Plan>,
+    // `plan_on`, `quiet` and `context` mirror what `live` implies, as plain atomics: the hot
+    // path reads them without loading the swapped state. `set_policy` stores them after it.
+    /// The plan was solved under the policy in force.
     plan_on: AtomicBool,
     /// No plan and no refused table: nothing a selection must carry as a note, so typed
     /// selection may be served by `typed_cache` without deriving the validity hash.
     quiet: AtomicBool,
+    /// The cache context of the policy in force.
     context: AtomicU64,
     cache: SelectionCache,
     /// The selection cache keyed by typed fingerprints instead of validity hashes.
