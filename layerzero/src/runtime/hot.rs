@@ -101,9 +101,12 @@ impl LayerZero {
     }
 
     /// The plan's entry for `key`, when a plan is being served and has its bucket.
-    #[inline]
+    #[inline(always)]
     fn plan_hit(&self, key: &SelectionKey) -> Option<Hit<'_>> {
-        let r = self.plan.as_ref().filter(|_| self.plan_on.load(Ordering::Acquire))?.get(key)?;
+        if !self.plan_on.load(Ordering::Acquire) {
+            return None;
+        }
+        let r = self.plan.as_ref()?.get(key)?;
         self.bump(Counter::PlanHits);
         Some(Hit { entry: Entry::Held(r), source: SelectionSource::Plan, notes: Vec::new() })
     }
@@ -138,7 +141,11 @@ impl LayerZero {
         {
             // A plan to consult or a note to carry: the full order, the request built only
             // if the selection is live.
-            return self.choose(&t.key(validity), || Cow::Owned(args.describe()));
+            let key = t.key(validity);
+            if let Some(hit) = self.plan_hit(&key) {
+                return Ok(hit);
+            }
+            return self.past_the_plan(&key, || Cow::Owned(args.describe()));
         }
         let req = args.describe();
         let key = SelectionKey::derive(&req);
@@ -161,16 +168,15 @@ impl LayerZero {
 
     /// [`LayerZero::select`] with the key already derived.
     pub fn select_keyed(&self, key: &SelectionKey, req: &Request) -> Result<Hit<'_>> {
-        self.choose(key, || Cow::Borrowed(req))
+        match self.plan_hit(key) {
+            Some(hit) => Ok(hit),
+            None => self.past_the_plan(key, || Cow::Borrowed(req)),
+        }
     }
 
-    /// Plan, then cache, then live; the request is only built for a live selection.
-    #[inline]
-    fn choose<'r>(&self, key: &SelectionKey, req: impl FnOnce() -> Cow<'r, Request>) -> Result<Hit<'_>> {
-        // A plan hit needs nothing else: the swapped state is loaded only past it.
-        if let Some(hit) = self.plan_hit(key) {
-            return Ok(hit);
-        }
+    /// After the plan had no answer: the plan-miss note (or a refused table's), then the
+    /// cache, then live selection; the request is only built for a live selection.
+    fn past_the_plan<'r>(&self, key: &SelectionKey, req: impl FnOnce() -> Cow<'r, Request>) -> Result<Hit<'_>> {
         let mut notes = Vec::new();
         let buckets = key.buckets();
         let live = self.live.load();
