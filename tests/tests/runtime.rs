@@ -35,7 +35,7 @@ fn args() -> OpArgs {
 
 fn ok_output(tag: f32) -> Result<Outputs, KernelError> {
     let mut o = Outputs::new();
-    o.insert("out".to_owned(), HostTensor::from_f32(&[1], vec![tag]).unwrap_or_else(|e| panic!("{e}")));
+    o.insert("out", HostTensor::from_f32(&[1], vec![tag]).unwrap_or_else(|e| panic!("{e}")));
     Ok(o)
 }
 

@@ -69,7 +69,7 @@ pub(super) fn run(a: RunArgs<'_>, catalog: Arc<Catalog>) -> Result<Outcome> {
             "max_ns": ns[ns.len() - 1],
         }));
     }
-    let outputs: BTreeMap<String, _> = dispatch.outputs.clone();
+    let outputs: BTreeMap<String, _> = dispatch.outputs.clone().into_map();
     io::write(a.out, &outputs)?;
     let sel = dispatch.selection();
     if a.json {

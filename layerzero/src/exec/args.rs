@@ -305,9 +305,7 @@ op_enum! {
     LinearInt4(Int4Args) = LinearInt4, Int4;
 }
 
-/// Named output tensors (`out`; RoPE also `out_k`; rms_norm with a residual also
-/// `residual_out`; quantize also `scale`; sample `tokens`; moe_route `experts`, `weights`).
-pub type Outputs = BTreeMap<String, HostTensor>;
+pub use super::outputs::Outputs;
 
 impl OpArgs {
     /// The selection request these arguments pose.

@@ -33,6 +33,33 @@ pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 pub trait Executor: Send + Sync {
     /// Computes the outputs for `args`.
     fn run(&self, args: &OpArgs) -> Result<Outputs, KernelError>;
+
+    /// Computes the outputs for `args`, given `buffers` by output name: a kernel that can
+    /// writes an output into the buffer of its name when it holds the output's dtype, has
+    /// room for it and is shared with no other tensor (then nothing is allocated);
+    /// otherwise it allocates. Buffers it does not use are dropped. The default ignores
+    /// them and runs [`run`](Executor::run).
+    fn run_into(&self, args: &OpArgs, buffers: Outputs) -> Result<Outputs, KernelError> {
+        drop(buffers);
+        self.run(args)
+    }
+}
+
+/// An executor from a function that writes into the caller's buffers
+/// ([`Executor::run_into`]); `run` hands it none.
+pub struct WritesInto<F>(pub F);
+
+impl<F> Executor for WritesInto<F>
+where
+    F: Fn(&OpArgs, &mut Outputs) -> Result<Outputs, KernelError> + Send + Sync,
+{
+    fn run(&self, args: &OpArgs) -> Result<Outputs, KernelError> {
+        (self.0)(args, &mut Outputs::new())
+    }
+
+    fn run_into(&self, args: &OpArgs, mut buffers: Outputs) -> Result<Outputs, KernelError> {
+        (self.0)(args, &mut buffers)
+    }
 }
 
 impl<F> Executor for F

@@ -4,5 +4,6 @@
 
 pub mod args;
 pub mod executor;
+pub mod outputs;
 pub mod quant;
 pub mod semantics;

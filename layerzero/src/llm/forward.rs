@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
+use smallvec::SmallVec;
 
 use super::Model;
 use super::config::ModelConfig;
@@ -66,12 +67,79 @@ struct Kv {
     capacity: Vec<usize>,
 }
 
+/// Where an op's outputs are kept between calls, to be handed back as the buffers of the
+/// same op's next call (so a warm decode step allocates no outputs). Each is used once per
+/// forward pass, and the pass drops its own handles before the slot's next use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Embed,
+    AttnNorm,
+    Q,
+    K,
+    V,
+    QNorm,
+    KNorm,
+    Rope,
+    Attn,
+    O,
+    FfnNorm,
+    Mlp,
+    Gate,
+    Up,
+    Act,
+    Down,
+    FinalNorm,
+    Logits,
+    Sample,
+}
+
+const SLOTS: usize = Slot::Sample as usize + 1;
+
+/// The forward pass's small index inputs, rewritten in place each call.
+#[derive(Default)]
+struct Inputs {
+    ids: Option<HostTensor>,
+    positions: Option<HostTensor>,
+    table: Option<HostTensor>,
+    lens: Option<HostTensor>,
+}
+
+/// A tensor of `shape` holding `values`, written into `slot`'s storage when it is unshared
+/// and has room (no allocation), else new; `slot` keeps a handle for next time.
+macro_rules! refill {
+    ($fn:ident, $t:ty, $variant:ident) => {
+        fn $fn(slot: &mut Option<HostTensor>, values: impl Iterator<Item = $t>, shape: &[usize]) -> Result<HostTensor> {
+            let n: usize = shape.iter().product();
+            if let Some(old) = slot.take() {
+                let mut shared = old.into_shared();
+                if let Some(Storage::$variant(v)) = std::sync::Arc::get_mut(&mut shared)
+                    && v.capacity() >= n
+                {
+                    v.clear();
+                    v.extend(values.take(n));
+                    let t = HostTensor::from_shared(shared, shape)?;
+                    *slot = Some(t.clone());
+                    return Ok(t);
+                }
+            }
+            let t = HostTensor::new(Storage::$variant(values.take(n).collect()), shape)?;
+            *slot = Some(t.clone());
+            Ok(t)
+        }
+    };
+}
+refill!(refill_i64, i64, I64);
+refill!(refill_i32, i32, I32);
+
 /// Sequences being run: the model, the handle every op is dispatched through, the KV cache
 /// and what ran.
 pub struct Session<'m> {
     model: &'m Model,
     lz: &'m LayerZero,
     kv: Kv,
+    /// Per slot, the outputs of its last call (handed back as buffers).
+    bufs: [Outputs; SLOTS],
+    inputs: Inputs,
     /// Per op, what ran.
     pub stats: BTreeMap<Op, OpStats>,
     dump: Option<BTreeMap<String, HostTensor>>,
@@ -139,6 +207,8 @@ impl<'m> Session<'m> {
                 lens: vec![0; capacities.len()],
                 capacity: capacities.to_vec(),
             },
+            bufs: std::array::from_fn(|_| Outputs::new()),
+            inputs: Inputs::default(),
             stats: BTreeMap::new(),
             dump: None,
             record: None,
@@ -186,18 +256,26 @@ impl<'m> Session<'m> {
         }
     }
 
-    /// Dispatches one op and records what ran.
-    fn run(&mut self, args: OpArgs) -> Result<Outputs> {
+    /// Dispatches one op into `slot`'s buffers and records what ran.
+    fn run(&mut self, args: OpArgs, slot: Slot) -> Result<Outputs> {
         let op = args.op();
         if let Some(r) = &mut self.record {
             r.push(args.describe());
         }
         let start = std::time::Instant::now();
-        let d = self.lz.dispatch(&args)?;
+        let buffers = std::mem::take(&mut self.bufs[slot as usize]);
+        let d = self.lz.dispatch_into(&args, buffers)?;
+        drop(args);
         let ns = start.elapsed().as_nanos() as u64;
         let s = self.stats.entry(op).or_default();
         s.ns += ns;
-        *s.kernels.entry(d.selection().kernel.clone()).or_default() += 1;
+        let kernel = &d.selection().kernel;
+        match s.kernels.get_mut(kernel) {
+            Some(n) => *n += 1,
+            None => {
+                s.kernels.insert(kernel.clone(), 1);
+            }
+        }
         match d.source() {
             SelectionSource::Plan => s.plan_hits += 1,
             SelectionSource::Cache => s.cache_hits += 1,
@@ -206,41 +284,49 @@ impl<'m> Session<'m> {
         if d.fell_back() {
             s.fallbacks += 1;
         }
+        self.bufs[slot as usize] = d.outputs.clone();
         Ok(d.outputs)
     }
 
     /// Runs the `sample` op: the token ids it chose.
     pub(crate) fn sample(&mut self, args: OpArgs) -> Result<HostTensor> {
-        self.take(args, "tokens")
+        self.take(args, Slot::Sample, "tokens")
     }
 
-    fn out(&mut self, args: OpArgs) -> Result<HostTensor> {
-        self.take(args, "out")
+    fn out(&mut self, args: OpArgs, slot: Slot) -> Result<HostTensor> {
+        self.take(args, slot, "out")
     }
 
-    fn take(&mut self, args: OpArgs, name: &str) -> Result<HostTensor> {
+    fn take(&mut self, args: OpArgs, slot: Slot, name: &str) -> Result<HostTensor> {
         let op = args.op();
-        self.run(args)?.remove(name).ok_or_else(|| Error::invalid(format!("{op} produced no `{name}` output")))
+        self.run(args, slot)?.remove(name).ok_or_else(|| Error::invalid(format!("{op} produced no `{name}` output")))
     }
 
-    fn linear(&mut self, x: &HostTensor, weight: &HostTensor, bias: Option<&HostTensor>) -> Result<HostTensor> {
-        self.out(OpArgs::Linear(LinearArgs {
-            x: x.clone(),
-            weight: weight.clone(),
-            bias: bias.cloned(),
-            attrs: NoAttrs {},
-        }))
+    fn linear(
+        &mut self,
+        x: &HostTensor,
+        weight: &HostTensor,
+        bias: Option<&HostTensor>,
+        slot: Slot,
+    ) -> Result<HostTensor> {
+        self.out(
+            OpArgs::Linear(LinearArgs { x: x.clone(), weight: weight.clone(), bias: bias.cloned(), attrs: NoAttrs {} }),
+            slot,
+        )
     }
 
-    fn rms_norm(&mut self, x: &HostTensor, weight: &HostTensor, residual: Option<&HostTensor>) -> Result<Outputs> {
+    fn rms_norm(
+        &mut self,
+        x: HostTensor,
+        weight: &HostTensor,
+        residual: Option<HostTensor>,
+        slot: Slot,
+    ) -> Result<Outputs> {
         let eps = Some(self.model.config.eps);
-        self.run(OpArgs::RmsNorm(NormArgs {
-            x: x.clone(),
-            weight: weight.clone(),
-            bias: None,
-            residual: residual.cloned(),
-            attrs: NormAttrs { eps },
-        }))
+        self.run(
+            OpArgs::RmsNorm(NormArgs { x, weight: weight.clone(), bias: None, residual, attrs: NormAttrs { eps } }),
+            slot,
+        )
     }
 
     /// Runs `ids` (the next tokens of sequence 0) through the model, appending their keys
@@ -264,7 +350,7 @@ impl<'m> Session<'m> {
                 "a batch is one sequence with new tokens, or several sequences with one new token each".to_owned(),
             ));
         }
-        let mut starts = Vec::with_capacity(b);
+        let mut starts: SmallVec<[usize; 8]> = SmallVec::with_capacity(b);
         for (i, &(seq, ids)) in batch.iter().enumerate() {
             if batch[..i].iter().any(|(other, _)| *other == seq) {
                 return Err(Error::invalid(format!("sequence {seq} appears twice in one batch")));
@@ -284,18 +370,24 @@ impl<'m> Session<'m> {
             starts.push(len);
         }
         let rows = b * s;
-        let flat: Vec<i64> = batch.iter().flat_map(|(_, ids)| ids.iter().map(|&i| i64::from(i))).collect();
-        let ids_t = HostTensor::new(Storage::I64(flat), &[rows])?;
-        let pos: Vec<i64> = starts.iter().flat_map(|&st| (st..st + s).map(|p| p as i64)).collect();
-        let positions = HostTensor::new(Storage::I64(pos), &[b, s])?;
-        let mut h =
-            self.out(OpArgs::Embedding(EmbeddingArgs { ids: ids_t, table: w.embed.clone(), attrs: NoAttrs {} }))?;
-        self.keep(|| "hidden.0".into(), &h);
+        let flat = batch.iter().flat_map(|(_, ids)| ids.iter().map(|&i| i64::from(i)));
+        let ids_t = refill_i64(&mut self.inputs.ids, flat, &[rows])?;
+        let pos = starts.iter().flat_map(|&st| (st..st + s).map(|p| p as i64));
+        let positions = refill_i64(&mut self.inputs.positions, pos, &[b, s])?;
+        let embedded = self.out(
+            OpArgs::Embedding(EmbeddingArgs { ids: ids_t, table: w.embed.clone(), attrs: NoAttrs {} }),
+            Slot::Embed,
+        )?;
+        self.keep(|| "hidden.0".into(), &embedded);
+        // The layer input and the residual stream; each is taken by the op that reads it,
+        // so no handle outlives its slot's next use.
+        let mut h = Some(embedded);
         let (qd, d) = (c.heads * c.head_dim, c.head_dim);
         let mut residual: Option<HostTensor> = None;
         for (l, lw) in w.layers.iter().enumerate() {
             // Input norm; from the second layer on it also adds the previous layer's output.
-            let mut o = self.rms_norm(&h, &lw.attn_norm, residual.as_ref())?;
+            let input = h.take().ok_or_else(|| Error::invalid("the layer has no input".to_owned()))?;
+            let mut o = self.rms_norm(input.clone(), &lw.attn_norm, residual.take(), Slot::AttnNorm)?;
             let x = o.remove("out").ok_or_else(|| Error::invalid("rms_norm produced no output".to_owned()))?;
             let res = match o.remove("residual_out") {
                 Some(r) => {
@@ -303,25 +395,32 @@ impl<'m> Session<'m> {
                     self.keep(|| format!("hidden.{l}"), &r);
                     r
                 }
-                None => h.clone(),
+                None => input,
             };
             self.keep(|| format!("layer.{l}.attn_norm"), &x);
-            let mut q = self.linear(&x, &lw.q, lw.q_bias.as_ref())?;
-            let mut k = self.linear(&x, &lw.k, lw.k_bias.as_ref())?;
-            let v = self.linear(&x, &lw.v, lw.v_bias.as_ref())?;
+            let mut q = self.linear(&x, &lw.q, lw.q_bias.as_ref(), Slot::Q)?;
+            let mut k = self.linear(&x, &lw.k, lw.k_bias.as_ref(), Slot::K)?;
+            let v = self.linear(&x, &lw.v, lw.v_bias.as_ref(), Slot::V)?;
+            drop(x);
             if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
                 // Qwen3: RMSNorm over each head's dims, before RoPE.
-                q = self.rms_norm(&view(&q, &[rows, c.heads, d], 0)?, qn, None)?.remove("out").unwrap_or(q);
-                k = self.rms_norm(&view(&k, &[rows, c.kv_heads, d], 0)?, kn, None)?.remove("out").unwrap_or(k);
+                let qv = view(&q, &[rows, c.heads, d], 0)?;
+                q = self.rms_norm(qv, qn, None, Slot::QNorm)?.remove("out").unwrap_or(q);
+                let kv = view(&k, &[rows, c.kv_heads, d], 0)?;
+                k = self.rms_norm(kv, kn, None, Slot::KNorm)?.remove("out").unwrap_or(k);
             }
-            let mut rot = self.run(OpArgs::Rope(RopeArgs {
-                q: view(&q, &[b, s, c.heads, d], 0)?.with_layout(Layout::Bshd),
-                k: Some(view(&k, &[b, s, c.kv_heads, d], 0)?.with_layout(Layout::Bshd)),
-                positions: Some(positions.clone()),
-                cos: None,
-                sin: None,
-                attrs: c.rope.clone(),
-            }))?;
+            let mut rot = self.run(
+                OpArgs::Rope(RopeArgs {
+                    q: view(&q, &[b, s, c.heads, d], 0)?.with_layout(Layout::Bshd),
+                    k: Some(view(&k, &[b, s, c.kv_heads, d], 0)?.with_layout(Layout::Bshd)),
+                    positions: Some(positions.clone()),
+                    cos: None,
+                    sin: None,
+                    attrs: c.rope.clone(),
+                }),
+                Slot::Rope,
+            )?;
+            drop((q, k));
             let q = rot.remove("out").ok_or_else(|| Error::invalid("rope produced no `out`".to_owned()))?;
             let k = rot.remove("out_k").ok_or_else(|| Error::invalid("rope produced no `out_k`".to_owned()))?;
             self.keep(|| format!("layer.{l}.q"), &q);
@@ -332,41 +431,51 @@ impl<'m> Session<'m> {
                 ..AttentionAttrs::default()
             };
             let attn = self.attend(l, batch, &starts, s, q, &k, &v, attrs)?;
-            let attn = view(&attn.contiguous(), &[rows, qd], 0)?;
+            drop((k, v));
+            let attn = if attn.is_contiguous() { attn } else { attn.contiguous() };
+            let attn = view(&attn, &[rows, qd], 0)?;
             self.keep(|| format!("layer.{l}.attn_out"), &attn);
-            let proj = self.linear(&attn, &lw.o, lw.o_bias.as_ref())?;
+            let proj = self.linear(&attn, &lw.o, lw.o_bias.as_ref(), Slot::O)?;
+            drop(attn);
             self.keep(|| format!("layer.{l}.o_proj"), &proj);
-            let mut o = self.rms_norm(&proj, &lw.ffn_norm, Some(&res))?;
+            let mut o = self.rms_norm(proj, &lw.ffn_norm, Some(res), Slot::FfnNorm)?;
             let x = o.remove("out").ok_or_else(|| Error::invalid("rms_norm produced no output".to_owned()))?;
             let post =
                 o.remove("residual_out").ok_or_else(|| Error::invalid("rms_norm dropped the residual".to_owned()))?;
             self.keep(|| format!("layer.{l}.post_attn"), &post);
             self.keep(|| format!("layer.{l}.ffn_norm"), &x);
             let ffn = match &lw.mlp_bias {
-                None => self.out(OpArgs::Mlp(MlpArgs {
-                    x: x.clone(),
-                    w_gate: lw.gate.clone(),
-                    w_up: lw.up.clone(),
-                    w_down: lw.down.clone(),
-                    attrs: MlpAttrs::default(),
-                }))?,
+                None => self.out(
+                    OpArgs::Mlp(MlpArgs {
+                        x,
+                        w_gate: lw.gate.clone(),
+                        w_up: lw.up.clone(),
+                        w_down: lw.down.clone(),
+                        attrs: MlpAttrs::default(),
+                    }),
+                    Slot::Mlp,
+                )?,
                 Some([bg, bu, bd]) => {
-                    let g = self.linear(&x, &lw.gate, Some(bg))?;
-                    let u = self.linear(&x, &lw.up, Some(bu))?;
-                    let a = self.out(OpArgs::Swiglu(SwigluArgs {
-                        x: None,
-                        gate: Some(g),
-                        up: Some(u),
-                        attrs: SwigluAttrs::default(),
-                    }))?;
-                    self.linear(&a, &lw.down, Some(bd))?
+                    let g = self.linear(&x, &lw.gate, Some(bg), Slot::Gate)?;
+                    let u = self.linear(&x, &lw.up, Some(bu), Slot::Up)?;
+                    let a = self.out(
+                        OpArgs::Swiglu(SwigluArgs {
+                            x: None,
+                            gate: Some(g),
+                            up: Some(u),
+                            attrs: SwigluAttrs::default(),
+                        }),
+                        Slot::Act,
+                    )?;
+                    self.linear(&a, &lw.down, Some(bd), Slot::Down)?
                 }
             };
             self.keep(|| format!("layer.{l}.ffn_out"), &ffn);
-            h = ffn;
+            h = Some(ffn);
             residual = Some(post);
         }
-        let mut o = self.rms_norm(&h, &w.norm, residual.as_ref())?;
+        let last_h = h.take().ok_or_else(|| Error::invalid("the model has no output".to_owned()))?;
+        let mut o = self.rms_norm(last_h, &w.norm, residual.take(), Slot::FinalNorm)?;
         let normed = o.remove("out").ok_or_else(|| Error::invalid("rms_norm produced no output".to_owned()))?;
         if let Some(r) = o.remove("residual_out") {
             self.keep(|| format!("layer.{}.out", c.layers - 1), &r);
@@ -376,7 +485,7 @@ impl<'m> Session<'m> {
             self.kv.lens[seq] += ids.len();
         }
         let last = if all_logits || s == 1 { normed } else { view(&normed, &[1, c.hidden], (s - 1) * c.hidden)? };
-        let logits = self.linear(&last, &w.lm_head, None)?;
+        let logits = self.linear(&last, &w.lm_head, None, Slot::Logits)?;
         Ok(if logits.dtype() == DType::F32 {
             logits
         } else {
@@ -406,15 +515,18 @@ impl<'m> Session<'m> {
                 self.kv.k[l].write_at(start * kvd, k)?;
                 self.kv.v[l].write_at(start * kvd, v)?;
                 let ctx = start + s;
-                self.out(OpArgs::Attention(AttentionArgs {
-                    q: q.with_layout(Layout::Bshd),
-                    k: view(&self.kv.k[l], &[1, ctx, c.kv_heads, d], 0)?.with_layout(Layout::Bshd),
-                    v: view(&self.kv.v[l], &[1, ctx, c.kv_heads, d], 0)?.with_layout(Layout::Bshd),
-                    mask: None,
-                    cu_seqlens_q: None,
-                    cu_seqlens_k: None,
-                    attrs,
-                }))
+                self.out(
+                    OpArgs::Attention(AttentionArgs {
+                        q: q.with_layout(Layout::Bshd),
+                        k: view(&self.kv.k[l], &[1, ctx, c.kv_heads, d], 0)?.with_layout(Layout::Bshd),
+                        v: view(&self.kv.v[l], &[1, ctx, c.kv_heads, d], 0)?.with_layout(Layout::Bshd),
+                        mask: None,
+                        cu_seqlens_q: None,
+                        cu_seqlens_k: None,
+                        attrs,
+                    }),
+                    Slot::Attn,
+                )
             }
             KvKind::Paged { page_size } => {
                 let k = k.contiguous();
@@ -429,24 +541,27 @@ impl<'m> Session<'m> {
                     }
                 }
                 let width = batch.iter().map(|(seq, _)| self.kv.pages[*seq].len()).max().unwrap_or(0);
-                let mut table = vec![0i32; b * width];
-                let mut lens = Vec::with_capacity(b);
-                for (i, (&(seq, _), &start)) in batch.iter().zip(starts).enumerate() {
-                    for (p, &page) in self.kv.pages[seq].iter().enumerate() {
-                        table[i * width + p] = page as i32;
-                    }
-                    lens.push((start + s) as i32);
-                }
-                self.out(OpArgs::PagedAttention(PagedAttentionArgs {
-                    q: q.with_layout(Layout::Bshd),
-                    k_cache: self.kv.k[l].clone(),
-                    v_cache: self.kv.v[l].clone(),
-                    block_table: HostTensor::new(Storage::I32(table), &[b, width])?,
-                    context_lens: HostTensor::new(Storage::I32(lens), &[b])?,
-                    k_scale: None,
-                    v_scale: None,
-                    attrs,
-                }))
+                let pages = &self.kv.pages;
+                let entries = batch.iter().flat_map(|&(seq, _)| {
+                    let p = &pages[seq];
+                    (0..width).map(move |i| p.get(i).map_or(0, |&page| page as i32))
+                });
+                let block_table = refill_i32(&mut self.inputs.table, entries, &[b, width])?;
+                let lens = starts.iter().map(|&start| (start + s) as i32);
+                let context_lens = refill_i32(&mut self.inputs.lens, lens, &[b])?;
+                self.out(
+                    OpArgs::PagedAttention(PagedAttentionArgs {
+                        q: q.with_layout(Layout::Bshd),
+                        k_cache: self.kv.k[l].clone(),
+                        v_cache: self.kv.v[l].clone(),
+                        block_table,
+                        context_lens,
+                        k_scale: None,
+                        v_scale: None,
+                        attrs,
+                    }),
+                    Slot::Attn,
+                )
             }
         }
     }

@@ -109,13 +109,22 @@ impl LayerZero {
     /// (another kernel would too); `KernelFailed` when every eligible kernel failed, with
     /// each attempt's reason.
     pub fn dispatch(&self, args: &OpArgs) -> Result<Dispatch<'_>> {
+        self.dispatch_into(args, Outputs::new())
+    }
+
+    /// As [`dispatch`](LayerZero::dispatch), handing in buffers to write the outputs into,
+    /// by output name (`out`, `residual_out`, ...): a kernel that can reuses a buffer that
+    /// holds the output's dtype, has room for it and is shared with no other tensor, so a
+    /// loop that hands back last step's outputs allocates nothing for them. The outputs
+    /// come back in [`Dispatch::outputs`] (the buffers themselves where they were used).
+    pub fn dispatch_into(&self, args: &OpArgs, mut buffers: Outputs) -> Result<Dispatch<'_>> {
         let first = self.select_args(args)?;
         let input_flags = if self.check_inputs { flags(args) } else { Vec::new() };
         let mut failed = Vec::new();
-        match self.try_run(&first, first.executor(), args) {
-            Ok(outputs) => {
+        match self.try_run(&first, first.executor(), args, &mut buffers) {
+            Ok(()) => {
                 let extra = (!input_flags.is_empty()).then(|| Box::new(Extra { failed, input_flags }));
-                return Ok(Dispatch { outputs, ran: first, extra });
+                return Ok(Dispatch { outputs: buffers, ran: first, extra });
             }
             Err(reason) => self.note_failure(&first, reason, &mut failed)?,
         }
@@ -129,8 +138,9 @@ impl LayerZero {
                 continue;
             }
             let hit = self.live_hit(sel);
-            match self.try_run(&hit, hit.executor(), args) {
-                Ok(outputs) => {
+            let mut outputs = Outputs::new();
+            match self.try_run(&hit, hit.executor(), args, &mut outputs) {
+                Ok(()) => {
                     let ran = hit.standing_in_for(source, notes);
                     return Ok(Dispatch { outputs, ran, extra: Some(Box::new(Extra { failed, input_flags })) });
                 }
@@ -155,7 +165,8 @@ impl LayerZero {
 
     /// Runs one selected kernel (transforms included), with the breaker and the panic guard.
     pub fn run_selection(&self, sel: &Selection, args: &OpArgs) -> Result<Outputs> {
-        self.try_run(sel, self.executor(sel.index), args).map_err(|r| {
+        let mut outputs = Outputs::new();
+        self.try_run(sel, self.executor(sel.index), args, &mut outputs).map(|()| outputs).map_err(|r| {
             let kind =
                 if r.code() == ReasonCode::INVALID_REQUEST { ErrorKind::InvalidInput } else { ErrorKind::KernelFailed };
             Error::new(kind, r.to_string()).with_reasons(vec![r])
@@ -167,7 +178,8 @@ impl LayerZero {
         sel: &Selection,
         exec: Option<&Arc<dyn Executor>>,
         args: &OpArgs,
-    ) -> std::result::Result<Outputs, Reason> {
+        out: &mut Outputs,
+    ) -> std::result::Result<(), Reason> {
         let Some(exec) = exec else {
             return Err(Reason::new(
                 ReasonCode::EXECUTOR_NOT_REGISTERED,
@@ -184,16 +196,23 @@ impl LayerZero {
                 ),
             ));
         }
+        // A kernel that panics drops the buffers it was given; they are outputs to be
+        // overwritten, never inputs, so nothing the caller reads is lost.
         let result = if sel.transforms.is_empty() {
-            catch_unwind(AssertUnwindSafe(|| exec.run(args)))
+            catch_unwind(AssertUnwindSafe(|| exec.run_into(args, std::mem::take(out)).map(|o| *out = o)))
         } else {
             let adapted = apply_transforms(args, &sel.transforms)
                 .map_err(|e| Reason::new(ReasonCode::KERNEL_FAILED, format!("transform before {}: {e}", sel.kernel)))?;
-            catch_unwind(AssertUnwindSafe(|| exec.run(&adapted)))
+            catch_unwind(AssertUnwindSafe(|| exec.run(&adapted))).map(|r| {
+                r.map(|outputs| {
+                    *out = outputs;
+                })
+            })
         };
         let outcome = match result {
-            Ok(Ok(outputs)) if sel.transforms.is_empty() => Ok(outputs),
-            Ok(Ok(outputs)) => cast_outputs_back(outputs, &sel.transforms)
+            Ok(Ok(())) if sel.transforms.is_empty() => Ok(()),
+            Ok(Ok(())) => cast_outputs_back(std::mem::take(out), &sel.transforms)
+                .map(|outputs| *out = outputs)
                 .map_err(|e| Reason::new(ReasonCode::KERNEL_FAILED, format!("{}: output cast: {e}", sel.kernel))),
             Ok(Err(KernelError::InvalidInput(m))) => {
                 return Err(Reason::new(ReasonCode::INVALID_REQUEST, format!("{}: {m}", sel.kernel)));

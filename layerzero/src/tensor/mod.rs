@@ -7,6 +7,7 @@ pub mod io;
 use std::sync::Arc;
 
 use half::{bf16, f16};
+use smallvec::SmallVec;
 
 use crate::error::{Error, Result};
 use crate::model::dtype::DType;
@@ -144,12 +145,16 @@ impl Storage {
     }
 }
 
+/// Sizes or strides: up to four dims inline, so making a view or cloning a tensor of rank
+/// four or less allocates nothing (the decode step makes many).
+pub type Dims = SmallVec<[usize; 4]>;
+
 /// A tensor in host memory: shared storage seen through a shape, strides and an offset.
 #[derive(Debug, Clone)]
 pub struct HostTensor {
     data: Arc<Storage>,
-    shape: Vec<usize>,
-    strides: Vec<usize>,
+    shape: Dims,
+    strides: Dims,
     offset: usize,
     layout: Option<Layout>,
     /// Row-major contiguous (size-1 dims ignored), decided once when the view is made.
@@ -159,8 +164,8 @@ pub struct HostTensor {
 }
 
 /// Row-major strides of `shape`.
-pub fn row_major_strides(shape: &[usize]) -> Vec<usize> {
-    let mut s = vec![1usize; shape.len()];
+pub fn row_major_strides(shape: &[usize]) -> Dims {
+    let mut s: Dims = smallvec::smallvec![1usize; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
         s[i] = s[i + 1].saturating_mul(shape[i + 1].max(1));
     }
@@ -173,13 +178,7 @@ fn numel(shape: &[usize]) -> Option<usize> {
 
 impl HostTensor {
     /// The one constructor every view goes through: contiguity is decided here.
-    fn make(
-        data: Arc<Storage>,
-        shape: Vec<usize>,
-        strides: Vec<usize>,
-        offset: usize,
-        layout: Option<Layout>,
-    ) -> HostTensor {
+    fn make(data: Arc<Storage>, shape: Dims, strides: Dims, offset: usize, layout: Option<Layout>) -> HostTensor {
         let expected = row_major_strides(&shape);
         let contiguous = strides.len() == shape.len()
             && strides.iter().zip(&expected).zip(&shape).all(|((s, e), &d)| d <= 1 || s == e);
@@ -196,7 +195,25 @@ impl HostTensor {
                 storage.len()
             )));
         }
-        Ok(HostTensor::make(Arc::new(storage), shape.to_vec(), row_major_strides(shape), 0, None))
+        Ok(HostTensor::make(Arc::new(storage), Dims::from_slice(shape), row_major_strides(shape), 0, None))
+    }
+
+    /// A contiguous tensor over shared storage (a buffer handed back to be written again);
+    /// its length must match the shape.
+    pub fn from_shared(storage: Arc<Storage>, shape: &[usize]) -> Result<HostTensor> {
+        let n = numel(shape).ok_or_else(|| Error::invalid(format!("shape {shape:?} overflows")))?;
+        if n != storage.len() {
+            return Err(Error::invalid(format!(
+                "shape {shape:?} holds {n} elements but the data has {}",
+                storage.len()
+            )));
+        }
+        Ok(HostTensor::make(storage, Dims::from_slice(shape), row_major_strides(shape), 0, None))
+    }
+
+    /// The storage, shared (every view of it keeps it alive).
+    pub fn into_shared(self) -> Arc<Storage> {
+        self.data
     }
 
     /// A contiguous f32 tensor.
@@ -303,16 +320,26 @@ impl HostTensor {
             return Err(Error::invalid(format!("view shape {shape:?} and strides {strides:?} differ in rank")));
         }
         if shape.contains(&0) {
-            return Ok(HostTensor::make(self.data.clone(), shape.to_vec(), strides.to_vec(), offset, None));
+            return Ok(HostTensor::make(
+                self.data.clone(),
+                Dims::from_slice(shape),
+                Dims::from_slice(strides),
+                offset,
+                None,
+            ));
         }
         let last = shape
             .iter()
             .zip(strides)
             .try_fold(offset, |a, (&d, &s)| (d - 1).checked_mul(s).and_then(|x| a.checked_add(x)));
         match last {
-            Some(l) if l < self.data.len() => {
-                Ok(HostTensor::make(self.data.clone(), shape.to_vec(), strides.to_vec(), offset, None))
-            }
+            Some(l) if l < self.data.len() => Ok(HostTensor::make(
+                self.data.clone(),
+                Dims::from_slice(shape),
+                Dims::from_slice(strides),
+                offset,
+                None,
+            )),
             _ => Err(Error::invalid(format!(
                 "view shape {shape:?} strides {strides:?} offset {offset} reaches past the {} stored elements",
                 self.data.len()
@@ -327,7 +354,7 @@ impl HostTensor {
             return;
         }
         let rank = self.rank();
-        let mut idx = vec![0usize; rank];
+        let mut idx: Dims = smallvec::smallvec![0usize; rank];
         let mut pos = self.offset;
         for _ in 0..n {
             f(pos);

@@ -234,7 +234,7 @@ fn unary(kernel: &str, x: &HostTensor, act: Act) -> Result<Outputs, KernelError>
     let v = View::new(x);
     by_dtype!(x.dtype(), kernel, T => {
         let out = fill::<T>(x.numel(), UNIT, |start, dst, _| run_chunks(act, &v, None, start, dst));
-        Ok(Outputs::from([("out".to_owned(), tensor(out, x.shape())?)]))
+        Ok(Outputs::from([("out", tensor(out, x.shape())?)]))
     })
 }
 
@@ -285,7 +285,7 @@ pub(crate) fn gated(
 fn run_gated<T: Elem>(act: Act, g: &View<'_>, u: &View<'_>, shape: &[usize]) -> Result<Outputs, KernelError> {
     let total = shape.iter().product();
     let out = fill::<T>(total, UNIT, |start, dst, _| run_chunks(act, g, Some(u), start, dst));
-    Ok(Outputs::from([("out".to_owned(), tensor(out, shape)?)]))
+    Ok(Outputs::from([("out", tensor(out, shape)?)]))
 }
 
 #[cfg(test)]

@@ -6,6 +6,15 @@
 //! transparent huge pages (`madvise(MADV_HUGEPAGE)`, as numpy does for its large arrays),
 //! which matters where THP is in `madvise` mode. Elsewhere this is a no-op.
 
+use std::cell::RefCell;
+use std::sync::Arc;
+use std::thread::LocalKey;
+
+use super::norm::Elem;
+use crate::exec::args::Outputs;
+use crate::exec::executor::KernelError;
+use crate::tensor::{HostTensor, Storage};
+
 /// Buffers smaller than this keep their pages as they come (one 2 MiB page at most would
 /// be gained, and small allocations come from the malloc heap, already faulted in).
 const MIN_BYTES: usize = 4 << 20;
@@ -94,4 +103,85 @@ impl<T> std::ops::DerefMut for Aligned<T> {
     fn deref_mut(&mut self) -> &mut [T] {
         &mut self.buf[self.off..self.off + self.len]
     }
+}
+
+/// An output buffer of `T`: the one the caller handed in under the output's name, reused
+/// in place when it holds `T`, has room and is shared with nothing (so a decode loop that
+/// hands its outputs back allocates nothing), or a new one. The kernel writes `v`; `finish`
+/// makes the tensor.
+pub(super) struct Out<T: Elem> {
+    /// The caller's storage, its buffer taken out for the kernel to write.
+    shell: Option<Arc<Storage>>,
+    /// The elements, all `n` of them (zeros until written).
+    pub(super) v: Vec<T>,
+}
+
+impl<T: Elem> Out<T> {
+    /// The buffer for output `name` of `n` elements.
+    pub(super) fn take(buffers: &mut Outputs, name: &str, n: usize) -> Out<T> {
+        if let Some(t) = buffers.remove(name) {
+            let mut shell = t.into_shared();
+            if let Some(v) = Arc::get_mut(&mut shell).and_then(T::vec_mut)
+                && v.capacity() >= n
+            {
+                let mut v = std::mem::take(v);
+                v.clear();
+                v.resize(n, T::ZERO);
+                return Out { shell: Some(shell), v };
+            }
+        }
+        Out { shell: None, v: T::zeros(n) }
+    }
+
+    /// The output tensor.
+    pub(super) fn finish(self, shape: &[usize]) -> Result<HostTensor, KernelError> {
+        let built = match self.shell {
+            Some(mut shell) => match Arc::get_mut(&mut shell).and_then(T::vec_mut) {
+                Some(slot) => {
+                    *slot = self.v;
+                    HostTensor::from_shared(shell, shape)
+                }
+                None => HostTensor::new(T::storage(self.v), shape),
+            },
+            None => HostTensor::new(T::storage(self.v), shape),
+        };
+        built.map_err(|e| KernelError::Failed(format!("building the output: {e}")))
+    }
+}
+
+thread_local! {
+    /// Per-thread scratch buffers (see [`with_scratch`]).
+    static SCRATCH_F32: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
+    static SCRATCH_F64: RefCell<Vec<Vec<f64>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// An element of scratch buffers: each type has its own per-thread pool.
+pub(super) trait Scratch: Copy + Default + 'static {
+    /// This thread's pool of buffers.
+    fn pool() -> &'static LocalKey<RefCell<Vec<Vec<Self>>>>;
+}
+
+impl Scratch for f32 {
+    fn pool() -> &'static LocalKey<RefCell<Vec<Vec<f32>>>> {
+        &SCRATCH_F32
+    }
+}
+
+impl Scratch for f64 {
+    fn pool() -> &'static LocalKey<RefCell<Vec<Vec<f64>>>> {
+        &SCRATCH_F64
+    }
+}
+
+/// Runs `f` on `n` elements of one of this thread's scratch buffers (contents
+/// unspecified), kept between calls, so a kernel's temporaries cost no allocation once
+/// warm. Nested calls get buffers of their own.
+pub(super) fn with_scratch<T: Scratch, R>(n: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
+    let mut v = T::pool().with_borrow_mut(Vec::pop).unwrap_or_default();
+    if v.len() < n {
+        v.resize(n, T::default());
+    }
+    let r = f(&mut v[..n]);
+    T::pool().with_borrow_mut(|s| s.push(v));
+    r
 }

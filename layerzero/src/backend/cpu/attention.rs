@@ -123,5 +123,5 @@ pub(crate) fn run(a: &AttentionArgs) -> Result<Outputs, KernelError> {
 }
 
 fn finish(storage: Storage, n: [usize; 4], layout: Layout) -> Result<Outputs, KernelError> {
-    Ok(Outputs::from([("out".to_owned(), output(storage, n, layout)?)]))
+    Ok(Outputs::from([("out", output(storage, n, layout)?)]))
 }

@@ -5,12 +5,15 @@
 use std::sync::Arc;
 
 use rayon::prelude::*;
+use smallvec::SmallVec;
 
 use crate::exec::args::{EmbeddingArgs, OpArgs, Outputs};
-use crate::exec::executor::{KernelError, Registry};
+use crate::exec::executor::{KernelError, Registry, WritesInto};
 use crate::model::dtype::DType;
+use crate::tensor::Dims;
 
-use super::norm::{Elem, PAR_MIN, TASK, by_dtype, expect_float, tensor};
+use super::alloc::Out;
+use super::norm::{Elem, PAR_MIN, TASK, by_dtype, expect_float};
 use super::pack::invalid;
 use super::wrong_op;
 
@@ -21,15 +24,22 @@ pub const EMBEDDING: &str = "cpu.embedding.fast";
 pub(crate) fn register(registry: &mut Registry) {
     registry.register(
         EMBEDDING,
-        Arc::new(|args: &OpArgs| match args {
-            OpArgs::Embedding(a) => embedding(a),
+        Arc::new(WritesInto(|args: &OpArgs, bufs: &mut Outputs| match args {
+            OpArgs::Embedding(a) => embedding_into(a, bufs),
             other => Err(wrong_op(EMBEDDING, other)),
-        }),
+        })),
     );
 }
 
-/// `embedding`: `out` [..ids shape, H] of the table's dtype.
+/// `embedding` into new buffers.
+#[cfg(test)]
 pub(crate) fn embedding(a: &EmbeddingArgs) -> Result<Outputs, KernelError> {
+    embedding_into(a, &mut Outputs::new())
+}
+
+/// `embedding`: `out` [..ids shape, H] of the table's dtype, into the caller's buffer where
+/// it fits.
+pub(crate) fn embedding_into(a: &EmbeddingArgs, bufs: &mut Outputs) -> Result<Outputs, KernelError> {
     if !matches!(a.ids.dtype(), DType::I32 | DType::I64) {
         return Err(invalid(format!("tensor `ids` has dtype {}; expected i32 or i64", a.ids.dtype())));
     }
@@ -39,34 +49,36 @@ pub(crate) fn embedding(a: &EmbeddingArgs) -> Result<Outputs, KernelError> {
         return Err(invalid(format!("tensor `table` has shape {:?}; expected [V, H]", table.shape())));
     }
     let (v, h) = (table.shape()[0], table.shape()[1]);
-    let ids = a.ids.to_i64_vec();
-    let mut rows = Vec::with_capacity(ids.len());
-    for (n, &id) in ids.iter().enumerate() {
+    let mut rows: SmallVec<[usize; 16]> = SmallVec::with_capacity(a.ids.numel());
+    let mut bad = None;
+    a.ids.for_each_index(|at| {
+        let id = a.ids.storage().get_i64(at);
         match usize::try_from(id) {
             Ok(r) if r < v => rows.push(r),
             _ => {
-                return Err(invalid(format!(
-                    "ids (flat position {n}) = {id} is outside [0, {v}) (the table has {v} rows)"
-                )));
+                bad.get_or_insert((rows.len(), id));
             }
         }
+    });
+    if let Some((n, id)) = bad {
+        return Err(invalid(format!("ids (flat position {n}) = {id} is outside [0, {v}) (the table has {v} rows)")));
     }
-    let mut shape = a.ids.shape().to_vec();
+    let mut shape = Dims::from_slice(a.ids.shape());
     shape.push(h);
     by_dtype!(table.dtype(), EMBEDDING, T => {
         let src = T::slice(table.storage())
             .ok_or_else(|| KernelError::Failed("the table's storage does not match its dtype".to_owned()))?;
-        let out = gather::<T>(src, table.offset(), table.strides(), &rows, h);
-        Ok(Outputs::from([("out".to_owned(), tensor(out, &shape)?)]))
+        let mut out = Out::<T>::take(bufs, "out", rows.len() * h);
+        gather::<T>(src, table.offset(), table.strides(), &rows, h, &mut out.v);
+        Ok(Outputs::one("out", out.finish(&shape)?))
     })
 }
 
 /// `out[k, :] = src[off + rows[k] * s0 + c * s1]` for c < h.
-fn gather<T: Elem>(src: &[T], off: usize, strides: &[usize], rows: &[usize], h: usize) -> Vec<T> {
+fn gather<T: Elem>(src: &[T], off: usize, strides: &[usize], rows: &[usize], h: usize, out: &mut [T]) {
     let total = rows.len() * h;
-    let mut out = T::zeros(total);
     if total == 0 {
-        return out;
+        return;
     }
     let (s0, s1) = (strides[0], strides[1]);
     let per_task = (TASK / h).max(1);
@@ -87,7 +99,6 @@ fn gather<T: Elem>(src: &[T], off: usize, strides: &[usize], rows: &[usize], h: 
     } else {
         out.par_chunks_mut(per_task * h).enumerate().for_each(work);
     }
-    out
 }
 
 #[cfg(test)]

@@ -20,13 +20,15 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
+use super::alloc::{Out, with_scratch};
 use super::linear::{F32View, GEMV_MAX_M, Mat, Weights, dots_mat_row, gemm, linear_f32, rows_view, to_tensor};
+use super::norm::{Elem, by_dtype};
 use super::simd;
 use super::wrong_op;
 use crate::exec::args::{MlpArgs, OpArgs, Outputs};
-use crate::exec::executor::{KernelError, Registry};
+use crate::exec::executor::{KernelError, Registry, WritesInto};
 use crate::model::attrs::Activation;
-use crate::tensor::{HostTensor, Storage};
+use crate::tensor::{Dims, HostTensor, Storage};
 
 /// Unfused MLP kernel id.
 pub(super) const CHAIN: &str = "cpu.mlp.chain";
@@ -53,15 +55,15 @@ pub(crate) fn register(registry: &mut Registry) {
     );
     registry.register(
         FUSED,
-        Arc::new(|args: &OpArgs| match args {
-            OpArgs::Mlp(a) => fused(a).map(out),
+        Arc::new(WritesInto(|args: &OpArgs, bufs: &mut Outputs| match args {
+            OpArgs::Mlp(a) => fused_into(a, bufs),
             other => Err(wrong_op(FUSED, other)),
-        }),
+        })),
     );
 }
 
 fn out(t: HostTensor) -> Outputs {
-    Outputs::from([("out".to_owned(), t)])
+    Outputs::from([("out", t)])
 }
 
 /// `g[i] = act(g[i]) * u[i]`, compiled for the best SIMD level this CPU has.
@@ -144,14 +146,20 @@ struct Problem<'a> {
     wg: Mat<'a>,
     wu: Mat<'a>,
     wd: Mat<'a>,
-    shape: Vec<usize>,
+    shape: Dims,
 }
 
 fn problem<'a>(a: &'a MlpArgs, holder: &'a mut Option<HostTensor>) -> Result<Problem<'a>, KernelError> {
     // What makes MLP arguments valid is defined once, by the oracle.
     crate::backend::cpu_reference::mlp::mlp_dims(a)?;
     let x = rows_view(&a.x, holder)?;
-    Ok(Problem { x, wg: Mat::of(&a.w_gate), wu: Mat::of(&a.w_up), wd: Mat::of(&a.w_down), shape: a.x.shape().to_vec() })
+    Ok(Problem {
+        x,
+        wg: Mat::of(&a.w_gate),
+        wu: Mat::of(&a.w_up),
+        wd: Mat::of(&a.w_down),
+        shape: Dims::from_slice(a.x.shape()),
+    })
 }
 
 /// Unfused: gate and up projections [M, I], activation, down projection.
@@ -169,19 +177,34 @@ pub(super) fn chain(a: &MlpArgs) -> Result<HostTensor, KernelError> {
     to_tensor(a.x.dtype(), &p.shape, out)
 }
 
-/// Fused: tiles over I; the [M, I] intermediates are never materialized.
+/// Fused, into new buffers.
+#[cfg(test)]
 pub(super) fn fused(a: &MlpArgs) -> Result<HostTensor, KernelError> {
+    fused_into(a, &mut Outputs::new())?
+        .remove("out")
+        .ok_or_else(|| KernelError::Failed("mlp produced no output".to_owned()))
+}
+
+/// Fused: tiles over I; the [M, I] intermediates are never materialized. Into the caller's
+/// `out` where it fits.
+pub(super) fn fused_into(a: &MlpArgs, bufs: &mut Outputs) -> Result<Outputs, KernelError> {
     let mut holder = None;
     let p = problem(a, &mut holder)?;
     let (m, h) = (p.x.rows, p.x.cols);
-    let out = if m == 0 || h == 0 {
-        vec![0f32; m * h]
-    } else if m <= GEMV_MAX_M {
-        fused_decode(&p, a.attrs.activation)
-    } else {
-        fused_tiled(&p, a.attrs.activation)?
-    };
-    to_tensor(a.x.dtype(), &p.shape, out)
+    if m > GEMV_MAX_M {
+        let out = fused_tiled(&p, a.attrs.activation)?;
+        return Ok(Outputs::one("out", to_tensor(a.x.dtype(), &p.shape, out)?));
+    }
+    by_dtype!(a.x.dtype(), FUSED, T => {
+        let mut out = Out::<T>::take(bufs, "out", m * h);
+        T::produce_par(&mut out.v, |c| {
+            if m > 0 && h > 0 {
+                fused_decode(&p, a.attrs.activation, c);
+            }
+            Ok::<(), KernelError>(())
+        })?;
+        Ok(Outputs::one("out", out.finish(&p.shape)?))
+    })
 }
 
 fn fused_tiled(p: &Problem, act: Activation) -> Result<Vec<f32>, KernelError> {
@@ -215,54 +238,65 @@ fn fused_tiled(p: &Problem, act: Activation) -> Result<Vec<f32>, KernelError> {
     Ok(out)
 }
 
-fn fused_decode(p: &Problem, act: Activation) -> Vec<f32> {
-    let (m, h, i) = (p.x.rows, p.x.cols, p.wg.rows);
-    let x = p.x.to_f32();
+/// The fused decode MLP into `out` ([M, H], zeros). Nothing is allocated once the
+/// threads' scratch is warm: x, the tiles' partial sums and each tile's temporaries live
+/// there.
+fn fused_decode(p: &Problem, act: Activation, out: &mut [f32]) {
+    let (m, h) = (p.x.rows, p.x.cols);
+    match p.x.as_f32().filter(|v| v.is_dense()) {
+        Some(v) => fused_decode_x(p, act, &v.data[v.off..v.off + m * h], out),
+        None => with_scratch(m * h, |x| {
+            p.x.read_into(x);
+            fused_decode_x(p, act, x, out);
+        }),
+    }
     // Four tiles (of at least TILE_I_DECODE, at most TILE_I_DECODE_MAX): the down
     // projection's dots are a tile long, so fewer, longer tiles pay fewer reductions. The
     // size depends on I alone, so the sum order is the same on any thread count.
-    let tile = i.div_ceil(4).next_multiple_of(16).clamp(TILE_I_DECODE, TILE_I_DECODE_MAX).min(i.max(1));
-    let tiles: Vec<(usize, usize)> = (0..i).step_by(tile).map(|j0| (j0, tile.min(i - j0))).collect();
-    let partials: Vec<Vec<f32>> = tiles
-        .into_par_iter()
-        .map(|(j0, ti)| {
-            // Gate and up for this tile, [ti, m] (one weight row dotted with every x row).
-            let mut g = vec![0f32; ti * m];
-            let mut u = vec![0f32; ti * m];
-            let mut scratch = vec![0f32; h.max(ti)];
-            for (w, dst) in [(&p.wg, &mut g), (&p.wu, &mut u)] {
-                for j in 0..ti {
-                    dots_mat_row(&x, w, j0 + j, &mut scratch, &mut dst[j * m..(j + 1) * m]);
+    fn fused_decode_x(p: &Problem, act: Activation, x: &[f32], out: &mut [f32]) {
+        let (m, h, i) = (p.x.rows, p.x.cols, p.wg.rows);
+        let tile = i.div_ceil(4).next_multiple_of(16).clamp(TILE_I_DECODE, TILE_I_DECODE_MAX).min(i.max(1));
+        let tiles = i.div_ceil(tile);
+        with_scratch(tiles * m * h, |partials| {
+            partials.par_chunks_mut(m * h).enumerate().for_each(|(t, partial)| {
+                let (j0, ti) = (t * tile, tile.min(i - t * tile));
+                with_scratch(3 * ti * m + h.max(ti) + m, |buf| {
+                    let (g, rest) = buf.split_at_mut(ti * m);
+                    let (u, rest) = rest.split_at_mut(ti * m);
+                    let (hm, rest) = rest.split_at_mut(m * ti);
+                    let (scratch, tmp) = rest.split_at_mut(h.max(ti));
+                    // Gate and up for this tile, [ti, m] (one weight row dotted with every
+                    // x row).
+                    for (w, dst) in [(&p.wg, &mut *g), (&p.wu, &mut *u)] {
+                        for j in 0..ti {
+                            dots_mat_row(x, w, j0 + j, scratch, &mut dst[j * m..(j + 1) * m]);
+                        }
+                    }
+                    act_mul(act, g, u);
+                    // hidden as [m, ti].
+                    for j in 0..ti {
+                        for r in 0..m {
+                            hm[r * ti + j] = g[j * m + r];
+                        }
+                    }
+                    // This tile's down contribution: out[r, c] = hidden[r, :] . w_down[c, j0..j0+ti].
+                    let wd = p.wd.cols(j0, ti);
+                    for c in 0..h {
+                        dots_mat_row(hm, &wd, c, scratch, tmp);
+                        for r in 0..m {
+                            partial[r * h + c] = tmp[r];
+                        }
+                    }
+                });
+            });
+            out.fill(0.0);
+            for part in partials.chunks(m * h) {
+                for (o, v) in out.iter_mut().zip(part) {
+                    *o += v;
                 }
             }
-            act_mul(act, &mut g, &u);
-            // hidden as [m, ti].
-            let mut hm = vec![0f32; m * ti];
-            for j in 0..ti {
-                for r in 0..m {
-                    hm[r * ti + j] = g[j * m + r];
-                }
-            }
-            // This tile's down contribution: out[r, c] = hidden[r, :] . w_down[c, j0..j0+ti].
-            let wd = p.wd.cols(j0, ti);
-            let mut partial = vec![0f32; m * h];
-            let mut tmp = vec![0f32; m];
-            for c in 0..h {
-                dots_mat_row(&hm, &wd, c, &mut scratch, &mut tmp);
-                for r in 0..m {
-                    partial[r * h + c] = tmp[r];
-                }
-            }
-            partial
-        })
-        .collect();
-    let mut out = vec![0f32; m * h];
-    for part in &partials {
-        for (o, v) in out.iter_mut().zip(part) {
-            *o += v;
-        }
+        });
     }
-    out
 }
 
 #[cfg(test)]

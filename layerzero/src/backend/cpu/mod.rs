@@ -24,8 +24,8 @@ mod tests;
 
 use std::sync::Arc;
 
-use crate::exec::args::OpArgs;
-use crate::exec::executor::{KernelError, Registry};
+use crate::exec::args::{OpArgs, Outputs};
+use crate::exec::executor::{KernelError, Registry, WritesInto};
 
 fn wrong_op(kernel: &str, args: &OpArgs) -> KernelError {
     KernelError::Unsupported(format!("{kernel} does not run {}", args.op()))
@@ -57,9 +57,9 @@ pub fn register(registry: &mut Registry) {
     moe::register(registry);
     registry.register(
         "cpu.rope.fast",
-        Arc::new(|args: &OpArgs| match args {
-            OpArgs::Rope(a) => rope::run(a),
+        Arc::new(WritesInto(|args: &OpArgs, bufs: &mut Outputs| match args {
+            OpArgs::Rope(a) => rope::run_into(a, bufs),
             other => Err(wrong_op("cpu.rope.fast", other)),
-        }),
+        })),
     );
 }

@@ -52,7 +52,7 @@ pub(crate) fn register(registry: &mut Registry) {
     registry.register(
         MOE_EXPERTS,
         Arc::new(|args: &OpArgs| match args {
-            OpArgs::MoeExperts(a) => experts(a, ROWS, IB).map(|t| Outputs::from([("out".to_owned(), t)])),
+            OpArgs::MoeExperts(a) => experts(a, ROWS, IB).map(|t| Outputs::from([("out", t)])),
             other => Err(wrong_op(MOE_EXPERTS, other)),
         }),
     );
@@ -113,7 +113,7 @@ fn route(a: &MoeRouteArgs) -> Result<Outputs, KernelError> {
     }
     let experts = HostTensor::new(Storage::I32(experts), &[t, k]).map_err(failed)?;
     let weights = HostTensor::new(Storage::F32(weights), &[t, k]).map_err(failed)?;
-    Ok(Outputs::from([("experts".to_owned(), experts), ("weights".to_owned(), weights)]))
+    Ok(Outputs::from([("experts", experts), ("weights", weights)]))
 }
 
 fn route_row(

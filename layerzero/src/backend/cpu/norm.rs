@@ -22,12 +22,13 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 use crate::exec::args::{NormArgs, OpArgs, Outputs};
-use crate::exec::executor::{KernelError, Registry};
+use crate::exec::executor::{KernelError, Registry, WritesInto};
 use crate::model::op::Op;
-use crate::tensor::{HostTensor, Storage};
+use crate::tensor::{Dims, HostTensor, Storage};
 
+use super::alloc::{self, Out, with_scratch};
 use super::pack::{invalid, read_f32};
-use super::{alloc, simd, wrong_op};
+use super::{simd, wrong_op};
 
 /// RMSNorm kernel id.
 pub const RMS_NORM: &str = "cpu.rms_norm.fast";
@@ -38,10 +39,10 @@ pub const LAYER_NORM: &str = "cpu.layer_norm.fast";
 pub(crate) fn register(registry: &mut Registry) {
     registry.register(
         RMS_NORM,
-        Arc::new(|args: &OpArgs| match args {
-            OpArgs::RmsNorm(a) => rms_norm(a),
+        Arc::new(WritesInto(|args: &OpArgs, bufs: &mut Outputs| match args {
+            OpArgs::RmsNorm(a) => rms_norm_into(a, bufs),
             other => Err(wrong_op(RMS_NORM, other)),
-        }),
+        })),
     );
     registry.register(
         LAYER_NORM,
@@ -66,8 +67,8 @@ pub(super) struct View<'a> {
     st: &'a Storage,
     off: usize,
     /// Shape (rank 0 is seen as [1]).
-    shape: Vec<usize>,
-    strides: Vec<usize>,
+    shape: Dims,
+    strides: Dims,
     /// Length of the last dim.
     n: usize,
     /// Stride of the last dim.
@@ -85,7 +86,11 @@ impl<'a> View<'a> {
     /// A view of `t`'s storage with another shape, strides and offset (the caller keeps
     /// them inside the tensor, e.g. one half of its last dim).
     pub(super) fn of(t: &'a HostTensor, shape: &[usize], strides: &[usize], off: usize) -> View<'a> {
-        let (shape, strides) = if shape.is_empty() { (vec![1], vec![1]) } else { (shape.to_vec(), strides.to_vec()) };
+        let (shape, strides) = if shape.is_empty() {
+            (Dims::from_slice(&[1]), Dims::from_slice(&[1]))
+        } else {
+            (Dims::from_slice(shape), Dims::from_slice(strides))
+        };
         let r = shape.len();
         let (n, last) = (shape[r - 1], strides[r - 1]);
         // Leading dims collapse when each stride is the next one times its size (size-1
@@ -183,11 +188,28 @@ impl<'a> View<'a> {
 
 /// An output element type (f32, f16, bf16).
 pub(super) trait Elem: Copy + Send + Sync + 'static {
+    /// Zero.
+    const ZERO: Self;
     /// `n` zeros (calloc-backed: the pages are first touched by the kernel's writes; huge
     /// pages requested for large outputs, see `alloc`).
     fn zeros(n: usize) -> Vec<Self>;
     /// `dst[i] = src[i]` rounded to nearest even.
     fn store(src: &[f32], dst: &mut [Self]);
+    /// Runs `f` on an f32 image of `dst` (zeros) and stores it, in parallel when it is
+    /// large (in place for f32; through this thread's scratch otherwise).
+    #[inline]
+    fn produce_par<E>(dst: &mut [Self], f: impl FnOnce(&mut [f32]) -> Result<(), E>) -> Result<(), E> {
+        with_scratch(dst.len(), |img| {
+            img.fill(0.0);
+            f(img)?;
+            if dst.len() < PAR_MIN {
+                Self::store(img, dst);
+            } else {
+                dst.par_chunks_mut(TASK).zip(img.par_chunks(TASK)).for_each(|(d, s)| Self::store(s, d));
+            }
+            Ok(())
+        })
+    }
     /// Runs `f` on an f32 image of `dst` and stores it (in place for f32).
     #[inline]
     fn produce(dst: &mut [Self], scratch: &mut Vec<f32>, f: impl FnOnce(&mut [f32])) {
@@ -219,9 +241,12 @@ pub(super) trait Elem: Copy + Send + Sync + 'static {
     fn storage(v: Vec<Self>) -> Storage;
     /// The typed elements of `st`, when it holds this type.
     fn slice(st: &Storage) -> Option<&[Self]>;
+    /// The buffer of `st`, when it holds this type.
+    fn vec_mut(st: &mut Storage) -> Option<&mut Vec<Self>>;
 }
 
 impl Elem for f32 {
+    const ZERO: f32 = 0.0;
     fn zeros(n: usize) -> Vec<f32> {
         alloc::huge(vec![0.0; n])
     }
@@ -233,15 +258,23 @@ impl Elem for f32 {
     fn produce(dst: &mut [f32], _scratch: &mut Vec<f32>, f: impl FnOnce(&mut [f32])) {
         f(dst);
     }
+    #[inline]
+    fn produce_par<E>(dst: &mut [f32], f: impl FnOnce(&mut [f32]) -> Result<(), E>) -> Result<(), E> {
+        f(dst)
+    }
     fn storage(v: Vec<f32>) -> Storage {
         Storage::F32(v)
     }
     fn slice(st: &Storage) -> Option<&[f32]> {
         if let Storage::F32(v) = st { Some(v) } else { None }
     }
+    fn vec_mut(st: &mut Storage) -> Option<&mut Vec<f32>> {
+        if let Storage::F32(v) = st { Some(v) } else { None }
+    }
 }
 
 impl Elem for f16 {
+    const ZERO: f16 = f16::ZERO;
     fn zeros(n: usize) -> Vec<f16> {
         alloc::huge(vec![0u16; n]).reinterpret_into()
     }
@@ -256,9 +289,13 @@ impl Elem for f16 {
     fn slice(st: &Storage) -> Option<&[f16]> {
         if let Storage::F16(v) = st { Some(v) } else { None }
     }
+    fn vec_mut(st: &mut Storage) -> Option<&mut Vec<f16>> {
+        if let Storage::F16(v) = st { Some(v) } else { None }
+    }
 }
 
 impl Elem for bf16 {
+    const ZERO: bf16 = bf16::ZERO;
     fn zeros(n: usize) -> Vec<bf16> {
         alloc::huge(vec![0u16; n]).reinterpret_into()
     }
@@ -286,6 +323,9 @@ impl Elem for bf16 {
         Storage::BF16(v)
     }
     fn slice(st: &Storage) -> Option<&[bf16]> {
+        if let Storage::BF16(v) = st { Some(v) } else { None }
+    }
+    fn vec_mut(st: &mut Storage) -> Option<&mut Vec<bf16>> {
         if let Storage::BF16(v) = st { Some(v) } else { None }
     }
 }
@@ -331,8 +371,19 @@ pub(super) fn fill_typed<T: Elem>(
     f: impl Fn(usize, &mut [T], &mut Vec<f32>, &mut Vec<f32>) + Sync,
 ) -> Vec<T> {
     let mut out = T::zeros(total);
+    fill_into(&mut out, unit, f);
+    out
+}
+
+/// As `fill_typed`, writing `out` (the caller's buffer).
+pub(super) fn fill_into<T: Elem>(
+    out: &mut [T],
+    unit: usize,
+    f: impl Fn(usize, &mut [T], &mut Vec<f32>, &mut Vec<f32>) + Sync,
+) {
+    let total = out.len();
     if total == 0 {
-        return out;
+        return;
     }
     let unit = unit.max(1);
     let per_task = (TASK / unit).max(1) * unit;
@@ -347,7 +398,6 @@ pub(super) fn fill_typed<T: Elem>(
     } else {
         out.par_chunks_mut(per_task).enumerate().for_each(work);
     }
-    out
 }
 
 /// A contiguous output tensor.
@@ -382,10 +432,17 @@ fn check(a: &NormArgs, rms: bool) -> Result<(usize, usize, f32), KernelError> {
     Ok((rows, h, eps as f32))
 }
 
-/// `rms_norm`: `out` and, with a residual, `residual_out`.
+/// `rms_norm` into new buffers.
+#[cfg(test)]
 pub(crate) fn rms_norm(a: &NormArgs) -> Result<Outputs, KernelError> {
+    rms_norm_into(a, &mut Outputs::new())
+}
+
+/// `rms_norm`: `out` and, with a residual, `residual_out`, into the caller's buffers where
+/// they fit.
+pub(crate) fn rms_norm_into(a: &NormArgs, bufs: &mut Outputs) -> Result<Outputs, KernelError> {
     let (rows, h, eps) = check(a, true)?;
-    by_dtype!(a.x.dtype(), RMS_NORM, T => rms_typed::<T>(a, rows, h, eps))
+    by_dtype!(a.x.dtype(), RMS_NORM, T => rms_typed::<T>(a, rows, h, eps, bufs))
 }
 
 /// A row of `x` as the norms read it: borrowed f32 or bf16 elements, or (other dtypes and
@@ -446,53 +503,64 @@ fn all_finite(v: &[f32]) -> bool {
     v.iter().all(|x| x.is_finite())
 }
 
-fn rms_typed<T: Elem>(a: &NormArgs, rows: usize, h: usize, eps: f32) -> Result<Outputs, KernelError> {
-    let w = all_f32(&a.weight);
-    let w_finite = all_finite(&w);
-    let x = View::new(&a.x);
-    let shape = a.x.shape();
-    let Some(res) = &a.residual else {
-        // One pass reads the row for Σ x², one reads it again (from cache) and writes.
-        let out = fill_typed::<T>(rows * h, h, |start, dst, buf, scratch| {
-            let src = row(&x, start, h, buf);
-            let ss = match src {
-                Src::Bf16(v) => simd::sums_bf16_dp(v).map_or_else(|| sums(src, 0.0).1, |(_, q)| q),
-                Src::F32(_) => sums(src, 0.0).1,
-            };
-            let inv = rms_inv(ss, h, eps);
-            T::store_norm(src, (0.0, 0.0, inv), &w, None, ss.is_finite() && w_finite, dst, scratch);
-        });
-        return Ok(Outputs::from([("out".to_owned(), tensor(out, shape)?)]));
-    };
-    // Fused residual: s = x + residual (f32), residual_out = s, out = rmsnorm(s).
-    let r = View::new(res);
-    let mut out = T::zeros(rows * h);
-    let mut res_out = T::zeros(rows * h);
-    if rows * h > 0 {
-        let per_task = (TASK / h).max(1) * h;
-        let work = |(ti, (ob, rb)): (usize, (&mut [T], &mut [T]))| {
-            let (mut s, mut tmp, mut scratch) = (vec![0f32; h], vec![0f32; h], Vec::new());
-            for (ui, (o, ro)) in ob.chunks_mut(h).zip(rb.chunks_mut(h)).enumerate() {
-                let start = ti * per_task + ui * h;
-                x.read(start, &mut s);
-                let rv = r.get(start, &mut tmp);
-                for (s, &r) in s.iter_mut().zip(rv) {
-                    *s += r;
-                }
-                T::store(&s, ro);
-                let (_, ss) = simd::shifted_sums_f32(&s, 0.0);
+fn rms_typed<T: Elem>(
+    a: &NormArgs,
+    rows: usize,
+    h: usize,
+    eps: f32,
+    bufs: &mut Outputs,
+) -> Result<Outputs, KernelError> {
+    with_scratch(h, |wbuf| {
+        let w = super::pack::as_f32(&a.weight, wbuf);
+        let w_finite = all_finite(w);
+        let x = View::new(&a.x);
+        let shape = a.x.shape();
+        let mut out = Out::<T>::take(bufs, "out", rows * h);
+        let Some(res) = &a.residual else {
+            // One pass reads the row for Σ x², one reads it again (from cache) and writes.
+            fill_into::<T>(&mut out.v, h, |start, dst, buf, scratch| {
+                let src = row(&x, start, h, buf);
+                let ss = match src {
+                    Src::Bf16(v) => simd::sums_bf16_dp(v).map_or_else(|| sums(src, 0.0).1, |(_, q)| q),
+                    Src::F32(_) => sums(src, 0.0).1,
+                };
                 let inv = rms_inv(ss, h, eps);
-                let finite = ss.is_finite() && w_finite;
-                T::store_norm(Src::F32(&s), (0.0, 0.0, inv), &w, None, finite, o, &mut scratch);
-            }
+                T::store_norm(src, (0.0, 0.0, inv), w, None, ss.is_finite() && w_finite, dst, scratch);
+            });
+            return Ok(Outputs::one("out", out.finish(shape)?));
         };
-        if rows * h < PAR_MIN {
-            out.chunks_mut(per_task).zip(res_out.chunks_mut(per_task)).enumerate().for_each(work);
-        } else {
-            out.par_chunks_mut(per_task).zip(res_out.par_chunks_mut(per_task)).enumerate().for_each(work);
+        // Fused residual: s = x + residual (f32), residual_out = s, out = rmsnorm(s).
+        let r = View::new(res);
+        let mut res_out = Out::<T>::take(bufs, "residual_out", rows * h);
+        if rows * h > 0 {
+            let per_task = (TASK / h).max(1) * h;
+            let work = |(ti, (ob, rb)): (usize, (&mut [T], &mut [T]))| {
+                with_scratch(2 * h, |st| {
+                    let (s, tmp) = st.split_at_mut(h);
+                    let mut scratch = Vec::new();
+                    for (ui, (o, ro)) in ob.chunks_mut(h).zip(rb.chunks_mut(h)).enumerate() {
+                        let start = ti * per_task + ui * h;
+                        x.read(start, s);
+                        let rv = r.get(start, tmp);
+                        for (s, &r) in s.iter_mut().zip(rv) {
+                            *s += r;
+                        }
+                        T::store(s, ro);
+                        let (_, ss) = simd::shifted_sums_f32(s, 0.0);
+                        let inv = rms_inv(ss, h, eps);
+                        let finite = ss.is_finite() && w_finite;
+                        T::store_norm(Src::F32(s), (0.0, 0.0, inv), w, None, finite, o, &mut scratch);
+                    }
+                });
+            };
+            if rows * h < PAR_MIN {
+                out.v.chunks_mut(per_task).zip(res_out.v.chunks_mut(per_task)).enumerate().for_each(work);
+            } else {
+                out.v.par_chunks_mut(per_task).zip(res_out.v.par_chunks_mut(per_task)).enumerate().for_each(work);
+            }
         }
-    }
-    Ok(Outputs::from([("out".to_owned(), tensor(out, shape)?), ("residual_out".to_owned(), tensor(res_out, shape)?)]))
+        Ok(Outputs::from([("out", out.finish(shape)?), ("residual_out", res_out.finish(shape)?)]))
+    })
 }
 
 /// `layer_norm`.
@@ -534,7 +602,7 @@ fn layer_typed<T: Elem>(a: &NormArgs, rows: usize, h: usize, eps: f32) -> Result
         let lo = (mean - f64::from(hi)) as f32;
         T::store_norm(src, (hi, lo, inv), &w, b.as_deref(), wb_finite && q.is_finite(), dst, scratch);
     });
-    Ok(Outputs::from([("out".to_owned(), tensor(out, a.x.shape())?)]))
+    Ok(Outputs::from([("out", tensor(out, a.x.shape())?)]))
 }
 
 /// Helpers of the parity tests of this file and its siblings.

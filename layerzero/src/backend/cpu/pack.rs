@@ -178,3 +178,20 @@ pub(crate) fn floats(t: &HostTensor, name: &str) -> Result<Vec<f32>, KernelError
     }
     Ok(t.to_f32_vec())
 }
+
+/// A float tensor's elements in logical order as f32: borrowed when it is a contiguous f32
+/// tensor, else read into `buf` (at least as long as the tensor).
+pub(crate) fn as_f32<'a>(t: &'a HostTensor, buf: &'a mut [f32]) -> &'a [f32] {
+    let n = t.numel();
+    if let (Storage::F32(v), true) = (t.storage(), t.is_contiguous())
+        && let Some(w) = v.get(t.offset()..t.offset() + n)
+    {
+        return w;
+    }
+    let mut i = 0;
+    t.for_each_index(|at| {
+        buf[i] = t.storage().get_f32(at);
+        i += 1;
+    });
+    &buf[..n]
+}

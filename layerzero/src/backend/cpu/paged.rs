@@ -180,5 +180,5 @@ pub(crate) fn run(a: &PagedAttentionArgs) -> Result<Outputs, KernelError> {
 }
 
 fn finish(storage: Storage, n: [usize; 4]) -> Result<Outputs, KernelError> {
-    Ok(Outputs::from([("out".to_owned(), output(storage, n, Layout::Bshd)?)]))
+    Ok(Outputs::from([("out", output(storage, n, Layout::Bshd)?)]))
 }

@@ -3,6 +3,8 @@
 //! about 2e-4), the rotation is done in f64 and rounded once to the output dtype; rows are
 //! processed in parallel.
 
+use std::cell::RefCell;
+
 use half::{bf16, f16};
 use rayon::prelude::*;
 
@@ -13,24 +15,25 @@ const SEQUENTIAL_BELOW: usize = 1 << 14;
 use crate::exec::args::{Outputs, RopeArgs};
 use crate::exec::executor::KernelError;
 use crate::exec::semantics::rope_frequencies;
-use crate::model::attrs::RopeStyle;
+use crate::model::attrs::{RopeAttrs, RopeScaling, RopeStyle};
 use crate::model::dtype::DType;
 use crate::model::layout::Layout;
 use crate::tensor::{HostTensor, Storage};
 
+use super::alloc::{Out, with_scratch};
 use super::pack::{Bshd, ints, invalid};
 
 /// cos and sin per (position entry, pair): `[entries][half]`.
-struct Table {
-    cos: Vec<f64>,
-    sin: Vec<f64>,
+struct Table<'a> {
+    cos: &'a [f64],
+    sin: &'a [f64],
     half: usize,
     /// Position entry of (b, s): `s` when shared, else `b * seq + s`.
     shared: bool,
     seq: usize,
 }
 
-impl Table {
+impl Table<'_> {
     #[inline]
     fn entry(&self, b: usize, s: usize) -> usize {
         if self.shared { s } else { b * self.seq + s }
@@ -51,7 +54,36 @@ fn table_values(name: &str, t: &HostTensor, half: usize) -> Result<(), KernelErr
 }
 
 /// Runs RoPE: `out` (q rotated) and `out_k` when k is given.
+/// `rope` into new buffers.
+#[cfg(test)]
 pub(crate) fn run(a: &RopeArgs) -> Result<Outputs, KernelError> {
+    run_into(a, &mut Outputs::new())
+}
+
+/// The frequencies of `rope_frequencies`, kept per thread for the last attributes asked
+/// (every call of a model asks the same, and the table is a few hundred values).
+fn frequencies<R>(attrs: &RopeAttrs, rot: usize, seq_len: usize, f: impl FnOnce(&[f64], f64) -> R) -> R {
+    thread_local! {
+        static LAST: RefCell<Option<(RopeAttrs, usize, usize, Vec<f64>, f64)>> = const { RefCell::new(None) };
+    }
+    LAST.with_borrow_mut(|last| {
+        // Only dynamic NTK scaling depends on the sequence length.
+        let len_matters = matches!(attrs.scaling, Some(RopeScaling::DynamicNtk { .. }));
+        let hit =
+            last.as_ref().is_some_and(|(a, r, l, _, _)| a == attrs && *r == rot && (!len_matters || *l == seq_len));
+        if !hit {
+            let (inv, factor) = rope_frequencies(attrs, rot, seq_len);
+            *last = Some((attrs.clone(), rot, seq_len, inv, factor));
+        }
+        match last.as_ref() {
+            Some((_, _, _, inv, factor)) => f(inv, *factor),
+            None => f(&[], 1.0),
+        }
+    })
+}
+
+/// `rope`: `out` (q) and `out_k`, into the caller's buffers where they fit.
+pub(crate) fn run_into(a: &RopeArgs, bufs: &mut Outputs) -> Result<Outputs, KernelError> {
     let attrs = &a.attrs;
     let q = Bshd::new(&a.q, "q")?;
     let [nb, ns, _, d] = q.n;
@@ -72,8 +104,12 @@ pub(crate) fn run(a: &RopeArgs) -> Result<Outputs, KernelError> {
             k.n[0], k.n[1], k.n[3]
         )));
     }
-    let (positions, shared) = match &a.positions {
-        None => ((0..ns as i64).collect::<Vec<_>>(), true),
+    let owned;
+    let (positions, shared): (&[i64], bool) = match &a.positions {
+        None => {
+            owned = (0..ns as i64).collect::<Vec<_>>();
+            (&owned, true)
+        }
         Some(p) => {
             let shared = match p.shape() {
                 [s] if *s == ns => true,
@@ -84,7 +120,13 @@ pub(crate) fn run(a: &RopeArgs) -> Result<Outputs, KernelError> {
                     )));
                 }
             };
-            let v = ints(p, "positions")?;
+            let v = match (p.storage(), p.is_contiguous()) {
+                (Storage::I64(v), true) => &v[p.offset()..p.offset() + p.numel()],
+                _ => {
+                    owned = ints(p, "positions")?;
+                    &owned[..]
+                }
+            };
             if let Some((n, &x)) = v.iter().enumerate().find(|(_, x)| **x < 0) {
                 return Err(invalid(format!("positions (flat index {n}) = {x} is negative")));
             }
@@ -93,63 +135,80 @@ pub(crate) fn run(a: &RopeArgs) -> Result<Outputs, KernelError> {
     };
     let max_pos = positions.iter().copied().max().unwrap_or(-1);
     let entries = positions.len();
-    let mut cos = vec![0f64; entries * half];
-    let mut sin = vec![0f64; entries * half];
-    match (&a.cos, &a.sin) {
-        (None, None) => {
-            let seq_len = usize::try_from(max_pos + 1).unwrap_or(usize::MAX);
-            let (inv_freq, factor) = rope_frequencies(attrs, rot, seq_len);
-            let angles = |(c, s): (&mut [f64], &mut [f64]), pos: i64| {
-                for i in 0..c.len().min(s.len()).min(inv_freq.len()) {
-                    let theta = pos as f64 * inv_freq[i];
-                    c[i] = theta.cos() * factor;
-                    s[i] = theta.sin() * factor;
+    with_scratch::<f64, _>(2 * entries * half, |table| {
+        let (cos, sin) = table.split_at_mut(entries * half);
+        match (&a.cos, &a.sin) {
+            (None, None) => {
+                let seq_len = usize::try_from(max_pos + 1).unwrap_or(usize::MAX);
+                frequencies(attrs, rot, seq_len, |inv_freq, factor| {
+                    let angles = |(c, s): (&mut [f64], &mut [f64]), pos: i64| {
+                        for i in 0..c.len().min(s.len()).min(inv_freq.len()) {
+                            let theta = pos as f64 * inv_freq[i];
+                            c[i] = theta.cos() * factor;
+                            s[i] = theta.sin() * factor;
+                        }
+                    };
+                    // A decode step's table is a few dozen angles: handing it to the thread pool
+                    // costs more than computing it here.
+                    if half > 0 && entries * half < SEQUENTIAL_BELOW {
+                        cos.chunks_mut(half)
+                            .zip(sin.chunks_mut(half))
+                            .zip(positions)
+                            .for_each(|(cs, &p)| angles(cs, p));
+                    } else if half > 0 {
+                        cos.par_chunks_mut(half)
+                            .zip(sin.par_chunks_mut(half))
+                            .zip(positions)
+                            .for_each(|(cs, &p)| angles(cs, p));
+                    }
+                });
+            }
+            (Some(ct), Some(st)) => {
+                if ct.shape() != st.shape() {
+                    return Err(invalid(format!(
+                        "tensor `cos` shape {:?} != `sin` shape {:?}",
+                        ct.shape(),
+                        st.shape()
+                    )));
                 }
-            };
-            // A decode step's table is a few dozen angles: handing it to the thread pool
-            // costs more than computing it here.
-            if half > 0 && entries * half < SEQUENTIAL_BELOW {
-                cos.chunks_mut(half).zip(sin.chunks_mut(half)).zip(&positions).for_each(|(cs, &p)| angles(cs, p));
-            } else if half > 0 {
-                cos.par_chunks_mut(half)
-                    .zip(sin.par_chunks_mut(half))
-                    .zip(&positions)
-                    .for_each(|(cs, &p)| angles(cs, p));
-            }
-        }
-        (Some(ct), Some(st)) => {
-            if ct.shape() != st.shape() {
-                return Err(invalid(format!("tensor `cos` shape {:?} != `sin` shape {:?}", ct.shape(), st.shape())));
-            }
-            table_values("cos", ct, half)?;
-            table_values("sin", st, half)?;
-            let rows = ct.shape()[0];
-            if max_pos >= rows as i64 {
-                return Err(invalid(format!(
-                    "positions reach {max_pos} but the cos/sin tables have {rows} rows (positions 0..{rows})"
-                )));
-            }
-            for (e, &pos) in positions.iter().enumerate() {
-                for i in 0..half {
-                    let (p, c) = (pos as usize, e * half + i);
-                    cos[c] = ct.storage().get_f64(ct.offset() + p * ct.strides()[0] + i * ct.strides()[1]);
-                    sin[c] = st.storage().get_f64(st.offset() + p * st.strides()[0] + i * st.strides()[1]);
+                table_values("cos", ct, half)?;
+                table_values("sin", st, half)?;
+                let rows = ct.shape()[0];
+                if max_pos >= rows as i64 {
+                    return Err(invalid(format!(
+                        "positions reach {max_pos} but the cos/sin tables have {rows} rows (positions 0..{rows})"
+                    )));
+                }
+                for (e, &pos) in positions.iter().enumerate() {
+                    for i in 0..half {
+                        let (p, c) = (pos as usize, e * half + i);
+                        cos[c] = ct.storage().get_f64(ct.offset() + p * ct.strides()[0] + i * ct.strides()[1]);
+                        sin[c] = st.storage().get_f64(st.offset() + p * st.strides()[0] + i * st.strides()[1]);
+                    }
                 }
             }
+            _ => return Err(invalid("rope takes both `cos` and `sin` tables or neither; one is missing")),
         }
-        _ => return Err(invalid("rope takes both `cos` and `sin` tables or neither; one is missing")),
-    }
-    let table = Table { cos, sin, half, shared, seq: ns };
-    let mut outputs = Outputs::new();
-    outputs.insert("out".to_owned(), rotate(&a.q, &q, &table, rot, attrs.style)?);
-    if let (Some(kt), Some(k)) = (&a.k, &k) {
-        outputs.insert("out_k".to_owned(), rotate(kt, k, &table, rot, attrs.style)?);
-    }
-    Ok(outputs)
+        let table = Table { cos, sin, half, shared, seq: ns };
+        let mut outs = Outputs::one("out", rotate(&a.q, &q, &table, rot, attrs.style, bufs, "out")?);
+        if let (Some(kt), Some(k)) = (&a.k, &k) {
+            outs.insert("out_k", rotate(kt, k, &table, rot, attrs.style, bufs, "out_k")?);
+        }
+        Ok(outs)
+    })
 }
 
-/// Rotates every row of `x` into a contiguous tensor of `t`'s dtype and layout.
-fn rotate(t: &HostTensor, x: &Bshd, table: &Table, rot: usize, style: RopeStyle) -> Result<HostTensor, KernelError> {
+/// Rotates every row of `x` into a contiguous tensor of `t`'s dtype and layout (the
+/// caller's buffer `name` when it fits).
+fn rotate(
+    t: &HostTensor,
+    x: &Bshd,
+    table: &Table<'_>,
+    rot: usize,
+    style: RopeStyle,
+    bufs: &mut Outputs,
+    name: &'static str,
+) -> Result<HostTensor, KernelError> {
     let [nb, ns, nh, d] = x.n;
     let bhsd = t.layout() == Some(Layout::Bhsd);
     let rows = nb * ns * nh;
@@ -196,13 +255,16 @@ fn rotate(t: &HostTensor, x: &Bshd, table: &Table, rot: usize, style: RopeStyle)
             return;
         }
         if out.len() < SEQUENTIAL_BELOW {
-            let (mut buf, mut src) = (vec![0f64; d], vec![0f32; d]);
-            for (r, dst) in out.chunks_mut(d).enumerate() {
-                row(r, &mut buf, &mut src);
-                for (o, &v) in dst.iter_mut().zip(buf.iter()) {
-                    *o = conv(v);
-                }
-            }
+            with_scratch::<f64, _>(d, |buf| {
+                with_scratch::<f32, _>(d, |src| {
+                    for (r, dst) in out.chunks_mut(d).enumerate() {
+                        row(r, buf, src);
+                        for (o, &v) in dst.iter_mut().zip(buf.iter()) {
+                            *o = conv(v);
+                        }
+                    }
+                })
+            });
             return;
         }
         out.par_chunks_mut(d).enumerate().with_min_len(16).for_each_init(
@@ -216,25 +278,30 @@ fn rotate(t: &HostTensor, x: &Bshd, table: &Table, rot: usize, style: RopeStyle)
         );
     }
     let n = rows * d;
-    let storage = match t.dtype() {
+    let shape = if bhsd { [nb, nh, ns, d] } else { [nb, ns, nh, d] };
+    let out = match t.dtype() {
         DType::F16 => {
-            let mut v = vec![f16::ZERO; n];
-            fill(&mut v, d, f16::from_f64, &row);
-            Storage::F16(v)
+            let mut o = Out::<f16>::take(bufs, name, n);
+            fill(&mut o.v, d, f16::from_f64, &row);
+            o.finish(&shape)?
         }
         DType::BF16 => {
-            let mut v = vec![bf16::ZERO; n];
-            fill(&mut v, d, bf16::from_f64, &row);
-            Storage::BF16(v)
+            let mut o = Out::<bf16>::take(bufs, name, n);
+            fill(&mut o.v, d, bf16::from_f64, &row);
+            o.finish(&shape)?
+        }
+        DType::F32 => {
+            let mut o = Out::<f32>::take(bufs, name, n);
+            fill(&mut o.v, d, |x| x as f32, &row);
+            o.finish(&shape)?
         }
         other => {
             let mut v = vec![0f32; n];
             fill(&mut v, d, |x| x as f32, &row);
-            if other == DType::F32 { Storage::F32(v) } else { Storage::from_f32(other, &v) }
+            HostTensor::new(Storage::from_f32(other, &v), &shape)
+                .map_err(|e| KernelError::Failed(format!("building the output: {e}")))?
         }
     };
-    let shape = if bhsd { [nb, nh, ns, d] } else { [nb, ns, nh, d] };
-    let out = HostTensor::new(storage, &shape).map_err(|e| KernelError::Failed(format!("building the output: {e}")))?;
     Ok(match t.layout() {
         Some(l) => out.with_layout(l),
         None => out,

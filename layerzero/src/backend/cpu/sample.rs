@@ -88,7 +88,7 @@ pub(crate) fn run(a: &SampleArgs) -> Result<Outputs, KernelError> {
     let tokens = results.into_iter().collect::<Result<Vec<i64>, KernelError>>()?;
     let t = HostTensor::new(Storage::I64(tokens), &[b])
         .map_err(|e| KernelError::Failed(format!("building the output: {e}")))?;
-    Ok(Outputs::from([("tokens".to_owned(), t)]))
+    Ok(Outputs::from([("tokens", t)]))
 }
 
 #[derive(Default)]

@@ -54,7 +54,7 @@ pub(crate) fn register(registry: &mut Registry) {
 }
 
 fn out(t: HostTensor) -> Outputs {
-    Outputs::from([("out".to_owned(), t)])
+    Outputs::from([("out", t)])
 }
 
 /// `t` must be f32, f16 or bf16 (the dtypes these kernels declare).

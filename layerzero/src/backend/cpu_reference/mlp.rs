@@ -20,7 +20,7 @@ pub(crate) fn register(registry: &mut Registry) {
     registry.register(
         MLP,
         Arc::new(|args: &OpArgs| match args {
-            OpArgs::Mlp(a) => mlp(a).map(|t| Outputs::from([("out".to_owned(), t)])),
+            OpArgs::Mlp(a) => mlp(a).map(|t| Outputs::from([("out", t)])),
             other => Err(wrong_op(MLP, Op::Mlp, other)),
         }),
     );

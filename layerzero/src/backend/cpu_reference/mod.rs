@@ -69,7 +69,7 @@ pub fn register(registry: &mut Registry) {
 }
 
 fn out(t: HostTensor) -> Outputs {
-    Outputs::from([("out".to_owned(), t)])
+    Outputs::from([("out", t)])
 }
 
 fn wrong_op(kernel: &str, expected: Op, got: &OpArgs) -> KernelError {

@@ -93,7 +93,7 @@ pub(crate) fn moe_route(a: &MoeRouteArgs) -> Result<Outputs, KernelError> {
     }
     let experts = HostTensor::new(Storage::I32(experts), &[t, k]).map_err(failed)?;
     let weights = HostTensor::new(Storage::F32(weights), &[t, k]).map_err(failed)?;
-    Ok(Outputs::from([("experts".to_owned(), experts), ("weights".to_owned(), weights)]))
+    Ok(Outputs::from([("experts", experts), ("weights", weights)]))
 }
 
 use super::activation::activate;

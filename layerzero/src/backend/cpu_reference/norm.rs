@@ -111,9 +111,9 @@ pub(crate) fn rms_norm(a: &NormArgs) -> Result<Outputs, KernelError> {
         }
     }
     let dtype = a.x.dtype();
-    let mut outs = Outputs::from([("out".to_owned(), from_f64_as(dtype, a.x.shape(), &out)?)]);
+    let mut outs = Outputs::from([("out", from_f64_as(dtype, a.x.shape(), &out)?)]);
     if a.residual.is_some() {
-        outs.insert("residual_out".to_owned(), from_f64_as(dtype, a.x.shape(), &s)?);
+        outs.insert("residual_out", from_f64_as(dtype, a.x.shape(), &s)?);
     }
     Ok(outs)
 }
@@ -134,7 +134,7 @@ pub(crate) fn layer_norm(a: &NormArgs) -> Result<Outputs, KernelError> {
             *o = (v - mean) * inv * w + b;
         }
     }
-    Ok(Outputs::from([("out".to_owned(), from_f64_as(a.x.dtype(), a.x.shape(), &out)?)]))
+    Ok(Outputs::from([("out", from_f64_as(a.x.dtype(), a.x.shape(), &out)?)]))
 }
 
 #[cfg(test)]

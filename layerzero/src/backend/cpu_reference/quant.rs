@@ -55,7 +55,7 @@ pub(crate) fn register(registry: &mut Registry) {
     registry.register(
         DEQUANTIZE,
         Arc::new(|args: &OpArgs| match args {
-            OpArgs::Dequantize(a) => dequantize(a).map(|t| Outputs::from([("out".to_owned(), t)])),
+            OpArgs::Dequantize(a) => dequantize(a).map(|t| Outputs::from([("out", t)])),
             other => Err(wrong_op(DEQUANTIZE, Op::Dequantize, other)),
         }),
     );
@@ -124,7 +124,7 @@ pub fn quantize(a: &QuantizeArgs) -> Result<Outputs, KernelError> {
         HostTensor::from_f32(&grid.shape(), scales)
     }
     .map_err(built)?;
-    Ok(Outputs::from([("out".to_owned(), out), ("scale".to_owned(), scale)]))
+    Ok(Outputs::from([("out", out), ("scale", scale)]))
 }
 
 /// `dequantize`: `out = decode(x) * scale`, in f64, rounded once to `attrs.out_dtype`.

@@ -178,9 +178,9 @@ pub fn rope(args: &RopeArgs) -> Result<Outputs, KernelError> {
     };
 
     let mut outputs = Outputs::new();
-    outputs.insert("out".to_owned(), rotate("q", &args.q, &positions, &angles, rot, a.style)?);
+    outputs.insert("out", rotate("q", &args.q, &positions, &angles, rot, a.style)?);
     if let Some(k) = &args.k {
-        outputs.insert("out_k".to_owned(), rotate("k", k, &positions, &angles, rot, a.style)?);
+        outputs.insert("out_k", rotate("k", k, &positions, &angles, rot, a.style)?);
     }
     Ok(outputs)
 }

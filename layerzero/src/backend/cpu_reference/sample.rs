@@ -76,7 +76,7 @@ pub(crate) fn sample(a: &SampleArgs) -> Result<Outputs, KernelError> {
     }
     let t = HostTensor::new(Storage::I64(tokens), &[b])
         .map_err(|e| KernelError::Failed(format!("building the output: {e}")))?;
-    Ok(Outputs::from([("tokens".to_owned(), t)]))
+    Ok(Outputs::from([("tokens", t)]))
 }
 
 fn sample_row(l: &[f64], row: usize, plan: &Plan) -> Result<i64, KernelError> {

@@ -5,6 +5,7 @@ use rayon::prelude::*;
 
 use super::view::Mat;
 use super::weights::Weights;
+use crate::backend::cpu::alloc::with_scratch;
 use crate::backend::cpu::simd;
 use crate::tensor::Storage;
 
@@ -169,57 +170,78 @@ pub(in crate::backend::cpu) fn dots_mat_row(x: &[f32], w: &Mat, r: usize, scratc
 
 /// Column ranges splitting `n` for a parallel sweep (about 8 per thread, at least `min`).
 pub(in crate::backend::cpu) fn chunks(n: usize, min: usize) -> Vec<(usize, usize)> {
-    let target = rayon::current_num_threads().max(1) * 8;
-    let size = n.div_ceil(target).max(min).max(1);
+    let size = chunk_size(n, min);
     (0..n).step_by(size).map(|n0| (n0, size.min(n - n0))).collect()
 }
 
-/// `C [M, N] = x [M, K] . B` for a few rows: every weight element is read once.
+/// The width of the column ranges of [`chunks`].
+pub(in crate::backend::cpu) fn chunk_size(n: usize, min: usize) -> usize {
+    let target = rayon::current_num_threads().max(1) * 8;
+    n.div_ceil(target).max(min).max(1)
+}
+
+/// `C [M, N] = x [M, K] . B` for a few rows: every weight element is read once. Nothing
+/// is allocated once the threads' scratch is warm (a decode step runs this per projection).
 pub(super) fn gemv(x: &[f32], m: usize, w: &Weights, c: &mut [f32]) {
-    let (k, n) = (w.k(), w.n());
-    let parts: Vec<Vec<f32>> = chunks(n, 16)
-        .into_par_iter()
-        .map(|(n0, nb)| {
-            let mut part = vec![0f32; m * nb];
-            let mut scratch = vec![0f32; k];
-            if w.by_column() {
-                // part is [nb, m]: one weight row dotted with every x row.
+    let n = w.n();
+    if m == 0 || n == 0 {
+        return;
+    }
+    let size = chunk_size(n, 16);
+    if m == 1 {
+        // One row: [nb, 1] and [1, nb] are the same layout, so each task writes C directly.
+        c[..n].par_chunks_mut(size).enumerate().for_each(|(ci, part)| columns(x, m, w, ci * size, part));
+        return;
+    }
+    // Each task fills its columns' block of a [N, M] (by column) or [M, nb] (by row)
+    // image, scattered into C afterwards.
+    with_scratch(n * m, |img| {
+        img.par_chunks_mut(size * m).enumerate().for_each(|(ci, part)| columns(x, m, w, ci * size, part));
+        let by_col = w.by_column();
+        for (ci, part) in img.chunks(size * m).enumerate() {
+            let (n0, nb) = (ci * size, part.len() / m);
+            for i in 0..m {
                 for j in 0..nb {
-                    let out = &mut part[j * m..(j + 1) * m];
-                    match w {
-                        Weights::Dense(b) => dots_mat_row(x, &b.t(), n0 + j, &mut scratch, out),
-                        Weights::Int4(q) => {
-                            q.row(n0 + j, &mut scratch);
-                            dots_rows(x, k, &scratch, out);
-                        }
-                    }
+                    c[i * n + n0 + j] = if by_col { part[j * m + i] } else { part[i * nb + j] };
                 }
-            } else if let Weights::Dense(b) = w {
-                // part is [m, nb]: the weight rows' segments, each read once, axpy'd in.
-                let sub = b.cols(n0, nb);
-                let mut seg = vec![0f32; nb];
-                for p in 0..k {
-                    let row = match sub.f32_row(p) {
-                        Some(r) => r,
-                        None => {
-                            sub.read_row(p, &mut seg);
-                            &seg
-                        }
-                    };
-                    for i in 0..m {
-                        simd::axpy(&mut part[i * nb..(i + 1) * nb], x[i * k + p], row);
-                    }
-                }
-            }
-            part
-        })
-        .collect();
-    let by_col = w.by_column();
-    for ((n0, nb), part) in chunks(n, 16).into_iter().zip(parts) {
-        for i in 0..m {
-            for j in 0..nb {
-                c[i * n + n0 + j] = if by_col { part[j * m + i] } else { part[i * nb + j] };
             }
         }
-    }
+    });
+}
+
+/// Columns `n0..n0 + part.len() / m` of `x . B` into `part`: `[nb, m]` when the weight is
+/// read by column (one weight row dotted with every x row), `[m, nb]` otherwise.
+fn columns(x: &[f32], m: usize, w: &Weights, n0: usize, part: &mut [f32]) {
+    let (k, nb) = (w.k(), part.len() / m);
+    with_scratch(k.max(nb), |scratch| {
+        if w.by_column() {
+            for j in 0..nb {
+                let out = &mut part[j * m..(j + 1) * m];
+                match w {
+                    Weights::Dense(b) => dots_mat_row(x, &b.t(), n0 + j, scratch, out),
+                    Weights::Int4(q) => {
+                        q.row(n0 + j, &mut scratch[..k]);
+                        dots_rows(x, k, &scratch[..k], out);
+                    }
+                }
+            }
+        } else if let Weights::Dense(b) = w {
+            // The weight rows' segments, each read once, axpy'd in.
+            part.fill(0.0);
+            let sub = b.cols(n0, nb);
+            let seg = &mut scratch[..nb];
+            for p in 0..k {
+                let row = match sub.f32_row(p) {
+                    Some(r) => r,
+                    None => {
+                        sub.read_row(p, seg);
+                        &*seg
+                    }
+                };
+                for i in 0..m {
+                    simd::axpy(&mut part[i * nb..(i + 1) * nb], x[i * k + p], row);
+                }
+            }
+        }
+    });
 }

@@ -44,13 +44,15 @@ use w8a8::linear_w8a8;
 use weights::Int4W;
 pub(super) use weights::Weights;
 
+use super::alloc::{Out, with_scratch};
+use super::norm::{Elem, by_dtype};
 use super::simd;
 use super::wrong_op;
 use crate::exec::args::{Int4Args, LinearArgs, OpArgs, Outputs};
-use crate::exec::executor::{KernelError, Registry};
+use crate::exec::executor::{KernelError, Registry, WritesInto};
 use crate::model::dtype::DType;
 use crate::model::layout::Layout;
-use crate::tensor::{HostTensor, Storage};
+use crate::tensor::{Dims, HostTensor, Storage};
 
 /// Linear kernel id.
 pub(super) const LINEAR: &str = "cpu.linear.fast";
@@ -66,10 +68,10 @@ pub(super) const GEMV_MAX_M: usize = 8;
 pub(crate) fn register(registry: &mut Registry) {
     registry.register(
         LINEAR,
-        Arc::new(|args: &OpArgs| match args {
-            OpArgs::Linear(a) => linear(a).map(out),
+        Arc::new(WritesInto(|args: &OpArgs, bufs: &mut Outputs| match args {
+            OpArgs::Linear(a) => linear_into(a, bufs),
             other => Err(wrong_op(LINEAR, other)),
-        }),
+        })),
     );
     registry.register(
         W8A8,
@@ -88,7 +90,7 @@ pub(crate) fn register(registry: &mut Registry) {
 }
 
 fn out(t: HostTensor) -> Outputs {
-    Outputs::from([("out".to_owned(), t)])
+    Outputs::from([("out", t)])
 }
 
 pub(super) fn invalid(msg: impl Into<String>) -> KernelError {
@@ -97,17 +99,29 @@ pub(super) fn invalid(msg: impl Into<String>) -> KernelError {
 
 /// `x [M, K] . B + bias` in f32, as a contiguous [M, N] vector.
 pub(super) fn linear_f32(x: &Mat, w: &Weights, bias: Option<&[f32]>) -> Result<Vec<f32>, KernelError> {
-    let (m, k, n) = (x.rows, w.k(), w.n());
+    let (m, n) = (x.rows, w.n());
     let len = m.checked_mul(n).ok_or_else(|| invalid(format!("the output [{m}, {n}] overflows")))?;
     let mut c = super::alloc::huge(vec![0f32; len]);
-    if len == 0 {
-        return Ok(c);
+    linear_f32_into(x, w, bias, &mut c)?;
+    Ok(c)
+}
+
+/// `x [M, K] . B + bias` in f32 into `c` (`[M, N]`, contiguous, zeros).
+pub(super) fn linear_f32_into(x: &Mat, w: &Weights, bias: Option<&[f32]>, c: &mut [f32]) -> Result<(), KernelError> {
+    let (m, k, n) = (x.rows, w.k(), w.n());
+    if c.is_empty() {
+        return Ok(());
     }
     if k == 0 {
         // Nothing to sum; bias below.
     } else if m <= GEMV_MAX_M {
-        let xf = x.to_f32();
-        gemv(&xf, m, w, &mut c);
+        match x.as_f32().filter(|v| v.is_dense()) {
+            Some(v) => gemv(&v.data[v.off..v.off + m * k], m, w, c),
+            None => with_scratch(m * k, |xf| {
+                x.read_into(xf);
+                gemv(xf, m, w, c);
+            }),
+        }
     } else {
         let owned;
         let xv = match x.as_f32() {
@@ -124,13 +138,12 @@ pub(super) fn linear_f32(x: &Mat, w: &Weights, bias: Option<&[f32]>) -> Result<V
             }
             None => 0.0,
         };
-        gemm(xv, w, beta, &mut c, n)?;
-        return Ok(c);
+        return gemm(xv, w, beta, c, n);
     }
     if let Some(b) = bias {
         c.par_chunks_mut(n).for_each(|row| row.iter_mut().zip(b).for_each(|(v, b)| *v += b));
     }
-    Ok(c)
+    Ok(())
 }
 
 /// An f32 result as a contiguous tensor of `dtype` (rounded once).
@@ -160,13 +173,18 @@ pub(super) fn expect_dense_float(name: &str, t: &HostTensor) -> Result<(), Kerne
 
 fn check_bias(bias: Option<&HostTensor>, n: usize) -> Result<Option<Vec<f32>>, KernelError> {
     let Some(b) = bias else { return Ok(None) };
+    check_bias_shape(b, n)?;
+    Ok(Some(b.to_f32_vec()))
+}
+
+fn check_bias_shape(b: &HostTensor, n: usize) -> Result<(), KernelError> {
     if !b.dtype().is_float() {
         return Err(invalid(format!("tensor `bias` has dtype {}; expected a float dtype", b.dtype())));
     }
     if b.shape() != [n] {
         return Err(invalid(format!("tensor `bias` has shape {:?}; expected [N] = [{n}]", b.shape())));
     }
-    Ok(Some(b.to_f32_vec()))
+    Ok(())
 }
 
 /// The weight of `linear` as B [K, N] (NT [N, K] transposed, NN as is), checked against K.
@@ -193,8 +211,8 @@ pub(super) fn weight_b<'a>(name: &str, w: &'a HostTensor, k: usize) -> Result<Ma
     Ok(b)
 }
 
-fn out_shape(x: &HostTensor, n: usize) -> Vec<usize> {
-    let mut s = x.shape()[..x.rank() - 1].to_vec();
+fn out_shape(x: &HostTensor, n: usize) -> Dims {
+    let mut s = Dims::from_slice(&x.shape()[..x.rank() - 1]);
     s.push(n);
     s
 }
@@ -202,14 +220,25 @@ fn out_shape(x: &HostTensor, n: usize) -> Vec<usize> {
 // ---------------------------------------------------------------------------------------
 // Kernels.
 
-/// `linear`: `out = x @ W^T + bias` (NT) or `x @ W + bias` (NN).
+/// `linear` into new buffers.
+#[cfg(test)]
 pub(super) fn linear(a: &LinearArgs) -> Result<HostTensor, KernelError> {
+    linear_into(a, &mut Outputs::new())?
+        .remove("out")
+        .ok_or_else(|| KernelError::Failed("linear produced no output".to_owned()))
+}
+
+/// `linear`: `out = x @ W^T + bias` (NT) or `x @ W + bias` (NN), into the caller's `out`
+/// where it fits.
+pub(super) fn linear_into(a: &LinearArgs, bufs: &mut Outputs) -> Result<Outputs, KernelError> {
     expect_dense_float("x", &a.x)?;
     expect_dense_float("weight", &a.weight)?;
     let mut holder = None;
     let x = rows_view(&a.x, &mut holder)?;
     let b = weight_b("weight", &a.weight, x.cols)?;
-    let bias = check_bias(a.bias.as_ref(), b.cols)?;
+    if let Some(bias) = &a.bias {
+        check_bias_shape(bias, b.cols)?;
+    }
     let shape = out_shape(&a.x, b.cols);
     if x.rows > GEMV_MAX_M
         && x.cols > 0
@@ -217,12 +246,23 @@ pub(super) fn linear(a: &LinearArgs) -> Result<HostTensor, KernelError> {
         && matches!((x.st, b.st), (Storage::BF16(_), Storage::BF16(_)))
         && simd::amx_bf16()
     {
+        let bias = check_bias(a.bias.as_ref(), b.cols)?;
         let out = amx::linear_bf16(&x, &b, bias.as_deref());
-        return HostTensor::new(Storage::BF16(out), &shape)
-            .map_err(|e| KernelError::Failed(format!("building the output: {e}")));
+        let t = HostTensor::new(Storage::BF16(out), &shape)
+            .map_err(|e| KernelError::Failed(format!("building the output: {e}")))?;
+        return Ok(Outputs::one("out", t));
     }
-    let c = linear_f32(&x, &Weights::Dense(b), bias.as_deref())?;
-    to_tensor(a.x.dtype(), &shape, c)
+    let len = x.rows.checked_mul(b.cols).ok_or_else(|| invalid(format!("the output {shape:?} overflows")))?;
+    let n = b.cols;
+    with_scratch(if a.bias.is_some() { n } else { 0 }, |bbuf| {
+        let bias = a.bias.as_ref().map(|t| super::pack::as_f32(t, bbuf));
+        let w = Weights::Dense(b);
+        by_dtype!(a.x.dtype(), LINEAR, T => {
+            let mut out = Out::<T>::take(bufs, "out", len);
+            T::produce_par(&mut out.v, |c| linear_f32_into(&x, &w, bias, c))?;
+            Ok(Outputs::one("out", out.finish(&shape)?))
+        })
+    })
 }
 
 /// `linear_int4`: the packed weight is dequantized per row (GEMV) or per panel (sgemm).

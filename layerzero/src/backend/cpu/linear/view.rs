@@ -80,10 +80,15 @@ impl<'a> Mat<'a> {
     /// A contiguous row-major f32 copy (parallel over rows).
     pub(in crate::backend::cpu) fn to_f32(self) -> Vec<f32> {
         let mut v = vec![0f32; self.rows * self.cols];
-        if self.cols > 0 {
-            v.par_chunks_mut(self.cols).enumerate().for_each(|(r, row)| self.read_row(r, row));
-        }
+        self.read_into(&mut v);
         v
+    }
+
+    /// The same, into `out` (`rows * cols` long).
+    pub(in crate::backend::cpu) fn read_into(&self, out: &mut [f32]) {
+        if self.cols > 0 {
+            out.par_chunks_mut(self.cols).enumerate().for_each(|(r, row)| self.read_row(r, row));
+        }
     }
 }
 
@@ -102,6 +107,11 @@ impl<'a> F32View<'a> {
     /// A contiguous row-major [rows, cols] matrix.
     pub(in crate::backend::cpu) fn dense(data: &'a [f32], rows: usize, cols: usize) -> F32View<'a> {
         F32View { data, off: 0, rows, cols, rs: cols, cs: 1 }
+    }
+
+    /// True when the rows are stored one after another, unit stride.
+    pub(in crate::backend::cpu) fn is_dense(&self) -> bool {
+        (self.cs == 1 || self.cols <= 1) && (self.rs == self.cols || self.rows <= 1) && self.in_bounds()
     }
 
     /// Rows `r0..r0 + n`.
