@@ -69,7 +69,7 @@ pub(crate) fn expect_dense_float(name: &str, t: &HostTensor) -> Result<(), Kerne
 }
 
 /// The activations [..., K] of a linear-like op: (leading shape, M, K).
-pub(crate) fn rows_of(name: &str, x: &HostTensor) -> Result<(Vec<usize>, usize, usize), KernelError> {
+pub(crate) fn rows_of(name: &str, x: &HostTensor) -> Result<(crate::tensor::Dims, usize, usize), KernelError> {
     let Some((&k, lead)) = x.shape().split_last() else {
         return Err(invalid(format!("tensor `{name}` has shape {:?}; expected at least one dim [..., K]", x.shape())));
     };
@@ -77,7 +77,7 @@ pub(crate) fn rows_of(name: &str, x: &HostTensor) -> Result<(Vec<usize>, usize, 
         .iter()
         .try_fold(1usize, |a, &d| a.checked_mul(d))
         .ok_or_else(|| invalid(format!("tensor `{name}` shape {:?} overflows", x.shape())))?;
-    Ok((lead.to_vec(), m, k))
+    Ok((crate::tensor::Dims::from_slice(lead), m, k))
 }
 
 /// Which way a dense linear weight is stored.
@@ -300,7 +300,7 @@ pub(crate) fn int4_dims(a: &Int4Args) -> Result<(Vec<usize>, usize, usize, usize
     }
     check_bias(a.bias.as_ref(), n)?;
     m.checked_mul(n).ok_or_else(|| invalid(format!("the output shape {:?} overflows", out_shape(&lead, n))))?;
-    Ok((lead, m, k, n, g))
+    Ok((lead.to_vec(), m, k, n, g))
 }
 
 /// The unsigned 4-bit value of column `k` in a packed byte row (low nibble = even k).

@@ -27,7 +27,7 @@ pub(crate) fn register(registry: &mut Registry) {
 }
 
 /// Checks the tensors of an MLP: returns (leading shape of x, M, H, I).
-pub(crate) fn mlp_dims(a: &MlpArgs) -> Result<(Vec<usize>, usize, usize, usize), KernelError> {
+pub(crate) fn mlp_dims(a: &MlpArgs) -> Result<(crate::tensor::Dims, usize, usize, usize), KernelError> {
     expect_dense_float("x", &a.x)?;
     let (lead, m, h) = rows_of("x", &a.x)?;
     for (name, t) in [("w_gate", &a.w_gate), ("w_up", &a.w_up), ("w_down", &a.w_down)] {
