@@ -10,8 +10,8 @@ The model is a ~125M-parameter Llama (hidden 768, 12 layers, 12 heads, 4 KV head
 intermediate 2048, vocab 32000) with random weights, written once to --dir in f32 and bf16.
 Only speed is compared, so random weights are fine. Build ours first:
 `cargo build --release -p layerzero --bin lz`. llama.cpp is measured when the
-`llama_cpp` (llama-cpp-python) and `gguf` packages are importable; otherwise it is reported as
-not installed. With `--tune SECONDS`, `lz workload` and `lz tune` first measure the model's own
+`llama_cpp` (llama-cpp-python) and `gguf` packages are importable (the model is written once
+to GGUF under --dir, f32 or bf16 as it is); otherwise it is reported as not installed. With `--tune SECONDS`, `lz workload` and `lz tune` first measure the model's own
 ops into a PerfDB under --dir (LAYERZERO_HOME), so selection is measured rather than modeled.
 """
 
@@ -93,6 +93,112 @@ class Hf:
         return len(prompt) / prefill, (new - 1) / decode
 
 
+def write_gguf(src: Path, out: Path, dtype: str) -> None:
+    """The HF model at `src` as a GGUF llama file (tensor names and metadata as llama.cpp
+    reads them; a placeholder SPM vocabulary of the model's size, since ids are fed in
+    directly). Q and K rows keep HF's order: the weights are random, only speed counts."""
+    if out.exists():
+        return
+    import gguf
+    import numpy as np
+    from safetensors.numpy import load_file
+    cfg = json.loads((src / "config.json").read_text())
+    st = {}
+    for f in sorted(src.glob("*.safetensors")):
+        st.update(load_file(f)) if dtype == "f32" else st.update(_load_bf16_bits(f))
+    w = gguf.GGUFWriter(str(out), "llama")
+    heads, kv, hidden = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"]
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(hidden)
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_rope_dimension_count(hidden // heads)
+    theta = cfg.get("rope_parameters", {}).get("rope_theta", cfg.get("rope_theta", 10000.0))
+    w.add_rope_freq_base(float(theta))
+    w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_BF16)
+    vocab = cfg["vocab_size"]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    tokens = (tokens + [f"t{i}" for i in range(max(0, vocab - len(tokens)))])[:vocab]
+    types = ([2, 3, 3] + [6] * 256 + [1] * max(0, vocab - 259))[:vocab]
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * vocab)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    per_layer = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+                 "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+                 "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                 "mlp.down_proj": "ffn_down"}
+    for l in range(cfg["num_hidden_layers"]):
+        for hf, gg in per_layer.items():
+            names[f"model.layers.{l}.{hf}.weight"] = f"blk.{l}.{gg}.weight"
+    for hf, gg in names.items():
+        t = st[hf]
+        if t.ndim == 1 or dtype == "f32":
+            # Norm weights stay f32 in llama.cpp's own conversions.
+            arr = t.astype(np.float32) if t.dtype != np.uint16 else _bf16_to_f32(t)
+            w.add_tensor(gg, arr)
+        else:
+            w.add_tensor(gg, t, raw_shape=t.shape, raw_dtype=gguf.GGMLQuantizationType.BF16)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _load_bf16_bits(f: Path) -> dict:
+    """A bf16 safetensors file as uint16 arrays (numpy has no bf16)."""
+    import numpy as np
+    raw = f.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = meta["data_offsets"]
+        out[name] = np.frombuffer(raw[8 + n + a:8 + n + b], dtype=np.uint16).reshape(meta["shape"])
+    return out
+
+
+def _bf16_to_f32(bits):
+    import numpy as np
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+class LlamaCpp:
+    def __init__(self, path: Path, threads: int, ctx: int):
+        from llama_cpp import Llama
+        self.llm = Llama(model_path=str(path), n_ctx=ctx, n_batch=512, n_ubatch=512, n_threads=threads,
+                         n_threads_batch=threads, verbose=os.environ.get("LZ_BENCH_VERBOSE") == "1")
+
+    def last_logits(self):
+        """The logits of the last token evaluated, read in place from the context."""
+        import numpy as np
+        return np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.llm.n_vocab(),))
+
+    def run(self, prompt: list, new: int) -> tuple:
+        import numpy as np
+        llm = self.llm
+        llm.reset()
+        start = time.perf_counter()
+        llm.eval(prompt)
+        token = int(np.argmax(self.last_logits()))
+        prefill = time.perf_counter() - start
+        start = time.perf_counter()
+        for _ in range(new - 1):
+            llm.eval([token])
+            token = int(np.argmax(self.last_logits()))
+        decode = time.perf_counter() - start
+        return len(prompt) / prefill, (new - 1) / decode
+
+
 def llama_cpp_available() -> bool:
     try:
         import gguf  # noqa: F401
@@ -120,7 +226,11 @@ def main() -> None:
     prompt = [(i * 7919 + 13) % 32000 for i in range(a.prompt)]
     print(f"threads {a.threads}, prompt {a.prompt}, new {a.new}, rounds {a.rounds}; "
           f"torch {torch.__version__}, {os.cpu_count()} CPUs")
-    if not llama_cpp_available():
+    with_llama = llama_cpp_available()
+    if with_llama:
+        import llama_cpp
+        print(f"llama.cpp: llama-cpp-python {llama_cpp.__version__}")
+    else:
         print("llama.cpp: not installed (pip install llama-cpp-python gguf to include it)")
     home = root / ("home-tuned" if a.tune else "home-model-only")
     home.mkdir(parents=True, exist_ok=True)
@@ -131,9 +241,18 @@ def main() -> None:
             tune(a.lz, root / dt, home, a.threads, a.tune, a.prompt + a.new)
         hf = Hf(root / dt, torch.float32 if dt == "f32" else torch.bfloat16)
         samples = {"ours": [], "hf": []}
+        lcpp = None
+        if with_llama:
+            gg = root / f"model-{dt}.gguf"
+            write_gguf(root / dt, gg, dt)
+            lcpp = LlamaCpp(gg, a.threads, a.prompt + a.new + 8)
+            samples["llama.cpp"] = []
         for _ in range(a.rounds):
             samples["ours"].append(ours(a.lz, root / dt, prompt, a.new, a.threads, home))
             samples["hf"].append(hf.run(prompt, a.new))
+            if lcpp is not None:
+                samples["llama.cpp"].append(lcpp.run(prompt, a.new))
+        del hf, lcpp
         med = {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for k, v in samples.items()}
         rows.append((dt, med))
     print(f"{'dtype':<6} {'engine':<8} {'prefill tok/s':>14} {'decode tok/s':>13}")
@@ -142,6 +261,9 @@ def main() -> None:
             print(f"{dt:<6} {k:<8} {p:>14.1f} {d:>13.1f}")
         (op, od), (hp, hd) = med["ours"], med["hf"]
         print(f"{dt:<6} {'ours/hf':<8} {op / hp:>14.2f} {od / hd:>13.2f}")
+        if "llama.cpp" in med:
+            lp, ld = med["llama.cpp"]
+            print(f"{dt:<6} {'ours/llama.cpp':<8} {op / lp:>8.2f} {od / ld:>13.2f}")
 
 
 if __name__ == "__main__":

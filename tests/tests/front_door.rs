@@ -30,7 +30,7 @@ fn norm(rows: usize) -> OpArgs {
 
 fn empty(_: &OpArgs) -> Result<Outputs, KernelError> {
     let mut o = Outputs::new();
-    o.insert("out".into(), HostTensor::from_f32(&[1], vec![7.0]).unwrap_or_else(|e| panic!("{e}")));
+    o.insert("out", HostTensor::from_f32(&[1], vec![7.0]).unwrap_or_else(|e| panic!("{e}")));
     Ok(o)
 }
 

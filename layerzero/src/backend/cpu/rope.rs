@@ -63,8 +63,10 @@ pub(crate) fn run(a: &RopeArgs) -> Result<Outputs, KernelError> {
 /// The frequencies of `rope_frequencies`, kept per thread for the last attributes asked
 /// (every call of a model asks the same, and the table is a few hundred values).
 fn frequencies<R>(attrs: &RopeAttrs, rot: usize, seq_len: usize, f: impl FnOnce(&[f64], f64) -> R) -> R {
+    /// (attributes, rotary dim, sequence length, inverse frequencies, attention factor).
+    type Memo = Option<(RopeAttrs, usize, usize, Vec<f64>, f64)>;
     thread_local! {
-        static LAST: RefCell<Option<(RopeAttrs, usize, usize, Vec<f64>, f64)>> = const { RefCell::new(None) };
+        static LAST: RefCell<Memo> = const { RefCell::new(None) };
     }
     LAST.with_borrow_mut(|last| {
         // Only dynamic NTK scaling depends on the sequence length.
