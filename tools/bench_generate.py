@@ -105,7 +105,7 @@ def write_gguf(src: Path, out: Path, dtype: str) -> None:
     cfg = json.loads((src / "config.json").read_text())
     st = {}
     for f in sorted(src.glob("*.safetensors")):
-        st.update(load_file(f)) if dtype == "f32" else st.update(_load_bf16_bits(f))
+        st.update(load_file(f) if dtype == "f32" else _load_bf16_bits(f))
     w = gguf.GGUFWriter(str(out), "llama")
     heads, kv, hidden = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"]
     w.add_context_length(cfg["max_position_embeddings"])
@@ -176,7 +176,7 @@ class LlamaCpp:
     def __init__(self, path: Path, threads: int, ctx: int):
         from llama_cpp import Llama
         self.llm = Llama(model_path=str(path), n_ctx=ctx, n_batch=512, n_ubatch=512, n_threads=threads,
-                         n_threads_batch=threads, verbose=os.environ.get("LZ_BENCH_VERBOSE") == "1")
+                         n_threads_batch=threads, verbose=False)
 
     def last_logits(self):
         """The logits of the last token evaluated, read in place from the context."""
@@ -255,15 +255,15 @@ def main() -> None:
         del hf, lcpp
         med = {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for k, v in samples.items()}
         rows.append((dt, med))
-    print(f"{'dtype':<6} {'engine':<8} {'prefill tok/s':>14} {'decode tok/s':>13}")
+    print(f"{'dtype':<6} {'engine':<14} {'prefill tok/s':>14} {'decode tok/s':>13}")
     for dt, med in rows:
         for k, (p, d) in med.items():
-            print(f"{dt:<6} {k:<8} {p:>14.1f} {d:>13.1f}")
-        (op, od), (hp, hd) = med["ours"], med["hf"]
-        print(f"{dt:<6} {'ours/hf':<8} {op / hp:>14.2f} {od / hd:>13.2f}")
-        if "llama.cpp" in med:
-            lp, ld = med["llama.cpp"]
-            print(f"{dt:<6} {'ours/llama.cpp':<8} {op / lp:>8.2f} {od / ld:>13.2f}")
+            print(f"{dt:<6} {k:<14} {p:>14.1f} {d:>13.1f}")
+        op, od = med["ours"]
+        for other in ("hf", "llama.cpp"):
+            if other in med:
+                p, d = med[other]
+                print(f"{dt:<6} {'ours/' + other:<14} {op / p:>14.2f} {od / d:>13.2f}")
 
 
 if __name__ == "__main__":

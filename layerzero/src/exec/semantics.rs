@@ -58,6 +58,17 @@ pub fn softmax_scale(a: &AttentionAttrs, head_dim: usize) -> f64 {
     a.scale.unwrap_or_else(|| 1.0 / (head_dim.max(1) as f64).sqrt())
 }
 
+/// True when [`rope_frequencies`] depends on `seq_len` for these attributes (so a cached
+/// table is valid for every length otherwise).
+pub fn rope_frequencies_depend_on_length(a: &RopeAttrs) -> bool {
+    match &a.scaling {
+        None | Some(RopeScaling::Linear { .. }) | Some(RopeScaling::Yarn { .. }) | Some(RopeScaling::Llama3 { .. }) => {
+            false
+        }
+        Some(RopeScaling::DynamicNtk { .. }) => true,
+    }
+}
+
 /// RoPE inverse frequencies for the rotated dims and the attention (magnitude) factor,
 /// following Hugging Face `transformers` `ROPE_INIT_FUNCTIONS` for each scaling type.
 /// `seq_len` is the length the dynamic NTK scaling adapts to.

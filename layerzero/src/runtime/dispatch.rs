@@ -117,14 +117,14 @@ impl LayerZero {
     /// holds the output's dtype, has room for it and is shared with no other tensor, so a
     /// loop that hands back last step's outputs allocates nothing for them. The outputs
     /// come back in [`Dispatch::outputs`] (the buffers themselves where they were used).
-    pub fn dispatch_into(&self, args: &OpArgs, mut buffers: Outputs) -> Result<Dispatch<'_>> {
+    pub fn dispatch_into(&self, args: &OpArgs, buffers: Outputs) -> Result<Dispatch<'_>> {
         let first = self.select_args(args)?;
         let input_flags = if self.check_inputs { flags(args) } else { Vec::new() };
         let mut failed = Vec::new();
-        match self.try_run(&first, first.executor(), args, &mut buffers) {
-            Ok(()) => {
+        match self.try_run(&first, first.executor(), args, buffers) {
+            Ok(outputs) => {
                 let extra = (!input_flags.is_empty()).then(|| Box::new(Extra { failed, input_flags }));
-                return Ok(Dispatch { outputs: buffers, ran: first, extra });
+                return Ok(Dispatch { outputs, ran: first, extra });
             }
             Err(reason) => self.note_failure(&first, reason, &mut failed)?,
         }
@@ -138,9 +138,8 @@ impl LayerZero {
                 continue;
             }
             let hit = self.live_hit(sel);
-            let mut outputs = Outputs::new();
-            match self.try_run(&hit, hit.executor(), args, &mut outputs) {
-                Ok(()) => {
+            match self.try_run(&hit, hit.executor(), args, Outputs::new()) {
+                Ok(outputs) => {
                     let ran = hit.standing_in_for(source, notes);
                     return Ok(Dispatch { outputs, ran, extra: Some(Box::new(Extra { failed, input_flags })) });
                 }
@@ -165,8 +164,7 @@ impl LayerZero {
 
     /// Runs one selected kernel (transforms included), with the breaker and the panic guard.
     pub fn run_selection(&self, sel: &Selection, args: &OpArgs) -> Result<Outputs> {
-        let mut outputs = Outputs::new();
-        self.try_run(sel, self.executor(sel.index), args, &mut outputs).map(|()| outputs).map_err(|r| {
+        self.try_run(sel, self.executor(sel.index), args, Outputs::new()).map_err(|r| {
             let kind =
                 if r.code() == ReasonCode::INVALID_REQUEST { ErrorKind::InvalidInput } else { ErrorKind::KernelFailed };
             Error::new(kind, r.to_string()).with_reasons(vec![r])
@@ -178,8 +176,8 @@ impl LayerZero {
         sel: &Selection,
         exec: Option<&Arc<dyn Executor>>,
         args: &OpArgs,
-        out: &mut Outputs,
-    ) -> std::result::Result<(), Reason> {
+        buffers: Outputs,
+    ) -> std::result::Result<Outputs, Reason> {
         let Some(exec) = exec else {
             return Err(Reason::new(
                 ReasonCode::EXECUTOR_NOT_REGISTERED,
@@ -199,20 +197,16 @@ impl LayerZero {
         // A kernel that panics drops the buffers it was given; they are outputs to be
         // overwritten, never inputs, so nothing the caller reads is lost.
         let result = if sel.transforms.is_empty() {
-            catch_unwind(AssertUnwindSafe(|| exec.run_into(args, std::mem::take(out)).map(|o| *out = o)))
+            catch_unwind(AssertUnwindSafe(|| exec.run_into(args, buffers)))
         } else {
+            // Adapted inputs may change the outputs' dtype: the caller's buffers would not fit.
             let adapted = apply_transforms(args, &sel.transforms)
                 .map_err(|e| Reason::new(ReasonCode::KERNEL_FAILED, format!("transform before {}: {e}", sel.kernel)))?;
-            catch_unwind(AssertUnwindSafe(|| exec.run(&adapted))).map(|r| {
-                r.map(|outputs| {
-                    *out = outputs;
-                })
-            })
+            catch_unwind(AssertUnwindSafe(|| exec.run(&adapted)))
         };
         let outcome = match result {
-            Ok(Ok(())) if sel.transforms.is_empty() => Ok(()),
-            Ok(Ok(())) => cast_outputs_back(std::mem::take(out), &sel.transforms)
-                .map(|outputs| *out = outputs)
+            Ok(Ok(outputs)) if sel.transforms.is_empty() => Ok(outputs),
+            Ok(Ok(outputs)) => cast_outputs_back(outputs, &sel.transforms)
                 .map_err(|e| Reason::new(ReasonCode::KERNEL_FAILED, format!("{}: output cast: {e}", sel.kernel))),
             Ok(Err(KernelError::InvalidInput(m))) => {
                 return Err(Reason::new(ReasonCode::INVALID_REQUEST, format!("{}: {m}", sel.kernel)));

@@ -188,10 +188,16 @@ pub(crate) fn as_f32<'a>(t: &'a HostTensor, buf: &'a mut [f32]) -> &'a [f32] {
     {
         return w;
     }
-    let mut i = 0;
-    t.for_each_index(|at| {
-        buf[i] = t.storage().get_f32(at);
-        i += 1;
-    });
+    match t.strides() {
+        // A vector (norm weights, biases): one strided read, widened by the SIMD paths.
+        [stride] => read_f32(t.storage(), t.offset(), *stride, &mut buf[..n]),
+        _ => {
+            let mut i = 0;
+            t.for_each_index(|at| {
+                buf[i] = t.storage().get_f32(at);
+                i += 1;
+            });
+        }
+    }
     &buf[..n]
 }

@@ -14,8 +14,8 @@ const SEQUENTIAL_BELOW: usize = 1 << 14;
 
 use crate::exec::args::{Outputs, RopeArgs};
 use crate::exec::executor::KernelError;
-use crate::exec::semantics::rope_frequencies;
-use crate::model::attrs::{RopeAttrs, RopeScaling, RopeStyle};
+use crate::exec::semantics::{rope_frequencies, rope_frequencies_depend_on_length};
+use crate::model::attrs::{RopeAttrs, RopeStyle};
 use crate::model::dtype::DType;
 use crate::model::layout::Layout;
 use crate::tensor::{HostTensor, Storage};
@@ -69,8 +69,7 @@ fn frequencies<R>(attrs: &RopeAttrs, rot: usize, seq_len: usize, f: impl FnOnce(
         static LAST: RefCell<Memo> = const { RefCell::new(None) };
     }
     LAST.with_borrow_mut(|last| {
-        // Only dynamic NTK scaling depends on the sequence length.
-        let len_matters = matches!(attrs.scaling, Some(RopeScaling::DynamicNtk { .. }));
+        let len_matters = rope_frequencies_depend_on_length(attrs);
         let hit =
             last.as_ref().is_some_and(|(a, r, l, _, _)| a == attrs && *r == rot && (!len_matters || *l == seq_len));
         if !hit {
