@@ -91,7 +91,7 @@ fn swiglu_split_4096x11008_f32(bencher: Bencher) {
 #[divan::bench(sample_count = 30)]
 fn embedding_4096_of_32000x4096_f32(bencher: Bencher) {
     let ids: Vec<i64> = (0..ROWS as u64).map(|i| (i.wrapping_mul(2_654_435_761) % VOCAB as u64) as i64).collect();
-    let ids = HostTensor::new(Storage::I64(ids), &[ROWS]).expect("ids");
+    let ids = HostTensor::new(Storage::I64(ids.into()), &[ROWS]).expect("ids");
     let a = EmbeddingArgs { ids, table: tensor(DType::F32, &[VOCAB, HIDDEN], 5), attrs: NoAttrs {} };
     run(bencher, "cpu.embedding.fast", OpArgs::Embedding(a), 2 * ROWS * HIDDEN * 4);
 }
@@ -171,7 +171,7 @@ fn table() {
     };
     let ids: Vec<i64> = (0..ROWS as u64).map(|i| (i.wrapping_mul(2_654_435_761) % VOCAB as u64) as i64).collect();
     let emb = EmbeddingArgs {
-        ids: HostTensor::new(Storage::I64(ids), &[ROWS]).expect("ids"),
+        ids: HostTensor::new(Storage::I64(ids.into()), &[ROWS]).expect("ids"),
         table: tensor(DType::F32, &[VOCAB, HIDDEN], 5),
         attrs: NoAttrs {},
     };

@@ -29,7 +29,7 @@ fn t(dtype: DType, shape: &[usize], seed: usize) -> HostTensor {
 }
 
 fn ids(v: &[i64], shape: &[usize]) -> HostTensor {
-    HostTensor::new(Storage::I64(v.to_vec()), shape).unwrap()
+    HostTensor::new(Storage::I64(v.to_vec().into()), shape).unwrap()
 }
 
 /// The fewest allocations of five dispatches of `args` after twenty, each handed the last

@@ -73,6 +73,18 @@ fn every_f32_model_matches_hf_transformers_stage_by_stage_and_token_by_token() {
 }
 
 #[test]
+fn weights_in_the_compute_dtype_are_read_in_place_from_the_mapped_files() {
+    let dir = models().join("llama-gqa-bf16");
+    let mapped = Model::load(&dir, None).unwrap_or_else(|e| panic!("{e}"));
+    let w = &mapped.weights;
+    let every = [&w.embed, &w.norm, &w.lm_head, &w.layers[0].q, &w.layers[0].down, &w.layers[0].attn_norm];
+    assert!(every.iter().all(|t| t.storage().is_mapped()), "bf16 weights served as bf16 are not copied");
+    let cast = Model::load(&dir, Some(layerzero::DType::F32)).unwrap_or_else(|e| panic!("{e}"));
+    assert!(!cast.weights.layers[0].q.storage().is_mapped(), "weights cast to f32 are owned copies");
+    assert_eq!(cast.weights.layers[0].q.to_f32_vec(), w.layers[0].q.to_f32_vec(), "bf16 widens exactly");
+}
+
+#[test]
 fn the_bf16_model_stays_within_bf16_tolerance_of_the_float64_truth_at_every_layer() {
     let dir = models().join("llama-gqa-bf16");
     let model = Model::load(&dir, None).unwrap_or_else(|e| panic!("{e}"));

@@ -112,9 +112,11 @@ macro_rules! refill {
             let n: usize = shape.iter().product();
             if let Some(old) = slot.take() {
                 let mut shared = old.into_shared();
-                if let Some(Storage::$variant(v)) = std::sync::Arc::get_mut(&mut shared)
-                    && v.capacity() >= n
+                if let Some(Storage::$variant(buf)) = std::sync::Arc::get_mut(&mut shared)
+                    && !buf.is_mapped()
+                    && buf.vec_mut().capacity() >= n
                 {
+                    let v = buf.vec_mut();
                     v.clear();
                     v.extend(values.take(n));
                     let t = HostTensor::from_shared(shared, shape)?;

@@ -1,6 +1,7 @@
-//! A model's weights: HF tensor names read from one or more `*.safetensors` shards, every
-//! tensor the config implies checked for presence, shape and dtype, and cast once to the
-//! compute dtype. A missing, truncated or contradicting file is an error naming the file and
+//! A model's weights: HF tensor names read from one or more `*.safetensors` shards
+//! (memory-mapped: a tensor stored in the compute dtype is read in place, never copied),
+//! every tensor the config implies checked for presence, shape and dtype, and cast once to
+//! the compute dtype where it differs. A missing, truncated or contradicting file is an error naming the file and
 //! the tensor.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -177,10 +178,7 @@ impl Weights {
         let mut tensors = BTreeMap::new();
         let mut stored = None;
         for file in shards(dir)? {
-            let bytes = std::fs::read(&file).map_err(|e| {
-                Error::new(ErrorKind::Io, format!("cannot read {}: {e}", file.display())).with_source(e)
-            })?;
-            for (name, t) in io::parse(&bytes, &file.display().to_string())? {
+            for (name, t) in io::read_mapped(&file)? {
                 // Precomputed RoPE tables are derived from the config, never read.
                 if name.ends_with("rotary_emb.inv_freq") {
                     continue;

@@ -2,11 +2,14 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use half::{bf16, f16};
 use safetensors::tensor::{Dtype as StDtype, TensorView};
 
-use super::{HostTensor, Storage};
+use memmap2::Mmap;
+
+use super::{Buf, HostTensor, Storage};
 use crate::error::{Error, ErrorKind, Result};
 
 fn st_dtype(s: &Storage) -> StDtype {
@@ -28,7 +31,7 @@ fn to_bytes(s: &Storage) -> Vec<u8> {
         Storage::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         Storage::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         Storage::BF16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Storage::Fp8E4M3(v) | Storage::Fp8E5M2(v) => v.clone(),
+        Storage::Fp8E4M3(v) | Storage::Fp8E5M2(v) => v.to_vec(),
         Storage::I8(v) => v.iter().map(|&x| x as u8).collect(),
         Storage::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         Storage::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
@@ -50,8 +53,8 @@ fn from_view(name: &str, origin: &str, v: &TensorView<'_>) -> Result<HostTensor>
         StDtype::F32 => Storage::F32(chunks::<4>(b).map(f32::from_le_bytes).collect()),
         StDtype::F16 => Storage::F16(chunks::<2>(b).map(f16::from_le_bytes).collect()),
         StDtype::BF16 => Storage::BF16(chunks::<2>(b).map(bf16::from_le_bytes).collect()),
-        StDtype::F8_E4M3 => Storage::Fp8E4M3(b.to_vec()),
-        StDtype::F8_E5M2 => Storage::Fp8E5M2(b.to_vec()),
+        StDtype::F8_E4M3 => Storage::Fp8E4M3(b.to_vec().into()),
+        StDtype::F8_E5M2 => Storage::Fp8E5M2(b.to_vec().into()),
         StDtype::I8 => Storage::I8(b.iter().map(|&x| x as i8).collect()),
         StDtype::I32 => Storage::I32(chunks::<4>(b).map(i32::from_le_bytes).collect()),
         StDtype::I64 => Storage::I64(chunks::<8>(b).map(i64::from_le_bytes).collect()),
@@ -72,6 +75,53 @@ pub fn parse(bytes: &[u8], origin: &str) -> Result<BTreeMap<String, HostTensor>>
     let mut out = BTreeMap::new();
     for (name, view) in st.tensors() {
         out.insert(name.clone(), from_view(&name, origin, &view)?);
+    }
+    Ok(out)
+}
+
+/// `v`'s elements in place in `map` (at byte `off`), when its dtype can be read there and
+/// the data starts on the element's alignment; `None` otherwise (the caller copies).
+fn mapped_storage(v: &TensorView<'_>, map: &Arc<Mmap>, off: usize) -> Option<Storage> {
+    let n: usize = v.shape().iter().product();
+    Some(match v.dtype() {
+        StDtype::F32 => Storage::F32(Buf::mapped(map, off, n)?),
+        StDtype::F16 => Storage::F16(Buf::mapped(map, off, n)?),
+        StDtype::BF16 => Storage::BF16(Buf::mapped(map, off, n)?),
+        StDtype::F8_E4M3 => Storage::Fp8E4M3(Buf::mapped(map, off, n)?),
+        StDtype::F8_E5M2 => Storage::Fp8E5M2(Buf::mapped(map, off, n)?),
+        StDtype::I8 => Storage::I8(Buf::mapped(map, off, n)?),
+        StDtype::I32 => Storage::I32(Buf::mapped(map, off, n)?),
+        StDtype::I64 => Storage::I64(Buf::mapped(map, off, n)?),
+        _ => return None,
+    })
+}
+
+/// Maps a safetensors file and returns its tensors, read in place where their bytes are
+/// aligned for their dtype (copied otherwise): loading a model does not copy its weights,
+/// and the pages are read from the page cache as the kernels touch them.
+pub fn read_mapped(path: &Path) -> Result<BTreeMap<String, HostTensor>> {
+    let origin = path.display().to_string();
+    let io_err = |e: std::io::Error| Error::new(ErrorKind::Io, format!("cannot read {origin}: {e}")).with_source(e);
+    let file = std::fs::File::open(path).map_err(io_err)?;
+    #[allow(unsafe_code)]
+    // SAFETY: the map is read-only and this process never writes the file. Another process
+    // that truncates or rewrites a model file while it is served breaks the map's contents
+    // (as it does for every loader that maps weights: HF safetensors, candle, llama.cpp); the
+    // loader accepts that, as the whole point of mapping is not to copy gigabytes of weights.
+    let map = Arc::new(unsafe { Mmap::map(&file) }.map_err(io_err)?);
+    let st = safetensors::SafeTensors::deserialize(&map)
+        .map_err(|e| Error::invalid(format!("{origin}: not a safetensors file: {e}")))?;
+    let base = map.as_ptr() as usize;
+    let mut out = BTreeMap::new();
+    for (name, view) in st.tensors() {
+        // The view's bytes lie inside the map (safetensors checked the offsets).
+        let off = view.data().as_ptr() as usize - base;
+        let t = match mapped_storage(&view, &map, off) {
+            Some(storage) => HostTensor::new(storage, view.shape())
+                .map_err(|e| Error::invalid(format!("{origin}: tensor `{name}`: {e}")))?,
+            None => from_view(&name, &origin, &view)?,
+        };
+        out.insert(name, t);
     }
     Ok(out)
 }
@@ -149,5 +199,61 @@ mod tests {
     fn garbage_is_a_clear_error() {
         let err = parse(b"not a file", "x.safetensors").err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("x.safetensors") && err.contains("not a safetensors file"), "{err}");
+    }
+
+    #[test]
+    fn a_mapped_file_is_read_in_place_and_written_by_copy() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("w.safetensors");
+        let values = [0.5f32, -1.25, 3.0, 448.0, -0.0, 7.0];
+        let mut m = BTreeMap::new();
+        for d in DType::ALL {
+            let t = HostTensor::from_f32_as(d, &[2, 3], &values).unwrap_or_else(|e| panic!("{e}"));
+            m.insert(d.as_str().to_owned(), t);
+        }
+        write(&path, &m).unwrap_or_else(|e| panic!("{e}"));
+        let mut back = read_mapped(&path).unwrap_or_else(|e| panic!("{e}"));
+        for (name, t) in &m {
+            let b = &back[name];
+            assert_eq!(b.to_f64_vec(), t.to_f64_vec(), "{name}");
+            // Every dtype but bool (not a plain byte pattern) is read in place.
+            assert_eq!(b.storage().is_mapped(), t.dtype() != DType::Bool, "{name}");
+        }
+        let mut w = back.remove("f32").map(HostTensor::into_shared).unwrap_or_else(|| panic!("no f32"));
+        let Some(Storage::F32(buf)) = Arc::get_mut(&mut w) else { panic!("the f32 tensor is unshared") };
+        buf[0] = 9.0;
+        assert!(!buf.is_mapped(), "writing copies the mapped elements");
+        assert_eq!(buf[..2], [9.0, -1.25]);
+        // The file is untouched.
+        assert_eq!(read_mapped(&path).map(|t| t["f32"].to_f32_vec()).unwrap_or_default(), values);
+    }
+
+    #[test]
+    fn misaligned_or_out_of_range_bytes_are_not_mapped() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("b.bin");
+        std::fs::write(&path, [0u8; 64]).unwrap_or_else(|e| panic!("{e}"));
+        let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{e}"));
+        #[allow(unsafe_code)]
+        // SAFETY: a private temporary file nothing else writes.
+        let map = Arc::new(unsafe { Mmap::map(&file) }.unwrap_or_else(|e| panic!("{e}")));
+        assert!(Buf::<f32>::mapped(&map, 4, 15).is_some());
+        assert!(Buf::<f32>::mapped(&map, 2, 4).is_none(), "f32 at byte 2 is misaligned");
+        assert!(Buf::<f32>::mapped(&map, 8, 15).is_none(), "15 floats from byte 8 pass the end");
+        assert!(Buf::<f32>::mapped(&map, usize::MAX, 1).is_none());
+    }
+
+    #[test]
+    fn a_truncated_mapped_file_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("t.safetensors");
+        let mut m = BTreeMap::new();
+        m.insert("x".to_owned(), HostTensor::from_f32(&[4], vec![1.0; 4]).unwrap_or_else(|e| panic!("{e}")));
+        let bytes = serialize(&m).unwrap_or_default();
+        std::fs::write(&path, &bytes[..bytes.len() - 3]).unwrap_or_else(|e| panic!("{e}"));
+        let err = read_mapped(&path).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("t.safetensors") && err.contains("not a safetensors file"), "{err}");
+        std::fs::write(&path, b"").unwrap_or_else(|e| panic!("{e}"));
+        assert!(read_mapped(&path).is_err(), "an empty file is refused");
     }
 }

@@ -1,8 +1,11 @@
 //! Host tensors: an owned buffer with a dtype, a shape and strides, plus views (permuted
 //! and strided) that share the buffer. This is what executors read and write.
 
+mod buf;
 pub mod fp8;
 pub mod io;
+
+pub use buf::Buf;
 
 use std::sync::Arc;
 
@@ -19,21 +22,21 @@ use fp8::Fp8;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Storage {
     /// f32.
-    F32(Vec<f32>),
+    F32(Buf<f32>),
     /// f16.
-    F16(Vec<f16>),
+    F16(Buf<f16>),
     /// bf16.
-    BF16(Vec<bf16>),
+    BF16(Buf<bf16>),
     /// FP8 E4M3 codes.
-    Fp8E4M3(Vec<u8>),
+    Fp8E4M3(Buf<u8>),
     /// FP8 E5M2 codes.
-    Fp8E5M2(Vec<u8>),
+    Fp8E5M2(Buf<u8>),
     /// i8.
-    I8(Vec<i8>),
+    I8(Buf<i8>),
     /// i32.
-    I32(Vec<i32>),
+    I32(Buf<i32>),
     /// i64.
-    I64(Vec<i64>),
+    I64(Buf<i64>),
     /// bool.
     Bool(Vec<bool>),
 }
@@ -50,6 +53,20 @@ impl Storage {
             Storage::I32(v) => v.len(),
             Storage::I64(v) => v.len(),
             Storage::Bool(v) => v.len(),
+        }
+    }
+
+    /// True when the elements are read in place from a memory-mapped file.
+    pub fn is_mapped(&self) -> bool {
+        match self {
+            Storage::F32(v) => v.is_mapped(),
+            Storage::F16(v) => v.is_mapped(),
+            Storage::BF16(v) => v.is_mapped(),
+            Storage::Fp8E4M3(v) | Storage::Fp8E5M2(v) => v.is_mapped(),
+            Storage::I8(v) => v.is_mapped(),
+            Storage::I32(v) => v.is_mapped(),
+            Storage::I64(v) => v.is_mapped(),
+            Storage::Bool(_) => false,
         }
     }
 
@@ -117,14 +134,14 @@ impl Storage {
     /// `n` zeros of `dtype`.
     pub fn zeros(dtype: DType, n: usize) -> Storage {
         match dtype {
-            DType::F32 => Storage::F32(vec![0.0; n]),
-            DType::F16 => Storage::F16(vec![f16::ZERO; n]),
-            DType::BF16 => Storage::BF16(vec![bf16::ZERO; n]),
-            DType::Fp8E4M3 => Storage::Fp8E4M3(vec![0; n]),
-            DType::Fp8E5M2 => Storage::Fp8E5M2(vec![0; n]),
-            DType::I8 => Storage::I8(vec![0; n]),
-            DType::I32 => Storage::I32(vec![0; n]),
-            DType::I64 => Storage::I64(vec![0; n]),
+            DType::F32 => Storage::F32(vec![0.0; n].into()),
+            DType::F16 => Storage::F16(vec![f16::ZERO; n].into()),
+            DType::BF16 => Storage::BF16(vec![bf16::ZERO; n].into()),
+            DType::Fp8E4M3 => Storage::Fp8E4M3(vec![0; n].into()),
+            DType::Fp8E5M2 => Storage::Fp8E5M2(vec![0; n].into()),
+            DType::I8 => Storage::I8(vec![0; n].into()),
+            DType::I32 => Storage::I32(vec![0; n].into()),
+            DType::I64 => Storage::I64(vec![0; n].into()),
             DType::Bool => Storage::Bool(vec![false; n]),
         }
     }
@@ -132,7 +149,7 @@ impl Storage {
     /// f32 values converted to `dtype` (round to nearest even; fp8 saturates; ints truncate).
     pub fn from_f32(dtype: DType, values: &[f32]) -> Storage {
         match dtype {
-            DType::F32 => Storage::F32(values.to_vec()),
+            DType::F32 => Storage::F32(values.to_vec().into()),
             DType::F16 => Storage::F16(values.iter().map(|&x| f16::from_f32(x)).collect()),
             DType::BF16 => Storage::BF16(values.iter().map(|&x| bf16::from_f32(x)).collect()),
             DType::Fp8E4M3 => Storage::Fp8E4M3(values.iter().map(|&x| Fp8::E4M3.encode(x)).collect()),
@@ -218,7 +235,7 @@ impl HostTensor {
 
     /// A contiguous f32 tensor.
     pub fn from_f32(shape: &[usize], values: Vec<f32>) -> Result<HostTensor> {
-        HostTensor::new(Storage::F32(values), shape)
+        HostTensor::new(Storage::F32(values.into()), shape)
     }
 
     /// A contiguous tensor of `dtype` from f32 values (converted).

@@ -464,7 +464,7 @@ mod tests {
         assert!(invalid_message(GEGLU, &a).contains("split = false"));
         let a = OpArgs::Geglu(GegluArgs { x: None, gate: Some(odd.clone()), up: None, attrs: GegluAttrs::default() });
         assert!(invalid_message(GEGLU, &a).contains("split = false"));
-        let ints = HostTensor::new(Storage::I32(vec![1, 2]), &[2]).unwrap();
+        let ints = HostTensor::new(Storage::I32(vec![1, 2].into()), &[2]).unwrap();
         let m = invalid_message(SILU, &OpArgs::Silu(SiluArgs { x: ints, attrs: NoAttrs {} }));
         assert!(m.contains("`x`") && m.contains("dtype"), "{m}");
         let r =

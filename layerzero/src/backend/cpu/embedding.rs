@@ -114,7 +114,7 @@ mod tests {
     fn ids(dtype: DType, shape: &[usize], v: &[i64]) -> HostTensor {
         let st = match dtype {
             DType::I32 => Storage::I32(v.iter().map(|&x| x as i32).collect()),
-            _ => Storage::I64(v.to_vec()),
+            _ => Storage::I64(v.to_vec().into()),
         };
         HostTensor::new(st, shape).unwrap()
     }

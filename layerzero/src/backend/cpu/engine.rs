@@ -337,9 +337,9 @@ pub(crate) fn run(p: &Problem, n: [usize; 4], layout: Layout, dtype: DType) -> S
         simd::f32_to_bf16(s, d);
     }
     match dtype {
-        DType::F32 => Storage::F32(run_typed(p, n, layout, copy)),
-        DType::BF16 => Storage::BF16(run_typed(p, n, layout, to_bf16)),
-        DType::F16 => Storage::F16(run_typed(p, n, layout, to_f16)),
+        DType::F32 => Storage::F32(run_typed(p, n, layout, copy).into()),
+        DType::BF16 => Storage::BF16(run_typed(p, n, layout, to_bf16).into()),
+        DType::F16 => Storage::F16(run_typed(p, n, layout, to_f16).into()),
         other => Storage::from_f32(other, &run_typed(p, n, layout, copy)),
     }
 }

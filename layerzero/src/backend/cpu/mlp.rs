@@ -171,7 +171,7 @@ pub(super) fn chain(a: &MlpArgs) -> Result<HostTensor, KernelError> {
     let up = linear_f32(&p.x, &Weights::Dense(p.wu.t()), None)?;
     act_mul_par(a.attrs.activation, &mut gate, &up);
     drop(up);
-    let hidden = Storage::F32(gate);
+    let hidden = Storage::F32(gate.into());
     let hm = Mat { st: &hidden, off: 0, rows: m, cols: i, rs: i, cs: 1 };
     let out = linear_f32(&hm, &Weights::Dense(p.wd.t()), None)?;
     to_tensor(a.x.dtype(), &p.shape, out)

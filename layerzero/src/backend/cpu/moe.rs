@@ -111,8 +111,8 @@ fn route(a: &MoeRouteArgs) -> Result<Outputs, KernelError> {
     if let Some(err) = errors.into_iter().flatten().next() {
         return Err(err);
     }
-    let experts = HostTensor::new(Storage::I32(experts), &[t, k]).map_err(failed)?;
-    let weights = HostTensor::new(Storage::F32(weights), &[t, k]).map_err(failed)?;
+    let experts = HostTensor::new(Storage::I32(experts.into()), &[t, k]).map_err(failed)?;
+    let weights = HostTensor::new(Storage::F32(weights.into()), &[t, k]).map_err(failed)?;
     Ok(Outputs::from([("experts", experts), ("weights", weights)]))
 }
 
@@ -495,7 +495,7 @@ mod tests {
         let ids: Vec<i32> = (0..t * k).map(|_| rng.below(e as u64) as i32).collect();
         MoeExpertsArgs {
             x: HostTensor::from_f32_as(dtype, &[t, h], &x).unwrap(),
-            experts: HostTensor::new(Storage::I32(ids), &[t, k]).unwrap(),
+            experts: HostTensor::new(Storage::I32(ids.into()), &[t, k]).unwrap(),
             weights: HostTensor::from_f32(&[t, k], weights).unwrap(),
             w_gate: HostTensor::from_f32_as(dtype, &[e, i, h], &wg).unwrap(),
             w_up: HostTensor::from_f32_as(dtype, &[e, i, h], &wu).unwrap(),
@@ -576,7 +576,7 @@ mod tests {
             v.w_up = swap(&a.w_up);
             v.w_down = swap(&a.w_down);
             v.x = a.x.permute(&[1, 0]).unwrap().contiguous().permute(&[1, 0]).unwrap();
-            v.experts = HostTensor::new(Storage::I64(a.experts.to_i64_vec()), a.experts.shape()).unwrap();
+            v.experts = HostTensor::new(Storage::I64(a.experts.to_i64_vec().into()), a.experts.shape()).unwrap();
             assert!(!v.w_gate.is_contiguous() && !v.x.is_contiguous());
             let strided = experts(&v, ROWS, IB).unwrap();
             assert_close(&strided, &want["out"], "strided views");
@@ -588,13 +588,13 @@ mod tests {
         let mut a = moe_args(5, 4, 2, 16, 32, DType::F32, Activation::Silu, 1);
         let mut ids = a.experts.to_i64_vec();
         ids[7] = 4;
-        a.experts = HostTensor::new(Storage::I64(ids.clone()), &[5, 2]).unwrap();
+        a.experts = HostTensor::new(Storage::I64(ids.clone().into()), &[5, 2]).unwrap();
         let args = OpArgs::MoeExperts(a.clone());
         let e = fast(&args, MOE_EXPERTS).unwrap_err();
         assert!(matches!(&e, KernelError::InvalidInput(m) if m.contains("holds 4 at [3, 1]")), "{e}");
         assert_eq!(e, reference(&args, "cpu_reference.moe_experts.naive").unwrap_err());
         ids[7] = -2;
-        a.experts = HostTensor::new(Storage::I64(ids), &[5, 2]).unwrap();
+        a.experts = HostTensor::new(Storage::I64(ids.into()), &[5, 2]).unwrap();
         let e = fast(&OpArgs::MoeExperts(a.clone()), MOE_EXPERTS).unwrap_err();
         assert!(matches!(&e, KernelError::InvalidInput(m) if m.contains("-2")), "{e}");
         let good = moe_args(5, 4, 2, 16, 32, DType::F32, Activation::Silu, 1);

@@ -263,13 +263,13 @@ impl Elem for f32 {
         f(dst)
     }
     fn storage(v: Vec<f32>) -> Storage {
-        Storage::F32(v)
+        Storage::F32(v.into())
     }
     fn slice(st: &Storage) -> Option<&[f32]> {
         if let Storage::F32(v) = st { Some(v) } else { None }
     }
     fn vec_mut(st: &mut Storage) -> Option<&mut Vec<f32>> {
-        if let Storage::F32(v) = st { Some(v) } else { None }
+        if let Storage::F32(v) = st { Some(v.vec_mut()) } else { None }
     }
 }
 
@@ -284,13 +284,13 @@ impl Elem for f16 {
         dst.convert_from_f32_slice(src);
     }
     fn storage(v: Vec<f16>) -> Storage {
-        Storage::F16(v)
+        Storage::F16(v.into())
     }
     fn slice(st: &Storage) -> Option<&[f16]> {
         if let Storage::F16(v) = st { Some(v) } else { None }
     }
     fn vec_mut(st: &mut Storage) -> Option<&mut Vec<f16>> {
-        if let Storage::F16(v) = st { Some(v) } else { None }
+        if let Storage::F16(v) = st { Some(v.vec_mut()) } else { None }
     }
 }
 
@@ -320,13 +320,13 @@ impl Elem for bf16 {
         }
     }
     fn storage(v: Vec<bf16>) -> Storage {
-        Storage::BF16(v)
+        Storage::BF16(v.into())
     }
     fn slice(st: &Storage) -> Option<&[bf16]> {
         if let Storage::BF16(v) = st { Some(v) } else { None }
     }
     fn vec_mut(st: &mut Storage) -> Option<&mut Vec<bf16>> {
-        if let Storage::BF16(v) = st { Some(v) } else { None }
+        if let Storage::BF16(v) = st { Some(v.vec_mut()) } else { None }
     }
 }
 

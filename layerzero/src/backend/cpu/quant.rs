@@ -187,11 +187,11 @@ pub(super) fn quantize(a: &QuantizeArgs) -> Result<Outputs, KernelError> {
     let (storage, scales) = match target {
         Target::I8 => {
             let (c, s) = run(&xm, &grid, target.qmax(), i8_encode);
-            (Storage::I8(c), s)
+            (Storage::I8(c.into()), s)
         }
         Target::Fp8(f) => {
             let (c, s) = run(&xm, &grid, target.qmax(), |v| fp8_encode(f, v));
-            (if f == Fp8::E4M3 { Storage::Fp8E4M3(c) } else { Storage::Fp8E5M2(c) }, s)
+            (if f == Fp8::E4M3 { Storage::Fp8E4M3(c.into()) } else { Storage::Fp8E5M2(c.into()) }, s)
         }
     };
     let built = |e: crate::error::Error| KernelError::Failed(format!("building the output: {e}"));

@@ -86,7 +86,7 @@ pub(crate) fn run(a: &SampleArgs) -> Result<Outputs, KernelError> {
         .map_init(Scratch::default, |s, row| sample_row(&data[row * v..(row + 1) * v], row, &plan, s))
         .collect();
     let tokens = results.into_iter().collect::<Result<Vec<i64>, KernelError>>()?;
-    let t = HostTensor::new(Storage::I64(tokens), &[b])
+    let t = HostTensor::new(Storage::I64(tokens.into()), &[b])
         .map_err(|e| KernelError::Failed(format!("building the output: {e}")))?;
     Ok(Outputs::from([("tokens", t)]))
 }

@@ -277,8 +277,8 @@ fn masks_bool_and_float_broadcast_with_causal() {
 #[test]
 fn varlen_packed_sequences_with_causal_and_mask() {
     let (tq, tk) = (200, 260);
-    let cq = HostTensor::new(Storage::I32(vec![0, 5, 5, 70, 200]), &[5]).unwrap();
-    let ck = HostTensor::new(Storage::I32(vec![0, 9, 12, 90, 260]), &[5]).unwrap();
+    let cq = HostTensor::new(Storage::I32(vec![0, 5, 5, 70, 200].into()), &[5]).unwrap();
+    let ck = HostTensor::new(Storage::I32(vec![0, 9, 12, 90, 260].into()), &[5]).unwrap();
     for attrs in
         [AttentionAttrs::default(), causal(), AttentionAttrs { causal: true, alibi: true, ..Default::default() }]
     {
@@ -292,8 +292,8 @@ fn varlen_packed_sequences_with_causal_and_mask() {
     }
     // A gap (rows 3..5 belong to no sequence) gives zeros; i64 offsets work.
     let mut a = dense(1, 9, 9, 2, 2, 16, 16, DType::F32);
-    a.cu_seqlens_q = Some(HostTensor::new(Storage::I64(vec![0, 3, 3]), &[3]).unwrap());
-    a.cu_seqlens_k = Some(HostTensor::new(Storage::I64(vec![0, 4, 9]), &[3]).unwrap());
+    a.cu_seqlens_q = Some(HostTensor::new(Storage::I64(vec![0, 3, 3].into()), &[3]).unwrap());
+    a.cu_seqlens_k = Some(HostTensor::new(Storage::I64(vec![0, 4, 9].into()), &[3]).unwrap());
     check(&a, "varlen gap");
 }
 
@@ -390,10 +390,10 @@ fn attention_input_errors_are_invalid_input() {
     bad_mask.mask = Some(t(&[3, 5], 1, DType::F32, Layout::Bshd));
     assert!(matches!(attention::run(&bad_mask), Err(KernelError::InvalidInput(m)) if m.contains("mask")));
     let mut bad_cu = dense(1, 8, 8, 2, 2, 8, 8, DType::F32);
-    bad_cu.cu_seqlens_q = Some(HostTensor::new(Storage::I32(vec![0, 5, 3]), &[3]).unwrap());
-    bad_cu.cu_seqlens_k = Some(HostTensor::new(Storage::I32(vec![0, 4, 8]), &[3]).unwrap());
+    bad_cu.cu_seqlens_q = Some(HostTensor::new(Storage::I32(vec![0, 5, 3].into()), &[3]).unwrap());
+    bad_cu.cu_seqlens_k = Some(HostTensor::new(Storage::I32(vec![0, 4, 8].into()), &[3]).unwrap());
     assert!(matches!(attention::run(&bad_cu), Err(KernelError::InvalidInput(m)) if m.contains("[2] = 3")));
-    bad_cu.cu_seqlens_q = Some(HostTensor::new(Storage::I32(vec![0, 5, 9]), &[3]).unwrap());
+    bad_cu.cu_seqlens_q = Some(HostTensor::new(Storage::I32(vec![0, 5, 9].into()), &[3]).unwrap());
     assert!(matches!(attention::run(&bad_cu), Err(KernelError::InvalidInput(m)) if m.contains("9")));
     bad_cu.cu_seqlens_k = None;
     assert!(matches!(attention::run(&bad_cu), Err(KernelError::InvalidInput(_))));
@@ -448,7 +448,7 @@ fn paged_args(c: &Paged, lens: &[usize], attrs: AttentionAttrs) -> PagedAttentio
     let kc = t(&shape(d), 21, c.dtype, c.layout);
     let vc = t(&shape(dv), 22, c.dtype, c.layout);
     let block_table = if c.i64_table {
-        HostTensor::new(Storage::I64(table), &[b, max_pages]).unwrap()
+        HostTensor::new(Storage::I64(table.into()), &[b, max_pages]).unwrap()
     } else {
         HostTensor::new(Storage::I32(table.iter().map(|&x| x as i32).collect()), &[b, max_pages]).unwrap()
     };
@@ -523,11 +523,11 @@ fn paged_bad_tables_and_lengths_are_invalid_input() {
     let err = paged::run(&a).unwrap_err();
     assert!(matches!(&err, KernelError::InvalidInput(m) if m.contains("block_table[1, 1] = 999")), "{err}");
     let mut a = paged_args(&c, &[40, 20], causal());
-    a.context_lens = HostTensor::new(Storage::I32(vec![40, 4000]), &[2]).unwrap();
+    a.context_lens = HostTensor::new(Storage::I32(vec![40, 4000].into()), &[2]).unwrap();
     let err = paged::run(&a).unwrap_err();
     assert!(matches!(&err, KernelError::InvalidInput(m) if m.contains("context_lens[1] = 4000")), "{err}");
     let mut a = paged_args(&c, &[40, 20], causal());
-    a.context_lens = HostTensor::new(Storage::I32(vec![-1, 3]), &[2]).unwrap();
+    a.context_lens = HostTensor::new(Storage::I32(vec![-1, 3].into()), &[2]).unwrap();
     assert!(matches!(paged::run(&a), Err(KernelError::InvalidInput(_))));
     let mut a = paged_args(&c, &[40, 20], causal());
     a.k_cache = a.k_cache.contiguous();
@@ -586,10 +586,10 @@ fn rope_styles_partial_positions_scalings_tables_and_dtypes() {
                 check_rope(&a, &format!("{dtype} {style:?} {rotary_dim:?} scaling {scaling}"));
                 // Positions [S] and [B, S] far out (f32 angles would miss by ~1e-4).
                 a.positions =
-                    Some(HostTensor::new(Storage::I64(vec![4096, 4097, 9000, 5, 0, 70000, 3]), &[7]).unwrap());
+                    Some(HostTensor::new(Storage::I64(vec![4096, 4097, 9000, 5, 0, 70000, 3].into()), &[7]).unwrap());
                 check_rope(&a, "positions [S]");
                 let pos: Vec<i32> = (0..14).map(|i| i * 613 % 8191).collect();
-                a.positions = Some(HostTensor::new(Storage::I32(pos), &[2, 7]).unwrap());
+                a.positions = Some(HostTensor::new(Storage::I32(pos.into()), &[2, 7]).unwrap());
                 check_rope(&a, "positions [B, S]");
                 // BHSD views and padded strides.
                 let b = rope_args(bhsd_view(&q), Some(strided_copy(&k, &[7 * 2 * 70, 2 * 70, 70, 1]).unwrap()), attrs);
@@ -602,7 +602,7 @@ fn rope_styles_partial_positions_scalings_tables_and_dtypes() {
     let mut a = rope_args(q, None, RopeAttrs { rotary_dim: Some(24), ..Default::default() });
     a.cos = Some(t(&[10, 12], 4, DType::F32, Layout::Bshd));
     a.sin = Some(t(&[10, 12], 5, DType::BF16, Layout::Bshd));
-    a.positions = Some(HostTensor::new(Storage::I32(vec![9, 0, 3, 3, 1]), &[5]).unwrap());
+    a.positions = Some(HostTensor::new(Storage::I32(vec![9, 0, 3, 3, 1].into()), &[5]).unwrap());
     check_rope(&a, "tables");
     // Untagged input stays untagged.
     let q = HostTensor::from_f32(&[1, 3, 2, 8], values(48, 7)).unwrap();
@@ -615,7 +615,7 @@ fn rope_input_errors_are_invalid_input() {
     let odd = rope_args(q.clone(), None, RopeAttrs { rotary_dim: Some(7), ..Default::default() });
     assert!(matches!(rope::run(&odd), Err(KernelError::InvalidInput(m)) if m.contains("rotary_dim")));
     let mut neg = rope_args(q.clone(), None, RopeAttrs::default());
-    neg.positions = Some(HostTensor::new(Storage::I32(vec![0, 1, -2, 3, 4]), &[5]).unwrap());
+    neg.positions = Some(HostTensor::new(Storage::I32(vec![0, 1, -2, 3, 4].into()), &[5]).unwrap());
     assert!(matches!(rope::run(&neg), Err(KernelError::InvalidInput(m)) if m.contains("-2")));
     let mut short = rope_args(q.clone(), None, RopeAttrs::default());
     short.cos = Some(t(&[3, 16], 4, DType::F32, Layout::Bshd));

@@ -411,7 +411,7 @@ mod tests {
         a.mask = Some(HostTensor::from_f32(&[3, 4], vec![0.0; 12]).unwrap());
         let err = attention(&a).unwrap_err();
         assert!(matches!(&err, KernelError::InvalidInput(m) if m.contains("[3, 4]") && m.contains("[2, 2, 3, 5]")));
-        a.mask = Some(HostTensor::new(crate::tensor::Storage::I32(vec![1; 5]), &[5]).unwrap());
+        a.mask = Some(HostTensor::new(crate::tensor::Storage::I32(vec![1; 5].into()), &[5]).unwrap());
         assert!(matches!(attention(&a), Err(KernelError::InvalidInput(_))));
     }
 
@@ -461,8 +461,8 @@ mod tests {
         let v = tensor(&[1, 8, 1, 4], 3, Layout::Bshd);
         let attrs = AttentionAttrs { alibi: true, ..causal() };
         let mut a = args(q.clone(), k.clone(), v.clone(), attrs.clone());
-        a.cu_seqlens_q = Some(HostTensor::new(crate::tensor::Storage::I32(vec![0, 2, 2, 5]), &[4]).unwrap());
-        a.cu_seqlens_k = Some(HostTensor::new(crate::tensor::Storage::I32(vec![0, 4, 5, 8]), &[4]).unwrap());
+        a.cu_seqlens_q = Some(HostTensor::new(crate::tensor::Storage::I32(vec![0, 2, 2, 5].into()), &[4]).unwrap());
+        a.cu_seqlens_k = Some(HostTensor::new(crate::tensor::Storage::I32(vec![0, 4, 5, 8].into()), &[4]).unwrap());
         let packed = attention(&a).unwrap().to_f32_vec();
         let (mut q0, mut k0) = (0, 0);
         for n in 0..3 {
@@ -478,9 +478,9 @@ mod tests {
             k0 += lk[n];
         }
         // Offsets that decrease or run past the packed tokens are invalid input.
-        a.cu_seqlens_k = Some(HostTensor::new(crate::tensor::Storage::I32(vec![0, 4, 3, 8]), &[4]).unwrap());
+        a.cu_seqlens_k = Some(HostTensor::new(crate::tensor::Storage::I32(vec![0, 4, 3, 8].into()), &[4]).unwrap());
         assert!(matches!(attention(&a), Err(KernelError::InvalidInput(m)) if m.contains("cu_seqlens_k[2] = 3")));
-        a.cu_seqlens_k = Some(HostTensor::new(crate::tensor::Storage::I32(vec![0, 4, 5, 9]), &[4]).unwrap());
+        a.cu_seqlens_k = Some(HostTensor::new(crate::tensor::Storage::I32(vec![0, 4, 5, 9].into()), &[4]).unwrap());
         assert!(matches!(attention(&a), Err(KernelError::InvalidInput(_))));
         a.cu_seqlens_k = None;
         assert!(matches!(attention(&a), Err(KernelError::InvalidInput(_))));

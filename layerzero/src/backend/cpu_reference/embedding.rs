@@ -65,7 +65,7 @@ mod tests {
     }
 
     fn ids32(shape: &[usize], v: &[i32]) -> HostTensor {
-        HostTensor::new(Storage::I32(v.to_vec()), shape).unwrap()
+        HostTensor::new(Storage::I32(v.to_vec().into()), shape).unwrap()
     }
 
     #[test]
@@ -80,7 +80,7 @@ mod tests {
             assert_eq!(o.to_f64_vec(), want);
         }
         // i64 ids, a scalar id, and a transposed (strided) table.
-        let ids = HostTensor::new(Storage::I64(vec![1]), &[]).unwrap();
+        let ids = HostTensor::new(Storage::I64(vec![1].into()), &[]).unwrap();
         let tt = HostTensor::from_f32(&[3, 4], (0..12).map(|i| i as f32).collect()).unwrap().permute(&[1, 0]).unwrap();
         let o = embedding(&EmbeddingArgs { ids, table: tt, attrs: NoAttrs {} }).unwrap();
         assert_eq!(o.shape(), &[3]);

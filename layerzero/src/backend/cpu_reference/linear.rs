@@ -432,7 +432,7 @@ mod tests {
     #[test]
     fn int4_nibble_order_and_default_zero() {
         // Byte 0x21: k=0 -> 1, k=1 -> 2. Byte 0xF0 (-16 as i8): k=2 -> 0, k=3 -> 15.
-        let w = HostTensor::new(crate::tensor::Storage::I8(vec![0x21, 0xF0u8 as i8]), &[1, 2]).unwrap();
+        let w = HostTensor::new(crate::tensor::Storage::I8(vec![0x21, 0xF0u8 as i8].into()), &[1, 2]).unwrap();
         let x = f32s(&[1, 4], &[1.0, 10.0, 100.0, 1000.0]);
         let args = |zeros: Option<HostTensor>| Int4Args {
             x: x.clone(),

@@ -91,8 +91,8 @@ pub(crate) fn moe_route(a: &MoeRouteArgs) -> Result<Outputs, KernelError> {
             weights.push((w[i] / denom) as f32);
         }
     }
-    let experts = HostTensor::new(Storage::I32(experts), &[t, k]).map_err(failed)?;
-    let weights = HostTensor::new(Storage::F32(weights), &[t, k]).map_err(failed)?;
+    let experts = HostTensor::new(Storage::I32(experts.into()), &[t, k]).map_err(failed)?;
+    let weights = HostTensor::new(Storage::F32(weights.into()), &[t, k]).map_err(failed)?;
     Ok(Outputs::from([("experts", experts), ("weights", weights)]))
 }
 
@@ -246,7 +246,7 @@ mod tests {
         }
         let l = HostTensor::from_f32(&[1, 2], vec![f32::NEG_INFINITY; 2]).unwrap();
         assert!(matches!(route(&l, 1, false), Err(KernelError::InvalidInput(_))));
-        let l = HostTensor::new(Storage::I32(vec![1, 2]), &[1, 2]).unwrap();
+        let l = HostTensor::new(Storage::I32(vec![1, 2].into()), &[1, 2]).unwrap();
         assert!(matches!(route(&l, 1, false), Err(KernelError::InvalidInput(_))));
         let l = HostTensor::from_f32(&[0, 4], vec![]).unwrap();
         let (ex, w) = route(&l, 2, false).unwrap();
@@ -271,7 +271,7 @@ mod tests {
         let wd = rng.normals(e * h * i);
         MoeExpertsArgs {
             x: HostTensor::from_f32(&[t, h], x.to_vec()).unwrap(),
-            experts: HostTensor::new(Storage::I32(ids), &[t, k]).unwrap(),
+            experts: HostTensor::new(Storage::I32(ids.into()), &[t, k]).unwrap(),
             weights: HostTensor::from_f32(&[t, k], w.to_vec()).unwrap(),
             w_gate: HostTensor::from_f32(&[e, i, h], wg).unwrap(),
             w_up: HostTensor::from_f32(&[e, i, h], wu).unwrap(),
@@ -285,7 +285,7 @@ mod tests {
         // One token, hidden 2, intermediate 1, two experts: gate/up/down are tiny matrices.
         let a = MoeExpertsArgs {
             x: HostTensor::from_f32(&[1, 2], vec![1.0, 2.0]).unwrap(),
-            experts: HostTensor::new(Storage::I64(vec![1, 0]), &[1, 2]).unwrap(),
+            experts: HostTensor::new(Storage::I64(vec![1, 0].into()), &[1, 2]).unwrap(),
             weights: HostTensor::from_f32(&[1, 2], vec![0.75, 0.25]).unwrap(),
             // expert 0: gate [1, 0], up [0, 1]; expert 1: gate [0, 1], up [1, 1].
             w_gate: HostTensor::from_f32(&[2, 1, 2], vec![1.0, 0.0, 0.0, 1.0]).unwrap(),
@@ -353,11 +353,11 @@ mod tests {
         let e = moe_experts(&a).unwrap_err();
         assert!(matches!(&e, KernelError::InvalidInput(m) if m.contains("[1, 1]") && m.contains(" 3 ")), "{e}");
         let mut neg = a.clone();
-        neg.experts = HostTensor::new(Storage::I64(vec![0, -1, 2, 0]), &[2, 2]).unwrap();
+        neg.experts = HostTensor::new(Storage::I64(vec![0, -1, 2, 0].into()), &[2, 2]).unwrap();
         let e = moe_experts(&neg).unwrap_err();
         assert!(matches!(&e, KernelError::InvalidInput(m) if m.contains("[0, 1]") && m.contains("-1")), "{e}");
         let mut bad = a.clone();
-        bad.experts = HostTensor::new(Storage::I32(vec![0, 1, 2, 0]), &[2, 2]).unwrap();
+        bad.experts = HostTensor::new(Storage::I32(vec![0, 1, 2, 0].into()), &[2, 2]).unwrap();
         bad.w_down = HostTensor::from_f32(&[3, 2, 4], vec![0.0; 24]).unwrap();
         let e = moe_experts(&bad).unwrap_err();
         assert!(matches!(&e, KernelError::InvalidInput(m) if m.contains("w_down")), "{e}");
@@ -366,7 +366,7 @@ mod tests {
         assert!(matches!(moe_experts(&bad2), Err(KernelError::InvalidInput(m)) if m.contains("experts")));
         let mut bad3 = a.clone();
         bad3.weights = HostTensor::from_f32(&[2, 1], vec![0.0; 2]).unwrap();
-        bad3.experts = HostTensor::new(Storage::I32(vec![0, 1, 2, 0]), &[2, 2]).unwrap();
+        bad3.experts = HostTensor::new(Storage::I32(vec![0, 1, 2, 0].into()), &[2, 2]).unwrap();
         assert!(matches!(moe_experts(&bad3), Err(KernelError::InvalidInput(m)) if m.contains("weights")));
         let mut r = Registry::new();
         register(&mut r);

@@ -236,7 +236,7 @@ mod tests {
         assert!(err(&a, rms_norm).contains("eps"));
         let a = args(f32t(&[], &[1.0]), f32t(&[1], &[1.0]));
         assert!(err(&a, rms_norm).contains("`x`"));
-        let ids = HostTensor::new(crate::tensor::Storage::I32(vec![1, 2, 3]), &[3]).unwrap();
+        let ids = HostTensor::new(crate::tensor::Storage::I32(vec![1, 2, 3].into()), &[3]).unwrap();
         let a = args(ids, f32t(&[3], &[1.0; 3]));
         assert!(err(&a, rms_norm).contains("dtype"));
     }

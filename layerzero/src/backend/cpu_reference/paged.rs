@@ -221,7 +221,7 @@ mod tests {
             }
         }
         let block_table = if c.i64_table {
-            HostTensor::new(Storage::I64(table.clone()), &[batch, max_pages]).unwrap()
+            HostTensor::new(Storage::I64(table.clone().into()), &[batch, max_pages]).unwrap()
         } else {
             HostTensor::new(Storage::I32(table.iter().map(|&x| x as i32).collect()), &[batch, max_pages]).unwrap()
         };
@@ -307,8 +307,8 @@ mod tests {
             q: tensor(&[2, 2, 1, 4], 1, Layout::Bshd),
             k_cache: cache(2),
             v_cache: cache(3),
-            block_table: HostTensor::new(Storage::I32(vec![0, 1, 2, 3]), &[2, 2]).unwrap(),
-            context_lens: HostTensor::new(Storage::I32(vec![4, 3]), &[2]).unwrap(),
+            block_table: HostTensor::new(Storage::I32(vec![0, 1, 2, 3].into()), &[2, 2]).unwrap(),
+            context_lens: HostTensor::new(Storage::I32(vec![4, 3].into()), &[2]).unwrap(),
             k_scale: None,
             v_scale: None,
             attrs: AttentionAttrs { causal: true, ..Default::default() },
@@ -322,19 +322,19 @@ mod tests {
             let mut a = small();
             let mut t = vec![0, 1, 2, 3];
             t[entry] = value;
-            a.block_table = HostTensor::new(Storage::I32(t), &[2, 2]).unwrap();
+            a.block_table = HostTensor::new(Storage::I32(t.into()), &[2, 2]).unwrap();
             let err = paged_attention(&a).unwrap_err();
             let at = format!("block_table[{}, {}] = {value}", entry / 2, entry % 2);
             assert!(matches!(&err, KernelError::InvalidInput(m) if m.contains(&at)), "{err}");
         }
         // A padding entry past the pages a context reaches is never read, so it may be anything.
         let mut a = small();
-        a.block_table = HostTensor::new(Storage::I32(vec![0, 1, 2, -1]), &[2, 2]).unwrap();
-        a.context_lens = HostTensor::new(Storage::I32(vec![4, 2]), &[2]).unwrap();
+        a.block_table = HostTensor::new(Storage::I32(vec![0, 1, 2, -1].into()), &[2, 2]).unwrap();
+        a.context_lens = HostTensor::new(Storage::I32(vec![4, 2].into()), &[2]).unwrap();
         assert!(paged_attention(&a).is_ok());
         for len in [5, -1] {
             let mut a = small();
-            a.context_lens = HostTensor::new(Storage::I32(vec![4, len]), &[2]).unwrap();
+            a.context_lens = HostTensor::new(Storage::I32(vec![4, len].into()), &[2]).unwrap();
             let err = paged_attention(&a).unwrap_err();
             assert!(matches!(&err, KernelError::InvalidInput(m) if m.contains(&format!("context_lens[1] = {len}"))));
         }
@@ -345,14 +345,14 @@ mod tests {
         a.k_scale = Some(HostTensor::from_f32(&[3], vec![1.0; 3]).unwrap());
         assert!(matches!(paged_attention(&a), Err(KernelError::InvalidInput(_))));
         let mut a = small();
-        a.block_table = HostTensor::new(Storage::I32(vec![0, 1]), &[1, 2]).unwrap();
+        a.block_table = HostTensor::new(Storage::I32(vec![0, 1].into()), &[1, 2]).unwrap();
         assert!(matches!(paged_attention(&a), Err(KernelError::InvalidInput(_))));
     }
 
     #[test]
     fn short_context_gives_zero_rows_not_errors() {
         let mut a = small();
-        a.context_lens = HostTensor::new(Storage::I32(vec![1, 0]), &[2]).unwrap();
+        a.context_lens = HostTensor::new(Storage::I32(vec![1, 0].into()), &[2]).unwrap();
         let out = paged_attention(&a).unwrap();
         // Sequence 0: row 0 sees no key, row 1 sees key 0 (= v page 0 slot 0).
         for d in 0..4 {

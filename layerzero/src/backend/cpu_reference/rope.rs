@@ -199,7 +199,7 @@ mod tests {
     }
 
     fn positions(p: Vec<i64>, shape: &[usize]) -> Option<HostTensor> {
-        Some(HostTensor::new(Storage::I64(p), shape).unwrap())
+        Some(HostTensor::new(Storage::I64(p.into()), shape).unwrap())
     }
 
     fn out(a: &RopeArgs) -> Vec<f32> {

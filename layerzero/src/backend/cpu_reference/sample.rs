@@ -74,7 +74,7 @@ pub(crate) fn sample(a: &SampleArgs) -> Result<Outputs, KernelError> {
     for (row, l) in values.chunks_exact(v.max(1)).take(b).enumerate() {
         tokens.push(sample_row(l, row, &plan)?);
     }
-    let t = HostTensor::new(Storage::I64(tokens), &[b])
+    let t = HostTensor::new(Storage::I64(tokens.into()), &[b])
         .map_err(|e| KernelError::Failed(format!("building the output: {e}")))?;
     Ok(Outputs::from([("tokens", t)]))
 }
@@ -279,7 +279,7 @@ mod tests {
         assert_eq!(run(&inf, &SampleAttrs::default()).unwrap(), vec![0]);
         let rank1 = HostTensor::from_f32(&[3], vec![0.0; 3]).unwrap();
         assert!(matches!(run(&rank1, &SampleAttrs::default()), Err(KernelError::InvalidInput(_))));
-        let ints = HostTensor::new(Storage::I32(vec![1, 2]), &[1, 2]).unwrap();
+        let ints = HostTensor::new(Storage::I32(vec![1, 2].into()), &[1, 2]).unwrap();
         assert!(matches!(run(&ints, &SampleAttrs::default()), Err(KernelError::InvalidInput(_))));
         let empty = HostTensor::from_f32(&[2, 0], vec![]).unwrap();
         assert!(matches!(run(&empty, &SampleAttrs::default()), Err(KernelError::InvalidInput(_))));

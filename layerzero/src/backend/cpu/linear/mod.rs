@@ -149,7 +149,7 @@ pub(super) fn linear_f32_into(x: &Mat, w: &Weights, bias: Option<&[f32]>, c: &mu
 /// An f32 result as a contiguous tensor of `dtype` (rounded once).
 pub(super) fn to_tensor(dtype: DType, shape: &[usize], v: Vec<f32>) -> Result<HostTensor, KernelError> {
     let storage = match dtype {
-        DType::F32 => Storage::F32(v),
+        DType::F32 => Storage::F32(v.into()),
         DType::F16 => Storage::F16(v.par_iter().map(|&x| f16::from_f32(x)).collect()),
         DType::BF16 => Storage::BF16(v.par_iter().map(|&x| bf16::from_f32(x)).collect()),
         other => Storage::from_f32(other, &v),
@@ -248,7 +248,7 @@ pub(super) fn linear_into(a: &LinearArgs, bufs: &mut Outputs) -> Result<Outputs,
     {
         let bias = check_bias(a.bias.as_ref(), b.cols)?;
         let out = amx::linear_bf16(&x, &b, bias.as_deref());
-        let t = HostTensor::new(Storage::BF16(out), &shape)
+        let t = HostTensor::new(Storage::BF16(out.into()), &shape)
             .map_err(|e| KernelError::Failed(format!("building the output: {e}")))?;
         return Ok(Outputs::one("out", t));
     }

@@ -235,7 +235,7 @@ fn int4_args(m: usize, k: usize, n: usize, g: usize, zeros: bool, dtype: DType) 
     let bytes: Vec<i8> = values(n * k / 2, 21).iter().map(|v| (v * 128.0).floor() as i8).collect();
     Int4Args {
         x: t(&[m, k], 22, dtype),
-        weight: HostTensor::new(Storage::I8(bytes), &[n, k / 2]).unwrap(),
+        weight: HostTensor::new(Storage::I8(bytes.into()), &[n, k / 2]).unwrap(),
         scales: HostTensor::from_f32(&[n, k / g], values(n * k / g, 23).iter().map(|v| v.abs() * 0.1).collect())
             .unwrap(),
         zeros: zeros.then(|| {
