@@ -1,6 +1,6 @@
 //! What a decode step allocates, watched by a counting global allocator: each op that
-//! writes into the caller's buffers allocates nothing once warm, and a whole warm step of
-//! a committed tiny model stays within what attention still allocates.
+//! writes into the caller's buffers allocates nothing once warm, and neither does a whole
+//! warm decode step of a committed tiny model, over a contiguous or a paged cache.
 
 use std::alloc::System;
 use std::path::PathBuf;
@@ -13,6 +13,7 @@ use layerzero::llm::forward::{KvKind, Session};
 use layerzero::model::attrs::{MlpAttrs, NoAttrs, NormAttrs, RopeAttrs};
 use layerzero::model::dtype::DType;
 use layerzero::model::layout::Layout;
+use layerzero::policy::Policy;
 use layerzero::tensor::{HostTensor, Storage};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
@@ -102,32 +103,30 @@ fn model(name: &str) -> Model {
     Model::load(&dir, None).expect("the committed model loads")
 }
 
-/// Attention's split-KV engine still builds its task list and partial sums per call (about
-/// 50 small allocations per layer); everything else in the step writes into buffers.
-const ATTENTION_ALLOCATIONS_PER_LAYER: u64 = 60;
-
 #[test]
-fn a_warm_decode_step_allocates_only_what_attention_does() {
+fn a_warm_decode_step_allocates_nothing() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    for kv in [KvKind::Contiguous, KvKind::Paged { page_size: 4 }] {
-        let m = model("llama-gqa");
-        let lz = LayerZero::host().unwrap();
-        let mut s = Session::with_cache(&m, &lz, &[64], kv).unwrap();
-        s.forward(&[1, 2, 3, 4, 5], false).unwrap();
-        for t in 0..20 {
-            s.forward(&[7 + t], false).unwrap();
+    for name in ["llama-gqa", "llama-gqa-bf16"] {
+        for kv in [KvKind::Contiguous, KvKind::Paged { page_size: 4 }] {
+            let m = model(name);
+            // On shapes this tiny the cost model may pick the reference oracle (f64, never
+            // meant to serve); the step's claim is about the kernels that serve.
+            let serving = Policy::from_json(r#"{"rules": [{"action": "deny", "kernels": "cpu_reference.*"}]}"#, "p")
+                .and_then(|p| LayerZero::host()?.with_policy(p))
+                .unwrap();
+            let mut s = Session::with_cache(&m, &serving, &[64], kv).unwrap();
+            s.forward(&[1, 2, 3, 4, 5], false).unwrap();
+            for t in 0..20 {
+                s.forward(&[7 + t], false).unwrap();
+            }
+            let mut fewest = u64::MAX;
+            for t in 0..5 {
+                let region = Region::new(GLOBAL);
+                let logits = s.forward(&[30 + t], false).unwrap();
+                drop(logits);
+                fewest = fewest.min(region.change().allocations as u64);
+            }
+            assert_eq!(fewest, 0, "{name} {kv:?}: a warm decode step allocated {fewest} times");
         }
-        let mut fewest = u64::MAX;
-        for t in 0..5 {
-            let region = Region::new(GLOBAL);
-            let logits = s.forward(&[30 + t], false).unwrap();
-            drop(logits);
-            fewest = fewest.min(region.change().allocations as u64);
-        }
-        let bound = ATTENTION_ALLOCATIONS_PER_LAYER * m.config.layers as u64;
-        assert!(
-            fewest <= bound,
-            "{kv:?}: a warm decode step allocated {fewest} times (attention's share is at most {bound})"
-        );
     }
 }

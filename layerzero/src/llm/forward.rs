@@ -73,6 +73,9 @@ struct Kv {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Slot {
     Embed,
+    /// The first layer's input norm (it has no residual to add, so one output fewer than
+    /// the others': sharing their slot would leave one buffer short every step).
+    FirstNorm,
     AttnNorm,
     Q,
     K,
@@ -95,13 +98,15 @@ enum Slot {
 
 const SLOTS: usize = Slot::Sample as usize + 1;
 
-/// The forward pass's small index inputs, rewritten in place each call.
+/// The forward pass's small index inputs, and the f32 copy of logits computed in another
+/// dtype, rewritten in place each call.
 #[derive(Default)]
 struct Inputs {
     ids: Option<HostTensor>,
     positions: Option<HostTensor>,
     table: Option<HostTensor>,
     lens: Option<HostTensor>,
+    logits: Option<HostTensor>,
 }
 
 /// A tensor of `shape` holding `values`, written into `slot`'s storage when it is unshared
@@ -132,6 +137,7 @@ macro_rules! refill {
 }
 refill!(refill_i64, i64, I64);
 refill!(refill_i32, i32, I32);
+refill!(refill_f32, f32, F32);
 
 /// Sequences being run: the model, the handle every op is dispatched through, the KV cache
 /// and what ran.
@@ -389,10 +395,13 @@ impl<'m> Session<'m> {
         for (l, lw) in w.layers.iter().enumerate() {
             // Input norm; from the second layer on it also adds the previous layer's output.
             let input = h.take().ok_or_else(|| Error::invalid("the layer has no input".to_owned()))?;
-            let mut o = self.rms_norm(input.clone(), &lw.attn_norm, residual.take(), Slot::AttnNorm)?;
+            let slot = if l == 0 { Slot::FirstNorm } else { Slot::AttnNorm };
+            let mut o = self.rms_norm(input.clone(), &lw.attn_norm, residual.take(), slot)?;
             let x = o.remove("out").ok_or_else(|| Error::invalid("rms_norm produced no output".to_owned()))?;
             let res = match o.remove("residual_out") {
                 Some(r) => {
+                    // The previous layer's output: its buffer is written again by the MLP.
+                    drop(input);
                     self.keep(|| format!("layer.{}.out", l - 1), &r);
                     self.keep(|| format!("hidden.{l}"), &r);
                     r
@@ -488,11 +497,16 @@ impl<'m> Session<'m> {
         }
         let last = if all_logits || s == 1 { normed } else { view(&normed, &[1, c.hidden], (s - 1) * c.hidden)? };
         let logits = self.linear(&last, &w.lm_head, None, Slot::Logits)?;
-        Ok(if logits.dtype() == DType::F32 {
-            logits
+        if logits.dtype() == DType::F32 {
+            return Ok(logits);
+        }
+        // Logits leave the model as f32 (sampling and the caller read them as such).
+        let (st, off) = (logits.storage(), logits.offset());
+        if logits.is_contiguous() {
+            refill_f32(&mut self.inputs.logits, (off..off + logits.numel()).map(|i| st.get_f32(i)), logits.shape())
         } else {
-            HostTensor::from_f32(logits.shape(), logits.to_f32_vec())?
-        })
+            HostTensor::from_f32(logits.shape(), logits.to_f32_vec())
+        }
     }
 
     /// Writes the batch's keys and values into layer `l`'s cache and attends over each

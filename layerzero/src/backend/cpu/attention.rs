@@ -1,13 +1,18 @@
 //! `cpu.attention.flash`: dense attention (BSHD/BHSD, any strides, GQA, masks, varlen).
 
+use half::{bf16, f16};
+use smallvec::SmallVec;
+
 use crate::exec::args::{AttentionArgs, Outputs, layout_of};
 use crate::exec::executor::KernelError;
 use crate::exec::semantics::{alibi_slopes, softmax_scale};
 use crate::model::attrs::AttentionAttrs;
+use crate::model::dtype::DType;
 use crate::model::layout::Layout;
-use crate::tensor::Storage;
+use crate::tensor::{HostTensor, Storage};
 
-use super::engine::{self, KvAddr, KvSrc, MaskView, Mods, Problem, Seq};
+use super::alloc::Out;
+use super::engine::{self, KvAddr, KvSrc, MaskView, Mods, Problem, Seq, put};
 use super::pack::{Bshd, ints, invalid, output};
 
 /// Checks the options every attention kernel shares (the reference's checks and messages).
@@ -37,8 +42,46 @@ fn offsets(t: &crate::tensor::HostTensor, name: &str, limit: usize) -> Result<Ve
     Ok(out)
 }
 
-/// Runs dense attention.
-pub(crate) fn run(a: &AttentionArgs) -> Result<Outputs, KernelError> {
+/// The output of `p` (canonical size `n`, contiguous in `layout`, `dtype`), written into the
+/// caller's buffer `out` when it can hold it.
+pub(crate) fn output_into(
+    p: &Problem,
+    n: [usize; 4],
+    layout: Layout,
+    dtype: DType,
+    bufs: &mut Outputs,
+) -> Result<Outputs, KernelError> {
+    let [b, s, h, d] = n;
+    let shape = if layout == Layout::Bhsd { [b, h, s, d] } else { [b, s, h, d] };
+    let len = n.iter().product();
+    let t = match dtype {
+        DType::F32 => {
+            let mut o = Out::<f32>::take(bufs, "out", len);
+            engine::run_into(p, n, layout, &mut o.v, put::f32);
+            o.finish(&shape)?
+        }
+        DType::BF16 => {
+            let mut o = Out::<bf16>::take(bufs, "out", len);
+            engine::run_into(p, n, layout, &mut o.v, put::bf16);
+            o.finish(&shape)?
+        }
+        DType::F16 => {
+            let mut o = Out::<f16>::take(bufs, "out", len);
+            engine::run_into(p, n, layout, &mut o.v, put::f16);
+            o.finish(&shape)?
+        }
+        other => {
+            let mut v = vec![0f32; len];
+            engine::run_into(p, n, layout, &mut v, put::f32);
+            HostTensor::new(Storage::from_f32(other, &v), &shape)
+                .map_err(|e| KernelError::Failed(format!("building the output: {e}")))?
+        }
+    };
+    Ok(Outputs::from([("out", t.with_layout(layout))]))
+}
+
+/// Runs dense attention (output into `bufs["out"]` when it fits).
+pub(crate) fn run(a: &AttentionArgs, bufs: &mut Outputs) -> Result<Outputs, KernelError> {
     check_attrs(&a.attrs)?;
     let q = Bshd::new(&a.q, "q")?;
     let k = Bshd::new(&a.k, "k")?;
@@ -71,7 +114,7 @@ pub(crate) fn run(a: &AttentionArgs) -> Result<Outputs, KernelError> {
             scale: None,
         }
     }
-    let seqs: Vec<Seq> = match (&a.cu_seqlens_q, &a.cu_seqlens_k) {
+    let seqs: SmallVec<[Seq; 8]> = match (&a.cu_seqlens_q, &a.cu_seqlens_k) {
         (None, None) if bk != b => return Err(invalid(format!("k batch {bk} != q batch {b}"))),
         (None, None) => (0..b)
             .map(|bb| Seq { b: bb, q0: 0, sq, sk, mask_b: bb, mask_k0: 0, k: kv_src(&k, bb, 0), v: kv_src(&v, bb, 0) })
@@ -119,7 +162,7 @@ pub(crate) fn run(a: &AttentionArgs) -> Result<Outputs, KernelError> {
         seqs,
         bf16: [&a.q, &a.k, &a.v].iter().all(|t| t.dtype() == crate::model::dtype::DType::BF16),
     };
-    finish(engine::run(&p, [b, sq, hq, dv], layout, a.q.dtype()), [b, sq, hq, dv], layout)
+    output_into(&p, [b, sq, hq, dv], layout, a.q.dtype(), bufs)
 }
 
 fn finish(storage: Storage, n: [usize; 4], layout: Layout) -> Result<Outputs, KernelError> {

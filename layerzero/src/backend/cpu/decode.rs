@@ -4,9 +4,13 @@
 //! are cut into chunks processed in parallel; partial results are merged with log-sum-exp.
 
 use rayon::prelude::*;
+use smallvec::SmallVec;
 
-use super::engine::{Problem, Sink, Unit};
+use super::alloc::with_scratch;
+use super::engine::{Problem, Unit};
+use super::pack::out_index;
 use super::simd;
+use crate::model::layout::Layout;
 
 /// Smallest chunk of keys per task.
 const MIN_CHUNK: usize = 256;
@@ -23,42 +27,56 @@ struct Task {
     c1: usize,
 }
 
-/// Unnormalized output rows with their running max and sum.
-struct Partial {
-    o: Vec<f32>,
-    m: Vec<f32>,
-    l: Vec<f32>,
+/// A task's unnormalized output rows with their running max and sum, in one slice of the
+/// partials buffer: `o` (rows x dv), then `m` and `l` (rows each).
+struct Partial<'b> {
+    o: &'b [f32],
+    m: &'b [f32],
+    l: &'b [f32],
 }
+
+/// A decode unit with its kv heads `h0..h1`.
+type DecodeUnit = (Unit, (usize, usize));
 
 /// The decode units: per sequence, all kv heads together when the heads of a row are
 /// adjacent in memory (one sequential pass), else one unit per kv head; with its kv heads.
-pub(crate) fn units(p: &Problem, seqs: &[usize]) -> Vec<(Unit, (usize, usize))> {
+fn units(p: &Problem, seqs: &[usize]) -> SmallVec<[DecodeUnit; 8]> {
     let g = p.group();
-    let mut out = Vec::new();
+    let mut out = SmallVec::new();
     for &si in seqs {
         let seq = &p.seqs[si];
-        let ranges: Vec<(usize, usize)> = if seq.k.heads_inner() && seq.v.heads_inner() {
-            vec![(0, p.hkv)]
+        let unit = |h0: usize, h1: usize| (Unit { seq: si, h0: h0 * g, nh: (h1 - h0) * g, i0: 0, n: seq.sq }, (h0, h1));
+        if seq.k.heads_inner() && seq.v.heads_inner() {
+            out.push(unit(0, p.hkv));
         } else {
-            (0..p.hkv).map(|h| (h, h + 1)).collect()
-        };
-        for (h0, h1) in ranges {
-            out.push((Unit { seq: si, h0: h0 * g, nh: (h1 - h0) * g, i0: 0, n: seq.sq }, (h0, h1)));
+            out.extend((0..p.hkv).map(|h| unit(h, h + 1)));
         }
     }
     out
 }
 
-/// Runs the decode units, each key range split into chunks computed in parallel and merged.
-pub(crate) fn run(p: &Problem, units: &[(Unit, (usize, usize))], sinks: Vec<Sink>) {
+/// Runs the decode sequences `seqs` of `p`: each unit's key range split into chunks computed
+/// in parallel, merged, and written through `put` into `out` (canonical size `n`,
+/// contiguous in `layout`). Temporaries come from per-thread scratch: a warm decode step
+/// allocates nothing here.
+pub(crate) fn run<T: Send>(
+    p: &Problem,
+    seqs: &[usize],
+    n: [usize; 4],
+    layout: Layout,
+    out: &mut [T],
+    put: fn(&mut [T], &[f32]),
+) {
+    let units = units(p, seqs);
     if units.is_empty() {
         return;
     }
+    let (g, dv) = (p.group(), p.dv);
     let want = 4 * rayon::current_num_threads();
     let per_group = want.div_ceil(units.len()).max(1);
-    let mut tasks = Vec::new();
-    let mut spans = Vec::with_capacity(units.len());
-    for &(u, (h0, h1)) in units {
+    let mut tasks: SmallVec<[Task; 64]> = SmallVec::new();
+    let mut spans: SmallVec<[(usize, usize); 8]> = SmallVec::new();
+    for &(u, (h0, h1)) in &units {
         let sk = p.seqs[u.seq].sk;
         let chunks = per_group.min(sk.div_ceil(MIN_CHUNK)).max(1);
         let len = sk.div_ceil(chunks).max(1);
@@ -72,126 +90,159 @@ pub(crate) fn run(p: &Problem, units: &[(Unit, (usize, usize))], sinks: Vec<Sink
                 break;
             }
         }
-        spans.push(first..tasks.len());
+        spans.push((first, tasks.len()));
     }
-    let partials: Vec<Partial> = tasks.par_iter().map(|t| task(p, t)).collect();
-    units.par_iter().zip(spans).zip(sinks).for_each(|((&(u, _), span), mut sink)| {
-        combine(p, &u, &partials[span], &mut sink);
+    // Every task's partial in one buffer, at a common stride.
+    let rows = |t: &Task| (t.h1 - t.h0) * g * p.seqs[t.seq].sq;
+    let stride = tasks.iter().map(rows).max().unwrap_or(0) * (dv + 2);
+    if stride == 0 {
+        return;
+    }
+    with_scratch(tasks.len() * stride, |parts: &mut [f32]| {
+        parts
+            .par_chunks_mut(stride)
+            .zip(tasks.par_iter())
+            .for_each(|(buf, t)| task(p, t, &mut buf[..rows(t) * (dv + 2)]));
+        let parts: &[f32] = parts;
+        with_scratch(dv, |row: &mut [f32]| {
+            for (&(u, _), &(a, b)) in units.iter().zip(&spans) {
+                let seq = &p.seqs[u.seq];
+                let partial = |i: usize| {
+                    let r = rows(&tasks[i]);
+                    let (o, ml) = parts[i * stride..i * stride + r * (dv + 2)].split_at(r * dv);
+                    let (m, l) = ml.split_at(r);
+                    Partial { o, m, l }
+                };
+                let pieces: SmallVec<[Partial; 64]> = (a..b).map(partial).collect();
+                for r in 0..u.nh * u.n {
+                    combine(&pieces, r, dv, row);
+                    let (hh, t) = (r / u.n, r % u.n);
+                    let at = out_index(n, layout, seq.b, seq.q0 + u.i0 + t, u.h0 + hh);
+                    put(&mut out[at..at + dv], row);
+                }
+            }
+        });
     });
 }
 
-fn task(p: &Problem, t: &Task) -> Partial {
+/// Task `t` into `buf` (its partial: o, m, l).
+fn task(p: &Problem, t: &Task, buf: &mut [f32]) {
     let seq = &p.seqs[t.seq];
     let (d, dv, g, sq) = (p.d, p.dv, p.group(), seq.sq);
     let per_head = g * sq;
     let nheads = t.h1 - t.h0;
     let rows = nheads * per_head;
-    let mut out = Partial { o: vec![0f32; rows * dv], m: vec![f32::NEG_INFINITY; rows], l: vec![0f32; rows] };
-    let ranges: Vec<(usize, usize)> = (0..sq).map(|i| p.range(seq, i)).collect();
+    let (o, ml) = buf.split_at_mut(rows * dv);
+    let (mrow, lrow) = ml.split_at_mut(rows);
+    o.fill(0.0);
+    mrow.fill(f32::NEG_INFINITY);
+    lrow.fill(0.0);
+    let mut ranges = [(0usize, 0usize); super::engine::DECODE_MAX_SQ];
+    for (i, r) in ranges.iter_mut().enumerate().take(sq) {
+        *r = p.range(seq, i);
+    }
+    let ranges = &ranges[..sq];
     let (lo, hi) = ranges.iter().filter(|r| r.0 < r.1).fold((usize::MAX, 0), |(a, b), r| (a.min(r.0), b.max(r.1)));
     let (ja, jb) = (lo.max(t.c0), hi.min(t.c1));
     if ja >= jb {
-        return out;
+        return;
     }
     let w = jb - ja;
-    // Queries, rows ordered [kv head][head in group][position].
-    let mut qp = vec![0f32; rows * d];
-    for kh in 0..nheads {
-        for hh in 0..g {
-            for i in 0..sq {
-                let r = (kh * g + hh) * sq + i;
-                p.read_q(seq, i, (t.h0 + kh) * g + hh, &mut qp[r * d..(r + 1) * d]);
-            }
-        }
-    }
-    // Scores [row][key].
-    let mut s = vec![0f32; rows * w];
-    let mut tmp = vec![0f32; per_head];
-    let mut kscratch = vec![0f32; d];
-    for j in ja..jb {
+    with_scratch(rows * d + rows * w + per_head + d + VBLOCK * dv, |scratch: &mut [f32]| {
+        let (qp, rest) = scratch.split_at_mut(rows * d);
+        let (s, rest) = rest.split_at_mut(rows * w);
+        let (tmp, rest) = rest.split_at_mut(per_head);
+        let (kscratch, vbuf) = rest.split_at_mut(d);
+        // Queries, rows ordered [kv head][head in group][position].
         for kh in 0..nheads {
-            let krow = seq.k.row_f32(t.h0 + kh, j, &mut kscratch);
-            simd::dots(&qp[kh * per_head * d..(kh + 1) * per_head * d], d, krow, &mut tmp);
-            for (r, &x) in tmp.iter().enumerate() {
-                s[(kh * per_head + r) * w + (j - ja)] = x;
-            }
-        }
-    }
-    for r in 0..rows {
-        let (kh, hh, i) = (r / per_head, (r / sq) % g, r % sq);
-        let (lo, hi) = ranges[i];
-        let a = lo.clamp(ja, jb) - ja;
-        let b = hi.clamp(ja, jb) - ja;
-        let row = &mut s[r * w..(r + 1) * w];
-        row[..a].fill(0.0);
-        row[b.max(a)..].fill(0.0);
-        if a >= b {
-            continue;
-        }
-        let seg = &mut row[a..b];
-        if p.mods.active() {
-            p.mods.apply(seq, (t.h0 + kh) * g + hh, i, ja + a, seg);
-        }
-        let mx = simd::row_max(seg);
-        if mx == f32::NEG_INFINITY {
-            seg.fill(0.0);
-            continue;
-        }
-        out.l[r] = simd::exp_sub_sum(seg, mx);
-        out.m[r] = mx;
-    }
-    // out += P . V, per kv head, over blocks of keys (a block of all heads stays in L2).
-    let mut vbuf = Vec::new();
-    let mut j0 = ja;
-    while j0 < jb {
-        let j1 = (j0 + VBLOCK).min(jb);
-        for kh in 0..nheads {
-            let h = t.h0 + kh;
-            let o = &mut out.o[kh * per_head * dv..(kh + 1) * per_head * dv];
-            let mut j = j0;
-            while j < j1 {
-                let e = seq.v.run_end(j, j1);
-                let a = &s[kh * per_head * w + (j - ja)..];
-                match seq.v.f32_run(h, j, e, dv) {
-                    Some((rows, ld)) => simd::gemm(per_head, dv, e - j, a, w, rows, ld, o, dv, true),
-                    None => {
-                        vbuf.resize((e - j) * dv, 0.0);
-                        for (x, row) in vbuf.chunks_exact_mut(dv).enumerate() {
-                            seq.v.read_row(h, j + x, row);
-                        }
-                        simd::gemm(per_head, dv, e - j, a, w, &vbuf, dv, o, dv, true);
-                    }
+            for hh in 0..g {
+                for i in 0..sq {
+                    let r = (kh * g + hh) * sq + i;
+                    p.read_q(seq, i, (t.h0 + kh) * g + hh, &mut qp[r * d..(r + 1) * d]);
                 }
-                j = e;
             }
         }
-        j0 = j1;
-    }
-    out
+        // Scores [row][key].
+        for j in ja..jb {
+            for kh in 0..nheads {
+                let krow = seq.k.row_f32(t.h0 + kh, j, kscratch);
+                simd::dots(&qp[kh * per_head * d..(kh + 1) * per_head * d], d, krow, tmp);
+                for (r, &x) in tmp.iter().enumerate() {
+                    s[(kh * per_head + r) * w + (j - ja)] = x;
+                }
+            }
+        }
+        for r in 0..rows {
+            let (kh, hh, i) = (r / per_head, (r / sq) % g, r % sq);
+            let (lo, hi) = ranges[i];
+            let a = lo.clamp(ja, jb) - ja;
+            let b = hi.clamp(ja, jb) - ja;
+            let row = &mut s[r * w..(r + 1) * w];
+            row[..a].fill(0.0);
+            row[b.max(a)..].fill(0.0);
+            if a >= b {
+                continue;
+            }
+            let seg = &mut row[a..b];
+            if p.mods.active() {
+                p.mods.apply(seq, (t.h0 + kh) * g + hh, i, ja + a, seg);
+            }
+            let mx = simd::row_max(seg);
+            if mx == f32::NEG_INFINITY {
+                seg.fill(0.0);
+                continue;
+            }
+            lrow[r] = simd::exp_sub_sum(seg, mx);
+            mrow[r] = mx;
+        }
+        // o += P . V, per kv head, over blocks of keys (a block of all heads stays in L2).
+        let mut j0 = ja;
+        while j0 < jb {
+            let j1 = (j0 + VBLOCK).min(jb);
+            for kh in 0..nheads {
+                let h = t.h0 + kh;
+                let o = &mut o[kh * per_head * dv..(kh + 1) * per_head * dv];
+                let mut j = j0;
+                while j < j1 {
+                    let e = seq.v.run_end(j, j1);
+                    let a = &s[kh * per_head * w + (j - ja)..];
+                    match seq.v.f32_run(h, j, e, dv) {
+                        Some((rows, ld)) => simd::gemm(per_head, dv, e - j, a, w, rows, ld, o, dv, true),
+                        None => {
+                            let vb = &mut vbuf[..(e - j) * dv];
+                            for (x, row) in vb.chunks_exact_mut(dv).enumerate() {
+                                seq.v.read_row(h, j + x, row);
+                            }
+                            simd::gemm(per_head, dv, e - j, a, w, vb, dv, o, dv, true);
+                        }
+                    }
+                    j = e;
+                }
+            }
+            j0 = j1;
+        }
+    });
 }
 
-fn combine(p: &Problem, u: &Unit, parts: &[Partial], sink: &mut Sink) {
-    let dv = p.dv;
-    let mut row = vec![0f32; dv];
-    for r in 0..u.nh * u.n {
-        row.fill(0.0);
-        let mx = parts.iter().map(|q| q.m[r]).fold(f32::NEG_INFINITY, f32::max);
-        let mut l = 0f32;
-        if mx != f32::NEG_INFINITY {
-            for q in parts {
-                if q.m[r] == f32::NEG_INFINITY {
-                    continue;
-                }
-                let f = (q.m[r] - mx).exp();
-                l += f * q.l[r];
-                simd::axpy(&mut row, f, &q.o[r * dv..(r + 1) * dv]);
+/// Row `r` of a unit merged from its pieces into `row` (normalized; zeros when no key was
+/// visible).
+fn combine(parts: &[Partial], r: usize, dv: usize, row: &mut [f32]) {
+    row.fill(0.0);
+    let mx = parts.iter().map(|q| q.m[r]).fold(f32::NEG_INFINITY, f32::max);
+    let mut l = 0f32;
+    if mx != f32::NEG_INFINITY {
+        for q in parts {
+            if q.m[r] == f32::NEG_INFINITY {
+                continue;
             }
+            let f = (q.m[r] - mx).exp();
+            l += f * q.l[r];
+            simd::axpy(row, f, &q.o[r * dv..(r + 1) * dv]);
         }
-        if l > 0.0 {
-            simd::scale(&mut row, 1.0 / l);
-        } else {
-            row.fill(0.0);
-        }
-        sink(r, &row);
+    }
+    if l > 0.0 {
+        simd::scale(row, 1.0 / l);
+    } else {
+        row.fill(0.0);
     }
 }

@@ -8,9 +8,8 @@
 //! queries run the split-KV decode path (`decode.rs`). Every output row is written once, in
 //! the output dtype, by the unit that computes it.
 
-use half::f16;
-use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
+use smallvec::SmallVec;
 
 use crate::exec::executor::KernelError;
 use crate::exec::semantics::{alibi_distance, visible_keys};
@@ -20,7 +19,7 @@ use crate::model::layout::Layout;
 use crate::tensor::{HostTensor, Storage};
 
 use super::alloc::Aligned;
-use super::pack::{self, Bshd, invalid, out_index, read_f32};
+use super::pack::{self, Bshd, IntSlice, invalid, out_index, read_f32};
 use super::{decode, simd};
 
 /// Keys per tile of the tiled path.
@@ -32,7 +31,7 @@ pub(crate) const DECODE_MAX_SQ: usize = 4;
 
 /// Where key (or value) row `j` of kv head `h` of one sequence lives.
 #[derive(Debug, Clone)]
-pub(crate) enum KvAddr {
+pub(crate) enum KvAddr<'a> {
     /// `base + j * sj + h * sh`.
     Dense {
         /// Storage index of row 0, head 0.
@@ -40,10 +39,14 @@ pub(crate) enum KvAddr {
         /// Stride between rows.
         sj: usize,
     },
-    /// `pages[j / ps] + (j % ps) * s_slot + h * sh`.
+    /// `base + table[j / ps] * s_page + (j % ps) * s_slot + h * sh`.
     Paged {
-        /// Storage index of each logical page (already validated).
-        pages: Vec<usize>,
+        /// The sequence's row of the block table (every entry it reaches already validated).
+        table: IntSlice<'a>,
+        /// Storage index of page 0, slot 0, head 0.
+        base: usize,
+        /// Stride between pages.
+        s_page: usize,
         /// Page size.
         ps: usize,
         /// Stride between slots of a page.
@@ -61,7 +64,7 @@ pub(crate) struct KvSrc<'a> {
     /// Stride between kv heads.
     pub sh: usize,
     /// Row addressing.
-    pub addr: KvAddr,
+    pub addr: KvAddr<'a>,
     /// Per-kv-head dequantization scale (paged caches with `k_scale`/`v_scale`).
     pub scale: Option<&'a [f32]>,
 }
@@ -72,7 +75,9 @@ impl KvSrc<'_> {
     pub(crate) fn row(&self, h: usize, j: usize) -> usize {
         match &self.addr {
             KvAddr::Dense { base, sj } => base + j * sj + h * self.sh,
-            KvAddr::Paged { pages, ps, s_slot } => pages[j / ps] + (j % ps) * s_slot + h * self.sh,
+            KvAddr::Paged { table, base, s_page, ps, s_slot } => {
+                base + table.get(j / ps) as usize * s_page + (j % ps) * s_slot + h * self.sh
+            }
         }
     }
 
@@ -277,8 +282,8 @@ pub(crate) struct Problem<'a> {
     pub attrs: &'a AttentionAttrs,
     /// Score modifiers.
     pub mods: Mods<'a>,
-    /// Sequences.
-    pub seqs: Vec<Seq<'a>>,
+    /// Sequences (inline up to a batch of eight: a decode step allocates none).
+    pub seqs: SmallVec<[Seq<'a>; 8]>,
     /// q, k and v hold bf16 values exactly (bf16 storage, no dequantization scale): the
     /// tile products may then run on bf16 pairs (exact products, f32 sums).
     pub bf16: bool,
@@ -323,37 +328,19 @@ pub(crate) struct Unit {
     pub n: usize,
 }
 
-/// Runs `p`: the output (canonical size `n` = [b, sq, hq, dv], contiguous in `layout`,
-/// `dtype`), each row written once by the unit that computes it; rows that belong to no
-/// sequence are zeros.
-pub(crate) fn run(p: &Problem, n: [usize; 4], layout: Layout, dtype: DType) -> Storage {
-    fn copy(d: &mut [f32], s: &[f32]) {
-        d.copy_from_slice(s);
-    }
-    fn to_f16(d: &mut [f16], s: &[f32]) {
-        d.convert_from_f32_slice(s);
-    }
-    fn to_bf16(d: &mut [half::bf16], s: &[f32]) {
-        simd::f32_to_bf16(s, d);
-    }
-    match dtype {
-        DType::F32 => Storage::F32(run_typed(p, n, layout, copy).into()),
-        DType::BF16 => Storage::BF16(run_typed(p, n, layout, to_bf16).into()),
-        DType::F16 => Storage::F16(run_typed(p, n, layout, to_f16).into()),
-        other => Storage::from_f32(other, &run_typed(p, n, layout, copy)),
-    }
-}
-
-fn run_typed<T: Copy + Default + Send>(
-    p: &Problem,
-    n: [usize; 4],
-    layout: Layout,
-    put: fn(&mut [T], &[f32]),
-) -> Vec<T> {
+/// Writes the output of `p` into `out` (canonical size `n` = [b, sq, hq, dv], contiguous in
+/// `layout`, zeros on entry) through `put`, each row once by the unit that computes it; rows
+/// that belong to no sequence stay zeros. Decode sequences (few queries) allocate nothing.
+pub(crate) fn run_into<T: Send>(p: &Problem, n: [usize; 4], layout: Layout, out: &mut [T], put: fn(&mut [T], &[f32])) {
     let dv = p.dv;
-    let mut out = vec![T::default(); n.iter().product()];
     if dv == 0 {
-        return out;
+        return;
+    }
+    let (dec, pre): (SmallVec<[usize; 8]>, SmallVec<[usize; 8]>) =
+        (0..p.seqs.len()).filter(|&i| p.seqs[i].sq > 0).partition(|&i| p.seqs[i].sq <= DECODE_MAX_SQ);
+    decode::run(p, &dec, n, layout, out, put);
+    if pre.is_empty() {
+        return;
     }
     let mut slots: Vec<Option<&mut [T]>> = out.chunks_mut(dv).map(Some).collect();
     let mut sink = |u: &Unit| -> Sink<'_> {
@@ -371,15 +358,30 @@ fn run_typed<T: Copy + Default + Send>(
             }
         })
     };
-    let (dec, pre): (Vec<usize>, Vec<usize>) =
-        (0..p.seqs.len()).filter(|&i| p.seqs[i].sq > 0).partition(|&i| p.seqs[i].sq <= DECODE_MAX_SQ);
-    let dec_units = decode::units(p, &dec);
     let pre_units = prefill_units(p, &pre);
-    let dec_sinks: Vec<Sink> = dec_units.iter().map(|u| sink(&u.0)).collect();
     let pre_sinks: Vec<Sink> = pre_units.iter().map(|u| sink(&u.0)).collect();
-    decode::run(p, &dec_units, dec_sinks);
     prefill(p, &pre, &pre_units, pre_sinks);
-    out
+}
+
+/// Converters from the engine's f32 rows to each output dtype.
+pub(crate) mod put {
+    use half::slice::HalfFloatSliceExt;
+    use half::{bf16, f16};
+
+    use super::simd;
+
+    /// f32.
+    pub(crate) fn f32(d: &mut [f32], s: &[f32]) {
+        d.copy_from_slice(s);
+    }
+    /// f16 (round to nearest even).
+    pub(crate) fn f16(d: &mut [f16], s: &[f32]) {
+        d.convert_from_f32_slice(s);
+    }
+    /// bf16 (round to nearest even).
+    pub(crate) fn bf16(d: &mut [bf16], s: &[f32]) {
+        simd::f32_to_bf16(s, d);
+    }
 }
 
 /// K of one (sequence, kv head) transposed into tiles of panels `[tile][BK/64][d][64]`

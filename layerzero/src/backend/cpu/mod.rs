@@ -35,17 +35,17 @@ fn wrong_op(kernel: &str, args: &OpArgs) -> KernelError {
 pub fn register(registry: &mut Registry) {
     registry.register(
         "cpu.attention.flash",
-        Arc::new(|args: &OpArgs| match args {
-            OpArgs::Attention(a) => attention::run(a),
+        Arc::new(WritesInto(|args: &OpArgs, bufs: &mut Outputs| match args {
+            OpArgs::Attention(a) => attention::run(a, bufs),
             other => Err(wrong_op("cpu.attention.flash", other)),
-        }),
+        })),
     );
     registry.register(
         "cpu.paged_attention.split_kv",
-        Arc::new(|args: &OpArgs| match args {
-            OpArgs::PagedAttention(a) => paged::run(a),
+        Arc::new(WritesInto(|args: &OpArgs, bufs: &mut Outputs| match args {
+            OpArgs::PagedAttention(a) => paged::run(a, bufs),
             other => Err(wrong_op("cpu.paged_attention.split_kv", other)),
-        }),
+        })),
     );
     norm::register(registry);
     activation::register(registry);

@@ -171,6 +171,58 @@ pub(crate) fn ints(t: &HostTensor, name: &str) -> Result<Vec<i64>, KernelError> 
     Ok(t.to_i64_vec())
 }
 
+/// An integer index tensor's elements in logical order, read in place.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum IntSlice<'a> {
+    /// i32 elements.
+    I32(&'a [i32]),
+    /// i64 elements.
+    I64(&'a [i64]),
+}
+
+impl<'a> IntSlice<'a> {
+    /// Element `i`.
+    #[inline]
+    pub(crate) fn get(&self, i: usize) -> i64 {
+        match self {
+            IntSlice::I32(v) => i64::from(v[i]),
+            IntSlice::I64(v) => v[i],
+        }
+    }
+
+    /// Number of elements.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            IntSlice::I32(v) => v.len(),
+            IntSlice::I64(v) => v.len(),
+        }
+    }
+
+    /// Elements `a..b`.
+    pub(crate) fn slice(&self, a: usize, b: usize) -> IntSlice<'a> {
+        match self {
+            IntSlice::I32(v) => IntSlice::I32(&v[a..b]),
+            IntSlice::I64(v) => IntSlice::I64(&v[a..b]),
+        }
+    }
+}
+
+/// The elements of an i32 or i64 index tensor in place when it is contiguous (the decode
+/// loop's block tables and lengths: read, never copied), else `None` (the caller copies
+/// them with [`ints`]).
+pub(crate) fn int_slice<'a>(t: &'a HostTensor, name: &str) -> Result<Option<IntSlice<'a>>, KernelError> {
+    if !matches!(t.dtype(), DType::I32 | DType::I64) {
+        return Err(invalid(format!("`{name}` has dtype {}; expected i32 or i64", t.dtype())));
+    }
+    let (off, n) = (t.offset(), t.numel());
+    Ok(match t.storage() {
+        _ if !t.is_contiguous() => None,
+        Storage::I32(v) => v.get(off..off + n).map(IntSlice::I32),
+        Storage::I64(v) => v.get(off..off + n).map(IntSlice::I64),
+        _ => None,
+    })
+}
+
 /// Float elements of a small tensor as f32, in logical order.
 pub(crate) fn floats(t: &HostTensor, name: &str) -> Result<Vec<f32>, KernelError> {
     if !t.dtype().is_float() {

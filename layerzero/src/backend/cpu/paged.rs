@@ -9,9 +9,11 @@ use crate::exec::semantics::{alibi_slopes, softmax_scale};
 use crate::model::layout::Layout;
 use crate::tensor::{HostTensor, Storage};
 
-use super::attention::check_attrs;
-use super::engine::{self, KvAddr, KvSrc, Mods, Problem, Seq};
-use super::pack::{Bshd, floats, ints, invalid, output};
+use smallvec::SmallVec;
+
+use super::attention::{check_attrs, output_into};
+use super::engine::{KvAddr, KvSrc, Mods, Problem, Seq};
+use super::pack::{Bshd, IntSlice, floats, int_slice, ints, invalid, output};
 
 /// A page cache: sizes and strides in (page, slot, head, d) order.
 struct Cache<'a> {
@@ -66,16 +68,15 @@ impl<'a> Cache<'a> {
         Ok(Cache { t, n, s, scale })
     }
 
-    fn src(&self, table_row: &[i64]) -> KvSrc<'a>
-    where
-        Self: 'a,
-    {
+    fn src<'t>(&'t self, table_row: IntSlice<'t>) -> KvSrc<'t> {
         KvSrc {
             st: self.t.storage(),
             sd: self.s[3],
             sh: self.s[2],
             addr: KvAddr::Paged {
-                pages: table_row.iter().map(|&p| self.t.offset() + p as usize * self.s[0]).collect(),
+                table: table_row,
+                base: self.t.offset(),
+                s_page: self.s[0],
                 ps: self.n[1],
                 s_slot: self.s[1],
             },
@@ -84,8 +85,9 @@ impl<'a> Cache<'a> {
     }
 }
 
-/// Runs paged attention: output [B, Sq, Hq, Dv] (BSHD) in q's dtype.
-pub(crate) fn run(a: &PagedAttentionArgs) -> Result<Outputs, KernelError> {
+/// Runs paged attention: output [B, Sq, Hq, Dv] (BSHD) in q's dtype (into `bufs["out"]`
+/// when it fits).
+pub(crate) fn run(a: &PagedAttentionArgs, bufs: &mut Outputs) -> Result<Outputs, KernelError> {
     check_attrs(&a.attrs)?;
     if let Some(l) = a.q.layout()
         && l != Layout::Bshd
@@ -119,24 +121,40 @@ pub(crate) fn run(a: &PagedAttentionArgs) -> Result<Outputs, KernelError> {
         )));
     }
     let max_pages = bt.shape()[1];
-    let table = ints(bt, "block_table")?;
+    // Read in place (the decode loop's tables are contiguous); copied only when strided.
+    let (table_copy, lens_copy);
+    let table = match int_slice(bt, "block_table")? {
+        Some(t) => t,
+        None => {
+            table_copy = ints(bt, "block_table")?;
+            IntSlice::I64(&table_copy)
+        }
+    };
     let cl = &a.context_lens;
     if cl.rank() != 1 || cl.shape()[0] != b {
         return Err(invalid(format!("tensor `context_lens` has shape {:?}; expected [batch = {b}]", cl.shape())));
     }
-    let lens = ints(cl, "context_lens")?;
+    let lens = match int_slice(cl, "context_lens")? {
+        Some(t) => t,
+        None => {
+            lens_copy = ints(cl, "context_lens")?;
+            IntSlice::I64(&lens_copy)
+        }
+    };
     let capacity = max_pages.saturating_mul(ps);
-    for (bb, &len) in lens.iter().enumerate() {
+    for bb in 0..lens.len() {
+        let len = lens.get(bb);
         if len < 0 || len as u64 > capacity as u64 {
             return Err(invalid(format!(
                 "context_lens[{bb}] = {len}; it must be in 0..={capacity} ({max_pages} pages of {ps} tokens)"
             )));
         }
     }
-    for (bb, &len) in lens.iter().enumerate() {
+    for bb in 0..lens.len() {
+        let len = lens.get(bb);
         let need = (len as usize).div_ceil(ps.max(1));
         for p in 0..need {
-            let page = table[bb * max_pages + p];
+            let page = table.get(bb * max_pages + p);
             if page < 0 || page >= pages as i64 {
                 return Err(invalid(format!(
                     "block_table[{bb}, {p}] = {page} is outside the cache's {pages} pages (sequence {bb} reads {need} pages for {len} tokens)"
@@ -147,10 +165,10 @@ pub(crate) fn run(a: &PagedAttentionArgs) -> Result<Outputs, KernelError> {
     if b == 0 || sq == 0 || hq == 0 || dv == 0 {
         return finish(Storage::zeros(a.q.dtype(), b * sq * hq * dv), [b, sq, hq, dv]);
     }
-    let seqs: Vec<Seq> = (0..b)
+    let seqs: SmallVec<[Seq; 8]> = (0..b)
         .map(|bb| {
-            let len = lens[bb] as usize;
-            let row = &table[bb * max_pages..bb * max_pages + len.div_ceil(ps.max(1))];
+            let len = lens.get(bb) as usize;
+            let row = table.slice(bb * max_pages, bb * max_pages + len.div_ceil(ps.max(1)));
             let mut k = kc.src(row);
             let mut v = vc.src(row);
             k.scale = kc.scale.as_deref();
@@ -176,7 +194,7 @@ pub(crate) fn run(a: &PagedAttentionArgs) -> Result<Outputs, KernelError> {
             && a.k_scale.is_none()
             && a.v_scale.is_none(),
     };
-    finish(engine::run(&p, [b, sq, hq, dv], Layout::Bshd, a.q.dtype()), [b, sq, hq, dv])
+    output_into(&p, [b, sq, hq, dv], Layout::Bshd, a.q.dtype(), bufs)
 }
 
 fn finish(storage: Storage, n: [usize; 4]) -> Result<Outputs, KernelError> {

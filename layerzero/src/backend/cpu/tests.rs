@@ -5,7 +5,7 @@ use crate::backend::cpu_reference::attention::attention as ref_attention;
 use crate::backend::cpu_reference::paged::paged_attention as ref_paged;
 use crate::backend::cpu_reference::rope::rope as ref_rope;
 use crate::backend::cpu_reference::test_util::values;
-use crate::exec::args::{AttentionArgs, OpArgs, PagedAttentionArgs, RopeArgs, strided_copy};
+use crate::exec::args::{AttentionArgs, OpArgs, Outputs, PagedAttentionArgs, RopeArgs, strided_copy};
 use crate::exec::executor::{KernelError, Registry};
 use crate::exec::semantics::{alibi_distance, alibi_slopes, softmax_scale, visible_keys};
 use crate::model::attrs::{AttentionAttrs, CausalAlignment, RopeAttrs, RopeScaling, RopeStyle};
@@ -165,7 +165,7 @@ fn close_values(ours: &HostTensor, want: &[f64], what: &str) {
 
 /// Ours against the naive f64 attention, and against the reference oracle when it is cheap.
 fn check(a: &AttentionArgs, what: &str) {
-    let ours = attention::run(a).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let ours = attention::run(a, &mut Outputs::new()).unwrap_or_else(|e| panic!("{what}: {e}"));
     let cost = a.q.numel() * a.k.shape()[..3].iter().product::<usize>() / a.q.shape()[0].max(1);
     if cost <= 400_000 {
         assert_close(&ours["out"], &ref_attention(a).unwrap(), what);
@@ -264,7 +264,7 @@ fn masks_bool_and_float_broadcast_with_causal() {
         }
         a.mask =
             Some(if sq == 2 { small.clone() } else { HostTensor::new(Storage::Bool(vec![false; sk]), &[sk]).unwrap() });
-        let out = attention::run(&a).unwrap()["out"].to_f32_vec();
+        let out = attention::run(&a, &mut Outputs::new()).unwrap()["out"].to_f32_vec();
         if sq == 2 {
             assert!(out[..64].iter().all(|&x| x == 0.0));
         } else {
@@ -385,28 +385,36 @@ fn decode_split_kv_against_long_caches() {
 #[test]
 fn attention_input_errors_are_invalid_input() {
     let bad_heads = dense(1, 4, 4, 6, 4, 8, 8, DType::F32);
-    assert!(matches!(attention::run(&bad_heads), Err(KernelError::InvalidInput(_))));
+    assert!(matches!(attention::run(&bad_heads, &mut Outputs::new()), Err(KernelError::InvalidInput(_))));
     let mut bad_mask = dense(1, 4, 5, 2, 2, 8, 8, DType::F32);
     bad_mask.mask = Some(t(&[3, 5], 1, DType::F32, Layout::Bshd));
-    assert!(matches!(attention::run(&bad_mask), Err(KernelError::InvalidInput(m)) if m.contains("mask")));
+    assert!(
+        matches!(attention::run(&bad_mask, &mut Outputs::new()), Err(KernelError::InvalidInput(m)) if m.contains("mask"))
+    );
     let mut bad_cu = dense(1, 8, 8, 2, 2, 8, 8, DType::F32);
     bad_cu.cu_seqlens_q = Some(HostTensor::new(Storage::I32(vec![0, 5, 3].into()), &[3]).unwrap());
     bad_cu.cu_seqlens_k = Some(HostTensor::new(Storage::I32(vec![0, 4, 8].into()), &[3]).unwrap());
-    assert!(matches!(attention::run(&bad_cu), Err(KernelError::InvalidInput(m)) if m.contains("[2] = 3")));
+    assert!(
+        matches!(attention::run(&bad_cu, &mut Outputs::new()), Err(KernelError::InvalidInput(m)) if m.contains("[2] = 3"))
+    );
     bad_cu.cu_seqlens_q = Some(HostTensor::new(Storage::I32(vec![0, 5, 9].into()), &[3]).unwrap());
-    assert!(matches!(attention::run(&bad_cu), Err(KernelError::InvalidInput(m)) if m.contains("9")));
+    assert!(
+        matches!(attention::run(&bad_cu, &mut Outputs::new()), Err(KernelError::InvalidInput(m)) if m.contains("9"))
+    );
     bad_cu.cu_seqlens_k = None;
-    assert!(matches!(attention::run(&bad_cu), Err(KernelError::InvalidInput(_))));
+    assert!(matches!(attention::run(&bad_cu, &mut Outputs::new()), Err(KernelError::InvalidInput(_))));
     let mut dropout = dense(1, 4, 4, 2, 2, 8, 8, DType::F32);
     dropout.attrs.dropout_p = 0.1;
-    assert!(matches!(attention::run(&dropout), Err(KernelError::Unsupported(_))));
+    assert!(matches!(attention::run(&dropout, &mut Outputs::new()), Err(KernelError::Unsupported(_))));
     let rank3 = args(
         t(&[4, 2, 8], 1, DType::F32, Layout::Bshd),
         t(&[4, 2, 8], 1, DType::F32, Layout::Bshd),
         t(&[4, 2, 8], 1, DType::F32, Layout::Bshd),
         AttentionAttrs::default(),
     );
-    assert!(matches!(attention::run(&rank3), Err(KernelError::InvalidInput(m)) if m.contains("`q`")));
+    assert!(
+        matches!(attention::run(&rank3, &mut Outputs::new()), Err(KernelError::InvalidInput(m)) if m.contains("`q`"))
+    );
 }
 
 // ----------------------------------------------------------------------------------------
@@ -467,7 +475,7 @@ fn paged_args(c: &Paged, lens: &[usize], attrs: AttentionAttrs) -> PagedAttentio
 
 fn check_paged(a: &PagedAttentionArgs, what: &str) {
     let want = ref_paged(a).unwrap();
-    let ours = paged::run(a).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let ours = paged::run(a, &mut Outputs::new()).unwrap_or_else(|e| panic!("{what}: {e}"));
     assert_close(&ours["out"], &want, what);
 }
 
@@ -520,22 +528,24 @@ fn paged_bad_tables_and_lengths_are_invalid_input() {
     let max_pages = a.block_table.shape()[1];
     table[max_pages + 1] = 999;
     a.block_table = HostTensor::new(Storage::I32(table.iter().map(|&x| x as i32).collect()), &[2, max_pages]).unwrap();
-    let err = paged::run(&a).unwrap_err();
+    let err = paged::run(&a, &mut Outputs::new()).unwrap_err();
     assert!(matches!(&err, KernelError::InvalidInput(m) if m.contains("block_table[1, 1] = 999")), "{err}");
     let mut a = paged_args(&c, &[40, 20], causal());
     a.context_lens = HostTensor::new(Storage::I32(vec![40, 4000].into()), &[2]).unwrap();
-    let err = paged::run(&a).unwrap_err();
+    let err = paged::run(&a, &mut Outputs::new()).unwrap_err();
     assert!(matches!(&err, KernelError::InvalidInput(m) if m.contains("context_lens[1] = 4000")), "{err}");
     let mut a = paged_args(&c, &[40, 20], causal());
     a.context_lens = HostTensor::new(Storage::I32(vec![-1, 3].into()), &[2]).unwrap();
-    assert!(matches!(paged::run(&a), Err(KernelError::InvalidInput(_))));
+    assert!(matches!(paged::run(&a, &mut Outputs::new()), Err(KernelError::InvalidInput(_))));
     let mut a = paged_args(&c, &[40, 20], causal());
     a.k_cache = a.k_cache.contiguous();
     a.k_cache = HostTensor::new(a.k_cache.storage().clone(), a.k_cache.shape()).unwrap();
-    assert!(matches!(paged::run(&a), Err(KernelError::InvalidInput(m)) if m.contains("layout tag")));
+    assert!(
+        matches!(paged::run(&a, &mut Outputs::new()), Err(KernelError::InvalidInput(m)) if m.contains("layout tag"))
+    );
     let mut a = paged_args(&c, &[40, 20], causal());
     a.k_scale = Some(HostTensor::from_f32(&[3], vec![1.0; 3]).unwrap());
-    assert!(matches!(paged::run(&a), Err(KernelError::InvalidInput(m)) if m.contains("k_scale")));
+    assert!(matches!(paged::run(&a, &mut Outputs::new()), Err(KernelError::InvalidInput(m)) if m.contains("k_scale")));
 }
 
 // ----------------------------------------------------------------------------------------
