@@ -5,6 +5,8 @@
 //! - `copy_weight`: a copy of the same weight bytes (one `copy_from_slice`, and one split
 //!   over the rayon threads), the bandwidth the decode GEMV is compared with.
 //! - `mlp`: `cpu.mlp.chain` vs `cpu.mlp.fused`, 128 tokens, H = 1024, I = 2816.
+//! - `linear_decode` / `read_weights`: the decode GEMVs of a 125M Llama, weights from
+//!   memory, against a plain parallel read of the same bytes.
 //!
 //! Run: `cargo bench -p layerzero --bench linear` (matrixmultiply reads `MATMUL_NUM_THREADS`,
 //! rayon `RAYON_NUM_THREADS`).
@@ -112,4 +114,78 @@ fn mlp(bencher: Bencher, case: &str) {
     bencher
         .counter(ItemsCount::new(3 * 2 * t * h * i))
         .bench_local(|| exec.run(divan::black_box(&args)).expect("mlp runs").len());
+}
+
+/// Decode GEMVs of the 125M Llama of `tools/bench_generate.py` (N x K: q/o 768x768, gate/up
+/// 2048x768, down 768x2048, lm_head 32000x768), each call on the next of enough weight
+/// copies to hold about 256 MiB, so weights come from memory as in a real decode step,
+/// not from the last call's cache. Eight calls per sample run on one rayon worker, as a
+/// decode step does (`Session::forward_batch`), so the caller's hand-off to the pool is
+/// paid once per eight. Compare bytes/s with `read_weights`.
+#[divan::bench(
+    args = ["f32_768x768", "f32_2048x768", "f32_768x2048", "f32_32000x768", "bf16_768x768", "bf16_2048x768", "bf16_768x2048", "bf16_32000x768"],
+    sample_count = 50,
+    sample_size = 4
+)]
+fn linear_decode(bencher: Bencher, case: &str) {
+    let (dtype, shape) = case.split_once('_').expect("dtype_shape");
+    let dtype = if dtype == "f32" { DType::F32 } else { DType::BF16 };
+    let (n, k) = shape.split_once('x').expect("NxK");
+    let (n, k): (usize, usize) = (n.parse().expect("N"), k.parse().expect("K"));
+    let bytes = n * k * dtype.size_bytes() as usize;
+    let copies = (256usize << 20).div_ceil(bytes).max(2);
+    let exec = kernel("cpu.linear.fast");
+    let args: Vec<OpArgs> = (0..copies)
+        .map(|c| {
+            OpArgs::Linear(LinearArgs {
+                x: tensor(dtype, &[1, k], 1, 1.0),
+                weight: tensor(dtype, &[n, k], 2 + c as u64, 0.02),
+                bias: None,
+                attrs: NoAttrs {},
+            })
+        })
+        .collect();
+    let mut i = 0;
+    bencher.counter(BytesCount::new(8 * bytes)).bench_local(|| {
+        i = (i + 8) % copies;
+        rayon::scope(|_| {
+            (0..8)
+                .map(|j| exec.run(divan::black_box(&args[(i + j) % copies])).expect("linear runs").len())
+                .sum::<usize>()
+        })
+    });
+}
+
+/// A parallel read (sum) of 256 MiB in slices of `bytes` per call (eight per sample, on one
+/// worker, as `linear_decode`): the memory bandwidth the decode GEMV is held against.
+#[divan::bench(args = [1 << 20, 4 << 20, 48 << 20], sample_count = 50, sample_size = 4)]
+fn read_weights(bencher: Bencher, bytes: usize) {
+    let total = 256usize << 20;
+    let src: Vec<f32> = (0..total / 4).map(|i| (i % 7) as f32).collect();
+    let per = bytes / 4;
+    let copies = total / bytes;
+    let chunk = per.div_ceil(rayon::current_num_threads().max(1) * 4);
+    let mut i = 0;
+    bencher.counter(BytesCount::new(8 * bytes)).bench_local(|| {
+        i = (i + 8) % copies;
+        rayon::scope(|_| {
+            (0..8)
+                .map(|j| {
+                    let at = (i + j) % copies;
+                    src[at * per..(at + 1) * per].par_chunks(chunk).map(lanes_sum).sum::<f32>()
+                })
+                .sum::<f32>()
+        })
+    });
+}
+
+/// A sum in 64 independent lanes (vectorizes; a plain `sum` is one serial chain).
+fn lanes_sum(v: &[f32]) -> f32 {
+    let mut a = [0f32; 64];
+    for c in v.chunks_exact(64) {
+        for l in 0..64 {
+            a[l] += c[l];
+        }
+    }
+    a.iter().sum()
 }

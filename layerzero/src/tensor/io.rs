@@ -108,7 +108,9 @@ pub fn read_mapped(path: &Path) -> Result<BTreeMap<String, HostTensor>> {
     // that truncates or rewrites a model file while it is served breaks the map's contents
     // (as it does for every loader that maps weights: HF safetensors, candle, llama.cpp); the
     // loader accepts that, as the whole point of mapping is not to copy gigabytes of weights.
-    let map = Arc::new(unsafe { Mmap::map(&file) }.map_err(io_err)?);
+    // Populated: the pages are faulted in here, at load, rather than one by one inside the
+    // first forward pass (measured on the 125M model: the first prefill ran 2x slower).
+    let map = Arc::new(unsafe { memmap2::MmapOptions::new().populate().map(&file) }.map_err(io_err)?);
     let st = safetensors::SafeTensors::deserialize(&map)
         .map_err(|e| Error::invalid(format!("{origin}: not a safetensors file: {e}")))?;
     let base = map.as_ptr() as usize;

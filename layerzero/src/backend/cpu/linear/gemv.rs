@@ -1,6 +1,7 @@
 //! Decode GEMV (M <= `GEMV_MAX_M`): every weight element is read once, parallel over N.
 
 use half::bf16;
+use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::view::Mat;
@@ -168,6 +169,49 @@ pub(in crate::backend::cpu) fn dots_mat_row(x: &[f32], w: &Mat, r: usize, scratc
     dots_rows(x, k, &scratch[..k], out);
 }
 
+/// Rows `r0..r0 + nb` of a bf16 weight (`wt`: [N, K], rows read in place) dotted with the
+/// `m` bf16 rows of `xb`, four weight rows at a time, into `part` ([nb, m]); `false` when
+/// the weight is not a bf16 matrix with contiguous rows.
+/// With `lo`, x is `xb + lo` (see [`simd::split_bf16`]).
+pub(in crate::backend::cpu) fn bf16_pair_columns(
+    xb: &[u16],
+    lo: Option<&[u16]>,
+    m: usize,
+    wt: &Mat,
+    r0: usize,
+    part: &mut [f32],
+) -> bool {
+    let Storage::BF16(v) = wt.st else { return false };
+    let k = wt.cols;
+    if !(wt.cs == 1 || k <= 1) || xb.len() < m * k || lo.is_some_and(|l| l.len() < m * k) {
+        return false;
+    }
+    let v: &[u16] = v.reinterpret_cast();
+    let row = |r: usize| v.get(wt.at(r, 0)..wt.at(r, 0) + k);
+    let nb = part.len() / m;
+    let mut j = 0;
+    while j + 4 <= nb {
+        let (Some(a), Some(b), Some(c), Some(d)) = (row(r0 + j), row(r0 + j + 1), row(r0 + j + 2), row(r0 + j + 3))
+        else {
+            return false;
+        };
+        for i in 0..m {
+            let dots = simd::dots_bf16(&xb[i * k..(i + 1) * k], lo.map(|l| &l[i * k..(i + 1) * k]), [a, b, c, d]);
+            for (q, &d) in dots.iter().enumerate() {
+                part[(j + q) * m + i] = d;
+            }
+        }
+        j += 4;
+    }
+    for j in j..nb {
+        let Some(a) = row(r0 + j) else { return false };
+        for i in 0..m {
+            part[j * m + i] = simd::dots_bf16(&xb[i * k..(i + 1) * k], lo.map(|l| &l[i * k..(i + 1) * k]), [a])[0];
+        }
+    }
+    true
+}
+
 /// Column ranges splitting `n` for a parallel sweep (about 8 per thread, at least `min`).
 pub(in crate::backend::cpu) fn chunks(n: usize, min: usize) -> Vec<(usize, usize)> {
     let size = chunk_size(n, min);
@@ -182,7 +226,9 @@ pub(in crate::backend::cpu) fn chunk_size(n: usize, min: usize) -> usize {
 
 /// `C [M, N] = x [M, K] . B` for a few rows: every weight element is read once. Nothing
 /// is allocated once the threads' scratch is warm (a decode step runs this per projection).
-pub(super) fn gemv(x: &[f32], m: usize, w: &Weights, c: &mut [f32]) {
+/// `xb` is x as bf16 bits when x is bf16: with a bf16 weight the dots then run on bf16
+/// pairs ([`simd::dots_bf16`]).
+pub(super) fn gemv(x: &[f32], xb: Option<&[u16]>, m: usize, w: &Weights, c: &mut [f32]) {
     let n = w.n();
     if m == 0 || n == 0 {
         return;
@@ -190,13 +236,13 @@ pub(super) fn gemv(x: &[f32], m: usize, w: &Weights, c: &mut [f32]) {
     let size = chunk_size(n, 16);
     if m == 1 {
         // One row: [nb, 1] and [1, nb] are the same layout, so each task writes C directly.
-        c[..n].par_chunks_mut(size).enumerate().for_each(|(ci, part)| columns(x, m, w, ci * size, part));
+        c[..n].par_chunks_mut(size).enumerate().for_each(|(ci, part)| columns(x, xb, m, w, ci * size, part));
         return;
     }
     // Each task fills its columns' block of a [N, M] (by column) or [M, nb] (by row)
     // image, scattered into C afterwards.
     with_scratch(n * m, |img| {
-        img.par_chunks_mut(size * m).enumerate().for_each(|(ci, part)| columns(x, m, w, ci * size, part));
+        img.par_chunks_mut(size * m).enumerate().for_each(|(ci, part)| columns(x, xb, m, w, ci * size, part));
         let by_col = w.by_column();
         for (ci, part) in img.chunks(size * m).enumerate() {
             let (n0, nb) = (ci * size, part.len() / m);
@@ -211,8 +257,15 @@ pub(super) fn gemv(x: &[f32], m: usize, w: &Weights, c: &mut [f32]) {
 
 /// Columns `n0..n0 + part.len() / m` of `x . B` into `part`: `[nb, m]` when the weight is
 /// read by column (one weight row dotted with every x row), `[m, nb]` otherwise.
-fn columns(x: &[f32], m: usize, w: &Weights, n0: usize, part: &mut [f32]) {
+fn columns(x: &[f32], xb: Option<&[u16]>, m: usize, w: &Weights, n0: usize, part: &mut [f32]) {
     let (k, nb) = (w.k(), part.len() / m);
+    if let (Some(xb), Weights::Dense(b)) = (xb, w)
+        && w.by_column()
+        && simd::avx512_bf16()
+        && bf16_pair_columns(xb, None, m, &b.t(), n0, part)
+    {
+        return;
+    }
     with_scratch(k.max(nb), |scratch| {
         if w.by_column() {
             for j in 0..nb {

@@ -33,12 +33,13 @@ mod weights;
 
 use std::sync::Arc;
 
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use rayon::prelude::*;
 
 pub(super) use gemm::gemm;
-pub(super) use gemv::dots_mat_row;
 use gemv::gemv;
+pub(super) use gemv::{bf16_pair_columns, chunk_size, dots_mat_row};
 pub(super) use view::{F32View, Mat, rows_view};
 use w8a8::linear_w8a8;
 use weights::Int4W;
@@ -115,11 +116,18 @@ pub(super) fn linear_f32_into(x: &Mat, w: &Weights, bias: Option<&[f32]>, c: &mu
     if k == 0 {
         // Nothing to sum; bias below.
     } else if m <= GEMV_MAX_M {
+        // bf16 rows of x, read in place, for the bf16 pair-product GEMV.
+        let xb = match x.st {
+            Storage::BF16(v) if x.cs == 1 && (x.rs == k || m == 1) => {
+                v.get(x.off..x.off + m * k).map(|r| -> &[u16] { r.reinterpret_cast() })
+            }
+            _ => None,
+        };
         match x.as_f32().filter(|v| v.is_dense()) {
-            Some(v) => gemv(&v.data[v.off..v.off + m * k], m, w, c),
+            Some(v) => gemv(&v.data[v.off..v.off + m * k], xb, m, w, c),
             None => with_scratch(m * k, |xf| {
                 x.read_into(xf);
-                gemv(xf, m, w, c);
+                gemv(xf, xb, m, w, c);
             }),
         }
     } else {
