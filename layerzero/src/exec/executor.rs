@@ -43,6 +43,15 @@ pub trait Executor: Send + Sync {
         drop(buffers);
         self.run(args)
     }
+
+    /// Prepares what the kernel keeps between calls for arguments like `args` (a weight
+    /// packed into the layout the kernel wants, once), so that the first call does not pay
+    /// for it. Engines call it at load ([`LayerZero::prepare`](crate::LayerZero::prepare)).
+    /// The default has nothing to prepare.
+    fn prepare(&self, args: &OpArgs) -> Result<(), KernelError> {
+        let _ = args;
+        Ok(())
+    }
 }
 
 /// An executor from a function that writes into the caller's buffers

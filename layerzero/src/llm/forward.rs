@@ -67,6 +67,41 @@ struct Kv {
     capacity: Vec<usize>,
 }
 
+/// Rows of the prefill-shaped requests with which the projections' kernels are prepared.
+const PREPARE_ROWS: usize = 16;
+
+/// Lets the kernels of the model's projections prepare their weights at load (pack them
+/// into the layout a prefill wants), so that no prompt pays for it and none repacks.
+fn prepare(model: &Model, lz: &LayerZero) -> Result<()> {
+    let (c, w) = (&model.config, &model.weights);
+    let x = |cols: usize| HostTensor::zeros(model.dtype, &[PREPARE_ROWS, cols]);
+    let (xh, xq, xi) = (x(c.hidden)?, x(c.heads * c.head_dim)?, x(c.intermediate)?);
+    let linear = |x: &HostTensor, weight: &HostTensor| {
+        lz.prepare(&OpArgs::Linear(LinearArgs { x: x.clone(), weight: weight.clone(), bias: None, attrs: NoAttrs {} }))
+    };
+    for lw in &w.layers {
+        for weight in [&lw.q, &lw.k, &lw.v] {
+            linear(&xh, weight)?;
+        }
+        linear(&xq, &lw.o)?;
+        if lw.mlp_bias.is_some() {
+            linear(&xh, &lw.gate)?;
+            linear(&xh, &lw.up)?;
+            linear(&xi, &lw.down)?;
+        } else {
+            lz.prepare(&OpArgs::Mlp(MlpArgs {
+                x: xh.clone(),
+                w_gate: lw.gate.clone(),
+                w_up: lw.up.clone(),
+                w_down: lw.down.clone(),
+                attrs: MlpAttrs::default(),
+            }))?;
+        }
+    }
+    linear(&xh, &w.lm_head)?;
+    Ok(())
+}
+
 /// Where an op's outputs are kept between calls, to be handed back as the buffers of the
 /// same op's next call (so a warm decode step allocates no outputs). Each is used once per
 /// forward pass, and the pass drops its own handles before the slot's next use.
@@ -204,6 +239,7 @@ impl<'m> Session<'m> {
         let cache = || -> Result<Vec<HostTensor>> {
             (0..c.layers).map(|_| HostTensor::zeros(model.dtype, &shape).map(|t| t.with_layout(layout))).collect()
         };
+        prepare(model, lz)?;
         Ok(Session {
             model,
             lz,

@@ -152,6 +152,28 @@ impl LayerZero {
             .with_reasons(reasons))
     }
 
+    /// Lets the kernel that `args` select prepare its constant operands before the first
+    /// call (the `cpu` linear packs a bf16 weight into pair panels, once, kept while the
+    /// weight lives); returns that kernel's id. Call it at load with arguments of the shape
+    /// the engine will run (`llm::Session` does, with a prefill's shape, for every
+    /// projection). A kernel that fails to prepare is an error; running it later still
+    /// works (it prepares on first use).
+    pub fn prepare(&self, args: &OpArgs) -> Result<String> {
+        let sel = self.select_args(args)?;
+        let kernel = sel.selection().kernel.clone();
+        if let (Some(exec), true) = (sel.executor(), sel.selection().transforms.is_empty()) {
+            match catch_unwind(AssertUnwindSafe(|| exec.prepare(args))) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(Error::new(ErrorKind::KernelFailed, format!("preparing {kernel}: {e}"))),
+                Err(p) => {
+                    let why = crate::exec::executor::panic_text(p.as_ref());
+                    return Err(Error::new(ErrorKind::KernelFailed, format!("preparing {kernel} panicked: {why}")));
+                }
+            }
+        }
+        Ok(kernel)
+    }
+
     /// Records a failed attempt; invalid inputs end the dispatch (falling back would only
     /// repeat the failure).
     fn note_failure(&self, sel: &Selection, reason: Reason, failed: &mut Vec<Attempt>) -> Result<()> {

@@ -228,6 +228,12 @@ impl HostTensor {
         Ok(HostTensor::make(storage, Dims::from_slice(shape), row_major_strides(shape), 0, None))
     }
 
+    /// The shared storage itself: its address is this tensor's identity (caches of derived
+    /// forms, such as packed weights, key on it and hold a `Weak`).
+    pub fn storage_arc(&self) -> &Arc<Storage> {
+        &self.data
+    }
+
     /// The storage, shared (every view of it keeps it alive).
     pub fn into_shared(self) -> Arc<Storage> {
         self.data

@@ -25,14 +25,14 @@ use rayon::prelude::*;
 
 use super::alloc::{Out, with_scratch};
 use super::linear::{
-    F32View, GEMV_MAX_M, Mat, Weights, bf16_pair_columns, chunk_size, dots_mat_row, gemm, linear_f32, rows_view,
-    to_tensor,
+    F32View, GEMV_MAX_M, Mat, PairPanels, PairRows, Weights, bf16_pair_columns, chunk_size, dots_mat_row, gemm,
+    linear_f32, pair_panels, pairs_gemm, rows_view, to_tensor, uses_pairs,
 };
 use super::norm::{Elem, by_dtype};
 use super::simd;
 use super::wrong_op;
 use crate::exec::args::{MlpArgs, OpArgs, Outputs};
-use crate::exec::executor::{KernelError, Registry, WritesInto};
+use crate::exec::executor::{Executor, KernelError, Registry};
 use crate::model::attrs::Activation;
 use crate::tensor::{Dims, HostTensor, Storage};
 
@@ -56,13 +56,7 @@ pub(crate) fn register(registry: &mut Registry) {
             other => Err(wrong_op(CHAIN, other)),
         }),
     );
-    registry.register(
-        FUSED,
-        Arc::new(WritesInto(|args: &OpArgs, bufs: &mut Outputs| match args {
-            OpArgs::Mlp(a) => fused_into(a, bufs),
-            other => Err(wrong_op(FUSED, other)),
-        })),
-    );
+    registry.register(FUSED, Arc::new(Fused));
 }
 
 fn out(t: HostTensor) -> Outputs {
@@ -188,6 +182,59 @@ pub(super) fn fused(a: &MlpArgs) -> Result<HostTensor, KernelError> {
         .ok_or_else(|| KernelError::Failed("mlp produced no output".to_owned()))
 }
 
+/// `cpu.mlp.fused`: writes into the caller's buffers, and prepares (packs) its weights.
+struct Fused;
+
+impl Executor for Fused {
+    fn run(&self, args: &OpArgs) -> Result<Outputs, KernelError> {
+        self.run_into(args, Outputs::new())
+    }
+
+    fn run_into(&self, args: &OpArgs, mut buffers: Outputs) -> Result<Outputs, KernelError> {
+        match args {
+            OpArgs::Mlp(a) => fused_into(a, &mut buffers),
+            other => Err(wrong_op(FUSED, other)),
+        }
+    }
+
+    /// Packs the three weights into pair panels where a prefill of these arguments runs on
+    /// them.
+    fn prepare(&self, args: &OpArgs) -> Result<(), KernelError> {
+        let OpArgs::Mlp(a) = args else { return Err(wrong_op(FUSED, args)) };
+        let mut holder = None;
+        let p = problem(a, &mut holder)?;
+        if uses_pairs(&p.x) {
+            let _ = pair_weights(a, &p);
+        }
+        Ok(())
+    }
+}
+
+/// The pair panels of the three weights (packed once, cached), when all three are bf16 with
+/// contiguous rows.
+fn pair_weights(a: &MlpArgs, p: &Problem) -> Option<[Arc<PairPanels>; 3]> {
+    Some([pair_panels(&a.w_gate, &p.wg)?, pair_panels(&a.w_up, &p.wu)?, pair_panels(&a.w_down, &p.wd)?])
+}
+
+/// Prefill of a bf16 model on bf16 pairs: per block of rows, gate and up against their
+/// packed weights, the activation in f32, and the down projection with the f32 hidden rows
+/// split into two bf16 parts (about 16 significant bits, as the decode path).
+fn fused_pairs(p: &Problem, act: Activation, x: &[u16], w: &[Arc<PairPanels>; 3]) -> Vec<f32> {
+    let (m, h, i) = (p.x.rows, p.x.cols, p.wg.rows);
+    let mut out = vec![0f32; m * h];
+    let block = BLOCK_M.min(m);
+    let (mut g, mut u) = (vec![0f32; block * i], vec![0f32; block * i]);
+    for r0 in (0..m).step_by(BLOCK_M) {
+        let mb = BLOCK_M.min(m - r0);
+        let rows = PairRows::Bf16 { x: &x[r0 * p.x.rs..], ld: p.x.rs };
+        pairs_gemm(rows, mb, h, &w[0], &mut g[..mb * i]);
+        pairs_gemm(rows, mb, h, &w[1], &mut u[..mb * i]);
+        act_mul_par(act, &mut g[..mb * i], &u[..mb * i]);
+        pairs_gemm(PairRows::F32 { x: &g, ld: i }, mb, i, &w[2], &mut out[r0 * h..(r0 + mb) * h]);
+    }
+    out
+}
+
 /// Fused: tiles over I; the [M, I] intermediates are never materialized. Into the caller's
 /// `out` where it fits.
 pub(super) fn fused_into(a: &MlpArgs, bufs: &mut Outputs) -> Result<Outputs, KernelError> {
@@ -195,6 +242,12 @@ pub(super) fn fused_into(a: &MlpArgs, bufs: &mut Outputs) -> Result<Outputs, Ker
     let p = problem(a, &mut holder)?;
     let (m, h) = (p.x.rows, p.x.cols);
     if m > GEMV_MAX_M {
+        if let (true, Storage::BF16(xv)) = (uses_pairs(&p.x), p.x.st)
+            && let Some(w) = pair_weights(a, &p)
+        {
+            let out = fused_pairs(&p, a.attrs.activation, xv[p.x.off..].reinterpret_cast(), &w);
+            return Ok(Outputs::one("out", to_tensor(a.x.dtype(), &p.shape, out)?));
+        }
         let out = fused_tiled(&p, a.attrs.activation)?;
         return Ok(Outputs::one("out", to_tensor(a.x.dtype(), &p.shape, out)?));
     }

@@ -24,6 +24,8 @@ mod tests;
 
 use std::sync::Arc;
 
+pub use linear::{PackedWeightStats, packed_weight_stats};
+
 use crate::exec::args::{OpArgs, Outputs};
 use crate::exec::executor::{KernelError, Registry, WritesInto};
 

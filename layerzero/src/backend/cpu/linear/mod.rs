@@ -25,6 +25,7 @@ mod amx;
 mod gemm;
 mod gemv;
 mod packed;
+mod pairs;
 #[cfg(test)]
 pub(super) mod tests;
 mod view;
@@ -40,6 +41,8 @@ use rayon::prelude::*;
 pub(super) use gemm::gemm;
 use gemv::gemv;
 pub(super) use gemv::{bf16_pair_columns, chunk_size, dots_mat_row};
+pub use pairs::{PackedWeightStats, packed_weight_stats};
+pub(super) use pairs::{PairPanels, Rows as PairRows, gemm as pairs_gemm, panels as pair_panels};
 pub(super) use view::{F32View, Mat, rows_view};
 use w8a8::linear_w8a8;
 use weights::Int4W;
@@ -50,7 +53,7 @@ use super::norm::{Elem, by_dtype};
 use super::simd;
 use super::wrong_op;
 use crate::exec::args::{Int4Args, LinearArgs, OpArgs, Outputs};
-use crate::exec::executor::{KernelError, Registry, WritesInto};
+use crate::exec::executor::{Executor, KernelError, Registry};
 use crate::model::dtype::DType;
 use crate::model::layout::Layout;
 use crate::tensor::{Dims, HostTensor, Storage};
@@ -67,13 +70,7 @@ pub(super) const GEMV_MAX_M: usize = 8;
 
 /// Binds these kernels.
 pub(crate) fn register(registry: &mut Registry) {
-    registry.register(
-        LINEAR,
-        Arc::new(WritesInto(|args: &OpArgs, bufs: &mut Outputs| match args {
-            OpArgs::Linear(a) => linear_into(a, bufs),
-            other => Err(wrong_op(LINEAR, other)),
-        })),
-    );
+    registry.register(LINEAR, Arc::new(Linear));
     registry.register(
         W8A8,
         Arc::new(|args: &OpArgs| match args {
@@ -88,6 +85,40 @@ pub(crate) fn register(registry: &mut Registry) {
             other => Err(wrong_op(INT4, other)),
         }),
     );
+}
+
+/// `cpu.linear.fast`: writes into the caller's buffers, and prepares (packs) its weight.
+struct Linear;
+
+impl Executor for Linear {
+    fn run(&self, args: &OpArgs) -> Result<Outputs, KernelError> {
+        self.run_into(args, Outputs::new())
+    }
+
+    fn run_into(&self, args: &OpArgs, mut buffers: Outputs) -> Result<Outputs, KernelError> {
+        match args {
+            OpArgs::Linear(a) => linear_into(a, &mut buffers),
+            other => Err(wrong_op(LINEAR, other)),
+        }
+    }
+
+    /// Packs the weight into pair panels where a prefill of these arguments runs on them.
+    fn prepare(&self, args: &OpArgs) -> Result<(), KernelError> {
+        let OpArgs::Linear(a) = args else { return Err(wrong_op(LINEAR, args)) };
+        let mut holder = None;
+        let x = rows_view(&a.x, &mut holder)?;
+        let b = weight_b("weight", &a.weight, x.cols)?;
+        if uses_pairs(&x) {
+            pairs::panels(&a.weight, &b.t());
+        }
+        Ok(())
+    }
+}
+
+/// True when a linear with these rows of x runs on bf16 pairs (prefill of bf16 x on a CPU
+/// with AVX512_BF16; AMX, where present, takes bf16 prefill first), given a bf16 weight.
+pub(super) fn uses_pairs(x: &Mat) -> bool {
+    matches!(x.st, Storage::BF16(_)) && x.rows > GEMV_MAX_M && x.cs == 1 && simd::avx512_bf16()
 }
 
 fn out(t: HostTensor) -> Outputs {
@@ -264,10 +295,25 @@ pub(super) fn linear_into(a: &LinearArgs, bufs: &mut Outputs) -> Result<Outputs,
     let n = b.cols;
     with_scratch(if a.bias.is_some() { n } else { 0 }, |bbuf| {
         let bias = a.bias.as_ref().map(|t| super::pack::as_f32(t, bbuf));
+        // Prefill of a bf16 model without AMX: bf16 pairs against the weight packed once.
+        let pairs = match x.st {
+            Storage::BF16(xv) if uses_pairs(&x) => pairs::panels(&a.weight, &b.t()).map(|p| (p, xv)),
+            _ => None,
+        };
         let w = Weights::Dense(b);
         by_dtype!(a.x.dtype(), LINEAR, T => {
             let mut out = Out::<T>::take(bufs, "out", len);
-            T::produce_par(&mut out.v, |c| linear_f32_into(&x, &w, bias, c))?;
+            T::produce_par(&mut out.v, |c| match &pairs {
+                Some((p, xv)) => {
+                    let xv: &[u16] = xv[x.off..].reinterpret_cast();
+                    pairs::gemm(pairs::Rows::Bf16 { x: xv, ld: x.rs }, x.rows, x.cols, p, c);
+                    if let Some(bias) = bias {
+                        c.par_chunks_mut(n).for_each(|row| row.iter_mut().zip(bias).for_each(|(v, b)| *v += b));
+                    }
+                    Ok(())
+                }
+                None => linear_f32_into(&x, &w, bias, c),
+            })?;
             Ok(Outputs::one("out", out.finish(&shape)?))
         })
     })

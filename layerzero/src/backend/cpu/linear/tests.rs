@@ -289,3 +289,22 @@ fn int4_matches_the_dequantized_reference_for_group_sizes() {
         matches!(linear_int4(&bad), Err(KernelError::InvalidInput(m)) if m.contains("`zeros`") && m.contains("[3, 2]"))
     );
 }
+
+#[test]
+fn a_bf16_weight_is_packed_once_and_reused_by_later_prefills() {
+    if !simd::avx512_bf16() || simd::amx_bf16() {
+        // The pair path runs only on AVX512_BF16 without AMX; elsewhere nothing is packed.
+        return;
+    }
+    let a = lin(t(&[20, 96], 1, DType::BF16), t(&[72, 96], 2, DType::BF16), None);
+    let want = reference(&OpArgs::Linear(a.clone()));
+    Linear.prepare(&OpArgs::Linear(a.clone())).unwrap();
+    let before = super::packed_weight_stats();
+    for _ in 0..3 {
+        assert_gemm_close(&linear(&a).unwrap(), &want, 96, 1.0, "prepared bf16 prefill");
+    }
+    let after = super::packed_weight_stats();
+    // Other tests pack their own weights meanwhile; this one's three calls all hit.
+    assert!(after.hits >= before.hits + 3, "{before:?} -> {after:?}");
+    assert!(after.entries >= 1 && after.bytes >= (72 * 96 * 2) as u64, "{after:?}");
+}

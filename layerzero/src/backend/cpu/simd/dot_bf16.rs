@@ -6,6 +6,60 @@
 
 use super::avx512_bf16;
 
+/// Rows of a [`gemm_tile_bf16_pairs`] tile (the broadcast operand).
+pub(crate) const PAIR_MR: usize = 12;
+/// Columns of a [`gemm_tile_bf16_pairs`] tile (two 16-lane vectors).
+pub(crate) const PAIR_NR: usize = 32;
+
+/// `C = A . B` for one tile of up to `PAIR_MR` x `PAIR_NR` on bf16 pairs: `a` is a packed A
+/// panel (`k2` steps of `PAIR_MR` pairs, `a[p * PAIR_MR + i]` = A[i][2p] | A[i][2p+1] << 16),
+/// `b` a packed B panel (`k2` steps of `PAIR_NR` pairs, `b[p * PAIR_NR + j]` = B[2p][j] |
+/// B[2p+1][j] << 16); `c` holds the tile's rows (at most `PAIR_MR`), written at columns
+/// `j0..j0 + nr`. Pad pairs past K with zeros. With `lo`, A is `a + lo` (an f32 operand split
+/// as by [`split_bf16`]: each B load feeds both). The caller checks [`super::avx512_bf16`].
+pub(crate) fn gemm_tile_bf16_pairs(
+    k2: usize,
+    a: &[u32],
+    lo: Option<&[u32]>,
+    b: &[u32],
+    c: &mut [&mut [f32]],
+    j0: usize,
+    nr: usize,
+) {
+    assert!(a.len() >= k2 * PAIR_MR && b.len() >= k2 * PAIR_NR, "gemm_tile_bf16_pairs: panels too short");
+    assert!(lo.is_none_or(|l| l.len() >= k2 * PAIR_MR), "gemm_tile_bf16_pairs: low panel too short");
+    assert!(c.len() <= PAIR_MR && nr <= PAIR_NR, "gemm_tile_bf16_pairs: tile too large");
+    assert!(c.iter().all(|r| r.len() >= j0 + nr), "gemm_tile_bf16_pairs: C rows too short");
+    if nr == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if avx512_bf16() {
+        #[allow(unsafe_code)]
+        // SAFETY: AVX-512F/BW/VL and AVX512_BF16 were detected; the asserts above are the
+        // kernel's bounds.
+        unsafe {
+            match lo {
+                None => x86::tile_pairs_avx512::<false>(k2, a, a, b, c, j0, nr),
+                Some(lo) => x86::tile_pairs_avx512::<true>(k2, a, lo, b, c, j0, nr),
+            }
+        };
+        return;
+    }
+    let half = |v: u32, hi: bool| f32::from_bits(if hi { v & 0xFFFF_0000 } else { v << 16 });
+    let dot = |x: u32, w: u32| half(x, false) * half(w, false) + half(x, true) * half(w, true);
+    for (i, row) in c.iter_mut().enumerate() {
+        for (j, out) in row[j0..j0 + nr].iter_mut().enumerate() {
+            let mut s = 0f32;
+            for p in 0..k2 {
+                let w = b[p * PAIR_NR + j];
+                s += dot(a[p * PAIR_MR + i], w) + lo.map_or(0.0, |l| dot(l[p * PAIR_MR + i], w));
+            }
+            *out = s;
+        }
+    }
+}
+
 /// `[x . w[0], .., x . w[R-1]]` over the first `x.len()` elements of each row (every row
 /// at least that long), as bf16 bits; with `lo`, x is `x + lo` (an f32 row split into its
 /// bf16 rounding and the bf16 rounding of the rest, about 16 significant bits: each weight
@@ -63,6 +117,70 @@ mod x86 {
         };
         // SAFETY: both are 512-bit vectors of plain bits.
         unsafe { std::mem::transmute::<__m512i, __m512bh>(v) }
+    }
+
+    /// [`super::gemm_tile_bf16_pairs`] after its checks.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F/BW/VL and AVX512_BF16 (the bounds are asserted here).
+    #[allow(unsafe_code)]
+    #[target_feature(enable = "avx512f,avx512bf16,avx512bw,avx512vl")]
+    pub(super) unsafe fn tile_pairs_avx512<const SPLIT: bool>(
+        k2: usize,
+        a: &[u32],
+        lo: &[u32],
+        b: &[u32],
+        c: &mut [&mut [f32]],
+        j0: usize,
+        nr: usize,
+    ) {
+        const R: usize = super::PAIR_MR;
+        const NV: usize = super::PAIR_NR / 16;
+        assert!(a.len() >= k2 * R && lo.len() >= k2 * R && b.len() >= k2 * NV * 16 && c.len() <= R && nr <= NV * 16);
+        assert!(c.iter().all(|r| r.len() >= j0 + nr));
+        let (mut ap, mut lp, mut bp) = (a.as_ptr(), lo.as_ptr(), b.as_ptr());
+        let mut acc = [[_mm512_setzero_ps(); NV]; R];
+        for _ in 0..k2 {
+            _mm_prefetch::<_MM_HINT_T0>(bp.wrapping_add(16 * NV * 8).cast());
+            _mm_prefetch::<_MM_HINT_T0>(bp.wrapping_add(16 * NV * 8 + 16).cast());
+            // SAFETY: step p (0..k2) reads a[p R..p R + R] (and lo's, with SPLIT) and
+            // b[p 16 NV..(p + 1) 16 NV], inside the panels (asserted); the pointers advance
+            // by one step each pass.
+            unsafe {
+                let bv: [__m512bh; NV] = std::array::from_fn(|v| {
+                    std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(bp.add(16 * v).cast()))
+                });
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let av = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(*ap.add(i) as i32));
+                    for (x, &bvv) in row.iter_mut().zip(&bv) {
+                        *x = _mm512_dpbf16_ps(*x, av, bvv);
+                    }
+                    if SPLIT {
+                        let lv = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(*lp.add(i) as i32));
+                        for (x, &bvv) in row.iter_mut().zip(&bv) {
+                            *x = _mm512_dpbf16_ps(*x, lv, bvv);
+                        }
+                    }
+                }
+                ap = ap.add(R);
+                if SPLIT {
+                    lp = lp.add(R);
+                }
+                bp = bp.add(16 * NV);
+            }
+        }
+        // Constant indices only (a dynamic index would keep `acc` in memory).
+        for (i, sums) in acc.iter().enumerate() {
+            let Some(row) = c.get_mut(i) else { break };
+            let cp = row.as_mut_ptr();
+            for (v, &x) in sums.iter().enumerate() {
+                let lanes = nr.saturating_sub(16 * v).min(16);
+                let mk: u16 = if lanes == 16 { 0xFFFF } else { (1u16 << lanes) - 1 };
+                // SAFETY: lanes j0 + 16 v.. + lanes <= j0 + nr lie inside the row (asserted);
+                // masked-off lanes are not accessed.
+                unsafe { _mm512_mask_storeu_ps(cp.add(j0 + 16 * v), mk, x) };
+            }
+        }
     }
 
     /// [`super::dots_bf16`] on AVX512_BF16: two accumulators per row (the instruction's

@@ -14,7 +14,7 @@ pub(crate) use amx::{AMX_A_TILE, AMX_B_TILE, AMX_PANEL, Prefetch, amx_bf16, gemm
 #[cfg(test)]
 pub(crate) use convert::bf16_bits_finite;
 pub(crate) use convert::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_bf16_bits};
-pub(crate) use dot_bf16::{dots_bf16, split_bf16};
+pub(crate) use dot_bf16::{PAIR_MR, PAIR_NR, dots_bf16, gemm_tile_bf16_pairs, split_bf16};
 #[cfg(test)]
 pub(crate) use gemm::gemm_reference;
 pub(crate) use gemm::{PANEL, gemm, gemm_panels};
