@@ -42,7 +42,7 @@ pub(super) use gemm::gemm;
 use gemv::gemv;
 pub(super) use gemv::{bf16_pair_columns, chunk_size, dots_mat_row};
 pub use pairs::{PackedWeightStats, packed_weight_stats};
-pub(super) use pairs::{PairPanels, Rows as PairRows, gemm as pairs_gemm, panels as pair_panels};
+pub(super) use pairs::{PairPanels, gemm as pairs_gemm, panels as pair_panels};
 pub(super) use view::{F32View, Mat, rows_view};
 use w8a8::linear_w8a8;
 use weights::Int4W;
@@ -306,7 +306,7 @@ pub(super) fn linear_into(a: &LinearArgs, bufs: &mut Outputs) -> Result<Outputs,
             T::produce_par(&mut out.v, |c| match &pairs {
                 Some((p, xv)) => {
                     let xv: &[u16] = xv[x.off..].reinterpret_cast();
-                    pairs::gemm(pairs::Rows::Bf16 { x: xv, ld: x.rs }, x.rows, x.cols, p, c);
+                    pairs::gemm(xv, x.rs, x.rows, x.cols, p, c);
                     if let Some(bias) = bias {
                         c.par_chunks_mut(n).for_each(|row| row.iter_mut().zip(bias).for_each(|(v, b)| *v += b));
                     }

@@ -142,17 +142,9 @@ fn pack(v: &[u16], wt: &Mat) -> Option<PairPanels> {
     Some(PairPanels { n, k2, data })
 }
 
-/// The rows of the A operand: bf16 (exact pairs), or f32 (split into two bf16 parts).
-#[derive(Debug, Clone, Copy)]
-pub(in crate::backend::cpu) enum Rows<'a> {
-    /// bf16 bits, `m` rows of K at stride `ld`.
-    Bf16 { x: &'a [u16], ld: usize },
-    /// f32, `m` rows of K at stride `ld`.
-    F32 { x: &'a [f32], ld: usize },
-}
-
-/// `c [M, N] = x . W^T` for `m` rows of K of `x` and the packed `w` (`c` contiguous).
-pub(in crate::backend::cpu) fn gemm(x: Rows, m: usize, k: usize, w: &PairPanels, c: &mut [f32]) {
+/// `c [M, N] = x . W^T` for `m` bf16 rows of K of `x` (row stride `ldx`) and the packed `w`
+/// (`c` contiguous).
+pub(in crate::backend::cpu) fn gemm(x: &[u16], ldx: usize, m: usize, k: usize, w: &PairPanels, c: &mut [f32]) {
     let (n, k2) = (w.n, w.k2);
     if m == 0 || n == 0 {
         return;
@@ -162,33 +154,17 @@ pub(in crate::backend::cpu) fn gemm(x: Rows, m: usize, k: usize, w: &PairPanels,
         return;
     }
     let tiles = m.div_ceil(MR);
-    let split = matches!(x, Rows::F32 { .. });
-    // The low parts only with an f32 A (an untouched calloc costs no pages otherwise).
-    let mut ap = vec![0u32; 2 * tiles * k2 * MR];
-    let (hi, lo) = ap.split_at_mut(tiles * k2 * MR);
-    let pair = |a: u16, b: u16| u32::from(a) | (u32::from(b) << 16);
-    let parts = |v: f32| {
-        let h = half::bf16::from_f32(v);
-        (h.to_bits(), half::bf16::from_f32(v - h.to_f32()).to_bits())
-    };
-    hi.par_chunks_mut(k2 * MR).zip(lo.par_chunks_mut(k2 * MR)).enumerate().for_each(|(t, (tile, lo_tile))| {
+    let mut ap = vec![0u32; tiles * k2 * MR];
+    ap.par_chunks_mut(k2 * MR).enumerate().for_each(|(t, tile)| {
         for i in 0..MR.min(m - t * MR) {
-            let r = t * MR + i;
-            for p in 0..k2 {
-                let (c0, c1) = (2 * p, (2 * p + 1 < k).then_some(2 * p + 1));
-                match x {
-                    Rows::Bf16 { x, ld } => tile[p * MR + i] = pair(x[r * ld + c0], c1.map_or(0, |c| x[r * ld + c])),
-                    Rows::F32 { x, ld } => {
-                        let (h0, l0) = parts(x[r * ld + c0]);
-                        let (h1, l1) = c1.map_or((0, 0), |c| parts(x[r * ld + c]));
-                        tile[p * MR + i] = pair(h0, h1);
-                        lo_tile[p * MR + i] = pair(l0, l1);
-                    }
-                }
+            let row = &x[(t * MR + i) * ldx..(t * MR + i) * ldx + k];
+            for (p, pair) in row.chunks(2).enumerate() {
+                let hi = pair.get(1).copied().unwrap_or(0);
+                tile[p * MR + i] = u32::from(pair[0]) | (u32::from(hi) << 16);
             }
         }
     });
-    let (hi, lo): (&[u32], &[u32]) = (hi, lo);
+    let ap: &[u32] = &ap;
     // Tasks of whole column panels (about four per thread).
     let panels = n.div_ceil(NR);
     let per = panels.div_ceil(4 * rayon::current_num_threads().max(1)).max(1);
@@ -209,9 +185,7 @@ pub(in crate::backend::cpu) fn gemm(x: Rows, m: usize, k: usize, w: &PairPanels,
             let nr = NR.min(n - jp * NR);
             for ti in 0..tiles {
                 let r1 = ((ti + 1) * MR).min(m);
-                let a = &hi[ti * k2 * MR..];
-                let l = split.then(|| &lo[ti * k2 * MR..]);
-                simd::gemm_tile_bf16_pairs(k2, a, l, b, &mut rows[ti * MR..r1], q * NR, nr);
+                simd::gemm_tile_bf16_pairs(k2, &ap[ti * k2 * MR..], b, &mut rows[ti * MR..r1], q * NR, nr);
             }
         }
     });

@@ -15,19 +15,9 @@ pub(crate) const PAIR_NR: usize = 32;
 /// panel (`k2` steps of `PAIR_MR` pairs, `a[p * PAIR_MR + i]` = A[i][2p] | A[i][2p+1] << 16),
 /// `b` a packed B panel (`k2` steps of `PAIR_NR` pairs, `b[p * PAIR_NR + j]` = B[2p][j] |
 /// B[2p+1][j] << 16); `c` holds the tile's rows (at most `PAIR_MR`), written at columns
-/// `j0..j0 + nr`. Pad pairs past K with zeros. With `lo`, A is `a + lo` (an f32 operand split
-/// as by [`split_bf16`]: each B load feeds both). The caller checks [`super::avx512_bf16`].
-pub(crate) fn gemm_tile_bf16_pairs(
-    k2: usize,
-    a: &[u32],
-    lo: Option<&[u32]>,
-    b: &[u32],
-    c: &mut [&mut [f32]],
-    j0: usize,
-    nr: usize,
-) {
+/// `j0..j0 + nr`. Pad pairs past K with zeros. The caller checks [`super::avx512_bf16`].
+pub(crate) fn gemm_tile_bf16_pairs(k2: usize, a: &[u32], b: &[u32], c: &mut [&mut [f32]], j0: usize, nr: usize) {
     assert!(a.len() >= k2 * PAIR_MR && b.len() >= k2 * PAIR_NR, "gemm_tile_bf16_pairs: panels too short");
-    assert!(lo.is_none_or(|l| l.len() >= k2 * PAIR_MR), "gemm_tile_bf16_pairs: low panel too short");
     assert!(c.len() <= PAIR_MR && nr <= PAIR_NR, "gemm_tile_bf16_pairs: tile too large");
     assert!(c.iter().all(|r| r.len() >= j0 + nr), "gemm_tile_bf16_pairs: C rows too short");
     if nr == 0 {
@@ -39,10 +29,7 @@ pub(crate) fn gemm_tile_bf16_pairs(
         // SAFETY: AVX-512F/BW/VL and AVX512_BF16 were detected; the asserts above are the
         // kernel's bounds.
         unsafe {
-            match lo {
-                None => x86::tile_pairs_avx512::<false>(k2, a, a, b, c, j0, nr),
-                Some(lo) => x86::tile_pairs_avx512::<true>(k2, a, lo, b, c, j0, nr),
-            }
+            x86::tile_pairs_avx512(k2, a, b, c, j0, nr)
         };
         return;
     }
@@ -53,7 +40,7 @@ pub(crate) fn gemm_tile_bf16_pairs(
             let mut s = 0f32;
             for p in 0..k2 {
                 let w = b[p * PAIR_NR + j];
-                s += dot(a[p * PAIR_MR + i], w) + lo.map_or(0.0, |l| dot(l[p * PAIR_MR + i], w));
+                s += dot(a[p * PAIR_MR + i], w);
             }
             *out = s;
         }
@@ -125,10 +112,9 @@ mod x86 {
     /// The CPU must support AVX-512F/BW/VL and AVX512_BF16 (the bounds are asserted here).
     #[allow(unsafe_code)]
     #[target_feature(enable = "avx512f,avx512bf16,avx512bw,avx512vl")]
-    pub(super) unsafe fn tile_pairs_avx512<const SPLIT: bool>(
+    pub(super) unsafe fn tile_pairs_avx512(
         k2: usize,
         a: &[u32],
-        lo: &[u32],
         b: &[u32],
         c: &mut [&mut [f32]],
         j0: usize,
@@ -136,16 +122,15 @@ mod x86 {
     ) {
         const R: usize = super::PAIR_MR;
         const NV: usize = super::PAIR_NR / 16;
-        assert!(a.len() >= k2 * R && lo.len() >= k2 * R && b.len() >= k2 * NV * 16 && c.len() <= R && nr <= NV * 16);
+        assert!(a.len() >= k2 * R && b.len() >= k2 * NV * 16 && c.len() <= R && nr <= NV * 16);
         assert!(c.iter().all(|r| r.len() >= j0 + nr));
-        let (mut ap, mut lp, mut bp) = (a.as_ptr(), lo.as_ptr(), b.as_ptr());
+        let (mut ap, mut bp) = (a.as_ptr(), b.as_ptr());
         let mut acc = [[_mm512_setzero_ps(); NV]; R];
         for _ in 0..k2 {
             _mm_prefetch::<_MM_HINT_T0>(bp.wrapping_add(16 * NV * 8).cast());
             _mm_prefetch::<_MM_HINT_T0>(bp.wrapping_add(16 * NV * 8 + 16).cast());
-            // SAFETY: step p (0..k2) reads a[p R..p R + R] (and lo's, with SPLIT) and
-            // b[p 16 NV..(p + 1) 16 NV], inside the panels (asserted); the pointers advance
-            // by one step each pass.
+            // SAFETY: step p (0..k2) reads a[p R..p R + R] and b[p 16 NV..(p + 1) 16 NV],
+            // inside the panels (asserted); the pointers advance by one step each pass.
             unsafe {
                 let bv: [__m512bh; NV] = std::array::from_fn(|v| {
                     std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(bp.add(16 * v).cast()))
@@ -155,17 +140,8 @@ mod x86 {
                     for (x, &bvv) in row.iter_mut().zip(&bv) {
                         *x = _mm512_dpbf16_ps(*x, av, bvv);
                     }
-                    if SPLIT {
-                        let lv = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(*lp.add(i) as i32));
-                        for (x, &bvv) in row.iter_mut().zip(&bv) {
-                            *x = _mm512_dpbf16_ps(*x, lv, bvv);
-                        }
-                    }
                 }
                 ap = ap.add(R);
-                if SPLIT {
-                    lp = lp.add(R);
-                }
                 bp = bp.add(16 * NV);
             }
         }
