@@ -177,11 +177,18 @@ fn task(p: &Problem, t: &Task, buf: &mut [f32]) {
             for kh in 0..nheads {
                 let q = &qp[kh * per_head * d..(kh + 1) * per_head * d];
                 if full {
-                    for (x, dst) in kbuf.chunks_exact_mut(d).enumerate() {
-                        dst.copy_from_slice(seq.k.row_f32(t.h0 + kh, j + x, kscratch));
-                    }
+                    // f32 keys in one run are transposed where they lie; others gathered first.
+                    let (src, ld) = match seq.k.f32_run(t.h0 + kh, j, j + KBLOCK, d) {
+                        Some(run) => run,
+                        None => {
+                            for (x, dst) in kbuf.chunks_exact_mut(d).enumerate() {
+                                dst.copy_from_slice(seq.k.row_f32(t.h0 + kh, j + x, kscratch));
+                            }
+                            (&*kbuf, d)
+                        }
+                    };
                     for dd in (0..d).step_by(16) {
-                        simd::transpose_16x16(&kbuf[dd..], d, &mut kt[dd * KBLOCK..], KBLOCK);
+                        simd::transpose_16x16(&src[dd..], ld, &mut kt[dd * KBLOCK..], KBLOCK);
                     }
                     let at = kh * per_head * w + (j - ja);
                     simd::gemm(per_head, KBLOCK, d, q, d, kt, KBLOCK, &mut s[at..], w, false);
