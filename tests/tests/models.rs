@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use layerzero::LayerZero;
+use layerzero::backend::cpu::packed_weight_stats;
 use layerzero::llm::{self, Generation, Model};
 use layerzero::schema::{SchemaKind, violations};
 use layerzero::tensor::{HostTensor, io};
@@ -82,6 +83,28 @@ fn weights_in_the_compute_dtype_are_read_in_place_from_the_mapped_files() {
     let cast = Model::load(&dir, Some(layerzero::DType::F32)).unwrap_or_else(|e| panic!("{e}"));
     assert!(!cast.weights.layers[0].q.storage().is_mapped(), "weights cast to f32 are owned copies");
     assert_eq!(cast.weights.layers[0].q.to_f32_vec(), w.layers[0].q.to_f32_vec(), "bf16 widens exactly");
+}
+
+#[test]
+fn a_bf16_model_is_packed_at_load_and_its_prefill_reuses_the_packs() {
+    let model = Model::load(&models().join("llama-gqa-bf16"), None).unwrap_or_else(|e| panic!("{e}"));
+    let lz = LayerZero::detected().unwrap_or_else(|e| panic!("{e}"));
+    let before = packed_weight_stats();
+    let mut session = llm::forward::Session::with_cache(&model, &lz, &[32], llm::KvKind::Contiguous)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let loaded = packed_weight_stats();
+    if loaded.packs == before.packs {
+        // This CPU's bf16 prefill takes no packed layout (no AVX512_BF16, or AMX first).
+        return;
+    }
+    // Other tests pack their own weights meanwhile, hence the lower bounds. Per layer:
+    // q, k, v, o and the MLP's three; and the LM head.
+    let per_layer = 7 * model.config.layers as u64;
+    assert!(loaded.packs >= before.packs + per_layer + 1, "{before:?} -> {loaded:?}");
+    let prompt: Vec<u32> = (1..=12).collect();
+    session.forward(&prompt, false).unwrap_or_else(|e| panic!("{e}"));
+    let after = packed_weight_stats();
+    assert!(after.hits >= loaded.hits + per_layer, "a 12-row prefill reuses every layer's packs: {after:?}");
 }
 
 #[test]
