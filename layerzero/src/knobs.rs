@@ -127,7 +127,17 @@ pub const E2E: Knob = Knob {
     doc: "End-to-end suite only: comma-separated section numbers to run (e.g. `6.1,7.3`).",
 };
 
-static ALL: [Knob; 7] = [HOME, PERFDB, PLAN_MODE, DISPATCH_TABLE, POLICY, CACHE_CAPACITY, E2E];
+/// Where a model's weights are served from.
+pub const WEIGHTS: Knob = Knob {
+    name: "LAYERZERO_WEIGHTS",
+    ty: KnobType::Enum(&["resident", "mapped"]),
+    default: "resident",
+    doc: "resident: a model's weights are copied once at load from the memory-mapped safetensors \
+          files into memory backed by transparent huge pages (faster kernels); mapped: kernels read \
+          the mapped files in place (no copy; the page cache is shared between processes).",
+};
+
+static ALL: [Knob; 8] = [HOME, PERFDB, PLAN_MODE, DISPATCH_TABLE, POLICY, CACHE_CAPACITY, E2E, WEIGHTS];
 
 /// Every knob, in a fixed order.
 pub fn all() -> &'static [Knob] {
@@ -289,7 +299,21 @@ pub fn perfdb_path() -> PathBuf {
     perfdb_path_in(&process_env)
 }
 
+pub use crate::llm::Residence;
 pub use crate::runtime::PlanMode;
+
+/// `LAYERZERO_WEIGHTS` in `env` (default `resident`).
+pub fn weights_in(env: Lookup<'_>) -> Result<Residence> {
+    Ok(match WEIGHTS.value_in(env)? {
+        Some(KnobValue::Enum("mapped")) => Residence::Mapped,
+        _ => Residence::Resident,
+    })
+}
+
+/// `LAYERZERO_WEIGHTS` in the process environment (default `resident`).
+pub fn weights() -> Result<Residence> {
+    weights_in(&process_env)
+}
 
 /// `LAYERZERO_PLAN_MODE` in `env` (default `prefer`).
 pub fn plan_mode_in(env: Lookup<'_>) -> Result<PlanMode> {

@@ -74,15 +74,25 @@ fn every_f32_model_matches_hf_transformers_stage_by_stage_and_token_by_token() {
 }
 
 #[test]
-fn weights_in_the_compute_dtype_are_read_in_place_from_the_mapped_files() {
+fn weights_are_served_from_the_mapped_files_or_copied_once_into_resident_memory() {
     let dir = models().join("llama-gqa-bf16");
-    let mapped = Model::load(&dir, None).unwrap_or_else(|e| panic!("{e}"));
+    let mapped = Model::load_as(&dir, None, llm::Residence::Mapped).unwrap_or_else(|e| panic!("{e}"));
     let w = &mapped.weights;
     let every = [&w.embed, &w.norm, &w.lm_head, &w.layers[0].q, &w.layers[0].down, &w.layers[0].attn_norm];
-    assert!(every.iter().all(|t| t.storage().is_mapped()), "bf16 weights served as bf16 are not copied");
-    let cast = Model::load(&dir, Some(layerzero::DType::F32)).unwrap_or_else(|e| panic!("{e}"));
+    assert!(every.iter().all(|t| t.storage().is_mapped()), "mapped: bf16 weights served as bf16 are not copied");
+    let resident = Model::load_as(&dir, None, llm::Residence::Resident).unwrap_or_else(|e| panic!("{e}"));
+    assert!(!resident.weights.layers[0].q.storage().is_mapped(), "resident: copied out of the map");
+    assert_eq!(resident.weights.layers[0].q.to_f32_vec(), w.layers[0].q.to_f32_vec());
+    let cast =
+        Model::load_as(&dir, Some(layerzero::DType::F32), llm::Residence::Mapped).unwrap_or_else(|e| panic!("{e}"));
     assert!(!cast.weights.layers[0].q.storage().is_mapped(), "weights cast to f32 are owned copies");
     assert_eq!(cast.weights.layers[0].q.to_f32_vec(), w.layers[0].q.to_f32_vec(), "bf16 widens exactly");
+    // Both serve the same tokens.
+    let prompt: Vec<u32> = (1..=6).collect();
+    let g = Generation { max_new_tokens: 4, stop_at_eos: false, ..Generation::default() };
+    let lz = LayerZero::detected().unwrap_or_else(|e| panic!("{e}"));
+    let run = |m: &Model| llm::generate::generate(m, &lz, &prompt, &g, |_| {}).map(|o| o.generated_ids().to_vec());
+    assert_eq!(run(&mapped).ok(), run(&resident).ok());
 }
 
 #[test]

@@ -17,7 +17,7 @@ pub use config::{Arch, ModelConfig};
 pub use forward::{KvKind, OpStats, Session};
 pub use generate::{Generated, Generation, Sequence};
 pub use tokenizer::Tokenizer;
-pub use weights::Weights;
+pub use weights::{Residence, Weights};
 
 use crate::error::Result;
 use crate::model::dtype::DType;
@@ -37,10 +37,16 @@ pub struct Model {
 
 impl Model {
     /// Loads `dir` (`config.json` and `*.safetensors`), computing in `dtype` or, when `None`,
-    /// in the dtype the weights are stored in.
+    /// in the dtype the weights are stored in; weights served as `LAYERZERO_WEIGHTS` says
+    /// (resident by default).
     pub fn load(dir: &Path, dtype: Option<DType>) -> Result<Model> {
+        Model::load_as(dir, dtype, crate::knobs::weights()?)
+    }
+
+    /// [`load`](Model::load) with the weights served as `residence` says.
+    pub fn load_as(dir: &Path, dtype: Option<DType>, residence: Residence) -> Result<Model> {
         let config = ModelConfig::load(dir)?;
-        let weights = Weights::load(dir, &config, dtype)?;
+        let weights = Weights::load(dir, &config, dtype, residence)?;
         let dtype = dtype.unwrap_or(weights.stored);
         Ok(Model { dir: dir.to_path_buf(), config, weights, dtype })
     }

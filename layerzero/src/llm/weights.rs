@@ -1,7 +1,8 @@
-//! A model's weights: HF tensor names read from one or more `*.safetensors` shards
-//! (memory-mapped: a tensor stored in the compute dtype is read in place, never copied),
-//! every tensor the config implies checked for presence, shape and dtype, and cast once to
-//! the compute dtype where it differs. A missing, truncated or contradicting file is an error naming the file and
+//! A model's weights: HF tensor names read from one or more memory-mapped `*.safetensors`
+//! shards, every tensor the config implies checked for presence, shape and dtype, and cast
+//! once to the compute dtype where it differs. A tensor already in the compute dtype is
+//! either copied once into huge-page memory (`Residence::Resident`, the default) or read in
+//! place from the map (`Residence::Mapped`). A missing, truncated or contradicting file is an error naming the file and
 //! the tensor.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -64,6 +65,18 @@ pub struct Weights {
     pub stored: DType,
 }
 
+/// Where weights in the compute dtype are served from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Residence {
+    /// Copied once at load into memory that asks for transparent huge pages: the kernels
+    /// stream weights with one TLB entry per 2 MiB (measured on a 125M f32 model against
+    /// the mapped files: decode 3-10% faster, prefill 15-20%).
+    #[default]
+    Resident,
+    /// Read in place from the mapped files: no copy, the page cache shared between processes.
+    Mapped,
+}
+
 /// The shard files of a model folder, as HF writes them: `model.safetensors`, or the files
 /// a `model.safetensors.index.json` names.
 fn shards(dir: &Path) -> Result<Vec<PathBuf>> {
@@ -104,6 +117,7 @@ struct Take<'a> {
     tensors: BTreeMap<String, (HostTensor, PathBuf)>,
     dir: &'a Path,
     compute: DType,
+    residence: Residence,
 }
 
 impl Take<'_> {
@@ -128,7 +142,13 @@ impl Take<'_> {
                 t.dtype()
             )));
         }
-        Ok(if t.dtype() == self.compute { t } else { HostTensor::from_f32_as(self.compute, shape, &t.to_f32_vec())? })
+        if t.dtype() != self.compute {
+            return HostTensor::from_f32_as(self.compute, shape, &t.to_f32_vec());
+        }
+        Ok(match self.residence {
+            Residence::Resident if t.storage().is_mapped() => HostTensor::new(t.storage().resident(), shape)?,
+            _ => t,
+        })
     }
 
     fn maybe(&mut self, name: &str, shape: &[usize], present: bool) -> Result<Option<HostTensor>> {
@@ -173,8 +193,8 @@ impl Weights {
     }
 
     /// Reads every weight `config` implies from `dir`, in `compute` dtype (`None`: the
-    /// stored dtype).
-    pub fn load(dir: &Path, config: &ModelConfig, compute: Option<DType>) -> Result<Weights> {
+    /// stored dtype), those already in it served as `residence` says.
+    pub fn load(dir: &Path, config: &ModelConfig, compute: Option<DType>, residence: Residence) -> Result<Weights> {
         let mut tensors = BTreeMap::new();
         let mut stored = None;
         for file in shards(dir)? {
@@ -195,7 +215,7 @@ impl Weights {
         let c = config;
         let (h, i, v, d) = (c.hidden, c.intermediate, c.vocab, c.head_dim);
         let (qd, kvd) = (c.heads * d, c.kv_heads * d);
-        let mut t = Take { tensors, dir, compute };
+        let mut t = Take { tensors, dir, compute, residence };
         let embed = t.take("model.embed_tokens.weight", &[v, h])?;
         let mut layers = Vec::with_capacity(c.layers);
         for l in 0..c.layers {

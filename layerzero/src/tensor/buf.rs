@@ -51,6 +51,18 @@ impl<T: Pod> Buf<T> {
         self.map.is_some()
     }
 
+    /// An owned copy whose memory asks Linux for transparent huge pages (`madvise`) before it
+    /// is first written: kernels that stream a weight then take one TLB entry per 2 MiB, not
+    /// per 4 KiB (measured on a 125M f32 model read from huge pages instead of the mapped
+    /// file: decode 3-10% faster, prefill 15-20%).
+    pub fn resident(&self) -> Buf<T> {
+        let src: &[T] = self;
+        let mut v = vec![T::zeroed(); src.len()];
+        advise_huge(&v);
+        v.copy_from_slice(src);
+        Buf::from(v)
+    }
+
     /// The elements as a `Vec` (a copy when mapped).
     pub fn into_vec(self) -> Vec<T> {
         match &self.map {
@@ -120,5 +132,37 @@ impl<T: Pod + PartialEq> PartialEq for Buf<T> {
 impl<T: Pod + fmt::Debug> fmt::Debug for Buf<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(&self[..], f)
+    }
+}
+
+/// Asks for transparent huge pages over the whole 4 KiB pages of `v`'s buffer (Linux, where
+/// THP is in `madvise` mode; elsewhere, and for buffers under 4 MiB, nothing). Call it before
+/// the buffer is first written: pages already touched stay as they are.
+pub fn advise_huge<T>(v: &[T]) {
+    const MIN_BYTES: usize = 4 << 20;
+    let bytes = size_of_val(v);
+    if bytes < MIN_BYTES {
+        return;
+    }
+    #[cfg(target_os = "linux")]
+    {
+        const PAGE: usize = 4096;
+        const MADV_HUGEPAGE: i32 = 14;
+        #[allow(unsafe_code)]
+        // SAFETY: the C library's `madvise` (std links it), declared with its signature.
+        unsafe extern "C" {
+            fn madvise(addr: *mut std::ffi::c_void, len: usize, advice: i32) -> i32;
+        }
+        let start = (v.as_ptr() as usize).next_multiple_of(PAGE);
+        let end = (v.as_ptr() as usize + bytes) & !(PAGE - 1);
+        if end > start {
+            #[allow(unsafe_code)]
+            // SAFETY: the range is whole pages inside `v`'s allocation, which this process
+            // owns; MADV_HUGEPAGE only changes how the kernel backs those pages, never their
+            // contents, and a failure (THP compiled out) leaves them as they were.
+            unsafe {
+                madvise(start as *mut std::ffi::c_void, end - start, MADV_HUGEPAGE);
+            }
+        }
     }
 }

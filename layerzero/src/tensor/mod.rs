@@ -5,7 +5,7 @@ mod buf;
 pub mod fp8;
 pub mod io;
 
-pub use buf::Buf;
+pub use buf::{Buf, advise_huge};
 
 use std::sync::Arc;
 
@@ -67,6 +67,22 @@ impl Storage {
             Storage::I32(v) => v.is_mapped(),
             Storage::I64(v) => v.is_mapped(),
             Storage::Bool(_) => false,
+        }
+    }
+
+    /// The same elements, owned, in memory that asks for transparent huge pages (see
+    /// [`Buf::resident`]); bool storage is cloned.
+    pub fn resident(&self) -> Storage {
+        match self {
+            Storage::F32(v) => Storage::F32(v.resident()),
+            Storage::F16(v) => Storage::F16(v.resident()),
+            Storage::BF16(v) => Storage::BF16(v.resident()),
+            Storage::Fp8E4M3(v) => Storage::Fp8E4M3(v.resident()),
+            Storage::Fp8E5M2(v) => Storage::Fp8E5M2(v.resident()),
+            Storage::I8(v) => Storage::I8(v.resident()),
+            Storage::I32(v) => Storage::I32(v.resident()),
+            Storage::I64(v) => Storage::I64(v.resident()),
+            Storage::Bool(v) => Storage::Bool(v.clone()),
         }
     }
 

@@ -13,47 +13,13 @@ use std::thread::LocalKey;
 use super::norm::Elem;
 use crate::exec::args::Outputs;
 use crate::exec::executor::KernelError;
-use crate::tensor::{HostTensor, Storage};
-
-/// Buffers smaller than this keep their pages as they come (one 2 MiB page at most would
-/// be gained, and small allocations come from the malloc heap, already faulted in).
-const MIN_BYTES: usize = 4 << 20;
+use crate::tensor::{HostTensor, Storage, advise_huge};
 
 /// `v` (a new, untouched buffer such as `vec![0f32; n]`, which is a calloc) with huge
-/// pages requested for it.
+/// pages requested for it (buffers of 4 MiB and more; see [`advise_huge`]).
 pub(super) fn huge<T>(v: Vec<T>) -> Vec<T> {
     advise_huge(&v);
     v
-}
-
-/// Asks for transparent huge pages over the whole 4 KiB pages that `v`'s buffer covers.
-pub(super) fn advise_huge<T>(v: &[T]) {
-    let bytes = std::mem::size_of_val(v);
-    if bytes < MIN_BYTES {
-        return;
-    }
-    #[cfg(target_os = "linux")]
-    {
-        const PAGE: usize = 4096;
-        const MADV_HUGEPAGE: i32 = 14;
-        #[allow(unsafe_code)]
-        // SAFETY: the C library's `madvise` (std links it), declared with its signature.
-        unsafe extern "C" {
-            fn madvise(addr: *mut std::ffi::c_void, len: usize, advice: i32) -> i32;
-        }
-        let start = (v.as_ptr() as usize).next_multiple_of(PAGE);
-        let end = (v.as_ptr() as usize + bytes) & !(PAGE - 1);
-        if end > start {
-            #[allow(unsafe_code)]
-            // SAFETY: the range is whole pages inside `v`'s allocation, which this process
-            // owns; MADV_HUGEPAGE only changes how the kernel backs those pages, never
-            // their contents, and a failure (e.g. THP compiled out) leaves them as they
-            // were, so the result can be ignored.
-            unsafe {
-                madvise(start as *mut std::ffi::c_void, end - start, MADV_HUGEPAGE);
-            }
-        }
-    }
 }
 
 /// A buffer whose first element sits on a cache-line (64-byte) boundary: AMX tile loads

@@ -121,7 +121,8 @@ pub(in crate::backend::cpu) fn panels(w: &HostTensor, wt: &Mat) -> Option<Arc<Pa
 fn pack(v: &[u16], wt: &Mat) -> Option<PairPanels> {
     let (n, k) = (wt.rows, wt.cols);
     let k2 = k.div_ceil(2);
-    let mut data = vec![0u32; n.div_ceil(NR) * k2 * NR];
+    // Streamed on every prefill: huge pages keep its TLB misses few.
+    let mut data = crate::backend::cpu::alloc::huge(vec![0u32; n.div_ceil(NR) * k2 * NR]);
     let mut ok = true;
     for r in [0, n.saturating_sub(1)] {
         ok &= n == 0 || v.get(wt.at(r, 0)..wt.at(r, 0) + k).is_some();
