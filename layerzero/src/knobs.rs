@@ -137,7 +137,17 @@ pub const WEIGHTS: Knob = Knob {
           the mapped files in place (no copy; the page cache is shared between processes).",
 };
 
-static ALL: [Knob; 8] = [HOME, PERFDB, PLAN_MODE, DISPATCH_TABLE, POLICY, CACHE_CAPACITY, E2E, WEIGHTS];
+/// The most bytes an input file may hold.
+pub const MAX_READ_BYTES: Knob = Knob {
+    name: "LAYERZERO_MAX_READ_BYTES",
+    ty: KnobType::U64,
+    default: "268435456",
+    doc: "The most bytes LayerZero reads from one input file or standard input (requests, \
+          policies, tables, workloads, configs, tokenizers, safetensors read whole); a larger \
+          input is refused naming it. Memory-mapped model weights are not counted.",
+};
+
+static ALL: [Knob; 9] = [HOME, PERFDB, PLAN_MODE, DISPATCH_TABLE, POLICY, CACHE_CAPACITY, E2E, WEIGHTS, MAX_READ_BYTES];
 
 /// Every knob, in a fixed order.
 pub fn all() -> &'static [Knob] {
@@ -301,6 +311,19 @@ pub fn perfdb_path() -> PathBuf {
 
 pub use crate::llm::Residence;
 pub use crate::runtime::PlanMode;
+
+/// `LAYERZERO_MAX_READ_BYTES` in `env` (default 256 MiB).
+pub fn max_read_bytes_in(env: Lookup<'_>) -> Result<u64> {
+    Ok(match MAX_READ_BYTES.value_in(env)? {
+        Some(KnobValue::U64(n)) => n,
+        _ => 256 << 20,
+    })
+}
+
+/// `LAYERZERO_MAX_READ_BYTES` in the process environment (default 256 MiB).
+pub fn max_read_bytes() -> Result<u64> {
+    max_read_bytes_in(&process_env)
+}
 
 /// `LAYERZERO_WEIGHTS` in `env` (default `resident`).
 pub fn weights_in(env: Lookup<'_>) -> Result<Residence> {

@@ -38,6 +38,7 @@ pub mod capacity;
 pub mod constraint;
 pub mod error;
 pub mod exec;
+pub mod files;
 pub mod hardware;
 pub mod health;
 pub mod knobs;

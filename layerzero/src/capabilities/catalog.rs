@@ -59,9 +59,7 @@ impl Catalog {
             let path =
                 entry.map_err(|e| Error::new(ErrorKind::Io, format!("{}: {e}", dir.display())).with_source(e))?.path();
             if path.extension().is_some_and(|e| e == "json") && path.is_file() {
-                let text = std::fs::read_to_string(&path).map_err(|e| {
-                    Error::new(ErrorKind::Io, format!("cannot read {}: {e}", path.display())).with_source(e)
-                })?;
+                let text = crate::files::read_to_string(&path)?;
                 files.push((path.display().to_string(), text));
             }
         }

@@ -36,8 +36,7 @@ pub(super) fn workload(a: WorkloadCmd) -> Result<Outcome> {
     let json =
         serde_json::to_string_pretty(&w).map_err(|e| Error::invalid(format!("cannot write the workload: {e}")))?;
     match &a.out {
-        Some(file) => std::fs::write(file, json + "\n")
-            .map_err(|e| Error::new(ErrorKind::Io, format!("cannot write {}: {e}", file.display())).with_source(e))?,
+        Some(file) => crate::files::write(file, (json + "\n").as_bytes(), &[])?,
         None => println!("{json}"),
     }
     Ok(Outcome::Ok)
@@ -176,8 +175,7 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
 /// `--prompts FILE`: a JSON array of text (strings) and token ids (arrays of integers).
 fn read_prompts(file: &Path, encode: &dyn Fn(&str) -> Result<Vec<u32>>) -> Result<Vec<Vec<u32>>> {
     let origin = file.display().to_string();
-    let text = std::fs::read_to_string(file)
-        .map_err(|e| Error::new(ErrorKind::Io, format!("cannot read {origin}: {e}")).with_source(e))?;
+    let text = crate::files::read_to_string(file)?;
     let v: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| Error::invalid(format!("{origin}: invalid JSON: {e}")))?;
     let items = v.as_array().ok_or_else(|| Error::invalid(format!("{origin}: expected a JSON array of prompts")))?;

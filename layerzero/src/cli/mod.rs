@@ -12,7 +12,6 @@ mod run;
 mod tune;
 mod validate;
 
-use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -20,7 +19,7 @@ use std::sync::Arc;
 use clap::Parser;
 
 use crate::capabilities::catalog::Catalog;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::hardware::{detect, named};
 use crate::model::op::Op;
 use crate::model::request::Request;
@@ -161,13 +160,9 @@ fn load_catalog(arg: &CatalogArg) -> Result<Arc<Catalog>> {
 
 fn read_text(path: &str) -> Result<String> {
     if path == "-" {
-        let mut s = String::new();
-        std::io::stdin()
-            .read_to_string(&mut s)
-            .map_err(|e| Error::new(ErrorKind::Io, format!("cannot read the request from standard input: {e}")))?;
-        return Ok(s);
+        return crate::files::read_stdin("the request");
     }
-    std::fs::read_to_string(path).map_err(|e| Error::new(ErrorKind::Io, format!("cannot read {path}: {e}")))
+    crate::files::read_to_string(std::path::Path::new(path))
 }
 
 /// Reads, schema-checks and parses a request file.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::{Outcome, print_json};
 use crate::capabilities::catalog::Catalog;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::Result;
 use crate::hardware::profile::HardwareProfile;
 use crate::perfdb::{self, PerfDb};
 use crate::plan::solve::{self, Provenance};
@@ -70,7 +70,9 @@ pub(super) fn solve(a: SolveArgs<'_>, selector: Selector, command: String) -> Re
         &selector,
         Provenance { perfdb_digest: digest, created_at: super::render::rfc3339(perfdb::now_unix()), command },
     )?;
-    write_atomically(a.out, &table.to_json())?;
+    let mut inputs = vec![a.workload];
+    inputs.extend(a.perfdb);
+    crate::files::write(a.out, table.to_json().as_bytes(), &inputs)?;
     let sources = solve::sources(&table);
     if a.json {
         print_json(&serde_json::json!({
@@ -97,14 +99,6 @@ pub(super) fn solve(a: SolveArgs<'_>, selector: Selector, command: String) -> Re
         }
     }
     Ok(Outcome::Ok)
-}
-
-/// Writes through a temporary file and a rename, so a reader never sees half a table.
-fn write_atomically(path: &Path, text: &str) -> Result<()> {
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, text)
-        .and_then(|_| std::fs::rename(&tmp, path))
-        .map_err(|e| Error::new(ErrorKind::Io, format!("cannot write {}: {e}", path.display())))
 }
 
 /// What `lz readiness-check` was asked to check.

@@ -70,7 +70,7 @@ pub(super) fn run(a: RunArgs<'_>, catalog: Arc<Catalog>) -> Result<Outcome> {
         }));
     }
     let outputs: BTreeMap<String, _> = dispatch.outputs.clone().into_map();
-    io::write(a.out, &outputs)?;
+    io::write_output(a.out, &outputs, &[a.inputs, Path::new(a.request)])?;
     let sel = dispatch.selection();
     if a.json {
         let outs: serde_json::Map<String, serde_json::Value> = outputs

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use super::{Outcome, print_json};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::Result;
 use crate::readiness::files;
 
 /// Checks `files`, or every shipped capability and hardware file when `files` is empty.
@@ -15,8 +15,7 @@ pub(super) fn run(paths: &[PathBuf], json: bool) -> Result<Outcome> {
         results.extend(files::shipped());
     }
     for path in paths {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::new(ErrorKind::Io, format!("cannot read {}: {e}", path.display())))?;
+        let text = crate::files::read_to_string(path)?;
         results.push(files::check_file(path, &text));
     }
     let ok = results.iter().all(files::FileCheck::is_valid);

@@ -57,9 +57,8 @@ pub fn load(name_or_path: &str) -> Result<HardwareProfile> {
         return parse(text, &format!("capabilities/hardware/{file}"));
     }
     if looks_like_path(key) || std::path::Path::new(key).is_file() {
-        let text = std::fs::read_to_string(key).map_err(|e| {
-            Error::new(ErrorKind::Io, format!("hardware profile {key}: cannot read: {e}")).with_source(e)
-        })?;
+        let text =
+            crate::files::read_to_string(std::path::Path::new(key)).map_err(|e| e.context("hardware profile"))?;
         return parse(&text, key);
     }
     Err(Error::new(

@@ -140,9 +140,7 @@ impl ModelConfig {
     pub fn load(dir: &std::path::Path) -> Result<ModelConfig> {
         let path = dir.join("config.json");
         let origin = path.display().to_string();
-        let text = std::fs::read_to_string(&path).map_err(|e| {
-            Error::new(crate::error::ErrorKind::Io, format!("cannot read {origin}: {e}")).with_source(e)
-        })?;
+        let text = crate::files::read_to_string(&path)?;
         ModelConfig::parse(&text, &origin)
     }
 

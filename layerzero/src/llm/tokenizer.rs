@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 
 /// A loaded tokenizer.
 pub struct Tokenizer {
@@ -33,8 +33,7 @@ impl Tokenizer {
     /// Reads `path`; a file that does not parse is an error naming it.
     pub fn load(path: &Path) -> Result<Tokenizer> {
         let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::new(ErrorKind::Io, format!("cannot read {origin}: {e}")).with_source(e))?;
+        let text = crate::files::read_to_string(path)?;
         Tokenizer::parse(&text, &origin)
     }
 

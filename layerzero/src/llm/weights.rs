@@ -95,8 +95,7 @@ fn shards(dir: &Path) -> Result<Vec<PathBuf>> {
         return Ok(vec![single]);
     }
     let origin = index.display().to_string();
-    let text = std::fs::read_to_string(&index)
-        .map_err(|e| Error::new(ErrorKind::Io, format!("cannot read {origin}: {e}")).with_source(e))?;
+    let text = crate::files::read_to_string(&index)?;
     let v: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| Error::invalid(format!("{origin}: invalid JSON: {e}")))?;
     let map = v

@@ -154,9 +154,8 @@ impl DispatchTable {
     /// an error naming the path and the field, carrying `PLAN_SCHEMA_MISMATCH`.
     pub fn read(path: &Path) -> std::result::Result<DispatchTable, Rejected> {
         let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            rejected(ReasonCode::PLAN_SCHEMA_MISMATCH, ErrorKind::Io, format!("{origin}: cannot read: {e}"))
-        })?;
+        let text = crate::files::read_to_string(path)
+            .map_err(|e| rejected(ReasonCode::PLAN_SCHEMA_MISMATCH, ErrorKind::Io, e.message().to_owned()))?;
         DispatchTable::parse(&text, &origin)
     }
 

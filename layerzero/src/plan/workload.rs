@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::axes;
 use super::key::{Buckets, SelectionKey};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::model::request::Request;
 
 /// Current workload schema version.
@@ -93,8 +93,7 @@ impl Workload {
     /// resolved here too, so a bad range or request fails before any timing or solving.
     pub fn load(path: &std::path::Path) -> Result<Workload> {
         let source = path.display().to_string();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::new(ErrorKind::Io, format!("cannot read workload {source}: {e}")))?;
+        let text = crate::files::read_to_string(path).map_err(|e| e.context("workload"))?;
         let w = Workload::from_json(&text, &source)?;
         w.points().map_err(|e| e.context(&source))?;
         Ok(w)

@@ -175,9 +175,7 @@ impl Policy {
     /// Reads, schema-checks and parses a policy file.
     pub fn load(path: &std::path::Path) -> Result<Policy> {
         let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            Error::new(crate::error::ErrorKind::Io, format!("cannot read {origin}: {e}")).with_source(e)
-        })?;
+        let text = crate::files::read_to_string(path)?;
         Policy::from_json(&text, &origin)
     }
 

@@ -102,6 +102,7 @@ fn mapped_storage(v: &TensorView<'_>, map: &Arc<Mmap>, off: usize) -> Option<Sto
 pub fn read_mapped(path: &Path) -> Result<BTreeMap<String, HostTensor>> {
     let origin = path.display().to_string();
     let io_err = |e: std::io::Error| Error::new(ErrorKind::Io, format!("cannot read {origin}: {e}")).with_source(e);
+    crate::files::check_regular(path)?;
     let file = std::fs::File::open(path).map_err(io_err)?;
     #[allow(unsafe_code)]
     // SAFETY: the map is read-only and this process never writes the file. Another process
@@ -128,11 +129,10 @@ pub fn read_mapped(path: &Path) -> Result<BTreeMap<String, HostTensor>> {
     Ok(out)
 }
 
-/// Reads every tensor of a safetensors file.
+/// Reads every tensor of a safetensors file (mapped: a dump or reference of any size is read
+/// without copying it whole into memory).
 pub fn read(path: &Path) -> Result<BTreeMap<String, HostTensor>> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| Error::new(ErrorKind::Io, format!("cannot read {}: {e}", path.display())).with_source(e))?;
-    parse(&bytes, &path.display().to_string())
+    read_mapped(path)
 }
 
 /// safetensors bytes of the given tensors (each written contiguous).
@@ -154,14 +154,17 @@ pub fn serialize(tensors: &BTreeMap<String, HostTensor>) -> Result<Vec<u8>> {
     safetensors::serialize(views, None).map_err(|e| Error::invalid(format!("cannot serialize tensors: {e}")))
 }
 
-/// Writes tensors to a safetensors file (to a temporary file first, then renamed, so a
-/// failed write never leaves a half-written file under the final name).
+/// Writes tensors to a safetensors file (through an exclusive temporary renamed over it, so
+/// a failed write never leaves a half-written file under the final name).
 pub fn write(path: &Path, tensors: &BTreeMap<String, HostTensor>) -> Result<()> {
+    write_output(path, tensors, &[])
+}
+
+/// [`write`], refusing when `path` is one of `inputs` (the files the run read) and when it
+/// names anything but a regular file (see [`crate::files::write`]).
+pub fn write_output(path: &Path, tensors: &BTreeMap<String, HostTensor>, inputs: &[&Path]) -> Result<()> {
     let bytes = serialize(tensors)?;
-    let tmp = path.with_extension("safetensors.tmp");
-    std::fs::write(&tmp, &bytes)
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .map_err(|e| Error::new(ErrorKind::Io, format!("cannot write {}: {e}", path.display())).with_source(e))
+    crate::files::write(path, &bytes, inputs)
 }
 
 #[cfg(test)]

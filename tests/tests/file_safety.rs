@@ -1,0 +1,75 @@
+//! Files the way a database treats them (issue 12, item 8): special files are refused, never
+//! read forever nor replaced; an output that is an input is refused; inputs have a size limit.
+
+use std::path::Path;
+use std::time::Duration;
+
+use layerzero_tests::{lz, repo_root};
+
+fn example() -> String {
+    repo_root().join("examples/requests/llama_prefill_gqa.json").display().to_string()
+}
+
+fn outcome(cmd: &mut assert_cmd::Command) -> (i32, String) {
+    let out = cmd.timeout(Duration::from_secs(60)).output().unwrap_or_else(|e| panic!("{e}"));
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_or_a_device_as_the_request_is_refused_at_once_not_read_forever() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let fifo = dir.path().join("request.json");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status().is_ok_and(|s| s.success());
+    assert!(made, "mkfifo is available on the test machine");
+    let (code, err) = outcome(lz().args(["explain", "--request", &fifo.display().to_string()]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("is a FIFO") && err.contains("reads only regular files"), "{err}");
+    if Path::new("/dev/zero").exists() {
+        let (code, err) = outcome(lz().args(["explain", "--request", "/dev/zero"]));
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains("character device"), "{err}");
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn an_output_naming_a_device_is_refused_and_the_device_left_alone() {
+    use std::os::unix::fs::FileTypeExt;
+    if !Path::new("/dev/full").exists() {
+        return;
+    }
+    let model = repo_root().join("tests/models/llama-gqa").display().to_string();
+    let (code, err) = outcome(lz().args(["workload", "--model", &model, "--max-seq", "16", "--out", "/dev/full"]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("character device") && err.contains("writes only regular files"), "{err}");
+    let still = std::fs::metadata("/dev/full").map(|m| m.file_type().is_char_device()).unwrap_or(false);
+    assert!(still, "/dev/full is still the device");
+}
+
+#[test]
+fn solve_refuses_to_write_its_table_over_its_own_workload() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let workload = dir.path().join("w.json");
+    std::fs::copy(repo_root().join("workloads/regret-cpu.json"), &workload).unwrap_or_else(|e| panic!("{e}"));
+    let before = std::fs::read(&workload).unwrap_or_default();
+    let w = workload.display().to_string();
+    let (code, err) = outcome(lz().args(["solve", "--workload", &w, "--hardware", "zen4", "--no-perfdb", "--out", &w]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("is also an input"), "{err}");
+    assert_eq!(std::fs::read(&workload).unwrap_or_default(), before, "the workload is untouched");
+    let temps = std::fs::read_dir(dir.path())
+        .map(|d| d.filter_map(Result::ok).filter(|e| e.file_name().to_string_lossy().ends_with(".tmp")).count())
+        .unwrap_or(usize::MAX);
+    assert_eq!(temps, 0, "no temporary is left behind");
+}
+
+#[test]
+fn an_input_over_the_read_limit_is_refused_naming_the_knob() {
+    let (code, err) = outcome(lz().env("LAYERZERO_MAX_READ_BYTES", "64").args(["explain", "--request", &example()]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("LAYERZERO_MAX_READ_BYTES") && err.contains("llama_prefill_gqa.json"), "{err}");
+    let (code, err) = outcome(lz().env("LAYERZERO_MAX_READ_BYTES", "lots").args(["explain", "--request", &example()]));
+    assert_eq!(code, 2, "a bad limit is a usage error naming the variable: {err}");
+    assert!(err.contains("LAYERZERO_MAX_READ_BYTES=\"lots\""), "{err}");
+}
