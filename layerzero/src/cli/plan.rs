@@ -34,7 +34,14 @@ pub(super) fn measurements(path: Option<&Path>, catalog: &Catalog, hardware: &Ha
     if !explicit && !path.exists() {
         return Ok(FromPerfDb { measurements: None, digest: None, rows: 0, recovered: None });
     }
-    let opened = PerfDb::open(&path)?;
+    let opened = match PerfDb::open_for_reading(&path)? {
+        Ok(opened) => opened,
+        Err(newer) => {
+            // Another layerzero's PerfDB: left alone; the run goes on with the cost model.
+            eprintln!("lz: warning: {newer}; solving with the cost model only");
+            return Ok(FromPerfDb { measurements: None, digest: None, rows: 0, recovered: None });
+        }
+    };
     let rows = opened.db.rows_for(&hardware.fingerprint)?;
     let digest = (!rows.is_empty()).then(|| perfdb::digest_rows(&rows));
     let n = rows.len();

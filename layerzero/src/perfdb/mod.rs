@@ -6,9 +6,12 @@
 //! One row per measurement series, keyed by what was measured: kernel and kernel version,
 //! backend version, hardware fingerprint, op, validity key and bucket. A new measurement of the
 //! same thing replaces the old one. A file that is not a healthy PerfDB of a layout this build
-//! understands (not SQLite, truncated, failing `PRAGMA quick_check`, a newer schema version) is
-//! moved aside to `<name>.corrupt-<unix-seconds>[-n]` with its `-wal`/`-shm` files, never
-//! deleted, and a fresh database is created; [`Opened::recovered`] says so.
+//! understands (not SQLite, truncated, failing `PRAGMA quick_check`, an unreadable schema
+//! version) is moved aside to `<name>.corrupt-<unix-seconds>[-n]` with its `-wal`/`-shm` files,
+//! never deleted, and a fresh database is created; [`Opened::recovered`] says so. Two things are
+//! never touched: a path that is not a regular file (a device node, a FIFO: refused), and a
+//! PerfDB of a newer schema (another layerzero's: refused by [`PerfDb::open`], skipped with
+//! a reason by [`PerfDb::open_for_reading`]).
 
 mod recover;
 mod schema;
@@ -181,6 +184,8 @@ pub fn now_unix() -> i64 {
 enum Failure {
     /// The file is not a healthy PerfDB we understand: move it aside.
     Damaged(String),
+    /// A PerfDB of a newer layout: another layerzero's, not ours to touch.
+    Newer(String),
     /// Anything else (permissions, locks, a foreign database): report, touch nothing.
     Fatal(Error),
 }
@@ -282,8 +287,10 @@ fn set_up_schema(path: &Path, conn: &mut Connection) -> std::result::Result<(), 
         Found::Empty => schema::create(&tx, now_unix()).map_err(|e| failure(path, "cannot create the tables", e))?,
         Found::Version(v) if v == schema::CURRENT_VERSION => {}
         Found::Version(v) if v > schema::CURRENT_VERSION => {
-            return Err(Failure::Damaged(format!(
-                "schema version {v} is newer than this layerzero ({}) understands (version {})",
+            return Err(Failure::Newer(format!(
+                "perfdb {}: schema version {v} is newer than this layerzero ({}) understands (version {}); \
+                 the file is left untouched",
+                path.display(),
                 env!("CARGO_PKG_VERSION"),
                 schema::CURRENT_VERSION
             )));
@@ -338,6 +345,20 @@ impl PerfDb {
     /// Opens (creating it and its folder if needed) the PerfDB at `path`. A damaged file is
     /// moved aside and replaced by a fresh database; `recovered` says where it went and why.
     pub fn open(path: &Path) -> Result<Opened> {
+        match PerfDb::open_for_reading(path)? {
+            Ok(opened) => Ok(opened),
+            Err(newer) => Err(Error::new(ErrorKind::Io, newer)),
+        }
+    }
+
+    /// [`open`](PerfDb::open) for a run that can go on without timings: a PerfDB of a newer
+    /// layout comes back as `Ok(Err(reason))`, left untouched, for the caller to report.
+    pub fn open_for_reading(path: &Path) -> Result<std::result::Result<Opened, String>> {
+        if let Ok(meta) = std::fs::metadata(path)
+            && !meta.is_file()
+        {
+            crate::files::check_regular(path).map_err(|e| e.context("perfdb"))?;
+        }
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(|e| {
                 Error::new(ErrorKind::Io, format!("perfdb {}: cannot create {}: {e}", path.display(), parent.display()))
@@ -345,13 +366,15 @@ impl PerfDb {
             })?;
         }
         match try_open(path) {
-            Ok(db) => Ok(Opened { db, recovered: None }),
+            Ok(db) => Ok(Ok(Opened { db, recovered: None })),
             Err(Failure::Fatal(e)) => Err(e),
+            Err(Failure::Newer(why)) => Ok(Err(why)),
             Err(Failure::Damaged(why)) => {
                 let moved_to = recover::move_aside(path, now_unix())?;
                 match try_open(path) {
-                    Ok(db) => Ok(Opened { db, recovered: Some(Recovery { moved_to, why }) }),
+                    Ok(db) => Ok(Ok(Opened { db, recovered: Some(Recovery { moved_to, why }) })),
                     Err(Failure::Fatal(e)) => Err(e),
+                    Err(Failure::Newer(why)) => Ok(Err(why)),
                     Err(Failure::Damaged(again)) => Err(Error::new(
                         ErrorKind::Io,
                         format!(

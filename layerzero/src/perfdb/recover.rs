@@ -46,7 +46,15 @@ pub(crate) fn move_aside(path: &Path, secs: i64) -> Result<PathBuf> {
             .with_source(e)
         })
     };
-    if path.symlink_metadata().is_ok() {
+    // Only regular files are ever moved (a device node or a FIFO named as the PerfDB is
+    // refused before this point; this keeps it so).
+    if let Ok(meta) = path.symlink_metadata() {
+        if !meta.is_file() {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!("perfdb {}: not a regular file; it is not moved aside", path.display()),
+            ));
+        }
         rename(path, &to)?;
     }
     for suffix in ["-wal", "-shm"] {

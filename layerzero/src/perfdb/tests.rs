@@ -207,21 +207,52 @@ fn truncated_file_is_moved_aside() -> TestResult {
 }
 
 #[test]
-fn newer_or_unreadable_schema_is_moved_aside() -> TestResult {
+fn a_newer_schema_is_left_untouched_and_refused_or_skipped_with_a_reason() -> TestResult {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("perfdb.sqlite");
-    for (v, why) in [("99", "schema version 99 is newer"), ("x", "\"x\" is not a number")] {
-        drop(PerfDb::open(&path)?);
-        set_version(&path, v)?;
-        let opened = PerfDb::open(&path)?;
-        let r = opened.recovered.clone().ok_or("not recovered")?;
-        assert!(r.why.contains(why), "{r:?}");
-        // The file moved aside still says what it was.
-        let moved = Connection::open(&r.moved_to)?;
-        let kept: String = moved.query_row("SELECT value FROM meta WHERE name = 'schema_version'", [], |r| r.get(0))?;
-        assert_eq!(kept, v);
-        assert_eq!(opened.db.stats()?.schema_version, SCHEMA_VERSION);
+    drop(PerfDb::open(&path)?);
+    set_version(&path, "99")?;
+    let before = std::fs::read(&path)?;
+    let err = PerfDb::open(&path).err().ok_or("opened a newer PerfDB")?;
+    assert!(err.message().contains("schema version 99 is newer") && err.message().contains("left untouched"), "{err}");
+    let skipped = PerfDb::open_for_reading(&path)?.err().ok_or("read a newer PerfDB")?;
+    assert!(skipped.contains("schema version 99 is newer"), "{skipped}");
+    assert_eq!(std::fs::read(&path)?, before, "the file is as it was");
+    let siblings = std::fs::read_dir(dir.path())?
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().contains("corrupt"))
+        .count();
+    assert_eq!(siblings, 0, "nothing was moved aside");
+    Ok(())
+}
+
+#[cfg(unix)]
+#[test]
+fn a_device_named_as_the_perfdb_is_refused_and_never_moved() -> TestResult {
+    use std::os::unix::fs::FileTypeExt;
+    if !std::path::Path::new("/dev/zero").exists() {
+        return Ok(());
     }
+    let err = PerfDb::open(std::path::Path::new("/dev/zero")).err().ok_or("opened /dev/zero")?;
+    assert!(err.message().contains("character device"), "{err}");
+    assert!(std::fs::metadata("/dev/zero")?.file_type().is_char_device(), "/dev/zero is still the device");
+    Ok(())
+}
+
+#[test]
+fn an_unreadable_schema_is_moved_aside() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("perfdb.sqlite");
+    drop(PerfDb::open(&path)?);
+    set_version(&path, "x")?;
+    let opened = PerfDb::open(&path)?;
+    let r = opened.recovered.clone().ok_or("not recovered")?;
+    assert!(r.why.contains("\"x\" is not a number"), "{r:?}");
+    // The file moved aside still says what it was.
+    let moved = Connection::open(&r.moved_to)?;
+    let kept: String = moved.query_row("SELECT value FROM meta WHERE name = 'schema_version'", [], |r| r.get(0))?;
+    assert_eq!(kept, "x");
+    assert_eq!(opened.db.stats()?.schema_version, SCHEMA_VERSION);
     Ok(())
 }
 
