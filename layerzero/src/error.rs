@@ -36,9 +36,24 @@ pub struct Error {
     source: Option<Arc<dyn std::error::Error + Send + Sync>>,
 }
 
+/// The longest message an error keeps: a value echoed back (a 10 MB environment variable, a
+/// huge JSON field) is cut here, with a note of how much was left out.
+const MAX_MESSAGE: usize = 2048;
+
+fn bounded(mut message: String) -> String {
+    if message.len() <= MAX_MESSAGE {
+        return message;
+    }
+    let cut = (0..=MAX_MESSAGE).rev().find(|&i| message.is_char_boundary(i)).unwrap_or(0);
+    let left = message.len() - cut;
+    message.truncate(cut);
+    message.push_str(&format!("... ({left} more bytes)"));
+    message
+}
+
 impl Error {
     pub(crate) fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
-        Error { kind, message: message.into(), reasons: Vec::new(), source: None }
+        Error { kind, message: bounded(message.into()), reasons: Vec::new(), source: None }
     }
 
     /// The same error caused by `source` (an I/O, SQLite or library error), which
@@ -59,7 +74,7 @@ impl Error {
 
     /// The same error with `origin: ` in front of its message (a file, an entry).
     pub(crate) fn context(mut self, origin: &str) -> Error {
-        self.message = format!("{origin}: {}", self.message);
+        self.message = bounded(format!("{origin}: {}", self.message));
         self
     }
 
@@ -93,3 +108,18 @@ impl std::error::Error for Error {
 
 /// Result with LayerZero's error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_huge_echoed_value_is_cut_with_a_note_of_what_was_left_out() {
+        let value = "é".repeat(1 << 20);
+        let e = Error::invalid(format!("LAYERZERO_TEST_X={value:?}: expected a number"));
+        assert!(e.message().len() <= MAX_MESSAGE + 40, "{} bytes", e.message().len());
+        assert!(e.message().starts_with("LAYERZERO_TEST_X=\"éé") && e.message().ends_with("more bytes)"));
+        let short = Error::invalid("short".to_owned()).context("file.json");
+        assert_eq!(short.message(), "file.json: short");
+    }
+}

@@ -43,6 +43,9 @@ pub(super) fn measurements(path: Option<&Path>, catalog: &Catalog, hardware: &Ha
         }
     };
     let rows = opened.db.rows_for(&hardware.fingerprint)?;
+    if let (n @ 1.., Some(why)) = opened.db.skipped_rows() {
+        eprintln!("lz: warning: skipped {n} unusable PerfDB row(s) (the last: {why})");
+    }
     let digest = (!rows.is_empty()).then(|| perfdb::digest_rows(&rows));
     let n = rows.len();
     let m = Measurements::build(rows.iter().map(Measured::from), catalog, hardware);

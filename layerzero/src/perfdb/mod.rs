@@ -164,6 +164,8 @@ pub struct Opened {
 pub struct PerfDb {
     conn: Mutex<Connection>,
     path: PathBuf,
+    /// Rows skipped by reads so far, and why the last one was.
+    skipped: Mutex<(u64, Option<String>)>,
 }
 
 /// The PerfDB file: `$LAYERZERO_PERFDB`, else `$LAYERZERO_HOME/perfdb.sqlite` (see
@@ -272,7 +274,7 @@ fn try_open(path: &Path) -> std::result::Result<PerfDb, Failure> {
     retry_busy(|| conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get::<_, String>(0)))
         .map_err(|e| failure(path, "cannot switch to WAL mode", e))?;
     conn.execute_batch("PRAGMA synchronous=NORMAL").map_err(|e| failure(path, "cannot set synchronous", e))?;
-    Ok(PerfDb { conn: Mutex::new(conn), path: path.to_path_buf() })
+    Ok(PerfDb { conn: Mutex::new(conn), path: path.to_path_buf(), skipped: Mutex::new((0, None)) })
 }
 
 /// Creates the layout in a new file, migrates an older one, refuses a newer or foreign one.
@@ -319,6 +321,18 @@ fn set_up_schema(path: &Path, conn: &mut Connection) -> std::result::Result<(), 
 const COLUMNS: &str = "kernel, kernel_version, backend, backend_version, fingerprint, op, req_key, bucket, \
                        samples, median_ns, p10_ns, p90_ns, mad_ns, cv, origin, created_at";
 const ORDER: &str = "ORDER BY fingerprint, op, req_key, bucket, kernel, kernel_version, backend_version";
+
+/// Why a row's timing cannot be used, if it cannot.
+fn row_problem(r: &Row) -> Option<String> {
+    let times = [("median_ns", r.median_ns), ("p10_ns", r.p10_ns), ("p90_ns", r.p90_ns), ("mad_ns", r.mad_ns)];
+    if let Some((name, v)) = times.iter().find(|(_, v)| !v.is_finite() || *v < 0.0) {
+        return Some(format!("{name} = {v} is not a duration"));
+    }
+    if !r.cv.is_finite() || r.cv < 0.0 {
+        return Some(format!("cv = {} is not a coefficient of variation", r.cv));
+    }
+    (r.samples == 0).then(|| "samples = 0".to_owned())
+}
 
 fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
     Ok(Row {
@@ -456,14 +470,39 @@ impl PerfDb {
         tx.commit().map_err(|e| self.err("cannot commit", e))
     }
 
+    /// The rows `sql` selects. A row whose values do not convert (a negative sample count, a
+    /// text where a number belongs) or make no sense as a timing (negative, NaN or infinite)
+    /// is skipped and counted ([`PerfDb::skipped_rows`]), not allowed to fail the whole read.
     fn query(&self, sql: &str, args: &[&dyn rusqlite::ToSql]) -> Result<Vec<Row>> {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(sql).map_err(|e| self.err("cannot prepare a query", e))?;
-        let rows = stmt
-            .query_map(args, read_row)
-            .and_then(|it| it.collect::<rusqlite::Result<Vec<Row>>>())
-            .map_err(|e| self.err("cannot read rows", e))?;
+        let mapped = stmt.query_map(args, read_row).map_err(|e| self.err("cannot read rows", e))?;
+        let mut rows = Vec::new();
+        let skip = |why: String| {
+            let mut s = self.skipped.lock();
+            s.0 += 1;
+            s.1 = Some(why);
+        };
+        for r in mapped {
+            match r {
+                Ok(row) => match row_problem(&row) {
+                    None => rows.push(row),
+                    Some(why) => skip(format!("{} {} {}: {why}", row.kernel, row.key, row.bucket)),
+                },
+                Err(
+                    e @ (rusqlite::Error::FromSqlConversionFailure(..)
+                    | rusqlite::Error::IntegralValueOutOfRange(..)
+                    | rusqlite::Error::InvalidColumnType(..)),
+                ) => skip(e.to_string()),
+                Err(e) => return Err(self.err("cannot read rows", e)),
+            }
+        }
         Ok(rows)
+    }
+
+    /// Rows the reads so far skipped as unreadable or nonsensical, and why the last one was.
+    pub fn skipped_rows(&self) -> (u64, Option<String>) {
+        self.skipped.lock().clone()
     }
 
     /// Every row, ordered by fingerprint, op, key, bucket, kernel, kernel version, backend version.

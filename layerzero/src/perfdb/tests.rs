@@ -314,3 +314,21 @@ fn threads_share_one_handle() -> TestResult {
     assert_eq!(db.rows()?.len(), 200);
     Ok(())
 }
+
+#[test]
+fn rows_with_unusable_values_are_skipped_and_counted_not_fatal() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("perfdb.sqlite");
+    let db = PerfDb::open(&path)?.db;
+    db.insert_many(&[row("cpu.a", "hw1", "64", 5.0), row("cpu.b", "hw1", "64", 6.0), row("cpu.c", "hw1", "64", 7.0)])?;
+    let conn = Connection::open(&path)?;
+    conn.execute("UPDATE perf SET samples = -3 WHERE kernel = 'cpu.b'", [])?;
+    conn.execute("UPDATE perf SET median_ns = -1.0 WHERE kernel = 'cpu.c'", [])?;
+    drop(conn);
+    let rows = db.rows_for("hw1")?;
+    assert_eq!(rows.iter().map(|r| r.kernel.as_str()).collect::<Vec<_>>(), vec!["cpu.a"]);
+    let (n, why) = db.skipped_rows();
+    assert_eq!(n, 2);
+    assert!(why.is_some_and(|w| w.contains("cpu.c") && w.contains("median_ns")));
+    Ok(())
+}
