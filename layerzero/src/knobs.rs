@@ -147,7 +147,18 @@ pub const MAX_READ_BYTES: Knob = Knob {
           input is refused naming it. Memory-mapped model weights are not counted.",
 };
 
-static ALL: [Knob; 9] = [HOME, PERFDB, PLAN_MODE, DISPATCH_TABLE, POLICY, CACHE_CAPACITY, E2E, WEIGHTS, MAX_READ_BYTES];
+/// Faults injected into dispatch, for drills.
+pub const FAULTS: Knob = Knob {
+    name: "LAYERZERO_FAULTS",
+    ty: KnobType::String,
+    default: "none",
+    doc: "Drills only: KERNEL_OR_BACKEND=MODE[,...] makes the named kernels (a kernel id, or a \
+          backend for all its kernels) fail on every dispatch; MODE is error, panic, slow:MS, nan, \
+          oom, device_lost or fail_first:N. `lz doctor` warns while it is set.",
+};
+
+static ALL: [Knob; 10] =
+    [HOME, PERFDB, PLAN_MODE, DISPATCH_TABLE, POLICY, CACHE_CAPACITY, E2E, WEIGHTS, MAX_READ_BYTES, FAULTS];
 
 /// Every knob, in a fixed order.
 pub fn all() -> &'static [Knob] {
@@ -311,6 +322,16 @@ pub fn perfdb_path() -> PathBuf {
 
 pub use crate::llm::Residence;
 pub use crate::runtime::PlanMode;
+
+/// `LAYERZERO_FAULTS` in `env`, if set.
+pub fn faults_in(env: Lookup<'_>) -> Option<String> {
+    FAULTS.current_in(env)
+}
+
+/// `LAYERZERO_FAULTS` in the process environment, if set.
+pub fn faults() -> Option<String> {
+    faults_in(&process_env)
+}
 
 /// `LAYERZERO_MAX_READ_BYTES` in `env` (default 256 MiB).
 pub fn max_read_bytes_in(env: Lookup<'_>) -> Result<u64> {

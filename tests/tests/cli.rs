@@ -264,6 +264,55 @@ mod run {
     }
 
     #[test]
+    fn a_fault_drill_through_lz_run_repeat_20_falls_back_and_still_computes_the_answer() {
+        let (dir, req, inputs) = setup();
+        let oracle = dir.path().join("oracle.safetensors");
+        let (code, _, err) = run(&[
+            "run",
+            "--request",
+            &req,
+            "--inputs",
+            &inputs,
+            "--out",
+            oracle.to_str().unwrap_or_default(),
+            "--kernel",
+            "cpu_reference.attention.naive",
+        ]);
+        assert_eq!(code, 0, "{err}");
+        let want = out_of(&oracle);
+        for (mode, says) in [
+            ("error", "LAYERZERO_FAULTS"),
+            ("panic", "panicked"),
+            ("oom", "out of memory"),
+            ("device_lost", "device lost"),
+            ("fail_first:2", "call 1 of the first 2"),
+            ("slow:1", ""),
+        ] {
+            let out = dir.path().join(format!("{}.safetensors", mode.replace(':', "_")));
+            let o = lz()
+                .env("LAYERZERO_FAULTS", format!("cpu.attention.flash={mode}"))
+                .args(["run", "--request", &req, "--inputs", &inputs, "--out", out.to_str().unwrap_or_default()])
+                .args(["--repeat", "20", "--json"])
+                .output()
+                .unwrap_or_else(|e| panic!("{e}"));
+            let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+            assert_eq!(o.status.code(), Some(0), "{mode}: {stdout}{stderr}");
+            let v: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+            assert!(violations(SchemaKind::RunReport, &v).unwrap_or_default().is_empty(), "{mode}");
+            if says.is_empty() {
+                assert_eq!(v["kernel"], "cpu.attention.flash", "{mode}: a slow kernel still runs");
+            } else {
+                assert_eq!(v["fell_back"], true, "{mode}: {stdout}");
+                let why = v["attempts"][0]["reason"].to_string();
+                assert!(why.contains("KERNEL_FAILED") && why.contains(says), "{mode}: {why}");
+            }
+            let got = out_of(&out);
+            let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            assert!(worst < 1e-4, "{mode}: outputs differ from the oracle by {worst}");
+        }
+    }
+
+    #[test]
     fn run_selects_the_fast_kernel_writes_out_and_times_it() {
         let (dir, req, inputs) = setup();
         let out = dir.path().join("out.safetensors");

@@ -21,9 +21,25 @@ pub(super) fn run(catalog: Arc<Catalog>, json: bool, perfdb_path: Option<&Path>)
     Ok(if report.ok { Outcome::Ok } else { Outcome::CheckFailed })
 }
 
+/// The loud line for `LAYERZERO_FAULTS`, when it is set.
+fn faults_warning(r: &DoctorReport) -> Option<String> {
+    let spec = r.knobs.iter().find(|k| k.name == crate::knobs::FAULTS.name)?.current.clone()?;
+    Some(match crate::runtime::faults::parse(&spec) {
+        Ok(_) => format!(
+            "!!! FAULT INJECTION IS ON: LAYERZERO_FAULTS={spec} makes these kernels fail on purpose; \
+             unset it before serving !!!"
+        ),
+        Err(e) => format!("!!! LAYERZERO_FAULTS={spec} is set and invalid: {e} !!!"),
+    })
+}
+
 fn text(r: &DoctorReport) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "LayerZero {} doctor\n", env!("CARGO_PKG_VERSION"));
+    let loud = faults_warning(r);
+    if let Some(w) = &loud {
+        let _ = writeln!(out, "{w}\n");
+    }
     out.push_str(&render::hardware(&r.hardware, &r.hardware_notes));
     let _ = writeln!(out, "\nbackends:");
     for b in &r.backends {
@@ -58,6 +74,9 @@ fn text(r: &DoctorReport) -> String {
     render_perfdb(&mut out, &r.perfdb);
     render_plan(&mut out, &r.plan);
     render_knobs(&mut out, &r.knobs);
+    if let Some(w) = &loud {
+        let _ = writeln!(out, "\n{w}");
+    }
     let _ = writeln!(out, "\n{}", if r.ok { "doctor: ok" } else { "doctor: problems found (see above)" });
     out
 }

@@ -52,6 +52,9 @@ pub(super) fn run(a: RunArgs<'_>, catalog: Arc<Catalog>) -> Result<Outcome> {
     if let Some(path) = a.table {
         runtime = runtime.with_plan_file(path, a.plan_mode)?;
     }
+    if let Some(spec) = crate::knobs::faults() {
+        runtime = runtime.with_faults(&spec)?;
+    }
     let dispatch = runtime.dispatch(&args)?;
     let mut timing = None;
     if a.repeat > 0 {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::counters::Counter;
+use super::faults::{Injected, poison};
 use super::hot::Hit;
 use super::{LayerZero, SelectionSource};
 use crate::error::{Error, ErrorKind, Result};
@@ -216,15 +217,28 @@ impl LayerZero {
                 ),
             ));
         }
+        // Drills: a fault injected for this kernel fails it, panics it or poisons its outputs
+        // here, so the fallback and the breaker below see what a real failure looks like.
+        let injected = self.faults.as_ref().map_or(Injected::Run, |f| f.inject(sel.index));
+        if let Injected::Fail(why) = &injected {
+            self.health.record(sel.index, false);
+            return Err(Reason::new(ReasonCode::KERNEL_FAILED, format!("{}: {why}", sel.kernel)));
+        }
         // A kernel that panics drops the buffers it was given; they are outputs to be
         // overwritten, never inputs, so nothing the caller reads is lost.
-        let result = if sel.transforms.is_empty() {
+        let result = if let Injected::Panic(why) = &injected {
+            catch_unwind(|| -> std::result::Result<Outputs, KernelError> { std::panic::panic_any(why.clone()) })
+        } else if sel.transforms.is_empty() {
             catch_unwind(AssertUnwindSafe(|| exec.run_into(args, buffers)))
         } else {
             // Adapted inputs may change the outputs' dtype: the caller's buffers would not fit.
             let adapted = apply_transforms(args, &sel.transforms)
                 .map_err(|e| Reason::new(ReasonCode::KERNEL_FAILED, format!("transform before {}: {e}", sel.kernel)))?;
             catch_unwind(AssertUnwindSafe(|| exec.run(&adapted)))
+        };
+        let result = match (injected, result) {
+            (Injected::PoisonOutputs, Ok(Ok(outputs))) => Ok(Ok(poison(outputs))),
+            (_, r) => r,
         };
         let outcome = match result {
             Ok(Ok(outputs)) if sel.transforms.is_empty() => Ok(outputs),

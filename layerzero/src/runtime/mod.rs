@@ -10,6 +10,7 @@
 
 mod counters;
 mod dispatch;
+pub mod faults;
 mod hot;
 
 use std::path::Path;
@@ -159,6 +160,8 @@ pub struct LayerZero {
     max_workspace: u64,
     check_inputs: bool,
     counters: Striped,
+    /// Injected faults (`LAYERZERO_FAULTS`, `with_faults`): drills only.
+    faults: Option<Arc<faults::Faults>>,
 }
 
 impl std::fmt::Debug for LayerZero {
@@ -193,7 +196,28 @@ impl LayerZero {
         if let Some(path) = crate::knobs::dispatch_table() {
             lz = lz.with_plan_file(&path, crate::knobs::plan_mode()?)?;
         }
+        if let Some(spec) = crate::knobs::faults() {
+            lz = lz.with_faults(&spec)?;
+        }
         Ok(lz)
+    }
+
+    /// Injects the faults `spec` describes (`KERNEL_OR_BACKEND=MODE[,...]`, the syntax of
+    /// `LAYERZERO_FAULTS`) into this handle's dispatches: a drill of fallback, breakers and
+    /// reports on a healthy machine. An empty spec removes them.
+    pub fn with_faults(mut self, spec: &str) -> Result<LayerZero> {
+        let rules = faults::parse(spec)?;
+        self.faults = if rules.is_empty() {
+            None
+        } else {
+            Some(Arc::new(faults::Faults::resolve(spec, &rules, &self.parts.catalog)?))
+        };
+        Ok(self)
+    }
+
+    /// The fault spec in force, if any (`lz doctor` shows it).
+    pub fn faults(&self) -> Option<&str> {
+        self.faults.as_deref().map(faults::Faults::spec)
     }
 
     /// This machine with the default policy and no knobs read: detected hardware, probed
@@ -270,6 +294,7 @@ impl LayerZero {
             max_workspace,
             check_inputs: false,
             counters: Striped::default(),
+            faults: None,
         };
         lz.rebuilt(None)
     }

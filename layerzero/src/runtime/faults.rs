@@ -1,0 +1,204 @@
+//! Fault injection for drills: `LAYERZERO_FAULTS="KERNEL_OR_BACKEND=MODE[,...]"` makes the
+//! named kernels (an exact kernel id, or a backend name for all its kernels) fail the way real
+//! ones do, so that fallback, breakers and reports can be rehearsed on a healthy machine.
+//! Modes: `error`, `panic`, `slow:MS`, `nan` (the outputs become NaN), `oom`, `device_lost`,
+//! `fail_first:N` (the first N calls fail, then the kernel works). Resolved once per handle
+//! into a table by kernel index; a handle without faults pays one branch per dispatch.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::capabilities::catalog::{Catalog, KernelIndex};
+use crate::error::{Error, Result};
+use crate::exec::args::Outputs;
+use crate::tensor::HostTensor;
+
+/// How an injected fault behaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultMode {
+    /// The kernel returns an error.
+    Error,
+    /// The kernel panics (caught by dispatch, as a real panic is).
+    Panic,
+    /// The kernel sleeps this long, then runs.
+    Slow(Duration),
+    /// The kernel runs, then every float output is NaN.
+    Nan,
+    /// The kernel reports that it ran out of memory.
+    Oom,
+    /// The kernel reports that its device was lost.
+    DeviceLost,
+    /// The first N calls fail, then the kernel works.
+    FailFirst(u64),
+}
+
+/// One parsed rule: a kernel id or a backend name, and a mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FaultRule {
+    /// A kernel id (`cpu.linear.fast`) or a backend (`cpu`).
+    pub target: String,
+    /// What it does.
+    pub mode: FaultMode,
+}
+
+/// Parses `LAYERZERO_FAULTS`'s value; an error names the variable and the item.
+pub fn parse(spec: &str) -> Result<Vec<FaultRule>> {
+    let bad = |item: &str, why: &str| Error::invalid(format!("LAYERZERO_FAULTS item {item:?}: {why}"));
+    let mut rules = Vec::new();
+    for item in spec.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (target, mode) = item.split_once('=').ok_or_else(|| bad(item, "expected KERNEL_OR_BACKEND=MODE"))?;
+        let (target, mode) = (target.trim(), mode.trim());
+        if target.is_empty() {
+            return Err(bad(item, "the kernel or backend is empty"));
+        }
+        let number = |v: &str, what: &str| {
+            v.trim().parse::<u64>().map_err(|_| bad(item, &format!("{what} must be a non-negative integer")))
+        };
+        let mode = match mode.split_once(':') {
+            None => match mode {
+                "error" => FaultMode::Error,
+                "panic" => FaultMode::Panic,
+                "nan" => FaultMode::Nan,
+                "oom" => FaultMode::Oom,
+                "device_lost" => FaultMode::DeviceLost,
+                "hang" => {
+                    return Err(bad(
+                        item,
+                        "hang needs per-kernel deadlines (kernel_timeout_ms), which this build does not have: \
+                         a hung kernel would hang the drill",
+                    ));
+                }
+                other => {
+                    return Err(bad(
+                        item,
+                        &format!("unknown mode {other:?} (error, panic, slow:MS, nan, oom, device_lost, fail_first:N)"),
+                    ));
+                }
+            },
+            Some(("slow", ms)) => FaultMode::Slow(Duration::from_millis(number(ms, "slow:MS")?)),
+            Some(("fail_first", n)) => FaultMode::FailFirst(number(n, "fail_first:N")?),
+            Some((other, _)) => return Err(bad(item, &format!("unknown mode {other:?}"))),
+        };
+        rules.push(FaultRule { target: target.to_owned(), mode });
+    }
+    Ok(rules)
+}
+
+/// Faults resolved against a catalog: per kernel index, the mode and its call counter.
+#[derive(Debug)]
+pub(crate) struct Faults {
+    spec: String,
+    by_kernel: Box<[Option<(FaultMode, AtomicU64)>]>,
+}
+
+/// What dispatch does before (and after) running a kernel under a fault.
+pub(crate) enum Injected {
+    /// Fail with this message instead of running.
+    Fail(String),
+    /// Panic instead of running.
+    Panic(String),
+    /// Run, then make the float outputs NaN.
+    PoisonOutputs,
+    /// Run normally.
+    Run,
+}
+
+impl Faults {
+    /// `rules` for the kernels of `catalog` (a rule naming a kernel id beats its backend's);
+    /// a rule that names nothing in the catalog is an error.
+    pub(crate) fn resolve(spec: &str, rules: &[FaultRule], catalog: &Catalog) -> Result<Faults> {
+        for r in rules {
+            let known = catalog.kernels().any(|(_, b, k)| k.id == r.target || b.backend == r.target);
+            if !known {
+                return Err(Error::invalid(format!(
+                    "LAYERZERO_FAULTS names {:?}, which is neither a kernel nor a backend of the catalog",
+                    r.target
+                )));
+            }
+        }
+        let by_kernel = catalog
+            .kernels()
+            .map(|(_, b, k)| {
+                let rule =
+                    rules.iter().find(|r| r.target == k.id).or_else(|| rules.iter().find(|r| r.target == b.backend));
+                rule.map(|r| (r.mode, AtomicU64::new(0)))
+            })
+            .collect();
+        Ok(Faults { spec: spec.to_owned(), by_kernel })
+    }
+
+    /// The spec these faults came from.
+    pub(crate) fn spec(&self) -> &str {
+        &self.spec
+    }
+
+    /// What to do for this call of `kernel`.
+    pub(crate) fn inject(&self, kernel: KernelIndex) -> Injected {
+        let Some(Some((mode, calls))) = self.by_kernel.get(kernel) else { return Injected::Run };
+        let call = calls.fetch_add(1, Ordering::Relaxed);
+        let note = "injected by LAYERZERO_FAULTS";
+        match *mode {
+            FaultMode::Error => Injected::Fail(format!("failed ({note})")),
+            FaultMode::Panic => Injected::Panic(format!("panic ({note})")),
+            FaultMode::Slow(d) => {
+                std::thread::sleep(d);
+                Injected::Run
+            }
+            FaultMode::Nan => Injected::PoisonOutputs,
+            FaultMode::Oom => Injected::Fail(format!("out of memory ({note})")),
+            FaultMode::DeviceLost => Injected::Fail(format!("device lost ({note})")),
+            FaultMode::FailFirst(n) if call < n => {
+                Injected::Fail(format!("failed call {} of the first {n} ({note})", call + 1))
+            }
+            FaultMode::FailFirst(_) => Injected::Run,
+        }
+    }
+}
+
+/// Every float output replaced by NaN of its dtype and shape.
+pub(crate) fn poison(mut outputs: Outputs) -> Outputs {
+    for t in outputs.values_mut().filter(|t| t.dtype().is_float()) {
+        let nan = vec![f32::NAN; t.numel()];
+        if let Ok(n) = HostTensor::from_f32_as(t.dtype(), t.shape(), &nan) {
+            *t = match t.layout() {
+                Some(l) => n.with_layout(l),
+                None => n,
+            };
+        }
+    }
+    outputs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_mode_parses_and_bad_items_name_the_variable_and_the_item() {
+        let rules = parse("cpu.linear.fast=error, cpu=panic,x=slow:5,y=nan,z=oom,w=device_lost,v=fail_first:2")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let modes: Vec<FaultMode> = rules.iter().map(|r| r.mode).collect();
+        assert_eq!(
+            modes,
+            vec![
+                FaultMode::Error,
+                FaultMode::Panic,
+                FaultMode::Slow(Duration::from_millis(5)),
+                FaultMode::Nan,
+                FaultMode::Oom,
+                FaultMode::DeviceLost,
+                FaultMode::FailFirst(2)
+            ]
+        );
+        for (spec, says) in [
+            ("cpu", "expected KERNEL_OR_BACKEND=MODE"),
+            ("cpu=melt", "unknown mode \"melt\""),
+            ("cpu=slow:soon", "slow:MS must be"),
+            ("cpu=hang", "deadlines"),
+            ("=error", "empty"),
+        ] {
+            let err = parse(spec).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(err.contains("LAYERZERO_FAULTS") && err.contains(says), "{spec}: {err}");
+        }
+    }
+}
