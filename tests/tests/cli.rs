@@ -263,23 +263,29 @@ mod run {
         layerzero::tensor::io::read(path).unwrap_or_else(|e| panic!("{e}"))["out"].to_f64_vec()
     }
 
-    #[test]
-    fn a_fault_drill_through_lz_run_repeat_20_falls_back_and_still_computes_the_answer() {
-        let (dir, req, inputs) = setup();
+    /// The request of `setup` forced onto the oracle: its output.
+    fn oracle(dir: &tempfile::TempDir, req: &str, inputs: &str) -> Vec<f64> {
         let oracle = dir.path().join("oracle.safetensors");
+        let out = oracle.to_str().unwrap_or_default();
         let (code, _, err) = run(&[
             "run",
             "--request",
-            &req,
+            req,
             "--inputs",
-            &inputs,
+            inputs,
             "--out",
-            oracle.to_str().unwrap_or_default(),
+            out,
             "--kernel",
             "cpu_reference.attention.naive",
         ]);
         assert_eq!(code, 0, "{err}");
-        let want = out_of(&oracle);
+        out_of(&oracle)
+    }
+
+    #[test]
+    fn a_fault_drill_through_lz_run_repeat_20_falls_back_and_still_computes_the_answer() {
+        let (dir, req, inputs) = setup();
+        let want = oracle(&dir, &req, &inputs);
         for (mode, says) in [
             ("error", "LAYERZERO_FAULTS"),
             ("panic", "panicked"),
@@ -335,20 +341,7 @@ mod run {
         assert!(v["timing"]["median_ns"].as_f64().is_some_and(|t| t > 0.0));
         assert_eq!(v["outputs"]["out"]["shape"], serde_json::json!([1, 37, 4, 64]));
         // The same request forced onto the oracle agrees within the f32 tolerance.
-        let oracle = dir.path().join("oracle.safetensors");
-        let (code, _, err) = run(&[
-            "run",
-            "--request",
-            &req,
-            "--inputs",
-            &inputs,
-            "--out",
-            oracle.to_str().unwrap_or_default(),
-            "--kernel",
-            "cpu_reference.attention.naive",
-        ]);
-        assert_eq!(code, 0, "{err}");
-        let (a, b) = (out_of(&out), out_of(&oracle));
+        let (a, b) = (out_of(&out), oracle(&dir, &req, &inputs));
         assert_eq!(a.len(), b.len());
         for (x, y) in a.iter().zip(&b) {
             assert!((x - y).abs() <= 1e-5 + 1e-5 * y.abs(), "{x} vs {y}");

@@ -107,10 +107,11 @@ fn a_bf16_model_is_packed_at_load_and_its_prefill_reuses_the_packs() {
         // This CPU's bf16 prefill takes no packed layout (no AVX512_BF16, or AMX first).
         return;
     }
-    // Other tests pack their own weights meanwhile, hence the lower bounds. Per layer:
-    // q, k, v, o and the MLP's three; and the LM head.
-    let per_layer = 7 * model.config.layers as u64;
-    assert!(loaded.packs > before.packs + per_layer, "every projection and the LM head: {before:?} -> {loaded:?}");
+    // Other tests pack their own weights meanwhile, hence the lower bounds. Per layer at
+    // least the MLP's three weights (q, k, v, o and the LM head too where AMX does not take
+    // the linear's prefill first).
+    let per_layer = 3 * model.config.layers as u64;
+    assert!(loaded.packs >= before.packs + per_layer, "every layer's MLP weights: {before:?} -> {loaded:?}");
     let prompt: Vec<u32> = (1..=12).collect();
     session.forward(&prompt, false).unwrap_or_else(|e| panic!("{e}"));
     let after = packed_weight_stats();

@@ -71,6 +71,28 @@ where
     }
 }
 
+/// An executor that writes into the caller's buffers ([`WritesInto`]'s function) and
+/// prepares its constant operands ([`Executor::prepare`]) with a second function.
+pub struct Prepares<F, P>(pub F, pub P);
+
+impl<F, P> Executor for Prepares<F, P>
+where
+    F: Fn(&OpArgs, &mut Outputs) -> Result<Outputs, KernelError> + Send + Sync,
+    P: Fn(&OpArgs) -> Result<(), KernelError> + Send + Sync,
+{
+    fn run(&self, args: &OpArgs) -> Result<Outputs, KernelError> {
+        (self.0)(args, &mut Outputs::new())
+    }
+
+    fn run_into(&self, args: &OpArgs, mut buffers: Outputs) -> Result<Outputs, KernelError> {
+        (self.0)(args, &mut buffers)
+    }
+
+    fn prepare(&self, args: &OpArgs) -> Result<(), KernelError> {
+        (self.1)(args)
+    }
+}
+
 impl<F> Executor for F
 where
     F: Fn(&OpArgs) -> Result<Outputs, KernelError> + Send + Sync,

@@ -32,7 +32,7 @@ use super::norm::{Elem, by_dtype};
 use super::simd;
 use super::wrong_op;
 use crate::exec::args::{MlpArgs, OpArgs, Outputs};
-use crate::exec::executor::{Executor, KernelError, Registry};
+use crate::exec::executor::{KernelError, Prepares, Registry};
 use crate::model::attrs::Activation;
 use crate::tensor::{Dims, HostTensor, Storage};
 
@@ -56,7 +56,16 @@ pub(crate) fn register(registry: &mut Registry) {
             other => Err(wrong_op(CHAIN, other)),
         }),
     );
-    registry.register(FUSED, Arc::new(Fused));
+    registry.register(
+        FUSED,
+        Arc::new(Prepares(
+            |args: &OpArgs, bufs: &mut Outputs| match args {
+                OpArgs::Mlp(a) => fused_into(a, bufs),
+                other => Err(wrong_op(FUSED, other)),
+            },
+            prepare,
+        )),
+    );
 }
 
 fn out(t: HostTensor) -> Outputs {
@@ -182,32 +191,15 @@ pub(super) fn fused(a: &MlpArgs) -> Result<HostTensor, KernelError> {
         .ok_or_else(|| KernelError::Failed("mlp produced no output".to_owned()))
 }
 
-/// `cpu.mlp.fused`: writes into the caller's buffers, and prepares (packs) its weights.
-struct Fused;
-
-impl Executor for Fused {
-    fn run(&self, args: &OpArgs) -> Result<Outputs, KernelError> {
-        self.run_into(args, Outputs::new())
+/// Packs the three weights into pair panels where a prefill of these arguments runs on them.
+fn prepare(args: &OpArgs) -> Result<(), KernelError> {
+    let OpArgs::Mlp(a) = args else { return Err(wrong_op(FUSED, args)) };
+    let mut holder = None;
+    let p = problem(a, &mut holder)?;
+    if uses_pairs(&p.x) {
+        pair_weights(a, &p);
     }
-
-    fn run_into(&self, args: &OpArgs, mut buffers: Outputs) -> Result<Outputs, KernelError> {
-        match args {
-            OpArgs::Mlp(a) => fused_into(a, &mut buffers),
-            other => Err(wrong_op(FUSED, other)),
-        }
-    }
-
-    /// Packs the three weights into pair panels where a prefill of these arguments runs on
-    /// them.
-    fn prepare(&self, args: &OpArgs) -> Result<(), KernelError> {
-        let OpArgs::Mlp(a) = args else { return Err(wrong_op(FUSED, args)) };
-        let mut holder = None;
-        let p = problem(a, &mut holder)?;
-        if uses_pairs(&p.x) {
-            let _ = pair_weights(a, &p);
-        }
-        Ok(())
-    }
+    Ok(())
 }
 
 /// The pair panels of the three weights (packed once, cached), when all three are bf16 with

@@ -53,7 +53,7 @@ use super::norm::{Elem, by_dtype};
 use super::simd;
 use super::wrong_op;
 use crate::exec::args::{Int4Args, LinearArgs, OpArgs, Outputs};
-use crate::exec::executor::{Executor, KernelError, Registry};
+use crate::exec::executor::{KernelError, Prepares, Registry};
 use crate::model::dtype::DType;
 use crate::model::layout::Layout;
 use crate::tensor::{Dims, HostTensor, Storage};
@@ -70,7 +70,16 @@ pub(super) const GEMV_MAX_M: usize = 8;
 
 /// Binds these kernels.
 pub(crate) fn register(registry: &mut Registry) {
-    registry.register(LINEAR, Arc::new(Linear));
+    registry.register(
+        LINEAR,
+        Arc::new(Prepares(
+            |args: &OpArgs, bufs: &mut Outputs| match args {
+                OpArgs::Linear(a) => linear_into(a, bufs),
+                other => Err(wrong_op(LINEAR, other)),
+            },
+            prepare,
+        )),
+    );
     registry.register(
         W8A8,
         Arc::new(|args: &OpArgs| match args {
@@ -87,36 +96,20 @@ pub(crate) fn register(registry: &mut Registry) {
     );
 }
 
-/// `cpu.linear.fast`: writes into the caller's buffers, and prepares (packs) its weight.
-struct Linear;
-
-impl Executor for Linear {
-    fn run(&self, args: &OpArgs) -> Result<Outputs, KernelError> {
-        self.run_into(args, Outputs::new())
+/// Packs the weight into pair panels where a prefill of these arguments runs on them.
+fn prepare(args: &OpArgs) -> Result<(), KernelError> {
+    let OpArgs::Linear(a) = args else { return Err(wrong_op(LINEAR, args)) };
+    let mut holder = None;
+    let x = rows_view(&a.x, &mut holder)?;
+    let b = weight_b("weight", &a.weight, x.cols)?;
+    if uses_pairs(&x) && !simd::amx_bf16() {
+        pairs::panels(&a.weight, &b.t());
     }
-
-    fn run_into(&self, args: &OpArgs, mut buffers: Outputs) -> Result<Outputs, KernelError> {
-        match args {
-            OpArgs::Linear(a) => linear_into(a, &mut buffers),
-            other => Err(wrong_op(LINEAR, other)),
-        }
-    }
-
-    /// Packs the weight into pair panels where a prefill of these arguments runs on them.
-    fn prepare(&self, args: &OpArgs) -> Result<(), KernelError> {
-        let OpArgs::Linear(a) = args else { return Err(wrong_op(LINEAR, args)) };
-        let mut holder = None;
-        let x = rows_view(&a.x, &mut holder)?;
-        let b = weight_b("weight", &a.weight, x.cols)?;
-        if uses_pairs(&x) {
-            pairs::panels(&a.weight, &b.t());
-        }
-        Ok(())
-    }
+    Ok(())
 }
 
-/// True when a linear with these rows of x runs on bf16 pairs (prefill of bf16 x on a CPU
-/// with AVX512_BF16; AMX, where present, takes bf16 prefill first), given a bf16 weight.
+/// True when a prefill with these rows of x can run on bf16 pairs (bf16 x on a CPU with
+/// AVX512_BF16), given bf16 weights. The linear takes AMX first where it has it.
 pub(super) fn uses_pairs(x: &Mat) -> bool {
     matches!(x.st, Storage::BF16(_)) && x.rows > GEMV_MAX_M && x.cs == 1 && simd::avx512_bf16()
 }
@@ -295,7 +288,8 @@ pub(super) fn linear_into(a: &LinearArgs, bufs: &mut Outputs) -> Result<Outputs,
     let n = b.cols;
     with_scratch(if a.bias.is_some() { n } else { 0 }, |bbuf| {
         let bias = a.bias.as_ref().map(|t| super::pack::as_f32(t, bbuf));
-        // Prefill of a bf16 model without AMX: bf16 pairs against the weight packed once.
+        // Prefill of a bf16 model where AMX did not take it (above): bf16 pairs against the
+        // weight packed once.
         let pairs = match x.st {
             Storage::BF16(xv) if uses_pairs(&x) => pairs::panels(&a.weight, &b.t()).map(|p| (p, xv)),
             _ => None,

@@ -298,7 +298,7 @@ fn a_bf16_weight_is_packed_once_and_reused_by_later_prefills() {
     }
     let a = lin(t(&[20, 96], 1, DType::BF16), t(&[72, 96], 2, DType::BF16), None);
     let want = reference(&OpArgs::Linear(a.clone()));
-    Linear.prepare(&OpArgs::Linear(a.clone())).unwrap();
+    super::prepare(&OpArgs::Linear(a.clone())).unwrap();
     let before = super::packed_weight_stats();
     for _ in 0..3 {
         assert_gemm_close(&linear(&a).unwrap(), &want, 96, 1.0, "prepared bf16 prefill");

@@ -145,18 +145,8 @@ mod x86 {
                 bp = bp.add(16 * NV);
             }
         }
-        // Constant indices only (a dynamic index would keep `acc` in memory).
-        for (i, sums) in acc.iter().enumerate() {
-            let Some(row) = c.get_mut(i) else { break };
-            let cp = row.as_mut_ptr();
-            for (v, &x) in sums.iter().enumerate() {
-                let lanes = nr.saturating_sub(16 * v).min(16);
-                let mk: u16 = if lanes == 16 { 0xFFFF } else { (1u16 << lanes) - 1 };
-                // SAFETY: lanes j0 + 16 v.. + lanes <= j0 + nr lie inside the row (asserted);
-                // masked-off lanes are not accessed.
-                unsafe { _mm512_mask_storeu_ps(cp.add(j0 + 16 * v), mk, x) };
-            }
-        }
+        // SAFETY: AVX-512F (this function's contract); the row bounds were asserted above.
+        unsafe { super::super::tile::x86::store_tile(&acc, c, j0, nr, true) };
     }
 
     /// [`super::dots_bf16`] on AVX512_BF16: two accumulators per row (the instruction's

@@ -52,7 +52,7 @@ pub(crate) fn gemm_tile_packed(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(super) mod x86 {
     use std::arch::x86_64::*;
 
     /// K steps ahead that [`tile_packed_avx512`] prefetches B.
@@ -105,6 +105,25 @@ mod x86 {
                 bp = bp.add(16 * NV);
             }
         }
+        // SAFETY: AVX-512F (this function's contract); the row bounds were asserted above.
+        unsafe { store_tile(&acc, c, j0, nr, overwrite) };
+    }
+
+    /// Writes (`overwrite`) or adds the sums of a tile into columns `j0..j0 + nr` of its
+    /// rows (at most R), lanes past `nr` masked off.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; every row of `c` must hold `j0 + nr` elements.
+    #[allow(unsafe_code)]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(in crate::backend::cpu::simd) unsafe fn store_tile<const R: usize, const NV: usize>(
+        acc: &[[__m512; NV]; R],
+        c: &mut [&mut [f32]],
+        j0: usize,
+        nr: usize,
+        overwrite: bool,
+    ) {
         // Constant indices only (a dynamic index would keep `acc` in memory).
         for (i, sums) in acc.iter().enumerate() {
             let Some(row) = c.get_mut(i) else { break };
@@ -113,7 +132,7 @@ mod x86 {
                 let lanes = nr.saturating_sub(16 * v).min(16);
                 let mk: u16 = if lanes == 16 { 0xFFFF } else { (1u16 << lanes) - 1 };
                 // SAFETY: the lanes j0 + 16 v.. + lanes <= j0 + nr lie inside the row
-                // (asserted); masked-off lanes are not accessed.
+                // (caller); masked-off lanes are not accessed.
                 unsafe {
                     let p = cp.add(j0 + 16 * v);
                     let sum = if overwrite { x } else { _mm512_add_ps(_mm512_maskz_loadu_ps(mk, p), x) };
