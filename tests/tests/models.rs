@@ -91,8 +91,12 @@ fn weights_are_served_from_the_mapped_files_or_copied_once_into_resident_memory(
     let prompt: Vec<u32> = (1..=6).collect();
     let g = Generation { max_new_tokens: 4, stop_at_eos: false, ..Generation::default() };
     let lz = LayerZero::detected().unwrap_or_else(|e| panic!("{e}"));
-    let run = |m: &Model| llm::generate::generate(m, &lz, &prompt, &g, |_| {}).map(|o| o.generated_ids().to_vec());
-    assert_eq!(run(&mapped).ok(), run(&resident).ok());
+    let run = |m: &Model| {
+        llm::generate::generate(m, &lz, &prompt, &g, |_| {})
+            .map(|o| o.generated_ids().to_vec())
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    assert_eq!(run(&mapped), run(&resident));
 }
 
 #[test]

@@ -371,7 +371,14 @@ impl PerfDb {
         if let Ok(meta) = std::fs::metadata(path)
             && !meta.is_file()
         {
-            crate::files::check_regular(path).map_err(|e| e.context("perfdb"))?;
+            let what = if meta.is_dir() { "a directory" } else { "not a regular file (a device, a FIFO or a socket)" };
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!(
+                    "perfdb {} is {what}; the PerfDB must be a regular file (point LAYERZERO_PERFDB or --perfdb at one)",
+                    path.display()
+                ),
+            ));
         }
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(|e| {
