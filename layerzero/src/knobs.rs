@@ -157,8 +157,139 @@ pub const FAULTS: Knob = Knob {
           oom, device_lost or fail_first:N. `lz doctor` warns while it is set.",
 };
 
-static ALL: [Knob; 10] =
-    [HOME, PERFDB, PLAN_MODE, DISPATCH_TABLE, POLICY, CACHE_CAPACITY, E2E, WEIGHTS, MAX_READ_BYTES, FAULTS];
+/// Overrides the policy's `health.failure_threshold`.
+pub const FAILURE_THRESHOLD: Knob = Knob {
+    name: "LAYERZERO_FAILURE_THRESHOLD",
+    ty: KnobType::U64,
+    default: "the policy's health.failure_threshold (3)",
+    doc: "Consecutive failures (errors, panics, invalid outputs, out of memory) after which a kernel \
+          is quarantined (at least 1).",
+};
+
+/// Overrides the policy's `health.cooldown_ms`.
+pub const COOLDOWN_MS: Knob = Knob {
+    name: "LAYERZERO_COOLDOWN_MS",
+    ty: KnobType::U64,
+    default: "the policy's health.cooldown_ms (30000)",
+    doc: "How long a quarantined kernel or a disabled backend is not called before trial calls \
+          probe it, in milliseconds.",
+};
+
+/// Overrides the policy's `health.half_open_trials`.
+pub const HALF_OPEN_TRIALS: Knob = Knob {
+    name: "LAYERZERO_HALF_OPEN_TRIALS",
+    ty: KnobType::U64,
+    default: "the policy's health.half_open_trials (1)",
+    doc: "Trial calls let through once a cooldown has passed (at least 1); a success closes the \
+          breaker, a failure opens it again.",
+};
+
+/// Overrides the policy's `health.max_abandoned`.
+pub const MAX_ABANDONED: Knob = Knob {
+    name: "LAYERZERO_MAX_ABANDONED",
+    ty: KnobType::U64,
+    default: "the policy's health.max_abandoned (4)",
+    doc: "Calls of one backend abandoned at their deadline and still running beyond which the \
+          whole backend is disabled.",
+};
+
+/// Overrides the policy's `kernel_timeout_ms`.
+pub const KERNEL_TIMEOUT_MS: Knob = Knob {
+    name: "LAYERZERO_KERNEL_TIMEOUT_MS",
+    ty: KnobType::U64,
+    default: "the policy's kernel_timeout_ms (none)",
+    doc: "Per-kernel deadline in milliseconds (at least 1): kernels run on runner threads and one \
+          that has not returned by then is abandoned, quarantined, and the next kernel runs \
+          (KERNEL_TIMEOUT).",
+};
+
+/// Overrides the policy's `validate_outputs`.
+pub const VALIDATE_OUTPUTS: Knob = Knob {
+    name: "LAYERZERO_VALIDATE_OUTPUTS",
+    ty: KnobType::Bool,
+    default: "the policy's validate_outputs (false; `lz run` checks)",
+    doc: "Check every output for NaN/Inf the inputs did not have; such outputs are discarded and \
+          the next kernel runs (KERNEL_OUTPUT_INVALID).",
+};
+
+static ALL: [Knob; 16] = [
+    HOME,
+    PERFDB,
+    PLAN_MODE,
+    DISPATCH_TABLE,
+    POLICY,
+    CACHE_CAPACITY,
+    E2E,
+    WEIGHTS,
+    MAX_READ_BYTES,
+    FAULTS,
+    FAILURE_THRESHOLD,
+    COOLDOWN_MS,
+    HALF_OPEN_TRIALS,
+    MAX_ABANDONED,
+    KERNEL_TIMEOUT_MS,
+    VALIDATE_OUTPUTS,
+];
+
+/// A policy field set by a knob.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PolicyOverride {
+    /// The variable.
+    pub knob: &'static str,
+    /// The policy field it sets.
+    pub field: &'static str,
+    /// The value it set, as text.
+    pub value: String,
+}
+
+/// Applies the knobs that override policy fields (set in `env`) to `policy`, and lists
+/// them. A bad value is an error naming the variable.
+pub fn apply_policy_overrides_in(policy: &mut crate::policy::Policy, env: Lookup<'_>) -> Result<Vec<PolicyOverride>> {
+    let mut applied = Vec::new();
+    let positive = |knob: &Knob| -> Result<Option<u64>> {
+        match knob.value_in(env)? {
+            Some(KnobValue::U64(0)) => Err(Error::invalid(format!("{}=0: expected at least 1", knob.name))),
+            Some(KnobValue::U64(n)) => Ok(Some(n)),
+            _ => Ok(None),
+        }
+    };
+    let small = |knob: &Knob, n: u64| {
+        u32::try_from(n).map_err(|_| Error::invalid(format!("{}={n}: expected at most {}", knob.name, u32::MAX)))
+    };
+    let mut note = |knob: &Knob, field: &'static str, value: String| {
+        applied.push(PolicyOverride { knob: knob.name, field, value });
+    };
+    if let Some(n) = positive(&FAILURE_THRESHOLD)? {
+        policy.health.failure_threshold = small(&FAILURE_THRESHOLD, n)?;
+        note(&FAILURE_THRESHOLD, "health.failure_threshold", n.to_string());
+    }
+    if let Some(KnobValue::U64(n)) = COOLDOWN_MS.value_in(env)? {
+        policy.health.cooldown_ms = n;
+        note(&COOLDOWN_MS, "health.cooldown_ms", n.to_string());
+    }
+    if let Some(n) = positive(&HALF_OPEN_TRIALS)? {
+        policy.health.half_open_trials = small(&HALF_OPEN_TRIALS, n)?;
+        note(&HALF_OPEN_TRIALS, "health.half_open_trials", n.to_string());
+    }
+    if let Some(KnobValue::U64(n)) = MAX_ABANDONED.value_in(env)? {
+        policy.health.max_abandoned = small(&MAX_ABANDONED, n)?;
+        note(&MAX_ABANDONED, "health.max_abandoned", n.to_string());
+    }
+    if let Some(n) = positive(&KERNEL_TIMEOUT_MS)? {
+        policy.kernel_timeout_ms = Some(n);
+        note(&KERNEL_TIMEOUT_MS, "kernel_timeout_ms", n.to_string());
+    }
+    if let Some(KnobValue::Bool(b)) = VALIDATE_OUTPUTS.value_in(env)? {
+        policy.validate_outputs = b;
+        note(&VALIDATE_OUTPUTS, "validate_outputs", b.to_string());
+    }
+    Ok(applied)
+}
+
+/// [`apply_policy_overrides_in`] over the process environment.
+pub fn apply_policy_overrides(policy: &mut crate::policy::Policy) -> Result<Vec<PolicyOverride>> {
+    apply_policy_overrides_in(policy, &process_env)
+}
 
 /// Every knob, in a fixed order.
 pub fn all() -> &'static [Knob] {

@@ -106,6 +106,17 @@ reason_codes! {
     BACKEND_UNHEALTHY => Health,
     /// The kernel errored or panicked while running; the runtime fell back.
     KERNEL_FAILED => Health,
+    /// The kernel's circuit is open after failures: it is not called until its cooldown ends.
+    KERNEL_QUARANTINED => Health,
+    /// The kernel did not return within its deadline (`kernel_timeout_ms`); it was abandoned.
+    KERNEL_TIMEOUT => Health,
+    /// The kernel produced NaN/Inf outputs from finite inputs (`validate_outputs`).
+    KERNEL_OUTPUT_INVALID => Health,
+    /// The kernel ran out of memory; a kernel with a smaller workspace is tried next.
+    KERNEL_OUT_OF_MEMORY => Health,
+    /// The kernel's device was lost or it made an illegal memory access: its backend is
+    /// disabled until a probe succeeds.
+    DEVICE_LOST => Health,
     /// The device's compute capability is below the kernel's minimum.
     COMPUTE_CAPABILITY_TOO_OLD => Constraint,
     /// The device's compute capability is above the kernel's maximum.

@@ -286,17 +286,23 @@ mod run {
     fn a_fault_drill_through_lz_run_repeat_20_falls_back_and_still_computes_the_answer() {
         let (dir, req, inputs) = setup();
         let want = oracle(&dir, &req, &inputs);
-        for (mode, says) in [
-            ("error", "LAYERZERO_FAULTS"),
-            ("panic", "panicked"),
-            ("oom", "out of memory"),
-            ("device_lost", "device lost"),
-            ("fail_first:2", "call 1 of the first 2"),
-            ("slow:1", ""),
+        let flash = "cpu.attention.flash";
+        // Per mode: the first attempt's code and message, and what the 20 repeats see: a
+        // kernel breaker opens after 3 failures (then KERNEL_QUARANTINED), a timeout opens it
+        // at once, a lost device disables the whole `cpu` backend (BACKEND_UNHEALTHY).
+        for (mode, code, says, repeats_see) in [
+            ("error", "KERNEL_FAILED", "LAYERZERO_FAULTS", "KERNEL_QUARANTINED"),
+            ("panic", "KERNEL_FAILED", "panicked", "KERNEL_QUARANTINED"),
+            ("hang", "KERNEL_TIMEOUT", "deadline of 1000 ms", "KERNEL_QUARANTINED"),
+            ("nan", "KERNEL_OUTPUT_INVALID", "NaN", "KERNEL_QUARANTINED"),
+            ("oom", "KERNEL_OUT_OF_MEMORY", "out of memory", "KERNEL_QUARANTINED"),
+            ("device_lost", "DEVICE_LOST", "device lost", "BACKEND_UNHEALTHY"),
+            ("fail_first:2", "KERNEL_FAILED", "call 1 of the first 2", ""),
+            ("slow:1", "", "", ""),
         ] {
             let out = dir.path().join(format!("{}.safetensors", mode.replace(':', "_")));
             let o = lz()
-                .env("LAYERZERO_FAULTS", format!("cpu.attention.flash={mode}"))
+                .env("LAYERZERO_FAULTS", format!("{flash}={mode}"))
                 .args(["run", "--request", &req, "--inputs", &inputs, "--out", out.to_str().unwrap_or_default()])
                 .args(["--repeat", "20", "--json"])
                 .output()
@@ -305,12 +311,27 @@ mod run {
             assert_eq!(o.status.code(), Some(0), "{mode}: {stdout}{stderr}");
             let v: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
             assert!(violations(SchemaKind::RunReport, &v).unwrap_or_default().is_empty(), "{mode}");
-            if says.is_empty() {
-                assert_eq!(v["kernel"], "cpu.attention.flash", "{mode}: a slow kernel still runs");
+            let reasons = &v["repeats"]["reasons"];
+            if code.is_empty() {
+                assert_eq!(v["kernel"], flash, "{mode}: a slow kernel still runs");
+                assert_eq!(v["repeats"]["kernels"][flash], 20, "{mode}: {stdout}");
             } else {
                 assert_eq!(v["fell_back"], true, "{mode}: {stdout}");
-                let why = v["attempts"][0]["reason"].to_string();
-                assert!(why.contains("KERNEL_FAILED") && why.contains(says), "{mode}: {why}");
+                assert_eq!(v["attempts"][0]["reason"]["code"], code, "{mode}: {stdout}");
+                let why = v["attempts"][0]["reason"]["message"].as_str().unwrap_or_default();
+                assert!(why.contains(says), "{mode}: {why}");
+            }
+            if repeats_see.is_empty() {
+                assert!(reasons.get("KERNEL_QUARANTINED").is_none(), "{mode}: {stdout}");
+            } else {
+                assert_eq!(v["repeats"]["fell_back"], 20, "{mode}: every repeat falls back: {stdout}");
+                assert!(reasons[repeats_see].as_u64().is_some_and(|n| n >= 17), "{mode}: {reasons}");
+                assert!(v["repeats"]["kernels"].get(flash).is_none(), "{mode}: {stdout}");
+                let open = v["health"]["kernels"].as_array().into_iter().chain(v["health"]["backends"].as_array());
+                assert!(open.flatten().any(|b| b["state"] == "open"), "{mode}: {stdout}");
+            }
+            if mode == "fail_first:2" {
+                assert_eq!(v["repeats"]["kernels"][flash], 19, "{mode}: works after its second call: {stdout}");
             }
             let got = out_of(&out);
             let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);

@@ -9,6 +9,7 @@ mod files;
 mod fixtures;
 mod flips;
 mod front_door;
+mod health;
 mod measured;
 mod models;
 mod plans;

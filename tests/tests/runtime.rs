@@ -9,7 +9,6 @@ use layerzero::LayerZero;
 use layerzero::capabilities::catalog::Catalog;
 use layerzero::exec::args::{OpArgs, Outputs};
 use layerzero::exec::executor::{KernelError, Registry};
-use layerzero::health::BREAKER_THRESHOLD;
 use layerzero::model::dtype::DType;
 use layerzero::model::layout::Layout;
 use layerzero::tensor::HostTensor;
@@ -141,14 +140,15 @@ fn repeated_failures_open_the_circuit() {
     );
     r.register("probe.attention.mid", Arc::new(|_: &OpArgs| ok_output(2.0)));
     let rt = runtime(r);
-    for _ in 0..BREAKER_THRESHOLD + 2 {
+    let threshold = layerzero::policy::HealthPolicy::default().failure_threshold;
+    for _ in 0..threshold + 2 {
         let d = rt.dispatch(&args()).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(d.selection().kernel, "probe.attention.mid");
     }
-    assert_eq!(calls.load(Ordering::SeqCst), BREAKER_THRESHOLD as usize, "an open circuit is not called");
+    assert_eq!(calls.load(Ordering::SeqCst), threshold as usize, "an open circuit is not called");
     assert_eq!(rt.open_circuits(), vec!["probe.attention.fast".to_owned()]);
     let d = rt.dispatch(&args()).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(d.failed()[0].reason.as_ref().map(|r| r.code()), Some(ReasonCode::BACKEND_UNHEALTHY));
+    assert_eq!(d.failed()[0].reason.as_ref().map(|r| r.code()), Some(ReasonCode::KERNEL_QUARANTINED));
 }
 
 #[test]

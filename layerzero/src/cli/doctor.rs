@@ -74,6 +74,7 @@ fn text(r: &DoctorReport) -> String {
     render_perfdb(&mut out, &r.perfdb);
     render_plan(&mut out, &r.plan);
     render_knobs(&mut out, &r.knobs);
+    render_health(&mut out, &r.health);
     if let Some(w) = &loud {
         let _ = writeln!(out, "\n{w}");
     }
@@ -104,6 +105,43 @@ fn render_perfdb(out: &mut String, c: &PerfDbCheck) {
             let _ = writeln!(out, "  integrity      {}", s.integrity);
             let _ = writeln!(out, "  schema         version {}", s.schema_version);
         }
+    }
+}
+
+fn render_health(out: &mut String, h: &std::result::Result<doctor::HealthCheck, String>) {
+    let _ = writeln!(out, "\nhealth (circuit breakers, deadlines):");
+    let h = match h {
+        Ok(h) => h,
+        Err(e) => {
+            let _ = writeln!(out, "  ERROR          {e}");
+            return;
+        }
+    };
+    let c = &h.config;
+    let source = |field: &str| {
+        h.overrides.iter().find(|o| o.field == field).map_or_else(
+            || h.policy_file.as_ref().map_or("default".to_owned(), |f| format!("policy {f}")),
+            |o| o.knob.to_owned(),
+        )
+    };
+    let deadline = c.kernel_timeout.map_or("none".to_owned(), |d| format!("{} ms", d.as_millis()));
+    for (label, field, value) in [
+        (
+            "threshold",
+            "health.failure_threshold",
+            format!("{} consecutive failures quarantine a kernel", c.failure_threshold),
+        ),
+        ("cooldown", "health.cooldown_ms", format!("{} ms", c.cooldown.as_millis())),
+        ("trials", "health.half_open_trials", format!("{} trial call(s) after a cooldown", c.half_open_trials)),
+        ("deadline", "kernel_timeout_ms", deadline),
+        ("abandoned", "health.max_abandoned", format!("at most {} running per backend", c.max_abandoned)),
+        (
+            "outputs",
+            "validate_outputs",
+            if c.validate_outputs { "checked for NaN/Inf" } else { "not checked" }.to_owned(),
+        ),
+    ] {
+        let _ = writeln!(out, "  {label:<14} {value}  [{}]", source(field));
     }
 }
 

@@ -13,6 +13,27 @@ use crate::policy::{Action, Policy, Rule, When};
 use crate::runtime::{LayerZero, PlanMode, SelectionSource};
 use crate::tensor::io;
 
+/// What the repeated dispatches did.
+#[derive(Debug, Default, serde::Serialize)]
+struct Repeats {
+    /// Dispatches whose first choice did not run.
+    fell_back: usize,
+    /// Kernels that produced the outputs, with counts.
+    kernels: BTreeMap<String, usize>,
+    /// Reason codes of the attempts that did not run, with counts.
+    reasons: BTreeMap<String, usize>,
+}
+
+impl Repeats {
+    fn count(&mut self, d: &crate::runtime::Dispatch<'_>) {
+        self.fell_back += usize::from(d.fell_back());
+        *self.kernels.entry(d.selection().kernel.clone()).or_default() += 1;
+        for r in d.failed().iter().filter_map(|a| a.reason.as_ref()) {
+            *self.reasons.entry(r.code().as_str().to_owned()).or_default() += 1;
+        }
+    }
+}
+
 /// What `lz run` was asked to do.
 pub(super) struct RunArgs<'a> {
     pub request: &'a str,
@@ -43,6 +64,10 @@ pub(super) fn run(a: RunArgs<'_>, catalog: Arc<Catalog>) -> Result<Outcome> {
             .rules
             .insert(0, Rule { action: Action::Lock, kernels: k.to_owned(), factor: None, when: When::default() });
     }
+    // `lz run` checks outputs for NaN/Inf from finite inputs unless told otherwise; the knobs
+    // that override policy fields apply on top.
+    policy.validate_outputs = true;
+    crate::knobs::apply_policy_overrides(&mut policy)?;
     let slots = usize::try_from(crate::knobs::cache_capacity()?).unwrap_or(usize::MAX);
     let mut runtime = LayerZero::detected_with(catalog)?
         .with_policy(policy)?
@@ -56,13 +81,17 @@ pub(super) fn run(a: RunArgs<'_>, catalog: Arc<Catalog>) -> Result<Outcome> {
         runtime = runtime.with_faults(&spec)?;
     }
     let dispatch = runtime.dispatch(&args)?;
+    // Each repeat is a whole dispatch (selection, health, fallback), so a drill with
+    // LAYERZERO_FAULTS sees breakers open and close across the repeats.
     let mut timing = None;
+    let mut repeats = Repeats::default();
     if a.repeat > 0 {
         let mut ns = Vec::with_capacity(a.repeat);
         for _ in 0..a.repeat {
             let t = Instant::now();
-            runtime.run_selection(dispatch.selection(), &args)?;
+            let d = runtime.dispatch(&args)?;
             ns.push(t.elapsed().as_nanos() as f64);
+            repeats.count(&d);
         }
         ns.sort_by(f64::total_cmp);
         timing = Some(serde_json::json!({
@@ -72,6 +101,7 @@ pub(super) fn run(a: RunArgs<'_>, catalog: Arc<Catalog>) -> Result<Outcome> {
             "max_ns": ns[ns.len() - 1],
         }));
     }
+    let health = runtime.health_report();
     let outputs: BTreeMap<String, _> = dispatch.outputs.clone().into_map();
     io::write_output(a.out, &outputs, &[a.inputs, Path::new(a.request)])?;
     let sel = dispatch.selection();
@@ -93,6 +123,8 @@ pub(super) fn run(a: RunArgs<'_>, catalog: Arc<Catalog>) -> Result<Outcome> {
             "outputs": outs,
             "out_file": a.out.display().to_string(),
             "timing": timing,
+            "repeats": repeats,
+            "health": health,
         }));
     } else {
         println!(
@@ -124,7 +156,21 @@ pub(super) fn run(a: RunArgs<'_>, catalog: Arc<Catalog>) -> Result<Outcome> {
         }
         if let Some(t) = &timing {
             let med = t["median_ns"].as_f64().unwrap_or(0.0);
-            println!("timing:    median {} over {} runs", render::duration(med), a.repeat);
+            println!("timing:    median {} over {} dispatches", render::duration(med), a.repeat);
+        }
+        if repeats.fell_back > 0 {
+            let kernels: Vec<String> = repeats.kernels.iter().map(|(k, n)| format!("{k} x{n}")).collect();
+            let reasons: Vec<String> = repeats.reasons.iter().map(|(c, n)| format!("{c} x{n}")).collect();
+            println!(
+                "repeats:   {} of {} fell back; ran {}; reasons {}",
+                repeats.fell_back,
+                a.repeat,
+                kernels.join(", "),
+                reasons.join(", ")
+            );
+        }
+        for b in health.kernels.iter().chain(&health.backends).filter(|b| b.state != "closed") {
+            println!("health:    {} is {} ({})", b.name, b.state, b.last_failure.as_deref().unwrap_or(""));
         }
     }
     Ok(Outcome::Ok)

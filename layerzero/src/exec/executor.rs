@@ -18,6 +18,14 @@ pub enum KernelError {
     /// The kernel failed (or panicked) while running.
     #[error("failed: {0}")]
     Failed(String),
+    /// The kernel ran out of memory (its workspace or outputs could not be allocated): the
+    /// runtime tries a kernel with a smaller workspace next.
+    #[error("out of memory: {0}")]
+    OutOfMemory(String),
+    /// The kernel's device was lost or it made an illegal memory access: the runtime
+    /// disables the whole backend until a probe succeeds.
+    #[error("device lost: {0}")]
+    DeviceLost(String),
 }
 
 /// The message of a caught panic (`catch_unwind`'s payload), or "unknown panic".

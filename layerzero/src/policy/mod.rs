@@ -146,11 +146,59 @@ pub struct Policy {
     /// Device memory kept free besides the request's tensors, bytes.
     #[serde(default)]
     pub memory_reserve_bytes: u64,
+    /// Circuit breakers. Not part of the policy hash: they change no selection.
+    #[serde(default)]
+    pub health: HealthPolicy,
+    /// Per-kernel deadline in milliseconds: a kernel that has not returned by then is
+    /// abandoned and the next one runs (absent: no deadline). Not part of the policy hash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_timeout_ms: Option<u64>,
+    /// Check outputs for NaN/Inf the inputs did not have, and fall back when found. Not part
+    /// of the policy hash.
+    #[serde(default)]
+    pub validate_outputs: bool,
+}
+
+/// Circuit-breaker settings (`health` in a policy file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthPolicy {
+    /// Consecutive failures that quarantine a kernel (at least 1).
+    #[serde(default = "three")]
+    pub failure_threshold: u32,
+    /// How long a quarantined kernel or a disabled backend is not called, milliseconds.
+    #[serde(default = "thirty_seconds")]
+    pub cooldown_ms: u64,
+    /// Trial calls let through after the cooldown (at least 1); a success closes the breaker.
+    #[serde(default = "one")]
+    pub half_open_trials: u32,
+    /// Abandoned (timed-out) calls of one backend still running beyond which the backend is
+    /// disabled.
+    #[serde(default = "four")]
+    pub max_abandoned: u32,
+}
+
+impl Default for HealthPolicy {
+    fn default() -> HealthPolicy {
+        HealthPolicy { failure_threshold: 3, cooldown_ms: 30_000, half_open_trials: 1, max_abandoned: 4 }
+    }
+}
+
+fn three() -> u32 {
+    3
+}
+fn four() -> u32 {
+    4
+}
+fn thirty_seconds() -> u64 {
+    30_000
 }
 
 fn one() -> u32 {
     1
 }
+/// Policy fields that tune the runtime's health, not selection: left out of the hash.
+const RUNTIME_FIELDS: [&str; 3] = ["health", "kernel_timeout_ms", "validate_outputs"];
 fn yes() -> bool {
     true
 }
@@ -167,6 +215,9 @@ impl Default for Policy {
             graph_strict_mode: false,
             allow_jit: true,
             memory_reserve_bytes: 0,
+            health: HealthPolicy::default(),
+            kernel_timeout_ms: None,
+            validate_outputs: false,
         }
     }
 }
@@ -195,6 +246,17 @@ impl Policy {
             return Err(Error::invalid(format!(
                 "{origin}: field `schema_version` is {}; this build reads 1",
                 self.schema_version
+            )));
+        }
+        let h = &self.health;
+        for (field, value) in [("failure_threshold", h.failure_threshold), ("half_open_trials", h.half_open_trials)] {
+            if value == 0 {
+                return Err(Error::invalid(format!("{origin}: field `health.{field}` is 0; it must be at least 1")));
+            }
+        }
+        if self.kernel_timeout_ms == Some(0) {
+            return Err(Error::invalid(format!(
+                "{origin}: field `kernel_timeout_ms` is 0; give a deadline of at least 1 ms or leave it out"
             )));
         }
         for (i, r) in self.rules.iter().enumerate() {
@@ -232,9 +294,17 @@ impl Policy {
         Ok(())
     }
 
-    /// blake3 over the canonical JSON of the policy with defaults written out.
+    /// blake3 over the canonical JSON of the policy with defaults written out, without the
+    /// fields that only tune the runtime's health (`health`, `kernel_timeout_ms`,
+    /// `validate_outputs`): changing them keeps plans and cached choices valid.
     pub fn hash(&self) -> String {
-        crate::canonical::hash(&serde_json::to_value(self).unwrap_or(serde_json::Value::Null))
+        let mut value = serde_json::to_value(self).unwrap_or(serde_json::Value::Null);
+        if let Some(map) = value.as_object_mut() {
+            for field in RUNTIME_FIELDS {
+                map.remove(field);
+            }
+        }
+        crate::canonical::hash(&value)
     }
 }
 

@@ -54,8 +54,37 @@ pub struct DoctorReport {
     pub plan: PlanCheck,
     /// Every `LAYERZERO_*` knob as the process environment sets it.
     pub knobs: Vec<KnobReport>,
+    /// The health settings a handle here serves with (`LAYERZERO_POLICY` and the knobs
+    /// that override its fields), or why they cannot be read.
+    pub health: Result<HealthCheck, String>,
     /// No problem anywhere above.
     pub ok: bool,
+}
+
+/// The health settings and where each override came from.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct HealthCheck {
+    /// The settings.
+    pub config: crate::health::HealthConfig,
+    /// Policy fields set by knobs.
+    pub overrides: Vec<knobs::PolicyOverride>,
+    /// The policy file they apply to (absent: the default policy).
+    pub policy_file: Option<String>,
+}
+
+/// The health settings `LayerZero::host` would use.
+fn check_health() -> Result<HealthCheck, String> {
+    let file = knobs::policy();
+    let mut policy = match &file {
+        Some(path) => Policy::load(path).map_err(|e| e.to_string())?,
+        None => Policy::default(),
+    };
+    let overrides = knobs::apply_policy_overrides(&mut policy).map_err(|e| e.to_string())?;
+    Ok(HealthCheck {
+        config: crate::health::HealthConfig::of(&policy),
+        overrides,
+        policy_file: file.map(|p| p.display().to_string()),
+    })
 }
 
 /// One backend of the catalog.
@@ -159,7 +188,9 @@ pub fn doctor(inputs: &DoctorInputs<'_>) -> Result<DoctorReport> {
             status: availability.status(&b.backend),
         })
         .collect();
+    let health = check_health();
     let ok = files.iter().all(FileCheck::is_valid)
+        && health.is_ok()
         && result.is_ok()
         && knobs.iter().all(|k| k.error.is_none())
         && perfdb.ok()
@@ -174,6 +205,7 @@ pub fn doctor(inputs: &DoctorInputs<'_>) -> Result<DoctorReport> {
         perfdb,
         plan,
         knobs,
+        health,
         ok,
     })
 }
@@ -217,6 +249,10 @@ impl DoctorReport {
             "perfdb": self.perfdb.to_json(),
             "plan": self.plan.to_json(),
             "knobs": self.knobs,
+            "health": match &self.health {
+                Ok(h) => serde_json::json!({"config": h.config, "overrides": h.overrides, "policy_file": h.policy_file, "error": null}),
+                Err(e) => serde_json::json!({"config": null, "overrides": [], "policy_file": null, "error": e}),
+            },
         })
     }
 }

@@ -27,6 +27,16 @@ pub struct Counters {
     pub live: u64,
     /// Dispatches where the first choice did not run.
     pub fallbacks: u64,
+    /// Kernel calls that failed (errors, panics, timeouts, invalid outputs, OOM, lost devices).
+    pub kernel_failures: u64,
+    /// Calls not made because the kernel was quarantined or its backend disabled.
+    pub refused_by_health: u64,
+    /// Breakers that opened (a kernel quarantined, a backend disabled).
+    pub breaker_opens: u64,
+    /// Calls abandoned at their deadline.
+    pub timeouts: u64,
+    /// Outputs rejected by `validate_outputs`.
+    pub invalid_outputs: u64,
 }
 
 /// Which counter.
@@ -39,9 +49,14 @@ pub(crate) enum Counter {
     Uncacheable,
     Live,
     Fallbacks,
+    KernelFailures,
+    RefusedByHealth,
+    BreakerOpens,
+    Timeouts,
+    InvalidOutputs,
 }
 
-const COUNTERS: usize = 7;
+const COUNTERS: usize = 12;
 /// Stripes owned by one thread each; one more is shared by the rest.
 const STRIPES: usize = 64;
 
@@ -132,6 +147,11 @@ impl Striped {
             uncacheable: sum(Counter::Uncacheable),
             live: sum(Counter::Live),
             fallbacks: sum(Counter::Fallbacks),
+            kernel_failures: sum(Counter::KernelFailures),
+            refused_by_health: sum(Counter::RefusedByHealth),
+            breaker_opens: sum(Counter::BreakerOpens),
+            timeouts: sum(Counter::Timeouts),
+            invalid_outputs: sum(Counter::InvalidOutputs),
         }
     }
 }

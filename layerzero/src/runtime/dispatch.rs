@@ -1,6 +1,7 @@
 //! Dispatch: run the selected kernel (planned transforms applied), and when it fails, the
-//! next eligible kernel in score order, saying so. A kernel that errors or panics never
-//! takes the process down; its breaker counts the failure.
+//! next eligible kernel in score order, saying so. A kernel that errors, panics, hangs past
+//! its deadline or returns invalid outputs never takes the process down; the health system
+//! (`crate::health`) counts the failure in the scope its class decides.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -8,16 +9,17 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::counters::Counter;
-use super::faults::{Injected, poison};
+use super::deadline::Ended;
+use super::faults::{HANG_DEADLINE, Injected, poison};
 use super::hot::Hit;
 use super::{LayerZero, SelectionSource};
 use crate::error::{Error, ErrorKind, Result};
 use crate::exec::args::{OpArgs, Outputs};
 use crate::exec::executor::{Executor, KernelError, panic_text};
-use crate::health::BREAKER_THRESHOLD;
+use crate::health::FailureClass;
 use crate::reason::{Reason, ReasonCode};
 use crate::select::Selection;
-use crate::transform::{apply_transforms, cast_outputs_back};
+use crate::transform::{Transform, apply_transforms, cast_outputs_back};
 
 /// What happened to one kernel during a dispatch.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -105,10 +107,12 @@ impl Dispatch<'_> {
 
 impl LayerZero {
     /// Selects for `args`, runs the best eligible kernel, and falls back to the next one
-    /// (in score order) when a kernel has no executor, its circuit is open, or it fails.
-    /// Errors: those of selection; `InvalidInput` when a kernel finds the inputs invalid
-    /// (another kernel would too); `KernelFailed` when every eligible kernel failed, with
-    /// each attempt's reason.
+    /// (in score order) when a kernel has no executor, is quarantined, its backend is
+    /// disabled, or it fails (after running out of memory, kernels with a smaller workspace
+    /// are tried first). Errors: those of selection; `InvalidInput` when a kernel finds the
+    /// inputs invalid (another kernel would too); `KernelFailed` when every eligible kernel
+    /// failed, naming each attempt and its reason. A failed attempt never modifies the
+    /// inputs (kernels read them through shared, immutable tensors).
     pub fn dispatch(&self, args: &OpArgs) -> Result<Dispatch<'_>> {
         self.dispatch_into(args, Outputs::new())
     }
@@ -122,19 +126,30 @@ impl LayerZero {
         let first = self.select_args(args)?;
         let input_flags = if self.check_inputs { flags(args) } else { Vec::new() };
         let mut failed = Vec::new();
-        match self.try_run(&first, first.executor(), args, buffers) {
+        let first_oom = match self.try_run(&first, first.executor(), args, buffers) {
             Ok(outputs) => {
                 let extra = (!input_flags.is_empty()).then(|| Box::new(Extra { failed, input_flags }));
                 return Ok(Dispatch { outputs, ran: first, extra });
             }
-            Err(reason) => self.note_failure(&first, reason, &mut failed)?,
-        }
+            Err(reason) => {
+                let oom = reason.code() == ReasonCode::KERNEL_OUT_OF_MEMORY;
+                self.note_failure(&first, reason, &mut failed)?;
+                oom.then_some(first.index)
+            }
+        };
         self.bump(Counter::Fallbacks);
         let source = first.source();
         let notes = first.into_notes();
         let selector = self.selector();
         let request = args.describe();
-        for sel in selector.ranked(&request)? {
+        let mut ranked = selector.ranked(&request)?;
+        if let Some(k) = first_oom {
+            self.smaller_first(k, &mut ranked);
+        }
+        let mut tried = 0;
+        while tried < ranked.len() {
+            let sel = ranked[tried].clone();
+            tried += 1;
             if failed.iter().any(|a| a.kernel == sel.kernel) {
                 continue;
             }
@@ -144,13 +159,36 @@ impl LayerZero {
                     let ran = hit.standing_in_for(source, notes);
                     return Ok(Dispatch { outputs, ran, extra: Some(Box::new(Extra { failed, input_flags })) });
                 }
-                Err(reason) => self.note_failure(&hit, reason, &mut failed)?,
+                Err(reason) => {
+                    let oom = reason.code() == ReasonCode::KERNEL_OUT_OF_MEMORY;
+                    self.note_failure(&hit, reason, &mut failed)?;
+                    if oom {
+                        self.smaller_first(hit.index, &mut ranked[tried..]);
+                    }
+                }
             }
         }
+        let listed: Vec<String> = failed
+            .iter()
+            .map(|a| match &a.reason {
+                Some(r) => format!("{} ({}: {})", a.kernel, r.code(), r.message()),
+                None => a.kernel.clone(),
+            })
+            .collect();
         let reasons: Vec<Reason> = failed.iter().filter_map(|a| a.reason.clone()).collect();
-        let tried: Vec<&str> = failed.iter().map(|a| a.kernel.as_str()).collect();
-        Err(Error::new(ErrorKind::KernelFailed, format!("every eligible kernel failed: {}", tried.join(", ")))
-            .with_reasons(reasons))
+        Err(Error::new(
+            ErrorKind::KernelFailed,
+            format!("every eligible kernel failed ({} tried): {}", failed.len(), listed.join("; ")),
+        )
+        .with_reasons(reasons))
+    }
+
+    /// After `failed` ran out of memory, moves the kernels with a smaller workspace to the
+    /// front of `rest` (score order kept within each group), larger ones to the back.
+    fn smaller_first(&self, failed: crate::capabilities::catalog::KernelIndex, rest: &mut [Selection]) {
+        let ws = |k| self.parts.catalog.kernel(k).1.properties.workspace_bytes;
+        let limit = ws(failed);
+        rest.sort_by_key(|s| ws(s.index).cmp(&limit));
     }
 
     /// Lets the kernel that `args` select prepare its constant operands before the first
@@ -185,7 +223,8 @@ impl LayerZero {
         Ok(())
     }
 
-    /// Runs one selected kernel (transforms included), with the breaker and the panic guard.
+    /// Runs one selected kernel (transforms included), under the health system, the panic
+    /// guard, the deadline and the output check.
     pub fn run_selection(&self, sel: &Selection, args: &OpArgs) -> Result<Outputs> {
         self.try_run(sel, self.executor(sel.index), args, Outputs::new()).map_err(|r| {
             let kind =
@@ -207,55 +246,157 @@ impl LayerZero {
                 format!("no executor is registered for {} in this process", sel.kernel),
             ));
         };
-        if let Some(open) = self.health.open_for(sel.index) {
-            return Err(Reason::new(
-                ReasonCode::BACKEND_UNHEALTHY,
-                format!(
-                    "{} failed {BREAKER_THRESHOLD} times in a row; its circuit is open for {}s more",
-                    sel.kernel,
-                    open.as_secs()
-                ),
-            ));
+        if let Err(refusal) = self.health.admit(sel.index) {
+            self.bump(Counter::RefusedByHealth);
+            return Err(self.health.refusal_reason(sel.index, &refusal));
         }
-        // Drills: a fault injected for this kernel fails it, panics it or poisons its outputs
-        // here, so the fallback and the breaker below see what a real failure looks like.
+        // Drills: a fault injected for this kernel fails it, panics it, hangs it or poisons
+        // its outputs here, so the fallback and the breakers see what a real failure does.
         let injected = self.faults.as_ref().map_or(Injected::Run, |f| f.inject(sel.index));
-        if let Injected::Fail(why) = &injected {
-            self.health.record(sel.index, false);
-            return Err(Reason::new(ReasonCode::KERNEL_FAILED, format!("{}: {why}", sel.kernel)));
+        let hangs = matches!(injected, Injected::Hang(_));
+        let deadline = self.health.deadline().or(hangs.then_some(HANG_DEADLINE));
+        let result = match deadline {
+            None => run_guarded(exec, &sel.kernel, &sel.transforms, args, buffers, injected),
+            Some(deadline) => self.run_with_deadline(sel, exec, args, injected, deadline),
+        };
+        let result = match result {
+            Ok(outputs) if self.health.validate_outputs() => check_outputs(&sel.kernel, outputs, args),
+            r => r,
+        };
+        match result {
+            Ok(outputs) => {
+                self.health.record(sel.index, None);
+                Ok(outputs)
+            }
+            Err(Failed::InvalidInput(message)) => Err(Reason::new(ReasonCode::INVALID_REQUEST, message)),
+            Err(Failed::Class(class, message)) => {
+                self.bump(Counter::KernelFailures);
+                match class {
+                    FailureClass::Timeout => self.bump(Counter::Timeouts),
+                    FailureClass::OutputInvalid => self.bump(Counter::InvalidOutputs),
+                    _ => {}
+                }
+                if self.health.record(sel.index, Some((class, &message))) {
+                    self.bump(Counter::BreakerOpens);
+                }
+                Err(Reason::new(class.code(), message))
+            }
         }
-        // A kernel that panics drops the buffers it was given; they are outputs to be
-        // overwritten, never inputs, so nothing the caller reads is lost.
-        let result = if let Injected::Panic(why) = &injected {
-            catch_unwind(|| -> std::result::Result<Outputs, KernelError> { std::panic::panic_any(why.clone()) })
-        } else if sel.transforms.is_empty() {
-            catch_unwind(AssertUnwindSafe(|| exec.run_into(args, buffers)))
-        } else {
-            // Adapted inputs may change the outputs' dtype: the caller's buffers would not fit.
-            let adapted = apply_transforms(args, &sel.transforms)
-                .map_err(|e| Reason::new(ReasonCode::KERNEL_FAILED, format!("transform before {}: {e}", sel.kernel)))?;
-            catch_unwind(AssertUnwindSafe(|| exec.run(&adapted)))
-        };
-        let result = match (injected, result) {
-            (Injected::PoisonOutputs, Ok(Ok(outputs))) => Ok(Ok(poison(outputs))),
-            (_, r) => r,
-        };
-        let outcome = match result {
-            Ok(Ok(outputs)) if sel.transforms.is_empty() => Ok(outputs),
-            Ok(Ok(outputs)) => cast_outputs_back(outputs, &sel.transforms)
-                .map_err(|e| Reason::new(ReasonCode::KERNEL_FAILED, format!("{}: output cast: {e}", sel.kernel))),
-            Ok(Err(KernelError::InvalidInput(m))) => {
-                return Err(Reason::new(ReasonCode::INVALID_REQUEST, format!("{}: {m}", sel.kernel)));
-            }
-            Ok(Err(e)) => Err(Reason::new(ReasonCode::KERNEL_FAILED, format!("{}: {e}", sel.kernel))),
-            Err(payload) => {
-                let msg = panic_text(payload.as_ref());
-                Err(Reason::new(ReasonCode::KERNEL_FAILED, format!("{} panicked: {msg}", sel.kernel)))
-            }
-        };
-        self.health.record(sel.index, outcome.is_ok());
-        outcome
     }
+
+    /// Runs the kernel on a runner thread and waits at most `deadline`; a late call is
+    /// abandoned (counted until it returns) and reported as a timeout.
+    fn run_with_deadline(
+        &self,
+        sel: &Selection,
+        exec: &Arc<dyn Executor>,
+        args: &OpArgs,
+        injected: Injected,
+        deadline: std::time::Duration,
+    ) -> std::result::Result<Outputs, Failed> {
+        let (exec, kernel, transforms, owned) =
+            (exec.clone(), sel.kernel.clone(), sel.transforms.clone(), args.clone());
+        let (health, index) = (self.health.clone(), sel.index);
+        let runners = self.runners.get_or_init(super::deadline::Runners::new);
+        // The caller's buffers stay with the caller: a late kernel must not write into them.
+        let ended = runners.call(
+            deadline,
+            move || run_guarded(&exec, &kernel, &transforms, &owned, Outputs::new(), injected),
+            move || health.returned(index),
+        );
+        match ended {
+            Ok(Ended::Done(result)) => result,
+            Ok(Ended::Late) => {
+                self.health.abandoned(sel.index);
+                Err(Failed::Class(
+                    FailureClass::Timeout,
+                    format!(
+                        "{} did not return within its deadline of {} ms; abandoned (a late result is discarded)",
+                        sel.kernel,
+                        deadline.as_millis()
+                    ),
+                ))
+            }
+            Err(e) => {
+                Err(Failed::Class(FailureClass::Kernel, format!("{}: could not start a runner: {e}", sel.kernel)))
+            }
+        }
+    }
+}
+
+/// How one call failed.
+enum Failed {
+    /// The inputs are invalid: no other kernel would do better.
+    InvalidInput(String),
+    /// A failure of this class.
+    Class(FailureClass, String),
+}
+
+/// Runs one kernel with its transforms and the injected fault, catching panics.
+fn run_guarded(
+    exec: &Arc<dyn Executor>,
+    kernel: &str,
+    transforms: &[Transform],
+    args: &OpArgs,
+    buffers: Outputs,
+    injected: Injected,
+) -> std::result::Result<Outputs, Failed> {
+    let fail = |m: String| Failed::Class(FailureClass::Kernel, m);
+    match &injected {
+        Injected::Fail(class, why) => return Err(Failed::Class(*class, format!("{kernel}: {why}"))),
+        Injected::Hang(h) => {
+            h.wait();
+            return Err(fail(format!("{kernel}: released from an injected hang")));
+        }
+        _ => {}
+    }
+    // A kernel that panics drops the buffers it was given; they are outputs to be
+    // overwritten, never inputs, so nothing the caller reads is lost.
+    let result = if let Injected::Panic(why) = &injected {
+        catch_unwind(|| -> std::result::Result<Outputs, KernelError> { std::panic::panic_any(why.clone()) })
+    } else if transforms.is_empty() {
+        catch_unwind(AssertUnwindSafe(|| exec.run_into(args, buffers)))
+    } else {
+        // Adapted inputs may change the outputs' dtype: the caller's buffers would not fit.
+        let adapted =
+            apply_transforms(args, transforms).map_err(|e| fail(format!("transform before {kernel}: {e}")))?;
+        catch_unwind(AssertUnwindSafe(|| exec.run(&adapted)))
+    };
+    let result = match (injected, result) {
+        (Injected::PoisonOutputs, Ok(Ok(outputs))) => Ok(Ok(poison(outputs))),
+        (_, r) => r,
+    };
+    match result {
+        Ok(Ok(outputs)) if transforms.is_empty() => Ok(outputs),
+        Ok(Ok(outputs)) => {
+            cast_outputs_back(outputs, transforms).map_err(|e| fail(format!("{kernel}: output cast: {e}")))
+        }
+        Ok(Err(KernelError::InvalidInput(m))) => Err(Failed::InvalidInput(format!("{kernel}: {m}"))),
+        Ok(Err(e @ KernelError::OutOfMemory(_))) => {
+            Err(Failed::Class(FailureClass::OutOfMemory, format!("{kernel}: {e}")))
+        }
+        Ok(Err(e @ KernelError::DeviceLost(_))) => {
+            Err(Failed::Class(FailureClass::DeviceLost, format!("{kernel}: {e}")))
+        }
+        Ok(Err(e)) => Err(fail(format!("{kernel}: {e}"))),
+        Err(payload) => Err(fail(format!("{kernel} panicked: {}", panic_text(payload.as_ref())))),
+    }
+}
+
+/// `validate_outputs`: NaN or Inf in an output where no input had any is the kernel's fault.
+fn check_outputs(kernel: &str, outputs: Outputs, args: &OpArgs) -> std::result::Result<Outputs, Failed> {
+    let bad: Vec<String> = outputs
+        .iter()
+        .filter(|(_, t)| t.dtype().is_float())
+        .filter_map(|(name, t)| {
+            let (nan, inf) = t.non_finite();
+            (nan + inf > 0).then(|| format!("`{name}` has {nan} NaN and {inf} Inf values"))
+        })
+        .collect();
+    if bad.is_empty() || !flags(args).is_empty() {
+        return Ok(outputs);
+    }
+    Err(Failed::Class(FailureClass::OutputInvalid, format!("{kernel}: output {} from finite inputs", bad.join(", "))))
 }
 
 fn flags(args: &OpArgs) -> Vec<InputFlag> {

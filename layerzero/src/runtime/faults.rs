@@ -1,16 +1,23 @@
 //! Fault injection for drills: `LAYERZERO_FAULTS="KERNEL_OR_BACKEND=MODE[,...]"` makes the
 //! named kernels (an exact kernel id, or a backend name for all its kernels) fail the way real
 //! ones do, so that fallback, breakers and reports can be rehearsed on a healthy machine.
-//! Modes: `error`, `panic`, `slow:MS`, `nan` (the outputs become NaN), `oom`, `device_lost`,
-//! `fail_first:N` (the first N calls fail, then the kernel works). Resolved once per handle
-//! into a table by kernel index; a handle without faults pays one branch per dispatch.
+//! Modes: `error`, `panic`, `hang` (the call never returns by itself), `slow:MS`, `nan` (the
+//! outputs become NaN), `oom`, `device_lost`, `fail_first:N` (the first N calls fail, then the
+//! kernel works). Resolved once per handle into a table by kernel index; a handle without
+//! faults pays one branch per dispatch.
+//!
+//! A hung call needs a deadline to be abandoned: a kernel under `hang` always runs under one
+//! (the policy's `kernel_timeout_ms`, else [`HANG_DEADLINE`]). Its thread sleeps until the
+//! faults are dropped, so a drill leaks nothing past the handle that ran it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::capabilities::catalog::{Catalog, KernelIndex};
 use crate::error::{Error, Result};
 use crate::exec::args::Outputs;
+use crate::health::FailureClass;
 use crate::tensor::HostTensor;
 
 /// How an injected fault behaves.
@@ -20,6 +27,8 @@ pub enum FaultMode {
     Error,
     /// The kernel panics (caught by dispatch, as a real panic is).
     Panic,
+    /// The kernel never returns by itself (abandoned at its deadline).
+    Hang,
     /// The kernel sleeps this long, then runs.
     Slow(Duration),
     /// The kernel runs, then every float output is NaN.
@@ -61,17 +70,13 @@ pub fn parse(spec: &str) -> Result<Vec<FaultRule>> {
                 "nan" => FaultMode::Nan,
                 "oom" => FaultMode::Oom,
                 "device_lost" => FaultMode::DeviceLost,
-                "hang" => {
-                    return Err(bad(
-                        item,
-                        "hang needs per-kernel deadlines (kernel_timeout_ms), which this build does not have: \
-                         a hung kernel would hang the drill",
-                    ));
-                }
+                "hang" => FaultMode::Hang,
                 other => {
                     return Err(bad(
                         item,
-                        &format!("unknown mode {other:?} (error, panic, slow:MS, nan, oom, device_lost, fail_first:N)"),
+                        &format!(
+                            "unknown mode {other:?} (error, panic, hang, slow:MS, nan, oom, device_lost, fail_first:N)"
+                        ),
                     ));
                 }
             },
@@ -89,14 +94,27 @@ pub fn parse(spec: &str) -> Result<Vec<FaultRule>> {
 pub(crate) struct Faults {
     spec: String,
     by_kernel: Box<[Option<(FaultMode, AtomicU64)>]>,
+    /// Set when the faults are dropped: hung calls return.
+    released: Arc<AtomicBool>,
+}
+
+/// The deadline of a kernel under `hang` when the policy sets none.
+pub const HANG_DEADLINE: Duration = Duration::from_secs(1);
+
+impl Drop for Faults {
+    fn drop(&mut self) {
+        self.released.store(true, Ordering::Release);
+    }
 }
 
 /// What dispatch does before (and after) running a kernel under a fault.
 pub(crate) enum Injected {
-    /// Fail with this message instead of running.
-    Fail(String),
+    /// Fail this way instead of running.
+    Fail(FailureClass, String),
     /// Panic instead of running.
     Panic(String),
+    /// Never return (until the faults are dropped), then fail.
+    Hang(Hang),
     /// Run, then make the float outputs NaN.
     PoisonOutputs,
     /// Run normally.
@@ -124,7 +142,7 @@ impl Faults {
                 rule.map(|r| (r.mode, AtomicU64::new(0)))
             })
             .collect();
-        Ok(Faults { spec: spec.to_owned(), by_kernel })
+        Ok(Faults { spec: spec.to_owned(), by_kernel, released: Arc::new(AtomicBool::new(false)) })
     }
 
     /// The spec these faults came from.
@@ -138,19 +156,33 @@ impl Faults {
         let call = calls.fetch_add(1, Ordering::Relaxed);
         let note = "injected by LAYERZERO_FAULTS";
         match *mode {
-            FaultMode::Error => Injected::Fail(format!("failed ({note})")),
+            FaultMode::Error => Injected::Fail(FailureClass::Kernel, format!("failed ({note})")),
             FaultMode::Panic => Injected::Panic(format!("panic ({note})")),
+            FaultMode::Hang => Injected::Hang(Hang(self.released.clone())),
             FaultMode::Slow(d) => {
                 std::thread::sleep(d);
                 Injected::Run
             }
             FaultMode::Nan => Injected::PoisonOutputs,
-            FaultMode::Oom => Injected::Fail(format!("out of memory ({note})")),
-            FaultMode::DeviceLost => Injected::Fail(format!("device lost ({note})")),
+            FaultMode::Oom => Injected::Fail(FailureClass::OutOfMemory, format!("out of memory ({note})")),
+            FaultMode::DeviceLost => Injected::Fail(FailureClass::DeviceLost, format!("device lost ({note})")),
             FaultMode::FailFirst(n) if call < n => {
-                Injected::Fail(format!("failed call {} of the first {n} ({note})", call + 1))
+                Injected::Fail(FailureClass::Kernel, format!("failed call {} of the first {n} ({note})", call + 1))
             }
             FaultMode::FailFirst(_) => Injected::Run,
+        }
+    }
+}
+
+/// A hung call: [`Hang::wait`] blocks until the faults that made it are dropped (at most
+/// an hour).
+pub(crate) struct Hang(Arc<AtomicBool>);
+
+impl Hang {
+    pub(crate) fn wait(&self) {
+        let start = Instant::now();
+        while !self.0.load(Ordering::Acquire) && start.elapsed() < Duration::from_secs(3600) {
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 }
@@ -175,7 +207,7 @@ mod tests {
 
     #[test]
     fn every_mode_parses_and_bad_items_name_the_variable_and_the_item() {
-        let rules = parse("cpu.linear.fast=error, cpu=panic,x=slow:5,y=nan,z=oom,w=device_lost,v=fail_first:2")
+        let rules = parse("cpu.linear.fast=error, cpu=panic,x=slow:5,y=nan,z=oom,w=device_lost,v=fail_first:2,u=hang")
             .unwrap_or_else(|e| panic!("{e}"));
         let modes: Vec<FaultMode> = rules.iter().map(|r| r.mode).collect();
         assert_eq!(
@@ -187,14 +219,14 @@ mod tests {
                 FaultMode::Nan,
                 FaultMode::Oom,
                 FaultMode::DeviceLost,
-                FaultMode::FailFirst(2)
+                FaultMode::FailFirst(2),
+                FaultMode::Hang
             ]
         );
         for (spec, says) in [
             ("cpu", "expected KERNEL_OR_BACKEND=MODE"),
             ("cpu=melt", "unknown mode \"melt\""),
             ("cpu=slow:soon", "slow:MS must be"),
-            ("cpu=hang", "deadlines"),
             ("=error", "empty"),
         ] {
             let err = parse(spec).err().map(|e| e.to_string()).unwrap_or_default();

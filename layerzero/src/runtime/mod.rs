@@ -9,13 +9,14 @@
 //! choice made under the old policy is never served after the swap returns.
 
 mod counters;
+mod deadline;
 mod dispatch;
 pub mod faults;
 mod hot;
 
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
@@ -31,13 +32,13 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::exec::executor::{Executor, Registry};
 use crate::hardware::profile::HardwareProfile;
 use crate::hardware::{detect, named};
-use crate::health::HealthTable;
+use crate::health::{Health, HealthConfig, HealthReport};
 use crate::plan::typed::KeyMemo;
 use crate::plan::{DispatchTable, Plan, SelectionCache, cache};
 use crate::policy::Policy;
 use crate::reason::{Reason, ReasonCode};
 use crate::score::measured::Measurements;
-use crate::select::{Availability, SelectionReport, Selector};
+use crate::select::{Availability, SelectionReport, Selector, Verdict};
 
 /// Default number of selection-cache slots (`LAYERZERO_CACHE_CAPACITY`).
 pub const DEFAULT_CACHE_CAPACITY: usize = 4096;
@@ -139,7 +140,10 @@ pub struct LayerZero {
     registry: Registry,
     /// Executors by dense kernel index, fixed when the handle is built.
     executors: Box<[Option<Arc<dyn Executor>>]>,
-    health: HealthTable,
+    /// Breakers per kernel and backend, deadlines, output checks.
+    health: Arc<Health>,
+    /// Threads that run kernels under a deadline (started at the first such call).
+    runners: OnceLock<deadline::Runners>,
     live: ArcSwap<Live>,
     /// Serializes policy swaps (readers never take it).
     swap: Mutex<()>,
@@ -179,14 +183,18 @@ impl std::fmt::Debug for LayerZero {
 impl LayerZero {
     /// This machine: the shipped capabilities, detected hardware, probed backends and the
     /// builtin executors, with the `LAYERZERO_*` knobs honoured: `LAYERZERO_POLICY` (a policy
-    /// file), `LAYERZERO_DISPATCH_TABLE` with `LAYERZERO_PLAN_MODE`, `LAYERZERO_CACHE_CAPACITY`,
+    /// file) and the knobs that override its fields (`knobs::apply_policy_overrides`: health
+    /// thresholds, deadline, output checks), `LAYERZERO_DISPATCH_TABLE` with `LAYERZERO_PLAN_MODE`, `LAYERZERO_CACHE_CAPACITY`,
     /// and the PerfDB (`LAYERZERO_PERFDB`, else `$LAYERZERO_HOME/perfdb.sqlite`) when its file
     /// exists.
     pub fn host() -> Result<LayerZero> {
         let mut lz = LayerZero::detected()?;
-        if let Some(path) = crate::knobs::policy() {
-            lz = lz.with_policy(Policy::load(&path)?)?;
-        }
+        let mut policy = match crate::knobs::policy() {
+            Some(path) => Policy::load(&path)?,
+            None => Policy::default(),
+        };
+        crate::knobs::apply_policy_overrides(&mut policy)?;
+        lz = lz.with_policy(policy)?;
         let slots = usize::try_from(crate::knobs::cache_capacity()?).unwrap_or(usize::MAX);
         lz = lz.with_cache_capacity(slots);
         let perfdb = crate::perfdb::default_path();
@@ -265,10 +273,11 @@ impl LayerZero {
         policy: Arc<Policy>,
         registry: Registry,
     ) -> Result<LayerZero> {
-        let selector = Selector::new(catalog.clone(), hardware.clone(), policy, Arc::new(availability.clone()))?;
+        let selector =
+            Selector::new(catalog.clone(), hardware.clone(), policy.clone(), Arc::new(availability.clone()))?;
         let context = context_of(&selector);
         let max_workspace = catalog.kernels().map(|(_, _, k)| k.properties.workspace_bytes).max().unwrap_or(0);
-        let n = catalog.len();
+        let health = Arc::new(Health::new(&catalog, HealthConfig::of(&policy)));
         let lz = LayerZero {
             parts: Parts {
                 catalog,
@@ -281,7 +290,8 @@ impl LayerZero {
             },
             executors: Box::new([]),
             registry,
-            health: HealthTable::new(n),
+            health,
+            runners: OnceLock::new(),
             live: ArcSwap::from_pointee(Live { selector: Arc::new(selector), context, plan_rejection: None }),
             swap: Mutex::new(()),
             plan: None,
@@ -304,11 +314,13 @@ impl LayerZero {
     fn rebuilt(mut self, policy: Option<Arc<Policy>>) -> Result<LayerZero> {
         let p = &self.parts;
         let policy = policy.unwrap_or_else(|| self.live.load().selector.policy_arc());
+        let health = HealthConfig::of(&policy);
         let mut selector =
             Selector::new(p.catalog.clone(), p.hardware.clone(), policy, Arc::new(p.availability.clone()))?;
         if let Some(m) = &p.measurements {
             selector = selector.with_measurements(m.clone());
         }
+        self.health.configure(health);
         self.executors = p.catalog.kernels().map(|(_, _, k)| self.registry.get(&k.id).cloned()).collect();
         let mut rejection = p.table_rejection.clone();
         self.plan = None;
@@ -424,6 +436,7 @@ impl LayerZero {
     /// is unchanged), and is served again if its policy comes back.
     pub fn set_policy(&self, policy: Policy) -> Result<()> {
         let _one_at_a_time = self.swap.lock();
+        let health = HealthConfig::of(&policy);
         let selector = self.live.load().selector.with_policy(Arc::new(policy))?;
         let mut rejection = self.parts.table_rejection.clone();
         let mut plan_on = false;
@@ -448,6 +461,7 @@ impl LayerZero {
         let context = context_of(&selector);
         let quiet = self.plan.is_none() && rejection.is_none();
         self.live.store(Arc::new(Live { selector: Arc::new(selector), context, plan_rejection: rejection }));
+        self.health.configure(health);
         self.plan_on.store(plan_on, Ordering::Release);
         self.quiet.store(quiet, Ordering::Release);
         self.context.store(context, Ordering::Release);
@@ -466,9 +480,35 @@ impl LayerZero {
         crate::readiness::of_handle(self, workload, perfdb)
     }
 
-    /// The full report for a request: every candidate's verdict, reasons and score.
+    /// The full report for a request: every candidate's verdict, reasons and score, with
+    /// the health of this handle: a quarantined kernel (`KERNEL_QUARANTINED`) or one whose
+    /// backend is disabled (`BACKEND_UNHEALTHY`) is rejected with the time left, and the
+    /// best remaining candidate is the one dispatch would run.
     pub fn explain(&self, req: &crate::model::request::Request) -> SelectionReport {
-        self.live.load().selector.explain(req)
+        let mut report = self.live.load().selector.explain(req);
+        let mut changed = false;
+        for c in &mut report.candidates {
+            let Some(k) = self.parts.catalog.find(&c.kernel) else { continue };
+            if let Some(refusal) = self.health.refused_now(k) {
+                c.reasons.push(self.health.refusal_reason(k, &refusal));
+                changed |= c.verdict == Verdict::Selected;
+                c.verdict = Verdict::Rejected;
+            }
+        }
+        if changed {
+            let best = report
+                .candidates
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.verdict == Verdict::Eligible)
+                .filter_map(|(i, c)| c.score.as_ref().map(|s| (i, s.total_ns)))
+                .min_by(|a, b| a.1.total_cmp(&b.1));
+            report.selected = best.map(|(i, _)| report.candidates[i].kernel.clone());
+            if let Some((i, _)) = best {
+                report.candidates[i].verdict = Verdict::Selected;
+            }
+        }
+        report
     }
 
     /// The selector under the current policy.
@@ -516,9 +556,19 @@ impl LayerZero {
         self.counters.snapshot()
     }
 
-    /// Kernels whose circuit is open now.
+    /// Kernels quarantined now (their breaker is open), by id.
     pub fn open_circuits(&self) -> Vec<String> {
-        self.health.open_kernels().map(|k| self.parts.catalog.kernel(k).1.id.clone()).collect()
+        self.health.quarantined().map(|(k, _)| self.parts.catalog.kernel(k).1.id.clone()).collect()
+    }
+
+    /// The health system: settings, breakers, abandoned calls.
+    pub fn health(&self) -> &Health {
+        &self.health
+    }
+
+    /// Every breaker with something to say, and the settings in force.
+    pub fn health_report(&self) -> HealthReport {
+        self.health.report()
     }
 
     #[inline]
