@@ -215,6 +215,9 @@ reason_codes! {
     INVALID_REQUEST => Input,
     /// The request's tensors live on different devices.
     DEVICE_MIXED => Input,
+    /// The tokenizer's identity hash (vocabulary, merges, normalizer, special tokens...) is
+    /// not the one the caller pinned: its ids would mean other text.
+    TOKENIZER_MISMATCH => Input,
     /// The loaded dispatch table has no entry for the request's key and bucket; selected live.
     PLAN_BUCKET_MISS => Plan,
     /// The dispatch table was made for another hardware fingerprint.

@@ -3,6 +3,7 @@
 mod cli;
 mod cli_plans;
 mod determinism;
+mod failure_injection;
 mod faults;
 mod file_safety;
 mod files;

@@ -59,6 +59,10 @@ pub(super) struct GenerateCmd {
     /// The model folder (config.json and *.safetensors; tokenizer.json for --prompt).
     #[arg(long, value_name = "DIR")]
     pub(super) model: PathBuf,
+    /// Refuse to run unless the folder's tokenizer.json has this identity hash (as
+    /// `--json` reports it; a prefix of at least 12 hex digits will do).
+    #[arg(long, value_name = "HASH")]
+    pub(super) tokenizer_hash: Option<String>,
     /// The prompt as text (needs the folder's tokenizer.json).
     #[arg(long, conflicts_with_all = ["prompt_ids", "prompts"], required_unless_present_any = ["prompt_ids", "prompts"])]
     pub(super) prompt: Option<String>,

@@ -50,6 +50,17 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
     let model = Model::load(&a.model, dtype)?;
     let tokenizer_file = a.model.join("tokenizer.json");
     let tokenizer = if tokenizer_file.exists() { Some(Tokenizer::load(&tokenizer_file)?) } else { None };
+    if let Some(pinned) = &a.tokenizer_hash {
+        match &tokenizer {
+            Some(t) => t.expect(pinned, &tokenizer_file.display().to_string())?,
+            None => {
+                return Err(Error::invalid(format!(
+                    "--tokenizer-hash pins a tokenizer, but {} does not exist",
+                    tokenizer_file.display()
+                )));
+            }
+        }
+    }
     let encode = |text: &str| -> Result<Vec<u32>> {
         match &tokenizer {
             Some(t) => Ok(t.encode(text, true)?.ids),

@@ -59,6 +59,30 @@ impl Tokenizer {
         &self.hash
     }
 
+    /// Checks that this is the tokenizer `pinned` names (its identity hash, or a prefix of at
+    /// least 12 hex digits): a deployment that pins the tokenizer its prompts and ids were
+    /// made with refuses another one (`TOKENIZER_MISMATCH`) instead of decoding other text.
+    pub fn expect(&self, pinned: &str, origin: &str) -> Result<()> {
+        let pinned = pinned.trim().to_ascii_lowercase();
+        if pinned.len() < 12 || pinned.len() > 64 || !pinned.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(Error::invalid(format!(
+                "--tokenizer-hash {pinned:?}: expected 12 to 64 hex digits of a tokenizer identity hash"
+            )));
+        }
+        if self.hash.starts_with(&pinned) {
+            return Ok(());
+        }
+        let reason = crate::reason::Reason::new(
+            crate::reason::ReasonCode::TOKENIZER_MISMATCH,
+            format!(
+                "{origin}: identity hash {} does not match the pinned {pinned}; its vocabulary, merges, \
+                 normalizer or special tokens differ",
+                self.hash
+            ),
+        );
+        Err(Error::invalid(reason.to_string()).with_reasons(vec![reason]))
+    }
+
     /// Ids the tokenizer knows.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
