@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use crate::policy::{Action, Rule};
 
 /// The type of a knob's value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,7 +213,52 @@ pub const VALIDATE_OUTPUTS: Knob = Knob {
           the next kernel runs (KERNEL_OUTPUT_INVALID).",
 };
 
-static ALL: [Knob; 16] = [
+/// Rules appended to the policy: prefer these kernels.
+pub const PREFER: Knob = Knob {
+    name: "LAYERZERO_PREFER",
+    ty: KnobType::String,
+    default: "none",
+    doc: "Comma-separated kernel ids or globs to prefer: each becomes a policy rule \
+          `{\"action\": \"prefer\", \"kernels\": GLOB}` (score x0.5) after the policy file's rules.",
+};
+
+/// Rules appended to the policy: avoid these kernels.
+pub const AVOID: Knob = Knob {
+    name: "LAYERZERO_AVOID",
+    ty: KnobType::String,
+    default: "none",
+    doc: "Comma-separated kernel ids or globs to avoid: each becomes a policy rule \
+          `{\"action\": \"avoid\", \"kernels\": GLOB}` (score x2) after the policy file's rules.",
+};
+
+/// Rules appended to the policy: deny these kernels.
+pub const DENY: Knob = Knob {
+    name: "LAYERZERO_DENY",
+    ty: KnobType::String,
+    default: "none",
+    doc: "Comma-separated kernel ids or globs never to run: each becomes a policy rule \
+          `{\"action\": \"deny\", \"kernels\": GLOB}` after the policy file's rules.",
+};
+
+/// Overrides the policy's `strict_mode`.
+pub const STRICT_MODE: Knob = Knob {
+    name: "LAYERZERO_STRICT_MODE",
+    ty: KnobType::Bool,
+    default: "the policy's strict_mode (false)",
+    doc: "Reject kernels that need an implicit transform (layout, contiguity, dtype cast).",
+};
+
+/// How often a watched policy file is checked for changes.
+pub const POLICY_POLL_MS: Knob = Knob {
+    name: "LAYERZERO_POLICY_POLL_MS",
+    ty: KnobType::U64,
+    default: "1000",
+    doc: "How often the process-wide handle (and `LayerZero::watch_policy`) checks the \
+          LAYERZERO_POLICY file for changes, in milliseconds (at least 10); a changed, valid file \
+          replaces the policy while serving, an invalid one is reported and the old policy kept.",
+};
+
+static ALL: [Knob; 21] = [
     HOME,
     PERFDB,
     PLAN_MODE,
@@ -229,6 +275,11 @@ static ALL: [Knob; 16] = [
     MAX_ABANDONED,
     KERNEL_TIMEOUT_MS,
     VALIDATE_OUTPUTS,
+    PREFER,
+    AVOID,
+    DENY,
+    STRICT_MODE,
+    POLICY_POLL_MS,
 ];
 
 /// A policy field set by a knob.
@@ -283,7 +334,43 @@ pub fn apply_policy_overrides_in(policy: &mut crate::policy::Policy, env: Lookup
         policy.validate_outputs = b;
         note(&VALIDATE_OUTPUTS, "validate_outputs", b.to_string());
     }
+    if let Some(KnobValue::Bool(b)) = STRICT_MODE.value_in(env)? {
+        policy.strict_mode = b;
+        note(&STRICT_MODE, "strict_mode", b.to_string());
+    }
+    for (knob, action) in [(&PREFER, Action::Prefer), (&AVOID, Action::Avoid), (&DENY, Action::Deny)] {
+        let Some(list) = knob.current_in(env) else { continue };
+        for glob in list.split(',').map(str::trim).filter(|g| !g.is_empty()) {
+            if glob.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(Error::invalid(format!("{}: {glob:?} is not a kernel id or glob", knob.name)));
+            }
+            let i = policy.rules.len();
+            policy.rules.push(Rule::new(action, glob).from_origin(format!("{}={list:?}", knob.name)));
+            note(knob, "rules", format!("rules[{i}] = {} {glob}", action_name(action)));
+        }
+    }
     Ok(applied)
+}
+
+fn action_name(a: Action) -> &'static str {
+    match a {
+        Action::Prefer => "prefer",
+        Action::Avoid => "avoid",
+        Action::Deny => "deny",
+        Action::Allow => "allow",
+        Action::Lock => "lock",
+    }
+}
+
+/// `LAYERZERO_POLICY_POLL_MS` in `env` (default 1000, at least 10).
+pub fn policy_poll_in(env: Lookup<'_>) -> Result<std::time::Duration> {
+    match POLICY_POLL_MS.value_in(env)? {
+        Some(KnobValue::U64(n)) if n < 10 => {
+            Err(Error::invalid(format!("{}={n}: expected at least 10", POLICY_POLL_MS.name)))
+        }
+        Some(KnobValue::U64(n)) => Ok(std::time::Duration::from_millis(n)),
+        _ => Ok(std::time::Duration::from_millis(1000)),
+    }
 }
 
 /// [`apply_policy_overrides_in`] over the process environment.

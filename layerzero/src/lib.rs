@@ -104,9 +104,15 @@ pub mod prelude {
 /// The process-wide handle for this machine, created on first use by [`LayerZero::host`].
 /// A configuration error (an invalid `LAYERZERO_POLICY` file, say) is returned by every
 /// call, unchanged.
+///
+/// When `LAYERZERO_POLICY` names a file, the handle watches it (every
+/// `LAYERZERO_POLICY_POLL_MS`) and swaps in a changed, valid policy while serving.
 pub fn host() -> Result<&'static LayerZero> {
     static HOST: OnceLock<Result<LayerZero>> = OnceLock::new();
-    HOST.get_or_init(LayerZero::host).as_ref().map_err(Clone::clone)
+    static WATCH: OnceLock<Option<runtime::PolicyWatch>> = OnceLock::new();
+    let lz = HOST.get_or_init(LayerZero::host).as_ref().map_err(Clone::clone)?;
+    WATCH.get_or_init(|| crate::knobs::policy().and_then(|path| lz.watch_policy_static(&path).ok()));
+    Ok(lz)
 }
 
 /// Selects a kernel for `request` on this machine ([`LayerZero::select`] on [`host`]).

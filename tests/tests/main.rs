@@ -15,6 +15,7 @@ mod measured;
 mod models;
 mod plans;
 mod policy;
+mod policy_config;
 mod properties;
 mod runtime;
 mod selection_table;

@@ -74,7 +74,7 @@ fn text(r: &DoctorReport) -> String {
     render_perfdb(&mut out, &r.perfdb);
     render_plan(&mut out, &r.plan);
     render_knobs(&mut out, &r.knobs);
-    render_health(&mut out, &r.health);
+    render_policy(&mut out, &r.policy);
     if let Some(w) = &loud {
         let _ = writeln!(out, "\n{w}");
     }
@@ -108,23 +108,30 @@ fn render_perfdb(out: &mut String, c: &PerfDbCheck) {
     }
 }
 
-fn render_health(out: &mut String, h: &std::result::Result<doctor::HealthCheck, String>) {
-    let _ = writeln!(out, "\nhealth (circuit breakers, deadlines):");
-    let h = match h {
-        Ok(h) => h,
+fn render_policy(out: &mut String, p: &std::result::Result<doctor::PolicyCheck, String>) {
+    let _ = writeln!(out, "\npolicy:");
+    let p = match p {
+        Ok(p) => p,
         Err(e) => {
             let _ = writeln!(out, "  ERROR          {e}");
             return;
         }
     };
-    let c = &h.config;
+    let file = p.file.as_deref().unwrap_or("none (the default policy)");
+    let _ = writeln!(out, "  file           {file}");
+    let _ = writeln!(out, "  hash           {}  ({} rules)", &p.hash[..16.min(p.hash.len())], p.rules);
+    for o in &p.overrides {
+        let _ = writeln!(out, "  override       {} = {}  [{}]", o.field, o.value, o.knob);
+    }
+    let c = &p.health;
     let source = |field: &str| {
-        h.overrides.iter().find(|o| o.field == field).map_or_else(
-            || h.policy_file.as_ref().map_or("default".to_owned(), |f| format!("policy {f}")),
+        p.overrides.iter().find(|o| o.field == field).map_or_else(
+            || p.file.as_ref().map_or("default".to_owned(), |f| format!("policy {f}")),
             |o| o.knob.to_owned(),
         )
     };
     let deadline = c.kernel_timeout.map_or("none".to_owned(), |d| format!("{} ms", d.as_millis()));
+    let _ = writeln!(out, "  health:");
     for (label, field, value) in [
         (
             "threshold",
@@ -141,7 +148,7 @@ fn render_health(out: &mut String, h: &std::result::Result<doctor::HealthCheck, 
             if c.validate_outputs { "checked for NaN/Inf" } else { "not checked" }.to_owned(),
         ),
     ] {
-        let _ = writeln!(out, "  {label:<14} {value}  [{}]", source(field));
+        let _ = writeln!(out, "    {label:<12} {value}  [{}]", source(field));
     }
 }
 

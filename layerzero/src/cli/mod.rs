@@ -188,13 +188,15 @@ fn parse_op(name: &str) -> Result<Op> {
 }
 
 /// The selector for `--hardware` (planning) or this host (probed), under `--policy`, else
-/// `$LAYERZERO_POLICY`, else the default policy.
+/// `$LAYERZERO_POLICY`, else the default policy, with the knobs that override policy
+/// fields and add rules (as `LayerZero::host` applies them).
 fn selector(hardware: Option<&str>, policy: Option<&PathBuf>, catalog: Arc<Catalog>) -> Result<Selector> {
     let from_env = crate::knobs::policy();
-    let policy = match policy.or(from_env.as_ref()) {
+    let mut policy = match policy.or(from_env.as_ref()) {
         Some(p) => load_policy(p)?,
         None => Policy::default(),
     };
+    crate::knobs::apply_policy_overrides(&mut policy)?;
     selector_with(hardware, policy, catalog)
 }
 

@@ -9,7 +9,7 @@ use super::{Outcome, print_json, render};
 use crate::capabilities::catalog::Catalog;
 use crate::error::{Error, Result};
 use crate::exec::args::OpArgs;
-use crate::policy::{Action, Policy, Rule, When};
+use crate::policy::{Action, Policy, Rule};
 use crate::runtime::{LayerZero, PlanMode, SelectionSource};
 use crate::tensor::io;
 
@@ -60,9 +60,7 @@ pub(super) fn run(a: RunArgs<'_>, catalog: Arc<Catalog>) -> Result<Outcome> {
             )));
         }
         // A forced kernel is a lock: it must still pass every check.
-        policy
-            .rules
-            .insert(0, Rule { action: Action::Lock, kernels: k.to_owned(), factor: None, when: When::default() });
+        policy.rules.insert(0, Rule::new(Action::Lock, k).from_origin(format!("--kernel {k:?}")));
     }
     // `lz run` checks outputs for NaN/Inf from finite inputs unless told otherwise; the knobs
     // that override policy fields apply on top.

@@ -3,7 +3,9 @@
 //!
 //! A lock never bypasses checks: locking an ineligible kernel is an error that lists why.
 
+mod expiry;
 mod glob;
+mod overrides;
 pub mod stage;
 
 use serde::{Deserialize, Serialize};
@@ -17,7 +19,9 @@ use crate::model::op::Op;
 use crate::model::problem::{Dims, Problem};
 use crate::schema::{self, SchemaKind};
 
+pub use expiry::parse_utc;
 pub use glob::glob_match;
+pub use overrides::Overrides;
 
 /// What a rule does to the kernels it names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -101,9 +105,28 @@ pub struct Rule {
     /// When it applies (always, if absent).
     #[serde(default)]
     pub when: When,
+    /// The rule stops applying at this instant (`YYYY-MM-DDTHH:MM:SSZ`, UTC): a time-boxed
+    /// rule, e.g. a kernel denied until a fix ships.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    /// Where the rule came from when not from the policy file (a `LAYERZERO_*` knob, a
+    /// per-request override): errors name it. Not serialized, not hashed.
+    #[serde(skip)]
+    pub origin: Option<String>,
 }
 
 impl Rule {
+    /// A rule that always applies.
+    pub fn new(action: Action, kernels: impl Into<String>) -> Rule {
+        Rule { action, kernels: kernels.into(), factor: None, when: When::default(), expires_at: None, origin: None }
+    }
+
+    /// The same rule, saying where it came from.
+    pub fn from_origin(mut self, origin: impl Into<String>) -> Rule {
+        self.origin = Some(origin.into());
+        self
+    }
+
     /// The effective score factor of a prefer/avoid rule.
     pub fn effective_factor(&self) -> f64 {
         match (self.action, self.factor) {
@@ -271,6 +294,13 @@ impl Policy {
                     "{origin}: field `rules[{i}].factor` is {f}; prefer takes (0, 1], avoid [1, inf), others none"
                 )));
             }
+            if let Some(t) = &r.expires_at
+                && parse_utc(t).is_none()
+            {
+                return Err(Error::invalid(format!(
+                    "{origin}: field `rules[{i}].expires_at` is {t:?}; expected a UTC time YYYY-MM-DDTHH:MM:SSZ"
+                )));
+            }
             if r.action == Action::Lock && r.kernels.contains('*') {
                 return Err(Error::invalid(format!(
                     "{origin}: field `rules[{i}].kernels` is {:?}; a lock names exactly one kernel id",
@@ -285,8 +315,12 @@ impl Policy {
     pub fn check_against(&self, catalog: &Catalog) -> Result<()> {
         for (i, r) in self.rules.iter().enumerate() {
             if !catalog.kernels().any(|(_, _, k)| glob_match(&r.kernels, &k.id)) {
+                let field = match &r.origin {
+                    Some(origin) => origin.clone(),
+                    None => format!("policy field `rules[{i}].kernels`"),
+                };
                 return Err(Error::invalid(format!(
-                    "policy field `rules[{i}].kernels`: {:?} names no kernel in the catalog (see `lz list-kernels`)",
+                    "{field}: {:?} names no kernel in the catalog (see `lz list-kernels`)",
                     r.kernels
                 )));
             }

@@ -54,36 +54,46 @@ pub struct DoctorReport {
     pub plan: PlanCheck,
     /// Every `LAYERZERO_*` knob as the process environment sets it.
     pub knobs: Vec<KnobReport>,
-    /// The health settings a handle here serves with (`LAYERZERO_POLICY` and the knobs
-    /// that override its fields), or why they cannot be read.
-    pub health: Result<HealthCheck, String>,
+    /// The policy a handle here serves with (`LAYERZERO_POLICY` and the knobs that override
+    /// its fields and add rules), or why it cannot be read.
+    pub policy: Result<PolicyCheck, String>,
     /// No problem anywhere above.
     pub ok: bool,
 }
 
-/// The health settings and where each override came from.
+/// The policy `LayerZero::host` would serve with, and where each override came from.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct HealthCheck {
-    /// The settings.
-    pub config: crate::health::HealthConfig,
-    /// Policy fields set by knobs.
+pub struct PolicyCheck {
+    /// The policy file (absent: the default policy).
+    pub file: Option<String>,
+    /// The hash of the policy in force (what plans and cached choices are keyed by).
+    pub hash: String,
+    /// Rules (time-boxed ones included).
+    pub rules: usize,
+    /// Policy fields and rules set by knobs, and the plan mode when its knob sets it.
     pub overrides: Vec<knobs::PolicyOverride>,
-    /// The policy file they apply to (absent: the default policy).
-    pub policy_file: Option<String>,
+    /// The health settings (breakers, deadline, output checks).
+    pub health: crate::health::HealthConfig,
 }
 
-/// The health settings `LayerZero::host` would use.
-fn check_health() -> Result<HealthCheck, String> {
+/// The policy `LayerZero::host` would use, checked against `catalog`.
+fn check_policy(catalog: &Catalog) -> Result<PolicyCheck, String> {
     let file = knobs::policy();
     let mut policy = match &file {
         Some(path) => Policy::load(path).map_err(|e| e.to_string())?,
         None => Policy::default(),
     };
-    let overrides = knobs::apply_policy_overrides(&mut policy).map_err(|e| e.to_string())?;
-    Ok(HealthCheck {
-        config: crate::health::HealthConfig::of(&policy),
+    let mut overrides = knobs::apply_policy_overrides(&mut policy).map_err(|e| e.to_string())?;
+    policy.check_against(catalog).map_err(|e| e.to_string())?;
+    if let Some(mode) = knobs::PLAN_MODE.current() {
+        overrides.push(knobs::PolicyOverride { knob: knobs::PLAN_MODE.name, field: "plan_mode", value: mode });
+    }
+    Ok(PolicyCheck {
+        file: file.map(|p| p.display().to_string()),
+        hash: policy.hash(),
+        rules: policy.rules.len(),
         overrides,
-        policy_file: file.map(|p| p.display().to_string()),
+        health: crate::health::HealthConfig::of(&policy),
     })
 }
 
@@ -188,9 +198,9 @@ pub fn doctor(inputs: &DoctorInputs<'_>) -> Result<DoctorReport> {
             status: availability.status(&b.backend),
         })
         .collect();
-    let health = check_health();
+    let policy = check_policy(catalog);
     let ok = files.iter().all(FileCheck::is_valid)
-        && health.is_ok()
+        && policy.is_ok()
         && result.is_ok()
         && knobs.iter().all(|k| k.error.is_none())
         && perfdb.ok()
@@ -205,7 +215,7 @@ pub fn doctor(inputs: &DoctorInputs<'_>) -> Result<DoctorReport> {
         perfdb,
         plan,
         knobs,
-        health,
+        policy,
         ok,
     })
 }
@@ -249,9 +259,10 @@ impl DoctorReport {
             "perfdb": self.perfdb.to_json(),
             "plan": self.plan.to_json(),
             "knobs": self.knobs,
-            "health": match &self.health {
-                Ok(h) => serde_json::json!({"config": h.config, "overrides": h.overrides, "policy_file": h.policy_file, "error": null}),
-                Err(e) => serde_json::json!({"config": null, "overrides": [], "policy_file": null, "error": e}),
+            "policy": match &self.policy {
+                Ok(p) => serde_json::json!({"file": p.file, "hash": p.hash, "rules": p.rules, "overrides": p.overrides,
+                                            "health": p.health, "error": null}),
+                Err(e) => serde_json::json!({"file": null, "hash": null, "rules": null, "overrides": [], "health": null, "error": e}),
             },
         })
     }

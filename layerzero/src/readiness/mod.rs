@@ -186,23 +186,42 @@ fn capabilities_check(catalog: &Result<Arc<Catalog>>, checks: &mut Vec<Check>) -
     }
 }
 
-/// The policy to serve with; a default policy is not worth a line of its own.
+/// The policy to serve with, with the knobs that override its fields or add rules; a
+/// default policy without overrides is not worth a line of its own.
 fn policy_check(path: Option<&Path>, checks: &mut Vec<Check>) -> Option<Policy> {
-    let Some(p) = path else { return Some(Policy::default()) };
-    match Policy::load(p) {
-        Ok(pol) => {
-            checks.push(Check::pass("policy", format!("{} valid", p.display())));
-            Some(pol)
+    let mut policy = match path {
+        None => Policy::default(),
+        Some(p) => match Policy::load(p) {
+            Ok(pol) => {
+                checks.push(Check::pass("policy", format!("{} valid", p.display())));
+                pol
+            }
+            Err(e) => {
+                checks.push(Check::fail(
+                    "policy",
+                    e.to_string(),
+                    format!("fix {} (see schemas/policy.schema.json)", p.display()),
+                ));
+                return None;
+            }
+        },
+    };
+    match crate::knobs::apply_policy_overrides(&mut policy) {
+        Ok(o) if o.is_empty() => {}
+        Ok(o) => {
+            let list: Vec<String> = o.iter().map(|o| format!("{} from {}", o.field, o.knob)).collect();
+            checks.push(Check::pass("policy_overrides", list.join(", ")));
         }
         Err(e) => {
             checks.push(Check::fail(
-                "policy",
+                "policy_overrides",
                 e.to_string(),
-                format!("fix {} (see schemas/policy.schema.json)", p.display()),
+                "fix the environment variable named above".into(),
             ));
-            None
+            return None;
         }
     }
+    Some(policy)
 }
 
 /// The selector a runtime on `hardware` (else this host) would build, its backends probed.

@@ -91,6 +91,7 @@ impl LayerZero {
     /// re-bucketed per call; `None` on a miss (then [`LayerZero::select_keyed`]).
     #[inline]
     pub fn lookup(&self, key: &SelectionKey) -> Option<Hit<'_>> {
+        self.expire_due();
         if let Some(hit) = self.plan_hit(key) {
             return Some(hit);
         }
@@ -122,6 +123,7 @@ impl LayerZero {
     /// Selects for typed arguments without building a `Request` on a hit: the key comes
     /// from a fingerprint of the arguments (see `plan::typed`), memoized per handle.
     pub fn select_args(&self, args: &OpArgs) -> Result<Hit<'_>> {
+        self.expire_due();
         let typed = typed::fingerprint(args);
         let quiet = self.quiet.load(Ordering::Acquire);
         // Keyed by the fingerprint itself (no plan to consult, no note to carry).
@@ -168,6 +170,7 @@ impl LayerZero {
 
     /// [`LayerZero::select`] with the key already derived.
     pub fn select_keyed(&self, key: &SelectionKey, req: &Request) -> Result<Hit<'_>> {
+        self.expire_due();
         match self.plan_hit(key) {
             Some(hit) => Ok(hit),
             None => self.past_the_plan(key, || Cow::Borrowed(req)),

@@ -13,9 +13,10 @@ mod deadline;
 mod dispatch;
 pub mod faults;
 mod hot;
+mod watch;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
@@ -26,6 +27,7 @@ pub use counters::Counters;
 use counters::{Counter, Striped};
 pub use dispatch::{Attempt, Dispatch, InputFlag};
 pub use hot::Hit;
+pub use watch::PolicyWatch;
 
 use crate::capabilities::catalog::{Catalog, KernelIndex};
 use crate::error::{Error, ErrorKind, Result};
@@ -35,10 +37,10 @@ use crate::hardware::{detect, named};
 use crate::health::{Health, HealthConfig, HealthReport};
 use crate::plan::typed::KeyMemo;
 use crate::plan::{DispatchTable, Plan, SelectionCache, cache};
-use crate::policy::Policy;
+use crate::policy::{Overrides, Policy};
 use crate::reason::{Reason, ReasonCode};
 use crate::score::measured::Measurements;
-use crate::select::{Availability, SelectionReport, Selector, Verdict};
+use crate::select::{Availability, Selection, SelectionReport, Selector, Verdict};
 
 /// Default number of selection-cache slots (`LAYERZERO_CACHE_CAPACITY`).
 pub const DEFAULT_CACHE_CAPACITY: usize = 4096;
@@ -96,6 +98,9 @@ impl SelectionSource {
 /// What changes when the policy changes: swapped as one value.
 #[derive(Debug)]
 struct Live {
+    /// The policy as set, time-boxed rules included; the selector holds the part of it in
+    /// force (`Policy::in_force_at`).
+    declared: Arc<Policy>,
     selector: Arc<Selector>,
     context: u64,
     /// Why the plan is not served (a refused table, a policy it was not solved under).
@@ -157,6 +162,13 @@ pub struct LayerZero {
     quiet: AtomicBool,
     /// The cache context of the policy in force.
     context: AtomicU64,
+    /// Unix seconds at which a time-boxed rule of the declared policy expires next
+    /// (`i64::MAX`: none); selection entry points check it with one load.
+    next_expiry: AtomicI64,
+    /// Policy swaps since the handle was built (`set_policy`, reloads, expiries).
+    policy_swaps: AtomicU64,
+    /// Why the last policy change was refused (the old policy was kept).
+    policy_error: Mutex<Option<String>>,
     cache: SelectionCache,
     /// The selection cache keyed by typed fingerprints instead of validity hashes.
     typed_cache: SelectionCache,
@@ -292,12 +304,20 @@ impl LayerZero {
             registry,
             health,
             runners: OnceLock::new(),
-            live: ArcSwap::from_pointee(Live { selector: Arc::new(selector), context, plan_rejection: None }),
+            live: ArcSwap::from_pointee(Live {
+                declared: policy.clone(),
+                selector: Arc::new(selector),
+                context,
+                plan_rejection: None,
+            }),
             swap: Mutex::new(()),
             plan: None,
             plan_on: AtomicBool::new(false),
             quiet: AtomicBool::new(false),
             context: AtomicU64::new(context),
+            next_expiry: AtomicI64::new(i64::MAX),
+            policy_swaps: AtomicU64::new(0),
+            policy_error: Mutex::new(None),
             cache: SelectionCache::new(DEFAULT_CACHE_CAPACITY),
             typed_cache: SelectionCache::new(DEFAULT_CACHE_CAPACITY),
             memo: KeyMemo::new(MEMO_SLOTS),
@@ -313,7 +333,9 @@ impl LayerZero {
     /// the selector, executors by index, the verified plan, the cache context.
     fn rebuilt(mut self, policy: Option<Arc<Policy>>) -> Result<LayerZero> {
         let p = &self.parts;
-        let policy = policy.unwrap_or_else(|| self.live.load().selector.policy_arc());
+        let declared = policy.unwrap_or_else(|| self.live.load().declared.clone());
+        let now = unix_now();
+        let policy = Arc::new(declared.in_force_at(now));
         let health = HealthConfig::of(&policy);
         let mut selector =
             Selector::new(p.catalog.clone(), p.hardware.clone(), policy, Arc::new(p.availability.clone()))?;
@@ -338,7 +360,9 @@ impl LayerZero {
         self.plan_on = AtomicBool::new(self.plan.is_some());
         self.quiet = AtomicBool::new(self.plan.is_none() && rejection.is_none());
         self.context = AtomicU64::new(context);
-        self.live = ArcSwap::from_pointee(Live { selector: Arc::new(selector), context, plan_rejection: rejection });
+        self.next_expiry = AtomicI64::new(declared.next_expiry_after(now).unwrap_or(i64::MAX));
+        self.live =
+            ArcSwap::from_pointee(Live { declared, selector: Arc::new(selector), context, plan_rejection: rejection });
         self.cache = SelectionCache::new(self.cache.capacity());
         self.typed_cache = SelectionCache::new(self.cache.capacity());
         Ok(self)
@@ -434,8 +458,22 @@ impl LayerZero {
     /// served again (the cache context changes); a plan solved under another policy stops
     /// being served with `PLAN_POLICY_MISMATCH` (an error in `Strict` mode, and the handle
     /// is unchanged), and is served again if its policy comes back.
+    ///
+    /// The policy is validated before anything changes: an invalid one (a rule naming no
+    /// kernel, a refused plan in strict mode) is an error, recorded in
+    /// [`LayerZero::policy_error`], and the old policy stays in force. Rules with an
+    /// `expires_at` stop applying at that instant: the first selection after it swaps in the
+    /// policy without them.
     pub fn set_policy(&self, policy: Policy) -> Result<()> {
+        let result = self.swap_policy(Arc::new(policy));
+        *self.policy_error.lock() = result.as_ref().err().map(ToString::to_string);
+        result
+    }
+
+    fn swap_policy(&self, declared: Arc<Policy>) -> Result<()> {
         let _one_at_a_time = self.swap.lock();
+        let now = unix_now();
+        let policy = declared.in_force_at(now);
         let health = HealthConfig::of(&policy);
         let selector = self.live.load().selector.with_policy(Arc::new(policy))?;
         let mut rejection = self.parts.table_rejection.clone();
@@ -460,12 +498,107 @@ impl LayerZero {
         }
         let context = context_of(&selector);
         let quiet = self.plan.is_none() && rejection.is_none();
-        self.live.store(Arc::new(Live { selector: Arc::new(selector), context, plan_rejection: rejection }));
+        let next_expiry = declared.next_expiry_after(now).unwrap_or(i64::MAX);
+        self.live.store(Arc::new(Live { declared, selector: Arc::new(selector), context, plan_rejection: rejection }));
         self.health.configure(health);
+        self.next_expiry.store(next_expiry, Ordering::Release);
+        self.policy_swaps.fetch_add(1, Ordering::Relaxed);
         self.plan_on.store(plan_on, Ordering::Release);
         self.quiet.store(quiet, Ordering::Release);
         self.context.store(context, Ordering::Release);
         Ok(())
+    }
+
+    /// Reads the policy file at `path`, applies the knobs that override policy fields
+    /// (`knobs::apply_policy_overrides`), and swaps it in. A file that cannot be read or
+    /// is invalid is an error (recorded in [`LayerZero::policy_error`]); the policy in force
+    /// is kept.
+    pub fn reload_policy(&self, path: &Path) -> Result<()> {
+        let loaded = Policy::load(path).and_then(|mut p| crate::knobs::apply_policy_overrides(&mut p).map(|_| p));
+        match loaded {
+            Ok(p) => self.set_policy(p),
+            Err(e) => {
+                *self.policy_error.lock() = Some(e.to_string());
+                Err(e)
+            }
+        }
+    }
+
+    /// Watches the policy file at `path` and reloads it when its content changes, every
+    /// `LAYERZERO_POLICY_POLL_MS` (default 1 s), until the returned guard is dropped or the
+    /// handle is. A reload that fails keeps the policy in force (see
+    /// [`LayerZero::policy_error`]).
+    pub fn watch_policy(self: &Arc<Self>, path: &Path) -> Result<PolicyWatch> {
+        let every = crate::knobs::policy_poll_in(&crate::knobs::process_env)?;
+        watch::spawn(watch::Target::Shared(Arc::downgrade(self)), path, every)
+    }
+
+    /// [`LayerZero::watch_policy`] for a handle that lives as long as the process (the one
+    /// behind [`crate::host`]).
+    pub fn watch_policy_static(&'static self, path: &Path) -> Result<PolicyWatch> {
+        let every = crate::knobs::policy_poll_in(&crate::knobs::process_env)?;
+        watch::spawn(watch::Target::Static(self), path, every)
+    }
+
+    /// Why the last policy change (a `set_policy`, a reload) was refused, if it was; `None`
+    /// once a later change succeeds.
+    pub fn policy_error(&self) -> Option<String> {
+        self.policy_error.lock().clone()
+    }
+
+    pub(crate) fn note_policy_error(&self, why: String) {
+        *self.policy_error.lock() = Some(why);
+    }
+
+    /// How many times the policy was swapped since the handle was built.
+    pub fn policy_swaps(&self) -> u64 {
+        self.policy_swaps.load(Ordering::Relaxed)
+    }
+
+    /// The policy as set, time-boxed rules included (the selector holds the part in force).
+    pub fn declared_policy(&self) -> Arc<Policy> {
+        self.live.load().declared.clone()
+    }
+
+    /// Selects for `req` under the policy in force with `overrides` on top (per-request
+    /// rules come first, so a per-request lock wins). Always live: the selection cache holds
+    /// only choices of the handle's own policy.
+    pub fn select_with(&self, req: &crate::model::request::Request, overrides: &Overrides) -> Result<Selection> {
+        self.expire_due();
+        let selector = self.selector();
+        let derived = selector.with_policy(Arc::new(overrides.apply(selector.policy())))?;
+        self.bump(Counter::Live);
+        derived.select(req)
+    }
+
+    /// [`LayerZero::explain`] with `overrides` on top of the policy in force.
+    pub fn explain_with(&self, req: &crate::model::request::Request, overrides: &Overrides) -> Result<SelectionReport> {
+        let selector = self.selector();
+        Ok(selector.with_policy(Arc::new(overrides.apply(selector.policy())))?.explain(req))
+    }
+
+    /// Swaps in the declared policy again when a time-boxed rule has expired: one load on
+    /// the selection path while no rule is time-boxed.
+    #[inline]
+    pub(crate) fn expire_due(&self) {
+        let due = self.next_expiry.load(Ordering::Relaxed);
+        if due != i64::MAX {
+            self.expire_slow(due);
+        }
+    }
+
+    #[cold]
+    fn expire_slow(&self, due: i64) {
+        if unix_now() < due {
+            return;
+        }
+        let declared = self.live.load().declared.clone();
+        if let Err(e) = self.swap_policy(declared) {
+            // Not retried on every call: the error stays visible until the next change.
+            self.next_expiry.store(i64::MAX, Ordering::Release);
+            *self.policy_error.lock() =
+                Some(format!("a time-boxed rule expired, but the policy without it was refused: {e}"));
+        }
     }
 
     /// Is this handle ready to serve? The plan it serves from (matches this machine, every
@@ -579,6 +712,13 @@ impl LayerZero {
     fn executor(&self, kernel: KernelIndex) -> Option<&Arc<dyn Executor>> {
         self.executors.get(kernel).and_then(Option::as_ref)
     }
+}
+
+/// Seconds since the Unix epoch (0 if the clock is before it).
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 fn context_of(selector: &Selector) -> u64 {

@@ -122,11 +122,6 @@ impl Selector {
         (self.catalog, self.hardware, self.policy, self.availability, self.measurements)
     }
 
-    /// The policy, shared.
-    pub(crate) fn policy_arc(&self) -> Arc<Policy> {
-        self.policy.clone()
-    }
-
     /// The catalog.
     pub fn catalog(&self) -> &Catalog {
         &self.catalog
