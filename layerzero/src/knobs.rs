@@ -258,7 +258,36 @@ pub const POLICY_POLL_MS: Knob = Knob {
           replaces the policy while serving, an invalid one is reported and the old policy kept.",
 };
 
-static ALL: [Knob; 21] = [
+/// The selection log.
+pub const LOG: Knob = Knob {
+    name: "LAYERZERO_LOG",
+    ty: KnobType::String,
+    default: "none (no log)",
+    doc: "The structured log on standard error: `json` or `text`, optionally followed by \
+          RUST_LOG-style directives (`json,layerzero::selection=info,layerzero::dispatch=debug`; \
+          default `layerzero=info`). Spans lz.select and lz.dispatch, selection and fallback events.",
+};
+
+/// OpenTelemetry span export.
+pub const OTEL: Knob = Knob {
+    name: "LAYERZERO_OTEL",
+    ty: KnobType::Enum(&["stdout", "otlp"]),
+    default: "none",
+    doc: "Export the lz.select and lz.dispatch spans with OpenTelemetry (builds with the `otel` \
+          feature): stdout, or otlp over HTTP to OTEL_EXPORTER_OTLP_ENDPOINT (default \
+          http://localhost:4318).",
+};
+
+/// Fields written as `[redacted]`.
+pub const REDACT: Knob = Knob {
+    name: "LAYERZERO_REDACT",
+    ty: KnobType::String,
+    default: "none",
+    doc: "Comma-separated fields written as [redacted] in logs, spans and snapshots: kernels, \
+          shapes, ops, backends, or all.",
+};
+
+static ALL: [Knob; 24] = [
     HOME,
     PERFDB,
     PLAN_MODE,
@@ -280,6 +309,9 @@ static ALL: [Knob; 21] = [
     DENY,
     STRICT_MODE,
     POLICY_POLL_MS,
+    LOG,
+    OTEL,
+    REDACT,
 ];
 
 /// A policy field set by a knob.

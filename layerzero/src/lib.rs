@@ -52,6 +52,7 @@ pub mod reason;
 pub mod runtime;
 pub mod score;
 pub mod select;
+pub mod telemetry;
 pub mod tensor;
 pub mod transform;
 

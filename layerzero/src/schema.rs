@@ -32,6 +32,8 @@ pub enum SchemaKind {
     ReasonCodes,
     /// `lz run --json`.
     RunReport,
+    /// `lz snapshot --json`.
+    SnapshotReport,
     /// `lz parity --json`.
     ParityReport,
     /// Workload files (`lz tune`, `lz solve`).
@@ -52,7 +54,7 @@ pub enum SchemaKind {
 
 impl SchemaKind {
     /// Every kind.
-    pub const ALL: [SchemaKind; 20] = [
+    pub const ALL: [SchemaKind; 21] = [
         SchemaKind::Capabilities,
         SchemaKind::Hardware,
         SchemaKind::Policy,
@@ -65,6 +67,7 @@ impl SchemaKind {
         SchemaKind::HardwareReport,
         SchemaKind::ReasonCodes,
         SchemaKind::RunReport,
+        SchemaKind::SnapshotReport,
         SchemaKind::ParityReport,
         SchemaKind::Workload,
         SchemaKind::DispatchTable,
@@ -90,6 +93,7 @@ impl SchemaKind {
             SchemaKind::HardwareReport => "hardware_report.schema.json",
             SchemaKind::ReasonCodes => "reason_codes.schema.json",
             SchemaKind::RunReport => "run_report.schema.json",
+            SchemaKind::SnapshotReport => "snapshot_report.schema.json",
             SchemaKind::ParityReport => "parity_report.schema.json",
             SchemaKind::Workload => "workload.schema.json",
             SchemaKind::DispatchTable => "dispatch_table.schema.json",
@@ -116,6 +120,7 @@ impl SchemaKind {
             SchemaKind::HardwareReport => include_str!("../../schemas/hardware_report.schema.json"),
             SchemaKind::ReasonCodes => include_str!("../../schemas/reason_codes.schema.json"),
             SchemaKind::RunReport => include_str!("../../schemas/run_report.schema.json"),
+            SchemaKind::SnapshotReport => include_str!("../../schemas/snapshot_report.schema.json"),
             SchemaKind::ParityReport => include_str!("../../schemas/parity_report.schema.json"),
             SchemaKind::Workload => include_str!("../../schemas/workload.schema.json"),
             SchemaKind::DispatchTable => include_str!("../../schemas/dispatch_table.schema.json"),

@@ -13,6 +13,7 @@ mod front_door;
 mod health;
 mod measured;
 mod models;
+mod observability;
 mod plans;
 mod policy;
 mod policy_config;

@@ -52,6 +52,26 @@ pub(super) enum Command {
     /// Compare two dumps (safetensors) name by name and name the first stage that diverges.
     /// Exit 0 within thresholds, 1 divergence, 2 usage error or missing tensors.
     Diff(DiffCmd),
+    /// Write the artifacts of this machine's handle into a new folder: capabilities and hash,
+    /// the loaded dispatch table and its validation, a PerfDB copy, recent selection logs,
+    /// policy, health and counters.
+    Snapshot(SnapshotCmd),
+}
+
+#[derive(Args, Debug)]
+pub(super) struct SnapshotCmd {
+    /// The folder to write (created; an existing one must be empty).
+    #[arg(value_name = "DIR")]
+    pub(super) dir: PathBuf,
+    /// Select every request of this workload first, so the selection log shows its decisions.
+    #[arg(long, value_name = "FILE")]
+    pub(super) workload: Option<PathBuf>,
+    /// PerfDB file to copy (default $LAYERZERO_PERFDB, else $LAYERZERO_HOME/perfdb.sqlite).
+    #[arg(long, value_name = "FILE")]
+    pub(super) perfdb: Option<PathBuf>,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub(super) json: bool,
 }
 
 #[derive(Args, Debug)]

@@ -49,6 +49,14 @@ pub fn main() -> ExitCode {
     // Kernel panics are caught and reported by the runtime; keep the default hook from
     // printing them (and their backtraces) on the way.
     std::panic::set_hook(Box::new(|_| {}));
+    // LAYERZERO_LOG / LAYERZERO_OTEL: the log and span export, flushed when `_telemetry` drops.
+    let _telemetry = match crate::telemetry::init() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("lz: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let result = std::panic::catch_unwind(|| run(cli));
     match result {
         Ok(Ok(Outcome::Ok)) => ExitCode::SUCCESS,
@@ -139,6 +147,7 @@ fn run(cli: Cli) -> Result<Outcome> {
         ),
         Command::Generate(a) => generate::generate(a),
         Command::Diff(a) => generate::diff(a),
+        Command::Snapshot(a) => snapshot(a),
         Command::Workload(a) => generate::workload(a),
         Command::ReasonCodes(a) => {
             if a.json {
@@ -149,6 +158,34 @@ fn run(cli: Cli) -> Result<Outcome> {
             Ok(Outcome::Ok)
         }
     }
+}
+
+/// `lz snapshot DIR`: the host handle (knobs honoured), the workload's requests selected
+/// first when one is given, then `LayerZero::snapshot`.
+fn snapshot(a: args::SnapshotCmd) -> Result<Outcome> {
+    let lz = crate::runtime::LayerZero::host()?;
+    if let Some(path) = &a.workload {
+        let w = crate::plan::workload::Workload::load(path)?;
+        for e in &w.entries {
+            let req = Request::from_value(e.request.clone())
+                .map_err(|err| Error::invalid(format!("{}: entry {:?}: {err}", path.display(), e.name)))?;
+            // A request nothing can serve is a decision worth keeping too; it is not an error here.
+            let _ = lz.select(&req);
+        }
+    }
+    let manifest = lz.snapshot(&a.dir, a.perfdb.as_deref())?;
+    if a.json {
+        print_json(&serde_json::to_value(&manifest).unwrap_or_default());
+    } else {
+        println!("snapshot: {}", manifest.dir);
+        for f in &manifest.files {
+            println!("  {:<24} {:>10} bytes  {}", f.name, f.bytes, f.what);
+        }
+        for n in &manifest.notes {
+            println!("  note: {n}");
+        }
+    }
+    Ok(Outcome::Ok)
 }
 
 fn load_catalog(arg: &CatalogArg) -> Result<Arc<Catalog>> {

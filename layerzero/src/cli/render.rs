@@ -120,6 +120,9 @@ pub(super) fn explain(r: &SelectionReport) -> String {
                     duration(t.ns)
                 );
             }
+            if !r.fused_ops.is_empty() {
+                let _ = writeln!(out, "  fused:   {}", r.fused_ops.join(", "));
+            }
         }
         None => {
             let _ = writeln!(out, "selected:  none");

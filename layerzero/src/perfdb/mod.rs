@@ -414,6 +414,18 @@ impl PerfDb {
         &self.path
     }
 
+    /// Writes a consistent copy of the database to `to` (a new file; SQLite's `VACUUM
+    /// INTO`), while other processes may go on writing.
+    pub fn snapshot_to(&self, to: &Path) -> Result<()> {
+        if to.exists() {
+            return Err(Error::invalid(format!("perfdb snapshot: {} exists; give a new file", to.display())));
+        }
+        let target =
+            to.to_str().ok_or_else(|| Error::invalid(format!("perfdb snapshot: {} is not UTF-8", to.display())))?;
+        self.conn().execute("VACUUM INTO ?1", [target]).map_err(|e| self.err("snapshot", e))?;
+        Ok(())
+    }
+
     fn conn(&self) -> MutexGuard<'_, Connection> {
         // parking_lot locks do not poison: a panic while holding the lock leaves the
         // connection usable, and SQLite rolls back any transaction that was not committed.

@@ -155,6 +155,7 @@ mod tests {
                 notes: Vec::new(),
             },
             candidates: 1,
+            rejected: 0,
         });
         Resolved { selection, executor: None }
     }

@@ -19,6 +19,7 @@ use crate::exec::executor::{Executor, KernelError, panic_text};
 use crate::health::FailureClass;
 use crate::reason::{Reason, ReasonCode};
 use crate::select::Selection;
+use crate::telemetry;
 use crate::transform::{Transform, apply_transforms, cast_outputs_back};
 
 /// What happened to one kernel during a dispatch.
@@ -123,6 +124,36 @@ impl LayerZero {
     /// loop that hands back last step's outputs allocates nothing for them. The outputs
     /// come back in [`Dispatch::outputs`] (the buffers themselves where they were used).
     pub fn dispatch_into(&self, args: &OpArgs, buffers: Outputs) -> Result<Dispatch<'_>> {
+        let span = telemetry::dispatch_span();
+        let _inside = span.enter();
+        let result = self.dispatch_untraced(args, buffers);
+        telemetry::record_dispatch(&span, &result);
+        match &result {
+            Ok(d) if d.fell_back() => self.log_dispatch(args, Some(d.selection()), d.failed(), None),
+            Err(e) if e.kind() == ErrorKind::KernelFailed => self.log_dispatch(args, None, &[], Some(e)),
+            _ => {}
+        }
+        result
+    }
+
+    /// Records a dispatch that fell back or failed in the handle's recent decisions.
+    #[cold]
+    fn log_dispatch(&self, args: &OpArgs, ran: Option<&Selection>, failed: &[Attempt], error: Option<&Error>) {
+        let req = args.describe();
+        let mut record = telemetry::SelectionRecord::of("dispatch", &req, ran, &self.parts.catalog);
+        for a in failed {
+            record.failed_attempt(&a.kernel, a.reason.as_ref().map_or("", |r| r.code().as_str()));
+        }
+        if let Some(e) = error {
+            for r in e.reasons() {
+                record.failed_attempt("", r.code().as_str());
+            }
+            record.error = Some(format!("{:?}", e.kind()));
+        }
+        self.recent.push(record);
+    }
+
+    fn dispatch_untraced(&self, args: &OpArgs, buffers: Outputs) -> Result<Dispatch<'_>> {
         let first = self.select_args(args)?;
         let input_flags = if self.check_inputs { flags(args) } else { Vec::new() };
         let mut failed = Vec::new();
@@ -219,6 +250,14 @@ impl LayerZero {
         if reason.code() == ReasonCode::INVALID_REQUEST {
             return Err(Error::new(ErrorKind::InvalidInput, reason.message().to_owned()).with_reasons(vec![reason]));
         }
+        let r = telemetry::redact::current();
+        tracing::warn!(
+            target: "layerzero::dispatch",
+            kernel = %telemetry::redact::Field(&sel.kernel, r.kernels()),
+            code = reason.code().as_str(),
+            message = %if r.kernels() { "[redacted]" } else { reason.message() },
+            "kernel did not run; falling back"
+        );
         failed.push(Attempt { kernel: sel.kernel.clone(), ok: false, reason: Some(reason) });
         Ok(())
     }
@@ -278,6 +317,13 @@ impl LayerZero {
                 }
                 if self.health.record(sel.index, Some((class, &message))) {
                     self.bump(Counter::BreakerOpens);
+                    let r = telemetry::redact::current();
+                    tracing::warn!(
+                        target: "layerzero::health",
+                        kernel = %telemetry::redact::Field(&sel.kernel, r.kernels()),
+                        class = ?class,
+                        "breaker opened: the kernel is quarantined or its backend disabled"
+                    );
                 }
                 Err(Reason::new(class.code(), message))
             }

@@ -18,6 +18,7 @@ use crate::plan::table::PlanKey;
 use crate::plan::{Resolved, SelectionKey, typed};
 use crate::reason::{Reason, ReasonCode};
 use crate::select::Selection;
+use crate::telemetry;
 
 /// A selection as served: borrowed from the plan or the cache, or made live.
 /// Dereferences to the [`Selection`].
@@ -117,12 +118,22 @@ impl LayerZero {
     /// `LockViolation`, `NoKernel` (with every candidate's reasons); in strict plan mode a
     /// plan miss is `NoKernel` with `PLAN_BUCKET_MISS`.
     pub fn select(&self, req: &Request) -> Result<Hit<'_>> {
-        self.select_keyed(&SelectionKey::derive(req), req)
+        let span = telemetry::select_span();
+        let hit = self.select_keyed_untraced(&SelectionKey::derive(req), req);
+        telemetry::record_select(&span, &hit, || req.clone(), &self.parts.catalog);
+        hit
     }
 
     /// Selects for typed arguments without building a `Request` on a hit: the key comes
     /// from a fingerprint of the arguments (see `plan::typed`), memoized per handle.
     pub fn select_args(&self, args: &OpArgs) -> Result<Hit<'_>> {
+        let span = telemetry::select_span();
+        let hit = self.select_args_untraced(args);
+        telemetry::record_select(&span, &hit, || args.describe(), &self.parts.catalog);
+        hit
+    }
+
+    fn select_args_untraced(&self, args: &OpArgs) -> Result<Hit<'_>> {
         self.expire_due();
         let typed = typed::fingerprint(args);
         let quiet = self.quiet.load(Ordering::Acquire);
@@ -156,7 +167,7 @@ impl LayerZero {
         {
             self.memo.insert(t.fingerprint, key.validity);
         }
-        let hit = self.select_keyed(&key, &req)?;
+        let hit = self.select_keyed_untraced(&key, &req)?;
         // What the validity-keyed cache holds, the typed one may serve: same bucket, same
         // context, so the same verdict.
         if let (Some(pk), Some(buckets)) = (typed_key, key.buckets()) {
@@ -170,6 +181,13 @@ impl LayerZero {
 
     /// [`LayerZero::select`] with the key already derived.
     pub fn select_keyed(&self, key: &SelectionKey, req: &Request) -> Result<Hit<'_>> {
+        let span = telemetry::select_span();
+        let hit = self.select_keyed_untraced(key, req);
+        telemetry::record_select(&span, &hit, || req.clone(), &self.parts.catalog);
+        hit
+    }
+
+    fn select_keyed_untraced(&self, key: &SelectionKey, req: &Request) -> Result<Hit<'_>> {
         self.expire_due();
         match self.plan_hit(key) {
             Some(hit) => Ok(hit),
@@ -210,6 +228,7 @@ impl LayerZero {
         self.bump(Counter::Live);
         let req = req();
         let selection = Arc::new(live.selector.select(&req)?);
+        self.log_live(&req, &selection);
         let resolved = Resolved { executor: self.executor(selection.index).cloned(), selection };
         let fits = capacity::bucket_fits(key, &req, self.max_workspace, &live.selector);
         match pk {
@@ -217,6 +236,27 @@ impl LayerZero {
             _ => self.bump(Counter::Uncacheable),
         }
         Ok(Hit { entry: Entry::Live(resolved), source: SelectionSource::Live, notes })
+    }
+
+    /// The selection log's record of a live selection: an event for the subscriber, a record
+    /// for the handle's recent decisions.
+    #[cold]
+    fn log_live(&self, req: &Request, selection: &Selection) {
+        let record = telemetry::SelectionRecord::of("select", req, Some(selection), &self.parts.catalog);
+        tracing::info!(
+            target: telemetry::SELECTION_TARGET,
+            op = %record.op,
+            kernel = %record.kernel,
+            backend = %record.backend,
+            source = "live",
+            candidates = record.candidates,
+            rejected = record.rejected,
+            transform_cost_total = record.transform_cost_total,
+            fused_ops = %record.fused_ops.join(","),
+            shapes = %record.shapes,
+            "selected"
+        );
+        self.recent.push(record);
     }
 
     /// A live selection outside plan and cache (fallback candidates, forced kernels).

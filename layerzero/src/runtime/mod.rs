@@ -13,6 +13,7 @@ mod deadline;
 mod dispatch;
 pub mod faults;
 mod hot;
+mod snapshot;
 mod watch;
 
 use std::path::Path;
@@ -27,6 +28,7 @@ pub use counters::Counters;
 use counters::{Counter, Striped};
 pub use dispatch::{Attempt, Dispatch, InputFlag};
 pub use hot::Hit;
+pub use snapshot::{SnapshotFile, SnapshotManifest};
 pub use watch::PolicyWatch;
 
 use crate::capabilities::catalog::{Catalog, KernelIndex};
@@ -44,6 +46,8 @@ use crate::select::{Availability, Selection, SelectionReport, Selector, Verdict}
 
 /// Default number of selection-cache slots (`LAYERZERO_CACHE_CAPACITY`).
 pub const DEFAULT_CACHE_CAPACITY: usize = 4096;
+/// Decisions kept for [`LayerZero::recent_decisions`].
+pub const RECENT_DECISIONS: usize = 256;
 /// Slots of the typed-argument key memo.
 const MEMO_SLOTS: usize = 1024;
 
@@ -178,6 +182,8 @@ pub struct LayerZero {
     counters: Striped,
     /// Injected faults (`LAYERZERO_FAULTS`, `with_faults`): drills only.
     faults: Option<Arc<faults::Faults>>,
+    /// The last decisions (live selections, fallbacks), for snapshots and reports.
+    recent: crate::telemetry::Recent,
 }
 
 impl std::fmt::Debug for LayerZero {
@@ -325,6 +331,7 @@ impl LayerZero {
             check_inputs: false,
             counters: Striped::default(),
             faults: None,
+            recent: crate::telemetry::Recent::new(RECENT_DECISIONS),
         };
         lz.rebuilt(None)
     }
@@ -640,6 +647,7 @@ impl LayerZero {
             if let Some((i, _)) = best {
                 report.candidates[i].verdict = Verdict::Selected;
             }
+            report.summarize(&self.parts.catalog);
         }
         report
     }
@@ -682,6 +690,12 @@ impl LayerZero {
     /// The selection cache.
     pub fn cache(&self) -> &SelectionCache {
         &self.cache
+    }
+
+    /// The last decisions of this handle (at most [`RECENT_DECISIONS`]): live selections,
+    /// dispatches that fell back or failed, oldest first, redacted as `LAYERZERO_REDACT` says.
+    pub fn recent_decisions(&self) -> Vec<crate::telemetry::SelectionRecord> {
+        self.recent.snapshot()
     }
 
     /// A snapshot of the counters.

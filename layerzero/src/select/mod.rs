@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub use availability::{Availability, BackendStatus};
-pub use report::{CandidateReport, HardwareRef, LockRef, Score, ScoreSource, SelectionReport, Verdict};
+pub use report::{CandidateReport, HardwareRef, LockRef, Score, ScoreSource, SelectionReport, Verdict, fused_ops};
 
 use crate::capabilities::catalog::{Catalog, KernelIndex};
 use crate::capabilities::spec::{BackendSpec, KernelSpec};
@@ -43,8 +43,10 @@ pub struct Selection {
     pub transforms: Vec<Transform>,
     /// Its score.
     pub score: Score,
-    /// How many candidates were judged.
+    /// How many candidates the op has.
     pub candidates: usize,
+    /// How many of them were not eligible (rejected by a check, or passed over by a lock).
+    pub rejected: usize,
 }
 
 /// Selects kernels for requests on one machine under one policy.
@@ -156,6 +158,7 @@ impl Selector {
         let mut best: Option<(usize, Judged<Codes>)> = None;
         let mut memo = Adapted::new();
         let lock = cx.rules.lock.map(|(_, r)| r.kernels.as_str());
+        let mut eligible = 0;
         for (i, &ki) in candidates.iter().enumerate() {
             let (backend, kernel) = self.catalog.kernel(ki);
             if lock.is_some_and(|l| l != kernel.id) {
@@ -163,6 +166,7 @@ impl Selector {
             }
             let j: Judged<Codes> = self.judge(backend, kernel, req, &cx, &mut memo);
             let Some(s) = &j.score else { continue };
+            eligible += 1;
             let better = match &best {
                 Some((_, b)) => b.score.as_ref().is_none_or(|bs| s.total_ns < bs.total_ns),
                 None => true,
@@ -184,6 +188,7 @@ impl Selector {
                     transforms: j.transforms,
                     score,
                     candidates: candidates.len(),
+                    rejected: candidates.len() - eligible,
                 })
             }
             None => Err(self.failure(req)),
@@ -212,11 +217,16 @@ impl Selector {
                     transforms: j.transforms,
                     score,
                     candidates: candidates.len(),
+                    rejected: 0,
                 });
             }
         }
         if out.is_empty() {
             return Err(self.failure(req));
+        }
+        let rejected = candidates.len() - out.len();
+        for s in &mut out {
+            s.rejected = rejected;
         }
         out.sort_by(|a, b| a.score.total_ns.total_cmp(&b.score.total_ns).then_with(|| a.kernel.cmp(&b.kernel)));
         Ok(out)
@@ -249,6 +259,7 @@ impl Selector {
                 transforms: j.transforms,
                 score,
                 candidates: 1,
+                rejected: 0,
             }),
             None => Err(j.reasons),
         }
@@ -313,7 +324,7 @@ impl Selector {
         if let Some(b) = best {
             candidates[b].verdict = Verdict::Selected;
         }
-        SelectionReport {
+        let mut report = SelectionReport {
             request: req.clone(),
             hardware: HardwareRef { name: self.hardware.name.clone(), fingerprint: self.hardware.fingerprint.clone() },
             device: cx.device_ref.to_string(),
@@ -324,7 +335,11 @@ impl Selector {
             request_errors: cx.request_errors,
             lock,
             candidates,
-        }
+            transform_cost_total: 0.0,
+            fused_ops: Vec::new(),
+        };
+        report.summarize(&self.catalog);
+        report
     }
 
     fn context<'a>(&'a self, req: &Request) -> Context<'a> {

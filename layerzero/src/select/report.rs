@@ -134,9 +134,37 @@ pub struct SelectionReport {
     pub lock: Option<LockRef>,
     /// Every kernel of the op, sorted by id.
     pub candidates: Vec<CandidateReport>,
+    /// Time the selected kernel's transforms cost (layout, contiguity, dtype adaptations),
+    /// ns; 0 when it needs none or nothing is selected.
+    pub transform_cost_total: f64,
+    /// Work the selected kernel does in the same call beyond its op (`residual_add` before
+    /// a norm, `gate_up_proj` / `activation` / `down_proj` kept in cache by a fused MLP).
+    pub fused_ops: Vec<&'static str>,
+}
+
+/// What `kernel` fuses into one call for `req`.
+pub fn fused_ops(kernel: &crate::capabilities::spec::KernelSpec, req: &Request) -> Vec<&'static str> {
+    use crate::model::op::Op;
+    match req.op {
+        Op::RmsNorm | Op::LayerNorm if kernel.constraints.fused_residual && req.get("residual").is_some() => {
+            vec!["residual_add"]
+        }
+        Op::Mlp | Op::MoeExperts if kernel.perf.fused => vec!["gate_up_proj", "activation", "down_proj"],
+        _ => Vec::new(),
+    }
 }
 
 impl SelectionReport {
+    /// Fills `transform_cost_total` and `fused_ops` from the selected candidate.
+    pub fn summarize(&mut self, catalog: &crate::capabilities::catalog::Catalog) {
+        let selected = self.selected.as_deref().and_then(|k| self.candidates.iter().find(|c| c.kernel == k));
+        self.transform_cost_total = selected.and_then(|c| c.score.as_ref()).map_or(0.0, |s| s.transform_ns);
+        self.fused_ops = selected
+            .and_then(|c| catalog.find(&c.kernel))
+            .map(|k| fused_ops(catalog.kernel(k).1, &self.request))
+            .unwrap_or_default();
+    }
+
     /// The report as JSON.
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
