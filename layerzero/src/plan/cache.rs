@@ -11,6 +11,9 @@
 //! Bounds: `capacity` slots, and at most `2 * capacity` interned entries. Once the table is
 //! full, new decisions are not cached (selection stays live and correct, counted as
 //! uncacheable); building a new handle starts a new table.
+//!
+//! Writers meet only on the insert path, and there only per shard of the intern index: two
+//! threads caching different keys rarely take the same lock. Reads take none.
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -30,8 +33,20 @@ pub struct SelectionCache {
     mask: usize,
     entries: Box<[OnceLock<Resolved>]>,
     next: AtomicUsize,
-    /// Where each interned (key, context) lives (insert path only).
-    index: Mutex<HashMap<(PlanKey, u64), u32>>,
+    /// Where each interned (key, context) lives (insert path only), sharded by [`spread`].
+    index: Box<[Mutex<HashMap<(PlanKey, u64), u32>>]>,
+}
+
+/// Shards of the intern index.
+const INDEX_SHARDS: usize = 16;
+
+/// One word from a key and its context. The key's validity is already a 128-bit hash (and so
+/// is the context): one multiply spreads the buckets, which are small numbers.
+#[inline]
+pub(crate) fn spread(key: &PlanKey, context: u64) -> u64 {
+    let v = key.validity;
+    let b = key.buckets.word().wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (v as u64) ^ ((v >> 64) as u64).rotate_left(29) ^ b ^ b >> 32 ^ context
 }
 
 impl SelectionCache {
@@ -43,18 +58,13 @@ impl SelectionCache {
             mask: n.saturating_sub(1),
             entries: (0..n.saturating_mul(2)).map(|_| OnceLock::new()).collect(),
             next: AtomicUsize::new(0),
-            index: Mutex::new(HashMap::new()),
+            index: (0..INDEX_SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
         }
     }
 
     #[inline]
     fn slot(&self, key: &PlanKey, context: u64) -> Option<&SeqWords> {
-        // The key's validity is already a 128-bit hash (and so is the context): one multiply
-        // spreads the buckets, which are small numbers, across the slots.
-        let v = key.validity;
-        let b = key.buckets.word().wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let h = (v as u64) ^ ((v >> 64) as u64).rotate_left(29) ^ b ^ b >> 32 ^ context;
-        self.slots.get(h as usize & self.mask)
+        self.slots.get(spread(key, context) as usize & self.mask)
     }
 
     /// The cached entry for (key, context).
@@ -73,8 +83,11 @@ impl SelectionCache {
     /// cache holds nothing new any more (no slots, or its entry table is full).
     pub fn insert(&self, key: PlanKey, context: u64, resolved: Resolved) -> bool {
         let Some(s) = self.slot(&key, context) else { return false };
+        // High bits for the shard: the low ones already chose the slot.
+        let shard = (spread(&key, context) >> 48) as usize % INDEX_SHARDS;
+        let Some(index) = self.index.get(shard) else { return false };
         let entry = {
-            let mut index = self.index.lock();
+            let mut index = index.lock();
             match index.get(&(key, context)) {
                 Some(&e) => e,
                 None => {

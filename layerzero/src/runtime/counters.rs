@@ -27,6 +27,12 @@ pub struct Counters {
     pub live: u64,
     /// Dispatches where the first choice did not run.
     pub fallbacks: u64,
+    /// Cache misses answered by another thread's live selection of the same key, made at
+    /// the same time (single flight), instead of selecting again.
+    pub shared: u64,
+    /// Cache misses that waited for another thread's selection of their key for the longest
+    /// allowed and then selected live themselves.
+    pub wait_timeouts: u64,
 }
 
 /// Which counter.
@@ -39,9 +45,11 @@ pub(crate) enum Counter {
     Uncacheable,
     Live,
     Fallbacks,
+    Shared,
+    WaitTimeouts,
 }
 
-const COUNTERS: usize = 7;
+const COUNTERS: usize = 9;
 /// Stripes owned by one thread each; one more is shared by the rest.
 const STRIPES: usize = 64;
 
@@ -132,6 +140,8 @@ impl Striped {
             uncacheable: sum(Counter::Uncacheable),
             live: sum(Counter::Live),
             fallbacks: sum(Counter::Fallbacks),
+            shared: sum(Counter::Shared),
+            wait_timeouts: sum(Counter::WaitTimeouts),
         }
     }
 }

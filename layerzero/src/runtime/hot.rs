@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::counters::Counter;
+use super::flight::{Role, Waited};
 use super::{LayerZero, PlanMode, SelectionSource};
 use crate::capacity;
 use crate::error::{Error, ErrorKind, Result};
@@ -197,21 +198,45 @@ impl LayerZero {
             notes.push(r.clone());
         }
         let pk = buckets.map(|b| PlanKey { validity: key.validity, buckets: b });
+        let mut lead = None;
         if let Some(pk) = &pk {
             if let Some(hit) = self.cache.get(pk, live.context) {
                 self.bump(Counter::CacheHits);
                 return Ok(Hit { entry: Entry::Held(hit), source: SelectionSource::Cache, notes });
             }
             self.bump(Counter::CacheMisses);
+            match self.flights.join(*pk, live.context) {
+                Role::Leader(l) => {
+                    // A leader that finished between our miss and our join has cached it.
+                    if let Some(hit) = self.cache.get(pk, live.context) {
+                        l.finish(hit);
+                        self.bump(Counter::Shared);
+                        return Ok(Hit { entry: Entry::Held(hit), source: SelectionSource::Cache, notes });
+                    }
+                    lead = Some(l);
+                }
+                Role::Waiter(flight) => match flight.wait() {
+                    Waited::Answer(resolved) => {
+                        self.bump(Counter::Shared);
+                        return Ok(Hit { entry: Entry::Live(resolved), source: SelectionSource::Live, notes });
+                    }
+                    Waited::TimedOut => self.bump(Counter::WaitTimeouts),
+                    Waited::Abandoned => {}
+                },
+            }
         }
         self.bump(Counter::Live);
         let req = req();
+        // On an error `lead` drops unfinished and its waiters select for themselves.
         let selection = Arc::new(live.selector.select(&req)?);
         let resolved = Resolved { executor: self.executor(selection.index).cloned(), selection };
         let fits = capacity::bucket_fits(key, &req, self.max_workspace, &live.selector);
         match pk {
             Some(pk) if fits && self.cache.insert(pk, live.context, resolved.clone()) => {}
             _ => self.bump(Counter::Uncacheable),
+        }
+        if let Some(lead) = lead {
+            lead.finish(&resolved);
         }
         Ok(Hit { entry: Entry::Live(resolved), source: SelectionSource::Live, notes })
     }

@@ -11,6 +11,7 @@
 mod counters;
 mod dispatch;
 pub mod faults;
+mod flight;
 mod hot;
 
 use std::path::Path;
@@ -157,6 +158,8 @@ pub struct LayerZero {
     /// The selection cache keyed by typed fingerprints instead of validity hashes.
     typed_cache: SelectionCache,
     memo: KeyMemo,
+    /// Live selections in flight, so concurrent misses of one key select once.
+    flights: flight::Flights,
     max_workspace: u64,
     check_inputs: bool,
     counters: Striped,
@@ -291,6 +294,7 @@ impl LayerZero {
             cache: SelectionCache::new(DEFAULT_CACHE_CAPACITY),
             typed_cache: SelectionCache::new(DEFAULT_CACHE_CAPACITY),
             memo: KeyMemo::new(MEMO_SLOTS),
+            flights: flight::Flights::default(),
             max_workspace,
             check_inputs: false,
             counters: Striped::default(),
