@@ -52,6 +52,29 @@ pub(super) enum Command {
     /// Compare two dumps (safetensors) name by name and name the first stage that diverges.
     /// Exit 0 within thresholds, 1 divergence, 2 usage error or missing tensors.
     Diff(DiffCmd),
+    /// Selection throughput from N threads sharing one handle, every answer checked against
+    /// the single-threaded one, and resident memory at start and end. Exit 1 if an answer
+    /// differs.
+    BenchSelect(BenchSelectCmd),
+}
+
+#[derive(Args, Debug)]
+pub(super) struct BenchSelectCmd {
+    /// Thread counts, comma-separated: one row each (1,2,16).
+    #[arg(long, value_name = "N[,N...]", value_delimiter = ',', required = true)]
+    pub(super) threads: Vec<usize>,
+    /// Seconds each row runs.
+    #[arg(long, value_name = "S")]
+    pub(super) seconds: f64,
+    /// Select the buckets of this workload file (default: a built-in mixed set).
+    #[arg(long, value_name = "FILE")]
+    pub(super) workload: Option<PathBuf>,
+    /// Draw shapes at random (seeded) from a pool larger than the cache, so most selections miss.
+    #[arg(long)]
+    pub(super) random_shapes: bool,
+    /// Machine-readable output (schemas/bench_select_report.schema.json).
+    #[arg(long)]
+    pub(super) json: bool,
 }
 
 #[derive(Args, Debug)]

@@ -2,6 +2,7 @@
 //! 2 usage, configuration or input error. Errors print as one line, never a panic.
 
 mod args;
+mod bench;
 mod doctor;
 mod generate;
 mod inspect;
@@ -140,6 +141,13 @@ fn run(cli: Cli) -> Result<Outcome> {
         Command::Generate(a) => generate::generate(a),
         Command::Diff(a) => generate::diff(a),
         Command::Workload(a) => generate::workload(a),
+        Command::BenchSelect(a) => bench::run(bench::BenchArgs {
+            threads: a.threads,
+            seconds: a.seconds,
+            workload: a.workload,
+            random_shapes: a.random_shapes,
+            json: a.json,
+        }),
         Command::ReasonCodes(a) => {
             if a.json {
                 print_json(&crate::reason::reason_codes_document());

@@ -79,13 +79,22 @@ impl SelectionCache {
         self.entries.get((w[2] & 0xffff_ffff) as usize)?.get()
     }
 
+    /// The entry interned for (key, context) when its slot holds another key: two keys that
+    /// share a slot evict each other there, and without this each would be selected live
+    /// again on every other call. Takes one shard lock of the index: the miss path only.
+    pub fn interned(&self, key: &PlanKey, context: u64) -> Option<&Resolved> {
+        let s = self.slot(key, context)?;
+        let e = *self.index.get(shard_of(key, context))?.lock().get(&(*key, context))?;
+        let resolved = self.entries.get(e as usize)?.get()?;
+        s.write(words(key, context, e));
+        Some(resolved)
+    }
+
     /// Caches an entry (the first one made for a (key, context) is kept). False when the
     /// cache holds nothing new any more (no slots, or its entry table is full).
     pub fn insert(&self, key: PlanKey, context: u64, resolved: Resolved) -> bool {
         let Some(s) = self.slot(&key, context) else { return false };
-        // High bits for the shard: the low ones already chose the slot.
-        let shard = (spread(&key, context) >> 48) as usize % INDEX_SHARDS;
-        let Some(index) = self.index.get(shard) else { return false };
+        let Some(index) = self.index.get(shard_of(&key, context)) else { return false };
         let entry = {
             let mut index = index.lock();
             match index.get(&(key, context)) {
@@ -105,12 +114,7 @@ impl SelectionCache {
         };
         // A slot being written by another thread is left to it: the entry is interned
         // either way.
-        s.write([
-            (key.validity >> 64) as u64,
-            key.validity as u64,
-            (key.buckets.word() << 32) | u64::from(entry),
-            context,
-        ]);
+        s.write(words(&key, context, entry));
         true
     }
 
@@ -128,6 +132,16 @@ impl SelectionCache {
     pub fn capacity(&self) -> usize {
         self.slots.len()
     }
+}
+
+/// The shard of the intern index: high bits, as the low ones already chose the slot.
+fn shard_of(key: &PlanKey, context: u64) -> usize {
+    (spread(key, context) >> 48) as usize % INDEX_SHARDS
+}
+
+/// A slot's words for `entry`, interned for (key, context).
+fn words(key: &PlanKey, context: u64, entry: u32) -> [u64; 4] {
+    [(key.validity >> 64) as u64, key.validity as u64, (key.buckets.word() << 32) | u64::from(entry), context]
 }
 
 /// The cache context of a selector: fingerprint, capabilities hash, policy hash.
@@ -205,6 +219,18 @@ mod tests {
         }
         assert_eq!(c.len(), 2);
         assert_eq!(c.get(&key(2), 10).map(|r| r.selection.kernel.as_str()), Some("b"));
+    }
+
+    #[test]
+    fn a_key_evicted_from_its_slot_is_found_again_in_the_index() {
+        let c = SelectionCache::new(1);
+        assert!(c.insert(key(1), 10, sel("a")));
+        assert!(c.insert(key(2), 10, sel("b")));
+        assert!(c.get(&key(1), 10).is_none(), "one slot: the second key took it");
+        assert_eq!(c.interned(&key(1), 10).map(|r| r.selection.kernel.as_str()), Some("a"));
+        assert_eq!(c.get(&key(1), 10).map(|r| r.selection.kernel.as_str()), Some("a"), "and it is back in the slot");
+        assert!(c.interned(&key(3), 10).is_none(), "a key never cached is not found");
+        assert!(c.interned(&key(1), 11).is_none(), "nor one cached under another context");
     }
 
     #[test]

@@ -200,7 +200,7 @@ impl LayerZero {
         let pk = buckets.map(|b| PlanKey { validity: key.validity, buckets: b });
         let mut lead = None;
         if let Some(pk) = &pk {
-            if let Some(hit) = self.cache.get(pk, live.context) {
+            if let Some(hit) = self.cache.get(pk, live.context).or_else(|| self.cache.interned(pk, live.context)) {
                 self.bump(Counter::CacheHits);
                 return Ok(Hit { entry: Entry::Held(hit), source: SelectionSource::Cache, notes });
             }
