@@ -2,6 +2,7 @@
 
 mod cli;
 mod cli_plans;
+mod concurrency;
 mod determinism;
 mod faults;
 mod file_safety;
