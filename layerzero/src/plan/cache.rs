@@ -34,8 +34,11 @@ pub struct SelectionCache {
     entries: Box<[OnceLock<Resolved>]>,
     next: AtomicUsize,
     /// Where each interned (key, context) lives (insert path only), sharded by [`spread`].
-    index: Box<[Mutex<HashMap<(PlanKey, u64), u32>>]>,
+    index: Box<[Mutex<Interned>]>,
 }
+
+/// One shard of the intern index: (key, context) to entry.
+type Interned = HashMap<(PlanKey, u64), u32>;
 
 /// Shards of the intern index.
 const INDEX_SHARDS: usize = 16;
