@@ -107,6 +107,12 @@ impl LayerZero {
         if !self.plan_on.load(Ordering::Acquire) {
             return None;
         }
+        self.plan_entry(key)
+    }
+
+    /// The plan's entry for `key`, whether or not the plan is served.
+    #[inline(always)]
+    fn plan_entry(&self, key: &SelectionKey) -> Option<Hit<'_>> {
         let r = self.plan.as_ref()?.get(key)?;
         self.bump(Counter::PlanHits);
         Some(Hit { entry: Entry::Held(r), source: SelectionSource::Plan, notes: Vec::new() })
@@ -181,7 +187,15 @@ impl LayerZero {
         let mut notes = Vec::new();
         let buckets = key.buckets();
         let live = self.live.load();
-        if self.plan.is_some() && self.plan_on.load(Ordering::Acquire) {
+        // Whether the plan is served is decided again from this snapshot: the flag read
+        // before may predate a policy swap, and a policy's cache must never answer for a key
+        // its plan holds (a live answer where the plan's is due, cached for that policy).
+        if live.plan_on
+            && let Some(hit) = self.plan_entry(key)
+        {
+            return Ok(hit);
+        }
+        if self.plan.is_some() && live.plan_on {
             self.bump(Counter::PlanMisses);
             let bucket = buckets.map_or_else(|| "outside every bucket".to_owned(), |b| b.text(key.op));
             let miss = Reason::new(

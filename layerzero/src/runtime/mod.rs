@@ -100,6 +100,8 @@ struct Live {
     context: u64,
     /// Why the plan is not served (a refused table, a policy it was not solved under).
     plan_rejection: Option<Reason>,
+    /// The plan is served under this policy (what `LayerZero::plan_on` mirrors).
+    plan_on: bool,
 }
 
 /// The parts a handle is built from; builder methods change them and rebuild.
@@ -285,7 +287,12 @@ impl LayerZero {
             executors: Box::new([]),
             registry,
             health: HealthTable::new(n),
-            live: ArcSwap::from_pointee(Live { selector: Arc::new(selector), context, plan_rejection: None }),
+            live: ArcSwap::from_pointee(Live {
+                selector: Arc::new(selector),
+                context,
+                plan_rejection: None,
+                plan_on: false,
+            }),
             swap: Mutex::new(()),
             plan: None,
             plan_on: AtomicBool::new(false),
@@ -330,7 +337,9 @@ impl LayerZero {
         self.plan_on = AtomicBool::new(self.plan.is_some());
         self.quiet = AtomicBool::new(self.plan.is_none() && rejection.is_none());
         self.context = AtomicU64::new(context);
-        self.live = ArcSwap::from_pointee(Live { selector: Arc::new(selector), context, plan_rejection: rejection });
+        let plan_on = self.plan.is_some();
+        self.live =
+            ArcSwap::from_pointee(Live { selector: Arc::new(selector), context, plan_rejection: rejection, plan_on });
         self.cache = SelectionCache::new(self.cache.capacity());
         self.typed_cache = SelectionCache::new(self.cache.capacity());
         Ok(self)
@@ -451,7 +460,7 @@ impl LayerZero {
         }
         let context = context_of(&selector);
         let quiet = self.plan.is_none() && rejection.is_none();
-        self.live.store(Arc::new(Live { selector: Arc::new(selector), context, plan_rejection: rejection }));
+        self.live.store(Arc::new(Live { selector: Arc::new(selector), context, plan_rejection: rejection, plan_on }));
         self.plan_on.store(plan_on, Ordering::Release);
         self.quiet.store(quiet, Ordering::Release);
         self.context.store(context, Ordering::Release);
