@@ -199,8 +199,8 @@ pub(super) fn run(a: BenchArgs) -> Result<Outcome> {
 
 fn build_set(a: &BenchArgs, reference: &LayerZero) -> Result<Set> {
     let (requests, source, draw) = if a.random_shapes {
-        // Eight times as many keys as the cache can intern: once it is full, at most one
-        // draw in eight can hit.
+        // Eight times as many draws as the cache can intern (about half survive as distinct
+        // keys): once it is full, most draws miss.
         let n = (reference.cache().capacity() * 16).max(1024);
         (random_requests(n), format!("random shapes, seed {SEED:#x}"), true)
     } else {
