@@ -50,11 +50,13 @@ pub enum SchemaKind {
     GenerateReport,
     /// `lz diff --json`.
     DiffReport,
+    /// `lz bench-select --json`.
+    BenchSelectReport,
 }
 
 impl SchemaKind {
     /// Every kind.
-    pub const ALL: [SchemaKind; 21] = [
+    pub const ALL: [SchemaKind; 22] = [
         SchemaKind::Capabilities,
         SchemaKind::Hardware,
         SchemaKind::Policy,
@@ -76,6 +78,7 @@ impl SchemaKind {
         SchemaKind::ReadinessReport,
         SchemaKind::GenerateReport,
         SchemaKind::DiffReport,
+        SchemaKind::BenchSelectReport,
     ];
 
     /// The schema file name in `schemas/`.
@@ -102,6 +105,7 @@ impl SchemaKind {
             SchemaKind::ReadinessReport => "readiness_report.schema.json",
             SchemaKind::GenerateReport => "generate_report.schema.json",
             SchemaKind::DiffReport => "diff_report.schema.json",
+            SchemaKind::BenchSelectReport => "bench_select_report.schema.json",
         }
     }
 
@@ -129,6 +133,7 @@ impl SchemaKind {
             SchemaKind::ReadinessReport => include_str!("../../schemas/readiness_report.schema.json"),
             SchemaKind::GenerateReport => include_str!("../../schemas/generate_report.schema.json"),
             SchemaKind::DiffReport => include_str!("../../schemas/diff_report.schema.json"),
+            SchemaKind::BenchSelectReport => include_str!("../../schemas/bench_select_report.schema.json"),
         }
     }
 

@@ -2,6 +2,7 @@
 
 mod cli;
 mod cli_plans;
+mod concurrency;
 mod determinism;
 mod failure_injection;
 mod faults;

@@ -56,6 +56,10 @@ pub(super) enum Command {
     /// the loaded dispatch table and its validation, a PerfDB copy, recent selection logs,
     /// policy, health and counters.
     Snapshot(SnapshotCmd),
+    /// Selection throughput from N threads sharing one handle, every answer checked against
+    /// the single-threaded one, and resident memory at start and end. Exit 1 if an answer
+    /// differs.
+    BenchSelect(BenchSelectCmd),
 }
 
 #[derive(Args, Debug)]
@@ -70,6 +74,25 @@ pub(super) struct SnapshotCmd {
     #[arg(long, value_name = "FILE")]
     pub(super) perfdb: Option<PathBuf>,
     /// Machine-readable output.
+    #[arg(long)]
+    pub(super) json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct BenchSelectCmd {
+    /// Thread counts, comma-separated: one row each (1,2,16).
+    #[arg(long, value_name = "N[,N...]", value_delimiter = ',', required = true)]
+    pub(super) threads: Vec<usize>,
+    /// Seconds each row runs.
+    #[arg(long, value_name = "S")]
+    pub(super) seconds: f64,
+    /// Select the buckets of this workload file (default: a built-in mixed set).
+    #[arg(long, value_name = "FILE")]
+    pub(super) workload: Option<PathBuf>,
+    /// Draw shapes at random (seeded) from a pool larger than the cache, so most selections miss.
+    #[arg(long)]
+    pub(super) random_shapes: bool,
+    /// Machine-readable output (schemas/bench_select_report.schema.json).
     #[arg(long)]
     pub(super) json: bool,
 }

@@ -2,6 +2,7 @@
 //! 2 usage, configuration or input error. Errors print as one line, never a panic.
 
 mod args;
+mod bench;
 mod doctor;
 mod generate;
 mod inspect;
@@ -149,6 +150,13 @@ fn run(cli: Cli) -> Result<Outcome> {
         Command::Diff(a) => generate::diff(a),
         Command::Snapshot(a) => snapshot(a),
         Command::Workload(a) => generate::workload(a),
+        Command::BenchSelect(a) => bench::run(bench::BenchArgs {
+            threads: a.threads,
+            seconds: a.seconds,
+            workload: a.workload,
+            random_shapes: a.random_shapes,
+            json: a.json,
+        }),
         Command::ReasonCodes(a) => {
             if a.json {
                 print_json(&crate::reason::reason_codes_document());

@@ -11,6 +11,9 @@
 //! Bounds: `capacity` slots, and at most `2 * capacity` interned entries. Once the table is
 //! full, new decisions are not cached (selection stays live and correct, counted as
 //! uncacheable); building a new handle starts a new table.
+//!
+//! Writers meet only on the insert path, and there only per shard of the intern index: two
+//! threads caching different keys rarely take the same lock. Reads take none.
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -30,8 +33,23 @@ pub struct SelectionCache {
     mask: usize,
     entries: Box<[OnceLock<Resolved>]>,
     next: AtomicUsize,
-    /// Where each interned (key, context) lives (insert path only).
-    index: Mutex<HashMap<(PlanKey, u64), u32>>,
+    /// Where each interned (key, context) lives (insert path only), sharded by [`spread`].
+    index: Box<[Mutex<Interned>]>,
+}
+
+/// One shard of the intern index: (key, context) to entry.
+type Interned = HashMap<(PlanKey, u64), u32>;
+
+/// Shards of the intern index.
+const INDEX_SHARDS: usize = 16;
+
+/// One word from a key and its context. The key's validity is already a 128-bit hash (and so
+/// is the context): one multiply spreads the buckets, which are small numbers.
+#[inline]
+pub(crate) fn spread(key: &PlanKey, context: u64) -> u64 {
+    let v = key.validity;
+    let b = key.buckets.word().wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (v as u64) ^ ((v >> 64) as u64).rotate_left(29) ^ b ^ b >> 32 ^ context
 }
 
 impl SelectionCache {
@@ -43,18 +61,13 @@ impl SelectionCache {
             mask: n.saturating_sub(1),
             entries: (0..n.saturating_mul(2)).map(|_| OnceLock::new()).collect(),
             next: AtomicUsize::new(0),
-            index: Mutex::new(HashMap::new()),
+            index: (0..INDEX_SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
         }
     }
 
     #[inline]
     fn slot(&self, key: &PlanKey, context: u64) -> Option<&SeqWords> {
-        // The key's validity is already a 128-bit hash (and so is the context): one multiply
-        // spreads the buckets, which are small numbers, across the slots.
-        let v = key.validity;
-        let b = key.buckets.word().wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let h = (v as u64) ^ ((v >> 64) as u64).rotate_left(29) ^ b ^ b >> 32 ^ context;
-        self.slots.get(h as usize & self.mask)
+        self.slots.get(spread(key, context) as usize & self.mask)
     }
 
     /// The cached entry for (key, context).
@@ -69,12 +82,24 @@ impl SelectionCache {
         self.entries.get((w[2] & 0xffff_ffff) as usize)?.get()
     }
 
+    /// The entry interned for (key, context) when its slot holds another key: two keys that
+    /// share a slot evict each other there, and without this each would be selected live
+    /// again on every other call. Takes one shard lock of the index: the miss path only.
+    pub fn interned(&self, key: &PlanKey, context: u64) -> Option<&Resolved> {
+        let s = self.slot(key, context)?;
+        let e = *self.index.get(shard_of(key, context))?.lock().get(&(*key, context))?;
+        let resolved = self.entries.get(e as usize)?.get()?;
+        s.write(words(key, context, e));
+        Some(resolved)
+    }
+
     /// Caches an entry (the first one made for a (key, context) is kept). False when the
     /// cache holds nothing new any more (no slots, or its entry table is full).
     pub fn insert(&self, key: PlanKey, context: u64, resolved: Resolved) -> bool {
         let Some(s) = self.slot(&key, context) else { return false };
+        let Some(index) = self.index.get(shard_of(&key, context)) else { return false };
         let entry = {
-            let mut index = self.index.lock();
+            let mut index = index.lock();
             match index.get(&(key, context)) {
                 Some(&e) => e,
                 None => {
@@ -92,12 +117,7 @@ impl SelectionCache {
         };
         // A slot being written by another thread is left to it: the entry is interned
         // either way.
-        s.write([
-            (key.validity >> 64) as u64,
-            key.validity as u64,
-            (key.buckets.word() << 32) | u64::from(entry),
-            context,
-        ]);
+        s.write(words(&key, context, entry));
         true
     }
 
@@ -115,6 +135,16 @@ impl SelectionCache {
     pub fn capacity(&self) -> usize {
         self.slots.len()
     }
+}
+
+/// The shard of the intern index: high bits, as the low ones already chose the slot.
+fn shard_of(key: &PlanKey, context: u64) -> usize {
+    (spread(key, context) >> 48) as usize % INDEX_SHARDS
+}
+
+/// A slot's words for `entry`, interned for (key, context).
+fn words(key: &PlanKey, context: u64, entry: u32) -> [u64; 4] {
+    [(key.validity >> 64) as u64, key.validity as u64, (key.buckets.word() << 32) | u64::from(entry), context]
 }
 
 /// The cache context of a selector: fingerprint, capabilities hash, policy hash.
@@ -193,6 +223,18 @@ mod tests {
         }
         assert_eq!(c.len(), 2);
         assert_eq!(c.get(&key(2), 10).map(|r| r.selection.kernel.as_str()), Some("b"));
+    }
+
+    #[test]
+    fn a_key_evicted_from_its_slot_is_found_again_in_the_index() {
+        let c = SelectionCache::new(1);
+        assert!(c.insert(key(1), 10, sel("a")));
+        assert!(c.insert(key(2), 10, sel("b")));
+        assert!(c.get(&key(1), 10).is_none(), "one slot: the second key took it");
+        assert_eq!(c.interned(&key(1), 10).map(|r| r.selection.kernel.as_str()), Some("a"));
+        assert_eq!(c.get(&key(1), 10).map(|r| r.selection.kernel.as_str()), Some("a"), "and it is back in the slot");
+        assert!(c.interned(&key(3), 10).is_none(), "a key never cached is not found");
+        assert!(c.interned(&key(1), 11).is_none(), "nor one cached under another context");
     }
 
     #[test]

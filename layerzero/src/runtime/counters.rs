@@ -37,6 +37,12 @@ pub struct Counters {
     pub timeouts: u64,
     /// Outputs rejected by `validate_outputs`.
     pub invalid_outputs: u64,
+    /// Cache misses answered by another thread's live selection of the same key, made at
+    /// the same time (single flight), instead of selecting again.
+    pub shared: u64,
+    /// Cache misses that waited for another thread's selection of their key for the longest
+    /// allowed and then selected live themselves.
+    pub wait_timeouts: u64,
 }
 
 /// Which counter.
@@ -54,9 +60,11 @@ pub(crate) enum Counter {
     BreakerOpens,
     Timeouts,
     InvalidOutputs,
+    Shared,
+    WaitTimeouts,
 }
 
-const COUNTERS: usize = 12;
+const COUNTERS: usize = 14;
 /// Stripes owned by one thread each; one more is shared by the rest.
 const STRIPES: usize = 64;
 
@@ -152,6 +160,8 @@ impl Striped {
             breaker_opens: sum(Counter::BreakerOpens),
             timeouts: sum(Counter::Timeouts),
             invalid_outputs: sum(Counter::InvalidOutputs),
+            shared: sum(Counter::Shared),
+            wait_timeouts: sum(Counter::WaitTimeouts),
         }
     }
 }

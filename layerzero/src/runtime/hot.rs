@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::counters::Counter;
+use super::flight::{Role, Waited};
 use super::{LayerZero, PlanMode, SelectionSource};
 use crate::capacity;
 use crate::error::{Error, ErrorKind, Result};
@@ -108,6 +109,12 @@ impl LayerZero {
         if !self.plan_on.load(Ordering::Acquire) {
             return None;
         }
+        self.plan_entry(key)
+    }
+
+    /// The plan's entry for `key`, whether or not the plan is served.
+    #[inline(always)]
+    fn plan_entry(&self, key: &SelectionKey) -> Option<Hit<'_>> {
         let r = self.plan.as_ref()?.get(key)?;
         self.bump(Counter::PlanHits);
         Some(Hit { entry: Entry::Held(r), source: SelectionSource::Plan, notes: Vec::new() })
@@ -201,7 +208,15 @@ impl LayerZero {
         let mut notes = Vec::new();
         let buckets = key.buckets();
         let live = self.live.load();
-        if self.plan.is_some() && self.plan_on.load(Ordering::Acquire) {
+        // Whether the plan is served is decided again from this snapshot: the flag read
+        // before may predate a policy swap, and a policy's cache must never answer for a key
+        // its plan holds (a live answer where the plan's is due, cached for that policy).
+        if live.plan_on
+            && let Some(hit) = self.plan_entry(key)
+        {
+            return Ok(hit);
+        }
+        if self.plan.is_some() && live.plan_on {
             self.bump(Counter::PlanMisses);
             let bucket = buckets.map_or_else(|| "outside every bucket".to_owned(), |b| b.text(key.op));
             let miss = Reason::new(
@@ -218,15 +233,36 @@ impl LayerZero {
             notes.push(r.clone());
         }
         let pk = buckets.map(|b| PlanKey { validity: key.validity, buckets: b });
+        let mut lead = None;
         if let Some(pk) = &pk {
-            if let Some(hit) = self.cache.get(pk, live.context) {
+            if let Some(hit) = self.cache.get(pk, live.context).or_else(|| self.cache.interned(pk, live.context)) {
                 self.bump(Counter::CacheHits);
                 return Ok(Hit { entry: Entry::Held(hit), source: SelectionSource::Cache, notes });
             }
             self.bump(Counter::CacheMisses);
+            match self.flights.join(*pk, live.context) {
+                Role::Leader(l) => {
+                    // A leader that finished between our miss and our join has cached it.
+                    if let Some(hit) = self.cache.get(pk, live.context) {
+                        l.finish(hit);
+                        self.bump(Counter::Shared);
+                        return Ok(Hit { entry: Entry::Held(hit), source: SelectionSource::Cache, notes });
+                    }
+                    lead = Some(l);
+                }
+                Role::Waiter(flight) => match flight.wait() {
+                    Waited::Answer(resolved) => {
+                        self.bump(Counter::Shared);
+                        return Ok(Hit { entry: Entry::Live(resolved), source: SelectionSource::Live, notes });
+                    }
+                    Waited::TimedOut => self.bump(Counter::WaitTimeouts),
+                    Waited::Abandoned => {}
+                },
+            }
         }
         self.bump(Counter::Live);
         let req = req();
+        // On an error `lead` drops unfinished and its waiters select for themselves.
         let selection = Arc::new(live.selector.select(&req)?);
         self.log_live(&req, &selection);
         let resolved = Resolved { executor: self.executor(selection.index).cloned(), selection };
@@ -234,6 +270,9 @@ impl LayerZero {
         match pk {
             Some(pk) if fits && self.cache.insert(pk, live.context, resolved.clone()) => {}
             _ => self.bump(Counter::Uncacheable),
+        }
+        if let Some(lead) = lead {
+            lead.finish(&resolved);
         }
         Ok(Hit { entry: Entry::Live(resolved), source: SelectionSource::Live, notes })
     }

@@ -12,6 +12,7 @@ mod counters;
 mod deadline;
 mod dispatch;
 pub mod faults;
+mod flight;
 mod hot;
 mod snapshot;
 mod watch;
@@ -109,6 +110,8 @@ struct Live {
     context: u64,
     /// Why the plan is not served (a refused table, a policy it was not solved under).
     plan_rejection: Option<Reason>,
+    /// The plan is served under this policy (what `LayerZero::plan_on` mirrors).
+    plan_on: bool,
 }
 
 /// The parts a handle is built from; builder methods change them and rebuild.
@@ -177,6 +180,8 @@ pub struct LayerZero {
     /// The selection cache keyed by typed fingerprints instead of validity hashes.
     typed_cache: SelectionCache,
     memo: KeyMemo,
+    /// Live selections in flight, so concurrent misses of one key select once.
+    flights: flight::Flights,
     max_workspace: u64,
     check_inputs: bool,
     counters: Striped,
@@ -315,6 +320,7 @@ impl LayerZero {
                 selector: Arc::new(selector),
                 context,
                 plan_rejection: None,
+                plan_on: false,
             }),
             swap: Mutex::new(()),
             plan: None,
@@ -327,6 +333,7 @@ impl LayerZero {
             cache: SelectionCache::new(DEFAULT_CACHE_CAPACITY),
             typed_cache: SelectionCache::new(DEFAULT_CACHE_CAPACITY),
             memo: KeyMemo::new(MEMO_SLOTS),
+            flights: flight::Flights::default(),
             max_workspace,
             check_inputs: false,
             counters: Striped::default(),
@@ -368,8 +375,14 @@ impl LayerZero {
         self.quiet = AtomicBool::new(self.plan.is_none() && rejection.is_none());
         self.context = AtomicU64::new(context);
         self.next_expiry = AtomicI64::new(declared.next_expiry_after(now).unwrap_or(i64::MAX));
-        self.live =
-            ArcSwap::from_pointee(Live { declared, selector: Arc::new(selector), context, plan_rejection: rejection });
+        let plan_on = self.plan.is_some();
+        self.live = ArcSwap::from_pointee(Live {
+            declared,
+            selector: Arc::new(selector),
+            context,
+            plan_rejection: rejection,
+            plan_on,
+        });
         self.cache = SelectionCache::new(self.cache.capacity());
         self.typed_cache = SelectionCache::new(self.cache.capacity());
         Ok(self)
@@ -506,7 +519,13 @@ impl LayerZero {
         let context = context_of(&selector);
         let quiet = self.plan.is_none() && rejection.is_none();
         let next_expiry = declared.next_expiry_after(now).unwrap_or(i64::MAX);
-        self.live.store(Arc::new(Live { declared, selector: Arc::new(selector), context, plan_rejection: rejection }));
+        self.live.store(Arc::new(Live {
+            declared,
+            selector: Arc::new(selector),
+            context,
+            plan_rejection: rejection,
+            plan_on,
+        }));
         self.health.configure(health);
         self.next_expiry.store(next_expiry, Ordering::Release);
         self.policy_swaps.fetch_add(1, Ordering::Relaxed);
