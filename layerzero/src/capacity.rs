@@ -17,34 +17,54 @@ use crate::select::Selector;
 use crate::transform::Transform;
 
 /// The capacity stage: rejects with `MEMORY_HEADROOM_EXCEEDED` when the kernel's workspace
-/// and its transform copies do not fit on `dev`.
+/// and its transform copies do not fit on `dev`. `available` is the live headroom when a
+/// gauge reads one (the request's inputs already live in memory, so only its outputs, the
+/// reserve and the workspace must still fit in it). Returns the bytes free for workspace.
 pub fn check<S: Sink>(
     kernel: &KernelSpec,
     problem: &Problem,
     transforms: &[Transform],
     dev: &DeviceProfile,
     policy: &Policy,
+    available: Option<u64>,
     sink: &mut S,
-) {
+) -> u64 {
     let out_bytes = score::output_elements(problem).saturating_mul(problem.dtype.size_bytes());
     let transform_bytes: u64 = transforms.iter().map(|t| t.bytes / 2).sum();
     let need = kernel.properties.workspace_bytes.saturating_add(transform_bytes);
-    let free = dev
-        .memory_bytes
-        .saturating_sub(problem.input_bytes)
-        .saturating_sub(out_bytes)
-        .saturating_sub(policy.memory_reserve_bytes);
-    if need > free {
+    let on_paper = dev.memory_bytes.saturating_sub(problem.input_bytes);
+    let room = available.map_or(on_paper, |a| a.min(on_paper));
+    let kept = out_bytes.saturating_add(policy.memory_reserve_bytes);
+    let free = room.saturating_sub(kept);
+    if need > free || kept > room {
         sink.reject(ReasonCode::MEMORY_HEADROOM_EXCEEDED, || {
-            format!("needs {need} bytes of workspace and copies; {free} bytes are free after the request's tensors and the reserve")
+            let live = if available.is_some() { " (live reading)" } else { "" };
+            format!(
+                "needs {need} bytes of workspace and copies; {free} bytes are free{live} after the request's tensors and the reserve"
+            )
         });
     }
+    free
+}
+
+/// The score factor of a kernel under memory pressure: `1 + workspace / free`, so a kernel
+/// whose workspace would take most of what is left loses to one that needs less, while a
+/// small workspace costs next to nothing.
+pub fn pressure_factor(kernel: &KernelSpec, free: u64) -> f64 {
+    1.0 + kernel.properties.workspace_bytes as f64 / free.max(1) as f64
 }
 
 /// True when the bucket's largest request (each axis < 2x larger, so under 2^axes times
 /// the bytes) still fits with every kernel's workspace and a copy of the inputs for
 /// transforms: only then may a live selection be cached for the whole bucket.
 pub fn bucket_fits(key: &SelectionKey, req: &Request, max_workspace: u64, selector: &Selector) -> bool {
+    let total = selector.hardware().primary().memory_bytes;
+    let problem_bytes = Problem::describe(req).input_bytes;
+    // With a live reading, the inputs are already resident: what is left is the headroom.
+    let limit = match selector.memory().and_then(|g| g.available()) {
+        Some(a) => total.min(a.saturating_add(problem_bytes)),
+        None => total,
+    };
     let problem = Problem::describe(req);
     let out = score::output_elements(&problem).saturating_mul(problem.dtype.size_bytes());
     let growth = 1u64 << key.axes.min(axes::MAX_AXES as u8);
@@ -55,5 +75,5 @@ pub fn bucket_fits(key: &SelectionKey, req: &Request, max_workspace: u64, select
         .saturating_mul(growth)
         .saturating_add(max_workspace)
         .saturating_add(selector.policy().memory_reserve_bytes);
-    need <= selector.hardware().primary().memory_bytes
+    need <= limit
 }

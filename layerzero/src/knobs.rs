@@ -287,7 +287,16 @@ pub const REDACT: Knob = Knob {
           shapes, ops, backends, or all.",
 };
 
-static ALL: [Knob; 24] = [
+/// How often the host's memory headroom is re-read.
+pub const MEMORY_POLL_MS: Knob = Knob {
+    name: "LAYERZERO_MEMORY_POLL_MS",
+    ty: KnobType::U64,
+    default: "500",
+    doc: "How often one thread re-reads this host's memory headroom (MemAvailable and the cgroup \
+          limit) for selection, in milliseconds (at least 10); selection never reads it itself.",
+};
+
+static ALL: [Knob; 25] = [
     HOME,
     PERFDB,
     PLAN_MODE,
@@ -312,6 +321,7 @@ static ALL: [Knob; 24] = [
     LOG,
     OTEL,
     REDACT,
+    MEMORY_POLL_MS,
 ];
 
 /// A policy field set by a knob.
@@ -402,6 +412,17 @@ pub fn policy_poll_in(env: Lookup<'_>) -> Result<std::time::Duration> {
         }
         Some(KnobValue::U64(n)) => Ok(std::time::Duration::from_millis(n)),
         _ => Ok(std::time::Duration::from_millis(1000)),
+    }
+}
+
+/// `LAYERZERO_MEMORY_POLL_MS` in the process environment (default 500, at least 10).
+pub fn memory_poll() -> Result<std::time::Duration> {
+    match MEMORY_POLL_MS.value()? {
+        Some(KnobValue::U64(n)) if n < 10 => {
+            Err(Error::invalid(format!("{}={n}: expected at least 10", MEMORY_POLL_MS.name)))
+        }
+        Some(KnobValue::U64(n)) => Ok(std::time::Duration::from_millis(n)),
+        _ => Ok(std::time::Duration::from_millis(500)),
     }
 }
 

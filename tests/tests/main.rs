@@ -13,6 +13,7 @@ mod flips;
 mod front_door;
 mod health;
 mod measured;
+mod memory;
 mod models;
 mod observability;
 mod plans;

@@ -98,7 +98,9 @@ impl LayerZero {
             return Some(hit);
         }
         let buckets = key.buckets()?;
-        let hit = self.cache.get(&PlanKey { validity: key.validity, buckets }, self.context.load(Ordering::Acquire))?;
+        let hit = self
+            .cache
+            .get(&PlanKey { validity: key.validity, buckets }, self.salted(self.context.load(Ordering::Acquire)))?;
         self.bump(Counter::CacheHits);
         Some(Hit { entry: Entry::Held(hit), source: SelectionSource::Cache, notes: Vec::new() })
     }
@@ -150,7 +152,7 @@ impl LayerZero {
             Some(PlanKey { validity: t.fingerprint, buckets })
         });
         if let Some(pk) = &typed_key
-            && let Some(r) = self.typed_cache.get(pk, self.context.load(Ordering::Acquire))
+            && let Some(r) = self.typed_cache.get(pk, self.salted(self.context.load(Ordering::Acquire)))
         {
             self.bump(Counter::CacheHits);
             return Ok(Hit { entry: Entry::Held(r), source: SelectionSource::Cache, notes: Vec::new() });
@@ -178,7 +180,7 @@ impl LayerZero {
         // What the validity-keyed cache holds, the typed one may serve: same bucket, same
         // context, so the same verdict.
         if let (Some(pk), Some(buckets)) = (typed_key, key.buckets()) {
-            let context = self.live.load().context;
+            let context = self.salted(self.live.load().context);
             if let Some(r) = self.cache.get(&PlanKey { validity: key.validity, buckets }, context) {
                 self.typed_cache.insert(pk, context, r.clone());
             }
@@ -208,6 +210,7 @@ impl LayerZero {
         let mut notes = Vec::new();
         let buckets = key.buckets();
         let live = self.live.load();
+        let context = self.salted(live.context);
         // Whether the plan is served is decided again from this snapshot: the flag read
         // before may predate a policy swap, and a policy's cache must never answer for a key
         // its plan holds (a live answer where the plan's is due, cached for that policy).
@@ -235,15 +238,15 @@ impl LayerZero {
         let pk = buckets.map(|b| PlanKey { validity: key.validity, buckets: b });
         let mut lead = None;
         if let Some(pk) = &pk {
-            if let Some(hit) = self.cache.get(pk, live.context).or_else(|| self.cache.interned(pk, live.context)) {
+            if let Some(hit) = self.cache.get(pk, context).or_else(|| self.cache.interned(pk, context)) {
                 self.bump(Counter::CacheHits);
                 return Ok(Hit { entry: Entry::Held(hit), source: SelectionSource::Cache, notes });
             }
             self.bump(Counter::CacheMisses);
-            match self.flights.join(*pk, live.context) {
+            match self.flights.join(*pk, context) {
                 Role::Leader(l) => {
                     // A leader that finished between our miss and our join has cached it.
-                    if let Some(hit) = self.cache.get(pk, live.context) {
+                    if let Some(hit) = self.cache.get(pk, context) {
                         l.finish(hit);
                         self.bump(Counter::Shared);
                         return Ok(Hit { entry: Entry::Held(hit), source: SelectionSource::Cache, notes });
@@ -268,13 +271,21 @@ impl LayerZero {
         let resolved = Resolved { executor: self.executor(selection.index).cloned(), selection };
         let fits = capacity::bucket_fits(key, &req, self.max_workspace, &live.selector);
         match pk {
-            Some(pk) if fits && self.cache.insert(pk, live.context, resolved.clone()) => {}
+            Some(pk) if fits && self.cache.insert(pk, context, resolved.clone()) => {}
             _ => self.bump(Counter::Uncacheable),
         }
         if let Some(lead) = lead {
             lead.finish(&resolved);
         }
         Ok(Hit { entry: Entry::Live(resolved), source: SelectionSource::Live, notes })
+    }
+
+    /// The cache context under the memory gauge's current state: a choice made while memory
+    /// was plentiful is not served under pressure (and back), where the verdicts differ.
+    #[inline]
+    fn salted(&self, context: u64) -> u64 {
+        const PRESSURE_SALT: u64 = 0x9e37_79b9_7f4a_7c15;
+        if self.parts.memory.as_ref().is_some_and(|g| g.under_pressure()) { context ^ PRESSURE_SALT } else { context }
     }
 
     /// The selection log's record of a live selection: an event for the subscriber, a record

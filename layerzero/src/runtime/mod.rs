@@ -125,6 +125,8 @@ struct Parts {
     /// Why the configured table could not even be read.
     table_rejection: Option<Reason>,
     plan_mode: PlanMode,
+    /// Live headroom of the host's memory (host handles; planning handles have none).
+    memory: Option<Arc<crate::hardware::memory::MemoryGauge>>,
 }
 
 /// LayerZero: selection, explanation and dispatch on one machine under one policy.
@@ -261,7 +263,21 @@ impl LayerZero {
     pub fn detected_with(catalog: Arc<Catalog>) -> Result<LayerZero> {
         let hardware = Arc::new(detect::detect_host().profile);
         let availability = Availability::probe_host(&catalog, &hardware);
-        LayerZero::build(catalog, hardware, availability, Arc::new(Policy::default()), Registry::builtin())
+        let cpu_memory =
+            hardware.devices.iter().find(|d| d.kind == crate::model::device::DeviceKind::Cpu).map(|d| d.memory_bytes);
+        let lz = LayerZero::build(catalog, hardware, availability, Arc::new(Policy::default()), Registry::builtin())?;
+        match cpu_memory {
+            Some(total) => lz.with_memory_gauge(crate::hardware::memory::MemoryGauge::host(total)),
+            None => Ok(lz),
+        }
+    }
+
+    /// Checks workspaces of CPU requests against `gauge`'s live headroom instead of the
+    /// profile's memory, and prefers smaller workspaces while it reads under pressure. Host
+    /// handles use the process-wide gauge (`MemoryGauge::host`); an engine may feed its own.
+    pub fn with_memory_gauge(mut self, gauge: Arc<crate::hardware::memory::MemoryGauge>) -> Result<LayerZero> {
+        self.parts.memory = Some(gauge);
+        self.rebuilt(None)
     }
 
     /// Plans for a named hardware profile (`lz hardware --list`) or a profile file: every
@@ -310,6 +326,7 @@ impl LayerZero {
                 table: None,
                 table_rejection: None,
                 plan_mode: PlanMode::Prefer,
+                memory: None,
             },
             executors: Box::new([]),
             registry,
@@ -355,6 +372,9 @@ impl LayerZero {
             Selector::new(p.catalog.clone(), p.hardware.clone(), policy, Arc::new(p.availability.clone()))?;
         if let Some(m) = &p.measurements {
             selector = selector.with_measurements(m.clone());
+        }
+        if let Some(g) = &p.memory {
+            selector = selector.with_memory(g.clone());
         }
         self.health.configure(health);
         self.executors = p.catalog.kernels().map(|(_, _, k)| self.registry.get(&k.id).cloned()).collect();

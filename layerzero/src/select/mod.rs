@@ -15,6 +15,7 @@ use crate::capabilities::spec::{BackendSpec, KernelSpec};
 use crate::capacity;
 use crate::constraint::{self, Codes, Sink};
 use crate::error::{Error, ErrorKind, Result};
+use crate::hardware::memory::MemoryGauge;
 use crate::hardware::profile::{DeviceProfile, HardwareProfile};
 use crate::model::device::DeviceRef;
 use crate::model::problem::Problem;
@@ -58,6 +59,8 @@ pub struct Selector {
     availability: Arc<Availability>,
     policy_hash: String,
     measurements: Option<Arc<Measurements>>,
+    /// Live headroom of the host's memory (CPU requests only); absent: the profile's figure.
+    memory: Option<Arc<MemoryGauge>>,
 }
 
 /// One candidate's verdict, before it is written into a report.
@@ -76,6 +79,8 @@ struct Context<'a> {
     rules: Matched<'a>,
     /// PerfDB rows for the request's key and bucket, by kernel.
     measured: Option<&'a BTreeMap<String, RowVerdict>>,
+    /// The live headroom, read once for the whole selection, and whether it is under pressure.
+    headroom: Option<(u64, bool)>,
 }
 
 impl Selector {
@@ -88,7 +93,7 @@ impl Selector {
     ) -> Result<Selector> {
         policy.check_against(&catalog)?;
         let policy_hash = policy.hash();
-        Ok(Selector { catalog, hardware, policy, availability, policy_hash, measurements: None })
+        Ok(Selector { catalog, hardware, policy, availability, policy_hash, measurements: None, memory: None })
     }
 
     /// A planning selector for a named or given profile: every backend counts as installed.
@@ -101,6 +106,18 @@ impl Selector {
     pub fn with_measurements(mut self, measurements: Arc<Measurements>) -> Selector {
         self.measurements = (!measurements.is_empty()).then_some(measurements);
         self
+    }
+
+    /// The same selector checking workspaces of CPU requests against `gauge`'s live headroom
+    /// (and preferring smaller workspaces while it reads under pressure).
+    pub fn with_memory(mut self, gauge: Arc<MemoryGauge>) -> Selector {
+        self.memory = Some(gauge);
+        self
+    }
+
+    /// The memory gauge in use, if any.
+    pub fn memory(&self) -> Option<&MemoryGauge> {
+        self.memory.as_deref()
     }
 
     /// The measurements in use, if any.
@@ -353,7 +370,11 @@ impl Selector {
             let buckets = key.buckets()?;
             m.point(key.validity, &buckets.text(req.op))
         });
-        Context { problem, request_errors, device_ref, device, rules, measured }
+        let headroom = match (&self.memory, device_ref.kind) {
+            (Some(g), crate::model::device::DeviceKind::Cpu) => g.available().map(|a| (a, g.under_pressure())),
+            _ => None,
+        };
+        Context { problem, request_errors, device_ref, device, rules, measured, headroom }
     }
 
     /// The device every tensor lives on; records DEVICE_MIXED.
@@ -415,9 +436,9 @@ impl Selector {
         );
         let (transforms, adapted) = self.constraints(kernel, req, cx, memo, &mut reasons, kernel.device_kind(backend));
         policy::stage::judge(&self.policy, &cx.rules, kernel, &mut reasons);
-        if let Some(dev) = cx.device {
-            capacity::check(kernel, &cx.problem, &transforms, dev, &self.policy, &mut reasons);
-        }
+        let free = cx.device.map(|dev| {
+            capacity::check(kernel, &cx.problem, &transforms, dev, &self.policy, cx.headroom.map(|h| h.0), &mut reasons)
+        });
         let score = match (reasons.is_clear(), cx.device) {
             (true, Some(dev)) => {
                 let (r, pb) = match adapted {
@@ -425,7 +446,10 @@ impl Selector {
                     None => (req, &cx.problem),
                 };
                 let measured = cx.measured.and_then(|m| m.get(&kernel.id));
-                let factor = policy::stage::factor(&cx.rules, &kernel.id);
+                let mut factor = policy::stage::factor(&cx.rules, &kernel.id);
+                if let (Some((_, true)), Some(free)) = (cx.headroom, free) {
+                    factor *= capacity::pressure_factor(kernel, free);
+                }
                 Some(score::total(kernel, r, pb, dev, measured, &transforms, factor))
             }
             _ => None,
