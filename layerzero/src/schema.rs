@@ -160,13 +160,37 @@ fn validator(kind: SchemaKind) -> std::result::Result<&'static jsonschema::Valid
 /// Every violation of `kind`'s schema in `value`, as `path: message` lines.
 pub fn violations(kind: SchemaKind, value: &serde_json::Value) -> Result<Vec<String>> {
     let v = validator(kind).map_err(|e| Error::new(ErrorKind::Schema, e))?;
-    Ok(v.iter_errors(value)
-        .map(|e| {
-            let path = e.instance_path().to_string();
-            let at = if path.is_empty() { "/".to_owned() } else { path };
-            format!("{at}: {e}")
-        })
-        .collect())
+    Ok(v.iter_errors(value).map(|e| describe(&e)).collect())
+}
+
+/// `path: message` for one violation. A value that matches none of an `anyOf` / `oneOf`'s
+/// alternatives is described by the deepest failure among them (`/attrs/causal: "yes" is
+/// not of type "boolean"`), so the message names the field rather than only its parent.
+fn describe(e: &jsonschema::ValidationError<'_>) -> String {
+    let at = |path: String| if path.is_empty() { "/".to_owned() } else { path };
+    let parent = e.instance_path().to_string();
+    let deepest = match e.kind() {
+        jsonschema::error::ValidationErrorKind::AnyOf { context }
+        | jsonschema::error::ValidationErrorKind::OneOfNotValid { context } => {
+            context.iter().flatten().max_by_key(|sub| sub.instance_path().to_string().len())
+        }
+        _ => None,
+    };
+    match deepest {
+        Some(sub) if sub.instance_path().to_string().len() > parent.len() => {
+            format!(
+                "{}: {} (no alternative for {} matches)",
+                at(sub.instance_path().to_string()),
+                describe_leaf(sub),
+                at(parent)
+            )
+        }
+        _ => format!("{}: {e}", at(parent)),
+    }
+}
+
+fn describe_leaf(e: &jsonschema::ValidationError<'_>) -> String {
+    e.to_string()
 }
 
 /// Checks `value` against `kind`'s schema; the error names the file, the field and the rule.

@@ -73,3 +73,56 @@ fn an_input_over_the_read_limit_is_refused_naming_the_knob() {
     assert_eq!(code, 2, "a bad limit is a usage error naming the variable: {err}");
     assert!(err.contains("LAYERZERO_MAX_READ_BYTES=\"lots\""), "{err}");
 }
+
+/// Malformed inputs found by fuzzing `lz`: each error names the file, the field and the value.
+#[test]
+fn every_input_error_names_the_field_at_fault() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let write = |name: &str, text: &[u8]| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap_or_else(|e| panic!("{e}"));
+        p.display().to_string()
+    };
+    let linear = write(
+        "linear.json",
+        br#"{"op":"linear","tensors":{"x":{"dtype":"f32","shape":[8,64]},"weight":{"dtype":"f32","shape":[48,64]}}}"#,
+    );
+    let attrs = write(
+        "attrs.json",
+        br#"{"op":"attention","tensors":{"q":{"dtype":"f32","shape":[1,2,3,4],"layout":"BSHD"},"k":{"dtype":"f32","shape":[1,2,3,4],"layout":"BSHD"},"v":{"dtype":"f32","shape":[1,2,3,4],"layout":"BSHD"}},"attrs":{"causal":"yes"}}"#,
+    );
+    let bounds =
+        write("bounds.json", br#"{"rules":[{"action":"deny","kernels":"cpu.*","when":{"batch":{"min":5,"max":2}}}]}"#);
+    let ranges = write(
+        "ranges.json",
+        br#"{"schema_version":1,"name":"w","entries":[{"name":"proj","request":{"op":"linear","tensors":{"x":{"dtype":"f32","shape":[8,64]},"weight":{"dtype":"f32","shape":[48,64]}}},"ranges":{"m":[0,5]}}]}"#,
+    );
+    let entry = write(
+        "entry.json",
+        br#"{"schema_version":1,"name":"w","entries":[{"name":"proj","request":{"op":"linear"},"ranges":{}}]}"#,
+    );
+    let header = br#"{"x":{"dtype":"F32","shape":[8,64],"data_offsets":[0,2048]},"weight":{"dtype":"F32","shape":[48,64],"data_offsets":[2048,4000]}}"#;
+    let mut st = (header.len() as u64).to_le_bytes().to_vec();
+    st.extend_from_slice(header);
+    st.extend(std::iter::repeat_n(0u8, 4000));
+    let inputs = write("in.safetensors", &st);
+    let out = dir.path().join("out.safetensors").display().to_string();
+    let table = dir.path().join("t.json").display().to_string();
+    let cases: Vec<(Vec<&str>, &[&str])> = vec![
+        (vec!["explain", "--request", &attrs], &["/attrs/causal", "\"yes\"", "boolean"]),
+        (vec!["explain", "--request", &linear, "--policy", &bounds], &["rules[0].when.batch", "min 5 > max 2"]),
+        (vec!["solve", "--workload", &ranges, "--out", &table], &["/entries/0/ranges/m/0", "minimum of 1"]),
+        (vec!["solve", "--workload", &entry, "--out", &table], &["entry `proj`", "`tensors`"]),
+        (
+            vec!["run", "--request", &linear, "--inputs", &inputs, "--out", &out],
+            &["tensor `weight`", "data_offsets", "[2048, 4000]"],
+        ),
+    ];
+    for (args, needles) in cases {
+        let (code, err) = outcome(lz().args(&args));
+        assert_eq!(code, 2, "{args:?}: {err}");
+        for n in needles {
+            assert!(err.contains(n), "{args:?}: {n:?} missing from {err}");
+        }
+    }
+}

@@ -68,21 +68,14 @@ impl Request {
     /// Parses a request from JSON text. Errors name the field path and the value.
     pub fn from_json(text: &str) -> Result<Request> {
         let de = &mut serde_json::Deserializer::from_str(text);
-        let raw: RawRequest = serde_path_to_error::deserialize(de).map_err(|e| {
-            let path = e.path().to_string();
-            let inner = e.into_inner();
-            if path == "." || path.is_empty() {
-                Error::invalid(format!("request: {inner}"))
-            } else {
-                Error::invalid(format!("request field `{path}`: {inner}"))
-            }
-        })?;
+        let raw: RawRequest = serde_path_to_error::deserialize(de).map_err(path_error)?;
         Request::from_raw(raw)
     }
 
-    /// Parses a request from a JSON value.
+    /// Parses a request from a JSON value (errors name the field, without a text position).
     pub fn from_value(value: serde_json::Value) -> Result<Request> {
-        Request::from_json(&value.to_string())
+        let raw: RawRequest = serde_path_to_error::deserialize(value).map_err(path_error)?;
+        Request::from_raw(raw)
     }
 
     fn from_raw(raw: RawRequest) -> Result<Request> {
@@ -160,4 +153,15 @@ fn parse_attrs(op: Op, value: serde_json::Value) -> Result<Attrs> {
         Op::LinearInt4 => Attrs::Int4(typed(value)?),
         Op::Linear | Op::Silu | Op::Embedding => Attrs::None(typed(value)?),
     })
+}
+
+/// A deserialization error naming the field path (`request field `tensors.q.shape``).
+fn path_error<E: std::fmt::Display>(e: serde_path_to_error::Error<E>) -> Error {
+    let path = e.path().to_string();
+    let inner = e.into_inner();
+    if path == "." || path.is_empty() {
+        Error::invalid(format!("request: {inner}"))
+    } else {
+        Error::invalid(format!("request field `{path}`: {inner}"))
+    }
 }

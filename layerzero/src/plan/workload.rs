@@ -117,7 +117,7 @@ impl Workload {
 impl Entry {
     /// The entry's template request.
     pub fn template(&self) -> Result<Request> {
-        Request::from_value(self.request.clone()).map_err(|e| e.context(&format!("entry `{}`: request", self.name)))
+        Request::from_value(self.request.clone()).map_err(|e| e.context(&format!("entry `{}`", self.name)))
     }
 
     /// The points of this entry.

@@ -294,6 +294,22 @@ impl Policy {
                     "{origin}: field `rules[{i}].factor` is {f}; prefer takes (0, 1], avoid [1, inf), others none"
                 )));
             }
+            let w = &r.when;
+            for (name, b) in [
+                ("batch", w.batch),
+                ("seq_len_q", w.seq_len_q),
+                ("seq_len_k", w.seq_len_k),
+                ("head_dim", w.head_dim),
+                ("hidden", w.hidden),
+            ] {
+                if let Some(Bounds { min: Some(lo), max: Some(hi) }) = b
+                    && lo > hi
+                {
+                    return Err(Error::invalid(format!(
+                        "{origin}: field `rules[{i}].when.{name}` is min {lo} > max {hi}; the rule could never apply"
+                    )));
+                }
+            }
             if let Some(t) = &r.expires_at
                 && parse_utc(t).is_none()
             {

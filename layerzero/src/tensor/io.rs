@@ -68,10 +68,58 @@ fn from_view(name: &str, origin: &str, v: &TensorView<'_>) -> Result<HostTensor>
     HostTensor::new(storage, v.shape()).map_err(|e| Error::invalid(format!("{origin}: tensor `{name}`: {e}")))
 }
 
+/// The error for bytes the safetensors reader refused, naming the tensor and the field at
+/// fault when the header says which (the reader's own message does not).
+fn not_safetensors(bytes: &[u8], origin: &str, e: &safetensors::SafeTensorError) -> Error {
+    match header_fault(bytes) {
+        Some(fault) => Error::invalid(format!("{origin}: not a safetensors file: {fault}")),
+        None => Error::invalid(format!("{origin}: not a safetensors file: {e}")),
+    }
+}
+
+/// The first tensor whose header entry is inconsistent: an unknown dtype, or `data_offsets`
+/// that do not span `shape` x the dtype's size or run past the data.
+fn header_fault(bytes: &[u8]) -> Option<String> {
+    let len = usize::try_from(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)).ok()?;
+    let header: serde_json::Value = serde_json::from_slice(bytes.get(8..8usize.checked_add(len)?)?).ok()?;
+    let data = bytes.len() - 8 - len;
+    for (name, entry) in header.as_object()?.iter().filter(|(n, _)| *n != "__metadata__") {
+        let dtype = entry.get("dtype").and_then(|d| d.as_str()).unwrap_or("");
+        let size: u64 = match dtype {
+            "F64" | "I64" | "U64" => 8,
+            "F32" | "I32" | "U32" => 4,
+            "F16" | "BF16" | "I16" | "U16" => 2,
+            "F8_E4M3" | "F8_E5M2" | "I8" | "U8" | "BOOL" => 1,
+            other => return Some(format!("tensor `{name}`: field `dtype` is {other:?}, not a safetensors dtype")),
+        };
+        let shape: Option<Vec<u64>> =
+            entry.get("shape").and_then(|s| s.as_array()).map(|a| a.iter().filter_map(|d| d.as_u64()).collect());
+        let offsets: Option<Vec<u64>> =
+            entry.get("data_offsets").and_then(|s| s.as_array()).map(|a| a.iter().filter_map(|d| d.as_u64()).collect());
+        let (Some(shape), Some(offsets)) = (shape, offsets) else {
+            return Some(format!("tensor `{name}`: fields `shape` and `data_offsets` must be arrays of integers"));
+        };
+        let [start, end] = offsets[..] else {
+            return Some(format!("tensor `{name}`: field `data_offsets` must hold two integers"));
+        };
+        let need = shape.iter().try_fold(size, |acc, &d| acc.checked_mul(d));
+        if end < start || need != Some(end - start) {
+            return Some(format!(
+                "tensor `{name}`: field `data_offsets` [{start}, {end}] spans {} bytes; shape {shape:?} of {dtype} needs {}",
+                end.saturating_sub(start),
+                need.map_or("more than 2^64".to_owned(), |n| n.to_string())
+            ));
+        }
+        if end > data as u64 {
+            return Some(format!("tensor `{name}`: field `data_offsets` ends at {end}, past the {data} bytes of data"));
+        }
+    }
+    None
+}
+
 /// Parses safetensors bytes.
 pub fn parse(bytes: &[u8], origin: &str) -> Result<BTreeMap<String, HostTensor>> {
-    let st = safetensors::SafeTensors::deserialize(bytes)
-        .map_err(|e| Error::invalid(format!("{origin}: not a safetensors file: {e}")))?;
+    let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| not_safetensors(bytes, origin, &e))?;
     let mut out = BTreeMap::new();
     for (name, view) in st.tensors() {
         out.insert(name.clone(), from_view(&name, origin, &view)?);
@@ -112,8 +160,7 @@ pub fn read_mapped(path: &Path) -> Result<BTreeMap<String, HostTensor>> {
     // Populated: the pages are faulted in here, at load, rather than one by one inside the
     // first forward pass (measured on the 125M model: the first prefill ran 2x slower).
     let map = Arc::new(unsafe { memmap2::MmapOptions::new().populate().map(&file) }.map_err(io_err)?);
-    let st = safetensors::SafeTensors::deserialize(&map)
-        .map_err(|e| Error::invalid(format!("{origin}: not a safetensors file: {e}")))?;
+    let st = safetensors::SafeTensors::deserialize(&map).map_err(|e| not_safetensors(&map, &origin, &e))?;
     let base = map.as_ptr() as usize;
     let mut out = BTreeMap::new();
     for (name, view) in st.tensors() {
@@ -198,6 +245,16 @@ mod tests {
         let back = parse(&serialize(&m).unwrap_or_default(), "test").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(back["p"].shape(), &[3, 2]);
         assert_eq!(back["p"].to_f32_vec(), vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+    }
+
+    #[test]
+    fn an_inconsistent_header_entry_is_named_with_its_field() {
+        let header = br#"{"w":{"dtype":"F32","shape":[48,64],"data_offsets":[0,4000]}}"#;
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header);
+        bytes.extend(std::iter::repeat_n(0u8, 4000));
+        let err = parse(&bytes, "x.safetensors").err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("tensor `w`") && err.contains("data_offsets") && err.contains("12288"), "{err}");
     }
 
     #[test]
