@@ -296,7 +296,16 @@ pub const MEMORY_POLL_MS: Knob = Knob {
           limit) for selection, in milliseconds (at least 10); selection never reads it itself.",
 };
 
-static ALL: [Knob; 25] = [
+/// Where oneDNN is.
+pub const ONEDNN_LIB: Knob = Knob {
+    name: "LAYERZERO_ONEDNN_LIB",
+    ty: KnobType::Path,
+    default: "search: the loader's libdnnl.so.3 / libdnnl.so.2, then $VIRTUAL_ENV/lib, $CONDA_PREFIX/lib",
+    doc: "The oneDNN library (libdnnl.so.3) to load, tried before the loader's default paths and \
+          the active Python environment's lib/ folder.",
+};
+
+static ALL: [Knob; 26] = [
     HOME,
     PERFDB,
     PLAN_MODE,
@@ -322,6 +331,7 @@ static ALL: [Knob; 25] = [
     OTEL,
     REDACT,
     MEMORY_POLL_MS,
+    ONEDNN_LIB,
 ];
 
 /// A policy field set by a knob.

@@ -100,6 +100,9 @@ reason_codes! {
     DEVICE_KIND_MISMATCH => Availability,
     /// The request names a device index the hardware profile does not have.
     DEVICE_NOT_PRESENT => Availability,
+    /// The backend's library was loaded in a version the kernel's facts were not checked
+    /// against (`library_versions` in its capability file).
+    BACKEND_VERSION_UNSUPPORTED => Availability,
     /// No executor is registered for the kernel in this process (it can be planned, not run).
     EXECUTOR_NOT_REGISTERED => Availability,
     /// The runtime marked the backend (or the kernel's circuit) unhealthy after failures.

@@ -16,6 +16,7 @@ mod measured;
 mod memory;
 mod models;
 mod observability;
+mod onednn;
 mod plans;
 mod policy;
 mod policy_config;

@@ -5,7 +5,7 @@ use std::error::Error as _;
 
 /// The `dlopen` error with its cause: libloading's `Display` says only "dlopen failed"; the
 /// real reason (`cannot open shared object file: No such file or directory`) is its source.
-fn describe(e: &libloading::Error) -> String {
+pub(crate) fn describe(e: &libloading::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

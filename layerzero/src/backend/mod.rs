@@ -5,3 +5,4 @@ pub mod cpu;
 pub mod cpu_reference;
 pub mod cuda;
 pub mod library;
+pub mod onednn;

@@ -184,6 +184,18 @@ fn validate_kernel(b: &BackendSpec, k: &KernelSpec) -> Result<()> {
             b.backend, k.id
         )));
     }
+    if let Some(v) = &k.library_versions {
+        let parse = crate::backend::onednn::Version::parse;
+        match (parse(&v.min), parse(&v.below)) {
+            (Some(lo), Some(hi)) if lo < hi => {}
+            _ => {
+                return Err(Error::invalid(format!(
+                    "kernel {}: field `library_versions` is min {:?}, below {:?}; expected versions with min < below",
+                    k.id, v.min, v.below
+                )));
+            }
+        }
+    }
     let allowed = fields_for_op(k.op);
     if let Some(field) = declared_op_fields(&k.constraints).into_iter().find(|f| !allowed.contains(f)) {
         return Err(Error::invalid(format!(

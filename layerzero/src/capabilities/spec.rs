@@ -50,6 +50,21 @@ pub struct Upstream {
 pub struct Probe {
     /// Shared libraries, any one of which makes the backend installed.
     pub libraries: Vec<String>,
+    /// A loader that also searches a knob's path and the Python environment and reads the
+    /// library's version (`onednn`); absent: the names through the system loader only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loader: Option<String>,
+}
+
+/// The library versions a kernel's facts were checked against: `min` inclusive, `below`
+/// exclusive (`{"min": "3.2.0", "below": "4.0.0"}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LibraryVersions {
+    /// The oldest version checked.
+    pub min: String,
+    /// The first version not checked.
+    pub below: String,
 }
 
 /// A compiled CUDA target: `8.0` (runs on 8.x with x >= 0) or `9.0a` (arch-specific: 9.0 only).
@@ -517,6 +532,10 @@ pub struct KernelSpec {
     /// Kernel version (defaults to the backend's).
     #[serde(default)]
     pub version: Option<String>,
+    /// For a backend loaded at run time: the library versions this kernel's facts were
+    /// checked against; another loaded version rejects it (`BACKEND_VERSION_UNSUPPORTED`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub library_versions: Option<LibraryVersions>,
     /// What it accepts.
     pub constraints: Constraints,
     /// How it behaves.

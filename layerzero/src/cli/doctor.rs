@@ -44,7 +44,10 @@ fn text(r: &DoctorReport) -> String {
     let _ = writeln!(out, "\nbackends:");
     for b in &r.backends {
         let line = match &b.status {
-            BackendStatus::Available => "available".to_owned(),
+            BackendStatus::Available => match &b.library {
+                Some(l) => format!("available: {} {} loaded from {}", b.backend, l.version, l.path),
+                None => "available".to_owned(),
+            },
             BackendStatus::NotInstalled(why) => format!("not installed: {why}"),
             BackendStatus::Unhealthy(why) => format!("unhealthy: {why}"),
         };

@@ -112,6 +112,8 @@ pub struct BackendCheck {
     pub kernels: usize,
     /// Whether it can run here, and why not.
     pub status: BackendStatus,
+    /// The library it was loaded from and its version (backends whose probe reads one).
+    pub library: Option<crate::select::LoadedLibrary>,
 }
 
 /// The sample selection: causal GQA attention prefill on the primary device.
@@ -196,6 +198,7 @@ pub fn doctor(inputs: &DoctorInputs<'_>) -> Result<DoctorReport> {
             version: b.version.clone(),
             kernels: b.kernels.len(),
             status: availability.status(&b.backend),
+            library: availability.library(&b.backend).cloned(),
         })
         .collect();
     let policy = check_policy(catalog);
@@ -237,6 +240,7 @@ impl DoctorReport {
                 serde_json::json!({
                     "backend": b.backend, "device": b.device, "execution": b.execution, "version": b.version,
                     "kernels": b.kernels, "status": status, "reason": reason,
+                    "library": b.library.as_ref().map(|l| serde_json::json!({"path": l.path, "version": l.version})),
                 })
             })
             .collect();

@@ -22,7 +22,21 @@ pub(crate) fn judge<S: Sink>(
     sink: &mut S,
 ) {
     match availability.status(&backend.backend) {
-        BackendStatus::Available => {}
+        BackendStatus::Available => {
+            if let (Some(range), Some(lib)) = (&kernel.library_versions, availability.library(&backend.backend)) {
+                let parse = crate::backend::onednn::Version::parse;
+                let inside = matches!((parse(&range.min), parse(&range.below), parse(&lib.version)),
+                    (Some(lo), Some(hi), Some(v)) if lo <= v && v < hi);
+                if !inside {
+                    sink.reject(ReasonCode::BACKEND_VERSION_UNSUPPORTED, || {
+                        format!(
+                            "{} {} is loaded ({}); {} was checked against versions >= {} and < {}",
+                            backend.backend, lib.version, lib.path, kernel.id, range.min, range.below
+                        )
+                    });
+                }
+            }
+        }
         BackendStatus::NotInstalled(why) => sink.reject(ReasonCode::BACKEND_NOT_INSTALLED, || why),
         BackendStatus::Unhealthy(why) => sink.reject(ReasonCode::BACKEND_UNHEALTHY, || why),
     }
@@ -50,10 +64,21 @@ pub enum BackendStatus {
     Unhealthy(String),
 }
 
+/// A library a backend was loaded from at run time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadedLibrary {
+    /// The name or path it was opened by.
+    pub path: String,
+    /// Its version, `major.minor.patch`.
+    pub version: String,
+}
+
 /// Backend statuses by name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Availability {
     statuses: BTreeMap<String, BackendStatus>,
+    /// Libraries loaded by a versioned probe (`probe.loader`), by backend.
+    libraries: BTreeMap<String, LoadedLibrary>,
     planning: bool,
 }
 
@@ -62,7 +87,7 @@ impl Availability {
     /// counts as installed. Device kinds are checked per request by the selector.
     pub fn planning(catalog: &Catalog) -> Availability {
         let statuses = catalog.backends().iter().map(|b| (b.backend.clone(), BackendStatus::Available)).collect();
-        Availability { statuses, planning: true }
+        Availability { statuses, libraries: BTreeMap::new(), planning: true }
     }
 
     /// This host: builtin backends are available, dynamic-library backends are probed,
@@ -70,6 +95,7 @@ impl Availability {
     /// kernels ([`Availability::mark_registered`], done by `LayerZero::register`).
     pub fn probe_host(catalog: &Catalog, hw: &HardwareProfile) -> Availability {
         let mut statuses = BTreeMap::new();
+        let mut libraries = BTreeMap::new();
         for b in catalog.backends() {
             let has_device = b.kernels.iter().any(|k| hw.devices.iter().any(|d| d.kind == k.device_kind(b)));
             let status = if !has_device {
@@ -78,6 +104,17 @@ impl Availability {
                 match b.execution {
                     Execution::Builtin => BackendStatus::Available,
                     Execution::DynamicLibrary => match &b.probe {
+                        Some(p) if p.loader.as_deref() == Some("onednn") => {
+                            match crate::backend::onednn::find(&p.libraries) {
+                                Ok(l) => {
+                                    let version = l.version.to_string();
+                                    libraries
+                                        .insert(b.backend.clone(), LoadedLibrary { path: l.path.clone(), version });
+                                    BackendStatus::Available
+                                }
+                                Err(why) => BackendStatus::NotInstalled(why),
+                            }
+                        }
                         Some(p) => match crate::backend::library::first_loadable(&p.libraries) {
                             Ok(_) => BackendStatus::Available,
                             Err(why) => BackendStatus::NotInstalled(why),
@@ -92,7 +129,7 @@ impl Availability {
             };
             statuses.insert(b.backend.clone(), status);
         }
-        Availability { statuses, planning: false }
+        Availability { statuses, libraries, planning: false }
     }
 
     /// Marks the backend of `kernel_id` available because an executor was registered for it,
@@ -118,6 +155,16 @@ impl Availability {
             .get(backend)
             .cloned()
             .unwrap_or_else(|| BackendStatus::NotInstalled(format!("backend {backend} was not probed")))
+    }
+
+    /// Records the library `backend` was loaded from (tests, hosts that load it themselves).
+    pub fn set_library(&mut self, backend: &str, library: LoadedLibrary) {
+        self.libraries.insert(backend.to_owned(), library);
+    }
+
+    /// The library `backend` was loaded from, when its probe reads versions.
+    pub fn library(&self, backend: &str) -> Option<&LoadedLibrary> {
+        self.libraries.get(backend)
     }
 
     /// True in planning mode.

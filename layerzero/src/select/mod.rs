@@ -7,7 +7,7 @@ mod report;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-pub use availability::{Availability, BackendStatus};
+pub use availability::{Availability, BackendStatus, LoadedLibrary};
 pub use report::{CandidateReport, HardwareRef, LockRef, Score, ScoreSource, SelectionReport, Verdict, fused_ops};
 
 use crate::capabilities::catalog::{Catalog, KernelIndex};

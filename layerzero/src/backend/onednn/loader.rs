@@ -1,0 +1,168 @@
+//! Finding and opening `libdnnl`, and reading `dnnl_version()`.
+
+use std::ffi::{CStr, OsString, c_char, c_int, c_uint};
+use std::path::PathBuf;
+
+use crate::knobs::Lookup;
+
+/// A library version, `major.minor.patch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Version(pub u32, pub u32, pub u32);
+
+impl Version {
+    /// Parses `3`, `3.2` or `3.2.0`.
+    pub fn parse(text: &str) -> Option<Version> {
+        let mut parts = text.trim().split('.').map(|p| p.parse::<u32>().ok());
+        let major = parts.next()??;
+        let minor = parts.next().unwrap_or(Some(0))?;
+        let patch = parts.next().unwrap_or(Some(0))?;
+        parts.next().is_none().then_some(Version(major, minor, patch))
+    }
+}
+
+impl std::fmt::Display for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}.{}", self.0, self.1, self.2)
+    }
+}
+
+/// `dnnl_version_t` (oneDNN's `dnnl_common_types.h`).
+#[repr(C)]
+struct RawVersion {
+    major: c_int,
+    minor: c_int,
+    patch: c_int,
+    hash: *const c_char,
+    cpu_runtime: c_uint,
+    gpu_runtime: c_uint,
+}
+
+/// The opened library: kept open for the life of the process (executors resolve their
+/// symbols from it).
+#[derive(Debug)]
+pub struct Loaded {
+    /// The name or path it was opened by.
+    pub path: String,
+    /// `dnnl_version()`.
+    pub version: Version,
+    /// The commit hash it reports.
+    pub hash: String,
+    library: libloading::Library,
+}
+
+impl Loaded {
+    /// The library handle, for resolving symbols.
+    pub fn library(&self) -> &libloading::Library {
+        &self.library
+    }
+}
+
+/// The candidates, in search order, for the environment `env` and the library names of the
+/// capability file's probe (`libdnnl.so.3`, ...): the knob's file, the names through the
+/// loader's default paths, then the names in the Python environment's `lib/`.
+pub fn candidates(env: Lookup<'_>, names: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(p) = crate::knobs::ONEDNN_LIB.current_in(env) {
+        out.push(p);
+    }
+    out.extend(names.iter().cloned());
+    for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
+        if let Some(prefix) = env(var).filter(|v| !v.is_empty()) {
+            let lib = PathBuf::from(prefix).join("lib");
+            out.extend(names.iter().filter(|n| !n.contains('/')).map(|n| lib.join(n).display().to_string()));
+        }
+    }
+    out
+}
+
+/// Opens the first loadable candidate and reads its version; the error lists every
+/// candidate tried and why it did not load.
+pub fn find_in(env: Lookup<'_>, names: &[String]) -> Result<Loaded, String> {
+    let mut failures = Vec::new();
+    for name in candidates(env, names) {
+        match open(&name) {
+            Ok(l) => return Ok(l),
+            Err(why) => failures.push(format!("{name} ({why})")),
+        }
+    }
+    Err(format!("oneDNN not found; tried {}", failures.join("; ")))
+}
+
+/// [`find_in`] for the process environment.
+pub fn find(names: &[String]) -> Result<Loaded, String> {
+    find_in(&|name: &str| -> Option<OsString> { std::env::var_os(name) }, names)
+}
+
+#[allow(unsafe_code)]
+fn open(name: &str) -> Result<Loaded, String> {
+    // SAFETY: loading runs the library's initialisers; the candidates name oneDNN (the
+    // knob, the loader's `libdnnl` names, a Python environment's `libdnnl.so.3`), whose
+    // initialisers are made to run in any host process.
+    let library = unsafe { libloading::Library::new(name) }.map_err(|e| crate::backend::library::describe(&e))?;
+    // SAFETY: `dnnl_version` is declared `const dnnl_version_t *dnnl_version(void)` in
+    // oneDNN's `dnnl.h` since v1.1; the signature below matches it.
+    let f = unsafe { library.get::<unsafe extern "C" fn() -> *const RawVersion>(b"dnnl_version\0") }
+        .map_err(|e| format!("loaded, but it has no dnnl_version: {}", crate::backend::library::describe(&e)))?;
+    // SAFETY: the function takes no arguments and returns a pointer to a static struct
+    // (or null, checked below).
+    let raw = unsafe { f() };
+    if raw.is_null() {
+        return Err("dnnl_version() returned null".to_owned());
+    }
+    // SAFETY: non-null, points to the library's static `dnnl_version_t`, which lives as long
+    // as the library, which `Loaded` keeps open.
+    let v = unsafe { &*raw };
+    let hash = if v.hash.is_null() {
+        String::new()
+    } else {
+        // SAFETY: a NUL-terminated static string of the library.
+        unsafe { CStr::from_ptr(v.hash) }.to_string_lossy().into_owned()
+    };
+    let part = |x: c_int| u32::try_from(x).unwrap_or(0);
+    let version = Version(part(v.major), part(v.minor), part(v.patch));
+    let _ = (v.cpu_runtime, v.gpu_runtime);
+    Ok(Loaded { path: name.to_owned(), version, hash, library })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_parse_and_order() {
+        assert_eq!(Version::parse("3.2"), Some(Version(3, 2, 0)));
+        assert_eq!(Version::parse("3.14.1"), Some(Version(3, 14, 1)));
+        assert!(Version::parse("3.x").is_none() && Version::parse("3.2.0.1").is_none());
+        assert!(Version(3, 14, 0) > Version(3, 2, 9));
+    }
+
+    #[test]
+    fn the_search_order_is_the_knob_the_loader_then_the_python_environment() {
+        let env = |name: &str| match name {
+            "LAYERZERO_ONEDNN_LIB" => Some(OsString::from("/opt/dnnl/libdnnl.so.3")),
+            "VIRTUAL_ENV" => Some(OsString::from("/venv")),
+            _ => None,
+        };
+        let names = ["libdnnl.so.3".to_owned(), "libdnnl.so.2".to_owned()];
+        assert_eq!(
+            candidates(&env, &names),
+            vec![
+                "/opt/dnnl/libdnnl.so.3".to_owned(),
+                "libdnnl.so.3".to_owned(),
+                "libdnnl.so.2".to_owned(),
+                "/venv/lib/libdnnl.so.3".to_owned(),
+                "/venv/lib/libdnnl.so.2".to_owned()
+            ]
+        );
+    }
+
+    #[test]
+    fn a_missing_library_lists_every_path_tried() {
+        let env = |name: &str| (name == "LAYERZERO_ONEDNN_LIB").then(|| OsString::from("/nowhere/libdnnl.so.3"));
+        match find_in(&env, &["libdnnl.so.2".to_owned()]) {
+            Err(why) => assert!(why.contains("/nowhere/libdnnl.so.3") && why.contains("libdnnl.so.2"), "{why}"),
+            // A machine with oneDNN on the loader path finds it after the knob's path fails.
+            Ok(l) => assert!(l.version.0 >= 2, "{l:?}"),
+        }
+    }
+}

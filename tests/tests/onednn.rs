@@ -1,0 +1,135 @@
+//! oneDNN loaded at run time (issue 13, item 1): found through LAYERZERO_ONEDNN_LIB, the
+//! loader's paths or the Python environment; absent, it says every path it tried; present,
+//! its version gates the kernels whose facts were checked against other versions.
+//!
+//! `.ci/run` installs the `onednn-cpu-gomp` wheel and names the library in
+//! `LAYERZERO_TEST_ONEDNN_LIB`, so the tests that need it run in CI.
+
+use std::sync::Arc;
+
+use layerzero::ReasonCode;
+use layerzero::capabilities::catalog::Catalog;
+use layerzero::hardware::named;
+use layerzero::policy::Policy;
+use layerzero::select::{Availability, LoadedLibrary, Selector};
+use layerzero_tests::lz;
+use serde_json::json;
+
+fn linear_request(dir: &std::path::Path) -> String {
+    let p = dir.join("linear.json");
+    std::fs::write(
+        &p,
+        r#"{"op":"linear","tensors":{"x":{"dtype":"f32","shape":[8,64]},"weight":{"dtype":"f32","shape":[48,64]}}}"#,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    p.display().to_string()
+}
+
+fn onednn_candidate(out: &[u8]) -> serde_json::Value {
+    let v: serde_json::Value = serde_json::from_slice(out).unwrap_or_else(|e| panic!("{e}"));
+    v["candidates"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["kernel"] == "onednn.linear.matmul")
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_library_that_is_not_there_is_reported_with_every_path_tried() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let missing = dir.path().join("nowhere/libdnnl.so.3").display().to_string();
+    let venv = dir.path().join("venv").display().to_string();
+    let o = lz()
+        .env("LAYERZERO_ONEDNN_LIB", &missing)
+        .env("VIRTUAL_ENV", &venv)
+        .env_remove("CONDA_PREFIX")
+        .args(["explain", "--request", &linear_request(dir.path()), "--json"])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let c = onednn_candidate(&o.stdout);
+    let reasons = c["reasons"].to_string();
+    if reasons.contains("BACKEND_NOT_INSTALLED") {
+        for path in [missing.as_str(), "libdnnl.so.3", "libdnnl.so.2", &format!("{venv}/lib/libdnnl.so.3")] {
+            assert!(reasons.contains(path), "{path} is not among the paths tried: {reasons}");
+        }
+    } else {
+        // This machine has oneDNN on the loader's path: the knob's missing file was passed over.
+        assert!(c["verdict"] != "rejected" || !reasons.contains("BACKEND_NOT_INSTALLED"), "{c}");
+    }
+}
+
+#[test]
+fn the_loaded_version_is_shown_by_doctor_and_gates_kernels_checked_against_others() {
+    let Some(lib) = std::env::var_os("LAYERZERO_TEST_ONEDNN_LIB") else {
+        eprintln!("LAYERZERO_TEST_ONEDNN_LIB is not set: oneDNN is not installed here (.ci/run installs it)");
+        return;
+    };
+    let o =
+        lz().env("LAYERZERO_ONEDNN_LIB", &lib).args(["doctor", "--json"]).output().unwrap_or_else(|e| panic!("{e}"));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}"));
+    let b =
+        v["backends"].as_array().into_iter().flatten().find(|b| b["backend"] == "onednn").cloned().unwrap_or_default();
+    assert_eq!(b["status"], "available", "{b}");
+    let version = b["library"]["version"].as_str().unwrap_or_default().to_owned();
+    assert!(version.starts_with("3."), "{b}");
+    assert_eq!(b["library"]["path"], lib.to_string_lossy().as_ref());
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let o = lz()
+        .env("LAYERZERO_ONEDNN_LIB", &lib)
+        .args(["explain", "--request", &linear_request(dir.path()), "--json"])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let c = onednn_candidate(&o.stdout);
+    assert!(!c["reasons"].to_string().contains("BACKEND_NOT_INSTALLED"), "{c}");
+}
+
+/// A backend loaded at run time whose two kernels were checked against 3.2–4 and 3.14–4.
+fn versioned() -> Arc<Catalog> {
+    let k = |id: &str, min: &str| {
+        json!({"id": id, "op": "linear", "library_versions": {"min": min, "below": "4.0.0"},
+               "constraints": {"dtypes": ["f32"]},
+               "properties": {"deterministic": true, "graph_safe": false, "needs_jit": true, "workspace_bytes": 0},
+               "perf": {"eff_compute": 0.5, "eff_mem": 0.5, "launch_ns": 1000}})
+    };
+    let doc = json!({"schema_version": 1, "backend": "dnn", "description": "versioned", "device": "cpu", "version": "3",
+                     "execution": "dynamic_library", "probe": {"libraries": ["libdnnl.so.3"], "loader": "onednn"},
+                     "kernels": [k("dnn.linear.old", "3.2.0"), k("dnn.linear.new", "3.14.0")]});
+    Arc::new(Catalog::from_texts(&[("dnn.json".to_owned(), doc.to_string())]).unwrap_or_else(|e| panic!("{e}")))
+}
+
+#[test]
+fn a_loaded_version_outside_a_kernels_range_rejects_it_naming_both() {
+    let catalog = versioned();
+    let hw = Arc::new(named::load("zen4").unwrap_or_else(|e| panic!("{e}")));
+    let req = layerzero::Request::from_json(
+        r#"{"op":"linear","tensors":{"x":{"dtype":"f32","shape":[8,64]},"weight":{"dtype":"f32","shape":[48,64]}}}"#,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    for (loaded, old_ok, new_ok) in [("3.2.0", true, false), ("3.14.1", true, true), ("4.0.0", false, false)] {
+        let mut a = Availability::planning(&catalog);
+        a.set_library("dnn", LoadedLibrary { path: "/lib/libdnnl.so.3".into(), version: loaded.into() });
+        let sel = Selector::new(catalog.clone(), hw.clone(), Arc::new(Policy::default()), Arc::new(a))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let report = sel.explain(&req);
+        for (kernel, ok) in [("dnn.linear.old", old_ok), ("dnn.linear.new", new_ok)] {
+            let c = report.candidate(kernel).unwrap_or_else(|| panic!("{kernel}"));
+            let why = c.reasons.iter().find(|r| r.code() == ReasonCode::BACKEND_VERSION_UNSUPPORTED);
+            assert_eq!(why.is_none(), ok, "{loaded} {kernel}: {:?}", c.reasons);
+            if let Some(r) = why {
+                assert!(r.message().contains(loaded) && r.message().contains(kernel), "{r}");
+            }
+        }
+    }
+    let bad = json!({"schema_version": 1, "backend": "dnn", "description": "d", "device": "cpu", "version": "3",
+                     "execution": "builtin", "kernels": [{"id": "dnn.linear.x", "op": "linear",
+                     "library_versions": {"min": "4.0.0", "below": "3.0.0"}, "constraints": {},
+                     "properties": {"deterministic": true, "graph_safe": false, "needs_jit": false, "workspace_bytes": 0},
+                     "perf": {"eff_compute": 0.5, "eff_mem": 0.5, "launch_ns": 1000}}]});
+    let err = Catalog::from_texts(&[("dnn.json".to_owned(), bad.to_string())])
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("library_versions"), "{err}");
+}
