@@ -425,3 +425,27 @@ fn every_fault_mode_through_the_library_falls_back_to_a_correct_answer() {
         matches_reference(&d, &args);
     }
 }
+
+#[test]
+fn a_drill_under_lz_generate_still_generates_the_healthy_tokens() {
+    let model = repo_root().join("tests/models/llama-gqa");
+    let generate = |faults: Option<&str>| {
+        let mut cmd = lz();
+        if let Some(f) = faults {
+            cmd.env("LAYERZERO_FAULTS", f);
+        }
+        let o = cmd
+            .args(["generate", "--model", model.to_str().unwrap_or_default(), "--prompt-ids", "1,2,3"])
+            .args(["--max-new-tokens", "4", "--json"])
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(o.status.code(), Some(0), "{faults:?}: {}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let healthy = generate(None)["generated_ids"].clone();
+    for mode in ["nan", "device_lost"] {
+        let v = generate(Some(&format!("cpu.linear.fast={mode}")));
+        assert_eq!(v["generated_ids"], healthy, "{mode}");
+        assert!(v["counters"]["fallbacks"].as_u64().is_some_and(|n| n > 0), "{mode}: {}", v["counters"]);
+    }
+}

@@ -218,6 +218,11 @@ impl LayerZero {
             Some(path) => Policy::load(&path)?,
             None => Policy::default(),
         };
+        // A drill checks outputs, so an injected `nan` falls back instead of flowing on
+        // (LAYERZERO_VALIDATE_OUTPUTS, applied next, still has the last word).
+        if crate::knobs::faults().is_some() {
+            policy.validate_outputs = true;
+        }
         crate::knobs::apply_policy_overrides(&mut policy)?;
         lz = lz.with_policy(policy)?;
         let slots = usize::try_from(crate::knobs::cache_capacity()?).unwrap_or(usize::MAX);
