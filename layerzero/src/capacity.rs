@@ -30,7 +30,7 @@ pub fn check<S: Sink>(
     sink: &mut S,
 ) -> u64 {
     let out_bytes = score::output_elements(problem).saturating_mul(problem.dtype.size_bytes());
-    let transform_bytes: u64 = transforms.iter().map(|t| t.bytes / 2).sum();
+    let transform_bytes = transforms.iter().fold(0u64, |acc, t| acc.saturating_add(t.bytes / 2));
     let need = kernel.properties.workspace_bytes.saturating_add(transform_bytes);
     let on_paper = dev.memory_bytes.saturating_sub(problem.input_bytes);
     let room = available.map_or(on_paper, |a| a.min(on_paper));

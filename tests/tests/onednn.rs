@@ -133,3 +133,24 @@ fn a_loaded_version_outside_a_kernels_range_rejects_it_naming_both() {
         .unwrap_or_default();
     assert!(err.contains("library_versions"), "{err}");
 }
+
+#[test]
+fn with_the_library_the_matmul_runs_and_passes_parity_against_the_oracle() {
+    let Some(lib) = std::env::var_os("LAYERZERO_TEST_ONEDNN_LIB") else {
+        eprintln!("LAYERZERO_TEST_ONEDNN_LIB is not set: oneDNN is not installed here (.ci/run installs it)");
+        return;
+    };
+    let o = lz()
+        .env("LAYERZERO_ONEDNN_LIB", &lib)
+        .args(["parity", "--kernel", "onednn.linear.matmul", "--json"])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(o.status.code(), Some(0), "{v}");
+    let rows: Vec<&serde_json::Value> = v["rows"].as_array().into_iter().flatten().collect();
+    assert!(rows.iter().all(|r| r["status"] == "pass" || r["status"] == "skip"), "{v}");
+    let passed: Vec<&str> = rows.iter().filter(|r| r["status"] == "pass").filter_map(|r| r["case"].as_str()).collect();
+    for want in ["_nt/f32", "_nn/f32", "_nt/bf16", "_nn/bf16"] {
+        assert!(passed.iter().any(|c| c.ends_with(want)), "{want} did not pass: {passed:?}");
+    }
+}

@@ -133,6 +133,7 @@ impl Registry {
         let mut r = Registry::new();
         crate::backend::cpu_reference::register(&mut r);
         crate::backend::cpu::register(&mut r);
+        crate::backend::onednn::register(&mut r);
         r
     }
 

@@ -59,9 +59,28 @@ pub fn reference_kernel(op: Op) -> String {
 }
 
 fn run_kernel(registry: &Registry, kernel: &str, case: &Case) -> Result<Outputs, String> {
+    run_adapted(registry, kernel, case, &[])
+}
+
+/// Runs `kernel` on the case as dispatch would: through the transforms selection planned for
+/// it (a dtype cast, a contiguous copy), with the outputs cast back.
+fn run_adapted(
+    registry: &Registry,
+    kernel: &str,
+    case: &Case,
+    transforms: &[crate::transform::Transform],
+) -> Result<Outputs, String> {
     let exec = registry.get(kernel).ok_or_else(|| format!("no executor for {kernel}"))?;
-    match catch_unwind(AssertUnwindSafe(|| exec.run(&case.args))) {
-        Ok(Ok(o)) => Ok(o),
+    let adapted;
+    let args = if transforms.is_empty() {
+        &case.args
+    } else {
+        adapted = crate::transform::apply_transforms(&case.args, transforms).map_err(|e| e.to_string())?;
+        &adapted
+    };
+    match catch_unwind(AssertUnwindSafe(|| exec.run(args))) {
+        Ok(Ok(o)) if transforms.is_empty() => Ok(o),
+        Ok(Ok(o)) => crate::transform::cast_outputs_back(o, transforms).map_err(|e| e.to_string()),
         Ok(Err(e)) => Err(e.to_string()),
         Err(_) => Err(format!("{kernel} panicked")),
     }
@@ -120,7 +139,8 @@ pub fn run(registry: &Registry, selector: &Selector, op: Option<Op>, kernel: Opt
                     continue;
                 }
             };
-            match run_kernel(registry, &k, &case) {
+            let transforms = verdict.map(|c| c.transforms.as_slice()).unwrap_or_default();
+            match run_adapted(registry, &k, &case, transforms) {
                 Err(e) => {
                     row.status = "error";
                     row.detail = Some(e);
