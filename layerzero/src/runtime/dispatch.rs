@@ -5,6 +5,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use serde::Serialize;
 
@@ -155,7 +156,7 @@ impl LayerZero {
 
     fn dispatch_untraced(&self, args: &OpArgs, buffers: Outputs) -> Result<Dispatch<'_>> {
         let first = self.select_args(args)?;
-        let input_flags = if self.check_inputs { flags(args) } else { Vec::new() };
+        let input_flags = if self.check_inputs.load(Ordering::Relaxed) { flags(args) } else { Vec::new() };
         let mut failed = Vec::new();
         let first_oom = match self.try_run(&first, first.executor(), args, buffers) {
             Ok(outputs) => {

@@ -185,7 +185,7 @@ pub struct LayerZero {
     /// Live selections in flight, so concurrent misses of one key select once.
     flights: flight::Flights,
     max_workspace: u64,
-    check_inputs: bool,
+    check_inputs: AtomicBool,
     counters: Striped,
     /// Injected faults (`LAYERZERO_FAULTS`, `with_faults`): drills only.
     faults: Option<Arc<faults::Faults>>,
@@ -357,7 +357,7 @@ impl LayerZero {
             memo: KeyMemo::new(MEMO_SLOTS),
             flights: flight::Flights::default(),
             max_workspace,
-            check_inputs: false,
+            check_inputs: AtomicBool::new(false),
             counters: Striped::default(),
             faults: None,
             recent: crate::telemetry::Recent::new(RECENT_DECISIONS),
@@ -495,8 +495,14 @@ impl LayerZero {
     /// Whether dispatch scans float inputs for NaN/Inf and reports them
     /// ([`Dispatch::input_flags`]). Off by default: the scan reads every input element.
     pub fn with_input_check(mut self, on: bool) -> LayerZero {
-        self.check_inputs = on;
+        self.check_inputs = AtomicBool::new(on);
         self
+    }
+
+    /// Turns the NaN/Inf scan of dispatch inputs on or off on a shared handle (`lz run`
+    /// scans the inputs of its first dispatch, not of every repeat).
+    pub fn set_input_check(&self, on: bool) {
+        self.check_inputs.store(on, Ordering::Relaxed);
     }
 
     /// Replaces the policy on a shared handle. Choices cached under the old policy are never
