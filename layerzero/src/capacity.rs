@@ -58,14 +58,13 @@ pub fn pressure_factor(kernel: &KernelSpec, free: u64) -> f64 {
 /// the bytes) still fits with every kernel's workspace and a copy of the inputs for
 /// transforms: only then may a live selection be cached for the whole bucket.
 pub fn bucket_fits(key: &SelectionKey, req: &Request, max_workspace: u64, selector: &Selector) -> bool {
+    let problem = Problem::describe(req);
     let total = selector.hardware().primary().memory_bytes;
-    let problem_bytes = Problem::describe(req).input_bytes;
     // With a live reading, the inputs are already resident: what is left is the headroom.
     let limit = match selector.memory().and_then(|g| g.available()) {
-        Some(a) => total.min(a.saturating_add(problem_bytes)),
+        Some(a) => total.min(a.saturating_add(problem.input_bytes)),
         None => total,
     };
-    let problem = Problem::describe(req);
     let out = score::output_elements(&problem).saturating_mul(problem.dtype.size_bytes());
     let growth = 1u64 << key.axes.min(axes::MAX_AXES as u8);
     let need = problem

@@ -370,7 +370,7 @@ fn backend_hang_times_out_falls_back_and_the_kernel_recovers_after_the_cooldown(
         }
         real.run(a)
     });
-    let lz = replaced(&kernel, policy(r#"{"kernel_timeout_ms": 200, "health": {"cooldown_ms": 300}}"#), hangs_once);
+    let lz = replaced(&kernel, policy(r#"{"kernel_timeout_ms": 200, "health": {"cooldown_ms": 1000}}"#), hangs_once);
     let d = lz.dispatch(&args).unwrap_or_else(|e| panic!("{e}"));
     assert_ne!(d.selection().kernel, kernel);
     assert_eq!(codes(&d), vec![ReasonCode::KERNEL_TIMEOUT]);
@@ -378,7 +378,7 @@ fn backend_hang_times_out_falls_back_and_the_kernel_recovers_after_the_cooldown(
     let quarantined = lz.dispatch(&args).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(codes(&quarantined), vec![ReasonCode::KERNEL_QUARANTINED]);
     release.store(true, Ordering::Release);
-    std::thread::sleep(Duration::from_millis(400));
+    std::thread::sleep(Duration::from_millis(1100));
     let recovered = lz.dispatch(&args).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!((recovered.selection().kernel.as_str(), codes(&recovered)), (kernel.as_str(), vec![]));
     matches_reference(&recovered, &args);
@@ -399,12 +399,12 @@ fn device_lost_or_reset_during_execution_disables_the_backend_until_the_probe_fi
         }
         real.run(a)
     });
-    let lz = replaced(&kernel, policy(r#"{"health": {"cooldown_ms": 150}}"#), resets);
+    let lz = replaced(&kernel, policy(r#"{"health": {"cooldown_ms": 500}}"#), resets);
     let d = lz.dispatch(&args).unwrap_or_else(|e| panic!("{e}"));
     assert_ne!(d.selection().backend, backend);
     assert_eq!(codes(&d)[0], ReasonCode::DEVICE_LOST);
     matches_reference(&d, &args);
-    std::thread::sleep(Duration::from_millis(200));
+    std::thread::sleep(Duration::from_millis(600));
     let back = lz.dispatch(&args).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!((back.selection().kernel.as_str(), codes(&back)), (kernel.as_str(), vec![]));
     matches_reference(&back, &args);

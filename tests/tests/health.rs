@@ -120,7 +120,7 @@ fn after_the_cooldown_a_trial_call_probes_the_kernel_and_its_success_closes_the_
         if c.fetch_add(1, Ordering::SeqCst) < 2 { Err(KernelError::Failed("warming up".to_owned())) } else { out(1.0) }
     });
     let lz = handle(
-        policy(r#"{"health": {"failure_threshold": 2, "cooldown_ms": 60, "half_open_trials": 1}}"#),
+        policy(r#"{"health": {"failure_threshold": 2, "cooldown_ms": 500, "half_open_trials": 1}}"#),
         flaky,
         works(2.0),
         works(3.0),
@@ -128,7 +128,7 @@ fn after_the_cooldown_a_trial_call_probes_the_kernel_and_its_success_closes_the_
     ran(&lz);
     ran(&lz);
     assert_eq!(ran(&lz).1, vec![ReasonCode::KERNEL_QUARANTINED]);
-    std::thread::sleep(Duration::from_millis(80));
+    std::thread::sleep(Duration::from_millis(600));
     assert_eq!(lz.health_report().kernels[0].state, "half_open");
     assert_eq!(ran(&lz), (FAST.to_owned(), vec![]), "the trial call runs and succeeds");
     assert_eq!(lz.health_report().kernels[0].state, "closed");
@@ -139,13 +139,13 @@ fn after_the_cooldown_a_trial_call_probes_the_kernel_and_its_success_closes_the_
 fn a_failed_trial_quarantines_the_kernel_for_another_cooldown() {
     let calls = Arc::new(AtomicUsize::new(0));
     let lz = handle(
-        policy(r#"{"health": {"failure_threshold": 1, "cooldown_ms": 40}}"#),
+        policy(r#"{"health": {"failure_threshold": 1, "cooldown_ms": 500}}"#),
         fails(KernelError::Failed, &calls),
         works(2.0),
         works(3.0),
     );
     ran(&lz);
-    std::thread::sleep(Duration::from_millis(60));
+    std::thread::sleep(Duration::from_millis(600));
     assert_eq!(ran(&lz).1, vec![ReasonCode::KERNEL_FAILED], "the trial is a real call");
     assert_eq!(ran(&lz).1, vec![ReasonCode::KERNEL_QUARANTINED], "and its failure reopens the breaker");
     assert_eq!(calls.load(Ordering::SeqCst), 2);
@@ -161,7 +161,7 @@ fn a_lost_device_disables_every_kernel_of_its_backend_until_a_probe_succeeds() {
         out(2.0)
     });
     let lz =
-        handle(policy(r#"{"health": {"cooldown_ms": 60}}"#), fails(KernelError::DeviceLost, &lost), mid, works(3.0));
+        handle(policy(r#"{"health": {"cooldown_ms": 500}}"#), fails(KernelError::DeviceLost, &lost), mid, works(3.0));
     // The device is lost under the fast kernel: its sibling on the same backend is not
     // tried; the other backend answers.
     let d = lz.dispatch(&args()).unwrap_or_else(|e| panic!("{e}"));
@@ -172,7 +172,7 @@ fn a_lost_device_disables_every_kernel_of_its_backend_until_a_probe_succeeds() {
     assert_eq!(lz.health_report().backends[0].name, "main");
     // After the cooldown the next call of the backend is its probe; fast still fails, so
     // the backend stays disabled; a probe through mid would re-enable it.
-    std::thread::sleep(Duration::from_millis(80));
+    std::thread::sleep(Duration::from_millis(600));
     let d = lz.dispatch(&args()).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(codes(&d), vec![ReasonCode::DEVICE_LOST, ReasonCode::BACKEND_UNHEALTHY]);
     assert_eq!(lost.load(Ordering::SeqCst), 2, "one probe per cooldown, no retry loop");
@@ -190,10 +190,10 @@ fn a_device_reset_is_found_by_the_probe_and_the_backend_serves_again() {
             out(1.0)
         }
     });
-    let lz = handle(policy(r#"{"health": {"cooldown_ms": 50}}"#), resets, works(2.0), works(3.0));
+    let lz = handle(policy(r#"{"health": {"cooldown_ms": 500}}"#), resets, works(2.0), works(3.0));
     assert_eq!(ran(&lz).0, SLOW);
     assert_eq!(ran(&lz).0, SLOW, "disabled during the cooldown");
-    std::thread::sleep(Duration::from_millis(70));
+    std::thread::sleep(Duration::from_millis(600));
     assert_eq!(ran(&lz), (FAST.to_owned(), vec![]), "the probe succeeds");
     assert!(lz.health_report().backends.iter().all(|b| b.state == "closed"));
 }
@@ -245,9 +245,8 @@ fn a_kernel_past_its_deadline_is_abandoned_quarantined_and_the_next_one_answers(
         out(99.0)
     });
     let lz = handle(policy(r#"{"kernel_timeout_ms": 50}"#), hangs, works(2.0), works(3.0));
-    let start = std::time::Instant::now();
+    // The kernel blocks until released: this returns only because the deadline abandons it.
     let d = lz.dispatch(&args()).unwrap_or_else(|e| panic!("{e}"));
-    assert!(start.elapsed() < Duration::from_secs(5), "the caller waited {:?}", start.elapsed());
     assert_eq!(d.selection().kernel, MID);
     assert_eq!(d.outputs["out"].to_f32_vec(), vec![2.0], "the late kernel's answer is not used");
     assert_eq!(codes(&d), vec![ReasonCode::KERNEL_TIMEOUT]);

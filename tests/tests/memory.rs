@@ -121,5 +121,5 @@ fn a_host_handle_reads_the_live_headroom_of_this_machine() {
     let lz = LayerZero::detected().unwrap_or_else(|e| panic!("{e}"));
     let gauge = lz.selector().memory().map(|g| (g.available(), g.total()));
     let (available, total) = gauge.unwrap_or_else(|| panic!("a host handle has a memory gauge"));
-    assert!(available.is_some_and(|a| a > 0 && a <= total.max(a)), "{available:?} of {total}");
+    assert!(available.is_some_and(|a| a > 0), "{available:?} of {total}");
 }

@@ -50,13 +50,12 @@ fn a_library_that_is_not_there_is_reported_with_every_path_tried() {
         .unwrap_or_else(|e| panic!("{e}"));
     let c = onednn_candidate(&o.stdout);
     let reasons = c["reasons"].to_string();
-    if reasons.contains("BACKEND_NOT_INSTALLED") {
-        for path in [missing.as_str(), "libdnnl.so.3", "libdnnl.so.2", &format!("{venv}/lib/libdnnl.so.3")] {
-            assert!(reasons.contains(path), "{path} is not among the paths tried: {reasons}");
-        }
-    } else {
-        // This machine has oneDNN on the loader's path: the knob's missing file was passed over.
-        assert!(c["verdict"] != "rejected" || !reasons.contains("BACKEND_NOT_INSTALLED"), "{c}");
+    if !reasons.contains("BACKEND_NOT_INSTALLED") {
+        eprintln!("oneDNN is on this machine's loader path: the not-installed report cannot be shown here");
+        return;
+    }
+    for path in [missing.as_str(), "libdnnl.so.3", "libdnnl.so.2", &format!("{venv}/lib/libdnnl.so.3")] {
+        assert!(reasons.contains(path), "{path} is not among the paths tried: {reasons}");
     }
 }
 

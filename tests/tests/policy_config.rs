@@ -240,21 +240,7 @@ fn a_time_boxed_rule_applies_until_it_expires_and_then_stops_by_itself() {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or_else(|e| panic!("{e}"));
-    let stamp = |s: u64| {
-        let days = s / 86_400;
-        // civil-from-days, enough for the test's own timestamps
-        let z = days as i64 + 719_468;
-        let era = z.div_euclid(146_097);
-        let doe = z - era * 146_097;
-        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-        let mp = (5 * doy + 2) / 153;
-        let d = doy - (153 * mp + 2) / 5 + 1;
-        let m = if mp < 10 { mp + 3 } else { mp - 9 };
-        let y = yoe + era * 400 + i64::from(m <= 2);
-        let r = s % 86_400;
-        format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", r / 3600, r / 60 % 60, r % 60)
-    };
+    let stamp = |s: u64| layerzero::policy::format_utc(i64::try_from(s).unwrap_or(i64::MAX));
     let timed = |until: u64| {
         policy(&format!(r#"{{"rules": [{{"action": "deny", "kernels": "{a}", "expires_at": "{}"}}]}}"#, stamp(until)))
     };

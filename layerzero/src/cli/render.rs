@@ -20,32 +20,15 @@ pub(super) fn duration(ns: f64) -> String {
     }
 }
 
-/// Unix seconds as (year, month, day, hour, minute, second) in UTC, proleptic Gregorian
-/// (civil-from-days, Howard Hinnant's published algorithm).
-fn civil(secs: i64) -> [i64; 6] {
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    [year, month, day, rem / 3600, rem % 3600 / 60, rem % 60]
-}
-
 /// Unix seconds as `YYYY-MM-DD HH:MM:SS UTC` (for people).
 pub(super) fn utc(secs: i64) -> String {
-    let [y, mo, d, h, mi, s] = civil(secs);
+    let [y, mo, d, h, mi, s] = crate::policy::expiry_civil(secs);
     format!("{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}:{s:02} UTC")
 }
 
 /// Unix seconds as RFC 3339 `YYYY-MM-DDTHH:MM:SSZ` (for files).
 pub(super) fn rfc3339(secs: i64) -> String {
-    let [y, mo, d, h, mi, s] = civil(secs);
-    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
+    crate::policy::format_utc(secs)
 }
 
 fn request_line(r: &SelectionReport) -> String {

@@ -54,19 +54,6 @@ impl FailureClass {
             FailureClass::DeviceLost => ReasonCode::DEVICE_LOST,
         }
     }
-
-    /// The class of a reason code (`None`: not a kernel failure).
-    pub fn of(code: ReasonCode) -> Option<FailureClass> {
-        [
-            FailureClass::Kernel,
-            FailureClass::OutputInvalid,
-            FailureClass::Timeout,
-            FailureClass::OutOfMemory,
-            FailureClass::DeviceLost,
-        ]
-        .into_iter()
-        .find(|c| c.code() == code)
-    }
 }
 
 /// The health settings in force (from the policy and its knobs).
@@ -400,11 +387,6 @@ impl Health {
             State::Open { left } => Some((n.as_str(), left)),
             _ => None,
         })
-    }
-
-    /// The state of one kernel's breaker.
-    pub fn kernel_state(&self, kernel: KernelIndex) -> Option<State> {
-        self.kernels.get(kernel).map(|k| k.state(self.now(), self.limits()))
     }
 
     /// Settings, every breaker with something to say, and abandoned calls.

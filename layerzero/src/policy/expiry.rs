@@ -35,6 +35,28 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
+/// Unix seconds as (year, month, day, hour, minute, second) in UTC, proleptic Gregorian
+/// (Howard Hinnant's published civil-from-days algorithm, the inverse of the above).
+pub(crate) fn civil(secs: i64) -> [i64; 6] {
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    [year, month, day, rem / 3600, rem % 3600 / 60, rem % 60]
+}
+
+/// Unix seconds as the UTC timestamp `expires_at` takes (`YYYY-MM-DDTHH:MM:SSZ`).
+pub fn format_utc(secs: i64) -> String {
+    let [y, mo, d, h, mi, s] = civil(secs);
+    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
+}
+
 impl Policy {
     /// The policy in force at `now` (Unix seconds): rules whose `expires_at` has passed are
     /// dropped. Rules with an unreadable timestamp never load, so none is dropped for that.
@@ -60,6 +82,9 @@ mod tests {
         assert_eq!(parse_utc("2000-03-01T00:00:00Z"), Some(951_868_800));
         assert_eq!(parse_utc("2026-11-25T12:30:05Z"), Some(1_795_609_805));
         assert_eq!(parse_utc("2024-02-29T23:59:59Z"), Some(1_709_251_199));
+        for t in [0, 951_868_800, 1_709_251_199, 1_795_609_805] {
+            assert_eq!(parse_utc(&format_utc(t)), Some(t), "format_utc is parse_utc's inverse");
+        }
         for bad in
             ["2023-02-29T00:00:00Z", "2026-13-01T00:00:00Z", "2026-11-25 12:30:05Z", "2026-11-25T24:00:00Z", "soon"]
         {

@@ -19,7 +19,8 @@ use crate::model::op::Op;
 use crate::model::problem::{Dims, Problem};
 use crate::schema::{self, SchemaKind};
 
-pub use expiry::parse_utc;
+pub(crate) use expiry::civil as expiry_civil;
+pub use expiry::{format_utc, parse_utc};
 pub use glob::glob_match;
 pub use overrides::Overrides;
 

@@ -127,6 +127,7 @@ impl LayerZero {
     /// `LockViolation`, `NoKernel` (with every candidate's reasons); in strict plan mode a
     /// plan miss is `NoKernel` with `PLAN_BUCKET_MISS`.
     pub fn select(&self, req: &Request) -> Result<Hit<'_>> {
+        self.expire_due();
         let span = telemetry::select_span();
         let hit = self.select_keyed_untraced(&SelectionKey::derive(req), req);
         telemetry::record_select(&span, &hit, || req.clone(), &self.parts.catalog);
@@ -190,6 +191,7 @@ impl LayerZero {
 
     /// [`LayerZero::select`] with the key already derived.
     pub fn select_keyed(&self, key: &SelectionKey, req: &Request) -> Result<Hit<'_>> {
+        self.expire_due();
         let span = telemetry::select_span();
         let hit = self.select_keyed_untraced(key, req);
         telemetry::record_select(&span, &hit, || req.clone(), &self.parts.catalog);
@@ -197,7 +199,6 @@ impl LayerZero {
     }
 
     fn select_keyed_untraced(&self, key: &SelectionKey, req: &Request) -> Result<Hit<'_>> {
-        self.expire_due();
         match self.plan_hit(key) {
             Some(hit) => Ok(hit),
             None => self.past_the_plan(key, || Cow::Borrowed(req)),

@@ -63,11 +63,29 @@ struct Api {
 /// What a primitive is made for: m, k, n, NN weight, bias, dtype.
 type Shape = (usize, usize, usize, bool, bool, DType);
 
-/// One shape's primitive and the descriptors it was made from.
+/// One shape's primitive and the descriptors it was made from; destroyed when the last
+/// user drops it (a primitive beyond the cache's bound lives for one call).
 struct Prim {
     primitive: Handle,
     /// src, weights, bias (null when absent), dst.
     mds: [Handle; 4],
+    primitive_destroy: unsafe extern "C" fn(Handle) -> Status,
+    md_destroy: unsafe extern "C" fn(Handle) -> Status,
+}
+
+impl Drop for Prim {
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        if !self.primitive.is_null() {
+            // SAFETY: created by primitive_create; no call uses it any more (its last `Arc`
+            // is being dropped).
+            unsafe { (self.primitive_destroy)(self.primitive) };
+        }
+        for md in self.mds.iter().filter(|m| !m.is_null()) {
+            // SAFETY: created by memory_desc_create and owned by this primitive only.
+            unsafe { (self.md_destroy)(*md) };
+        }
+    }
 }
 
 /// The matmul executor: the library, its CPU engine, and the primitive cache.
@@ -75,7 +93,6 @@ pub struct Matmul {
     api: Api,
     engine: Handle,
     prims: Mutex<HashMap<Shape, Arc<Prim>>>,
-    created: std::sync::atomic::AtomicU64,
     _lib: Arc<Loaded>,
 }
 
@@ -130,12 +147,7 @@ impl Matmul {
         if s != 0 || engine.is_null() {
             return Err(format!("dnnl_engine_create(cpu) returned status {s}"));
         }
-        Ok(Matmul { api, engine, prims: Mutex::new(HashMap::new()), created: 0.into(), _lib: lib })
-    }
-
-    /// Primitives created (JIT compilations) so far.
-    pub fn primitives_created(&self) -> u64 {
-        self.created.load(std::sync::atomic::Ordering::Relaxed)
+        Ok(Matmul { api, engine, prims: Mutex::new(HashMap::new()), _lib: lib })
     }
 
     #[allow(unsafe_code)]
@@ -176,12 +188,16 @@ impl Matmul {
         let wei = if nn { self.md(&[ki, ni], &[ni, 1], dt)? } else { self.md(&[ki, ni], &[1, ki], dt)? };
         let bia = if bias { self.md(&[1, ni], &[ni, 1], dt)? } else { std::ptr::null_mut() };
         let dst = self.md(&[mi, ni], &[ni, 1], dt)?;
-        let mut made = Prim { primitive: std::ptr::null_mut(), mds: [src, wei, bia, dst] };
+        let mut made = Prim {
+            primitive: std::ptr::null_mut(),
+            mds: [src, wei, bia, dst],
+            primitive_destroy: self.api.primitive_destroy,
+            md_destroy: self.api.md_destroy,
+        };
         let mut pd: Handle = std::ptr::null_mut();
         // SAFETY: the descriptors were created above; a null bias or attr means none.
         let s = unsafe { (self.api.matmul_pd_create)(&mut pd, self.engine, src, wei, bia, dst, std::ptr::null_mut()) };
         if s != 0 {
-            self.release(&made);
             return Err(KernelError::Unsupported(format!(
                 "oneDNN has no matmul for {m}x{k}x{n} {dtype} on this CPU (status {s})"
             )));
@@ -191,28 +207,14 @@ impl Matmul {
         // SAFETY: created above; the primitive keeps what it needs.
         unsafe { (self.api.pd_destroy)(pd) };
         if s != 0 {
-            self.release(&made);
             return Err(KernelError::Failed(format!("oneDNN primitive_create returned status {s}")));
         }
-        self.created.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let made = Arc::new(made);
         let mut prims = self.prims.lock();
         if prims.len() < MAX_PRIMITIVES {
             prims.insert(key, made.clone());
         }
         Ok(made)
-    }
-
-    #[allow(unsafe_code)]
-    fn release(&self, p: &Prim) {
-        if !p.primitive.is_null() {
-            // SAFETY: created by primitive_create and no longer used.
-            unsafe { (self.api.primitive_destroy)(p.primitive) };
-        }
-        for md in p.mds.iter().filter(|m| !m.is_null()) {
-            // SAFETY: created by memory_desc_create and no longer used.
-            unsafe { (self.api.md_destroy)(*md) };
-        }
     }
 
     #[allow(unsafe_code)]
