@@ -45,6 +45,12 @@ pub(crate) struct Breaker {
 }
 
 impl Breaker {
+    /// Closed: calls run without reading the clock.
+    #[inline]
+    pub(crate) fn is_closed(&self) -> bool {
+        self.opened_at.load(Ordering::Acquire) == 0
+    }
+
     #[inline]
     pub(crate) fn admit(&self, now: u64, limits: Limits) -> Admit {
         let opened = self.opened_at.load(Ordering::Acquire);
