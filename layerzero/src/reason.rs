@@ -120,6 +120,10 @@ reason_codes! {
     /// The kernel's device was lost or it made an illegal memory access: its backend is
     /// disabled until a probe succeeds.
     DEVICE_LOST => Health,
+    /// The kernel's JIT could not compile it for this shape on this machine (the library has
+    /// no implementation, or ran out of memory): it is disabled for that shape, never
+    /// compiled again, and the next kernel runs.
+    JIT_COMPILE_FAILED => Health,
     /// The device's compute capability is below the kernel's minimum.
     COMPUTE_CAPABILITY_TOO_OLD => Constraint,
     /// The device's compute capability is above the kernel's maximum.

@@ -26,6 +26,11 @@ pub enum KernelError {
     /// disables the whole backend until a probe succeeds.
     #[error("device lost: {0}")]
     DeviceLost(String),
+    /// The kernel's JIT could not compile it for these inputs' shape on this machine. The
+    /// kernel remembers the shape and refuses it at once afterwards; the runtime falls back
+    /// without counting it against the kernel's health (other shapes still compile).
+    #[error("JIT compilation failed: {0}")]
+    CompileFailed(String),
 }
 
 /// The message of a caught panic (`catch_unwind`'s payload), or "unknown panic".
@@ -59,6 +64,22 @@ pub trait Executor: Send + Sync {
     fn prepare(&self, args: &OpArgs) -> Result<(), KernelError> {
         let _ = args;
         Ok(())
+    }
+
+    /// Compiles (JIT) everything a call with arguments like `args`, or with any smaller
+    /// size along its perf axes, will need, so that no such call compiles; returns how many
+    /// compilations it made now (0: all were done before). `lz warmup` calls it with each
+    /// bucket's largest size. Kernels without a JIT have nothing to compile: the default.
+    fn warm(&self, args: &OpArgs) -> Result<u64, KernelError> {
+        let _ = args;
+        Ok(0)
+    }
+
+    /// True when [`warm`](Executor::warm) would compile nothing for `args` (always, for a
+    /// kernel without a JIT). Readiness asks it of every kernel a table names.
+    fn is_warm(&self, args: &OpArgs) -> bool {
+        let _ = args;
+        true
     }
 }
 

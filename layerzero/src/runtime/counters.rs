@@ -43,6 +43,9 @@ pub struct Counters {
     /// Cache misses that waited for another thread's selection of their key for the longest
     /// allowed and then selected live themselves.
     pub wait_timeouts: u64,
+    /// Calls refused because the kernel's JIT could not compile their shape
+    /// (`JIT_COMPILE_FAILED`; the runtime fell back).
+    pub jit_compile_failures: u64,
 }
 
 /// Which counter.
@@ -62,9 +65,10 @@ pub(crate) enum Counter {
     InvalidOutputs,
     Shared,
     WaitTimeouts,
+    JitCompileFailures,
 }
 
-const COUNTERS: usize = 14;
+const COUNTERS: usize = 15;
 /// Stripes owned by one thread each; one more is shared by the rest.
 const STRIPES: usize = 64;
 
@@ -162,6 +166,7 @@ impl Striped {
             invalid_outputs: sum(Counter::InvalidOutputs),
             shared: sum(Counter::Shared),
             wait_timeouts: sum(Counter::WaitTimeouts),
+            jit_compile_failures: sum(Counter::JitCompileFailures),
         }
     }
 }

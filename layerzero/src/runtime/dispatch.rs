@@ -309,6 +309,12 @@ impl LayerZero {
                 Ok(outputs)
             }
             Err(Failed::InvalidInput(message)) => Err(Reason::new(ReasonCode::INVALID_REQUEST, message)),
+            // A shape the JIT cannot compile says nothing of the kernel's health on other
+            // shapes; the kernel refuses it at once from now on.
+            Err(Failed::Compile(message)) => {
+                self.bump(Counter::JitCompileFailures);
+                Err(Reason::new(ReasonCode::JIT_COMPILE_FAILED, message))
+            }
             Err(Failed::Class(class, message)) => {
                 self.bump(Counter::KernelFailures);
                 match class {
@@ -375,6 +381,8 @@ impl LayerZero {
 enum Failed {
     /// The inputs are invalid: no other kernel would do better.
     InvalidInput(String),
+    /// The kernel's JIT cannot compile these inputs' shape.
+    Compile(String),
     /// A failure of this class.
     Class(FailureClass, String),
 }
@@ -419,6 +427,7 @@ fn run_guarded(
             cast_outputs_back(outputs, transforms).map_err(|e| fail(format!("{kernel}: output cast: {e}")))
         }
         Ok(Err(KernelError::InvalidInput(m))) => Err(Failed::InvalidInput(format!("{kernel}: {m}"))),
+        Ok(Err(KernelError::CompileFailed(m))) => Err(Failed::Compile(format!("{kernel}: {m}"))),
         Ok(Err(e @ KernelError::OutOfMemory(_))) => {
             Err(Failed::Class(FailureClass::OutOfMemory, format!("{kernel}: {e}")))
         }

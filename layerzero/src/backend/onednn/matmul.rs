@@ -1,319 +1,492 @@
-//! `onednn.linear.matmul`: `out = x · weightᵀ (+ bias)` through oneDNN's matmul primitive.
-//! The C API's signatures were checked against `include/oneapi/dnnl/dnnl.h` of v3.2 and
-//! v3.14. A primitive is created (JIT-compiled) once per shape and kept in a bounded cache;
-//! the weight is read in place through a transposed memory descriptor, never copied.
+//! `onednn.linear.matmul` (`out = x · weightᵀ (+ bias)`, f32 / bf16 / f16) and
+//! `onednn.linear_w8a8.matmul` (i8 × i8 with i32 accumulation, per-channel weight scales,
+//! per-row or per-tensor activation scales) through oneDNN's matmul primitive.
+//!
+//! The row count m is a runtime dimension, so one primitive (one JIT compilation) serves
+//! every m of a shape. The weight's layout is the primitive's choice (`format_tag_any`):
+//! a weight is reordered into it once and kept in a bounded cache keyed by the weight
+//! tensor's identity (its storage, held by `Weak`, so an address is never reused while
+//! the entry lives), never re-packed per call. Past the cache's bound, a second primitive
+//! that reads the weight in place (strided, as given) serves the call instead.
 
 use std::collections::HashMap;
-use std::ffi::{c_int, c_uint, c_void};
-use std::sync::Arc;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Weak};
 
-use half::{bf16, f16};
 use parking_lot::Mutex;
 
-use super::loader::Loaded;
-use crate::backend::cpu_reference::linear::{WeightLayout, weight_dims};
-use crate::exec::args::{OpArgs, Outputs};
+use super::api::{self, Dnnl, Handle, Prim, RUNTIME_DIM};
+use super::buffers::{Output, f32_values, input};
+use super::jit::{self, Key};
+use crate::backend::cpu_reference::linear::{WeightLayout, out_dtype, rows_of, w8a8_dims, weight_dims};
+use crate::exec::args::{LinearArgs, OpArgs, Outputs, W8a8Args};
 use crate::exec::executor::{Executor, KernelError};
 use crate::model::dtype::DType;
 use crate::tensor::{HostTensor, Storage};
 
-type Handle = *mut c_void;
-type Status = c_int;
-const DNNL_MAX_NDIMS: usize = 12;
-type Dims = [i64; DNNL_MAX_NDIMS];
-/// `dnnl_engine_kind_t::dnnl_cpu`.
-const ENGINE_CPU: c_int = 1;
-/// `dnnl_stream_default_flags`.
-const STREAM_DEFAULT: c_uint = 1;
-/// `dnnl_data_type_t`.
-const DT_F16: c_int = 1;
-const DT_BF16: c_int = 2;
-const DT_F32: c_int = 3;
-/// `DNNL_ARG_*`.
-const ARG_SRC: c_int = 1;
-const ARG_DST: c_int = 17;
-const ARG_WEIGHTS: c_int = 33;
-const ARG_BIAS: c_int = 41;
-/// Primitives kept (one per shape and dtype); beyond it a call creates its own and drops it.
-const MAX_PRIMITIVES: usize = 256;
+/// The float matmul's kernel id.
+pub const LINEAR: &str = "onednn.linear.matmul";
+/// The int8 matmul's kernel id.
+pub const W8A8: &str = "onednn.linear_w8a8.matmul";
 
-#[repr(C)]
-struct ExecArg {
-    arg: c_int,
-    memory: Handle,
+/// Packed weights kept at most (bytes); past it, weights are read in place.
+const PACKED_BYTES: usize = 16 << 30;
+
+/// 64-byte aligned storage for a packed weight.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// A weight in the layout its primitive wants.
+struct Packed {
+    /// The layout it was packed for (owned here).
+    md: Handle,
+    data: Vec<Line>,
+    md_destroy: unsafe extern "C" fn(Handle) -> i32,
 }
 
-/// The entry points used, resolved once.
-struct Api {
-    engine_create: unsafe extern "C" fn(*mut Handle, c_int, usize) -> Status,
-    stream_create: unsafe extern "C" fn(*mut Handle, Handle, c_uint) -> Status,
-    stream_wait: unsafe extern "C" fn(Handle) -> Status,
-    stream_destroy: unsafe extern "C" fn(Handle) -> Status,
-    md_create: unsafe extern "C" fn(*mut Handle, c_int, *const i64, c_int, *const i64) -> Status,
-    md_destroy: unsafe extern "C" fn(Handle) -> Status,
-    matmul_pd_create: unsafe extern "C" fn(*mut Handle, Handle, Handle, Handle, Handle, Handle, Handle) -> Status,
-    pd_destroy: unsafe extern "C" fn(Handle) -> Status,
-    primitive_create: unsafe extern "C" fn(*mut Handle, Handle) -> Status,
-    primitive_destroy: unsafe extern "C" fn(Handle) -> Status,
-    primitive_execute: unsafe extern "C" fn(Handle, Handle, c_int, *const ExecArg) -> Status,
-    memory_create: unsafe extern "C" fn(*mut Handle, Handle, Handle, *mut c_void) -> Status,
-    memory_destroy: unsafe extern "C" fn(Handle) -> Status,
-}
+// SAFETY: the descriptor and the data are read-only once packed.
+#[allow(unsafe_code)]
+unsafe impl Send for Packed {}
+// SAFETY: as above.
+#[allow(unsafe_code)]
+unsafe impl Sync for Packed {}
 
-/// What a primitive is made for: m, k, n, NN weight, bias, dtype.
-type Shape = (usize, usize, usize, bool, bool, DType);
-
-/// One shape's primitive and the descriptors it was made from; destroyed when the last
-/// user drops it (a primitive beyond the cache's bound lives for one call).
-struct Prim {
-    primitive: Handle,
-    /// src, weights, bias (null when absent), dst.
-    mds: [Handle; 4],
-    primitive_destroy: unsafe extern "C" fn(Handle) -> Status,
-    md_destroy: unsafe extern "C" fn(Handle) -> Status,
-}
-
-impl Drop for Prim {
+impl Drop for Packed {
     #[allow(unsafe_code)]
     fn drop(&mut self) {
-        if !self.primitive.is_null() {
-            // SAFETY: created by primitive_create; no call uses it any more (its last `Arc`
-            // is being dropped).
-            unsafe { (self.primitive_destroy)(self.primitive) };
-        }
-        for md in self.mds.iter().filter(|m| !m.is_null()) {
-            // SAFETY: created by memory_desc_create and owned by this primitive only.
-            unsafe { (self.md_destroy)(*md) };
-        }
+        // SAFETY: cloned for this entry and owned by it only.
+        unsafe { (self.md_destroy)(self.md) };
     }
 }
 
-/// The matmul executor: the library, its CPU engine, and the primitive cache.
-pub struct Matmul {
-    api: Api,
-    engine: Handle,
-    prims: Mutex<HashMap<Shape, Arc<Prim>>>,
-    _lib: Arc<Loaded>,
+/// A weight view's identity: storage address, offset, dims and the primitive's key.
+type WeightKey = (usize, usize, i64, i64, Key);
+
+struct Entry {
+    owner: Weak<Storage>,
+    packed: Arc<Packed>,
 }
 
-// SAFETY: a oneDNN engine and primitives may be used from several threads at once (each
-// call makes its own stream and memory objects); the cache is behind a mutex.
-#[allow(unsafe_code)]
-unsafe impl Send for Matmul {}
-// SAFETY: as above.
-#[allow(unsafe_code)]
-unsafe impl Sync for Matmul {}
-// SAFETY: a primitive is immutable once created and may be executed concurrently.
-#[allow(unsafe_code)]
-unsafe impl Send for Prim {}
-// SAFETY: as above.
-#[allow(unsafe_code)]
-unsafe impl Sync for Prim {}
+#[derive(Default)]
+struct Cache {
+    map: HashMap<WeightKey, Entry>,
+    bytes: usize,
+}
 
-fn check(what: &str, s: Status) -> Result<(), KernelError> {
-    if s == 0 { Ok(()) } else { Err(KernelError::Failed(format!("oneDNN {what} returned status {s}"))) }
+static PACKED: LazyLock<Mutex<Cache>> = LazyLock::new(|| Mutex::new(Cache::default()));
+static PACK_HITS: AtomicU64 = AtomicU64::new(0);
+static PACKS: AtomicU64 = AtomicU64::new(0);
+static IN_PLACE: AtomicU64 = AtomicU64::new(0);
+
+/// What the oneDNN packed-weight cache has done in this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct PackedStats {
+    /// Calls that found their weight packed.
+    pub hits: u64,
+    /// Weights reordered into a primitive's layout (each once while it stays cached).
+    pub packs: u64,
+    /// Calls that read their weight in place (the cache was full, or the layout wanted is
+    /// the weight's own).
+    pub in_place: u64,
+    /// Bytes of packed weights held now.
+    pub bytes: u64,
+    /// Weights held now.
+    pub entries: u64,
+}
+
+/// The packed-weight cache's counters.
+pub fn packed_stats() -> PackedStats {
+    let c = PACKED.lock();
+    PackedStats {
+        hits: PACK_HITS.load(Ordering::Relaxed),
+        packs: PACKS.load(Ordering::Relaxed),
+        in_place: IN_PLACE.load(Ordering::Relaxed),
+        bytes: c.bytes as u64,
+        entries: c.map.len() as u64,
+    }
+}
+
+/// The two matmul executors (they share the library and the caches).
+pub struct Matmul {
+    dnnl: Arc<Dnnl>,
+    /// `onednn.linear_w8a8.matmul` rather than `onednn.linear.matmul`.
+    int8: bool,
 }
 
 impl Matmul {
-    /// Resolves the entry points of `lib` and creates its CPU engine.
-    #[allow(unsafe_code)]
-    pub fn new(lib: Arc<Loaded>) -> Result<Matmul, String> {
-        macro_rules! sym {
-            ($name:literal) => {
-                // SAFETY: the symbol's type is the signature declared in oneDNN's dnnl.h /
-                // dnnl_common.h (v3.2 to v3.14), written out in `Api`.
-                *unsafe { lib.library().get(concat!($name, "\0").as_bytes()) }
-                    .map_err(|e| format!("{}: {}", $name, crate::backend::library::describe(&e)))?
-            };
-        }
-        let api = Api {
-            engine_create: sym!("dnnl_engine_create"),
-            stream_create: sym!("dnnl_stream_create"),
-            stream_wait: sym!("dnnl_stream_wait"),
-            stream_destroy: sym!("dnnl_stream_destroy"),
-            md_create: sym!("dnnl_memory_desc_create_with_strides"),
-            md_destroy: sym!("dnnl_memory_desc_destroy"),
-            matmul_pd_create: sym!("dnnl_matmul_primitive_desc_create"),
-            pd_destroy: sym!("dnnl_primitive_desc_destroy"),
-            primitive_create: sym!("dnnl_primitive_create"),
-            primitive_destroy: sym!("dnnl_primitive_destroy"),
-            primitive_execute: sym!("dnnl_primitive_execute"),
-            memory_create: sym!("dnnl_memory_create"),
-            memory_destroy: sym!("dnnl_memory_destroy"),
-        };
-        let mut engine: Handle = std::ptr::null_mut();
-        // SAFETY: `engine` is a valid out-pointer; index 0 is the one CPU engine.
-        let s = unsafe { (api.engine_create)(&mut engine, ENGINE_CPU, 0) };
-        if s != 0 || engine.is_null() {
-            return Err(format!("dnnl_engine_create(cpu) returned status {s}"));
-        }
-        Ok(Matmul { api, engine, prims: Mutex::new(HashMap::new()), _lib: lib })
+    /// The float matmul.
+    pub fn linear(dnnl: Arc<Dnnl>) -> Matmul {
+        Matmul { dnnl, int8: false }
     }
 
-    #[allow(unsafe_code)]
-    fn md(&self, dims: &[i64], strides: &[i64], dt: c_int) -> Result<Handle, KernelError> {
-        let (mut d, mut s): (Dims, Dims) = ([0; DNNL_MAX_NDIMS], [0; DNNL_MAX_NDIMS]);
-        d[..dims.len()].copy_from_slice(dims);
-        s[..strides.len()].copy_from_slice(strides);
-        let mut md: Handle = std::ptr::null_mut();
-        let n = c_int::try_from(dims.len()).unwrap_or(0);
-        // SAFETY: both arrays hold DNNL_MAX_NDIMS entries as `dnnl_dims_t` requires.
-        check("memory_desc_create", unsafe { (self.api.md_create)(&mut md, n, d.as_ptr(), dt, s.as_ptr()) })?;
-        Ok(md)
-    }
-
-    #[allow(unsafe_code)]
-    fn primitive(
-        &self,
-        m: usize,
-        k: usize,
-        n: usize,
-        nn: bool,
-        bias: bool,
-        dtype: DType,
-    ) -> Result<Arc<Prim>, KernelError> {
-        let key = (m, k, n, nn, bias, dtype);
-        if let Some(p) = self.prims.lock().get(&key) {
-            return Ok(p.clone());
-        }
-        let dt = match dtype {
-            DType::BF16 => DT_BF16,
-            DType::F16 => DT_F16,
-            _ => DT_F32,
-        };
-        let (mi, ki, ni) = (m as i64, k as i64, n as i64);
-        let src = self.md(&[mi, ki], &[ki, 1], dt)?;
-        // An NT weight is [n, k] row-major: read in place as [k, n] with strides (1, k); an
-        // NN weight is [k, n] already.
-        let wei = if nn { self.md(&[ki, ni], &[ni, 1], dt)? } else { self.md(&[ki, ni], &[1, ki], dt)? };
-        let bia = if bias { self.md(&[1, ni], &[ni, 1], dt)? } else { std::ptr::null_mut() };
-        let dst = self.md(&[mi, ni], &[ni, 1], dt)?;
-        let mut made = Prim {
-            primitive: std::ptr::null_mut(),
-            mds: [src, wei, bia, dst],
-            primitive_destroy: self.api.primitive_destroy,
-            md_destroy: self.api.md_destroy,
-        };
-        let mut pd: Handle = std::ptr::null_mut();
-        // SAFETY: the descriptors were created above; a null bias or attr means none.
-        let s = unsafe { (self.api.matmul_pd_create)(&mut pd, self.engine, src, wei, bia, dst, std::ptr::null_mut()) };
-        if s != 0 {
-            return Err(KernelError::Unsupported(format!(
-                "oneDNN has no matmul for {m}x{k}x{n} {dtype} on this CPU (status {s})"
-            )));
-        }
-        // SAFETY: `pd` is a valid primitive descriptor; it is destroyed right after.
-        let s = unsafe { (self.api.primitive_create)(&mut made.primitive, pd) };
-        // SAFETY: created above; the primitive keeps what it needs.
-        unsafe { (self.api.pd_destroy)(pd) };
-        if s != 0 {
-            return Err(KernelError::Failed(format!("oneDNN primitive_create returned status {s}")));
-        }
-        let made = Arc::new(made);
-        let mut prims = self.prims.lock();
-        if prims.len() < MAX_PRIMITIVES {
-            prims.insert(key, made.clone());
-        }
-        Ok(made)
-    }
-
-    #[allow(unsafe_code)]
-    fn execute(&self, p: &Prim, ptrs: [*mut c_void; 4]) -> Result<(), KernelError> {
-        let mut mems: [Handle; 4] = [std::ptr::null_mut(); 4];
-        let mut stream: Handle = std::ptr::null_mut();
-        let result = (|| {
-            for i in 0..4 {
-                if p.mds[i].is_null() {
-                    continue;
-                }
-                // SAFETY: the descriptor matches the buffer behind `ptrs[i]`, which outlives
-                // the call (the caller holds the tensors); oneDNN does not take ownership.
-                check("memory_create", unsafe {
-                    (self.api.memory_create)(&mut mems[i], p.mds[i], self.engine, ptrs[i])
-                })?;
-            }
-            // SAFETY: a stream on the engine, destroyed below.
-            check("stream_create", unsafe { (self.api.stream_create)(&mut stream, self.engine, STREAM_DEFAULT) })?;
-            let args: Vec<ExecArg> = [ARG_SRC, ARG_WEIGHTS, ARG_BIAS, ARG_DST]
-                .into_iter()
-                .zip(mems)
-                .filter(|(_, m)| !m.is_null())
-                .map(|(arg, memory)| ExecArg { arg, memory })
-                .collect();
-            let nargs = c_int::try_from(args.len()).unwrap_or(0);
-            // SAFETY: every argument is a memory object created above for this primitive.
-            check("primitive_execute", unsafe {
-                (self.api.primitive_execute)(p.primitive, stream, nargs, args.as_ptr())
-            })?;
-            // SAFETY: waits for the work submitted on this stream.
-            check("stream_wait", unsafe { (self.api.stream_wait)(stream) })
-        })();
-        for m in mems.iter().filter(|m| !m.is_null()) {
-            // SAFETY: created above; the data buffers stay the caller's.
-            unsafe { (self.api.memory_destroy)(*m) };
-        }
-        if !stream.is_null() {
-            // SAFETY: created above.
-            unsafe { (self.api.stream_destroy)(stream) };
-        }
-        result
+    /// The int8 matmul.
+    pub fn w8a8(dnnl: Arc<Dnnl>) -> Matmul {
+        Matmul { dnnl, int8: true }
     }
 }
 
-/// A contiguous tensor's elements as a raw pointer (read-only use by oneDNN for inputs).
-fn input_ptr(t: &HostTensor, dtype: DType) -> Result<*mut c_void, KernelError> {
-    if !t.is_contiguous() || t.dtype() != dtype {
-        return Err(KernelError::Unsupported(format!("oneDNN matmul takes contiguous {dtype} tensors")));
+/// What a float matmul call is, checked.
+struct Problem {
+    lead: Vec<usize>,
+    m: usize,
+    k: usize,
+    n: usize,
+    nn: bool,
+    dtype: DType,
+}
+
+fn problem(a: &LinearArgs) -> Result<Problem, KernelError> {
+    let dtype = a.x.dtype();
+    if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
+        return Err(KernelError::Unsupported(format!("{LINEAR} runs f32, bf16 and f16, not {dtype}")));
     }
-    let off = t.offset();
-    let p = match t.storage() {
-        Storage::F32(v) => v.get(off..).map(|s| s.as_ptr().cast::<c_void>()),
-        Storage::BF16(v) => v.get(off..).map(|s| s.as_ptr().cast::<c_void>()),
-        Storage::F16(v) => v.get(off..).map(|s| s.as_ptr().cast::<c_void>()),
-        _ => None,
-    };
-    p.map(|p| p.cast_mut())
-        .ok_or_else(|| KernelError::Unsupported(format!("oneDNN matmul takes f32 or bf16, not {dtype}")))
+    let (lead, m, k) = rows_of("x", &a.x)?;
+    let (layout, n) = weight_dims("weight", &a.weight, k)?;
+    if a.weight.dtype() != dtype {
+        return Err(KernelError::Unsupported(format!(
+            "{LINEAR} takes a weight in x's dtype {dtype}, not {}",
+            a.weight.dtype()
+        )));
+    }
+    if let Some(b) = &a.bias
+        && b.shape() != [n]
+    {
+        return Err(KernelError::InvalidInput(format!("tensor `bias` has shape {:?}; expected [{n}]", b.shape())));
+    }
+    Ok(Problem { lead: lead.to_vec(), m, k, n, nn: layout == WeightLayout::Nn, dtype })
+}
+
+fn dt(d: DType) -> Result<i32, KernelError> {
+    api::data_type(d).ok_or_else(|| KernelError::Unsupported(format!("oneDNN has no {d} here")))
+}
+
+impl Matmul {
+    /// The key of a float matmul's primitive: the weight packed (`any`) or read in place.
+    fn linear_key(p: &Problem, bias: bool, in_place: bool) -> Key {
+        let code = api::data_type(p.dtype).unwrap_or(0) as u64;
+        let flags = code | u64::from(p.nn) << 8 | u64::from(bias) << 9 | u64::from(in_place) << 10;
+        Key { kernel: LINEAR, dims: [RUNTIME_DIM, p.k as i64, p.n as i64, 0], flags }
+    }
+
+    fn linear_primitive(&self, p: &Problem, bias: bool, in_place: bool) -> Result<Arc<Prim>, KernelError> {
+        let d = &self.dnnl;
+        jit::primitive(Matmul::linear_key(p, bias, in_place), || {
+            let t = dt(p.dtype)?;
+            let (k, n) = (p.k as i64, p.n as i64);
+            let src = d.md2(RUNTIME_DIM, k, k, t)?;
+            // An NT weight [n, k] is read as [k, n] with strides (1, k); NN is [k, n].
+            let wei = match (in_place, p.nn) {
+                (false, _) => d.md_any(&[k, n], t)?,
+                (true, true) => d.md2(k, n, n, t)?,
+                (true, false) => d.md(&[k, n], &[1, k], t)?,
+            };
+            let dst = d.md2(RUNTIME_DIM, n, n, t)?;
+            let bia = if bias { Some(d.md2(1, n, n, t)?) } else { None };
+            let raws = (src.raw(), wei.raw(), bia.as_ref().map_or(std::ptr::null_mut(), |b| b.raw()), dst.raw());
+            let mut mds = vec![(api::ARG_SRC, src), (api::ARG_WEIGHTS, wei), (api::ARG_DST, dst)];
+            if let Some(b) = bia {
+                mds.push((api::ARG_BIAS, b));
+            }
+            d.create("matmul", mds, !in_place, |pd| {
+                d.matmul_pd(pd, raws.0, raws.1, raws.2, raws.3, std::ptr::null_mut())
+            })
+        })
+    }
+
+    /// The weight in the layout `prim` wants: packed once and cached, or `None` when the
+    /// cache has no room (the caller then uses the in-place primitive).
+    #[allow(unsafe_code)]
+    fn packed(&self, w: &HostTensor, p: &Problem, key: &Key, prim: &Prim) -> Result<Option<Arc<Packed>>, KernelError> {
+        let Some(want) = prim.weights_md() else { return Ok(None) };
+        let id: WeightKey = (Arc::as_ptr(w.storage_arc()) as usize, w.offset(), p.k as i64, p.n as i64, key.clone());
+        {
+            let c = PACKED.lock();
+            if let Some(e) = c.map.get(&id)
+                && e.owner.strong_count() > 0
+            {
+                PACK_HITS.fetch_add(1, Ordering::Relaxed);
+                return Ok(Some(Arc::clone(&e.packed)));
+            }
+        }
+        let d = &self.dnnl;
+        let bytes = d.size_of(want);
+        {
+            let mut c = PACKED.lock();
+            let mut freed = 0;
+            c.map.retain(|_, e| {
+                let alive = e.owner.strong_count() > 0;
+                if !alive {
+                    freed += e.packed.data.len() * 64;
+                }
+                alive
+            });
+            c.bytes -= freed;
+            if c.bytes + bytes > PACKED_BYTES {
+                return Ok(None);
+            }
+        }
+        let t = dt(p.dtype)?;
+        let (k, n) = (p.k as i64, p.n as i64);
+        let from = if p.nn { d.md2(k, n, n, t)? } else { d.md(&[k, n], &[1, k], t)? };
+        let mut data = vec![Line([0; 64]); bytes.div_ceil(64)];
+        let src = input("weight", w)?;
+        // SAFETY: `src` is the contiguous weight `from` describes; `data` holds the
+        // `bytes` that `want` needs; both outlive the call.
+        unsafe { d.reorder(&from, want, src, data.as_mut_ptr().cast::<c_void>())? };
+        let md = d.clone_md(want)?;
+        let packed = Arc::new(Packed { md, data, md_destroy: d.md_destroy_fn() });
+        PACKS.fetch_add(1, Ordering::Relaxed);
+        let mut c = PACKED.lock();
+        c.bytes += bytes.div_ceil(64) * 64;
+        let old = c.map.insert(id, Entry { owner: Arc::downgrade(w.storage_arc()), packed: Arc::clone(&packed) });
+        if let Some(old) = old {
+            c.bytes -= old.packed.data.len() * 64;
+        }
+        Ok(Some(packed))
+    }
+
+    #[allow(unsafe_code)]
+    fn run_linear(&self, a: &LinearArgs) -> Result<Outputs, KernelError> {
+        let p = problem(a)?;
+        let bias = a.bias.is_some();
+        let key = Matmul::linear_key(&p, bias, false);
+        let prim = self.linear_primitive(&p, bias, false)?;
+        let (prim, weight) = match self.packed(&a.weight, &p, &key, &prim)? {
+            Some(packed) => (prim, WeightPtr::Packed(packed)),
+            None => {
+                IN_PLACE.fetch_add(1, Ordering::Relaxed);
+                (self.linear_primitive(&p, bias, true)?, WeightPtr::InPlace(input("weight", &a.weight)?))
+            }
+        };
+        let mut out = Output::new(p.dtype, p.m * p.n)?;
+        if p.m > 0 && p.n > 0 {
+            let d = &self.dnnl;
+            let t = dt(p.dtype)?;
+            let (m, k, n) = (p.m as i64, p.k as i64, p.n as i64);
+            let (src_md, dst_md) = (d.md2(m, k, k, t)?, d.md2(m, n, n, t)?);
+            let mut bind =
+                vec![(api::ARG_SRC, input("x", &a.x)?), (api::ARG_WEIGHTS, weight.ptr()), (api::ARG_DST, out.ptr())];
+            if let Some(b) = &a.bias {
+                bind.push((api::ARG_BIAS, input("bias", b)?));
+            }
+            let mut runtime = vec![(api::ARG_SRC, src_md.raw()), (api::ARG_DST, dst_md.raw())];
+            if let WeightPtr::Packed(pk) = &weight {
+                runtime.push((api::ARG_WEIGHTS, pk.md));
+            }
+            // SAFETY: x is [m, k] contiguous, the weight is the packed buffer of the layout
+            // the primitive wants (or the weight as its in-place descriptor reads it), the
+            // bias [n], the output [m, n]; all live until the call returns.
+            unsafe { d.execute(&prim, &bind, &runtime)? };
+        }
+        let mut shape = p.lead;
+        shape.push(p.n);
+        let mut o = Outputs::new();
+        o.insert("out", out.into_tensor(&shape)?);
+        Ok(o)
+    }
+
+    fn w8a8_key(rows: Option<usize>, k: usize, n: usize, out: DType, cols: bool, bias: bool) -> Key {
+        let code = api::data_type(out).unwrap_or(0) as u64;
+        let flags = code | u64::from(rows.is_some()) << 8 | u64::from(cols) << 9 | u64::from(bias) << 10;
+        let m = rows.map_or(RUNTIME_DIM, |r| r as i64);
+        Key { kernel: W8A8, dims: [m, k as i64, n as i64, 0], flags }
+    }
+
+    /// The int8 primitive. With one activation scale (`rows` None) the row count is a
+    /// runtime dim and both scales are the matmul's own (`acc * xs * ws`, then the bias, as
+    /// oneDNN 3.x orders them). With one scale per row, v3.2 has no per-row source scale and
+    /// no runtime dim in a post-op's operand: the scale is a multiply post-op over
+    /// `[rows, 1]` for a chunk of `rows` rows, and the bias an add post-op after it.
+    fn w8a8_primitive(
+        &self,
+        rows: Option<usize>,
+        k: usize,
+        n: usize,
+        out: DType,
+        cols: bool,
+        bias: bool,
+    ) -> Result<Arc<Prim>, KernelError> {
+        let d = &self.dnnl;
+        jit::primitive(Matmul::w8a8_key(rows, k, n, out, cols, bias), || {
+            let (ki, ni) = (k as i64, n as i64);
+            let (s8, f32t) = (dt(DType::I8)?, dt(DType::F32)?);
+            let m = rows.map_or(RUNTIME_DIM, |r| r as i64);
+            let src = d.md2(m, ki, ki, s8)?;
+            let wei = d.md(&[ki, ni], &[1, ki], s8)?;
+            let dst = d.md2(m, ni, ni, dt(out)?)?;
+            let mut attr = d.attr()?;
+            // Weight scales per output column (mask bit 1: dim n of [k, n]) or one.
+            attr.scales(api::ARG_WEIGHTS, if cols { 2 } else { 0 })?;
+            let mut mds = Vec::new();
+            let mut bia = None;
+            if let Some(r) = rows {
+                let xs = d.md2(r as i64, 1, 1, f32t)?;
+                let i = attr.binary(api::BINARY_MUL, &xs)?;
+                mds.push((api::arg_post_op_src1(i), xs));
+                if bias {
+                    let b = d.md2(1, ni, ni, f32t)?;
+                    let i = attr.binary(api::BINARY_ADD, &b)?;
+                    mds.push((api::arg_post_op_src1(i), b));
+                }
+            } else {
+                attr.scales(api::ARG_SRC, 0)?;
+                if bias {
+                    bia = Some(d.md2(1, ni, ni, f32t)?);
+                }
+            }
+            let raw_attr = attr.raw()?;
+            let raws = (src.raw(), wei.raw(), bia.as_ref().map_or(std::ptr::null_mut(), |b| b.raw()), dst.raw());
+            mds.extend([(api::ARG_SRC, src), (api::ARG_WEIGHTS, wei), (api::ARG_DST, dst)]);
+            if let Some(b) = bia {
+                mds.push((api::ARG_BIAS, b));
+            }
+            d.create("int8 matmul", mds, false, |pd| d.matmul_pd(pd, raws.0, raws.1, raws.2, raws.3, raw_attr))
+        })
+    }
+
+    #[allow(unsafe_code)]
+    fn run_w8a8(&self, a: &W8a8Args) -> Result<Outputs, KernelError> {
+        let (m, k, n) = w8a8_dims(a)?;
+        let out_dt = out_dtype("out_dtype", a.attrs.out_dtype)?;
+        let per_row = a.x_scale.shape() == [m] && m != 1;
+        let cols = a.w_scale.shape() == [n] && n != 1;
+        let d = &self.dnnl;
+        let mut out = Output::new(out_dt, m * n)?;
+        if m > 0 && n > 0 {
+            let ws = a.w_scale.to_f32_vec();
+            let xs = a.x_scale.to_f32_vec();
+            let b = a.bias.as_ref().map(|b| f32_values("bias", b)).transpose()?;
+            let (x, w) = (input("x", &a.x)?, input("weight", &a.weight)?);
+            let osize = out_dt.size_bytes() as usize;
+            let ws_md = d.md(&[ws.len() as i64], &[1], dt(DType::F32)?)?;
+            let scale_md = d.md(&[1], &[1], dt(DType::F32)?)?;
+            let f = |v: &[f32]| v.as_ptr().cast_mut().cast::<c_void>();
+            // One runtime-m call, or one call per power-of-two chunk of rows.
+            let calls: Vec<(usize, usize)> = if per_row { jit::chunks(m).collect() } else { vec![(0, m)] };
+            for (at, rows) in calls {
+                let prim = self.w8a8_primitive(per_row.then_some(rows), k, n, out_dt, cols, b.is_some())?;
+                let (ri, ki, ni) = (rows as i64, k as i64, n as i64);
+                let (src_md, dst_md) = (d.md2(ri, ki, ki, dt(DType::I8)?)?, d.md2(ri, ni, ni, dt(out_dt)?)?);
+                let dst = out.ptr().cast::<u8>().wrapping_add(at * n * osize).cast::<c_void>();
+                let src = x.cast::<u8>().wrapping_add(at * k).cast::<c_void>();
+                let mut bind = vec![
+                    (api::ARG_SRC, src),
+                    (api::ARG_WEIGHTS, w),
+                    (api::ARG_DST, dst),
+                    (api::ARG_ATTR_SCALES | api::ARG_WEIGHTS, f(&ws)),
+                ];
+                let mut runtime = vec![
+                    (api::ARG_SRC, src_md.raw()),
+                    (api::ARG_DST, dst_md.raw()),
+                    (api::ARG_ATTR_SCALES | api::ARG_WEIGHTS, ws_md.raw()),
+                ];
+                if per_row {
+                    bind.push((api::arg_post_op_src1(0), f(&xs[at..at + rows])));
+                    if let Some(b) = &b {
+                        bind.push((api::arg_post_op_src1(1), f(b)));
+                    }
+                } else {
+                    bind.push((api::ARG_ATTR_SCALES | api::ARG_SRC, f(&xs)));
+                    runtime.push((api::ARG_ATTR_SCALES | api::ARG_SRC, scale_md.raw()));
+                    if let Some(b) = &b {
+                        bind.push((api::ARG_BIAS, f(b)));
+                    }
+                }
+                // SAFETY: the chunk's rows [at, at + rows) of x [m, k] (i8) and of the output
+                // [m, n] are inside their buffers; the weight [n, k] is i8, the scales and
+                // the bias are f32 of the lengths their descriptors say; all live until the
+                // call returns.
+                unsafe { d.execute(&prim, &bind, &runtime)? };
+            }
+        }
+        let mut o = Outputs::new();
+        o.insert("out", out.into_tensor(&[m, n])?);
+        Ok(o)
+    }
+}
+
+enum WeightPtr {
+    Packed(Arc<Packed>),
+    InPlace(*mut c_void),
+}
+
+impl WeightPtr {
+    fn ptr(&self) -> *mut c_void {
+        match self {
+            WeightPtr::Packed(p) => p.data.as_ptr().cast_mut().cast(),
+            WeightPtr::InPlace(p) => *p,
+        }
+    }
 }
 
 impl Executor for Matmul {
     fn run(&self, args: &OpArgs) -> Result<Outputs, KernelError> {
-        let OpArgs::Linear(a) = args else {
-            return Err(KernelError::Unsupported("onednn.linear.matmul runs linear only".to_owned()));
-        };
-        let dtype = a.x.dtype();
-        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
-            return Err(KernelError::Unsupported(format!("onednn.linear.matmul runs f32, bf16 and f16, not {dtype}")));
+        match (self.int8, args) {
+            (false, OpArgs::Linear(a)) => self.run_linear(a),
+            (true, OpArgs::LinearW8a8(a)) => self.run_w8a8(a),
+            (int8, _) => Err(KernelError::Unsupported(format!(
+                "{} runs {} only",
+                if int8 { W8A8 } else { LINEAR },
+                if int8 { "linear_w8a8" } else { "linear" }
+            ))),
         }
-        let xs = a.x.shape();
-        let &[m, k] = xs else {
-            return Err(KernelError::Unsupported(format!("onednn.linear.matmul takes a rank-2 x, not {xs:?}")));
-        };
-        let (layout, n) = weight_dims("weight", &a.weight, k)?;
-        if let Some(b) = &a.bias
-            && b.shape() != [n]
-        {
-            return Err(KernelError::InvalidInput(format!("tensor `bias` has shape {:?}; expected [{n}]", b.shape())));
+    }
+
+    /// Compiles the primitive and packs the weight, so that the first call does neither.
+    fn prepare(&self, args: &OpArgs) -> Result<(), KernelError> {
+        self.warm(args).map(|_| ())
+    }
+
+    fn warm(&self, args: &OpArgs) -> Result<u64, KernelError> {
+        let before = jit::compiled_here();
+        match (self.int8, args) {
+            (false, OpArgs::Linear(a)) => {
+                let p = problem(a)?;
+                let bias = a.bias.is_some();
+                let key = Matmul::linear_key(&p, bias, false);
+                let prim = self.linear_primitive(&p, bias, false)?;
+                if self.packed(&a.weight, &p, &key, &prim)?.is_none() {
+                    self.linear_primitive(&p, bias, true)?;
+                }
+            }
+            (true, OpArgs::LinearW8a8(a)) => {
+                let (m, k, n) = w8a8_dims(a)?;
+                let out = out_dtype("out_dtype", a.attrs.out_dtype)?;
+                let cols = a.w_scale.shape() == [n] && n != 1;
+                let bias = a.bias.is_some();
+                if a.x_scale.shape() == [m] && m != 1 {
+                    for rows in jit::chunk_sizes_up_to(m) {
+                        self.w8a8_primitive(Some(rows), k, n, out, cols, bias)?;
+                    }
+                } else {
+                    self.w8a8_primitive(None, k, n, out, cols, bias)?;
+                }
+            }
+            _ => return self.run(args).map(|_| 0),
         }
-        let prim = self.primitive(m, k, n, layout == WeightLayout::Nn, a.bias.is_some(), dtype)?;
-        let bias = a.bias.as_ref().map(|b| input_ptr(b, dtype)).transpose()?.unwrap_or(std::ptr::null_mut());
-        let (x, w) = (input_ptr(&a.x, dtype)?, input_ptr(&a.weight, dtype)?);
-        let out = if dtype == DType::BF16 {
-            let mut v = vec![bf16::ZERO; m * n];
-            self.execute(&prim, [x, w, bias, v.as_mut_ptr().cast::<c_void>()])?;
-            HostTensor::new(Storage::BF16(v.into()), &[m, n])
-        } else if dtype == DType::F16 {
-            let mut v = vec![f16::ZERO; m * n];
-            self.execute(&prim, [x, w, bias, v.as_mut_ptr().cast::<c_void>()])?;
-            HostTensor::new(Storage::F16(v.into()), &[m, n])
-        } else {
-            let mut v = vec![0.0f32; m * n];
-            self.execute(&prim, [x, w, bias, v.as_mut_ptr().cast::<c_void>()])?;
-            HostTensor::from_f32(&[m, n], v)
+        Ok(jit::compiled_here() - before)
+    }
+
+    fn is_warm(&self, args: &OpArgs) -> bool {
+        match (self.int8, args) {
+            (false, OpArgs::Linear(a)) => problem(a).is_ok_and(|p| {
+                let bias = a.bias.is_some();
+                jit::is_ready(&Matmul::linear_key(&p, bias, false))
+                    || jit::is_ready(&Matmul::linear_key(&p, bias, true))
+            }),
+            (true, OpArgs::LinearW8a8(a)) => w8a8_dims(a).is_ok_and(|(m, k, n)| {
+                let out = out_dtype("out_dtype", a.attrs.out_dtype).unwrap_or(DType::F32);
+                let cols = a.w_scale.shape() == [n] && n != 1;
+                let key = |rows| Matmul::w8a8_key(rows, k, n, out, cols, a.bias.is_some());
+                if a.x_scale.shape() == [m] && m != 1 {
+                    jit::chunk_sizes_up_to(m).all(|r| jit::is_ready(&key(Some(r))))
+                } else {
+                    jit::is_ready(&key(None))
+                }
+            }),
+            _ => false,
         }
-        .map_err(|e| KernelError::Failed(e.to_string()))?;
-        let mut o = Outputs::new();
-        o.insert("out", out);
-        Ok(o)
     }
 }

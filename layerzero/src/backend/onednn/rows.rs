@@ -1,0 +1,311 @@
+//! Row-wise oneDNN kernels: `layer_norm` (layer normalization primitive), `gelu` / `silu`
+//! (eltwise), and `swiglu` / `geglu` (eltwise on the gate with a binary multiply by `up` as
+//! its post-op, so the gated product is one pass).
+//!
+//! oneDNN has no runtime dims for these primitives, so rows run in power-of-two chunks
+//! (`jit::chunks`): a bucket of row counts needs the chunk primitives up to its bound and
+//! no others, which is what warm-up compiles.
+
+use std::ffi::{c_int, c_void};
+use std::sync::Arc;
+
+use super::api::{self, Dnnl, Handle, Prim};
+use super::buffers::{Output, f32_values, input};
+use super::jit::{self, Key};
+use crate::backend::cpu_reference::activation::check_gated;
+use crate::backend::cpu_reference::norm::check;
+use crate::exec::args::{NormArgs, OpArgs, Outputs};
+use crate::exec::executor::{Executor, KernelError};
+use crate::model::attrs::GeluApproximate;
+use crate::model::dtype::DType;
+use crate::model::op::Op;
+use crate::tensor::HostTensor;
+
+/// `onednn.layer_norm.lnorm`.
+pub const LAYER_NORM: &str = "onednn.layer_norm.lnorm";
+/// `onednn.gelu.eltwise`.
+pub const GELU: &str = "onednn.gelu.eltwise";
+/// `onednn.silu.eltwise`.
+pub const SILU: &str = "onednn.silu.eltwise";
+/// `onednn.swiglu.eltwise_mul`.
+pub const SWIGLU: &str = "onednn.swiglu.eltwise_mul";
+/// `onednn.geglu.eltwise_mul`.
+pub const GEGLU: &str = "onednn.geglu.eltwise_mul";
+
+/// Which row-wise kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `layer_norm`.
+    LayerNorm,
+    /// `gelu`.
+    Gelu,
+    /// `silu`.
+    Silu,
+    /// `swiglu`.
+    Swiglu,
+    /// `geglu`.
+    Geglu,
+}
+
+impl Kind {
+    fn id(self) -> &'static str {
+        match self {
+            Kind::LayerNorm => LAYER_NORM,
+            Kind::Gelu => GELU,
+            Kind::Silu => SILU,
+            Kind::Swiglu => SWIGLU,
+            Kind::Geglu => GEGLU,
+        }
+    }
+}
+
+/// One row-wise executor.
+pub struct Rows {
+    dnnl: Arc<Dnnl>,
+    kind: Kind,
+}
+
+/// A checked call: rows of `cols` outputs, the operands' row strides, the primitive's flags.
+struct Plan<'a> {
+    rows: usize,
+    cols: usize,
+    dtype: DType,
+    /// Elements between the rows of the inputs.
+    ld_in: usize,
+    /// The eltwise algorithm (or 0 for the layer norm).
+    alg: c_int,
+    /// Flags of the key beyond the dtype (bias and eps, or the algorithm).
+    flags: u64,
+    out_shape: Vec<usize>,
+    /// The input (the gate, for the gated kinds) and `up` with its offset in elements.
+    x: &'a HostTensor,
+    up: Option<(&'a HostTensor, usize)>,
+    norm: Option<(&'a NormArgs, f32)>,
+}
+
+fn unsupported(kind: Kind, args: &OpArgs) -> KernelError {
+    KernelError::Unsupported(format!("{} does not run {}", kind.id(), args.op()))
+}
+
+fn float_dtype(d: DType) -> Result<DType, KernelError> {
+    match d {
+        DType::F32 | DType::BF16 | DType::F16 => Ok(d),
+        d => Err(KernelError::Unsupported(format!("oneDNN row-wise kernels here run f32, bf16 and f16, not {d}"))),
+    }
+}
+
+/// The eltwise algorithm and its alpha for an activation.
+fn gelu_alg(a: GeluApproximate) -> c_int {
+    match a {
+        GeluApproximate::None => api::ELTWISE_GELU_ERF,
+        GeluApproximate::Tanh => api::ELTWISE_GELU_TANH,
+    }
+}
+
+impl Rows {
+    /// The executor of `kind` over the library `dnnl`.
+    pub fn new(dnnl: Arc<Dnnl>, kind: Kind) -> Rows {
+        Rows { dnnl, kind }
+    }
+
+    /// Its kernel id.
+    pub fn id(&self) -> &'static str {
+        self.kind.id()
+    }
+
+    fn plan<'a>(&self, args: &'a OpArgs) -> Result<Plan<'a>, KernelError> {
+        let last = |t: &HostTensor| t.shape().last().copied().unwrap_or(1);
+        let rows_of = |t: &HostTensor| t.numel().checked_div(last(t)).unwrap_or(0);
+        match (self.kind, args) {
+            (Kind::LayerNorm, OpArgs::LayerNorm(a)) => {
+                let (rows, h, eps) = check(a, Op::LayerNorm)?;
+                if a.residual.is_some() {
+                    return Err(KernelError::Unsupported(format!("{LAYER_NORM} takes no residual")));
+                }
+                Ok(Plan {
+                    rows,
+                    cols: h,
+                    dtype: float_dtype(a.x.dtype())?,
+                    ld_in: h,
+                    alg: 0,
+                    // eps is compiled into the primitive: it is part of the key.
+                    flags: u64::from(a.bias.is_some()) << 8 | u64::from((eps as f32).to_bits()) << 32,
+                    out_shape: a.x.shape().to_vec(),
+                    x: &a.x,
+                    up: None,
+                    norm: Some((a, eps as f32)),
+                })
+            }
+            (Kind::Gelu | Kind::Silu, OpArgs::Gelu(_) | OpArgs::Silu(_)) => {
+                let (x, alg) = match args {
+                    OpArgs::Gelu(a) if self.kind == Kind::Gelu => (&a.x, gelu_alg(a.attrs.approximate)),
+                    OpArgs::Silu(a) if self.kind == Kind::Silu => (&a.x, api::ELTWISE_SWISH),
+                    _ => return Err(unsupported(self.kind, args)),
+                };
+                let cols = last(x);
+                Ok(Plan {
+                    rows: rows_of(x),
+                    cols,
+                    dtype: float_dtype(x.dtype())?,
+                    ld_in: cols,
+                    alg,
+                    flags: (alg as u64) << 8,
+                    out_shape: x.shape().to_vec(),
+                    x,
+                    up: None,
+                    norm: None,
+                })
+            }
+            (Kind::Swiglu, OpArgs::Swiglu(_)) | (Kind::Geglu, OpArgs::Geglu(_)) => {
+                let (split, x, gate, up, alg, op) = match args {
+                    OpArgs::Swiglu(a) => {
+                        (a.attrs.split, a.x.as_ref(), a.gate.as_ref(), a.up.as_ref(), api::ELTWISE_SWISH, "swiglu")
+                    }
+                    OpArgs::Geglu(a) => {
+                        let alg = gelu_alg(a.attrs.approximate);
+                        (a.attrs.split, a.x.as_ref(), a.gate.as_ref(), a.up.as_ref(), alg, "geglu")
+                    }
+                    _ => return Err(unsupported(self.kind, args)),
+                };
+                let out_shape = check_gated(op, split, x, gate, up)?;
+                let cols = out_shape.last().copied().unwrap_or(1);
+                // v3.2 has no eltwise for a strided source with a binary post-op: the split
+                // form (gate and up as row-strided views of x) is not declared.
+                let (first, up, ld_in) = match (split, gate, up) {
+                    (false, Some(g), Some(u)) => (g, (u, 0), cols),
+                    (true, _, _) => {
+                        return Err(KernelError::Unsupported(format!(
+                            "{} takes gate and up separately",
+                            self.kind.id()
+                        )));
+                    }
+                    _ => return Err(KernelError::InvalidInput(format!("{op}: operands missing"))),
+                };
+                let _ = x;
+                if up.0.dtype() != first.dtype() {
+                    return Err(KernelError::Unsupported(format!("{} takes gate and up of one dtype", self.kind.id())));
+                }
+                let rows = out_shape.iter().product::<usize>().checked_div(cols).unwrap_or(0);
+                Ok(Plan {
+                    rows,
+                    cols,
+                    dtype: float_dtype(first.dtype())?,
+                    ld_in,
+                    alg,
+                    flags: (alg as u64) << 8,
+                    out_shape,
+                    x: first,
+                    up: Some(up),
+                    norm: None,
+                })
+            }
+            _ => Err(unsupported(self.kind, args)),
+        }
+    }
+
+    fn key(&self, p: &Plan<'_>, chunk: usize) -> Key {
+        let code = api::data_type(p.dtype).unwrap_or(0) as u64;
+        Key { kernel: self.kind.id(), dims: [chunk as i64, p.cols as i64, 0, 0], flags: code | p.flags }
+    }
+
+    /// The primitive for `chunk` rows of `p`'s shape.
+    fn primitive(&self, p: &Plan<'_>, chunk: usize) -> Result<Arc<Prim>, KernelError> {
+        let d = &self.dnnl;
+        jit::primitive(self.key(p, chunk), || {
+            let t = api::data_type(p.dtype).ok_or_else(|| KernelError::Unsupported(format!("{}", p.dtype)))?;
+            let (r, c) = (chunk as i64, p.cols as i64);
+            let src = d.md2(r, c, p.ld_in as i64, t)?;
+            let dst = d.md2(r, c, c, t)?;
+            let (s, o) = (src.raw(), dst.raw());
+            match self.kind {
+                Kind::LayerNorm => {
+                    let flags = api::USE_SCALE | if p.flags & (1 << 8) != 0 { api::USE_SHIFT } else { 0 };
+                    let eps = p.norm.map_or(1e-5, |(_, e)| e);
+                    let f32t = api::data_type(DType::F32).unwrap_or(3);
+                    let mut mds =
+                        vec![(api::ARG_SRC, src), (api::ARG_DST, dst), (api::ARG_SCALE, d.md(&[c], &[1], f32t)?)];
+                    if flags & api::USE_SHIFT != 0 {
+                        mds.push((api::ARG_SHIFT, d.md(&[c], &[1], f32t)?));
+                    }
+                    d.create("layer normalization", mds, false, |pd| d.lnorm_pd(pd, s, o, eps, flags))
+                }
+                Kind::Gelu | Kind::Silu => {
+                    let mds = vec![(api::ARG_SRC, src), (api::ARG_DST, dst)];
+                    d.create("eltwise", mds, false, |pd| d.eltwise_pd(pd, p.alg, s, o, 1.0, std::ptr::null_mut()))
+                }
+                Kind::Swiglu | Kind::Geglu => {
+                    let up = d.md2(r, c, p.ld_in as i64, t)?;
+                    let mut attr = d.attr()?;
+                    let i = attr.binary(api::BINARY_MUL, &up)?;
+                    let raw = attr.raw()?;
+                    let mds = vec![(api::ARG_SRC, src), (api::ARG_DST, dst), (api::arg_post_op_src1(i), up)];
+                    d.create("eltwise with a multiply post-op", mds, false, |pd| {
+                        d.eltwise_pd(pd, p.alg, s, o, 1.0, raw)
+                    })
+                }
+            }
+        })
+    }
+
+    #[allow(unsafe_code)]
+    fn execute(&self, p: &Plan<'_>) -> Result<Outputs, KernelError> {
+        let esize = p.dtype.size_bytes() as usize;
+        let mut out = Output::new(p.dtype, p.rows * p.cols)?;
+        let x = input("x", p.x)?;
+        let up = p.up.map(|(t, off)| input("up", t).map(|ptr| (ptr, off))).transpose()?;
+        // Layer norm: scale and shift in f32, as oneDNN takes them.
+        let (scale, shift) = match p.norm {
+            Some((a, _)) => {
+                (Some(f32_values("weight", &a.weight)?), a.bias.as_ref().map(|b| f32_values("bias", b)).transpose()?)
+            }
+            None => (None, None),
+        };
+        if p.cols > 0 {
+            for (at, size) in jit::chunks(p.rows) {
+                let prim = self.primitive(p, size)?;
+                let dst = out.ptr().cast::<u8>().wrapping_add(at * p.cols * esize).cast::<c_void>();
+                let src = x.cast::<u8>().wrapping_add(at * p.ld_in * esize).cast::<c_void>();
+                let mut bind: smallvec::SmallVec<[(c_int, *mut c_void); 4]> =
+                    smallvec::smallvec![(api::ARG_SRC, src), (api::ARG_DST, dst)];
+                if let Some((u, off)) = up {
+                    let at_up = u.cast::<u8>().wrapping_add((at * p.ld_in + off) * esize).cast::<c_void>();
+                    bind.push((api::arg_post_op_src1(0), at_up));
+                }
+                if let Some(s) = &scale {
+                    bind.push((api::ARG_SCALE, s.as_ptr().cast_mut().cast()));
+                }
+                if let Some(s) = &shift {
+                    bind.push((api::ARG_SHIFT, s.as_ptr().cast_mut().cast()));
+                }
+                let runtime: [(c_int, Handle); 0] = [];
+                // SAFETY: the chunk's rows [at, at + size) lie inside x (and up) as their
+                // descriptors read them (row stride ld_in) and inside the output (row stride
+                // cols); scale and shift hold cols f32 values; all live until the call returns.
+                unsafe { self.dnnl.execute(&prim, &bind, &runtime)? };
+            }
+        }
+        let mut o = Outputs::new();
+        o.insert("out", out.into_tensor(&p.out_shape)?);
+        Ok(o)
+    }
+}
+
+impl Executor for Rows {
+    fn run(&self, args: &OpArgs) -> Result<Outputs, KernelError> {
+        let p = self.plan(args)?;
+        self.execute(&p)
+    }
+
+    fn warm(&self, args: &OpArgs) -> Result<u64, KernelError> {
+        let p = self.plan(args)?;
+        let before = jit::compiled_here();
+        for size in jit::chunk_sizes_up_to(p.rows) {
+            self.primitive(&p, size)?;
+        }
+        Ok(jit::compiled_here() - before)
+    }
+
+    fn is_warm(&self, args: &OpArgs) -> bool {
+        self.plan(args).is_ok_and(|p| jit::chunk_sizes_up_to(p.rows).all(|s| jit::is_ready(&self.key(&p, s))))
+    }
+}
