@@ -43,6 +43,10 @@ pub(super) enum Command {
     /// Is this machine ready to serve? Schemas, table vs. host, kernels, coverage, PerfDB.
     /// Exit 0 ready, 1 not ready (every failure names its fix), 2 usage error.
     ReadinessCheck(ReadinessCmd),
+    /// Compile (JIT) every kernel a workload's or table's buckets select, for every size of
+    /// each bucket; --verify dispatches another size per bucket and checks nothing compiles.
+    /// Exit 1 when a bucket could not be warmed or the verification compiled.
+    Warmup(WarmupCmd),
     /// Generate text with a Hugging Face model folder; every op is selected and dispatched by
     /// LayerZero. Exit 2 on a bad model, prompt or option.
     Generate(GenerateCmd),
@@ -60,6 +64,23 @@ pub(super) enum Command {
     /// the single-threaded one, and resident memory at start and end. Exit 1 if an answer
     /// differs.
     BenchSelect(BenchSelectCmd),
+}
+
+#[derive(Args, Debug)]
+#[command(group = clap::ArgGroup::new("source").required(true).args(["workload", "table"]))]
+pub(super) struct WarmupCmd {
+    /// Warm every bucket of this workload.
+    #[arg(long, value_name = "FILE")]
+    pub(super) workload: Option<PathBuf>,
+    /// Warm every entry of this dispatch table (loaded as the plan).
+    #[arg(long, value_name = "FILE")]
+    pub(super) table: Option<PathBuf>,
+    /// Then dispatch a request at the smallest size of each bucket and count what compiles.
+    #[arg(long)]
+    pub(super) verify: bool,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub(super) json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -233,6 +254,13 @@ pub(super) struct ReadinessCmd {
     /// PerfDB file (default $LAYERZERO_PERFDB, else $LAYERZERO_HOME/perfdb.sqlite).
     #[arg(long, value_name = "FILE")]
     pub(super) perfdb: Option<PathBuf>,
+    /// Fail unless every kernel of the table that compiles at first use is warm for every
+    /// size of its buckets (as the policy's `require_warm` does).
+    #[arg(long)]
+    pub(super) require_warm: bool,
+    /// Warm the table's JIT kernels up first, as a serving process does at start.
+    #[arg(long)]
+    pub(super) warmup: bool,
     #[command(flatten)]
     pub(super) catalog: CatalogArg,
     /// Machine-readable output.

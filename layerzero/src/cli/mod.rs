@@ -12,6 +12,7 @@ mod render;
 mod run;
 mod tune;
 mod validate;
+mod warmup;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -142,10 +143,18 @@ fn run(cli: Cli) -> Result<Outcome> {
                 policy: a.policy.clone().or_else(crate::knobs::policy).as_deref(),
                 workload: a.workload.as_deref(),
                 perfdb: a.perfdb.as_deref(),
+                require_warm: a.require_warm,
+                warmup: a.warmup,
                 json: a.json,
             },
             load_catalog(&a.catalog),
         ),
+        Command::Warmup(a) => warmup::run(warmup::WarmupArgs {
+            workload: a.workload.as_deref(),
+            table: a.table.as_deref(),
+            verify: a.verify,
+            json: a.json,
+        }),
         Command::Generate(a) => generate::generate(a),
         Command::Diff(a) => generate::diff(a),
         Command::Snapshot(a) => snapshot(a),

@@ -117,6 +117,8 @@ pub(super) struct ReadinessArgs<'a> {
     pub policy: Option<&'a Path>,
     pub workload: Option<&'a Path>,
     pub perfdb: Option<&'a Path>,
+    pub require_warm: bool,
+    pub warmup: bool,
     pub json: bool,
 }
 
@@ -128,6 +130,8 @@ pub(super) fn readiness(a: ReadinessArgs<'_>, catalog: Result<Arc<Catalog>>) -> 
         table: a.table,
         workload: a.workload,
         perfdb: a.perfdb,
+        require_warm: a.require_warm,
+        warmup: a.warmup,
     });
     let ready = readiness::all_passed(&checks);
     if a.json {

@@ -181,6 +181,11 @@ pub struct Policy {
     /// of the policy hash.
     #[serde(default)]
     pub validate_outputs: bool,
+    /// Readiness fails unless every kernel of the table that compiles at first use is
+    /// compiled (warm) for every size of its buckets in the serving process. Not part of the
+    /// policy hash.
+    #[serde(default)]
+    pub require_warm: bool,
 }
 
 /// Circuit-breaker settings (`health` in a policy file).
@@ -222,7 +227,7 @@ fn one() -> u32 {
     1
 }
 /// Policy fields that tune the runtime's health, not selection: left out of the hash.
-const RUNTIME_FIELDS: [&str; 3] = ["health", "kernel_timeout_ms", "validate_outputs"];
+const RUNTIME_FIELDS: [&str; 4] = ["health", "kernel_timeout_ms", "validate_outputs", "require_warm"];
 fn yes() -> bool {
     true
 }
@@ -242,6 +247,7 @@ impl Default for Policy {
             health: HealthPolicy::default(),
             kernel_timeout_ms: None,
             validate_outputs: false,
+            require_warm: false,
         }
     }
 }

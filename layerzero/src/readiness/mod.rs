@@ -83,12 +83,26 @@ pub struct ReadinessInputs<'a> {
     pub workload: Option<&'a Path>,
     /// The PerfDB file; `None` is the default path (`$LAYERZERO_PERFDB`, ...).
     pub perfdb: Option<&'a Path>,
+    /// Fail unless every JIT kernel of the table is warm (also when the policy's
+    /// `require_warm` says so).
+    pub require_warm: bool,
+    /// Warm the table's JIT kernels up first, as a serving process does at start.
+    pub warmup: bool,
 }
 
 impl ReadinessInputs<'_> {
     /// Only the catalog: this host, the default policy and PerfDB path, no table or workload.
     pub fn new(catalog: Result<Arc<Catalog>>) -> Self {
-        ReadinessInputs { catalog, hardware: None, policy: None, table: None, workload: None, perfdb: None }
+        ReadinessInputs {
+            catalog,
+            hardware: None,
+            policy: None,
+            table: None,
+            workload: None,
+            perfdb: None,
+            require_warm: false,
+            warmup: false,
+        }
     }
 }
 
@@ -109,7 +123,8 @@ pub fn readiness(inputs: &ReadinessInputs<'_>) -> Vec<Check> {
         },
         _ => None,
     };
-    let plan = inputs.table.and_then(|path| table_checks(path, selector.as_ref(), &mut checks));
+    let warm = Warm { require: inputs.require_warm, warmup: inputs.warmup };
+    let plan = inputs.table.and_then(|path| table_checks(path, selector.as_ref(), warm, &mut checks));
     if let Some(path) = inputs.workload {
         checks.push(coverage_check(path, plan.as_ref()));
     }
@@ -140,7 +155,9 @@ pub fn of_handle(lz: &LayerZero, workload: Option<&Workload>, perfdb: Option<&Pa
             ));
             let kernels = p.kernels();
             checks.push(kernels_check(p, &kernels, |k| lz.registry().contains(k)));
-            checks.push(jit_check(&kernels, catalog));
+            let require = lz.declared_policy().require_warm;
+            let cold = (require && !jit_kernels(&kernels, catalog).is_empty()).then(|| lz.cold(&table_points(lz)));
+            checks.push(jit_check(&kernels, catalog, require, cold));
         }
         (None, None) => checks.push(Check::pass("table", "no dispatch table: every selection is live".into())),
     }
@@ -233,7 +250,42 @@ fn selector(catalog: Arc<Catalog>, hardware: Option<Arc<HardwareProfile>>, polic
 
 /// The table: readable, valid, made for this machine and these hashes, every kernel usable.
 /// Returns the plan when the table matches the host.
-fn table_checks(path: &Path, selector: Option<&Selector>, checks: &mut Vec<Check>) -> Option<Plan> {
+/// What readiness asks of JIT kernels.
+#[derive(Debug, Clone, Copy)]
+struct Warm {
+    require: bool,
+    warmup: bool,
+}
+
+/// The representative request of every entry of the handle's table.
+fn table_points(lz: &LayerZero) -> Vec<crate::runtime::WarmPoint> {
+    lz.table()
+        .map(|t| {
+            t.entries
+                .iter()
+                .filter_map(|e| {
+                    let request = crate::model::request::Request::from_value(e.request.clone()).ok()?;
+                    Some(crate::runtime::WarmPoint { entry: e.entry.clone(), request })
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A handle serving `table` on `sel`'s machine with this process's executors, warmed up
+/// first when asked: the buckets whose JIT kernel is still cold.
+fn cold_buckets(table: &DispatchTable, sel: &Selector, warmup: bool) -> std::result::Result<Vec<String>, String> {
+    let lz = LayerZero::new(sel.clone(), Registry::builtin())
+        .and_then(|lz| lz.with_plan(table, crate::runtime::PlanMode::Prefer))
+        .map_err(|e| e.to_string())?;
+    let points = table_points(&lz);
+    if warmup {
+        lz.warmup(&points);
+    }
+    Ok(lz.cold(&points))
+}
+
+fn table_checks(path: &Path, selector: Option<&Selector>, warm: Warm, checks: &mut Vec<Check>) -> Option<Plan> {
     let table = match DispatchTable::read(path) {
         Err(r) => {
             checks.push(Check::fail(
@@ -264,7 +316,16 @@ fn table_checks(path: &Path, selector: Option<&Selector>, checks: &mut Vec<Check
             let kernels = p.kernels();
             let registry = Registry::builtin();
             checks.push(kernels_check(&p, &kernels, |k| registry.contains(k)));
-            checks.push(jit_check(&kernels, sel.catalog()));
+            let require = warm.require || sel.policy().require_warm;
+            let jit = !jit_kernels(&kernels, sel.catalog()).is_empty();
+            let cold = match (require || warm.warmup) && jit {
+                false => None,
+                true => match cold_buckets(&table, sel, warm.warmup) {
+                    Ok(c) => Some(c),
+                    Err(e) => Some(vec![format!("(no handle: {e})")]),
+                },
+            };
+            checks.push(jit_check(&kernels, sel.catalog(), require, cold));
             Some(p)
         }
     }
@@ -297,25 +358,53 @@ fn kernels_check(plan: &Plan, kernels: &[&str], has_executor: impl Fn(&str) -> b
     }
 }
 
-/// A kernel that compiles at first use stalls the first request; this build cannot warm it up.
-fn jit_check(kernels: &[&str], catalog: &Catalog) -> Check {
-    let jit: Vec<&str> = kernels
+fn jit_kernels<'k>(kernels: &[&'k str], catalog: &Catalog) -> Vec<&'k str> {
+    kernels
         .iter()
         .filter(|k| catalog.find(k).is_some_and(|i| catalog.kernel(i).1.properties.needs_jit))
         .copied()
-        .collect();
+        .collect()
+}
+
+/// A kernel that compiles at first use stalls the first request unless it is warmed up;
+/// with `require`, every bucket of such a kernel must be warm in this process (`cold`
+/// lists those that are not).
+fn jit_check(kernels: &[&str], catalog: &Catalog, require: bool, cold: Option<Vec<String>>) -> Check {
+    let jit = jit_kernels(kernels, catalog);
     if jit.is_empty() {
-        Check::pass("jit", "no kernel in the table compiles at first use".into())
-    } else {
-        Check::fail(
+        return Check::pass("jit", "no kernel in the table compiles at first use".into());
+    }
+    let cold = cold.unwrap_or_default();
+    match (require, cold.is_empty()) {
+        (true, false) => Check::fail(
             "jit",
             format!(
-                "{} kernels of the table compile at first use ({}) and this build has no JIT warm-up",
+                "{} buckets of the table select a kernel that is not warm: {}{}",
+                cold.len(),
+                cold.iter().take(5).cloned().collect::<Vec<_>>().join("; "),
+                if cold.len() > 5 { "; ..." } else { "" }
+            ),
+            "warm up at start (LayerZero::warmup with the table's entries, or `lz readiness-check --warmup`), or \
+             deny JIT kernels in the policy (`allow_jit: false`) and re-solve"
+                .into(),
+        ),
+        (true, true) => Check::pass(
+            "jit",
+            format!(
+                "{} kernels of the table compile at first use ({}); every bucket of them is warm",
                 jit.len(),
                 jit[0]
             ),
-            "deny JIT kernels in the policy (`allow_jit: false`) and re-solve".into(),
-        )
+        ),
+        (false, _) => Check::pass(
+            "jit",
+            format!(
+                "{} kernels of the table compile at first use ({}): warm them up before serving \
+                 (`lz warmup --table`, LayerZero::warmup); `--require-warm` or the policy's `require_warm` checks it",
+                jit.len(),
+                jit[0]
+            ),
+        ),
     }
 }
 

@@ -15,6 +15,7 @@ pub mod faults;
 mod flight;
 mod hot;
 mod snapshot;
+mod warmup;
 mod watch;
 
 use std::path::Path;
@@ -30,6 +31,7 @@ use counters::{Counter, Striped};
 pub use dispatch::{Attempt, Dispatch, InputFlag};
 pub use hot::Hit;
 pub use snapshot::{SnapshotFile, SnapshotManifest};
+pub use warmup::{WarmError, WarmItem, WarmPoint, WarmVerify, WarmupReport, compilations};
 pub use watch::PolicyWatch;
 
 use crate::capabilities::catalog::{Catalog, KernelIndex};
@@ -725,6 +727,11 @@ impl LayerZero {
     /// The loaded plan (also while a policy it was not solved under is in force).
     pub fn plan(&self) -> Option<&Plan> {
         self.plan.as_ref()
+    }
+
+    /// The dispatch table the plan was made from, as loaded.
+    pub fn table(&self) -> Option<&DispatchTable> {
+        self.parts.table.as_ref()
     }
 
     /// The plan mode.
