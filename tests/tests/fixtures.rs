@@ -252,11 +252,31 @@ fn every_builtin_kernel_matches_the_pytorch_fixtures() {
     let registry = Registry::builtin();
     let mut failures = Vec::new();
     let mut runs = 0;
+    let mut ran = std::collections::BTreeSet::new();
     for path in &paths {
         match load(path) {
-            Ok(fx) => runs += check(&fx, &registry, &mut failures).len(),
+            Ok(fx) => {
+                let checked = check(&fx, &registry, &mut failures);
+                runs += checked.len();
+                ran.extend(checked);
+            }
             Err(e) => failures.push(fail(&path.display().to_string(), "-", e)),
         }
+    }
+    // With oneDNN loaded (`.ci/run` runs this test again with LAYERZERO_ONEDNN_LIB), each of
+    // its kernels whose op has fixtures must have been checked against PyTorch.
+    if std::env::var_os("LAYERZERO_ONEDNN_LIB").is_some() {
+        let onednn: Vec<&str> = registry.kernels().filter(|k| k.starts_with("onednn.")).collect();
+        assert!(!onednn.is_empty(), "LAYERZERO_ONEDNN_LIB is set but no oneDNN executor registered");
+        let ops: std::collections::BTreeSet<String> =
+            ran.iter().filter_map(|k| k.split('.').nth(1)).map(str::to_owned).collect();
+        for k in onednn.iter().filter(|k| k.split('.').nth(1).is_some_and(|op| ops.contains(op))) {
+            assert!(ran.iter().any(|r| r == k), "{k} checked no PyTorch fixture of its op");
+        }
+        eprintln!(
+            "oneDNN kernels checked against PyTorch: {:?}",
+            ran.iter().filter(|k| k.starts_with("onednn.")).collect::<Vec<_>>()
+        );
     }
     if !failures.is_empty() {
         let num = |x: Option<f64>| x.map(|v| format!("{v:.3e}")).unwrap_or_else(|| "-".to_owned());

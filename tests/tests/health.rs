@@ -369,3 +369,22 @@ fn knobs_override_the_policy_health_fields_and_bad_values_name_the_variable() {
     let err = Policy::from_json(r#"{"health": {"failure_threshold": 0}}"#, "p.json").err();
     assert!(err.as_ref().is_some_and(|e| e.to_string().contains("failure_threshold")), "{err:?}");
 }
+
+#[test]
+fn a_shape_the_jit_cannot_compile_falls_back_without_quarantining_the_kernel() {
+    // E2E §10.5: the kernel refuses the shape at once on every call (its JIT remembers the
+    // failure), the next kernel serves, and the kernel's breaker stays closed for other shapes.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let lz = handle(
+        policy(r#"{"health": {"failure_threshold": 2}}"#),
+        fails(KernelError::CompileFailed, &calls),
+        works(2.0),
+        works(3.0),
+    );
+    for _ in 0..5 {
+        assert_eq!(ran(&lz), (MID.to_owned(), vec![ReasonCode::JIT_COMPILE_FAILED]));
+    }
+    let c = lz.counters();
+    assert_eq!((c.jit_compile_failures, c.kernel_failures, c.breaker_opens), (5, 0, 0), "{c:?}");
+    assert!(lz.open_circuits().is_empty(), "a compile failure is not a health failure: {:?}", lz.open_circuits());
+}

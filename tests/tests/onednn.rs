@@ -153,3 +153,118 @@ fn with_the_library_the_matmul_runs_and_passes_parity_against_the_oracle() {
         assert!(passed.iter().any(|c| c.ends_with(want)), "{want} did not pass: {passed:?}");
     }
 }
+
+#[test]
+fn every_onednn_kernel_with_an_executor_passes_parity_against_the_oracle() {
+    let Some(lib) = std::env::var_os("LAYERZERO_TEST_ONEDNN_LIB") else {
+        eprintln!("LAYERZERO_TEST_ONEDNN_LIB is not set: oneDNN is not installed here (.ci/run installs it)");
+        return;
+    };
+    for (kernel, must_pass) in [
+        ("onednn.linear_w8a8.matmul", &["17x256x33", "per_tensor_bf16"][..]),
+        ("onednn.layer_norm.lnorm", &["_bias/f32", "_bias/bf16", "/f16"]),
+        ("onednn.gelu.eltwise", &["erf/f32", "tanh/f32", "erf/bf16"]),
+        ("onednn.silu.eltwise", &["silu/f32", "silu/bf16"]),
+        ("onednn.swiglu.eltwise_mul", &["separate/f32", "separate/bf16"]),
+        ("onednn.geglu.eltwise_mul", &["separate/f32", "separate/bf16"]),
+    ] {
+        let o = lz()
+            .env("LAYERZERO_ONEDNN_LIB", &lib)
+            .args(["parity", "--kernel", kernel, "--json"])
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{kernel}: {e}"));
+        assert_eq!(o.status.code(), Some(0), "{kernel}: {v}");
+        let rows: Vec<&serde_json::Value> = v["rows"].as_array().into_iter().flatten().collect();
+        let passed: Vec<&str> =
+            rows.iter().filter(|r| r["status"] == "pass").filter_map(|r| r["case"].as_str()).collect();
+        for want in must_pass {
+            assert!(passed.iter().any(|c| c.contains(want)), "{kernel}: {want} did not pass: {passed:?}");
+        }
+    }
+}
+
+/// A workload whose buckets oneDNN serves (the other CPU backends denied).
+fn onednn_workload(dir: &std::path::Path) -> String {
+    let p = dir.join("warm.json");
+    let w = json!({"schema_version": 1, "name": "warm", "entries": [
+        {"name": "linear", "request": {"op": "linear", "tensors": {
+            "x": {"dtype": "f32", "shape": [1, 96]}, "weight": {"dtype": "f32", "shape": [40, 96], "layout": "NT"}}},
+         "ranges": {"m": [1, 40]}},
+        {"name": "layer_norm", "request": {"op": "layer_norm", "tensors": {
+            "x": {"dtype": "f32", "shape": [1, 128]}, "weight": {"dtype": "f32", "shape": [128]},
+            "bias": {"dtype": "f32", "shape": [128]}}}, "ranges": {"tokens": [1, 40]}},
+        {"name": "silu", "request": {"op": "silu", "tensors": {"x": {"dtype": "f32", "shape": [1, 64]}}},
+         "ranges": {"tokens": [1, 20]}}
+    ]});
+    std::fs::write(&p, w.to_string()).unwrap_or_else(|e| panic!("{e}"));
+    p.display().to_string()
+}
+
+#[test]
+fn warm_up_compiles_every_bucket_so_another_size_of_it_compiles_nothing() {
+    let Some(lib) = std::env::var_os("LAYERZERO_TEST_ONEDNN_LIB") else {
+        eprintln!("LAYERZERO_TEST_ONEDNN_LIB is not set: oneDNN is not installed here (.ci/run installs it)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let o = lz()
+        .env("LAYERZERO_ONEDNN_LIB", &lib)
+        .env("LAYERZERO_DENY", "cpu*")
+        .args(["warmup", "--workload", &onednn_workload(dir.path()), "--verify", "--json"])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(o.status.code(), Some(0), "{v}");
+    let items: Vec<&serde_json::Value> = v["warmup"]["items"].as_array().into_iter().flatten().collect();
+    assert_eq!(items.len(), 7 + 7 + 6, "one item per bucket: {v}");
+    assert!(items.iter().all(|i| i["kernel"].as_str().is_some_and(|k| k.starts_with("onednn."))), "{v}");
+    // The matmul's m is a runtime dim: one compilation serves its seven buckets; the row-wise
+    // kernels compile one power-of-two chunk per size up to each bucket's bound.
+    let compiled = |entry: &str| -> u64 {
+        items.iter().filter(|i| i["entry"] == entry).filter_map(|i| i["compiled"].as_u64()).sum()
+    };
+    assert_eq!(compiled("linear"), 1, "{v}");
+    assert_eq!(compiled("layer_norm"), 6, "chunks 1..=32 for rows up to 40: {v}");
+    assert_eq!(compiled("silu"), 5, "chunks 1..=16 for rows up to 20: {v}");
+    assert_eq!(v["verify"]["requests"], 20, "{v}");
+    assert_eq!(v["verify"]["compiled"], 0, "no compilation on the first request within a bucket: {v}");
+    assert_eq!(v["cold"].as_array().map(Vec::len), Some(0), "{v}");
+}
+
+#[test]
+fn readiness_can_require_every_jit_bucket_of_the_table_to_be_warm() {
+    let Some(lib) = std::env::var_os("LAYERZERO_TEST_ONEDNN_LIB") else {
+        eprintln!("LAYERZERO_TEST_ONEDNN_LIB is not set: oneDNN is not installed here (.ci/run installs it)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let table = dir.path().join("table.json").display().to_string();
+    let cmd = || {
+        let mut c = lz();
+        c.env("LAYERZERO_ONEDNN_LIB", &lib).env("LAYERZERO_DENY", "cpu*");
+        c
+    };
+    let solved = cmd()
+        .args(["solve", "--workload", &onednn_workload(dir.path()), "--out", &table, "--no-perfdb"])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(solved.status.code(), Some(0), "{}", String::from_utf8_lossy(&solved.stderr));
+    let jit = |extra: &[&str]| -> (Option<i32>, serde_json::Value) {
+        let o = cmd()
+            .args(["readiness-check", "--table", &table, "--json"])
+            .args(extra)
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}"));
+        let check = v["checks"].as_array().into_iter().flatten().find(|c| c["name"] == "jit").cloned();
+        (o.status.code(), check.unwrap_or_default())
+    };
+    let (code, check) = jit(&[]);
+    assert_eq!((code, &check["ok"]), (Some(0), &json!(true)), "warmth is not required by default: {check}");
+    let (code, check) = jit(&["--require-warm"]);
+    assert_eq!((code, &check["ok"]), (Some(1), &json!(false)), "{check}");
+    assert!(check["detail"].as_str().is_some_and(|d| d.contains("layer_norm") && d.contains("onednn.")), "{check}");
+    let (code, check) = jit(&["--require-warm", "--warmup"]);
+    assert_eq!((code, &check["ok"]), (Some(0), &json!(true)), "{check}");
+}

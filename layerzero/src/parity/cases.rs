@@ -593,5 +593,18 @@ pub fn rows_and_gemm(seed: u64) -> Vec<Case> {
         };
         push(format!("linear_int4/group{group}_zeros_{zeros}"), Category::Gemm, OpArgs::LinearInt4(args));
     }
+    // One scale for all of x and of the weight, no bias, a bf16 output.
+    let (m, k, n) = (9usize, 64usize, 40usize);
+    let xi: Vec<f32> = (0..m * k).map(|_| (rng.below(255) as f32) - 127.0).collect();
+    let wi: Vec<f32> = (0..n * k).map(|_| (rng.below(255) as f32) - 127.0).collect();
+    let per_tensor = W8a8Args {
+        x: HostTensor::from_f32_as(DType::I8, &[m, k], &xi).unwrap_or_else(unreachable_tensor),
+        x_scale: HostTensor::from_f32(&[1], vec![0.02]).unwrap_or_else(unreachable_tensor),
+        weight: HostTensor::from_f32_as(DType::I8, &[n, k], &wi).unwrap_or_else(unreachable_tensor),
+        w_scale: HostTensor::from_f32(&[1], vec![0.005]).unwrap_or_else(unreachable_tensor),
+        bias: None,
+        attrs: W8a8Attrs { out_dtype: Some(DType::BF16) },
+    };
+    push("linear_w8a8/9x64x40_per_tensor_bf16".to_owned(), Category::Gemm, OpArgs::LinearW8a8(per_tensor));
     out
 }

@@ -54,7 +54,7 @@ pub(super) const ARG_ATTR_SCALES: c_int = 4096;
 
 /// `DNNL_ARG_ATTR_MULTIPLE_POST_OP(i) | DNNL_ARG_SRC_1`: the second operand of binary post-op `i`.
 pub(super) fn arg_post_op_src1(i: c_int) -> c_int {
-    32768 * (i + 1) | ARG_SRC_1
+    (32768 * (i + 1)) | ARG_SRC_1
 }
 
 /// `dnnl_data_type_t` of a LayerZero dtype (`None`: oneDNN has no such type here).

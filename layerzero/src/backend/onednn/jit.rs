@@ -177,6 +177,27 @@ mod tests {
     }
 
     #[test]
+    fn a_key_that_failed_to_compile_is_refused_at_once_and_never_compiled_again() {
+        let key = Key { kernel: "test.failing", dims: [3, 5, 7, 0], flags: 1 };
+        let before = jit_stats();
+        let first = primitive(key.clone(), || Err(KernelError::CompileFailed("no implementation".into())));
+        assert!(
+            matches!(&first, Err(KernelError::CompileFailed(m)) if m.contains("test.failing")),
+            "{:?}",
+            first.err()
+        );
+        let mut called = false;
+        let again = primitive(key, || {
+            called = true;
+            Err(KernelError::CompileFailed("tried again".into()))
+        });
+        assert!(!called, "the failed key was compiled again");
+        assert!(matches!(&again, Err(KernelError::CompileFailed(m)) if m.contains("not retried")), "{:?}", again.err());
+        let after = jit_stats();
+        assert!(after.failures > before.failures && after.refused > before.refused, "{before:?} -> {after:?}");
+    }
+
+    #[test]
     fn every_row_count_of_a_bucket_uses_only_the_chunks_of_its_upper_edge() {
         for hi in [1usize, 2, 4, 8, 64, 1024] {
             let warmed: Vec<usize> = chunk_sizes_up_to(hi).collect();
