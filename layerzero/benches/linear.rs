@@ -8,6 +8,8 @@
 //! - `linear_decode` / `read_weights`: the decode GEMVs of a 125M Llama, weights from
 //!   memory, against a plain parallel read of the same bytes.
 //!
+//! `LZ_BENCH_BACKEND=onednn` measures `onednn.linear.matmul` in the `linear_*` groups (its
+//! weight packed on the first call, as a served model's is).
 //! Run: `cargo bench -p layerzero --bench linear` (matrixmultiply reads `MATMUL_NUM_THREADS`,
 //! rayon `RAYON_NUM_THREADS`).
 
@@ -46,8 +48,15 @@ fn kernel(id: &str) -> Arc<dyn Executor> {
     Registry::builtin().get(id).cloned().unwrap_or_else(|| panic!("{id} is not registered"))
 }
 
+/// The linear kernel measured: `cpu.linear.fast`, or `onednn.linear.matmul` with
+/// `LZ_BENCH_BACKEND=onednn` (oneDNN found, e.g. through `LAYERZERO_ONEDNN_LIB`).
+fn linear_kernel() -> Arc<dyn Executor> {
+    let onednn = std::env::var("LZ_BENCH_BACKEND").is_ok_and(|b| b == "onednn");
+    kernel(if onednn { "onednn.linear.matmul" } else { "cpu.linear.fast" })
+}
+
 fn bench_linear(bencher: Bencher, dtype: DType, m: usize) {
-    let exec = kernel("cpu.linear.fast");
+    let exec = linear_kernel();
     let args = OpArgs::Linear(LinearArgs {
         x: tensor(dtype, &[m, K], 1, 1.0),
         weight: tensor(dtype, &[N, K], 2, 0.02),

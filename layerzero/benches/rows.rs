@@ -2,6 +2,9 @@
 //! layer_norm over [4096, 4096] (f32, bf16), swiglu over a split [4096, 2 * 5504] f32, and an
 //! embedding lookup of 4096 ids in a [32000, 4096] f32 table; each next to a plain copy of
 //! the same number of bytes (read + written), so the throughput column gives the ratio.
+//! `LZ_BENCH_BACKEND=onednn` (with oneDNN found, e.g. `LAYERZERO_ONEDNN_LIB`) measures the
+//! `onednn` kernel of each op instead of the `cpu` one; a bench whose op that backend lacks
+//! measures nothing.
 //! Run: `cargo bench -p layerzero --bench rows`; `LZ_ROWS_TABLE=1 cargo bench -p layerzero
 //! --bench rows` instead prints one table (ms, GB/s, % of copy) measured with the kernel and
 //! its copies interleaved, round by round, which keeps the ratio honest on a busy machine.
@@ -49,9 +52,28 @@ fn tensor(dtype: DType, shape: &[usize], seed: u64) -> HostTensor {
     HostTensor::from_f32_as(dtype, shape, &values(shape.iter().product(), seed)).expect("tensor")
 }
 
+/// The kernel measured for `cpu_kernel`'s op: itself, or with `LZ_BENCH_BACKEND=onednn` the
+/// `onednn` kernel of the op (`None`: that backend has none).
+fn kernel_for(cpu_kernel: &str) -> Option<&'static str> {
+    let onednn = std::env::var("LZ_BENCH_BACKEND").is_ok_and(|b| b == "onednn");
+    let op = cpu_kernel.split('.').nth(1)?;
+    let id = match (onednn, op) {
+        (false, _) => return registry().kernels().find(|k| *k == cpu_kernel),
+        (true, "layer_norm") => "onednn.layer_norm.lnorm",
+        (true, "swiglu") => "onednn.swiglu.eltwise_mul",
+        (true, "silu") => "onednn.silu.eltwise",
+        (true, "gelu") => "onednn.gelu.eltwise",
+        _ => return None,
+    };
+    registry().kernels().find(|k| *k == id)
+}
+
 fn run(bencher: Bencher, kernel: &str, args: OpArgs, bytes: usize) {
+    let Some(kernel) = kernel_for(kernel) else { return };
     let exec = registry().get(kernel).expect("kernel registered").clone();
-    exec.run(&args).expect("kernel runs");
+    if exec.run(&args).is_err() {
+        return;
+    }
     bencher.counter(BytesCount::new(bytes)).bench_local(|| exec.run(divan::black_box(&args)));
 }
 
@@ -86,6 +108,19 @@ fn swiglu_split_4096x11008_f32(bencher: Bencher) {
     let x = tensor(DType::F32, &[ROWS, 2 * INTER], 4);
     let a = SwigluArgs { x: Some(x), gate: None, up: None, attrs: SwigluAttrs { split: true } };
     run(bencher, "cpu.swiglu.fast", OpArgs::Swiglu(a), 3 * ROWS * INTER * 4);
+}
+
+#[divan::bench(sample_count = 30)]
+fn swiglu_separate_4096x5504_f32(bencher: Bencher) {
+    let (gate, up) = (tensor(DType::F32, &[ROWS, INTER], 6), tensor(DType::F32, &[ROWS, INTER], 7));
+    let a = SwigluArgs { x: None, gate: Some(gate), up: Some(up), attrs: SwigluAttrs { split: false } };
+    run(bencher, "cpu.swiglu.fast", OpArgs::Swiglu(a), 3 * ROWS * INTER * 4);
+}
+
+#[divan::bench(args = [DType::F32, DType::BF16], sample_count = 30)]
+fn gelu_4096x5504(bencher: Bencher, dtype: DType) {
+    let a = layerzero::exec::args::GeluArgs { x: tensor(dtype, &[ROWS, INTER], 8), attrs: Default::default() };
+    run(bencher, "cpu.gelu.fast", OpArgs::Gelu(a), 2 * ROWS * INTER * dtype.size_bytes() as usize);
 }
 
 #[divan::bench(sample_count = 30)]

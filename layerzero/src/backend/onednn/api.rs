@@ -91,6 +91,7 @@ pub(super) struct Api {
     matmul_pd_create: PdCreate2,
     eltwise_pd_create:
         unsafe extern "C" fn(*mut Handle, Handle, c_int, c_int, Handle, Handle, f32, f32, Handle) -> Status,
+    binary_pd_create: unsafe extern "C" fn(*mut Handle, Handle, c_int, Handle, Handle, Handle, Handle) -> Status,
     lnorm_pd_create:
         unsafe extern "C" fn(*mut Handle, Handle, c_int, Handle, Handle, Handle, f32, c_uint, Handle) -> Status,
     reorder_pd_create: unsafe extern "C" fn(*mut Handle, Handle, Handle, Handle, Handle, Handle) -> Status,
@@ -160,6 +161,7 @@ impl Dnnl {
             md_size: sym!("dnnl_memory_desc_get_size"),
             matmul_pd_create: sym!("dnnl_matmul_primitive_desc_create"),
             eltwise_pd_create: sym!("dnnl_eltwise_forward_primitive_desc_create"),
+            binary_pd_create: sym!("dnnl_binary_primitive_desc_create"),
             lnorm_pd_create: sym!("dnnl_layer_normalization_forward_primitive_desc_create"),
             reorder_pd_create: sym!("dnnl_reorder_primitive_desc_create"),
             pd_query_md: sym!("dnnl_primitive_desc_query_md"),
@@ -414,6 +416,13 @@ impl Dnnl {
     ) -> Status {
         // SAFETY: valid descriptors (a null attr means none), a valid out-pointer.
         unsafe { (self.api.eltwise_pd_create)(pd, self.engine, FORWARD_INFERENCE, alg, src, dst, alpha, 0.0, attr) }
+    }
+
+    /// `dnnl_binary_primitive_desc_create` (no attributes).
+    #[allow(unsafe_code)]
+    pub(super) fn binary_pd(&self, pd: &mut Handle, alg: c_int, src0: Handle, src1: Handle, dst: Handle) -> Status {
+        // SAFETY: valid descriptors, a valid out-pointer; a null attr means none.
+        unsafe { (self.api.binary_pd_create)(pd, self.engine, alg, src0, src1, dst, std::ptr::null_mut()) }
     }
 
     /// `dnnl_layer_normalization_forward_primitive_desc_create` for inference (statistics

@@ -163,6 +163,14 @@ pub(super) fn chunk_sizes_up_to(rows: usize) -> impl Iterator<Item = usize> {
     (0..usize::BITS).map(|b| 1usize << b).take_while(move |&s| s <= rows.max(1))
 }
 
+/// [`chunks`] with no chunk larger than `cap` (a power of two): whole caps first, then the
+/// binary form of the rest. A bucket then needs the powers of two up to `min(bound, cap)`.
+pub(super) fn capped_chunks(rows: usize, cap: usize) -> impl Iterator<Item = (usize, usize)> {
+    let whole = rows / cap;
+    let rest = rows % cap;
+    (0..whole).map(move |i| (i * cap, cap)).chain(chunks(rest).map(move |(at, size)| (whole * cap + at, size)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,6 +182,8 @@ mod tests {
         assert_eq!(chunks(0).count(), 0);
         assert_eq!(chunk_sizes_up_to(12).collect::<Vec<_>>(), [1, 2, 4, 8]);
         assert_eq!(chunk_sizes_up_to(16).collect::<Vec<_>>(), [1, 2, 4, 8, 16]);
+        assert_eq!(capped_chunks(21, 8).collect::<Vec<_>>(), [(0, 8), (8, 8), (16, 4), (20, 1)]);
+        assert_eq!(capped_chunks(3, 8).collect::<Vec<_>>(), [(0, 2), (2, 1)]);
     }
 
     #[test]

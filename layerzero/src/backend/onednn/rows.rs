@@ -1,6 +1,7 @@
 //! Row-wise oneDNN kernels: `layer_norm` (layer normalization primitive), `gelu` / `silu`
-//! (eltwise), and `swiglu` / `geglu` (eltwise on the gate with a binary multiply by `up` as
-//! its post-op, so the gated product is one pass).
+//! (eltwise), and `swiglu` / `geglu` (eltwise on the gate into the output, then a binary
+//! multiply by `up` in place, chunk by chunk so the output chunk is still in cache: v3.2's
+//! eltwise with a binary post-op is its reference implementation, ~30x slower).
 //!
 //! oneDNN has no runtime dims for these primitives, so rows run in power-of-two chunks
 //! (`jit::chunks`): a bucket of row counts needs the chunk primitives up to its bound and
@@ -234,17 +235,44 @@ impl Rows {
                     d.create("eltwise", mds, false, |pd| d.eltwise_pd(pd, p.alg, s, o, 1.0, std::ptr::null_mut()))
                 }
                 Kind::Swiglu | Kind::Geglu => {
-                    let up = d.md2(r, c, p.ld_in as i64, t)?;
-                    let mut attr = d.attr()?;
-                    let i = attr.binary(api::BINARY_MUL, &up)?;
-                    let raw = attr.raw()?;
-                    let mds = vec![(api::ARG_SRC, src), (api::ARG_DST, dst), (api::arg_post_op_src1(i), up)];
-                    d.create("eltwise with a multiply post-op", mds, false, |pd| {
-                        d.eltwise_pd(pd, p.alg, s, o, 1.0, raw)
-                    })
+                    let mds = vec![(api::ARG_SRC, src), (api::ARG_DST, dst)];
+                    d.create("eltwise", mds, false, |pd| d.eltwise_pd(pd, p.alg, s, o, 1.0, std::ptr::null_mut()))
                 }
             }
         })
+    }
+
+    /// The multiply `out = act * up` of the gated kinds for `chunk` rows. v3.2's eltwise
+    /// writes its source's dtype, so a bf16 or f16 activation is rounded before the multiply
+    /// (two roundings, within those dtypes' tolerance).
+    fn multiply(&self, p: &Plan<'_>, chunk: usize) -> Result<Arc<Prim>, KernelError> {
+        let d = &self.dnnl;
+        let mut key = self.key(p, chunk);
+        key.flags |= 1 << 40;
+        jit::primitive(key, || {
+            let t = api::data_type(p.dtype).ok_or_else(|| KernelError::Unsupported(format!("{}", p.dtype)))?;
+            let (r, c) = (chunk as i64, p.cols as i64);
+            let (src0, src1, dst) = (d.md2(r, c, c, t)?, d.md2(r, c, p.ld_in as i64, t)?, d.md2(r, c, c, t)?);
+            let raws = (src0.raw(), src1.raw(), dst.raw());
+            let mds = vec![(api::ARG_SRC, src0), (api::ARG_SRC_1, src1), (api::ARG_DST, dst)];
+            d.create("binary multiply", mds, false, |pd| d.binary_pd(pd, api::BINARY_MUL, raws.0, raws.1, raws.2))
+        })
+    }
+
+    /// The largest chunk: unbounded, except for the gated kinds, whose activations are read
+    /// again by the multiply and should still be in cache (about 1 MiB of them).
+    fn cap(&self, p: &Plan<'_>) -> usize {
+        if p.up.is_none() {
+            return usize::MAX;
+        }
+        let row = (p.cols * p.dtype.size_bytes() as usize).max(1);
+        let rows = ((1usize << 20) / row).max(1);
+        1usize << rows.ilog2()
+    }
+
+    /// The chunk sizes calls of up to `p.rows` rows need.
+    fn sizes(&self, p: &Plan<'_>) -> impl Iterator<Item = usize> {
+        jit::chunk_sizes_up_to(p.rows.min(self.cap(p)))
     }
 
     #[allow(unsafe_code)]
@@ -260,17 +288,16 @@ impl Rows {
             }
             None => (None, None),
         };
+        // The gated kinds' activations, one chunk at a time.
+        let mut act = Output::new(p.dtype, if up.is_some() { p.cols * p.rows.min(self.cap(p)) } else { 0 })?;
         if p.cols > 0 {
-            for (at, size) in jit::chunks(p.rows) {
+            for (at, size) in jit::capped_chunks(p.rows, self.cap(p)) {
                 let prim = self.primitive(p, size)?;
-                let dst = out.ptr().cast::<u8>().wrapping_add(at * p.cols * esize).cast::<c_void>();
+                let out_at = out.ptr().cast::<u8>().wrapping_add(at * p.cols * esize).cast::<c_void>();
+                let dst = if up.is_some() { act.ptr() } else { out_at };
                 let src = x.cast::<u8>().wrapping_add(at * p.ld_in * esize).cast::<c_void>();
                 let mut bind: smallvec::SmallVec<[(c_int, *mut c_void); 4]> =
                     smallvec::smallvec![(api::ARG_SRC, src), (api::ARG_DST, dst)];
-                if let Some((u, off)) = up {
-                    let at_up = u.cast::<u8>().wrapping_add((at * p.ld_in + off) * esize).cast::<c_void>();
-                    bind.push((api::arg_post_op_src1(0), at_up));
-                }
                 if let Some(s) = &scale {
                     bind.push((api::ARG_SCALE, s.as_ptr().cast_mut().cast()));
                 }
@@ -278,10 +305,18 @@ impl Rows {
                     bind.push((api::ARG_SHIFT, s.as_ptr().cast_mut().cast()));
                 }
                 let runtime: [(c_int, Handle); 0] = [];
-                // SAFETY: the chunk's rows [at, at + size) lie inside x (and up) as their
-                // descriptors read them (row stride ld_in) and inside the output (row stride
-                // cols); scale and shift hold cols f32 values; all live until the call returns.
+                // SAFETY: the chunk's rows [at, at + size) lie inside x as its descriptor reads
+                // them (row stride ld_in) and inside the output (row stride cols); scale and
+                // shift hold cols f32 values; all live until the call returns.
                 unsafe { self.dnnl.execute(&prim, &bind, &runtime)? };
+                if let Some((u, off)) = up {
+                    let mul = self.multiply(p, size)?;
+                    let at_up = u.cast::<u8>().wrapping_add((at * p.ld_in + off) * esize).cast::<c_void>();
+                    let bind = [(api::ARG_SRC, dst), (api::ARG_SRC_1, at_up), (api::ARG_DST, out_at)];
+                    // SAFETY: the chunk's activations just written, the same rows of up and of
+                    // the output; all live until the call returns.
+                    unsafe { self.dnnl.execute(&mul, &bind, &runtime)? };
+                }
             }
         }
         let mut o = Outputs::new();
@@ -299,13 +334,22 @@ impl Executor for Rows {
     fn warm(&self, args: &OpArgs) -> Result<u64, KernelError> {
         let p = self.plan(args)?;
         let before = jit::compiled_here();
-        for size in jit::chunk_sizes_up_to(p.rows) {
+        for size in self.sizes(&p) {
             self.primitive(&p, size)?;
+            if p.up.is_some() {
+                self.multiply(&p, size)?;
+            }
         }
         Ok(jit::compiled_here() - before)
     }
 
     fn is_warm(&self, args: &OpArgs) -> bool {
-        self.plan(args).is_ok_and(|p| jit::chunk_sizes_up_to(p.rows).all(|s| jit::is_ready(&self.key(&p, s))))
+        self.plan(args).is_ok_and(|p| {
+            self.sizes(&p).all(|s| {
+                let mut mul = self.key(&p, s);
+                mul.flags |= 1 << 40;
+                jit::is_ready(&self.key(&p, s)) && (p.up.is_none() || jit::is_ready(&mul))
+            })
+        })
     }
 }
