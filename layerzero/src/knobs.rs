@@ -305,7 +305,16 @@ pub const ONEDNN_LIB: Knob = Knob {
           the active Python environment's lib/ folder.",
 };
 
-static ALL: [Knob; 26] = [
+/// The cost model's calibration for this machine.
+pub const CALIBRATION: Knob = Knob {
+    name: "LAYERZERO_CALIBRATION",
+    ty: KnobType::Path,
+    default: "$LAYERZERO_HOME/calibration.json",
+    doc: "The cost-model calibration file (`lz tune --calibrate` writes it); used when its hardware \
+          fingerprint is this machine's.",
+};
+
+static ALL: [Knob; 27] = [
     HOME,
     PERFDB,
     PLAN_MODE,
@@ -332,6 +341,7 @@ static ALL: [Knob; 26] = [
     REDACT,
     MEMORY_POLL_MS,
     ONEDNN_LIB,
+    CALIBRATION,
 ];
 
 /// A policy field set by a knob.
@@ -599,6 +609,16 @@ pub fn perfdb_path_in(env: Lookup<'_>) -> PathBuf {
 /// `LAYERZERO_PERFDB` in the process environment, else `<LAYERZERO_HOME>/perfdb.sqlite`.
 pub fn perfdb_path() -> PathBuf {
     perfdb_path_in(&process_env)
+}
+
+/// `LAYERZERO_CALIBRATION` in `env`, else `<LAYERZERO_HOME>/calibration.json`.
+pub fn calibration_path_in(env: Lookup<'_>) -> PathBuf {
+    path_in(&CALIBRATION, env).unwrap_or_else(|| home_in(env).join("calibration.json"))
+}
+
+/// `LAYERZERO_CALIBRATION` in the process environment, else `<LAYERZERO_HOME>/calibration.json`.
+pub fn calibration_path() -> PathBuf {
+    calibration_path_in(&process_env)
 }
 
 pub use crate::llm::Residence;

@@ -74,6 +74,7 @@ fn the_loaded_version_is_shown_by_doctor_and_gates_kernels_checked_against_other
     let version = b["library"]["version"].as_str().unwrap_or_default().to_owned();
     assert!(version.starts_with("3."), "{b}");
     assert_eq!(b["library"]["path"], lib.to_string_lossy().as_ref());
+    assert!(b["library"]["isa"].is_string(), "the JIT's instruction set is shown: {b}");
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let o = lz()
         .env("LAYERZERO_ONEDNN_LIB", &lib)
@@ -108,7 +109,7 @@ fn a_loaded_version_outside_a_kernels_range_rejects_it_naming_both() {
     .unwrap_or_else(|e| panic!("{e}"));
     for (loaded, old_ok, new_ok) in [("3.2.0", true, false), ("3.14.1", true, true), ("4.0.0", false, false)] {
         let mut a = Availability::planning(&catalog);
-        a.set_library("dnn", LoadedLibrary { path: "/lib/libdnnl.so.3".into(), version: loaded.into() });
+        a.set_library("dnn", LoadedLibrary { path: "/lib/libdnnl.so.3".into(), version: loaded.into(), isa: None });
         let sel = Selector::new(catalog.clone(), hw.clone(), Arc::new(Policy::default()), Arc::new(a))
             .unwrap_or_else(|e| panic!("{e}"));
         let report = sel.explain(&req);

@@ -45,7 +45,13 @@ fn text(r: &DoctorReport) -> String {
     for b in &r.backends {
         let line = match &b.status {
             BackendStatus::Available => match &b.library {
-                Some(l) => format!("available: {} {} loaded from {}", b.backend, l.version, l.path),
+                Some(l) => format!(
+                    "available: {} {} loaded from {}{}",
+                    b.backend,
+                    l.version,
+                    l.path,
+                    l.isa.as_ref().map(|i| format!(", JIT for {i}")).unwrap_or_default()
+                ),
                 None => "available".to_owned(),
             },
             BackendStatus::NotInstalled(why) => format!("not installed: {why}"),
@@ -75,6 +81,7 @@ fn text(r: &DoctorReport) -> String {
         }
     }
     render_perfdb(&mut out, &r.perfdb);
+    let _ = writeln!(out, "\ncalibration: {} ({})", r.calibration.2, r.calibration.0);
     render_plan(&mut out, &r.plan);
     render_knobs(&mut out, &r.knobs);
     render_policy(&mut out, &r.policy);

@@ -30,6 +30,12 @@ pub(super) struct TuneArgs {
     /// Measure again pairs that already have a usable PerfDB row (by default they are kept).
     #[arg(long)]
     refresh: bool,
+    /// Fit the cost model's coefficients per kernel and dtype to this run's times and write
+    /// them (default $LAYERZERO_CALIBRATION, else $LAYERZERO_HOME/calibration.json); the
+    /// selectors of this machine then model with them. With --verify, the regret of
+    /// model-only selection is reported before and after.
+    #[arg(long, value_name = "PATH", num_args = 0..=1)]
+    calibrate: Option<Option<PathBuf>>,
     /// Per-kernel time cap in seconds (sampling stops there once 5 samples exist).
     #[arg(long, value_name = "SECONDS")]
     time_cap: Option<f64>,
@@ -59,6 +65,7 @@ pub(super) fn run(a: TuneArgs) -> Result<Outcome> {
     opts.budget = budget;
     opts.verify = a.verify;
     opts.refresh = a.refresh;
+    opts.calibrate = a.calibrate.map(|p| p.unwrap_or_else(crate::knobs::calibration_path));
     if let Some(cap) = time_cap {
         opts.protocol.time_cap = cap;
         opts.protocol.hard_cap = opts.protocol.hard_cap.max(cap);
@@ -186,33 +193,79 @@ fn text(r: &TuneReport) -> String {
     for u in &r.unselectable {
         out.push_str(&format!("no kernel: {} {}: {}\n", u.entry, u.bucket, u.error));
     }
+    if let Some(c) = &r.calibration {
+        out.push_str(&format!("\ncalibration written to {} (mean |model / measured - 1|):\n", c.path));
+        let rows: Vec<Vec<String>> = c
+            .fits
+            .iter()
+            .map(|f| {
+                vec![
+                    f.kernel.clone(),
+                    f.dtype.to_string(),
+                    f.points.to_string(),
+                    format!("{:.3}", f.eff_compute),
+                    format!("{:.3}", f.eff_mem),
+                    render::duration(f.launch_ns),
+                    pct(f.error_before),
+                    pct(f.error_after),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &["KERNEL", "DTYPE", "POINTS", "EFF_COMPUTE", "EFF_MEM", "LAUNCH", "ERROR BEFORE", "AFTER"],
+            &rows,
+        ));
+    }
     if let Some(v) = &r.verify {
         out.push_str("\nverify (fresh timings; regret = time(picked) / time(fastest) - 1):\n");
         let rows: Vec<Vec<String>> = v
             .buckets
             .iter()
             .map(|b| {
-                vec![
+                let mut row = vec![
                     b.entry.clone(),
                     b.bucket.clone(),
                     format!("{} {}", b.fastest, render::duration(b.fastest_ns)),
+                    b.competitive.to_string(),
                     b.model.kernel.clone(),
                     pct(b.model.regret),
-                    b.perfdb.kernel.clone(),
-                    pct(b.perfdb.regret),
-                ]
+                ];
+                if let Some(c) = &b.calibrated {
+                    row.extend([c.kernel.clone(), pct(c.regret)]);
+                }
+                row.extend([b.perfdb.kernel.clone(), pct(b.perfdb.regret)]);
+                row
             })
             .collect();
-        out.push_str(&table(&["ENTRY", "BUCKET", "FASTEST", "MODEL PICK", "REGRET", "PERFDB PICK", "REGRET"], &rows));
+        let mut header = vec!["ENTRY", "BUCKET", "FASTEST", "WITHIN 2X", "MODEL PICK", "REGRET"];
+        if v.calibrated.is_some() {
+            header.extend(["CALIBRATED PICK", "REGRET"]);
+        }
+        header.extend(["PERFDB PICK", "REGRET"]);
+        out.push_str(&table(&header, &rows));
+        let wins: Vec<String> = v.wins_by_backend.iter().map(|(b, n)| format!("{b} {n}")).collect();
+        out.push_str(&format!(
+            "\nfastest backend per bucket: {}; {} of {} buckets had more than one kernel within 2x of the fastest\n",
+            wins.join(", "),
+            v.contested,
+            v.verified
+        ));
         out.push_str(&format!(
             "\nregret over {} buckets{}:\n",
             v.verified,
             if v.unverified > 0 { format!(" ({} not verified)", v.unverified) } else { String::new() }
         ));
-        let rows = vec![
-            vec!["model-only".to_owned(), pct(v.model.mean), pct(v.model.worst), v.model.misses.to_string()],
-            vec!["perfdb-backed".to_owned(), pct(v.perfdb.mean), pct(v.perfdb.worst), v.perfdb.misses.to_string()],
-        ];
+        let mut rows =
+            vec![vec!["model-only".to_owned(), pct(v.model.mean), pct(v.model.worst), v.model.misses.to_string()]];
+        if let Some(c) = &v.calibrated {
+            rows.push(vec!["model-only, calibrated".to_owned(), pct(c.mean), pct(c.worst), c.misses.to_string()]);
+        }
+        rows.push(vec![
+            "perfdb-backed".to_owned(),
+            pct(v.perfdb.mean),
+            pct(v.perfdb.worst),
+            v.perfdb.misses.to_string(),
+        ]);
         out.push_str(&table(&["SELECTION", "MEAN", "WORST", "MISSES"], &rows));
     }
     out

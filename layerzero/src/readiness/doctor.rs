@@ -50,6 +50,8 @@ pub struct DoctorReport {
     pub sample: SampleSelection,
     /// The PerfDB.
     pub perfdb: PerfDbCheck,
+    /// The cost-model calibration: its path, whether a handle here uses it, and why (not).
+    pub calibration: (String, bool, String),
     /// The dispatch table a runtime here would serve with.
     pub plan: PlanCheck,
     /// Every `LAYERZERO_*` knob as the process environment sets it.
@@ -188,6 +190,7 @@ pub fn doctor(inputs: &DoctorInputs<'_>) -> Result<DoctorReport> {
     let knobs = knobs::report_in(&knobs::process_env);
     let perfdb = check_perfdb(inputs.perfdb.map_or_else(perfdb::default_path, Path::to_path_buf));
     let plan = check_plan(catalog, &host, &availability);
+    let calibration = check_calibration(&crate::knobs::calibration_path(), &host);
     let backends = catalog
         .backends()
         .iter()
@@ -216,6 +219,7 @@ pub fn doctor(inputs: &DoctorInputs<'_>) -> Result<DoctorReport> {
         files,
         sample: SampleSelection { device, request, result },
         perfdb,
+        calibration,
         plan,
         knobs,
         policy,
@@ -240,7 +244,7 @@ impl DoctorReport {
                 serde_json::json!({
                     "backend": b.backend, "device": b.device, "execution": b.execution, "version": b.version,
                     "kernels": b.kernels, "status": status, "reason": reason,
-                    "library": b.library.as_ref().map(|l| serde_json::json!({"path": l.path, "version": l.version})),
+                    "library": b.library.as_ref().map(|l| serde_json::json!({"path": l.path, "version": l.version, "isa": l.isa})),
                 })
             })
             .collect();
@@ -261,6 +265,7 @@ impl DoctorReport {
             "files": self.files.iter().map(|f| serde_json::json!({"file": f.file, "kind": f.kind, "valid": f.is_valid(), "errors": f.errors})).collect::<Vec<_>>(),
             "sample_selection": sample,
             "perfdb": self.perfdb.to_json(),
+            "calibration": {"path": self.calibration.0, "used": self.calibration.1, "detail": self.calibration.2},
             "plan": self.plan.to_json(),
             "knobs": self.knobs,
             "policy": match &self.policy {
@@ -323,6 +328,29 @@ fn sample_request(kind: DeviceKind) -> Request {
 
 /// Opens the PerfDB at `path` if the file exists (moving it aside if it is damaged) and reads
 /// its statistics.
+/// Whether `LayerZero::host` would model with the calibration at `path`, and why (not).
+fn check_calibration(path: &Path, host: &HardwareProfile) -> (String, bool, String) {
+    let shown = path.display().to_string();
+    if !path.exists() {
+        return (shown, false, "absent: the capability files' coefficients model every kernel".to_owned());
+    }
+    match crate::tune::calibrate::load(path) {
+        Err(e) => (shown, false, format!("not used: {e}")),
+        Ok(c) if c.fingerprint != host.fingerprint => (
+            shown,
+            false,
+            format!(
+                "not used: fitted on {} ({}), not this machine",
+                c.hardware,
+                c.fingerprint.get(..16).unwrap_or(&c.fingerprint)
+            ),
+        ),
+        Ok(c) => {
+            (shown, true, format!("{} kernel fits from workload `{}`, {}", c.kernels.len(), c.workload, c.created_at))
+        }
+    }
+}
+
 fn check_perfdb(path: PathBuf) -> PerfDbCheck {
     let mut check = PerfDbCheck { exists: path.exists(), ..PerfDbCheck::default() };
     if check.exists {

@@ -123,6 +123,8 @@ struct Parts {
     hardware: Arc<HardwareProfile>,
     availability: Availability,
     measurements: Option<Arc<Measurements>>,
+    /// This machine's cost-model calibration, if loaded.
+    calibration: Option<Arc<crate::score::calibration::Calibration>>,
     table: Option<DispatchTable>,
     /// Why the configured table could not even be read.
     table_rejection: Option<Reason>,
@@ -212,8 +214,9 @@ impl LayerZero {
     /// builtin executors, with the `LAYERZERO_*` knobs honoured: `LAYERZERO_POLICY` (a policy
     /// file) and the knobs that override its fields (`knobs::apply_policy_overrides`: health
     /// thresholds, deadline, output checks), `LAYERZERO_DISPATCH_TABLE` with `LAYERZERO_PLAN_MODE`, `LAYERZERO_CACHE_CAPACITY`,
-    /// and the PerfDB (`LAYERZERO_PERFDB`, else `$LAYERZERO_HOME/perfdb.sqlite`) when its file
-    /// exists.
+    /// the PerfDB (`LAYERZERO_PERFDB`, else `$LAYERZERO_HOME/perfdb.sqlite`) and the cost-model
+    /// calibration (`LAYERZERO_CALIBRATION`, else `$LAYERZERO_HOME/calibration.json`) when
+    /// their files exist.
     pub fn host() -> Result<LayerZero> {
         let mut lz = LayerZero::detected()?;
         let mut policy = match crate::knobs::policy() {
@@ -232,6 +235,14 @@ impl LayerZero {
         let perfdb = crate::perfdb::default_path();
         if perfdb.exists() {
             lz = lz.with_perfdb(&perfdb)?;
+        }
+        // A calibration that does not load is left out (`lz doctor` says why): the capability
+        // files' coefficients still model every kernel.
+        let calibration = crate::knobs::calibration_path();
+        if calibration.exists()
+            && let Ok(c) = crate::tune::calibrate::load(&calibration)
+        {
+            lz = lz.with_calibration(Arc::new(c))?;
         }
         if let Some(path) = crate::knobs::dispatch_table() {
             lz = lz.with_plan_file(&path, crate::knobs::plan_mode()?)?;
@@ -299,14 +310,16 @@ impl LayerZero {
     /// A handle over an explicit selector (a custom catalog, a test profile) and executors.
     /// Backends with a registered executor count as available where the host has their device.
     pub fn new(selector: Selector, registry: Registry) -> Result<LayerZero> {
+        let calibration = selector.calibration().cloned().map(Arc::new);
         let (catalog, hardware, policy, availability, measurements) = selector.into_parts();
         let mut availability = (*availability).clone();
         for kernel in registry.kernels() {
             availability.mark_registered(&catalog, &hardware, kernel);
         }
         let mut lz = LayerZero::build(catalog, hardware, availability, policy, registry)?;
-        if let Some(m) = measurements {
-            lz.parts.measurements = Some(m);
+        if measurements.is_some() || calibration.is_some() {
+            lz.parts.measurements = measurements;
+            lz.parts.calibration = calibration;
             lz = lz.rebuilt(None)?;
         }
         Ok(lz)
@@ -330,6 +343,7 @@ impl LayerZero {
                 hardware,
                 availability,
                 measurements: None,
+                calibration: None,
                 table: None,
                 table_rejection: None,
                 plan_mode: PlanMode::Prefer,
@@ -379,6 +393,9 @@ impl LayerZero {
             Selector::new(p.catalog.clone(), p.hardware.clone(), policy, Arc::new(p.availability.clone()))?;
         if let Some(m) = &p.measurements {
             selector = selector.with_measurements(m.clone());
+        }
+        if let Some(c) = &p.calibration {
+            selector = selector.with_calibration(c.clone());
         }
         if let Some(g) = &p.memory {
             selector = selector.with_memory(g.clone());
@@ -465,6 +482,18 @@ impl LayerZero {
             &self.parts.hardware,
         );
         self.with_measurements(Arc::new(m))
+    }
+
+    /// Models with `calibration`'s fitted coefficients where it has them (only when it was
+    /// fitted on this handle's machine: same hardware fingerprint).
+    pub fn with_calibration(mut self, calibration: Arc<crate::score::calibration::Calibration>) -> Result<LayerZero> {
+        self.parts.calibration = Some(calibration);
+        self.rebuilt(None)
+    }
+
+    /// The calibration the selector uses, if any.
+    pub fn calibration(&self) -> Option<&crate::score::calibration::Calibration> {
+        self.parts.calibration.as_deref().filter(|c| c.fingerprint == self.parts.hardware.fingerprint)
     }
 
     /// Scores with these measurements where they are confident.

@@ -3,6 +3,7 @@
 //!
 //! `estimated_ns = max(flops / (peak[dtype] * eff_compute), bytes / (bandwidth * eff_mem)) + launch_ns`
 
+pub mod calibration;
 pub mod measured;
 
 use serde::Serialize;
@@ -32,6 +33,9 @@ pub struct Estimate {
     pub launch_ns: f64,
     /// max(compute, memory) + launch, ns.
     pub estimated_ns: f64,
+    /// The coefficients came from this machine's calibration, not the capability file.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub calibrated: bool,
 }
 
 /// The score stage: the modeled time, replaced or blended by a PerfDB measurement where one
@@ -45,8 +49,15 @@ pub fn total(
     measured: Option<&RowVerdict>,
     transforms: &[Transform],
     policy_factor: f64,
+    calibration: Option<&calibration::Calibration>,
 ) -> Score {
-    let model = estimate(kernel, req, problem, dev);
+    let model = match calibration {
+        Some(c) => {
+            let (perf, calibrated) = c.perf(&kernel.id, problem.dtype, &kernel.perf);
+            Estimate { calibrated, ..estimate_with(&perf, kernel, req, problem, dev) }
+        }
+        None => estimate(kernel, req, problem, dev),
+    };
     let (mut estimated_ns, mut source, mut measurement, mut notes) =
         (model.estimated_ns, ScoreSource::Model, None, Vec::new());
     match measured {
@@ -65,8 +76,18 @@ pub fn total(
 
 /// Models `kernel` running `problem` on `dev`.
 pub fn estimate(kernel: &KernelSpec, req: &Request, problem: &Problem, dev: &DeviceProfile) -> Estimate {
+    estimate_with(&kernel.perf, kernel, req, problem, dev)
+}
+
+/// Models `kernel` running `problem` on `dev` with the coefficients `p` (a calibration's).
+pub fn estimate_with(
+    p: &crate::capabilities::spec::PerfModel,
+    kernel: &KernelSpec,
+    req: &Request,
+    problem: &Problem,
+    dev: &DeviceProfile,
+) -> Estimate {
     let (flops, bytes) = work(kernel, req, problem);
-    let p = &kernel.perf;
     let compute_ns = flops / (dev.peak_flops(problem.dtype) * p.eff_compute) * 1e9;
     let memory_ns = bytes / (dev.bandwidth_bytes_per_s() * p.eff_mem) * 1e9;
     Estimate {
@@ -76,6 +97,7 @@ pub fn estimate(kernel: &KernelSpec, req: &Request, problem: &Problem, dev: &Dev
         memory_ns,
         launch_ns: p.launch_ns,
         estimated_ns: compute_ns.max(memory_ns) + p.launch_ns,
+        calibrated: false,
     }
 }
 

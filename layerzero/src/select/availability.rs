@@ -71,6 +71,8 @@ pub struct LoadedLibrary {
     pub path: String,
     /// Its version, `major.minor.patch`.
     pub version: String,
+    /// The instruction set the library generates code for here, when it reports one.
+    pub isa: Option<String>,
 }
 
 /// Backend statuses by name.
@@ -108,8 +110,10 @@ impl Availability {
                             match crate::backend::onednn::find(&p.libraries) {
                                 Ok(l) => {
                                     let version = l.version.to_string();
-                                    libraries
-                                        .insert(b.backend.clone(), LoadedLibrary { path: l.path.clone(), version });
+                                    libraries.insert(
+                                        b.backend.clone(),
+                                        LoadedLibrary { path: l.path.clone(), version, isa: l.isa.map(str::to_owned) },
+                                    );
                                     BackendStatus::Available
                                 }
                                 Err(why) => BackendStatus::NotInstalled(why),

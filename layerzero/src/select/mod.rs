@@ -25,6 +25,7 @@ use crate::policy::stage::Matched;
 use crate::policy::{self, Policy, Subject, glob_match};
 use crate::reason::{Reason, ReasonCode};
 use crate::score;
+use crate::score::calibration::Calibration;
 use crate::score::measured::{Measurements, RowVerdict};
 use crate::transform::{self, Transform};
 
@@ -61,6 +62,8 @@ pub struct Selector {
     measurements: Option<Arc<Measurements>>,
     /// Live headroom of the host's memory (CPU requests only); absent: the profile's figure.
     memory: Option<Arc<MemoryGauge>>,
+    /// This machine's fitted cost-model coefficients, if any.
+    calibration: Option<Arc<Calibration>>,
 }
 
 /// One candidate's verdict, before it is written into a report.
@@ -93,7 +96,16 @@ impl Selector {
     ) -> Result<Selector> {
         policy.check_against(&catalog)?;
         let policy_hash = policy.hash();
-        Ok(Selector { catalog, hardware, policy, availability, policy_hash, measurements: None, memory: None })
+        Ok(Selector {
+            catalog,
+            hardware,
+            policy,
+            availability,
+            policy_hash,
+            measurements: None,
+            memory: None,
+            calibration: None,
+        })
     }
 
     /// A planning selector for a named or given profile: every backend counts as installed.
@@ -106,6 +118,18 @@ impl Selector {
     pub fn with_measurements(mut self, measurements: Arc<Measurements>) -> Selector {
         self.measurements = (!measurements.is_empty()).then_some(measurements);
         self
+    }
+
+    /// The same selector modeling with `calibration`'s coefficients where it has them; a
+    /// calibration fitted on another machine (fingerprint) is not used.
+    pub fn with_calibration(mut self, calibration: Arc<Calibration>) -> Selector {
+        self.calibration = (calibration.fingerprint == self.hardware.fingerprint).then_some(calibration);
+        self
+    }
+
+    /// The calibration in use, if any.
+    pub fn calibration(&self) -> Option<&Calibration> {
+        self.calibration.as_deref()
     }
 
     /// The same selector checking workspaces of CPU requests against `gauge`'s live headroom
@@ -450,7 +474,7 @@ impl Selector {
                 if let (Some((_, true)), Some(free)) = (cx.headroom, free) {
                     factor *= capacity::pressure_factor(kernel, free);
                 }
-                Some(score::total(kernel, r, pb, dev, measured, &transforms, factor))
+                Some(score::total(kernel, r, pb, dev, measured, &transforms, factor, self.calibration.as_deref()))
             }
             _ => None,
         };

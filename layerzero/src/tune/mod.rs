@@ -19,6 +19,7 @@
 //! each selector picks with the fastest: regret = time(picked) / time(fastest) - 1, for the
 //! model alone and for selection backed by the PerfDB rows now stored.
 
+pub mod calibrate;
 pub mod measure;
 mod report;
 pub mod synth;
@@ -65,12 +66,16 @@ pub struct Host {
 }
 
 impl Host {
-    /// This host: detected hardware, probed backends, default policy, builtin executors.
+    /// This host: detected hardware, probed backends, the default policy with the knobs that
+    /// set policy fields (`LAYERZERO_DENY='cpu_reference.*'` leaves the oracle out of a
+    /// tuning run), builtin executors.
     pub fn detect(catalog: Arc<Catalog>) -> Result<Host> {
         let hardware = Arc::new(detect::detect_host().profile);
         let registry = Registry::builtin();
         let availability = Arc::new(Availability::probe_host(&catalog, &hardware));
-        let selector = Selector::new(catalog, hardware, Arc::new(Policy::default()), availability)?;
+        let mut policy = Policy::default();
+        crate::knobs::apply_policy_overrides(&mut policy)?;
+        let selector = Selector::new(catalog, hardware, Arc::new(policy), availability)?;
         Ok(Host { selector, registry })
     }
 }
@@ -94,6 +99,8 @@ pub struct TuneOptions {
     pub protocol: Protocol,
     /// Seed of the synthesized inputs.
     pub seed: u64,
+    /// Fit the cost model to this run's times and write the calibration here.
+    pub calibrate: Option<PathBuf>,
 }
 
 impl TuneOptions {
@@ -108,6 +115,7 @@ impl TuneOptions {
             refresh: false,
             protocol: Protocol::default(),
             seed: 0x4c5a_5455_4e45,
+            calibrate: None,
         }
     }
 }
@@ -349,8 +357,19 @@ pub fn tune_with(host: &Host, opts: &TuneOptions, on_event: &mut dyn FnMut(Event
         }
     }
 
+    // The cost model fitted to every time this run has (measured now or kept from the PerfDB).
+    let calibration = match &opts.calibrate {
+        Some(path) => {
+            let c = calibrate::fit_results(selector, &plans, &results, &opts.workload.name);
+            calibrate::save(path, &c)?;
+            Some((c, path.display().to_string()))
+        }
+        None => None,
+    };
+    let calibrated = calibration.as_ref().map(|(c, _)| selector.clone().with_calibration(Arc::new(c.clone())));
     let verify = if opts.verify {
-        let (report, exhausted) = verify::run(host, opts, &plans, &with_db, deadline, &mut skipped, on_event);
+        let (report, exhausted) =
+            verify::run(host, opts, &plans, &with_db, calibrated.as_ref(), deadline, &mut skipped, on_event);
         budget_exhausted |= exhausted;
         Some(report)
     } else {
@@ -375,12 +394,14 @@ pub fn tune_with(host: &Host, opts: &TuneOptions, on_event: &mut dyn FnMut(Event
         skipped,
         unselectable,
         verify,
+        calibration: calibration.map(|(c, path)| report::CalibrationReport { path, fits: c.kernels }),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::dtype::DType;
     use crate::select::ScoreSource;
 
     const TINY: &str = r#"{
@@ -433,6 +454,34 @@ mod tests {
         let again = tune_with(&host, &o, &mut |_| {}).unwrap();
         assert_eq!(again.rows_written, 0);
         assert!(again.results.iter().all(|r| r.status == Status::Cached));
+    }
+
+    #[test]
+    fn calibrating_fits_every_measured_kernel_and_the_selector_models_with_it_on_this_machine_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = Host::detect(Catalog::builtin().unwrap()).unwrap();
+        let mut o = opts(&dir);
+        o.verify = true;
+        let path = dir.path().join("cal").join("calibration.json");
+        o.calibrate = Some(path.clone());
+        let report = tune_with(&host, &o, &mut |_| {}).unwrap();
+        let fits = &report.calibration.as_ref().unwrap().fits;
+        // Two CPU kernels measured at three buckets each, in f32.
+        assert_eq!(fits.len(), 2, "{fits:#?}");
+        assert!(fits.iter().all(|f| f.points == 3 && f.dtype == DType::F32 && f.error_after <= f.error_before + 1e-9));
+        let v = report.verify.unwrap();
+        assert!(v.calibrated.is_some() && v.buckets.iter().all(|b| b.calibrated.is_some()));
+        let cal = calibrate::load(&path).unwrap();
+        assert_eq!(cal.kernels, *fits);
+        let pts = o.workload.points().unwrap();
+        let calibrated = host.selector.clone().with_calibration(Arc::new(cal.clone()));
+        let sel = calibrated.select(&pts[0].request).unwrap();
+        assert!(sel.score.model.calibrated, "{:?}", sel.score.model);
+        let mut elsewhere = cal;
+        elsewhere.fingerprint = "another machine".into();
+        let other = host.selector.clone().with_calibration(Arc::new(elsewhere));
+        assert!(other.calibration().is_none());
+        assert!(!other.select(&pts[0].request).unwrap().score.model.calibrated);
     }
 
     #[test]

@@ -147,6 +147,11 @@ pub struct BucketRegret {
     pub model: Pick,
     /// The PerfDB-backed pick.
     pub perfdb: Pick,
+    /// The model-only pick with this run's calibration (`--calibrate`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub calibrated: Option<Pick>,
+    /// Kernels within 2x of the fastest (a real contest when more than one).
+    pub competitive: usize,
     /// Every kernel's fresh time.
     pub times: Vec<VerifiedTime>,
 }
@@ -173,6 +178,13 @@ pub struct VerifyReport {
     pub model: RegretSummary,
     /// PerfDB-backed selection.
     pub perfdb: RegretSummary,
+    /// Model-only selection with this run's calibration (`--calibrate`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub calibrated: Option<RegretSummary>,
+    /// Buckets where more than one kernel was within 2x of the fastest.
+    pub contested: usize,
+    /// Buckets whose fastest kernel is of each backend.
+    pub wins_by_backend: std::collections::BTreeMap<String, usize>,
     /// Per bucket.
     pub buckets: Vec<BucketRegret>,
 }
@@ -214,6 +226,9 @@ pub struct TuneReport {
     pub unselectable: Vec<Unselectable>,
     /// The verification, when asked for.
     pub verify: Option<VerifyReport>,
+    /// The calibration fitted and written (`--calibrate`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<CalibrationReport>,
 }
 
 impl TuneReport {
@@ -221,4 +236,13 @@ impl TuneReport {
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
     }
+}
+
+/// The calibration a tuning run fitted (`lz tune --calibrate`).
+#[derive(Debug, Clone, Serialize)]
+pub struct CalibrationReport {
+    /// Where it was written.
+    pub path: String,
+    /// The fits.
+    pub fits: Vec<crate::score::calibration::KernelFit>,
 }

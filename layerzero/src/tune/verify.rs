@@ -16,6 +16,7 @@ pub(super) fn run(
     opts: &TuneOptions,
     plans: &[Planned<'_>],
     with_db: &Selector,
+    calibrated: Option<&Selector>,
     deadline: Option<Instant>,
     skipped: &mut Vec<Skipped>,
     on_event: &mut dyn FnMut(Event<'_>),
@@ -67,11 +68,14 @@ pub(super) fn run(
                 }
             })
             .collect();
-        let perf_ranked: Vec<Selection> = with_db
-            .ranked(&plan.point.request)
-            .map(|r| r.into_iter().filter(|s| host.registry.contains(&s.kernel)).collect())
-            .unwrap_or_default();
-        match regret(plan, &plan.ranked, &perf_ranked, times) {
+        let ranked_by = |sel: &Selector| -> Vec<Selection> {
+            sel.ranked(&plan.point.request)
+                .map(|r| r.into_iter().filter(|s| host.registry.contains(&s.kernel)).collect())
+                .unwrap_or_default()
+        };
+        let perf_ranked = ranked_by(with_db);
+        let cal_ranked = calibrated.map(ranked_by);
+        match regret(plan, &plan.ranked, &perf_ranked, cal_ranked.as_deref(), times) {
             Some(b) => buckets.push(b),
             None => unverified += 1,
         }
@@ -88,11 +92,19 @@ pub(super) fn run(
             misses: v.iter().filter(|&&r| r > 0.0).count(),
         }
     };
+    let mut wins_by_backend = std::collections::BTreeMap::new();
+    for b in &buckets {
+        let backend = b.fastest.split('.').next().unwrap_or_default().to_owned();
+        *wins_by_backend.entry(backend).or_insert(0) += 1;
+    }
     let report = VerifyReport {
         verified: buckets.len(),
         unverified,
         model: summary(|b| b.model.regret),
         perfdb: summary(|b| b.perfdb.regret),
+        calibrated: calibrated.map(|_| summary(|b| b.calibrated.as_ref().map_or(b.model.regret, |p| p.regret))),
+        contested: buckets.iter().filter(|b| b.competitive > 1).count(),
+        wins_by_backend,
         buckets,
     };
     (report, budget_exhausted)
@@ -104,6 +116,7 @@ fn regret(
     plan: &Planned<'_>,
     model_ranked: &[Selection],
     perf_ranked: &[Selection],
+    cal_ranked: Option<&[Selection]>,
     times: Vec<VerifiedTime>,
 ) -> Option<BucketRegret> {
     let time_of = |k: &str| times.iter().find(|t| t.kernel == k).and_then(|t| t.median_ns);
@@ -123,6 +136,8 @@ fn regret(
     };
     let model = pick(model_ranked)?;
     let perfdb = pick(perf_ranked).unwrap_or_else(|| model.clone());
+    let calibrated = cal_ranked.map(|r| pick(r).unwrap_or_else(|| model.clone()));
+    let competitive = times.iter().filter(|t| t.median_ns.is_some_and(|m| m <= 2.0 * fastest_ns)).count();
     Some(BucketRegret {
         entry: plan.point.entry.clone(),
         bucket: plan.bucket.clone(),
@@ -130,6 +145,8 @@ fn regret(
         fastest_ns,
         model,
         perfdb,
+        calibrated,
+        competitive,
         times,
     })
 }

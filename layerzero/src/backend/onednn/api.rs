@@ -32,7 +32,6 @@ pub(super) const FORWARD_INFERENCE: c_int = 96;
 pub(super) const ELTWISE_GELU_TANH: c_int = 0x2b;
 pub(super) const ELTWISE_SWISH: c_int = 0x2c;
 pub(super) const ELTWISE_GELU_ERF: c_int = 0x31;
-pub(super) const BINARY_ADD: c_int = 0x1fff0;
 pub(super) const BINARY_MUL: c_int = 0x1fff1;
 /// `dnnl_normalization_flags_t`.
 pub(super) const USE_SCALE: c_uint = 0x2;
@@ -51,11 +50,6 @@ pub(super) const ARG_FROM: c_int = 1;
 pub(super) const ARG_TO: c_int = 17;
 /// `DNNL_ARG_ATTR_SCALES`, or-ed with the argument the scales belong to.
 pub(super) const ARG_ATTR_SCALES: c_int = 4096;
-
-/// `DNNL_ARG_ATTR_MULTIPLE_POST_OP(i) | DNNL_ARG_SRC_1`: the second operand of binary post-op `i`.
-pub(super) fn arg_post_op_src1(i: c_int) -> c_int {
-    (32768 * (i + 1)) | ARG_SRC_1
-}
 
 /// `dnnl_data_type_t` of a LayerZero dtype (`None`: oneDNN has no such type here).
 pub(super) fn data_type(d: DType) -> Option<c_int> {
@@ -104,11 +98,7 @@ pub(super) struct Api {
     memory_destroy: unsafe extern "C" fn(Handle) -> Status,
     attr_create: unsafe extern "C" fn(*mut Handle) -> Status,
     attr_destroy: unsafe extern "C" fn(Handle) -> Status,
-    attr_set_post_ops: unsafe extern "C" fn(Handle, Handle) -> Status,
     attr_set_scales_mask: unsafe extern "C" fn(Handle, c_int, c_int) -> Status,
-    post_ops_create: unsafe extern "C" fn(*mut Handle) -> Status,
-    post_ops_destroy: unsafe extern "C" fn(Handle) -> Status,
-    post_ops_append_binary: unsafe extern "C" fn(Handle, c_int, Handle) -> Status,
 }
 
 fn check(what: &str, s: Status) -> Result<(), KernelError> {
@@ -173,11 +163,7 @@ impl Dnnl {
             memory_destroy: sym!("dnnl_memory_destroy"),
             attr_create: sym!("dnnl_primitive_attr_create"),
             attr_destroy: sym!("dnnl_primitive_attr_destroy"),
-            attr_set_post_ops: sym!("dnnl_primitive_attr_set_post_ops"),
             attr_set_scales_mask: sym!("dnnl_primitive_attr_set_scales_mask"),
-            post_ops_create: sym!("dnnl_post_ops_create"),
-            post_ops_destroy: sym!("dnnl_post_ops_destroy"),
-            post_ops_append_binary: sym!("dnnl_post_ops_append_binary"),
         };
         let mut engine: Handle = std::ptr::null_mut();
         // SAFETY: `engine` is a valid out-pointer; index 0 is the one CPU engine.
@@ -230,14 +216,7 @@ impl Dnnl {
         let mut raw: Handle = std::ptr::null_mut();
         // SAFETY: a valid out-pointer.
         check("primitive_attr_create", unsafe { (self.api.attr_create)(&mut raw) })?;
-        let mut ops: Handle = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer.
-        if let Err(e) = check("post_ops_create", unsafe { (self.api.post_ops_create)(&mut ops) }) {
-            // SAFETY: created above, not used elsewhere.
-            unsafe { (self.api.attr_destroy)(raw) };
-            return Err(e);
-        }
-        Ok(Attr { raw, ops, binaries: 0, dnnl: self })
+        Ok(Attr { raw, dnnl: self })
     }
 
     /// Creates (JIT-compiles) the primitive of a primitive descriptor made by `make`, keeping
@@ -472,25 +451,13 @@ impl Drop for Md<'_> {
     }
 }
 
-/// Primitive attributes with their post-op chain.
+/// Primitive attributes (scales given at execution time).
 pub(super) struct Attr<'a> {
     raw: Handle,
-    ops: Handle,
-    binaries: c_int,
     dnnl: &'a Dnnl,
 }
 
 impl Attr<'_> {
-    /// Appends a binary post-op (`alg` with a second operand described by `src1`); returns its
-    /// index, whose operand is bound as [`arg_post_op_src1`].
-    #[allow(unsafe_code)]
-    pub(super) fn binary(&mut self, alg: c_int, src1: &Md<'_>) -> Result<c_int, KernelError> {
-        // SAFETY: `ops` is this attribute's post-op chain; the descriptor is copied in.
-        check("post_ops_append_binary", unsafe { (self.dnnl.api.post_ops_append_binary)(self.ops, alg, src1.raw) })?;
-        self.binaries += 1;
-        Ok(self.binaries - 1)
-    }
-
     /// Scales of argument `arg` given at execution time, one per index of the dims in `mask`.
     #[allow(unsafe_code)]
     pub(super) fn scales(&mut self, arg: c_int, mask: c_int) -> Result<(), KernelError> {
@@ -498,11 +465,8 @@ impl Attr<'_> {
         check("primitive_attr_set_scales_mask", unsafe { (self.dnnl.api.attr_set_scales_mask)(self.raw, arg, mask) })
     }
 
-    /// The attribute handle with its post-ops set, for a primitive descriptor.
-    #[allow(unsafe_code)]
+    /// The attribute handle, for a primitive descriptor.
     pub(super) fn raw(&self) -> Result<Handle, KernelError> {
-        // SAFETY: both handles are valid; the attribute copies the chain.
-        check("primitive_attr_set_post_ops", unsafe { (self.dnnl.api.attr_set_post_ops)(self.raw, self.ops) })?;
         Ok(self.raw)
     }
 }
@@ -511,10 +475,7 @@ impl Drop for Attr<'_> {
     #[allow(unsafe_code)]
     fn drop(&mut self) {
         // SAFETY: created in `Dnnl::attr` and owned by this value only.
-        unsafe {
-            (self.dnnl.api.post_ops_destroy)(self.ops);
-            (self.dnnl.api.attr_destroy)(self.raw);
-        }
+        unsafe { (self.dnnl.api.attr_destroy)(self.raw) };
     }
 }
 

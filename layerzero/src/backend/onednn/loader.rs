@@ -47,6 +47,9 @@ pub struct Loaded {
     pub version: Version,
     /// The commit hash it reports.
     pub hash: String,
+    /// The instruction set its JIT generates code for on this CPU
+    /// (`dnnl_get_effective_cpu_isa`), e.g. `avx512_core_amx`.
+    pub isa: Option<&'static str>,
     library: libloading::Library,
 }
 
@@ -121,7 +124,34 @@ fn open(name: &str) -> Result<Loaded, String> {
     let part = |x: c_int| u32::try_from(x).unwrap_or(0);
     let version = Version(part(v.major), part(v.minor), part(v.patch));
     let _ = (v.cpu_runtime, v.gpu_runtime);
-    Ok(Loaded { path: name.to_owned(), version, hash, library })
+    let isa = effective_isa(&library);
+    Ok(Loaded { path: name.to_owned(), version, hash, isa, library })
+}
+
+/// `dnnl_get_effective_cpu_isa()` by its name in `dnnl_types.h` (v3.2; `None` when the symbol
+/// is missing or the value is one this build does not know).
+#[allow(unsafe_code)]
+fn effective_isa(library: &libloading::Library) -> Option<&'static str> {
+    // SAFETY: declared `dnnl_cpu_isa_t dnnl_get_effective_cpu_isa(void)` (an enum, C int) in
+    // oneDNN's dnnl.h since v1.x.
+    let f = unsafe { library.get::<unsafe extern "C" fn() -> c_int>(b"dnnl_get_effective_cpu_isa\0") }.ok()?;
+    // SAFETY: takes no arguments, reads the library's CPU detection.
+    let isa = unsafe { f() };
+    Some(match isa {
+        0x0 => "default",
+        0x1 => "sse41",
+        0x3 => "avx",
+        0x7 => "avx2",
+        0xf => "avx2_vnni",
+        0x1f => "avx2_vnni_2",
+        0x27 => "avx512_core",
+        0x67 => "avx512_core_vnni",
+        0xe7 => "avx512_core_bf16",
+        0x1ef => "avx512_core_fp16",
+        0xfef => "avx512_core_amx",
+        0x1fef => "avx512_core_amx_fp16",
+        _ => return None,
+    })
 }
 
 #[cfg(test)]

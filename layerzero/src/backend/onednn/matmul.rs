@@ -287,21 +287,21 @@ impl Matmul {
         Ok(o)
     }
 
-    fn w8a8_key(rows: Option<usize>, k: usize, n: usize, out: DType, cols: bool, bias: bool) -> Key {
+    fn w8a8_key(per_row: bool, k: usize, n: usize, out: DType, cols: bool, bias: bool) -> Key {
         let code = api::data_type(out).unwrap_or(0) as u64;
-        let flags = code | u64::from(rows.is_some()) << 8 | u64::from(cols) << 9 | u64::from(bias) << 10;
-        let m = rows.map_or(RUNTIME_DIM, |r| r as i64);
-        Key { kernel: W8A8, dims: [m, k as i64, n as i64, 0], flags }
+        let flags = code | u64::from(per_row) << 8 | u64::from(cols) << 9 | u64::from(bias) << 10;
+        Key { kernel: W8A8, dims: [RUNTIME_DIM, k as i64, n as i64, 0], flags }
     }
 
-    /// The int8 primitive. With one activation scale (`rows` None) the row count is a
-    /// runtime dim and both scales are the matmul's own (`acc * xs * ws`, then the bias, as
-    /// oneDNN 3.x orders them). With one scale per row, v3.2 has no per-row source scale and
-    /// no runtime dim in a post-op's operand: the scale is a multiply post-op over
-    /// `[rows, 1]` for a chunk of `rows` rows, and the bias an add post-op after it.
+    /// The int8 primitive; m is a runtime dim. With one activation scale both scales are the
+    /// matmul's own and the bias its bias (`acc * xs * ws + bias`, as oneDNN 3.x orders them).
+    /// With one scale per row, v3.2 has no per-row source scale and runs a matmul with a
+    /// per-row binary post-op in its reference implementation (measured ~400x slower here):
+    /// the primitive then writes `acc * ws` in f32 and [`Matmul::run_w8a8`] applies the row
+    /// scales and the bias in one pass over the output.
     fn w8a8_primitive(
         &self,
-        rows: Option<usize>,
+        per_row: bool,
         k: usize,
         n: usize,
         out: DType,
@@ -309,36 +309,24 @@ impl Matmul {
         bias: bool,
     ) -> Result<Arc<Prim>, KernelError> {
         let d = &self.dnnl;
-        jit::primitive(Matmul::w8a8_key(rows, k, n, out, cols, bias), || {
+        jit::primitive(Matmul::w8a8_key(per_row, k, n, out, cols, bias), || {
             let (ki, ni) = (k as i64, n as i64);
             let (s8, f32t) = (dt(DType::I8)?, dt(DType::F32)?);
-            let m = rows.map_or(RUNTIME_DIM, |r| r as i64);
-            let src = d.md2(m, ki, ki, s8)?;
+            let src = d.md2(RUNTIME_DIM, ki, ki, s8)?;
             let wei = d.md(&[ki, ni], &[1, ki], s8)?;
-            let dst = d.md2(m, ni, ni, dt(out)?)?;
+            let dst = d.md2(RUNTIME_DIM, ni, ni, if per_row { f32t } else { dt(out)? })?;
             let mut attr = d.attr()?;
             // Weight scales per output column (mask bit 1: dim n of [k, n]) or one.
             attr.scales(api::ARG_WEIGHTS, if cols { 2 } else { 0 })?;
-            let mut mds = Vec::new();
-            let mut bia = None;
-            if let Some(r) = rows {
-                let xs = d.md2(r as i64, 1, 1, f32t)?;
-                let i = attr.binary(api::BINARY_MUL, &xs)?;
-                mds.push((api::arg_post_op_src1(i), xs));
-                if bias {
-                    let b = d.md2(1, ni, ni, f32t)?;
-                    let i = attr.binary(api::BINARY_ADD, &b)?;
-                    mds.push((api::arg_post_op_src1(i), b));
-                }
+            let bia = if per_row {
+                None
             } else {
                 attr.scales(api::ARG_SRC, 0)?;
-                if bias {
-                    bia = Some(d.md2(1, ni, ni, f32t)?);
-                }
-            }
+                if bias { Some(d.md2(1, ni, ni, f32t)?) } else { None }
+            };
             let raw_attr = attr.raw()?;
             let raws = (src.raw(), wei.raw(), bia.as_ref().map_or(std::ptr::null_mut(), |b| b.raw()), dst.raw());
-            mds.extend([(api::ARG_SRC, src), (api::ARG_WEIGHTS, wei), (api::ARG_DST, dst)]);
+            let mut mds = vec![(api::ARG_SRC, src), (api::ARG_WEIGHTS, wei), (api::ARG_DST, dst)];
             if let Some(b) = bia {
                 mds.push((api::ARG_BIAS, b));
             }
@@ -353,58 +341,66 @@ impl Matmul {
         let per_row = a.x_scale.shape() == [m] && m != 1;
         let cols = a.w_scale.shape() == [n] && n != 1;
         let d = &self.dnnl;
-        let mut out = Output::new(out_dt, m * n)?;
+        let b = a.bias.as_ref().map(|b| f32_values("bias", b)).transpose()?;
+        let prim = self.w8a8_primitive(per_row, k, n, out_dt, cols, b.is_some())?;
+        // Per row, the primitive writes f32 products that the epilogue below scales.
+        let mut out = Output::new(if per_row { DType::F32 } else { out_dt }, m * n)?;
         if m > 0 && n > 0 {
             let ws = a.w_scale.to_f32_vec();
             let xs = a.x_scale.to_f32_vec();
-            let b = a.bias.as_ref().map(|b| f32_values("bias", b)).transpose()?;
-            let (x, w) = (input("x", &a.x)?, input("weight", &a.weight)?);
-            let osize = out_dt.size_bytes() as usize;
+            let f = |v: &[f32]| v.as_ptr().cast_mut().cast::<c_void>();
+            let (mi, ki, ni) = (m as i64, k as i64, n as i64);
+            let dst_dt = if per_row { DType::F32 } else { out_dt };
+            let (src_md, dst_md) = (d.md2(mi, ki, ki, dt(DType::I8)?)?, d.md2(mi, ni, ni, dt(dst_dt)?)?);
             let ws_md = d.md(&[ws.len() as i64], &[1], dt(DType::F32)?)?;
             let scale_md = d.md(&[1], &[1], dt(DType::F32)?)?;
-            let f = |v: &[f32]| v.as_ptr().cast_mut().cast::<c_void>();
-            // One runtime-m call, or one call per power-of-two chunk of rows.
-            let calls: Vec<(usize, usize)> = if per_row { jit::chunks(m).collect() } else { vec![(0, m)] };
-            for (at, rows) in calls {
-                let prim = self.w8a8_primitive(per_row.then_some(rows), k, n, out_dt, cols, b.is_some())?;
-                let (ri, ki, ni) = (rows as i64, k as i64, n as i64);
-                let (src_md, dst_md) = (d.md2(ri, ki, ki, dt(DType::I8)?)?, d.md2(ri, ni, ni, dt(out_dt)?)?);
-                let dst = out.ptr().cast::<u8>().wrapping_add(at * n * osize).cast::<c_void>();
-                let src = x.cast::<u8>().wrapping_add(at * k).cast::<c_void>();
-                let mut bind = vec![
-                    (api::ARG_SRC, src),
-                    (api::ARG_WEIGHTS, w),
-                    (api::ARG_DST, dst),
-                    (api::ARG_ATTR_SCALES | api::ARG_WEIGHTS, f(&ws)),
-                ];
-                let mut runtime = vec![
-                    (api::ARG_SRC, src_md.raw()),
-                    (api::ARG_DST, dst_md.raw()),
-                    (api::ARG_ATTR_SCALES | api::ARG_WEIGHTS, ws_md.raw()),
-                ];
-                if per_row {
-                    bind.push((api::arg_post_op_src1(0), f(&xs[at..at + rows])));
-                    if let Some(b) = &b {
-                        bind.push((api::arg_post_op_src1(1), f(b)));
-                    }
-                } else {
-                    bind.push((api::ARG_ATTR_SCALES | api::ARG_SRC, f(&xs)));
-                    runtime.push((api::ARG_ATTR_SCALES | api::ARG_SRC, scale_md.raw()));
-                    if let Some(b) = &b {
-                        bind.push((api::ARG_BIAS, f(b)));
-                    }
+            let mut bind = vec![
+                (api::ARG_SRC, input("x", &a.x)?),
+                (api::ARG_WEIGHTS, input("weight", &a.weight)?),
+                (api::ARG_DST, out.ptr()),
+                (api::ARG_ATTR_SCALES | api::ARG_WEIGHTS, f(&ws)),
+            ];
+            let mut runtime = vec![
+                (api::ARG_SRC, src_md.raw()),
+                (api::ARG_DST, dst_md.raw()),
+                (api::ARG_ATTR_SCALES | api::ARG_WEIGHTS, ws_md.raw()),
+            ];
+            if !per_row {
+                bind.push((api::ARG_ATTR_SCALES | api::ARG_SRC, f(&xs)));
+                runtime.push((api::ARG_ATTR_SCALES | api::ARG_SRC, scale_md.raw()));
+                if let Some(b) = &b {
+                    bind.push((api::ARG_BIAS, f(b)));
                 }
-                // SAFETY: the chunk's rows [at, at + rows) of x [m, k] (i8) and of the output
-                // [m, n] are inside their buffers; the weight [n, k] is i8, the scales and
-                // the bias are f32 of the lengths their descriptors say; all live until the
-                // call returns.
-                unsafe { d.execute(&prim, &bind, &runtime)? };
             }
+            // SAFETY: x [m, k] and weight [n, k] are contiguous i8, the scales f32 of the
+            // lengths their descriptors say, the bias f32 [n], the output [m, n] of the
+            // descriptor's dtype; all live until the call returns.
+            unsafe { d.execute(&prim, &bind, &runtime)? };
         }
         let mut o = Outputs::new();
-        o.insert("out", out.into_tensor(&[m, n])?);
+        let out = out.into_tensor(&[m, n])?;
+        let out = if per_row { scale_rows(&out, &a.x_scale.to_f32_vec(), b.as_deref(), out_dt)? } else { out };
+        o.insert("out", out);
         Ok(o)
     }
+}
+
+/// `out[i, j] = acc[i, j] * xs[i] + bias[j]` in f32, rounded once to `dtype`.
+fn scale_rows(acc: &HostTensor, xs: &[f32], bias: Option<&[f32]>, dtype: DType) -> Result<HostTensor, KernelError> {
+    let (Storage::F32(v), &[m, n]) = (acc.storage(), acc.shape()) else {
+        return Err(KernelError::Failed("the int8 products are not an f32 [m, n] tensor".to_owned()));
+    };
+    let mut vals = v.to_vec();
+    for (i, row) in vals.chunks_exact_mut(n.max(1)).enumerate().take(m) {
+        let s = xs.get(i).copied().unwrap_or(1.0);
+        for (j, x) in row.iter_mut().enumerate() {
+            *x = *x * s + bias.and_then(|b| b.get(j)).copied().unwrap_or(0.0);
+        }
+    }
+    if dtype == DType::F32 {
+        return HostTensor::from_f32(&[m, n], vals).map_err(|e| KernelError::Failed(e.to_string()));
+    }
+    HostTensor::from_f32_as(dtype, &[m, n], &vals).map_err(|e| KernelError::Failed(e.to_string()))
 }
 
 enum WeightPtr {
@@ -454,14 +450,12 @@ impl Executor for Matmul {
             (true, OpArgs::LinearW8a8(a)) => {
                 let (m, k, n) = w8a8_dims(a)?;
                 let out = out_dtype("out_dtype", a.attrs.out_dtype)?;
+                let per_row = a.x_scale.shape() == [m] && m != 1;
                 let cols = a.w_scale.shape() == [n] && n != 1;
-                let bias = a.bias.is_some();
-                if a.x_scale.shape() == [m] && m != 1 {
-                    for rows in jit::chunk_sizes_up_to(m) {
-                        self.w8a8_primitive(Some(rows), k, n, out, cols, bias)?;
-                    }
-                } else {
-                    self.w8a8_primitive(None, k, n, out, cols, bias)?;
+                self.w8a8_primitive(per_row, k, n, out, cols, a.bias.is_some())?;
+                // m = 1 takes one activation scale; larger m of the bucket one per row.
+                if m > 1 && per_row {
+                    self.w8a8_primitive(false, k, n, out, cols, a.bias.is_some())?;
                 }
             }
             _ => return self.run(args).map(|_| 0),
@@ -478,13 +472,10 @@ impl Executor for Matmul {
             }),
             (true, OpArgs::LinearW8a8(a)) => w8a8_dims(a).is_ok_and(|(m, k, n)| {
                 let out = out_dtype("out_dtype", a.attrs.out_dtype).unwrap_or(DType::F32);
+                let per_row = a.x_scale.shape() == [m] && m != 1;
                 let cols = a.w_scale.shape() == [n] && n != 1;
-                let key = |rows| Matmul::w8a8_key(rows, k, n, out, cols, a.bias.is_some());
-                if a.x_scale.shape() == [m] && m != 1 {
-                    jit::chunk_sizes_up_to(m).all(|r| jit::is_ready(&key(Some(r))))
-                } else {
-                    jit::is_ready(&key(None))
-                }
+                let key = |row| Matmul::w8a8_key(row, k, n, out, cols, a.bias.is_some());
+                jit::is_ready(&key(per_row)) && (!per_row || jit::is_ready(&key(false)))
             }),
             _ => false,
         }
