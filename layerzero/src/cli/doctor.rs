@@ -45,13 +45,17 @@ fn text(r: &DoctorReport) -> String {
     for b in &r.backends {
         let line = match &b.status {
             BackendStatus::Available => match &b.library {
-                Some(l) => format!(
-                    "available: {} {} loaded from {}{}",
-                    b.backend,
-                    l.version,
-                    l.path,
-                    l.isa.as_ref().map(|i| format!(", JIT for {i}")).unwrap_or_default()
-                ),
+                Some(l) => {
+                    format!(
+                        "available: {} {} loaded from {}{}",
+                        b.backend,
+                        l.version,
+                        l.path,
+                        l.isa.as_ref().map(|i| format!(", JIT for {i}")).unwrap_or_default()
+                    ) + &crate::readiness::doctor::threads_note(&b.backend)
+                        .map(|n| format!("\n      note: {n}"))
+                        .unwrap_or_default()
+                }
                 None => "available".to_owned(),
             },
             BackendStatus::NotInstalled(why) => format!("not installed: {why}"),

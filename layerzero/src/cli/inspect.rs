@@ -50,6 +50,9 @@ pub(super) fn list_kernels(a: ListArgs) -> Result<Outcome> {
         .kernels()
         .filter(|(_, b, k)| op.is_none_or(|o| k.op == o) && a.backend.as_ref().is_none_or(|n| &b.backend == n))
         .collect();
+    // Whether this process has an executor for the kernel (oneDNN's when the library loads).
+    let registry = crate::exec::executor::Registry::builtin();
+    let runs = |id: &str| registry.contains(id);
     if a.json {
         let items: Vec<serde_json::Value> = rows
             .iter()
@@ -62,12 +65,13 @@ pub(super) fn list_kernels(a: ListArgs) -> Result<Outcome> {
                     "execution": b.execution,
                     "version": k.version.as_deref().unwrap_or(&b.version),
                     "properties": k.properties,
+                    "executable": runs(&k.id),
                 })
             })
             .collect();
         print_json(&serde_json::json!({ "capabilities_hash": catalog.hash(), "kernels": items }));
     } else {
-        print!("{}", render::kernel_table(&rows));
+        print!("{}", render::kernel_table(&rows, &runs));
     }
     Ok(Outcome::Ok)
 }

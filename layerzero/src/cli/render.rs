@@ -145,13 +145,13 @@ pub(super) fn explain(r: &SelectionReport) -> String {
 }
 
 /// `lz list-kernels` for people.
-pub(super) fn kernel_table(rows: &[(usize, &BackendSpec, &KernelSpec)]) -> String {
+pub(super) fn kernel_table(rows: &[(usize, &BackendSpec, &KernelSpec)], runs: &dyn Fn(&str) -> bool) -> String {
     let mut out = String::new();
     let width = rows.iter().map(|(_, _, k)| k.id.len()).max().unwrap_or(6).max(6);
     let _ = writeln!(
         out,
-        "{:<width$}  {:<16} {:<5} {:<16} {:<10} PROPERTIES",
-        "KERNEL", "OP", "DEV", "EXECUTION", "VERSION"
+        "{:<width$}  {:<16} {:<5} {:<16} {:<10} {:<5} PROPERTIES",
+        "KERNEL", "OP", "DEV", "EXECUTION", "VERSION", "RUNS"
     );
     for (_, b, k) in rows {
         let p = &k.properties;
@@ -168,12 +168,13 @@ pub(super) fn kernel_table(rows: &[(usize, &BackendSpec, &KernelSpec)]) -> Strin
         let exec = format!("{:?}", b.execution).to_lowercase();
         let _ = writeln!(
             out,
-            "{:<width$}  {:<16} {:<5} {:<16} {:<10} {}",
+            "{:<width$}  {:<16} {:<5} {:<16} {:<10} {:<5} {}",
             k.id,
             k.op.as_str(),
             k.device_kind(b).as_str(),
             exec,
             k.version.as_deref().unwrap_or(&b.version),
+            if runs(&k.id) { "yes" } else { "no" },
             props.join(" ")
         );
     }

@@ -194,7 +194,7 @@ fn text(r: &TuneReport) -> String {
         out.push_str(&format!("no kernel: {} {}: {}\n", u.entry, u.bucket, u.error));
     }
     if let Some(c) = &r.calibration {
-        out.push_str(&format!("\ncalibration written to {} (mean |model / measured - 1|):\n", c.path));
+        out.push_str(&format!("\ncalibration {} (mean |model / measured - 1|):\n", c.path));
         let rows: Vec<Vec<String>> = c
             .fits
             .iter()

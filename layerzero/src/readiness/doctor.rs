@@ -244,7 +244,8 @@ impl DoctorReport {
                 serde_json::json!({
                     "backend": b.backend, "device": b.device, "execution": b.execution, "version": b.version,
                     "kernels": b.kernels, "status": status, "reason": reason,
-                    "library": b.library.as_ref().map(|l| serde_json::json!({"path": l.path, "version": l.version, "isa": l.isa})),
+                    "library": b.library.as_ref().map(|l| serde_json::json!({"path": l.path, "version": l.version, "isa": l.isa,
+                                                                  "note": threads_note(&b.backend)})),
                 })
             })
             .collect();
@@ -328,6 +329,25 @@ fn sample_request(kind: DeviceKind) -> Request {
 
 /// Opens the PerfDB at `path` if the file exists (moving it aside if it is damaged) and reads
 /// its statistics.
+/// oneDNN's GNU OpenMP workers spin after each call unless `OMP_WAIT_POLICY=PASSIVE`; on
+/// shared cores that spinning slows LayerZero's own (rayon) kernels that run next: with it
+/// passive, the `cpu` kernels won 18 of 30 contested buckets on the 2-core VM instead of 2
+/// (`lz tune --verify`, linear/gelu/swiglu), and oneDNN's own calls got slower (its workers
+/// wake up for each). Which is better depends on the mix: the note says to measure both.
+pub fn threads_note(backend: &str) -> Option<String> {
+    if backend != "onednn" {
+        return None;
+    }
+    let policy = std::env::var("OMP_WAIT_POLICY").unwrap_or_default();
+    (!policy.eq_ignore_ascii_case("passive")).then(|| {
+        format!(
+            "OMP_WAIT_POLICY is {}: oneDNN's OpenMP workers spin after each call and slow LayerZero's own kernels on \
+             the same cores; compare `lz tune --verify` with OMP_WAIT_POLICY=PASSIVE",
+            if policy.is_empty() { "unset".to_owned() } else { policy }
+        )
+    })
+}
+
 /// Whether `LayerZero::host` would model with the calibration at `path`, and why (not).
 fn check_calibration(path: &Path, host: &HardwareProfile) -> (String, bool, String) {
     let shown = path.display().to_string();

@@ -38,26 +38,28 @@ pub struct Estimate {
     pub calibrated: bool,
 }
 
-/// The score stage: the modeled time, replaced or blended by a PerfDB measurement where one
-/// is usable (an unusable row becomes a note), plus the transforms' time, times the
-/// policy's prefer/avoid factor. Lowest total wins.
-pub fn total(
+/// The modeled estimate of `kernel` on `problem`, with `calibration`'s coefficients for it
+/// when it has them.
+pub fn modeled(
     kernel: &KernelSpec,
     req: &Request,
     problem: &Problem,
     dev: &DeviceProfile,
-    measured: Option<&RowVerdict>,
-    transforms: &[Transform],
-    policy_factor: f64,
     calibration: Option<&calibration::Calibration>,
-) -> Score {
-    let model = match calibration {
+) -> Estimate {
+    match calibration {
         Some(c) => {
             let (perf, calibrated) = c.perf(&kernel.id, problem.dtype, &kernel.perf);
             Estimate { calibrated, ..estimate_with(&perf, kernel, req, problem, dev) }
         }
         None => estimate(kernel, req, problem, dev),
-    };
+    }
+}
+
+/// The score stage: the modeled time (`model`, from [`modeled`]), replaced or blended by a
+/// PerfDB measurement where one is usable (an unusable row becomes a note), plus the
+/// transforms' time, times the policy's prefer/avoid factor. Lowest total wins.
+pub fn total(model: Estimate, measured: Option<&RowVerdict>, transforms: &[Transform], policy_factor: f64) -> Score {
     let (mut estimated_ns, mut source, mut measurement, mut notes) =
         (model.estimated_ns, ScoreSource::Model, None, Vec::new());
     match measured {

@@ -474,7 +474,8 @@ impl Selector {
                 if let (Some((_, true)), Some(free)) = (cx.headroom, free) {
                     factor *= capacity::pressure_factor(kernel, free);
                 }
-                Some(score::total(kernel, r, pb, dev, measured, &transforms, factor, self.calibration.as_deref()))
+                let model = score::modeled(kernel, r, pb, dev, self.calibration.as_deref());
+                Some(score::total(model, measured, &transforms, factor))
             }
             _ => None,
         };

@@ -226,7 +226,10 @@ impl Series {
 /// taken round by round, one sample of every kernel still sampling per round (the order
 /// rotating), so a change in the machine's load while the group runs (another process, a
 /// frequency change) shifts every kernel's series alike instead of favouring whichever
-/// kernel ran in the quiet moment. Each kernel stops by the protocol on its own samples and
+/// kernel ran in the quiet moment. Each sample follows one untimed call of its kernel, so
+/// it measures the kernel's steady state rather than the switch from the kernel before it
+/// (measured on the 2-core VM: oneDNN's OpenMP workers, spinning after its call, slowed the
+/// next rayon kernel by up to 2x, which made the winner depend on the order). Each kernel stops by the protocol on its own samples and
 /// its own time. The results are in the order of `group`.
 pub fn measure_interleaved(
     group: &[Candidate<'_>],
@@ -266,6 +269,18 @@ pub fn measure_interleaved(
             }
             active = true;
             let c = &group[i];
+            // Another kernel ran just before: one untimed call first, so the sample sees this
+            // kernel in its own steady state, not the switch (another backend's thread pool
+            // still spinning or asleep, caches holding the other kernel's data).
+            if group.len() > 1 {
+                let t = Instant::now();
+                let lead = call(c.exec, c.args);
+                s.spent += t.elapsed();
+                if let Err(f) = lead {
+                    s.failure = Some(f);
+                    continue;
+                }
+            }
             let t = Instant::now();
             let mut failed = None;
             for _ in 0..s.batch {

@@ -336,9 +336,32 @@ pub fn tune_with(host: &Host, opts: &TuneOptions, on_event: &mut dyn FnMut(Event
         }
     }
 
-    // The PerfDB-backed selector over every row now stored for this machine.
+    // The cost model fitted to every time this run has (measured now or kept from the PerfDB);
+    // without --calibrate, the machine's calibration file when there is one, as host handles
+    // read it, so that "PerfDB-backed" is what a host handle here would select.
+    let calibration = match &opts.calibrate {
+        Some(path) => {
+            let c = calibrate::fit_results(selector, &plans, &results, &opts.workload.name);
+            calibrate::save(path, &c)?;
+            Some((c, path.display().to_string()))
+        }
+        None => {
+            let path = crate::knobs::calibration_path();
+            calibrate::load(&path)
+                .ok()
+                .filter(|c| c.fingerprint == selector.hardware().fingerprint)
+                .map(|c| (c, path.display().to_string()))
+        }
+    };
+    let calibrated = calibration.as_ref().map(|(c, _)| selector.clone().with_calibration(Arc::new(c.clone())));
+    // The PerfDB-backed selector over every row now stored for this machine, modeling what
+    // the rows do not cover (or blend with) with the calibration when one was fitted, as a
+    // host handle does.
     let rows_now = db.rows_for(&fingerprint)?;
-    let with_db = selector.clone().with_measurements(Arc::new(measurements(&rows_now, selector)));
+    let with_db = calibrated
+        .clone()
+        .unwrap_or_else(|| selector.clone())
+        .with_measurements(Arc::new(measurements(&rows_now, selector)));
     let mut picks: Vec<(Option<Selection>, Option<Selection>)> = Vec::with_capacity(plans.len());
     for plan in &plans {
         let model = plan.ranked.first().cloned();
@@ -357,19 +380,16 @@ pub fn tune_with(host: &Host, opts: &TuneOptions, on_event: &mut dyn FnMut(Event
         }
     }
 
-    // The cost model fitted to every time this run has (measured now or kept from the PerfDB).
-    let calibration = match &opts.calibrate {
-        Some(path) => {
-            let c = calibrate::fit_results(selector, &plans, &results, &opts.workload.name);
-            calibrate::save(path, &c)?;
-            Some((c, path.display().to_string()))
-        }
-        None => None,
-    };
-    let calibrated = calibration.as_ref().map(|(c, _)| selector.clone().with_calibration(Arc::new(c.clone())));
     let verify = if opts.verify {
-        let (report, exhausted) =
-            verify::run(host, opts, &plans, &with_db, calibrated.as_ref(), deadline, &mut skipped, on_event);
+        let (report, exhausted) = verify::run(
+            host,
+            opts,
+            &plans,
+            verify::Selectors { with_db: &with_db, calibrated: calibrated.as_ref() },
+            deadline,
+            &mut skipped,
+            on_event,
+        );
         budget_exhausted |= exhausted;
         Some(report)
     } else {

@@ -226,7 +226,8 @@ pub struct TuneReport {
     pub unselectable: Vec<Unselectable>,
     /// The verification, when asked for.
     pub verify: Option<VerifyReport>,
-    /// The calibration fitted and written (`--calibrate`).
+    /// The calibration fitted and written (`--calibrate`), or read from this machine's
+    /// calibration file.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub calibration: Option<CalibrationReport>,
 }
@@ -238,10 +239,10 @@ impl TuneReport {
     }
 }
 
-/// The calibration a tuning run fitted (`lz tune --calibrate`).
+/// The calibration a tuning run fitted (`lz tune --calibrate`) or read.
 #[derive(Debug, Clone, Serialize)]
 pub struct CalibrationReport {
-    /// Where it was written.
+    /// Where it was written (or read from).
     pub path: String,
     /// The fits.
     pub fits: Vec<crate::score::calibration::KernelFit>,

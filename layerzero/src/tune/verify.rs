@@ -8,6 +8,15 @@ use super::report::{BucketRegret, Phase, Pick, RegretSummary, Skipped, VerifiedT
 use super::{Event, Host, Planned, TuneOptions, timing};
 use crate::select::{ScoreSource, Selection, Selector};
 
+/// The selectors compared with the model-only ranking.
+#[derive(Clone, Copy)]
+pub(super) struct Selectors<'a> {
+    /// PerfDB-backed.
+    pub with_db: &'a Selector,
+    /// Model-only with a calibration, if one is in use.
+    pub calibrated: Option<&'a Selector>,
+}
+
 /// Verifies every planned point with the model-only ranking and `with_db`'s (PerfDB-backed)
 /// one. Points the budget leaves no time for are listed in `skipped`; the flag says whether
 /// that happened.
@@ -15,12 +24,12 @@ pub(super) fn run(
     host: &Host,
     opts: &TuneOptions,
     plans: &[Planned<'_>],
-    with_db: &Selector,
-    calibrated: Option<&Selector>,
+    selectors: Selectors<'_>,
     deadline: Option<Instant>,
     skipped: &mut Vec<Skipped>,
     on_event: &mut dyn FnMut(Event<'_>),
 ) -> (VerifyReport, bool) {
+    let Selectors { with_db, calibrated } = selectors;
     let spent = || timing::spent(deadline);
     let mut budget_exhausted = false;
     let mut buckets = Vec::new();
