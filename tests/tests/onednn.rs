@@ -297,3 +297,51 @@ fn list_kernels_says_which_onednn_kernels_run_in_this_process() {
     }
     assert_eq!(runs("onednn.attention.sdpa_graph"), Some(json!(false)), "the SDPA pattern has no executor: {v}");
 }
+
+/// In-process tests: they need oneDNN loaded by this test process (`.ci/run` runs
+/// `in_process` and the fixtures again with LAYERZERO_ONEDNN_LIB set, one test at a time).
+fn in_process_matmul() -> Option<Arc<dyn layerzero::exec::executor::Executor>> {
+    if std::env::var_os("LAYERZERO_ONEDNN_LIB").is_none() {
+        eprintln!("LAYERZERO_ONEDNN_LIB is not set in this process: .ci/run runs this test with it");
+        return None;
+    }
+    let r = layerzero::exec::executor::Registry::builtin();
+    Some(r.get("onednn.linear.matmul").cloned().unwrap_or_else(|| panic!("oneDNN did not load in-process")))
+}
+
+#[test]
+fn in_process_a_weight_is_packed_once_and_a_shape_compiled_once_however_many_calls() {
+    use layerzero::backend::onednn::{jit_stats, packed_stats};
+    use layerzero::exec::args::{LinearArgs, OpArgs};
+    use layerzero::model::attrs::NoAttrs;
+    use layerzero::model::dtype::DType;
+    use layerzero::tensor::HostTensor;
+    let Some(exec) = in_process_matmul() else { return };
+    let t = |shape: &[usize], seed: f32| {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n).map(|i| ((i as f32 * 0.37 + seed).sin()) * 0.1).collect();
+        HostTensor::from_f32_as(DType::BF16, shape, &v).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let weight = t(&[96, 160], 1.0);
+    let (jit0, packed0) = (jit_stats(), packed_stats());
+    for m in [1usize, 7, 33, 7, 1] {
+        let args =
+            OpArgs::Linear(LinearArgs { x: t(&[m, 160], 2.0), weight: weight.clone(), bias: None, attrs: NoAttrs {} });
+        let out = exec.run(&args).unwrap_or_else(|e| panic!("m = {m}: {e}"));
+        assert_eq!(out.get("out").map(|o| o.shape().to_vec()), Some(vec![m, 96]));
+    }
+    let (jit1, packed1) = (jit_stats(), packed_stats());
+    assert_eq!(jit1.compiled - jit0.compiled, 1, "m is a runtime dim: one primitive for every m");
+    assert_eq!(packed1.packs - packed0.packs, 1, "the weight is packed on the first call only");
+    drop(weight);
+    // A weight that is gone is let go when the next one is packed.
+    let other =
+        OpArgs::Linear(LinearArgs { x: t(&[2, 160], 3.0), weight: t(&[96, 160], 4.0), bias: None, attrs: NoAttrs {} });
+    exec.run(&other).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        packed_stats().entries,
+        packed1.entries,
+        "the dropped weight's packing was released: {:?}",
+        packed_stats()
+    );
+}

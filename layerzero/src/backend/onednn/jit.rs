@@ -1,7 +1,8 @@
 //! oneDNN's JIT as LayerZero's: a primitive is compiled when it is created, so every
 //! primitive is created once per key and kept in one bounded, process-wide cache, with
 //! counters that prove warm-up (a warmed bucket compiles nothing on its first request).
-//! A key whose primitive could not be created is remembered: later calls fail at once with
+//! The cache is read with one atomic load (no lock on a call's path); a compilation
+//! publishes a new copy of it. A key whose primitive could not be created is remembered: later calls fail at once with
 //! the first failure (`JIT_COMPILE_FAILED`), never compiling again, and the runtime falls
 //! back to the next kernel.
 //!
@@ -15,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Instant;
 
+use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
 use super::api::Prim;
@@ -38,15 +40,18 @@ impl std::fmt::Display for Key {
     }
 }
 
+#[derive(Clone)]
 enum Slot {
     Ready(Arc<Prim>),
-    Failed(String),
+    Failed(Arc<str>),
 }
 
-static CACHE: LazyLock<Mutex<HashMap<Key, Slot>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+/// The cache, read without a lock (a call finds its primitive with one atomic load); a
+/// compilation publishes a new map under `WRITE` (rare: once per key).
+static CACHE: LazyLock<ArcSwap<HashMap<Key, Slot>>> = LazyLock::new(|| ArcSwap::from_pointee(HashMap::new()));
+static WRITE: Mutex<()> = Mutex::new(());
 static COMPILED: AtomicU64 = AtomicU64::new(0);
 static COMPILE_NS: AtomicU64 = AtomicU64::new(0);
-static HITS: AtomicU64 = AtomicU64::new(0);
 static FAILURES: AtomicU64 = AtomicU64::new(0);
 static REFUSED: AtomicU64 = AtomicU64::new(0);
 static UNCACHED: AtomicU64 = AtomicU64::new(0);
@@ -68,8 +73,6 @@ pub struct JitStats {
     pub compiled: u64,
     /// Total time spent creating them, in nanoseconds.
     pub compile_ns: u64,
-    /// Calls that found their primitive created.
-    pub hits: u64,
     /// Keys whose primitive could not be created.
     pub failures: u64,
     /// Calls refused at once because their key failed before (never compiled again).
@@ -82,11 +85,10 @@ pub struct JitStats {
 
 /// The JIT counters.
 pub fn jit_stats() -> JitStats {
-    let entries = CACHE.lock().values().filter(|s| matches!(s, Slot::Ready(_))).count() as u64;
+    let entries = CACHE.load().values().filter(|s| matches!(s, Slot::Ready(_))).count() as u64;
     JitStats {
         compiled: COMPILED.load(Ordering::Relaxed),
         compile_ns: COMPILE_NS.load(Ordering::Relaxed),
-        hits: HITS.load(Ordering::Relaxed),
         failures: FAILURES.load(Ordering::Relaxed),
         refused: REFUSED.load(Ordering::Relaxed),
         uncached: UNCACHED.load(Ordering::Relaxed),
@@ -96,17 +98,15 @@ pub fn jit_stats() -> JitStats {
 
 /// True when `key`'s primitive is created and kept.
 pub(super) fn is_ready(key: &Key) -> bool {
-    matches!(CACHE.lock().get(key), Some(Slot::Ready(_)))
+    matches!(CACHE.load().get(key), Some(Slot::Ready(_)))
 }
 
 /// The primitive of `key`: kept, or created now by `make` (and kept while the cache has
 /// room). A key that failed before fails again at once with its first error.
 pub(super) fn primitive(key: Key, make: impl FnOnce() -> Result<Prim, KernelError>) -> Result<Arc<Prim>, KernelError> {
-    match CACHE.lock().get(&key) {
-        Some(Slot::Ready(p)) => {
-            HITS.fetch_add(1, Ordering::Relaxed);
-            return Ok(Arc::clone(p));
-        }
+    let found = CACHE.load().get(&key).cloned();
+    match found {
+        Some(Slot::Ready(p)) => return Ok(p),
         Some(Slot::Failed(why)) => {
             REFUSED.fetch_add(1, Ordering::Relaxed);
             return Err(KernelError::CompileFailed(format!("{why} (failed when first created; not retried)")));
@@ -116,16 +116,13 @@ pub(super) fn primitive(key: Key, make: impl FnOnce() -> Result<Prim, KernelErro
     let started = Instant::now();
     let made = make();
     let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-    let mut cache = CACHE.lock();
     match made {
         Ok(p) => {
             COMPILED.fetch_add(1, Ordering::Relaxed);
             HERE.with(|h| h.set(h.get() + 1));
             COMPILE_NS.fetch_add(ns, Ordering::Relaxed);
             let p = Arc::new(p);
-            if cache.len() < MAX_PRIMITIVES {
-                cache.insert(key, Slot::Ready(Arc::clone(&p)));
-            } else {
+            if !publish(key, Slot::Ready(Arc::clone(&p))) {
                 UNCACHED.fetch_add(1, Ordering::Relaxed);
             }
             Ok(p)
@@ -133,15 +130,27 @@ pub(super) fn primitive(key: Key, make: impl FnOnce() -> Result<Prim, KernelErro
         Err(e) => {
             FAILURES.fetch_add(1, Ordering::Relaxed);
             let why = format!("{key}: {e}");
-            if cache.len() < MAX_PRIMITIVES {
-                cache.insert(key, Slot::Failed(why.clone()));
-            }
+            publish(key, Slot::Failed(why.as_str().into()));
             Err(match e {
                 KernelError::CompileFailed(_) => KernelError::CompileFailed(why),
                 other => other,
             })
         }
     }
+}
+
+/// Publishes `slot` for `key` (a new map, copied: keys are few and compilations rare);
+/// false when the cache is full.
+fn publish(key: Key, slot: Slot) -> bool {
+    let _writer = WRITE.lock();
+    let current = CACHE.load_full();
+    if current.len() >= MAX_PRIMITIVES && !current.contains_key(&key) {
+        return false;
+    }
+    let mut next = HashMap::clone(&current);
+    next.insert(key, slot);
+    CACHE.store(Arc::new(next));
+    true
 }
 
 /// The power-of-two chunks of `rows` (its binary form, largest first): row-wise primitives

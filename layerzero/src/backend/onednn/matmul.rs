@@ -14,6 +14,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Weak};
 
+use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
 use super::api::{self, Dnnl, Handle, Prim, RUNTIME_DIM};
@@ -64,27 +65,22 @@ impl Drop for Packed {
 /// A weight view's identity: storage address, offset, dims and the primitive's key.
 type WeightKey = (usize, usize, i64, i64, Key);
 
+#[derive(Clone)]
 struct Entry {
     owner: Weak<Storage>,
     packed: Arc<Packed>,
 }
 
-#[derive(Default)]
-struct Cache {
-    map: HashMap<WeightKey, Entry>,
-    bytes: usize,
-}
-
-static PACKED: LazyLock<Mutex<Cache>> = LazyLock::new(|| Mutex::new(Cache::default()));
-static PACK_HITS: AtomicU64 = AtomicU64::new(0);
+/// The packed weights, read without a lock (one atomic load per call); a packing publishes
+/// a new map under `PACKING`, which also holds the bytes kept.
+static PACKED: LazyLock<ArcSwap<HashMap<WeightKey, Entry>>> = LazyLock::new(|| ArcSwap::from_pointee(HashMap::new()));
+static PACKING: Mutex<usize> = Mutex::new(0);
 static PACKS: AtomicU64 = AtomicU64::new(0);
 static IN_PLACE: AtomicU64 = AtomicU64::new(0);
 
 /// What the oneDNN packed-weight cache has done in this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 pub struct PackedStats {
-    /// Calls that found their weight packed.
-    pub hits: u64,
     /// Weights reordered into a primitive's layout (each once while it stays cached).
     pub packs: u64,
     /// Calls that read their weight in place (the cache was full, or the layout wanted is
@@ -98,14 +94,27 @@ pub struct PackedStats {
 
 /// The packed-weight cache's counters.
 pub fn packed_stats() -> PackedStats {
-    let c = PACKED.lock();
+    let bytes = *PACKING.lock();
     PackedStats {
-        hits: PACK_HITS.load(Ordering::Relaxed),
         packs: PACKS.load(Ordering::Relaxed),
         in_place: IN_PLACE.load(Ordering::Relaxed),
-        bytes: c.bytes as u64,
-        entries: c.map.len() as u64,
+        bytes: bytes as u64,
+        entries: PACKED.load().len() as u64,
     }
+}
+
+/// Drops the packed weights whose tensor is gone; returns the bytes kept after.
+fn purge_dead() -> usize {
+    let mut kept = PACKING.lock();
+    let current = PACKED.load_full();
+    if current.values().all(|e| e.owner.strong_count() > 0) {
+        return *kept;
+    }
+    let mut next = HashMap::clone(&current);
+    next.retain(|_, e| e.owner.strong_count() > 0);
+    *kept = next.values().map(|e| e.packed.data.len() * 64).sum();
+    PACKED.store(Arc::new(next));
+    *kept
 }
 
 /// The two matmul executors (they share the library and the caches).
@@ -201,31 +210,16 @@ impl Matmul {
     fn packed(&self, w: &HostTensor, p: &Problem, key: &Key, prim: &Prim) -> Result<Option<Arc<Packed>>, KernelError> {
         let Some(want) = prim.weights_md() else { return Ok(None) };
         let id: WeightKey = (Arc::as_ptr(w.storage_arc()) as usize, w.offset(), p.k as i64, p.n as i64, key.clone());
+        if let Some(e) = PACKED.load().get(&id)
+            && e.owner.strong_count() > 0
         {
-            let c = PACKED.lock();
-            if let Some(e) = c.map.get(&id)
-                && e.owner.strong_count() > 0
-            {
-                PACK_HITS.fetch_add(1, Ordering::Relaxed);
-                return Ok(Some(Arc::clone(&e.packed)));
-            }
+            return Ok(Some(Arc::clone(&e.packed)));
         }
         let d = &self.dnnl;
         let bytes = d.size_of(want);
-        {
-            let mut c = PACKED.lock();
-            let mut freed = 0;
-            c.map.retain(|_, e| {
-                let alive = e.owner.strong_count() > 0;
-                if !alive {
-                    freed += e.packed.data.len() * 64;
-                }
-                alive
-            });
-            c.bytes -= freed;
-            if c.bytes + bytes > PACKED_BYTES {
-                return Ok(None);
-            }
+        // Room for it, once the weights dropped since are let go.
+        if purge_dead() + bytes > PACKED_BYTES {
+            return Ok(None);
         }
         let t = dt(p.dtype)?;
         let (k, n) = (p.k as i64, p.n as i64);
@@ -238,12 +232,13 @@ impl Matmul {
         let md = d.clone_md(want)?;
         let packed = Arc::new(Packed { md, data, md_destroy: d.md_destroy_fn() });
         PACKS.fetch_add(1, Ordering::Relaxed);
-        let mut c = PACKED.lock();
-        c.bytes += bytes.div_ceil(64) * 64;
-        let old = c.map.insert(id, Entry { owner: Arc::downgrade(w.storage_arc()), packed: Arc::clone(&packed) });
-        if let Some(old) = old {
-            c.bytes -= old.packed.data.len() * 64;
-        }
+        let mut kept = PACKING.lock();
+        let mut next = HashMap::clone(&PACKED.load_full());
+        next.retain(|_, e| e.owner.strong_count() > 0);
+        next.insert(id, Entry { owner: Arc::downgrade(w.storage_arc()), packed: Arc::clone(&packed) });
+        *kept = next.values().map(|e| e.packed.data.len() * 64).sum();
+        PACKED.store(Arc::new(next));
+        drop(kept);
         Ok(Some(packed))
     }
 
