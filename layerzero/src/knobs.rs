@@ -314,7 +314,17 @@ pub const CALIBRATION: Knob = Knob {
           fingerprint is this machine's.",
 };
 
-static ALL: [Knob; 27] = [
+/// A ceiling on the instruction set this host uses.
+pub const CPU_ISA: Knob = Knob {
+    name: "LAYERZERO_CPU_ISA",
+    ty: KnobType::Enum(&["portable", "avx2", "avx512", "avx512_bf16", "amx", "native"]),
+    default: "native",
+    doc: "Caps the ISA that detection reports, the `cpu` kernels use and oneDNN may JIT for \
+          (avx2: a Zen 3; avx512: an Ice Lake; avx512_bf16: a Zen 4, no AMX; amx; native: no cap), \
+          so one machine can run and measure another's paths.",
+};
+
+static ALL: [Knob; 28] = [
     HOME,
     PERFDB,
     PLAN_MODE,
@@ -342,6 +352,7 @@ static ALL: [Knob; 27] = [
     MEMORY_POLL_MS,
     ONEDNN_LIB,
     CALIBRATION,
+    CPU_ISA,
 ];
 
 /// A policy field set by a knob.
@@ -667,6 +678,21 @@ pub fn plan_mode_in(env: Lookup<'_>) -> Result<PlanMode> {
         Some(KnobValue::Enum("strict")) => PlanMode::Strict,
         _ => PlanMode::Prefer,
     })
+}
+
+/// `LAYERZERO_CPU_ISA` in `env` (default `native`: no cap); an unknown value is an error
+/// naming the knob and the values it takes.
+pub fn cpu_isa_in(env: Lookup<'_>) -> Result<crate::hardware::cap::IsaCap> {
+    use crate::hardware::cap::IsaCap;
+    Ok(match CPU_ISA.value_in(env)? {
+        Some(KnobValue::Enum(v)) => IsaCap::parse(v).unwrap_or(IsaCap::Native),
+        _ => IsaCap::Native,
+    })
+}
+
+/// `LAYERZERO_CPU_ISA` in the process environment.
+pub fn cpu_isa() -> Result<crate::hardware::cap::IsaCap> {
+    cpu_isa_in(&process_env)
 }
 
 /// `LAYERZERO_PLAN_MODE` in the process environment (default `prefer`).

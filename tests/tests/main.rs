@@ -12,6 +12,7 @@ mod fixtures;
 mod flips;
 mod front_door;
 mod health;
+mod isa_cap;
 mod measured;
 mod memory;
 mod models;

@@ -106,6 +106,23 @@ fn parse_meminfo_total(text: &str) -> Option<u64> {
     n.checked_mul(unit)
 }
 
+/// `isa` without the features above `LAYERZERO_CPU_ISA`, noted.
+fn capped(isa: CpuFeatures, notes: &mut Vec<String>) -> CpuFeatures {
+    let cap = match crate::knobs::cpu_isa() {
+        Ok(c) => c,
+        Err(e) => {
+            notes.push(format!("{e}; no ISA cap applied"));
+            return isa;
+        }
+    };
+    let dropped: Vec<&str> = isa.iter().filter(|f| !cap.allows(*f)).map(|f| f.as_str()).collect();
+    if dropped.is_empty() {
+        return isa;
+    }
+    notes.push(format!("ISA capped at {cap} by LAYERZERO_CPU_ISA: {} not used", dropped.join(" ")));
+    isa.iter().filter(|f| cap.allows(*f)).collect()
+}
+
 /// The ISA extensions of this CPU that the OS lets programs use.
 #[cfg(target_arch = "x86_64")]
 fn detect_isa(cpuinfo_flags: Option<&[String]>, notes: &mut Vec<String>) -> CpuFeatures {
@@ -301,7 +318,7 @@ fn detect_cpu(notes: &mut Vec<String>) -> DeviceProfile {
         }
     };
 
-    let isa = detect_isa(info.flags.as_deref(), notes);
+    let isa = capped(detect_isa(info.flags.as_deref(), notes), notes);
     let ghz = match info.max_mhz {
         Some(mhz) => mhz / 1000.0,
         None => {

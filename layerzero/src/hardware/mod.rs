@@ -1,5 +1,6 @@
 //! Hardware as data: profiles (shipped and named, or detected from this host).
 
+pub mod cap;
 pub mod detect;
 pub mod memory;
 pub mod named;

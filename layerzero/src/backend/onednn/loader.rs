@@ -124,8 +124,34 @@ fn open(name: &str) -> Result<Loaded, String> {
     let part = |x: c_int| u32::try_from(x).unwrap_or(0);
     let version = Version(part(v.major), part(v.minor), part(v.patch));
     let _ = (v.cpu_runtime, v.gpu_runtime);
+    cap_isa(&library);
     let isa = effective_isa(&library);
     Ok(Loaded { path: name.to_owned(), version, hash, isa, library })
+}
+
+/// Tells oneDNN the ceiling of `LAYERZERO_CPU_ISA` (`dnnl_set_max_cpu_isa`, before it has
+/// generated any code), so its JIT uses no instruction the cap leaves out. A second call
+/// (the library is opened by the probe and by the executors) is refused by oneDNN and
+/// changes nothing.
+#[allow(unsafe_code)]
+fn cap_isa(library: &libloading::Library) {
+    use crate::hardware::cap::IsaCap;
+    // `dnnl_cpu_isa_t` values of dnnl_types.h: sse41, avx2, avx512_core_vnni, avx512_core_fp16
+    // (bf16 and fp16, no AMX).
+    let value: c_int = match crate::knobs::cpu_isa().unwrap_or(IsaCap::Native) {
+        IsaCap::Portable => 0x1,
+        IsaCap::Avx2 => 0x7,
+        IsaCap::Avx512 => 0x67,
+        IsaCap::Avx512Bf16 => 0x1ef,
+        IsaCap::Amx | IsaCap::Native => return,
+    };
+    // SAFETY: declared `dnnl_status_t dnnl_set_max_cpu_isa(dnnl_cpu_isa_t isa)` in dnnl.h
+    // since v1.x; the enum is a C int.
+    let Ok(f) = (unsafe { library.get::<unsafe extern "C" fn(c_int) -> c_int>(b"dnnl_set_max_cpu_isa\0") }) else {
+        return;
+    };
+    // SAFETY: takes a valid dnnl_cpu_isa_t value; refuses (a status) once code was generated.
+    let _ = unsafe { f(value) };
 }
 
 /// `dnnl_get_effective_cpu_isa()` by its name in `dnnl_types.h` (v3.2; `None` when the symbol

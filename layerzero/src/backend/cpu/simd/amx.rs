@@ -8,7 +8,7 @@ use super::avx512_bf16;
 
 /// True when AMX bf16 tiles are usable: the CPU has AMX-TILE and AMX-BF16, the AVX-512
 /// level is on, and Linux granted this process the tile state (`arch_prctl`).
-/// `LZ_CPU_SIMD=noamx` (or any cap below AVX-512) turns it off.
+/// `LAYERZERO_CPU_ISA` below `amx` turns it off.
 pub(crate) fn amx_bf16() -> bool {
     static AMX: OnceLock<bool> = OnceLock::new();
     *AMX.get_or_init(|| {
@@ -19,7 +19,7 @@ pub(crate) fn amx_bf16() -> bool {
                 .is_some_and(|f| f.has_amx_tile() && f.has_amx_bf16());
             cpu && avx512_bf16()
                 && is_x86_feature_detected!("avx512vl")
-                && std::env::var("LZ_CPU_SIMD").map_or(true, |v| v != "noamx")
+                && super::cap() >= crate::hardware::cap::IsaCap::Amx
                 && x86::request_amx()
         }
         #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]

@@ -5,8 +5,8 @@
 //! wrappers for everything else. Each `unsafe` block says why it is sound; each kernel with
 //! a caller contract (CPU features, operand bounds) is an `unsafe fn` stating it.
 //!
-//! `LZ_CPU_SIMD=avx2` or `LZ_CPU_SIMD=portable` caps the level, `LZ_CPU_SIMD=noamx` keeps
-//! AVX-512 but turns AMX off (benchmarks, debugging).
+//! `LAYERZERO_CPU_ISA` (`hardware::cap::IsaCap`) caps the level: `portable`, `avx2`,
+//! `avx512` (no bf16 instructions), `avx512_bf16` (no AMX), `amx` or `native`.
 
 use std::sync::OnceLock;
 
@@ -38,26 +38,31 @@ pub(crate) enum Level {
     Portable,
 }
 
-/// The level detected on this CPU (capped by `LZ_CPU_SIMD`).
+/// The ISA cap in force (`LAYERZERO_CPU_ISA`, read once; an invalid value is no cap, and
+/// `lz doctor` reports it).
+pub(crate) fn cap() -> crate::hardware::cap::IsaCap {
+    static CAP: OnceLock<crate::hardware::cap::IsaCap> = OnceLock::new();
+    *CAP.get_or_init(|| crate::knobs::cpu_isa().unwrap_or(crate::hardware::cap::IsaCap::Native))
+}
+
+/// The level detected on this CPU (capped by `LAYERZERO_CPU_ISA`).
 pub(crate) fn level() -> Level {
     static LEVEL: OnceLock<Level> = OnceLock::new();
     *LEVEL.get_or_init(detect)
 }
 
 fn detect() -> Level {
-    let cap = std::env::var("LZ_CPU_SIMD").unwrap_or_default();
+    use crate::hardware::cap::IsaCap;
+    let cap = cap();
     #[cfg(target_arch = "x86_64")]
     {
         let avx2 =
             is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
         let avx512 = avx2 && is_x86_feature_detected!("avx512f");
-        if cap == "portable" {
-            return Level::Portable;
-        }
-        if avx512 && cap != "avx2" {
+        if avx512 && cap >= IsaCap::Avx512 {
             return Level::Avx512;
         }
-        if avx2 {
+        if avx2 && cap >= IsaCap::Avx2 {
             return Level::Avx2;
         }
     }
@@ -70,7 +75,10 @@ pub(crate) fn avx512_bf16() -> bool {
     *BF16.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            level() == Level::Avx512 && is_x86_feature_detected!("avx512bf16") && is_x86_feature_detected!("avx512bw")
+            level() == Level::Avx512
+                && cap() >= crate::hardware::cap::IsaCap::Avx512Bf16
+                && is_x86_feature_detected!("avx512bf16")
+                && is_x86_feature_detected!("avx512bw")
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
