@@ -67,12 +67,12 @@ pub(super) enum Command {
 }
 
 #[derive(Args, Debug)]
-#[command(group = clap::ArgGroup::new("source").required(true).args(["workload", "table"]))]
+#[command(group = clap::ArgGroup::new("source").required(true).multiple(true).args(["workload", "table"]))]
 pub(super) struct WarmupCmd {
-    /// Warm every bucket of this workload.
+    /// Warm every bucket of this workload (selected through the table when one is given).
     #[arg(long, value_name = "FILE")]
     pub(super) workload: Option<PathBuf>,
-    /// Warm every entry of this dispatch table (loaded as the plan).
+    /// Serve selections from this dispatch table; without --workload, warm its entries.
     #[arg(long, value_name = "FILE")]
     pub(super) table: Option<PathBuf>,
     /// Then dispatch a request at the smallest size of each bucket and count what compiles.

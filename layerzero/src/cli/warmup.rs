@@ -19,10 +19,10 @@ pub(super) struct WarmupArgs<'a> {
     pub json: bool,
 }
 
-/// The points of a workload (each bucket's largest size) or of a table (its entries'
+/// The points of a workload (each bucket's largest size), else of a table (its entries'
 /// representative requests).
 fn points(workload: Option<&Path>, table: Option<&DispatchTable>) -> Result<Vec<WarmPoint>> {
-    if let Some(t) = table {
+    if let (None, Some(t)) = (workload, table) {
         return t
             .entries
             .iter()

@@ -167,15 +167,7 @@ mod tests {
     use crate::select::{Score, ScoreSource};
 
     fn sel(kernel: &str) -> Resolved {
-        let model = Estimate {
-            flops: 0.0,
-            bytes: 0.0,
-            compute_ns: 0.0,
-            memory_ns: 0.0,
-            launch_ns: 0.0,
-            estimated_ns: 1.0,
-            calibrated: false,
-        };
+        let model = Estimate { estimated_ns: 1.0, ..Estimate::default() };
         let selection = Arc::new(Selection {
             kernel: kernel.into(),
             index: 0,

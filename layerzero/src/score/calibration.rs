@@ -59,8 +59,9 @@ pub struct Calibration {
     pub created_at: String,
     /// The fits, sorted by kernel then dtype.
     pub kernels: Vec<KernelFit>,
+    /// Kernel id -> (dtype, position in `kernels`).
     #[serde(skip)]
-    index: HashMap<(String, DType), usize>,
+    index: HashMap<String, Vec<(DType, usize)>>,
 }
 
 impl Calibration {
@@ -89,12 +90,16 @@ impl Calibration {
 
     /// Rebuilds the lookup index (after deserializing).
     pub fn reindex(&mut self) {
-        self.index = self.kernels.iter().enumerate().map(|(i, k)| ((k.kernel.clone(), k.dtype), i)).collect();
+        self.index.clear();
+        for (i, k) in self.kernels.iter().enumerate() {
+            self.index.entry(k.kernel.clone()).or_default().push((k.dtype, i));
+        }
     }
 
     /// The fit of `kernel` for `dtype`, if one was made.
     pub fn get(&self, kernel: &str, dtype: DType) -> Option<&KernelFit> {
-        self.index.get(&(kernel.to_owned(), dtype)).and_then(|&i| self.kernels.get(i))
+        let &(_, i) = self.index.get(kernel)?.iter().find(|(d, _)| *d == dtype)?;
+        self.kernels.get(i)
     }
 
     /// The spec's model with the fitted coefficients of `kernel` for `dtype` (the spec's

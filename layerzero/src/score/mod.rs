@@ -19,7 +19,7 @@ use crate::transform::Transform;
 use measured::RowVerdict;
 
 /// The terms of a modeled estimate.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
 pub struct Estimate {
     /// Floating-point operations.
     pub flops: f64,

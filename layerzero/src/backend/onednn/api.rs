@@ -174,11 +174,6 @@ impl Dnnl {
         Ok(Dnnl { api, engine, lib })
     }
 
-    /// The loaded library.
-    pub fn library(&self) -> &Loaded {
-        &self.lib
-    }
-
     /// A memory descriptor with explicit strides (in elements; a `RUNTIME_DIM` dim is given
     /// at execution time).
     #[allow(unsafe_code)]
@@ -274,8 +269,8 @@ impl Dnnl {
     ///
     /// # Safety
     /// Every pointer must address a buffer that the descriptor of its argument describes
-    /// (with the runtime dims of `dims` filled in) and that lives until the call returns;
-    /// input buffers are only read.
+    /// (the one in `runtime`, else the one the primitive was created with) and that lives
+    /// until the call returns; input buffers are only read.
     #[allow(unsafe_code)]
     pub(super) unsafe fn execute(
         &self,
@@ -466,8 +461,8 @@ impl Attr<'_> {
     }
 
     /// The attribute handle, for a primitive descriptor.
-    pub(super) fn raw(&self) -> Result<Handle, KernelError> {
-        Ok(self.raw)
+    pub(super) fn raw(&self) -> Handle {
+        self.raw
     }
 }
 

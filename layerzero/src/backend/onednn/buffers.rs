@@ -62,6 +62,14 @@ impl Output {
         }
     }
 
+    /// The elements, when they are f32.
+    pub(super) fn into_f32(self) -> Option<Vec<f32>> {
+        match self.storage {
+            Storage::F32(v) => Some(v.into_vec()),
+            _ => None,
+        }
+    }
+
     pub(super) fn into_tensor(self, shape: &[usize]) -> Result<HostTensor, KernelError> {
         HostTensor::new(self.storage, shape).map_err(|e| KernelError::Failed(e.to_string()))
     }

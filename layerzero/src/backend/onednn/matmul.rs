@@ -83,8 +83,7 @@ static IN_PLACE: AtomicU64 = AtomicU64::new(0);
 pub struct PackedStats {
     /// Weights reordered into a primitive's layout (each once while it stays cached).
     pub packs: u64,
-    /// Calls that read their weight in place (the cache was full, or the layout wanted is
-    /// the weight's own).
+    /// Calls that read their weight in place (the packed-weight cache was full).
     pub in_place: u64,
     /// Bytes of packed weights held now.
     pub bytes: u64,
@@ -319,7 +318,7 @@ impl Matmul {
                 attr.scales(api::ARG_SRC, 0)?;
                 if bias { Some(d.md2(1, ni, ni, f32t)?) } else { None }
             };
-            let raw_attr = attr.raw()?;
+            let raw_attr = attr.raw();
             let raws = (src.raw(), wei.raw(), bia.as_ref().map_or(std::ptr::null_mut(), |b| b.raw()), dst.raw());
             let mut mds = vec![(api::ARG_SRC, src), (api::ARG_WEIGHTS, wei), (api::ARG_DST, dst)];
             if let Some(b) = bia {
@@ -372,30 +371,40 @@ impl Matmul {
             // descriptor's dtype; all live until the call returns.
             unsafe { d.execute(&prim, &bind, &runtime)? };
         }
+        let out = if per_row {
+            let acc = out.into_f32().ok_or_else(|| KernelError::Failed("the int8 products are not f32".to_owned()))?;
+            scale_rows(acc, n, &a.x_scale.to_f32_vec(), b.as_deref(), out_dt)?
+        } else {
+            out.into_tensor(&[m, n])?
+        };
         let mut o = Outputs::new();
-        let out = out.into_tensor(&[m, n])?;
-        let out = if per_row { scale_rows(&out, &a.x_scale.to_f32_vec(), b.as_deref(), out_dt)? } else { out };
         o.insert("out", out);
         Ok(o)
     }
 }
 
-/// `out[i, j] = acc[i, j] * xs[i] + bias[j]` in f32, rounded once to `dtype`.
-fn scale_rows(acc: &HostTensor, xs: &[f32], bias: Option<&[f32]>, dtype: DType) -> Result<HostTensor, KernelError> {
-    let (Storage::F32(v), &[m, n]) = (acc.storage(), acc.shape()) else {
-        return Err(KernelError::Failed("the int8 products are not an f32 [m, n] tensor".to_owned()));
-    };
-    let mut vals = v.to_vec();
-    for (i, row) in vals.chunks_exact_mut(n.max(1)).enumerate().take(m) {
-        let s = xs.get(i).copied().unwrap_or(1.0);
-        for (j, x) in row.iter_mut().enumerate() {
-            *x = *x * s + bias.and_then(|b| b.get(j)).copied().unwrap_or(0.0);
+/// `out[i, j] = acc[i, j] * xs[i] + bias[j]` over the f32 products `acc` (`[m, n]`, rows of
+/// `n`), in place, rounded once to `dtype`.
+fn scale_rows(
+    mut acc: Vec<f32>,
+    n: usize,
+    xs: &[f32],
+    bias: Option<&[f32]>,
+    dtype: DType,
+) -> Result<HostTensor, KernelError> {
+    let m = acc.len().checked_div(n).unwrap_or(0);
+    for (row, s) in acc.chunks_exact_mut(n.max(1)).zip(xs) {
+        match bias {
+            Some(b) => row.iter_mut().zip(b).for_each(|(x, b)| *x = *x * s + b),
+            None => row.iter_mut().for_each(|x| *x *= s),
         }
     }
-    if dtype == DType::F32 {
-        return HostTensor::from_f32(&[m, n], vals).map_err(|e| KernelError::Failed(e.to_string()));
-    }
-    HostTensor::from_f32_as(dtype, &[m, n], &vals).map_err(|e| KernelError::Failed(e.to_string()))
+    let out = if dtype == DType::F32 {
+        HostTensor::from_f32(&[m, n], acc)
+    } else {
+        HostTensor::from_f32_as(dtype, &[m, n], &acc)
+    };
+    out.map_err(|e| KernelError::Failed(e.to_string()))
 }
 
 enum WeightPtr {

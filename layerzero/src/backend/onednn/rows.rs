@@ -66,21 +66,19 @@ pub struct Rows {
     kind: Kind,
 }
 
-/// A checked call: rows of `cols` outputs, the operands' row strides, the primitive's flags.
+/// A checked call: dense rows of `cols` elements, and the primitive's flags.
 struct Plan<'a> {
     rows: usize,
     cols: usize,
     dtype: DType,
-    /// Elements between the rows of the inputs.
-    ld_in: usize,
     /// The eltwise algorithm (or 0 for the layer norm).
     alg: c_int,
     /// Flags of the key beyond the dtype (bias and eps, or the algorithm).
     flags: u64,
     out_shape: Vec<usize>,
-    /// The input (the gate, for the gated kinds) and `up` with its offset in elements.
+    /// The input (the gate, for the gated kinds) and, for those, `up`.
     x: &'a HostTensor,
-    up: Option<(&'a HostTensor, usize)>,
+    up: Option<&'a HostTensor>,
     norm: Option<(&'a NormArgs, f32)>,
 }
 
@@ -95,7 +93,7 @@ fn float_dtype(d: DType) -> Result<DType, KernelError> {
     }
 }
 
-/// The eltwise algorithm and its alpha for an activation.
+/// The eltwise algorithm of a GELU.
 fn gelu_alg(a: GeluApproximate) -> c_int {
     match a {
         GeluApproximate::None => api::ELTWISE_GELU_ERF,
@@ -127,7 +125,6 @@ impl Rows {
                     rows,
                     cols: h,
                     dtype: float_dtype(a.x.dtype())?,
-                    ld_in: h,
                     alg: 0,
                     // eps is compiled into the primitive: it is part of the key.
                     flags: u64::from(a.bias.is_some()) << 8 | u64::from((eps as f32).to_bits()) << 32,
@@ -148,7 +145,6 @@ impl Rows {
                     rows: rows_of(x),
                     cols,
                     dtype: float_dtype(x.dtype())?,
-                    ld_in: cols,
                     alg,
                     flags: (alg as u64) << 8,
                     out_shape: x.shape().to_vec(),
@@ -170,10 +166,10 @@ impl Rows {
                 };
                 let out_shape = check_gated(op, split, x, gate, up)?;
                 let cols = out_shape.last().copied().unwrap_or(1);
-                // v3.2 has no eltwise for a strided source with a binary post-op: the split
-                // form (gate and up as row-strided views of x) is not declared.
-                let (first, up, ld_in) = match (split, gate, up) {
-                    (false, Some(g), Some(u)) => (g, (u, 0), cols),
+                // Dense operands only: the split form (gate and up as row-strided views of x)
+                // is not declared (see the capability file).
+                let (first, up) = match (split, gate, up) {
+                    (false, Some(g), Some(u)) => (g, u),
                     (true, _, _) => {
                         return Err(KernelError::Unsupported(format!(
                             "{} takes gate and up separately",
@@ -183,7 +179,7 @@ impl Rows {
                     _ => return Err(KernelError::InvalidInput(format!("{op}: operands missing"))),
                 };
                 let _ = x;
-                if up.0.dtype() != first.dtype() {
+                if up.dtype() != first.dtype() {
                     return Err(KernelError::Unsupported(format!("{} takes gate and up of one dtype", self.kind.id())));
                 }
                 let rows = out_shape.iter().product::<usize>().checked_div(cols).unwrap_or(0);
@@ -191,7 +187,6 @@ impl Rows {
                     rows,
                     cols,
                     dtype: float_dtype(first.dtype())?,
-                    ld_in,
                     alg,
                     flags: (alg as u64) << 8,
                     out_shape,
@@ -209,14 +204,20 @@ impl Rows {
         Key { kernel: self.kind.id(), dims: [chunk as i64, p.cols as i64, 0, 0], flags: code | p.flags }
     }
 
+    /// The key of the gated kinds' multiply for `chunk` rows.
+    fn multiply_key(&self, p: &Plan<'_>, chunk: usize) -> Key {
+        let mut key = self.key(p, chunk);
+        key.flags |= 1 << 40;
+        key
+    }
+
     /// The primitive for `chunk` rows of `p`'s shape.
     fn primitive(&self, p: &Plan<'_>, chunk: usize) -> Result<Arc<Prim>, KernelError> {
         let d = &self.dnnl;
         jit::primitive(self.key(p, chunk), || {
             let t = api::data_type(p.dtype).ok_or_else(|| KernelError::Unsupported(format!("{}", p.dtype)))?;
             let (r, c) = (chunk as i64, p.cols as i64);
-            let src = d.md2(r, c, p.ld_in as i64, t)?;
-            let dst = d.md2(r, c, c, t)?;
+            let (src, dst) = (d.md2(r, c, c, t)?, d.md2(r, c, c, t)?);
             let (s, o) = (src.raw(), dst.raw());
             match self.kind {
                 Kind::LayerNorm => {
@@ -230,11 +231,8 @@ impl Rows {
                     }
                     d.create("layer normalization", mds, false, |pd| d.lnorm_pd(pd, s, o, eps, flags))
                 }
-                Kind::Gelu | Kind::Silu => {
-                    let mds = vec![(api::ARG_SRC, src), (api::ARG_DST, dst)];
-                    d.create("eltwise", mds, false, |pd| d.eltwise_pd(pd, p.alg, s, o, 1.0, std::ptr::null_mut()))
-                }
-                Kind::Swiglu | Kind::Geglu => {
+                // The activation (of the gate, for the gated kinds).
+                Kind::Gelu | Kind::Silu | Kind::Swiglu | Kind::Geglu => {
                     let mds = vec![(api::ARG_SRC, src), (api::ARG_DST, dst)];
                     d.create("eltwise", mds, false, |pd| d.eltwise_pd(pd, p.alg, s, o, 1.0, std::ptr::null_mut()))
                 }
@@ -247,12 +245,10 @@ impl Rows {
     /// (two roundings, within those dtypes' tolerance).
     fn multiply(&self, p: &Plan<'_>, chunk: usize) -> Result<Arc<Prim>, KernelError> {
         let d = &self.dnnl;
-        let mut key = self.key(p, chunk);
-        key.flags |= 1 << 40;
-        jit::primitive(key, || {
+        jit::primitive(self.multiply_key(p, chunk), || {
             let t = api::data_type(p.dtype).ok_or_else(|| KernelError::Unsupported(format!("{}", p.dtype)))?;
             let (r, c) = (chunk as i64, p.cols as i64);
-            let (src0, src1, dst) = (d.md2(r, c, c, t)?, d.md2(r, c, p.ld_in as i64, t)?, d.md2(r, c, c, t)?);
+            let (src0, src1, dst) = (d.md2(r, c, c, t)?, d.md2(r, c, c, t)?, d.md2(r, c, c, t)?);
             let raws = (src0.raw(), src1.raw(), dst.raw());
             let mds = vec![(api::ARG_SRC, src0), (api::ARG_SRC_1, src1), (api::ARG_DST, dst)];
             d.create("binary multiply", mds, false, |pd| d.binary_pd(pd, api::BINARY_MUL, raws.0, raws.1, raws.2))
@@ -280,7 +276,7 @@ impl Rows {
         let esize = p.dtype.size_bytes() as usize;
         let mut out = Output::new(p.dtype, p.rows * p.cols)?;
         let x = input("x", p.x)?;
-        let up = p.up.map(|(t, off)| input("up", t).map(|ptr| (ptr, off))).transpose()?;
+        let up = p.up.map(|t| input("up", t)).transpose()?;
         // Layer norm: scale and shift in f32, as oneDNN takes them.
         let (scale, shift) = match p.norm {
             Some((a, _)) => {
@@ -295,7 +291,7 @@ impl Rows {
                 let prim = self.primitive(p, size)?;
                 let out_at = out.ptr().cast::<u8>().wrapping_add(at * p.cols * esize).cast::<c_void>();
                 let dst = if up.is_some() { act.ptr() } else { out_at };
-                let src = x.cast::<u8>().wrapping_add(at * p.ld_in * esize).cast::<c_void>();
+                let src = x.cast::<u8>().wrapping_add(at * p.cols * esize).cast::<c_void>();
                 let mut bind: smallvec::SmallVec<[(c_int, *mut c_void); 4]> =
                     smallvec::smallvec![(api::ARG_SRC, src), (api::ARG_DST, dst)];
                 if let Some(s) = &scale {
@@ -305,13 +301,13 @@ impl Rows {
                     bind.push((api::ARG_SHIFT, s.as_ptr().cast_mut().cast()));
                 }
                 let runtime: [(c_int, Handle); 0] = [];
-                // SAFETY: the chunk's rows [at, at + size) lie inside x as its descriptor reads
-                // them (row stride ld_in) and inside the output (row stride cols); scale and
-                // shift hold cols f32 values; all live until the call returns.
+                // SAFETY: the chunk's rows [at, at + size) lie inside x and the output (dense
+                // rows of cols elements); scale and shift hold cols f32 values; all live until
+                // the call returns.
                 unsafe { self.dnnl.execute(&prim, &bind, &runtime)? };
-                if let Some((u, off)) = up {
+                if let Some(u) = up {
                     let mul = self.multiply(p, size)?;
-                    let at_up = u.cast::<u8>().wrapping_add((at * p.ld_in + off) * esize).cast::<c_void>();
+                    let at_up = u.cast::<u8>().wrapping_add(at * p.cols * esize).cast::<c_void>();
                     let bind = [(api::ARG_SRC, dst), (api::ARG_SRC_1, at_up), (api::ARG_DST, out_at)];
                     // SAFETY: the chunk's activations just written, the same rows of up and of
                     // the output; all live until the call returns.
@@ -346,9 +342,7 @@ impl Executor for Rows {
     fn is_warm(&self, args: &OpArgs) -> bool {
         self.plan(args).is_ok_and(|p| {
             self.sizes(&p).all(|s| {
-                let mut mul = self.key(&p, s);
-                mul.flags |= 1 << 40;
-                jit::is_ready(&self.key(&p, s)) && (p.up.is_none() || jit::is_ready(&mul))
+                jit::is_ready(&self.key(&p, s)) && (p.up.is_none() || jit::is_ready(&self.multiply_key(&p, s)))
             })
         })
     }
