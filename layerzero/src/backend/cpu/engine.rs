@@ -4,7 +4,7 @@
 //! flash-style tiled path: K and V of each (sequence, kv head) are packed once into panels,
 //! then each unit (all query heads of a kv head x a tile of positions) walks the visible key
 //! tiles with an online softmax, its two tile products on the AVX-512/AVX2 microkernels (f32)
-//! or on AMX tiles (bf16 inputs); fully masked key tiles are never visited. Sequences with few
+//! or on bf16 pairs (bf16 inputs: AMX tiles, or `vdpbf16ps` without AMX); fully masked key tiles are never visited. Sequences with few
 //! queries run the split-KV decode path (`decode.rs`). Every output row is written once, in
 //! the output dtype, by the unit that computes it.
 
@@ -24,7 +24,7 @@ use super::{decode, simd};
 
 /// Keys per tile of the tiled path.
 pub(crate) const BK: usize = 256;
-/// Keys per tile of the bf16 (AMX) path.
+/// Keys per tile of the bf16-pair path (AMX or `vdpbf16ps`).
 pub(crate) const BK_AMX: usize = 512;
 /// Sequences with at most this many queries take the decode path.
 pub(crate) const DECODE_MAX_SQ: usize = 4;
@@ -386,7 +386,7 @@ pub(crate) mod put {
 
 /// K of one (sequence, kv head) transposed into tiles of panels `[tile][BK/64][d][64]`
 /// and V into `[tile][ceil(dv/64)][BK][64]` (the B operands of the two tile products),
-/// zero-padded to whole tiles. The bf16 (AMX) form holds pairs along the product's inner
+/// zero-padded to whole tiles. The bf16-pair form (AMX tiles or `vdpbf16ps`) holds pairs along the product's inner
 /// dim in 16-column panels: K `[tile][BK/16][d2][16]` (d2 = d rounded up to 32, halved), V
 /// `[tile][ceil(dv/16)][BK/2][16]` (u32 = low, high).
 enum Packed {
@@ -492,7 +492,7 @@ fn q_tile(g: usize, amx: bool) -> usize {
 
 /// The prefill units (one per sequence, kv head and query tile) with their kv head.
 fn prefill_units(p: &Problem, seqs: &[usize]) -> Vec<(Unit, usize)> {
-    let (g, bq) = (p.group(), q_tile(p.group(), p.bf16 && simd::amx_bf16()));
+    let (g, bq) = (p.group(), q_tile(p.group(), p.bf16 && simd::bf16_panels()));
     let mut units = Vec::new();
     for &si in seqs {
         for kvh in 0..p.hkv {
@@ -510,7 +510,7 @@ fn prefill(p: &Problem, seqs: &[usize], units: &[(Unit, usize)], sinks: Vec<Sink
         return;
     }
     let (hkv, d, dv) = (p.hkv, p.d, p.dv);
-    let bf16 = p.bf16 && simd::amx_bf16();
+    let bf16 = p.bf16 && simd::bf16_panels();
     let packed: Vec<Packed> = (0..seqs.len() * hkv)
         .into_par_iter()
         .map(|x| {
@@ -571,15 +571,15 @@ fn prefill_item(p: &Problem, u: &Unit, pk: &Packed, kvh: usize, sink: &mut Sink,
     let (seq, i0, n) = (&p.seqs[u.seq], u.i0, u.n);
     let (d, dv, g) = (p.d, p.dv, p.group());
     let m = g * n;
-    let amx = matches!(pk, Packed::Bf16 { .. });
-    let bk = if amx { BK_AMX } else { BK };
+    let pairs = matches!(pk, Packed::Bf16 { .. });
+    let bk = if pairs { BK_AMX } else { BK };
     // The AMX form pads rows to 16, the head dims to 32 (q . k) and 16 (p . v). Padding rows
     // of the A operands may hold stale values: they only reach padding rows of the results.
     let (mp, dq, ldo) =
-        if amx { (m.div_ceil(16) * 16, d.div_ceil(AMX_K) * AMX_K, dv.div_ceil(16) * 16) } else { (m, d, dv) };
+        if pairs { (m.div_ceil(16) * 16, d.div_ceil(AMX_K) * AMX_K, dv.div_ceil(16) * 16) } else { (m, d, dv) };
     // Queries: f32 pre-scaled, or bf16 bits (scaled after the product).
     let Scratch { qp, qb, o, s, pb, local, mrow, lrow } = scratch;
-    let (qp, qb) = if amx {
+    let (qp, qb) = if pairs {
         let qb = grow_aligned(qb, mp * dq);
         for (r, row) in qb.chunks_exact_mut(dq.max(1)).enumerate().take(m) {
             let base = p.q.row(seq.b, seq.q0 + i0 + r % n, kvh * g + r / n);
@@ -603,7 +603,7 @@ fn prefill_item(p: &Problem, u: &Unit, pk: &Packed, kvh: usize, sink: &mut Sink,
     let lrow = filled(lrow, m, 0f32);
     if jmin < jmax {
         let s = grow_aligned(s, mp * bk);
-        let pb = if amx { grow_aligned(pb, mp * bk) } else { &mut [][..] };
+        let pb = if pairs { grow_aligned(pb, mp * bk) } else { &mut [][..] };
         let local = filled(local, m, (0usize, 0usize));
         let nvb = dv.div_ceil(P);
         for tile in jmin / bk..jmax.div_ceil(bk) {
@@ -620,7 +620,7 @@ fn prefill_item(p: &Problem, u: &Unit, pk: &Packed, kvh: usize, sink: &mut Sink,
                     let d2 = dq / 2;
                     let kt = &kt[(tile * bk + c0) * d2..(tile + 1) * bk * d2];
                     let nc = (c1 - c0).div_ceil(16) * 16;
-                    simd::gemm_amx_bf16(mp, nc, d2, qb, dq, kt, d2 * simd::AMX_PANEL, &mut s[c0..], bk, false);
+                    simd::gemm_bf16_panels(mp, nc, d2, qb, dq, kt, d2 * simd::AMX_PANEL, &mut s[c0..], bk, false);
                     if p.mods.active() {
                         for r in 0..m {
                             simd::scale(&mut s[r * bk + c0..r * bk + c1], p.scale);
@@ -639,7 +639,7 @@ fn prefill_item(p: &Problem, u: &Unit, pk: &Packed, kvh: usize, sink: &mut Sink,
                 }
             }
             // The bf16 scores are unscaled; with modifiers they were scaled above.
-            let scale = if amx && !p.mods.active() { p.scale } else { 1.0 };
+            let scale = if pairs && !p.mods.active() { p.scale } else { 1.0 };
             let rows = simd::SoftmaxRows { ranges: local, m: mrow, l: lrow, scale };
             match pk {
                 Packed::F32 { v, .. } => {
@@ -653,7 +653,7 @@ fn prefill_item(p: &Problem, u: &Unit, pk: &Packed, kvh: usize, sink: &mut Sink,
                     simd::softmax_tile_bf16(&s[c0..], bk, c1 - c0, rows, o, ldo, dv, &mut pb[c0..], bk, kw);
                     const AP: usize = simd::AMX_PANEL;
                     let vt = &v[(tile * dv.div_ceil(AP) * (bk / 2) + c0 / 2) * AP..];
-                    simd::gemm_amx_bf16(mp, ldo, kw / 2, &pb[c0..], bk, vt, (bk / 2) * AP, o, ldo, true);
+                    simd::gemm_bf16_panels(mp, ldo, kw / 2, &pb[c0..], bk, vt, (bk / 2) * AP, o, ldo, true);
                 }
             }
         }

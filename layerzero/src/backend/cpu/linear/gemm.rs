@@ -1,11 +1,12 @@
 //! Prefill GEMM: `matrixmultiply::sgemm` on strided f32 views, or the cache-blocked
 //! [`packed`](super::packed) GEMM on AVX-512; other weight dtypes through f32 panels.
 
-use super::packed;
+use super::packed::{self, BSrc};
 use super::view::F32View;
 use super::weights::Weights;
 use crate::backend::cpu::simd;
 use crate::exec::executor::KernelError;
+use crate::tensor::Storage;
 
 /// Elements of one converted f32 weight panel (16 MiB).
 const PANEL_ELEMS: usize = 1 << 22;
@@ -45,14 +46,7 @@ pub(in crate::backend::cpu) fn sgemm(
         return Err(KernelError::Failed("sgemm: an operand view reaches past its data".to_owned()));
     }
     if use_packed(k, n) {
-        if beta != 0.0 && beta != 1.0 {
-            for r in 0..m {
-                c[r * ldc..r * ldc + n].iter_mut().for_each(|v| *v *= beta);
-            }
-        }
-        // beta = 0: the first K block overwrites C (never read: NaN in C does not leak, and
-        // the pages of a new output are first touched by the parallel tasks' writes).
-        packed::gemm(a, b, c, ldc, beta != 0.0);
+        packed_gemm(a, BSrc::F32(b), beta, c, ldc);
         return Ok(());
     }
     // A dim of one never steps its stride; 0 keeps the arithmetic trivially in range.
@@ -72,6 +66,22 @@ pub(in crate::backend::cpu) fn sgemm(
         matrixmultiply::sgemm(m, k, n, 1.0, pa, rsa, csa, pb, rsb, csb, beta, c.as_mut_ptr(), rsc, 1);
     }
     Ok(())
+}
+
+/// [`packed::gemm`] with `beta` (C checked by the caller).
+fn packed_gemm(a: F32View, b: BSrc, beta: f32, c: &mut [f32], ldc: usize) {
+    let n = match b {
+        BSrc::F32(v) => v.cols,
+        BSrc::Bf16Rows { n, .. } => n,
+    };
+    if beta != 0.0 && beta != 1.0 {
+        for r in 0..a.rows {
+            c[r * ldc..r * ldc + n].iter_mut().for_each(|v| *v *= beta);
+        }
+    }
+    // beta = 0: the first K block overwrites C (never read: NaN in C does not leak, and
+    // the pages of a new output are first touched by the parallel tasks' writes).
+    packed::gemm(a, b, c, ldc, beta != 0.0);
 }
 
 /// True when the cache-blocked AVX-512 GEMM ([`packed`]) runs instead of `matrixmultiply`:
@@ -96,6 +106,20 @@ pub(in crate::backend::cpu) fn gemm(
         return sgemm(x, bv, beta, c, ldc);
     }
     let (k, n) = (w.k(), w.n());
+    // A bf16 NT weight (contiguous rows) widens as the packed GEMM packs it: one pass.
+    if let Weights::Dense(b) = w
+        && let Storage::BF16(v) = b.st
+        && (b.rs == 1 || k <= 1)
+        && use_packed(k, n)
+        && x.rows > 0
+        && x.in_bounds()
+        && c.len() >= (x.rows - 1) * ldc + n
+        && ldc >= n
+        && v.get(b.off + (n - 1) * b.cs..b.off + (n - 1) * b.cs + k).is_some()
+    {
+        packed_gemm(x, BSrc::Bf16Rows { data: v, off: b.off, ld: b.cs, n }, beta, c, ldc);
+        return Ok(());
+    }
     let nb = (PANEL_ELEMS / k.max(1)).clamp(16, n.max(16));
     let mut buf = Vec::new();
     let mut n0 = 0;

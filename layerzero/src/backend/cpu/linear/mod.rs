@@ -108,10 +108,11 @@ fn prepare(args: &OpArgs) -> Result<(), KernelError> {
     Ok(())
 }
 
-/// True when a prefill with these rows of x can run on bf16 pairs (bf16 x on a CPU with
-/// AVX512_BF16), given bf16 weights. The linear takes AMX first where it has it.
+/// True when a prefill with these rows of x runs on bf16 pairs (bf16 x on a CPU whose
+/// `vdpbf16ps` outruns its f32 FMAs, [`simd::bf16_pairs_fast`]), given bf16 weights; elsewhere
+/// the bf16 operands widen to f32. The linear takes AMX first where it has it.
 pub(super) fn uses_pairs(x: &Mat) -> bool {
-    matches!(x.st, Storage::BF16(_)) && x.rows > GEMV_MAX_M && x.cs == 1 && simd::avx512_bf16()
+    matches!(x.st, Storage::BF16(_)) && x.rows > GEMV_MAX_M && x.cs == 1 && simd::bf16_pairs_fast()
 }
 
 fn out(t: HostTensor) -> Outputs {

@@ -82,6 +82,46 @@ fn pack_b(b: &F32View, p0: usize, kc: usize, j0: usize, nc: usize, out: &mut [f3
     }
 }
 
+/// The B [K, N] operand of [`gemm`]: an f32 view, or the bf16 rows of an NT weight (B's
+/// column j is weight row j: `k` contiguous elements at `off + j * ld`), widened to f32 as
+/// they are packed, so that a bf16 model's prefill costs one pass over its weight.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum BSrc<'a> {
+    /// f32 data.
+    F32(F32View<'a>),
+    /// An NT bf16 weight [N, K] (in bounds: checked by the caller).
+    Bf16Rows { data: &'a [half::bf16], off: usize, ld: usize, n: usize },
+}
+
+impl BSrc<'_> {
+    fn cols(&self) -> usize {
+        match self {
+            BSrc::F32(v) => v.cols,
+            BSrc::Bf16Rows { n, .. } => *n,
+        }
+    }
+}
+
+/// [`pack_b`] for either source: bf16 weight rows are widened `NR` at a time into `tmp`
+/// (`[NR][kc]`, 32 KiB), then packed as an f32 NT view.
+fn pack_b_src(b: &BSrc, p0: usize, kc: usize, j0: usize, nc: usize, out: &mut [f32], tmp: &mut Vec<f32>) {
+    match *b {
+        BSrc::F32(ref v) => pack_b(v, p0, kc, j0, nc, out),
+        BSrc::Bf16Rows { data, off, ld, .. } => {
+            tmp.resize(NR * kc, 0.0);
+            for (q, panel) in out[..nc.div_ceil(NR) * kc * NR].chunks_exact_mut(kc * NR).enumerate() {
+                let w = NR.min(nc - q * NR);
+                for (c, dst) in tmp.chunks_exact_mut(kc).take(w).enumerate() {
+                    let at = off + (j0 + q * NR + c) * ld + p0;
+                    simd::bf16_to_f32(&data[at..at + kc], dst);
+                }
+                let view = F32View { data: tmp, off: 0, rows: kc, cols: w, rs: 1, cs: kc };
+                pack_b(&view, 0, kc, 0, w, panel);
+            }
+        }
+    }
+}
+
 /// A [M, K] rows `i0..i0 + mr` as one panel: `out[p * MR + i]` (K steps); rows past
 /// `mr` are zero.
 fn pack_a(a: &F32View, i0: usize, mr: usize, out: &mut [f32]) {
@@ -104,11 +144,11 @@ fn pack_a(a: &F32View, i0: usize, mr: usize, out: &mut [f32]) {
     }
 }
 
-/// `C += A . B` (`accumulate`) or `C = A . B` for f32 views A [m, k], B [k, n] (in
+/// `C += A . B` (`accumulate`) or `C = A . B` for an f32 view A [m, k] and B [k, n] (in
 /// bounds, m, k, n > 0) and C's m rows of `ldc` at the start of `c` (checked by the
 /// caller).
-pub(super) fn gemm(a: F32View, b: F32View, c: &mut [f32], ldc: usize, accumulate: bool) {
-    let (m, k, n) = (a.rows, a.cols, b.cols);
+pub(super) fn gemm(a: F32View, b: BSrc, c: &mut [f32], ldc: usize, accumulate: bool) {
+    let (m, k, n) = (a.rows, a.cols, b.cols());
     // Tasks: column blocks of whole panels (at most NC wide, about 4 per thread, so that
     // work stealing evens out busy cores), and row blocks too when N is narrow.
     let want = 4 * rayon::current_num_threads().max(1);
@@ -134,11 +174,12 @@ pub(super) fn gemm(a: F32View, b: F32View, c: &mut [f32], ldc: usize, accumulate
     tasks.into_par_iter().enumerate().for_each(|(t, mut rows)| {
         let mut bp_buf = scratch(&SCRATCH_B, bp_len);
         let bp = &mut bp_buf[..bp_len];
+        let mut widened = Vec::new();
         let (r0, c0) = ((t / nt) * per_m, (t % nt) * per_n);
         let nc = rows.first().map_or(0, |r| r.len());
         for pc in (0..k).step_by(KC) {
             let kc = KC.min(k - pc);
-            pack_b(&b, pc, kc, c0, nc, bp);
+            pack_b_src(&b, pc, kc, c0, nc, bp, &mut widened);
             // Row blocks of about MC_TILES tiles (their A panels stay in L2 while
             // each B panel, in L1, meets every tile of the block).
             let tiles = rows.len().div_ceil(MR);

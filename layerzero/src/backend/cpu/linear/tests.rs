@@ -96,7 +96,7 @@ fn packed_gemm_matches_reference_on_edges_blocks_and_strides() {
         let ldc = n + 3;
         let mut c = values(m * ldc, 6);
         let mut want = c.clone();
-        packed::gemm(xv, wv, &mut c, ldc, true);
+        packed::gemm(xv, packed::BSrc::F32(wv), &mut c, ldc, true);
         for i in 0..m {
             for j in 0..n {
                 let s: f64 = (0..k).map(|p| f64::from(xa[i * k + p]) * f64::from(wb[j * k + p])).sum();
@@ -108,7 +108,7 @@ fn packed_gemm_matches_reference_on_edges_blocks_and_strides() {
         }
         // beta = 0 overwrites: what C held (NaN here) never reaches the result.
         let mut c = vec![f32::NAN; m * ldc];
-        packed::gemm(xv, wv, &mut c, ldc, false);
+        packed::gemm(xv, packed::BSrc::F32(wv), &mut c, ldc, false);
         for i in 0..m {
             for j in 0..n {
                 let s: f64 = (0..k).map(|p| f64::from(xa[i * k + p]) * f64::from(wb[j * k + p])).sum();
@@ -292,8 +292,9 @@ fn int4_matches_the_dequantized_reference_for_group_sizes() {
 
 #[test]
 fn a_bf16_weight_is_packed_once_and_reused_by_later_prefills() {
-    if !simd::avx512_bf16() || simd::amx_bf16() {
-        // The pair path runs only on AVX512_BF16 without AMX; elsewhere nothing is packed.
+    if !simd::bf16_pairs_fast() || simd::amx_bf16() {
+        // The pair path runs only where vdpbf16ps outruns f32 FMAs and there is no AMX;
+        // elsewhere nothing is packed.
         return;
     }
     let a = lin(t(&[20, 96], 1, DType::BF16), t(&[72, 96], 2, DType::BF16), None);

@@ -11,6 +11,7 @@
 use std::sync::OnceLock;
 
 pub(crate) use amx::{AMX_A_TILE, AMX_B_TILE, AMX_PANEL, Prefetch, amx_bf16, gemm_amx_bf16, gemm_amx_bf16_tiles};
+pub(crate) use bf16_panels::{bf16_panels, gemm_bf16_panels};
 #[cfg(test)]
 pub(crate) use convert::bf16_bits_finite;
 pub(crate) use convert::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_bf16_bits};
@@ -23,6 +24,7 @@ pub(crate) use norm::{
     sums_bf16_dp,
 };
 pub(crate) use softmax::{SoftmaxRows, softmax_tile, softmax_tile_bf16};
+pub(crate) use throughput::{MacRates, bf16_pairs_fast, mac_rates, measure as measure_mac_rates};
 pub(crate) use tile::{TILE_MR, TILE_NR, gemm_tile_packed};
 pub(crate) use transpose::{pair_tile, transpose_16x16, transpose_round_bf16};
 pub(crate) use vector::{axpy, dots, exp_approx, exp_sub_sum, row_max, scale};
@@ -132,6 +134,7 @@ macro_rules! multiversion {
 }
 
 mod amx;
+mod bf16_panels;
 mod convert;
 mod dot_bf16;
 mod gemm;
@@ -139,6 +142,7 @@ mod norm;
 mod softmax;
 #[cfg(test)]
 mod tests;
+mod throughput;
 mod tile;
 mod transpose;
 mod vector;

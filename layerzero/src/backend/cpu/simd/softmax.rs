@@ -1,6 +1,6 @@
 //! Online softmax over a score tile (f32 probabilities, or bf16 for the AMX path).
 
-use super::amx::amx_bf16;
+use super::avx512_bf16;
 use super::vector::{exp_approx, exp_scale_sub_sum_impl, row_max_impl, scale_impl};
 use super::{Level, level};
 
@@ -95,7 +95,7 @@ pub(crate) fn softmax_tile(
 /// [`softmax_tile`] for the bf16 tile path: the probabilities go to `pb` as bf16 (row
 /// stride `ldp`, `kw >= w` columns, zeros outside each row's range) and are computed with a
 /// cheaper exponential (relative error 3e-6, far below bf16's 2^-9); `s` is only read.
-/// Only callable when [`amx_bf16`] is true.
+/// Only callable when [`avx512_bf16`] is true.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn softmax_tile_bf16(
     s: &[f32],
@@ -109,12 +109,12 @@ pub(crate) fn softmax_tile_bf16(
     ldp: usize,
     kw: usize,
 ) {
-    assert!(amx_bf16(), "softmax_tile_bf16 needs AMX (AVX512_BF16)");
+    assert!(avx512_bf16(), "softmax_tile_bf16 needs AVX512_BF16");
     assert!(kw >= w && ldp >= kw && lds >= w);
     #[cfg(target_arch = "x86_64")]
     {
         #[allow(unsafe_code)]
-        // SAFETY: `amx_bf16()` (asserted above) detected AVX-512F/BW/VL and AVX512_BF16.
+        // SAFETY: `avx512_bf16()` (asserted above) detected AVX-512F/BW/VL and AVX512_BF16.
         unsafe {
             x86::softmax_tile_bf16_avx512(s, lds, w, rows, o, ldo, dv, pb, ldp, kw)
         };
