@@ -13,8 +13,9 @@ use crate::model::dtype::DType;
 use crate::tensor::Dims;
 
 use super::alloc::Out;
-use super::norm::{Elem, PAR_MIN, TASK, by_dtype, expect_float};
+use super::norm::{Elem, TASK, by_dtype, expect_float};
 use super::pack::invalid;
+use super::split::worth_splitting;
 use super::wrong_op;
 
 /// Embedding kernel id.
@@ -94,7 +95,7 @@ fn gather<T: Elem>(src: &[T], off: usize, strides: &[usize], rows: &[usize], h: 
             }
         }
     };
-    if total < PAR_MIN {
+    if !worth_splitting(2 * total * std::mem::size_of::<T>()) {
         out.chunks_mut(per_task * h).enumerate().for_each(work);
     } else {
         out.par_chunks_mut(per_task * h).enumerate().for_each(work);

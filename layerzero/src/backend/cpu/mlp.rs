@@ -72,45 +72,9 @@ fn out(t: HostTensor) -> Outputs {
     Outputs::from([("out", t)])
 }
 
-/// `g[i] = act(g[i]) * u[i]`, compiled for the best SIMD level this CPU has.
-pub(super) fn act_mul(act: Activation, g: &mut [f32], u: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        /// # Safety
-        /// The CPU must support AVX-512F, AVX-512VL, AVX-512BW, AVX-512DQ, AVX2, FMA, F16C.
-        #[allow(unsafe_code)]
-        #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c")]
-        unsafe fn with_avx512(act: Activation, g: &mut [f32], u: &[f32]) {
-            act_mul_impl(act, g, u);
-        }
-        /// # Safety
-        /// The CPU must support AVX2, FMA, F16C.
-        #[allow(unsafe_code)]
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn with_avx2(act: Activation, g: &mut [f32], u: &[f32]) {
-            act_mul_impl(act, g, u);
-        }
-        match simd::level() {
-            simd::Level::Avx512 => {
-                #[allow(unsafe_code)]
-                // SAFETY: `level()` is Avx512 only when the CPU reports every feature enabled above.
-                unsafe {
-                    with_avx512(act, g, u)
-                };
-                return;
-            }
-            simd::Level::Avx2 => {
-                #[allow(unsafe_code)]
-                // SAFETY: `level()` is Avx2 only when the CPU reports AVX2, FMA and F16C.
-                unsafe {
-                    with_avx2(act, g, u)
-                };
-                return;
-            }
-            simd::Level::Portable => {}
-        }
-    }
-    act_mul_impl(act, g, u);
+simd::multiversion! {
+    /// `g[i] = act(g[i]) * u[i]`, compiled for the best SIMD level this CPU has.
+    fn act_mul(act: Activation, g: &mut [f32], u: &[f32]) => act_mul_impl;
 }
 
 #[inline(always)]

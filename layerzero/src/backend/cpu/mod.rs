@@ -19,6 +19,7 @@ mod quant;
 mod rope;
 mod sample;
 pub(crate) mod simd;
+pub(crate) mod split;
 #[cfg(test)]
 mod tests;
 

@@ -28,6 +28,7 @@ use crate::tensor::{Dims, HostTensor, Storage};
 
 use super::alloc::{self, Out, with_scratch};
 use super::pack::{invalid, read_f32};
+use super::split::worth_splitting;
 use super::{simd, wrong_op};
 
 /// RMSNorm kernel id.
@@ -56,10 +57,8 @@ pub(crate) fn register(registry: &mut Registry) {
 // ---------------------------------------------------------------------------------------
 // Shared row machinery.
 
-/// Elements per rayon task.
+/// Elements per rayon task (when the work is split: [`worth_splitting`]).
 pub(super) const TASK: usize = 1 << 15;
-/// Below this many output elements everything runs on the calling thread.
-pub(super) const PAR_MIN: usize = 1 << 15;
 
 /// A float tensor of any strides read in logical (row-major) order.
 #[derive(Debug, Clone)]
@@ -202,7 +201,7 @@ pub(super) trait Elem: Copy + Send + Sync + 'static {
         with_scratch(dst.len(), |img| {
             img.fill(0.0);
             f(img)?;
-            if dst.len() < PAR_MIN {
+            if !worth_splitting(dst.len() * (4 + std::mem::size_of::<Self>())) {
                 Self::store(img, dst);
             } else {
                 dst.par_chunks_mut(TASK).zip(img.par_chunks(TASK)).for_each(|(d, s)| Self::store(s, d));
@@ -393,7 +392,8 @@ pub(super) fn fill_into<T: Elem>(
             f(ti * per_task + ui * unit, dst, &mut a, &mut b);
         }
     };
-    if total < PAR_MIN {
+    // Read and written: about as many elements of T each.
+    if !worth_splitting(2 * total * std::mem::size_of::<T>()) {
         out.chunks_mut(per_task).enumerate().for_each(work);
     } else {
         out.par_chunks_mut(per_task).enumerate().for_each(work);
@@ -553,7 +553,8 @@ fn rms_typed<T: Elem>(
                     }
                 });
             };
-            if rows * h < PAR_MIN {
+            // x and the residual read, out and residual_out written.
+            if !worth_splitting(4 * rows * h * std::mem::size_of::<T>()) {
                 out.v.chunks_mut(per_task).zip(res_out.v.chunks_mut(per_task)).enumerate().for_each(work);
             } else {
                 out.v.par_chunks_mut(per_task).zip(res_out.v.par_chunks_mut(per_task)).enumerate().for_each(work);

@@ -84,12 +84,12 @@ fn packed_gemm(a: F32View, b: BSrc, beta: f32, c: &mut [f32], ldc: usize) {
     packed::gemm(a, b, c, ldc, beta != 0.0);
 }
 
-/// True when the cache-blocked AVX-512 GEMM ([`packed`]) runs instead of `matrixmultiply`:
-/// on AVX-512 CPUs for all but tiny K or N (measured on 512 x 4096 x 4096: 1.5-1.7x
+/// True when the cache-blocked GEMM ([`packed`]) runs instead of `matrixmultiply`: on
+/// AVX-512 and AVX2 CPUs for all but tiny K or N (AVX-512, 512 x 4096 x 4096: 1.5-1.7x
 /// faster; M = 16 and 32 x 4096 x 4096: about 2x; the MLP's f32 chain and fused kernels
 /// 1.2-2x).
 fn use_packed(k: usize, n: usize) -> bool {
-    simd::level() == simd::Level::Avx512 && k >= 16 && n >= 16
+    simd::level() != simd::Level::Portable && k >= 16 && n >= 16
 }
 
 /// `C = x . B + beta * C` for an f32 x [M, K] and any B; C [M, N] with row stride `ldc`.

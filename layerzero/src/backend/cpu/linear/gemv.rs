@@ -233,16 +233,26 @@ pub(super) fn gemv(x: &[f32], xb: Option<&[u16]>, m: usize, w: &Weights, c: &mut
     if m == 0 || n == 0 {
         return;
     }
-    let size = chunk_size(n, 16);
+    // A small weight runs on this thread (the fork-join would cost more than it saves).
+    let split = crate::backend::cpu::split::worth_splitting(w.bytes());
+    let size = if split { chunk_size(n, 16) } else { n };
     if m == 1 {
         // One row: [nb, 1] and [1, nb] are the same layout, so each task writes C directly.
-        c[..n].par_chunks_mut(size).enumerate().for_each(|(ci, part)| columns(x, xb, m, w, ci * size, part));
+        if split {
+            c[..n].par_chunks_mut(size).enumerate().for_each(|(ci, part)| columns(x, xb, m, w, ci * size, part));
+        } else {
+            columns(x, xb, m, w, 0, &mut c[..n]);
+        }
         return;
     }
     // Each task fills its columns' block of a [N, M] (by column) or [M, nb] (by row)
     // image, scattered into C afterwards.
     with_scratch(n * m, |img| {
-        img.par_chunks_mut(size * m).enumerate().for_each(|(ci, part)| columns(x, xb, m, w, ci * size, part));
+        if split {
+            img.par_chunks_mut(size * m).enumerate().for_each(|(ci, part)| columns(x, xb, m, w, ci * size, part));
+        } else {
+            columns(x, xb, m, w, 0, img);
+        }
         let by_col = w.by_column();
         for (ci, part) in img.chunks(size * m).enumerate() {
             let (n0, nb) = (ci * size, part.len() / m);

@@ -1,4 +1,4 @@
-//! A GotoBLAS-style f32 GEMM around the AVX-512 tile of [`simd::gemm_tile_packed`]
+//! A GotoBLAS-style f32 GEMM around the AVX-512 (or AVX2) tile of [`simd::gemm_tile_packed`]
 //! (`TILE_MR` x `TILE_NR` sums in registers over `KC` steps). A is packed once per call
 //! into `TILE_MR`-row panels (parallel). The output columns are split into rayon tasks of
 //! whole panels (about four per thread, so work stealing evens out a busy core; rows too

@@ -66,6 +66,14 @@ impl Weights<'_> {
         }
     }
 
+    /// Bytes of B as stored (what a GEMV streams).
+    pub(super) fn bytes(&self) -> usize {
+        match self {
+            Weights::Dense(b) => b.rows * b.cols * b.st.dtype().size_bytes() as usize,
+            Weights::Int4(w) => w.k * w.packed.rows / 2,
+        }
+    }
+
     /// True when B is read column by column (one weight row of K elements at a time).
     pub(super) fn by_column(&self) -> bool {
         match self {

@@ -133,6 +133,8 @@ macro_rules! multiversion {
     };
 }
 
+pub(crate) use multiversion;
+
 mod amx;
 mod bf16_panels;
 mod convert;

@@ -40,6 +40,16 @@ pub(crate) fn gemm_tile_packed(
         };
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if level() == Level::Avx2 {
+        #[allow(unsafe_code)]
+        // SAFETY: AVX2 and FMA were detected on this CPU; the asserts above are the kernel's
+        // bounds.
+        unsafe {
+            x86::tile_packed_avx2(kc, a, b, c, j0, nr, overwrite)
+        };
+        return;
+    }
     for (i, row) in c.iter_mut().enumerate() {
         for (j, out) in row[j0..j0 + nr].iter_mut().enumerate() {
             let mut s = 0f32;
@@ -107,6 +117,67 @@ pub(super) mod x86 {
         }
         // SAFETY: AVX-512F (this function's contract); the row bounds were asserted above.
         unsafe { store_tile(&acc, c, j0, nr, overwrite) };
+    }
+
+    /// [`super::gemm_tile_packed`] on AVX2 (16 registers): the 12 x 32 tile as four
+    /// sub-tiles of 6 rows x 16 columns (12 accumulators, two B vectors, one broadcast),
+    /// each a pass over the panels (they stay in L1); sub-tiles wholly past the tile's rows
+    /// or columns are skipped.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA (the bounds are asserted here).
+    #[allow(unsafe_code)]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn tile_packed_avx2(
+        kc: usize,
+        a: &[f32],
+        b: &[f32],
+        c: &mut [&mut [f32]],
+        j0: usize,
+        nr: usize,
+        overwrite: bool,
+    ) {
+        const R: usize = 6;
+        const MR: usize = super::TILE_MR;
+        const NR: usize = super::TILE_NR;
+        // The bounds every access below relies on.
+        assert!(a.len() >= kc * MR && b.len() >= kc * NR && c.len() <= MR && nr <= NR);
+        assert!(c.iter().all(|r| r.len() >= j0 + nr));
+        for r0 in (0..c.len()).step_by(R) {
+            for c0 in (0..nr).step_by(16) {
+                let mut acc = [[_mm256_setzero_ps(); 2]; R];
+                for p in 0..kc {
+                    // SAFETY: step p reads a[p MR + r0..+R] (r0 + R <= MR) and
+                    // b[p NR + c0..+16] (c0 + 16 <= NR), inside the panels (asserted).
+                    unsafe {
+                        let bp = b.as_ptr().add(p * NR + c0);
+                        let (b0, b1) = (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)));
+                        let ap = a.as_ptr().add(p * MR + r0);
+                        for (i, row) in acc.iter_mut().enumerate() {
+                            let av = _mm256_broadcast_ss(&*ap.add(i));
+                            row[0] = _mm256_fmadd_ps(av, b0, row[0]);
+                            row[1] = _mm256_fmadd_ps(av, b1, row[1]);
+                        }
+                    }
+                }
+                let lanes = (nr - c0).min(16);
+                for (i, sums) in acc.iter().enumerate() {
+                    let Some(row) = c.get_mut(r0 + i) else { break };
+                    let mut tmp = [0f32; 16];
+                    // SAFETY: `tmp` holds 16 floats.
+                    unsafe {
+                        _mm256_storeu_ps(tmp.as_mut_ptr(), sums[0]);
+                        _mm256_storeu_ps(tmp.as_mut_ptr().add(8), sums[1]);
+                    }
+                    let dst = &mut row[j0 + c0..j0 + c0 + lanes];
+                    if overwrite {
+                        dst.copy_from_slice(&tmp[..lanes]);
+                    } else {
+                        dst.iter_mut().zip(&tmp).for_each(|(d, &s)| *d += s);
+                    }
+                }
+            }
+        }
     }
 
     /// Writes (`overwrite`) or adds the sums of a tile into columns `j0..j0 + nr` of its
