@@ -58,7 +58,16 @@ pub fn lz() -> assert_cmd::Command {
     for k in layerzero::knobs::all() {
         c.env_remove(k.name);
     }
+    // State `lz` keeps (the measured hardware, PerfDB, calibration) stays in this test
+    // process's folder, never the user's; a test sets its own to start from nothing.
+    c.env("LAYERZERO_HOME", test_home());
     c
+}
+
+/// A folder for `LAYERZERO_HOME` shared by this test process's `lz` runs.
+pub fn test_home() -> &'static std::path::Path {
+    static HOME: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    HOME.get_or_init(|| tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"))).path()
 }
 
 /// Dense attention [batch, seq, heads, head_dim] in BSHD, no attributes set.

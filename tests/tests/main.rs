@@ -11,6 +11,7 @@ mod files;
 mod fixtures;
 mod flips;
 mod front_door;
+mod hardware_measure;
 mod health;
 mod isa_cap;
 mod measured;

@@ -382,6 +382,10 @@ pub(super) struct HardwareArgs {
     /// List the shipped profile names.
     #[arg(long)]
     pub(super) list: bool,
+    /// Measure this host's copy bandwidth and multiply-add rates (under LAYERZERO_CPU_ISA),
+    /// store them in $LAYERZERO_HOME/hardware.json, and show them next to the nominal ones.
+    #[arg(long, conflicts_with_all = ["hardware", "list"])]
+    pub(super) measure: bool,
     /// Machine-readable output.
     #[arg(long)]
     pub(super) json: bool,

@@ -4,7 +4,7 @@
 use super::args::{HardwareArgs, ListArgs, SelectArgs};
 use super::{Outcome, load_catalog, load_request, parse_op, print_json, render, selector};
 use crate::error::{Error, Result};
-use crate::hardware::{detect, named};
+use crate::hardware::{detect, measure, named};
 
 pub(super) fn explain(a: SelectArgs, which: bool) -> Result<Outcome> {
     let request = load_request(&a.request)?;
@@ -86,6 +86,9 @@ pub(super) fn hardware(a: HardwareArgs) -> Result<Outcome> {
         }
         return Ok(Outcome::Ok);
     }
+    if a.measure {
+        return measure_host(a.json);
+    }
     let (profile, notes) = match &a.hardware {
         Some(h) => (named::load(h)?, Vec::new()),
         None => {
@@ -101,5 +104,37 @@ pub(super) fn hardware(a: HardwareArgs) -> Result<Outcome> {
     } else {
         print!("{}", render::hardware(&profile, &notes));
     }
+    Ok(Outcome::Ok)
+}
+
+/// `lz hardware --measure`: measures this host, stores the figures and shows them next to
+/// the nominal estimates.
+fn measure_host(json: bool) -> Result<Outcome> {
+    let nominal = detect::detect_nominal();
+    let Some(cpu) = nominal.profile.devices.iter().find(|d| d.kind == crate::model::device::DeviceKind::Cpu) else {
+        return Err(crate::Error::invalid("this host has no CPU device to measure"));
+    };
+    if !json {
+        eprintln!("measuring {} (a few seconds, every thread busy)...", cpu.name);
+    }
+    let m = measure::measure(cpu, &nominal.profile.fingerprint);
+    let path = measure::path();
+    measure::save(&path, &m)?;
+    let mut notes = nominal.notes.clone();
+    let detected = detect::with_measured(nominal.profile.clone(), &path, &mut notes);
+    if json {
+        let mut v = detected.profile.to_file_json();
+        v["fingerprint"] = serde_json::Value::String(detected.profile.fingerprint.clone());
+        v["notes"] = serde_json::json!(detected.notes);
+        v["nominal"] = serde_json::json!({
+            "memory_bandwidth_gbps": cpu.memory_bandwidth_gbps,
+            "peak_tflops": cpu.peak_tflops,
+        });
+        v["measured"] = serde_json::to_value(&m).map_err(|e| crate::Error::invalid(e.to_string()))?;
+        v["path"] = serde_json::Value::String(path.display().to_string());
+        print_json(&v);
+        return Ok(Outcome::Ok);
+    }
+    print!("{}", render::measured(cpu, &m, &path));
     Ok(Outcome::Ok)
 }

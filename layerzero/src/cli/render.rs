@@ -215,6 +215,31 @@ pub(super) fn hardware(p: &HardwareProfile, notes: &[String]) -> String {
     out
 }
 
+/// `lz hardware --measure` for people: each figure measured next to its nominal estimate.
+pub(super) fn measured(
+    cpu: &crate::hardware::profile::DeviceProfile,
+    m: &crate::hardware::measure::Measured,
+    path: &std::path::Path,
+) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{} (cap {}, {} threads), measured {}", m.cpu, m.cap, m.threads, m.measured_at);
+    let _ = writeln!(out, "{:<34} {:>12} {:>12}", "figure", "nominal", "measured");
+    let _ = writeln!(out, "{:<34} {:>12} {:>12}", "copy bandwidth, GB/s", cpu.memory_bandwidth_gbps, m.copy_gbps);
+    for (dt, v) in &m.peak_tflops {
+        let nominal = cpu.peak_tflops.get(dt).map_or("-".to_owned(), |x| x.to_string());
+        let _ = writeln!(out, "{:<34} {:>12} {:>12}", format!("peak {dt}, TFLOP/s"), nominal, v);
+    }
+    for (path_name, v) in &m.mac_per_ns_per_thread {
+        let _ = writeln!(out, "{:<34} {:>12} {:>12}", format!("{path_name} multiply-adds/ns/thread"), "-", v);
+    }
+    let _ = writeln!(out, "{:<34} {:>12} {:>12}", "fork-join, us", "-", m.fork_join_us);
+    let split = m.split_min_bytes.map_or("never".to_owned(), |b| format!("{:.2} MB", b as f64 / 1e6));
+    let _ = writeln!(out, "{:<34} {:>12} {:>12}", "row work split from", "32768 elts", split);
+    let _ =
+        writeln!(out, "stored in {} for fingerprint {}; detection uses it from now on", path.display(), m.fingerprint);
+    out
+}
+
 /// `lz reason-codes` for people.
 pub(super) fn reason_codes() -> String {
     let mut out = String::new();

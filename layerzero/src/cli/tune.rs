@@ -70,6 +70,16 @@ pub(super) fn run(a: TuneArgs) -> Result<Outcome> {
         opts.protocol.time_cap = cap;
         opts.protocol.hard_cap = opts.protocol.hard_cap.max(cap);
     }
+    // The cost model's roofline from this machine's measured figures, not nominal ones.
+    if let Some(m) = crate::hardware::measure::ensure(&crate::hardware::measure::path())?
+        && !a.json
+    {
+        eprintln!(
+            "measured this host first (lz hardware --measure): copy {} GB/s, peak TFLOP/s {}",
+            m.copy_gbps,
+            m.peak_tflops.iter().map(|(d, v)| format!("{d} {v}")).collect::<Vec<_>>().join(", ")
+        );
+    }
     let host = Host::detect(load_catalog(&a.catalog)?)?;
     let bar = if a.json || !std::io::stderr().is_terminal() {
         ProgressBar::hidden()

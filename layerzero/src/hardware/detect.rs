@@ -356,8 +356,15 @@ fn detect_cpu(notes: &mut Vec<String>) -> DeviceProfile {
 }
 
 /// This host as the profile `host`: GPUs first when any is found, the CPU last; otherwise
-/// the CPU alone. Never panics, never fails.
+/// the CPU alone; with the CPU figures `lz hardware --measure` stored for it, where it did.
+/// Never panics, never fails.
 pub fn detect_host() -> Detection {
+    let Detection { profile, mut notes } = detect_nominal();
+    with_measured(profile, &super::measure::path(), &mut notes)
+}
+
+/// [`detect_host`] with the nominal estimates, whatever was measured.
+pub fn detect_nominal() -> Detection {
     let mut notes = Vec::new();
     let cpu = detect_cpu(&mut notes);
     let mut devices = Vec::new();
@@ -379,6 +386,42 @@ pub fn detect_host() -> Detection {
         format!("detected on this host: {} with {}", gpu_names.join(", "), devices[devices.len() - 1].name)
     };
     Detection { profile: HardwareProfile::new("host", description, devices), notes }
+}
+
+/// `profile` with the CPU figures `lz hardware --measure` stored for its fingerprint in
+/// `file`, when there are any (the nominal notes then give way to what was measured).
+pub fn with_measured(profile: HardwareProfile, file: &std::path::Path, notes: &mut Vec<String>) -> Detection {
+    let m = match super::measure::load(file) {
+        Ok(f) => f.hosts.get(&profile.fingerprint).cloned(),
+        Err(e) => {
+            notes.push(format!("measured figures not used: {e}"));
+            None
+        }
+    };
+    let Some(m) = m else {
+        notes.push("CPU figures not measured on this host; `lz hardware --measure` measures them".to_owned());
+        return Detection { profile, notes: std::mem::take(notes) };
+    };
+    let HardwareProfile { name, description, mut devices, .. } = profile;
+    for d in devices.iter_mut().filter(|d| d.kind == DeviceKind::Cpu) {
+        let before: Vec<String> =
+            m.peak_tflops.keys().map(|dt| format!("{dt} {}", d.peak_tflops.get(dt).copied().unwrap_or(0.0))).collect();
+        notes.retain(|n| !(n.starts_with("CPU peak estimated") || n.starts_with("CPU memory bandwidth")));
+        let peaks: Vec<String> = m.peak_tflops.iter().map(|(dt, v)| format!("{dt} {v}")).collect();
+        notes.push(format!(
+            "CPU measured {} (cap {}, {} threads): copy bandwidth {} GB/s (nominal estimate {} GB/s), peak TFLOP/s {} (nominal {})",
+            m.measured_at,
+            m.cap,
+            m.threads,
+            m.copy_gbps,
+            d.memory_bandwidth_gbps,
+            peaks.join(", "),
+            before.join(", ")
+        ));
+        super::measure::apply(d, &m);
+    }
+    let profile = HardwareProfile::new(name, description, devices);
+    Detection { profile, notes: std::mem::take(notes) }
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 
 pub mod cap;
 pub mod detect;
+pub mod measure;
 pub mod memory;
 pub mod named;
 pub mod profile;

@@ -345,9 +345,19 @@ impl HardwareProfile {
     }
 }
 
-/// blake3 over the canonical JSON (sorted keys) of the devices: names and descriptions of
-/// the profile do not change it, every device fact does.
+/// blake3 over the canonical JSON (sorted keys) of the devices' identity: names and
+/// descriptions of the profile do not change it, nor do the figures a host measures of
+/// itself (`memory_bandwidth_gbps`, `peak_tflops`: `lz hardware --measure`), so that
+/// measuring a machine, or measuring it again, keeps its PerfDB rows, calibration and
+/// plans; every other device fact (kind, vendor, name, ISA, memory, compute units, compute
+/// capability, gfx) does change it.
 fn fingerprint(devices: &[DeviceProfile]) -> String {
-    let value = serde_json::to_value(devices).unwrap_or(serde_json::Value::Null);
+    let mut value = serde_json::to_value(devices).unwrap_or(serde_json::Value::Null);
+    if let Some(list) = value.as_array_mut() {
+        for d in list.iter_mut().filter_map(|d| d.as_object_mut()) {
+            d.remove("memory_bandwidth_gbps");
+            d.remove("peak_tflops");
+        }
+    }
     crate::canonical::hash(&value)[..16].to_owned()
 }

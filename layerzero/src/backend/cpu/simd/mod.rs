@@ -24,7 +24,7 @@ pub(crate) use norm::{
     sums_bf16_dp,
 };
 pub(crate) use softmax::{SoftmaxRows, softmax_tile, softmax_tile_bf16};
-pub(crate) use throughput::{MacRates, bf16_pairs_fast, mac_rates, measure as measure_mac_rates};
+pub(crate) use throughput::{MacRates, bf16_pairs_fast, measure as measure_mac_rates};
 pub(crate) use tile::{TILE_MR, TILE_NR, gemm_tile_packed};
 pub(crate) use transpose::{pair_tile, transpose_16x16, transpose_round_bf16};
 pub(crate) use vector::{axpy, dots, exp_approx, exp_sub_sum, row_max, scale};

@@ -21,6 +21,16 @@ pub(crate) struct MacRates {
     pub f32: f64,
     /// bf16 pair products (`vdpbf16ps`, 512-bit), where the CPU has AVX512_BF16 under the cap.
     pub bf16_pairs: Option<f64>,
+    /// bf16 AMX tile products (the attention and linear tile GEMM on operands in L2), where
+    /// AMX is usable under the cap.
+    pub bf16_amx: Option<f64>,
+}
+
+impl MacRates {
+    /// The fastest bf16 path a kernel has here: AMX tiles, bf16 pairs, or widening to f32.
+    pub(crate) fn bf16(&self) -> f64 {
+        [self.bf16_amx, self.bf16_pairs, Some(self.f32)].into_iter().flatten().fold(0.0, f64::max)
+    }
 }
 
 /// This core's rates, measured once per process.
@@ -52,18 +62,42 @@ pub(crate) fn measure() -> MacRates {
     #[cfg(target_arch = "x86_64")]
     {
         let f32_rate = match level() {
-            Level::Avx512 => best(|n| x86::fma_chains::<16>(n), CHAINS * 16),
-            Level::Avx2 => best(|n| x86::fma_chains::<8>(n), CHAINS * 8),
+            Level::Avx512 => best(x86::fma_chains::<16>, CHAINS * 16),
+            Level::Avx2 => best(x86::fma_chains::<8>, CHAINS * 8),
             Level::Portable => best(scalar_chains, CHAINS),
         };
         let bf16_pairs = avx512_bf16().then(|| best(x86::dp_chains, CHAINS * 32));
-        MacRates { f32: f32_rate, bf16_pairs }
+        MacRates { f32: f32_rate, bf16_pairs, bf16_amx: amx_rate() }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (level, avx512_bf16);
-        MacRates { f32: best(scalar_chains, CHAINS), bf16_pairs: None }
+        MacRates { f32: best(scalar_chains, CHAINS), bf16_pairs: None, bf16_amx: None }
     }
+}
+
+/// AMX's bf16 rate on a 64 x 64 x 512 product held in L2 (best of several runs of 16
+/// calls), where AMX is usable.
+fn amx_rate() -> Option<f64> {
+    if !super::amx_bf16() {
+        return None;
+    }
+    const M: usize = 64;
+    const K2: usize = 256;
+    let a = vec![0x3F80u16; M * 2 * K2];
+    let b = vec![0x3F80_3F80u32; K2 * super::AMX_PANEL];
+    let mut c = vec![0f32; M * M];
+    let call = |c: &mut [f32]| super::gemm_amx_bf16(M, M, K2, &a, 2 * K2, &b, K2 * super::AMX_PANEL, c, M, false);
+    call(&mut c);
+    let mut best = f64::MAX;
+    for _ in 0..7 {
+        let t = Instant::now();
+        for _ in 0..16 {
+            call(std::hint::black_box(&mut c));
+        }
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Some((16 * M * M * 2 * K2) as f64 / (best.max(1e-9) * 1e9))
 }
 
 /// Independent accumulator chains per iteration (more than latency x issue width).
