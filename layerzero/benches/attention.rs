@@ -1,4 +1,4 @@
-//! The `cpu` backend's attention kernels on the shapes `tools/bench_vs_torch.py` compares
+//! The `cpu` backend's attention kernels on the shapes `tools/bench.py` compares
 //! with PyTorch CPU SDPA: prefill (B=1, Hq=32, Hkv=8, D=128, causal), decode (one query
 //! against a 4096-key cache) and paged decode (the same cache in pages of 16).
 //! Run: `cargo bench -p layerzero --bench attention`.

@@ -73,6 +73,11 @@ fn tuning_a_tiny_workload_writes_rows_and_verifies() {
     assert!(results.iter().all(|r| r["status"] == "measured" && r["samples"].as_u64() >= Some(5)), "{out}");
     // One model pick per bucket.
     assert_eq!(results.iter().filter(|r| r["model_choice"] == true).count(), 5);
+    // Time against work from bucket to bucket, per entry and kernel: 3 norm buckets and 2
+    // attention buckets, two kernels each, make 6 neighbouring pairs.
+    let growth = &v["growth"];
+    assert_eq!(growth["pairs"], 6, "{growth}");
+    assert!(growth["worst_ratio"].as_f64().is_some_and(|r| r > 0.0) && growth["kernel"].is_string(), "{growth}");
     let verify = &v["verify"];
     assert_eq!(verify["verified"], 5, "{out}");
     assert!(verify["perfdb"]["worst"].as_f64().is_some_and(|x| x >= 0.0));
@@ -93,6 +98,7 @@ fn tuning_a_tiny_workload_writes_rows_and_verifies() {
         .unwrap_or_default();
     assert!(counts.len() == 2 && counts[0] + counts[1] == 10 && counts[1] >= 5, "{counts:?}: {out}");
     assert!(out.contains("PICKED BY") && out.contains("model-only") && out.contains("perfdb-backed"), "{out}");
+    assert!(out.contains("growth: 6 neighbouring bucket pairs"), "{out}");
     assert!(err.is_empty(), "no progress bar when stderr is not a terminal: {err}");
 }
 

@@ -380,6 +380,7 @@ pub fn tune_with(host: &Host, opts: &TuneOptions, on_event: &mut dyn FnMut(Event
         }
     }
 
+    let growth = growth(&plans, &results);
     let verify = if opts.verify {
         let (report, exhausted) = verify::run(
             host,
@@ -415,7 +416,60 @@ pub fn tune_with(host: &Host, opts: &TuneOptions, on_event: &mut dyn FnMut(Event
         unselectable,
         verify,
         calibration: calibration.map(|(c, path)| report::CalibrationReport { path, fits: c.kernels }),
+        growth,
     })
+}
+
+/// Time against work across the buckets of each (entry, kernel): see [`report::Growth`].
+fn growth(plans: &[Planned<'_>], results: &[KernelResult]) -> Option<report::Growth> {
+    use std::collections::BTreeMap;
+    /// A kernel's buckets: (modelled roof ns, measured ns, bucket).
+    type Points<'a> = Vec<(f64, f64, &'a str)>;
+    let mut series: BTreeMap<(&str, &str), Points<'_>> = BTreeMap::new();
+    for plan in plans {
+        for sel in &plan.ranked {
+            let measured = results.iter().find(|r| {
+                r.entry == plan.point.entry
+                    && r.bucket == plan.bucket
+                    && r.key == plan.key
+                    && r.kernel == sel.kernel
+                    && r.status != Status::Failed
+                    && r.median_ns > 0.0
+            });
+            if let Some(r) = measured {
+                let roof = sel.score.model.compute_ns.max(sel.score.model.memory_ns);
+                series.entry((&plan.point.entry, &sel.kernel)).or_default().push((roof, r.median_ns, &plan.bucket));
+            }
+        }
+    }
+    let mut out: Option<report::Growth> = None;
+    let (mut pairs, mut steps) = (0, 0);
+    for ((entry, kernel), mut s) in series {
+        s.sort_by(|a, b| a.0.total_cmp(&b.0));
+        for w in s.windows(2) {
+            // Buckets the model sees as the same work are not neighbours in size.
+            if w[1].0 <= w[0].0 {
+                continue;
+            }
+            pairs += 1;
+            let ratio = w[0].1 / w[1].1;
+            if ratio > 1.1 {
+                steps += 1;
+            }
+            if out.as_ref().is_none_or(|g| ratio > g.worst_ratio) {
+                out = Some(report::Growth {
+                    pairs: 0,
+                    steps_down: 0,
+                    worst_ratio: ratio,
+                    entry: entry.to_owned(),
+                    kernel: kernel.to_owned(),
+                    smaller: w[0].2.to_owned(),
+                    larger: w[1].2.to_owned(),
+                });
+            }
+        }
+    }
+    out.map(|g| report::Growth { pairs, steps_down: steps, ..g })
 }
 
 #[cfg(test)]

@@ -230,6 +230,32 @@ pub struct TuneReport {
     /// calibration file.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub calibration: Option<CalibrationReport>,
+    /// Whether each kernel's time grows with its work from bucket to bucket (absent when no
+    /// kernel was measured at two buckets of an entry).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub growth: Option<Growth>,
+}
+
+/// Whether time grows with work: for each (entry, kernel) measured at several buckets, the
+/// buckets in the order of the kernel's modelled work, and the ratio of each one's measured
+/// time to the next larger one's. A ratio above 1 is a step down (a smaller problem slower
+/// than a larger one: a cliff at a threshold); the worst is reported.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Growth {
+    /// Neighbouring pairs compared.
+    pub pairs: usize,
+    /// Pairs whose smaller bucket took more than 10% longer than the larger one.
+    pub steps_down: usize,
+    /// The largest `time(smaller) / time(larger)`.
+    pub worst_ratio: f64,
+    /// Where: the entry, the kernel, the smaller and the larger bucket.
+    pub entry: String,
+    /// The kernel.
+    pub kernel: String,
+    /// The smaller bucket.
+    pub smaller: String,
+    /// The larger bucket.
+    pub larger: String,
 }
 
 impl TuneReport {
