@@ -349,6 +349,23 @@ fn bf16_prefill_on_every_head_dim_group_and_option() {
 }
 
 #[test]
+fn bf16_prefill_on_vdpbf16ps_pairs_where_a_cpu_has_no_amx() {
+    // The operands AMX takes, multiplied by vdpbf16ps instead (a Zen 4 or Zen 5).
+    if !super::simd::avx512_bf16() {
+        return;
+    }
+    super::simd::force_bf16_pairs(true);
+    for (s, d, hq, hkv, dv) in [(7, 64, 4, 4, 48), (130, 128, 6, 2, 40), (600, 128, 4, 1, 128)] {
+        for attrs in [causal(), AttentionAttrs { causal: true, softcap: Some(8.0), ..Default::default() }] {
+            let mut a = dense(1, s, s + 3, hq, hkv, d, dv, DType::BF16);
+            a.attrs = attrs;
+            check(&a, &format!("bf16 pairs s={s} d={d} hq={hq} hkv={hkv}"));
+        }
+    }
+    super::simd::force_bf16_pairs(false);
+}
+
+#[test]
 fn long_sequences_cross_several_key_tiles() {
     for dtype in [DType::F32, DType::BF16] {
         for attrs in [causal(), AttentionAttrs { causal: true, window_left: Some(300), ..Default::default() }] {

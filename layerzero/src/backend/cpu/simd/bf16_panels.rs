@@ -9,7 +9,29 @@ use super::{AMX_PANEL, amx_bf16, avx512_bf16, bf16_pairs_fast, gemm_amx_bf16};
 /// True when [`gemm_bf16_panels`] outruns widening to f32 on this CPU: AMX, or bf16 pairs
 /// measured fast ([`bf16_pairs_fast`]).
 pub(crate) fn bf16_panels() -> bool {
-    amx_bf16() || bf16_pairs_fast()
+    amx_bf16() || bf16_pairs_fast() || forced()
+}
+
+/// Tests: the `vdpbf16ps` path taken where AVX512_BF16 exists even when AMX or widening
+/// would be, so that one machine checks both (results stay correct for any test that runs
+/// meanwhile: both paths sum exact products in f32).
+#[cfg(test)]
+pub(crate) fn force_bf16_pairs(on: bool) {
+    FORCE.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+#[cfg(test)]
+static FORCE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn forced() -> bool {
+    #[cfg(test)]
+    {
+        FORCE.load(std::sync::atomic::Ordering::Relaxed) && avx512_bf16()
+    }
+    #[cfg(not(test))]
+    {
+        false
+    }
 }
 
 /// `C (+)= A . B`: A is row-major bf16 bits, `m` rows of `lda` elements (the first `2 * k2`
@@ -30,7 +52,7 @@ pub(crate) fn gemm_bf16_panels(
     ldc: usize,
     accumulate: bool,
 ) {
-    if amx_bf16() {
+    if amx_bf16() && !forced() {
         gemm_amx_bf16(m, n, k2, a, lda, b, pstride, c, ldc, accumulate);
         return;
     }

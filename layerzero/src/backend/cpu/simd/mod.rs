@@ -11,6 +11,8 @@
 use std::sync::OnceLock;
 
 pub(crate) use amx::{AMX_A_TILE, AMX_B_TILE, AMX_PANEL, Prefetch, amx_bf16, gemm_amx_bf16, gemm_amx_bf16_tiles};
+#[cfg(test)]
+pub(crate) use bf16_panels::force_bf16_pairs;
 pub(crate) use bf16_panels::{bf16_panels, gemm_bf16_panels};
 #[cfg(test)]
 pub(crate) use convert::bf16_bits_finite;
