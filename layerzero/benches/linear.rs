@@ -76,13 +76,13 @@ fn bench_linear(bencher: Bencher, dtype: DType, m: usize) {
 }
 
 /// f32, M x 4096 x 4096 (1 = decode, 512 = prefill).
-#[divan::bench(args = [1, 512], sample_count = 10, sample_size = 1)]
+#[divan::bench(args = [1, 512], sample_count = 40, sample_size = 1)]
 fn linear_f32(bencher: Bencher, m: usize) {
     bench_linear(bencher, DType::F32, m);
 }
 
 /// bf16, M x 4096 x 4096.
-#[divan::bench(args = [1, 512], sample_count = 10, sample_size = 1)]
+#[divan::bench(args = [1, 512], sample_count = 40, sample_size = 1)]
 fn linear_bf16(bencher: Bencher, m: usize) {
     bench_linear(bencher, DType::BF16, m);
 }

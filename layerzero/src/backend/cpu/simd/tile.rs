@@ -146,23 +146,40 @@ pub(super) mod x86 {
         for r0 in (0..c.len()).step_by(R) {
             for c0 in (0..nr).step_by(16) {
                 let mut acc = [[_mm256_setzero_ps(); 2]; R];
-                for p in 0..kc {
-                    // SAFETY: step p reads a[p MR + r0..+R] (r0 + R <= MR) and
-                    // b[p NR + c0..+16] (c0 + 16 <= NR), inside the panels (asserted).
+                let (mut ap, mut bp) = (a.as_ptr().wrapping_add(r0), b.as_ptr().wrapping_add(c0));
+                for _ in 0..kc {
+                    // SAFETY: step p (0..kc) reads a[p MR + r0..+R] (r0 + R <= MR) and
+                    // b[p NR + c0..+16] (c0 + 16 <= NR), inside the panels (asserted); the
+                    // pointers advance by one step each pass.
                     unsafe {
-                        let bp = b.as_ptr().add(p * NR + c0);
                         let (b0, b1) = (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)));
-                        let ap = a.as_ptr().add(p * MR + r0);
                         for (i, row) in acc.iter_mut().enumerate() {
                             let av = _mm256_broadcast_ss(&*ap.add(i));
                             row[0] = _mm256_fmadd_ps(av, b0, row[0]);
                             row[1] = _mm256_fmadd_ps(av, b1, row[1]);
                         }
                     }
+                    ap = ap.wrapping_add(MR);
+                    bp = bp.wrapping_add(NR);
                 }
                 let lanes = (nr - c0).min(16);
                 for (i, sums) in acc.iter().enumerate() {
                     let Some(row) = c.get_mut(r0 + i) else { break };
+                    if lanes == 16 {
+                        let dst = &mut row[j0 + c0..j0 + c0 + 16];
+                        let p = dst.as_mut_ptr();
+                        // SAFETY: `dst` holds 16 floats (sliced above).
+                        unsafe {
+                            let (mut s0, mut s1) = (sums[0], sums[1]);
+                            if !overwrite {
+                                s0 = _mm256_add_ps(s0, _mm256_loadu_ps(p));
+                                s1 = _mm256_add_ps(s1, _mm256_loadu_ps(p.add(8)));
+                            }
+                            _mm256_storeu_ps(p, s0);
+                            _mm256_storeu_ps(p.add(8), s1);
+                        }
+                        continue;
+                    }
                     let mut tmp = [0f32; 16];
                     // SAFETY: `tmp` holds 16 floats.
                     unsafe {
