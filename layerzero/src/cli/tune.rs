@@ -203,10 +203,10 @@ fn text(r: &TuneReport) -> String {
     for u in &r.unselectable {
         out.push_str(&format!("no kernel: {} {}: {}\n", u.entry, u.bucket, u.error));
     }
-    if let Some(g) = &r.growth {
+    for g in &r.growth {
         out.push_str(&format!(
-            "\ngrowth: {} neighbouring bucket pairs, {} steps down (a smaller bucket >10% slower); worst time(smaller) / time(larger) {:.2}: {} {} at {} vs {}\n",
-            g.pairs, g.steps_down, g.worst_ratio, g.entry, g.kernel, g.smaller, g.larger
+            "growth {}: {} neighbouring bucket pairs, {} steps down (a smaller bucket >10% slower); worst time(smaller) / time(larger) {:.2}: {} {} at {} vs {}\n",
+            g.backend, g.pairs, g.steps_down, g.worst_ratio, g.entry, g.kernel, g.smaller, g.larger
         ));
     }
     if let Some(c) = &r.calibration {

@@ -380,7 +380,7 @@ pub fn tune_with(host: &Host, opts: &TuneOptions, on_event: &mut dyn FnMut(Event
         }
     }
 
-    let growth = growth(&plans, &results);
+    let growth = growth(&results);
     let verify = if opts.verify {
         let (report, exhausted) = verify::run(
             host,
@@ -420,56 +420,69 @@ pub fn tune_with(host: &Host, opts: &TuneOptions, on_event: &mut dyn FnMut(Event
     })
 }
 
-/// Time against work across the buckets of each (entry, kernel): see [`report::Growth`].
-fn growth(plans: &[Planned<'_>], results: &[KernelResult]) -> Option<report::Growth> {
+/// Time against size across the buckets of each (entry, kernel), per backend: see
+/// [`report::Growth`]. A bucket is smaller than another when none of its axes' lower bounds
+/// is larger and one is smaller; neighbours are such pairs with no bucket between them.
+fn growth(results: &[KernelResult]) -> Vec<report::Growth> {
     use std::collections::BTreeMap;
-    /// A kernel's buckets: (modelled roof ns, measured ns, bucket).
-    type Points<'a> = Vec<(f64, f64, &'a str)>;
-    let mut series: BTreeMap<(&str, &str), Points<'_>> = BTreeMap::new();
-    for plan in plans {
-        for sel in &plan.ranked {
-            let measured = results.iter().find(|r| {
-                r.entry == plan.point.entry
-                    && r.bucket == plan.bucket
-                    && r.key == plan.key
-                    && r.kernel == sel.kernel
-                    && r.status != Status::Failed
-                    && r.median_ns > 0.0
-            });
-            if let Some(r) = measured {
-                let roof = sel.score.model.compute_ns.max(sel.score.model.memory_ns);
-                series.entry((&plan.point.entry, &sel.kernel)).or_default().push((roof, r.median_ns, &plan.bucket));
-            }
+    /// A bucket's axes and their lower bounds (`batch=2,pages=65..128` -> batch 2, pages 65).
+    fn axes(bucket: &str) -> Option<Vec<(&str, u64)>> {
+        bucket
+            .split(',')
+            .map(|part| {
+                let (axis, range) = part.split_once('=')?;
+                let lo = range.split("..").next()?;
+                Some((axis, lo.trim().parse().ok()?))
+            })
+            .collect()
+    }
+    let below = |a: &[(&str, u64)], b: &[(&str, u64)]| {
+        a.len() == b.len()
+            && a.iter().zip(b).all(|(x, y)| x.0 == y.0 && x.1 <= y.1)
+            && a.iter().zip(b).any(|(x, y)| x.1 < y.1)
+    };
+    // (backend, entry, kernel) -> [(axes, measured ns, bucket)]
+    type Points<'a> = Vec<(Vec<(&'a str, u64)>, f64, &'a str)>;
+    let mut series: BTreeMap<(&str, &str, &str), Points<'_>> = BTreeMap::new();
+    for r in results.iter().filter(|r| r.status != Status::Failed && r.median_ns > 0.0) {
+        if let Some(ax) = axes(&r.bucket) {
+            series.entry((&r.backend, &r.entry, &r.kernel)).or_default().push((ax, r.median_ns, &r.bucket));
         }
     }
-    let mut out: Option<report::Growth> = None;
-    let (mut pairs, mut steps) = (0, 0);
-    for ((entry, kernel), mut s) in series {
-        s.sort_by(|a, b| a.0.total_cmp(&b.0));
-        for w in s.windows(2) {
-            // Buckets the model sees as the same work are not neighbours in size.
-            if w[1].0 <= w[0].0 {
-                continue;
-            }
-            pairs += 1;
-            let ratio = w[0].1 / w[1].1;
-            if ratio > 1.1 {
-                steps += 1;
-            }
-            if out.as_ref().is_none_or(|g| ratio > g.worst_ratio) {
-                out = Some(report::Growth {
+    let mut by_backend: BTreeMap<&str, report::Growth> = BTreeMap::new();
+    for ((backend, entry, kernel), pts) in &series {
+        for a in pts {
+            for b in pts {
+                let neighbours = below(&a.0, &b.0) && !pts.iter().any(|c| below(&a.0, &c.0) && below(&c.0, &b.0));
+                if !neighbours {
+                    continue;
+                }
+                let ratio = a.1 / b.1;
+                let g = by_backend.entry(backend).or_insert_with(|| report::Growth {
+                    backend: (*backend).to_owned(),
                     pairs: 0,
                     steps_down: 0,
-                    worst_ratio: ratio,
-                    entry: entry.to_owned(),
-                    kernel: kernel.to_owned(),
-                    smaller: w[0].2.to_owned(),
-                    larger: w[1].2.to_owned(),
+                    worst_ratio: 0.0,
+                    entry: String::new(),
+                    kernel: String::new(),
+                    smaller: String::new(),
+                    larger: String::new(),
                 });
+                g.pairs += 1;
+                if ratio > 1.1 {
+                    g.steps_down += 1;
+                }
+                if ratio > g.worst_ratio {
+                    g.worst_ratio = ratio;
+                    g.entry = (*entry).to_owned();
+                    g.kernel = (*kernel).to_owned();
+                    g.smaller = a.2.to_owned();
+                    g.larger = b.2.to_owned();
+                }
             }
         }
     }
-    out.map(|g| report::Growth { pairs, steps_down: steps, ..g })
+    by_backend.into_values().collect()
 }
 
 #[cfg(test)]

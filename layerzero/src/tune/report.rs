@@ -230,18 +230,20 @@ pub struct TuneReport {
     /// calibration file.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub calibration: Option<CalibrationReport>,
-    /// Whether each kernel's time grows with its work from bucket to bucket (absent when no
-    /// kernel was measured at two buckets of an entry).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub growth: Option<Growth>,
+    /// Whether each kernel's time grows with the size of its buckets, per backend (empty when
+    /// no kernel was measured at two comparable buckets of an entry).
+    pub growth: Vec<Growth>,
 }
 
-/// Whether time grows with work: for each (entry, kernel) measured at several buckets, the
-/// buckets in the order of the kernel's modelled work, and the ratio of each one's measured
-/// time to the next larger one's. A ratio above 1 is a step down (a smaller problem slower
-/// than a larger one: a cliff at a threshold); the worst is reported.
+/// Whether time grows with size, over one backend's kernels: for each (entry, kernel)
+/// measured at several buckets, every pair of neighbouring buckets (one smaller than the
+/// other along its axes, none between them) and the ratio of the smaller one's measured time
+/// to the larger one's. A ratio above 1 is a step down (a smaller problem slower than a
+/// larger one: a cliff at a threshold); the worst is reported.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Growth {
+    /// The backend.
+    pub backend: String,
     /// Neighbouring pairs compared.
     pub pairs: usize,
     /// Pairs whose smaller bucket took more than 10% longer than the larger one.
