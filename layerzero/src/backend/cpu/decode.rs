@@ -75,7 +75,18 @@ pub(crate) fn run<T: Send>(
         return;
     }
     let (g, dv) = (p.group(), p.dv);
-    let want = 4 * rayon::current_num_threads();
+    // K and V bytes the units read: split across threads only when that outlasts the
+    // fork-join (a short cache on one thread, unchunked, costs no merge either).
+    let kv_bytes: usize = units
+        .iter()
+        .map(|&(u, (h0, h1))| {
+            let seq = &p.seqs[u.seq];
+            let elem = seq.k.st.dtype().size_bytes() as usize;
+            seq.sk * (h1 - h0) * (p.d + dv) * elem
+        })
+        .sum();
+    let split = super::split::worth_splitting(kv_bytes);
+    let want = if split { 4 * rayon::current_num_threads() } else { 1 };
     let per_group = want.div_ceil(units.len()).max(1);
     let mut tasks: SmallVec<[Task; 64]> = SmallVec::new();
     let mut spans: SmallVec<[(usize, usize); 8]> = SmallVec::new();
@@ -102,10 +113,16 @@ pub(crate) fn run<T: Send>(
         return;
     }
     with_scratch(tasks.len() * stride, |parts: &mut [f32]| {
-        parts
-            .par_chunks_mut(stride)
-            .zip(tasks.par_iter())
-            .for_each(|(buf, t)| task(p, t, &mut buf[..rows(t) * (dv + 2)]));
+        if split {
+            parts
+                .par_chunks_mut(stride)
+                .zip(tasks.par_iter())
+                .for_each(|(buf, t)| task(p, t, &mut buf[..rows(t) * (dv + 2)]));
+        } else {
+            for (buf, t) in parts.chunks_mut(stride).zip(tasks.iter()) {
+                task(p, t, &mut buf[..rows(t) * (dv + 2)]);
+            }
+        }
         let parts: &[f32] = parts;
         with_scratch(dv, |row: &mut [f32]| {
             for (&(u, _), &(a, b)) in units.iter().zip(&spans) {
