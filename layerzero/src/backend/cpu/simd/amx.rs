@@ -51,27 +51,49 @@ pub(crate) fn gemm_amx_bf16(
     accumulate: bool,
 ) {
     assert!(amx_bf16(), "gemm_amx_bf16 needs AMX");
+    if panel_operands("gemm_amx_bf16", m, n, k2, a, lda, b, pstride, c, ldc, accumulate) {
+        #[cfg(target_arch = "x86_64")]
+        x86::gemm_amx(m, n, k2, a, lda, b, pstride, c, ldc, accumulate);
+    }
+}
+
+/// The checks of a bf16 panel product (`m`, `n`, `k2` multiples of 16; A, B and C holding
+/// what they must, panicking with `name` otherwise) and its trivial cases: `false` when
+/// nothing is left to multiply (an empty C; K = 0, where C is zeroed unless accumulating).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn panel_operands(
+    name: &str,
+    m: usize,
+    n: usize,
+    k2: usize,
+    a: &[u16],
+    lda: usize,
+    b: &[u32],
+    pstride: usize,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) -> bool {
     assert!(
         m.is_multiple_of(16) && n.is_multiple_of(16) && k2.is_multiple_of(16),
-        "gemm_amx_bf16: m, n, k2 must be multiples of 16"
+        "{name}: m, n, k2 must be multiples of 16"
     );
     if m == 0 || n == 0 {
-        return;
+        return false;
     }
-    assert!(ldc >= n && c.len() >= (m - 1) * ldc + n, "gemm_amx_bf16: C too short");
+    assert!(ldc >= n && c.len() >= (m - 1) * ldc + n, "{name}: C too short");
     if k2 == 0 {
         if !accumulate {
             for i in 0..m {
                 c[i * ldc..i * ldc + n].fill(0.0);
             }
         }
-        return;
+        return false;
     }
-    assert!(lda >= 2 * k2 && a.len() >= (m - 1) * lda + 2 * k2, "gemm_amx_bf16: A too short");
+    assert!(lda >= 2 * k2 && a.len() >= (m - 1) * lda + 2 * k2, "{name}: A too short");
     let last = (n - 1) / AMX_PANEL;
-    assert!(pstride >= k2 * AMX_PANEL && b.len() >= last * pstride + k2 * AMX_PANEL, "gemm_amx_bf16: B too short");
-    #[cfg(target_arch = "x86_64")]
-    x86::gemm_amx(m, n, k2, a, lda, b, pstride, c, ldc, accumulate);
+    assert!(pstride >= k2 * AMX_PANEL && b.len() >= last * pstride + k2 * AMX_PANEL, "{name}: B too short");
+    true
 }
 
 /// A strided region for a kernel to bring into L2 while it computes: `rows` pieces of

@@ -57,25 +57,9 @@ pub(crate) fn gemm_bf16_panels(
         return;
     }
     assert!(avx512_bf16(), "gemm_bf16_panels needs AMX or AVX512_BF16");
-    assert!(
-        m.is_multiple_of(16) && n.is_multiple_of(16) && k2.is_multiple_of(16),
-        "gemm_bf16_panels: m, n, k2 must be multiples of 16"
-    );
-    if m == 0 || n == 0 {
+    if !super::amx::panel_operands("gemm_bf16_panels", m, n, k2, a, lda, b, pstride, c, ldc, accumulate) {
         return;
     }
-    assert!(ldc >= n && c.len() >= (m - 1) * ldc + n, "gemm_bf16_panels: C too short");
-    if k2 == 0 {
-        if !accumulate {
-            for i in 0..m {
-                c[i * ldc..i * ldc + n].fill(0.0);
-            }
-        }
-        return;
-    }
-    assert!(lda >= 2 * k2 && a.len() >= (m - 1) * lda + 2 * k2, "gemm_bf16_panels: A too short");
-    let last = (n - 1) / AMX_PANEL;
-    assert!(pstride >= k2 * AMX_PANEL && b.len() >= last * pstride + k2 * AMX_PANEL, "gemm_bf16_panels: B too short");
     #[cfg(target_arch = "x86_64")]
     {
         #[allow(unsafe_code)]
