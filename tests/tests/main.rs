@@ -26,4 +26,5 @@ mod properties;
 mod runtime;
 mod selection_table;
 mod shipped_tables;
+mod tokenizer_fidelity;
 mod tune;
