@@ -115,13 +115,12 @@ fn measure_host(json: bool) -> Result<Outcome> {
         return Err(crate::Error::invalid("this host has no CPU device to measure"));
     };
     if !json {
-        eprintln!("measuring {} (a few seconds, every thread busy)...", cpu.name);
+        eprintln!("measuring {} (under a second, every thread busy)...", cpu.name);
     }
     let m = measure::measure(cpu, &nominal.profile.fingerprint);
     let path = measure::path();
     measure::save(&path, &m)?;
-    let mut notes = nominal.notes.clone();
-    let detected = detect::with_measured(nominal.profile.clone(), &path, &mut notes);
+    let detected = detect::with_measured(nominal.clone(), &path);
     if json {
         let mut v = detected.profile.to_file_json();
         v["fingerprint"] = serde_json::Value::String(detected.profile.fingerprint.clone());

@@ -359,8 +359,7 @@ fn detect_cpu(notes: &mut Vec<String>) -> DeviceProfile {
 /// the CPU alone; with the CPU figures `lz hardware --measure` stored for it, where it did.
 /// Never panics, never fails.
 pub fn detect_host() -> Detection {
-    let Detection { profile, mut notes } = detect_nominal();
-    with_measured(profile, &super::measure::path(), &mut notes)
+    with_measured(detect_nominal(), &super::measure::path())
 }
 
 /// [`detect_host`] with the nominal estimates, whatever was measured.
@@ -390,7 +389,8 @@ pub fn detect_nominal() -> Detection {
 
 /// `profile` with the CPU figures `lz hardware --measure` stored for its fingerprint in
 /// `file`, when there are any (the nominal notes then give way to what was measured).
-pub fn with_measured(profile: HardwareProfile, file: &std::path::Path, notes: &mut Vec<String>) -> Detection {
+pub fn with_measured(nominal: Detection, file: &std::path::Path) -> Detection {
+    let Detection { profile, mut notes } = nominal;
     let m = match super::measure::load(file) {
         Ok(f) => f.hosts.get(&profile.fingerprint).cloned(),
         Err(e) => {
@@ -400,13 +400,17 @@ pub fn with_measured(profile: HardwareProfile, file: &std::path::Path, notes: &m
     };
     let Some(m) = m else {
         notes.push("CPU figures not measured on this host; `lz hardware --measure` measures them".to_owned());
-        return Detection { profile, notes: std::mem::take(notes) };
+        return Detection { profile, notes };
     };
     let HardwareProfile { name, description, mut devices, .. } = profile;
     for d in devices.iter_mut().filter(|d| d.kind == DeviceKind::Cpu) {
-        let before: Vec<String> =
-            m.peak_tflops.keys().map(|dt| format!("{dt} {}", d.peak_tflops.get(dt).copied().unwrap_or(0.0))).collect();
-        notes.retain(|n| !(n.starts_with("CPU peak estimated") || n.starts_with("CPU memory bandwidth")));
+        let before: Vec<String> = m
+            .peak_tflops
+            .keys()
+            .map(|dt| format!("{dt} {}", d.peak_tflops.get(dt).map_or("-".to_owned(), |v| v.to_string())))
+            .collect();
+        // The estimate of the dtypes not measured (f16, i8) stands; the bandwidth's does not.
+        notes.retain(|n| !n.starts_with("CPU memory bandwidth"));
         let peaks: Vec<String> = m.peak_tflops.iter().map(|(dt, v)| format!("{dt} {v}")).collect();
         notes.push(format!(
             "CPU measured {} (cap {}, {} threads): copy bandwidth {} GB/s (nominal estimate {} GB/s), peak TFLOP/s {} (nominal {})",
@@ -420,8 +424,7 @@ pub fn with_measured(profile: HardwareProfile, file: &std::path::Path, notes: &m
         ));
         super::measure::apply(d, &m);
     }
-    let profile = HardwareProfile::new(name, description, devices);
-    Detection { profile, notes: std::mem::take(notes) }
+    Detection { profile: HardwareProfile::new(name, description, devices), notes }
 }
 
 #[cfg(test)]

@@ -44,7 +44,7 @@ pub struct SplitCost {
     pub serial_gbps: f64,
 }
 
-/// The threshold of this process (measured on first use, a few milliseconds).
+/// The threshold of this process (measured on first use, about a millisecond).
 pub fn split_cost() -> SplitCost {
     static COST: OnceLock<SplitCost> = OnceLock::new();
     *COST.get_or_init(measure)

@@ -70,10 +70,7 @@ pub(in crate::backend::cpu) fn sgemm(
 
 /// [`packed::gemm`] with `beta` (C checked by the caller).
 fn packed_gemm(a: F32View, b: BSrc, beta: f32, c: &mut [f32], ldc: usize) {
-    let n = match b {
-        BSrc::F32(v) => v.cols,
-        BSrc::Bf16Rows { n, .. } => n,
-    };
+    let n = b.cols();
     if beta != 0.0 && beta != 1.0 {
         for r in 0..a.rows {
             c[r * ldc..r * ldc + n].iter_mut().for_each(|v| *v *= beta);

@@ -164,7 +164,9 @@ pub(in crate::backend::cpu) fn dots_w4<W: Widen>(x: &[f32], w: [&[W]; 4]) -> [f3
 fn one_row_columns<W: Widen>(x: &[f32], v: &[W], wt: &Mat, r0: usize, part: &mut [f32]) -> bool {
     let k = wt.cols;
     let row = |r: usize| v.get(wt.at(r, 0)..wt.at(r, 0) + k);
-    if x.len() < k || part.iter().enumerate().any(|(j, _)| row(r0 + j).is_none()) {
+    // Rows lie at increasing offsets: the first and the last bound them all.
+    let last = r0 + part.len().saturating_sub(1);
+    if x.len() < k || row(r0).is_none() || row(last).is_none() {
         return false;
     }
     let x = &x[..k];

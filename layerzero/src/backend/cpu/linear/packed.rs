@@ -94,7 +94,8 @@ pub(super) enum BSrc<'a> {
 }
 
 impl BSrc<'_> {
-    fn cols(&self) -> usize {
+    /// N, B's columns.
+    pub(super) fn cols(&self) -> usize {
         match self {
             BSrc::F32(v) => v.cols,
             BSrc::Bf16Rows { n, .. } => *n,

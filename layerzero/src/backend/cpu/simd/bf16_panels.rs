@@ -206,27 +206,12 @@ mod tests {
                 b[(j / AMX_PANEL) * pstride + p * AMX_PANEL + j % AMX_PANEL] = u32::from(lo) | (u32::from(hi) << 16);
             }
         }
-        // The dispatcher (AMX where this CPU has it), then the vdpbf16ps kernel itself.
-        let run = |vdp: bool, c: &mut [f32], accumulate: bool| {
-            #[cfg(target_arch = "x86_64")]
-            if vdp {
-                #[allow(unsafe_code)]
-                // SAFETY: AVX512_BF16 was detected (checked by the caller); the operands are
-                // the sizes the dispatcher checks.
-                unsafe {
-                    x86::gemm(m, n, k2, &a, lda, &b, pstride, c, ldc, accumulate)
-                };
-                return;
-            }
-            let _ = vdp;
-            gemm_bf16_panels(m, n, k2, &a, lda, &b, pstride, c, ldc, accumulate);
-        };
-        for (vdp, accumulate) in [(false, false), (false, true), (true, false), (true, true)] {
-            if vdp && !avx512_bf16() {
-                continue;
-            }
+        // The dispatcher's own choice (AMX where this CPU has it), then vdpbf16ps forced.
+        for (pairs, accumulate) in [(false, false), (false, true), (true, false), (true, true)] {
+            force_bf16_pairs(pairs);
             let mut c = vec![1.0f32; m * ldc];
-            run(vdp, &mut c, accumulate);
+            gemm_bf16_panels(m, n, k2, &a, lda, &b, pstride, &mut c, ldc, accumulate);
+            force_bf16_pairs(false);
             for i in 0..m {
                 for j in 0..n {
                     let dot: f64 = (0..k).map(|q| f64::from(value(i * lda + q)) * f64::from(bm[q * n + j])).sum();
