@@ -26,5 +26,6 @@ mod properties;
 mod runtime;
 mod selection_table;
 mod shipped_tables;
+mod speculative;
 mod tokenizer_fidelity;
 mod tune;

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use layerzero::LayerZero;
 use layerzero::backend::cpu::packed_weight_stats;
 use layerzero::llm::{self, Generation, Model};
+use layerzero::model::op::Op;
 use layerzero::schema::{SchemaKind, violations};
 use layerzero::tensor::{HostTensor, io};
 use layerzero_tests::{lz, repo_root};
@@ -44,6 +45,8 @@ fn every_f32_model_matches_hf_transformers_stage_by_stage_and_token_by_token() {
         "qwen2",
         "qwen3",
         "mistral-swa",
+        "mixtral",
+        "qwen2-moe",
     ];
     let mut failures = Vec::new();
     for name in names {
@@ -56,6 +59,17 @@ fn every_f32_model_matches_hf_transformers_stage_by_stage_and_token_by_token() {
         assert!(report.stages.len() >= layers * 9 + layers + 1 + 32, "{name}: every stage is compared");
         if let Some(stage) = &report.first_divergence {
             failures.push(format!("{name}: first divergence at {stage}"));
+        }
+        // A mixture of experts is routed and run by its own ops, its router compared too.
+        if model.config.moe.is_some() {
+            for op in [Op::MoeRoute, Op::MoeExperts] {
+                if !out.stats.contains_key(&op) {
+                    failures.push(format!("{name}: no {op} was dispatched"));
+                }
+            }
+            if !report.stages.iter().any(|s| s.name == "layer.0.router_logits") {
+                failures.push(format!("{name}: the router logits were not compared"));
+            }
         }
         let worst_logit =
             report.stages.iter().filter(|s| s.name.starts_with("logits.")).map(|s| s.max_abs).fold(0.0, f64::max);
@@ -78,7 +92,7 @@ fn weights_are_served_from_the_mapped_files_or_copied_once_into_resident_memory(
     let dir = models().join("llama-gqa-bf16");
     let mapped = Model::load_as(&dir, None, llm::Residence::Mapped).unwrap_or_else(|e| panic!("{e}"));
     let w = &mapped.weights;
-    let every = [&w.embed, &w.norm, &w.lm_head, &w.layers[0].q, &w.layers[0].down, &w.layers[0].attn_norm];
+    let every = [&w.embed, &w.norm, &w.lm_head, &w.layers[0].q, &w.layers[0].o, &w.layers[0].attn_norm];
     assert!(every.iter().all(|t| t.storage().is_mapped()), "mapped: bf16 weights served as bf16 are not copied");
     let resident = Model::load_as(&dir, None, llm::Residence::Resident).unwrap_or_else(|e| panic!("{e}"));
     assert!(!resident.weights.layers[0].q.storage().is_mapped(), "resident: copied out of the map");
@@ -441,5 +455,85 @@ fn a_model_workload_solved_into_a_table_serves_generation_from_plan_hits() {
         let allowed = if op == "rope" { 1 } else { 0 };
         assert!(s["live"].as_u64() <= Some(allowed), "{op}: {s}");
         assert!(s["plan_hits"].as_u64() > Some(0), "{op}: {s}");
+    }
+}
+
+/// The per-expert tensors of `src` (the hub's layout) rewritten as transformers 5 keeps
+/// them: per layer `mlp.experts.gate_up_proj` `[E, 2I, H]` and `mlp.experts.down_proj`
+/// `[E, H, I]`, Mixtral's `block_sparse_moe` renamed `mlp`.
+fn fused_experts_copy(src: &Path, experts: usize, layers: usize) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    std::fs::copy(src.join("config.json"), tmp.path().join("config.json")).unwrap_or_else(|e| panic!("{e}"));
+    let mut t = io::read(&src.join("model.safetensors")).unwrap_or_else(|e| panic!("{e}"));
+    for l in 0..layers {
+        let (block, [g, u, d]) = if t.contains_key(&format!("model.layers.{l}.block_sparse_moe.gate.weight")) {
+            ("block_sparse_moe", ["w1", "w3", "w2"])
+        } else {
+            ("mlp", ["gate_proj", "up_proj", "down_proj"])
+        };
+        let name = |s: &str| format!("model.layers.{l}.{block}.{s}");
+        let router = t.remove(&name("gate.weight")).unwrap_or_else(|| panic!("layer {l} has no router"));
+        t.insert(format!("model.layers.{l}.mlp.gate.weight"), router);
+        let (mut gate_up, mut down) = (Vec::new(), Vec::new());
+        let mut shapes = (0, 0);
+        for e in 0..experts {
+            let mut take =
+                |p: &str| t.remove(&name(&format!("experts.{e}.{p}.weight"))).unwrap_or_else(|| panic!("{p}"));
+            let (gt, ut, dt) = (take(g), take(u), take(d));
+            shapes = (gt.shape()[0], gt.shape()[1]);
+            gate_up.extend(gt.to_f32_vec());
+            gate_up.extend(ut.to_f32_vec());
+            down.extend(dt.to_f32_vec());
+        }
+        let (i, h) = shapes;
+        let f32s = |shape: &[usize], v: Vec<f32>| HostTensor::from_f32(shape, v).unwrap_or_else(|e| panic!("{e}"));
+        t.insert(format!("model.layers.{l}.mlp.experts.gate_up_proj"), f32s(&[experts, 2 * i, h], gate_up));
+        t.insert(format!("model.layers.{l}.mlp.experts.down_proj"), f32s(&[experts, h, i], down));
+        for key in t.keys().filter(|k| k.contains(&format!("layers.{l}.{block}."))).cloned().collect::<Vec<_>>() {
+            if let Some(x) = t.remove(&key) {
+                t.insert(key.replace(&format!(".{block}."), ".mlp."), x);
+            }
+        }
+    }
+    io::write(&tmp.path().join("model.safetensors"), &t).unwrap_or_else(|e| panic!("{e}"));
+    tmp
+}
+
+#[test]
+fn moe_checkpoints_load_from_the_hubs_per_expert_layout_and_from_transformers_5s_fused_one() {
+    for name in ["mixtral", "qwen2-moe"] {
+        let dir = models().join(name);
+        let model = Model::load(&dir, None).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let moe = model.config.moe.clone().unwrap_or_else(|| panic!("{name} has experts"));
+        let fused = fused_experts_copy(&dir, moe.experts, model.config.layers);
+        let other = Model::load(fused.path(), None).unwrap_or_else(|e| panic!("{name} fused: {e}"));
+        let lz = LayerZero::detected().unwrap_or_else(|e| panic!("{e}"));
+        let logits = |m: &Model| {
+            let mut s = llm::Session::new(m, &lz, 8).unwrap_or_else(|e| panic!("{e}"));
+            s.forward(&[1, 17, 42, 99], true).unwrap_or_else(|e| panic!("{e}")).to_f32_vec()
+        };
+        assert_eq!(logits(&model), logits(&other), "{name}");
+    }
+}
+
+#[test]
+fn moe_configs_that_cannot_run_are_refused_naming_the_field() {
+    let dir = models().join("qwen2-moe");
+    let text = std::fs::read_to_string(dir.join("config.json")).unwrap_or_else(|e| panic!("{e}"));
+    let cases = [
+        (r#""num_experts_per_tok": 2"#, r#""num_experts_per_tok": 5"#, "num_experts_per_tok"),
+        (
+            r#""shared_expert_intermediate_size": 64"#,
+            r#""shared_expert_intermediate_size": 48"#,
+            "shared_expert_intermediate_size",
+        ),
+        (r#""num_experts": 4"#, r#""num_experts": 3"#, "mlp.gate.weight"),
+    ];
+    for (from, to, field) in cases {
+        assert!(text.contains(from), "the fixture's config has {from}");
+        let t = copy_of("qwen2-moe");
+        std::fs::write(t.path().join("config.json"), text.replace(from, to)).unwrap_or_else(|e| panic!("{e}"));
+        let err = refused(t.path(), "1,2,3");
+        assert!(err.contains(field), "{field}: {err}");
     }
 }

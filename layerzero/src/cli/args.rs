@@ -167,6 +167,14 @@ pub(super) struct GenerateCmd {
     /// Serve selections from this dispatch table.
     #[arg(long, value_name = "FILE")]
     pub(super) table: Option<PathBuf>,
+    /// Speculative decoding: this model (same vocabulary and tokenizer) drafts tokens that
+    /// the target verifies; the tokens are the target's (greedy: exactly; sampling: in
+    /// distribution). Also runs the target alone to report the speed-up.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["prompts", "dump"])]
+    pub(super) draft: Option<PathBuf>,
+    /// Tokens the draft proposes per round.
+    #[arg(long, value_name = "K", default_value_t = 4, requires = "draft")]
+    pub(super) draft_tokens: usize,
     /// Write hidden states, per-layer stages and logits as safetensors into DIR (dump.safetensors).
     #[arg(long, value_name = "DIR")]
     pub(super) dump: Option<PathBuf>,

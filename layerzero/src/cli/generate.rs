@@ -98,6 +98,12 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
         dump: a.dump.is_some(),
         kv,
     };
+    if let Some(dir) = &a.draft {
+        let [prompt] = &prompts[..] else {
+            return Err(Error::invalid(format!("--draft generates for one prompt; {} were given", prompts.len())));
+        };
+        return speculative(&a, dir, &model, tokenizer.as_ref(), &lz, prompt, &g);
+    }
     // One prompt streams to a terminal as it is generated.
     let stream = !a.json && prompts.len() == 1 && std::io::stdout().is_terminal();
     let mut text_stream = tokenizer.as_ref().map(|t| t.stream(true));
@@ -178,6 +184,107 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
         eprintln!(
             "prefill {prompt_tokens} tokens in {prefill_ms:.2} ms; decode {decoded} tokens in {} steps at {per_step:.2} ms/step",
             out.decode_steps
+        );
+    }
+    Ok(Outcome::Ok)
+}
+
+/// `lz generate --draft`: the target alone, then with the draft, both timed in this process.
+fn speculative(
+    a: &GenerateCmd,
+    dir: &Path,
+    model: &Model,
+    tokenizer: Option<&Tokenizer>,
+    lz: &LayerZero,
+    prompt: &[u32],
+    g: &Generation,
+) -> Result<Outcome> {
+    let draft = Model::load(dir, Some(model.dtype))?;
+    let draft_tokenizer_file = dir.join("tokenizer.json");
+    if let (Some(t), true) = (tokenizer, draft_tokenizer_file.exists()) {
+        Tokenizer::load(&draft_tokenizer_file)?
+            .expect(t.hash(), &draft_tokenizer_file.display().to_string())
+            .map_err(|e| Error::invalid(format!("a draft must share the target's tokenizer: {}", e.message())))?;
+    }
+    llm::speculative::check_draft(model, &draft)?;
+    let alone = llm::generate::generate(model, lz, prompt, g, |_| {})?;
+    let alone_ns = alone.prefill_ns + alone.decode_ns;
+    let stream = !a.json && std::io::stdout().is_terminal();
+    let mut text_stream = tokenizer.map(|t| t.stream(true));
+    let out = llm::speculate(model, &draft, lz, prompt, g, a.draft_tokens, |t| {
+        if stream {
+            match &mut text_stream {
+                Some(s) => print!("{}", s.step(t).unwrap_or_default()),
+                None => print!("{t} "),
+            }
+            let _ = std::io::stdout().flush();
+        }
+    })?;
+    let text = match tokenizer {
+        Some(t) => Some(t.decode(&out.generated_ids, true)?),
+        None => None,
+    };
+    let ms = out.ns as f64 / 1e6;
+    let alone_ms = alone_ns as f64 / 1e6;
+    let speedup = if out.ns > 0 { alone_ns as f64 / out.ns as f64 } else { 0.0 };
+    // Greedy: the target's tokens, exactly; sampling: other draws of the same distribution.
+    let same = (g.temperature <= 0.0).then(|| out.generated_ids == alone.generated_ids());
+    if a.json {
+        let ops = |stats: &BTreeMap<crate::model::op::Op, llm::OpStats>| -> serde_json::Value {
+            stats.iter().map(|(op, s)| (op.as_str().to_owned(), serde_json::to_value(s).unwrap_or_default())).collect()
+        };
+        print_json(&serde_json::json!({
+            "model": a.model.display().to_string(),
+            "arch": model.config.arch.as_str(),
+            "dtype": model.dtype,
+            "kv": "contiguous",
+            "prompt_ids": prompt,
+            "generated_ids": out.generated_ids,
+            "text": text,
+            "tokenizer": tokenizer.map(|t| serde_json::json!({"hash": t.hash(), "vocab": t.vocab_size()})),
+            "timing": {
+                "total_ms": ms,
+                "tokens_per_s": if ms > 0.0 { out.generated_ids.len() as f64 / ms * 1e3 } else { 0.0 },
+            },
+            "speculative": {
+                "draft": dir.display().to_string(),
+                "draft_arch": draft.config.arch.as_str(),
+                "draft_tokens": a.draft_tokens,
+                "rounds": out.rounds,
+                "drafted": out.drafted,
+                "accepted": out.accepted,
+                "acceptance_rate": out.acceptance_rate(),
+                "tokens_per_round": if out.rounds > 0 { out.generated_ids.len() as f64 / out.rounds as f64 } else { 0.0 },
+                "ms": ms,
+                "target_only_ms": alone_ms,
+                "speedup": speedup,
+                "target_only_ids": alone.generated_ids(),
+                "matches_target_only": same,
+            },
+            "ops": ops(&out.target_stats),
+            "draft_ops": ops(&out.draft_stats),
+            "counters": lz.counters(),
+            "dump": null,
+        }));
+    } else {
+        if stream {
+            println!();
+        } else {
+            match &text {
+                Some(t) => println!("{t}"),
+                None => {
+                    let ids: Vec<String> = out.generated_ids.iter().map(u32::to_string).collect();
+                    println!("{}", ids.join(" "));
+                }
+            }
+        }
+        eprintln!(
+            "speculative: {} tokens in {} rounds, {} of {} drafts accepted ({:.0}%); {ms:.2} ms against {alone_ms:.2} ms for the target alone ({speedup:.2}x)",
+            out.generated_ids.len(),
+            out.rounds,
+            out.accepted,
+            out.drafted,
+            out.acceptance_rate() * 100.0
         );
     }
     Ok(Outcome::Ok)

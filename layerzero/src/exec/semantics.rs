@@ -180,6 +180,53 @@ pub fn sample_plan(a: &crate::model::attrs::SampleAttrs) -> Result<SamplePlan, S
     })
 }
 
+/// The tokens a sampling plan keeps for one row of logits, in descending order with their
+/// weights `exp((l - m) / T)` (unnormalized), and the sum of those weights in that order:
+/// the distribution every sampling kernel draws from (see `cpu_reference.sample.naive` for
+/// the rules). `l` must hold no NaN and at least one logit above -inf; the largest weight
+/// is 1, so the result is never empty.
+pub fn sample_kept(l: &[f64], plan: &SamplePlan) -> (Vec<(usize, f64)>, f64) {
+    let m = l.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let weight = |x: f64| {
+        if m == f64::INFINITY { if x == f64::INFINITY { 1.0 } else { 0.0 } } else { ((x - m) / plan.temperature).exp() }
+    };
+    let w: Vec<f64> = l.iter().map(|&x| weight(x)).collect();
+    let mut z = 0.0;
+    for &x in &w {
+        z += x;
+    }
+    let mut order: Vec<usize> = (0..l.len()).collect();
+    order.sort_by(|&i, &j| l[j].partial_cmp(&l[i]).unwrap_or(std::cmp::Ordering::Equal).then(i.cmp(&j)));
+    let cap = if plan.top_k == 0 { l.len() } else { usize::try_from(plan.top_k).unwrap_or(usize::MAX).min(l.len()) };
+    // The mass top-p is a fraction of: what top-k keeps, summed in order (or everything).
+    let zk = if cap < l.len() {
+        let mut zk = 0.0;
+        for &i in &order[..cap] {
+            zk += w[i];
+        }
+        zk
+    } else {
+        z
+    };
+    let mut kept: Vec<(usize, f64)> = Vec::new();
+    let mut mass = 0.0;
+    for &i in &order[..cap] {
+        let wi = w[i];
+        // Weights do not increase along the order: the first failure ends the prefix.
+        if wi <= 0.0 || wi < plan.min_p {
+            break;
+        }
+        kept.push((i, wi));
+        mass += wi;
+        if let Some(p) = plan.top_p
+            && mass >= p * zk
+        {
+            break;
+        }
+    }
+    (kept, mass)
+}
+
 /// The SplitMix64 output function.
 fn mix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

@@ -22,6 +22,10 @@ pub enum Arch {
     Qwen3,
     /// `MistralForCausalLM`: sliding-window attention.
     Mistral,
+    /// `MixtralForCausalLM`: Mistral's attention, a routed mixture of experts for the MLP.
+    Mixtral,
+    /// `Qwen2MoeForCausalLM`: Qwen2's attention, routed experts plus a gated shared expert.
+    Qwen2Moe,
 }
 
 impl Arch {
@@ -32,8 +36,42 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Mistral => "mistral",
+            Arch::Mixtral => "mixtral",
+            Arch::Qwen2Moe => "qwen2_moe",
         }
     }
+
+    /// The class HF instantiates for it.
+    pub fn class(self) -> &'static str {
+        match self {
+            Arch::Llama => "LlamaForCausalLM",
+            Arch::Qwen2 => "Qwen2ForCausalLM",
+            Arch::Qwen3 => "Qwen3ForCausalLM",
+            Arch::Mistral => "MistralForCausalLM",
+            Arch::Mixtral => "MixtralForCausalLM",
+            Arch::Qwen2Moe => "Qwen2MoeForCausalLM",
+        }
+    }
+}
+
+/// A mixture-of-experts MLP: each token's router logits pick `top_k` of `experts` gated
+/// MLPs, whose outputs are summed with the routing weights.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    /// Routed experts E.
+    pub experts: usize,
+    /// Experts per token.
+    pub top_k: usize,
+    /// Each expert's MLP inner size.
+    pub intermediate: usize,
+    /// The kept routing weights are renormalized to sum to one (Mixtral always;
+    /// Qwen2-MoE when `norm_topk_prob`).
+    pub renormalize: bool,
+    /// Qwen2-MoE: the inner size of the shared expert every token also runs, its output
+    /// scaled by `sigmoid(shared_expert_gate(x))`.
+    pub shared_intermediate: Option<usize>,
+    /// Per layer: whether its MLP is the mixture (else a dense MLP of `intermediate_size`).
+    pub sparse: Vec<bool>,
 }
 
 /// What the forward pass needs to know about a model.
@@ -73,6 +111,8 @@ pub struct ModelConfig {
     pub qk_norm: bool,
     /// Per layer, the sliding window (keys a query sees, itself included), if any.
     pub windows: Vec<Option<usize>>,
+    /// The mixture of experts, for the MoE families.
+    pub moe: Option<MoeConfig>,
     /// The weights' dtype as the config states it (`dtype` or `torch_dtype`).
     pub dtype: Option<DType>,
     /// Beginning-of-sequence token.
@@ -156,20 +196,19 @@ impl ModelConfig {
             "qwen2" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
             "mistral" => Arch::Mistral,
+            "mixtral" => Arch::Mixtral,
+            "qwen2_moe" => Arch::Qwen2Moe,
             other => {
                 return Err(f.err(
                     "model_type",
-                    format!("is {other:?}; LayerZero runs llama, qwen2, qwen3 and mistral decoders"),
+                    format!(
+                        "is {other:?}; LayerZero runs llama, qwen2, qwen3, mistral, mixtral and qwen2_moe decoders"
+                    ),
                 ));
             }
         };
         if let Some(archs) = f.get("architectures").and_then(Value::as_array) {
-            let expected = match arch {
-                Arch::Llama => "LlamaForCausalLM",
-                Arch::Qwen2 => "Qwen2ForCausalLM",
-                Arch::Qwen3 => "Qwen3ForCausalLM",
-                Arch::Mistral => "MistralForCausalLM",
-            };
+            let expected = arch.class();
             if !archs.iter().any(|a| a.as_str() == Some(expected)) {
                 return Err(f.err(
                     "architectures",
@@ -210,8 +249,11 @@ impl ModelConfig {
         let (qkv_bias, o_bias) = match arch {
             // Qwen2 always has q/k/v biases and none on the output projection.
             Arch::Qwen2 => (true, false),
+            // Qwen2-MoE has them unless `qkv_bias` says otherwise.
+            Arch::Qwen2Moe => (f.bool("qkv_bias")?.unwrap_or(true), false),
             _ => (attention_bias, attention_bias),
         };
+        let moe = moe(&f, arch, layers)?;
         let dtype = match f.str("dtype")?.or(f.str("torch_dtype")?) {
             None => None,
             Some("float32") => Some(DType::F32),
@@ -255,10 +297,78 @@ impl ModelConfig {
             mlp_bias: f.bool("mlp_bias")?.unwrap_or(false),
             qk_norm: arch == Arch::Qwen3,
             windows,
+            moe,
             dtype,
             bos: token("bos_token_id")?.first().copied(),
             eos: token("eos_token_id")?,
         })
+    }
+}
+
+/// The mixture of experts of Mixtral (`num_local_experts`, every layer) and Qwen2-MoE
+/// (`num_experts`, the layers `decoder_sparse_step` and `mlp_only_layers` select).
+fn moe(f: &Fields<'_>, arch: Arch, layers: usize) -> Result<Option<MoeConfig>> {
+    let top_k = || f.usize("num_experts_per_tok");
+    let checked = |m: MoeConfig, experts_field: &str| -> Result<Option<MoeConfig>> {
+        if m.top_k > m.experts {
+            return Err(f.err(
+                "num_experts_per_tok",
+                format!("is {}; a token cannot pick more than the {} experts of `{experts_field}`", m.top_k, m.experts),
+            ));
+        }
+        Ok(Some(m))
+    };
+    match arch {
+        Arch::Mixtral => {
+            // `router_jitter_noise` scales the input by noise in training only.
+            let m = MoeConfig {
+                experts: f.usize("num_local_experts")?,
+                top_k: top_k()?,
+                intermediate: f.usize("intermediate_size")?,
+                renormalize: true,
+                shared_intermediate: None,
+                sparse: vec![true; layers],
+            };
+            checked(m, "num_local_experts")
+        }
+        Arch::Qwen2Moe => {
+            let experts = f.usize("num_experts")?;
+            let step = f.opt_usize("decoder_sparse_step")?.unwrap_or(1);
+            let dense: Vec<usize> = match f.get("mlp_only_layers") {
+                None => Vec::new(),
+                Some(Value::Array(a)) => a
+                    .iter()
+                    .map(|v| {
+                        v.as_u64().and_then(|n| usize::try_from(n).ok()).filter(|&n| n < layers).ok_or_else(|| {
+                            f.err("mlp_only_layers", format!("holds {v}; expected layer indices below {layers}"))
+                        })
+                    })
+                    .collect::<Result<_>>()?,
+                Some(v) => return Err(f.err("mlp_only_layers", format!("is {v}; expected an array of layer indices"))),
+            };
+            let intermediate = f.usize("moe_intermediate_size")?;
+            let shared = f.opt_usize("shared_expert_intermediate_size")?;
+            // The shared expert runs as `shared / intermediate` more experts of the routed
+            // size (a gated MLP splits exactly along its inner dimension).
+            if let Some(s) = shared
+                && s % intermediate != 0
+            {
+                return Err(f.err(
+                    "shared_expert_intermediate_size",
+                    format!("is {s}; LayerZero runs the shared expert as experts of moe_intermediate_size ({intermediate}), so it must be a multiple of it"),
+                ));
+            }
+            let m = MoeConfig {
+                experts,
+                top_k: top_k()?,
+                intermediate,
+                renormalize: f.bool("norm_topk_prob")?.unwrap_or(false),
+                shared_intermediate: shared,
+                sparse: (0..layers).map(|l| !dense.contains(&l) && (l + 1) % step == 0).collect(),
+            };
+            checked(m, "num_experts")
+        }
+        _ => Ok(None),
     }
 }
 
@@ -350,7 +460,11 @@ fn rope(f: &Fields<'_>, max_positions: usize) -> Result<RopeAttrs> {
 /// The sliding window of each layer: Mistral's applies to every layer; Qwen's to the layers
 /// `layer_types` marks `sliding_attention` when `use_sliding_window` is on.
 fn windows(f: &Fields<'_>, arch: Arch, layers: usize) -> Result<Vec<Option<usize>>> {
-    let window = f.opt_usize("sliding_window")?;
+    // Qwen2-MoE writes 0 when `use_sliding_window` is off: no window.
+    let window = match f.get("sliding_window") {
+        Some(v) if v.as_u64() == Some(0) => None,
+        _ => f.opt_usize("sliding_window")?,
+    };
     let kinds: Option<Vec<&str>> = match f.get("layer_types") {
         None => None,
         Some(Value::Array(a)) if a.len() == layers => Some(
@@ -363,8 +477,9 @@ fn windows(f: &Fields<'_>, arch: Arch, layers: usize) -> Result<Vec<Option<usize
         }
     };
     let uses_window = match arch {
-        Arch::Mistral => true,
-        Arch::Qwen2 | Arch::Qwen3 => f.bool("use_sliding_window")?.unwrap_or(false),
+        // A window of null is full attention.
+        Arch::Mistral | Arch::Mixtral => window.is_some(),
+        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen2Moe => f.bool("use_sliding_window")?.unwrap_or(false),
         Arch::Llama => false,
     };
     (0..layers)

@@ -13,12 +13,13 @@ use smallvec::SmallVec;
 
 use super::Model;
 use super::config::ModelConfig;
+use super::weights::{Ffn, MoeWeights};
 use crate::error::{Error, ErrorKind, Result};
 use crate::exec::args::{
-    AttentionArgs, EmbeddingArgs, LinearArgs, MlpArgs, NormArgs, OpArgs, Outputs, PagedAttentionArgs, RopeArgs,
-    SwigluArgs,
+    AttentionArgs, EmbeddingArgs, LinearArgs, MlpArgs, MoeExpertsArgs, MoeRouteArgs, NormArgs, OpArgs, Outputs,
+    PagedAttentionArgs, RopeArgs, SwigluArgs,
 };
-use crate::model::attrs::{AttentionAttrs, MlpAttrs, NoAttrs, NormAttrs, SwigluAttrs};
+use crate::model::attrs::{AttentionAttrs, MlpAttrs, MoeRouteAttrs, NoAttrs, NormAttrs, SwigluAttrs};
 use crate::model::dtype::DType;
 use crate::model::layout::Layout;
 use crate::model::op::Op;
@@ -95,18 +96,22 @@ fn prepare(model: &Model, lz: &LayerZero) -> Result<()> {
             linear(&xh, weight)?;
         }
         linear(&xq, &lw.o)?;
-        if lw.mlp_bias.is_some() {
-            linear(&xh, &lw.gate)?;
-            linear(&xh, &lw.up)?;
-            linear(&xi, &lw.down)?;
-        } else {
-            tolerant(lz.prepare(&OpArgs::Mlp(MlpArgs {
-                x: xh.clone(),
-                w_gate: lw.gate.clone(),
-                w_up: lw.up.clone(),
-                w_down: lw.down.clone(),
-                attrs: MlpAttrs::default(),
-            })))?;
+        match &lw.ffn {
+            Ffn::Dense { gate, up, down, bias: Some(_) } => {
+                linear(&xh, gate)?;
+                linear(&xh, up)?;
+                linear(&xi, down)?;
+            }
+            Ffn::Dense { gate, up, down, bias: None } => {
+                tolerant(lz.prepare(&OpArgs::Mlp(MlpArgs {
+                    x: xh.clone(),
+                    w_gate: gate.clone(),
+                    w_up: up.clone(),
+                    w_down: down.clone(),
+                    attrs: MlpAttrs::default(),
+                })))?;
+            }
+            Ffn::Moe(m) => linear(&xh, &m.router)?,
         }
     }
     linear(&xh, &w.lm_head)?;
@@ -137,6 +142,11 @@ enum Slot {
     Up,
     Act,
     Down,
+    Router,
+    Route,
+    SharedGate,
+    Experts,
+    SharedOut,
     FinalNorm,
     Logits,
     Sample,
@@ -295,6 +305,19 @@ impl<'m> Session<'m> {
     /// Positions cached for sequence `seq`.
     pub fn len(&self, seq: usize) -> usize {
         self.kv.lens.get(seq).copied().unwrap_or(0)
+    }
+
+    /// Forgets sequence `seq`'s positions from `len` on (a speculative round's rejected
+    /// tokens): the next forward writes over them.
+    pub fn truncate(&mut self, seq: usize, len: usize) -> Result<()> {
+        match self.kv.lens.get_mut(seq) {
+            Some(n) if len <= *n => {
+                *n = len;
+                Ok(())
+            }
+            Some(n) => Err(Error::invalid(format!("sequence {seq} caches {n} positions; it cannot grow to {len}"))),
+            None => Err(Error::invalid(format!("sequence {seq} is not in this session"))),
+        }
     }
 
     fn keep(&mut self, name: impl FnOnce() -> String, t: &HostTensor) {
@@ -512,20 +535,20 @@ impl<'m> Session<'m> {
                 o.remove("residual_out").ok_or_else(|| Error::invalid("rms_norm dropped the residual".to_owned()))?;
             self.keep(|| format!("layer.{l}.post_attn"), &post);
             self.keep(|| format!("layer.{l}.ffn_norm"), &x);
-            let ffn = match &lw.mlp_bias {
-                None => self.out(
+            let ffn = match &lw.ffn {
+                Ffn::Dense { gate, up, down, bias: None } => self.out(
                     OpArgs::Mlp(MlpArgs {
                         x,
-                        w_gate: lw.gate.clone(),
-                        w_up: lw.up.clone(),
-                        w_down: lw.down.clone(),
+                        w_gate: gate.clone(),
+                        w_up: up.clone(),
+                        w_down: down.clone(),
                         attrs: MlpAttrs::default(),
                     }),
                     Slot::Mlp,
                 )?,
-                Some([bg, bu, bd]) => {
-                    let g = self.linear(&x, &lw.gate, Some(bg), Slot::Gate)?;
-                    let u = self.linear(&x, &lw.up, Some(bu), Slot::Up)?;
+                Ffn::Dense { gate, up, down, bias: Some([bg, bu, bd]) } => {
+                    let g = self.linear(&x, gate, Some(bg), Slot::Gate)?;
+                    let u = self.linear(&x, up, Some(bu), Slot::Up)?;
                     let a = self.out(
                         OpArgs::Swiglu(SwigluArgs {
                             x: None,
@@ -535,8 +558,9 @@ impl<'m> Session<'m> {
                         }),
                         Slot::Act,
                     )?;
-                    self.linear(&a, &lw.down, Some(bd), Slot::Down)?
+                    self.linear(&a, down, Some(bd), Slot::Down)?
                 }
+                Ffn::Moe(m) => self.moe(l, x, m)?,
             };
             self.keep(|| format!("layer.{l}.ffn_out"), &ffn);
             h = Some(ffn);
@@ -564,6 +588,70 @@ impl<'m> Session<'m> {
         } else {
             HostTensor::from_f32(logits.shape(), logits.to_f32_vec())
         }
+    }
+
+    /// A mixture of experts over `x` `[rows, H]`: the router's logits, `moe_route` picks
+    /// each row's experts and weights, `moe_experts` runs and sums them. Qwen2-MoE's shared
+    /// expert joins as more experts every row picks (its slices of the routed inner size),
+    /// each weighted `sigmoid(shared_expert_gate(x))`: one grouped call for the whole block.
+    fn moe(&mut self, l: usize, x: HostTensor, w: &MoeWeights) -> Result<HostTensor> {
+        let m = self.model.config.moe.as_ref().ok_or_else(|| Error::invalid("the model has no experts".to_owned()))?;
+        let rows = x.shape()[0];
+        let logits = self.linear(&x, &w.router, None, Slot::Router)?;
+        self.keep(|| format!("layer.{l}.router_logits"), &logits);
+        let mut routed = self.run(
+            OpArgs::MoeRoute(MoeRouteArgs {
+                logits,
+                attrs: MoeRouteAttrs { top_k: m.top_k as u64, renormalize: m.renormalize },
+            }),
+            Slot::Route,
+        )?;
+        let missing = |name: &str| Error::invalid(format!("moe_route produced no `{name}` output"));
+        let mut experts = routed.remove("experts").ok_or_else(|| missing("experts"))?;
+        let mut weights = routed.remove("weights").ok_or_else(|| missing("weights"))?;
+        let experts_call = |x: HostTensor, experts: HostTensor, weights: HostTensor| {
+            OpArgs::MoeExperts(MoeExpertsArgs {
+                x,
+                experts,
+                weights,
+                w_gate: w.gate.clone(),
+                w_up: w.up.clone(),
+                w_down: w.down.clone(),
+                attrs: MlpAttrs::default(),
+            })
+        };
+        if let Some(shared_gate) = &w.shared_gate {
+            let slices = w.gate.shape()[0] - m.experts;
+            let g = self.linear(&x, shared_gate, None, Slot::SharedGate)?.to_f64_vec();
+            let scale: Vec<f32> = g.iter().map(|&z| (1.0 / (1.0 + (-z).exp())) as f32).collect();
+            let (ids, wts) = (experts.to_i64_vec(), weights.to_f32_vec());
+            let k = m.top_k;
+            let width = k + slices;
+            let mut all_ids = Vec::with_capacity(rows * width);
+            let mut all_w = Vec::with_capacity(rows * width);
+            for r in 0..rows {
+                all_ids.extend(ids[r * k..(r + 1) * k].iter().map(|&e| e as i32));
+                all_w.extend_from_slice(&wts[r * k..(r + 1) * k]);
+                all_ids.extend((0..slices).map(|s| (m.experts + s) as i32));
+                all_w.extend(std::iter::repeat_n(scale[r], slices));
+            }
+            if self.dump.is_some() {
+                let only_ids: Vec<i32> = (0..rows).flat_map(|_| (0..slices).map(|s| (m.experts + s) as i32)).collect();
+                let only_w: Vec<f32> = scale.iter().flat_map(|&s| std::iter::repeat_n(s, slices)).collect();
+                let shared = self.out(
+                    experts_call(
+                        x.clone(),
+                        HostTensor::new(Storage::I32(only_ids.into()), &[rows, slices])?,
+                        HostTensor::new(Storage::F32(only_w.into()), &[rows, slices])?,
+                    ),
+                    Slot::SharedOut,
+                )?;
+                self.keep(|| format!("layer.{l}.shared_out"), &shared);
+            }
+            experts = HostTensor::new(Storage::I32(all_ids.into()), &[rows, width])?;
+            weights = HostTensor::new(Storage::F32(all_w.into()), &[rows, width])?;
+        }
+        self.out(experts_call(x, experts, weights), Slot::Experts)
     }
 
     /// Writes the batch's keys and values into layer `l`'s cache and attends over each

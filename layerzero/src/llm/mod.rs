@@ -7,17 +7,19 @@ pub mod config;
 pub mod diff;
 pub mod forward;
 pub mod generate;
+pub mod speculative;
 pub mod tokenizer;
 pub mod weights;
 pub mod workload;
 
 use std::path::{Path, PathBuf};
 
-pub use config::{Arch, ModelConfig};
+pub use config::{Arch, ModelConfig, MoeConfig};
 pub use forward::{KvKind, OpStats, Session};
 pub use generate::{Generated, Generation, Sequence};
+pub use speculative::{Speculated, speculate};
 pub use tokenizer::Tokenizer;
-pub use weights::{Residence, Weights};
+pub use weights::{Ffn, MoeWeights, Residence, Weights};
 
 use crate::error::Result;
 use crate::model::dtype::DType;

@@ -40,14 +40,42 @@ pub struct LayerWeights {
     pub k_norm: Option<HostTensor>,
     /// post_attention_layernorm `[H]`.
     pub ffn_norm: HostTensor,
-    /// gate_proj `[I, H]`.
+    /// The MLP.
+    pub ffn: Ffn,
+}
+
+/// A layer's MLP.
+#[derive(Debug, Clone)]
+pub enum Ffn {
+    /// A gated MLP.
+    Dense {
+        /// gate_proj `[I, H]`.
+        gate: HostTensor,
+        /// up_proj `[I, H]`.
+        up: HostTensor,
+        /// down_proj `[H, I]`.
+        down: HostTensor,
+        /// MLP biases (gate, up, down), when the model has them.
+        bias: Option<[HostTensor; 3]>,
+    },
+    /// A mixture of experts.
+    Moe(MoeWeights),
+}
+
+/// A mixture of experts' weights, the experts stacked as `moe_experts` takes them.
+#[derive(Debug, Clone)]
+pub struct MoeWeights {
+    /// The router `[E, H]`.
+    pub router: HostTensor,
+    /// Every expert's gate_proj `[E + S, I, H]`: the E routed experts, then the shared
+    /// expert's S slices of I inner columns (Qwen2-MoE).
     pub gate: HostTensor,
-    /// up_proj `[I, H]`.
+    /// Every expert's up_proj `[E + S, I, H]`.
     pub up: HostTensor,
-    /// down_proj `[H, I]`.
+    /// Every expert's down_proj `[E + S, H, I]`.
     pub down: HostTensor,
-    /// MLP biases (gate, up, down), when the model has them.
-    pub mlp_bias: Option<[HostTensor; 3]>,
+    /// Qwen2-MoE: shared_expert_gate `[1, H]`.
+    pub shared_gate: Option<HostTensor>,
 }
 
 /// Every weight of a model, in the compute dtype.
@@ -153,6 +181,69 @@ impl Take<'_> {
     fn maybe(&mut self, name: &str, shape: &[usize], present: bool) -> Result<Option<HostTensor>> {
         if present { self.take(name, shape).map(Some) } else { Ok(None) }
     }
+
+    /// A tensor's elements as f32 (stacking experts copies them once, in any dtype).
+    fn take_f32(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        self.take(name, shape).map(|t| t.to_f32_vec())
+    }
+
+    /// Layer `l`'s mixture of experts, from the hub's layout (one tensor per expert and
+    /// projection: Mixtral's `block_sparse_moe.experts.{e}.w1/w3/w2`, Qwen2-MoE's
+    /// `mlp.experts.{e}.gate_proj/up_proj/down_proj`) or transformers 5's (per layer
+    /// `mlp.experts.gate_up_proj` `[E, 2I, H]` and `mlp.experts.down_proj` `[E, H, I]`),
+    /// stacked into `[E + S, ...]` with the shared expert's S slices after the routed ones.
+    fn moe(&mut self, l: usize, c: &ModelConfig, m: &super::config::MoeConfig) -> Result<MoeWeights> {
+        let (h, i, e) = (c.hidden, m.intermediate, m.experts);
+        let block = if self.tensors.contains_key(&format!("model.layers.{l}.block_sparse_moe.gate.weight")) {
+            "block_sparse_moe"
+        } else {
+            "mlp"
+        };
+        let p = |s: &str| format!("model.layers.{l}.{block}.{s}");
+        let router = self.take(&p("gate.weight"), &[e, h])?;
+        let slices = m.shared_intermediate.map_or(0, |s| s / i);
+        let n = e + slices;
+        let (mut gate, mut up, mut down) =
+            (Vec::with_capacity(n * i * h), Vec::with_capacity(n * i * h), Vec::with_capacity(n * h * i));
+        if self.tensors.contains_key(&p("experts.gate_up_proj")) {
+            let gu = self.take_f32(&p("experts.gate_up_proj"), &[e, 2 * i, h])?;
+            for x in gu.chunks_exact(2 * i * h) {
+                gate.extend_from_slice(&x[..i * h]);
+                up.extend_from_slice(&x[i * h..]);
+            }
+            down.extend(self.take_f32(&p("experts.down_proj"), &[e, h, i])?);
+        } else {
+            let [wg, wu, wd] =
+                if block == "block_sparse_moe" { ["w1", "w3", "w2"] } else { ["gate_proj", "up_proj", "down_proj"] };
+            for x in 0..e {
+                gate.extend(self.take_f32(&p(&format!("experts.{x}.{wg}.weight")), &[i, h])?);
+                up.extend(self.take_f32(&p(&format!("experts.{x}.{wu}.weight")), &[i, h])?);
+                down.extend(self.take_f32(&p(&format!("experts.{x}.{wd}.weight")), &[h, i])?);
+            }
+        }
+        let shared_gate = match m.shared_intermediate {
+            Some(si) => {
+                gate.extend(self.take_f32(&p("shared_expert.gate_proj.weight"), &[si, h])?);
+                up.extend(self.take_f32(&p("shared_expert.up_proj.weight"), &[si, h])?);
+                // down_proj `[H, S*I]`: slice s is columns s*I..(s+1)*I of every row.
+                let sd = self.take_f32(&p("shared_expert.down_proj.weight"), &[h, si])?;
+                for s in 0..slices {
+                    for row in sd.chunks_exact(si) {
+                        down.extend_from_slice(&row[s * i..(s + 1) * i]);
+                    }
+                }
+                Some(self.take(&p("shared_expert_gate.weight"), &[1, h])?)
+            }
+            None => None,
+        };
+        Ok(MoeWeights {
+            router,
+            gate: HostTensor::from_f32_as(self.compute, &[n, i, h], &gate)?,
+            up: HostTensor::from_f32_as(self.compute, &[n, i, h], &up)?,
+            down: HostTensor::from_f32_as(self.compute, &[n, h, i], &down)?,
+            shared_gate,
+        })
+    }
 }
 
 impl Weights {
@@ -165,7 +256,7 @@ impl Weights {
         let z = |shape: &[usize]| HostTensor::zeros(dtype, shape);
         let opt = |present: bool, shape: &[usize]| if present { z(shape).map(Some) } else { Ok(None) };
         let layers = (0..c.layers)
-            .map(|_| {
+            .map(|l| {
                 Ok(LayerWeights {
                     attn_norm: z(&[h])?,
                     q: z(&[qd, h])?,
@@ -179,10 +270,24 @@ impl Weights {
                     q_norm: opt(c.qk_norm, &[d])?,
                     k_norm: opt(c.qk_norm, &[d])?,
                     ffn_norm: z(&[h])?,
-                    gate: z(&[i, h])?,
-                    up: z(&[i, h])?,
-                    down: z(&[h, i])?,
-                    mlp_bias: if c.mlp_bias { Some([z(&[i])?, z(&[i])?, z(&[h])?]) } else { None },
+                    ffn: match &c.moe {
+                        Some(m) if m.sparse[l] => {
+                            let n = m.experts + m.shared_intermediate.map_or(0, |s| s / m.intermediate);
+                            Ffn::Moe(MoeWeights {
+                                router: z(&[m.experts, h])?,
+                                gate: z(&[n, m.intermediate, h])?,
+                                up: z(&[n, m.intermediate, h])?,
+                                down: z(&[n, h, m.intermediate])?,
+                                shared_gate: opt(m.shared_intermediate.is_some(), &[1, h])?,
+                            })
+                        }
+                        _ => Ffn::Dense {
+                            gate: z(&[i, h])?,
+                            up: z(&[i, h])?,
+                            down: z(&[h, i])?,
+                            bias: if c.mlp_bias { Some([z(&[i])?, z(&[i])?, z(&[h])?]) } else { None },
+                        },
+                    },
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -232,17 +337,22 @@ impl Weights {
                 q_norm: t.maybe(&p("self_attn.q_norm.weight"), &[d], c.qk_norm)?,
                 k_norm: t.maybe(&p("self_attn.k_norm.weight"), &[d], c.qk_norm)?,
                 ffn_norm: t.take(&p("post_attention_layernorm.weight"), &[h])?,
-                gate: t.take(&p("mlp.gate_proj.weight"), &[i, h])?,
-                up: t.take(&p("mlp.up_proj.weight"), &[i, h])?,
-                down: t.take(&p("mlp.down_proj.weight"), &[h, i])?,
-                mlp_bias: if c.mlp_bias {
-                    Some([
-                        t.take(&p("mlp.gate_proj.bias"), &[i])?,
-                        t.take(&p("mlp.up_proj.bias"), &[i])?,
-                        t.take(&p("mlp.down_proj.bias"), &[h])?,
-                    ])
-                } else {
-                    None
+                ffn: match &c.moe {
+                    Some(m) if m.sparse[l] => Ffn::Moe(t.moe(l, c, m)?),
+                    _ => Ffn::Dense {
+                        gate: t.take(&p("mlp.gate_proj.weight"), &[i, h])?,
+                        up: t.take(&p("mlp.up_proj.weight"), &[i, h])?,
+                        down: t.take(&p("mlp.down_proj.weight"), &[h, i])?,
+                        bias: if c.mlp_bias {
+                            Some([
+                                t.take(&p("mlp.gate_proj.bias"), &[i])?,
+                                t.take(&p("mlp.up_proj.bias"), &[i])?,
+                                t.take(&p("mlp.down_proj.bias"), &[h])?,
+                            ])
+                        } else {
+                            None
+                        },
+                    },
                 },
             });
         }

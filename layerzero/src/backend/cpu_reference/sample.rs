@@ -29,7 +29,6 @@
 //! column; a row whose logits are all -inf cannot be sampled; temperature finite and >= 0;
 //! 0 < top_p <= 1; 0 <= min_p <= 1.
 
-use std::cmp::Ordering;
 use std::sync::Arc;
 
 use super::{expect_float, expect_rank, invalid, wrong_op};
@@ -53,7 +52,7 @@ pub(crate) fn register(registry: &mut Registry) {
     );
 }
 
-use crate::exec::semantics::{SamplePlan as Plan, sample_plan, sample_uniform as uniform};
+use crate::exec::semantics::{SamplePlan as Plan, sample_kept, sample_plan, sample_uniform as uniform};
 
 fn plan(a: &SampleAttrs) -> Result<Plan, KernelError> {
     sample_plan(a).map_err(KernelError::InvalidInput)
@@ -93,47 +92,10 @@ fn sample_row(l: &[f64], row: usize, plan: &Plan) -> Result<i64, KernelError> {
     if plan.greedy {
         return Ok(best as i64);
     }
-    let m = l[best];
-    if m == f64::NEG_INFINITY {
+    if l[best] == f64::NEG_INFINITY {
         return Err(invalid(format!("row {row} of tensor `logits` is all -inf; there is no token to sample")));
     }
-    let weight = |x: f64| {
-        if m == f64::INFINITY { if x == f64::INFINITY { 1.0 } else { 0.0 } } else { ((x - m) / plan.temperature).exp() }
-    };
-    let w: Vec<f64> = l.iter().map(|&x| weight(x)).collect();
-    let mut z = 0.0;
-    for &x in &w {
-        z += x;
-    }
-    let mut order: Vec<usize> = (0..l.len()).collect();
-    order.sort_by(|&i, &j| l[j].partial_cmp(&l[i]).unwrap_or(Ordering::Equal).then(i.cmp(&j)));
-    let cap = if plan.top_k == 0 { l.len() } else { usize::try_from(plan.top_k).unwrap_or(usize::MAX).min(l.len()) };
-    // The mass top-p is a fraction of: what top-k keeps, summed in order (or everything).
-    let zk = if cap < l.len() {
-        let mut zk = 0.0;
-        for &i in &order[..cap] {
-            zk += w[i];
-        }
-        zk
-    } else {
-        z
-    };
-    let mut kept: Vec<(usize, f64)> = Vec::new();
-    let mut mass = 0.0;
-    for &i in &order[..cap] {
-        let wi = w[i];
-        // Weights do not increase along the order: the first failure ends the prefix.
-        if wi <= 0.0 || wi < plan.min_p {
-            break;
-        }
-        kept.push((i, wi));
-        mass += wi;
-        if let Some(p) = plan.top_p
-            && mass >= p * zk
-        {
-            break;
-        }
-    }
+    let (kept, mass) = sample_kept(l, plan);
     // The largest weight is 1 >= min_p, and cap >= 1: `kept` is never empty.
     let target = uniform(plan.seed, row as u64) * mass;
     let mut run = 0.0;

@@ -1,0 +1,290 @@
+//! Speculative decoding: a small draft model proposes up to `k` tokens one at a time, the
+//! target scores all of them in one forward pass, and the longest prefix the target agrees
+//! with is kept, followed by one token of the target's own (so every round yields at least
+//! one token, and a round whose drafts all pass yields `k + 1`).
+//!
+//! - **Greedy**: a draft passes when it is the target's argmax at its position; the target's
+//!   argmax replaces the first that does not. The tokens are the target's greedy tokens.
+//! - **Sampling**: the rejection rule of Leviathan et al. and Chen et al. (2023). A draft `x`
+//!   drawn from the draft's distribution `q` passes with probability `min(1, p(x) / q(x))`,
+//!   where `p` is the target's; the first that fails is replaced by a draw from
+//!   `max(0, p - q)` renormalized; when all pass, one more token is drawn from the target's
+//!   next distribution. Each token is then distributed exactly as the target alone would
+//!   draw it. `p` and `q` are the distributions the `sample` op draws from (temperature,
+//!   top-k and top-p applied alike to both), and every draw has its own counter-based stream
+//!   (purpose, position), so a seed gives the same tokens on every machine.
+//!
+//! Both models keep every committed token but the last in their KV cache; a rejected
+//! round's positions are forgotten ([`Session::truncate`]) and written over.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use super::Model;
+use super::forward::{OpStats, Session};
+use super::generate::{Generation, check_prompt};
+use crate::error::{Error, Result};
+use crate::exec::args::{OpArgs, SampleArgs};
+use crate::exec::semantics::{SamplePlan, sample_kept, sample_plan, sample_uniform};
+use crate::model::attrs::SampleAttrs;
+use crate::model::op::Op;
+use crate::runtime::LayerZero;
+use crate::tensor::HostTensor;
+
+/// What a speculative generation produced.
+#[derive(Debug, Clone)]
+pub struct Speculated {
+    /// The generated tokens.
+    pub generated_ids: Vec<u32>,
+    /// Draft-then-verify rounds (one target forward each).
+    pub rounds: usize,
+    /// Tokens the draft proposed.
+    pub drafted: usize,
+    /// Proposed tokens the target kept.
+    pub accepted: usize,
+    /// Wall time from the first prefill to the last token, ns.
+    pub ns: u64,
+    /// Per op, what ran for the target.
+    pub target_stats: BTreeMap<Op, OpStats>,
+    /// Per op, what ran for the draft.
+    pub draft_stats: BTreeMap<Op, OpStats>,
+}
+
+impl Speculated {
+    /// Accepted over drafted tokens (0 when nothing was drafted).
+    pub fn acceptance_rate(&self) -> f64 {
+        if self.drafted == 0 { 0.0 } else { self.accepted as f64 / self.drafted as f64 }
+    }
+}
+
+/// Checks that `draft` can draft for `target`: token ids mean the same to both.
+pub fn check_draft(target: &Model, draft: &Model) -> Result<()> {
+    let (t, d) = (target.config.vocab, draft.config.vocab);
+    if t != d {
+        return Err(Error::invalid(format!(
+            "the draft's vocabulary is {d} tokens and the target's {t} (config.json `vocab_size` of {} and {}); \
+             a draft must share the target's tokens",
+            draft.dir.display(),
+            target.dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// The independent random streams of a speculative generation.
+#[derive(Clone, Copy)]
+enum Stream {
+    /// The draft's proposal at a position.
+    Draft = 1,
+    /// The accept-or-reject draw at a position.
+    Accept = 2,
+    /// The target's own token at a position (after a rejection, or after every draft passed).
+    Target = 3,
+}
+
+fn uniform(seed: u64, stream: Stream, position: usize) -> f64 {
+    let key = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (stream as u64).wrapping_mul(0xd134_2543_de82_ef95);
+    sample_uniform(key, position as u64)
+}
+
+/// The distribution `sample` draws from for one row of logits, dense over the vocabulary.
+fn distribution(row: &[f32], plan: &SamplePlan) -> Result<Vec<f64>> {
+    let l: Vec<f64> = row.iter().map(|&x| f64::from(x)).collect();
+    if let Some(j) = l.iter().position(|x| x.is_nan()) {
+        return Err(Error::invalid(format!("the logits are NaN at token {j}")));
+    }
+    if l.iter().all(|&x| x == f64::NEG_INFINITY) {
+        return Err(Error::invalid("the logits are all -inf; there is no token to sample".to_owned()));
+    }
+    let (kept, mass) = sample_kept(&l, plan);
+    let mut p = vec![0.0; l.len()];
+    for (i, w) in kept {
+        p[i] = w / mass;
+    }
+    Ok(p)
+}
+
+/// The first token whose running weight exceeds `u` times the total (the last with weight
+/// if rounding leaves none).
+fn draw(weights: &[f64], u: f64) -> u32 {
+    let total: f64 = weights.iter().sum();
+    let target = u * total;
+    let mut run = 0.0;
+    let mut last = 0;
+    for (i, &w) in weights.iter().enumerate() {
+        if w > 0.0 {
+            run += w;
+            last = i;
+            if run > target {
+                break;
+            }
+        }
+    }
+    last as u32
+}
+
+/// The argmax of each row of `logits`, by the `sample` op (greedy).
+fn argmax(session: &mut Session<'_>, logits: HostTensor) -> Result<Vec<u32>> {
+    let tokens = session.sample(OpArgs::Sample(SampleArgs { logits, attrs: SampleAttrs::default() }))?;
+    tokens
+        .to_f64_vec()
+        .iter()
+        .map(|&id| u32::try_from(id as i64).map_err(|_| Error::invalid(format!("sample returned token {id}"))))
+        .collect()
+}
+
+/// Generates from `prompt` with `target`, `draft` proposing up to `k` tokens a round; calls
+/// `on_token` with each token as it is committed. `g.kv` and `g.dump` do not apply (one
+/// sequence, contiguous caches).
+pub fn speculate(
+    target: &Model,
+    draft: &Model,
+    lz: &LayerZero,
+    prompt: &[u32],
+    g: &Generation,
+    k: usize,
+    mut on_token: impl FnMut(u32),
+) -> Result<Speculated> {
+    if k == 0 {
+        return Err(Error::invalid("--draft-tokens must be at least 1".to_owned()));
+    }
+    if g.dump {
+        return Err(Error::invalid(
+            "--dump keeps the stages of one model; it does not combine with --draft".to_owned(),
+        ));
+    }
+    check_draft(target, draft)?;
+    check_prompt(target, prompt, g.max_new_tokens)?;
+    check_prompt(draft, prompt, g.max_new_tokens)
+        .map_err(|e| Error::invalid(format!("the draft model: {}", e.message())))?;
+    let greedy = g.temperature <= 0.0;
+    let plan = sample_plan(&SampleAttrs {
+        temperature: Some(g.temperature),
+        top_k: g.top_k,
+        top_p: g.top_p,
+        min_p: None,
+        seed: None,
+    })
+    .map_err(Error::invalid)?;
+    // A verify pass writes k positions past the committed ones before the rejected are forgotten.
+    let capacity = prompt.len() + g.max_new_tokens + k + 1;
+    let mut ts = Session::new(target, lz, capacity)?;
+    let mut ds = Session::new(draft, lz, capacity)?;
+    let v = target.config.vocab;
+    let eos = &target.config.eos;
+    let mut all: Vec<u32> = prompt.to_vec();
+    let mut out: Vec<u32> = Vec::with_capacity(g.max_new_tokens);
+    let (mut rounds, mut drafted, mut accepted) = (0, 0, 0);
+    let start = Instant::now();
+    // The last prompt token is the first round's input, so every token is drafted and verified.
+    let head = &prompt[..prompt.len() - 1];
+    if !head.is_empty() {
+        ts.forward(head, false)?;
+        ds.forward(head, false)?;
+    }
+    let mut done = g.max_new_tokens == 0;
+    while !done {
+        let base = out.len();
+        // Drafts leave room for the target's own token inside max_new_tokens.
+        let kk = k.min(g.max_new_tokens - base - 1);
+        let mut pending: Vec<u32> = all[ds.len(0)..].to_vec();
+        let mut drafts = Vec::with_capacity(kk);
+        let mut qs = Vec::with_capacity(kk);
+        for i in 0..kk {
+            let logits = ds.forward(&pending, false)?;
+            let x = if greedy {
+                argmax(&mut ds, logits)?[0]
+            } else {
+                let q = distribution(&logits.to_f32_vec(), &plan)?;
+                let x = draw(&q, uniform(g.seed, Stream::Draft, base + i));
+                qs.push(q);
+                x
+            };
+            drafts.push(x);
+            pending.clear();
+            pending.push(x);
+        }
+        let mut tokens = all[ts.len(0)..].to_vec();
+        tokens.extend_from_slice(&drafts);
+        let logits = ts.forward(&tokens, true)?;
+        // The rows that score the drafts and the token after them.
+        let rows = logits.view(&[kk + 1, v], &[v, 1], logits.offset() + (tokens.len() - kk - 1) * v)?;
+        let (n, next) = if greedy {
+            let picks = argmax(&mut ts, rows)?;
+            let n = drafts.iter().zip(&picks).take_while(|(d, p)| d == p).count();
+            (n, picks[n])
+        } else {
+            let values = rows.to_f32_vec();
+            let row = |i: usize| &values[i * v..(i + 1) * v];
+            let mut verdict = None;
+            for (i, (&x, q)) in drafts.iter().zip(&qs).enumerate() {
+                let p = distribution(row(i), &plan)?;
+                let x = x as usize;
+                // x was drawn from q, so q[x] > 0.
+                if uniform(g.seed, Stream::Accept, base + i) * q[x] < p[x] {
+                    continue;
+                }
+                let residual: Vec<f64> = p.iter().zip(q).map(|(a, b)| (a - b).max(0.0)).collect();
+                let u = uniform(g.seed, Stream::Target, base + i);
+                // p < q at x leaves mass elsewhere; rounding alone could empty it.
+                let t = if residual.iter().sum::<f64>() > 0.0 { draw(&residual, u) } else { draw(&p, u) };
+                verdict = Some((i, t));
+                break;
+            }
+            match verdict {
+                Some(v) => v,
+                None => (kk, draw(&distribution(row(kk), &plan)?, uniform(g.seed, Stream::Target, base + kk))),
+            }
+        };
+        rounds += 1;
+        drafted += kk;
+        accepted += n;
+        for &t in drafts[..n].iter().chain(std::iter::once(&next)) {
+            out.push(t);
+            all.push(t);
+            on_token(t);
+            if (g.stop_at_eos && eos.contains(&t)) || out.len() == g.max_new_tokens {
+                done = true;
+                break;
+            }
+        }
+        // Each cache keeps the committed tokens it holds, all but the last.
+        let keep = all.len() - 1;
+        let (tl, dl) = (ts.len(0), ds.len(0));
+        ts.truncate(0, keep.min(tl))?;
+        ds.truncate(0, keep.min(dl))?;
+    }
+    let ns = start.elapsed().as_nanos() as u64;
+    Ok(Speculated {
+        generated_ids: out,
+        rounds,
+        drafted,
+        accepted,
+        ns,
+        target_stats: std::mem::take(&mut ts.stats),
+        draft_stats: std::mem::take(&mut ds.stats),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draw_picks_by_running_weight_and_skips_empty_tokens() {
+        let w = [0.0, 0.25, 0.0, 0.75];
+        assert_eq!(draw(&w, 0.0), 1);
+        assert_eq!(draw(&w, 0.2), 1);
+        assert_eq!(draw(&w, 0.3), 3);
+        assert_eq!(draw(&w, 0.999_999), 3);
+    }
+
+    #[test]
+    fn streams_differ_by_purpose_and_position() {
+        let a = uniform(7, Stream::Draft, 0);
+        assert_ne!(a, uniform(7, Stream::Accept, 0));
+        assert_ne!(a, uniform(7, Stream::Draft, 1));
+        assert_ne!(a, uniform(8, Stream::Draft, 0));
+        assert_eq!(a, uniform(7, Stream::Draft, 0));
+    }
+}
