@@ -227,6 +227,9 @@ reason_codes! {
     TOKENIZER_MISMATCH => Input,
     /// The loaded dispatch table has no entry for the request's key and bucket; selected live.
     PLAN_BUCKET_MISS => Plan,
+    /// A plan or cached selection was made for another tokenizer of the model (its identity
+    /// hash differs): not served.
+    TOKENIZER_HASH_MISMATCH => Plan,
     /// The dispatch table was made for another hardware fingerprint.
     PLAN_HARDWARE_MISMATCH => Plan,
     /// The dispatch table was made from other capabilities (capabilities hash differs).

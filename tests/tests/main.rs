@@ -24,6 +24,7 @@ mod policy;
 mod policy_config;
 mod properties;
 mod runtime;
+mod scopes;
 mod selection_table;
 mod shipped_tables;
 mod speculative;

@@ -32,7 +32,9 @@ pub(super) fn workload(a: WorkloadCmd) -> Result<Outcome> {
     };
     let name = a.model.file_name().map_or_else(|| "model".to_owned(), |n| n.to_string_lossy().into_owned());
     let lz = LayerZero::host()?;
-    let w = llm::workload::workload(&lz, &name, &config, dtype, serving)?;
+    let tokenizer_file = a.model.join("tokenizer.json");
+    let tokenizer = if tokenizer_file.exists() { Some(Tokenizer::load(&tokenizer_file)?) } else { None };
+    let w = llm::workload::workload(&lz, &name, &config, dtype, serving, tokenizer.as_ref().map(Tokenizer::hash))?;
     let json =
         serde_json::to_string_pretty(&w).map_err(|e| Error::invalid(format!("cannot write the workload: {e}")))?;
     match &a.out {

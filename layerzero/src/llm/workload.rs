@@ -32,8 +32,17 @@ pub struct Serving {
     pub page_size: usize,
 }
 
-/// The workload of `config` computed in `dtype`, named `name`.
-pub fn workload(lz: &LayerZero, name: &str, config: &ModelConfig, dtype: DType, s: Serving) -> Result<Workload> {
+/// The workload of `config` computed in `dtype`, named `name`, for a model whose tokenizer
+/// has `tokenizer_hash` (tables solved from it carry the hash, so a model scope with
+/// another tokenizer refuses them).
+pub fn workload(
+    lz: &LayerZero,
+    name: &str,
+    config: &ModelConfig,
+    dtype: DType,
+    s: Serving,
+    tokenizer_hash: Option<&str>,
+) -> Result<Workload> {
     if s.max_batch == 0 || s.max_seq < 2 || s.page_size == 0 {
         return Err(Error::invalid(format!(
             "--max-batch {} and --page-size {} must be at least 1, --max-seq {} at least 2",
@@ -119,6 +128,7 @@ pub fn workload(lz: &LayerZero, name: &str, config: &ModelConfig, dtype: DType, 
             s.page_size
         ),
         entries,
+        tokenizer_hash: tokenizer_hash.map(str::to_owned),
     };
     // The result must be a workload `lz tune` and `lz solve` accept.
     Workload::from_json(&serde_json::to_string(&w).unwrap_or_default(), name)

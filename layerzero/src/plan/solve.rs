@@ -67,6 +67,7 @@ pub fn solve(workload: &Workload, selector: &Selector, provenance: Provenance) -
             capabilities_hash: selector.catalog().hash().to_owned(),
             policy_hash: selector.policy_hash().to_owned(),
             perfdb_digest: provenance.perfdb_digest,
+            tokenizer_hash: workload.tokenizer_hash.clone(),
             workload: WorkloadId { name: workload.name.clone(), hash: crate::canonical::hash(&workload_value) },
             created_at: provenance.created_at,
             command: provenance.command,

@@ -58,6 +58,10 @@ pub struct Header {
     pub policy_hash: String,
     /// Digest of the PerfDB rows used (absent: model only).
     pub perfdb_digest: Option<String>,
+    /// The tokenizer of the model the workload was recorded from: a model scope with
+    /// another one refuses the table (`TOKENIZER_HASH_MISMATCH`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer_hash: Option<String>,
     /// The workload.
     pub workload: WorkloadId,
     /// RFC 3339 UTC; the only field two identical solves differ in.

@@ -25,6 +25,9 @@ pub struct Workload {
     /// What it models.
     #[serde(default)]
     pub description: String,
+    /// The identity hash of the model's tokenizer, for a model's workload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer_hash: Option<String>,
     /// The ops.
     pub entries: Vec<Entry>,
 }

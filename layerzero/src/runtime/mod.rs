@@ -14,6 +14,7 @@ mod dispatch;
 pub mod faults;
 mod flight;
 mod hot;
+mod scope;
 mod snapshot;
 mod warmup;
 mod watch;
@@ -30,6 +31,7 @@ pub use counters::Counters;
 use counters::{Counter, Striped};
 pub use dispatch::{Attempt, Dispatch, InputFlag};
 pub use hot::Hit;
+pub use scope::Scope;
 pub use snapshot::{SnapshotFile, SnapshotManifest};
 pub use warmup::{WarmError, WarmItem, WarmPoint, WarmVerify, WarmupReport, compilations};
 pub use watch::PolicyWatch;
@@ -131,6 +133,8 @@ struct Parts {
     plan_mode: PlanMode,
     /// Live headroom of the host's memory (host handles; planning handles have none).
     memory: Option<Arc<crate::hardware::memory::MemoryGauge>>,
+    /// The model this handle serves, when it is a model's scope ([`LayerZero::scoped`]).
+    scope: Option<Arc<Scope>>,
 }
 
 /// LayerZero: selection, explanation and dispatch on one machine under one policy.
@@ -332,29 +336,46 @@ impl LayerZero {
         policy: Arc<Policy>,
         registry: Registry,
     ) -> Result<LayerZero> {
-        let selector =
-            Selector::new(catalog.clone(), hardware.clone(), policy.clone(), Arc::new(availability.clone()))?;
-        let context = context_of(&selector);
-        let max_workspace = catalog.kernels().map(|(_, _, k)| k.properties.workspace_bytes).max().unwrap_or(0);
         let health = Arc::new(Health::new(&catalog, HealthConfig::of(&policy)));
+        let parts = Parts {
+            catalog,
+            hardware,
+            availability,
+            measurements: None,
+            calibration: None,
+            table: None,
+            table_rejection: None,
+            plan_mode: PlanMode::Prefer,
+            memory: None,
+            scope: None,
+        };
+        LayerZero::assemble(parts, registry, health, policy, DEFAULT_CACHE_CAPACITY)
+    }
+
+    /// A handle of `parts` with empty caches and counters, sharing `health`.
+    fn assemble(
+        parts: Parts,
+        registry: Registry,
+        health: Arc<Health>,
+        policy: Arc<Policy>,
+        cache_slots: usize,
+    ) -> Result<LayerZero> {
+        let selector = Selector::new(
+            parts.catalog.clone(),
+            parts.hardware.clone(),
+            policy.clone(),
+            Arc::new(parts.availability.clone()),
+        )?;
+        let context = context_of(&selector, parts.scope.as_deref());
+        let max_workspace = parts.catalog.kernels().map(|(_, _, k)| k.properties.workspace_bytes).max().unwrap_or(0);
         let lz = LayerZero {
-            parts: Parts {
-                catalog,
-                hardware,
-                availability,
-                measurements: None,
-                calibration: None,
-                table: None,
-                table_rejection: None,
-                plan_mode: PlanMode::Prefer,
-                memory: None,
-            },
+            parts,
             executors: Box::new([]),
             registry,
             health,
             runners: OnceLock::new(),
             live: ArcSwap::from_pointee(Live {
-                declared: policy.clone(),
+                declared: policy,
                 selector: Arc::new(selector),
                 context,
                 plan_rejection: None,
@@ -368,8 +389,8 @@ impl LayerZero {
             next_expiry: AtomicI64::new(i64::MAX),
             policy_swaps: AtomicU64::new(0),
             policy_error: Mutex::new(None),
-            cache: SelectionCache::new(DEFAULT_CACHE_CAPACITY),
-            typed_cache: SelectionCache::new(DEFAULT_CACHE_CAPACITY),
+            cache: SelectionCache::new(cache_slots),
+            typed_cache: SelectionCache::new(cache_slots),
             memo: KeyMemo::new(MEMO_SLOTS),
             flights: flight::Flights::default(),
             max_workspace,
@@ -384,6 +405,12 @@ impl LayerZero {
     /// Recomputes everything derived from the parts (under `policy`, else the current one):
     /// the selector, executors by index, the verified plan, the cache context.
     fn rebuilt(mut self, policy: Option<Arc<Policy>>) -> Result<LayerZero> {
+        self.rebuild(policy)?;
+        Ok(self)
+    }
+
+    /// [`rebuilt`](LayerZero::rebuilt) in place.
+    fn rebuild(&mut self, policy: Option<Arc<Policy>>) -> Result<()> {
         let p = &self.parts;
         let declared = policy.unwrap_or_else(|| self.live.load().declared.clone());
         let now = unix_now();
@@ -405,7 +432,7 @@ impl LayerZero {
         let mut rejection = p.table_rejection.clone();
         self.plan = None;
         if let (Some(table), true) = (&p.table, p.plan_mode != PlanMode::Off) {
-            match Plan::new(table, &selector) {
+            match scope::tokenizer_check(table, p.scope.as_deref()).and_then(|()| Plan::new(table, &selector)) {
                 Ok(mut plan) => {
                     plan.bind(|k| self.executors.get(k).cloned().flatten());
                     self.plan = Some(plan);
@@ -414,7 +441,7 @@ impl LayerZero {
                 Err(reason) => rejection = Some(reason),
             }
         }
-        let context = context_of(&selector);
+        let context = context_of(&selector, self.parts.scope.as_deref());
         self.plan_on = AtomicBool::new(self.plan.is_some());
         self.quiet = AtomicBool::new(self.plan.is_none() && rejection.is_none());
         self.context = AtomicU64::new(context);
@@ -429,7 +456,7 @@ impl LayerZero {
         });
         self.cache = SelectionCache::new(self.cache.capacity());
         self.typed_cache = SelectionCache::new(self.cache.capacity());
-        Ok(self)
+        Ok(())
     }
 
     /// The same handle under `policy`. Fails when a rule names no kernel of the catalog, or
@@ -578,7 +605,7 @@ impl LayerZero {
                 rejection = Some(reason);
             }
         }
-        let context = context_of(&selector);
+        let context = context_of(&selector, self.parts.scope.as_deref());
         let quiet = self.plan.is_none() && rejection.is_none();
         let next_expiry = declared.next_expiry_after(now).unwrap_or(i64::MAX);
         self.live.store(Arc::new(Live {
@@ -821,8 +848,11 @@ fn unix_now() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
-fn context_of(selector: &Selector) -> u64 {
-    cache::context(&selector.hardware().fingerprint, selector.catalog().hash(), selector.policy_hash())
+/// The cache context: what every cached choice depends on, and, in a model's scope, the
+/// model and its tokenizer (so no entry is served across models or tokenizers).
+fn context_of(selector: &Selector, scope: Option<&Scope>) -> u64 {
+    let context = cache::context(&selector.hardware().fingerprint, selector.catalog().hash(), selector.policy_hash());
+    scope.map_or(context, |s| context ^ s.salt())
 }
 
 fn refused(reason: Reason) -> Error {
