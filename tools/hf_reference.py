@@ -38,6 +38,16 @@ dtype), 2-D `[T, features]` for the prefill with the batch dimension dropped.
   `layer.{l}.out`        layer output [T, H]
   q/k are captured by wrapping the modeling module's `apply_rotary_pos_emb` (the attention
   forward looks it up as a module global at call time); the rest by forward hooks/pre-hooks.
+  MoE models (Mixtral, Qwen2-MoE) additionally get, per layer (prefill):
+  `layer.{l}.router_logits` the router's logits before the softmax [T, n_experts]
+                         (output 0 of `mlp.gate`, batch and sequence already flattened)
+  `layer.{l}.shared_out` Qwen2-MoE only: the shared expert's output AFTER the multiplication
+                         by sigmoid(shared_expert_gate(x)) [T, H], computed from the two
+                         modules' outputs with the same two ops as the block's forward
+  and `layer.{l}.ffn_out` is the whole sparse-MoE block output (routed experts + shared).
+  MoE models are loaded with `experts_implementation="eager"` (the per-expert loop in the
+  modeling file) rather than the default `grouped_mm`; the difference between the two is
+  printed and asserted to be rounding-level.
 * `logits.0` prefill logits [T, V]; `logits.{k}` (k = 1..N-1) the [1, V] logits of decode step k.
 * extras: `rope.inv_freq` [head_dim/2] inverse frequencies the prefill used; `rope.cos`,
   `rope.sin` [T, head_dim] the prefill's cos/sin as passed to attention (they already include
@@ -63,7 +73,13 @@ out == post_attn + ffn_out; attention recomputed independently from the dumped q
 asserted for dynamic NTK RoPE, where HF's cached keys keep the rotation of the step that
 wrote them, nor for bfloat16, where only the difference is printed). For models with a
 sliding window, a second run with the window disabled must differ exactly from row
-`window` on. For dynamic RoPE the prompt must exceed max_position_embeddings.
+`window` on. For dynamic RoPE the prompt must exceed max_position_embeddings. For MoE
+models, the block output is recomputed in float64 from the dumped router logits and the
+weights read from the checkpoint's per-expert hub-layout tensors (softmax, top-k, Mixtral's
+renormalization / Qwen2-MoE's norm_topk_prob, SiLU experts, sigmoid-gated shared expert)
+and must equal `ffn_out` (and `shared_out`); the dumped router logits must equal
+ffn_norm @ gate.T; the smallest gap between the k-th and (k+1)-th routing probability of the
+prefill is recorded (a tiny gap would make the expert choice rounding-sensitive).
 """
 
 import argparse
@@ -87,12 +103,23 @@ from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
+def moe_kind(cfg):
+    """'mixtral', 'qwen2_moe' or None."""
+    return cfg.model_type if cfg.model_type in ("mixtral", "qwen2_moe") else None
+
+
 def load_model(model_dir, dtype, **overrides):
+    cfg = AutoConfig.from_pretrained(model_dir)
+    if moe_kind(cfg) is not None:
+        overrides.setdefault("experts_implementation", "eager")
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=dtype, attn_implementation="eager", **overrides
     )
     model.eval()
     assert model.config._attn_implementation == "eager", model.config._attn_implementation
+    if moe_kind(cfg) is not None:
+        assert model.config._experts_implementation == overrides["experts_implementation"], (
+            model.config._experts_implementation)
     return model
 
 
@@ -117,6 +144,7 @@ class Recorder:
         self.on = False
         self.cur_layer = None
         self.store = {}
+        self.shared_pre_gate = None
         self.rope_inv_freq = []
         self.handles = []
         self.modeling = sys.modules[type(model).__module__]
@@ -134,6 +162,15 @@ class Recorder:
                 layer.mlp.register_forward_hook(self._out(f"layer.{l}.ffn_out")),
                 layer.register_forward_hook(self._out(f"layer.{l}.out")),
             ]
+            gate = getattr(layer.mlp, "gate", None)
+            if gate is not None and hasattr(layer.mlp, "experts"):
+                # The router sees the flattened [B*T, H] states and returns (logits, scores, indices).
+                self.handles.append(gate.register_forward_hook(self._out_flat(f"layer.{l}.router_logits")))
+            if hasattr(layer.mlp, "shared_expert_gate"):
+                self.handles += [
+                    layer.mlp.shared_expert.register_forward_hook(self._keep_shared),
+                    layer.mlp.shared_expert_gate.register_forward_hook(self._shared_out(f"layer.{l}.shared_out")),
+                ]
         self.handles.append(inner.rotary_emb.register_forward_hook(self._rope))
 
         recorder = self
@@ -158,6 +195,30 @@ class Recorder:
         assert key not in self.store, f"{key} recorded twice"
         assert t.shape[0] == 1, "batch 1 only"
         self.store[key] = t[0].detach().clone()
+
+    def _put_flat(self, key, t):
+        """A [B*T, F] tensor of a module that flattens batch and sequence (batch 1: [T, F])."""
+        assert key not in self.store, f"{key} recorded twice"
+        assert t.dim() == 2, (key, tuple(t.shape))
+        self.store[key] = t.detach().clone()
+
+    def _out_flat(self, key):
+        def hook(module, args, output):
+            if self.on:
+                self._put_flat(key, output[0] if isinstance(output, tuple) else output)
+        return hook
+
+    def _keep_shared(self, module, args, output):
+        self.shared_pre_gate = output
+
+    def _shared_out(self, key):
+        # Qwen2MoeSparseMoeBlock.forward: F.sigmoid(self.shared_expert_gate(x)) * shared_expert_output;
+        # the same two ops on the same tensors, so the result is bit-identical to the block's.
+        def hook(module, args, output):
+            if self.on:
+                self._put_flat(key, torch.nn.functional.sigmoid(output) * self.shared_pre_gate)
+            self.shared_pre_gate = None
+        return hook
 
     def _set_layer(self, l):
         def hook(module, args):
@@ -253,6 +314,15 @@ def sanity_checks(model, tensors, prompt_ids, gen, dtype, args):
             t = tensors[f"layer.{l}.{name}"]
             assert tuple(t.shape) == (T, width), (f"layer.{l}.{name}", tuple(t.shape))
     assert tuple(tensors["logits.0"].shape) == (T, V)
+    kind = moe_kind(cfg)
+    if kind is not None:
+        n_exp = cfg.num_local_experts if kind == "mixtral" else cfg.num_experts
+        for l in range(L):
+            assert tuple(tensors[f"layer.{l}.router_logits"].shape) == (T, n_exp)
+            if kind == "qwen2_moe":
+                assert tuple(tensors[f"layer.{l}.shared_out"].shape) == (T, H)
+    else:
+        assert not any(k.endswith((".router_logits", ".shared_out")) for k in tensors)
 
     with torch.no_grad():
         close(model.lm_head(tensors[f"hidden.{L}"]), tensors["logits.0"], dtype, "lm_head(hidden.L) vs logits.0")
@@ -310,6 +380,9 @@ def sanity_checks(model, tensors, prompt_ids, gen, dtype, args):
             cross_tol = {torch.float64: 5e-6, torch.float32: 1e-4}[dtype]
             assert err <= cross_tol and decode_err <= cross_tol, (err, decode_err)
 
+        if kind is not None:
+            report.update(moe_checks(model, tensors, T, dtype, args, full, full_logits))
+
         if rope_type == "dynamic":
             assert T > cfg.max_position_embeddings, (
                 f"dynamic RoPE: prompt length {T} does not exceed max_position_embeddings "
@@ -334,6 +407,101 @@ def sanity_checks(model, tensors, prompt_ids, gen, dtype, args):
             # Query i sees keys j with i - j < window: rows 0..window-1 see everything anyway.
             assert same_rows == list(range(window)) and first_diff == window, (same_rows, first_diff)
             report["window_first_differing_row"] = first_diff
+    return report
+
+
+def moe_checks(model, tensors, T, dtype, args, full, full_logits):
+    """Independent float64 recomputation of every sparse-MoE block of the prefill.
+
+    Weights come from the checkpoint file itself in the hub's per-expert layout (not from the
+    model's fused in-memory parameters), so this also checks that layout's meaning:
+    Mixtral w1 = gate, w3 = up, w2 = down; Qwen2-MoE gate_proj / up_proj / down_proj.
+    """
+    cfg = model.config
+    kind = moe_kind(cfg)
+    L, H = cfg.num_hidden_layers, cfg.hidden_size
+    weights = load_file(os.path.join(args.model, "model.safetensors"))
+    if kind == "mixtral":
+        n_exp, block, (g_name, u_name, d_name), renorm = cfg.num_local_experts, "block_sparse_moe", ("w1", "w3", "w2"), True
+    else:
+        n_exp, block, (g_name, u_name, d_name), renorm = (cfg.num_experts, "mlp", ("gate_proj", "up_proj", "down_proj"),
+                                                          bool(cfg.norm_topk_prob))
+    top_k = cfg.num_experts_per_tok
+    tol = {torch.float64: 5e-6, torch.float32: 1e-4, torch.bfloat16: 5e-2}[dtype]
+
+    def silu(a):
+        return a / (1.0 + torch.exp(-a))
+
+    report = {}
+    worst = 0.0
+    worst_shared = 0.0
+    for l in range(L):
+        def w(name):
+            return weights[f"model.layers.{l}.{block}.{name}"].double()
+
+        x = tensors[f"layer.{l}.ffn_norm"].double()
+        logits = tensors[f"layer.{l}.router_logits"].double()
+        close(x @ w("gate.weight").T, logits, dtype, f"layer.{l} router_logits vs ffn_norm @ gate.T")
+        probs = torch.softmax(logits, dim=-1)
+        routed = torch.zeros(T, H, dtype=torch.float64)
+        for t in range(T):
+            order = sorted(range(n_exp), key=lambda e: (-probs[t, e].item(), e))
+            chosen = order[:top_k]
+            cw = probs[t, chosen]
+            if renorm:
+                cw = cw / cw.sum()
+            for e, we in zip(chosen, cw.tolist()):
+                h = silu(x[t] @ w(f"experts.{e}.{g_name}.weight").T) * (x[t] @ w(f"experts.{e}.{u_name}.weight").T)
+                routed[t] += we * (h @ w(f"experts.{e}.{d_name}.weight").T)
+        mine = routed
+        if kind == "qwen2_moe":
+            shared = (silu(x @ w("shared_expert.gate_proj.weight").T) * (x @ w("shared_expert.up_proj.weight").T)) \
+                @ w("shared_expert.down_proj.weight").T
+            shared = shared / (1.0 + torch.exp(-(x @ w("shared_expert_gate.weight").T)))
+            err = (shared - tensors[f"layer.{l}.shared_out"].double()).abs().max().item()
+            assert err <= tol, f"layer.{l} shared_out recomputed: max diff {err:.3e}"
+            worst_shared = max(worst_shared, err)
+            mine = routed + shared
+        err = (mine - tensors[f"layer.{l}.ffn_out"].double()).abs().max().item()
+        assert err <= tol, f"layer.{l} MoE block recomputed from router logits and weights: max diff {err:.3e}"
+        worst = max(worst, err)
+    report["moe_recompute_maxdiff"] = worst
+    if kind == "qwen2_moe":
+        report["shared_recompute_maxdiff"] = worst_shared
+    print(f"  MoE blocks recomputed in float64 from router logits + per-expert weights: max diff {worst:.3e}"
+          + (f" (shared_out {worst_shared:.3e})" if kind == "qwen2_moe" else ""))
+
+    # How close the top-k choice is to a tie: gap between the k-th and (k+1)-th routing
+    # probability, over the prefill (the dumped router logits) and over the whole sequence
+    # (router logits of the cache-free forward that covers the decode steps too).
+    def min_gap(router_logits):
+        p = torch.softmax(router_logits.double(), dim=-1).sort(dim=-1, descending=True).values
+        return (p[:, top_k - 1] - p[:, top_k]).min().item()
+
+    report["router_min_topk_gap_prefill"] = min(min_gap(tensors[f"layer.{l}.router_logits"]) for l in range(L))
+    with torch.no_grad():
+        rl_all = model(input_ids=full, use_cache=False, output_router_logits=True).router_logits
+    assert len(rl_all) == L
+    report["router_min_topk_gap_all"] = min(min_gap(r.reshape(-1, n_exp)) for r in rl_all)
+    print(f"  router: min gap between top-{top_k} and next probability: prefill "
+          f"{report['router_min_topk_gap_prefill']:.3e}, whole sequence {report['router_min_topk_gap_all']:.3e}")
+
+    # The default experts implementation (grouped_mm) must agree with the eager loop up to rounding.
+    # torch._grouped_mm accepts only float32/bfloat16/float16 ("Expected mat_a to be Float32,
+    # BFloat16 or Float16 matrix, got Double"), so a float64 reference compares in float32.
+    cmp_dtype = torch.float32 if dtype == torch.float64 else dtype
+    with torch.no_grad():
+        g_logits = load_model(args.model, cmp_dtype, experts_implementation="grouped_mm")(
+            input_ids=full, use_cache=False).logits[0]
+        e_logits = (full_logits if cmp_dtype == dtype else
+                    load_model(args.model, cmp_dtype)(input_ids=full, use_cache=False).logits[0])
+    err = (g_logits.double() - e_logits.double()).abs().max().item()
+    err_ref = (g_logits.double() - full_logits.double()).abs().max().item()
+    report["grouped_mm_vs_eager_maxdiff"] = err
+    report["grouped_mm_compare_dtype"] = str(cmp_dtype).replace("torch.", "")
+    print(f"  experts_implementation grouped_mm vs eager, both {cmp_dtype}: max logits diff {err:.3e} "
+          f"(grouped_mm {cmp_dtype} vs this reference: {err_ref:.3e})")
+    assert err <= {torch.float32: 1e-4, torch.bfloat16: 5e-2}.get(cmp_dtype, tol), err
     return report
 
 
@@ -446,6 +614,14 @@ def main():
         "hidden_convention": "hidden.0=embeddings, hidden.i=output of layer i-1, hidden.L=after final norm",
         "sanity": json.dumps(report, sort_keys=True),
     }
+    kind = moe_kind(model.config)
+    if kind is not None:
+        # Only MoE references carry these keys, so the older files stay byte-identical.
+        meta["experts_implementation"] = model.config._experts_implementation
+        meta["num_experts"] = str(model.config.num_local_experts if kind == "mixtral" else model.config.num_experts)
+        meta["num_experts_per_tok"] = str(model.config.num_experts_per_tok)
+        meta["topk_renormalized"] = str(True if kind == "mixtral" else bool(model.config.norm_topk_prob)).lower()
+        meta["router_softmax_dtype"] = "float32"
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     save_file(tensors, args.out, metadata=meta)
     stabilize_header(args.out)
