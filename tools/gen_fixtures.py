@@ -2,7 +2,7 @@
 """Generates LayerZero's PyTorch golden fixtures (tests/fixtures/*.safetensors).
 
 Each file holds the op's input tensors under their request role names (q, k, v, mask,
-cu_seqlens_q, k_cache, block_table, positions, cos, x, weight, ids, logits, ...), the
+cu_seqlens_q, k_cache, block_table, positions, cos, x, weight, ids, logits, image, ...), the
 expected output `expected` (the kernel output `out`; `expected_k` for RoPE's `out_k`; and
 `expected_<name>` for the output `<name>`: residual_out, scale, experts, weights), and
 safetensors metadata:
@@ -1506,6 +1506,44 @@ def _():
     return linear_int4("linear_int4_g128_zeros_f16_scales_f16_m3_k384_n20", "f16", 3, 384, 20, 128, zeros=True,
                        qdtype="f16")
 
+
+
+# ------------------------------------------------------------------------------ patch embedding
+
+
+def patch_embed(name, dtype, B, C, H, W, P, D, bias=True):
+    """Hugging Face ViTPatchEmbeddings: projection(pixel_values).flatten(2).transpose(1, 2)."""
+    seed(name)
+    x, x64 = rnd((B, C, H, W), dtype)
+    w, w64 = rnd((D, C, P, P), dtype, 0.5 / math.sqrt(C * P * P))  # outputs ~0.5, as linear's
+    tensors = {"image": x, "weight": w}
+    b64 = None
+    if bias:
+        b, b64 = rnd((D,), dtype, 0.5)
+        tensors["bias"] = b
+    out = F.conv2d(x64, w64, b64, stride=P).flatten(2).transpose(1, 2)
+    # The float32 emulations run the convolution as the GEMM it is: patches [B, N, C*P*P]
+    # against the flattened weight.
+    cols = F.unfold(x.float(), kernel_size=P, stride=P).transpose(1, 2)
+    wk = w.float().reshape(D, C * P * P).T
+    emus = {label: mm(cols, wk) for label, mm in MATMULS.items()}
+    if bias:
+        emus = {label: e + b.float() for label, e in emus.items()}
+    tensors["expected"] = out.to(DT[dtype])
+    for label, e in emus.items():
+        check_emulation(name, "gemm", tensors, {"expected": e.to(DT[dtype])}, label)
+    req_t = {"image": desc(x, dtype, "NCHW"), "weight": desc(w, dtype)}
+    if bias:
+        req_t["bias"] = desc(tensors["bias"], dtype)
+    request = {"op": "patch_embed", "tensors": req_t, "attrs": {"patch": P}}
+    src = (f"torch.nn.functional.conv2d(image, weight{', bias' if bias else ''}, stride={P}).flatten(2).transpose(1, 2) "
+           "in float64 (image NCHW), cast to the image's dtype")
+    return name, tensors, request, "gemm", src
+
+
+@case
+def _():
+    return patch_embed("patch_embed_nchw_f32_b2_c3_h16_w16_p8_d16_bias", "f32", 2, 3, 16, 16, 8, 16)
 
 
 # ----------------------------------------------------------------------------------- main

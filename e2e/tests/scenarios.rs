@@ -34,6 +34,19 @@ fn main() -> ExitCode {
         if !filter.is_empty() && !filter.contains(&scenario.section) {
             continue;
         }
+        for run in &scenario.runs {
+            match layerzero_e2e::runs::run(run) {
+                Ok(what) => {
+                    passed += 1;
+                    println!("ok    §{} {}: {} (ran: {what})", scenario.section, scenario.title, run.name);
+                }
+                Err(e) => {
+                    failed += 1;
+                    println!("FAIL  §{} {}: {}", scenario.section, scenario.title, run.name);
+                    println!("        {e}");
+                }
+            }
+        }
         for case in &scenario.cases {
             match layerzero_tests::cases::run_case(&catalog, case) {
                 Ok(()) => {

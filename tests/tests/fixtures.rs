@@ -1,5 +1,6 @@
 //! PyTorch golden fixtures (`tests/fixtures/*.safetensors`, made by `tools/gen_fixtures.py`):
-//! every builtin kernel of a fixture's op runs on the stored inputs and must match the stored
+//! every builtin kernel of a fixture's op runs on the stored inputs (through the transforms
+//! selection plans for it) and must match the stored
 //! `expected` (and every `expected_*` output) within the tolerance of the specification's
 //! table (§5); integer and fp8 outputs must match exactly.
 //! A fixture that no kernel checked is a failure too.
@@ -16,6 +17,7 @@ use layerzero::parity::compare::{Category, compare, output_tolerance};
 use layerzero::schema::{SchemaKind, violations};
 use layerzero::select::Verdict;
 use layerzero::tensor::{HostTensor, io};
+use layerzero::transform::{apply_transforms, cast_outputs_back};
 use layerzero_tests::{planner, repo_root};
 use safetensors::SafeTensors;
 
@@ -104,7 +106,8 @@ fn op_category(op: Op) -> &'static str {
         | Op::Mlp
         | Op::MoeExperts
         | Op::LinearW8a8
-        | Op::LinearInt4 => "gemm",
+        | Op::LinearInt4
+        | Op::PatchEmbed => "gemm",
         Op::Tokenize => "tokenizers",
     }
 }
@@ -169,7 +172,15 @@ fn check(fx: &Fixture, registry: &Registry, failures: &mut Vec<Failure>) -> Vec<
         registry.kernels().filter(|k| k.split('.').nth(1) == Some(op)).map(str::to_owned).collect();
     for kernel in &kernels {
         let Some(exec) = registry.get(kernel) else { continue };
-        let outputs = match catch_unwind(AssertUnwindSafe(|| exec.run(&args))) {
+        // As dispatch runs it: through the transforms selection plans for it (an NCHW image
+        // copied to NHWC for a channels-last kernel), its outputs cast back.
+        let transforms = report.candidate(kernel).map(|c| c.transforms.clone()).unwrap_or_default();
+        let run = || {
+            let adapted = apply_transforms(&args, &transforms).map_err(|e| KernelError::Failed(e.to_string()))?;
+            let outputs = exec.run(&adapted)?;
+            cast_outputs_back(outputs, &transforms).map_err(|e| KernelError::Failed(e.to_string()))
+        };
+        let outputs = match catch_unwind(AssertUnwindSafe(run)) {
             Ok(Ok(o)) => o,
             Ok(Err(KernelError::Unsupported(why))) if !admitted(kernel) => {
                 eprintln!("fixture {name}: {kernel} skipped (unsupported, and its capabilities agree): {why}");

@@ -428,7 +428,7 @@ pub(crate) fn fields_for_op(op: Op) -> &'static [&'static str] {
         Op::Attention => ATTN,
         Op::PagedAttention => PAGED,
         Op::RmsNorm => &["hidden_size", "fused_residual"],
-        Op::LayerNorm => &["hidden_size"],
+        Op::LayerNorm => &["hidden_size", "fused_residual"],
         Op::Rope => &["hidden_size", "rope_styles", "rope_scaling"],
         Op::Gelu => &["hidden_size", "gelu_approximations"],
         Op::Swiglu => &["hidden_size", "glu_forms"],
@@ -439,7 +439,7 @@ pub(crate) fn fields_for_op(op: Op) -> &'static [&'static str] {
             &["hidden_size", "quant_schemes", "quant_targets", "quant_blocks", "scale_layouts"]
         }
         Op::LinearInt4 => &["group_sizes"],
-        Op::LinearW8a8 | Op::Tokenize => &[],
+        Op::LinearW8a8 | Op::PatchEmbed | Op::Tokenize => &[],
         _ => &["hidden_size"],
     }
 }

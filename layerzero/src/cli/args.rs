@@ -50,6 +50,10 @@ pub(super) enum Command {
     /// Generate text with a Hugging Face model folder; every op is selected and dispatched by
     /// LayerZero. Exit 2 on a bad model, prompt or option.
     Generate(GenerateCmd),
+    /// Classify an image with a Hugging Face ViT folder; every op (patch embedding, blocks,
+    /// classifier) is selected and dispatched by LayerZero. Exit 2 on a bad model, image or
+    /// option.
+    Classify(ClassifyCmd),
     /// Write the workload of a model (every op it dispatches, with perf-axis ranges) for
     /// `lz tune`, `lz solve` and `lz readiness-check`.
     Workload(WorkloadCmd),
@@ -175,10 +179,38 @@ pub(super) struct GenerateCmd {
     /// Tokens the draft proposes per round.
     #[arg(long, value_name = "K", default_value_t = 4, requires = "draft")]
     pub(super) draft_tokens: usize,
+    /// Encoder-decoder models: recompute the decoder over every token each step instead of
+    /// keeping its caches (a check that they give the same tokens; slow).
+    #[arg(long)]
+    pub(super) no_kv_cache: bool,
     /// Write hidden states, per-layer stages and logits as safetensors into DIR (dump.safetensors).
     #[arg(long, value_name = "DIR")]
     pub(super) dump: Option<PathBuf>,
     /// Machine-readable output (schemas/generate_report.schema.json).
+    #[arg(long)]
+    pub(super) json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct ClassifyCmd {
+    /// The model folder (config.json, *.safetensors, optional preprocessor_config.json).
+    #[arg(long, value_name = "DIR")]
+    pub(super) model: PathBuf,
+    /// The image: .png or .ppm (8-bit, the model's size; preprocessed as the folder's
+    /// preprocessor_config.json says) or .safetensors (`pixel_values` [1, C, H, W]).
+    #[arg(long, value_name = "FILE")]
+    pub(super) image: PathBuf,
+    /// Classes to print, most probable first.
+    #[arg(long, default_value_t = 5)]
+    pub(super) top: usize,
+    /// Compute dtype (default: the weights' dtype).
+    #[arg(long, value_name = "f32|bf16")]
+    pub(super) dtype: Option<String>,
+    /// Write every stage (patch_embed, hidden states, layers, pooled, logits) as safetensors
+    /// into DIR (dump.safetensors), for `lz diff`.
+    #[arg(long, value_name = "DIR")]
+    pub(super) dump: Option<PathBuf>,
+    /// Machine-readable output.
     #[arg(long)]
     pub(super) json: bool,
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
-use super::args::{DiffCmd, GenerateCmd, WorkloadCmd};
+use super::args::{ClassifyCmd, DiffCmd, GenerateCmd, WorkloadCmd};
 use super::{Outcome, print_json};
 use crate::error::{Error, ErrorKind, Result};
 use crate::llm::{self, Generation, KvKind, Model, Tokenizer};
@@ -48,6 +48,22 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
     let dtype = parse_dtype(a.dtype.as_deref())?;
     if !(a.temperature >= 0.0 && a.temperature.is_finite()) {
         return Err(Error::invalid(format!("--temperature {} must be a finite number >= 0", a.temperature)));
+    }
+    match llm::seq2seq::model_type(&a.model)?.as_str() {
+        "bart" => return seq2seq(a, dtype),
+        "vit" => {
+            return Err(Error::invalid(format!(
+                "{} is a ViT, an image model: classify images with `lz classify --model {0} --image FILE`",
+                a.model.display()
+            )));
+        }
+        _ => {}
+    }
+    if a.no_kv_cache {
+        return Err(Error::invalid(
+            "--no-kv-cache applies to encoder-decoder models; decoders are checked against a cache-free pass by `lz diff`"
+                .to_owned(),
+        ));
     }
     let model = Model::load(&a.model, dtype)?;
     let tokenizer_file = a.model.join("tokenizer.json");
@@ -191,6 +207,117 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
     Ok(Outcome::Ok)
 }
 
+/// `lz generate` of an encoder-decoder: each prompt is an encoder input; the decoder
+/// generates greedily from the decoder start token.
+fn seq2seq(a: GenerateCmd, dtype: Option<DType>) -> Result<Outcome> {
+    let model = llm::seq2seq::Seq2SeqModel::load(&a.model, dtype)?;
+    if a.draft.is_some() {
+        return Err(Error::invalid("--draft: speculative decoding runs decoder-only models".to_owned()));
+    }
+    let tokenizer_file = a.model.join("tokenizer.json");
+    let tokenizer = if tokenizer_file.exists() { Some(Tokenizer::load(&tokenizer_file)?) } else { None };
+    let encode = |text: &str| -> Result<Vec<u32>> {
+        match &tokenizer {
+            Some(t) => Ok(t.encode(text, true)?.ids),
+            None => Err(Error::invalid(format!(
+                "a text prompt needs {}; without a tokenizer give token ids",
+                tokenizer_file.display()
+            ))),
+        }
+    };
+    let inputs: Vec<Vec<u32>> = match (&a.prompt_ids, &a.prompt, &a.prompts) {
+        (Some(ids), _, _) => vec![ids.clone()],
+        (None, Some(text), _) => vec![encode(text)?],
+        (None, None, Some(file)) => read_prompts(file, &encode)?,
+        (None, None, None) => return Err(Error::invalid("give --prompt, --prompt-ids or --prompts".to_owned())),
+    };
+    let mut lz = LayerZero::host()?;
+    if let Some(table) = &a.table {
+        lz = lz.with_plan_file(table, crate::knobs::plan_mode()?)?;
+    }
+    let g = Generation {
+        max_new_tokens: a.max_new_tokens,
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        seed: a.seed,
+        stop_at_eos: !a.ignore_eos,
+        dump: a.dump.is_some(),
+        kv: KvKind::Contiguous,
+    };
+    let out = llm::seq2seq::generate(&model, &lz, &inputs, &g, !a.no_kv_cache)?;
+    if let Some(dir) = &a.dump {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::new(ErrorKind::Io, format!("cannot create {}: {e}", dir.display())).with_source(e))?;
+        let mut tensors = out.dump.clone();
+        if let Some(s) = out.sequences.first() {
+            tensors.insert("input_ids".into(), ids_tensor(&s.prompt_ids)?);
+            tensors.insert("generated_ids".into(), ids_tensor(&s.generated_ids)?);
+        }
+        io::write(&dir.join("dump.safetensors"), &tensors)?;
+    }
+    let texts: Option<Vec<String>> = match &tokenizer {
+        Some(t) => Some(out.sequences.iter().map(|s| t.decode(&s.generated_ids, true)).collect::<Result<_>>()?),
+        None => None,
+    };
+    if a.json {
+        let ops: serde_json::Map<String, serde_json::Value> = out
+            .stats
+            .iter()
+            .map(|(op, s)| (op.as_str().to_owned(), serde_json::to_value(s).unwrap_or_default()))
+            .collect();
+        let many = out.sequences.len() > 1;
+        let list = |f: &dyn Fn(&llm::Sequence) -> &Vec<u32>| -> serde_json::Value {
+            if many {
+                serde_json::json!(out.sequences.iter().map(f).collect::<Vec<_>>())
+            } else {
+                serde_json::json!(out.sequences.first().map(f))
+            }
+        };
+        let text = match &texts {
+            Some(t) if many => serde_json::json!(t),
+            Some(t) => serde_json::json!(t.first()),
+            None => serde_json::Value::Null,
+        };
+        let per_step = if out.decode_steps > 0 { out.decode_ns as f64 / 1e6 / out.decode_steps as f64 } else { 0.0 };
+        print_json(&serde_json::json!({
+            "model": a.model.display().to_string(),
+            "arch": "bart",
+            "dtype": model.dtype,
+            "kv": if a.no_kv_cache { "none" } else { "contiguous" },
+            "prompt_ids": list(&|s| &s.prompt_ids),
+            "generated_ids": list(&|s| &s.generated_ids),
+            "text": text,
+            "tokenizer": tokenizer.as_ref().map(|t| serde_json::json!({"hash": t.hash(), "vocab": t.vocab_size()})),
+            "timing": {
+                "prefill_ms": out.encode_ns as f64 / 1e6,
+                "decode_ms_per_token": per_step,
+            },
+            "ops": ops,
+            "counters": lz.counters(),
+            "dump": a.dump.as_ref().map(|d| d.join("dump.safetensors").display().to_string()),
+        }));
+    } else {
+        for (i, s) in out.sequences.iter().enumerate() {
+            match &texts {
+                Some(t) => println!("{}", t[i]),
+                None => {
+                    let ids: Vec<String> = s.generated_ids.iter().map(u32::to_string).collect();
+                    println!("{}", ids.join(" "));
+                }
+            }
+        }
+        eprintln!(
+            "encoded {} inputs in {:.2} ms; decoded {} steps in {:.2} ms",
+            out.sequences.len(),
+            out.encode_ns as f64 / 1e6,
+            out.decode_steps,
+            out.decode_ns as f64 / 1e6
+        );
+    }
+    Ok(Outcome::Ok)
+}
+
 /// `lz generate --draft`: the target alone, then with the draft, both timed in this process.
 fn speculative(
     a: &GenerateCmd,
@@ -292,6 +419,66 @@ fn speculative(
     Ok(Outcome::Ok)
 }
 
+/// `lz classify`: an image through a ViT.
+pub(super) fn classify(a: ClassifyCmd) -> Result<Outcome> {
+    let dtype = parse_dtype(a.dtype.as_deref())?;
+    let model = llm::vit::VitModel::load(&a.model, dtype)?;
+    let pre = llm::vit::Preprocess::load(&a.model, model.config.channels)?;
+    let image = llm::vit::read_image(&a.image, &model, &pre)?;
+    let lz = LayerZero::host()?;
+    let out = llm::vit::classify(&model, &lz, &image, a.dump.is_some())?;
+    if let Some(dir) = &a.dump {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::new(ErrorKind::Io, format!("cannot create {}: {e}", dir.display())).with_source(e))?;
+        io::write(&dir.join("dump.safetensors"), &out.dump)?;
+    }
+    let logits = out.logits.clone().ok_or_else(|| {
+        Error::invalid(format!(
+            "{}: the model has no classifier (a bare ViTModel); nothing to classify",
+            a.model.display()
+        ))
+    })?;
+    // Softmax in f64 for the printed probabilities.
+    let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let e: Vec<f64> = logits.iter().map(|&l| f64::from(l - m).exp()).collect();
+    let z: f64 = e.iter().sum();
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&i, &j| logits[j].total_cmp(&logits[i]).then(i.cmp(&j)));
+    let label = |i: usize| model.config.labels.get(i).cloned().unwrap_or_else(|| format!("{i}"));
+    let top: Vec<serde_json::Value> = order
+        .iter()
+        .take(a.top.max(1))
+        .map(|&i| serde_json::json!({"index": i, "label": label(i), "logit": logits[i], "probability": e[i] / z}))
+        .collect();
+    let layout = image.layout().map_or("NCHW", |l| l.as_str());
+    if a.json {
+        let ops: serde_json::Map<String, serde_json::Value> = out
+            .stats
+            .iter()
+            .map(|(op, s)| (op.as_str().to_owned(), serde_json::to_value(s).unwrap_or_default()))
+            .collect();
+        print_json(&serde_json::json!({
+            "model": a.model.display().to_string(),
+            "arch": "vit",
+            "dtype": model.dtype,
+            "image": a.image.display().to_string(),
+            "image_layout": layout,
+            "top": top,
+            "logits": logits,
+            "timing": {"ms": out.ns as f64 / 1e6},
+            "ops": ops,
+            "counters": lz.counters(),
+            "dump": a.dump.as_ref().map(|d| d.join("dump.safetensors").display().to_string()),
+        }));
+    } else {
+        for t in &top {
+            println!("{:>8.4}  {}", t["probability"].as_f64().unwrap_or(0.0), t["label"].as_str().unwrap_or_default());
+        }
+        eprintln!("classified a {layout} image in {:.2} ms", out.ns as f64 / 1e6);
+    }
+    Ok(Outcome::Ok)
+}
+
 /// `--prompts FILE`: a JSON array of text (strings) and token ids (arrays of integers).
 fn read_prompts(file: &Path, encode: &dyn Fn(&str) -> Result<Vec<u32>>) -> Result<Vec<Vec<u32>>> {
     let origin = file.display().to_string();
@@ -361,10 +548,10 @@ pub(super) fn diff(a: DiffCmd) -> Result<Outcome> {
             "stages": report.stages,
         }));
     } else {
-        println!("{:<24} {:>10} {:>12} {:>12}", "stage", "cosine", "l2_rel", "max_abs");
+        println!("{:<30} {:>10} {:>12} {:>12}", "stage", "cosine", "l2_rel", "max_abs");
         for s in &report.stages {
             let mark = if s.ok { "" } else { "  <-- over the threshold" };
-            println!("{:<24} {:>10.6} {:>12.3e} {:>12.3e}{mark}", s.name, s.cosine, s.l2_rel, s.max_abs);
+            println!("{:<30} {:>10.6} {:>12.3e} {:>12.3e}{mark}", s.name, s.cosine, s.l2_rel, s.max_abs);
         }
         match &report.first_divergence {
             Some(name) => println!("first divergence: {name} (l2_rel > {:.1e})", report.threshold),

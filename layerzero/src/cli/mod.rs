@@ -156,6 +156,7 @@ fn run(cli: Cli) -> Result<Outcome> {
             json: a.json,
         }),
         Command::Generate(a) => generate::generate(a),
+        Command::Classify(a) => generate::classify(a),
         Command::Diff(a) => generate::diff(a),
         Command::Snapshot(a) => snapshot(a),
         Command::Workload(a) => generate::workload(a),

@@ -4,7 +4,7 @@ use super::Sink;
 use super::list;
 use crate::capabilities::spec::{Constraints, StrideRule};
 use crate::model::op::Op;
-use crate::model::problem::{Problem, data_roles};
+use crate::model::problem::{Problem, data_roles, layout_of};
 use crate::model::request::Request;
 use crate::reason::ReasonCode;
 
@@ -22,6 +22,7 @@ pub(super) fn check(c: &Constraints, req: &Request, problem: &Problem, out: &mut
         Op::Swiglu | Op::Geglu => &["gate", "up"],
         Op::Mlp | Op::MoeExperts => &["x", "w_gate", "w_up", "w_down"],
         Op::Rope => &["q", "k"],
+        Op::PatchEmbed => &["image", "weight", "bias"],
         _ => &[],
     };
     for name in same_dtype {
@@ -35,7 +36,8 @@ pub(super) fn check(c: &Constraints, req: &Request, problem: &Problem, out: &mut
     }
     for name in data_roles(req.op) {
         let Some(t) = req.get(name) else { continue };
-        if let (Some(layouts), Some(l)) = (&c.layouts, t.layout)
+        // An untagged tensor is judged by the layout its op gives it (an NCHW image).
+        if let (Some(layouts), Some(l)) = (&c.layouts, layout_of(req.op, name, t))
             && !layouts.contains(&l)
             && !is_paged_cache(req.op, name)
         {

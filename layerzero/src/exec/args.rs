@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use crate::error::{Error, Result};
 use crate::model::attrs::{
-    AttentionAttrs, Attrs, GegluAttrs, GeluAttrs, Int4Attrs, MlpAttrs, MoeRouteAttrs, NoAttrs, NormAttrs, QuantAttrs,
-    RopeAttrs, SampleAttrs, SwigluAttrs, W8a8Attrs,
+    AttentionAttrs, Attrs, GegluAttrs, GeluAttrs, Int4Attrs, MlpAttrs, MoeRouteAttrs, NoAttrs, NormAttrs,
+    PatchEmbedAttrs, QuantAttrs, RopeAttrs, SampleAttrs, SwigluAttrs, W8a8Attrs,
 };
 use crate::model::layout::Layout;
 use crate::model::op::Op;
@@ -233,6 +233,22 @@ op_args! {
     Int4Args { attrs: Int4Attrs, required: [x, weight, scales], optional: [zeros, bias] }
 }
 
+op_args! {
+    /// `patch_embed`: the patch embedding of a Vision Transformer (Hugging Face
+    /// `ViTPatchEmbeddings`): a Conv2d with kernel = stride = P = `attrs.patch`, no padding,
+    /// flattened.
+    ///
+    /// `image` is `[B, C, H, W]` (layout NCHW, the default when untagged, as PyTorch's) or
+    /// `[B, H, W, C]` (layout NHWC); `weight` `[D, C, P, P]` (PyTorch's Conv2d weight: out
+    /// channels, in channels, kh, kw); optional `bias` `[D]`; all of one float dtype (f32,
+    /// f16, bf16); H and W multiples of P. `out` is `[B, N, D]` in the image's dtype with
+    /// N = (H / P) * (W / P), patches in row-major order (patch row i, column j at
+    /// n = i * (W / P) + j): `out[b, n, d] = bias[d] + sum_{c, u, v} weight[d, c, u, v] *
+    /// image(b, c, i * P + u, j * P + v)`, i.e. `conv2d(x, w, b, stride=P).flatten(2)
+    /// .transpose(1, 2)`. Sums in f32 (f64 in the reference), rounded once.
+    PatchEmbedArgs { attrs: PatchEmbedAttrs, required: [image, weight], optional: [bias] }
+}
+
 macro_rules! op_enum {
     ($( $variant:ident($args:ident) = $op:ident, $attrs:ident; )*) => {
         /// The arguments of any op LayerZero executes.
@@ -303,6 +319,7 @@ op_enum! {
     MoeRoute(MoeRouteArgs) = MoeRoute, MoeRoute;
     LinearW8a8(W8a8Args) = LinearW8a8, W8a8;
     LinearInt4(Int4Args) = LinearInt4, Int4;
+    PatchEmbed(PatchEmbedArgs) = PatchEmbed, PatchEmbed;
 }
 
 pub use super::outputs::Outputs;

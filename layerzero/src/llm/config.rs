@@ -122,25 +122,25 @@ pub struct ModelConfig {
 }
 
 /// Reads a field of an object, naming the file and field when it is missing or mistyped.
-struct Fields<'a> {
-    map: &'a Map<String, Value>,
-    origin: &'a str,
+pub(crate) struct Fields<'a> {
+    pub(crate) map: &'a Map<String, Value>,
+    pub(crate) origin: &'a str,
 }
 
 impl<'a> Fields<'a> {
-    fn get(&self, name: &str) -> Option<&'a Value> {
+    pub(crate) fn get(&self, name: &str) -> Option<&'a Value> {
         self.map.get(name).filter(|v| !v.is_null())
     }
 
-    fn err(&self, name: &str, what: String) -> Error {
+    pub(crate) fn err(&self, name: &str, what: String) -> Error {
         Error::invalid(format!("{}: field `{name}` {what}", self.origin))
     }
 
-    fn usize(&self, name: &str) -> Result<usize> {
+    pub(crate) fn usize(&self, name: &str) -> Result<usize> {
         self.opt_usize(name)?.ok_or_else(|| self.err(name, "is missing".into()))
     }
 
-    fn opt_usize(&self, name: &str) -> Result<Option<usize>> {
+    pub(crate) fn opt_usize(&self, name: &str) -> Result<Option<usize>> {
         match self.get(name) {
             None => Ok(None),
             Some(v) => match v.as_u64().and_then(|n| usize::try_from(n).ok()) {
@@ -150,7 +150,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn f64(&self, name: &str) -> Result<Option<f64>> {
+    pub(crate) fn f64(&self, name: &str) -> Result<Option<f64>> {
         match self.get(name) {
             None => Ok(None),
             Some(v) => match v.as_f64() {
@@ -160,14 +160,14 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn bool(&self, name: &str) -> Result<Option<bool>> {
+    pub(crate) fn bool(&self, name: &str) -> Result<Option<bool>> {
         match self.get(name) {
             None => Ok(None),
             Some(v) => v.as_bool().map(Some).ok_or_else(|| self.err(name, format!("is {v}; expected true or false"))),
         }
     }
 
-    fn str(&self, name: &str) -> Result<Option<&'a str>> {
+    pub(crate) fn str(&self, name: &str) -> Result<Option<&'a str>> {
         match self.get(name) {
             None => Ok(None),
             Some(v) => v.as_str().map(Some).ok_or_else(|| self.err(name, format!("is {v}; expected a string"))),

@@ -45,21 +45,50 @@ impl DiffReport {
     }
 }
 
-/// Where a name falls in the forward pass: embeddings, then each layer's stages in order,
-/// then the final norm, then the logits of each step.
-fn order(name: &str) -> (u64, u64, u64, String) {
-    const STAGES: [&str; 9] = ["attn_norm", "q", "k", "attn_out", "o_proj", "post_attn", "ffn_norm", "ffn_out", "out"];
-    let parts: Vec<&str> = name.split('.').collect();
+/// Where a name falls in the forward pass: per stack (an encoder's `enc.` stages before a
+/// decoder's `dec.` ones), the patch embedding, then each layer's input and stages in order,
+/// then the final norm and pooled output; then the logits of each step. Names of another
+/// form (group 2) are extras, not compared.
+fn order(name: &str) -> (u64, u64, u64, u64, String) {
+    const STAGES: [&str; 16] = [
+        "attn_norm",
+        "q",
+        "k",
+        "attn_out",
+        "o_proj",
+        "post_attn",
+        "attn_ln",
+        "self_attn_out",
+        "self_attn_ln",
+        "cross_attn_out",
+        "cross_attn_ln",
+        "ffn_norm",
+        "router_logits",
+        "shared_out",
+        "ffn_out",
+        "out",
+    ];
+    const LAST: u64 = u64::MAX / 2 + 1;
     let num = |s: &str| s.parse::<u64>().unwrap_or(u64::MAX / 2);
+    let (stack, rest) = match name.split_once('.') {
+        Some(("enc", rest)) => (0, rest),
+        Some(("dec", rest)) => (1, rest),
+        _ => (0, name),
+    };
+    let parts: Vec<&str> = rest.split('.').collect();
     match parts.as_slice() {
-        // hidden.{i} is the input of layer i (the last is after the final norm).
-        ["hidden", i] => (0, num(i), 0, String::new()),
+        ["patch_embed"] => (0, stack, 0, 0, String::new()),
+        // hidden.{i} is the input of layer i (the last: after the final norm, or the output).
+        ["hidden", i] => (0, stack, num(i), 1, String::new()),
         ["layer", l, stage] => {
-            let s = STAGES.iter().position(|x| x == stage).map_or(STAGES.len() as u64, |p| p as u64 + 1);
-            (0, num(l), s, (*stage).to_owned())
+            let s = STAGES.iter().position(|x| x == stage).map_or(STAGES.len() as u64, |p| p as u64);
+            (0, stack, num(l), 2 + s, (*stage).to_owned())
         }
-        ["logits", k] => (1, num(k), 0, String::new()),
-        _ => (2, 0, 0, name.to_owned()),
+        ["final_norm"] => (0, stack, LAST, 0, String::new()),
+        ["pooled"] => (0, stack, LAST, 1, String::new()),
+        ["logits"] => (1, 0, 0, 0, String::new()),
+        ["logits", k] => (1, num(k), 0, 0, String::new()),
+        _ => (2, 0, 0, 0, name.to_owned()),
     }
 }
 
@@ -149,6 +178,22 @@ mod tests {
         assert_eq!(d.first_divergence.as_deref(), Some("layer.0.q"));
         assert!(!d.ok());
         assert!((d.stages[2].max_abs - 0.1).abs() < 1e-6);
+    }
+
+    #[test]
+    fn an_encoder_is_compared_before_its_decoder_and_extras_are_left_out() {
+        let names = [
+            "dec.layer.0.out",
+            "logits.0",
+            "enc.hidden.1",
+            "dec.hidden.0",
+            "batch.enc.hidden.0",
+            "enc.layer.0.attn_out",
+        ];
+        let r: BTreeMap<String, HostTensor> = names.iter().map(|n| ((*n).to_owned(), t(&[1.0]))).collect();
+        let d = diff(&r, &r, 1e-3).unwrap();
+        let order: Vec<&str> = d.stages.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(order, ["enc.layer.0.attn_out", "enc.hidden.1", "dec.hidden.0", "dec.layer.0.out", "logits.0"]);
     }
 
     #[test]

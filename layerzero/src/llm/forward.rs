@@ -195,6 +195,27 @@ refill!(refill_i64, i64, I64);
 refill!(refill_i32, i32, I32);
 refill!(refill_f32, f32, F32);
 
+/// Counts one dispatch of `op` that took `ns` into `stats`.
+pub(crate) fn record(stats: &mut BTreeMap<Op, OpStats>, op: Op, d: &crate::runtime::Dispatch<'_>, ns: u64) {
+    let s = stats.entry(op).or_default();
+    s.ns += ns;
+    let kernel = &d.selection().kernel;
+    match s.kernels.get_mut(kernel) {
+        Some(n) => *n += 1,
+        None => {
+            s.kernels.insert(kernel.clone(), 1);
+        }
+    }
+    match d.source() {
+        SelectionSource::Plan => s.plan_hits += 1,
+        SelectionSource::Cache => s.cache_hits += 1,
+        SelectionSource::Live => s.live += 1,
+    }
+    if d.fell_back() {
+        s.fallbacks += 1;
+    }
+}
+
 /// Sequences being run: the model, the handle every op is dispatched through, the KV cache
 /// and what ran.
 pub struct Session<'m> {
@@ -344,24 +365,7 @@ impl<'m> Session<'m> {
         let buffers = std::mem::take(&mut self.bufs[slot as usize]);
         let d = self.lz.dispatch_into(&args, buffers)?;
         drop(args);
-        let ns = start.elapsed().as_nanos() as u64;
-        let s = self.stats.entry(op).or_default();
-        s.ns += ns;
-        let kernel = &d.selection().kernel;
-        match s.kernels.get_mut(kernel) {
-            Some(n) => *n += 1,
-            None => {
-                s.kernels.insert(kernel.clone(), 1);
-            }
-        }
-        match d.source() {
-            SelectionSource::Plan => s.plan_hits += 1,
-            SelectionSource::Cache => s.cache_hits += 1,
-            SelectionSource::Live => s.live += 1,
-        }
-        if d.fell_back() {
-            s.fallbacks += 1;
-        }
+        record(&mut self.stats, op, &d, start.elapsed().as_nanos() as u64);
         self.bufs[slot as usize] = d.outputs.clone();
         Ok(d.outputs)
     }

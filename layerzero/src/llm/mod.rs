@@ -8,8 +8,10 @@ pub mod diff;
 pub mod forward;
 pub mod generate;
 pub mod scope;
+pub mod seq2seq;
 pub mod speculative;
 pub mod tokenizer;
+pub mod vit;
 pub mod weights;
 pub mod workload;
 

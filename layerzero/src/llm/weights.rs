@@ -139,16 +139,61 @@ fn shards(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files.into_iter().map(|f| dir.join(f)).collect())
 }
 
-/// Takes the named tensors out of the loaded shards, checking each one.
-struct Take<'a> {
+/// Takes the named tensors out of a model folder's shards, checking each one.
+pub(crate) struct Take<'a> {
     tensors: BTreeMap<String, (HostTensor, PathBuf)>,
     dir: &'a Path,
-    compute: DType,
+    /// The dtype tensors are returned in.
+    pub(crate) compute: DType,
     residence: Residence,
 }
 
-impl Take<'_> {
-    fn take(&mut self, name: &str, shape: &[usize]) -> Result<HostTensor> {
+impl<'a> Take<'a> {
+    /// Maps every shard of `dir`; tensors come out in `compute` (`None`: the stored dtype,
+    /// returned too), those already in it served as `residence` says.
+    pub(crate) fn open(dir: &'a Path, compute: Option<DType>, residence: Residence) -> Result<(Take<'a>, DType)> {
+        let mut tensors = BTreeMap::new();
+        let mut stored = None;
+        for file in shards(dir)? {
+            for (name, t) in io::read_mapped(&file)? {
+                // Precomputed RoPE tables are derived from the config, never read.
+                if name.ends_with("rotary_emb.inv_freq") {
+                    continue;
+                }
+                stored.get_or_insert(t.dtype());
+                tensors.insert(name, (t, file.clone()));
+            }
+        }
+        let stored = stored.unwrap_or(DType::F32);
+        let compute = compute.unwrap_or(stored);
+        if !matches!(compute, DType::F32 | DType::BF16) {
+            return Err(Error::invalid(format!("compute dtype {compute} is not supported (f32 or bf16)")));
+        }
+        Ok((Take { tensors, dir, compute, residence }, stored))
+    }
+
+    /// Whether the files hold `name`.
+    pub(crate) fn has(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// Drops `name` if present (a tensor that duplicates another, such as a tied head).
+    pub(crate) fn skip(&mut self, name: &str) {
+        self.tensors.remove(name);
+    }
+
+    /// Refuses any tensor not taken: the files describe another model than the config.
+    pub(crate) fn finish(self, what: &str) -> Result<()> {
+        if let Some((name, (_, file))) = self.tensors.into_iter().next() {
+            return Err(Error::invalid(format!(
+                "{}: tensor `{name}` is not part of {what} as the config describes it",
+                file.display()
+            )));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn take(&mut self, name: &str, shape: &[usize]) -> Result<HostTensor> {
         let (t, file) = self.tensors.remove(name).ok_or_else(|| {
             Error::invalid(format!(
                 "{}: tensor `{name}` is missing from the model's safetensors files",
@@ -178,7 +223,7 @@ impl Take<'_> {
         })
     }
 
-    fn maybe(&mut self, name: &str, shape: &[usize], present: bool) -> Result<Option<HostTensor>> {
+    pub(crate) fn maybe(&mut self, name: &str, shape: &[usize], present: bool) -> Result<Option<HostTensor>> {
         if present { self.take(name, shape).map(Some) } else { Ok(None) }
     }
 
@@ -299,27 +344,10 @@ impl Weights {
     /// Reads every weight `config` implies from `dir`, in `compute` dtype (`None`: the
     /// stored dtype), those already in it served as `residence` says.
     pub fn load(dir: &Path, config: &ModelConfig, compute: Option<DType>, residence: Residence) -> Result<Weights> {
-        let mut tensors = BTreeMap::new();
-        let mut stored = None;
-        for file in shards(dir)? {
-            for (name, t) in io::read_mapped(&file)? {
-                // Precomputed RoPE tables are derived from the config, never read.
-                if name.ends_with("rotary_emb.inv_freq") {
-                    continue;
-                }
-                stored.get_or_insert(t.dtype());
-                tensors.insert(name, (t, file.clone()));
-            }
-        }
-        let stored = stored.unwrap_or(DType::F32);
-        let compute = compute.unwrap_or(stored);
-        if !matches!(compute, DType::F32 | DType::BF16) {
-            return Err(Error::invalid(format!("compute dtype {compute} is not supported (f32 or bf16)")));
-        }
+        let (mut t, stored) = Take::open(dir, compute, residence)?;
         let c = config;
         let (h, i, v, d) = (c.hidden, c.intermediate, c.vocab, c.head_dim);
         let (qd, kvd) = (c.heads * d, c.kv_heads * d);
-        let mut t = Take { tensors, dir, compute, residence };
         let embed = t.take("model.embed_tokens.weight", &[v, h])?;
         let mut layers = Vec::with_capacity(c.layers);
         for l in 0..c.layers {
@@ -364,14 +392,7 @@ impl Weights {
         } else {
             t.take("lm_head.weight", &[v, h])?
         };
-        if let Some((name, (_, file))) = t.tensors.into_iter().next() {
-            return Err(Error::invalid(format!(
-                "{}: tensor `{name}` is not part of a {}-layer {} model as the config describes it",
-                file.display(),
-                c.layers,
-                c.arch.as_str()
-            )));
-        }
+        t.finish(&format!("a {}-layer {} model", c.layers, c.arch.as_str()))?;
         Ok(Weights { embed, layers, norm, lm_head, stored })
     }
 }

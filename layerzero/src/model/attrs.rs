@@ -314,6 +314,14 @@ pub struct Int4Attrs {
     pub group_size: u64,
 }
 
+/// Attributes of `patch_embed`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatchEmbedAttrs {
+    /// Side P of the square patches: the convolution's kernel size and stride (at least 1).
+    pub patch: u64,
+}
+
 /// Attributes of `moe_route`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -365,6 +373,8 @@ pub enum Attrs {
     W8a8(W8a8Attrs),
     /// `linear_int4`.
     Int4(Int4Attrs),
+    /// `patch_embed`.
+    PatchEmbed(PatchEmbedAttrs),
     /// Ops without attributes (`linear`, `silu`, `embedding`).
     None(NoAttrs),
 }

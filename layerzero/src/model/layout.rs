@@ -5,7 +5,8 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 /// The meaning of a tensor's dimensions. Layouts are always explicit: LayerZero never
-/// guesses them from shapes or strides (a contiguous BSHD and BHSD look the same when S == H).
+/// guesses them from shapes or strides (a contiguous BSHD and BHSD look the same when S == H);
+/// an untagged tensor means its op's documented default (`model::problem::layout_of`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Layout {
     /// [batch, seq, heads, head_dim].
@@ -26,9 +27,19 @@ pub enum Layout {
     /// Linear weight [in_features, out_features] (x @ W).
     #[serde(rename = "NN")]
     Nn,
+    /// Image, channels first: [batch, channels, height, width] (PyTorch's default).
+    #[serde(rename = "NCHW")]
+    Nchw,
+    /// Image, channels last: [batch, height, width, channels].
+    #[serde(rename = "NHWC")]
+    Nhwc,
 }
 
 impl Layout {
+    /// Every layout, in declaration order.
+    pub const ALL: [Layout; 8] =
+        [Layout::Bshd, Layout::Bhsd, Layout::Nhd, Layout::Hnd, Layout::Nt, Layout::Nn, Layout::Nchw, Layout::Nhwc];
+
     /// The stable name.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -38,7 +49,14 @@ impl Layout {
             Layout::Hnd => "HND",
             Layout::Nt => "NT",
             Layout::Nn => "NN",
+            Layout::Nchw => "NCHW",
+            Layout::Nhwc => "NHWC",
         }
+    }
+
+    /// Parses the stable name.
+    pub fn from_name(name: &str) -> Option<Layout> {
+        Layout::ALL.iter().copied().find(|l| l.as_str() == name)
     }
 }
 

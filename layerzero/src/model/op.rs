@@ -48,11 +48,13 @@ pub enum Op {
     LinearW8a8,
     /// Linear with packed int4 weights in groups (weight-only quantization).
     LinearInt4,
+    /// Vision Transformer patch embedding: a Conv2d with kernel = stride = patch, flattened.
+    PatchEmbed,
 }
 
 impl Op {
     /// Every op, in declaration order.
-    pub const ALL: [Op; 20] = [
+    pub const ALL: [Op; 21] = [
         Op::Attention,
         Op::PagedAttention,
         Op::RmsNorm,
@@ -73,6 +75,7 @@ impl Op {
         Op::MoeExperts,
         Op::LinearW8a8,
         Op::LinearInt4,
+        Op::PatchEmbed,
     ];
 
     /// The stable name.
@@ -98,6 +101,7 @@ impl Op {
             Op::MoeExperts => "moe_experts",
             Op::LinearW8a8 => "linear_w8a8",
             Op::LinearInt4 => "linear_int4",
+            Op::PatchEmbed => "patch_embed",
         }
     }
 

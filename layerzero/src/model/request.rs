@@ -7,8 +7,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::attrs::{
-    AttentionAttrs, Attrs, GegluAttrs, GeluAttrs, Int4Attrs, MlpAttrs, MoeRouteAttrs, NoAttrs, NormAttrs, QuantAttrs,
-    RopeAttrs, SampleAttrs, SwigluAttrs, TokenizeAttrs, W8a8Attrs,
+    AttentionAttrs, Attrs, GegluAttrs, GeluAttrs, Int4Attrs, MlpAttrs, MoeRouteAttrs, NoAttrs, NormAttrs,
+    PatchEmbedAttrs, QuantAttrs, RopeAttrs, SampleAttrs, SwigluAttrs, TokenizeAttrs, W8a8Attrs,
 };
 use super::op::Op;
 use super::tensor::TensorDesc;
@@ -121,6 +121,8 @@ fn default_attrs(op: Op) -> Attrs {
         Op::Mlp | Op::MoeExperts => Attrs::Mlp(MlpAttrs::default()),
         Op::LinearW8a8 => Attrs::W8a8(W8a8Attrs::default()),
         Op::LinearInt4 => Attrs::Int4(Int4Attrs { group_size: 128 }),
+        // ViT-Base's patch; a weight of another kernel size is refused by name.
+        Op::PatchEmbed => Attrs::PatchEmbed(PatchEmbedAttrs { patch: 16 }),
         Op::Linear | Op::Silu | Op::Embedding => Attrs::None(NoAttrs {}),
     }
 }
@@ -151,6 +153,7 @@ fn parse_attrs(op: Op, value: serde_json::Value) -> Result<Attrs> {
         Op::Mlp | Op::MoeExperts => Attrs::Mlp(typed(value)?),
         Op::LinearW8a8 => Attrs::W8a8(typed(value)?),
         Op::LinearInt4 => Attrs::Int4(typed(value)?),
+        Op::PatchEmbed => Attrs::PatchEmbed(typed(value)?),
         Op::Linear | Op::Silu | Op::Embedding => Attrs::None(typed(value)?),
     })
 }

@@ -14,7 +14,8 @@ pub struct TensorDesc {
     pub dtype: DType,
     /// Sizes, outermost first.
     pub shape: Vec<u64>,
-    /// What the dimensions mean; required where an op has more than one possible meaning.
+    /// What the dimensions mean; required where an op has more than one possible meaning
+    /// and no default (an untagged `patch_embed` image is NCHW, PyTorch's default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layout: Option<Layout>,
     /// Strides in elements, one per dimension; absent means contiguous row-major.

@@ -339,15 +339,15 @@ pub fn matrix(op: Option<Op>, seed: u64) -> Vec<Case> {
     v
 }
 
-/// Cases of the row-wise, GEMM, quantization, sampling and MoE ops.
+/// Cases of the row-wise, GEMM, quantization, sampling, MoE and patch-embedding ops.
 pub fn rows_and_gemm(seed: u64) -> Vec<Case> {
     use crate::exec::args::{
         DequantizeArgs, EmbeddingArgs, GegluArgs, GeluArgs, Int4Args, LinearArgs, MlpArgs, MoeExpertsArgs,
-        MoeRouteArgs, NormArgs, QuantizeArgs, SampleArgs, SiluArgs, SwigluArgs, W8a8Args,
+        MoeRouteArgs, NormArgs, PatchEmbedArgs, QuantizeArgs, SampleArgs, SiluArgs, SwigluArgs, W8a8Args,
     };
     use crate::model::attrs::{
         Activation, GegluAttrs, GeluApproximate, GeluAttrs, Int4Attrs, MlpAttrs, MoeRouteAttrs, NoAttrs, NormAttrs,
-        QuantAttrs, QuantScheme, SampleAttrs, ScaleLayout, SwigluAttrs, W8a8Attrs,
+        PatchEmbedAttrs, QuantAttrs, QuantScheme, SampleAttrs, ScaleLayout, SwigluAttrs, W8a8Attrs,
     };
     let mut rng = Rng::new(seed);
     let mut out = Vec::new();
@@ -606,5 +606,35 @@ pub fn rows_and_gemm(seed: u64) -> Vec<Case> {
         attrs: W8a8Attrs { out_dtype: Some(DType::BF16) },
     };
     push("linear_w8a8/9x64x40_per_tensor_bf16".to_owned(), Category::Gemm, OpArgs::LinearW8a8(per_tensor));
+    // Patch embedding (its own generator: the cases above keep their inputs):
+    // channels-last, and NCHW (which the im2col kernel takes through a layout copy),
+    // untagged meaning NCHW.
+    let mut prng = Rng::new(seed ^ 0x5041_5443_4845_4d42);
+    for dtype in DTYPES {
+        for (b, c, h, w, p, d, layout, bias) in [
+            (2usize, 3usize, 8usize, 12usize, 4usize, 16usize, Some(Layout::Nhwc), true),
+            (2, 3, 8, 12, 4, 16, Some(Layout::Nchw), false),
+            (1, 1, 8, 12, 1, 8, None, true),
+            (1, 3, 32, 16, 16, 24, Some(Layout::Nchw), true),
+        ] {
+            let shape = if layout == Some(Layout::Nhwc) { [b, h, w, c] } else { [b, c, h, w] };
+            let image = tensor(&mut prng, dtype, &shape, 1.0);
+            let args = PatchEmbedArgs {
+                image: match layout {
+                    Some(l) => image.with_layout(l),
+                    None => image,
+                },
+                weight: tensor(&mut prng, dtype, &[d, c, p, p], 0.5 / ((c * p * p) as f64).sqrt()),
+                bias: bias.then(|| tensor(&mut prng, dtype, &[d], 0.5)),
+                attrs: PatchEmbedAttrs { patch: p as u64 },
+            };
+            let tag = layout.map_or("untagged", |l| l.as_str());
+            push(
+                format!("patch_embed/{tag}_{b}x{c}x{h}x{w}_p{p}_d{d}/{dtype}"),
+                Category::Gemm,
+                OpArgs::PatchEmbed(args),
+            );
+        }
+    }
     out
 }

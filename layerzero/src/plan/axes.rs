@@ -64,6 +64,7 @@ const GLU: &[Axis] =
 const LOGITS: &[Axis] = &[Axis { name: "batch", anchor: TOKENS, at: &[("logits", Dim::At(0))] }];
 const IDS: &[Axis] = &[Axis { name: "tokens", anchor: TOKENS, at: &[("ids", Dim::At(0))] }];
 const GEMM: &[Axis] = &[Axis { name: "m", anchor: TOKENS, at: &[("x", Dim::At(0)), ("x_scale", Dim::At(0))] }];
+const IMAGES: &[Axis] = &[Axis { name: "batch", anchor: BATCH, at: &[("image", Dim::At(0))] }];
 const MOE: &[Axis] = &[Axis {
     name: "tokens",
     anchor: TOKENS,
@@ -81,6 +82,7 @@ pub fn axes(op: Op) -> &'static [Axis] {
         Op::Embedding => IDS,
         Op::Linear | Op::LinearW8a8 | Op::LinearInt4 | Op::Mlp => GEMM,
         Op::MoeExperts => MOE,
+        Op::PatchEmbed => IMAGES,
         Op::Rope | Op::Quantize | Op::Dequantize | Op::Tokenize => &[],
     }
 }

@@ -21,8 +21,8 @@ use super::seqlock::SeqWords;
 use crate::exec::args::{MAX_SLOTS, OpArgs};
 use crate::model::attrs::{
     Activation, AttentionAttrs, CausalAlignment, GegluAttrs, GeluApproximate, GeluAttrs, Int4Attrs, MlpAttrs,
-    MoeRouteAttrs, NoAttrs, NormAttrs, QuantAttrs, QuantScheme, RopeAttrs, RopeScaling, RopeStyle, SampleAttrs,
-    ScaleLayout, SwigluAttrs, TokenizeAttrs, W8a8Attrs,
+    MoeRouteAttrs, NoAttrs, NormAttrs, PatchEmbedAttrs, QuantAttrs, QuantScheme, RopeAttrs, RopeScaling, RopeStyle,
+    SampleAttrs, ScaleLayout, SwigluAttrs, TokenizeAttrs, W8a8Attrs,
 };
 use crate::model::dtype::DType;
 use crate::model::layout::Layout;
@@ -357,6 +357,7 @@ struct_words! {
     TokenizeAttrs { tokenizer_id, return_offsets }
     W8a8Attrs { out_dtype }
     Int4Attrs { group_size }
+    PatchEmbedAttrs { patch }
     NoAttrs {}
 }
 

@@ -134,7 +134,12 @@ fn work(kernel: &KernelSpec, req: &Request, problem: &Problem) -> (f64, f64) {
             };
             (rows as f64 * hidden as f64 * per_elem, in_bytes + out_bytes)
         }
-        Dims::Gemm { m, n, k } => (2.0 * m as f64 * n as f64 * k as f64, in_bytes + out_bytes),
+        Dims::Gemm { m, n, k } => {
+            // A patch embedding's GEMM runs on its patches gathered into an [m, k] f32
+            // matrix: written once, read back.
+            let patches = if req.op == Op::PatchEmbed { 2.0 * m as f64 * k as f64 * 4.0 } else { 0.0 };
+            (2.0 * m as f64 * n as f64 * k as f64, in_bytes + out_bytes + patches)
+        }
         Dims::Mlp { tokens, hidden, intermediate, top_k, .. } => {
             let rows = tokens as f64 * top_k as f64;
             let flops = 6.0 * rows * hidden as f64 * intermediate as f64;

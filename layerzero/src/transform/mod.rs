@@ -13,7 +13,7 @@ use crate::hardware::profile::DeviceProfile;
 use crate::model::device::DeviceKind;
 use crate::model::dtype::DType;
 use crate::model::layout::Layout;
-use crate::model::problem::{Problem, data_roles};
+use crate::model::problem::{Problem, data_roles, layout_of};
 use crate::model::request::Request;
 use crate::reason::ReasonCode;
 
@@ -31,7 +31,7 @@ pub const ADAPTABLE: &[ReasonCode] = &[
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TransformKind {
-    /// Copy BSHD <-> BHSD.
+    /// Copy into the other layout of the same dimensions: BSHD <-> BHSD, NCHW <-> NHWC.
     Transpose,
     /// Copy a strided view into contiguous memory.
     MakeContiguous,
@@ -65,6 +65,19 @@ pub struct Transform {
     pub bytes: u64,
     /// Modeled time, ns.
     pub ns: f64,
+}
+
+/// The layout a tensor in `from` can be copied into (the same dimensions in another
+/// order), and the permutation that does it: dimension i of the copy is dimension
+/// `perm[i]` of the original.
+pub fn relayout(from: Layout) -> Option<(Layout, [usize; 4])> {
+    match from {
+        Layout::Bshd => Some((Layout::Bhsd, [0, 2, 1, 3])),
+        Layout::Bhsd => Some((Layout::Bshd, [0, 2, 1, 3])),
+        Layout::Nchw => Some((Layout::Nhwc, [0, 2, 3, 1])),
+        Layout::Nhwc => Some((Layout::Nchw, [0, 3, 1, 2])),
+        Layout::Nhd | Layout::Hnd | Layout::Nt | Layout::Nn => None,
+    }
 }
 
 /// Fraction of memory bandwidth a copy/cast kernel reaches.
@@ -101,14 +114,15 @@ pub fn plan(kernel: &KernelSpec, req: &Request, problem: &Problem, dev: &DeviceP
     };
     for &name in data_roles(req.op) {
         let Some(t) = req.tensors.get(name) else { continue };
-        if let (Some(layouts), Some(l)) = (&c.layouts, t.layout)
+        // An untagged tensor is copied from the layout its op gives it (an NCHW image).
+        if let (Some(layouts), Some(l)) = (&c.layouts, layout_of(req.op, name, t))
             && !layouts.contains(&l)
-            && matches!(l, Layout::Bshd | Layout::Bhsd)
+            && let Some((other, _)) = relayout(l)
         {
-            let other = if l == Layout::Bshd { Layout::Bhsd } else { Layout::Bshd };
             if !layouts.contains(&other) {
                 return None;
             }
+            // The copy reads the tensor once and writes it once.
             push(TransformKind::Transpose, name, l.as_str(), other.as_str(), t.bytes().saturating_mul(2));
         } else if t.strides.is_some() && !t.is_contiguous() && c.strides.is_some() {
             push(TransformKind::MakeContiguous, name, "strided", "contiguous", t.bytes().saturating_mul(2));
@@ -140,11 +154,13 @@ pub fn apply(req: &Request, transforms: &[Transform]) -> Request {
         let Some(t) = adapted.tensors.get_mut(tr.tensor) else { continue };
         match tr.kind {
             TransformKind::Transpose => {
-                if t.shape.len() == 4 {
-                    t.shape.swap(1, 2);
+                if let Some((to, perm)) = Layout::from_name(tr.from).and_then(relayout)
+                    && t.shape.len() == 4
+                {
+                    t.shape = perm.iter().map(|&d| t.shape[d]).collect();
+                    t.layout = Some(to);
+                    t.strides = None;
                 }
-                t.layout = if tr.to == Layout::Bhsd.as_str() { Some(Layout::Bhsd) } else { Some(Layout::Bshd) };
-                t.strides = None;
             }
             TransformKind::MakeContiguous => t.strides = None,
             TransformKind::Cast => {
@@ -155,4 +171,44 @@ pub fn apply(req: &Request, transforms: &[Transform]) -> Request {
         }
     }
     adapted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::op::Op;
+    use crate::model::tensor::TensorDesc;
+
+    #[test]
+    fn a_layout_copy_permutes_the_dimensions_of_the_layout_it_names() {
+        for (from, shape, want) in [
+            (Layout::Nchw, [2, 3, 8, 12], [2, 8, 12, 3]),
+            (Layout::Nhwc, [2, 8, 12, 3], [2, 3, 8, 12]),
+            (Layout::Bshd, [1, 16, 4, 64], [1, 4, 16, 64]),
+        ] {
+            let Some((to, _)) = relayout(from) else { panic!("{from} has no layout copy") };
+            let desc = TensorDesc::new(DType::F32, shape).with_layout(from).with_strides([1, 1, 1, 1]);
+            let req = Request::new(Op::PatchEmbed).tensor("image", desc);
+            let tr = Transform {
+                kind: TransformKind::Transpose,
+                tensor: "image",
+                from: from.as_str(),
+                to: to.as_str(),
+                bytes: 0,
+                ns: 0.0,
+            };
+            let t = &apply(&req, &[tr]).tensors["image"];
+            assert_eq!((t.shape.as_slice(), t.layout, &t.strides), (&want[..], Some(to), &None), "{from}");
+        }
+    }
+
+    #[test]
+    fn every_layout_copy_is_undone_by_the_copy_back() {
+        for l in Layout::ALL {
+            let Some((to, there)) = relayout(l) else { continue };
+            let Some((back, again)) = relayout(to) else { panic!("{to} cannot be copied back to {l}") };
+            assert_eq!(back, l);
+            assert_eq!(again.map(|d| there[d]), [0, 1, 2, 3], "{l} -> {to} -> {back}");
+        }
+    }
 }

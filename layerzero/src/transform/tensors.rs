@@ -7,7 +7,7 @@ use crate::model::dtype::DType;
 use crate::model::layout::Layout;
 use crate::tensor::HostTensor;
 
-use super::{Transform, TransformKind};
+use super::{Transform, TransformKind, relayout};
 
 /// Applies the input transforms a selection planned (the caller's tensors are not touched:
 /// adapted tensors are new).
@@ -20,8 +20,10 @@ pub fn apply_transforms(args: &OpArgs, transforms: &[Transform]) -> Result<OpArg
         for tr in transforms.iter().filter(|tr| tr.tensor == name) {
             t = match tr.kind {
                 TransformKind::Transpose => {
-                    let to = if tr.to == Layout::Bhsd.as_str() { Layout::Bhsd } else { Layout::Bshd };
-                    t.permute(&[0, 2, 1, 3])?.contiguous().with_layout(to)
+                    let Some((to, perm)) = Layout::from_name(tr.from).and_then(relayout) else {
+                        return Err(Error::invalid(format!("no layout copy from {} to {}", tr.from, tr.to)));
+                    };
+                    t.permute(&perm)?.contiguous().with_layout(to)
                 }
                 TransformKind::MakeContiguous => {
                     let l = t.layout();

@@ -138,6 +138,9 @@ fn values(req: &Request, name: &str, desc: &TensorDesc, rng: &mut Rng) -> Result
         (Op::Mlp, "w_down") => normal(rng, n, inv_sqrt(desc.shape.last().copied()), 0.0),
         (Op::MoeExperts, "w_gate" | "w_up" | "w_down") => normal(rng, n, inv_sqrt(desc.shape.last().copied()), 0.0),
         (Op::MoeExperts, "experts") => experts(req, rng, desc),
+        // [D, C, P, P]: the fan-in is C * P * P.
+        (Op::PatchEmbed, "weight") => normal(rng, n, inv_sqrt(Some(desc.shape.iter().skip(1).product::<u64>())), 0.0),
+        (Op::PatchEmbed, "bias") => normal(rng, n, 0.1, 0.0),
         (Op::MoeExperts, "weights") => routing_weights(rng, desc),
         (Op::Embedding, "ids") => ints_below(rng, n, dim(req, "table", 0).unwrap_or(1)),
         (Op::Sample, "logits") => normal(rng, n, 3.0, 0.0),

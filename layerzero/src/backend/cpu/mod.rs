@@ -15,6 +15,7 @@ mod moe;
 mod norm;
 mod pack;
 mod paged;
+mod patch;
 mod quant;
 mod rope;
 mod sample;
@@ -58,6 +59,7 @@ pub fn register(registry: &mut Registry) {
     mlp::register(registry);
     sample::register(registry);
     moe::register(registry);
+    patch::register(registry);
     registry.register(
         "cpu.rope.fast",
         Arc::new(WritesInto(|args: &OpArgs, bufs: &mut Outputs| match args {

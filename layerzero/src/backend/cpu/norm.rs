@@ -571,6 +571,18 @@ pub(crate) fn layer_norm(a: &NormArgs) -> Result<Outputs, KernelError> {
 }
 
 fn layer_typed<T: Elem>(a: &NormArgs, rows: usize, h: usize, eps: f32) -> Result<Outputs, KernelError> {
+    if let Some(r) = &a.residual {
+        // Fused residual: s = x + residual in f32, rounded once to x's dtype; s is both
+        // `residual_out` and what is normalized (a post-norm block normalizes the rounded
+        // sum it keeps, as a framework adding in that dtype does).
+        let s: Vec<f32> = a.x.to_f32_vec().iter().zip(r.to_f32_vec()).map(|(x, r)| x + r).collect();
+        let sum = HostTensor::from_f32_as(a.x.dtype(), a.x.shape(), &s)
+            .map_err(|e| KernelError::Failed(format!("building residual_out: {e}")))?;
+        let normed = NormArgs { x: sum.clone(), residual: None, ..a.clone() };
+        let mut outs = layer_typed::<T>(&normed, rows, h, eps)?;
+        outs.insert("residual_out", sum);
+        return Ok(outs);
+    }
     let w = all_f32(&a.weight);
     let b = a.bias.as_ref().map(all_f32);
     let wb_finite = all_finite(&w) && b.as_deref().is_none_or(all_finite);
@@ -732,6 +744,8 @@ mod tests {
                     let res = OpArgs::RmsNorm(a(None, Some(r.clone())));
                     check(RMS_NORM, REF_RMS, &res, Category::Norms, &format!("{what} residual"));
                     check(LAYER_NORM, REF_LAYER, &OpArgs::LayerNorm(a(None, None)), Category::Norms, &what);
+                    let res = OpArgs::LayerNorm(a(Some(b.clone()), Some(r.clone())));
+                    check(LAYER_NORM, REF_LAYER, &res, Category::Norms, &format!("{what} bias residual"));
                     let lb = OpArgs::LayerNorm(a(Some(b.clone()), None));
                     check(LAYER_NORM, REF_LAYER, &lb, Category::Norms, &format!("{what} bias"));
                 }

@@ -13,6 +13,7 @@ pub(crate) mod mlp;
 pub(crate) mod moe;
 pub(crate) mod norm;
 pub mod paged;
+pub(crate) mod patch;
 mod quant;
 pub mod rope;
 mod sample;
@@ -59,6 +60,7 @@ pub fn register(registry: &mut Registry) {
     mlp::register(registry);
     sample::register(registry);
     moe::register(registry);
+    patch::register(registry);
     registry.register(
         ROPE,
         Arc::new(|args: &OpArgs| match args {

@@ -55,32 +55,21 @@ pub(crate) fn check(a: &NormArgs, op: Op) -> Result<(usize, usize, f64), KernelE
         Ok(())
     };
     vector("weight", &a.weight)?;
-    match op {
-        Op::RmsNorm => {
-            if let Some(b) = &a.bias {
-                return Err(invalid(format!("rms_norm takes no `bias` (one of shape {:?} was given)", b.shape())));
-            }
-            if let Some(r) = &a.residual {
-                expect_float("residual", r)?;
-                if r.shape() != x.shape() {
-                    return Err(invalid(format!(
-                        "tensor `residual` has shape {:?}; it must match x's shape {:?}",
-                        r.shape(),
-                        x.shape()
-                    )));
-                }
-            }
+    match (op, &a.bias) {
+        (Op::RmsNorm, Some(b)) => {
+            return Err(invalid(format!("rms_norm takes no `bias` (one of shape {:?} was given)", b.shape())));
         }
-        _ => {
-            if let Some(b) = &a.bias {
-                vector("bias", b)?;
-            }
-            if let Some(r) = &a.residual {
-                return Err(invalid(format!(
-                    "layer_norm takes no `residual` (one of shape {:?} was given); only rms_norm fuses it",
-                    r.shape()
-                )));
-            }
+        (_, Some(b)) => vector("bias", b)?,
+        (_, None) => {}
+    }
+    if let Some(r) = &a.residual {
+        expect_float("residual", r)?;
+        if r.shape() != x.shape() {
+            return Err(invalid(format!(
+                "tensor `residual` has shape {:?}; it must match x's shape {:?}",
+                r.shape(),
+                x.shape()
+            )));
         }
     }
     let eps = a.attrs.eps.unwrap_or(default_eps);
@@ -118,10 +107,17 @@ pub(crate) fn rms_norm(a: &NormArgs) -> Result<Outputs, KernelError> {
     Ok(outs)
 }
 
-/// `layer_norm`: `out = (x - mean) / sqrt(var + eps) * weight (+ bias)`, biased variance.
+/// `layer_norm`: `out = (s - mean) / sqrt(var + eps) * weight (+ bias)` of `s = x`, or with
+/// a residual `s = x + residual` (also returned as `residual_out`: a post-norm block's
+/// residual add, as BART's); biased variance.
 pub(crate) fn layer_norm(a: &NormArgs) -> Result<Outputs, KernelError> {
     let (rows, h, eps) = check(a, Op::LayerNorm)?;
-    let x = a.x.to_f64_vec();
+    let mut x = a.x.to_f64_vec();
+    if let Some(r) = &a.residual {
+        for (s, r) in x.iter_mut().zip(r.to_f64_vec()) {
+            *s += r;
+        }
+    }
     let w = a.weight.to_f64_vec();
     let b = a.bias.as_ref().map_or_else(|| vec![0.0; h], |b| b.to_f64_vec());
     let mut out = vec![0f64; x.len()];
@@ -134,7 +130,12 @@ pub(crate) fn layer_norm(a: &NormArgs) -> Result<Outputs, KernelError> {
             *o = (v - mean) * inv * w + b;
         }
     }
-    Ok(Outputs::from([("out", from_f64_as(a.x.dtype(), a.x.shape(), &out)?)]))
+    let dtype = a.x.dtype();
+    let mut outs = Outputs::from([("out", from_f64_as(dtype, a.x.shape(), &out)?)]);
+    if a.residual.is_some() {
+        outs.insert("residual_out", from_f64_as(dtype, a.x.shape(), &x)?);
+    }
+    Ok(outs)
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 
 mod attention;
 mod linear;
+mod patch;
 mod rows;
 mod validator;
 
@@ -14,6 +15,7 @@ use super::dtype::DType;
 use super::layout::Layout;
 use super::op::Op;
 use super::request::Request;
+use super::tensor::TensorDesc;
 use crate::reason::Reason;
 use validator::Validator;
 
@@ -127,7 +129,8 @@ pub enum Dims {
         /// Experts per token.
         top_k: u64,
     },
-    /// `linear` and the quantized linears: [m, k] x [k, n].
+    /// `linear` and the quantized linears: [m, k] x [k, n]; `patch_embed` as the GEMM it
+    /// is (m = B * N patches, k = C * P * P, n = D).
     Gemm {
         /// Rows of x.
         m: u64,
@@ -171,7 +174,7 @@ pub fn tensor_roles(op: Op) -> &'static [(&'static str, bool)] {
             ("v_scale", false),
         ],
         Op::RmsNorm => &[("x", true), ("weight", true), ("residual", false)],
-        Op::LayerNorm => &[("x", true), ("weight", true), ("bias", false)],
+        Op::LayerNorm => &[("x", true), ("weight", true), ("bias", false), ("residual", false)],
         Op::Rope => &[("q", true), ("k", false), ("positions", false), ("cos", false), ("sin", false)],
         Op::Linear => &[("x", true), ("weight", true), ("bias", false)],
         Op::Swiglu | Op::Geglu => &[("x", false), ("gate", false), ("up", false)],
@@ -183,6 +186,7 @@ pub fn tensor_roles(op: Op) -> &'static [(&'static str, bool)] {
         Op::LinearW8a8 => &[("x", true), ("x_scale", true), ("weight", true), ("w_scale", true), ("bias", false)],
         Op::LinearInt4 => &[("x", true), ("weight", true), ("scales", true), ("zeros", false), ("bias", false)],
         Op::Embedding => &[("ids", true), ("table", true)],
+        Op::PatchEmbed => &[("image", true), ("weight", true), ("bias", false)],
         Op::Sample => &[("logits", true)],
         Op::Quantize => &[("x", true)],
         Op::Dequantize => &[("x", true), ("scale", true)],
@@ -197,7 +201,7 @@ pub fn data_roles(op: Op) -> &'static [&'static str] {
         Op::Attention => &["q", "k", "v"],
         Op::PagedAttention => &["q", "k_cache", "v_cache"],
         Op::RmsNorm => &["x", "weight", "residual"],
-        Op::LayerNorm => &["x", "weight", "bias"],
+        Op::LayerNorm => &["x", "weight", "bias", "residual"],
         Op::Rope => &["q", "k"],
         Op::Linear => &["x", "weight", "bias"],
         Op::Swiglu | Op::Geglu => &["x", "gate", "up"],
@@ -205,10 +209,23 @@ pub fn data_roles(op: Op) -> &'static [&'static str] {
         Op::Mlp | Op::MoeExperts => &["x", "w_gate", "w_up", "w_down"],
         Op::LinearW8a8 | Op::LinearInt4 => &["x", "weight"],
         Op::Embedding => &["table"],
+        Op::PatchEmbed => &["image", "weight", "bias"],
         Op::Sample | Op::MoeRoute => &["logits"],
         Op::Quantize => &["x"],
         Op::Dequantize => &["x", "scale"],
         Op::Tokenize => &[],
+    }
+}
+
+/// The layout of tensor `name` of an `op` request: its tag, or the op's default for an
+/// untagged tensor where the op has one (a rank-4 `image` of `patch_embed` is NCHW, as
+/// PyTorch's default). Layout checks and transforms read this, so an untagged image is
+/// judged and adapted as the NCHW it means.
+pub fn layout_of(op: Op, name: &str, t: &TensorDesc) -> Option<Layout> {
+    match (t.layout, op, name) {
+        (Some(l), _, _) => Some(l),
+        (None, Op::PatchEmbed, "image") if t.rank() == 4 => Some(Layout::Nchw),
+        _ => None,
     }
 }
 
@@ -242,6 +259,7 @@ impl Problem {
             Op::LinearW8a8 | Op::LinearInt4 => Self::quantized_linear(&mut v),
             Op::Mlp | Op::MoeExperts => Self::mlp(&mut v),
             Op::Quantize | Op::Dequantize => Self::quant(&mut v),
+            Op::PatchEmbed => Self::patch_embed(&mut v),
             Op::Tokenize => (DType::I32, Dims::None),
             _ => Self::rows(&mut v),
         };
@@ -284,6 +302,9 @@ impl Problem {
                 {
                     errs.push(format!("attrs.eps is {e}; it must be a non-negative number"));
                 }
+            }
+            Attrs::PatchEmbed(p) if p.patch == 0 => {
+                errs.push("attrs.patch is 0; it must be at least 1".to_owned());
             }
             Attrs::Sample(s) => {
                 if let Some(t) = s.temperature

@@ -38,7 +38,7 @@ use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-pub(super) use gemm::gemm;
+pub(super) use gemm::{gemm, sgemm};
 use gemv::gemv;
 pub(super) use gemv::{bf16_pair_columns, chunk_size, dots_mat_row};
 pub use pairs::{PackedWeightStats, packed_weight_stats};
