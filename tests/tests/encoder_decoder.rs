@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use layerzero::LayerZero;
 use layerzero::llm::Generation;
 use layerzero::llm::seq2seq::{self, Seq2SeqModel};
+use layerzero::schema::{SchemaKind, violations};
 use layerzero::tensor::{HostTensor, io};
 use layerzero_tests::{lz, repo_root};
 
@@ -114,7 +115,10 @@ fn the_decoder_with_and_without_its_caches_gives_the_same_tokens_through_lz() {
             .output()
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}"))
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}"));
+        let bad = violations(SchemaKind::GenerateReport, &v).unwrap_or_else(|e| panic!("{e}"));
+        assert!(bad.is_empty(), "{bad:?}");
+        v
     };
     let cached = run(&[]);
     let fresh = run(&["--no-kv-cache"]);

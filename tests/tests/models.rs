@@ -537,3 +537,37 @@ fn moe_configs_that_cannot_run_are_refused_naming_the_field() {
         assert!(err.contains(field), "{field}: {err}");
     }
 }
+
+#[test]
+fn lz_diff_holds_both_moe_models_to_hf_router_logits_included() {
+    for name in ["mixtral", "qwen2-moe"] {
+        let dir = models().join(name);
+        let out = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let r = reference(&dir, "reference.safetensors");
+        let prompt: Vec<String> = ids(&r["prompt_ids"]).iter().map(u32::to_string).collect();
+        let run = lz()
+            .args(["generate", "--model"])
+            .arg(&dir)
+            .args(["--prompt-ids", &prompt.join(","), "--max-new-tokens", "32", "--ignore-eos", "--json", "--dump"])
+            .arg(out.path())
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(run.status.success(), "{name}: {}", String::from_utf8_lossy(&run.stderr));
+        let json: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap_or_else(|e| panic!("{e}"));
+        let bad = violations(SchemaKind::GenerateReport, &json).unwrap_or_else(|e| panic!("{e}"));
+        assert!(bad.is_empty(), "{name}: {bad:?}");
+        let diff = lz()
+            .arg("diff")
+            .arg(out.path())
+            .arg(&dir)
+            .args(["--threshold", "1e-4", "--json"])
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let report: serde_json::Value = serde_json::from_slice(&diff.stdout).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(diff.status.code(), Some(0), "{name}: {report}");
+        let stages: Vec<&str> =
+            report["stages"].as_array().map_or(Vec::new(), |s| s.iter().filter_map(|s| s["name"].as_str()).collect());
+        assert!(stages.contains(&"layer.1.router_logits"), "{name}: {stages:?}");
+        assert_eq!(stages.contains(&"layer.0.shared_out"), name == "qwen2-moe", "{name}");
+    }
+}

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use layerzero::LayerZero;
 use layerzero::llm::{self, Generation, Model, Session};
+use layerzero::schema::{SchemaKind, violations};
 use layerzero::tensor::io;
 use layerzero_tests::{lz, repo_root};
 
@@ -175,6 +176,8 @@ fn lz_generate_with_a_draft_reports_acceptance_and_speedup_and_refuses_a_foreign
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}"));
+    let bad = violations(SchemaKind::GenerateReport, &v).unwrap_or_else(|e| panic!("{e}"));
+    assert!(bad.is_empty(), "{bad:?}");
     let s = &v["speculative"];
     let ids: Vec<u32> = serde_json::from_value(v["generated_ids"].clone()).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(ids, hf_greedy("llama-gqa"));

@@ -66,8 +66,37 @@ fn lz_classify_prints_the_classes_and_dumps_stages_lz_diff_accepts() {
     let p: Vec<f64> = top.iter().filter_map(|t| t["probability"].as_f64()).collect();
     assert!(p.windows(2).all(|w| w[0] >= w[1]) && p[0] < 1.0 && p[0] > 0.0);
     assert_eq!(v["image_layout"], "NHWC");
+    // A channels-last image runs the channels-last kernel as given.
+    assert_eq!(v["patch_embed"]["kernel"], "cpu.patch_embed.im2col");
+    assert_eq!(v["patch_embed"]["transforms"], serde_json::json!([]));
     let diff = lz().arg("diff").arg(tmp.path()).arg(dir()).output().unwrap_or_else(|e| panic!("{e}"));
     assert!(diff.status.success(), "{}", String::from_utf8_lossy(&diff.stdout));
+}
+
+#[test]
+fn a_channels_first_image_reaches_the_channels_last_kernel_through_a_costed_transform() {
+    let model = VitModel::load(&dir(), None).unwrap_or_else(|e| panic!("{e}"));
+    let pre = Preprocess::load(&dir(), 3).unwrap_or_else(|e| panic!("{e}"));
+    let lz = LayerZero::detected().unwrap_or_else(|e| panic!("{e}"));
+    let run = |file: &str| {
+        let image = vit::read_image(&dir().join(file), &model, &pre).unwrap_or_else(|e| panic!("{e}"));
+        let out = vit::classify(&model, &lz, &image, false).unwrap_or_else(|e| panic!("{e}"));
+        (out.patch_embed.unwrap_or_else(|| panic!("{file}: no patch_embed ran")), out.logits.unwrap_or_default())
+    };
+    let ((last_kernel, last_t), last_logits) = run("image.ppm");
+    let ((first_kernel, first_t), first_logits) = run("image.safetensors");
+    assert!(last_t.is_empty(), "NHWC needs no transform: {last_t:?}");
+    if first_kernel == last_kernel {
+        // The same kernel for NCHW: only through a relayout of the image, with its cost.
+        let [t] = first_t.as_slice() else { panic!("NCHW transforms {first_t:?}") };
+        assert_eq!((t.tensor, t.from, t.to), ("image", "NCHW", "NHWC"));
+        assert!(t.bytes == 2 * 3 * 32 * 32 * 4 && t.ns > 0.0, "{t:?}");
+    } else {
+        assert!(first_t.is_empty(), "a kernel that takes NCHW runs it as given");
+    }
+    for (a, b) in first_logits.iter().zip(&last_logits) {
+        assert!((a - b).abs() < 1e-5, "the same image in either layout: {a} vs {b}");
+    }
 }
 
 #[test]

@@ -279,7 +279,7 @@ fn seq2seq(a: GenerateCmd, dtype: Option<DType>) -> Result<Outcome> {
             Some(t) => serde_json::json!(t.first()),
             None => serde_json::Value::Null,
         };
-        let per_step = if out.decode_steps > 0 { out.decode_ns as f64 / 1e6 / out.decode_steps as f64 } else { 0.0 };
+        let input_tokens = out.sequences.iter().map(|s| s.prompt_ids.len()).sum();
         print_json(&serde_json::json!({
             "model": a.model.display().to_string(),
             "arch": "bart",
@@ -289,10 +289,7 @@ fn seq2seq(a: GenerateCmd, dtype: Option<DType>) -> Result<Outcome> {
             "generated_ids": list(&|s| &s.generated_ids),
             "text": text,
             "tokenizer": tokenizer.as_ref().map(|t| serde_json::json!({"hash": t.hash(), "vocab": t.vocab_size()})),
-            "timing": {
-                "prefill_ms": out.encode_ns as f64 / 1e6,
-                "decode_ms_per_token": per_step,
-            },
+            "timing": timing(out.encode_ns, input_tokens, out.decode_ns, out.decode_steps),
             "ops": ops,
             "counters": lz.counters(),
             "dump": a.dump.as_ref().map(|d| d.join("dump.safetensors").display().to_string()),
@@ -316,6 +313,19 @@ fn seq2seq(a: GenerateCmd, dtype: Option<DType>) -> Result<Outcome> {
         );
     }
     Ok(Outcome::Ok)
+}
+
+/// The `timing` object of a report: prefill (or encoder) time and rate, and decode time per
+/// token and rate.
+fn timing(prefill_ns: u64, prefill_tokens: usize, decode_ns: u64, decoded: usize) -> serde_json::Value {
+    let (p, d) = (prefill_ns as f64 / 1e6, decode_ns as f64 / 1e6);
+    let rate = |n: usize, ms: f64| if ms > 0.0 { n as f64 / ms * 1e3 } else { 0.0 };
+    serde_json::json!({
+        "prefill_ms": p,
+        "prefill_tokens_per_s": rate(prefill_tokens, p),
+        "decode_ms_per_token": if decoded > 0 { d / decoded as f64 } else { 0.0 },
+        "decode_tokens_per_s": rate(decoded, d),
+    })
 }
 
 /// `lz generate --draft`: the target alone, then with the draft, both timed in this process.
@@ -371,10 +381,12 @@ fn speculative(
             "generated_ids": out.generated_ids,
             "text": text,
             "tokenizer": tokenizer.map(|t| serde_json::json!({"hash": t.hash(), "vocab": t.vocab_size()})),
-            "timing": {
-                "total_ms": ms,
-                "tokens_per_s": if ms > 0.0 { out.generated_ids.len() as f64 / ms * 1e3 } else { 0.0 },
-            },
+            "timing": timing(
+                out.prefill_ns,
+                prompt.len().saturating_sub(1),
+                out.ns.saturating_sub(out.prefill_ns),
+                out.generated_ids.len(),
+            ),
             "speculative": {
                 "draft": dir.display().to_string(),
                 "draft_arch": draft.config.arch.as_str(),
@@ -463,6 +475,10 @@ pub(super) fn classify(a: ClassifyCmd) -> Result<Outcome> {
             "dtype": model.dtype,
             "image": a.image.display().to_string(),
             "image_layout": layout,
+            "patch_embed": out.patch_embed.as_ref().map(|(kernel, transforms)| serde_json::json!({
+                "kernel": kernel,
+                "transforms": transforms,
+            })),
             "top": top,
             "logits": logits,
             "timing": {"ms": out.ns as f64 / 1e6},
@@ -474,7 +490,15 @@ pub(super) fn classify(a: ClassifyCmd) -> Result<Outcome> {
         for t in &top {
             println!("{:>8.4}  {}", t["probability"].as_f64().unwrap_or(0.0), t["label"].as_str().unwrap_or_default());
         }
-        eprintln!("classified a {layout} image in {:.2} ms", out.ns as f64 / 1e6);
+        let how = match &out.patch_embed {
+            Some((kernel, t)) if !t.is_empty() => {
+                let moved: u64 = t.iter().map(|t| t.bytes).sum();
+                format!("; patch_embed ran {kernel} after relaying out the image ({moved} bytes moved)")
+            }
+            Some((kernel, _)) => format!("; patch_embed ran {kernel} on the image as given"),
+            None => String::new(),
+        };
+        eprintln!("classified a {layout} image in {:.2} ms{how}", out.ns as f64 / 1e6);
     }
     Ok(Outcome::Ok)
 }

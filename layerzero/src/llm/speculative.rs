@@ -44,6 +44,8 @@ pub struct Speculated {
     pub accepted: usize,
     /// Wall time from the first prefill to the last token, ns.
     pub ns: u64,
+    /// Of which both models' prefill of the prompt (all but its last token), ns.
+    pub prefill_ns: u64,
     /// Per op, what ran for the target.
     pub target_stats: BTreeMap<Op, OpStats>,
     /// Per op, what ran for the draft.
@@ -182,6 +184,7 @@ pub fn speculate(
         ts.forward(head, false)?;
         ds.forward(head, false)?;
     }
+    let prefill_ns = start.elapsed().as_nanos() as u64;
     let mut done = g.max_new_tokens == 0;
     while !done {
         let base = out.len();
@@ -261,6 +264,7 @@ pub fn speculate(
         drafted,
         accepted,
         ns,
+        prefill_ns,
         target_stats: std::mem::take(&mut ts.stats),
         draft_stats: std::mem::take(&mut ds.stats),
     })

@@ -27,6 +27,7 @@ use crate::model::layout::Layout;
 use crate::model::op::Op;
 use crate::runtime::LayerZero;
 use crate::tensor::{HostTensor, row_major_strides};
+use crate::transform::Transform;
 
 /// What the forward pass needs to know about a ViT.
 #[derive(Debug, Clone, PartialEq)]
@@ -251,12 +252,16 @@ pub struct Classified {
     /// With `dump`: every stage (`patch_embed`, `hidden.{i}`, `layer.{l}.*`, `final_norm`,
     /// `pooled`, `logits`).
     pub dump: BTreeMap<String, HostTensor>,
+    /// What ran the patch embedding: the kernel and the adaptations applied for it (an NCHW
+    /// image relaid out for a channels-last kernel, with its modeled cost).
+    pub patch_embed: Option<(String, Vec<Transform>)>,
 }
 
 struct Pass<'m> {
     lz: &'m LayerZero,
     stats: BTreeMap<Op, OpStats>,
     dump: Option<BTreeMap<String, HostTensor>>,
+    patch_embed: Option<(String, Vec<Transform>)>,
 }
 
 impl Pass<'_> {
@@ -265,6 +270,9 @@ impl Pass<'_> {
         let start = Instant::now();
         let d = self.lz.dispatch(&args)?;
         record(&mut self.stats, op, &d, start.elapsed().as_nanos() as u64);
+        if op == Op::PatchEmbed {
+            self.patch_embed = Some((d.selection().kernel.clone(), d.selection().transforms.clone()));
+        }
         Ok(d.outputs)
     }
 
@@ -329,7 +337,7 @@ pub fn classify(model: &VitModel, lz: &LayerZero, image: &HostTensor, dump: bool
         HostTensor::from_f32_as(model.dtype, image.shape(), &image.to_f32_vec())?
             .with_layout(image.layout().unwrap_or(Layout::Nchw))
     };
-    let mut pass = Pass { lz, stats: BTreeMap::new(), dump: dump.then(BTreeMap::new) };
+    let mut pass = Pass { lz, stats: BTreeMap::new(), dump: dump.then(BTreeMap::new), patch_embed: None };
     let start = Instant::now();
     let result = rayon::scope(|_| -> Result<(HostTensor, Option<Vec<f32>>)> {
         let patches = pass.out(OpArgs::PatchEmbed(PatchEmbedArgs {
@@ -407,6 +415,7 @@ pub fn classify(model: &VitModel, lz: &LayerZero, image: &HostTensor, dump: bool
         ns: start.elapsed().as_nanos() as u64,
         stats: pass.stats,
         dump: pass.dump.unwrap_or_default(),
+        patch_embed: pass.patch_embed,
     })
 }
 
