@@ -161,23 +161,31 @@ fn the_bf16_model_stays_within_bf16_tolerance_of_the_float64_truth_at_every_laye
     assert_eq!(report.first_divergence, None, "{:#?}", report.stages.iter().filter(|s| !s.ok).collect::<Vec<_>>());
 }
 
+/// `lz generate --json --dump OUT` of the reference's prompt and length: the report, checked
+/// against its schema.
+fn generate_with_dump(dir: &Path, r: &BTreeMap<String, HostTensor>, out: &Path) -> serde_json::Value {
+    let prompt: Vec<String> = ids(&r["prompt_ids"]).iter().map(u32::to_string).collect();
+    let n = r["generated_ids"].numel().to_string();
+    let run = lz()
+        .args(["generate", "--model"])
+        .arg(dir)
+        .args(["--prompt-ids", &prompt.join(","), "--max-new-tokens", &n, "--ignore-eos", "--json", "--dump"])
+        .arg(out)
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(run.status.success(), "{}: {}", dir.display(), String::from_utf8_lossy(&run.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap_or_else(|e| panic!("{e}"));
+    let bad = violations(SchemaKind::GenerateReport, &json).unwrap_or_else(|e| panic!("{e}"));
+    assert!(bad.is_empty(), "{}: {bad:?}", dir.display());
+    json
+}
+
 #[test]
 fn lz_generate_and_lz_diff_agree_with_the_reference_from_the_command_line() {
     let dir = models().join("qwen3");
     let out = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let r = reference(&dir, "reference.safetensors");
-    let prompt: Vec<String> = ids(&r["prompt_ids"]).iter().map(u32::to_string).collect();
-    let generated_run = lz()
-        .args(["generate", "--model"])
-        .arg(&dir)
-        .args(["--prompt-ids", &prompt.join(","), "--max-new-tokens", "32", "--ignore-eos", "--json", "--dump"])
-        .arg(out.path())
-        .output()
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert!(generated_run.status.success(), "{}", String::from_utf8_lossy(&generated_run.stderr));
-    let json: serde_json::Value = serde_json::from_slice(&generated_run.stdout).unwrap_or_else(|e| panic!("{e}"));
-    let bad = violations(SchemaKind::GenerateReport, &json).unwrap_or_else(|e| panic!("{e}"));
-    assert!(bad.is_empty(), "{bad:?}");
+    let json = generate_with_dump(&dir, &r, out.path());
     let generated: Vec<u32> = json["generated_ids"]
         .as_array()
         .map(|a| a.iter().filter_map(|v| v.as_u64()).map(|v| v as u32).collect())
@@ -544,18 +552,7 @@ fn lz_diff_holds_both_moe_models_to_hf_router_logits_included() {
         let dir = models().join(name);
         let out = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let r = reference(&dir, "reference.safetensors");
-        let prompt: Vec<String> = ids(&r["prompt_ids"]).iter().map(u32::to_string).collect();
-        let run = lz()
-            .args(["generate", "--model"])
-            .arg(&dir)
-            .args(["--prompt-ids", &prompt.join(","), "--max-new-tokens", "32", "--ignore-eos", "--json", "--dump"])
-            .arg(out.path())
-            .output()
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert!(run.status.success(), "{name}: {}", String::from_utf8_lossy(&run.stderr));
-        let json: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap_or_else(|e| panic!("{e}"));
-        let bad = violations(SchemaKind::GenerateReport, &json).unwrap_or_else(|e| panic!("{e}"));
-        assert!(bad.is_empty(), "{name}: {bad:?}");
+        generate_with_dump(&dir, &r, out.path());
         let diff = lz()
             .arg("diff")
             .arg(out.path())

@@ -1,11 +1,11 @@
-//! `lz generate` and `lz diff`: a model served through LayerZero, and its dumps compared
-//! stage by stage with a reference.
+//! `lz generate` and `lz workload`: a model served through LayerZero (decoders, speculative
+//! decoding with a draft, encoder-decoders), and the workload it dispatches.
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
-use super::args::{ClassifyCmd, DiffCmd, GenerateCmd, WorkloadCmd};
+use super::args::{GenerateCmd, WorkloadCmd};
 use super::{Outcome, print_json};
 use crate::error::{Error, ErrorKind, Result};
 use crate::llm::{self, Generation, KvKind, Model, Tokenizer};
@@ -13,7 +13,7 @@ use crate::model::dtype::DType;
 use crate::runtime::LayerZero;
 use crate::tensor::{HostTensor, Storage, io};
 
-fn parse_dtype(d: Option<&str>) -> Result<Option<DType>> {
+pub(super) fn parse_dtype(d: Option<&str>) -> Result<Option<DType>> {
     match d {
         None => Ok(None),
         Some("f32") => Ok(Some(DType::F32)),
@@ -66,8 +66,7 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
         ));
     }
     let model = Model::load(&a.model, dtype)?;
-    let tokenizer_file = a.model.join("tokenizer.json");
-    let tokenizer = if tokenizer_file.exists() { Some(Tokenizer::load(&tokenizer_file)?) } else { None };
+    let (tokenizer, tokenizer_file) = tokenizer_of(&a.model)?;
     if let Some(pinned) = &a.tokenizer_hash {
         match &tokenizer {
             Some(t) => t.expect(pinned, &tokenizer_file.display().to_string())?,
@@ -79,21 +78,7 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
             }
         }
     }
-    let encode = |text: &str| -> Result<Vec<u32>> {
-        match &tokenizer {
-            Some(t) => Ok(t.encode(text, true)?.ids),
-            None => Err(Error::invalid(format!(
-                "a text prompt needs {}; without a tokenizer give token ids",
-                tokenizer_file.display()
-            ))),
-        }
-    };
-    let prompts: Vec<Vec<u32>> = match (&a.prompt_ids, &a.prompt, &a.prompts) {
-        (Some(ids), _, _) => vec![ids.clone()],
-        (None, Some(text), _) => vec![encode(text)?],
-        (None, None, Some(file)) => read_prompts(file, &encode)?,
-        (None, None, None) => return Err(Error::invalid("give --prompt, --prompt-ids or --prompts".to_owned())),
-    };
+    let prompts = prompts_of(&a, tokenizer.as_ref(), &tokenizer_file)?;
     let kv = match (a.kv.as_deref(), prompts.len()) {
         (None | Some("contiguous"), 1) => KvKind::Contiguous,
         (Some("contiguous"), n) => {
@@ -102,20 +87,8 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
         (None | Some("paged"), _) => KvKind::Paged { page_size: a.page_size },
         (Some(other), _) => return Err(Error::invalid(format!("--kv {other:?} is not one of contiguous, paged"))),
     };
-    let mut lz = LayerZero::host()?;
-    if let Some(table) = &a.table {
-        lz = lz.with_plan_file(table, crate::knobs::plan_mode()?)?;
-    }
-    let g = Generation {
-        max_new_tokens: a.max_new_tokens,
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        seed: a.seed,
-        stop_at_eos: !a.ignore_eos,
-        dump: a.dump.is_some(),
-        kv,
-    };
+    let lz = handle(&a)?;
+    let g = generation(&a, kv);
     if let Some(dir) = &a.draft {
         let [prompt] = &prompts[..] else {
             return Err(Error::invalid(format!("--draft generates for one prompt; {} were given", prompts.len())));
@@ -124,20 +97,9 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
     }
     // One prompt streams to a terminal as it is generated.
     let stream = !a.json && prompts.len() == 1 && std::io::stdout().is_terminal();
-    let mut text_stream = tokenizer.as_ref().map(|t| t.stream(true));
-    let out = llm::generate::generate_batch(&model, &lz, &prompts, &g, |_, t| {
-        if stream {
-            match &mut text_stream {
-                Some(s) => print!("{}", s.step(t).unwrap_or_default()),
-                None => print!("{t} "),
-            }
-            let _ = std::io::stdout().flush();
-        }
-    })?;
-    let texts: Option<Vec<String>> = match &tokenizer {
-        Some(t) => Some(out.sequences.iter().map(|s| t.decode(&s.generated_ids, true)).collect::<Result<_>>()?),
-        None => None,
-    };
+    let mut print = printer(tokenizer.as_ref(), stream);
+    let out = llm::generate::generate_batch(&model, &lz, &prompts, &g, |_, t| print(t))?;
+    let texts = texts_of(tokenizer.as_ref(), &out.sequences)?;
     if let Some(dir) = &a.dump {
         write_dump(dir, &out)?;
     }
@@ -147,32 +109,14 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
     let decode_ms = out.decode_ns as f64 / 1e6;
     let per_step = if out.decode_steps > 0 { decode_ms / out.decode_steps as f64 } else { 0.0 };
     if a.json {
-        let ops: serde_json::Map<String, serde_json::Value> = out
-            .stats
-            .iter()
-            .map(|(op, s)| (op.as_str().to_owned(), serde_json::to_value(s).unwrap_or_default()))
-            .collect();
-        // One prompt: flat lists; several: a list per prompt.
-        let many = out.sequences.len() > 1;
-        let list = |f: &dyn Fn(&llm::Sequence) -> &Vec<u32>| -> serde_json::Value {
-            if many {
-                serde_json::json!(out.sequences.iter().map(f).collect::<Vec<_>>())
-            } else {
-                serde_json::json!(out.sequences.first().map(f))
-            }
-        };
-        let text = match &texts {
-            Some(t) if many => serde_json::json!(t),
-            Some(t) => serde_json::json!(t.first()),
-            None => serde_json::Value::Null,
-        };
+        let [prompt_ids, generated_ids, text] = sequences_json(&out.sequences, texts.as_deref());
         print_json(&serde_json::json!({
             "model": a.model.display().to_string(),
             "arch": model.config.arch.as_str(),
             "dtype": model.dtype,
             "kv": match kv { KvKind::Contiguous => "contiguous", KvKind::Paged { .. } => "paged" },
-            "prompt_ids": list(&|s| &s.prompt_ids),
-            "generated_ids": list(&|s| &s.generated_ids),
+            "prompt_ids": prompt_ids,
+            "generated_ids": generated_ids,
             "text": text,
             "tokenizer": tokenizer.as_ref().map(|t| serde_json::json!({"hash": t.hash(), "vocab": t.vocab_size()})),
             "timing": {
@@ -181,7 +125,7 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
                 "decode_ms_per_token": per_step,
                 "decode_tokens_per_s": if decode_ms > 0.0 { decoded as f64 / decode_ms * 1e3 } else { 0.0 },
             },
-            "ops": ops,
+            "ops": ops_json(&out.stats),
             "counters": lz.counters(),
             "dump": a.dump.as_ref().map(|d| d.join("dump.safetensors").display().to_string()),
         }));
@@ -189,15 +133,7 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
         if stream {
             println!();
         } else {
-            for (i, s) in out.sequences.iter().enumerate() {
-                match &texts {
-                    Some(t) => println!("{}", t[i]),
-                    None => {
-                        let ids: Vec<String> = s.generated_ids.iter().map(u32::to_string).collect();
-                        println!("{}", ids.join(" "));
-                    }
-                }
-            }
+            print_sequences(&out.sequences, texts.as_deref());
         }
         eprintln!(
             "prefill {prompt_tokens} tokens in {prefill_ms:.2} ms; decode {decoded} tokens in {} steps at {per_step:.2} ms/step",
@@ -214,37 +150,10 @@ fn seq2seq(a: GenerateCmd, dtype: Option<DType>) -> Result<Outcome> {
     if a.draft.is_some() {
         return Err(Error::invalid("--draft: speculative decoding runs decoder-only models".to_owned()));
     }
-    let tokenizer_file = a.model.join("tokenizer.json");
-    let tokenizer = if tokenizer_file.exists() { Some(Tokenizer::load(&tokenizer_file)?) } else { None };
-    let encode = |text: &str| -> Result<Vec<u32>> {
-        match &tokenizer {
-            Some(t) => Ok(t.encode(text, true)?.ids),
-            None => Err(Error::invalid(format!(
-                "a text prompt needs {}; without a tokenizer give token ids",
-                tokenizer_file.display()
-            ))),
-        }
-    };
-    let inputs: Vec<Vec<u32>> = match (&a.prompt_ids, &a.prompt, &a.prompts) {
-        (Some(ids), _, _) => vec![ids.clone()],
-        (None, Some(text), _) => vec![encode(text)?],
-        (None, None, Some(file)) => read_prompts(file, &encode)?,
-        (None, None, None) => return Err(Error::invalid("give --prompt, --prompt-ids or --prompts".to_owned())),
-    };
-    let mut lz = LayerZero::host()?;
-    if let Some(table) = &a.table {
-        lz = lz.with_plan_file(table, crate::knobs::plan_mode()?)?;
-    }
-    let g = Generation {
-        max_new_tokens: a.max_new_tokens,
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        seed: a.seed,
-        stop_at_eos: !a.ignore_eos,
-        dump: a.dump.is_some(),
-        kv: KvKind::Contiguous,
-    };
+    let (tokenizer, tokenizer_file) = tokenizer_of(&a.model)?;
+    let inputs = prompts_of(&a, tokenizer.as_ref(), &tokenizer_file)?;
+    let lz = handle(&a)?;
+    let g = generation(&a, KvKind::Contiguous);
     let out = llm::seq2seq::generate(&model, &lz, &inputs, &g, !a.no_kv_cache)?;
     if let Some(dir) = &a.dump {
         std::fs::create_dir_all(dir)
@@ -256,54 +165,26 @@ fn seq2seq(a: GenerateCmd, dtype: Option<DType>) -> Result<Outcome> {
         }
         io::write(&dir.join("dump.safetensors"), &tensors)?;
     }
-    let texts: Option<Vec<String>> = match &tokenizer {
-        Some(t) => Some(out.sequences.iter().map(|s| t.decode(&s.generated_ids, true)).collect::<Result<_>>()?),
-        None => None,
-    };
+    let texts = texts_of(tokenizer.as_ref(), &out.sequences)?;
     if a.json {
-        let ops: serde_json::Map<String, serde_json::Value> = out
-            .stats
-            .iter()
-            .map(|(op, s)| (op.as_str().to_owned(), serde_json::to_value(s).unwrap_or_default()))
-            .collect();
-        let many = out.sequences.len() > 1;
-        let list = |f: &dyn Fn(&llm::Sequence) -> &Vec<u32>| -> serde_json::Value {
-            if many {
-                serde_json::json!(out.sequences.iter().map(f).collect::<Vec<_>>())
-            } else {
-                serde_json::json!(out.sequences.first().map(f))
-            }
-        };
-        let text = match &texts {
-            Some(t) if many => serde_json::json!(t),
-            Some(t) => serde_json::json!(t.first()),
-            None => serde_json::Value::Null,
-        };
+        let [prompt_ids, generated_ids, text] = sequences_json(&out.sequences, texts.as_deref());
         let input_tokens = out.sequences.iter().map(|s| s.prompt_ids.len()).sum();
         print_json(&serde_json::json!({
             "model": a.model.display().to_string(),
             "arch": "bart",
             "dtype": model.dtype,
             "kv": if a.no_kv_cache { "none" } else { "contiguous" },
-            "prompt_ids": list(&|s| &s.prompt_ids),
-            "generated_ids": list(&|s| &s.generated_ids),
+            "prompt_ids": prompt_ids,
+            "generated_ids": generated_ids,
             "text": text,
             "tokenizer": tokenizer.as_ref().map(|t| serde_json::json!({"hash": t.hash(), "vocab": t.vocab_size()})),
             "timing": timing(out.encode_ns, input_tokens, out.decode_ns, out.decode_steps),
-            "ops": ops,
+            "ops": ops_json(&out.stats),
             "counters": lz.counters(),
             "dump": a.dump.as_ref().map(|d| d.join("dump.safetensors").display().to_string()),
         }));
     } else {
-        for (i, s) in out.sequences.iter().enumerate() {
-            match &texts {
-                Some(t) => println!("{}", t[i]),
-                None => {
-                    let ids: Vec<String> = s.generated_ids.iter().map(u32::to_string).collect();
-                    println!("{}", ids.join(" "));
-                }
-            }
-        }
+        print_sequences(&out.sequences, texts.as_deref());
         eprintln!(
             "encoded {} inputs in {:.2} ms; decoded {} steps in {:.2} ms",
             out.sequences.len(),
@@ -313,6 +194,112 @@ fn seq2seq(a: GenerateCmd, dtype: Option<DType>) -> Result<Outcome> {
         );
     }
     Ok(Outcome::Ok)
+}
+
+/// Prints each token as it is chosen when `on` (one prompt to a terminal): its text through
+/// the tokenizer's streaming decoder, or its id.
+fn printer(tokenizer: Option<&Tokenizer>, on: bool) -> impl FnMut(u32) + '_ {
+    let mut text = tokenizer.map(|t| t.stream(true));
+    move |t| {
+        if on {
+            match &mut text {
+                Some(s) => print!("{}", s.step(t).unwrap_or_default()),
+                None => print!("{t} "),
+            }
+            let _ = std::io::stdout().flush();
+        }
+    }
+}
+
+/// The folder's `tokenizer.json`, when it has one, and its path.
+fn tokenizer_of(dir: &Path) -> Result<(Option<Tokenizer>, PathBuf)> {
+    let file = dir.join("tokenizer.json");
+    let t = if file.exists() { Some(Tokenizer::load(&file)?) } else { None };
+    Ok((t, file))
+}
+
+/// The prompts `a` gives: ids, a text through the tokenizer, or a file of either.
+fn prompts_of(a: &GenerateCmd, tokenizer: Option<&Tokenizer>, file: &Path) -> Result<Vec<Vec<u32>>> {
+    let encode = |text: &str| -> Result<Vec<u32>> {
+        match tokenizer {
+            Some(t) => Ok(t.encode(text, true)?.ids),
+            None => Err(Error::invalid(format!(
+                "a text prompt needs {}; without a tokenizer give token ids",
+                file.display()
+            ))),
+        }
+    };
+    match (&a.prompt_ids, &a.prompt, &a.prompts) {
+        (Some(ids), _, _) => Ok(vec![ids.clone()]),
+        (None, Some(text), _) => Ok(vec![encode(text)?]),
+        (None, None, Some(prompts)) => read_prompts(prompts, &encode),
+        (None, None, None) => Err(Error::invalid("give --prompt, --prompt-ids or --prompts".to_owned())),
+    }
+}
+
+/// This machine's handle, serving `--table` when given.
+fn handle(a: &GenerateCmd) -> Result<LayerZero> {
+    let lz = LayerZero::host()?;
+    match &a.table {
+        Some(table) => lz.with_plan_file(table, crate::knobs::plan_mode()?),
+        None => Ok(lz),
+    }
+}
+
+/// The generation options `a` gives.
+fn generation(a: &GenerateCmd, kv: KvKind) -> Generation {
+    Generation {
+        max_new_tokens: a.max_new_tokens,
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        seed: a.seed,
+        stop_at_eos: !a.ignore_eos,
+        dump: a.dump.is_some(),
+        kv,
+    }
+}
+
+/// Per op, what ran: the `ops` object of a report.
+pub(super) fn ops_json(stats: &BTreeMap<crate::model::op::Op, llm::OpStats>) -> serde_json::Value {
+    stats.iter().map(|(op, s)| (op.as_str().to_owned(), serde_json::to_value(s).unwrap_or_default())).collect()
+}
+
+/// The generated text of each sequence, with a tokenizer.
+fn texts_of(tokenizer: Option<&Tokenizer>, seqs: &[llm::Sequence]) -> Result<Option<Vec<String>>> {
+    tokenizer.map(|t| seqs.iter().map(|s| t.decode(&s.generated_ids, true)).collect()).transpose()
+}
+
+/// `prompt_ids`, `generated_ids` and `text` of a report: flat for one sequence, a list per
+/// sequence for several.
+fn sequences_json(seqs: &[llm::Sequence], texts: Option<&[String]>) -> [serde_json::Value; 3] {
+    let many = seqs.len() > 1;
+    let list = |f: &dyn Fn(&llm::Sequence) -> &Vec<u32>| -> serde_json::Value {
+        if many {
+            serde_json::json!(seqs.iter().map(f).collect::<Vec<_>>())
+        } else {
+            serde_json::json!(seqs.first().map(f))
+        }
+    };
+    let text = match texts {
+        Some(t) if many => serde_json::json!(t),
+        Some(t) => serde_json::json!(t.first()),
+        None => serde_json::Value::Null,
+    };
+    [list(&|s| &s.prompt_ids), list(&|s| &s.generated_ids), text]
+}
+
+/// Each sequence's text, or its ids without a tokenizer, one line each.
+fn print_sequences(seqs: &[llm::Sequence], texts: Option<&[String]>) {
+    for (i, s) in seqs.iter().enumerate() {
+        match texts.and_then(|t| t.get(i)) {
+            Some(t) => println!("{t}"),
+            None => {
+                let ids: Vec<String> = s.generated_ids.iter().map(u32::to_string).collect();
+                println!("{}", ids.join(" "));
+            }
+        }
+    }
 }
 
 /// The `timing` object of a report: prefill (or encoder) time and rate, and decode time per
@@ -349,16 +336,7 @@ fn speculative(
     let alone = llm::generate::generate(model, lz, prompt, g, |_| {})?;
     let alone_ns = alone.prefill_ns + alone.decode_ns;
     let stream = !a.json && std::io::stdout().is_terminal();
-    let mut text_stream = tokenizer.map(|t| t.stream(true));
-    let out = llm::speculate(model, &draft, lz, prompt, g, a.draft_tokens, |t| {
-        if stream {
-            match &mut text_stream {
-                Some(s) => print!("{}", s.step(t).unwrap_or_default()),
-                None => print!("{t} "),
-            }
-            let _ = std::io::stdout().flush();
-        }
-    })?;
+    let out = llm::speculate(model, &draft, lz, prompt, g, a.draft_tokens, printer(tokenizer, stream))?;
     let text = match tokenizer {
         Some(t) => Some(t.decode(&out.generated_ids, true)?),
         None => None,
@@ -369,9 +347,6 @@ fn speculative(
     // Greedy: the target's tokens, exactly; sampling: other draws of the same distribution.
     let same = (g.temperature <= 0.0).then(|| out.generated_ids == alone.generated_ids());
     if a.json {
-        let ops = |stats: &BTreeMap<crate::model::op::Op, llm::OpStats>| -> serde_json::Value {
-            stats.iter().map(|(op, s)| (op.as_str().to_owned(), serde_json::to_value(s).unwrap_or_default())).collect()
-        };
         print_json(&serde_json::json!({
             "model": a.model.display().to_string(),
             "arch": model.config.arch.as_str(),
@@ -402,8 +377,8 @@ fn speculative(
                 "target_only_ids": alone.generated_ids(),
                 "matches_target_only": same,
             },
-            "ops": ops(&out.target_stats),
-            "draft_ops": ops(&out.draft_stats),
+            "ops": ops_json(&out.target_stats),
+            "draft_ops": ops_json(&out.draft_stats),
             "counters": lz.counters(),
             "dump": null,
         }));
@@ -427,78 +402,6 @@ fn speculative(
             out.drafted,
             out.acceptance_rate() * 100.0
         );
-    }
-    Ok(Outcome::Ok)
-}
-
-/// `lz classify`: an image through a ViT.
-pub(super) fn classify(a: ClassifyCmd) -> Result<Outcome> {
-    let dtype = parse_dtype(a.dtype.as_deref())?;
-    let model = llm::vit::VitModel::load(&a.model, dtype)?;
-    let pre = llm::vit::Preprocess::load(&a.model, model.config.channels)?;
-    let image = llm::vit::read_image(&a.image, &model, &pre)?;
-    let lz = LayerZero::host()?;
-    let out = llm::vit::classify(&model, &lz, &image, a.dump.is_some())?;
-    if let Some(dir) = &a.dump {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| Error::new(ErrorKind::Io, format!("cannot create {}: {e}", dir.display())).with_source(e))?;
-        io::write(&dir.join("dump.safetensors"), &out.dump)?;
-    }
-    let logits = out.logits.clone().ok_or_else(|| {
-        Error::invalid(format!(
-            "{}: the model has no classifier (a bare ViTModel); nothing to classify",
-            a.model.display()
-        ))
-    })?;
-    // Softmax in f64 for the printed probabilities.
-    let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let e: Vec<f64> = logits.iter().map(|&l| f64::from(l - m).exp()).collect();
-    let z: f64 = e.iter().sum();
-    let mut order: Vec<usize> = (0..logits.len()).collect();
-    order.sort_by(|&i, &j| logits[j].total_cmp(&logits[i]).then(i.cmp(&j)));
-    let label = |i: usize| model.config.labels.get(i).cloned().unwrap_or_else(|| format!("{i}"));
-    let top: Vec<serde_json::Value> = order
-        .iter()
-        .take(a.top.max(1))
-        .map(|&i| serde_json::json!({"index": i, "label": label(i), "logit": logits[i], "probability": e[i] / z}))
-        .collect();
-    let layout = image.layout().map_or("NCHW", |l| l.as_str());
-    if a.json {
-        let ops: serde_json::Map<String, serde_json::Value> = out
-            .stats
-            .iter()
-            .map(|(op, s)| (op.as_str().to_owned(), serde_json::to_value(s).unwrap_or_default()))
-            .collect();
-        print_json(&serde_json::json!({
-            "model": a.model.display().to_string(),
-            "arch": "vit",
-            "dtype": model.dtype,
-            "image": a.image.display().to_string(),
-            "image_layout": layout,
-            "patch_embed": out.patch_embed.as_ref().map(|(kernel, transforms)| serde_json::json!({
-                "kernel": kernel,
-                "transforms": transforms,
-            })),
-            "top": top,
-            "logits": logits,
-            "timing": {"ms": out.ns as f64 / 1e6},
-            "ops": ops,
-            "counters": lz.counters(),
-            "dump": a.dump.as_ref().map(|d| d.join("dump.safetensors").display().to_string()),
-        }));
-    } else {
-        for t in &top {
-            println!("{:>8.4}  {}", t["probability"].as_f64().unwrap_or(0.0), t["label"].as_str().unwrap_or_default());
-        }
-        let how = match &out.patch_embed {
-            Some((kernel, t)) if !t.is_empty() => {
-                let moved: u64 = t.iter().map(|t| t.bytes).sum();
-                format!("; patch_embed ran {kernel} after relaying out the image ({moved} bytes moved)")
-            }
-            Some((kernel, _)) => format!("; patch_embed ran {kernel} on the image as given"),
-            None => String::new(),
-        };
-        eprintln!("classified a {layout} image in {:.2} ms{how}", out.ns as f64 / 1e6);
     }
     Ok(Outcome::Ok)
 }
@@ -544,46 +447,4 @@ fn write_dump(dir: &Path, out: &llm::Generated) -> Result<()> {
     tensors.insert("prompt_ids".into(), ids_tensor(out.prompt_ids())?);
     tensors.insert("generated_ids".into(), ids_tensor(out.generated_ids())?);
     io::write(&dir.join("dump.safetensors"), &tensors)
-}
-
-/// A dump file, or a folder holding `dump.safetensors` (or `reference.safetensors`).
-fn dump_file(p: &Path) -> PathBuf {
-    if p.is_dir() {
-        let ours = p.join("dump.safetensors");
-        if ours.exists() { ours } else { p.join("reference.safetensors") }
-    } else {
-        p.to_path_buf()
-    }
-}
-
-pub(super) fn diff(a: DiffCmd) -> Result<Outcome> {
-    if !(a.threshold > 0.0 && a.threshold.is_finite()) {
-        return Err(Error::invalid(format!("--threshold {} must be a positive number", a.threshold)));
-    }
-    let ours = io::read(&dump_file(&a.ours))?;
-    let reference = io::read(&dump_file(&a.reference))?;
-    let report = llm::diff::diff(&ours, &reference, a.threshold)?;
-    if a.json {
-        print_json(&serde_json::json!({
-            "ok": report.ok(),
-            "threshold": report.threshold,
-            "first_divergence": report.first_divergence,
-            "token_mismatches": report.token_mismatches,
-            "stages": report.stages,
-        }));
-    } else {
-        println!("{:<30} {:>10} {:>12} {:>12}", "stage", "cosine", "l2_rel", "max_abs");
-        for s in &report.stages {
-            let mark = if s.ok { "" } else { "  <-- over the threshold" };
-            println!("{:<30} {:>10.6} {:>12.3e} {:>12.3e}{mark}", s.name, s.cosine, s.l2_rel, s.max_abs);
-        }
-        match &report.first_divergence {
-            Some(name) => println!("first divergence: {name} (l2_rel > {:.1e})", report.threshold),
-            None => println!("every stage within l2_rel {:.1e}", report.threshold),
-        }
-        for (i, o, r) in &report.token_mismatches {
-            println!("token {i}: ours {o}, reference {r}");
-        }
-    }
-    Ok(if report.ok() { Outcome::Ok } else { Outcome::CheckFailed })
 }

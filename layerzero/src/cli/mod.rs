@@ -3,6 +3,8 @@
 
 mod args;
 mod bench;
+mod classify;
+mod diff;
 mod doctor;
 mod generate;
 mod inspect;
@@ -156,8 +158,8 @@ fn run(cli: Cli) -> Result<Outcome> {
             json: a.json,
         }),
         Command::Generate(a) => generate::generate(a),
-        Command::Classify(a) => generate::classify(a),
-        Command::Diff(a) => generate::diff(a),
+        Command::Classify(a) => classify::classify(a),
+        Command::Diff(a) => diff::diff(a),
         Command::Snapshot(a) => snapshot(a),
         Command::Workload(a) => generate::workload(a),
         Command::BenchSelect(a) => bench::run(bench::BenchArgs {

@@ -167,6 +167,17 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// The weights' dtype as the config states it (`dtype`, or the older `torch_dtype`).
+    pub(crate) fn dtype(&self) -> Result<Option<DType>> {
+        match self.str("dtype")?.or(self.str("torch_dtype")?) {
+            None => Ok(None),
+            Some("float32") => Ok(Some(DType::F32)),
+            Some("bfloat16") => Ok(Some(DType::BF16)),
+            Some("float16") => Ok(Some(DType::F16)),
+            Some(other) => Err(self.err("dtype", format!("is {other:?}; expected float32, bfloat16 or float16"))),
+        }
+    }
+
     pub(crate) fn str(&self, name: &str) -> Result<Option<&'a str>> {
         match self.get(name) {
             None => Ok(None),
@@ -254,15 +265,7 @@ impl ModelConfig {
             _ => (attention_bias, attention_bias),
         };
         let moe = moe(&f, arch, layers)?;
-        let dtype = match f.str("dtype")?.or(f.str("torch_dtype")?) {
-            None => None,
-            Some("float32") => Some(DType::F32),
-            Some("bfloat16") => Some(DType::BF16),
-            Some("float16") => Some(DType::F16),
-            Some(other) => {
-                return Err(f.err("dtype", format!("is {other:?}; expected float32, bfloat16 or float16")));
-            }
-        };
+        let dtype = f.dtype()?;
         let token = |name: &str| -> Result<Vec<u32>> {
             match f.get(name) {
                 None => Ok(Vec::new()),

@@ -7,6 +7,7 @@ pub mod config;
 pub mod diff;
 pub mod forward;
 pub mod generate;
+pub mod pass;
 pub mod scope;
 pub mod seq2seq;
 pub mod speculative;

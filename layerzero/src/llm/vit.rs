@@ -17,11 +17,13 @@ use std::time::Instant;
 use serde_json::Value;
 
 use super::config::Fields;
-use super::forward::{OpStats, record};
+use super::forward::OpStats;
+pub use super::pass::Affine;
+use super::pass::Dispatcher;
 use super::weights::{Residence, Take};
 use crate::error::{Error, ErrorKind, Result};
-use crate::exec::args::{AttentionArgs, GeluArgs, LinearArgs, NormArgs, OpArgs, Outputs, PatchEmbedArgs};
-use crate::model::attrs::{AttentionAttrs, GeluAttrs, NoAttrs, NormAttrs, PatchEmbedAttrs};
+use crate::exec::args::{AttentionArgs, OpArgs, PatchEmbedArgs};
+use crate::model::attrs::{AttentionAttrs, PatchEmbedAttrs};
 use crate::model::dtype::DType;
 use crate::model::layout::Layout;
 use crate::model::op::Op;
@@ -95,13 +97,7 @@ impl VitConfig {
                 v.into_iter().map(|(_, n)| n).collect()
             }
         };
-        let dtype = match f.str("dtype")?.or(f.str("torch_dtype")?) {
-            None => None,
-            Some("float32") => Some(DType::F32),
-            Some("bfloat16") => Some(DType::BF16),
-            Some("float16") => Some(DType::F16),
-            Some(other) => return Err(f.err("dtype", format!("is {other:?}; expected float32, bfloat16 or float16"))),
-        };
+        let dtype = f.dtype()?;
         Ok(VitConfig {
             hidden,
             layers: f.usize("num_hidden_layers")?,
@@ -120,15 +116,6 @@ impl VitConfig {
     pub fn patches(&self) -> usize {
         (self.image_size / self.patch).pow(2)
     }
-}
-
-/// A weight and its bias.
-#[derive(Debug, Clone)]
-pub struct Affine {
-    /// weight.
-    pub weight: HostTensor,
-    /// bias.
-    pub bias: HostTensor,
 }
 
 /// One pre-norm encoder block.
@@ -257,64 +244,6 @@ pub struct Classified {
     pub patch_embed: Option<(String, Vec<Transform>)>,
 }
 
-struct Pass<'m> {
-    lz: &'m LayerZero,
-    stats: BTreeMap<Op, OpStats>,
-    dump: Option<BTreeMap<String, HostTensor>>,
-    patch_embed: Option<(String, Vec<Transform>)>,
-}
-
-impl Pass<'_> {
-    fn run(&mut self, args: OpArgs) -> Result<Outputs> {
-        let op = args.op();
-        let start = Instant::now();
-        let d = self.lz.dispatch(&args)?;
-        record(&mut self.stats, op, &d, start.elapsed().as_nanos() as u64);
-        if op == Op::PatchEmbed {
-            self.patch_embed = Some((d.selection().kernel.clone(), d.selection().transforms.clone()));
-        }
-        Ok(d.outputs)
-    }
-
-    fn out(&mut self, args: OpArgs) -> Result<HostTensor> {
-        let op = args.op();
-        self.run(args)?.remove("out").ok_or_else(|| Error::invalid(format!("{op} produced no `out`")))
-    }
-
-    fn keep(&mut self, name: impl FnOnce() -> String, t: &HostTensor) {
-        if let Some(d) = &mut self.dump
-            && let Ok(x) = HostTensor::from_f32(t.shape(), t.to_f32_vec())
-        {
-            d.insert(name(), x);
-        }
-    }
-
-    fn linear(&mut self, x: &HostTensor, a: &Affine) -> Result<HostTensor> {
-        self.out(OpArgs::Linear(LinearArgs {
-            x: x.clone(),
-            weight: a.weight.clone(),
-            bias: Some(a.bias.clone()),
-            attrs: NoAttrs {},
-        }))
-    }
-
-    /// `norm(x + residual)` and `x + residual`.
-    fn norm(&mut self, x: HostTensor, a: &Affine, residual: HostTensor, eps: f64) -> Result<(HostTensor, HostTensor)> {
-        let mut o = self.run(OpArgs::LayerNorm(NormArgs {
-            x,
-            weight: a.weight.clone(),
-            bias: Some(a.bias.clone()),
-            residual: Some(residual),
-            attrs: NormAttrs { eps: Some(eps) },
-        }))?;
-        let missing = |n: &str| Error::invalid(format!("layer_norm produced no `{n}`"));
-        Ok((
-            o.remove("out").ok_or_else(|| missing("out"))?,
-            o.remove("residual_out").ok_or_else(|| missing("residual_out"))?,
-        ))
-    }
-}
-
 /// Runs `image` (`[1, C, H, W]` tagged NCHW, or `[1, H, W, C]` tagged NHWC, in the model's
 /// dtype or any float dtype) through the model.
 pub fn classify(model: &VitModel, lz: &LayerZero, image: &HostTensor, dump: bool) -> Result<Classified> {
@@ -337,15 +266,19 @@ pub fn classify(model: &VitModel, lz: &LayerZero, image: &HostTensor, dump: bool
         HostTensor::from_f32_as(model.dtype, image.shape(), &image.to_f32_vec())?
             .with_layout(image.layout().unwrap_or(Layout::Nchw))
     };
-    let mut pass = Pass { lz, stats: BTreeMap::new(), dump: dump.then(BTreeMap::new), patch_embed: None };
+    let mut pass = Dispatcher::new(lz, dump);
+    let mut patch_embed = None;
     let start = Instant::now();
     let result = rayon::scope(|_| -> Result<(HostTensor, Option<Vec<f32>>)> {
-        let patches = pass.out(OpArgs::PatchEmbed(PatchEmbedArgs {
+        let ran = pass.dispatch(&OpArgs::PatchEmbed(PatchEmbedArgs {
             image,
             weight: model.patch.weight.clone(),
             bias: Some(model.patch.bias.clone()),
             attrs: PatchEmbedAttrs { patch: c.patch as u64 },
         }))?;
+        patch_embed = Some((ran.selection().kernel.clone(), ran.selection().transforms.clone()));
+        let mut outs = ran.outputs;
+        let patches = outs.remove("out").ok_or_else(|| Error::invalid("patch_embed produced no `out`".to_owned()))?;
         let patches = patches.view(&[n, d], &row_major_strides(&[n, d]), patches.offset())?;
         pass.keep(|| "patch_embed".into(), &patches);
         // [CLS; patches]: a copy into one buffer (data movement, as a KV cache write).
@@ -355,7 +288,7 @@ pub fn classify(model: &VitModel, lz: &LayerZero, image: &HostTensor, dump: bool
         let mut branch = x;
         let mut stream = model.positions.clone();
         for (l, layer) in model.layers.iter().enumerate() {
-            let (h, res) = pass.norm(branch, &layer.attn_norm, stream, c.eps)?;
+            let (h, res) = pass.layer_norm(branch, &layer.attn_norm, Some(stream), c.eps)?;
             pass.keep(|| format!("hidden.{l}"), &res);
             if l > 0 {
                 pass.keep(|| format!("layer.{}.out", l - 1), &res);
@@ -383,17 +316,17 @@ pub fn classify(model: &VitModel, lz: &LayerZero, image: &HostTensor, dump: bool
             pass.keep(|| format!("layer.{l}.attn_out"), &a);
             let o = pass.linear(&a, &layer.o)?;
             pass.keep(|| format!("layer.{l}.o_proj"), &o);
-            let (f, post) = pass.norm(o, &layer.ffn_norm, res, c.eps)?;
+            let (f, post) = pass.layer_norm(o, &layer.ffn_norm, Some(res), c.eps)?;
             pass.keep(|| format!("layer.{l}.post_attn"), &post);
             pass.keep(|| format!("layer.{l}.ffn_norm"), &f);
             let g = pass.linear(&f, &layer.fc1)?;
-            let g = pass.out(OpArgs::Gelu(GeluArgs { x: g, attrs: GeluAttrs::default() }))?;
+            let g = pass.gelu(g)?;
             let out = pass.linear(&g, &layer.fc2)?;
             pass.keep(|| format!("layer.{l}.ffn_out"), &out);
             branch = out;
             stream = post;
         }
-        let (normed, last) = pass.norm(branch, &model.norm, stream, c.eps)?;
+        let (normed, last) = pass.layer_norm(branch, &model.norm, Some(stream), c.eps)?;
         pass.keep(|| format!("hidden.{}", c.layers), &last);
         pass.keep(|| format!("layer.{}.out", c.layers - 1), &last);
         pass.keep(|| "final_norm".into(), &normed);
@@ -415,7 +348,7 @@ pub fn classify(model: &VitModel, lz: &LayerZero, image: &HostTensor, dump: bool
         ns: start.elapsed().as_nanos() as u64,
         stats: pass.stats,
         dump: pass.dump.unwrap_or_default(),
-        patch_embed: pass.patch_embed,
+        patch_embed,
     })
 }
 

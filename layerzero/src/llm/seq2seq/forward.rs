@@ -11,12 +11,13 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use super::{Attn, Layer, Norm, POSITION_OFFSET, Proj, Seq2SeqModel};
+use super::{Attn, Layer, Norm, POSITION_OFFSET, Seq2SeqModel};
 use crate::error::{Error, Result};
-use crate::exec::args::{AttentionArgs, EmbeddingArgs, GeluArgs, LinearArgs, NormArgs, OpArgs, Outputs, SampleArgs};
-use crate::llm::forward::{OpStats, record};
+use crate::exec::args::{AttentionArgs, EmbeddingArgs, LinearArgs, OpArgs, SampleArgs};
+use crate::llm::forward::OpStats;
 use crate::llm::generate::{Generation, Sequence};
-use crate::model::attrs::{AttentionAttrs, GeluAttrs, NoAttrs, NormAttrs, SampleAttrs};
+use crate::llm::pass::Dispatcher;
+use crate::model::attrs::{AttentionAttrs, NoAttrs, SampleAttrs};
 use crate::model::layout::Layout;
 use crate::model::op::Op;
 use crate::runtime::LayerZero;
@@ -50,12 +51,23 @@ fn ids_tensor(ids: impl Iterator<Item = usize>) -> Result<HostTensor> {
     HostTensor::new(Storage::I64(v.into()), &[n])
 }
 
-/// The dispatching state of one generation.
+/// The dispatching state of one generation: the shared dispatcher and the model.
 struct Pass<'m> {
+    core: Dispatcher<'m>,
     model: &'m Seq2SeqModel,
-    lz: &'m LayerZero,
-    stats: BTreeMap<Op, OpStats>,
-    dump: Option<BTreeMap<String, HostTensor>>,
+}
+
+impl<'m> std::ops::Deref for Pass<'m> {
+    type Target = Dispatcher<'m>;
+    fn deref(&self) -> &Dispatcher<'m> {
+        &self.core
+    }
+}
+
+impl std::ops::DerefMut for Pass<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.core
+    }
 }
 
 /// One input's decoder state: per layer, the self-attention keys and values
@@ -68,69 +80,21 @@ struct Decoder {
 }
 
 impl Pass<'_> {
-    fn run(&mut self, args: OpArgs) -> Result<Outputs> {
-        let op = args.op();
-        let start = Instant::now();
-        let d = self.lz.dispatch(&args)?;
-        record(&mut self.stats, op, &d, start.elapsed().as_nanos() as u64);
-        Ok(d.outputs)
-    }
-
-    fn out(&mut self, args: OpArgs) -> Result<HostTensor> {
-        let op = args.op();
-        self.run(args)?.remove("out").ok_or_else(|| Error::invalid(format!("{op} produced no `out`")))
-    }
-
-    fn keep(&mut self, name: impl FnOnce() -> String, t: &HostTensor) {
-        if let Some(d) = &mut self.dump
-            && let Ok(x) = HostTensor::from_f32(t.shape(), t.to_f32_vec())
-        {
-            d.insert(name(), x);
-        }
-    }
-
-    fn linear(&mut self, x: &HostTensor, p: &Proj) -> Result<HostTensor> {
-        self.out(OpArgs::Linear(LinearArgs {
-            x: x.clone(),
-            weight: p.weight.clone(),
-            bias: Some(p.bias.clone()),
-            attrs: NoAttrs {},
-        }))
-    }
-
-    /// `norm(x + residual)` and the sum (`norm(x)` and `x` without a residual).
     fn layer_norm(
         &mut self,
         x: HostTensor,
         n: &Norm,
         residual: Option<HostTensor>,
     ) -> Result<(HostTensor, HostTensor)> {
-        let fused = residual.is_some();
-        let mut o = self.run(OpArgs::LayerNorm(NormArgs {
-            x: x.clone(),
-            weight: n.weight.clone(),
-            bias: Some(n.bias.clone()),
-            residual,
-            attrs: NormAttrs { eps: Some(super::EPS) },
-        }))?;
-        let out = o.remove("out").ok_or_else(|| Error::invalid("layer_norm produced no `out`".to_owned()))?;
-        let sum = if fused {
-            o.remove("residual_out").ok_or_else(|| Error::invalid("layer_norm dropped the residual".to_owned()))?
-        } else {
-            x
-        };
-        Ok((out, sum))
+        self.core.layer_norm(x, n, residual, super::EPS)
     }
 
     /// Token embeddings plus learned positions `start..start + n` per row, normalized.
     fn embed(&mut self, ids: &[i64], rows: usize, start: usize, pos: &HostTensor, ln: &Norm) -> Result<HostTensor> {
         let n = ids.len() / rows.max(1);
         let tokens = HostTensor::new(Storage::I64(ids.to_vec().into()), &[ids.len()])?;
-        let tok = self.out(OpArgs::Embedding(EmbeddingArgs {
-            ids: tokens,
-            table: self.model.weights.shared.clone(),
-            attrs: NoAttrs {},
-        }))?;
+        let table = self.model.weights.shared.clone();
+        let tok = self.out(OpArgs::Embedding(EmbeddingArgs { ids: tokens, table, attrs: NoAttrs {} }))?;
         let positions = ids_tensor((0..rows).flat_map(|_| (start..start + n).map(|p| p + POSITION_OFFSET)))?;
         let p = self.out(OpArgs::Embedding(EmbeddingArgs { ids: positions, table: pos.clone(), attrs: NoAttrs {} }))?;
         Ok(self.layer_norm(tok, ln, Some(p))?.0)
@@ -165,7 +129,7 @@ impl Pass<'_> {
 
     fn ffn(&mut self, x: &HostTensor, l: &Layer) -> Result<HostTensor> {
         let h = self.linear(x, &l.fc1)?;
-        let a = self.out(OpArgs::Gelu(GeluArgs { x: h, attrs: GeluAttrs::default() }))?;
+        let a = self.gelu(h)?;
         self.linear(&a, &l.fc2)
     }
 
@@ -306,7 +270,7 @@ impl Pass<'_> {
 pub fn encode(model: &Seq2SeqModel, lz: &LayerZero, inputs: &[Vec<u32>]) -> Result<HostTensor> {
     let g = Generation { max_new_tokens: 0, ..Generation::default() };
     check(model, inputs, &g)?;
-    let mut pass = Pass { model, lz, stats: BTreeMap::new(), dump: None };
+    let mut pass = Pass { core: Dispatcher::new(lz, false), model };
     let (h, s) = rayon::scope(|_| pass.encode(inputs))?;
     view(&h, &[inputs.len(), s, model.config.d_model], 0)
 }
@@ -322,7 +286,7 @@ pub fn generate(
     use_cache: bool,
 ) -> Result<Seq2SeqGenerated> {
     check(model, inputs, g)?;
-    let mut pass = Pass { model, lz, stats: BTreeMap::new(), dump: g.dump.then(BTreeMap::new) };
+    let mut pass = Pass { core: Dispatcher::new(lz, g.dump), model };
     rayon::scope(|_| run(&mut pass, inputs, g, use_cache))
 }
 

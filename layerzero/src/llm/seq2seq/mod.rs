@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::config::Fields;
+use super::pass::Affine;
 use super::weights::{Residence, Take};
 use crate::error::{Error, Result};
 use crate::model::dtype::DType;
@@ -111,13 +112,7 @@ impl Seq2SeqConfig {
                     .ok_or_else(|| f.err(name, format!("is {v}; expected a token id"))),
             }
         };
-        let dtype = match f.str("dtype")?.or(f.str("torch_dtype")?) {
-            None => None,
-            Some("float32") => Some(DType::F32),
-            Some("bfloat16") => Some(DType::BF16),
-            Some("float16") => Some(DType::F16),
-            Some(other) => return Err(f.err("dtype", format!("is {other:?}; expected float32, bfloat16 or float16"))),
-        };
+        let dtype = f.dtype()?;
         Ok(Seq2SeqConfig {
             d_model,
             encoder_layers: f.usize("encoder_layers")?,
@@ -138,23 +133,11 @@ impl Seq2SeqConfig {
     }
 }
 
-/// A LayerNorm's weight and bias.
-#[derive(Debug, Clone)]
-pub struct Norm {
-    /// weight `[d]`.
-    pub weight: HostTensor,
-    /// bias `[d]`.
-    pub bias: HostTensor,
-}
+/// A LayerNorm's scale and shift.
+pub type Norm = Affine;
 
-/// A projection with its bias.
-#[derive(Debug, Clone)]
-pub struct Proj {
-    /// weight `[out, in]`.
-    pub weight: HostTensor,
-    /// bias `[out]`.
-    pub bias: HostTensor,
-}
+/// A projection and its bias.
+pub type Proj = Affine;
 
 /// An attention block's projections.
 #[derive(Debug, Clone)]
