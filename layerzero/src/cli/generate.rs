@@ -333,6 +333,11 @@ fn speculative(
             .map_err(|e| Error::invalid(format!("a draft must share the target's tokenizer: {}", e.message())))?;
     }
     llm::speculative::check_draft(model, &draft)?;
+    // Short untimed runs of both paths first, so that neither timing pays for first
+    // selections and caches the other already warmed.
+    let warm = Generation { max_new_tokens: g.max_new_tokens.min(2), dump: false, ..g.clone() };
+    llm::generate::generate(model, lz, prompt, &warm, |_| {})?;
+    llm::speculate(model, &draft, lz, prompt, &warm, a.draft_tokens, |_| {})?;
     let alone = llm::generate::generate(model, lz, prompt, g, |_| {})?;
     let alone_ns = alone.prefill_ns + alone.decode_ns;
     let stream = !a.json && std::io::stdout().is_terminal();
