@@ -6,3 +6,4 @@ pub mod cpu_reference;
 pub mod cuda;
 pub mod library;
 pub mod onednn;
+pub mod rocm;

@@ -374,8 +374,12 @@ pub fn detect_nominal() -> Detection {
         }
         Err(reason) => notes.push(reason),
     }
-    if std::path::Path::new("/dev/kfd").exists() {
-        notes.push("AMD GPU driver node /dev/kfd present, but ROCm devices are not probed by this build; use a named profile (e.g. mi300x)".to_owned());
+    match crate::backend::rocm::probe::probe_gpus_with_notes() {
+        Ok((gpus, mut gpu_notes)) => {
+            devices.extend(gpus);
+            notes.append(&mut gpu_notes);
+        }
+        Err(reason) => notes.push(reason),
     }
     let gpu_names: Vec<String> = devices.iter().map(|d| d.name.clone()).collect();
     devices.push(cpu);
