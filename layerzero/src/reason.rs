@@ -132,6 +132,12 @@ reason_codes! {
     NO_KERNEL_IMAGE_FOR_ARCH => Constraint,
     /// The ROCm gfx architecture is not supported.
     GFX_ARCH_UNSUPPORTED => Constraint,
+    /// The kernel takes each of two features of the request alone but not both in one call
+    /// (FlashAttention-2: softcap with dropout).
+    FEATURES_EXCLUSIVE => Constraint,
+    /// The KV cache's strides are not ones the kernel reads (contiguous pages only, or the
+    /// last dim strided).
+    KV_CACHE_STRIDES_UNSUPPORTED => Constraint,
     /// The CPU lacks an instruction-set extension the kernel requires.
     CPU_ISA_MISSING => Constraint,
     /// The kernel does not accept the tensor's dtype.

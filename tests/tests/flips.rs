@@ -120,6 +120,19 @@ fn rows(op: Op, attrs: Attrs) -> Request {
     }
 }
 
+/// `req` with its KV caches seen as pages `page_stride` elements apart (a cache carved from
+/// a larger pool: K and V interleaved per page) and elements `elem` apart.
+fn strided_pages(req: Request, page_stride: u64, elem: u64) -> Request {
+    let cache = |name: &str| {
+        let t = req.get(name).cloned().unwrap_or_else(|| panic!("{name}"));
+        let s = &t.shape;
+        let strides = [page_stride * elem, s[2] * s[3] * elem, s[3] * elem, elem];
+        t.with_strides(strides)
+    };
+    let (k, v) = (cache("k_cache"), cache("v_cache"));
+    req.tensor("k_cache", k).tensor("v_cache", v)
+}
+
 fn flips() -> Vec<Flip> {
     let cu = |name, patch, req, code| flip(name, patch, req, code);
     let mut v = vec![
@@ -268,6 +281,21 @@ fn flips() -> Vec<Flip> {
             "NOT_CONTIGUOUS",
         ),
         cu(
+            "exclusive: softcap with dropout",
+            json!({"exclusive": [["softcap", "dropout"]]}),
+            attn_with(AttentionAttrs { softcap: Some(30.0), dropout_p: 0.1, ..Default::default() }),
+            "FEATURES_EXCLUSIVE",
+        ),
+        cu(
+            "exclusive: window with fp8",
+            json!({"exclusive": [["fp8", "window"]], "dtypes": ["fp8_e4m3"]}),
+            with_attrs(
+                attention(DType::Fp8E4M3, 2, 128, 128, 16, 16, 128),
+                AttentionAttrs { window_left: Some(64), causal: true, ..Default::default() },
+            ),
+            "FEATURES_EXCLUSIVE",
+        ),
+        cu(
             "strides: last_dim_contiguous",
             json!({"strides": "last_dim_contiguous"}),
             mha().tensor(
@@ -318,6 +346,18 @@ fn flips() -> Vec<Flip> {
             json!({"kv_cache_dtypes": null}),
             pg(DType::Fp8E5M2, 16, Layout::Hnd, DType::I32),
             "KV_CACHE_DTYPE_UNSUPPORTED",
+        ),
+        (
+            "kv_cache_strides: contiguous (strided pages)",
+            json!({"kv_cache_strides": "contiguous"}),
+            strided_pages(pg(DType::F16, 16, Layout::Nhd, DType::I32), 2 * 16 * 8 * 128, 1),
+            "KV_CACHE_STRIDES_UNSUPPORTED",
+        ),
+        (
+            "kv_cache_strides: last_dim_contiguous",
+            json!({"kv_cache_strides": "last_dim_contiguous"}),
+            strided_pages(pg(DType::F16, 16, Layout::Nhd, DType::I32), 2 * 16 * 8 * 128, 2),
+            "KV_CACHE_STRIDES_UNSUPPORTED",
         ),
     ] {
         v.push(flip(name, patch, req, code));

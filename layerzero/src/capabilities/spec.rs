@@ -213,6 +213,47 @@ pub enum MaskName {
     Float,
 }
 
+/// An attention feature a call may use, for constraints on combinations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Feature {
+    /// `dropout_p > 0`.
+    Dropout,
+    /// tanh soft-capping.
+    Softcap,
+    /// A left sliding window.
+    Window,
+    /// Native ALiBi slopes.
+    Alibi,
+    /// An explicit mask tensor.
+    Mask,
+    /// Causal masking.
+    Causal,
+    /// A ragged batch (cu_seqlens).
+    Varlen,
+    /// A custom softmax scale.
+    CustomScale,
+    /// fp8 queries (e4m3 or e5m2).
+    Fp8,
+}
+
+impl Feature {
+    /// The stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Feature::Dropout => "dropout",
+            Feature::Softcap => "softcap",
+            Feature::Window => "window",
+            Feature::Alibi => "alibi",
+            Feature::Mask => "mask",
+            Feature::Causal => "causal",
+            Feature::Varlen => "varlen",
+            Feature::CustomScale => "custom_scale",
+            Feature::Fp8 => "fp8",
+        }
+    }
+}
+
 /// What strides a kernel accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -327,6 +368,10 @@ pub struct Constraints {
     /// Ragged batches through cu_seqlens.
     #[serde(default)]
     pub varlen: bool,
+    /// Pairs of features the kernel takes alone but rejects together in one call (FA2:
+    /// softcap with dropout).
+    #[serde(default)]
+    pub exclusive: Vec<[Feature; 2]>,
     // ---- layout ----
     /// Layout tags accepted for the data tensors that carry one.
     #[serde(default)]
@@ -347,6 +392,10 @@ pub struct Constraints {
     /// KV cache dtypes; absent means the cache must have the query's dtype.
     #[serde(default)]
     pub kv_cache_dtypes: Option<Vec<DType>>,
+    /// Stride rule of the KV caches (strided pages: a page stride larger than a page, as
+    /// in a cache carved from a larger pool); absent means any strides.
+    #[serde(default)]
+    pub kv_cache_strides: Option<StrideRule>,
     // ---- row-wise ops ----
     /// Range of the last (hidden) dimension.
     #[serde(default)]
@@ -408,6 +457,7 @@ pub(crate) fn fields_for_op(op: Op) -> &'static [&'static str] {
         "alibi",
         "custom_scale",
         "varlen",
+        "exclusive",
     ];
     const PAGED: &[&str] = &[
         "head_dim",
@@ -423,6 +473,8 @@ pub(crate) fn fields_for_op(op: Op) -> &'static [&'static str] {
         "block_table_dtypes",
         "kv_cache_layouts",
         "kv_cache_dtypes",
+        "kv_cache_strides",
+        "exclusive",
     ];
     match op {
         Op::Attention => ATTN,
@@ -471,6 +523,8 @@ pub(crate) fn declared_op_fields(c: &Constraints) -> Vec<&'static str> {
     add(c.block_table_dtypes.is_some(), "block_table_dtypes");
     add(c.kv_cache_layouts.is_some(), "kv_cache_layouts");
     add(c.kv_cache_dtypes.is_some(), "kv_cache_dtypes");
+    add(c.kv_cache_strides.is_some(), "kv_cache_strides");
+    add(!c.exclusive.is_empty(), "exclusive");
     add(c.hidden_size.is_some(), "hidden_size");
     add(c.fused_residual, "fused_residual");
     add(c.rope_styles.is_some(), "rope_styles");

@@ -2,8 +2,9 @@
 
 use super::Sink;
 use super::list;
-use crate::capabilities::spec::{Constraints, MaskName};
+use crate::capabilities::spec::{Constraints, Feature, MaskName, StrideRule};
 use crate::model::attrs::{AttentionAttrs, CausalAlignment};
+use crate::model::dtype::DType;
 use crate::model::problem::{AttentionDims, MaskKind, Problem};
 use crate::model::request::Request;
 use crate::reason::ReasonCode;
@@ -22,8 +23,9 @@ pub(super) fn check(c: &Constraints, req: &Request, problem: &Problem, out: &mut
     causal(c, a, d, out);
     mask(c, a, problem, d, out);
     features(c, a, d, out);
+    exclusive(c, a, problem, d, out);
     if let Some(p) = &d.paged {
-        paged(c, problem, d, p, out);
+        paged(c, req, problem, d, p, out);
     }
 }
 
@@ -199,8 +201,38 @@ fn features(c: &Constraints, a: &AttentionAttrs, d: &AttentionDims, out: &mut im
     }
 }
 
+/// Features the request uses together that the kernel rejects together.
+fn exclusive(c: &Constraints, a: &AttentionAttrs, problem: &Problem, d: &AttentionDims, out: &mut impl Sink) {
+    if c.exclusive.is_empty() {
+        return;
+    }
+    let uses = |f: Feature| match f {
+        Feature::Dropout => a.dropout_p > 0.0,
+        Feature::Softcap => a.softcap.is_some(),
+        Feature::Window => a.window_left.is_some(),
+        Feature::Alibi => a.alibi,
+        Feature::Mask => d.mask.is_some(),
+        Feature::Causal => a.causal,
+        Feature::Varlen => d.varlen,
+        Feature::CustomScale => a.scale.is_some(),
+        Feature::Fp8 => matches!(problem.dtype, DType::Fp8E4M3 | DType::Fp8E5M2),
+    };
+    for [x, y] in &c.exclusive {
+        if uses(*x) && uses(*y) {
+            out.reject(ReasonCode::FEATURES_EXCLUSIVE, || {
+                format!(
+                    "{} together with {}: the kernel takes each alone, not both in one call",
+                    x.as_str(),
+                    y.as_str()
+                )
+            });
+        }
+    }
+}
+
 fn paged(
     c: &Constraints,
+    req: &Request,
     problem: &Problem,
     d: &AttentionDims,
     p: &crate::model::problem::PagedDims,
@@ -235,6 +267,29 @@ fn paged(
         out.reject(ReasonCode::KV_CACHE_LAYOUT_UNSUPPORTED, || {
             format!("KV cache layout {} not in [{}]", p.kv_layout, list(layouts))
         });
+    }
+    if let Some(rule) = c.kv_cache_strides {
+        for name in ["k_cache", "v_cache"] {
+            let Some(t) = req.get(name) else { continue };
+            let bad = match rule {
+                StrideRule::Any => false,
+                StrideRule::LastDimContiguous => !t.last_dim_contiguous(),
+                StrideRule::Contiguous => !t.is_contiguous(),
+            };
+            if bad {
+                out.reject(ReasonCode::KV_CACHE_STRIDES_UNSUPPORTED, || {
+                    let need = match rule {
+                        StrideRule::Contiguous => "contiguous pages",
+                        _ => "stride(-1) == 1",
+                    };
+                    format!(
+                        "tensor `{name}` strides {:?} for shape {:?}; the kernel reads {need}",
+                        t.strides.as_deref().unwrap_or(&[]),
+                        t.shape
+                    )
+                });
+            }
+        }
     }
     match &c.kv_cache_dtypes {
         Some(dts) if !dts.contains(&d.kv_dtype) => out.reject(ReasonCode::KV_CACHE_DTYPE_UNSUPPORTED, || {
