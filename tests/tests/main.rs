@@ -5,6 +5,7 @@ mod cli_plans;
 mod concurrency;
 mod determinism;
 mod encoder_decoder;
+mod facts;
 mod failure_injection;
 mod faults;
 mod file_safety;

@@ -1,0 +1,231 @@
+//! Capability facts, each held to the upstream source line that justifies it: per backend, a
+//! request the shipped kernel accepts and one it rejects with the declared reason, through the
+//! shipped catalog in planning mode. A row without a source of the form
+//! `owner/repo@commit:path:line` is refused, and so is a shipped constraint of the kinds
+//! below (`exclusive`, `kv_cache_strides`, `gfx`) that no row covers: such a fact cannot be
+//! added without its source.
+
+use layerzero::model::attrs::AttentionAttrs;
+use layerzero::model::dtype::DType;
+use layerzero::model::layout::Layout;
+use layerzero::model::request::Request;
+use layerzero::model::tensor::TensorDesc;
+use layerzero_tests::{attention, catalog, codes, paged, planner, with_attrs};
+
+/// One fact: `kernel`'s `field` accepts `accepted` on `hardware.0` and rejects `rejected` on
+/// `hardware.1` with `code`, because of `source`.
+struct Fact {
+    kernel: &'static str,
+    field: &'static str,
+    source: &'static str,
+    hardware: (&'static str, &'static str),
+    accepted: Request,
+    rejected: Request,
+    code: &'static str,
+}
+
+const FLASH_ATTN: &str = "Dao-AILab/flash-attention@0251105a2fb19d2957484b7f023cd8c115286ced";
+const FLASHINFER: &str = "flashinfer-ai/flashinfer@fb28d7242b3506a2348265962041acc1fb56cca4";
+
+fn bf16(b: u64, sq: u64, sk: u64, hq: u64, hkv: u64, d: u64) -> Request {
+    attention(DType::BF16, b, sq, sk, hq, hkv, d)
+}
+
+fn attrs(req: Request, a: AttentionAttrs) -> Request {
+    with_attrs(req, a)
+}
+
+fn softcap(dropout_p: f64) -> AttentionAttrs {
+    AttentionAttrs { softcap: Some(30.0), dropout_p, ..AttentionAttrs::default() }
+}
+
+/// A bf16 paged decode on pages of `page` positions, the caches `page_stride` elements per
+/// page (`None`: contiguous) and `elem` apart.
+fn pages(page: u64, page_stride: Option<u64>, elem: u64) -> Request {
+    queries_on_pages(1, page, page_stride, elem)
+}
+
+/// [`pages`] with `seq_q` queries per sequence (a paged prefill when above 1).
+fn queries_on_pages(seq_q: u64, page: u64, page_stride: Option<u64>, elem: u64) -> Request {
+    let req = paged(DType::BF16, DType::BF16, 4, seq_q, 32, 8, 128, page, Layout::Nhd, DType::I32);
+    let Some(stride) = page_stride else { return req };
+    let cache = |name: &str| {
+        let t: TensorDesc = req.get(name).cloned().unwrap_or_else(|| panic!("{name}"));
+        t.with_strides([stride * elem, 8 * 128 * elem, 128 * elem, elem])
+    };
+    let (k, v) = (cache("k_cache"), cache("v_cache"));
+    req.tensor("k_cache", k).tensor("v_cache", v)
+}
+
+fn facts() -> Vec<Fact> {
+    let src = |repo: &'static str, rest: &'static str| -> &'static str {
+        Box::leak(format!("{repo}:{rest}").into_boxed_str())
+    };
+    vec![
+        Fact {
+            kernel: "flash_attn_2.attention.fwd",
+            field: "exclusive",
+            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:420"),
+            hardware: ("h100", "h100"),
+            accepted: attrs(bf16(2, 128, 128, 16, 16, 128), softcap(0.0)),
+            rejected: attrs(bf16(2, 128, 128, 16, 16, 128), softcap(0.1)),
+            code: "FEATURES_EXCLUSIVE",
+        },
+        Fact {
+            kernel: "flash_attn_2.attention.fwd",
+            field: "head_dim",
+            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:416"),
+            hardware: ("h100", "h100"),
+            accepted: bf16(2, 128, 128, 16, 16, 256),
+            rejected: bf16(2, 128, 128, 16, 16, 288),
+            code: "HEAD_DIM_TOO_LARGE",
+        },
+        Fact {
+            kernel: "flash_attn_2.attention.fwd",
+            field: "dtypes",
+            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:395"),
+            hardware: ("h100", "h100"),
+            accepted: bf16(2, 128, 128, 16, 16, 128),
+            rejected: attention(DType::F32, 2, 128, 128, 16, 16, 128),
+            code: "DTYPE_UNSUPPORTED",
+        },
+        Fact {
+            kernel: "flash_attn_2.attention.fwd",
+            field: "compute_capability",
+            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:391"),
+            hardware: ("a100", "t4"),
+            accepted: attention(DType::F16, 2, 128, 128, 16, 16, 128),
+            rejected: attention(DType::F16, 2, 128, 128, 16, 16, 128),
+            code: "COMPUTE_CAPABILITY_TOO_OLD",
+        },
+        Fact {
+            kernel: "flash_attn_2.paged_attention.kvcache",
+            field: "page_size",
+            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:1288"),
+            hardware: ("h100", "h100"),
+            accepted: pages(256, None, 1),
+            rejected: pages(16, None, 1),
+            code: "PAGE_SIZE_UNSUPPORTED",
+        },
+        Fact {
+            kernel: "flash_attn_2.paged_attention.kvcache",
+            field: "kv_cache_strides",
+            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:1443"),
+            hardware: ("h100", "h100"),
+            // Strided pages (K and V interleaved per page) are read in place; a strided last
+            // dim is not.
+            accepted: pages(256, Some(2 * 256 * 8 * 128), 1),
+            rejected: pages(256, Some(2 * 256 * 8 * 128), 2),
+            code: "KV_CACHE_STRIDES_UNSUPPORTED",
+        },
+        Fact {
+            kernel: "flashinfer.paged_attention.decode",
+            field: "kv_cache_strides",
+            source: src(FLASHINFER, "csrc/page.cu:29"),
+            hardware: ("h100", "h100"),
+            accepted: pages(16, Some(2 * 16 * 8 * 128), 1),
+            rejected: pages(16, Some(2 * 16 * 8 * 128), 2),
+            code: "KV_CACHE_STRIDES_UNSUPPORTED",
+        },
+        Fact {
+            kernel: "flashinfer.paged_attention.prefill",
+            field: "kv_cache_strides",
+            source: src(FLASHINFER, "csrc/page.cu:29"),
+            hardware: ("h100", "h100"),
+            accepted: queries_on_pages(4, 16, Some(2 * 16 * 8 * 128), 1),
+            rejected: queries_on_pages(4, 16, Some(2 * 16 * 8 * 128), 2),
+            code: "KV_CACHE_STRIDES_UNSUPPORTED",
+        },
+        Fact {
+            kernel: "flashinfer.paged_attention.prefill_fa3",
+            field: "kv_cache_strides",
+            source: src(FLASHINFER, "csrc/page.cu:29"),
+            hardware: ("h100", "h100"),
+            accepted: queries_on_pages(4, 16, Some(2 * 16 * 8 * 128), 1),
+            rejected: queries_on_pages(4, 16, Some(2 * 16 * 8 * 128), 2),
+            code: "KV_CACHE_STRIDES_UNSUPPORTED",
+        },
+        Fact {
+            kernel: "flash_attn_3.paged_attention.fwd",
+            field: "kv_cache_strides",
+            source: src(FLASH_ATTN, "hopper/flash_api.cpp:726"),
+            hardware: ("h100", "h100"),
+            accepted: queries_on_pages(4, 16, Some(2 * 16 * 8 * 128), 1),
+            rejected: queries_on_pages(4, 16, Some(2 * 16 * 8 * 128), 2),
+            code: "KV_CACHE_STRIDES_UNSUPPORTED",
+        },
+        Fact {
+            kernel: "flashinfer.paged_attention.decode",
+            field: "gqa",
+            source: src(FLASHINFER, "include/flashinfer/utils.cuh:141"),
+            hardware: ("h100", "h100"),
+            accepted: pages(16, None, 1),
+            rejected: paged(DType::BF16, DType::BF16, 4, 1, 40, 8, 128, 16, Layout::Nhd, DType::I32),
+            code: "GQA_GROUP_SIZE_UNSUPPORTED",
+        },
+        Fact {
+            kernel: "flashinfer.attention.decode",
+            field: "head_dim",
+            source: src(FLASHINFER, "include/flashinfer/attention/decode.cuh:671"),
+            hardware: ("h100", "h100"),
+            accepted: bf16(4, 1, 512, 32, 8, 128),
+            rejected: bf16(4, 1, 512, 32, 8, 96),
+            code: "HEAD_DIM_UNSUPPORTED",
+        },
+    ]
+}
+
+/// `owner/repo@<40 hex>:path:line`.
+fn well_formed(source: &str) -> bool {
+    let Some((repo, rest)) = source.split_once('@') else { return false };
+    let mut parts = rest.splitn(3, ':');
+    let (commit, path, line) = (parts.next(), parts.next(), parts.next());
+    repo.contains('/')
+        && commit.is_some_and(|c| c.len() == 40 && c.bytes().all(|b| b.is_ascii_hexdigit()))
+        && path.is_some_and(|p| !p.is_empty())
+        && line.is_some_and(|l| l.parse::<u32>().is_ok_and(|n| n > 0))
+}
+
+#[test]
+fn every_fact_accepts_and_rejects_as_its_upstream_line_says() {
+    let mut failures = Vec::new();
+    for f in facts() {
+        let what = format!("{} {} ({})", f.kernel, f.field, f.source);
+        if !well_formed(f.source) {
+            failures.push(format!("{what}: the source is not owner/repo@commit:path:line"));
+        }
+        let ok = planner(f.hardware.0).explain(&f.accepted);
+        let got = codes(&ok, f.kernel);
+        if !got.is_empty() {
+            failures.push(format!("{what}: the accepted request is rejected: {got:?}"));
+        }
+        let bad = planner(f.hardware.1).explain(&f.rejected);
+        let got = codes(&bad, f.kernel);
+        if !got.contains(&f.code) {
+            failures.push(format!("{what}: expected {} among {got:?}", f.code));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn no_shipped_fact_of_the_newer_kinds_lacks_a_row_with_its_source() {
+    const KINDS: [&str; 3] = ["exclusive", "kv_cache_strides", "gfx"];
+    let rows: Vec<(String, String)> = facts().iter().map(|f| (f.kernel.to_owned(), f.field.to_owned())).collect();
+    let cat = catalog();
+    let mut missing = Vec::new();
+    for (_, _, k) in cat.kernels() {
+        let declared = serde_json::to_value(&k.constraints).unwrap_or_default();
+        for kind in KINDS {
+            let present = match declared.get(kind) {
+                None | Some(serde_json::Value::Null) => false,
+                Some(serde_json::Value::Array(a)) => !a.is_empty(),
+                Some(_) => true,
+            };
+            if present && !rows.contains(&(k.id.clone(), kind.to_owned())) {
+                missing.push(format!("{} declares {kind} without a fact row", k.id));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+}
