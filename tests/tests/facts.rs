@@ -33,6 +33,7 @@ struct Fact {
 const FLASH_ATTN: &str = "Dao-AILab/flash-attention@0251105a2fb19d2957484b7f023cd8c115286ced";
 const FLASHINFER: &str = "flashinfer-ai/flashinfer@fb28d7242b3506a2348265962041acc1fb56cca4";
 const AOTRITON: &str = "ROCm/aotriton@6e00ef3e335b45dfb49065259533b59c68995bfe";
+const XFORMERS: &str = "facebookresearch/xformers@bed3978b5efc34b92a84e6116b01f598d83b8af1";
 
 /// An MI300X with another gfx target (`gfx908`: an MI100, which no ROCm kernel here is built
 /// for), as a hardware name the facts' planner understands.
@@ -267,6 +268,61 @@ fn facts() -> Vec<Fact> {
             accepted: bf16(2, 128, 128, 16, 16, 128),
             rejected: bf16(2, 128, 128, 16, 16, 128),
             code: "GFX_ARCH_UNSUPPORTED",
+        },
+        Fact {
+            kernel: "flashinfer.attention.prefill_fa3",
+            field: "exclusive",
+            source: src(FLASHINFER, "flashinfer/prefill.py:1376"),
+            hardware: ("h100", "h100"),
+            accepted: attention(DType::Fp8E4M3, 2, 128, 128, 16, 16, 128),
+            rejected: attrs(
+                attention(DType::Fp8E4M3, 2, 128, 128, 16, 16, 128),
+                AttentionAttrs { causal: true, window_left: Some(64), ..AttentionAttrs::default() },
+            ),
+            code: "FEATURES_EXCLUSIVE",
+        },
+        Fact {
+            // The window alone is taken; only with fp8 queries is it refused.
+            kernel: "flashinfer.attention.prefill_fa3",
+            field: "window",
+            source: src(FLASHINFER, "include/flashinfer/attention/hopper/prefill_sm90.cuh:251"),
+            hardware: ("h100", "h100"),
+            accepted: attrs(
+                bf16(2, 128, 128, 16, 16, 128),
+                AttentionAttrs { causal: true, window_left: Some(64), ..AttentionAttrs::default() },
+            ),
+            rejected: attrs(
+                attention(DType::Fp8E4M3, 2, 128, 128, 16, 16, 128),
+                AttentionAttrs { causal: true, window_left: Some(64), ..AttentionAttrs::default() },
+            ),
+            code: "FEATURES_EXCLUSIVE",
+        },
+        Fact {
+            kernel: "flashinfer.attention.prefill",
+            field: "masks",
+            source: src(FLASHINFER, "flashinfer/utils.py:43"),
+            hardware: ("h100", "h100"),
+            accepted: bf16(2, 128, 128, 16, 16, 128).tensor("mask", TensorDesc::new(DType::Bool, [2, 16, 128, 128])),
+            rejected: bf16(2, 128, 128, 16, 16, 128).tensor("mask", TensorDesc::new(DType::BF16, [2, 16, 128, 128])),
+            code: "MASK_UNSUPPORTED",
+        },
+        Fact {
+            kernel: "xformers.attention.cutlass",
+            field: "masks",
+            source: src(XFORMERS, "xformers/ops/fmha/cutlass.py:174"),
+            hardware: ("h100", "h100"),
+            accepted: bf16(2, 128, 128, 16, 16, 128).tensor("mask", TensorDesc::new(DType::BF16, [2, 16, 128, 128])),
+            rejected: bf16(2, 128, 128, 16, 16, 128).tensor("mask", TensorDesc::new(DType::Bool, [2, 16, 128, 128])),
+            code: "MASK_UNSUPPORTED",
+        },
+        Fact {
+            kernel: "xformers.attention.cutlass",
+            field: "compute_capability",
+            source: src(XFORMERS, "xformers/ops/fmha/cutlass.py:170"),
+            hardware: ("h100", "b200"),
+            accepted: bf16(2, 128, 128, 16, 16, 128),
+            rejected: bf16(2, 128, 128, 16, 16, 128),
+            code: "COMPUTE_CAPABILITY_TOO_NEW",
         },
         Fact {
             kernel: "flashinfer.attention.decode",
