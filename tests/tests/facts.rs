@@ -107,7 +107,7 @@ fn facts() -> Vec<Fact> {
         Fact {
             kernel: "flash_attn_2.attention.fwd",
             field: "dtypes",
-            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:395"),
+            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:396"),
             hardware: ("h100", "h100"),
             accepted: bf16(2, 128, 128, 16, 16, 128),
             rejected: attention(DType::F32, 2, 128, 128, 16, 16, 128),
@@ -116,7 +116,7 @@ fn facts() -> Vec<Fact> {
         Fact {
             kernel: "flash_attn_2.attention.fwd",
             field: "compute_capability",
-            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:391"),
+            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:393"),
             hardware: ("a100", "t4"),
             accepted: attention(DType::F16, 2, 128, 128, 16, 16, 128),
             rejected: attention(DType::F16, 2, 128, 128, 16, 16, 128),
@@ -125,7 +125,7 @@ fn facts() -> Vec<Fact> {
         Fact {
             kernel: "flash_attn_2.paged_attention.kvcache",
             field: "page_size",
-            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:1288"),
+            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:1305"),
             hardware: ("h100", "h100"),
             accepted: pages(256, None, 1),
             rejected: pages(16, None, 1),
@@ -134,7 +134,7 @@ fn facts() -> Vec<Fact> {
         Fact {
             kernel: "flash_attn_2.paged_attention.kvcache",
             field: "kv_cache_strides",
-            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:1443"),
+            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:1282"),
             hardware: ("h100", "h100"),
             // Strided pages (K and V interleaved per page) are read in place; a strided last
             // dim is not.
@@ -145,7 +145,7 @@ fn facts() -> Vec<Fact> {
         Fact {
             kernel: "flashinfer.paged_attention.decode",
             field: "kv_cache_strides",
-            source: src(FLASHINFER, "csrc/page.cu:29"),
+            source: src(FLASHINFER, "csrc/page.cu:34"),
             hardware: ("h100", "h100"),
             accepted: pages(16, Some(2 * 16 * 8 * 128), 1),
             rejected: pages(16, Some(2 * 16 * 8 * 128), 2),
@@ -154,7 +154,7 @@ fn facts() -> Vec<Fact> {
         Fact {
             kernel: "flashinfer.paged_attention.prefill",
             field: "kv_cache_strides",
-            source: src(FLASHINFER, "csrc/page.cu:29"),
+            source: src(FLASHINFER, "csrc/page.cu:34"),
             hardware: ("h100", "h100"),
             accepted: queries_on_pages(4, 16, Some(2 * 16 * 8 * 128), 1),
             rejected: queries_on_pages(4, 16, Some(2 * 16 * 8 * 128), 2),
@@ -163,7 +163,7 @@ fn facts() -> Vec<Fact> {
         Fact {
             kernel: "flashinfer.paged_attention.prefill_fa3",
             field: "kv_cache_strides",
-            source: src(FLASHINFER, "csrc/page.cu:29"),
+            source: src(FLASHINFER, "csrc/page.cu:34"),
             hardware: ("h100", "h100"),
             accepted: queries_on_pages(4, 16, Some(2 * 16 * 8 * 128), 1),
             rejected: queries_on_pages(4, 16, Some(2 * 16 * 8 * 128), 2),
@@ -181,7 +181,7 @@ fn facts() -> Vec<Fact> {
         Fact {
             kernel: "flashinfer.paged_attention.decode",
             field: "gqa",
-            source: src(FLASHINFER, "include/flashinfer/utils.cuh:141"),
+            source: src(FLASHINFER, "include/flashinfer/utils.cuh:142"),
             hardware: ("h100", "h100"),
             accepted: pages(16, None, 1),
             rejected: paged(DType::BF16, DType::BF16, 4, 1, 40, 8, 128, 16, Layout::Nhd, DType::I32),
@@ -190,7 +190,7 @@ fn facts() -> Vec<Fact> {
         Fact {
             kernel: "flash_attn_2.attention.fwd_ck",
             field: "gfx",
-            source: src(FLASH_ATTN, "setup.py:215"),
+            source: src(FLASH_ATTN, "setup.py:217"),
             hardware: ("mi300x", MI100ISH),
             accepted: bf16(2, 128, 128, 32, 8, 128),
             rejected: bf16(2, 128, 128, 32, 8, 128),
@@ -219,7 +219,7 @@ fn facts() -> Vec<Fact> {
         Fact {
             kernel: "flash_attn_2.paged_attention.kvcache_ck",
             field: "gfx",
-            source: src(FLASH_ATTN, "setup.py:215"),
+            source: src(FLASH_ATTN, "setup.py:217"),
             hardware: ("mi300x", MI100ISH),
             accepted: pages(128, None, 1),
             rejected: pages(128, None, 1),
