@@ -48,9 +48,10 @@ fn every_shipped_hardware_profile_validates_and_loads_by_name() {
     let files = json_files("capabilities/hardware");
     let names = named::builtin_names();
     assert_eq!(files.len(), names.len(), "every profile file is compiled in");
-    for required in
-        ["t4", "a100", "a10", "l4", "rtx4090", "h100", "h200", "b200", "mi300x", "zen3", "icx", "zen4", "spr"]
-    {
+    for required in [
+        "t4", "a100", "a10", "l4", "rtx4090", "h100", "h200", "b200", "mi250x", "mi300x", "mi355x", "zen3", "icx",
+        "zen4", "spr",
+    ] {
         assert!(names.contains(&required), "missing profile {required}");
         let p = named::load(required).unwrap_or_else(|e| panic!("{required}: {e}"));
         assert_eq!(p.fingerprint.len(), 16);

@@ -12,8 +12,10 @@ macro_rules! shipped {
 }
 
 /// Every shipped profile file, sorted by file name: `(file name, text)`.
-static FILES: &[(&str, &str)] =
-    shipped!("a10", "a100", "b200", "h100", "h200", "icx", "l4", "mi300x", "rtx4090", "spr", "t4", "zen3", "zen4",);
+static FILES: &[(&str, &str)] = shipped!(
+    "a10", "a100", "b200", "h100", "h200", "icx", "l4", "mi250x", "mi300x", "mi355x", "rtx4090", "spr", "t4", "zen3",
+    "zen4",
+);
 
 /// The shipped profile files: `(file name such as "h100.json", JSON text)`, sorted by name.
 pub fn builtin_files() -> &'static [(&'static str, &'static str)] {
@@ -102,12 +104,14 @@ mod tests {
 
     #[test]
     fn gpu_profiles_put_the_gpu_first_and_a_host_cpu_last() {
-        for name in ["t4", "a100", "a10", "l4", "rtx4090", "h100", "h200", "b200", "mi300x"] {
+        for name in ["t4", "a100", "a10", "l4", "rtx4090", "h100", "h200", "b200", "mi250x", "mi300x", "mi355x"] {
             let p = load(name).unwrap();
             assert_ne!(p.primary().kind, DeviceKind::Cpu, "{name}");
             assert_eq!(p.devices.last().map(|d| d.kind), Some(DeviceKind::Cpu), "{name}");
         }
-        assert_eq!(load("mi300x").unwrap().primary().gfx.as_deref(), Some("gfx942"));
+        for (name, gfx) in [("mi250x", "gfx90a"), ("mi300x", "gfx942"), ("mi355x", "gfx950")] {
+            assert_eq!(load(name).unwrap().primary().gfx.as_deref(), Some(gfx), "{name}");
+        }
         assert_eq!(load("h100").unwrap().primary().compute_capability.map(|c| c.to_string()), Some("9.0".into()));
     }
 
