@@ -670,6 +670,69 @@ fn facts() -> Vec<Fact> {
             rejected: Some((bf16(2, 128, 128, 16, 16, 128), "COMPUTE_CAPABILITY_TOO_NEW")),
         },
         Fact {
+            kernel: "xformers.attention.cutlass",
+            field: "dtypes",
+            source: src(XFORMERS, "xformers/ops/fmha/cutlass.py:172"),
+            hardware: ("h100", "h100"),
+            accepted: attention(DType::F32, 2, 128, 128, 16, 16, 128),
+            rejected: Some((attention(DType::Fp8E4M3, 2, 128, 128, 16, 16, 128), "DTYPE_UNSUPPORTED")),
+        },
+        Fact {
+            kernel: "xformers.attention.cutlass",
+            field: "dtype_requirements",
+            source: src(XFORMERS, "xformers/ops/fmha/common.py:494"),
+            hardware: ("a100", "t4"),
+            accepted: bf16(2, 128, 128, 16, 16, 128),
+            rejected: Some((bf16(2, 128, 128, 16, 16, 128), "DTYPE_UNSUPPORTED_ON_HARDWARE")),
+        },
+        Fact {
+            kernel: "xformers.attention.cutlass",
+            field: "dropout",
+            source: src(XFORMERS, "xformers/ops/fmha/cutlass.py:188"),
+            hardware: ("h100", "h100"),
+            accepted: attrs(
+                bf16(2, 128, 128, 16, 16, 128),
+                AttentionAttrs { dropout_p: 0.1, ..AttentionAttrs::default() },
+            ),
+            rejected: None,
+        },
+        Fact {
+            kernel: "xformers.attention.cutlass",
+            field: "custom_scale",
+            source: src(XFORMERS, "xformers/ops/fmha/cutlass.py:189"),
+            hardware: ("h100", "h100"),
+            accepted: attrs(
+                bf16(2, 128, 128, 16, 16, 128),
+                AttentionAttrs { scale: Some(0.05), ..AttentionAttrs::default() },
+            ),
+            rejected: None,
+        },
+        Fact {
+            kernel: "xformers.attention.cutlass",
+            field: "different_v_head_dim",
+            source: src(XFORMERS, "xformers/ops/fmha/cutlass.py:190"),
+            hardware: ("h100", "h100"),
+            accepted: bf16(2, 128, 128, 16, 16, 128)
+                .tensor("v", TensorDesc::new(DType::BF16, [2, 128, 16, 64]).with_layout(Layout::Bshd)),
+            rejected: None,
+        },
+        Fact {
+            kernel: "xformers.attention.cutlass",
+            field: "strides",
+            source: src(XFORMERS, "xformers/ops/fmha/common.py:588"),
+            hardware: ("h100", "h100"),
+            accepted: bf16(2, 128, 128, 16, 16, 128),
+            rejected: Some((
+                bf16(2, 128, 128, 16, 16, 128).tensor(
+                    "v",
+                    TensorDesc::new(DType::BF16, [2, 128, 16, 128])
+                        .with_layout(Layout::Bshd)
+                        .with_strides([524288, 4096, 256, 2]),
+                ),
+                "LAST_DIM_NOT_CONTIGUOUS",
+            )),
+        },
+        Fact {
             kernel: "flashinfer.attention.decode",
             field: "head_dim",
             source: src(FLASHINFER, "include/flashinfer/attention/decode.cuh:671"),
