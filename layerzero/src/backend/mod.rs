@@ -4,6 +4,7 @@
 pub mod cpu;
 pub mod cpu_reference;
 pub mod cuda;
+mod gpus;
 pub mod library;
 pub mod onednn;
 pub mod rocm;

@@ -32,7 +32,7 @@
 //! 2 x 2619 MHz x 5120 bit / 8 = 3352 GB/s; RTX 4090: 2 x 10501 MHz x 384 / 8 = 1008 GB/s).
 
 use std::collections::BTreeMap;
-use std::panic::{self, AssertUnwindSafe};
+use std::panic;
 
 use cudarc::driver::CudaContext;
 use cudarc::driver::sys::CUdevice_attribute;
@@ -187,24 +187,7 @@ pub fn probe_gpus_with_notes() -> Result<(Vec<DeviceProfile>, Vec<String>), Stri
     if count <= 0 {
         return Err("NVIDIA driver present but no CUDA device".to_owned());
     }
-    let mut devices = Vec::new();
-    let mut notes = Vec::new();
-    for ordinal in 0..count as usize {
-        let mut dev_notes = Vec::new();
-        match panic::catch_unwind(AssertUnwindSafe(|| read_device(ordinal, &mut dev_notes))) {
-            Ok(Ok(d)) => {
-                devices.push(d);
-                notes.append(&mut dev_notes);
-            }
-            Ok(Err(e)) => notes.push(e),
-            Err(p) => notes.push(format!("cuda:{ordinal}: probing panicked: {}", panic_text(p.as_ref()))),
-        }
-    }
-    if devices.is_empty() {
-        let why = if notes.is_empty() { String::new() } else { format!(": {}", notes.join("; ")) };
-        return Err(format!("{count} CUDA device(s) reported but none could be read{why}"));
-    }
-    Ok((devices, notes))
+    super::super::gpus::read_all("cuda", count as usize, read_device)
 }
 
 /// The NVIDIA GPUs of this host. `Err(reason)` when there is no driver or no device.

@@ -23,7 +23,7 @@
 //! HIP reports them (not checked against a device here: none was at hand).
 
 use std::collections::BTreeMap;
-use std::panic::{self, AssertUnwindSafe};
+use std::panic;
 
 use crate::exec::executor::panic_text;
 use crate::hardware::profile::{CpuFeatures, DeviceProfile};
@@ -132,23 +132,7 @@ pub fn probe_gpus_with_notes() -> Result<(Vec<DeviceProfile>, Vec<String>), Stri
     if count <= 0 {
         return Err("ROCm present but no AMD GPU".to_owned());
     }
-    let mut devices = Vec::new();
-    let mut notes = Vec::new();
-    for ordinal in 0..count {
-        let mut dev_notes = Vec::new();
-        match panic::catch_unwind(AssertUnwindSafe(|| read_device(ordinal, &mut dev_notes))) {
-            Ok(Ok(d)) => {
-                devices.push(d);
-                notes.append(&mut dev_notes);
-            }
-            Ok(Err(e)) => notes.push(e),
-            Err(p) => notes.push(format!("rocm:{ordinal}: probing panicked: {}", panic_text(p.as_ref()))),
-        }
-    }
-    if devices.is_empty() {
-        return Err(format!("{count} AMD GPU(s) reported but none could be read: {}", notes.join("; ")));
-    }
-    Ok((devices, notes))
+    super::super::gpus::read_all("rocm", count as usize, |ordinal, notes| read_device(ordinal as i32, notes))
 }
 
 #[cfg(test)]
