@@ -11,9 +11,10 @@ use std::sync::Arc;
 
 use layerzero::hardware::named;
 use layerzero::hardware::profile::HardwareProfile;
-use layerzero::model::attrs::{AttentionAttrs, CausalAlignment};
+use layerzero::model::attrs::{AttentionAttrs, Attrs, CausalAlignment, NormAttrs, RopeAttrs, RopeStyle, SwigluAttrs};
 use layerzero::model::dtype::DType;
 use layerzero::model::layout::Layout;
+use layerzero::model::op::Op;
 use layerzero::model::request::Request;
 use layerzero::model::tensor::TensorDesc;
 use layerzero::select::Selector;
@@ -35,6 +36,24 @@ const FLASH_ATTN: &str = "Dao-AILab/flash-attention@0251105a2fb19d2957484b7f023c
 const FLASHINFER: &str = "flashinfer-ai/flashinfer@fb28d7242b3506a2348265962041acc1fb56cca4";
 const AOTRITON: &str = "ROCm/aotriton@6e00ef3e335b45dfb49065259533b59c68995bfe";
 const XFORMERS: &str = "facebookresearch/xformers@bed3978b5efc34b92a84e6116b01f598d83b8af1";
+const LIGER: &str = "linkedin/Liger-Kernel@ead96b618e5c67bddc6a6e9bcb99bfe6b5ab661c";
+
+/// A bf16 row-wise request of `op` over `[64, hidden]` (`x` and a `[hidden]` weight for the
+/// norms; `x` alone for SwiGLU's split form, whose `hidden` holds both halves).
+fn rows_of(op: Op, attrs: Attrs, hidden: u64) -> Request {
+    let req = Request::new(op).attrs(attrs).tensor("x", TensorDesc::new(DType::BF16, [64, hidden]));
+    match op {
+        Op::RmsNorm => req.tensor("weight", TensorDesc::new(DType::BF16, [hidden])),
+        _ => req,
+    }
+}
+
+/// A bf16 RoPE request on `[1, 16, 8, 128]` queries in `style`.
+fn rope_of(style: RopeStyle) -> Request {
+    Request::new(Op::Rope)
+        .attrs(Attrs::Rope(RopeAttrs { style, ..RopeAttrs::default() }))
+        .tensor("q", TensorDesc::new(DType::BF16, [1, 16, 8, 128]).with_layout(Layout::Bshd))
+}
 
 /// An MI300X with another gfx target (`gfx908`: an MI100, which no ROCm kernel here is built
 /// for), as a hardware name the facts' planner understands.
@@ -731,6 +750,60 @@ fn facts() -> Vec<Fact> {
                 ),
                 "LAST_DIM_NOT_CONTIGUOUS",
             )),
+        },
+        Fact {
+            kernel: "liger.rms_norm.triton",
+            field: "hidden_size",
+            source: src(LIGER, "src/liger_kernel/ops/utils.py:62"),
+            hardware: ("h100", "h100"),
+            accepted: rows_of(Op::RmsNorm, Attrs::Norm(NormAttrs::default()), 65536),
+            rejected: Some((rows_of(Op::RmsNorm, Attrs::Norm(NormAttrs::default()), 65537), "HIDDEN_SIZE_UNSUPPORTED")),
+        },
+        Fact {
+            // `ensure_contiguous` copies inside the library: any strides are taken as given.
+            kernel: "liger.rms_norm.triton",
+            field: "strides",
+            source: src(LIGER, "src/liger_kernel/ops/utils.py:44"),
+            hardware: ("h100", "h100"),
+            accepted: rows_of(Op::RmsNorm, Attrs::Norm(NormAttrs::default()), 4096)
+                .tensor("x", TensorDesc::new(DType::BF16, [64, 4096]).with_strides([8192, 2])),
+            rejected: None,
+        },
+        Fact {
+            kernel: "liger.swiglu.triton",
+            field: "hidden_size",
+            source: src(LIGER, "src/liger_kernel/ops/utils.py:62"),
+            hardware: ("h100", "h100"),
+            accepted: rows_of(Op::Swiglu, Attrs::Swiglu(SwigluAttrs { split: true }), 2 * 65536),
+            rejected: Some((
+                rows_of(Op::Swiglu, Attrs::Swiglu(SwigluAttrs { split: true }), 2 * 65540),
+                "HIDDEN_SIZE_UNSUPPORTED",
+            )),
+        },
+        Fact {
+            kernel: "liger.swiglu.triton",
+            field: "glu_forms",
+            source: src(LIGER, "src/liger_kernel/ops/swiglu.py:410"),
+            hardware: ("h100", "h100"),
+            accepted: rows_of(Op::Swiglu, Attrs::Swiglu(SwigluAttrs { split: true }), 8192),
+            rejected: None,
+        },
+        Fact {
+            kernel: "liger.swiglu.triton",
+            field: "strides",
+            source: src(LIGER, "src/liger_kernel/ops/swiglu.py:419"),
+            hardware: ("h100", "h100"),
+            accepted: rows_of(Op::Swiglu, Attrs::Swiglu(SwigluAttrs { split: true }), 8192)
+                .tensor("x", TensorDesc::new(DType::BF16, [64, 8192]).with_strides([16384, 2])),
+            rejected: None,
+        },
+        Fact {
+            kernel: "liger.rope.triton",
+            field: "rope_styles",
+            source: src(LIGER, "src/liger_kernel/ops/rope.py:92"),
+            hardware: ("h100", "h100"),
+            accepted: rope_of(RopeStyle::RotateHalf),
+            rejected: Some((rope_of(RopeStyle::Interleaved), "ATTR_UNSUPPORTED")),
         },
         Fact {
             kernel: "flashinfer.attention.decode",
