@@ -37,6 +37,14 @@ const FLASHINFER: &str = "flashinfer-ai/flashinfer@fb28d7242b3506a2348265962041a
 const AOTRITON: &str = "ROCm/aotriton@6e00ef3e335b45dfb49065259533b59c68995bfe";
 const XFORMERS: &str = "facebookresearch/xformers@bed3978b5efc34b92a84e6116b01f598d83b8af1";
 const LIGER: &str = "linkedin/Liger-Kernel@ead96b618e5c67bddc6a6e9bcb99bfe6b5ab661c";
+const ZENDNN: &str = "amd/ZenDNN@7b8c02fb3c2bbff7ce7a1e9d5f936c05d9459f5b";
+
+/// A `[64, 4096] x [4096, 4096]` linear request in `dtype`.
+fn linear_of(dtype: DType) -> Request {
+    Request::new(Op::Linear)
+        .tensor("x", TensorDesc::new(dtype, [64, 4096]))
+        .tensor("weight", TensorDesc::new(dtype, [4096, 4096]).with_layout(Layout::Nt))
+}
 
 /// A bf16 row-wise request of `op` over `[64, hidden]` (`x` and a `[hidden]` weight for the
 /// norms; `x` alone for SwiGLU's split form, whose `hidden` holds both halves).
@@ -804,6 +812,72 @@ fn facts() -> Vec<Fact> {
             hardware: ("h100", "h100"),
             accepted: rope_of(RopeStyle::RotateHalf),
             rejected: Some((rope_of(RopeStyle::Interleaved), "ATTR_UNSUPPORTED")),
+        },
+        Fact {
+            kernel: "zendnn.attention.flash_sdpa",
+            field: "dtype_requirements",
+            source: src(ZENDNN, "zendnnl/src/lowoha_operators/sdpa/flash_sdpa/lowoha_sdpa_flash_cpu.cpp:829"),
+            hardware: ("spr", "zen4"),
+            accepted: attention(DType::F16, 1, 256, 256, 16, 16, 64),
+            rejected: Some((attention(DType::F16, 1, 256, 256, 16, 16, 64), "DTYPE_UNSUPPORTED_ON_HARDWARE")),
+        },
+        Fact {
+            kernel: "zendnn.attention.flash_sdpa",
+            field: "dtypes",
+            source: src(ZENDNN, "zendnnl/src/lowoha_operators/sdpa/flash_sdpa/lowoha_flash_sdpa_utils.cpp:30"),
+            hardware: ("zen4", "zen4"),
+            accepted: attention(DType::BF16, 1, 256, 256, 16, 16, 64),
+            rejected: Some((attention(DType::Fp8E4M3, 1, 256, 256, 16, 16, 64), "DTYPE_UNSUPPORTED")),
+        },
+        Fact {
+            kernel: "zendnn.attention.flash_sdpa",
+            field: "causal",
+            source: src(ZENDNN, "zendnnl/src/lowoha_operators/sdpa/flash_sdpa/lowoha_sdpa_flash_cpu.cpp:673"),
+            hardware: ("zen4", "zen4"),
+            accepted: attrs(
+                attention(DType::BF16, 1, 128, 256, 16, 16, 64),
+                AttentionAttrs {
+                    causal: true,
+                    causal_alignment: CausalAlignment::TopLeft,
+                    ..AttentionAttrs::default()
+                },
+            ),
+            rejected: Some((
+                attrs(attention(DType::BF16, 1, 128, 256, 16, 16, 64), layerzero_tests::causal()),
+                "CAUSAL_ALIGNMENT_UNSUPPORTED",
+            )),
+        },
+        Fact {
+            kernel: "zendnn.attention.flash_sdpa",
+            field: "strides",
+            source: src(ZENDNN, "zendnnl/src/lowoha_operators/sdpa/flash_sdpa/lowoha_flash_sdpa_utils.cpp:70"),
+            hardware: ("zen4", "zen4"),
+            accepted: attention(DType::BF16, 1, 256, 256, 16, 16, 64),
+            rejected: Some((
+                attention(DType::BF16, 1, 256, 256, 16, 16, 64).tensor(
+                    "v",
+                    TensorDesc::new(DType::BF16, [1, 256, 16, 64])
+                        .with_layout(Layout::Bshd)
+                        .with_strides([524288, 2048, 128, 2]),
+                ),
+                "LAST_DIM_NOT_CONTIGUOUS",
+            )),
+        },
+        Fact {
+            kernel: "zendnn.linear.matmul",
+            field: "dtype_requirements",
+            source: src(ZENDNN, "zendnnl/src/lowoha_operators/matmul/lowoha_matmul.cpp:301"),
+            hardware: ("spr", "zen4"),
+            accepted: linear_of(DType::F16),
+            rejected: Some((linear_of(DType::F16), "DTYPE_UNSUPPORTED_ON_HARDWARE")),
+        },
+        Fact {
+            kernel: "zendnn.linear.matmul",
+            field: "weight_layouts",
+            source: src(ZENDNN, "zendnnl/src/lowoha_operators/matmul/lowoha_matmul.cpp:37"),
+            hardware: ("zen4", "zen4"),
+            accepted: linear_of(DType::BF16),
+            rejected: None,
         },
         Fact {
             kernel: "flashinfer.attention.decode",
