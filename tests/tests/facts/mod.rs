@@ -1,0 +1,257 @@
+//! Capability facts, each held to the upstream source line that justifies it: per backend, a
+//! request the shipped kernel accepts and one it rejects with the declared reason, through the
+//! shipped catalog in planning mode. A row's source must read `owner/repo@commit:path:line`.
+//! Every constraint a shipped capability file declares needs a row, or an entry in
+//! `tests/data/facts_pending.json`: the facts written before this table, not yet held to a
+//! line. That list may only shrink, and facts of the kinds added with their sources
+//! (`exclusive`, `kv_cache_strides`, `gfx`) are never on it: a new fact cannot land without
+//! its source.
+
+mod flash_attn;
+mod flashinfer;
+mod others;
+mod rocm;
+
+use std::sync::Arc;
+
+use layerzero::hardware::named;
+use layerzero::hardware::profile::HardwareProfile;
+use layerzero::model::attrs::{AttentionAttrs, Attrs, CausalAlignment, NormAttrs, RopeAttrs, RopeStyle, SwigluAttrs};
+use layerzero::model::dtype::DType;
+use layerzero::model::layout::Layout;
+use layerzero::model::op::Op;
+use layerzero::model::request::Request;
+use layerzero::model::tensor::TensorDesc;
+use layerzero::select::Selector;
+use layerzero_tests::{attention, catalog, codes, paged, with_attrs};
+
+/// One fact: `kernel`'s `field` accepts `accepted` on `hardware.0` and rejects `rejected.0` on
+/// `hardware.1` with the code `rejected.1`, because of `source`. A feature the kernel takes
+/// (`dropout: true`) has no request of its own to reject: `rejected` is `None`.
+struct Fact {
+    kernel: &'static str,
+    field: &'static str,
+    source: &'static str,
+    hardware: (&'static str, &'static str),
+    accepted: Request,
+    rejected: Option<(Request, &'static str)>,
+}
+
+const FLASH_ATTN: &str = "Dao-AILab/flash-attention@0251105a2fb19d2957484b7f023cd8c115286ced";
+const FLASHINFER: &str = "flashinfer-ai/flashinfer@fb28d7242b3506a2348265962041acc1fb56cca4";
+const AOTRITON: &str = "ROCm/aotriton@6e00ef3e335b45dfb49065259533b59c68995bfe";
+const XFORMERS: &str = "facebookresearch/xformers@bed3978b5efc34b92a84e6116b01f598d83b8af1";
+const LIGER: &str = "linkedin/Liger-Kernel@ead96b618e5c67bddc6a6e9bcb99bfe6b5ab661c";
+const ZENDNN: &str = "amd/ZenDNN@7b8c02fb3c2bbff7ce7a1e9d5f936c05d9459f5b";
+
+/// A `[64, 4096] x [4096, 4096]` linear request in `dtype`.
+fn linear_of(dtype: DType) -> Request {
+    Request::new(Op::Linear)
+        .tensor("x", TensorDesc::new(dtype, [64, 4096]))
+        .tensor("weight", TensorDesc::new(dtype, [4096, 4096]).with_layout(Layout::Nt))
+}
+
+/// A bf16 row-wise request of `op` over `[64, hidden]` (`x` and a `[hidden]` weight for the
+/// norms; `x` alone for SwiGLU's split form, whose `hidden` holds both halves).
+fn rows_of(op: Op, attrs: Attrs, hidden: u64) -> Request {
+    let req = Request::new(op).attrs(attrs).tensor("x", TensorDesc::new(DType::BF16, [64, hidden]));
+    match op {
+        Op::RmsNorm => req.tensor("weight", TensorDesc::new(DType::BF16, [hidden])),
+        _ => req,
+    }
+}
+
+/// A bf16 RoPE request on `[1, 16, 8, 128]` queries in `style`.
+fn rope_of(style: RopeStyle) -> Request {
+    Request::new(Op::Rope)
+        .attrs(Attrs::Rope(RopeAttrs { style, ..RopeAttrs::default() }))
+        .tensor("q", TensorDesc::new(DType::BF16, [1, 16, 8, 128]).with_layout(Layout::Bshd))
+}
+
+/// An MI300X with another gfx target (`gfx908`: an MI100, which no ROCm kernel here is built
+/// for), as a hardware name the facts' planner understands.
+const MI100ISH: &str = "mi300x@gfx908";
+
+/// A planning selector for a named profile, or `name@gfx` for that profile with its GPU's
+/// gfx target replaced, under a policy without implicit adaptations: a fact is what the kernel
+/// takes as given, not after a copy.
+fn plan(hw: &str) -> Selector {
+    let (name, gfx) = hw.split_once('@').map_or((hw, None), |(n, g)| (n, Some(g)));
+    let mut p = named::load(name).unwrap_or_else(|e| panic!("{e}"));
+    let policy = layerzero_tests::policy(r#"{"schema_version": 1, "allow_adaptation": false}"#);
+    let Some(gfx) = gfx else {
+        return Selector::planning(catalog(), Arc::new(p), Arc::new(policy)).unwrap_or_else(|e| panic!("{e}"));
+    };
+    p.devices[0].gfx = Some(gfx.to_owned());
+    let p = HardwareProfile::new(format!("{name} as {gfx}"), p.description.clone(), p.devices);
+    Selector::planning(catalog(), Arc::new(p), Arc::new(policy)).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn bf16(b: u64, sq: u64, sk: u64, hq: u64, hkv: u64, d: u64) -> Request {
+    attention(DType::BF16, b, sq, sk, hq, hkv, d)
+}
+
+fn attrs(req: Request, a: AttentionAttrs) -> Request {
+    with_attrs(req, a)
+}
+
+fn softcap(dropout_p: f64) -> AttentionAttrs {
+    AttentionAttrs { softcap: Some(30.0), dropout_p, ..AttentionAttrs::default() }
+}
+
+/// A bf16 paged decode on pages of `page` positions, the caches `page_stride` elements per
+/// page (`None`: contiguous) and `elem` apart.
+fn pages(page: u64, page_stride: Option<u64>, elem: u64) -> Request {
+    queries_on_pages(1, page, page_stride, elem)
+}
+
+/// [`pages`] with `seq_q` queries per sequence (a paged prefill when above 1).
+fn queries_on_pages(seq_q: u64, page: u64, page_stride: Option<u64>, elem: u64) -> Request {
+    let req = paged(DType::BF16, DType::BF16, 4, seq_q, 32, 8, 128, page, Layout::Nhd, DType::I32);
+    let Some(stride) = page_stride else { return req };
+    let cache = |name: &str| {
+        let t: TensorDesc = req.get(name).cloned().unwrap_or_else(|| panic!("{name}"));
+        t.with_strides([stride * elem, 8 * 128 * elem, 128 * elem, elem])
+    };
+    let (k, v) = (cache("k_cache"), cache("v_cache"));
+    req.tensor("k_cache", k).tensor("v_cache", v)
+}
+
+/// `repo:rest`, as the `'static` source a row holds.
+fn src(repo: &str, rest: &str) -> &'static str {
+    Box::leak(format!("{repo}:{rest}").into_boxed_str())
+}
+
+fn facts() -> Vec<Fact> {
+    let mut all = Vec::new();
+    all.extend(flash_attn::facts());
+    all.extend(flashinfer::facts());
+    all.extend(rocm::facts());
+    all.extend(others::facts());
+    all
+}
+
+/// `owner/repo@<40 hex>:path:line`.
+fn well_formed(source: &str) -> bool {
+    let Some((repo, rest)) = source.split_once('@') else { return false };
+    let mut parts = rest.splitn(3, ':');
+    let (commit, path, line) = (parts.next(), parts.next(), parts.next());
+    repo.contains('/')
+        && commit.is_some_and(|c| c.len() == 40 && c.bytes().all(|b| b.is_ascii_hexdigit()))
+        && path.is_some_and(|p| !p.is_empty())
+        && line.is_some_and(|l| l.parse::<u32>().is_ok_and(|n| n > 0))
+}
+
+#[test]
+fn every_fact_accepts_and_rejects_as_its_upstream_line_says() {
+    let mut failures = Vec::new();
+    for f in facts() {
+        let what = format!("{} {} ({})", f.kernel, f.field, f.source);
+        if !well_formed(f.source) {
+            failures.push(format!("{what}: the source is not owner/repo@commit:path:line"));
+        }
+        let ok = plan(f.hardware.0).explain(&f.accepted);
+        let got = codes(&ok, f.kernel);
+        if !got.is_empty() {
+            failures.push(format!("{what}: the accepted request is rejected: {got:?}"));
+        }
+        if let Some((rejected, code)) = &f.rejected {
+            let bad = plan(f.hardware.1).explain(rejected);
+            let got = codes(&bad, f.kernel);
+            if !got.contains(code) {
+                failures.push(format!("{what}: expected {code} among {got:?}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The (kernel, field) pairs every shipped capability file declares: fields that are set
+/// (not absent, false or empty).
+fn declared_facts() -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (_, _, k) in catalog().kernels() {
+        let c = serde_json::to_value(&k.constraints).unwrap_or_default();
+        for (field, v) in c.as_object().into_iter().flatten() {
+            let set = match v {
+                serde_json::Value::Null | serde_json::Value::Bool(false) => false,
+                serde_json::Value::Array(a) => !a.is_empty(),
+                serde_json::Value::Object(o) => !o.is_empty(),
+                _ => true,
+            };
+            if set {
+                out.push((k.id.clone(), field.clone()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_shipped_fact_lacks_a_source_row_unless_it_is_listed_pending_and_the_list_only_shrinks() {
+    // Kinds added with their sources: never pending.
+    const SOURCED_KINDS: [&str; 3] = ["exclusive", "kv_cache_strides", "gfx"];
+    let rows: Vec<(String, String)> = facts().iter().map(|f| (f.kernel.to_owned(), f.field.to_owned())).collect();
+    let file = layerzero_tests::repo_root().join("tests/data/facts_pending.json");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{e}")))
+            .unwrap_or_else(|e| panic!("{e}"));
+    let pending: Vec<(String, String)> =
+        serde_json::from_value(doc["pending"].clone()).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let declared = declared_facts();
+    let mut problems = Vec::new();
+    for fact in &declared {
+        let (covered, waiting) = (rows.contains(fact), pending.contains(fact));
+        if !covered && !waiting {
+            problems.push(format!("{} declares {} with no source row (add one to tests/tests/facts/)", fact.0, fact.1));
+        }
+        if covered && waiting {
+            problems.push(format!("{} {} has a row now: remove it from {}", fact.0, fact.1, file.display()));
+        }
+        if waiting && SOURCED_KINDS.contains(&fact.1.as_str()) {
+            problems.push(format!("{} {}: facts of this kind are never pending", fact.0, fact.1));
+        }
+    }
+    for fact in &pending {
+        if !declared.contains(fact) {
+            problems.push(format!("{} {} is pending but no longer declared: remove it", fact.0, fact.1));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn an_mi300x_selects_a_rocm_kernel_for_common_attention_requests_and_its_table_solves_them() {
+    let sel = plan("mi300x");
+    let masked = bf16(2, 128, 128, 16, 16, 128).tensor("mask", TensorDesc::new(DType::Bool, [2, 1, 128, 128]));
+    for (what, req, want) in [
+        (
+            "GQA causal prefill",
+            attrs(bf16(2, 2048, 2048, 32, 8, 128), layerzero_tests::causal()),
+            "flash_attn_2.attention.fwd_ck",
+        ),
+        ("GQA decode", bf16(8, 1, 4096, 32, 8, 128), "flash_attn_2.attention.fwd_ck"),
+        ("masked prefill", masked, "torch_sdpa.attention.efficient_rocm"),
+        ("f32 prefill", attention(DType::F32, 1, 512, 512, 16, 16, 64), "torch_sdpa.attention.efficient_rocm"),
+    ] {
+        let r = sel.explain(&req);
+        assert_eq!(
+            r.selected.as_deref(),
+            Some(want),
+            "{what}: {:?}",
+            r.candidates.iter().map(|c| (&c.kernel, &c.reasons)).collect::<Vec<_>>()
+        );
+    }
+    let table: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(layerzero_tests::repo_root().join("dispatch_tables/mi300x-llama-3-8b.json"))
+            .unwrap_or_else(|e| panic!("{e}")),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let entries = table["entries"].as_array().cloned().unwrap_or_default();
+    assert!(entries.iter().any(|e| e["op"] == "attention"), "attention buckets are solved");
+    let unsolved = table["unsolved"].as_array().cloned().unwrap_or_default();
+    assert!(
+        !unsolved.iter().any(|u| u["entry"].as_str().is_some_and(|e| e.starts_with("attention."))),
+        "no attention bucket is unsolved"
+    );
+}
