@@ -155,4 +155,19 @@ fn bad_inputs_are_refused_naming_the_field() {
     assert!(err(&[vec![]], &greedy(2, false)).contains("empty"));
     let sampled = Generation { temperature: 0.7, ..greedy(2, false) };
     assert!(err(&[vec![0, 2]], &sampled).contains("greedy only"));
+    // Options of decoders only, and a pinned tokenizer the folder lacks, are refused by lz.
+    for (extra, want) in
+        [(vec!["--kv", "paged"], "--kv paged"), (vec!["--tokenizer-hash", "0123456789abcdef"], "--tokenizer-hash")]
+    {
+        let out = layerzero_tests::lz()
+            .args(["generate", "--model"])
+            .arg(dir())
+            .args(["--prompt-ids", "0,17,2", "--max-new-tokens", "2"])
+            .args(&extra)
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {stderr}");
+        assert!(stderr.contains(want), "{extra:?}: {stderr}");
+    }
 }

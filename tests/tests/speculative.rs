@@ -209,6 +209,14 @@ fn lz_generate_with_a_draft_reports_acceptance_and_speedup_and_refuses_a_foreign
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("share the target's tokenizer") && err.contains("TOKENIZER"), "{err}");
+    // A paged cache does not combine with a draft.
+    let out = lz()
+        .args(["generate", "--model", "tests/models/llama-gqa", "--draft", "tests/models/llama-gqa-draft"])
+        .args(["--prompt-ids", "1,2", "--kv", "paged"])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--kv paged"));
     // --draft-tokens without a draft, and a draft with several prompts, are usage errors.
     let out = lz()
         .args(["generate", "--model", "tests/models/llama-gqa", "--prompt-ids", "1,2", "--draft-tokens", "2"])

@@ -66,18 +66,7 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
         ));
     }
     let model = Model::load(&a.model, dtype)?;
-    let (tokenizer, tokenizer_file) = tokenizer_of(&a.model)?;
-    if let Some(pinned) = &a.tokenizer_hash {
-        match &tokenizer {
-            Some(t) => t.expect(pinned, &tokenizer_file.display().to_string())?,
-            None => {
-                return Err(Error::invalid(format!(
-                    "--tokenizer-hash pins a tokenizer, but {} does not exist",
-                    tokenizer_file.display()
-                )));
-            }
-        }
-    }
+    let (tokenizer, tokenizer_file) = tokenizer_of(&a)?;
     let prompts = prompts_of(&a, tokenizer.as_ref(), &tokenizer_file)?;
     let kv = match (a.kv.as_deref(), prompts.len()) {
         (None | Some("contiguous"), 1) => KvKind::Contiguous,
@@ -90,6 +79,9 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
     let lz = handle(&a)?;
     let g = generation(&a, kv);
     if let Some(dir) = &a.draft {
+        if a.kv.as_deref() == Some("paged") {
+            return Err(Error::invalid("--kv paged: speculative decoding keeps contiguous caches".to_owned()));
+        }
         let [prompt] = &prompts[..] else {
             return Err(Error::invalid(format!("--draft generates for one prompt; {} were given", prompts.len())));
         };
@@ -150,7 +142,12 @@ fn seq2seq(a: GenerateCmd, dtype: Option<DType>) -> Result<Outcome> {
     if a.draft.is_some() {
         return Err(Error::invalid("--draft: speculative decoding runs decoder-only models".to_owned()));
     }
-    let (tokenizer, tokenizer_file) = tokenizer_of(&a.model)?;
+    if let Some(kv) = &a.kv {
+        return Err(Error::invalid(format!(
+            "--kv {kv}: an encoder-decoder keeps a contiguous self-attention cache per input (or none, with --no-kv-cache)"
+        )));
+    }
+    let (tokenizer, tokenizer_file) = tokenizer_of(&a)?;
     let inputs = prompts_of(&a, tokenizer.as_ref(), &tokenizer_file)?;
     let lz = handle(&a)?;
     let g = generation(&a, KvKind::Contiguous);
@@ -211,10 +208,22 @@ fn printer(tokenizer: Option<&Tokenizer>, on: bool) -> impl FnMut(u32) + '_ {
     }
 }
 
-/// The folder's `tokenizer.json`, when it has one, and its path.
-fn tokenizer_of(dir: &Path) -> Result<(Option<Tokenizer>, PathBuf)> {
-    let file = dir.join("tokenizer.json");
+/// The model folder's `tokenizer.json`, when it has one, and its path; refused when
+/// `--tokenizer-hash` pins another one (or one the folder lacks).
+fn tokenizer_of(a: &GenerateCmd) -> Result<(Option<Tokenizer>, PathBuf)> {
+    let file = a.model.join("tokenizer.json");
     let t = if file.exists() { Some(Tokenizer::load(&file)?) } else { None };
+    if let Some(pinned) = &a.tokenizer_hash {
+        match &t {
+            Some(t) => t.expect(pinned, &file.display().to_string())?,
+            None => {
+                return Err(Error::invalid(format!(
+                    "--tokenizer-hash pins a tokenizer, but {} does not exist",
+                    file.display()
+                )));
+            }
+        }
+    }
     Ok((t, file))
 }
 

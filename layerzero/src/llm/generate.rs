@@ -189,7 +189,7 @@ pub fn generate_batch(
     let mut tokens = Vec::with_capacity(prompts.len());
     for (i, logits) in last.into_iter().enumerate() {
         let chosen = sample(&mut session, logits, g, &[i], 0)?;
-        tokens.push(*chosen.first().ok_or_else(|| Error::invalid("sample returned no token".to_owned()))?);
+        tokens.push(only_token(chosen)?);
     }
     let prefill_ns = start.elapsed().as_nanos() as u64;
     let decode_start = Instant::now();
@@ -239,12 +239,7 @@ fn sample(
     seqs: &[usize],
     step: usize,
 ) -> Result<Vec<u32>> {
-    let to_ids = |t: HostTensor| -> Result<Vec<u32>> {
-        t.to_f64_vec()
-            .iter()
-            .map(|&id| u32::try_from(id as i64).map_err(|_| Error::invalid(format!("sample returned token {id}"))))
-            .collect()
-    };
+    let to_ids = token_ids;
     if g.greedy() {
         return to_ids(session.sample(OpArgs::Sample(SampleArgs { logits, attrs: SampleAttrs::default() }))?);
     }
@@ -257,4 +252,18 @@ fn sample(
         )?);
     }
     Ok(out)
+}
+
+/// The token ids of a `sample` op's `tokens` output (one per row of its logits).
+pub(crate) fn token_ids(tokens: HostTensor) -> Result<Vec<u32>> {
+    tokens
+        .to_f64_vec()
+        .iter()
+        .map(|&id| u32::try_from(id as i64).map_err(|_| Error::invalid(format!("sample returned token {id}"))))
+        .collect()
+}
+
+/// The one token of a one-row `sample` result.
+pub(crate) fn only_token(tokens: Vec<u32>) -> Result<u32> {
+    tokens.first().copied().ok_or_else(|| Error::invalid("sample returned no token".to_owned()))
 }

@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use super::Model;
 use super::forward::{OpStats, Session};
-use super::generate::{Generation, check_prompt};
+use super::generate::{Generation, check_prompt, only_token, token_ids};
 use crate::error::{Error, Result};
 use crate::exec::args::{OpArgs, SampleArgs};
 use crate::exec::semantics::{SamplePlan, sample_kept, sample_plan, sample_uniform};
@@ -127,12 +127,7 @@ fn draw(weights: &[f64], u: f64) -> u32 {
 
 /// The argmax of each row of `logits`, by the `sample` op (greedy).
 fn argmax(session: &mut Session<'_>, logits: HostTensor) -> Result<Vec<u32>> {
-    let tokens = session.sample(OpArgs::Sample(SampleArgs { logits, attrs: SampleAttrs::default() }))?;
-    tokens
-        .to_f64_vec()
-        .iter()
-        .map(|&id| u32::try_from(id as i64).map_err(|_| Error::invalid(format!("sample returned token {id}"))))
-        .collect()
+    token_ids(session.sample(OpArgs::Sample(SampleArgs { logits, attrs: SampleAttrs::default() }))?)
 }
 
 /// Generates from `prompt` with `target`, `draft` proposing up to `k` tokens a round; calls
@@ -196,7 +191,7 @@ pub fn speculate(
         for i in 0..kk {
             let logits = ds.forward(&pending, false)?;
             let x = if greedy {
-                argmax(&mut ds, logits)?[0]
+                only_token(argmax(&mut ds, logits)?)?
             } else {
                 let q = distribution(&logits.to_f32_vec(), &plan)?;
                 let x = draw(&q, uniform(g.seed, Stream::Draft, base + i));
@@ -215,7 +210,9 @@ pub fn speculate(
         let (n, next) = if greedy {
             let picks = argmax(&mut ts, rows)?;
             let n = drafts.iter().zip(&picks).take_while(|(d, p)| d == p).count();
-            (n, picks[n])
+            let next =
+                picks.get(n).copied().ok_or_else(|| Error::invalid("sample returned too few tokens".to_owned()))?;
+            (n, next)
         } else {
             let values = rows.to_f32_vec();
             let row = |i: usize| &values[i * v..(i + 1) * v];

@@ -15,7 +15,7 @@ use super::{Attn, Layer, Norm, POSITION_OFFSET, Seq2SeqModel};
 use crate::error::{Error, Result};
 use crate::exec::args::{AttentionArgs, EmbeddingArgs, LinearArgs, OpArgs, SampleArgs};
 use crate::llm::forward::OpStats;
-use crate::llm::generate::{Generation, Sequence};
+use crate::llm::generate::{Generation, Sequence, only_token, token_ids};
 use crate::llm::pass::Dispatcher;
 use crate::model::attrs::{AttentionAttrs, NoAttrs, SampleAttrs};
 use crate::model::layout::Layout;
@@ -254,14 +254,11 @@ impl Pass<'_> {
         })
     }
 
-    /// The greedy token of each row of `logits`.
-    fn greedy(&mut self, logits: HostTensor) -> Result<Vec<u32>> {
+    /// The greedy token of a one-row `logits`.
+    fn greedy(&mut self, logits: HostTensor) -> Result<u32> {
         let mut o = self.run(OpArgs::Sample(SampleArgs { logits, attrs: SampleAttrs::default() }))?;
         let t = o.remove("tokens").ok_or_else(|| Error::invalid("sample produced no `tokens`".to_owned()))?;
-        t.to_f64_vec()
-            .iter()
-            .map(|&id| u32::try_from(id as i64).map_err(|_| Error::invalid(format!("sample returned token {id}"))))
-            .collect()
+        only_token(token_ids(t)?)
     }
 }
 
@@ -339,7 +336,10 @@ fn run(pass: &mut Pass<'_>, inputs: &[Vec<u32>], g: &Generation, use_cache: bool
     let start = Instant::now();
     let (enc, s) = pass.encode(inputs)?;
     let encode_ns = start.elapsed().as_nanos() as u64;
-    let mut dump = pass.dump.as_mut().map(std::mem::take).unwrap_or_default();
+    // The encoder's stages; the decoder's come from one teacher-forced pass at the end, so
+    // the steps run without keeping theirs (only their logits).
+    let dumping = pass.dump.is_some();
+    let mut dump = pass.dump.take().unwrap_or_default();
     let decode_start = Instant::now();
     let mut sequences = Vec::with_capacity(inputs.len());
     let mut steps = 0;
@@ -350,8 +350,6 @@ fn run(pass: &mut Pass<'_>, inputs: &[Vec<u32>], g: &Generation, use_cache: bool
         let mut generated = Vec::with_capacity(g.max_new_tokens);
         let mut st = if use_cache { Some(pass.decoder(&rows, capacity)?) } else { None };
         for step in 0..g.max_new_tokens {
-            // The decoder's stages are dumped by the teacher-forced pass below, not per step.
-            let keep = pass.dump.take();
             let logits = match &mut st {
                 Some(st) => pass.decode(st, &tokens[tokens.len() - 1..])?,
                 None => {
@@ -361,12 +359,11 @@ fn run(pass: &mut Pass<'_>, inputs: &[Vec<u32>], g: &Generation, use_cache: bool
                     view(&all, &[1, v], (tokens.len() - 1) * v)?
                 }
             };
-            pass.dump = keep;
             steps += 1;
-            if let Some(dump) = pass.dump.as_mut() {
+            if dumping {
                 dump.insert(format!("logits.{step}"), logits.clone());
             }
-            let t = pass.greedy(logits)?[0];
+            let t = pass.greedy(logits)?;
             generated.push(t);
             tokens.push(t);
             if g.stop_at_eos && c.eos.contains(&t) {
@@ -376,19 +373,16 @@ fn run(pass: &mut Pass<'_>, inputs: &[Vec<u32>], g: &Generation, use_cache: bool
         sequences.push(Sequence { prompt_ids: x.clone(), generated_ids: generated });
     }
     let decode_ns = decode_start.elapsed().as_nanos() as u64;
-    if let (Some(d), Some(seq)) = (pass.dump.take(), sequences.first()) {
-        dump.extend(d);
-        // A teacher-forced pass over the decoder inputs keeps every decoder stage.
-        let n = seq.generated_ids.len();
-        if n > 0 {
-            let mut forced = vec![c.decoder_start];
-            forced.extend_from_slice(&seq.generated_ids[..n - 1]);
-            let rows = view(&enc, &[seq.prompt_ids.len(), c.d_model], 0)?;
-            pass.dump = Some(BTreeMap::new());
-            let mut st = pass.decoder(&rows, n)?;
-            pass.decode(&mut st, &forced)?;
-            dump.extend(pass.dump.take().unwrap_or_default());
-        }
+    if let (true, Some(seq)) = (dumping, sequences.first())
+        && let Some(n) = seq.generated_ids.len().checked_sub(1)
+    {
+        let mut forced = vec![c.decoder_start];
+        forced.extend_from_slice(&seq.generated_ids[..n]);
+        let rows = view(&enc, &[seq.prompt_ids.len(), d], 0)?;
+        pass.dump = Some(BTreeMap::new());
+        let mut st = pass.decoder(&rows, n + 1)?;
+        pass.decode(&mut st, &forced)?;
+        dump.extend(pass.dump.take().unwrap_or_default());
     }
     Ok(Seq2SeqGenerated {
         sequences,
