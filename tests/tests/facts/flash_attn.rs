@@ -52,27 +52,14 @@ pub(super) fn facts() -> Vec<Fact> {
             source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:427"),
             hardware: ("h100", "h100"),
             accepted: attrs(bf16(2, 64, 128, 16, 16, 128), layerzero_tests::causal()),
-            rejected: Some((
-                attrs(
-                    bf16(2, 64, 128, 16, 16, 128),
-                    AttentionAttrs {
-                        causal: true,
-                        causal_alignment: CausalAlignment::TopLeft,
-                        ..AttentionAttrs::default()
-                    },
-                ),
-                "CAUSAL_ALIGNMENT_UNSUPPORTED",
-            )),
+            rejected: Some((top_left(bf16(2, 64, 128, 16, 16, 128)), "CAUSAL_ALIGNMENT_UNSUPPORTED")),
         },
         Fact {
             kernel: "flash_attn_2.attention.fwd",
             field: "dropout",
             source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:150"),
             hardware: ("h100", "h100"),
-            accepted: attrs(
-                bf16(2, 128, 128, 16, 16, 128),
-                AttentionAttrs { dropout_p: 0.1, ..AttentionAttrs::default() },
-            ),
+            accepted: dropped(bf16(2, 128, 128, 16, 16, 128)),
             rejected: None,
         },
         Fact {
@@ -80,10 +67,7 @@ pub(super) fn facts() -> Vec<Fact> {
             field: "window",
             source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:422"),
             hardware: ("h100", "h100"),
-            accepted: attrs(
-                bf16(2, 128, 128, 16, 16, 128),
-                AttentionAttrs { causal: true, window_left: Some(64), ..AttentionAttrs::default() },
-            ),
+            accepted: windowed(bf16(2, 128, 128, 16, 16, 128)),
             rejected: None,
         },
         Fact {
@@ -111,15 +95,7 @@ pub(super) fn facts() -> Vec<Fact> {
             source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:403"),
             hardware: ("h100", "h100"),
             accepted: bf16(2, 128, 128, 16, 16, 128),
-            rejected: Some((
-                bf16(2, 128, 128, 16, 16, 128).tensor(
-                    "v",
-                    TensorDesc::new(DType::BF16, [2, 128, 16, 128])
-                        .with_layout(Layout::Bshd)
-                        .with_strides([524288, 4096, 256, 2]),
-                ),
-                "LAST_DIM_NOT_CONTIGUOUS",
-            )),
+            rejected: Some((strided_v(bf16(2, 128, 128, 16, 16, 128)), "LAST_DIM_NOT_CONTIGUOUS")),
         },
         Fact {
             kernel: "flash_attn_2.paged_attention.kvcache",
@@ -212,27 +188,14 @@ pub(super) fn facts() -> Vec<Fact> {
             source: src(FLASH_ATTN, "hopper/flash_api.cpp:805"),
             hardware: ("h100", "h100"),
             accepted: attrs(bf16(2, 64, 128, 16, 16, 128), layerzero_tests::causal()),
-            rejected: Some((
-                attrs(
-                    bf16(2, 64, 128, 16, 16, 128),
-                    AttentionAttrs {
-                        causal: true,
-                        causal_alignment: CausalAlignment::TopLeft,
-                        ..AttentionAttrs::default()
-                    },
-                ),
-                "CAUSAL_ALIGNMENT_UNSUPPORTED",
-            )),
+            rejected: Some((top_left(bf16(2, 64, 128, 16, 16, 128)), "CAUSAL_ALIGNMENT_UNSUPPORTED")),
         },
         Fact {
             kernel: "flash_attn_3.attention.fwd",
             field: "window",
             source: src(FLASH_ATTN, "hopper/flash_api.cpp:796"),
             hardware: ("h100", "h100"),
-            accepted: attrs(
-                bf16(2, 128, 128, 16, 16, 128),
-                AttentionAttrs { causal: true, window_left: Some(64), ..AttentionAttrs::default() },
-            ),
+            accepted: windowed(bf16(2, 128, 128, 16, 16, 128)),
             rejected: None,
         },
         Fact {
@@ -249,15 +212,7 @@ pub(super) fn facts() -> Vec<Fact> {
             source: src(FLASH_ATTN, "hopper/flash_api.cpp:726"),
             hardware: ("h100", "h100"),
             accepted: bf16(2, 128, 128, 16, 16, 128),
-            rejected: Some((
-                bf16(2, 128, 128, 16, 16, 128).tensor(
-                    "v",
-                    TensorDesc::new(DType::BF16, [2, 128, 16, 128])
-                        .with_layout(Layout::Bshd)
-                        .with_strides([524288, 4096, 256, 2]),
-                ),
-                "LAST_DIM_NOT_CONTIGUOUS",
-            )),
+            rejected: Some((strided_v(bf16(2, 128, 128, 16, 16, 128)), "LAST_DIM_NOT_CONTIGUOUS")),
         },
         Fact {
             kernel: "flash_attn_3.paged_attention.fwd",

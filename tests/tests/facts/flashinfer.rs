@@ -129,13 +129,7 @@ pub(super) fn facts() -> Vec<Fact> {
             source: src(FLASHINFER, "flashinfer/prefill.py:1376"),
             hardware: ("h100", "h100"),
             accepted: attention(DType::Fp8E4M3, 2, 128, 128, 16, 16, 128),
-            rejected: Some((
-                attrs(
-                    attention(DType::Fp8E4M3, 2, 128, 128, 16, 16, 128),
-                    AttentionAttrs { causal: true, window_left: Some(64), ..AttentionAttrs::default() },
-                ),
-                "FEATURES_EXCLUSIVE",
-            )),
+            rejected: Some((windowed(attention(DType::Fp8E4M3, 2, 128, 128, 16, 16, 128)), "FEATURES_EXCLUSIVE")),
         },
         Fact {
             // The window alone is taken; only with fp8 queries is it refused.
@@ -143,17 +137,8 @@ pub(super) fn facts() -> Vec<Fact> {
             field: "window",
             source: src(FLASHINFER, "include/flashinfer/attention/hopper/prefill_sm90.cuh:251"),
             hardware: ("h100", "h100"),
-            accepted: attrs(
-                bf16(2, 128, 128, 16, 16, 128),
-                AttentionAttrs { causal: true, window_left: Some(64), ..AttentionAttrs::default() },
-            ),
-            rejected: Some((
-                attrs(
-                    attention(DType::Fp8E4M3, 2, 128, 128, 16, 16, 128),
-                    AttentionAttrs { causal: true, window_left: Some(64), ..AttentionAttrs::default() },
-                ),
-                "FEATURES_EXCLUSIVE",
-            )),
+            accepted: windowed(bf16(2, 128, 128, 16, 16, 128)),
+            rejected: Some((windowed(attention(DType::Fp8E4M3, 2, 128, 128, 16, 16, 128)), "FEATURES_EXCLUSIVE")),
         },
         Fact {
             kernel: "flashinfer.attention.prefill",

@@ -95,6 +95,32 @@ fn attrs(req: Request, a: AttentionAttrs) -> Request {
     with_attrs(req, a)
 }
 
+/// `req` causal, aligned top-left (PyTorch's `is_causal`).
+fn top_left(req: Request) -> Request {
+    attrs(req, AttentionAttrs { causal: true, causal_alignment: CausalAlignment::TopLeft, ..AttentionAttrs::default() })
+}
+
+/// `req` causal with a left window of 64 keys.
+fn windowed(req: Request) -> Request {
+    attrs(req, AttentionAttrs { causal: true, window_left: Some(64), ..AttentionAttrs::default() })
+}
+
+/// `req` with dropout.
+fn dropped(req: Request) -> Request {
+    attrs(req, AttentionAttrs { dropout_p: 0.1, ..AttentionAttrs::default() })
+}
+
+/// `req` with `v` read every other element along its last dim (`stride(-1) == 2`).
+fn strided_v(req: Request) -> Request {
+    let v: TensorDesc = req.get("v").cloned().unwrap_or_else(|| panic!("no v"));
+    let mut strides = vec![2u64; v.shape.len()];
+    for d in (0..v.shape.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * v.shape[d + 1];
+    }
+    let v = v.with_strides(strides);
+    req.tensor("v", v)
+}
+
 fn softcap(dropout_p: f64) -> AttentionAttrs {
     AttentionAttrs { softcap: Some(30.0), dropout_p, ..AttentionAttrs::default() }
 }

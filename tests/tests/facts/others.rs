@@ -44,10 +44,7 @@ pub(super) fn facts() -> Vec<Fact> {
             field: "dropout",
             source: src(XFORMERS, "xformers/ops/fmha/cutlass.py:188"),
             hardware: ("h100", "h100"),
-            accepted: attrs(
-                bf16(2, 128, 128, 16, 16, 128),
-                AttentionAttrs { dropout_p: 0.1, ..AttentionAttrs::default() },
-            ),
+            accepted: dropped(bf16(2, 128, 128, 16, 16, 128)),
             rejected: None,
         },
         Fact {
@@ -76,15 +73,7 @@ pub(super) fn facts() -> Vec<Fact> {
             source: src(XFORMERS, "xformers/ops/fmha/common.py:588"),
             hardware: ("h100", "h100"),
             accepted: bf16(2, 128, 128, 16, 16, 128),
-            rejected: Some((
-                bf16(2, 128, 128, 16, 16, 128).tensor(
-                    "v",
-                    TensorDesc::new(DType::BF16, [2, 128, 16, 128])
-                        .with_layout(Layout::Bshd)
-                        .with_strides([524288, 4096, 256, 2]),
-                ),
-                "LAST_DIM_NOT_CONTIGUOUS",
-            )),
+            rejected: Some((strided_v(bf16(2, 128, 128, 16, 16, 128)), "LAST_DIM_NOT_CONTIGUOUS")),
         },
         Fact {
             kernel: "liger.rms_norm.triton",
@@ -161,14 +150,7 @@ pub(super) fn facts() -> Vec<Fact> {
             field: "causal",
             source: src(ZENDNN, "zendnnl/src/lowoha_operators/sdpa/flash_sdpa/lowoha_sdpa_flash_cpu.cpp:673"),
             hardware: ("zen4", "zen4"),
-            accepted: attrs(
-                attention(DType::BF16, 1, 128, 256, 16, 16, 64),
-                AttentionAttrs {
-                    causal: true,
-                    causal_alignment: CausalAlignment::TopLeft,
-                    ..AttentionAttrs::default()
-                },
-            ),
+            accepted: top_left(attention(DType::BF16, 1, 128, 256, 16, 16, 64)),
             rejected: Some((
                 attrs(attention(DType::BF16, 1, 128, 256, 16, 16, 64), layerzero_tests::causal()),
                 "CAUSAL_ALIGNMENT_UNSUPPORTED",
@@ -180,15 +162,7 @@ pub(super) fn facts() -> Vec<Fact> {
             source: src(ZENDNN, "zendnnl/src/lowoha_operators/sdpa/flash_sdpa/lowoha_flash_sdpa_utils.cpp:70"),
             hardware: ("zen4", "zen4"),
             accepted: attention(DType::BF16, 1, 256, 256, 16, 16, 64),
-            rejected: Some((
-                attention(DType::BF16, 1, 256, 256, 16, 16, 64).tensor(
-                    "v",
-                    TensorDesc::new(DType::BF16, [1, 256, 16, 64])
-                        .with_layout(Layout::Bshd)
-                        .with_strides([524288, 2048, 128, 2]),
-                ),
-                "LAST_DIM_NOT_CONTIGUOUS",
-            )),
+            rejected: Some((strided_v(attention(DType::BF16, 1, 256, 256, 16, 16, 64)), "LAST_DIM_NOT_CONTIGUOUS")),
         },
         Fact {
             kernel: "zendnn.linear.matmul",
