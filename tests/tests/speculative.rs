@@ -58,7 +58,7 @@ fn greedy_speculation_gives_the_targets_tokens_whether_the_draft_agrees_always_o
 fn every_draft_length_and_budget_ends_exactly_at_max_new_tokens() {
     let (target, draft, lz) = (load("llama-gqa"), load("llama-deep-linear"), host());
     let expected = hf_greedy("llama-gqa");
-    for k in [1, 2, 5, 8] {
+    for k in [1, 2, 5, 8, usize::MAX] {
         for n in [1, 2, 3, 7] {
             let out = llm::speculate(&target, &draft, &lz, &PROMPT, &greedy(n), k, |_| {})
                 .unwrap_or_else(|e| panic!("k {k}, n {n}: {e}"));

@@ -163,8 +163,9 @@ pub fn speculate(
         seed: None,
     })
     .map_err(Error::invalid)?;
-    // A verify pass writes k positions past the committed ones before the rejected are forgotten.
-    let capacity = prompt.len() + g.max_new_tokens + k + 1;
+    // A round drafts at most what the budget leaves (max_new_tokens - 1 past the committed
+    // tokens), so no cache ever holds more than the prompt and the budget, whatever k is.
+    let capacity = prompt.len() + g.max_new_tokens;
     let mut ts = Session::new(target, lz, capacity)?;
     let mut ds = Session::new(draft, lz, capacity)?;
     let v = target.config.vocab;
