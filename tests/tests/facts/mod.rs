@@ -7,10 +7,15 @@
 //! (`exclusive`, `kv_cache_strides`, `gfx`) are never on it: a new fact cannot land without
 //! its source.
 
+mod cpu;
+mod cuda;
 mod flash_attn;
 mod flashinfer;
+mod onednn;
 mod others;
+mod reference;
 mod rocm;
+mod torch_sdpa;
 
 use std::sync::Arc;
 
@@ -31,10 +36,45 @@ use layerzero_tests::{attention, catalog, codes, paged, with_attrs};
 struct Fact {
     kernel: &'static str,
     field: &'static str,
-    source: &'static str,
+    source: Source,
     hardware: (&'static str, &'static str),
     accepted: Request,
     rejected: Option<(Request, &'static str)>,
+}
+
+/// Where a fact comes from.
+enum Source {
+    /// An upstream library's line: `owner/repo@<40 hex>:path:line`.
+    Upstream(&'static str),
+    /// A line of this repository (our own kernels): the one line of `path` that contains
+    /// `needle`, checked to exist so that the citation cannot rot.
+    Here { path: &'static str, needle: &'static str },
+}
+
+/// A fact of `kernel`'s `field` from `source`, accepted on `hardware` as `accepted`; add what
+/// it rejects with [`Fact::rejects`] or [`Fact::rejects_on`].
+fn fact(kernel: &'static str, field: &'static str, source: Source, hardware: &'static str, accepted: Request) -> Fact {
+    Fact { kernel, field, source, hardware: (hardware, hardware), accepted, rejected: None }
+}
+
+impl Fact {
+    /// Rejects `req` on the accepting hardware with `code`.
+    fn rejects(mut self, req: Request, code: &'static str) -> Fact {
+        self.rejected = Some((req, code));
+        self
+    }
+
+    /// Rejects `req` on `hardware` with `code` (a fact about the hardware itself).
+    fn rejects_on(mut self, hardware: &'static str, req: Request, code: &'static str) -> Fact {
+        self.hardware.1 = hardware;
+        self.rejected = Some((req, code));
+        self
+    }
+}
+
+/// The line of this repository's `path` that contains `needle`.
+fn here(path: &'static str, needle: &'static str) -> Source {
+    Source::Here { path, needle }
 }
 
 const FLASH_ATTN: &str = "Dao-AILab/flash-attention@0251105a2fb19d2957484b7f023cd8c115286ced";
@@ -144,16 +184,25 @@ fn queries_on_pages(seq_q: u64, page: u64, page_stride: Option<u64>, elem: u64) 
 }
 
 /// `repo:rest`, as the `'static` source a row holds.
-fn src(repo: &str, rest: &str) -> &'static str {
-    Box::leak(format!("{repo}:{rest}").into_boxed_str())
+fn src(repo: &str, rest: &str) -> Source {
+    Source::Upstream(Box::leak(format!("{repo}:{rest}").into_boxed_str()))
 }
 
 fn facts() -> Vec<Fact> {
     let mut all = Vec::new();
-    all.extend(flash_attn::facts());
-    all.extend(flashinfer::facts());
-    all.extend(rocm::facts());
-    all.extend(others::facts());
+    for rows in [
+        cpu::facts(),
+        cuda::facts(),
+        flash_attn::facts(),
+        flashinfer::facts(),
+        onednn::facts(),
+        others::facts(),
+        reference::facts(),
+        rocm::facts(),
+        torch_sdpa::facts(),
+    ] {
+        all.extend(rows);
+    }
     all
 }
 
@@ -168,17 +217,38 @@ fn well_formed(source: &str) -> bool {
         && line.is_some_and(|l| l.parse::<u32>().is_ok_and(|n| n > 0))
 }
 
-#[test]
-fn every_fact_accepts_and_rejects_as_its_upstream_line_says() {
+/// Why `source` names no line, if it does not: an upstream source must be well formed, and a
+/// line here must exist exactly once.
+fn unsourced(source: &Source) -> Option<String> {
+    match source {
+        Source::Upstream(s) => (!well_formed(s)).then(|| format!("{s} is not owner/repo@commit:path:line")),
+        Source::Here { path, needle } => {
+            let text = match std::fs::read_to_string(layerzero_tests::repo_root().join(path)) {
+                Ok(text) => text,
+                Err(e) => return Some(format!("{path}: {e}")),
+            };
+            let lines: Vec<usize> =
+                text.lines().enumerate().filter(|(_, l)| l.contains(needle)).map(|(i, _)| i + 1).collect();
+            match lines.as_slice() {
+                [_] => None,
+                [] => Some(format!("{path} has no line containing {needle:?}")),
+                many => Some(format!("{path} has {needle:?} on lines {many:?}: cite one line")),
+            }
+        }
+    }
+}
+
+/// Every row's source names a line, and its kernel accepts and rejects as the row says.
+fn hold(rows: Vec<Fact>) {
     let mut failures = Vec::new();
-    for f in facts() {
-        let what = format!("{} {} ({})", f.kernel, f.field, f.source);
-        if !well_formed(f.source) {
-            failures.push(format!("{what}: the source is not owner/repo@commit:path:line"));
+    for f in rows {
+        let what = format!("{} {}", f.kernel, f.field);
+        if let Some(why) = unsourced(&f.source) {
+            failures.push(format!("{what}: {why}"));
         }
         let ok = plan(f.hardware.0).explain(&f.accepted);
         let got = codes(&ok, f.kernel);
-        if !got.is_empty() {
+        if !got.is_empty() || !ok.candidates.iter().any(|c| c.kernel == f.kernel) {
             failures.push(format!("{what}: the accepted request is rejected: {got:?}"));
         }
         if let Some((rejected, code)) = &f.rejected {
@@ -190,6 +260,51 @@ fn every_fact_accepts_and_rejects_as_its_upstream_line_says() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn our_cpu_kernels_accept_and_reject_as_their_code_says() {
+    hold(cpu::facts());
+}
+
+#[test]
+fn the_reference_kernels_accept_and_reject_as_their_code_says() {
+    hold(reference::facts());
+}
+
+#[test]
+fn our_cuda_kernels_accept_and_reject_as_their_code_says() {
+    hold(cuda::facts());
+}
+
+#[test]
+fn flash_attention_accepts_and_rejects_as_its_upstream_lines_say() {
+    hold(flash_attn::facts());
+}
+
+#[test]
+fn flashinfer_accepts_and_rejects_as_its_upstream_lines_say() {
+    hold(flashinfer::facts());
+}
+
+#[test]
+fn onednn_accepts_and_rejects_as_its_upstream_lines_say() {
+    hold(onednn::facts());
+}
+
+#[test]
+fn xformers_liger_and_zendnn_accept_and_reject_as_their_upstream_lines_say() {
+    hold(others::facts());
+}
+
+#[test]
+fn the_rocm_kernels_accept_and_reject_as_their_upstream_lines_say() {
+    hold(rocm::facts());
+}
+
+#[test]
+fn pytorch_sdpa_accepts_and_rejects_as_its_upstream_lines_say() {
+    hold(torch_sdpa::facts());
 }
 
 /// The (kernel, field) pairs every shipped capability file declares: fields that are set

@@ -1,0 +1,8 @@
+//! Our CPU kernels' facts (`capabilities/cpu.json`), each held to the line of our code that
+//! implements or enforces it.
+
+use super::*;
+
+pub(super) fn facts() -> Vec<Fact> {
+    vec![]
+}
