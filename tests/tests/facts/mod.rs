@@ -362,7 +362,7 @@ fn no_shipped_fact_lacks_a_source_row_unless_it_is_listed_pending_and_the_list_o
 }
 
 #[test]
-fn an_mi300x_selects_a_rocm_kernel_for_common_attention_requests_and_its_table_solves_them() {
+fn an_mi300x_selects_a_rocm_kernel_for_common_attention_and_paged_requests_and_its_table_solves_them() {
     let sel = plan("mi300x");
     let masked = bf16(2, 128, 128, 16, 16, 128).tensor("mask", TensorDesc::new(DType::Bool, [2, 1, 128, 128]));
     for (what, req, want) in [
@@ -374,6 +374,8 @@ fn an_mi300x_selects_a_rocm_kernel_for_common_attention_requests_and_its_table_s
         ("GQA decode", bf16(8, 1, 4096, 32, 8, 128), "flash_attn_2.attention.fwd_ck"),
         ("masked prefill", masked, "torch_sdpa.attention.efficient_rocm"),
         ("f32 prefill", attention(DType::F32, 1, 512, 512, 16, 16, 64), "torch_sdpa.attention.efficient_rocm"),
+        ("paged decode on 16-position pages", pages(16, None, 1), "flash_attn_2.paged_attention.kvcache_triton_amd"),
+        ("paged decode on 128-position pages", pages(128, None, 1), "flash_attn_2.paged_attention.kvcache_ck"),
     ] {
         let r = sel.explain(&req);
         assert_eq!(
@@ -389,10 +391,12 @@ fn an_mi300x_selects_a_rocm_kernel_for_common_attention_requests_and_its_table_s
     )
     .unwrap_or_else(|e| panic!("{e}"));
     let entries = table["entries"].as_array().cloned().unwrap_or_default();
-    assert!(entries.iter().any(|e| e["op"] == "attention"), "attention buckets are solved");
-    let unsolved = table["unsolved"].as_array().cloned().unwrap_or_default();
-    assert!(
-        !unsolved.iter().any(|u| u["entry"].as_str().is_some_and(|e| e.starts_with("attention."))),
-        "no attention bucket is unsolved"
-    );
+    for op in ["attention", "paged_attention"] {
+        assert!(entries.iter().any(|e| e["op"] == op), "{op} buckets are solved");
+        let unsolved = table["unsolved"].as_array().cloned().unwrap_or_default();
+        assert!(
+            !unsolved.iter().any(|u| u["entry"].as_str().is_some_and(|e| e.starts_with(&format!("{op}.")))),
+            "no {op} bucket is unsolved"
+        );
+    }
 }

@@ -1,4 +1,5 @@
-//! ROCm facts: FlashAttention-2's Composable Kernel build and PyTorch SDPA's AOTriton kernels.
+//! ROCm facts: FlashAttention-2's Composable Kernel and Triton builds and PyTorch SDPA's AOTriton
+//! kernels.
 
 use super::flash_attn::{alibi, head_major, local, paged_bf16, ragged, scaled};
 use super::*;
@@ -6,6 +7,7 @@ use super::*;
 pub(super) fn facts() -> Vec<Fact> {
     let mut rows = older();
     rows.extend(composable_kernel());
+    rows.extend(triton_amd());
     rows
 }
 
@@ -131,5 +133,67 @@ fn composable_kernel() -> Vec<Fact> {
             .rejects(paged_bf16(128, 128, Layout::Nhd, DType::I64), "BLOCK_TABLE_DTYPE_UNSUPPORTED"),
         // The cache's head stride is read from the tensor (stride(2)): an HND cache is a view.
         fact(PAGED, "kv_cache_layouts", kv(223), "mi300x", paged_bf16(128, 128, Layout::Hnd, DType::I32)),
+    ]
+}
+
+/// The `third_party/aiter` submodule FlashAttention pins at [`FLASH_ATTN`]: its Triton AMD backend.
+const AITER: &str = "ROCm/aiter@9bab8388c35936814a659b4ebd245c491e1b940a";
+
+/// FlashAttention-2's Triton build for AMD (`FLASH_ATTENTION_TRITON_AMD_ENABLE=TRUE`, or no CK
+/// extension): `fwd_kvcache`, the paged decode MI300X serves its 16-position pages with.
+fn triton_amd() -> Vec<Fact> {
+    const PAGED: &str = "flash_attn_2.paged_attention.kvcache_triton_amd";
+    let dir = "aiter/ops/triton/_triton_kernels/flash_attn_triton_amd";
+    let decode = |line: u32| src(AITER, &format!("{dir}/fwd_decode.py:{line}"));
+    let interface = |line: u32| src(AITER, &format!("{dir}/interface_v2.py:{line}"));
+    let f32_pages = paged(DType::F32, DType::F32, 4, 1, 32, 8, 128, 16, Layout::Nhd, DType::I32);
+    let fp8_pages = paged(DType::Fp8E4M3, DType::Fp8E4M3, 4, 1, 32, 8, 128, 16, Layout::Nhd, DType::I32);
+    vec![
+        // Each page is walked in masked tiles (`block_offs < BLOCK_SIZE_K`): any page size.
+        fact(PAGED, "page_size", decode(578), "mi300x", pages(16, None, 1)),
+        fact(PAGED, "dtypes", src(FLASH_ATTN, "README.md:166"), "mi300x", f32_pages)
+            .rejects(fp8_pages, "DTYPE_UNSUPPORTED"),
+        // No upstream maximum (heads pad to a power of two); 256 is the tested edge.
+        fact(
+            PAGED,
+            "head_dim",
+            src(FLASH_ATTN, "tests/test_flash_attn.py:1885"),
+            "mi300x",
+            paged_bf16(256, 16, Layout::Nhd, DType::I32),
+        )
+        .rejects(paged_bf16(288, 16, Layout::Nhd, DType::I32), "HEAD_DIM_TOO_LARGE"),
+        fact(PAGED, "gqa", decode(1134), "mi300x", pages(16, None, 1)),
+        fact(
+            PAGED,
+            "causal",
+            decode(240),
+            "mi300x",
+            attrs(queries_on_pages(4, 16, None, 1), layerzero_tests::causal()),
+        )
+        .rejects(top_left(queries_on_pages(4, 16, None, 1)), "CAUSAL_ALIGNMENT_UNSUPPORTED"),
+        fact(PAGED, "window", decode(206), "mi300x", local(queries_on_pages(4, 16, None, 1))),
+        fact(PAGED, "alibi", decode(1053), "mi300x", alibi(pages(16, None, 1))),
+        fact(PAGED, "custom_scale", interface(712), "mi300x", scaled(pages(16, None, 1))),
+        fact(PAGED, "softcap", interface(721), "mi300x", pages(16, None, 1))
+            .rejects(attrs(pages(16, None, 1), softcap(0.0)), "SOFTCAP_UNSUPPORTED"),
+        fact(
+            PAGED,
+            "block_table_dtypes",
+            src(FLASH_ATTN, "flash_attn/flash_attn_interface.py:1568"),
+            "mi300x",
+            pages(16, None, 1),
+        )
+        .rejects(paged_bf16(128, 16, Layout::Nhd, DType::I64), "BLOCK_TABLE_DTYPE_UNSUPPORTED"),
+        fact(PAGED, "kv_cache_layouts", decode(1066), "mi300x", pages(16, None, 1))
+            .rejects(paged_bf16(128, 16, Layout::Hnd, DType::I32), "KV_CACHE_LAYOUT_UNSUPPORTED"),
+        // A page starts at `physical_block * BLOCK_SIZE_K * stride(1)`, not at stride(0): pages
+        // with K and V interleaved would be read from the wrong place.
+        fact(PAGED, "kv_cache_strides", decode(559), "mi300x", pages(16, None, 1))
+            .rejects(pages(16, Some(2 * 16 * 8 * 128), 1), "KV_CACHE_STRIDES_UNSUPPORTED"),
+        fact(PAGED, "gfx", src(AITER, &format!("{dir}/utils.py:56")), "mi300x", pages(16, None, 1)).rejects_on(
+            "mi300x@gfx1010",
+            pages(16, None, 1),
+            "GFX_ARCH_UNSUPPORTED",
+        ),
     ]
 }
