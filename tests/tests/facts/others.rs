@@ -2,7 +2,216 @@
 
 use super::*;
 
+const XF: &str = "xformers.attention.cutlass";
+const ZEN_SDPA: &str = "zendnn.attention.flash_sdpa";
+const ZEN_SDPA_DOC: &str = "docs/operator/low_overhead_operator/lowoha_sdpa_operator.md";
+const ZEN_SDPA_CHECKS: &str = "zendnnl/src/lowoha_operators/sdpa/flash_sdpa/lowoha_flash_sdpa_utils.cpp";
+
+/// A `[2, 16, 128, 64]` attention request in `dtype` with a `mask` of `mask` dtype and `shape`.
+fn zen_masked(dtype: DType, mask: DType, shape: &[u64]) -> Request {
+    attention(dtype, 2, 128, 128, 16, 16, 64).tensor("mask", TensorDesc::new(mask, shape.to_vec()))
+}
+
+/// A `[2, 16, 128, d]` BHSD attention request in `dtype`.
+fn bhsd_of(dtype: DType, d: u64) -> Request {
+    let t = TensorDesc::new(dtype, [2, 16, 128, d]).with_layout(Layout::Bhsd);
+    Request::new(Op::Attention).tensor("q", t.clone()).tensor("k", t.clone()).tensor("v", t)
+}
+
+/// A ragged bf16 batch of 2 sequences packed into 256 tokens (`cu_seqlens_q/k`).
+fn ragged() -> Request {
+    attention(DType::BF16, 1, 256, 256, 16, 16, 128)
+        .tensor("cu_seqlens_q", TensorDesc::new(DType::I32, [3]))
+        .tensor("cu_seqlens_k", TensorDesc::new(DType::I32, [3]))
+}
+
+/// A RoPE request on `q` of `dtype`, `[1, 16, 8, 128]` BSHD (or its BHSD twin), with `strides`.
+fn rope_q(dtype: DType, layout: Layout, strides: Option<[u64; 4]>) -> Request {
+    let shape = if layout == Layout::Bhsd { [1, 8, 16, 128] } else { [1, 16, 8, 128] };
+    let q = TensorDesc::new(dtype, shape).with_layout(layout);
+    let q = match strides {
+        Some(s) => q.with_strides(s),
+        None => q,
+    };
+    Request::new(Op::Rope).tensor("q", q)
+}
+
+fn rms_of(dtype: DType) -> Request {
+    Request::new(Op::RmsNorm)
+        .tensor("x", TensorDesc::new(dtype, [64, 4096]))
+        .tensor("weight", TensorDesc::new(dtype, [4096]))
+}
+
+fn glu_of(dtype: DType) -> Request {
+    Request::new(Op::Swiglu)
+        .tensor("gate", TensorDesc::new(dtype, [64, 4096]))
+        .tensor("up", TensorDesc::new(dtype, [64, 4096]))
+}
+
 pub(super) fn facts() -> Vec<Fact> {
+    let mut rows = new_rows();
+    rows.extend(older_rows());
+    rows
+}
+
+fn new_rows() -> Vec<Fact> {
+    vec![
+        // xFormers cutlassF-pt.
+        fact(XF, "head_dim", src(XFORMERS, "xformers/ops/fmha/cutlass.py:173"), "h100", bf16(1, 16, 16, 1, 1, 65536))
+            .rejects(bf16(1, 16, 16, 1, 1, 65544), "HEAD_DIM_TOO_LARGE"),
+        // 16-bit operands on sm80+: 128 / 16 = 8 elements.
+        fact(XF, "head_dim", src(XFORMERS, "xformers/ops/fmha/common.py:581"), "h100", bf16(2, 128, 128, 16, 16, 136))
+            .rejects(bf16(2, 128, 128, 16, 16, 100), "HEAD_DIM_ALIGNMENT"),
+        // f32 on sm80+: matmul_alignment_mn = 4.
+        fact(
+            XF,
+            "head_dim",
+            src(XFORMERS, "xformers/ops/fmha/cutlass.py:59"),
+            "h100",
+            attention(DType::F32, 2, 128, 128, 16, 16, 100),
+        )
+        .rejects(attention(DType::F32, 2, 128, 128, 16, 16, 102), "HEAD_DIM_ALIGNMENT"),
+        // GQA as BMGHK: K/V expanded along the heads of each group.
+        fact(XF, "gqa", src(XFORMERS, "xformers/ops/fmha/__init__.py:268"), "h100", bf16(2, 128, 128, 32, 8, 128)),
+        fact(
+            XF,
+            "causal",
+            src(XFORMERS, "xformers/ops/fmha/cutlass.py:143"),
+            "h100",
+            top_left(bf16(2, 64, 128, 16, 16, 128)),
+        ),
+        fact(
+            XF,
+            "causal",
+            src(XFORMERS, "tests/test_mem_eff_attention.py:397"),
+            "h100",
+            attrs(bf16(2, 64, 128, 16, 16, 128), layerzero_tests::causal()),
+        )
+        .rejects(attrs(bf16(2, 128, 64, 16, 16, 128), layerzero_tests::causal()), "CAUSAL_SEQ_Q_EXCEEDS_SEQ_K"),
+        // The check itself is aten's ("invalid dtype for bias - should match query's dtype", in
+        // PyTorch's mem-efficient kernel, outside the xFormers tree); the xFormers tests build
+        // the tensor bias in q's dtype.
+        fact(
+            XF,
+            "float_mask_matches_q",
+            src(XFORMERS, "xformers/attn_bias_utils.py:71"),
+            "h100",
+            bf16(2, 128, 128, 16, 16, 128).tensor("mask", TensorDesc::new(DType::BF16, [2, 16, 128, 128])),
+        )
+        .rejects(
+            bf16(2, 128, 128, 16, 16, 128).tensor("mask", TensorDesc::new(DType::F32, [2, 16, 128, 128])),
+            "MASK_DTYPE_MISMATCH",
+        ),
+        fact(
+            XF,
+            "window",
+            src(XFORMERS, "xformers/ops/fmha/cutlass.py:179"),
+            "h100",
+            windowed(bf16(2, 128, 128, 16, 16, 128)),
+        ),
+        fact(XF, "varlen", src(XFORMERS, "xformers/ops/fmha/cutlass.py:73"), "h100", ragged()),
+        // Any stride(-2) that is a multiple of the alignment: BHSD as well as BSHD. No attention
+        // request has a third layout to reject.
+        fact(XF, "layouts", src(XFORMERS, "xformers/ops/fmha/common.py:583"), "h100", bhsd_of(DType::BF16, 128)),
+        // ZenDNN flash SDPA.
+        fact(
+            ZEN_SDPA,
+            "masks",
+            src(ZENDNN, &format!("{ZEN_SDPA_CHECKS}:148")),
+            "zen4",
+            zen_masked(DType::BF16, DType::BF16, &[2, 16, 128, 128]),
+        )
+        .rejects(zen_masked(DType::BF16, DType::Bool, &[2, 16, 128, 128]), "MASK_UNSUPPORTED"),
+        // Conservative for bf16/f16: an f32 mask is taken with them too (l.148, l.154); f32
+        // q needs an f32 mask (this line).
+        fact(
+            ZEN_SDPA,
+            "float_mask_matches_q",
+            src(ZENDNN, &format!("{ZEN_SDPA_CHECKS}:161")),
+            "zen4",
+            zen_masked(DType::F32, DType::F32, &[2, 16, 128, 128]),
+        )
+        .rejects(zen_masked(DType::F32, DType::BF16, &[2, 16, 128, 128]), "MASK_DTYPE_MISMATCH"),
+        fact(
+            ZEN_SDPA,
+            "mask_with_causal",
+            src(ZENDNN, &format!("{ZEN_SDPA_DOC}:159")),
+            "zen4",
+            top_left(zen_masked(DType::BF16, DType::BF16, &[2, 16, 128, 128])),
+        ),
+        // A 2-D [S_q, S_kv] mask broadcast over batch and heads.
+        fact(
+            ZEN_SDPA,
+            "mask_broadcast",
+            src(ZENDNN, &format!("{ZEN_SDPA_DOC}:156")),
+            "zen4",
+            zen_masked(DType::BF16, DType::BF16, &[128, 128]),
+        ),
+        fact(
+            ZEN_SDPA,
+            "custom_scale",
+            src(ZENDNN, "zendnnl/src/lowoha_operators/sdpa/flash_sdpa/lowoha_flash_sdpa.cpp:102"),
+            "zen4",
+            attrs(
+                attention(DType::BF16, 2, 128, 128, 16, 16, 64),
+                AttentionAttrs { scale: Some(0.05), ..AttentionAttrs::default() },
+            ),
+        ),
+        // Per-tensor BHSD strides: a BSHD tensor is the same with other strides.
+        fact(ZEN_SDPA, "layouts", src(ZENDNN, &format!("{ZEN_SDPA_DOC}:65")), "zen4", bhsd_of(DType::BF16, 64)),
+        fact(
+            "zendnn.linear.matmul",
+            "dtypes",
+            src(ZENDNN, "docs/operator/low_overhead_operator/lowoha_matmul_operator.md:151"),
+            "zen4",
+            linear_of(DType::F32),
+        )
+        .rejects(linear_of(DType::Fp8E4M3), "DTYPE_UNSUPPORTED"),
+        // Liger. No dtype whitelist upstream: the declared f32/f16/bf16 are the float types its
+        // helpers name (fp8 not claimed, conservative).
+        fact(
+            "liger.rms_norm.triton",
+            "dtypes",
+            src(LIGER, "src/liger_kernel/ops/utils.py:101"),
+            "h100",
+            rms_of(DType::F32),
+        )
+        .rejects(rms_of(DType::Fp8E4M3), "DTYPE_UNSUPPORTED"),
+        fact(
+            "liger.rope.triton",
+            "dtypes",
+            src(LIGER, "src/liger_kernel/ops/rope.py:87"),
+            "h100",
+            rope_q(DType::F32, Layout::Bshd, None),
+        )
+        .rejects(rope_q(DType::Fp8E4M3, Layout::Bshd, None), "DTYPE_UNSUPPORTED"),
+        // q arrives (bsz, n_head, seq, head_dim) and is transposed, then made contiguous.
+        fact(
+            "liger.rope.triton",
+            "layouts",
+            src(LIGER, "src/liger_kernel/ops/rope.py:118"),
+            "h100",
+            rope_q(DType::BF16, Layout::Bhsd, None),
+        ),
+        fact(
+            "liger.rope.triton",
+            "strides",
+            src(LIGER, "src/liger_kernel/ops/rope.py:131"),
+            "h100",
+            rope_q(DType::BF16, Layout::Bshd, Some([16 * 8 * 256, 8 * 256, 256, 2])),
+        ),
+        fact(
+            "liger.swiglu.triton",
+            "dtypes",
+            src(LIGER, "src/liger_kernel/ops/swiglu.py:64"),
+            "h100",
+            glu_of(DType::F32),
+        )
+        .rejects(glu_of(DType::Fp8E4M3), "DTYPE_UNSUPPORTED"),
+    ]
+}
+
+fn older_rows() -> Vec<Fact> {
     vec![
         Fact {
             kernel: "xformers.attention.cutlass",
@@ -132,7 +341,7 @@ pub(super) fn facts() -> Vec<Fact> {
         Fact {
             kernel: "zendnn.attention.flash_sdpa",
             field: "dtype_requirements",
-            source: src(ZENDNN, "zendnnl/src/lowoha_operators/sdpa/flash_sdpa/lowoha_sdpa_flash_cpu.cpp:829"),
+            source: src(ZENDNN, "zendnnl/src/lowoha_operators/sdpa/flash_sdpa/lowoha_sdpa_flash_cpu.cpp:837"),
             hardware: ("spr", "zen4"),
             accepted: attention(DType::F16, 1, 256, 256, 16, 16, 64),
             rejected: Some((attention(DType::F16, 1, 256, 256, 16, 16, 64), "DTYPE_UNSUPPORTED_ON_HARDWARE")),
@@ -140,7 +349,7 @@ pub(super) fn facts() -> Vec<Fact> {
         Fact {
             kernel: "zendnn.attention.flash_sdpa",
             field: "dtypes",
-            source: src(ZENDNN, "zendnnl/src/lowoha_operators/sdpa/flash_sdpa/lowoha_flash_sdpa_utils.cpp:30"),
+            source: src(ZENDNN, "zendnnl/src/lowoha_operators/sdpa/flash_sdpa/lowoha_flash_sdpa_utils.cpp:119"),
             hardware: ("zen4", "zen4"),
             accepted: attention(DType::BF16, 1, 256, 256, 16, 16, 64),
             rejected: Some((attention(DType::Fp8E4M3, 1, 256, 256, 16, 16, 64), "DTYPE_UNSUPPORTED")),
@@ -159,7 +368,7 @@ pub(super) fn facts() -> Vec<Fact> {
         Fact {
             kernel: "zendnn.attention.flash_sdpa",
             field: "strides",
-            source: src(ZENDNN, "zendnnl/src/lowoha_operators/sdpa/flash_sdpa/lowoha_flash_sdpa_utils.cpp:70"),
+            source: src(ZENDNN, "zendnnl/src/lowoha_operators/sdpa/flash_sdpa/lowoha_flash_sdpa_utils.cpp:73"),
             hardware: ("zen4", "zen4"),
             accepted: attention(DType::BF16, 1, 256, 256, 16, 16, 64),
             rejected: Some((strided_v(attention(DType::BF16, 1, 256, 256, 16, 16, 64)), "LAST_DIM_NOT_CONTIGUOUS")),
