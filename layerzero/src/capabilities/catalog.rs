@@ -26,7 +26,6 @@ const BUILTIN: &[(&str, &str)] = &[
     ("cpu_reference.json", include_str!("../../../capabilities/cpu_reference.json")),
     ("cpu.json", include_str!("../../../capabilities/cpu.json")),
     ("onednn.json", include_str!("../../../capabilities/onednn.json")),
-    ("cuda.json", include_str!("../../../capabilities/cuda.json")),
     ("flash_attn_2.json", include_str!("../../../capabilities/flash_attn_2.json")),
     ("flash_attn_3.json", include_str!("../../../capabilities/flash_attn_3.json")),
     ("flashinfer.json", include_str!("../../../capabilities/flashinfer.json")),

@@ -8,7 +8,6 @@
 //! its source.
 
 mod cpu;
-mod cuda;
 mod flash_attn;
 mod flashinfer;
 mod onednn;
@@ -192,7 +191,6 @@ fn facts() -> Vec<Fact> {
     let mut all = Vec::new();
     for rows in [
         cpu::facts(),
-        cuda::facts(),
         flash_attn::facts(),
         flashinfer::facts(),
         onednn::facts(),
@@ -270,11 +268,6 @@ fn our_cpu_kernels_accept_and_reject_as_their_code_says() {
 #[test]
 fn the_reference_kernels_accept_and_reject_as_their_code_says() {
     hold(reference::facts());
-}
-
-#[test]
-fn our_cuda_kernels_accept_and_reject_as_their_code_says() {
-    hold(cuda::facts());
 }
 
 #[test]
