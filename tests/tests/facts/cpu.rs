@@ -68,7 +68,7 @@ fn paged_of(dtype: DType, kv: DType, d: u64, layout: Layout, table: DType) -> Re
     paged(dtype, kv, 4, 1, 32, 8, d, 16, layout, table)
 }
 
-/// `req` with its attention attributes set to `a`.
+/// `req` causal, aligned `alignment` (the other attributes default).
 fn causal_as(req: Request, alignment: CausalAlignment) -> Request {
     attrs(req, AttentionAttrs { causal: true, causal_alignment: alignment, ..AttentionAttrs::default() })
 }
