@@ -449,3 +449,63 @@ fn a_drill_under_lz_generate_still_generates_the_healthy_tokens() {
         assert!(v["counters"]["fallbacks"].as_u64().is_some_and(|n| n > 0), "{mode}: {}", v["counters"]);
     }
 }
+
+#[test]
+fn requests_a_kernel_would_refuse_at_run_time_are_refused_at_selection_naming_the_field() {
+    let lz = LayerZero::detected().unwrap_or_else(|e| panic!("{e}"));
+    let t = |dtype: &str, shape: &[u64]| serde_json::json!({"dtype": dtype, "shape": shape});
+    let bshd = |b: u64| serde_json::json!({"dtype": "f32", "shape": [b, 12, 4, 32], "layout": "BSHD"});
+    let ragged = |k_batch: u64, cu_k: u64| {
+        serde_json::json!({"op": "attention", "tensors": {
+            "q": bshd(1), "k": bshd(k_batch), "v": bshd(k_batch),
+            "cu_seqlens_q": t("i32", &[3]), "cu_seqlens_k": t("i32", &[cu_k])}})
+    };
+    for (what, req, says) in [
+        (
+            "sample over rank-3 logits",
+            serde_json::json!({"op": "sample", "tensors": {"logits": t("f32", &[2, 3, 64])}, "attrs": {}}),
+            "tensor `logits` has rank 3",
+        ),
+        (
+            "top_k above the experts",
+            serde_json::json!({"op": "moe_route", "tensors": {"logits": t("f32", &[4, 8])}, "attrs": {"top_k": 9}}),
+            "attrs.top_k is 9",
+        ),
+        (
+            "top_k of 0",
+            serde_json::json!({"op": "moe_route", "tensors": {"logits": t("f32", &[4, 8])}, "attrs": {"top_k": 0}}),
+            "attrs.top_k is 0",
+        ),
+        (
+            "an odd rotary_dim",
+            serde_json::json!({"op": "rope", "tensors": {"q": t("f32", &[1, 4, 2, 64])}, "attrs": {"rotary_dim": 33}}),
+            "attrs.rotary_dim is 33",
+        ),
+        (
+            "a rotary_dim above head_dim",
+            serde_json::json!({"op": "rope", "tensors": {"q": t("f32", &[1, 4, 2, 64])}, "attrs": {"rotary_dim": 128}}),
+            "attrs.rotary_dim is 128",
+        ),
+        (
+            "an i8 output of linear_w8a8",
+            serde_json::json!({"op": "linear_w8a8", "tensors": {"x": t("i8", &[4, 64]), "weight": t("i8", &[32, 64])},
+                "attrs": {"out_dtype": "i8"}}),
+            "attrs.out_dtype is i8",
+        ),
+        ("ragged k with a batch of 2", ragged(2, 3), "k batch is 2"),
+        ("cu_seqlens of different lengths", ragged(1, 4), "tensor `cu_seqlens_k` has shape [4]"),
+    ] {
+        let req =
+            layerzero::model::request::Request::from_json(&req.to_string()).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let err = lz.select(&req).err().unwrap_or_else(|| panic!("{what} must be refused"));
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{what}: {err}");
+        assert!(
+            err.reasons().iter().any(|r| r.code() == ReasonCode::INVALID_REQUEST && r.message().contains(says)),
+            "{what}: expected {says:?} in {err}"
+        );
+    }
+    let fine =
+        serde_json::json!({"op": "rope", "tensors": {"q": t("f32", &[1, 4, 2, 64])}, "attrs": {"rotary_dim": 32}});
+    let fine = layerzero::model::request::Request::from_json(&fine.to_string()).unwrap_or_else(|e| panic!("{e}"));
+    assert!(lz.select(&fine).is_ok(), "a partial even rotary_dim is served");
+}

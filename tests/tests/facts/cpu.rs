@@ -389,11 +389,7 @@ fn norm_in(op: Op, dtype: DType, residual: bool) -> Request {
     let req = Request::new(op)
         .tensor("x", TensorDesc::new(dtype, [64, 4096]))
         .tensor("weight", TensorDesc::new(dtype, [4096]));
-    if residual {
-        req.tensor("residual", TensorDesc::new(dtype, [64, 4096]))
-    } else {
-        req
-    }
+    if residual { req.tensor("residual", TensorDesc::new(dtype, [64, 4096])) } else { req }
 }
 
 /// `req` with its tensor `name` read through [`every_other`].
@@ -749,11 +745,7 @@ fn quant_in(
         (QuantScheme::PerBlock, Some([r, c])) => {
             let (gr, gc) = (256u64.div_ceil(r), 512u64.div_ceil(c));
             let t = TensorDesc::new(DType::F32, [gr, gc]);
-            if layout == Some(ScaleLayout::ColumnMajor) {
-                t.with_strides([1, gr])
-            } else {
-                t
-            }
+            if layout == Some(ScaleLayout::ColumnMajor) { t.with_strides([1, gr]) } else { t }
         }
         _ => TensorDesc::new(DType::F32, [1]),
     };

@@ -1,11 +1,9 @@
-//! Capability facts, each held to the upstream source line that justifies it: per backend, a
-//! request the shipped kernel accepts and one it rejects with the declared reason, through the
-//! shipped catalog in planning mode. A row's source must read `owner/repo@commit:path:line`.
-//! Every constraint a shipped capability file declares needs a row, or an entry in
-//! `tests/data/facts_pending.json`: the facts written before this table, not yet held to a
-//! line. That list may only shrink, and facts of the kinds added with their sources
-//! (`exclusive`, `kv_cache_strides`, `gfx`) are never on it: a new fact cannot land without
-//! its source.
+//! Capability facts, each held to the source line that justifies it: per backend, a request
+//! the shipped kernel accepts and one it rejects with the declared reason, through the shipped
+//! catalog in planning mode. An upstream row's source reads `owner/repo@commit:path:line`; a
+//! row of our own kernels names a line of this repository by text that must occur on exactly
+//! one line. Every constraint a shipped capability file declares needs a row: a fact cannot
+//! land without its source.
 
 mod cpu;
 mod flash_attn;
@@ -322,36 +320,14 @@ fn declared_facts() -> Vec<(String, String)> {
 }
 
 #[test]
-fn no_shipped_fact_lacks_a_source_row_unless_it_is_listed_pending_and_the_list_only_shrinks() {
-    // Kinds added with their sources: never pending.
-    const SOURCED_KINDS: [&str; 3] = ["exclusive", "kv_cache_strides", "gfx"];
+fn every_fact_a_shipped_capability_file_declares_has_a_source_row() {
     let rows: Vec<(String, String)> = facts().iter().map(|f| (f.kernel.to_owned(), f.field.to_owned())).collect();
-    let file = layerzero_tests::repo_root().join("tests/data/facts_pending.json");
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{e}")))
-            .unwrap_or_else(|e| panic!("{e}"));
-    let pending: Vec<(String, String)> =
-        serde_json::from_value(doc["pending"].clone()).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-    let declared = declared_facts();
-    let mut problems = Vec::new();
-    for fact in &declared {
-        let (covered, waiting) = (rows.contains(fact), pending.contains(fact));
-        if !covered && !waiting {
-            problems.push(format!("{} declares {} with no source row (add one to tests/tests/facts/)", fact.0, fact.1));
-        }
-        if covered && waiting {
-            problems.push(format!("{} {} has a row now: remove it from {}", fact.0, fact.1, file.display()));
-        }
-        if waiting && SOURCED_KINDS.contains(&fact.1.as_str()) {
-            problems.push(format!("{} {}: facts of this kind are never pending", fact.0, fact.1));
-        }
-    }
-    for fact in &pending {
-        if !declared.contains(fact) {
-            problems.push(format!("{} {} is pending but no longer declared: remove it", fact.0, fact.1));
-        }
-    }
-    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    let missing: Vec<String> = declared_facts()
+        .into_iter()
+        .filter(|fact| !rows.contains(fact))
+        .map(|(kernel, field)| format!("{kernel} declares {field} with no source row (add one to tests/tests/facts/)"))
+        .collect();
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
 }
 
 #[test]

@@ -40,8 +40,18 @@ impl Problem {
                     v.err(format!("tensor `{name}` has {} entries; it needs batch + 1 >= 2", t.shape[0]));
                 }
             }
-            if bq != 1 {
-                v.err(format!("ragged attention packs all tokens into batch 1 of q; q batch is {bq}"));
+            if bq != 1 || bk != 1 {
+                v.err(format!(
+                    "ragged attention packs all tokens into batch 1 of q and k; q batch is {bq}, k batch is {bk}"
+                ));
+            }
+            if let (Some(cq), Some(ck)) = (v.tensor("cu_seqlens_q"), v.tensor("cu_seqlens_k"))
+                && cq.shape != ck.shape
+            {
+                v.err(format!(
+                    "tensor `cu_seqlens_k` has shape {:?}; it must equal `cu_seqlens_q`'s {:?} (one entry per sequence, + 1)",
+                    ck.shape, cq.shape
+                ));
             }
             batch =
                 v.tensor("cu_seqlens_q").map(|t| t.shape.first().copied().unwrap_or(1).saturating_sub(1)).unwrap_or(1);

@@ -54,6 +54,12 @@ impl Problem {
                     v.dtype_in(name, s, &[DType::F32]);
                 }
             }
+            if let crate::model::attrs::Attrs::W8a8(a) = &v.req.attrs
+                && let Some(o) = a.out_dtype
+                && !matches!(o, DType::F32 | DType::F16 | DType::BF16)
+            {
+                v.err(format!("attrs.out_dtype is {o}; linear_w8a8 produces f32, f16 or bf16"));
+            }
         } else {
             v.dtype_in("x", x, &[DType::F32, DType::F16, DType::BF16]);
             v.dtype_in("weight", w, &[DType::I8]);

@@ -79,7 +79,27 @@ impl Problem {
                 let tokens = v.tensor("ids").map(|i| i.numel()).unwrap_or(0);
                 return (t.dtype, Dims::Rows { rows: tokens, hidden });
             }
+            Op::Sample | Op::MoeRoute if t.rank() != 2 => {
+                v.err(format!(
+                    "tensor `logits` has rank {}; {op} needs [rows, {}]",
+                    t.rank(),
+                    if op == Op::Sample { "vocab" } else { "experts" }
+                ));
+            }
+            Op::MoeRoute => {
+                if let Attrs::MoeRoute(a) = &v.req.attrs
+                    && !(1..=hidden).contains(&a.top_k)
+                {
+                    v.err(format!("attrs.top_k is {}; it must be in [1, {hidden}] (the number of experts)", a.top_k));
+                }
+            }
             Op::Rope => {
+                if let Attrs::Rope(a) = &v.req.attrs
+                    && let Some(r) = a.rotary_dim
+                    && (r % 2 != 0 || r > hidden)
+                {
+                    v.err(format!("attrs.rotary_dim is {r}; it must be even and at most head_dim {hidden}"));
+                }
                 if let Some(l) = t.layout
                     && !matches!(l, Layout::Bshd | Layout::Bhsd)
                 {
