@@ -32,7 +32,7 @@ fn every_schema_is_a_valid_draft_2020_12_schema() {
 #[test]
 fn every_shipped_capability_file_validates_against_the_schema() {
     let files = json_files("capabilities");
-    assert_eq!(files.len(), 11, "one file per backend: {files:?}");
+    assert_eq!(files.len(), 10, "one file per backend: {files:?}");
     for f in &files {
         let errs = violations(SchemaKind::Capabilities, &read_json(f)).unwrap_or_else(|e| panic!("{e}"));
         assert!(errs.is_empty(), "{}: {errs:?}", f.display());
