@@ -170,6 +170,8 @@ reason_codes! {
     MASK_CAUSAL_CONFLICT => Constraint,
     /// The kernel needs a full [batch, heads, seq_q, seq_k] mask, not a broadcast one.
     MASK_BROADCAST_UNSUPPORTED => Constraint,
+    /// The kernel takes one mask shared by every head; this mask differs per head.
+    MASK_PER_HEAD_UNSUPPORTED => Constraint,
     /// The kernel does not do causal masking.
     CAUSAL_UNSUPPORTED => Constraint,
     /// The kernel cannot honour the requested causal alignment (they differ when seq_q != seq_k).

@@ -231,6 +231,12 @@ fn flips() -> Vec<Flip> {
             "MASK_BROADCAST_UNSUPPORTED",
         ),
         cu(
+            "mask_shared_by_heads",
+            json!({"mask_shared_by_heads": true}),
+            masked(DType::Bool, &[2, 16, 128, 128], AttentionAttrs::default()),
+            "MASK_PER_HEAD_UNSUPPORTED",
+        ),
+        cu(
             "dropout",
             json!({"dropout": null}),
             attn_with(AttentionAttrs { dropout_p: 0.1, ..Default::default() }),

@@ -350,6 +350,10 @@ pub struct Constraints {
     /// A mask may broadcast over batch/heads (otherwise it must be full [B, H, Sq, Sk]).
     #[serde(default)]
     pub mask_broadcast: bool,
+    /// The kernel takes one mask per sequence, shared by every head: a mask with a heads
+    /// dimension above one is refused.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mask_shared_by_heads: bool,
     /// Dropout.
     #[serde(default)]
     pub dropout: bool,
@@ -451,6 +455,7 @@ pub(crate) fn fields_for_op(op: Op) -> &'static [&'static str] {
         "float_mask_matches_q",
         "mask_with_causal",
         "mask_broadcast",
+        "mask_shared_by_heads",
         "dropout",
         "window",
         "softcap",
@@ -513,6 +518,7 @@ pub(crate) fn declared_op_fields(c: &Constraints) -> Vec<&'static str> {
     add(c.float_mask_matches_q, "float_mask_matches_q");
     add(c.mask_with_causal, "mask_with_causal");
     add(c.mask_broadcast, "mask_broadcast");
+    add(c.mask_shared_by_heads, "mask_shared_by_heads");
     add(c.dropout, "dropout");
     add(c.window, "window");
     add(c.softcap, "softcap");

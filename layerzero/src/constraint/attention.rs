@@ -163,6 +163,14 @@ fn mask(c: &Constraints, a: &AttentionAttrs, problem: &Problem, d: &AttentionDim
                 d.batch, d.heads_q, d.seq_q, d.seq_k
             ));
     }
+    if m.per_head && c.mask_shared_by_heads {
+        out.reject(ReasonCode::MASK_PER_HEAD_UNSUPPORTED, || {
+            format!(
+                "mask differs per head; the kernel takes one [seq_q, seq_k] = [{}, {}] mask per sequence, shared by all {} heads",
+                d.seq_q, d.seq_k, d.heads_q
+            )
+        });
+    }
 }
 
 fn features(c: &Constraints, a: &AttentionAttrs, d: &AttentionDims, out: &mut impl Sink) {

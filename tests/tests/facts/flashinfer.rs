@@ -202,9 +202,9 @@ fn older() -> Vec<Fact> {
             field: "masks",
             source: src(FLASHINFER, "flashinfer/utils.py:43"),
             hardware: ("h100", "h100"),
-            accepted: bf16(2, 128, 128, 16, 16, 128).tensor("mask", TensorDesc::new(DType::Bool, [2, 16, 128, 128])),
+            accepted: bf16(2, 128, 128, 16, 16, 128).tensor("mask", TensorDesc::new(DType::Bool, [2, 1, 128, 128])),
             rejected: Some((
-                bf16(2, 128, 128, 16, 16, 128).tensor("mask", TensorDesc::new(DType::BF16, [2, 16, 128, 128])),
+                bf16(2, 128, 128, 16, 16, 128).tensor("mask", TensorDesc::new(DType::BF16, [2, 1, 128, 128])),
                 "MASK_UNSUPPORTED",
             )),
         },
@@ -266,7 +266,11 @@ fn decode() -> Vec<Fact> {
 fn dense_prefill() -> Vec<Fact> {
     const K: &str = "flashinfer.attention.prefill";
     let mha = || bf16(2, 128, 128, 16, 16, 128);
+    let mask = |heads: u64| mha().tensor("mask", TensorDesc::new(DType::Bool, [2, heads, 128, 128]));
     vec![
+        // One [qo_len, kv_len] mask per request, for every head.
+        fact(K, "mask_shared_by_heads", src(FLASHINFER, "flashinfer/prefill.py:1239"), "h100", mask(1))
+            .rejects(mask(16), "MASK_PER_HEAD_UNSUPPORTED"),
         // T4 (sm 7.5) is the oldest GPU among the named profiles: nothing older to reject on.
         fact(
             K,

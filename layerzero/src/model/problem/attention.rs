@@ -119,7 +119,10 @@ impl Problem {
         }
         let expanded_ok = |i: usize| m.shape[i] == full[i] || m.strides.as_ref().is_some_and(|s| s.get(i) == Some(&0));
         let is_full = m.rank() == 4 && (0..4).all(expanded_ok);
-        Some(MaskInfo { kind, full: is_full })
+        // The heads dim, where the mask has one (rank 3 or 4, counted from the right).
+        let heads = m.rank().checked_sub(3).map(|i| (m.shape[i], m.strides.as_ref().and_then(|s| s.get(i).copied())));
+        let per_head = heads.is_some_and(|(h, stride)| h > 1 && stride != Some(0));
+        Some(MaskInfo { kind, full: is_full, per_head })
     }
 
     pub(super) fn paged(v: &mut Validator<'_>) -> (DType, Dims) {

@@ -45,6 +45,9 @@ pub struct MaskInfo {
     pub kind: MaskKind,
     /// True when the mask is a full [batch, heads, seq_q, seq_k] tensor (no broadcasting).
     pub full: bool,
+    /// True when the mask differs per head: a heads dimension above one, not expanded with
+    /// stride 0.
+    pub per_head: bool,
 }
 
 /// Paged-KV facts of a `paged_attention` request.
