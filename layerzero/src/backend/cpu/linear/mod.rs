@@ -320,6 +320,11 @@ pub(super) fn linear_int4(a: &Int4Args) -> Result<HostTensor, KernelError> {
     // What makes int4 arguments valid (packing, group size, scale shapes) is defined once,
     // by the oracle.
     let (_, _, k, n, g) = crate::backend::cpu_reference::linear::int4_dims(a)?;
+    // A group is unpacked a byte (two values) at a time from byte `group * g / 2`: an odd
+    // group would start mid-byte and read its neighbour's values.
+    if g % 2 != 0 {
+        return Err(invalid(format!("attrs.group_size is {g}; this kernel unpacks groups of an even size")));
+    }
     let mut holder = None;
     let x = rows_view(&a.x, &mut holder)?;
     let Storage::I8(bytes) = a.weight.storage() else {

@@ -280,6 +280,8 @@ fn int4_matches_the_dequantized_reference_for_group_sizes() {
             }
         }
     }
+    let odd = int4_args(2, 6, 3, 3, true, DType::F32);
+    assert!(matches!(linear_int4(&odd), Err(KernelError::InvalidInput(m)) if m.contains("group_size is 3")));
     let mut bad = int4_args(2, 64, 3, 32, true, DType::F32);
     bad.attrs.group_size = 48;
     assert!(matches!(linear_int4(&bad), Err(KernelError::InvalidInput(m)) if m.contains("SCALE_LAYOUT_MISMATCH")));
