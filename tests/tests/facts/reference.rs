@@ -324,14 +324,14 @@ fn row_ops() -> Vec<Fact> {
             "rope_styles",
             here(ROPE, "RopeStyle::RotateHalf => (i, i + half),"),
             "spr",
-            { rope(RopeStyle::RotateHalf) },
+            rope(RopeStyle::RotateHalf),
         ),
         fact(
             "cpu_reference.rope.naive",
             "rope_styles",
             here(ROPE, "RopeStyle::Interleaved => (2 * i, 2 * i + 1),"),
             "spr",
-            { rope(RopeStyle::Interleaved) },
+            rope(RopeStyle::Interleaved),
         ),
         fact("cpu_reference.rope.naive", "rope_scaling", here(ROPE, "rope_frequencies(a, rot, seq_len);"), "spr", {
             let scaled = RopeAttrs { scaling: Some(RopeScaling::Linear { factor: 4.0 }), ..RopeAttrs::default() };
@@ -346,7 +346,7 @@ fn row_ops() -> Vec<Fact> {
             "strides",
             here(ROPE, "let (x1, x2) = (x.at(b, s, h, i1), x.at(b, s, h, i2));"),
             "spr",
-            { every_other(rope(RopeStyle::RotateHalf), "q") },
+            every_other(rope(RopeStyle::RotateHalf), "q"),
         ),
         // rms_norm
         fact("cpu_reference.rms_norm.naive", "dtypes", here(NORM, "expect_float(\"x\", x)?;"), "spr", rms())
@@ -356,7 +356,7 @@ fn row_ops() -> Vec<Fact> {
             "fused_residual",
             here(NORM, "\"residual_out\", from_f64_as(dtype, a.x.shape(), &s)"),
             "spr",
-            { residual(rms()) },
+            residual(rms()),
         ),
         fact("cpu_reference.rms_norm.naive", "strides", here(NORM, "let mut s = a.x.to_f64_vec();"), "spr", {
             every_other(rms(), "x")
@@ -369,7 +369,7 @@ fn row_ops() -> Vec<Fact> {
             "fused_residual",
             here(NORM, "\"residual_out\", from_f64_as(dtype, a.x.shape(), &x)"),
             "spr",
-            { residual(layer_norm()) },
+            residual(layer_norm()),
         ),
         fact("cpu_reference.layer_norm.naive", "strides", here(NORM, "let mut x = a.x.to_f64_vec();"), "spr", {
             every_other(layer_norm(), "x")
@@ -395,7 +395,7 @@ fn row_ops() -> Vec<Fact> {
             "glu_forms",
             here(ACTIVATION, "(_, Some(gate), Some(up)) => Ok((gate.to_f64_vec()"),
             "spr",
-            { swiglu(false) },
+            swiglu(false),
         ),
         fact("cpu_reference.swiglu.naive", "strides", here(ACTIVATION, "let all = x.to_f64_vec();"), "spr", {
             every_other(swiglu(true), "x")
@@ -413,28 +413,28 @@ fn row_ops() -> Vec<Fact> {
             "glu_forms",
             here(ACTIVATION, "(_, Some(gate), Some(up)) => Ok((gate.to_f64_vec()"),
             "spr",
-            { geglu(false, GeluApproximate::None) },
+            geglu(false, GeluApproximate::None),
         ),
         fact(
             "cpu_reference.geglu.naive",
             "gelu_approximations",
             here(ACTIVATION, "GeluApproximate::None => gelu_erf,"),
             "spr",
-            { geglu(false, GeluApproximate::None) },
+            geglu(false, GeluApproximate::None),
         ),
         fact(
             "cpu_reference.geglu.naive",
             "gelu_approximations",
             here(ACTIVATION, "GeluApproximate::Tanh => gelu_tanh,"),
             "spr",
-            { geglu(false, GeluApproximate::Tanh) },
+            geglu(false, GeluApproximate::Tanh),
         ),
         fact(
             "cpu_reference.geglu.naive",
             "strides",
             here(ACTIVATION, "(_, Some(gate), Some(up)) => Ok((gate.to_f64_vec()"),
             "spr",
-            { every_other(geglu(false, GeluApproximate::Tanh), "up") },
+            every_other(geglu(false, GeluApproximate::Tanh), "up"),
         ),
         // gelu
         fact("cpu_reference.gelu.naive", "dtypes", here(ACTIVATION, "from_f64_as(x.dtype(), x.shape(), &v)"), "spr", {
@@ -446,14 +446,14 @@ fn row_ops() -> Vec<Fact> {
             "gelu_approximations",
             here(ACTIVATION, "GeluApproximate::None => gelu_erf,"),
             "spr",
-            { gelu(GeluApproximate::None) },
+            gelu(GeluApproximate::None),
         ),
         fact(
             "cpu_reference.gelu.naive",
             "gelu_approximations",
             here(ACTIVATION, "GeluApproximate::Tanh => gelu_tanh,"),
             "spr",
-            { gelu(GeluApproximate::Tanh) },
+            gelu(GeluApproximate::Tanh),
         ),
         fact("cpu_reference.gelu.naive", "strides", here(ACTIVATION, "x.to_f64_vec().into_iter().map(act)"), "spr", {
             every_other(gelu(GeluApproximate::Tanh), "x")
@@ -515,7 +515,7 @@ fn matrix_ops() -> Vec<Fact> {
             "dtypes",
             here(LINEAR, "DType::F32 | DType::F16 | DType::BF16 => Ok(()),"),
             "spr",
-            { linear_of(DType::BF16) },
+            linear_of(DType::BF16),
         )
         .rejects(linear_of(fp8), "DTYPE_UNSUPPORTED"),
         fact("cpu_reference.linear.naive", "weight_layouts", here(LINEAR, "WeightLayout::Nt => matmul_f64("), "spr", {
@@ -533,28 +533,28 @@ fn matrix_ops() -> Vec<Fact> {
             "dtypes",
             here(QUANT, "if !matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16) {"),
             "spr",
-            { quantize(quant_attrs(QuantScheme::PerTensor, None, None), None) },
+            quantize(quant_attrs(QuantScheme::PerTensor, None, None), None),
         ),
         fact(
             "cpu_reference.quantize.naive",
             "quant_schemes",
             here(QUANT, "let none = grid.scheme == QuantScheme::None;"),
             "spr",
-            { quantize(quant_attrs(QuantScheme::None, None, None), Some(DType::Fp8E4M3)) },
+            quantize(quant_attrs(QuantScheme::None, None, None), Some(DType::Fp8E4M3)),
         ),
         fact(
             "cpu_reference.quantize.naive",
             "quant_schemes",
             here(QUANT, "let scales: Vec<f32> = amax.iter()"),
             "spr",
-            { quantize(quant_attrs(QuantScheme::PerChannel, None, None), None) },
+            quantize(quant_attrs(QuantScheme::PerChannel, None, None), None),
         ),
         fact(
             "cpu_reference.quantize.naive",
             "quant_schemes",
             here(QUANT, "let scale = if grid.scheme == QuantScheme::PerBlock"),
             "spr",
-            { quantize(quant_attrs(QuantScheme::PerBlock, block, None), None) },
+            quantize(quant_attrs(QuantScheme::PerBlock, block, None), None),
         ),
         fact("cpu_reference.quantize.naive", "quant_targets", here(QUANT, "Target::I8 => Storage::I8("), "spr", {
             quantize(quant_attrs(QuantScheme::PerTensor, None, None), Some(DType::I8))
@@ -564,14 +564,14 @@ fn matrix_ops() -> Vec<Fact> {
             "quant_targets",
             here(QUANT, "Target::Fp8(Fp8::E5M2) => Storage::Fp8E5M2("),
             "spr",
-            { quantize(quant_attrs(QuantScheme::PerTensor, None, None), Some(DType::Fp8E5M2)) },
+            quantize(quant_attrs(QuantScheme::PerTensor, None, None), Some(DType::Fp8E5M2)),
         ),
         fact(
             "cpu_reference.quantize.naive",
             "scale_layouts",
             here(QUANT, "let column_major = a.attrs.scale_layout == Some(ScaleLayout::ColumnMajor);"),
             "spr",
-            { quantize(quant_attrs(QuantScheme::PerBlock, block, Some(ScaleLayout::ColumnMajor)), None) },
+            quantize(quant_attrs(QuantScheme::PerBlock, block, Some(ScaleLayout::ColumnMajor)), None),
         ),
         fact("cpu_reference.quantize.naive", "strides", here(QUANT, "let vals = x.to_f32_vec();"), "spr", {
             every_other(quantize(quant_attrs(QuantScheme::PerTensor, None, None), None), "x")
@@ -582,7 +582,7 @@ fn matrix_ops() -> Vec<Fact> {
             "dtypes",
             here(QUANT, "Target::of(x.dtype(), \"tensor `x` dtype\")?;"),
             "spr",
-            { dequantize(quant_attrs(QuantScheme::PerTensor, None, None), DType::I8, f32_of(&[1])) },
+            dequantize(quant_attrs(QuantScheme::PerTensor, None, None), DType::I8, f32_of(&[1])),
         ),
         fact("cpu_reference.dequantize.naive", "quant_schemes", here(QUANT, "v * scales[grid.group(i)]"), "spr", {
             dequantize(quant_attrs(QuantScheme::PerChannel, None, None), DType::I8, f32_of(&[256]))
@@ -592,7 +592,7 @@ fn matrix_ops() -> Vec<Fact> {
             "quant_targets",
             here(QUANT, "Target::of(x.dtype(), \"tensor `x` dtype\")?;"),
             "spr",
-            { dequantize(quant_attrs(QuantScheme::PerTensor, None, None), DType::Fp8E5M2, f32_of(&[1])) },
+            dequantize(quant_attrs(QuantScheme::PerTensor, None, None), DType::Fp8E5M2, f32_of(&[1])),
         ),
         fact(
             "cpu_reference.dequantize.naive",
@@ -629,7 +629,7 @@ fn matrix_ops() -> Vec<Fact> {
             "layouts",
             here(LINEAR, "if matches!(a.weight.layout(), Some(l) if l != Layout::Nt) {"),
             "spr",
-            { w8a8(w8().with_layout(Layout::Nt)) },
+            w8a8(w8().with_layout(Layout::Nt)),
         )
         .rejects(w8a8(w8().with_layout(Layout::Nn)), "LAYOUT_UNSUPPORTED"),
         // linear_int4
@@ -645,7 +645,7 @@ fn matrix_ops() -> Vec<Fact> {
             "strides",
             here(LINEAR, "let packed = a.weight.to_i64_vec();"),
             "spr",
-            { every_other(int4(), "weight") },
+            every_other(int4(), "weight"),
         ),
         // mlp
         fact(
@@ -743,7 +743,7 @@ fn matrix_ops() -> Vec<Fact> {
             "layouts",
             here(PATCH, "None | Some(Layout::Nchw) => false,"),
             "spr",
-            { patch_embed(nchw().with_layout(Layout::Nchw)) },
+            patch_embed(nchw().with_layout(Layout::Nchw)),
         ),
         fact("cpu_reference.patch_embed.naive", "layouts", here(PATCH, "Some(Layout::Nhwc) => true,"), "spr", {
             patch_embed(TensorDesc::new(DType::BF16, [1, 224, 224, 3]).with_layout(Layout::Nhwc))
