@@ -2,17 +2,6 @@
 
 use super::*;
 
-/// `req` (BSHD q, k, v) with each tensor tagged BHSD: the same problem held head-major.
-pub(super) fn head_major(req: Request) -> Request {
-    let mut out = req.clone();
-    for name in ["q", "k", "v"] {
-        let t: TensorDesc = req.get(name).cloned().unwrap_or_else(|| panic!("no {name}"));
-        let [b, s, h, d] = [t.shape[0], t.shape[1], t.shape[2], t.shape[3]];
-        out = out.tensor(name, TensorDesc::new(t.dtype, [b, h, s, d]).with_layout(Layout::Bhsd));
-    }
-    out
-}
-
 /// A bf16 ragged batch: 4 sequences packed into 512 tokens, with their int32 offsets.
 pub(super) fn ragged() -> Request {
     bf16(1, 512, 512, 16, 16, 128)

@@ -147,15 +147,32 @@ fn dropped(req: Request) -> Request {
     attrs(req, AttentionAttrs { dropout_p: 0.1, ..AttentionAttrs::default() })
 }
 
-/// `req` with `v` read every other element along its last dim (`stride(-1) == 2`).
-fn strided_v(req: Request) -> Request {
-    let v: TensorDesc = req.get("v").cloned().unwrap_or_else(|| panic!("no v"));
-    let mut strides = vec![2u64; v.shape.len()];
-    for d in (0..v.shape.len().saturating_sub(1)).rev() {
-        strides[d] = strides[d + 1] * v.shape[d + 1];
+/// `req` with its tensor `name` read every other element along its last dim
+/// (`stride(-1) == 2`): a view of a twice-as-wide buffer.
+fn strided(req: Request, name: &str) -> Request {
+    let t: TensorDesc = req.get(name).cloned().unwrap_or_else(|| panic!("no {name}"));
+    let mut strides = vec![2u64; t.shape.len()];
+    for d in (0..t.shape.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * t.shape[d + 1];
     }
-    let v = v.with_strides(strides);
-    req.tensor("v", v)
+    let t = t.with_strides(strides);
+    req.tensor(name, t)
+}
+
+/// `req` with `v` read through [`strided`].
+fn strided_v(req: Request) -> Request {
+    strided(req, "v")
+}
+
+/// `req` (BSHD q, k, v) held head-major: each tensor [b, h, s, d] tagged BHSD.
+fn head_major(req: Request) -> Request {
+    let mut out = req.clone();
+    for name in ["q", "k", "v"] {
+        let t: TensorDesc = req.get(name).cloned().unwrap_or_else(|| panic!("no {name}"));
+        let [b, s, h, d] = [t.shape[0], t.shape[1], t.shape[2], t.shape[3]];
+        out = out.tensor(name, TensorDesc::new(t.dtype, [b, h, s, d]).with_layout(Layout::Bhsd));
+    }
+    out
 }
 
 fn softcap(dropout_p: f64) -> AttentionAttrs {

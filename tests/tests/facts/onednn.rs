@@ -27,8 +27,7 @@ fn sdpa(dtype: DType) -> Request {
 
 /// A `[2, 16, 128, 64]` BHSD attention request (heads before the sequence).
 fn bhsd(dtype: DType) -> Request {
-    let t = TensorDesc::new(dtype, [2, 16, 128, 64]).with_layout(Layout::Bhsd);
-    Request::new(Op::Attention).tensor("q", t.clone()).tensor("k", t.clone()).tensor("v", t)
+    head_major(attention(dtype, 2, 128, 128, 16, 16, 64))
 }
 
 fn masked(req: Request, dtype: DType, shape: [u64; 4]) -> Request {

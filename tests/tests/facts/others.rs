@@ -14,8 +14,7 @@ fn zen_masked(dtype: DType, mask: DType, shape: &[u64]) -> Request {
 
 /// A `[2, 16, 128, d]` BHSD attention request in `dtype`.
 fn bhsd_of(dtype: DType, d: u64) -> Request {
-    let t = TensorDesc::new(dtype, [2, 16, 128, d]).with_layout(Layout::Bhsd);
-    Request::new(Op::Attention).tensor("q", t.clone()).tensor("k", t.clone()).tensor("v", t)
+    head_major(attention(dtype, 2, 128, 128, 16, 16, d))
 }
 
 /// A ragged bf16 batch of 2 sequences packed into 256 tokens (`cu_seqlens_q/k`).

@@ -1,7 +1,7 @@
 //! ROCm facts: FlashAttention-2's Composable Kernel and Triton builds and PyTorch SDPA's AOTriton
 //! kernels.
 
-use super::flash_attn::{alibi, head_major, local, paged_bf16, ragged, scaled};
+use super::flash_attn::{alibi, local, paged_bf16, ragged, scaled};
 use super::*;
 
 pub(super) fn facts() -> Vec<Fact> {

@@ -68,8 +68,7 @@ fn v_dim(req: Request, dv: u64) -> Request {
 
 /// bf16 self-attention with q, k and v in BHSD (`[2, 16, 128, 128]`).
 fn bhsd() -> Request {
-    let t = TensorDesc::new(DType::BF16, [2, 16, 128, 128]).with_layout(Layout::Bhsd);
-    Request::new(Op::Attention).tensor("q", t.clone()).tensor("k", t.clone()).tensor("v", t)
+    head_major(bf16(2, 128, 128, 16, 16, 128))
 }
 
 /// [`base`] with a `dtype` mask of `shape`.

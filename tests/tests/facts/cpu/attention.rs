@@ -22,8 +22,7 @@ fn v_dim(req: Request, dv: u64) -> Request {
 
 /// bf16 self-attention with q, k and v in BHSD (`[1, 8, 128, 128]`).
 fn bhsd() -> Request {
-    let t = TensorDesc::new(DType::BF16, [1, 8, 128, 128]).with_layout(Layout::Bhsd);
-    Request::new(Op::Attention).tensor("q", t.clone()).tensor("k", t.clone()).tensor("v", t)
+    head_major(bf16(1, 128, 128, 8, 8, 128))
 }
 
 /// bf16 self-attention of `[1, 128, 8, 128]` with a `dtype` mask of `shape`.

@@ -13,17 +13,6 @@ fn att(d: u64) -> Request {
     bf16(2, 64, 64, 8, 8, d)
 }
 
-/// `req` (BSHD q, k, v) held head-major: each tensor [b, h, s, d] tagged BHSD.
-fn bhsd(req: Request) -> Request {
-    let mut out = req.clone();
-    for name in ["q", "k", "v"] {
-        let t: TensorDesc = req.get(name).cloned().unwrap_or_else(|| panic!("no {name}"));
-        let [b, s, h, d] = [t.shape[0], t.shape[1], t.shape[2], t.shape[3]];
-        out = out.tensor(name, TensorDesc::new(t.dtype, [b, h, s, d]).with_layout(Layout::Bhsd));
-    }
-    out
-}
-
 /// `req` with a mask of `dtype` and `shape`.
 fn masked(req: Request, dtype: DType, shape: &[u64]) -> Request {
     req.tensor("mask", TensorDesc::new(dtype, shape.to_vec()))
@@ -97,7 +86,7 @@ pub(super) fn attention() -> Vec<Fact> {
                 .tensor("cu_seqlens_q", TensorDesc::new(DType::I32, [5]))
                 .tensor("cu_seqlens_k", TensorDesc::new(DType::I32, [5]))
         }),
-        fact(K, "layouts", here(MOD, "Layout::Bhsd => true,"), "spr", bhsd(att(64))),
+        fact(K, "layouts", here(MOD, "Layout::Bhsd => true,"), "spr", head_major(att(64))),
         fact(K, "strides", here(MOD, "self.t.at(&[b, h, s, d])"), "spr", strided_v(att(64))),
     ]
 }

@@ -22,17 +22,6 @@ fn retyped(req: Request, names: &[&str], dtype: DType) -> Request {
     out
 }
 
-/// `req` with tensor `name` read every other element along its last dim (`stride(-1) == 2`).
-fn every_other(req: Request, name: &str) -> Request {
-    let t: TensorDesc = req.get(name).cloned().unwrap_or_else(|| panic!("no {name}"));
-    let mut strides = vec![2u64; t.shape.len()];
-    for d in (0..t.shape.len().saturating_sub(1)).rev() {
-        strides[d] = strides[d + 1] * t.shape[d + 1];
-    }
-    let t = t.with_strides(strides);
-    req.tensor(name, t)
-}
-
 pub(super) fn facts() -> Vec<Fact> {
     let mut rows = attention::attention();
     rows.extend(attention::paged_attention());

@@ -98,7 +98,7 @@ pub(super) fn row_ops() -> Vec<Fact> {
             "strides",
             here(ROPE, "let (x1, x2) = (x.at(b, s, h, i1), x.at(b, s, h, i2));"),
             "spr",
-            every_other(rope(RopeStyle::RotateHalf), "q"),
+            strided(rope(RopeStyle::RotateHalf), "q"),
         ),
         // rms_norm
         fact("cpu_reference.rms_norm.naive", "dtypes", here(NORM, "expect_float(\"x\", x)?;"), "spr", rms())
@@ -111,7 +111,7 @@ pub(super) fn row_ops() -> Vec<Fact> {
             residual(rms()),
         ),
         fact("cpu_reference.rms_norm.naive", "strides", here(NORM, "let mut s = a.x.to_f64_vec();"), "spr", {
-            every_other(rms(), "x")
+            strided(rms(), "x")
         }),
         // layer_norm
         fact("cpu_reference.layer_norm.naive", "dtypes", here(NORM, "expect_float(\"x\", x)?;"), "spr", layer_norm())
@@ -124,7 +124,7 @@ pub(super) fn row_ops() -> Vec<Fact> {
             residual(layer_norm()),
         ),
         fact("cpu_reference.layer_norm.naive", "strides", here(NORM, "let mut x = a.x.to_f64_vec();"), "spr", {
-            every_other(layer_norm(), "x")
+            strided(layer_norm(), "x")
         }),
         // swiglu
         fact(
@@ -150,7 +150,7 @@ pub(super) fn row_ops() -> Vec<Fact> {
             swiglu(false),
         ),
         fact("cpu_reference.swiglu.naive", "strides", here(ACTIVATION, "let all = x.to_f64_vec();"), "spr", {
-            every_other(swiglu(true), "x")
+            strided(swiglu(true), "x")
         }),
         // geglu
         fact("cpu_reference.geglu.naive", "dtypes", here(ACTIVATION, "from_f64_as(dtype, &shape, &v)"), "spr", {
@@ -186,7 +186,7 @@ pub(super) fn row_ops() -> Vec<Fact> {
             "strides",
             here(ACTIVATION, "(_, Some(gate), Some(up)) => Ok((gate.to_f64_vec()"),
             "spr",
-            every_other(geglu(false, GeluApproximate::Tanh), "up"),
+            strided(geglu(false, GeluApproximate::Tanh), "up"),
         ),
         // gelu
         fact("cpu_reference.gelu.naive", "dtypes", here(ACTIVATION, "from_f64_as(x.dtype(), x.shape(), &v)"), "spr", {
@@ -208,7 +208,7 @@ pub(super) fn row_ops() -> Vec<Fact> {
             gelu(GeluApproximate::Tanh),
         ),
         fact("cpu_reference.gelu.naive", "strides", here(ACTIVATION, "x.to_f64_vec().into_iter().map(act)"), "spr", {
-            every_other(gelu(GeluApproximate::Tanh), "x")
+            strided(gelu(GeluApproximate::Tanh), "x")
         }),
         // silu
         fact("cpu_reference.silu.naive", "dtypes", here(ACTIVATION, "from_f64_as(x.dtype(), x.shape(), &v)"), "spr", {
@@ -216,7 +216,7 @@ pub(super) fn row_ops() -> Vec<Fact> {
         })
         .rejects(retyped(unary(Op::Silu, Attrs::None(Default::default())), &["x"], fp8), "DTYPE_UNSUPPORTED"),
         fact("cpu_reference.silu.naive", "strides", here(ACTIVATION, "x.to_f64_vec().into_iter().map(act)"), "spr", {
-            every_other(unary(Op::Silu, Attrs::None(Default::default())), "x")
+            strided(unary(Op::Silu, Attrs::None(Default::default())), "x")
         }),
         // embedding
         fact(
@@ -228,7 +228,7 @@ pub(super) fn row_ops() -> Vec<Fact> {
         )
         .rejects(retyped(embedding(), &["table"], fp8), "DTYPE_UNSUPPORTED"),
         fact("cpu_reference.embedding.naive", "strides", here(EMBEDDING, "table.at(&[row, c])"), "spr", {
-            every_other(embedding(), "table")
+            strided(embedding(), "table")
         }),
         // sample
         fact("cpu_reference.sample.naive", "dtypes", here(SAMPLE, "expect_float(\"logits\", logits)?;"), "spr", {
@@ -236,7 +236,7 @@ pub(super) fn row_ops() -> Vec<Fact> {
         })
         .rejects(retyped(logits(Op::Sample, 8, 32000), &["logits"], fp8), "DTYPE_UNSUPPORTED"),
         fact("cpu_reference.sample.naive", "strides", here(SAMPLE, "let values = logits.to_f64_vec();"), "spr", {
-            every_other(logits(Op::Sample, 8, 32000), "logits")
+            strided(logits(Op::Sample, 8, 32000), "logits")
         }),
         // moe_route
         fact("cpu_reference.moe_route.naive", "dtypes", here(MOE, "expect_float(\"logits\", logits)?;"), "spr", {
@@ -244,7 +244,7 @@ pub(super) fn row_ops() -> Vec<Fact> {
         })
         .rejects(retyped(logits(Op::MoeRoute, 64, 8), &["logits"], fp8), "DTYPE_UNSUPPORTED"),
         fact("cpu_reference.moe_route.naive", "strides", here(MOE, "let values = logits.to_f64_vec();"), "spr", {
-            every_other(logits(Op::MoeRoute, 64, 8), "logits")
+            strided(logits(Op::MoeRoute, 64, 8), "logits")
         }),
         // Its expert ids are i32: more experts than i32 holds are refused (a limit the file
         // did not declare: added).
