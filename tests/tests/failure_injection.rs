@@ -509,3 +509,33 @@ fn requests_a_kernel_would_refuse_at_run_time_are_refused_at_selection_naming_th
     let fine = layerzero::model::request::Request::from_json(&fine.to_string()).unwrap_or_else(|e| panic!("{e}"));
     assert!(lz.select(&fine).is_ok(), "a partial even rotary_dim is served");
 }
+
+#[test]
+fn a_kernel_of_a_loaded_backend_without_an_executor_is_refused_on_the_host_until_one_is_registered() {
+    // A builtin backend of one kernel LayerZero has no executor for (`execution: external`),
+    // as the oneDNN Graph SDPA kernel is.
+    let shipped: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(repo_root().join("capabilities/cpu.json")).unwrap_or_default())
+            .unwrap_or_else(|e| panic!("{e}"));
+    let mut kernel = shipped["kernels"]
+        .as_array()
+        .and_then(|ks| ks.iter().find(|k| k["id"] == "cpu.linear.fast"))
+        .cloned()
+        .unwrap_or_else(|| panic!("cpu.linear.fast is shipped"));
+    kernel["id"] = "mine.linear.fast".into();
+    kernel["execution"] = "external".into();
+    let doc = serde_json::json!({"schema_version": 1, "backend": "mine", "description": "no executor", "device": "cpu",
+        "version": "0", "execution": "builtin", "kernels": [kernel]});
+    let catalog =
+        Arc::new(Catalog::from_texts(&[("mine.json".to_owned(), doc.to_string())]).unwrap_or_else(|e| panic!("{e}")));
+    let args = linear(8);
+    let lz = LayerZero::detected_with(catalog).unwrap_or_else(|e| panic!("{e}"));
+    let report = lz.explain(&args.describe());
+    let mine = report.candidate("mine.linear.fast").unwrap_or_else(|| panic!("no candidate"));
+    assert_eq!(mine.reasons.first().map(|r| r.code()), Some(ReasonCode::EXECUTOR_NOT_REGISTERED), "{:?}", mine.reasons);
+    assert!(lz.dispatch(&args).is_err(), "nothing else in this catalog can run it");
+    let lz = lz.register("mine.linear.fast", builtin("cpu.linear.fast")).unwrap_or_else(|e| panic!("{e}"));
+    let d = lz.dispatch(&args).unwrap_or_else(|e| panic!("registered, it runs: {e}"));
+    assert_eq!(d.selection().kernel, "mine.linear.fast");
+    matches_reference(&d, &args);
+}

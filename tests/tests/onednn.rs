@@ -345,3 +345,16 @@ fn in_process_a_weight_is_packed_once_and_a_shape_compiled_once_however_many_cal
         packed_stats()
     );
 }
+
+#[test]
+fn in_process_the_kernels_bound_when_the_library_loads_are_the_ones_listed_without_it() {
+    if in_process_matmul().is_none() {
+        return;
+    }
+    let r = layerzero::exec::executor::Registry::builtin();
+    let mut bound: Vec<&str> = r.kernels().filter(|k| k.starts_with("onednn.")).collect();
+    let mut listed: Vec<&str> = layerzero::backend::onednn::kernels().collect();
+    bound.sort_unstable();
+    listed.sort_unstable();
+    assert_eq!(bound, listed);
+}

@@ -592,6 +592,10 @@ pub struct KernelSpec {
     /// Kernel version (defaults to the backend's).
     #[serde(default)]
     pub version: Option<String>,
+    /// How it runs, when it differs from the backend's: `external` for a kernel of a library
+    /// LayerZero loads but has no executor for (it runs when the host registers one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub execution: Option<Execution>,
     /// For a backend loaded at run time: the library versions this kernel's facts were
     /// checked against; another loaded version rejects it (`BACKEND_VERSION_UNSUPPORTED`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -611,6 +615,11 @@ impl KernelSpec {
     /// The device kind the kernel runs on.
     pub fn device_kind(&self, backend: &BackendSpec) -> DeviceKind {
         self.device.unwrap_or(backend.device)
+    }
+
+    /// How the kernel is executed.
+    pub fn execution(&self, backend: &BackendSpec) -> Execution {
+        self.execution.unwrap_or(backend.execution)
     }
 }
 

@@ -1,7 +1,7 @@
 //! Availability: which backends can run here. Computed at the edge (probes) or assumed
 //! (planning for a named profile), then handed to the pure selector as data.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::capabilities::catalog::Catalog;
 use crate::capabilities::spec::{BackendSpec, Execution, KernelSpec};
@@ -35,6 +35,18 @@ pub(crate) fn judge<S: Sink>(
                         )
                     });
                 }
+            }
+            if kernel.execution(backend) == Execution::External
+                && backend.execution != Execution::External
+                && !availability.planning
+                && !availability.registered.contains(&kernel.id)
+            {
+                sink.reject(ReasonCode::EXECUTOR_NOT_REGISTERED, || {
+                    format!(
+                        "{} is loaded, but LayerZero has no executor for {}; it runs when the host registers one",
+                        backend.backend, kernel.id
+                    )
+                });
             }
         }
         BackendStatus::NotInstalled(why) => sink.reject(ReasonCode::BACKEND_NOT_INSTALLED, || why),
@@ -81,6 +93,8 @@ pub struct Availability {
     statuses: BTreeMap<String, BackendStatus>,
     /// Libraries loaded by a versioned probe (`probe.loader`), by backend.
     libraries: BTreeMap<String, LoadedLibrary>,
+    /// Kernels the host registered an executor for.
+    registered: BTreeSet<String>,
     planning: bool,
 }
 
@@ -89,7 +103,7 @@ impl Availability {
     /// counts as installed. Device kinds are checked per request by the selector.
     pub fn planning(catalog: &Catalog) -> Availability {
         let statuses = catalog.backends().iter().map(|b| (b.backend.clone(), BackendStatus::Available)).collect();
-        Availability { statuses, libraries: BTreeMap::new(), planning: true }
+        Availability { statuses, libraries: BTreeMap::new(), registered: BTreeSet::new(), planning: true }
     }
 
     /// This host: builtin backends are available, dynamic-library backends are probed,
@@ -133,15 +147,16 @@ impl Availability {
             };
             statuses.insert(b.backend.clone(), status);
         }
-        Availability { statuses, libraries, planning: false }
+        Availability { statuses, libraries, registered: BTreeSet::new(), planning: false }
     }
 
-    /// Marks the backend of `kernel_id` available because an executor was registered for it,
-    /// where this machine has a device the kernel runs on (planning availability is
-    /// unchanged: every backend already counts as installed).
+    /// Records that the host registered an executor for `kernel_id`, and marks its backend
+    /// available where this machine has a device the kernel runs on (planning availability
+    /// is unchanged: every backend already counts as installed).
     pub fn mark_registered(&mut self, catalog: &Catalog, hw: &HardwareProfile, kernel_id: &str) {
         let Some(ki) = catalog.find(kernel_id) else { return };
         let (backend, kernel) = catalog.kernel(ki);
+        self.registered.insert(kernel.id.clone());
         if self.planning || !hw.devices.iter().any(|d| d.kind == kernel.device_kind(backend)) {
             return;
         }

@@ -386,3 +386,22 @@ fn an_mi300x_selects_a_rocm_kernel_for_common_attention_and_paged_requests_and_i
         );
     }
 }
+
+#[test]
+fn every_kernel_layerzero_runs_itself_has_an_executor_in_this_build() {
+    use layerzero::capabilities::spec::Execution;
+    // oneDNN's executors are bound only where the library loads; the kernels it would bind
+    // are known without it.
+    let registry = layerzero::exec::executor::Registry::builtin();
+    let runs = |id: &str| registry.contains(id) || layerzero::backend::onednn::kernels().any(|k| k == id);
+    let catalog = catalog();
+    let missing: Vec<&str> = catalog
+        .kernels()
+        .filter(|(_, b, k)| k.execution(b) != Execution::External && !runs(&k.id))
+        .map(|(_, _, k)| k.id.as_str())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "declared as LayerZero's own (builtin or dynamic_library) with no executor: {missing:?}"
+    );
+}

@@ -45,12 +45,21 @@ pub fn dnnl() -> Result<Arc<Dnnl>, String> {
     .clone()
 }
 
+/// The row-wise kinds LayerZero runs through oneDNN primitives.
+const ROW_KINDS: [Kind; 5] = [Kind::LayerNorm, Kind::Gelu, Kind::Silu, Kind::Swiglu, Kind::Geglu];
+
+/// The kernels [`register`] binds when the library is there: what LayerZero can run through
+/// oneDNN, known without loading it.
+pub fn kernels() -> impl Iterator<Item = &'static str> {
+    [matmul::LINEAR, matmul::W8A8].into_iter().chain(ROW_KINDS.map(|k| k.id()))
+}
+
 /// Registers the executors of the oneDNN kernels when the library is there.
 pub fn register(r: &mut crate::exec::executor::Registry) {
     let Ok(d) = dnnl() else { return };
     r.register(matmul::LINEAR, Arc::new(Matmul::linear(d.clone())));
     r.register(matmul::W8A8, Arc::new(Matmul::w8a8(d.clone())));
-    for kind in [Kind::LayerNorm, Kind::Gelu, Kind::Silu, Kind::Swiglu, Kind::Geglu] {
+    for kind in ROW_KINDS {
         let exec = Rows::new(d.clone(), kind);
         r.register(exec.id(), Arc::new(exec));
     }

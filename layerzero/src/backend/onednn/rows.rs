@@ -49,7 +49,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    fn id(self) -> &'static str {
+    pub(super) fn id(self) -> &'static str {
         match self {
             Kind::LayerNorm => LAYER_NORM,
             Kind::Gelu => GELU,
