@@ -735,3 +735,21 @@ fn a_fused_mlp_is_modeled_without_its_intermediate_traffic() {
         Catalog::from_texts(&[("x.json".to_owned(), doc.to_string())]).err().map(|e| e.to_string()).unwrap_or_default();
     assert!(err.contains("perf.fused"), "{err}");
 }
+
+#[test]
+fn a_paged_decode_is_charged_the_pages_its_block_table_reaches_not_the_whole_pool() {
+    // 4 sequences x 8 pages of 16 positions x 8 kv heads x (128 + 128) x bf16, out of a pool
+    // of 64 pages: a pool 8 times as large changes nothing.
+    let sel = layerzero_tests::planner("spr");
+    let bytes = |req: &Request| {
+        let r = sel.explain(req);
+        r.candidate("cpu.paged_attention.split_kv").and_then(|c| c.score.as_ref()).map(|s| s.model.bytes).unwrap_or(0.0)
+    };
+    let small = layerzero_tests::paged(DType::BF16, DType::BF16, 4, 1, 32, 8, 128, 16, Layout::Nhd, DType::I32);
+    let cache = TensorDesc::new(DType::BF16, [512, 16, 8, 128]).with_layout(Layout::Nhd);
+    let large = small.clone().tensor("k_cache", cache.clone()).tensor("v_cache", cache);
+    let reached = 4.0 * 8.0 * 16.0 * 8.0 * 256.0 * 2.0;
+    let others = (4 * 32 * 128 * 2 + 4 * 8 * 4 + 4 * 4) as f64 + 4.0 * 32.0 * 128.0 * 2.0;
+    assert_eq!(bytes(&small), reached + others);
+    assert_eq!(bytes(&large), bytes(&small));
+}

@@ -123,6 +123,20 @@ fn work(kernel: &KernelSpec, req: &Request, problem: &Problem) -> (f64, f64) {
             let keys = visible_keys(req, &a);
             let per_head = keys * (2.0 * a.head_dim as f64 + 2.0 * a.head_dim_v as f64);
             let flops = a.batch as f64 * a.heads_q as f64 * per_head;
+            // A paged cache is a pool shared by every sequence: a call reads the pages its
+            // block table reaches, not the pool.
+            let in_bytes = match a.paged {
+                Some(_) => {
+                    let pool: u64 = ["k_cache", "v_cache"].iter().filter_map(|n| req.get(n)).map(|t| t.bytes()).sum();
+                    let reached = a.batch as f64
+                        * a.seq_k as f64
+                        * a.heads_kv as f64
+                        * (a.head_dim + a.head_dim_v) as f64
+                        * a.kv_dtype.size_bytes() as f64;
+                    in_bytes - pool as f64 + reached.min(pool as f64)
+                }
+                None => in_bytes,
+            };
             (flops, in_bytes + out_bytes)
         }
         Dims::Rows { rows, hidden } => {
