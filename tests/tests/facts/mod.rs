@@ -261,7 +261,7 @@ fn hold(rows: Vec<Fact>) {
         }
         let ok = plan(f.hardware.0).explain(&f.accepted);
         let got = codes(&ok, f.kernel);
-        if !got.is_empty() || !ok.candidates.iter().any(|c| c.kernel == f.kernel) {
+        if !got.is_empty() {
             failures.push(format!("{what}: the accepted request is rejected: {got:?}"));
         }
         if let Some((rejected, code)) = &f.rejected {
