@@ -31,292 +31,279 @@ pub(super) fn paged_bf16(d: u64, page: u64, layout: Layout, table: DType) -> Req
 }
 
 pub(super) fn facts() -> Vec<Fact> {
-    let mut rows = older();
+    let mut rows = limits();
     rows.extend(fa2());
     rows.extend(fa3());
     rows
 }
 
-fn older() -> Vec<Fact> {
+/// FA2 and FA3: the limits, features and exclusions each API entry checks.
+fn limits() -> Vec<Fact> {
     vec![
-        Fact {
-            kernel: "flash_attn_2.attention.fwd",
-            field: "exclusive",
-            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:420"),
-            hardware: ("h100", "h100"),
-            accepted: attrs(bf16(2, 128, 128, 16, 16, 128), softcap(0.0)),
-            rejected: Some((attrs(bf16(2, 128, 128, 16, 16, 128), softcap(0.1)), "FEATURES_EXCLUSIVE")),
-        },
-        Fact {
-            kernel: "flash_attn_2.attention.fwd",
-            field: "head_dim",
-            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:416"),
-            hardware: ("h100", "h100"),
-            accepted: bf16(2, 128, 128, 16, 16, 256),
-            rejected: Some((bf16(2, 128, 128, 16, 16, 288), "HEAD_DIM_TOO_LARGE")),
-        },
-        Fact {
-            kernel: "flash_attn_2.attention.fwd",
-            field: "dtypes",
-            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:396"),
-            hardware: ("h100", "h100"),
-            accepted: bf16(2, 128, 128, 16, 16, 128),
-            rejected: Some((attention(DType::F32, 2, 128, 128, 16, 16, 128), "DTYPE_UNSUPPORTED")),
-        },
-        Fact {
-            kernel: "flash_attn_2.attention.fwd",
-            field: "compute_capability",
-            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:393"),
-            hardware: ("a100", "t4"),
-            accepted: attention(DType::F16, 2, 128, 128, 16, 16, 128),
-            rejected: Some((attention(DType::F16, 2, 128, 128, 16, 16, 128), "COMPUTE_CAPABILITY_TOO_OLD")),
-        },
-        Fact {
-            kernel: "flash_attn_2.attention.fwd",
-            field: "gqa",
-            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:418"),
-            hardware: ("h100", "h100"),
-            accepted: bf16(2, 128, 128, 32, 8, 128),
-            rejected: None,
-        },
-        Fact {
-            // Causal is bottom-right aligned: a top-left request with fewer queries than keys
-            // is another mask.
-            kernel: "flash_attn_2.attention.fwd",
-            field: "causal",
-            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:427"),
-            hardware: ("h100", "h100"),
-            accepted: attrs(bf16(2, 64, 128, 16, 16, 128), layerzero_tests::causal()),
-            rejected: Some((top_left(bf16(2, 64, 128, 16, 16, 128)), "CAUSAL_ALIGNMENT_UNSUPPORTED")),
-        },
-        Fact {
-            kernel: "flash_attn_2.attention.fwd",
-            field: "dropout",
-            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:150"),
-            hardware: ("h100", "h100"),
-            accepted: dropped(bf16(2, 128, 128, 16, 16, 128)),
-            rejected: None,
-        },
-        Fact {
-            kernel: "flash_attn_2.attention.fwd",
-            field: "window",
-            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:422"),
-            hardware: ("h100", "h100"),
-            accepted: windowed(bf16(2, 128, 128, 16, 16, 128)),
-            rejected: None,
-        },
-        Fact {
-            kernel: "flash_attn_2.attention.fwd",
-            field: "softcap",
-            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:420"),
-            hardware: ("h100", "h100"),
-            accepted: attrs(bf16(2, 128, 128, 16, 16, 128), softcap(0.0)),
-            rejected: None,
-        },
-        Fact {
-            kernel: "flash_attn_2.attention.fwd",
-            field: "alibi",
-            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:358"),
-            hardware: ("h100", "h100"),
-            accepted: attrs(
-                bf16(2, 128, 128, 16, 16, 128),
-                AttentionAttrs { alibi: true, ..AttentionAttrs::default() },
-            ),
-            rejected: None,
-        },
-        Fact {
-            kernel: "flash_attn_2.attention.fwd",
-            field: "strides",
-            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:403"),
-            hardware: ("h100", "h100"),
-            accepted: bf16(2, 128, 128, 16, 16, 128),
-            rejected: Some((strided_v(bf16(2, 128, 128, 16, 16, 128)), "LAST_DIM_NOT_CONTIGUOUS")),
-        },
-        Fact {
-            kernel: "flash_attn_2.paged_attention.kvcache",
-            field: "compute_capability",
-            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:1271"),
-            hardware: ("a100", "t4"),
-            accepted: paged(DType::F16, DType::F16, 4, 1, 32, 8, 128, 256, Layout::Nhd, DType::I32),
-            rejected: Some((
-                paged(DType::F16, DType::F16, 4, 1, 32, 8, 128, 256, Layout::Nhd, DType::I32),
-                "COMPUTE_CAPABILITY_TOO_OLD",
-            )),
-        },
-        Fact {
-            kernel: "flash_attn_2.paged_attention.kvcache",
-            field: "gqa",
-            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:1311"),
-            hardware: ("h100", "h100"),
-            accepted: pages(256, None, 1),
-            rejected: None,
-        },
-        Fact {
-            kernel: "flash_attn_2.paged_attention.kvcache",
-            field: "page_size",
-            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:1305"),
-            hardware: ("h100", "h100"),
-            accepted: pages(256, None, 1),
-            rejected: Some((pages(16, None, 1), "PAGE_SIZE_UNSUPPORTED")),
-        },
-        Fact {
-            kernel: "flash_attn_2.paged_attention.kvcache",
-            field: "kv_cache_strides",
-            source: src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:1282"),
-            hardware: ("h100", "h100"),
-            // Strided pages (K and V interleaved per page) are read in place; a strided last
-            // dim is not.
-            accepted: pages(256, Some(2 * 256 * 8 * 128), 1),
-            rejected: Some((pages(256, Some(2 * 256 * 8 * 128), 2), "KV_CACHE_STRIDES_UNSUPPORTED")),
-        },
-        Fact {
-            kernel: "flash_attn_3.attention.fwd",
-            field: "compute_capability",
-            source: src(FLASH_ATTN, "hopper/flash_api.cpp:712"),
-            hardware: ("h100", "t4"),
-            accepted: attention(DType::F16, 2, 128, 128, 16, 16, 128),
-            rejected: Some((attention(DType::F16, 2, 128, 128, 16, 16, 128), "COMPUTE_CAPABILITY_TOO_OLD")),
-        },
-        Fact {
-            kernel: "flash_attn_3.attention.fwd",
-            field: "dtypes",
-            source: src(FLASH_ATTN, "hopper/flash_api.cpp:715"),
-            hardware: ("h100", "h100"),
-            accepted: bf16(2, 128, 128, 16, 16, 128),
-            rejected: Some((attention(DType::F32, 2, 128, 128, 16, 16, 128), "DTYPE_UNSUPPORTED")),
-        },
-        Fact {
-            kernel: "flash_attn_3.attention.fwd",
-            field: "dtype_requirements",
-            source: src(FLASH_ATTN, "hopper/flash_api.cpp:718"),
-            hardware: ("h100", "a100"),
-            accepted: attention(DType::Fp8E4M3, 2, 128, 128, 16, 16, 128),
-            rejected: Some((attention(DType::Fp8E4M3, 2, 128, 128, 16, 16, 128), "DTYPE_UNSUPPORTED_ON_HARDWARE")),
-        },
-        Fact {
-            kernel: "flash_attn_3.attention.fwd",
-            field: "head_dim",
-            source: src(FLASH_ATTN, "hopper/flash_api.cpp:780"),
-            hardware: ("h100", "h100"),
-            accepted: bf16(2, 128, 128, 16, 16, 256),
-            rejected: Some((bf16(2, 128, 128, 16, 16, 288), "HEAD_DIM_TOO_LARGE")),
-        },
-        Fact {
-            kernel: "flash_attn_3.attention.fwd",
-            field: "head_dim",
-            source: src(FLASH_ATTN, "hopper/flash_api.cpp:855"),
-            hardware: ("h100", "h100"),
-            accepted: attention(DType::Fp8E4M3, 2, 128, 128, 16, 16, 128),
-            rejected: Some((attention(DType::Fp8E4M3, 2, 128, 128, 16, 16, 120), "HEAD_DIM_ALIGNMENT")),
-        },
-        Fact {
-            kernel: "flash_attn_3.attention.fwd",
-            field: "gqa",
-            source: src(FLASH_ATTN, "hopper/flash_api.cpp:781"),
-            hardware: ("h100", "h100"),
-            accepted: bf16(2, 128, 128, 32, 8, 128),
-            rejected: None,
-        },
-        Fact {
-            kernel: "flash_attn_3.attention.fwd",
-            field: "causal",
-            source: src(FLASH_ATTN, "hopper/flash_api.cpp:805"),
-            hardware: ("h100", "h100"),
-            accepted: attrs(bf16(2, 64, 128, 16, 16, 128), layerzero_tests::causal()),
-            rejected: Some((top_left(bf16(2, 64, 128, 16, 16, 128)), "CAUSAL_ALIGNMENT_UNSUPPORTED")),
-        },
-        Fact {
-            kernel: "flash_attn_3.attention.fwd",
-            field: "window",
-            source: src(FLASH_ATTN, "hopper/flash_api.cpp:796"),
-            hardware: ("h100", "h100"),
-            accepted: windowed(bf16(2, 128, 128, 16, 16, 128)),
-            rejected: None,
-        },
-        Fact {
-            kernel: "flash_attn_3.attention.fwd",
-            field: "softcap",
-            source: src(FLASH_ATTN, "hopper/flash_api.cpp:131"),
-            hardware: ("h100", "h100"),
-            accepted: attrs(bf16(2, 128, 128, 16, 16, 128), softcap(0.0)),
-            rejected: None,
-        },
-        Fact {
-            kernel: "flash_attn_3.attention.fwd",
-            field: "strides",
-            source: src(FLASH_ATTN, "hopper/flash_api.cpp:726"),
-            hardware: ("h100", "h100"),
-            accepted: bf16(2, 128, 128, 16, 16, 128),
-            rejected: Some((strided_v(bf16(2, 128, 128, 16, 16, 128)), "LAST_DIM_NOT_CONTIGUOUS")),
-        },
-        Fact {
-            kernel: "flash_attn_3.paged_attention.fwd",
-            field: "compute_capability",
-            source: src(FLASH_ATTN, "hopper/flash_api.cpp:712"),
-            hardware: ("h100", "t4"),
-            accepted: paged(DType::F16, DType::F16, 4, 4, 32, 8, 128, 16, Layout::Nhd, DType::I32),
-            rejected: Some((
-                paged(DType::F16, DType::F16, 4, 4, 32, 8, 128, 16, Layout::Nhd, DType::I32),
-                "COMPUTE_CAPABILITY_TOO_OLD",
-            )),
-        },
-        Fact {
-            kernel: "flash_attn_3.paged_attention.fwd",
-            field: "dtypes",
-            source: src(FLASH_ATTN, "hopper/flash_api.cpp:715"),
-            hardware: ("h100", "h100"),
-            accepted: queries_on_pages(4, 16, None, 1),
-            rejected: Some((
-                paged(DType::F32, DType::F32, 4, 4, 32, 8, 128, 16, Layout::Nhd, DType::I32),
-                "DTYPE_UNSUPPORTED",
-            )),
-        },
-        Fact {
-            kernel: "flash_attn_3.paged_attention.fwd",
-            field: "head_dim",
-            source: src(FLASH_ATTN, "hopper/flash_api.cpp:780"),
-            hardware: ("h100", "h100"),
-            accepted: queries_on_pages(4, 16, None, 1),
-            rejected: Some((
-                paged(DType::BF16, DType::BF16, 4, 4, 32, 8, 288, 16, Layout::Nhd, DType::I32),
-                "HEAD_DIM_TOO_LARGE",
-            )),
-        },
-        Fact {
-            kernel: "flash_attn_3.paged_attention.fwd",
-            field: "gqa",
-            source: src(FLASH_ATTN, "hopper/flash_api.cpp:781"),
-            hardware: ("h100", "h100"),
-            accepted: queries_on_pages(4, 16, None, 1),
-            rejected: None,
-        },
-        Fact {
-            kernel: "flash_attn_3.paged_attention.fwd",
-            field: "block_table_dtypes",
-            source: src(FLASH_ATTN, "hopper/flash_api.cpp:735"),
-            hardware: ("h100", "h100"),
-            accepted: queries_on_pages(4, 16, None, 1),
-            rejected: Some((
-                paged(DType::BF16, DType::BF16, 4, 4, 32, 8, 128, 16, Layout::Nhd, DType::I64),
-                "BLOCK_TABLE_DTYPE_UNSUPPORTED",
-            )),
-        },
-        Fact {
-            kernel: "flash_attn_3.paged_attention.fwd",
-            field: "softcap",
-            source: src(FLASH_ATTN, "hopper/flash_api.cpp:131"),
-            hardware: ("h100", "h100"),
-            accepted: with_attrs(queries_on_pages(4, 16, None, 1), softcap(0.0)),
-            rejected: None,
-        },
-        Fact {
-            kernel: "flash_attn_3.paged_attention.fwd",
-            field: "kv_cache_strides",
-            source: src(FLASH_ATTN, "hopper/flash_api.cpp:726"),
-            hardware: ("h100", "h100"),
-            accepted: queries_on_pages(4, 16, Some(2 * 16 * 8 * 128), 1),
-            rejected: Some((queries_on_pages(4, 16, Some(2 * 16 * 8 * 128), 2), "KV_CACHE_STRIDES_UNSUPPORTED")),
-        },
+        fact(
+            "flash_attn_2.attention.fwd",
+            "exclusive",
+            src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:420"),
+            "h100",
+            attrs(bf16(2, 128, 128, 16, 16, 128), softcap(0.0)),
+        )
+        .rejects(attrs(bf16(2, 128, 128, 16, 16, 128), softcap(0.1)), "FEATURES_EXCLUSIVE"),
+        fact(
+            "flash_attn_2.attention.fwd",
+            "head_dim",
+            src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:416"),
+            "h100",
+            bf16(2, 128, 128, 16, 16, 256),
+        )
+        .rejects(bf16(2, 128, 128, 16, 16, 288), "HEAD_DIM_TOO_LARGE"),
+        fact(
+            "flash_attn_2.attention.fwd",
+            "dtypes",
+            src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:396"),
+            "h100",
+            bf16(2, 128, 128, 16, 16, 128),
+        )
+        .rejects(attention(DType::F32, 2, 128, 128, 16, 16, 128), "DTYPE_UNSUPPORTED"),
+        fact(
+            "flash_attn_2.attention.fwd",
+            "compute_capability",
+            src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:393"),
+            "a100",
+            attention(DType::F16, 2, 128, 128, 16, 16, 128),
+        )
+        .rejects_on("t4", attention(DType::F16, 2, 128, 128, 16, 16, 128), "COMPUTE_CAPABILITY_TOO_OLD"),
+        fact(
+            "flash_attn_2.attention.fwd",
+            "gqa",
+            src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:418"),
+            "h100",
+            bf16(2, 128, 128, 32, 8, 128),
+        ),
+        // Causal is bottom-right aligned: a top-left request with fewer queries than keys
+        // is another mask.
+        fact(
+            "flash_attn_2.attention.fwd",
+            "causal",
+            src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:427"),
+            "h100",
+            attrs(bf16(2, 64, 128, 16, 16, 128), layerzero_tests::causal()),
+        )
+        .rejects(top_left(bf16(2, 64, 128, 16, 16, 128)), "CAUSAL_ALIGNMENT_UNSUPPORTED"),
+        fact(
+            "flash_attn_2.attention.fwd",
+            "dropout",
+            src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:150"),
+            "h100",
+            dropped(bf16(2, 128, 128, 16, 16, 128)),
+        ),
+        fact(
+            "flash_attn_2.attention.fwd",
+            "window",
+            src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:422"),
+            "h100",
+            windowed(bf16(2, 128, 128, 16, 16, 128)),
+        ),
+        fact(
+            "flash_attn_2.attention.fwd",
+            "softcap",
+            src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:420"),
+            "h100",
+            attrs(bf16(2, 128, 128, 16, 16, 128), softcap(0.0)),
+        ),
+        fact(
+            "flash_attn_2.attention.fwd",
+            "alibi",
+            src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:358"),
+            "h100",
+            attrs(bf16(2, 128, 128, 16, 16, 128), AttentionAttrs { alibi: true, ..AttentionAttrs::default() }),
+        ),
+        fact(
+            "flash_attn_2.attention.fwd",
+            "strides",
+            src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:403"),
+            "h100",
+            bf16(2, 128, 128, 16, 16, 128),
+        )
+        .rejects(strided_v(bf16(2, 128, 128, 16, 16, 128)), "LAST_DIM_NOT_CONTIGUOUS"),
+        fact(
+            "flash_attn_2.paged_attention.kvcache",
+            "compute_capability",
+            src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:1271"),
+            "a100",
+            paged(DType::F16, DType::F16, 4, 1, 32, 8, 128, 256, Layout::Nhd, DType::I32),
+        )
+        .rejects_on(
+            "t4",
+            paged(DType::F16, DType::F16, 4, 1, 32, 8, 128, 256, Layout::Nhd, DType::I32),
+            "COMPUTE_CAPABILITY_TOO_OLD",
+        ),
+        fact(
+            "flash_attn_2.paged_attention.kvcache",
+            "gqa",
+            src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:1311"),
+            "h100",
+            pages(256, None, 1),
+        ),
+        fact(
+            "flash_attn_2.paged_attention.kvcache",
+            "page_size",
+            src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:1305"),
+            "h100",
+            pages(256, None, 1),
+        )
+        .rejects(pages(16, None, 1), "PAGE_SIZE_UNSUPPORTED"),
+        // Strided pages (K and V interleaved per page) are read in place; a strided last
+        // dim is not.
+        fact(
+            "flash_attn_2.paged_attention.kvcache",
+            "kv_cache_strides",
+            src(FLASH_ATTN, "csrc/flash_attn/flash_api.cpp:1282"),
+            "h100",
+            pages(256, Some(2 * 256 * 8 * 128), 1),
+        )
+        .rejects(pages(256, Some(2 * 256 * 8 * 128), 2), "KV_CACHE_STRIDES_UNSUPPORTED"),
+        fact(
+            "flash_attn_3.attention.fwd",
+            "compute_capability",
+            src(FLASH_ATTN, "hopper/flash_api.cpp:712"),
+            "h100",
+            attention(DType::F16, 2, 128, 128, 16, 16, 128),
+        )
+        .rejects_on("t4", attention(DType::F16, 2, 128, 128, 16, 16, 128), "COMPUTE_CAPABILITY_TOO_OLD"),
+        fact(
+            "flash_attn_3.attention.fwd",
+            "dtypes",
+            src(FLASH_ATTN, "hopper/flash_api.cpp:715"),
+            "h100",
+            bf16(2, 128, 128, 16, 16, 128),
+        )
+        .rejects(attention(DType::F32, 2, 128, 128, 16, 16, 128), "DTYPE_UNSUPPORTED"),
+        fact(
+            "flash_attn_3.attention.fwd",
+            "dtype_requirements",
+            src(FLASH_ATTN, "hopper/flash_api.cpp:718"),
+            "h100",
+            attention(DType::Fp8E4M3, 2, 128, 128, 16, 16, 128),
+        )
+        .rejects_on(
+            "a100",
+            attention(DType::Fp8E4M3, 2, 128, 128, 16, 16, 128),
+            "DTYPE_UNSUPPORTED_ON_HARDWARE",
+        ),
+        fact(
+            "flash_attn_3.attention.fwd",
+            "head_dim",
+            src(FLASH_ATTN, "hopper/flash_api.cpp:780"),
+            "h100",
+            bf16(2, 128, 128, 16, 16, 256),
+        )
+        .rejects(bf16(2, 128, 128, 16, 16, 288), "HEAD_DIM_TOO_LARGE"),
+        fact(
+            "flash_attn_3.attention.fwd",
+            "head_dim",
+            src(FLASH_ATTN, "hopper/flash_api.cpp:855"),
+            "h100",
+            attention(DType::Fp8E4M3, 2, 128, 128, 16, 16, 128),
+        )
+        .rejects(attention(DType::Fp8E4M3, 2, 128, 128, 16, 16, 120), "HEAD_DIM_ALIGNMENT"),
+        fact(
+            "flash_attn_3.attention.fwd",
+            "gqa",
+            src(FLASH_ATTN, "hopper/flash_api.cpp:781"),
+            "h100",
+            bf16(2, 128, 128, 32, 8, 128),
+        ),
+        fact(
+            "flash_attn_3.attention.fwd",
+            "causal",
+            src(FLASH_ATTN, "hopper/flash_api.cpp:805"),
+            "h100",
+            attrs(bf16(2, 64, 128, 16, 16, 128), layerzero_tests::causal()),
+        )
+        .rejects(top_left(bf16(2, 64, 128, 16, 16, 128)), "CAUSAL_ALIGNMENT_UNSUPPORTED"),
+        fact(
+            "flash_attn_3.attention.fwd",
+            "window",
+            src(FLASH_ATTN, "hopper/flash_api.cpp:796"),
+            "h100",
+            windowed(bf16(2, 128, 128, 16, 16, 128)),
+        ),
+        fact(
+            "flash_attn_3.attention.fwd",
+            "softcap",
+            src(FLASH_ATTN, "hopper/flash_api.cpp:131"),
+            "h100",
+            attrs(bf16(2, 128, 128, 16, 16, 128), softcap(0.0)),
+        ),
+        fact(
+            "flash_attn_3.attention.fwd",
+            "strides",
+            src(FLASH_ATTN, "hopper/flash_api.cpp:726"),
+            "h100",
+            bf16(2, 128, 128, 16, 16, 128),
+        )
+        .rejects(strided_v(bf16(2, 128, 128, 16, 16, 128)), "LAST_DIM_NOT_CONTIGUOUS"),
+        fact(
+            "flash_attn_3.paged_attention.fwd",
+            "compute_capability",
+            src(FLASH_ATTN, "hopper/flash_api.cpp:712"),
+            "h100",
+            paged(DType::F16, DType::F16, 4, 4, 32, 8, 128, 16, Layout::Nhd, DType::I32),
+        )
+        .rejects_on(
+            "t4",
+            paged(DType::F16, DType::F16, 4, 4, 32, 8, 128, 16, Layout::Nhd, DType::I32),
+            "COMPUTE_CAPABILITY_TOO_OLD",
+        ),
+        fact(
+            "flash_attn_3.paged_attention.fwd",
+            "dtypes",
+            src(FLASH_ATTN, "hopper/flash_api.cpp:715"),
+            "h100",
+            queries_on_pages(4, 16, None, 1),
+        )
+        .rejects(paged(DType::F32, DType::F32, 4, 4, 32, 8, 128, 16, Layout::Nhd, DType::I32), "DTYPE_UNSUPPORTED"),
+        fact(
+            "flash_attn_3.paged_attention.fwd",
+            "head_dim",
+            src(FLASH_ATTN, "hopper/flash_api.cpp:780"),
+            "h100",
+            queries_on_pages(4, 16, None, 1),
+        )
+        .rejects(paged(DType::BF16, DType::BF16, 4, 4, 32, 8, 288, 16, Layout::Nhd, DType::I32), "HEAD_DIM_TOO_LARGE"),
+        fact(
+            "flash_attn_3.paged_attention.fwd",
+            "gqa",
+            src(FLASH_ATTN, "hopper/flash_api.cpp:781"),
+            "h100",
+            queries_on_pages(4, 16, None, 1),
+        ),
+        fact(
+            "flash_attn_3.paged_attention.fwd",
+            "block_table_dtypes",
+            src(FLASH_ATTN, "hopper/flash_api.cpp:735"),
+            "h100",
+            queries_on_pages(4, 16, None, 1),
+        )
+        .rejects(
+            paged(DType::BF16, DType::BF16, 4, 4, 32, 8, 128, 16, Layout::Nhd, DType::I64),
+            "BLOCK_TABLE_DTYPE_UNSUPPORTED",
+        ),
+        fact(
+            "flash_attn_3.paged_attention.fwd",
+            "softcap",
+            src(FLASH_ATTN, "hopper/flash_api.cpp:131"),
+            "h100",
+            with_attrs(queries_on_pages(4, 16, None, 1), softcap(0.0)),
+        ),
+        fact(
+            "flash_attn_3.paged_attention.fwd",
+            "kv_cache_strides",
+            src(FLASH_ATTN, "hopper/flash_api.cpp:726"),
+            "h100",
+            queries_on_pages(4, 16, Some(2 * 16 * 8 * 128), 1),
+        )
+        .rejects(queries_on_pages(4, 16, Some(2 * 16 * 8 * 128), 2), "KV_CACHE_STRIDES_UNSUPPORTED"),
     ]
 }
 

@@ -48,12 +48,6 @@ fn glu_of(dtype: DType) -> Request {
 }
 
 pub(super) fn facts() -> Vec<Fact> {
-    let mut rows = new_rows();
-    rows.extend(older_rows());
-    rows
-}
-
-fn new_rows() -> Vec<Fact> {
     vec![
         // xFormers cutlassF-pt.
         fact(XF, "head_dim", src(XFORMERS, "xformers/ops/fmha/cutlass.py:173"), "h100", bf16(1, 16, 16, 1, 1, 65536))
@@ -207,186 +201,168 @@ fn new_rows() -> Vec<Fact> {
             glu_of(DType::F32),
         )
         .rejects(glu_of(DType::Fp8E4M3), "DTYPE_UNSUPPORTED"),
-    ]
-}
-
-fn older_rows() -> Vec<Fact> {
-    vec![
-        Fact {
-            kernel: "xformers.attention.cutlass",
-            field: "masks",
-            source: src(XFORMERS, "xformers/ops/fmha/cutlass.py:174"),
-            hardware: ("h100", "h100"),
-            accepted: bf16(2, 128, 128, 16, 16, 128).tensor("mask", TensorDesc::new(DType::BF16, [2, 16, 128, 128])),
-            rejected: Some((
-                bf16(2, 128, 128, 16, 16, 128).tensor("mask", TensorDesc::new(DType::Bool, [2, 16, 128, 128])),
-                "MASK_UNSUPPORTED",
-            )),
-        },
-        Fact {
-            kernel: "xformers.attention.cutlass",
-            field: "compute_capability",
-            source: src(XFORMERS, "xformers/ops/fmha/cutlass.py:170"),
-            hardware: ("h100", "b200"),
-            accepted: bf16(2, 128, 128, 16, 16, 128),
-            rejected: Some((bf16(2, 128, 128, 16, 16, 128), "COMPUTE_CAPABILITY_TOO_NEW")),
-        },
-        Fact {
-            kernel: "xformers.attention.cutlass",
-            field: "dtypes",
-            source: src(XFORMERS, "xformers/ops/fmha/cutlass.py:172"),
-            hardware: ("h100", "h100"),
-            accepted: attention(DType::F32, 2, 128, 128, 16, 16, 128),
-            rejected: Some((attention(DType::Fp8E4M3, 2, 128, 128, 16, 16, 128), "DTYPE_UNSUPPORTED")),
-        },
-        Fact {
-            kernel: "xformers.attention.cutlass",
-            field: "dtype_requirements",
-            source: src(XFORMERS, "xformers/ops/fmha/common.py:494"),
-            hardware: ("a100", "t4"),
-            accepted: bf16(2, 128, 128, 16, 16, 128),
-            rejected: Some((bf16(2, 128, 128, 16, 16, 128), "DTYPE_UNSUPPORTED_ON_HARDWARE")),
-        },
-        Fact {
-            kernel: "xformers.attention.cutlass",
-            field: "dropout",
-            source: src(XFORMERS, "xformers/ops/fmha/cutlass.py:188"),
-            hardware: ("h100", "h100"),
-            accepted: dropped(bf16(2, 128, 128, 16, 16, 128)),
-            rejected: None,
-        },
-        Fact {
-            kernel: "xformers.attention.cutlass",
-            field: "custom_scale",
-            source: src(XFORMERS, "xformers/ops/fmha/cutlass.py:189"),
-            hardware: ("h100", "h100"),
-            accepted: attrs(
-                bf16(2, 128, 128, 16, 16, 128),
-                AttentionAttrs { scale: Some(0.05), ..AttentionAttrs::default() },
-            ),
-            rejected: None,
-        },
-        Fact {
-            kernel: "xformers.attention.cutlass",
-            field: "different_v_head_dim",
-            source: src(XFORMERS, "xformers/ops/fmha/cutlass.py:190"),
-            hardware: ("h100", "h100"),
-            accepted: bf16(2, 128, 128, 16, 16, 128)
+        fact(
+            "xformers.attention.cutlass",
+            "masks",
+            src(XFORMERS, "xformers/ops/fmha/cutlass.py:174"),
+            "h100",
+            bf16(2, 128, 128, 16, 16, 128).tensor("mask", TensorDesc::new(DType::BF16, [2, 16, 128, 128])),
+        )
+        .rejects(
+            bf16(2, 128, 128, 16, 16, 128).tensor("mask", TensorDesc::new(DType::Bool, [2, 16, 128, 128])),
+            "MASK_UNSUPPORTED",
+        ),
+        fact(
+            "xformers.attention.cutlass",
+            "compute_capability",
+            src(XFORMERS, "xformers/ops/fmha/cutlass.py:170"),
+            "h100",
+            bf16(2, 128, 128, 16, 16, 128),
+        )
+        .rejects_on("b200", bf16(2, 128, 128, 16, 16, 128), "COMPUTE_CAPABILITY_TOO_NEW"),
+        fact(
+            "xformers.attention.cutlass",
+            "dtypes",
+            src(XFORMERS, "xformers/ops/fmha/cutlass.py:172"),
+            "h100",
+            attention(DType::F32, 2, 128, 128, 16, 16, 128),
+        )
+        .rejects(attention(DType::Fp8E4M3, 2, 128, 128, 16, 16, 128), "DTYPE_UNSUPPORTED"),
+        fact(
+            "xformers.attention.cutlass",
+            "dtype_requirements",
+            src(XFORMERS, "xformers/ops/fmha/common.py:494"),
+            "a100",
+            bf16(2, 128, 128, 16, 16, 128),
+        )
+        .rejects_on("t4", bf16(2, 128, 128, 16, 16, 128), "DTYPE_UNSUPPORTED_ON_HARDWARE"),
+        fact(
+            "xformers.attention.cutlass",
+            "dropout",
+            src(XFORMERS, "xformers/ops/fmha/cutlass.py:188"),
+            "h100",
+            dropped(bf16(2, 128, 128, 16, 16, 128)),
+        ),
+        fact(
+            "xformers.attention.cutlass",
+            "custom_scale",
+            src(XFORMERS, "xformers/ops/fmha/cutlass.py:189"),
+            "h100",
+            attrs(bf16(2, 128, 128, 16, 16, 128), AttentionAttrs { scale: Some(0.05), ..AttentionAttrs::default() }),
+        ),
+        fact(
+            "xformers.attention.cutlass",
+            "different_v_head_dim",
+            src(XFORMERS, "xformers/ops/fmha/cutlass.py:190"),
+            "h100",
+            bf16(2, 128, 128, 16, 16, 128)
                 .tensor("v", TensorDesc::new(DType::BF16, [2, 128, 16, 64]).with_layout(Layout::Bshd)),
-            rejected: None,
-        },
-        Fact {
-            kernel: "xformers.attention.cutlass",
-            field: "strides",
-            source: src(XFORMERS, "xformers/ops/fmha/common.py:588"),
-            hardware: ("h100", "h100"),
-            accepted: bf16(2, 128, 128, 16, 16, 128),
-            rejected: Some((strided_v(bf16(2, 128, 128, 16, 16, 128)), "LAST_DIM_NOT_CONTIGUOUS")),
-        },
-        Fact {
-            kernel: "liger.rms_norm.triton",
-            field: "hidden_size",
-            source: src(LIGER, "src/liger_kernel/ops/utils.py:62"),
-            hardware: ("h100", "h100"),
-            accepted: rows_of(Op::RmsNorm, Attrs::Norm(NormAttrs::default()), 65536),
-            rejected: Some((rows_of(Op::RmsNorm, Attrs::Norm(NormAttrs::default()), 65537), "HIDDEN_SIZE_UNSUPPORTED")),
-        },
-        Fact {
-            // `ensure_contiguous` copies inside the library: any strides are taken as given.
-            kernel: "liger.rms_norm.triton",
-            field: "strides",
-            source: src(LIGER, "src/liger_kernel/ops/utils.py:44"),
-            hardware: ("h100", "h100"),
-            accepted: rows_of(Op::RmsNorm, Attrs::Norm(NormAttrs::default()), 4096)
+        ),
+        fact(
+            "xformers.attention.cutlass",
+            "strides",
+            src(XFORMERS, "xformers/ops/fmha/common.py:588"),
+            "h100",
+            bf16(2, 128, 128, 16, 16, 128),
+        )
+        .rejects(strided_v(bf16(2, 128, 128, 16, 16, 128)), "LAST_DIM_NOT_CONTIGUOUS"),
+        fact(
+            "liger.rms_norm.triton",
+            "hidden_size",
+            src(LIGER, "src/liger_kernel/ops/utils.py:62"),
+            "h100",
+            rows_of(Op::RmsNorm, Attrs::Norm(NormAttrs::default()), 65536),
+        )
+        .rejects(rows_of(Op::RmsNorm, Attrs::Norm(NormAttrs::default()), 65537), "HIDDEN_SIZE_UNSUPPORTED"),
+        // `ensure_contiguous` copies inside the library: any strides are taken as given.
+        fact(
+            "liger.rms_norm.triton",
+            "strides",
+            src(LIGER, "src/liger_kernel/ops/utils.py:44"),
+            "h100",
+            rows_of(Op::RmsNorm, Attrs::Norm(NormAttrs::default()), 4096)
                 .tensor("x", TensorDesc::new(DType::BF16, [64, 4096]).with_strides([8192, 2])),
-            rejected: None,
-        },
-        Fact {
-            kernel: "liger.swiglu.triton",
-            field: "hidden_size",
-            source: src(LIGER, "src/liger_kernel/ops/utils.py:62"),
-            hardware: ("h100", "h100"),
-            accepted: rows_of(Op::Swiglu, Attrs::Swiglu(SwigluAttrs { split: true }), 2 * 65536),
-            rejected: Some((
-                rows_of(Op::Swiglu, Attrs::Swiglu(SwigluAttrs { split: true }), 2 * 65540),
-                "HIDDEN_SIZE_UNSUPPORTED",
-            )),
-        },
-        Fact {
-            kernel: "liger.swiglu.triton",
-            field: "glu_forms",
-            source: src(LIGER, "src/liger_kernel/ops/swiglu.py:410"),
-            hardware: ("h100", "h100"),
-            accepted: rows_of(Op::Swiglu, Attrs::Swiglu(SwigluAttrs { split: true }), 8192),
-            rejected: None,
-        },
-        Fact {
-            kernel: "liger.swiglu.triton",
-            field: "strides",
-            source: src(LIGER, "src/liger_kernel/ops/swiglu.py:419"),
-            hardware: ("h100", "h100"),
-            accepted: rows_of(Op::Swiglu, Attrs::Swiglu(SwigluAttrs { split: true }), 8192)
+        ),
+        fact(
+            "liger.swiglu.triton",
+            "hidden_size",
+            src(LIGER, "src/liger_kernel/ops/utils.py:62"),
+            "h100",
+            rows_of(Op::Swiglu, Attrs::Swiglu(SwigluAttrs { split: true }), 2 * 65536),
+        )
+        .rejects(rows_of(Op::Swiglu, Attrs::Swiglu(SwigluAttrs { split: true }), 2 * 65540), "HIDDEN_SIZE_UNSUPPORTED"),
+        fact(
+            "liger.swiglu.triton",
+            "glu_forms",
+            src(LIGER, "src/liger_kernel/ops/swiglu.py:410"),
+            "h100",
+            rows_of(Op::Swiglu, Attrs::Swiglu(SwigluAttrs { split: true }), 8192),
+        ),
+        fact(
+            "liger.swiglu.triton",
+            "strides",
+            src(LIGER, "src/liger_kernel/ops/swiglu.py:419"),
+            "h100",
+            rows_of(Op::Swiglu, Attrs::Swiglu(SwigluAttrs { split: true }), 8192)
                 .tensor("x", TensorDesc::new(DType::BF16, [64, 8192]).with_strides([16384, 2])),
-            rejected: None,
-        },
-        Fact {
-            kernel: "liger.rope.triton",
-            field: "rope_styles",
-            source: src(LIGER, "src/liger_kernel/ops/rope.py:92"),
-            hardware: ("h100", "h100"),
-            accepted: rope_of(RopeStyle::RotateHalf),
-            rejected: Some((rope_of(RopeStyle::Interleaved), "ATTR_UNSUPPORTED")),
-        },
-        Fact {
-            kernel: "zendnn.attention.flash_sdpa",
-            field: "dtype_requirements",
-            source: src(ZENDNN, "zendnnl/src/lowoha_operators/sdpa/flash_sdpa/lowoha_sdpa_flash_cpu.cpp:837"),
-            hardware: ("spr", "zen4"),
-            accepted: attention(DType::F16, 1, 256, 256, 16, 16, 64),
-            rejected: Some((attention(DType::F16, 1, 256, 256, 16, 16, 64), "DTYPE_UNSUPPORTED_ON_HARDWARE")),
-        },
-        Fact {
-            kernel: "zendnn.attention.flash_sdpa",
-            field: "dtypes",
-            source: src(ZENDNN, "zendnnl/src/lowoha_operators/sdpa/flash_sdpa/lowoha_flash_sdpa_utils.cpp:119"),
-            hardware: ("zen4", "zen4"),
-            accepted: attention(DType::BF16, 1, 256, 256, 16, 16, 64),
-            rejected: Some((attention(DType::Fp8E4M3, 1, 256, 256, 16, 16, 64), "DTYPE_UNSUPPORTED")),
-        },
-        Fact {
-            kernel: "zendnn.attention.flash_sdpa",
-            field: "causal",
-            source: src(ZENDNN, "zendnnl/src/lowoha_operators/sdpa/flash_sdpa/lowoha_sdpa_flash_cpu.cpp:673"),
-            hardware: ("zen4", "zen4"),
-            accepted: top_left(attention(DType::BF16, 1, 128, 256, 16, 16, 64)),
-            rejected: Some((
-                attrs(attention(DType::BF16, 1, 128, 256, 16, 16, 64), layerzero_tests::causal()),
-                "CAUSAL_ALIGNMENT_UNSUPPORTED",
-            )),
-        },
-        Fact {
-            kernel: "zendnn.attention.flash_sdpa",
-            field: "strides",
-            source: src(ZENDNN, "zendnnl/src/lowoha_operators/sdpa/flash_sdpa/lowoha_flash_sdpa_utils.cpp:73"),
-            hardware: ("zen4", "zen4"),
-            accepted: attention(DType::BF16, 1, 256, 256, 16, 16, 64),
-            rejected: Some((strided_v(attention(DType::BF16, 1, 256, 256, 16, 16, 64)), "LAST_DIM_NOT_CONTIGUOUS")),
-        },
-        Fact {
-            kernel: "zendnn.linear.matmul",
-            field: "dtype_requirements",
-            source: src(ZENDNN, "zendnnl/src/lowoha_operators/matmul/lowoha_matmul.cpp:301"),
-            hardware: ("spr", "zen4"),
-            accepted: linear_of(DType::F16),
-            rejected: Some((linear_of(DType::F16), "DTYPE_UNSUPPORTED_ON_HARDWARE")),
-        },
-        Fact {
-            kernel: "zendnn.linear.matmul",
-            field: "weight_layouts",
-            source: src(ZENDNN, "zendnnl/src/lowoha_operators/matmul/lowoha_matmul.cpp:37"),
-            hardware: ("zen4", "zen4"),
-            accepted: linear_of(DType::BF16),
-            rejected: None,
-        },
+        ),
+        fact(
+            "liger.rope.triton",
+            "rope_styles",
+            src(LIGER, "src/liger_kernel/ops/rope.py:92"),
+            "h100",
+            rope_of(RopeStyle::RotateHalf),
+        )
+        .rejects(rope_of(RopeStyle::Interleaved), "ATTR_UNSUPPORTED"),
+        fact(
+            "zendnn.attention.flash_sdpa",
+            "dtype_requirements",
+            src(ZENDNN, "zendnnl/src/lowoha_operators/sdpa/flash_sdpa/lowoha_sdpa_flash_cpu.cpp:837"),
+            "spr",
+            attention(DType::F16, 1, 256, 256, 16, 16, 64),
+        )
+        .rejects_on("zen4", attention(DType::F16, 1, 256, 256, 16, 16, 64), "DTYPE_UNSUPPORTED_ON_HARDWARE"),
+        fact(
+            "zendnn.attention.flash_sdpa",
+            "dtypes",
+            src(ZENDNN, "zendnnl/src/lowoha_operators/sdpa/flash_sdpa/lowoha_flash_sdpa_utils.cpp:119"),
+            "zen4",
+            attention(DType::BF16, 1, 256, 256, 16, 16, 64),
+        )
+        .rejects(attention(DType::Fp8E4M3, 1, 256, 256, 16, 16, 64), "DTYPE_UNSUPPORTED"),
+        fact(
+            "zendnn.attention.flash_sdpa",
+            "causal",
+            src(ZENDNN, "zendnnl/src/lowoha_operators/sdpa/flash_sdpa/lowoha_sdpa_flash_cpu.cpp:673"),
+            "zen4",
+            top_left(attention(DType::BF16, 1, 128, 256, 16, 16, 64)),
+        )
+        .rejects(
+            attrs(attention(DType::BF16, 1, 128, 256, 16, 16, 64), layerzero_tests::causal()),
+            "CAUSAL_ALIGNMENT_UNSUPPORTED",
+        ),
+        fact(
+            "zendnn.attention.flash_sdpa",
+            "strides",
+            src(ZENDNN, "zendnnl/src/lowoha_operators/sdpa/flash_sdpa/lowoha_flash_sdpa_utils.cpp:73"),
+            "zen4",
+            attention(DType::BF16, 1, 256, 256, 16, 16, 64),
+        )
+        .rejects(strided_v(attention(DType::BF16, 1, 256, 256, 16, 16, 64)), "LAST_DIM_NOT_CONTIGUOUS"),
+        fact(
+            "zendnn.linear.matmul",
+            "dtype_requirements",
+            src(ZENDNN, "zendnnl/src/lowoha_operators/matmul/lowoha_matmul.cpp:301"),
+            "spr",
+            linear_of(DType::F16),
+        )
+        .rejects_on("zen4", linear_of(DType::F16), "DTYPE_UNSUPPORTED_ON_HARDWARE"),
+        fact(
+            "zendnn.linear.matmul",
+            "weight_layouts",
+            src(ZENDNN, "zendnnl/src/lowoha_operators/matmul/lowoha_matmul.cpp:37"),
+            "zen4",
+            linear_of(DType::BF16),
+        ),
     ]
 }

@@ -283,44 +283,63 @@ fn cpu() -> Vec<Fact> {
 fn rocm() -> Vec<Fact> {
     const FLASH: &str = "torch_sdpa.attention.flash_rocm";
     const EFFICIENT: &str = "torch_sdpa.attention.efficient_rocm";
-    let mut rows = vec![
-        // check_dtypes_flash_attention -> check_dtypes_low_precision, ROCm and CUDA alike.
-        fact(FLASH, "dtypes", gate(931), "mi300x", base()).rejects(dense(DType::F32, 128), "DTYPE_UNSUPPORTED"),
-        // aotriton_max_hdim(): 512 with AOTriton >= 0.9 (PyTorch pins 0.13b).
-        fact(FLASH, "head_dim", gate(174), "mi300x", dense(DType::BF16, 512))
-            .rejects(dense(DType::BF16, 520), "HEAD_DIM_TOO_LARGE"),
-        fact(FLASH, "gqa", gate(1076), "mi300x", grouped()),
-        fact(FLASH, "causal", gate(587), "mi300x", top_left(base()))
-            .rejects(top_left(short_q()), "CAUSAL_ALIGNMENT_UNSUPPORTED"),
-        fact(FLASH, "dropout", gate(1049), "mi300x", dropped(base())),
-        fact(FLASH, "custom_scale", shared(52), "mi300x", scaled()),
-        fact(FLASH, "layouts", gate(1081), "mi300x", bhsd()),
-        fact(FLASH, "strides", gate(1081), "mi300x", base()).rejects(strided_v(base()), "LAST_DIM_NOT_CONTIGUOUS"),
-        // aotriton_mem_efficient_dtypes {Half, Float, BFloat16}.
-        fact(EFFICIENT, "dtypes", gate(1102), "mi300x", dense(DType::F32, 128))
-            .rejects(dense(DType::Fp8E4M3, 128), "DTYPE_UNSUPPORTED"),
-        // AOTriton >= 0.12: q and v <= aotriton_max_hdim() (512) ...
-        fact(EFFICIENT, "head_dim", gate(328), "mi300x", dense(DType::BF16, 512))
-            .rejects(dense(DType::BF16, 520), "HEAD_DIM_TOO_LARGE"),
-        // ... and divisible by 8 for half types, 4 for f32.
-        fact(EFFICIENT, "head_dim", gate(299), "mi300x", dense(DType::BF16, 72))
-            .rejects(dense(DType::BF16, 68), "HEAD_DIM_ALIGNMENT"),
-        fact(EFFICIENT, "head_dim", gate(299), "mi300x", dense(DType::F32, 36))
-            .rejects(dense(DType::F32, 34), "HEAD_DIM_ALIGNMENT"),
-        fact(EFFICIENT, "different_v_head_dim", gate(307), "mi300x", v_dim(base(), 64)),
-        fact(EFFICIENT, "causal", shared(32), "mi300x", top_left(short_q()))
-            .rejects(bottom_right(short_q()), "CAUSAL_ALIGNMENT_UNSUPPORTED"),
-        // "Efficient attention on ROCM requires attn_mask be boolean, or has the same datatype
-        // as of q,k,v".
-        fact(EFFICIENT, "masks", gate(1161), "mi300x", bool_mask()),
-        fact(EFFICIENT, "float_mask_matches_q", gate(1161), "mi300x", float_mask(DType::BF16))
-            .rejects(float_mask(DType::F32), "MASK_DTYPE_MISMATCH"),
-        fact(EFFICIENT, "mask_broadcast", gate(1111), "mi300x", broadcast_mask()),
-        fact(EFFICIENT, "dropout", gate(1111), "mi300x", dropped(base())),
-        fact(EFFICIENT, "custom_scale", shared(52), "mi300x", scaled()),
-        fact(EFFICIENT, "layouts", gate(1148), "mi300x", bhsd()),
-        fact(EFFICIENT, "strides", gate(1148), "mi300x", base()).rejects(strided_v(base()), "LAST_DIM_NOT_CONTIGUOUS"),
-    ];
+    let mut rows =
+        vec![
+            // AOTriton's stable targets; another (an MI100's gfx908) is refused.
+            fact(
+                FLASH,
+                "gfx",
+                src(AOTRITON, "v3src/util.cc:48"),
+                "mi300x",
+                attrs(bf16(2, 128, 128, 32, 8, 128), AttentionAttrs::default()),
+            )
+            .rejects_on(MI100ISH, bf16(2, 128, 128, 32, 8, 128), "GFX_ARCH_UNSUPPORTED"),
+            // An experimental arch is refused unless an environment variable opts in.
+            fact(FLASH, "gfx", src(AOTRITON, "v3src/util.cc:77"), "mi300x", bf16(2, 128, 128, 32, 8, 128)).rejects_on(
+                "mi300x@gfx1200",
+                bf16(2, 128, 128, 32, 8, 128),
+                "GFX_ARCH_UNSUPPORTED",
+            ),
+            fact(EFFICIENT, "gfx", src(AOTRITON, "v3src/util.cc:48"), "mi300x", bf16(2, 128, 128, 16, 16, 128))
+                .rejects_on(MI100ISH, bf16(2, 128, 128, 16, 16, 128), "GFX_ARCH_UNSUPPORTED"),
+            // check_dtypes_flash_attention -> check_dtypes_low_precision, ROCm and CUDA alike.
+            fact(FLASH, "dtypes", gate(931), "mi300x", base()).rejects(dense(DType::F32, 128), "DTYPE_UNSUPPORTED"),
+            // aotriton_max_hdim(): 512 with AOTriton >= 0.9 (PyTorch pins 0.13b).
+            fact(FLASH, "head_dim", gate(174), "mi300x", dense(DType::BF16, 512))
+                .rejects(dense(DType::BF16, 520), "HEAD_DIM_TOO_LARGE"),
+            fact(FLASH, "gqa", gate(1076), "mi300x", grouped()),
+            fact(FLASH, "causal", gate(587), "mi300x", top_left(base()))
+                .rejects(top_left(short_q()), "CAUSAL_ALIGNMENT_UNSUPPORTED"),
+            fact(FLASH, "dropout", gate(1049), "mi300x", dropped(base())),
+            fact(FLASH, "custom_scale", shared(52), "mi300x", scaled()),
+            fact(FLASH, "layouts", gate(1081), "mi300x", bhsd()),
+            fact(FLASH, "strides", gate(1081), "mi300x", base()).rejects(strided_v(base()), "LAST_DIM_NOT_CONTIGUOUS"),
+            // aotriton_mem_efficient_dtypes {Half, Float, BFloat16}.
+            fact(EFFICIENT, "dtypes", gate(1102), "mi300x", dense(DType::F32, 128))
+                .rejects(dense(DType::Fp8E4M3, 128), "DTYPE_UNSUPPORTED"),
+            // AOTriton >= 0.12: q and v <= aotriton_max_hdim() (512) ...
+            fact(EFFICIENT, "head_dim", gate(328), "mi300x", dense(DType::BF16, 512))
+                .rejects(dense(DType::BF16, 520), "HEAD_DIM_TOO_LARGE"),
+            // ... and divisible by 8 for half types, 4 for f32.
+            fact(EFFICIENT, "head_dim", gate(299), "mi300x", dense(DType::BF16, 72))
+                .rejects(dense(DType::BF16, 68), "HEAD_DIM_ALIGNMENT"),
+            fact(EFFICIENT, "head_dim", gate(299), "mi300x", dense(DType::F32, 36))
+                .rejects(dense(DType::F32, 34), "HEAD_DIM_ALIGNMENT"),
+            fact(EFFICIENT, "different_v_head_dim", gate(307), "mi300x", v_dim(base(), 64)),
+            fact(EFFICIENT, "causal", shared(32), "mi300x", top_left(short_q()))
+                .rejects(bottom_right(short_q()), "CAUSAL_ALIGNMENT_UNSUPPORTED"),
+            // "Efficient attention on ROCM requires attn_mask be boolean, or has the same datatype
+            // as of q,k,v".
+            fact(EFFICIENT, "masks", gate(1161), "mi300x", bool_mask()),
+            fact(EFFICIENT, "float_mask_matches_q", gate(1161), "mi300x", float_mask(DType::BF16))
+                .rejects(float_mask(DType::F32), "MASK_DTYPE_MISMATCH"),
+            fact(EFFICIENT, "mask_broadcast", gate(1111), "mi300x", broadcast_mask()),
+            fact(EFFICIENT, "dropout", gate(1111), "mi300x", dropped(base())),
+            fact(EFFICIENT, "custom_scale", shared(52), "mi300x", scaled()),
+            fact(EFFICIENT, "layouts", gate(1148), "mi300x", bhsd()),
+            fact(EFFICIENT, "strides", gate(1148), "mi300x", base())
+                .rejects(strided_v(base()), "LAST_DIM_NOT_CONTIGUOUS"),
+        ];
     rows.extend(math_rows("torch_sdpa.attention.math_rocm", "mi300x", || gate(MATH_CASE)));
     rows
 }
