@@ -37,7 +37,7 @@ fn keys() -> Vec<SelectionKey> {
 fn warm_cache(lz: &LayerZero) {
     let req = Request::from_json(PREFILL).expect("request");
     for seq in [1000, 1500] {
-        let r = layerzero::plan::axes::resize(&req, &[2, seq, seq]).expect("resize");
+        let r = layerzero::key::axes::resize(&req, &[2, seq, seq]).expect("resize");
         lz.select(&r).expect("select");
     }
 }

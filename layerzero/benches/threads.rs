@@ -24,7 +24,7 @@ fn main() {
     let cached = Arc::new(planning());
     let req = Request::from_json(PREFILL).expect("request");
     for seq in [1000, 1500] {
-        cached.select(&layerzero::plan::axes::resize(&req, &[2, seq, seq]).expect("resize")).expect("select");
+        cached.select(&layerzero::key::axes::resize(&req, &[2, seq, seq]).expect("resize")).expect("select");
     }
     let base = SelectionKey::derive(&req);
     let keys: Arc<Vec<SelectionKey>> =

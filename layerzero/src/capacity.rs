@@ -1,19 +1,13 @@
 //! Capacity: does a kernel's workspace, plus the copies its transforms make, fit in the
 //! device memory left after the request's tensors and the policy's reserve? One stage of
-//! selection ([`check`]), and the rule deciding whether a live selection may be cached for
-//! its whole bucket ([`bucket_fits`]): memory headroom is the one verdict that grows with
-//! the sizes a bucket spans.
+//! selection ([`check`]) and the score factor under memory pressure ([`pressure_factor`]).
 
 use crate::capabilities::spec::KernelSpec;
 use crate::constraint::Sink;
 use crate::hardware::profile::DeviceProfile;
 use crate::model::problem::Problem;
-use crate::model::request::Request;
-use crate::plan::{SelectionKey, axes};
 use crate::policy::Policy;
 use crate::reason::ReasonCode;
-use crate::score;
-use crate::select::Selector;
 use crate::transform::Transform;
 
 /// The capacity stage: rejects with `MEMORY_HEADROOM_EXCEEDED` when the kernel's workspace
@@ -29,7 +23,7 @@ pub fn check<S: Sink>(
     available: Option<u64>,
     sink: &mut S,
 ) -> u64 {
-    let out_bytes = score::output_elements(problem).saturating_mul(problem.dtype.size_bytes());
+    let out_bytes = problem.output_elements().saturating_mul(problem.dtype.size_bytes());
     let transform_bytes = transforms.iter().fold(0u64, |acc, t| acc.saturating_add(t.bytes / 2));
     let need = kernel.properties.workspace_bytes.saturating_add(transform_bytes);
     let on_paper = dev.memory_bytes.saturating_sub(problem.input_bytes);
@@ -52,27 +46,4 @@ pub fn check<S: Sink>(
 /// small workspace costs next to nothing.
 pub fn pressure_factor(kernel: &KernelSpec, free: u64) -> f64 {
     1.0 + kernel.properties.workspace_bytes as f64 / free.max(1) as f64
-}
-
-/// True when the bucket's largest request (each axis < 2x larger, so under 2^axes times
-/// the bytes) still fits with every kernel's workspace and a copy of the inputs for
-/// transforms: only then may a live selection be cached for the whole bucket.
-pub fn bucket_fits(key: &SelectionKey, req: &Request, max_workspace: u64, selector: &Selector) -> bool {
-    let problem = Problem::describe(req);
-    let total = selector.hardware().primary().memory_bytes;
-    // With a live reading, the inputs are already resident: what is left is the headroom.
-    let limit = match selector.memory().and_then(|g| g.available()) {
-        Some(a) => total.min(a.saturating_add(problem.input_bytes)),
-        None => total,
-    };
-    let out = score::output_elements(&problem).saturating_mul(problem.dtype.size_bytes());
-    let growth = 1u64 << key.axes.min(axes::MAX_AXES as u8);
-    let need = problem
-        .input_bytes
-        .saturating_mul(2)
-        .saturating_add(out)
-        .saturating_mul(growth)
-        .saturating_add(max_workspace)
-        .saturating_add(selector.policy().memory_reserve_bytes);
-    need <= limit
 }

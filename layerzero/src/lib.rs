@@ -41,6 +41,7 @@ pub mod exec;
 pub mod files;
 pub mod hardware;
 pub mod health;
+pub mod key;
 pub mod knobs;
 pub mod llm;
 pub mod model;
@@ -54,6 +55,7 @@ pub mod score;
 pub mod select;
 pub mod telemetry;
 pub mod tensor;
+pub mod time;
 pub mod transform;
 
 // Tools rather than API: the command line and what only it and the test suites use.

@@ -184,7 +184,7 @@ fn validate_kernel(b: &BackendSpec, k: &KernelSpec) -> Result<()> {
         )));
     }
     if let Some(v) = &k.library_versions {
-        let parse = crate::backend::onednn::Version::parse;
+        let parse = crate::capabilities::Version::parse;
         match (parse(&v.min), parse(&v.below)) {
             (Some(lo), Some(hi)) if lo < hi => {}
             _ => {

@@ -2,3 +2,6 @@
 
 pub mod catalog;
 pub mod spec;
+mod version;
+
+pub use version::Version;

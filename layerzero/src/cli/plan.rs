@@ -78,7 +78,7 @@ pub(super) fn solve(a: SolveArgs<'_>, selector: Selector, command: String) -> Re
     let table = solve::solve(
         &workload,
         &selector,
-        Provenance { perfdb_digest: digest, created_at: super::render::rfc3339(perfdb::now_unix()), command },
+        Provenance { perfdb_digest: digest, created_at: super::render::rfc3339(crate::time::now_unix()), command },
     )?;
     let mut inputs = vec![a.workload];
     inputs.extend(a.perfdb);

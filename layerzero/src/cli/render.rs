@@ -22,13 +22,13 @@ pub(super) fn duration(ns: f64) -> String {
 
 /// Unix seconds as `YYYY-MM-DD HH:MM:SS UTC` (for people).
 pub(super) fn utc(secs: i64) -> String {
-    let [y, mo, d, h, mi, s] = crate::policy::expiry_civil(secs);
+    let [y, mo, d, h, mi, s] = crate::time::civil(secs);
     format!("{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}:{s:02} UTC")
 }
 
 /// Unix seconds as RFC 3339 `YYYY-MM-DDTHH:MM:SSZ` (for files).
 pub(super) fn rfc3339(secs: i64) -> String {
-    crate::policy::format_utc(secs)
+    crate::time::format_utc(secs)
 }
 
 fn request_line(r: &SelectionReport) -> String {

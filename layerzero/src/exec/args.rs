@@ -274,8 +274,8 @@ macro_rules! op_enum {
             }
 
             /// Feeds every attribute into a fingerprint (exact; floats by their bits).
-            pub(crate) fn hash_attrs(&self, sig: &mut crate::plan::typed::Sig) {
-                use crate::plan::typed::Words;
+            pub(crate) fn hash_attrs(&self, sig: &mut crate::model::fingerprint::Sig) {
+                use crate::model::fingerprint::Words;
                 match self { $( OpArgs::$variant(a) => a.attrs.words(sig), )* }
             }
 

@@ -98,7 +98,7 @@ pub fn measure(cpu: &DeviceProfile, fingerprint: &str) -> Measured {
         fingerprint: fingerprint.to_owned(),
         cpu: cpu.name.clone(),
         cap: crate::knobs::cpu_isa().unwrap_or(super::cap::IsaCap::Native).as_str().to_owned(),
-        measured_at: crate::policy::format_utc(crate::perfdb::now_unix()),
+        measured_at: crate::time::format_utc(crate::time::now_unix()),
         threads: u32::try_from(threads).unwrap_or(u32::MAX),
         copy_gbps: round(copy_gbps(), 1),
         peak_tflops,
@@ -178,7 +178,7 @@ pub fn save(path: &Path, m: &Measured) -> Result<()> {
     let mut file = match load(path) {
         Ok(f) => f,
         Err(_) => {
-            let aside = path.with_extension(format!("json.corrupt-{}", crate::perfdb::now_unix()));
+            let aside = path.with_extension(format!("json.corrupt-{}", crate::time::now_unix()));
             std::fs::rename(path, &aside).map_err(|e| {
                 Error::invalid(format!("{}: unreadable, and moving it aside failed: {e}", path.display()))
             })?;

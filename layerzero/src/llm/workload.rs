@@ -13,11 +13,11 @@ use super::forward::{KvKind, Session};
 use super::weights::Weights;
 use super::{Model, ModelConfig};
 use crate::error::{Error, Result};
+use crate::key::axes;
 use crate::model::dtype::DType;
 use crate::model::op::Op;
 use crate::model::request::Request;
 use crate::plan::SelectionKey;
-use crate::plan::axes;
 use crate::plan::workload::{AxisRange, Entry, WORKLOAD_SCHEMA_VERSION, Workload};
 use crate::runtime::LayerZero;
 

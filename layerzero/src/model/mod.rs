@@ -4,6 +4,7 @@
 pub mod attrs;
 pub mod device;
 pub mod dtype;
+pub(crate) mod fingerprint;
 pub mod layout;
 pub mod op;
 pub mod problem;

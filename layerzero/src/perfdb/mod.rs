@@ -174,14 +174,6 @@ pub fn default_path() -> PathBuf {
     crate::knobs::perfdb_path()
 }
 
-/// Now, in Unix seconds (0 if the clock is before 1970).
-pub fn now_unix() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
-
 /// Why a file could not be opened.
 enum Failure {
     /// The file is not a healthy PerfDB we understand: move it aside.
@@ -286,7 +278,9 @@ fn set_up_schema(path: &Path, conn: &mut Connection) -> std::result::Result<(), 
         .map_err(|e| failure(path, "cannot begin the set-up transaction", e))?;
     let found = schema::inspect(&tx).map_err(|e| failure(path, "cannot read the meta table", e))?;
     match found {
-        Found::Empty => schema::create(&tx, now_unix()).map_err(|e| failure(path, "cannot create the tables", e))?,
+        Found::Empty => {
+            schema::create(&tx, crate::time::now_unix()).map_err(|e| failure(path, "cannot create the tables", e))?
+        }
         Found::Version(v) if v == schema::CURRENT_VERSION => {}
         Found::Version(v) if v > schema::CURRENT_VERSION => {
             return Err(Failure::Newer(format!(
@@ -391,7 +385,7 @@ impl PerfDb {
             Err(Failure::Fatal(e)) => Err(e),
             Err(Failure::Newer(why)) => Ok(Err(why)),
             Err(Failure::Damaged(why)) => {
-                let moved_to = recover::move_aside(path, now_unix())?;
+                let moved_to = recover::move_aside(path, crate::time::now_unix())?;
                 match try_open(path) {
                     Ok(db) => Ok(Ok(Opened { db, recovered: Some(Recovery { moved_to, why }) })),
                     Err(Failure::Fatal(e)) => Err(e),

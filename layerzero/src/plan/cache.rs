@@ -149,7 +149,7 @@ fn words(key: &PlanKey, context: u64, entry: u32) -> [u64; 4] {
 
 /// The cache context of a selector: fingerprint, capabilities hash, policy hash.
 pub fn context(fingerprint: &str, capabilities_hash: &str, policy_hash: &str) -> u64 {
-    let mut h = super::key::StableHasher::new();
+    let mut h = crate::key::StableHasher::new();
     h.bytes(fingerprint.as_bytes());
     h.bytes(capabilities_hash.as_bytes());
     h.bytes(policy_hash.as_bytes());
@@ -161,7 +161,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::plan::key::Buckets;
+    use crate::key::Buckets;
     use crate::score::Estimate;
     use crate::select::Selection;
     use crate::select::{Score, ScoreSource};

@@ -1,14 +1,10 @@
-//! Plans: selection keys, perf-axis buckets, workloads, dispatch tables and the selection
-//! cache. Pure except for reading table files.
+//! Plans: workloads, dispatch tables and the selection cache, over the keys of [`crate::key`].
+//! Pure except for reading table files.
 //!
-//! DESIGN: validity fields are exact, perf fields (batch, sequence lengths, tokens) are
-//! bucketed; a dispatch table maps (op, validity key, bucket) to a kernel; a lookup is a
-//! hash probe plus a bucket index.
+//! A dispatch table maps (op, validity key, bucket) to a kernel; a lookup is a hash probe
+//! plus a bucket index.
 
-pub mod axes;
-pub mod bucket;
 pub mod cache;
-pub mod key;
 mod seqlock;
 pub mod solve;
 pub mod table;
@@ -18,8 +14,8 @@ pub mod workload;
 use std::hash::Hasher;
 use std::sync::Arc;
 
+pub use crate::key::{Buckets, SelectionKey};
 pub use cache::SelectionCache;
-pub use key::{Buckets, SelectionKey};
 pub use table::{DispatchTable, Plan};
 
 use crate::exec::executor::Executor;

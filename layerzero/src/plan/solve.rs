@@ -4,12 +4,12 @@
 
 use std::collections::BTreeSet;
 
-use super::key::KEY_FORMAT;
 use super::table::{
     DispatchTable, HardwareId, Header, RunnerUp, TABLE_SCHEMA_VERSION, TableEntry, Unsolved, WorkloadId,
 };
 use super::workload::Workload;
 use crate::error::Result;
+use crate::key::KEY_FORMAT;
 use crate::select::{ScoreSource, Selector};
 
 /// What a solve needs besides the selector.
@@ -151,7 +151,7 @@ mod tests {
             serde_json::from_str::<serde_json::Value>(W).unwrap()["entries"][1]["request"].clone(),
         )
         .unwrap();
-        req = crate::plan::axes::resize(&req, &[1, 3000, 3000]).unwrap();
+        req = crate::key::axes::resize(&req, &[1, 3000, 3000]).unwrap();
         let hit = plan.get(&SelectionKey::derive(&req)).expect("bucket 2049..4096 is in the plan");
         assert_eq!(hit.selection.kernel, s.select(&req).unwrap().kernel);
     }

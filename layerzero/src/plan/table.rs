@@ -14,11 +14,11 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::key::{Buckets, KEY_FORMAT, SelectionKey};
 use super::{FoldHasher, Resolved};
 use crate::capabilities::catalog::KernelIndex;
 use crate::error::{Error, ErrorKind};
 use crate::exec::executor::Executor;
+use crate::key::{Buckets, KEY_FORMAT, SelectionKey};
 use crate::model::op::Op;
 use crate::model::request::Request;
 use crate::reason::{Reason, ReasonCode};

@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::axes;
-use super::key::{Buckets, SelectionKey};
 use crate::error::{Error, Result};
+use crate::key::axes;
+use crate::key::{Buckets, SelectionKey};
 use crate::model::request::Request;
 
 /// Current workload schema version.

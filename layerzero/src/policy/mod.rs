@@ -19,8 +19,6 @@ use crate::model::op::Op;
 use crate::model::problem::{Dims, Problem};
 use crate::schema::{self, SchemaKind};
 
-pub(crate) use expiry::civil as expiry_civil;
-pub use expiry::{format_utc, parse_utc};
 pub use glob::glob_match;
 pub use overrides::Overrides;
 
@@ -318,7 +316,7 @@ impl Policy {
                 }
             }
             if let Some(t) = &r.expires_at
-                && parse_utc(t).is_none()
+                && crate::time::parse_utc(t).is_none()
             {
                 return Err(Error::invalid(format!(
                     "{origin}: field `rules[{i}].expires_at` is {t:?}; expected a UTC time YYYY-MM-DDTHH:MM:SSZ"

@@ -151,7 +151,7 @@ impl Drop for Lead<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::key::Buckets;
+    use crate::key::Buckets;
     use crate::score::Estimate;
     use crate::select::{Score, ScoreSource, Selection};
 

@@ -10,15 +10,15 @@ use std::sync::atomic::Ordering;
 use super::counters::Counter;
 use super::flight::{Role, Waited};
 use super::{LayerZero, PlanMode, SelectionSource};
-use crate::capacity;
 use crate::error::{Error, ErrorKind, Result};
 use crate::exec::args::OpArgs;
 use crate::exec::executor::Executor;
+use crate::model::problem::Problem;
 use crate::model::request::Request;
 use crate::plan::table::PlanKey;
 use crate::plan::{Resolved, SelectionKey, typed};
 use crate::reason::{Reason, ReasonCode};
-use crate::select::Selection;
+use crate::select::{Selection, Selector};
 use crate::telemetry;
 
 /// A selection as served: borrowed from the plan or the cache, or made live.
@@ -270,7 +270,7 @@ impl LayerZero {
         let selection = Arc::new(live.selector.select(&req)?);
         self.log_live(&req, &selection);
         let resolved = Resolved { executor: self.executor(selection.index).cloned(), selection };
-        let fits = capacity::bucket_fits(key, &req, self.max_workspace, &live.selector);
+        let fits = bucket_fits(key, &req, self.max_workspace, &live.selector);
         match pk {
             Some(pk) if fits && self.cache.insert(pk, context, resolved.clone()) => {}
             _ => self.bump(Counter::Uncacheable),
@@ -315,4 +315,27 @@ impl LayerZero {
         let resolved = Resolved { executor: self.executor(selection.index).cloned(), selection: Arc::new(selection) };
         Hit { entry: Entry::Live(resolved), source: SelectionSource::Live, notes: Vec::new() }
     }
+}
+
+/// True when the bucket's largest request (each axis < 2x larger, so under 2^axes times
+/// the bytes) still fits with every kernel's workspace and a copy of the inputs for
+/// transforms: only then may a live selection be cached for the whole bucket.
+fn bucket_fits(key: &SelectionKey, req: &Request, max_workspace: u64, selector: &Selector) -> bool {
+    let problem = Problem::describe(req);
+    let total = selector.hardware().primary().memory_bytes;
+    // With a live reading, the inputs are already resident: what is left is the headroom.
+    let limit = match selector.memory().and_then(|g| g.available()) {
+        Some(a) => total.min(a.saturating_add(problem.input_bytes)),
+        None => total,
+    };
+    let out = problem.output_elements().saturating_mul(problem.dtype.size_bytes());
+    let growth = 1u64 << key.axes.min(crate::key::axes::MAX_AXES as u8);
+    let need = problem
+        .input_bytes
+        .saturating_mul(2)
+        .saturating_add(out)
+        .saturating_mul(growth)
+        .saturating_add(max_workspace)
+        .saturating_add(selector.policy().memory_reserve_bytes);
+    need <= limit
 }

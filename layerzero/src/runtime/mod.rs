@@ -413,7 +413,7 @@ impl LayerZero {
     fn rebuild(&mut self, policy: Option<Arc<Policy>>) -> Result<()> {
         let p = &self.parts;
         let declared = policy.unwrap_or_else(|| self.live.load().declared.clone());
-        let now = unix_now();
+        let now = crate::time::now_unix();
         let policy = Arc::new(declared.in_force_at(now));
         let health = HealthConfig::of(&policy);
         let mut selector =
@@ -581,7 +581,7 @@ impl LayerZero {
 
     fn swap_policy(&self, declared: Arc<Policy>) -> Result<()> {
         let _one_at_a_time = self.swap.lock();
-        let now = unix_now();
+        let now = crate::time::now_unix();
         let policy = declared.in_force_at(now);
         let health = HealthConfig::of(&policy);
         let selector = self.live.load().selector.with_policy(Arc::new(policy))?;
@@ -704,7 +704,7 @@ impl LayerZero {
 
     #[cold]
     fn expire_slow(&self, due: i64) {
-        if unix_now() < due {
+        if crate::time::now_unix() < due {
             return;
         }
         let declared = self.live.load().declared.clone();
@@ -839,13 +839,6 @@ impl LayerZero {
     fn executor(&self, kernel: KernelIndex) -> Option<&Arc<dyn Executor>> {
         self.executors.get(kernel).and_then(Option::as_ref)
     }
-}
-
-/// Seconds since the Unix epoch (0 if the clock is before it).
-fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 /// The cache context: what every cached choice depends on, and, in a model's scope, the

@@ -111,7 +111,7 @@ impl LayerZero {
         let manifest = SnapshotManifest {
             dir: dir.display().to_string(),
             layerzero_version: env!("CARGO_PKG_VERSION"),
-            created_unix: crate::perfdb::now_unix(),
+            created_unix: crate::time::now_unix(),
             hardware: self.hardware().name.clone(),
             fingerprint: self.hardware().fingerprint.clone(),
             capabilities_hash: catalog.hash().to_owned(),

@@ -16,9 +16,9 @@ use serde::Serialize;
 use super::LayerZero;
 use crate::error::Result;
 use crate::exec::executor::KernelError;
+use crate::key::SelectionKey;
+use crate::key::axes;
 use crate::model::request::Request;
-use crate::plan::axes;
-use crate::plan::key::SelectionKey;
 use crate::reason::ReasonCode;
 
 /// One bucket to warm: where it comes from and its representative (largest) request.

@@ -6,7 +6,7 @@
 pub mod calibration;
 pub mod measured;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::capabilities::spec::KernelSpec;
 use crate::hardware::profile::DeviceProfile;
@@ -14,9 +14,53 @@ use crate::model::attrs::{Attrs, CausalAlignment};
 use crate::model::op::Op;
 use crate::model::problem::{AttentionDims, Dims, Problem};
 use crate::model::request::Request;
-use crate::select::{Score, ScoreSource};
+use crate::reason::Reason;
 use crate::transform::Transform;
-use measured::RowVerdict;
+use measured::{MeasurementRef, RowVerdict};
+
+/// Where an estimate comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScoreSource {
+    /// The analytic cost model.
+    Model,
+    /// A confident PerfDB measurement.
+    Perfdb,
+    /// A PerfDB measurement down-weighted for its variance, blended with the model.
+    Blended,
+}
+
+impl ScoreSource {
+    /// The stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScoreSource::Model => "model",
+            ScoreSource::Perfdb => "perfdb",
+            ScoreSource::Blended => "blended",
+        }
+    }
+}
+
+/// The arithmetic behind a candidate's rank.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Score {
+    /// Kernel time, ns.
+    pub estimated_ns: f64,
+    /// Where `estimated_ns` comes from.
+    pub source: ScoreSource,
+    /// Time of the transforms, ns.
+    pub transform_ns: f64,
+    /// Product of matching prefer/avoid factors.
+    pub policy_factor: f64,
+    /// (estimated + transform) x policy_factor; lowest wins.
+    pub total_ns: f64,
+    /// The cost-model terms.
+    pub model: Estimate,
+    /// The PerfDB measurement behind `estimated_ns` (absent: the model alone).
+    pub measurement: Option<MeasurementRef>,
+    /// PerfDB rows for this kernel and bucket that were not used, with the reason.
+    pub notes: Vec<Reason>,
+}
 
 /// The terms of a modeled estimate.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
@@ -103,20 +147,9 @@ pub fn estimate_with(
     }
 }
 
-/// Elements of the op's main output.
-pub fn output_elements(problem: &Problem) -> u64 {
-    match problem.dims {
-        Dims::Attention(a) => a.batch.saturating_mul(a.seq_q).saturating_mul(a.heads_q).saturating_mul(a.head_dim_v),
-        Dims::Rows { rows, hidden } => rows.saturating_mul(hidden),
-        Dims::Gemm { m, n, .. } => m.saturating_mul(n),
-        Dims::Mlp { tokens, hidden, .. } => tokens.saturating_mul(hidden),
-        Dims::None => 0,
-    }
-}
-
 /// (FLOPs, bytes) of a request on `kernel`.
 fn work(kernel: &KernelSpec, req: &Request, problem: &Problem) -> (f64, f64) {
-    let out_bytes = output_elements(problem) as f64 * problem.dtype.size_bytes() as f64;
+    let out_bytes = problem.output_elements() as f64 * problem.dtype.size_bytes() as f64;
     let in_bytes = problem.input_bytes as f64;
     match problem.dims {
         Dims::Attention(a) => {

@@ -24,7 +24,7 @@ pub(crate) fn judge<S: Sink>(
     match availability.status(&backend.backend) {
         BackendStatus::Available => {
             if let (Some(range), Some(lib)) = (&kernel.library_versions, availability.library(&backend.backend)) {
-                let parse = crate::backend::onednn::Version::parse;
+                let parse = crate::capabilities::Version::parse;
                 let inside = matches!((parse(&range.min), parse(&range.below), parse(&lib.version)),
                     (Some(lo), Some(hi), Some(v)) if lo <= v && v < hi);
                 if !inside {

@@ -7,8 +7,9 @@ mod report;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+pub use crate::score::{Score, ScoreSource};
 pub use availability::{Availability, BackendStatus, LoadedLibrary};
-pub use report::{CandidateReport, HardwareRef, LockRef, Score, ScoreSource, SelectionReport, Verdict, fused_ops};
+pub use report::{CandidateReport, HardwareRef, LockRef, SelectionReport, Verdict, fused_ops};
 
 use crate::capabilities::catalog::{Catalog, KernelIndex};
 use crate::capabilities::spec::{BackendSpec, KernelSpec};

@@ -1,12 +1,11 @@
 //! The selection report: every candidate, every reason, the arithmetic.
 //! Its JSON form is described by `schemas/selection_report.schema.json`.
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::model::request::Request;
 use crate::reason::Reason;
-use crate::score::Estimate;
-use crate::score::measured::MeasurementRef;
+use crate::score::Score;
 use crate::transform::Transform;
 
 /// A candidate's verdict.
@@ -30,50 +29,6 @@ impl Verdict {
             Verdict::Rejected => "rejected",
         }
     }
-}
-
-/// Where an estimate comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ScoreSource {
-    /// The analytic cost model.
-    Model,
-    /// A confident PerfDB measurement.
-    Perfdb,
-    /// A PerfDB measurement down-weighted for its variance, blended with the model.
-    Blended,
-}
-
-impl ScoreSource {
-    /// The stable name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ScoreSource::Model => "model",
-            ScoreSource::Perfdb => "perfdb",
-            ScoreSource::Blended => "blended",
-        }
-    }
-}
-
-/// The arithmetic behind a candidate's rank.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Score {
-    /// Kernel time, ns.
-    pub estimated_ns: f64,
-    /// Where `estimated_ns` comes from.
-    pub source: ScoreSource,
-    /// Time of the transforms, ns.
-    pub transform_ns: f64,
-    /// Product of matching prefer/avoid factors.
-    pub policy_factor: f64,
-    /// (estimated + transform) x policy_factor; lowest wins.
-    pub total_ns: f64,
-    /// The cost-model terms.
-    pub model: Estimate,
-    /// The PerfDB measurement behind `estimated_ns` (absent: the model alone).
-    pub measurement: Option<MeasurementRef>,
-    /// PerfDB rows for this kernel and bucket that were not used, with the reason.
-    pub notes: Vec<Reason>,
 }
 
 /// One candidate kernel's verdict.

@@ -50,9 +50,7 @@ impl SelectionRecord {
             .map(|k| crate::select::fused_ops(catalog.kernel(k).1, req))
             .unwrap_or_default();
         SelectionRecord {
-            at_unix_ms: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            at_unix_ms: crate::time::now_unix_ms(),
             event,
             op: redact::field(req.op.as_str(), r.ops()),
             shapes: redact::field(&shapes(req), r.shapes()),

@@ -141,7 +141,7 @@ pub fn plan(kernel: &KernelSpec, req: &Request, problem: &Problem, dev: &DeviceP
             let bytes = m.numel().saturating_mul(m.dtype.size_bytes() + to.size_bytes());
             push(TransformKind::Cast, "mask", m.dtype.as_str(), to.as_str(), bytes);
         }
-        let bytes = crate::score::output_elements(problem).saturating_mul(problem.dtype.size_bytes() + to.size_bytes());
+        let bytes = problem.output_elements().saturating_mul(problem.dtype.size_bytes() + to.size_bytes());
         push(TransformKind::Cast, "out", to.as_str(), problem.dtype.as_str(), bytes);
     }
     if transforms.is_empty() { None } else { Some(transforms) }

@@ -57,7 +57,7 @@ pub(super) fn fit_results(
         })
         .collect();
     let hw = selector.hardware();
-    let now = crate::policy::format_utc(crate::perfdb::now_unix());
+    let now = crate::time::format_utc(crate::time::now_unix());
     Calibration::new(&hw.name, &hw.fingerprint, workload, &now, fits)
 }
 

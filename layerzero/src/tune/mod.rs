@@ -34,7 +34,7 @@ use crate::capabilities::catalog::Catalog;
 use crate::error::Result;
 use crate::exec::executor::Registry;
 use crate::hardware::detect;
-use crate::perfdb::{self, PerfDb, Row};
+use crate::perfdb::{PerfDb, Row};
 use crate::plan::workload::{Point, Workload};
 use crate::policy::Policy;
 use crate::score::measured::{CV_NONE, MIN_SAMPLES, Measured, Measurements};
@@ -309,7 +309,7 @@ pub fn tune_with(host: &Host, opts: &TuneOptions, on_event: &mut dyn FnMut(Event
                         mad_ns: s.mad,
                         cv: s.cv,
                         origin: ORIGIN.to_owned(),
-                        created_at: perfdb::now_unix(),
+                        created_at: crate::time::now_unix(),
                     });
                     results.push(KernelResult {
                         status: Status::Measured,

@@ -315,10 +315,10 @@ mod tests {
             assert_eq!(args.op(), req.op);
             // Keep the test quick in debug builds: run the reference on the request with its
             // perf axes (batch, sequence, tokens) cut to at most 8, when that is small enough.
-            let small = match crate::plan::axes::values(&req) {
+            let small = match crate::key::axes::values(&req) {
                 Some((v, n)) if n > 0 => {
                     let to: Vec<u64> = v[..n].iter().map(|&x| x.min(8)).collect();
-                    crate::plan::axes::resize(&req, &to).unwrap_or_else(|e| panic!("{name}: {e}"))
+                    crate::key::axes::resize(&req, &to).unwrap_or_else(|e| panic!("{name}: {e}"))
                 }
                 _ => req.clone(),
             };

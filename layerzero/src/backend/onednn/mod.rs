@@ -27,7 +27,7 @@ use std::sync::{Arc, OnceLock};
 
 pub use api::Dnnl;
 pub use jit::{JitStats, MAX_PRIMITIVES, jit_stats};
-pub use loader::{Loaded, Version, candidates, find, find_in};
+pub use loader::{Loaded, candidates, find, find_in};
 pub use matmul::{Matmul, PackedStats, packed_stats};
 pub use rows::{Kind, Rows};
 

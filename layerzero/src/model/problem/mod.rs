@@ -233,6 +233,19 @@ pub fn layout_of(op: Op, name: &str, t: &TensorDesc) -> Option<Layout> {
 }
 
 impl Problem {
+    /// Elements of the op's main output.
+    pub fn output_elements(&self) -> u64 {
+        match self.dims {
+            Dims::Attention(a) => {
+                a.batch.saturating_mul(a.seq_q).saturating_mul(a.heads_q).saturating_mul(a.head_dim_v)
+            }
+            Dims::Rows { rows, hidden } => rows.saturating_mul(hidden),
+            Dims::Gemm { m, n, .. } => m.saturating_mul(n),
+            Dims::Mlp { tokens, hidden, .. } => tokens.saturating_mul(hidden),
+            Dims::None => 0,
+        }
+    }
+
     /// Validates `req` and derives its dimensions. Never panics.
     pub fn describe(req: &Request) -> Problem {
         let mut v = Validator::new(req);

@@ -1,4 +1,4 @@
-//! The selection key (DESIGN invariant 5): every field a check reads, exact, plus the perf
+//! Selection keys (DESIGN invariant 5): every field a check reads, exact, plus the perf
 //! axes bucketed. Two requests with the same key get the same verdict from every check.
 //!
 //! The exact part (`validity`) is a 128-bit stable hash of a canonical walk of the request:
@@ -6,17 +6,20 @@
 //! a" (at a position that carries axis a and holds its value) or as its exact size; per
 //! dimension the stride as zero, as a ratio to the contiguous stride, or exact; the
 //! attributes (every field, exact); and the order relations between perf values (seq_q vs
-//! seq_k). The perf part is the bucket of each axis (see [`super::bucket`]).
+//! seq_k). The perf part is the bucket of each axis (see [`bucket`]; the axes of each op: [`axes`]).
 //! Checks that read sizes compare them with other sizes (captured by the symbols and
 //! relations), with 1 (bucket 0 is exactly 1) or with capability ranges whose bounds are
 //! bucket edges (a test over the builtin catalog keeps it so).
 
+pub mod axes;
+pub mod bucket;
+
 use std::fmt;
 
-use super::axes::{self, MAX_AXES};
 use crate::model::layout::contiguous_strides;
 use crate::model::op::Op;
 use crate::model::request::Request;
+use axes::MAX_AXES;
 
 /// Version of the canonical walk; part of every persisted key's meaning.
 pub const KEY_FORMAT: u32 = 1;
@@ -163,7 +166,7 @@ impl Buckets {
             .zip(self.0)
             .map(|(axis, b)| {
                 let (lo, hi) = axis.anchor.range(b);
-                format!("{}={}", axis.name, super::bucket::range_text(lo, hi))
+                format!("{}={}", axis.name, bucket::range_text(lo, hi))
             })
             .collect();
         if parts.is_empty() { "exact".to_owned() } else { parts.join(",") }
