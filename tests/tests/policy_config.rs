@@ -240,7 +240,7 @@ fn a_time_boxed_rule_applies_until_it_expires_and_then_stops_by_itself() {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or_else(|e| panic!("{e}"));
-    let stamp = |s: u64| layerzero::policy::format_utc(i64::try_from(s).unwrap_or(i64::MAX));
+    let stamp = |s: u64| layerzero::time::format_utc(i64::try_from(s).unwrap_or(i64::MAX));
     let timed = |until: u64| {
         policy(&format!(r#"{{"rules": [{{"action": "deny", "kernels": "{a}", "expires_at": "{}"}}]}}"#, stamp(until)))
     };
