@@ -4,7 +4,7 @@
 //! Run: `cargo bench -p layerzero --bench attention`.
 
 use layerzero::exec::args::{AttentionArgs, OpArgs, PagedAttentionArgs};
-use layerzero::exec::executor::{Executor, Registry};
+use layerzero::exec::executor::Executor;
 use layerzero::model::attrs::AttentionAttrs;
 use layerzero::model::dtype::DType;
 use layerzero::model::layout::Layout;
@@ -36,7 +36,7 @@ fn tensor(shape: &[usize], seed: u64, dtype: DType, layout: Layout) -> HostTenso
 }
 
 fn kernel(id: &str) -> std::sync::Arc<dyn Executor> {
-    Registry::builtin().get(id).expect("kernel registered").clone()
+    layerzero::builtin_registry().get(id).expect("kernel registered").clone()
 }
 
 fn prefill_args(s: usize, dtype: DType) -> OpArgs {

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use divan::Bencher;
 use divan::counter::{BytesCount, ItemsCount};
 use layerzero::exec::args::{LinearArgs, MlpArgs, OpArgs};
-use layerzero::exec::executor::{Executor, Registry};
+use layerzero::exec::executor::Executor;
 use layerzero::model::attrs::{Activation, MlpAttrs, NoAttrs};
 use layerzero::model::dtype::DType;
 use layerzero::tensor::HostTensor;
@@ -45,7 +45,7 @@ fn tensor(dtype: DType, shape: &[usize], seed: u64, scale: f32) -> HostTensor {
 }
 
 fn kernel(id: &str) -> Arc<dyn Executor> {
-    Registry::builtin().get(id).cloned().unwrap_or_else(|| panic!("{id} is not registered"))
+    layerzero::builtin_registry().get(id).cloned().unwrap_or_else(|| panic!("{id} is not registered"))
 }
 
 /// The linear kernel measured: `cpu.linear.fast`, or `onednn.linear.matmul` with

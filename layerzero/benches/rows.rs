@@ -35,7 +35,7 @@ const VOCAB: usize = 32000;
 
 fn registry() -> &'static Registry {
     static R: OnceLock<Registry> = OnceLock::new();
-    R.get_or_init(Registry::builtin)
+    R.get_or_init(layerzero::builtin_registry)
 }
 
 fn values(n: usize, seed: u64) -> Vec<f32> {

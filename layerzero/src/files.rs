@@ -55,15 +55,26 @@ pub fn check_regular(path: &Path) -> Result<()> {
     }
 }
 
-/// The most bytes one input file may hold (`LAYERZERO_MAX_READ_BYTES`).
-fn read_limit() -> Result<u64> {
-    crate::knobs::max_read_bytes()
+/// The read limit of a process that sets none: 256 MiB.
+pub const DEFAULT_MAX_READ_BYTES: u64 = 256 << 20;
+
+static MAX_READ_BYTES: AtomicU64 = AtomicU64::new(DEFAULT_MAX_READ_BYTES);
+
+/// Sets the most bytes one input file may hold, for the whole process
+/// (`LAYERZERO_MAX_READ_BYTES`, applied when the process's settings are resolved).
+pub fn set_max_read_bytes(bytes: u64) {
+    MAX_READ_BYTES.store(bytes, Ordering::Relaxed);
+}
+
+/// The most bytes one input file may hold.
+fn read_limit() -> u64 {
+    MAX_READ_BYTES.load(Ordering::Relaxed)
 }
 
 /// The bytes of the regular file `path`, at most the read limit.
 pub fn read(path: &Path) -> Result<Vec<u8>> {
     check_regular(path)?;
-    let limit = read_limit()?;
+    let limit = read_limit();
     let too_big = |n: u64| {
         Error::new(
             ErrorKind::Io,
@@ -96,7 +107,7 @@ pub fn read_to_string(path: &Path) -> Result<String> {
 
 /// Standard input as text, at most the read limit.
 pub fn read_stdin(what: &str) -> Result<String> {
-    let limit = read_limit()?;
+    let limit = read_limit();
     let mut bytes = Vec::new();
     std::io::stdin()
         .take(limit + 1)

@@ -41,6 +41,7 @@ pub mod exec;
 pub mod files;
 pub mod hardware;
 pub mod health;
+pub mod host;
 pub mod key;
 pub mod knobs;
 pub mod llm;
@@ -81,6 +82,7 @@ pub use exec::args::{
 };
 pub use exec::executor::{Executor, KernelError, Registry};
 pub use hardware::profile::HardwareProfile;
+pub use host::builtin_registry;
 pub use model::attrs::{AttentionAttrs, Attrs, NormAttrs};
 pub use model::device::DeviceKind;
 pub use model::dtype::DType;
@@ -114,7 +116,7 @@ pub fn host() -> Result<&'static LayerZero> {
     static HOST: OnceLock<Result<LayerZero>> = OnceLock::new();
     static WATCH: OnceLock<Option<runtime::PolicyWatch>> = OnceLock::new();
     let lz = HOST.get_or_init(LayerZero::host).as_ref().map_err(Clone::clone)?;
-    WATCH.get_or_init(|| crate::knobs::policy().and_then(|path| lz.watch_policy_static(&path).ok()));
+    WATCH.get_or_init(|| lz.settings().policy.clone().and_then(|path| lz.watch_policy_static(&path).ok()));
     Ok(lz)
 }
 

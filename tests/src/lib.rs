@@ -56,7 +56,7 @@ pub fn lz() -> assert_cmd::Command {
     let mut c = assert_cmd::Command::cargo_bin("lz").unwrap_or_else(|e| panic!("{e}"));
     c.current_dir(repo_root()).env_remove("RUST_BACKTRACE");
     for k in layerzero::knobs::all() {
-        c.env_remove(k.name);
+        c.env_remove(k.name());
     }
     // State `lz` keeps (the measured hardware, PerfDB, calibration) stays in this test
     // process's folder, never the user's; a test sets its own to start from nothing.

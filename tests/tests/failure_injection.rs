@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use layerzero::capabilities::catalog::Catalog;
 use layerzero::exec::args::{LinearArgs, OpArgs, Outputs};
-use layerzero::exec::executor::{Executor, KernelError, Registry};
+use layerzero::exec::executor::{Executor, KernelError};
 use layerzero::model::attrs::NoAttrs;
 use layerzero::model::dtype::DType;
 use layerzero::model::layout::Layout;
@@ -67,7 +67,7 @@ fn replaced(kernel: &str, policy: Policy, exec: Arc<dyn Executor>) -> LayerZero 
 
 /// The builtin executor of `kernel`.
 fn builtin(kernel: &str) -> Arc<dyn Executor> {
-    Registry::builtin().get(kernel).cloned().unwrap_or_else(|| panic!("no executor for {kernel}"))
+    layerzero::builtin_registry().get(kernel).cloned().unwrap_or_else(|| panic!("no executor for {kernel}"))
 }
 
 #[test]

@@ -260,7 +260,7 @@ fn every_builtin_kernel_matches_the_pytorch_fixtures() {
         paths.len(),
         fixture_dir().display()
     );
-    let registry = Registry::builtin();
+    let registry = layerzero::builtin_registry();
     let mut failures = Vec::new();
     let mut runs = 0;
     let mut ran = std::collections::BTreeSet::new();
@@ -325,7 +325,7 @@ fn every_fixture_is_selected_and_dispatched_end_to_end() {
     let selector =
         layerzero::select::Selector::planning(catalog, hw, std::sync::Arc::new(layerzero::policy::Policy::default()))
             .unwrap_or_else(|e| panic!("{e}"));
-    let runtime = layerzero::LayerZero::new(selector, Registry::builtin()).unwrap_or_else(|e| panic!("{e}"));
+    let runtime = layerzero::LayerZero::new(selector, layerzero::builtin_registry()).unwrap_or_else(|e| panic!("{e}"));
     let mut failures = Vec::new();
     for path in fixture_paths() {
         let fx = match load(&path) {

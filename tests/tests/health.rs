@@ -350,7 +350,8 @@ fn knobs_override_the_policy_health_fields_and_bad_values_name_the_variable() {
         ("LAYERZERO_KERNEL_TIMEOUT_MS", "40"),
         ("LAYERZERO_VALIDATE_OUTPUTS", "yes"),
     ]);
-    let applied = layerzero::knobs::apply_policy_overrides_in(&mut p, &set).unwrap_or_else(|e| panic!("{e}"));
+    let settings = layerzero::knobs::Settings::from_lookup(&set).unwrap_or_else(|e| panic!("{e}"));
+    let applied = p.apply_overrides(&settings.policy_overrides());
     assert_eq!(
         (p.health.failure_threshold, p.health.cooldown_ms, p.kernel_timeout_ms, p.validate_outputs),
         (5, 250, Some(40), true)
@@ -363,7 +364,7 @@ fn knobs_override_the_policy_health_fields_and_bad_values_name_the_variable() {
         (env(&[("LAYERZERO_FAILURE_THRESHOLD", "0")]), "LAYERZERO_FAILURE_THRESHOLD=0"),
         (env(&[("LAYERZERO_KERNEL_TIMEOUT_MS", "soon")]), "LAYERZERO_KERNEL_TIMEOUT_MS=\"soon\""),
     ] {
-        let err = layerzero::knobs::apply_policy_overrides_in(&mut Policy::default(), &bad).err();
+        let err = layerzero::knobs::Settings::from_lookup(&bad).err();
         assert!(err.as_ref().is_some_and(|e| e.to_string().contains(says)), "{err:?}");
     }
     let err = Policy::from_json(r#"{"health": {"failure_threshold": 0}}"#, "p.json").err();

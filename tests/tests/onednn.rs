@@ -305,7 +305,7 @@ fn in_process_matmul() -> Option<Arc<dyn layerzero::exec::executor::Executor>> {
         eprintln!("LAYERZERO_ONEDNN_LIB is not set in this process: .ci/run runs this test with it");
         return None;
     }
-    let r = layerzero::exec::executor::Registry::builtin();
+    let r = layerzero::builtin_registry();
     Some(r.get("onednn.linear.matmul").cloned().unwrap_or_else(|| panic!("oneDNN did not load in-process")))
 }
 
@@ -351,7 +351,7 @@ fn in_process_the_kernels_bound_when_the_library_loads_are_the_ones_listed_witho
     if in_process_matmul().is_none() {
         return;
     }
-    let r = layerzero::exec::executor::Registry::builtin();
+    let r = layerzero::builtin_registry();
     let mut bound: Vec<&str> = r.kernels().filter(|k| k.starts_with("onednn.")).collect();
     let mut listed: Vec<&str> = layerzero::backend::onednn::kernels().collect();
     bound.sort_unstable();

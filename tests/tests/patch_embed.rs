@@ -9,7 +9,7 @@ use layerzero::parity::compare::{Category, output_tolerance};
 use layerzero::parity::rng::Rng;
 use layerzero::schema::{SchemaKind, violations};
 use layerzero::transform::TransformKind;
-use layerzero::{DType, HostTensor, LayerZero, Layout, OpArgs, Registry, Request, TensorDesc};
+use layerzero::{DType, HostTensor, LayerZero, Layout, OpArgs, Request, TensorDesc};
 use layerzero_tests::{lz, policy};
 
 const FAST: &str = "cpu.patch_embed.im2col";
@@ -40,7 +40,7 @@ fn channels_last(a: &PatchEmbedArgs) -> PatchEmbedArgs {
 }
 
 fn run(kernel: &str, args: &PatchEmbedArgs) -> HostTensor {
-    let exec = Registry::builtin().get(kernel).cloned().unwrap_or_else(|| panic!("no executor {kernel}"));
+    let exec = layerzero::builtin_registry().get(kernel).cloned().unwrap_or_else(|| panic!("no executor {kernel}"));
     let mut out = exec.run(&OpArgs::PatchEmbed(args.clone())).unwrap_or_else(|e| panic!("{kernel}: {e}"));
     out.remove("out").unwrap_or_else(|| panic!("{kernel} gave no `out`"))
 }
@@ -202,7 +202,7 @@ fn inconsistent_requests_are_refused_naming_the_field_and_the_value() {
     let lz = LayerZero::detected().unwrap_or_else(|e| panic!("{e}"));
     let err = lz.dispatch(&OpArgs::PatchEmbed(a.clone())).err().map(|e| e.to_string()).unwrap_or_default();
     assert!(err.contains("tensor `image` has height 8, not a multiple of attrs.patch 3"), "{err}");
-    let exec = Registry::builtin().get(FAST).cloned().unwrap_or_else(|| panic!("no {FAST}"));
+    let exec = layerzero::builtin_registry().get(FAST).cloned().unwrap_or_else(|| panic!("no {FAST}"));
     let err = exec.run(&OpArgs::PatchEmbed(channels_last(&a))).err().map(|e| e.to_string()).unwrap_or_default();
     assert!(err.contains("tensor `image` has height 8, not a multiple of attrs.patch 3"), "{err}");
 

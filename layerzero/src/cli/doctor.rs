@@ -12,7 +12,7 @@ use crate::readiness::doctor::{self, DoctorInputs, DoctorReport, PerfDbCheck, Pl
 use crate::select::BackendStatus;
 
 pub(super) fn run(catalog: Arc<Catalog>, json: bool, perfdb_path: Option<&Path>) -> Result<Outcome> {
-    let report = doctor::doctor(&DoctorInputs { catalog, perfdb: perfdb_path })?;
+    let report = doctor::doctor(&DoctorInputs { catalog, perfdb: perfdb_path, env: &crate::knobs::process_env })?;
     if json {
         print_json(&report.to_json());
     } else {
@@ -23,7 +23,7 @@ pub(super) fn run(catalog: Arc<Catalog>, json: bool, perfdb_path: Option<&Path>)
 
 /// The loud line for `LAYERZERO_FAULTS`, when it is set.
 fn faults_warning(r: &DoctorReport) -> Option<String> {
-    let spec = r.knobs.iter().find(|k| k.name == crate::knobs::FAULTS.name)?.current.clone()?;
+    let spec = r.knobs.iter().find(|k| k.name == crate::knobs::FAULTS.name())?.current.clone()?;
     Some(match crate::runtime::faults::parse(&spec) {
         Ok(_) => format!(
             "!!! FAULT INJECTION IS ON: LAYERZERO_FAULTS={spec} makes these kernels fail on purpose; \

@@ -250,7 +250,7 @@ fn prompts_of(a: &GenerateCmd, tokenizer: Option<&Tokenizer>, file: &Path) -> Re
 fn handle(a: &GenerateCmd) -> Result<LayerZero> {
     let lz = LayerZero::host()?;
     match &a.table {
-        Some(table) => lz.with_plan_file(table, crate::knobs::plan_mode()?),
+        Some(table) => lz.with_plan_file(table, super::knobs().plan_mode),
         None => Ok(lz),
     }
 }

@@ -4,7 +4,8 @@
 use super::args::{HardwareArgs, ListArgs, SelectArgs};
 use super::{Outcome, load_catalog, load_request, parse_op, print_json, render, selector};
 use crate::error::{Error, Result};
-use crate::hardware::{detect, measure, named};
+use crate::hardware::named;
+use crate::host::{detect, measure};
 
 pub(super) fn explain(a: SelectArgs, which: bool) -> Result<Outcome> {
     let request = load_request(&a.request)?;
@@ -51,7 +52,7 @@ pub(super) fn list_kernels(a: ListArgs) -> Result<Outcome> {
         .filter(|(_, b, k)| op.is_none_or(|o| k.op == o) && a.backend.as_ref().is_none_or(|n| &b.backend == n))
         .collect();
     // Whether this process has an executor for the kernel (oneDNN's when the library loads).
-    let registry = crate::exec::executor::Registry::builtin();
+    let registry = crate::host::builtin_registry();
     let runs = |id: &str| registry.contains(id);
     if a.json {
         let items: Vec<serde_json::Value> = rows

@@ -24,12 +24,14 @@ use clap::Parser;
 
 use crate::capabilities::catalog::Catalog;
 use crate::error::{Error, Result};
-use crate::hardware::{detect, named};
+use crate::hardware::named;
+use crate::host::detect;
+use crate::knobs::Settings;
 use crate::model::op::Op;
 use crate::model::request::Request;
 use crate::policy::Policy;
 use crate::schema::{self, SchemaKind};
-use crate::select::{Availability, Selector};
+use crate::select::Selector;
 use args::{CatalogArg, Cli, Command};
 
 /// What a command reports back to `main`.
@@ -53,8 +55,16 @@ pub fn main() -> ExitCode {
     // Kernel panics are caught and reported by the runtime; keep the default hook from
     // printing them (and their backtraces) on the way.
     std::panic::set_hook(Box::new(|_| {}));
+    // A bad knob is a usage error naming it, before anything runs; `doctor` and `hardware`
+    // report bad knobs instead (and run with their defaults).
+    if !matches!(cli.command, Command::Doctor(_) | Command::Hardware(_))
+        && let Err(e) = Settings::from_env()
+    {
+        eprintln!("lz: error: {e}");
+        return ExitCode::from(2);
+    }
     // LAYERZERO_LOG / LAYERZERO_OTEL: the log and span export, flushed when `_telemetry` drops.
-    let _telemetry = match crate::telemetry::init() {
+    let _telemetry = match crate::telemetry::init(knobs()) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("lz: error: {e}");
@@ -86,6 +96,11 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// The knobs of this process (checked in `main`).
+fn knobs() -> &'static Settings {
+    crate::host::process()
+}
+
 fn run(cli: Cli) -> Result<Outcome> {
     match cli.command {
         Command::Explain(a) => inspect::explain(a, false),
@@ -95,14 +110,11 @@ fn run(cli: Cli) -> Result<Outcome> {
         Command::Hardware(a) => inspect::hardware(a),
         Command::Doctor(a) => doctor::run(load_catalog(&a.catalog)?, a.json, a.perfdb.as_deref()),
         Command::Run(a) => {
-            let policy = a.policy.clone().or_else(crate::knobs::policy);
+            let policy = a.policy.clone().or_else(|| knobs().policy.clone());
             let policy = policy.as_deref().map(load_policy).transpose()?;
             let catalog = load_catalog(&a.catalog)?;
-            let table = a.table.clone().or_else(crate::knobs::dispatch_table);
-            let plan_mode = match a.plan_mode {
-                Some(m) => m,
-                None => crate::knobs::plan_mode()?,
-            };
+            let table = a.table.clone().or_else(|| knobs().dispatch_table.clone());
+            let plan_mode = a.plan_mode.unwrap_or(knobs().plan_mode);
             run::run(
                 run::RunArgs {
                     request: &a.request,
@@ -141,8 +153,8 @@ fn run(cli: Cli) -> Result<Outcome> {
         }
         Command::ReadinessCheck(a) => plan::readiness(
             plan::ReadinessArgs {
-                table: a.table.clone().or_else(crate::knobs::dispatch_table).as_deref(),
-                policy: a.policy.clone().or_else(crate::knobs::policy).as_deref(),
+                table: a.table.clone().or_else(|| knobs().dispatch_table.clone()).as_deref(),
+                policy: a.policy.clone().or_else(|| knobs().policy.clone()).as_deref(),
                 workload: a.workload.as_deref(),
                 perfdb: a.perfdb.as_deref(),
                 require_warm: a.require_warm,
@@ -248,12 +260,11 @@ fn parse_op(name: &str) -> Result<Op> {
 /// `$LAYERZERO_POLICY`, else the default policy, with the knobs that override policy
 /// fields and add rules (as `LayerZero::host` applies them).
 fn selector(hardware: Option<&str>, policy: Option<&PathBuf>, catalog: Arc<Catalog>) -> Result<Selector> {
-    let from_env = crate::knobs::policy();
-    let mut policy = match policy.or(from_env.as_ref()) {
+    let mut policy = match policy.or(knobs().policy.as_ref()) {
         Some(p) => load_policy(p)?,
         None => Policy::default(),
     };
-    crate::knobs::apply_policy_overrides(&mut policy)?;
+    policy.apply_overrides(&knobs().policy_overrides());
     selector_with(hardware, policy, catalog)
 }
 
@@ -264,7 +275,7 @@ fn selector_with(hardware: Option<&str>, policy: Policy, catalog: Arc<Catalog>) 
         Some(h) => Selector::planning(catalog, Arc::new(named::load(h)?), policy),
         None => {
             let host = Arc::new(detect::detect_host().profile);
-            let availability = Arc::new(Availability::probe_host(&catalog, &host));
+            let availability = Arc::new(crate::host::probe::probe(&catalog, &host));
             Selector::new(catalog, host, policy, availability)
         }
     }

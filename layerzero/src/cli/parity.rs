@@ -6,8 +6,8 @@ use std::sync::Arc;
 use super::{Outcome, print_json};
 use crate::capabilities::catalog::Catalog;
 use crate::error::Result;
-use crate::exec::executor::Registry;
-use crate::hardware::detect;
+
+use crate::host::detect;
 use crate::model::op::Op;
 use crate::parity;
 use crate::policy::Policy;
@@ -18,7 +18,7 @@ pub(super) fn run(catalog: Arc<Catalog>, op: Option<Op>, kernel: Option<&str>, j
     // Planning availability: parity asks whether a kernel accepts a case, not whether its
     // backend is installed (only registered executors run at all).
     let selector = Selector::planning(catalog, host, Arc::new(Policy::default()))?;
-    let registry = Registry::builtin();
+    let registry = crate::host::builtin_registry();
     let report = parity::run(&registry, &selector, op, kernel);
     if json {
         print_json(&serde_json::to_value(&report).unwrap_or_default());

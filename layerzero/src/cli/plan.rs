@@ -29,7 +29,7 @@ pub(super) struct FromPerfDb {
 pub(super) fn measurements(path: Option<&Path>, catalog: &Catalog, hardware: &HardwareProfile) -> Result<FromPerfDb> {
     let (path, explicit) = match path {
         Some(p) => (p.to_path_buf(), true),
-        None => (perfdb::default_path(), false),
+        None => (super::knobs().perfdb_path(), false),
     };
     if !explicit && !path.exists() {
         return Ok(FromPerfDb { measurements: None, digest: None, rows: 0, recovered: None });
@@ -130,6 +130,7 @@ pub(super) fn readiness(a: ReadinessArgs<'_>, catalog: Result<Arc<Catalog>>) -> 
         table: a.table,
         workload: a.workload,
         perfdb: a.perfdb,
+        settings: super::knobs(),
         require_warm: a.require_warm,
         warmup: a.warmup,
     });

@@ -218,7 +218,7 @@ pub(super) fn hardware(p: &HardwareProfile, notes: &[String]) -> String {
 /// `lz hardware --measure` for people: each figure measured next to its nominal estimate.
 pub(super) fn measured(
     cpu: &crate::hardware::profile::DeviceProfile,
-    m: &crate::hardware::measure::Measured,
+    m: &crate::host::measure::Measured,
     path: &std::path::Path,
 ) -> String {
     let mut out = String::new();

@@ -65,8 +65,8 @@ pub(super) fn run(a: RunArgs<'_>, catalog: Arc<Catalog>) -> Result<Outcome> {
     // `lz run` checks outputs for NaN/Inf from finite inputs unless told otherwise; the knobs
     // that override policy fields apply on top.
     policy.validate_outputs = true;
-    crate::knobs::apply_policy_overrides(&mut policy)?;
-    let slots = usize::try_from(crate::knobs::cache_capacity()?).unwrap_or(usize::MAX);
+    policy.apply_overrides(&super::knobs().policy_overrides());
+    let slots = usize::try_from(super::knobs().cache_capacity).unwrap_or(usize::MAX);
     let mut runtime = LayerZero::detected_with(catalog)?
         .with_policy(policy)?
         .with_cache_capacity(slots)
@@ -75,8 +75,8 @@ pub(super) fn run(a: RunArgs<'_>, catalog: Arc<Catalog>) -> Result<Outcome> {
     if let Some(path) = a.table {
         runtime = runtime.with_plan_file(path, a.plan_mode)?;
     }
-    if let Some(spec) = crate::knobs::faults() {
-        runtime = runtime.with_faults(&spec)?;
+    if let Some(spec) = &super::knobs().faults {
+        runtime = runtime.with_faults(spec)?;
     }
     let dispatch = runtime.dispatch(&args)?;
     // Each repeat is a whole dispatch (selection, health, fallback), so a drill with

@@ -59,19 +59,19 @@ pub(super) fn run(a: TuneArgs) -> Result<Outcome> {
     let workload = Workload::load(&a.workload)?;
     let perfdb = match a.perfdb {
         Some(p) => p,
-        None => crate::perfdb::default_path(),
+        None => super::knobs().perfdb_path(),
     };
     let mut opts = TuneOptions::new(workload, &a.workload.display().to_string(), perfdb);
     opts.budget = budget;
     opts.verify = a.verify;
     opts.refresh = a.refresh;
-    opts.calibrate = a.calibrate.map(|p| p.unwrap_or_else(crate::knobs::calibration_path));
+    opts.calibrate = a.calibrate.map(|p| p.unwrap_or_else(|| super::knobs().calibration_path()));
     if let Some(cap) = time_cap {
         opts.protocol.time_cap = cap;
         opts.protocol.hard_cap = opts.protocol.hard_cap.max(cap);
     }
     // The cost model's roofline from this machine's measured figures, not nominal ones.
-    if let Some(m) = crate::hardware::measure::ensure(&crate::hardware::measure::path())?
+    if let Some(m) = crate::host::measure::ensure(&crate::host::measure::path())?
         && !a.json
     {
         eprintln!(

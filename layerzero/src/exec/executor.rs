@@ -149,15 +149,6 @@ impl Registry {
         Registry::default()
     }
 
-    /// LayerZero's own executors: `cpu_reference` and `cpu`.
-    pub fn builtin() -> Registry {
-        let mut r = Registry::new();
-        crate::backend::cpu_reference::register(&mut r);
-        crate::backend::cpu::register(&mut r);
-        crate::backend::onednn::register(&mut r);
-        r
-    }
-
     /// Binds `kernel` to `executor` (replacing any previous one).
     pub fn register(&mut self, kernel: &str, executor: Arc<dyn Executor>) {
         self.executors.insert(kernel.to_owned(), executor);

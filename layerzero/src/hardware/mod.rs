@@ -1,8 +1,7 @@
-//! Hardware as data: profiles (shipped and named, or detected from this host).
+//! Hardware as data: profiles (shipped and named; detected ones come from `host::detect`),
+//! the ISA ceiling, and the memory gauge selection reads.
 
 pub mod cap;
-pub mod detect;
-pub mod measure;
 pub mod memory;
 pub mod named;
 pub mod profile;

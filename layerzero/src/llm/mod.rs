@@ -18,13 +18,14 @@ pub mod workload;
 
 use std::path::{Path, PathBuf};
 
+pub use crate::tensor::Residence;
 pub use config::{Arch, ModelConfig, MoeConfig};
 pub use forward::{KvKind, OpStats, Session};
 pub use generate::{Generated, Generation, Sequence};
 pub use scope::ModelScope;
 pub use speculative::{Speculated, speculate};
 pub use tokenizer::Tokenizer;
-pub use weights::{Ffn, MoeWeights, Residence, Weights};
+pub use weights::{Ffn, MoeWeights, Weights};
 
 use crate::error::Result;
 use crate::model::dtype::DType;
@@ -47,7 +48,7 @@ impl Model {
     /// in the dtype the weights are stored in; weights served as `LAYERZERO_WEIGHTS` says
     /// (resident by default).
     pub fn load(dir: &Path, dtype: Option<DType>) -> Result<Model> {
-        Model::load_as(dir, dtype, crate::knobs::weights()?)
+        Model::load_as(dir, dtype, crate::knobs::WEIGHTS.value_in(&crate::knobs::process_env)?)
     }
 
     /// [`load`](Model::load) with the weights served as `residence` says.

@@ -20,7 +20,7 @@ use super::config::Fields;
 use super::forward::OpStats;
 pub use super::pass::Affine;
 use super::pass::Dispatcher;
-use super::weights::{Residence, Take};
+use super::weights::Take;
 use crate::error::{Error, ErrorKind, Result};
 use crate::exec::args::{AttentionArgs, OpArgs, PatchEmbedArgs};
 use crate::model::attrs::{AttentionAttrs, PatchEmbedAttrs};
@@ -28,6 +28,7 @@ use crate::model::dtype::DType;
 use crate::model::layout::Layout;
 use crate::model::op::Op;
 use crate::runtime::LayerZero;
+use crate::tensor::Residence;
 use crate::tensor::{HostTensor, row_major_strides};
 use crate::transform::Transform;
 

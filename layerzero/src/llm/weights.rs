@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use super::config::ModelConfig;
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::dtype::DType;
-use crate::tensor::{HostTensor, io};
+use crate::tensor::{HostTensor, Residence, io};
 
 /// One decoder layer's weights (projections `[out, in]`, as HF stores them).
 #[derive(Debug, Clone)]
@@ -91,18 +91,6 @@ pub struct Weights {
     pub lm_head: HostTensor,
     /// The dtype the files store.
     pub stored: DType,
-}
-
-/// Where weights in the compute dtype are served from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Residence {
-    /// Copied once at load into memory that asks for transparent huge pages: the kernels
-    /// stream weights with one TLB entry per 2 MiB (measured on a 125M f32 model against
-    /// the mapped files: decode 3-10% faster, prefill 15-20%).
-    #[default]
-    Resident,
-    /// Read in place from the mapped files: no copy, the page cache shared between processes.
-    Mapped,
 }
 
 /// The shard files of a model folder, as HF writes them: `model.safetensors`, or the files

@@ -168,12 +168,6 @@ pub struct PerfDb {
     skipped: Mutex<(u64, Option<String>)>,
 }
 
-/// The PerfDB file: `$LAYERZERO_PERFDB`, else `$LAYERZERO_HOME/perfdb.sqlite` (see
-/// [`crate::knobs`]).
-pub fn default_path() -> PathBuf {
-    crate::knobs::perfdb_path()
-}
-
 /// Why a file could not be opened.
 enum Failure {
     /// The file is not a healthy PerfDB we understand: move it aside.

@@ -18,8 +18,35 @@ pub use crate::key::{Buckets, SelectionKey};
 pub use cache::SelectionCache;
 pub use table::{DispatchTable, Plan};
 
+use serde::Serialize;
+
 use crate::exec::executor::Executor;
 use crate::select::Selection;
+
+/// How a runtime uses a dispatch table (`LAYERZERO_PLAN_MODE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlanMode {
+    /// Tables are not used.
+    Off,
+    /// A table serves what it has; a mismatched table or a miss selects live, with a reason.
+    #[default]
+    Prefer,
+    /// A mismatched table is refused at load and a miss is an error.
+    Strict,
+}
+
+impl std::str::FromStr for PlanMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<PlanMode, String> {
+        match s {
+            "off" => Ok(PlanMode::Off),
+            "prefer" => Ok(PlanMode::Prefer),
+            "strict" => Ok(PlanMode::Strict),
+            other => Err(format!("plan mode {other:?} is not one of off, prefer, strict")),
+        }
+    }
+}
 
 /// A plan or cache entry: the selection and the executor it resolved to when the entry was
 /// made, so serving it needs no registry lookup.

@@ -4,6 +4,7 @@
 //! A lock never bypasses checks: locking an ineligible kernel is an error that lists why.
 
 mod expiry;
+mod fields;
 mod glob;
 mod overrides;
 pub mod stage;
@@ -19,6 +20,7 @@ use crate::model::op::Op;
 use crate::model::problem::{Dims, Problem};
 use crate::schema::{self, SchemaKind};
 
+pub use fields::{FieldOverride, FieldValue, PolicyOverride};
 pub use glob::glob_match;
 pub use overrides::Overrides;
 
@@ -36,6 +38,19 @@ pub enum Action {
     Allow,
     /// Run exactly this kernel (it must still pass every check).
     Lock,
+}
+
+impl Action {
+    /// The name a policy file gives it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Prefer => "prefer",
+            Action::Avoid => "avoid",
+            Action::Deny => "deny",
+            Action::Allow => "allow",
+            Action::Lock => "lock",
+        }
+    }
 }
 
 /// An inclusive range condition.

@@ -19,16 +19,7 @@ impl Overrides {
     }
 
     fn rule(mut self, action: Action, kernels: &str) -> Overrides {
-        let origin = format!(
-            "per-request {} {kernels:?}",
-            match action {
-                Action::Prefer => "prefer",
-                Action::Avoid => "avoid",
-                Action::Deny => "deny",
-                Action::Allow => "allow",
-                Action::Lock => "lock",
-            }
-        );
+        let origin = format!("per-request {} {kernels:?}", action.as_str());
         self.rules.push(Rule::new(action, kernels).from_origin(origin));
         self
     }

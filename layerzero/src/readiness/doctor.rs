@@ -10,9 +10,9 @@ use super::files::{self, FileCheck};
 use crate::capabilities::catalog::Catalog;
 use crate::capabilities::spec::Execution;
 use crate::error::Result;
-use crate::hardware::detect;
 use crate::hardware::profile::HardwareProfile;
-use crate::knobs::{self, KnobReport};
+use crate::host::detect;
+use crate::knobs::{self, KnobReport, Lookup, Settings};
 use crate::model::attrs::{AttentionAttrs, Attrs};
 use crate::model::device::DeviceKind;
 use crate::model::dtype::DType;
@@ -20,9 +20,10 @@ use crate::model::layout::Layout;
 use crate::model::op::Op;
 use crate::model::request::Request;
 use crate::model::tensor::TensorDesc;
-use crate::perfdb::{self, DbStats, PerfDb, Recovery};
+use crate::perfdb::{DbStats, PerfDb, Recovery};
+use crate::plan::PlanMode;
 use crate::policy::Policy;
-use crate::runtime::PlanMode;
+use crate::policy::PolicyOverride;
 use crate::select::{Availability, BackendStatus, Selector};
 
 /// What to examine.
@@ -31,6 +32,8 @@ pub struct DoctorInputs<'a> {
     pub catalog: Arc<Catalog>,
     /// The PerfDB file; `None` is the default path (`$LAYERZERO_PERFDB`, ...).
     pub perfdb: Option<&'a Path>,
+    /// The environment whose knobs are reported and applied (`knobs::process_env`).
+    pub env: Lookup<'a>,
 }
 
 /// Everything doctor found. The host is always detected: doctor is about this machine.
@@ -73,22 +76,23 @@ pub struct PolicyCheck {
     /// Rules (time-boxed ones included).
     pub rules: usize,
     /// Policy fields and rules set by knobs, and the plan mode when its knob sets it.
-    pub overrides: Vec<knobs::PolicyOverride>,
+    pub overrides: Vec<PolicyOverride>,
     /// The health settings (breakers, deadline, output checks).
     pub health: crate::health::HealthConfig,
 }
 
-/// The policy `LayerZero::host` would use, checked against `catalog`.
-fn check_policy(catalog: &Catalog) -> Result<PolicyCheck, String> {
-    let file = knobs::policy();
+/// The policy `LayerZero::host` would use under `env`, checked against `catalog`.
+fn check_policy(catalog: &Catalog, env: Lookup<'_>) -> Result<PolicyCheck, String> {
+    let settings = Settings::from_lookup(env).map_err(|e| e.to_string())?;
+    let file = settings.policy.clone();
     let mut policy = match &file {
         Some(path) => Policy::load(path).map_err(|e| e.to_string())?,
         None => Policy::default(),
     };
-    let mut overrides = knobs::apply_policy_overrides(&mut policy).map_err(|e| e.to_string())?;
+    let mut overrides = policy.apply_overrides(&settings.policy_overrides());
     policy.check_against(catalog).map_err(|e| e.to_string())?;
-    if let Some(mode) = knobs::PLAN_MODE.current() {
-        overrides.push(knobs::PolicyOverride { knob: knobs::PLAN_MODE.name, field: "plan_mode", value: mode });
+    if let Some(mode) = knobs::PLAN_MODE.current_in(env) {
+        overrides.push(PolicyOverride { knob: knobs::PLAN_MODE.name(), field: "plan_mode", value: mode });
     }
     Ok(PolicyCheck {
         file: file.map(|p| p.display().to_string()),
@@ -181,16 +185,17 @@ pub fn doctor(inputs: &DoctorInputs<'_>) -> Result<DoctorReport> {
     let catalog = &inputs.catalog;
     let detection = detect::detect_host();
     let host = Arc::new(detection.profile);
-    let availability = Arc::new(Availability::probe_host(catalog, &host));
+    let availability = Arc::new(crate::host::probe::probe(catalog, &host));
     let files = files::shipped();
     let selector = Selector::new(catalog.clone(), host.clone(), Arc::new(Policy::default()), availability.clone())?;
     let device = host.primary().kind;
     let request = sample_request(device);
     let result = selector.select(&request).map(|s| (s.kernel, s.score.total_ns)).map_err(|e| e.to_string());
-    let knobs = knobs::report_in(&knobs::process_env);
-    let perfdb = check_perfdb(inputs.perfdb.map_or_else(perfdb::default_path, Path::to_path_buf));
-    let plan = check_plan(catalog, &host, &availability);
-    let calibration = check_calibration(&crate::knobs::calibration_path(), &host);
+    let knobs = knobs::report_in(inputs.env);
+    let (settings, _) = Settings::lenient(inputs.env);
+    let perfdb = check_perfdb(inputs.perfdb.map_or_else(|| settings.perfdb_path(), Path::to_path_buf));
+    let plan = check_plan(catalog, &host, &availability, inputs.env);
+    let calibration = check_calibration(&settings.calibration_path(), &host);
     let backends = catalog
         .backends()
         .iter()
@@ -204,7 +209,7 @@ pub fn doctor(inputs: &DoctorInputs<'_>) -> Result<DoctorReport> {
             library: availability.library(&b.backend).cloned(),
         })
         .collect();
-    let policy = check_policy(catalog);
+    let policy = check_policy(catalog, inputs.env);
     let ok = files.iter().all(FileCheck::is_valid)
         && policy.is_ok()
         && result.is_ok()
@@ -354,7 +359,7 @@ fn check_calibration(path: &Path, host: &HardwareProfile) -> (String, bool, Stri
     if !path.exists() {
         return (shown, false, "absent: the capability files' coefficients model every kernel".to_owned());
     }
-    match crate::tune::calibrate::load(path) {
+    match crate::score::calibration::Calibration::load(path) {
         Err(e) => (shown, false, format!("not used: {e}")),
         Ok(c) if c.fingerprint != host.fingerprint => (
             shown,
@@ -389,19 +394,26 @@ fn check_perfdb(path: PathBuf) -> PerfDbCheck {
     check
 }
 
-fn check_plan(catalog: &Arc<Catalog>, host: &Arc<HardwareProfile>, availability: &Arc<Availability>) -> PlanCheck {
+fn check_plan(
+    catalog: &Arc<Catalog>,
+    host: &Arc<HardwareProfile>,
+    availability: &Arc<Availability>,
+    env: Lookup<'_>,
+) -> PlanCheck {
     let mut check = PlanCheck {
-        mode: knobs::plan_mode().ok(),
+        mode: knobs::PLAN_MODE.value_in(env).ok(),
         table: None,
         status: PlanStatus::None,
         entries: 0,
         dropped: 0,
         reason: None,
-        cache_slots: knobs::cache_capacity().ok(),
+        cache_slots: knobs::CACHE_CAPACITY.value_in(env).ok(),
     };
-    let Some(path) = knobs::dispatch_table() else { return check };
+    let (settings, _) = Settings::lenient(env);
+    let Some(path) = settings.dispatch_table else { return check };
     check.table = Some(path.display().to_string());
-    let loaded = knobs::policy()
+    let loaded = settings
+        .policy
         .map_or_else(|| Ok(Policy::default()), |p| Policy::load(&p))
         .and_then(|policy| Selector::new(catalog.clone(), host.clone(), Arc::new(policy), availability.clone()))
         .and_then(|selector| crate::plan::table::load(&path, &selector).map_err(|r| r.error));

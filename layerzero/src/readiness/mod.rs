@@ -28,15 +28,16 @@ use serde::Serialize;
 
 use crate::capabilities::catalog::Catalog;
 use crate::error::Result;
-use crate::exec::executor::Registry;
-use crate::hardware::detect;
+
 use crate::hardware::profile::HardwareProfile;
-use crate::perfdb::{self, PerfDb};
+use crate::host::detect;
+use crate::knobs::Settings;
+use crate::perfdb::PerfDb;
 use crate::plan::table::{DispatchTable, Plan};
 use crate::plan::workload::Workload;
-use crate::policy::Policy;
+use crate::policy::{FieldOverride, Policy};
 use crate::runtime::LayerZero;
-use crate::select::{Availability, Selector};
+use crate::select::Selector;
 
 /// One readiness check.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -83,6 +84,8 @@ pub struct ReadinessInputs<'a> {
     pub workload: Option<&'a Path>,
     /// The PerfDB file; `None` is the default path (`$LAYERZERO_PERFDB`, ...).
     pub perfdb: Option<&'a Path>,
+    /// The knobs served with: their policy overrides, the default PerfDB path.
+    pub settings: &'a Settings,
     /// Fail unless every JIT kernel of the table is warm (also when the policy's
     /// `require_warm` says so).
     pub require_warm: bool,
@@ -91,7 +94,8 @@ pub struct ReadinessInputs<'a> {
 }
 
 impl ReadinessInputs<'_> {
-    /// Only the catalog: this host, the default policy and PerfDB path, no table or workload.
+    /// Only the catalog: this host, the default policy and PerfDB path, no table or workload,
+    /// the process's knobs.
     pub fn new(catalog: Result<Arc<Catalog>>) -> Self {
         ReadinessInputs {
             catalog,
@@ -100,6 +104,7 @@ impl ReadinessInputs<'_> {
             table: None,
             workload: None,
             perfdb: None,
+            settings: crate::host::process(),
             require_warm: false,
             warmup: false,
         }
@@ -112,7 +117,7 @@ pub fn readiness(inputs: &ReadinessInputs<'_>) -> Vec<Check> {
     let mut checks = Vec::new();
     let catalog = capabilities_check(&inputs.catalog, &mut checks);
     checks.push(schemas_check());
-    let policy = policy_check(inputs.policy, &mut checks);
+    let policy = policy_check(inputs.policy, &inputs.settings.policy_overrides(), &mut checks);
     let selector = match (catalog, policy) {
         (Some(c), Some(p)) => match selector(c, inputs.hardware.clone(), p) {
             Ok(s) => Some(s),
@@ -128,7 +133,7 @@ pub fn readiness(inputs: &ReadinessInputs<'_>) -> Vec<Check> {
     if let Some(path) = inputs.workload {
         checks.push(coverage_check(path, plan.as_ref()));
     }
-    checks.push(perfdb_check(inputs.perfdb));
+    checks.push(perfdb_check(&inputs.perfdb.map_or_else(|| inputs.settings.perfdb_path(), Path::to_path_buf)));
     checks
 }
 
@@ -167,7 +172,7 @@ pub fn of_handle(lz: &LayerZero, workload: Option<&Workload>, perfdb: Option<&Pa
             Err(e) => Check::fail("workload", e.to_string(), format!("fix workload {}", w.name)),
         });
     }
-    checks.push(perfdb_check(perfdb));
+    checks.push(perfdb_check(&perfdb.map_or_else(|| lz.settings().perfdb_path(), Path::to_path_buf)));
     checks
 }
 
@@ -205,7 +210,7 @@ fn capabilities_check(catalog: &Result<Arc<Catalog>>, checks: &mut Vec<Check>) -
 
 /// The policy to serve with, with the knobs that override its fields or add rules; a
 /// default policy without overrides is not worth a line of its own.
-fn policy_check(path: Option<&Path>, checks: &mut Vec<Check>) -> Option<Policy> {
+fn policy_check(path: Option<&Path>, overrides: &[FieldOverride], checks: &mut Vec<Check>) -> Option<Policy> {
     let mut policy = match path {
         None => Policy::default(),
         Some(p) => match Policy::load(p) {
@@ -223,20 +228,10 @@ fn policy_check(path: Option<&Path>, checks: &mut Vec<Check>) -> Option<Policy> 
             }
         },
     };
-    match crate::knobs::apply_policy_overrides(&mut policy) {
-        Ok(o) if o.is_empty() => {}
-        Ok(o) => {
-            let list: Vec<String> = o.iter().map(|o| format!("{} from {}", o.field, o.knob)).collect();
-            checks.push(Check::pass("policy_overrides", list.join(", ")));
-        }
-        Err(e) => {
-            checks.push(Check::fail(
-                "policy_overrides",
-                e.to_string(),
-                "fix the environment variable named above".into(),
-            ));
-            return None;
-        }
+    let applied = policy.apply_overrides(overrides);
+    if !applied.is_empty() {
+        let list: Vec<String> = applied.iter().map(|o| format!("{} from {}", o.field, o.knob)).collect();
+        checks.push(Check::pass("policy_overrides", list.join(", ")));
     }
     Some(policy)
 }
@@ -244,7 +239,7 @@ fn policy_check(path: Option<&Path>, checks: &mut Vec<Check>) -> Option<Policy> 
 /// The selector a runtime on `hardware` (else this host) would build, its backends probed.
 fn selector(catalog: Arc<Catalog>, hardware: Option<Arc<HardwareProfile>>, policy: Policy) -> Result<Selector> {
     let host = hardware.unwrap_or_else(|| Arc::new(detect::detect_host().profile));
-    let availability = Arc::new(Availability::probe_host(&catalog, &host));
+    let availability = Arc::new(crate::host::probe::probe(&catalog, &host));
     Selector::new(catalog, host, Arc::new(policy), availability)
 }
 
@@ -275,7 +270,7 @@ fn table_points(lz: &LayerZero) -> Vec<crate::runtime::WarmPoint> {
 /// A handle serving `table` on `sel`'s machine with this process's executors, warmed up
 /// first when asked: the buckets whose JIT kernel is still cold.
 fn cold_buckets(table: &DispatchTable, sel: &Selector, warmup: bool) -> std::result::Result<Vec<String>, String> {
-    let lz = LayerZero::new(sel.clone(), Registry::builtin())
+    let lz = LayerZero::new(sel.clone(), crate::host::builtin_registry())
         .and_then(|lz| lz.with_plan(table, crate::runtime::PlanMode::Prefer))
         .map_err(|e| e.to_string())?;
     let points = table_points(&lz);
@@ -314,7 +309,7 @@ fn table_checks(path: &Path, selector: Option<&Selector>, warm: Warm, checks: &m
                 format!("hardware {}, capabilities and policy hashes match", table.header.hardware.name),
             ));
             let kernels = p.kernels();
-            let registry = Registry::builtin();
+            let registry = crate::host::builtin_registry();
             checks.push(kernels_check(&p, &kernels, |k| registry.contains(k)));
             let require = warm.require || sel.policy().require_warm;
             let jit = !jit_kernels(&kernels, sel.catalog()).is_empty();
@@ -432,12 +427,11 @@ fn coverage(points: &[crate::plan::workload::Point], plan: Option<&Plan>, worklo
 }
 
 /// PerfDB integrity. A missing file passes: selection then uses the cost model.
-fn perfdb_check(path: Option<&Path>) -> Check {
-    let db_path = path.map_or_else(perfdb::default_path, Path::to_path_buf);
+fn perfdb_check(db_path: &Path) -> Check {
     if !db_path.exists() {
         return Check::pass("perfdb", format!("{} absent (selection uses the cost model)", db_path.display()));
     }
-    match PerfDb::open(&db_path).and_then(|o| Ok((o.db.stats()?, o.recovered))) {
+    match PerfDb::open(db_path).and_then(|o| Ok((o.db.stats()?, o.recovered))) {
         Ok((stats, None)) if stats.integrity == "ok" => {
             Check::pass("perfdb", format!("{} ok, {} rows", db_path.display(), stats.rows))
         }

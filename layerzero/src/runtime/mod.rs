@@ -27,6 +27,7 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use serde::Serialize;
 
+pub use crate::plan::PlanMode;
 pub use counters::Counters;
 use counters::{Counter, Striped};
 pub use dispatch::{Attempt, Dispatch, InputFlag};
@@ -39,47 +40,23 @@ pub use watch::PolicyWatch;
 use crate::capabilities::catalog::{Catalog, KernelIndex};
 use crate::error::{Error, ErrorKind, Result};
 use crate::exec::executor::{Executor, Registry};
+use crate::hardware::named;
 use crate::hardware::profile::HardwareProfile;
-use crate::hardware::{detect, named};
 use crate::health::{Health, HealthConfig, HealthReport};
+use crate::host::detect;
+use crate::knobs::Settings;
 use crate::plan::typed::KeyMemo;
 use crate::plan::{DispatchTable, Plan, SelectionCache, cache};
 use crate::policy::{Overrides, Policy};
 use crate::reason::{Reason, ReasonCode};
+use crate::score::calibration::Calibration;
 use crate::score::measured::Measurements;
 use crate::select::{Availability, Selection, SelectionReport, Selector, Verdict};
 
-/// Default number of selection-cache slots (`LAYERZERO_CACHE_CAPACITY`).
-pub const DEFAULT_CACHE_CAPACITY: usize = 4096;
 /// Decisions kept for [`LayerZero::recent_decisions`].
 pub const RECENT_DECISIONS: usize = 256;
 /// Slots of the typed-argument key memo.
 const MEMO_SLOTS: usize = 1024;
-
-/// How a runtime uses a dispatch table (`LAYERZERO_PLAN_MODE`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PlanMode {
-    /// Tables are not used.
-    Off,
-    /// A table serves what it has; a mismatched table or a miss selects live, with a reason.
-    #[default]
-    Prefer,
-    /// A mismatched table is refused at load and a miss is an error.
-    Strict,
-}
-
-impl std::str::FromStr for PlanMode {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<PlanMode, String> {
-        match s {
-            "off" => Ok(PlanMode::Off),
-            "prefer" => Ok(PlanMode::Prefer),
-            "strict" => Ok(PlanMode::Strict),
-            other => Err(format!("plan mode {other:?} is not one of off, prefer, strict")),
-        }
-    }
-}
 
 /// Where a selection came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -135,6 +112,8 @@ struct Parts {
     memory: Option<Arc<crate::hardware::memory::MemoryGauge>>,
     /// The model this handle serves, when it is a model's scope ([`LayerZero::scoped`]).
     scope: Option<Arc<Scope>>,
+    /// The knobs it was configured with.
+    settings: Arc<Settings>,
 }
 
 /// LayerZero: selection, explanation and dispatch on one machine under one policy.
@@ -215,46 +194,58 @@ impl std::fmt::Debug for LayerZero {
 
 impl LayerZero {
     /// This machine: the shipped capabilities, detected hardware, probed backends and the
-    /// builtin executors, with the `LAYERZERO_*` knobs honoured: `LAYERZERO_POLICY` (a policy
-    /// file) and the knobs that override its fields (`knobs::apply_policy_overrides`: health
-    /// thresholds, deadline, output checks), `LAYERZERO_DISPATCH_TABLE` with `LAYERZERO_PLAN_MODE`, `LAYERZERO_CACHE_CAPACITY`,
-    /// the PerfDB (`LAYERZERO_PERFDB`, else `$LAYERZERO_HOME/perfdb.sqlite`) and the cost-model
-    /// calibration (`LAYERZERO_CALIBRATION`, else `$LAYERZERO_HOME/calibration.json`) when
-    /// their files exist.
+    /// builtin executors, configured by the `LAYERZERO_*` knobs of the process environment
+    /// ([`LayerZero::host_with`] of [`Settings::from_env`]; a bad value is an error naming it).
     pub fn host() -> Result<LayerZero> {
+        LayerZero::host_with(Settings::from_env()?)
+    }
+
+    /// This machine configured by `settings`: `LAYERZERO_POLICY` (a policy file) and the knobs
+    /// that override its fields (health thresholds, deadline, output checks, rules),
+    /// `LAYERZERO_DISPATCH_TABLE` with `LAYERZERO_PLAN_MODE`, `LAYERZERO_CACHE_CAPACITY`,
+    /// `LAYERZERO_FAULTS`, the PerfDB (`LAYERZERO_PERFDB`, else `$LAYERZERO_HOME/perfdb.sqlite`)
+    /// and the cost-model calibration (`LAYERZERO_CALIBRATION`, else
+    /// `$LAYERZERO_HOME/calibration.json`) when their files exist.
+    pub fn host_with(settings: Settings) -> Result<LayerZero> {
         let mut lz = LayerZero::detected()?;
-        let mut policy = match crate::knobs::policy() {
-            Some(path) => Policy::load(&path)?,
+        let mut policy = match &settings.policy {
+            Some(path) => Policy::load(path)?,
             None => Policy::default(),
         };
         // A drill checks outputs, so an injected `nan` falls back instead of flowing on
         // (LAYERZERO_VALIDATE_OUTPUTS, applied next, still has the last word).
-        if crate::knobs::faults().is_some() {
+        if settings.faults.is_some() {
             policy.validate_outputs = true;
         }
-        crate::knobs::apply_policy_overrides(&mut policy)?;
+        policy.apply_overrides(&settings.policy_overrides());
         lz = lz.with_policy(policy)?;
-        let slots = usize::try_from(crate::knobs::cache_capacity()?).unwrap_or(usize::MAX);
-        lz = lz.with_cache_capacity(slots);
-        let perfdb = crate::perfdb::default_path();
+        lz = lz.with_cache_capacity(usize::try_from(settings.cache_capacity).unwrap_or(usize::MAX));
+        let perfdb = settings.perfdb_path();
         if perfdb.exists() {
             lz = lz.with_perfdb(&perfdb)?;
         }
         // A calibration that does not load is left out (`lz doctor` says why): the capability
         // files' coefficients still model every kernel.
-        let calibration = crate::knobs::calibration_path();
+        let calibration = settings.calibration_path();
         if calibration.exists()
-            && let Ok(c) = crate::tune::calibrate::load(&calibration)
+            && let Ok(c) = Calibration::load(&calibration)
         {
             lz = lz.with_calibration(Arc::new(c))?;
         }
-        if let Some(path) = crate::knobs::dispatch_table() {
-            lz = lz.with_plan_file(&path, crate::knobs::plan_mode()?)?;
+        if let Some(path) = &settings.dispatch_table {
+            lz = lz.with_plan_file(path, settings.plan_mode)?;
         }
-        if let Some(spec) = crate::knobs::faults() {
-            lz = lz.with_faults(&spec)?;
+        if let Some(spec) = &settings.faults {
+            lz = lz.with_faults(spec)?;
         }
+        lz.parts.settings = Arc::new(settings);
         Ok(lz)
+    }
+
+    /// The settings this handle was configured with (for a handle not built by
+    /// [`LayerZero::host`], the process's: `host::process`).
+    pub fn settings(&self) -> &Settings {
+        &self.parts.settings
     }
 
     /// Injects the faults `spec` describes (`KERNEL_OR_BACKEND=MODE[,...]`, the syntax of
@@ -284,19 +275,25 @@ impl LayerZero {
     /// [`LayerZero::detected`] over another catalog (capability files of your own).
     pub fn detected_with(catalog: Arc<Catalog>) -> Result<LayerZero> {
         let hardware = Arc::new(detect::detect_host().profile);
-        let availability = Availability::probe_host(&catalog, &hardware);
+        let availability = crate::host::probe::probe(&catalog, &hardware);
         let cpu_memory =
             hardware.devices.iter().find(|d| d.kind == crate::model::device::DeviceKind::Cpu).map(|d| d.memory_bytes);
-        let lz = LayerZero::build(catalog, hardware, availability, Arc::new(Policy::default()), Registry::builtin())?;
+        let lz = LayerZero::build(
+            catalog,
+            hardware,
+            availability,
+            Arc::new(Policy::default()),
+            crate::host::builtin_registry(),
+        )?;
         match cpu_memory {
-            Some(total) => lz.with_memory_gauge(crate::hardware::memory::MemoryGauge::host(total)),
+            Some(total) => lz.with_memory_gauge(crate::host::memory::gauge(total)),
             None => Ok(lz),
         }
     }
 
     /// Checks workspaces of CPU requests against `gauge`'s live headroom instead of the
     /// profile's memory, and prefers smaller workspaces while it reads under pressure. Host
-    /// handles use the process-wide gauge (`MemoryGauge::host`); an engine may feed its own.
+    /// handles use the process-wide gauge (`host::memory::gauge`); an engine may feed its own.
     pub fn with_memory_gauge(mut self, gauge: Arc<crate::hardware::memory::MemoryGauge>) -> Result<LayerZero> {
         self.parts.memory = Some(gauge);
         self.rebuilt(None)
@@ -308,7 +305,7 @@ impl LayerZero {
         let catalog = Catalog::builtin()?;
         let availability = Availability::planning(&catalog);
         let hardware = Arc::new(named::load(hardware)?);
-        LayerZero::build(catalog, hardware, availability, Arc::new(Policy::default()), Registry::builtin())
+        LayerZero::build(catalog, hardware, availability, Arc::new(Policy::default()), crate::host::builtin_registry())
     }
 
     /// A handle over an explicit selector (a custom catalog, a test profile) and executors.
@@ -348,8 +345,10 @@ impl LayerZero {
             plan_mode: PlanMode::Prefer,
             memory: None,
             scope: None,
+            settings: Arc::new(crate::host::process().clone()),
         };
-        LayerZero::assemble(parts, registry, health, policy, DEFAULT_CACHE_CAPACITY)
+        let slots = usize::try_from(*crate::knobs::CACHE_CAPACITY.default()).unwrap_or(usize::MAX);
+        LayerZero::assemble(parts, registry, health, policy, slots)
     }
 
     /// A handle of `parts` with empty caches and counters, sharing `health`.
@@ -624,12 +623,16 @@ impl LayerZero {
         Ok(())
     }
 
-    /// Reads the policy file at `path`, applies the knobs that override policy fields
-    /// (`knobs::apply_policy_overrides`), and swaps it in. A file that cannot be read or
+    /// Reads the policy file at `path`, applies the knobs that override policy fields (of
+    /// [`LayerZero::settings`]), and swaps it in. A file that cannot be read or
     /// is invalid is an error (recorded in [`LayerZero::policy_error`]); the policy in force
     /// is kept.
     pub fn reload_policy(&self, path: &Path) -> Result<()> {
-        let loaded = Policy::load(path).and_then(|mut p| crate::knobs::apply_policy_overrides(&mut p).map(|_| p));
+        let overrides = self.parts.settings.policy_overrides();
+        let loaded = Policy::load(path).map(|mut p| {
+            p.apply_overrides(&overrides);
+            p
+        });
         match loaded {
             Ok(p) => self.set_policy(p),
             Err(e) => {
@@ -640,19 +643,17 @@ impl LayerZero {
     }
 
     /// Watches the policy file at `path` and reloads it when its content changes, every
-    /// `LAYERZERO_POLICY_POLL_MS` (default 1 s), until the returned guard is dropped or the
+    /// `LAYERZERO_POLICY_POLL_MS` of [`LayerZero::settings`] (default 1 s), until the returned guard is dropped or the
     /// handle is. A reload that fails keeps the policy in force (see
     /// [`LayerZero::policy_error`]).
     pub fn watch_policy(self: &Arc<Self>, path: &Path) -> Result<PolicyWatch> {
-        let every = crate::knobs::policy_poll_in(&crate::knobs::process_env)?;
-        watch::spawn(watch::Target::Shared(Arc::downgrade(self)), path, every)
+        watch::spawn(watch::Target::Shared(Arc::downgrade(self)), path, self.parts.settings.policy_poll.0)
     }
 
     /// [`LayerZero::watch_policy`] for a handle that lives as long as the process (the one
     /// behind [`crate::host`]).
     pub fn watch_policy_static(&'static self, path: &Path) -> Result<PolicyWatch> {
-        let every = crate::knobs::policy_poll_in(&crate::knobs::process_env)?;
-        watch::spawn(watch::Target::Static(self), path, every)
+        watch::spawn(watch::Target::Static(self), path, self.parts.settings.policy_poll.0)
     }
 
     /// Why the last policy change (a `set_policy`, a reload) was refused, if it was; `None`

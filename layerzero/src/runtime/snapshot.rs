@@ -70,7 +70,7 @@ impl LayerZero {
             }
             None => notes.push("no dispatch table is loaded: dispatch_table.json is left out".to_owned()),
         }
-        let perfdb_path = perfdb.map_or_else(crate::perfdb::default_path, Path::to_path_buf);
+        let perfdb_path = perfdb.map_or_else(|| self.settings().perfdb_path(), Path::to_path_buf);
         let checks = self.readiness(None, Some(&perfdb_path));
         let readiness = serde_json::json!({
             "ready": crate::readiness::all_passed(&checks),

@@ -106,50 +106,6 @@ impl Availability {
         Availability { statuses, libraries: BTreeMap::new(), registered: BTreeSet::new(), planning: true }
     }
 
-    /// This host: builtin backends are available, dynamic-library backends are probed,
-    /// external ones are available only once the host registers an executor for one of their
-    /// kernels ([`Availability::mark_registered`], done by `LayerZero::register`).
-    pub fn probe_host(catalog: &Catalog, hw: &HardwareProfile) -> Availability {
-        let mut statuses = BTreeMap::new();
-        let mut libraries = BTreeMap::new();
-        for b in catalog.backends() {
-            let has_device = b.kernels.iter().any(|k| hw.devices.iter().any(|d| d.kind == k.device_kind(b)));
-            let status = if !has_device {
-                BackendStatus::NotInstalled(format!("this host has no {} device", b.device))
-            } else {
-                match b.execution {
-                    Execution::Builtin => BackendStatus::Available,
-                    Execution::DynamicLibrary => match &b.probe {
-                        Some(p) if p.loader.as_deref() == Some("onednn") => {
-                            match crate::backend::onednn::find(&p.libraries) {
-                                Ok(l) => {
-                                    let version = l.version.to_string();
-                                    libraries.insert(
-                                        b.backend.clone(),
-                                        LoadedLibrary { path: l.path.clone(), version, isa: l.isa.map(str::to_owned) },
-                                    );
-                                    BackendStatus::Available
-                                }
-                                Err(why) => BackendStatus::NotInstalled(why),
-                            }
-                        }
-                        Some(p) => match crate::backend::library::first_loadable(&p.libraries) {
-                            Ok(_) => BackendStatus::Available,
-                            Err(why) => BackendStatus::NotInstalled(why),
-                        },
-                        None => BackendStatus::NotInstalled("no probe declared".to_owned()),
-                    },
-                    Execution::External => BackendStatus::NotInstalled(format!(
-                        "{} is another project's library; it runs when the host registers an executor for it",
-                        b.backend
-                    )),
-                }
-            };
-            statuses.insert(b.backend.clone(), status);
-        }
-        Availability { statuses, libraries, registered: BTreeSet::new(), planning: false }
-    }
-
     /// Records that the host registered an executor for `kernel_id`, and marks its backend
     /// available where this machine has a device the kernel runs on (planning availability
     /// is unchanged: every backend already counts as installed).

@@ -70,15 +70,15 @@ impl std::fmt::Debug for Telemetry {
 }
 
 /// Installs the process's subscriber from `LAYERZERO_LOG` (a log on standard error) and
-/// `LAYERZERO_OTEL` (span export, with the `otel` feature); nothing when neither is set.
-/// Fails on a bad value, or when another subscriber is already installed.
-pub fn init() -> Result<Telemetry> {
+/// `LAYERZERO_OTEL` (span export, with the `otel` feature) in `settings`; nothing when
+/// neither is set. Fails on a bad log spec, or when another subscriber is already installed.
+pub fn init(settings: &crate::knobs::Settings) -> Result<Telemetry> {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::{EnvFilter, Layer};
 
-    let log = crate::knobs::LOG.current().map(|s| parse_log(&s)).transpose()?;
-    let otel_kind = crate::knobs::OTEL.current();
+    let log = settings.log.as_deref().map(parse_log).transpose()?;
+    let otel_kind = settings.otel;
     if log.is_none() && otel_kind.is_none() {
         return Ok(Telemetry::default());
     }
@@ -90,7 +90,7 @@ pub fn init() -> Result<Telemetry> {
     let registry = tracing_subscriber::registry().with(fmt_layer);
     #[cfg(feature = "otel")]
     {
-        let exporter = otel_kind.as_deref().map(otel::Exporter::from_knob).transpose()?;
+        let exporter = otel_kind.map(otel::Exporter::new).transpose()?;
         let layer = exporter.as_ref().map(|e| e.layer());
         registry
             .with(layer)
@@ -102,7 +102,8 @@ pub fn init() -> Result<Telemetry> {
     {
         if let Some(kind) = otel_kind {
             return Err(Error::invalid(format!(
-                "LAYERZERO_OTEL={kind:?}: this build has no OpenTelemetry export (build with the `otel` feature)"
+                "LAYERZERO_OTEL={:?}: this build has no OpenTelemetry export (build with the `otel` feature)",
+                crate::knobs::KnobValue::show(&kind)
             )));
         }
         registry.try_init().map_err(|e| Error::invalid(format!("cannot install the telemetry subscriber: {e}")))?;

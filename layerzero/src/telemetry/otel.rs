@@ -9,6 +9,7 @@ use tracing_subscriber::Layer;
 use tracing_subscriber::registry::LookupSpan;
 
 use crate::error::{Error, Result};
+use crate::knobs::OtelExport;
 
 /// A tracer provider and its exporter; flushed and shut down when dropped.
 pub struct Exporter {
@@ -17,19 +18,16 @@ pub struct Exporter {
 
 impl Exporter {
     /// The exporter `LAYERZERO_OTEL` names: `stdout` or `otlp`.
-    pub fn from_knob(kind: &str) -> Result<Exporter> {
+    pub fn new(kind: OtelExport) -> Result<Exporter> {
         let builder = SdkTracerProvider::builder();
         let provider = match kind {
-            "stdout" => builder.with_simple_exporter(opentelemetry_stdout::SpanExporter::default()).build(),
-            "otlp" => {
+            OtelExport::Stdout => builder.with_simple_exporter(opentelemetry_stdout::SpanExporter::default()).build(),
+            OtelExport::Otlp => {
                 let exporter = opentelemetry_otlp::SpanExporter::builder()
                     .with_http()
                     .build()
                     .map_err(|e| Error::invalid(format!("LAYERZERO_OTEL=otlp: cannot build the OTLP exporter: {e}")))?;
                 builder.with_batch_exporter(exporter).build()
-            }
-            other => {
-                return Err(Error::invalid(format!("LAYERZERO_OTEL={other:?}: expected stdout or otlp")));
             }
         };
         Ok(Exporter { provider })

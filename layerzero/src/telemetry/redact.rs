@@ -63,19 +63,23 @@ impl Redaction {
     }
 }
 
-/// The redaction in force: set by [`set`], else read once from `LAYERZERO_REDACT` (an invalid
-/// value redacts everything rather than leak; `lz doctor` reports the error).
+/// The redaction in force: set by [`set`] or [`configure`], else none.
 pub fn current() -> Redaction {
-    let bits = BITS.load(Ordering::Relaxed);
-    if bits != UNSET {
-        return Redaction(bits);
+    match BITS.load(Ordering::Relaxed) {
+        UNSET => Redaction::NONE,
+        bits => Redaction(bits),
     }
-    let r = match crate::knobs::REDACT.current() {
+}
+
+/// Sets the redaction from `LAYERZERO_REDACT`'s value, unless one was set already (the
+/// process's settings, resolved at the first handle). An invalid value redacts everything
+/// rather than leak; `lz doctor` reports the error.
+pub fn configure(spec: Option<&str>) {
+    let r = match spec {
         None => Redaction::NONE,
-        Some(spec) => Redaction::parse(&spec).unwrap_or(Redaction(KERNELS | SHAPES | OPS | BACKENDS)),
+        Some(spec) => Redaction::parse(spec).unwrap_or(Redaction(KERNELS | SHAPES | OPS | BACKENDS)),
     };
-    BITS.store(r.0, Ordering::Relaxed);
-    r
+    let _ = BITS.compare_exchange(UNSET, r.0, Ordering::Relaxed, Ordering::Relaxed);
 }
 
 /// Sets the redaction for this process (tests, engines configuring it in code).

@@ -9,6 +9,19 @@ use std::sync::Arc;
 use bytemuck::Pod;
 use memmap2::Mmap;
 
+/// Where tensors read from a memory map are served from (a model's weights in the compute
+/// dtype, `LAYERZERO_WEIGHTS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Residence {
+    /// Copied once at load into memory that asks for transparent huge pages: the kernels
+    /// stream weights with one TLB entry per 2 MiB (measured on a 125M f32 model against
+    /// the mapped files: decode 3-10% faster, prefill 15-20%).
+    #[default]
+    Resident,
+    /// Read in place from the mapped files: no copy, the page cache shared between processes.
+    Mapped,
+}
+
 /// A buffer of `T`: a `Vec`, or `len` elements at byte `off` of a shared read-only map.
 ///
 /// Reading never copies. Borrowing a mapped buffer mutably copies it into an owned `Vec`

@@ -5,7 +5,7 @@ mod buf;
 pub mod fp8;
 pub mod io;
 
-pub use buf::{Buf, advise_huge};
+pub use buf::{Buf, Residence, advise_huge};
 
 use std::sync::Arc;
 

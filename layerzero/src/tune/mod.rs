@@ -33,12 +33,13 @@ use std::time::{Duration, Instant};
 use crate::capabilities::catalog::Catalog;
 use crate::error::Result;
 use crate::exec::executor::Registry;
-use crate::hardware::detect;
+use crate::host::detect;
 use crate::perfdb::{PerfDb, Row};
 use crate::plan::workload::{Point, Workload};
 use crate::policy::Policy;
+use crate::score::calibration::Calibration;
 use crate::score::measured::{CV_NONE, MIN_SAMPLES, Measured, Measurements};
-use crate::select::{Availability, Selection, Selector};
+use crate::select::{Selection, Selector};
 use measure::{Measurement, Protocol};
 pub use report::{
     BucketRegret, KernelResult, Phase, Pick, RegretSummary, Skipped, Status, TuneReport, Unselectable, VerifiedTime,
@@ -71,10 +72,10 @@ impl Host {
     /// tuning run), builtin executors.
     pub fn detect(catalog: Arc<Catalog>) -> Result<Host> {
         let hardware = Arc::new(detect::detect_host().profile);
-        let registry = Registry::builtin();
-        let availability = Arc::new(Availability::probe_host(&catalog, &hardware));
+        let registry = crate::host::builtin_registry();
+        let availability = Arc::new(crate::host::probe::probe(&catalog, &hardware));
         let mut policy = Policy::default();
-        crate::knobs::apply_policy_overrides(&mut policy)?;
+        policy.apply_overrides(&crate::host::process().policy_overrides());
         let selector = Selector::new(catalog, hardware, Arc::new(policy), availability)?;
         Ok(Host { selector, registry })
     }
@@ -101,6 +102,8 @@ pub struct TuneOptions {
     pub seed: u64,
     /// Fit the cost model to this run's times and write the calibration here.
     pub calibrate: Option<PathBuf>,
+    /// The machine's calibration file, as host handles read it (`LAYERZERO_CALIBRATION`).
+    pub machine_calibration: PathBuf,
 }
 
 impl TuneOptions {
@@ -116,6 +119,7 @@ impl TuneOptions {
             protocol: Protocol::default(),
             seed: 0x4c5a_5455_4e45,
             calibrate: None,
+            machine_calibration: crate::host::process().calibration_path(),
         }
     }
 }
@@ -342,12 +346,12 @@ pub fn tune_with(host: &Host, opts: &TuneOptions, on_event: &mut dyn FnMut(Event
     let calibration = match &opts.calibrate {
         Some(path) => {
             let c = calibrate::fit_results(selector, &plans, &results, &opts.workload.name);
-            calibrate::save(path, &c)?;
+            c.save(path)?;
             Some((c, path.display().to_string()))
         }
         None => {
-            let path = crate::knobs::calibration_path();
-            calibrate::load(&path)
+            let path = &opts.machine_calibration;
+            Calibration::load(path)
                 .ok()
                 .filter(|c| c.fingerprint == selector.hardware().fingerprint)
                 .map(|c| (c, path.display().to_string()))
@@ -558,7 +562,7 @@ mod tests {
         assert!(fits.iter().all(|f| f.points == 3 && f.dtype == DType::F32 && f.error_after <= f.error_before + 1e-9));
         let v = report.verify.unwrap();
         assert!(v.calibrated.is_some() && v.buckets.iter().all(|b| b.calibrated.is_some()));
-        let cal = calibrate::load(&path).unwrap();
+        let cal = Calibration::load(&path).unwrap();
         assert_eq!(cal.kernels, *fits);
         let pts = o.workload.points().unwrap();
         let calibrated = host.selector.clone().with_calibration(Arc::new(cal.clone()));

@@ -284,7 +284,7 @@ mod tests {
     fn every_parity_case_request_synthesizes_and_runs_on_the_reference() {
         // The parity matrix covers every executable op with its variants (masks, ragged
         // packs, paged caches in both layouts and fp8, strided views, int4/int8 weights).
-        let registry = Registry::builtin();
+        let registry = crate::host::builtin_registry();
         let mut ops = std::collections::BTreeSet::new();
         for case in cases::matrix(None, 1) {
             let req = case.args.describe();
@@ -301,7 +301,7 @@ mod tests {
     fn the_cpu_requests_of_the_selection_table_synthesize_and_run() {
         let text = include_str!("../../../tests/data/selection_cases.json");
         let cases: serde_json::Value = serde_json::from_str(text).unwrap();
-        let registry = Registry::builtin();
+        let registry = crate::host::builtin_registry();
         let cpu = ["zen4", "zen3", "spr", "icx"];
         let mut ran = 0;
         for c in cases.as_array().unwrap() {

@@ -392,7 +392,7 @@ fn every_kernel_layerzero_runs_itself_has_an_executor_in_this_build() {
     use layerzero::capabilities::spec::Execution;
     // oneDNN's executors are bound only where the library loads; the kernels it would bind
     // are known without it.
-    let registry = layerzero::exec::executor::Registry::builtin();
+    let registry = layerzero::builtin_registry();
     let runs = |id: &str| registry.contains(id) || layerzero::backend::onednn::kernels().any(|k| k == id);
     let catalog = catalog();
     let missing: Vec<&str> = catalog

@@ -298,7 +298,7 @@ fn run_gated<T: Elem>(act: Act, g: &View<'_>, u: &View<'_>, shape: &[usize]) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::norm::testing::{check, invalid_message, strided, t};
+    use crate::backend::cpu::testing::{check, invalid_message, registry, strided, t};
     use crate::exec::args::{GegluArgs, GeluArgs, SiluArgs, SwigluArgs};
     use crate::model::attrs::{GegluAttrs, GeluAttrs, NoAttrs, SwigluAttrs};
     use crate::model::dtype::DType;
@@ -477,7 +477,7 @@ mod tests {
         let r =
             silu(&SiluArgs { x: HostTensor::from_f32_as(DType::Fp8E5M2, &[1], &[1.0]).unwrap(), attrs: NoAttrs {} });
         assert!(matches!(r, Err(KernelError::Unsupported(_))));
-        let r = crate::exec::executor::Registry::builtin();
+        let r = registry();
         let a = OpArgs::Silu(SiluArgs { x: odd, attrs: NoAttrs {} });
         assert!(matches!(r.get(GELU).unwrap().run(&a), Err(KernelError::Unsupported(_))));
     }

@@ -105,7 +105,7 @@ fn gather<T: Elem>(src: &[T], off: usize, strides: &[usize], rows: &[usize], h: 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::norm::testing::{check, invalid_message, strided, t};
+    use crate::backend::cpu::testing::{check, invalid_message, registry, strided, t};
     use crate::model::attrs::NoAttrs;
     use crate::parity::compare::Category;
     use crate::tensor::{HostTensor, Storage};
@@ -182,7 +182,7 @@ mod tests {
         assert!(m.contains("`ids`") && m.contains("i32 or i64"), "{m}");
         let m = invalid_message(EMBEDDING, &args(ids(DType::I32, &[1], &[0]), t(&[10], 1, DType::F32, 1.0)));
         assert!(m.contains("`table`") && m.contains("[10]"), "{m}");
-        let r = crate::exec::executor::Registry::builtin();
+        let r = registry();
         let wrong = OpArgs::Silu(crate::exec::args::SiluArgs { x: table, attrs: NoAttrs {} });
         assert!(matches!(r.get(EMBEDDING).unwrap().run(&wrong), Err(KernelError::Unsupported(_))));
     }

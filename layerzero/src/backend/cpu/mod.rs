@@ -22,11 +22,14 @@ mod sample;
 pub(crate) mod simd;
 pub(crate) mod split;
 #[cfg(test)]
+mod testing;
+#[cfg(test)]
 mod tests;
 
 use std::sync::Arc;
 
 pub use linear::{PackedWeightStats, packed_weight_stats};
+pub use simd::set_cap as set_isa_cap;
 
 use crate::exec::args::{OpArgs, Outputs};
 use crate::exec::executor::{KernelError, Registry, WritesInto};

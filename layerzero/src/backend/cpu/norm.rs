@@ -618,75 +618,10 @@ fn layer_typed<T: Elem>(a: &NormArgs, rows: usize, h: usize, eps: f32) -> Result
     Ok(Outputs::from([("out", tensor(out, a.x.shape())?)]))
 }
 
-/// Helpers of the parity tests of this file and its siblings.
-#[cfg(test)]
-pub(super) mod testing {
-    use crate::exec::args::{OpArgs, strided_copy};
-    use crate::exec::executor::{KernelError, Registry};
-    use crate::model::dtype::DType;
-    use crate::parity::compare::{Category, compare, tolerance};
-    use crate::tensor::HostTensor;
-
-    pub(in super::super) use crate::backend::cpu_reference::test_util::values;
-
-    /// Deterministic values in [-scale, scale) of `dtype`.
-    pub(in super::super) fn t(shape: &[usize], seed: u64, dtype: DType, scale: f32) -> HostTensor {
-        let n = shape.iter().product();
-        let v: Vec<f32> = values(n, seed).into_iter().map(|x| x * scale).collect();
-        HostTensor::from_f32_as(dtype, shape, &v).unwrap()
-    }
-
-    /// Views of the same values with other strides: rows padded, the last dim strided by 2,
-    /// and (rank 2) the transpose of a column-major copy.
-    pub(in super::super) fn strided(x: &HostTensor) -> Vec<HostTensor> {
-        let sh = x.shape();
-        let r = sh.len();
-        let mut out = Vec::new();
-        let mut pad = vec![1usize; r];
-        let mut two = vec![2usize; r];
-        for d in (0..r.saturating_sub(1)).rev() {
-            pad[d] = pad[d + 1] * (sh[d + 1] + if d + 1 == r - 1 { 3 } else { 0 });
-            two[d] = two[d + 1] * sh[d + 1] + 1;
-        }
-        out.push(strided_copy(x, &pad).unwrap());
-        out.push(strided_copy(x, &two).unwrap());
-        if r == 2 {
-            let cm = strided_copy(x, &[1, sh[0]]).unwrap();
-            assert!(!cm.is_contiguous() || sh[0] <= 1 || sh[1] <= 1);
-            out.push(cm);
-        }
-        out
-    }
-
-    /// Runs `fast` and `reference` on `args` and holds every output of `fast` to the
-    /// reference's within the specification's tolerance for its dtype.
-    pub(in super::super) fn check(fast: &str, reference: &str, args: &OpArgs, category: Category, what: &str) {
-        let r = Registry::builtin();
-        let want = r.get(reference).unwrap().run(args).unwrap_or_else(|e| panic!("{what}: reference: {e}"));
-        let got = r.get(fast).unwrap().run(args).unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert_eq!(got.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>(), "{what}: outputs");
-        for (name, w) in &want {
-            let g = &got[name];
-            assert_eq!((g.shape(), g.dtype()), (w.shape(), w.dtype()), "{what}: {name} shape/dtype");
-            assert!(g.is_contiguous(), "{what}: {name} contiguous");
-            let d = compare(&w.to_f64_vec(), &g.to_f64_vec(), tolerance(category, w.dtype()));
-            assert_eq!(d.violations, 0, "{what}: {name}: {d:?}");
-        }
-    }
-
-    /// Runs `kernel` and returns its `InvalidInput` message.
-    pub(in super::super) fn invalid_message(kernel: &str, args: &OpArgs) -> String {
-        match Registry::builtin().get(kernel).unwrap().run(args) {
-            Err(KernelError::InvalidInput(m)) => m,
-            other => panic!("{kernel}: expected invalid input, got {other:?}"),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::testing::{check, invalid_message, strided, t};
     use super::*;
+    use crate::backend::cpu::testing::{check, invalid_message, registry, strided, t};
     use crate::model::attrs::NormAttrs;
     use crate::model::dtype::DType;
     use crate::parity::compare::Category;
@@ -757,7 +692,7 @@ mod tests {
     fn layer_norm_of_a_large_mean_keeps_its_precision() {
         // mean 1000, spread 1: the one-pass variance of the 16-bit path would cancel.
         for dtype in [DType::F32, DType::F16, DType::BF16] {
-            let v: Vec<f32> = super::testing::values(3 * 256, 4).iter().map(|x| 1000.0 + x).collect();
+            let v: Vec<f32> = crate::backend::cpu::testing::values(3 * 256, 4).iter().map(|x| 1000.0 + x).collect();
             let x = HostTensor::from_f32_as(dtype, &[3, 256], &v).unwrap();
             let a = norm(x, t(&[256], 5, dtype, 1.0), Some(t(&[256], 6, dtype, 1.0)), None);
             check(LAYER_NORM, REF_LAYER, &OpArgs::LayerNorm(a), Category::Norms, &format!("mean 1000 {dtype}"));
@@ -767,7 +702,7 @@ mod tests {
     #[test]
     fn norms_of_rows_with_infinities_and_nans_match_the_reference() {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
-            let mut v = super::testing::values(4 * 64, 13);
+            let mut v = crate::backend::cpu::testing::values(4 * 64, 13);
             (v[0], v[64 + 5], v[128 + 9], v[192 + 63]) = (f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e30);
             let x = HostTensor::from_f32_as(dtype, &[4, 64], &v).unwrap();
             let a = norm(x, t(&[64], 14, dtype, 1.0), Some(t(&[64], 15, dtype, 1.0)), None);
@@ -840,7 +775,7 @@ mod tests {
         let e = norm(t(&[3, 0], 1, DType::F16, 1.0), t(&[0], 2, DType::F16, 1.0), None, None);
         assert_eq!(layer_norm(&e).unwrap()["out"].shape(), &[3, 0]);
         // The wrong op.
-        let r = Registry::builtin();
+        let r = registry();
         let a = OpArgs::LayerNorm(norm(x, t(&[3], 2, DType::F32, 1.0), None, None));
         assert!(matches!(r.get(RMS_NORM).unwrap().run(&a), Err(KernelError::Unsupported(_))));
     }

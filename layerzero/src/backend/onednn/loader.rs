@@ -1,10 +1,10 @@
 //! Finding and opening `libdnnl`, and reading `dnnl_version()`.
 
-use std::ffi::{CStr, OsString, c_char, c_int, c_uint};
+use std::ffi::{CStr, c_char, c_int, c_uint};
 use std::path::PathBuf;
 
 use crate::capabilities::Version;
-use crate::knobs::Lookup;
+use crate::hardware::cap::IsaCap;
 
 /// `dnnl_version_t` (oneDNN's `dnnl_common_types.h`).
 #[repr(C)]
@@ -40,30 +40,46 @@ impl Loaded {
     }
 }
 
-/// The candidates, in search order, for the environment `env` and the library names of the
-/// capability file's probe (`libdnnl.so.3`, ...): the knob's file, the names through the
-/// loader's default paths, then the names in the Python environment's `lib/`.
-pub fn candidates(env: Lookup<'_>, names: &[String]) -> Vec<String> {
-    let mut out = Vec::new();
-    if let Some(p) = crate::knobs::ONEDNN_LIB.current_in(env) {
-        out.push(p);
+/// Where oneDNN is looked for, and the ceiling its JIT is given: resolved by the runtime
+/// (`LAYERZERO_ONEDNN_LIB`, the active Python environments, `LAYERZERO_CPU_ISA`), handed in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Search {
+    /// A library file tried first.
+    pub library: Option<PathBuf>,
+    /// Python environment prefixes whose `lib/` folder is tried last (where the
+    /// `onednn-cpu-gomp` wheel puts `libdnnl.so.3`).
+    pub prefixes: Vec<PathBuf>,
+    /// The instruction-set ceiling of oneDNN's JIT (`dnnl_set_max_cpu_isa`).
+    pub max_isa: IsaCap,
+}
+
+impl Default for Search {
+    /// The loader's paths only, no ceiling.
+    fn default() -> Search {
+        Search { library: None, prefixes: Vec::new(), max_isa: IsaCap::Native }
     }
+}
+
+/// The candidates, in search order, for the library names of the capability file's probe
+/// (`libdnnl.so.3`, ...): the search's file, the names through the loader's default paths,
+/// then the names in each Python environment's `lib/`.
+pub fn candidates(search: &Search, names: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    out.extend(search.library.iter().map(|p| p.display().to_string()));
     out.extend(names.iter().cloned());
-    for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
-        if let Some(prefix) = env(var).filter(|v| !v.is_empty()) {
-            let lib = PathBuf::from(prefix).join("lib");
-            out.extend(names.iter().filter(|n| !n.contains('/')).map(|n| lib.join(n).display().to_string()));
-        }
+    for prefix in &search.prefixes {
+        let lib = prefix.join("lib");
+        out.extend(names.iter().filter(|n| !n.contains('/')).map(|n| lib.join(n).display().to_string()));
     }
     out
 }
 
 /// Opens the first loadable candidate and reads its version; the error lists every
 /// candidate tried and why it did not load.
-pub fn find_in(env: Lookup<'_>, names: &[String]) -> Result<Loaded, String> {
+pub fn find(search: &Search, names: &[String]) -> Result<Loaded, String> {
     let mut failures = Vec::new();
-    for name in candidates(env, names) {
-        match open(&name) {
+    for name in candidates(search, names) {
+        match open(&name, search.max_isa) {
             Ok(l) => return Ok(l),
             Err(why) => failures.push(format!("{name} ({why})")),
         }
@@ -71,13 +87,8 @@ pub fn find_in(env: Lookup<'_>, names: &[String]) -> Result<Loaded, String> {
     Err(format!("oneDNN not found; tried {}", failures.join("; ")))
 }
 
-/// [`find_in`] for the process environment.
-pub fn find(names: &[String]) -> Result<Loaded, String> {
-    find_in(&|name: &str| -> Option<OsString> { std::env::var_os(name) }, names)
-}
-
 #[allow(unsafe_code)]
-fn open(name: &str) -> Result<Loaded, String> {
+fn open(name: &str, max_isa: IsaCap) -> Result<Loaded, String> {
     // SAFETY: loading runs the library's initialisers; the candidates name oneDNN (the
     // knob, the loader's `libdnnl` names, a Python environment's `libdnnl.so.3`), whose
     // initialisers are made to run in any host process.
@@ -104,21 +115,20 @@ fn open(name: &str) -> Result<Loaded, String> {
     let part = |x: c_int| u32::try_from(x).unwrap_or(0);
     let version = Version(part(v.major), part(v.minor), part(v.patch));
     let _ = (v.cpu_runtime, v.gpu_runtime);
-    cap_isa(&library);
+    cap_isa(&library, max_isa);
     let isa = effective_isa(&library);
     Ok(Loaded { path: name.to_owned(), version, hash, isa, library })
 }
 
-/// Tells oneDNN the ceiling of `LAYERZERO_CPU_ISA` (`dnnl_set_max_cpu_isa`, before it has
-/// generated any code), so its JIT uses no instruction the cap leaves out. A second call
+/// Tells oneDNN the ceiling `cap` (`dnnl_set_max_cpu_isa`, before it has generated any
+/// code), so its JIT uses no instruction the cap leaves out. A second call
 /// (the library is opened by the probe and by the executors) is refused by oneDNN and
 /// changes nothing.
 #[allow(unsafe_code)]
-fn cap_isa(library: &libloading::Library) {
-    use crate::hardware::cap::IsaCap;
+fn cap_isa(library: &libloading::Library, cap: IsaCap) {
     // `dnnl_cpu_isa_t` values of dnnl_types.h: sse41, avx2, avx512_core_vnni, avx512_core_fp16
     // (bf16 and fp16, no AMX).
-    let value: c_int = match crate::knobs::cpu_isa().unwrap_or(IsaCap::Native) {
+    let value: c_int = match cap {
         IsaCap::Portable => 0x1,
         IsaCap::Avx2 => 0x7,
         IsaCap::Avx512 => 0x67,
@@ -165,15 +175,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_search_order_is_the_knob_the_loader_then_the_python_environment() {
-        let env = |name: &str| match name {
-            "LAYERZERO_ONEDNN_LIB" => Some(OsString::from("/opt/dnnl/libdnnl.so.3")),
-            "VIRTUAL_ENV" => Some(OsString::from("/venv")),
-            _ => None,
+    fn the_search_order_is_the_file_the_loader_then_the_python_environment() {
+        let search = Search {
+            library: Some("/opt/dnnl/libdnnl.so.3".into()),
+            prefixes: vec!["/venv".into()],
+            max_isa: IsaCap::Native,
         };
         let names = ["libdnnl.so.3".to_owned(), "libdnnl.so.2".to_owned()];
         assert_eq!(
-            candidates(&env, &names),
+            candidates(&search, &names),
             vec![
                 "/opt/dnnl/libdnnl.so.3".to_owned(),
                 "libdnnl.so.3".to_owned(),
@@ -186,10 +196,10 @@ mod tests {
 
     #[test]
     fn a_missing_library_lists_every_path_tried() {
-        let env = |name: &str| (name == "LAYERZERO_ONEDNN_LIB").then(|| OsString::from("/nowhere/libdnnl.so.3"));
-        match find_in(&env, &["libdnnl.so.2".to_owned()]) {
+        let search = Search { library: Some("/nowhere/libdnnl.so.3".into()), ..Search::default() };
+        match find(&search, &["libdnnl.so.2".to_owned()]) {
             Err(why) => assert!(why.contains("/nowhere/libdnnl.so.3") && why.contains("libdnnl.so.2"), "{why}"),
-            // A machine with oneDNN on the loader path finds it after the knob's path fails.
+            // A machine with oneDNN on the loader path finds it after the first path fails.
             Ok(l) => assert!(l.version.0 >= 2, "{l:?}"),
         }
     }

@@ -2,10 +2,10 @@
 //! executors of the `onednn` kernels. Nothing links against it: without it the crate builds,
 //! and the backend reports itself not installed with every path tried.
 //!
-//! Search order: `LAYERZERO_ONEDNN_LIB` (a file), the loader's default paths
-//! (`libdnnl.so.3`, `libdnnl.so.2`), then the `lib/` folder of the active Python
-//! environment (`$VIRTUAL_ENV`, then `$CONDA_PREFIX`), where the `onednn-cpu-gomp` wheel
-//! puts `libdnnl.so.3`.
+//! Search order ([`Search`], resolved by the runtime and handed in): `LAYERZERO_ONEDNN_LIB`
+//! (a file), the loader's default paths (`libdnnl.so.3`, `libdnnl.so.2`), then the `lib/`
+//! folder of the active Python environment (`$VIRTUAL_ENV`, then `$CONDA_PREFIX`), where the
+//! `onednn-cpu-gomp` wheel puts `libdnnl.so.3`.
 //!
 //! | file | what |
 //! |---|---|
@@ -27,19 +27,29 @@ use std::sync::{Arc, OnceLock};
 
 pub use api::Dnnl;
 pub use jit::{JitStats, MAX_PRIMITIVES, jit_stats};
-pub use loader::{Loaded, candidates, find, find_in};
+pub use loader::{Loaded, Search, candidates, find};
 pub use matmul::{Matmul, PackedStats, packed_stats};
 pub use rows::{Kind, Rows};
 
 /// The library names tried through the loader (those of `capabilities/onednn.json`).
 const NAMES: [&str; 2] = ["libdnnl.so.3", "libdnnl.so.2"];
 
+static SEARCH: OnceLock<Search> = OnceLock::new();
+
+/// Sets where the process-wide library is looked for, once and before it is first opened
+/// (the runtime hands it the process's settings); `false` when a search was already in
+/// force, which then stays.
+pub fn configure(search: Search) -> bool {
+    let wanted = search.clone();
+    SEARCH.set(search).is_ok() || SEARCH.get() == Some(&wanted)
+}
+
 /// The process-wide library and engine, when oneDNN loads and its entry points resolve.
 pub fn dnnl() -> Result<Arc<Dnnl>, String> {
     static DNNL: OnceLock<Result<Arc<Dnnl>, String>> = OnceLock::new();
     DNNL.get_or_init(|| {
         let names: Vec<String> = NAMES.iter().map(|n| (*n).to_owned()).collect();
-        let lib = Arc::new(find(&names)?);
+        let lib = Arc::new(find(SEARCH.get_or_init(Search::default), &names)?);
         Dnnl::new(lib).map(Arc::new)
     })
     .clone()

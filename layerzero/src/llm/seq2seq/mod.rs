@@ -11,10 +11,11 @@ use serde_json::Value;
 
 use super::config::Fields;
 use super::pass::Affine;
-use super::weights::{Residence, Take};
+use super::weights::Take;
 use crate::error::{Error, Result};
 use crate::model::dtype::DType;
 use crate::tensor::HostTensor;
+use crate::tensor::Residence;
 
 pub use forward::{Seq2SeqGenerated, encode, generate};
 

@@ -5,10 +5,13 @@
 //! wrappers for everything else. Each `unsafe` block says why it is sound; each kernel with
 //! a caller contract (CPU features, operand bounds) is an `unsafe fn` stating it.
 //!
-//! `LAYERZERO_CPU_ISA` (`hardware::cap::IsaCap`) caps the level: `portable`, `avx2`,
-//! `avx512` (no bf16 instructions), `avx512_bf16` (no AMX), `amx` or `native`.
+//! A ceiling set once per process ([`set_cap`]; the runtime hands it `LAYERZERO_CPU_ISA`) caps
+//! the level: `portable`, `avx2`, `avx512` (no bf16 instructions), `avx512_bf16` (no AMX), `amx`
+//! or `native`.
 
 use std::sync::OnceLock;
+
+use crate::hardware::cap::IsaCap;
 
 pub(crate) use amx::{AMX_A_TILE, AMX_B_TILE, AMX_PANEL, Prefetch, amx_bf16, gemm_amx_bf16, gemm_amx_bf16_tiles};
 #[cfg(test)]
@@ -42,11 +45,18 @@ pub(crate) enum Level {
     Portable,
 }
 
-/// The ISA cap in force (`LAYERZERO_CPU_ISA`, read once; an invalid value is no cap, and
-/// `lz doctor` reports it).
-pub(crate) fn cap() -> crate::hardware::cap::IsaCap {
-    static CAP: OnceLock<crate::hardware::cap::IsaCap> = OnceLock::new();
-    *CAP.get_or_init(|| crate::knobs::cpu_isa().unwrap_or(crate::hardware::cap::IsaCap::Native))
+static CAP: OnceLock<IsaCap> = OnceLock::new();
+
+/// Sets the ceiling on the code paths these kernels take, once per process and before the
+/// first kernel runs (the runtime hands it `LAYERZERO_CPU_ISA`); `false` when a ceiling was
+/// already in force, which then stays.
+pub fn set_cap(cap: IsaCap) -> bool {
+    CAP.set(cap).is_ok() || CAP.get() == Some(&cap)
+}
+
+/// The ISA ceiling in force: the one set, else none.
+pub(crate) fn cap() -> IsaCap {
+    *CAP.get_or_init(|| IsaCap::Native)
 }
 
 /// The level detected on this CPU (capped by `LAYERZERO_CPU_ISA`).
@@ -56,7 +66,6 @@ pub(crate) fn level() -> Level {
 }
 
 fn detect() -> Level {
-    use crate::hardware::cap::IsaCap;
     let cap = cap();
     #[cfg(target_arch = "x86_64")]
     {

@@ -22,8 +22,8 @@ use std::path::Path;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use super::profile::DeviceProfile;
 use crate::error::{Error, Result};
+use crate::hardware::profile::DeviceProfile;
 use crate::model::device::DeviceKind;
 use crate::model::dtype::DType;
 
@@ -97,7 +97,7 @@ pub fn measure(cpu: &DeviceProfile, fingerprint: &str) -> Measured {
     Measured {
         fingerprint: fingerprint.to_owned(),
         cpu: cpu.name.clone(),
-        cap: crate::knobs::cpu_isa().unwrap_or(super::cap::IsaCap::Native).as_str().to_owned(),
+        cap: super::process().cpu_isa.as_str().to_owned(),
         measured_at: crate::time::format_utc(crate::time::now_unix()),
         threads: u32::try_from(threads).unwrap_or(u32::MAX),
         copy_gbps: round(copy_gbps(), 1),
@@ -207,9 +207,9 @@ pub fn ensure(path: &Path) -> Result<Option<Measured>> {
     Ok(Some(m))
 }
 
-/// `$LAYERZERO_HOME/hardware.json`.
+/// `$LAYERZERO_HOME/hardware.json` (of the process's settings).
 pub fn path() -> std::path::PathBuf {
-    crate::knobs::home().join("hardware.json")
+    super::process().hardware_path()
 }
 
 #[cfg(test)]

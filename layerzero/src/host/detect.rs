@@ -108,13 +108,12 @@ fn parse_meminfo_total(text: &str) -> Option<u64> {
 
 /// `isa` without the features above `LAYERZERO_CPU_ISA`, noted.
 fn capped(isa: CpuFeatures, notes: &mut Vec<String>) -> CpuFeatures {
-    let cap = match crate::knobs::cpu_isa() {
-        Ok(c) => c,
-        Err(e) => {
-            notes.push(format!("{e}; no ISA cap applied"));
-            return isa;
-        }
-    };
+    let knob = crate::knobs::CPU_ISA.name();
+    if let Some(e) = super::process_errors().iter().find(|e| e.to_string().starts_with(knob)) {
+        notes.push(format!("{e}; no ISA cap applied"));
+        return isa;
+    }
+    let cap = super::process().cpu_isa;
     let dropped: Vec<&str> = isa.iter().filter(|f| !cap.allows(*f)).map(|f| f.as_str()).collect();
     if dropped.is_empty() {
         return isa;

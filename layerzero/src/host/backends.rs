@@ -1,0 +1,14 @@
+//! The executors built into LayerZero, wired into one registry: the reference oracle, the
+//! fast `cpu` kernels, and oneDNN's where its library loads.
+
+use crate::backend::{cpu, cpu_reference, onednn};
+use crate::exec::executor::Registry;
+
+/// LayerZero's own executors: `cpu_reference` and `cpu`, and `onednn`'s when it loads.
+pub fn builtin_registry() -> Registry {
+    let mut r = Registry::new();
+    cpu_reference::register(&mut r);
+    cpu::register(&mut r);
+    onednn::register(&mut r);
+    r
+}
