@@ -35,6 +35,7 @@
 pub mod backend;
 pub mod capabilities;
 pub mod capacity;
+pub mod compare;
 pub mod constraint;
 pub mod error;
 pub mod exec;
@@ -54,6 +55,7 @@ pub mod reason;
 pub mod runtime;
 pub mod score;
 pub mod select;
+pub mod snapshot;
 pub mod telemetry;
 pub mod tensor;
 pub mod time;

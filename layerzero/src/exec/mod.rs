@@ -3,7 +3,9 @@
 //! [`crate::runtime`].
 
 pub mod args;
+pub mod check;
 pub mod executor;
 pub mod outputs;
 pub mod quant;
 pub mod semantics;
+pub mod synth;

@@ -2,8 +2,8 @@
 //! matrix, with NMSE, max-abs and PASS/FAIL against the specification's tolerance table.
 
 pub mod cases;
-pub mod compare;
-pub mod rng;
+pub use crate::compare;
+pub use crate::tensor::rng;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 

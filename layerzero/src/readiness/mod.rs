@@ -176,6 +176,16 @@ pub fn of_handle(lz: &LayerZero, workload: Option<&Workload>, perfdb: Option<&Pa
     checks
 }
 
+impl LayerZero {
+    /// Is this handle ready to serve? The plan it serves from (matches this machine, every
+    /// kernel eligible and with an executor here, none needing JIT), the coverage of
+    /// `workload`'s buckets by that plan, the shipped files and the PerfDB (`None`: the
+    /// default path). Each failed check names its fix.
+    pub fn readiness(&self, workload: Option<&crate::plan::workload::Workload>, perfdb: Option<&Path>) -> Vec<Check> {
+        of_handle(self, workload, perfdb)
+    }
+}
+
 /// Every shipped capability, hardware, policy and request file satisfies its schema.
 fn schemas_check() -> Check {
     let files = files::shipped();

@@ -128,7 +128,15 @@ impl LayerZero {
         let span = telemetry::dispatch_span();
         let _inside = span.enter();
         let result = self.dispatch_untraced(args, buffers);
-        telemetry::record_dispatch(&span, &result);
+        if !span.is_disabled() {
+            let outcome = result.as_ref().map(|d| telemetry::Dispatched {
+                kernel: &d.selection().kernel,
+                backend: &d.selection().backend,
+                source: d.source().as_str(),
+                failed: d.failed().iter().filter_map(|a| a.reason.as_ref().map(|r| r.code().as_str())).collect(),
+            });
+            telemetry::record_dispatch(&span, outcome);
+        }
         match &result {
             Ok(d) if d.fell_back() => self.log_dispatch(args, Some(d.selection()), d.failed(), None),
             Err(e) if e.kind() == ErrorKind::KernelFailed => self.log_dispatch(args, None, &[], Some(e)),

@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 use super::counters::Counter;
 use super::flight::{Role, Waited};
 use super::{LayerZero, PlanMode, SelectionSource};
+use crate::capabilities::catalog::Catalog;
 use crate::error::{Error, ErrorKind, Result};
 use crate::exec::args::OpArgs;
 use crate::exec::executor::Executor;
@@ -130,7 +131,7 @@ impl LayerZero {
         self.expire_due();
         let span = telemetry::select_span();
         let hit = self.select_keyed_untraced(&SelectionKey::derive(req), req);
-        telemetry::record_select(&span, &hit, || req.clone(), &self.parts.catalog);
+        record_select(&span, &hit, || req.clone(), &self.parts.catalog);
         hit
     }
 
@@ -139,7 +140,7 @@ impl LayerZero {
     pub fn select_args(&self, args: &OpArgs) -> Result<Hit<'_>> {
         let span = telemetry::select_span();
         let hit = self.select_args_untraced(args);
-        telemetry::record_select(&span, &hit, || args.describe(), &self.parts.catalog);
+        record_select(&span, &hit, || args.describe(), &self.parts.catalog);
         hit
     }
 
@@ -194,7 +195,7 @@ impl LayerZero {
         self.expire_due();
         let span = telemetry::select_span();
         let hit = self.select_keyed_untraced(key, req);
-        telemetry::record_select(&span, &hit, || req.clone(), &self.parts.catalog);
+        record_select(&span, &hit, || req.clone(), &self.parts.catalog);
         hit
     }
 
@@ -315,6 +316,23 @@ impl LayerZero {
         let resolved = Resolved { executor: self.executor(selection.index).cloned(), selection: Arc::new(selection) };
         Hit { entry: Entry::Live(resolved), source: SelectionSource::Live, notes: Vec::new() }
     }
+}
+
+/// Fills the `lz.select` span of `hit` (nothing is computed when the span is disabled).
+#[inline]
+fn record_select(span: &tracing::Span, hit: &Result<Hit<'_>>, req: impl FnOnce() -> Request, catalog: &Catalog) {
+    if span.is_disabled() {
+        return;
+    }
+    let outcome = hit.as_ref().map(|h| telemetry::Selected {
+        kernel: &h.kernel,
+        backend: &h.backend,
+        source: h.source().as_str(),
+        candidates: h.candidates,
+        rejected: h.rejected,
+        transform_ns: h.score.transform_ns,
+    });
+    telemetry::record_select(span, outcome, &req(), catalog);
 }
 
 /// True when the bucket's largest request (each axis < 2x larger, so under 2^axes times

@@ -15,7 +15,6 @@ pub mod faults;
 mod flight;
 mod hot;
 mod scope;
-mod snapshot;
 mod warmup;
 mod watch;
 
@@ -33,7 +32,6 @@ use counters::{Counter, Striped};
 pub use dispatch::{Attempt, Dispatch, InputFlag};
 pub use hot::Hit;
 pub use scope::Scope;
-pub use snapshot::{SnapshotFile, SnapshotManifest};
 pub use warmup::{WarmError, WarmItem, WarmPoint, WarmVerify, WarmupReport, compilations};
 pub use watch::PolicyWatch;
 
@@ -715,18 +713,6 @@ impl LayerZero {
             *self.policy_error.lock() =
                 Some(format!("a time-boxed rule expired, but the policy without it was refused: {e}"));
         }
-    }
-
-    /// Is this handle ready to serve? The plan it serves from (matches this machine, every
-    /// kernel eligible and with an executor here, none needing JIT), the coverage of
-    /// `workload`'s buckets by that plan, the shipped files and the PerfDB (`None`: the
-    /// default path). Each failed check names its fix.
-    pub fn readiness(
-        &self,
-        workload: Option<&crate::plan::workload::Workload>,
-        perfdb: Option<&Path>,
-    ) -> Vec<crate::readiness::Check> {
-        crate::readiness::of_handle(self, workload, perfdb)
     }
 
     /// The full report for a request: every candidate's verdict, reasons and score, with

@@ -147,7 +147,7 @@ impl LayerZero {
             return item;
         };
         if item.needs_jit {
-            let args = crate::tune::synth::synthesize(&p.request, 0)
+            let args = crate::exec::synth::synthesize(&p.request, 0)
                 .and_then(|a| crate::transform::apply_transforms(&a, &sel.transforms));
             match args {
                 Err(e) => item.error = fail(ReasonCode::INVALID_REQUEST.as_str(), e.to_string()),
@@ -172,7 +172,7 @@ impl LayerZero {
                 continue;
             }
             let warm = self.executor(sel.index).is_some_and(|exec| {
-                crate::tune::synth::synthesize(&p.request, 0)
+                crate::exec::synth::synthesize(&p.request, 0)
                     .and_then(|a| crate::transform::apply_transforms(&a, &sel.transforms))
                     .is_ok_and(|args| exec.is_warm(&args))
             });
@@ -192,7 +192,7 @@ impl LayerZero {
         let mut v = WarmVerify { requests: 0, compiled: 0, errors: Vec::new() };
         for p in points {
             let Some(smallest) = smallest_of_bucket(&p.request)? else { continue };
-            let args = crate::tune::synth::synthesize(&smallest, 1)?;
+            let args = crate::exec::synth::synthesize(&smallest, 1)?;
             let _ = self.prepare(&args);
             let before = compilations();
             match self.dispatch(&args) {

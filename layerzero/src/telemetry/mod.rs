@@ -15,7 +15,7 @@ pub mod redact;
 mod spans;
 
 pub use recent::{Recent, SelectionRecord};
-pub(crate) use spans::{dispatch_span, record_dispatch, record_select, select_span};
+pub(crate) use spans::{Dispatched, Selected, dispatch_span, record_dispatch, record_select, select_span};
 
 use crate::error::{Error, Result};
 

@@ -2,7 +2,9 @@
 //! relaxed load when no subscriber wants them) and filled, redacted, only when enabled.
 
 use super::redact;
-use crate::error::Result;
+use crate::capabilities::catalog::Catalog;
+use crate::error::Error;
+use crate::model::request::Request;
 
 /// A `lz.select` span, fields still empty (filled by [`record_select`]).
 #[inline]
@@ -23,44 +25,41 @@ pub(crate) fn select_span() -> tracing::Span {
     )
 }
 
-/// Fills a `lz.select` span (nothing is computed when the span is disabled). `reasons` is
-/// the number of rejection reasons an error carries.
-#[inline]
-pub(crate) fn record_select(
-    span: &tracing::Span,
-    hit: &Result<crate::runtime::Hit<'_>>,
-    req: impl FnOnce() -> crate::model::request::Request,
-    catalog: &crate::capabilities::catalog::Catalog,
-) {
-    if span.is_disabled() {
-        return;
-    }
-    record_select_slow(span, hit, req(), catalog);
+/// A selection as the `lz.select` span records it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Selected<'a> {
+    pub kernel: &'a str,
+    pub backend: &'a str,
+    /// Plan, cache or live.
+    pub source: &'static str,
+    pub candidates: usize,
+    pub rejected: usize,
+    pub transform_ns: f64,
 }
 
+/// Fills an enabled `lz.select` span with `outcome` (the caller checks that the span is
+/// enabled, so a disabled one costs nothing).
 #[cold]
-fn record_select_slow(
+pub(crate) fn record_select(
     span: &tracing::Span,
-    hit: &Result<crate::runtime::Hit<'_>>,
-    req: crate::model::request::Request,
-    catalog: &crate::capabilities::catalog::Catalog,
+    outcome: std::result::Result<Selected<'_>, &Error>,
+    req: &Request,
+    catalog: &Catalog,
 ) {
     use redact::Field;
     use tracing::field::display;
     let r = redact::current();
     span.record("op", display(Field(req.op.as_str(), r.ops())));
-    match hit {
+    match outcome {
         Ok(h) => {
-            let fused = catalog
-                .find(&h.kernel)
-                .map(|k| crate::select::fused_ops(catalog.kernel(k).1, &req))
-                .unwrap_or_default();
-            span.record("kernel", display(Field(&h.kernel, r.kernels())));
-            span.record("backend", display(Field(&h.backend, r.backends())));
-            span.record("source", h.source().as_str());
+            let fused =
+                catalog.find(h.kernel).map(|k| crate::select::fused_ops(catalog.kernel(k).1, req)).unwrap_or_default();
+            span.record("kernel", display(Field(h.kernel, r.kernels())));
+            span.record("backend", display(Field(h.backend, r.backends())));
+            span.record("source", h.source);
             span.record("candidates", count(h.candidates));
             span.record("rejected", count(h.rejected));
-            span.record("transform_cost_total", h.score.transform_ns);
+            span.record("transform_cost_total", h.transform_ns);
             span.record("fused_ops", display(fused.join(",")));
         }
         Err(e) => {
@@ -90,30 +89,31 @@ pub(crate) fn dispatch_span() -> tracing::Span {
     )
 }
 
-/// Fills a `lz.dispatch` span.
-#[inline]
-pub(crate) fn record_dispatch(span: &tracing::Span, result: &Result<crate::runtime::Dispatch<'_>>) {
-    if span.is_disabled() {
-        return;
-    }
-    record_dispatch_slow(span, result);
+/// A dispatch as the `lz.dispatch` span records it.
+#[derive(Debug, Clone)]
+pub(crate) struct Dispatched<'a> {
+    pub kernel: &'a str,
+    pub backend: &'a str,
+    /// Plan, cache or live.
+    pub source: &'static str,
+    /// The reason codes of the attempts that failed before it.
+    pub failed: Vec<&'static str>,
 }
 
+/// Fills an enabled `lz.dispatch` span with `outcome` (the caller checks that the span is
+/// enabled).
 #[cold]
-fn record_dispatch_slow(span: &tracing::Span, result: &Result<crate::runtime::Dispatch<'_>>) {
+pub(crate) fn record_dispatch(span: &tracing::Span, outcome: std::result::Result<Dispatched<'_>, &Error>) {
     use redact::Field;
     use tracing::field::display;
     let r = redact::current();
-    match result {
+    match outcome {
         Ok(d) => {
-            let sel = d.selection();
-            span.record("kernel", display(Field(&sel.kernel, r.kernels())));
-            span.record("backend", display(Field(&sel.backend, r.backends())));
-            span.record("source", d.source().as_str());
-            span.record("fallback_attempts", count(d.failed().len()));
-            let codes: Vec<&str> =
-                d.failed().iter().filter_map(|a| a.reason.as_ref().map(|r| r.code().as_str())).collect();
-            span.record("failed", display(codes.join(",")));
+            span.record("kernel", display(Field(d.kernel, r.kernels())));
+            span.record("backend", display(Field(d.backend, r.backends())));
+            span.record("source", d.source);
+            span.record("fallback_attempts", count(d.failed.len()));
+            span.record("failed", display(d.failed.join(",")));
         }
         Err(e) => {
             let codes: Vec<&str> = e.reasons().iter().map(|r| r.code().as_str()).collect();

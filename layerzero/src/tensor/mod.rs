@@ -4,6 +4,7 @@
 mod buf;
 pub mod fp8;
 pub mod io;
+pub mod rng;
 
 pub use buf::{Buf, Residence, advise_huge};
 

@@ -22,7 +22,7 @@
 pub mod calibrate;
 pub mod measure;
 mod report;
-pub mod synth;
+pub use crate::exec::synth;
 mod timing;
 mod verify;
 

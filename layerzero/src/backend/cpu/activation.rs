@@ -272,7 +272,7 @@ pub(crate) fn gated(
     act: Act,
 ) -> Result<Outputs, KernelError> {
     // What makes gated operands valid is defined once, by the oracle.
-    let shape = crate::backend::cpu_reference::activation::check_gated(op, split, x, gate, up)?;
+    let shape = crate::exec::check::check_gated(op, split, x, gate, up)?;
     match (x, gate, up) {
         (Some(x), _, _) if split => {
             let i = shape.last().copied().unwrap_or(0);
@@ -299,10 +299,10 @@ fn run_gated<T: Elem>(act: Act, g: &View<'_>, u: &View<'_>, shape: &[usize]) -> 
 mod tests {
     use super::*;
     use crate::backend::cpu::testing::{check, invalid_message, registry, strided, t};
+    use crate::compare::Category;
     use crate::exec::args::{GegluArgs, GeluArgs, SiluArgs, SwigluArgs};
     use crate::model::attrs::{GegluAttrs, GeluAttrs, NoAttrs, SwigluAttrs};
     use crate::model::dtype::DType;
-    use crate::parity::compare::Category;
     use crate::tensor::Storage;
 
     const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];

@@ -6,7 +6,6 @@ use smallvec::SmallVec;
 use crate::exec::args::{AttentionArgs, Outputs, layout_of};
 use crate::exec::executor::KernelError;
 use crate::exec::semantics::{alibi_slopes, softmax_scale};
-use crate::model::attrs::AttentionAttrs;
 use crate::model::dtype::DType;
 use crate::model::layout::Layout;
 use crate::tensor::{HostTensor, Storage};
@@ -14,11 +13,6 @@ use crate::tensor::{HostTensor, Storage};
 use super::alloc::Out;
 use super::engine::{self, KvAddr, KvSrc, MaskView, Mods, Problem, Seq, put};
 use super::pack::{Bshd, ints, invalid, output};
-
-/// Checks the options every attention kernel shares (the reference's checks and messages).
-pub(crate) fn check_attrs(attrs: &AttentionAttrs) -> Result<(), KernelError> {
-    crate::backend::cpu_reference::attention::check_attrs(attrs)
-}
 
 /// Validated cumulative sequence offsets: `cu[n]..cu[n+1]` within `0..=limit`.
 fn offsets(t: &crate::tensor::HostTensor, name: &str, limit: usize) -> Result<Vec<usize>, KernelError> {
@@ -82,7 +76,7 @@ pub(crate) fn output_into(
 
 /// Runs dense attention (output into `bufs["out"]` when it fits).
 pub(crate) fn run(a: &AttentionArgs, bufs: &mut Outputs) -> Result<Outputs, KernelError> {
-    check_attrs(&a.attrs)?;
+    a.attrs.check()?;
     let q = Bshd::new(&a.q, "q")?;
     let k = Bshd::new(&a.k, "k")?;
     let v = Bshd::new(&a.v, "v")?;

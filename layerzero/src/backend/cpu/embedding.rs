@@ -106,8 +106,8 @@ fn gather<T: Elem>(src: &[T], off: usize, strides: &[usize], rows: &[usize], h: 
 mod tests {
     use super::*;
     use crate::backend::cpu::testing::{check, invalid_message, registry, strided, t};
+    use crate::compare::Category;
     use crate::model::attrs::NoAttrs;
-    use crate::parity::compare::Category;
     use crate::tensor::{HostTensor, Storage};
 
     const REF: &str = "cpu_reference.embedding.naive";

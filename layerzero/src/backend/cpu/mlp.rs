@@ -121,7 +121,7 @@ struct Problem<'a> {
 
 fn problem<'a>(a: &'a MlpArgs, holder: &'a mut Option<HostTensor>) -> Result<Problem<'a>, KernelError> {
     // What makes MLP arguments valid is defined once, by the oracle.
-    crate::backend::cpu_reference::mlp::mlp_dims(a)?;
+    a.dims()?;
     let x = rows_view(&a.x, holder)?;
     Ok(Problem {
         x,

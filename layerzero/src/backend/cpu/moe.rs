@@ -265,7 +265,7 @@ impl Weights<'_> {
 /// per block.
 fn experts(a: &MoeExpertsArgs, rows: usize, ib: usize) -> Result<HostTensor, KernelError> {
     // What makes MoE arguments valid is defined once, by the oracle.
-    let d = crate::backend::cpu_reference::moe::dims(a)?;
+    let d = a.dims()?;
     let (tokens, hidden, slots, n_exp, inter) = (d.tokens, d.hidden, d.slots, d.experts, d.inter);
     let ids = match a.experts.dtype() {
         DType::I32 | DType::I64 => a.experts.to_i64_vec(),
@@ -410,7 +410,7 @@ mod tests {
     use super::*;
     use crate::backend::cpu_reference;
     use crate::model::attrs::{MlpAttrs, MoeRouteAttrs};
-    use crate::parity::rng::Rng;
+    use crate::tensor::rng::Rng;
 
     fn reference(args: &OpArgs, kernel: &str) -> Result<Outputs, KernelError> {
         let mut r = Registry::new();

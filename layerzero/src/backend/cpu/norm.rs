@@ -426,9 +426,9 @@ pub(super) fn all_f32(t: &HostTensor) -> Vec<f32> {
 
 /// (rows, hidden, eps) after checking the tensors.
 fn check(a: &NormArgs, rms: bool) -> Result<(usize, usize, f32), KernelError> {
-    // What makes norm arguments valid is defined once, by the oracle.
+    // What makes norm arguments valid is defined once, beside the arguments.
     let op = if rms { Op::RmsNorm } else { Op::LayerNorm };
-    let (rows, h, eps) = crate::backend::cpu_reference::norm::check(a, op)?;
+    let (rows, h, eps) = a.check(op)?;
     Ok((rows, h, eps as f32))
 }
 
@@ -622,9 +622,9 @@ fn layer_typed<T: Elem>(a: &NormArgs, rows: usize, h: usize, eps: f32) -> Result
 mod tests {
     use super::*;
     use crate::backend::cpu::testing::{check, invalid_message, registry, strided, t};
+    use crate::compare::Category;
     use crate::model::attrs::NormAttrs;
     use crate::model::dtype::DType;
-    use crate::parity::compare::Category;
 
     const REF_RMS: &str = "cpu_reference.rms_norm.naive";
     const REF_LAYER: &str = "cpu_reference.layer_norm.naive";

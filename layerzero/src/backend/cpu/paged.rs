@@ -11,7 +11,7 @@ use crate::tensor::{HostTensor, Storage};
 
 use smallvec::SmallVec;
 
-use super::attention::{check_attrs, output_into};
+use super::attention::output_into;
 use super::engine::{KvAddr, KvSrc, Mods, Problem, Seq};
 use super::pack::{Bshd, IntSlice, floats, int_slice, ints, invalid, output};
 
@@ -88,7 +88,7 @@ impl<'a> Cache<'a> {
 /// Runs paged attention: output [B, Sq, Hq, Dv] (BSHD) in q's dtype (into `bufs["out"]`
 /// when it fits).
 pub(crate) fn run(a: &PagedAttentionArgs, bufs: &mut Outputs) -> Result<Outputs, KernelError> {
-    check_attrs(&a.attrs)?;
+    a.attrs.check()?;
     if let Some(l) = a.q.layout()
         && l != Layout::Bshd
     {

@@ -20,8 +20,8 @@ use super::pack::read_f32;
 use super::sample::f32_cow;
 use super::split::worth_splitting;
 use super::wrong_op;
-use crate::backend::cpu_reference::patch::{Patches, patch_dims};
 use crate::exec::args::{OpArgs, Outputs, PatchEmbedArgs};
+use crate::exec::check::Patches;
 use crate::exec::executor::{KernelError, Registry, WritesInto};
 
 /// Patch embedding kernel id.
@@ -41,7 +41,7 @@ pub(crate) fn register(registry: &mut Registry) {
 /// `patch_embed` into the caller's `out` where it fits.
 pub(super) fn patch_embed_into(a: &PatchEmbedArgs, bufs: &mut Outputs) -> Result<Outputs, KernelError> {
     // What makes the arguments valid is defined once, by the oracle.
-    let g = patch_dims(a)?;
+    let g = a.patches()?;
     if !g.nhwc {
         return Err(KernelError::Unsupported(format!(
             "{PATCH_EMBED} takes channels-last (NHWC) images; tensor `image` is NCHW {:?} (selection plans the \
@@ -136,8 +136,8 @@ mod tests {
     use crate::model::attrs::PatchEmbedAttrs;
     use crate::model::dtype::DType;
     use crate::model::layout::Layout;
-    use crate::parity::rng::Rng;
     use crate::tensor::HostTensor;
+    use crate::tensor::rng::Rng;
 
     fn normal(rng: &mut Rng, dtype: DType, shape: &[usize], std: f64) -> HostTensor {
         let v: Vec<f32> = (0..shape.iter().product()).map(|_| (rng.normal() * std) as f32).collect();

@@ -255,7 +255,7 @@ mod tests {
     use super::*;
     use crate::backend::cpu_reference;
     use crate::model::dtype::DType;
-    use crate::parity::rng::Rng;
+    use crate::tensor::rng::Rng;
 
     /// (temperature, top_k, top_p, min_p).
     type Filters = (Option<f64>, Option<u64>, Option<f64>, Option<f64>);

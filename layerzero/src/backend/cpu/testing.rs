@@ -1,10 +1,10 @@
 //! Helpers of the `cpu` kernels' parity tests: deterministic inputs, strided views, and the
 //! check of a fast kernel against the reference oracle.
 
+use crate::compare::{Category, compare, tolerance};
 use crate::exec::args::{OpArgs, strided_copy};
 use crate::exec::executor::{KernelError, Registry};
 use crate::model::dtype::DType;
-use crate::parity::compare::{Category, compare, tolerance};
 use crate::tensor::HostTensor;
 
 pub(super) use crate::backend::cpu_reference::test_util::values;

@@ -5,37 +5,14 @@
 //! broadcasts to [N, Hq, total_q, total_k] and sequence `n`'s row `i`, key `j` read
 //! `mask[n, h, cu_q[n] + i, cu_k[n] + j]`. Packed rows outside every sequence are zeros.
 
-use super::{Heads, expect_float, from_f64_as, index_values, invalid, zeros_for};
+use super::{Heads, from_f64_as, index_values, zeros_for};
 use crate::exec::args::AttentionArgs;
+use crate::exec::check::{expect_float, invalid};
 use crate::exec::executor::KernelError;
 use crate::exec::semantics::{alibi_distance, alibi_slopes, softmax_scale, visible_keys};
 use crate::model::attrs::AttentionAttrs;
 use crate::model::dtype::DType;
 use crate::tensor::HostTensor;
-
-/// Checks the attributes every attention kernel here relies on.
-pub(crate) fn check_attrs(a: &AttentionAttrs) -> Result<(), KernelError> {
-    if a.dropout_p != 0.0 {
-        if a.dropout_p > 0.0 && a.dropout_p < 1.0 {
-            return Err(KernelError::Unsupported(format!(
-                "attrs.dropout_p is {}; the reference kernels are inference-only (no dropout)",
-                a.dropout_p
-            )));
-        }
-        return Err(invalid(format!("attrs.dropout_p is {}; it must be in [0, 1)", a.dropout_p)));
-    }
-    if let Some(c) = a.softcap
-        && !(c.is_finite() && c > 0.0)
-    {
-        return Err(invalid(format!("attrs.softcap is {c}; it must be a positive number")));
-    }
-    if let Some(s) = a.scale
-        && !(s.is_finite() && s > 0.0)
-    {
-        return Err(invalid(format!("attrs.scale is {s}; it must be a positive number")));
-    }
-    Ok(())
-}
 
 /// The score of query row `i` and key `j` before any mask: scaled, soft-capped, then
 /// ALiBi-biased (`slope` is the head's ALiBi slope, ignored without `attrs.alibi`).
@@ -169,7 +146,7 @@ fn offsets(name: &str, t: &HostTensor, total: usize) -> Result<Vec<usize>, Kerne
 /// Dense attention (see `AttentionArgs`): output in q's layout with head dim Dv, q's dtype.
 pub fn attention(args: &AttentionArgs) -> Result<HostTensor, KernelError> {
     let a = &args.attrs;
-    check_attrs(a)?;
+    a.check()?;
     for (name, t) in [("q", &args.q), ("k", &args.k), ("v", &args.v)] {
         expect_float(name, t)?;
     }

@@ -8,7 +8,8 @@ use crate::exec::executor::{KernelError, Registry};
 use crate::model::op::Op;
 use crate::tensor::HostTensor;
 
-use super::{expect_float, expect_rank, from_f64_as, index_values, invalid, out, wrong_op};
+use super::{from_f64_as, index_values, out, wrong_op};
+use crate::exec::check::{expect_float, expect_rank, invalid};
 
 /// Embedding kernel id.
 pub const EMBEDDING: &str = "cpu_reference.embedding.naive";

@@ -14,12 +14,13 @@ use std::sync::Arc;
 
 use crate::exec::args::{Int4Args, LinearArgs, OpArgs, Outputs, W8a8Args};
 use crate::exec::executor::{KernelError, Registry};
-use crate::model::dtype::DType;
-use crate::model::layout::Layout;
 use crate::model::op::Op;
 use crate::tensor::HostTensor;
 
-use super::{from_f64_as, invalid, wrong_op};
+use super::{from_f64_as, wrong_op};
+use crate::exec::check::{
+    WeightLayout, check_bias, expect_dense_float, invalid, out_dtype, out_shape, rows_of, weight_dims,
+};
 
 /// Linear kernel id.
 pub const LINEAR: &str = "cpu_reference.linear.naive";
@@ -55,88 +56,6 @@ pub(crate) fn register(registry: &mut Registry) {
 
 fn out(t: HostTensor) -> Outputs {
     Outputs::from([("out", t)])
-}
-
-/// `t` must be f32, f16 or bf16 (the dtypes these kernels declare).
-pub(crate) fn expect_dense_float(name: &str, t: &HostTensor) -> Result<(), KernelError> {
-    match t.dtype() {
-        DType::F32 | DType::F16 | DType::BF16 => Ok(()),
-        d if d.is_float() => Err(KernelError::Unsupported(format!(
-            "tensor `{name}` has dtype {d}; this kernel computes f32, f16 or bf16"
-        ))),
-        d => Err(invalid(format!("tensor `{name}` has dtype {d}; expected f32, f16 or bf16"))),
-    }
-}
-
-/// The activations [..., K] of a linear-like op: (leading shape, M, K).
-pub(crate) fn rows_of(name: &str, x: &HostTensor) -> Result<(crate::tensor::Dims, usize, usize), KernelError> {
-    let Some((&k, lead)) = x.shape().split_last() else {
-        return Err(invalid(format!("tensor `{name}` has shape {:?}; expected at least one dim [..., K]", x.shape())));
-    };
-    let m = lead
-        .iter()
-        .try_fold(1usize, |a, &d| a.checked_mul(d))
-        .ok_or_else(|| invalid(format!("tensor `{name}` shape {:?} overflows", x.shape())))?;
-    Ok((crate::tensor::Dims::from_slice(lead), m, k))
-}
-
-/// Which way a dense linear weight is stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum WeightLayout {
-    /// [N, K] (`x @ W^T`), the default.
-    Nt,
-    /// [K, N] (`x @ W`).
-    Nn,
-}
-
-/// Checks a dense linear weight against K and returns (layout, N).
-pub(crate) fn weight_dims(name: &str, w: &HostTensor, k: usize) -> Result<(WeightLayout, usize), KernelError> {
-    let layout = match w.layout() {
-        None | Some(Layout::Nt) => WeightLayout::Nt,
-        Some(Layout::Nn) => WeightLayout::Nn,
-        Some(other) => {
-            return Err(invalid(format!("tensor `{name}` has layout {other}; expected NT ([N, K]) or NN ([K, N])")));
-        }
-    };
-    let s = w.shape();
-    let (n, wk) = match (layout, s) {
-        (WeightLayout::Nt, &[n, wk]) => (n, wk),
-        (WeightLayout::Nn, &[wk, n]) => (n, wk),
-        _ => {
-            let want = if layout == WeightLayout::Nt { "[N, K]" } else { "[K, N]" };
-            return Err(invalid(format!(
-                "tensor `{name}` has shape {s:?} (rank {}); layout {} expects rank 2 {want}",
-                s.len(),
-                if layout == WeightLayout::Nt { "NT" } else { "NN" }
-            )));
-        }
-    };
-    if wk != k {
-        return Err(invalid(format!(
-            "tensor `{name}` has shape {s:?}; its in_features {wk} must equal x's last dim K = {k}"
-        )));
-    }
-    Ok((layout, n))
-}
-
-/// Checks an optional bias [N] (any float dtype).
-pub(crate) fn check_bias(bias: Option<&HostTensor>, n: usize) -> Result<(), KernelError> {
-    if let Some(b) = bias {
-        if !b.dtype().is_float() {
-            return Err(invalid(format!("tensor `bias` has dtype {}; expected a float dtype", b.dtype())));
-        }
-        if b.shape() != [n] {
-            return Err(invalid(format!("tensor `bias` has shape {:?}; expected [N] = [{n}]", b.shape())));
-        }
-    }
-    Ok(())
-}
-
-/// The output shape: the leading dims of x then `n`.
-fn out_shape(lead: &[usize], n: usize) -> Vec<usize> {
-    let mut s = lead.to_vec();
-    s.push(n);
-    s
 }
 
 /// `out[m, n] = sum_k x[m, k] * w(n, k) + bias[n]` in f64 (x logical rows of length K).
@@ -181,65 +100,9 @@ pub fn linear(a: &LinearArgs) -> Result<HostTensor, KernelError> {
     from_f64_as(a.x.dtype(), &shape, &out)
 }
 
-/// The dtype an attribute names for a float output (f32 when absent).
-pub(crate) fn out_dtype(attr: &str, d: Option<DType>) -> Result<DType, KernelError> {
-    match d.unwrap_or(DType::F32) {
-        d @ (DType::F32 | DType::F16 | DType::BF16) => Ok(d),
-        d => Err(invalid(format!("attrs.{attr} is {d}; expected f32, f16 or bf16"))),
-    }
-}
-
-/// Checks a per-row scale of `linear_w8a8`: f32, [1] or [rows].
-pub(crate) fn check_row_scale(name: &str, s: &HostTensor, rows: usize, of: &str) -> Result<(), KernelError> {
-    if s.dtype() != DType::F32 {
-        return Err(invalid(format!("tensor `{name}` has dtype {}; expected f32", s.dtype())));
-    }
-    if s.shape() != [1] && s.shape() != [rows] {
-        return Err(invalid(format!(
-            "SCALE_LAYOUT_MISMATCH: tensor `{name}` has shape {:?} strides {:?}; expected [1] (per tensor) or \
-             [{rows}] (one scale per row of {of})",
-            s.shape(),
-            s.strides()
-        )));
-    }
-    Ok(())
-}
-
-/// The checked dims (M, K, N) of a `linear_w8a8` call.
-pub(crate) fn w8a8_dims(a: &W8a8Args) -> Result<(usize, usize, usize), KernelError> {
-    for (name, t) in [("x", &a.x), ("weight", &a.weight)] {
-        if t.dtype() != DType::I8 {
-            return Err(invalid(format!("tensor `{name}` has dtype {}; linear_w8a8 expects i8", t.dtype())));
-        }
-        if t.rank() != 2 {
-            return Err(invalid(format!("tensor `{name}` has shape {:?}; expected rank 2", t.shape())));
-        }
-    }
-    if matches!(a.weight.layout(), Some(l) if l != Layout::Nt) {
-        return Err(invalid(format!(
-            "tensor `weight` has layout {:?}; linear_w8a8 takes [N, K] (NT) weights",
-            a.weight.layout()
-        )));
-    }
-    let (m, k, n) = (a.x.shape()[0], a.x.shape()[1], a.weight.shape()[0]);
-    if a.weight.shape()[1] != k {
-        return Err(invalid(format!(
-            "tensor `weight` has shape {:?}; expected [N, K] with K = {k} from x {:?}",
-            a.weight.shape(),
-            a.x.shape()
-        )));
-    }
-    check_row_scale("x_scale", &a.x_scale, m, "x")?;
-    check_row_scale("w_scale", &a.w_scale, n, "weight")?;
-    check_bias(a.bias.as_ref(), n)?;
-    out_dtype("out_dtype", a.attrs.out_dtype)?;
-    m.checked_mul(n).ok_or_else(|| invalid(format!("the output shape [{m}, {n}] overflows")))?;
-    Ok((m, k, n))
-}
-
 /// `linear_w8a8`: exact integer dot products, then `acc * x_scale * w_scale + bias` in f64.
 pub fn linear_w8a8(a: &W8a8Args) -> Result<HostTensor, KernelError> {
-    let (m, k, n) = w8a8_dims(a)?;
+    let (m, k, n) = a.dims()?;
     let x = a.x.to_i64_vec();
     let w = a.weight.to_i64_vec();
     let xs = a.x_scale.to_f64_vec();
@@ -256,53 +119,6 @@ pub fn linear_w8a8(a: &W8a8Args) -> Result<HostTensor, KernelError> {
     from_f64_as(out_dtype("out_dtype", a.attrs.out_dtype)?, &[m, n], &out)
 }
 
-/// The checked problem of a `linear_int4` call: (leading shape, M, K, N, group size).
-pub(crate) fn int4_dims(a: &Int4Args) -> Result<(Vec<usize>, usize, usize, usize, usize), KernelError> {
-    expect_dense_float("x", &a.x)?;
-    let (lead, m, k) = rows_of("x", &a.x)?;
-    if a.weight.dtype() != DType::I8 {
-        return Err(invalid(format!(
-            "tensor `weight` has dtype {}; linear_int4 expects i8 bytes packing two 4-bit values",
-            a.weight.dtype()
-        )));
-    }
-    let &[n, half] = a.weight.shape() else {
-        return Err(invalid(format!("tensor `weight` has shape {:?}; expected rank 2 [N, K/2]", a.weight.shape())));
-    };
-    if k % 2 != 0 || half * 2 != k {
-        return Err(invalid(format!(
-            "tensor `weight` has shape {:?}; expected [N, K/2] = [{n}, K/2] with K = {k} from x {:?} (K even)",
-            a.weight.shape(),
-            a.x.shape()
-        )));
-    }
-    let g = usize::try_from(a.attrs.group_size).unwrap_or(0);
-    if g == 0 || k % g != 0 {
-        return Err(invalid(format!(
-            "SCALE_LAYOUT_MISMATCH: attrs.group_size {} does not divide in_features K = {k}",
-            a.attrs.group_size
-        )));
-    }
-    let want = [n, k / g];
-    for (name, t) in [("scales", Some(&a.scales)), ("zeros", a.zeros.as_ref())] {
-        let Some(t) = t else { continue };
-        if !t.dtype().is_float() {
-            return Err(invalid(format!("tensor `{name}` has dtype {}; expected a float dtype", t.dtype())));
-        }
-        if t.shape() != want {
-            return Err(invalid(format!(
-                "SCALE_LAYOUT_MISMATCH: tensor `{name}` has shape {:?} strides {:?}; expected [N, K / group_size] = \
-                 {want:?} (group_size {g})",
-                t.shape(),
-                t.strides()
-            )));
-        }
-    }
-    check_bias(a.bias.as_ref(), n)?;
-    m.checked_mul(n).ok_or_else(|| invalid(format!("the output shape {:?} overflows", out_shape(&lead, n))))?;
-    Ok((lead.to_vec(), m, k, n, g))
-}
-
 /// The unsigned 4-bit value of column `k` in a packed byte row (low nibble = even k).
 #[inline]
 pub(crate) fn nibble(byte: i8, k: usize) -> u8 {
@@ -312,7 +128,7 @@ pub(crate) fn nibble(byte: i8, k: usize) -> u8 {
 
 /// `linear_int4`: the weight dequantized in f64, then `x @ w^T + bias`, rounded once.
 pub fn linear_int4(a: &Int4Args) -> Result<HostTensor, KernelError> {
-    let (lead, m, k, n, g) = int4_dims(a)?;
+    let (lead, m, k, n, g) = a.dims()?;
     let groups = k / g;
     let packed = a.weight.to_i64_vec();
     let scales = a.scales.to_f64_vec();
@@ -337,6 +153,8 @@ mod tests {
     use super::*;
     use crate::backend::cpu_reference::test_util::values;
     use crate::model::attrs::{Int4Attrs, NoAttrs, W8a8Attrs};
+    use crate::model::dtype::DType;
+    use crate::model::layout::Layout;
 
     fn f32s(shape: &[usize], v: &[f32]) -> HostTensor {
         HostTensor::from_f32(shape, v.to_vec()).unwrap()

@@ -5,12 +5,10 @@ use std::sync::Arc;
 
 use crate::exec::args::{MlpArgs, OpArgs, Outputs};
 use crate::exec::executor::{KernelError, Registry};
-use crate::model::layout::Layout;
 use crate::model::op::Op;
 use crate::tensor::HostTensor;
 
-use super::linear::{expect_dense_float, rows_of};
-use super::{from_f64_as, invalid, wrong_op};
+use super::{from_f64_as, wrong_op};
 
 /// MLP kernel id.
 pub const MLP: &str = "cpu_reference.mlp.naive";
@@ -26,44 +24,11 @@ pub(crate) fn register(registry: &mut Registry) {
     );
 }
 
-/// Checks the tensors of an MLP: returns (leading shape of x, M, H, I).
-pub(crate) fn mlp_dims(a: &MlpArgs) -> Result<(crate::tensor::Dims, usize, usize, usize), KernelError> {
-    expect_dense_float("x", &a.x)?;
-    let (lead, m, h) = rows_of("x", &a.x)?;
-    for (name, t) in [("w_gate", &a.w_gate), ("w_up", &a.w_up), ("w_down", &a.w_down)] {
-        expect_dense_float(name, t)?;
-        if matches!(t.layout(), Some(l) if l != Layout::Nt) {
-            return Err(invalid(format!(
-                "tensor `{name}` has layout {}; mlp weights are [out_features, in_features] (NT)",
-                t.layout().map_or("none", |l| l.as_str())
-            )));
-        }
-    }
-    let &[i, gh] = a.w_gate.shape() else {
-        return Err(invalid(format!("tensor `w_gate` has shape {:?}; expected rank 2 [I, H]", a.w_gate.shape())));
-    };
-    if gh != h {
-        return Err(invalid(format!(
-            "tensor `w_gate` has shape {:?}; expected [I, H] with H = {h} from x {:?}",
-            a.w_gate.shape(),
-            a.x.shape()
-        )));
-    }
-    if a.w_up.shape() != [i, h] {
-        return Err(invalid(format!("tensor `w_up` has shape {:?}; expected [I, H] = [{i}, {h}]", a.w_up.shape())));
-    }
-    if a.w_down.shape() != [h, i] {
-        return Err(invalid(format!("tensor `w_down` has shape {:?}; expected [H, I] = [{h}, {i}]", a.w_down.shape())));
-    }
-    m.checked_mul(i.max(h)).ok_or_else(|| invalid(format!("x {:?} with I = {i} overflows", a.x.shape())))?;
-    Ok((lead, m, h, i))
-}
-
 use super::activation::activate;
 
 /// `mlp` in f64, rounded once to x's dtype.
 pub fn mlp(a: &MlpArgs) -> Result<HostTensor, KernelError> {
-    let (lead, m, h, i) = mlp_dims(a)?;
+    let (lead, m, h, i) = a.dims()?;
     let x = a.x.to_f64_vec();
     let (wg, wu, wd) = (a.w_gate.to_f64_vec(), a.w_up.to_f64_vec(), a.w_down.to_f64_vec());
     let act = a.attrs.activation;

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use half::{bf16, f16};
 
 use crate::exec::args::{OpArgs, Outputs};
+use crate::exec::check::{expect_rank, invalid};
 use crate::exec::executor::{KernelError, Registry};
 use crate::model::dtype::DType;
 use crate::model::layout::Layout;
@@ -78,10 +79,6 @@ fn wrong_op(kernel: &str, expected: Op, got: &OpArgs) -> KernelError {
     KernelError::Unsupported(format!("{kernel} runs {expected}; it was given {} arguments", got.op()))
 }
 
-pub(crate) fn invalid(message: impl Into<String>) -> KernelError {
-    KernelError::InvalidInput(message.into())
-}
-
 /// A contiguous tensor of `dtype` from f64 values, rounded once (f64 -> f16/bf16 directly,
 /// not through f32, so the oracle adds no double rounding).
 pub(crate) fn from_f64_as(dtype: DType, shape: &[usize], values: &[f64]) -> Result<HostTensor, KernelError> {
@@ -98,22 +95,6 @@ pub(crate) fn from_f64_as(dtype: DType, shape: &[usize], values: &[f64]) -> Resu
 pub(crate) fn zeros_for(shape: &[usize]) -> Result<Vec<f64>, KernelError> {
     let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
     n.map(|n| vec![0.0; n]).ok_or_else(|| invalid(format!("the output shape {shape:?} overflows")))
-}
-
-/// `t` must have rank `rank`.
-pub(crate) fn expect_rank(name: &str, t: &HostTensor, rank: usize, what: &str) -> Result<(), KernelError> {
-    if t.rank() != rank {
-        return Err(invalid(format!("tensor `{name}` has shape {:?} (rank {}); expected {what}", t.shape(), t.rank())));
-    }
-    Ok(())
-}
-
-/// `t` must hold floating-point values.
-pub(crate) fn expect_float(name: &str, t: &HostTensor) -> Result<(), KernelError> {
-    if !t.dtype().is_float() {
-        return Err(invalid(format!("tensor `{name}` has dtype {}; expected a float dtype", t.dtype())));
-    }
-    Ok(())
 }
 
 /// The values of an integer index tensor (i32 or i64), in logical order.

@@ -17,7 +17,7 @@
 use std::cmp::Ordering;
 use std::sync::Arc;
 
-use super::{expect_float, expect_rank, from_f64_as, index_values, invalid, out, wrong_op, zeros_for};
+use super::{from_f64_as, index_values, out, wrong_op, zeros_for};
 use crate::exec::args::{MoeExpertsArgs, MoeRouteArgs, OpArgs, Outputs};
 use crate::exec::executor::{KernelError, Registry};
 use crate::model::op::Op;
@@ -97,49 +97,10 @@ pub(crate) fn moe_route(a: &MoeRouteArgs) -> Result<Outputs, KernelError> {
 }
 
 use super::activation::activate;
-
-/// The checked dimensions of a `moe_experts` call.
-#[derive(Debug, Clone, Copy)]
-/// The checked sizes of an expert computation.
-pub(crate) struct Dims {
-    pub(crate) tokens: usize,
-    pub(crate) hidden: usize,
-    pub(crate) slots: usize,
-    pub(crate) experts: usize,
-    pub(crate) inter: usize,
-}
-
-fn expect_shape(name: &str, t: &HostTensor, want: &[usize], what: &str) -> Result<(), KernelError> {
-    if t.shape() != want {
-        return Err(invalid(format!("tensor `{name}` has shape {:?}; expected {what} = {want:?}", t.shape())));
-    }
-    Ok(())
-}
-
-/// Checks the tensors of an expert computation.
-pub(crate) fn dims(a: &MoeExpertsArgs) -> Result<Dims, KernelError> {
-    expect_rank("x", &a.x, 2, "[tokens, hidden]")?;
-    expect_float("x", &a.x)?;
-    expect_rank("experts", &a.experts, 2, "[tokens, top_k]")?;
-    expect_rank("weights", &a.weights, 2, "[tokens, top_k]")?;
-    expect_float("weights", &a.weights)?;
-    expect_rank("w_gate", &a.w_gate, 3, "[experts, intermediate, hidden]")?;
-    for (name, w) in [("w_gate", &a.w_gate), ("w_up", &a.w_up), ("w_down", &a.w_down)] {
-        expect_float(name, w)?;
-    }
-    let (tokens, hidden) = (a.x.shape()[0], a.x.shape()[1]);
-    let slots = a.experts.shape()[1];
-    expect_shape("experts", &a.experts, &[tokens, slots], "[tokens, top_k]")?;
-    expect_shape("weights", &a.weights, &[tokens, slots], "[tokens, top_k] (as `experts`)")?;
-    let (experts, inter) = (a.w_gate.shape()[0], a.w_gate.shape()[1]);
-    expect_shape("w_gate", &a.w_gate, &[experts, inter, hidden], "[experts, intermediate, hidden]")?;
-    expect_shape("w_up", &a.w_up, &[experts, inter, hidden], "[experts, intermediate, hidden] (as `w_gate`)")?;
-    expect_shape("w_down", &a.w_down, &[experts, hidden, inter], "[experts, hidden, intermediate]")?;
-    Ok(Dims { tokens, hidden, slots, experts, inter })
-}
+use crate::exec::check::{MoeDims, expect_float, expect_rank, invalid};
 
 /// The expert ids, each checked to lie in [0, experts).
-fn expert_ids(a: &MoeExpertsArgs, d: &Dims) -> Result<Vec<usize>, KernelError> {
+fn expert_ids(a: &MoeExpertsArgs, d: &MoeDims) -> Result<Vec<usize>, KernelError> {
     let ids = index_values("experts", &a.experts)?;
     ids.iter()
         .enumerate()
@@ -158,7 +119,7 @@ fn expert_ids(a: &MoeExpertsArgs, d: &Dims) -> Result<Vec<usize>, KernelError> {
 
 /// `moe_experts` over any views of its inputs.
 pub(crate) fn moe_experts(a: &MoeExpertsArgs) -> Result<HostTensor, KernelError> {
-    let d = dims(a)?;
+    let d = a.dims()?;
     let ids = expert_ids(a, &d)?;
     let (h, i_dim) = (d.hidden, d.inter);
     let mut out = zeros_for(&[d.tokens, h])?;
@@ -265,7 +226,7 @@ mod tests {
         i: usize,
         act: Activation,
     ) -> MoeExpertsArgs {
-        let mut rng = crate::parity::rng::Rng::new(11);
+        let mut rng = crate::tensor::rng::Rng::new(11);
         let wg = rng.normals(e * i * h);
         let wu = rng.normals(e * i * h);
         let wd = rng.normals(e * h * i);
@@ -308,7 +269,7 @@ mod tests {
     #[test]
     fn experts_match_a_dense_per_token_computation() {
         let (t, h, k, e, i) = (3, 5, 2, 4, 3);
-        let x = crate::parity::rng::Rng::new(3).normals(t * h);
+        let x = crate::tensor::rng::Rng::new(3).normals(t * h);
         let ids = vec![0, 3, 2, 2, 1, 0];
         let w = [0.6, 0.4, 0.5, 0.5, 0.9, 0.1];
         for act in [Activation::Silu, Activation::Gelu, Activation::GeluTanh] {

@@ -6,19 +6,13 @@ use std::sync::Arc;
 use crate::exec::args::{NormArgs, OpArgs, Outputs};
 use crate::exec::executor::{KernelError, Registry};
 use crate::model::op::Op;
-use crate::tensor::HostTensor;
 
-use super::{expect_float, from_f64_as, invalid, wrong_op};
+use super::{from_f64_as, wrong_op};
 
 /// RMSNorm kernel id.
 pub const RMS_NORM: &str = "cpu_reference.rms_norm.naive";
 /// LayerNorm kernel id.
 pub const LAYER_NORM: &str = "cpu_reference.layer_norm.naive";
-
-/// Default epsilon of `rms_norm` (inside the root).
-pub(crate) const RMS_EPS: f64 = 1e-6;
-/// Default epsilon of `layer_norm`.
-pub(crate) const LAYER_EPS: f64 = 1e-5;
 
 /// Binds these kernels.
 pub(crate) fn register(registry: &mut Registry) {
@@ -38,51 +32,9 @@ pub(crate) fn register(registry: &mut Registry) {
     );
 }
 
-/// Checks the tensors of a norm and returns (rows, hidden, eps).
-/// Checks norm arguments: (rows, H, eps) with eps defaulting to 1e-6 (rms) or 1e-5 (layer).
-pub(crate) fn check(a: &NormArgs, op: Op) -> Result<(usize, usize, f64), KernelError> {
-    let default_eps = if op == Op::RmsNorm { RMS_EPS } else { LAYER_EPS };
-    let x = &a.x;
-    expect_float("x", x)?;
-    let Some(&h) = x.shape().last() else {
-        return Err(invalid(format!("tensor `x` has shape {:?}; {op} needs at least one dim [..., H]", x.shape())));
-    };
-    let vector = |name: &str, t: &HostTensor| -> Result<(), KernelError> {
-        expect_float(name, t)?;
-        if t.shape() != [h] {
-            return Err(invalid(format!("tensor `{name}` has shape {:?}; expected [H] = [{h}]", t.shape())));
-        }
-        Ok(())
-    };
-    vector("weight", &a.weight)?;
-    match (op, &a.bias) {
-        (Op::RmsNorm, Some(b)) => {
-            return Err(invalid(format!("rms_norm takes no `bias` (one of shape {:?} was given)", b.shape())));
-        }
-        (_, Some(b)) => vector("bias", b)?,
-        (_, None) => {}
-    }
-    if let Some(r) = &a.residual {
-        expect_float("residual", r)?;
-        if r.shape() != x.shape() {
-            return Err(invalid(format!(
-                "tensor `residual` has shape {:?}; it must match x's shape {:?}",
-                r.shape(),
-                x.shape()
-            )));
-        }
-    }
-    let eps = a.attrs.eps.unwrap_or(default_eps);
-    if !(eps.is_finite() && eps >= 0.0) {
-        return Err(invalid(format!("eps is {eps}; it must be finite and >= 0")));
-    }
-    let rows = x.numel().checked_div(h).unwrap_or(0);
-    Ok((rows, h, eps))
-}
-
 /// `rms_norm`: `out` and, with a residual, `residual_out = x + residual`.
 pub(crate) fn rms_norm(a: &NormArgs) -> Result<Outputs, KernelError> {
-    let (rows, h, eps) = check(a, Op::RmsNorm)?;
+    let (rows, h, eps) = a.check(Op::RmsNorm)?;
     let mut s = a.x.to_f64_vec();
     if let Some(r) = &a.residual {
         for (s, r) in s.iter_mut().zip(r.to_f64_vec()) {
@@ -111,7 +63,7 @@ pub(crate) fn rms_norm(a: &NormArgs) -> Result<Outputs, KernelError> {
 /// a residual `s = x + residual` (also returned as `residual_out`: a post-norm block's
 /// residual add, as BART's); biased variance.
 pub(crate) fn layer_norm(a: &NormArgs) -> Result<Outputs, KernelError> {
-    let (rows, h, eps) = check(a, Op::LayerNorm)?;
+    let (rows, h, eps) = a.check(Op::LayerNorm)?;
     let mut x = a.x.to_f64_vec();
     if let Some(r) = &a.residual {
         for (s, r) in x.iter_mut().zip(r.to_f64_vec()) {
@@ -143,6 +95,7 @@ mod tests {
     use super::*;
     use crate::model::attrs::NormAttrs;
     use crate::model::dtype::DType;
+    use crate::tensor::HostTensor;
 
     fn f32t(shape: &[usize], v: &[f32]) -> HostTensor {
         HostTensor::from_f32(shape, v.to_vec()).unwrap()

@@ -7,9 +7,10 @@
 //! With causal masking the queries are aligned by `attrs.causal_alignment` against the
 //! `context_len` keys (bottom-right: the queries are the last Sq positions).
 
-use super::attention::{check_attrs, score, softmax_weighted_sum};
-use super::{Heads, expect_float, expect_rank, from_f64_as, index_values, invalid, zeros_for};
+use super::attention::{score, softmax_weighted_sum};
+use super::{Heads, from_f64_as, index_values, zeros_for};
 use crate::exec::args::PagedAttentionArgs;
+use crate::exec::check::{expect_float, expect_rank, invalid};
 use crate::exec::executor::KernelError;
 use crate::exec::semantics::{alibi_slopes, softmax_scale, visible_keys};
 use crate::model::layout::Layout;
@@ -76,7 +77,7 @@ impl<'a> Cache<'a> {
 /// Paged attention (see `PagedAttentionArgs`): output [B, Sq, Hq, Dv] BSHD in q's dtype.
 pub fn paged_attention(args: &PagedAttentionArgs) -> Result<HostTensor, KernelError> {
     let a = &args.attrs;
-    check_attrs(a)?;
+    a.check()?;
     expect_float("q", &args.q)?;
     if let Some(l) = args.q.layout()
         && l != Layout::Bshd

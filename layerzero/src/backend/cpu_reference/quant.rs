@@ -35,7 +35,8 @@ use crate::model::op::Op;
 use crate::tensor::fp8::Fp8;
 use crate::tensor::{HostTensor, Storage};
 
-use super::{from_f64_as, invalid, wrong_op};
+use super::{from_f64_as, wrong_op};
+use crate::exec::check::invalid;
 use crate::exec::quant::{Grid, Target, check_scale};
 
 /// Quantize kernel id.

@@ -6,8 +6,9 @@
 //! plus one; its attention factor multiplies cos and sin, as YaRN does), or from the
 //! `cos`/`sin` tables as given (no scaling or attention factor applied to them).
 
-use super::{Heads, expect_float, expect_rank, from_f64_as, index_values, invalid, zeros_for};
+use super::{Heads, from_f64_as, index_values, zeros_for};
 use crate::exec::args::{Outputs, RopeArgs};
+use crate::exec::check::{expect_float, expect_rank, invalid};
 use crate::exec::executor::KernelError;
 use crate::exec::semantics::rope_frequencies;
 use crate::model::attrs::RopeStyle;

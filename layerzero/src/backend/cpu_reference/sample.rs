@@ -31,7 +31,7 @@
 
 use std::sync::Arc;
 
-use super::{expect_float, expect_rank, invalid, wrong_op};
+use super::wrong_op;
 use crate::exec::args::{OpArgs, Outputs, SampleArgs};
 use crate::exec::executor::{KernelError, Registry};
 use crate::model::attrs::SampleAttrs;
@@ -52,6 +52,7 @@ pub(crate) fn register(registry: &mut Registry) {
     );
 }
 
+use crate::exec::check::{expect_float, expect_rank, invalid};
 use crate::exec::semantics::{SamplePlan as Plan, sample_kept, sample_plan, sample_uniform as uniform};
 
 fn plan(a: &SampleAttrs) -> Result<Plan, KernelError> {

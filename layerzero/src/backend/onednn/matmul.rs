@@ -20,8 +20,8 @@ use parking_lot::Mutex;
 use super::api::{self, Dnnl, Handle, Prim, RUNTIME_DIM};
 use super::buffers::{Output, f32_values, input};
 use super::jit::{self, Key};
-use crate::backend::cpu_reference::linear::{WeightLayout, out_dtype, rows_of, w8a8_dims, weight_dims};
 use crate::exec::args::{LinearArgs, OpArgs, Outputs, W8a8Args};
+use crate::exec::check::{WeightLayout, out_dtype, rows_of, weight_dims};
 use crate::exec::executor::{Executor, KernelError};
 use crate::model::dtype::DType;
 use crate::tensor::{HostTensor, Storage};
@@ -330,7 +330,7 @@ impl Matmul {
 
     #[allow(unsafe_code)]
     fn run_w8a8(&self, a: &W8a8Args) -> Result<Outputs, KernelError> {
-        let (m, k, n) = w8a8_dims(a)?;
+        let (m, k, n) = a.dims()?;
         let out_dt = out_dtype("out_dtype", a.attrs.out_dtype)?;
         let per_row = a.x_scale.shape() == [m] && m != 1;
         let cols = a.w_scale.shape() == [n] && n != 1;
@@ -452,7 +452,7 @@ impl Executor for Matmul {
                 }
             }
             (true, OpArgs::LinearW8a8(a)) => {
-                let (m, k, n) = w8a8_dims(a)?;
+                let (m, k, n) = a.dims()?;
                 let out = out_dtype("out_dtype", a.attrs.out_dtype)?;
                 let per_row = a.x_scale.shape() == [m] && m != 1;
                 let cols = a.w_scale.shape() == [n] && n != 1;
@@ -474,7 +474,7 @@ impl Executor for Matmul {
                 jit::is_ready(&Matmul::linear_key(&p, bias, false))
                     || jit::is_ready(&Matmul::linear_key(&p, bias, true))
             }),
-            (true, OpArgs::LinearW8a8(a)) => w8a8_dims(a).is_ok_and(|(m, k, n)| {
+            (true, OpArgs::LinearW8a8(a)) => a.dims().is_ok_and(|(m, k, n)| {
                 let out = out_dtype("out_dtype", a.attrs.out_dtype).unwrap_or(DType::F32);
                 let per_row = a.x_scale.shape() == [m] && m != 1;
                 let cols = a.w_scale.shape() == [n] && n != 1;

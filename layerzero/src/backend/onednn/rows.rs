@@ -13,9 +13,8 @@ use std::sync::Arc;
 use super::api::{self, Dnnl, Handle, Prim};
 use super::buffers::{Output, f32_values, input};
 use super::jit::{self, Key};
-use crate::backend::cpu_reference::activation::check_gated;
-use crate::backend::cpu_reference::norm::check;
 use crate::exec::args::{NormArgs, OpArgs, Outputs};
+use crate::exec::check::check_gated;
 use crate::exec::executor::{Executor, KernelError};
 use crate::model::attrs::GeluApproximate;
 use crate::model::dtype::DType;
@@ -117,7 +116,7 @@ impl Rows {
         let rows_of = |t: &HostTensor| t.numel().checked_div(last(t)).unwrap_or(0);
         match (self.kind, args) {
             (Kind::LayerNorm, OpArgs::LayerNorm(a)) => {
-                let (rows, h, eps) = check(a, Op::LayerNorm)?;
+                let (rows, h, eps) = a.check(Op::LayerNorm)?;
                 if a.residual.is_some() {
                     return Err(KernelError::Unsupported(format!("{LAYER_NORM} takes no residual")));
                 }

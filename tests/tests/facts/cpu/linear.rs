@@ -325,7 +325,7 @@ pub(super) fn gemm_facts() -> Vec<Fact> {
     let (w8, int4) = ("cpu.linear_w8a8.fast", "cpu.linear_int4.fast");
     let (fused, chain, moe) = ("cpu.mlp.fused", "cpu.mlp.chain", "cpu.moe_experts.grouped");
     let patch = "cpu.patch_embed.im2col";
-    let mlp_dims = || here(MLP, "crate::backend::cpu_reference::mlp::mlp_dims(a)?;");
+    let mlp_dims = || here(MLP, "a.dims()?;");
     let silu = || here(MLP, "*g = *g / (1.0 + simd::exp_approx(-*g)) * u;");
     let gelu = || here(MLP, "let e = super::activation::erfc_f32(x.abs() * std::f32::consts::FRAC_1_SQRT_2);");
     let gelu_tanh = || here(MLP, "let t = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);");
@@ -425,14 +425,8 @@ pub(super) fn gemm_facts() -> Vec<Fact> {
             .rejects(mlp_in(Op::Mlp, DType::BF16, Activation::Gelu, Some(Layout::Nn)), "LAYOUT_UNSUPPORTED"),
         // The shared MoE check takes float x and weights; a non-float x is refused. An fp8 x
         // would be read too, but is not declared (untested): declined.
-        fact(
-            moe,
-            "dtypes",
-            here(MOE, "let d = crate::backend::cpu_reference::moe::dims(a)?;"),
-            "spr",
-            mlp(Op::MoeExperts, Activation::Silu),
-        )
-        .rejects(mlp_in(Op::MoeExperts, DType::I8, Activation::Silu, None), "DTYPE_UNSUPPORTED"),
+        fact(moe, "dtypes", here(MOE, "let d = a.dims()?;"), "spr", mlp(Op::MoeExperts, Activation::Silu))
+            .rejects(mlp_in(Op::MoeExperts, DType::I8, Activation::Silu, None), "DTYPE_UNSUPPORTED"),
         fact(
             moe,
             "dtypes",

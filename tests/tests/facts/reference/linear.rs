@@ -9,6 +9,11 @@ const LINEAR: &str = "layerzero/src/backend/cpu_reference/linear.rs";
 const QUANT: &str = "layerzero/src/backend/cpu_reference/quant.rs";
 const MLP: &str = "layerzero/src/backend/cpu_reference/mlp.rs";
 const PATCH: &str = "layerzero/src/backend/cpu_reference/patch.rs";
+const CHECK: &str = "layerzero/src/exec/check/mod.rs";
+const CHECK_LINEAR: &str = "layerzero/src/exec/check/linear.rs";
+const CHECK_MLP: &str = "layerzero/src/exec/check/mlp.rs";
+const CHECK_MOE: &str = "layerzero/src/exec/check/moe.rs";
+const CHECK_PATCH: &str = "layerzero/src/exec/check/patch.rs";
 
 fn quant_attrs(scheme: QuantScheme, block: Option<[u64; 2]>, layout: Option<ScaleLayout>) -> QuantAttrs {
     QuantAttrs { scheme, block, scale_layout: layout, target: None, out_dtype: None }
@@ -89,7 +94,7 @@ pub(super) fn matrix_ops() -> Vec<Fact> {
         fact(
             "cpu_reference.linear.naive",
             "dtypes",
-            here(LINEAR, "DType::F32 | DType::F16 | DType::BF16 => Ok(()),"),
+            here(CHECK, "DType::F32 | DType::F16 | DType::BF16 => Ok(()),"),
             "spr",
             linear_of(DType::BF16),
         )
@@ -191,7 +196,7 @@ pub(super) fn matrix_ops() -> Vec<Fact> {
         fact(
             "cpu_reference.linear_w8a8.naive",
             "dtypes",
-            here(LINEAR, "if t.dtype() != DType::I8 {"),
+            here(CHECK_LINEAR, "if t.dtype() != DType::I8 {"),
             "spr",
             w8a8(w8()),
         ),
@@ -203,7 +208,7 @@ pub(super) fn matrix_ops() -> Vec<Fact> {
         fact(
             "cpu_reference.linear_w8a8.naive",
             "layouts",
-            here(LINEAR, "if matches!(a.weight.layout(), Some(l) if l != Layout::Nt) {"),
+            here(CHECK_LINEAR, "if matches!(a.weight.layout(), Some(l) if l != Layout::Nt) {"),
             "spr",
             w8a8(w8().with_layout(Layout::Nt)),
         )
@@ -212,7 +217,7 @@ pub(super) fn matrix_ops() -> Vec<Fact> {
         fact(
             "cpu_reference.linear_int4.naive",
             "dtypes",
-            here(LINEAR, "DType::F32 | DType::F16 | DType::BF16 => Ok(()),"),
+            here(CHECK, "DType::F32 | DType::F16 | DType::BF16 => Ok(()),"),
             "spr",
             int4(),
         ),
@@ -227,7 +232,7 @@ pub(super) fn matrix_ops() -> Vec<Fact> {
         fact(
             "cpu_reference.mlp.naive",
             "dtypes",
-            here(MLP, "expect_dense_float(\"x\", &a.x)?;"),
+            here(CHECK_MLP, "expect_dense_float(\"x\", &a.x)?;"),
             "spr",
             mlp(Op::Mlp, Activation::Silu),
         )
@@ -261,7 +266,7 @@ pub(super) fn matrix_ops() -> Vec<Fact> {
         fact(
             "cpu_reference.mlp.naive",
             "layouts",
-            here(MLP, "if matches!(t.layout(), Some(l) if l != Layout::Nt) {"),
+            here(CHECK_MLP, "if matches!(t.layout(), Some(l) if l != Layout::Nt) {"),
             "spr",
             {
                 let req = mlp(Op::Mlp, Activation::Silu);
@@ -277,7 +282,7 @@ pub(super) fn matrix_ops() -> Vec<Fact> {
         fact(
             "cpu_reference.moe_experts.naive",
             "dtypes",
-            here(MOE, "expect_float(\"x\", &a.x)?;"),
+            here(CHECK_MOE, "expect_float(\"x\", &a.x)?;"),
             "spr",
             mlp(Op::MoeExperts, Activation::Silu),
         )
@@ -310,18 +315,18 @@ pub(super) fn matrix_ops() -> Vec<Fact> {
         fact(
             "cpu_reference.patch_embed.naive",
             "dtypes",
-            here(PATCH, "expect_dense_float(\"image\", &a.image)?;"),
+            here(CHECK_PATCH, "expect_dense_float(\"image\", &a.image)?;"),
             "spr",
             patch_embed(nchw()),
         ),
         fact(
             "cpu_reference.patch_embed.naive",
             "layouts",
-            here(PATCH, "None | Some(Layout::Nchw) => false,"),
+            here(CHECK_PATCH, "None | Some(Layout::Nchw) => false,"),
             "spr",
             patch_embed(nchw().with_layout(Layout::Nchw)),
         ),
-        fact("cpu_reference.patch_embed.naive", "layouts", here(PATCH, "Some(Layout::Nhwc) => true,"), "spr", {
+        fact("cpu_reference.patch_embed.naive", "layouts", here(CHECK_PATCH, "Some(Layout::Nhwc) => true,"), "spr", {
             patch_embed(TensorDesc::new(DType::BF16, [1, 224, 224, 3]).with_layout(Layout::Nhwc))
         }),
         fact("cpu_reference.patch_embed.naive", "strides", here(PATCH, "let img = a.image.to_f64_vec();"), "spr", {

@@ -9,6 +9,7 @@ const ROPE: &str = "layerzero/src/backend/cpu_reference/rope.rs";
 const NORM: &str = "layerzero/src/backend/cpu_reference/norm.rs";
 const EMBEDDING: &str = "layerzero/src/backend/cpu_reference/embedding.rs";
 const SAMPLE: &str = "layerzero/src/backend/cpu_reference/sample.rs";
+const CHECK_NORM: &str = "layerzero/src/exec/check/norm.rs";
 
 /// A bf16 layer norm over `[64, 4096]` with weight and bias.
 fn layer_norm() -> Request {
@@ -101,7 +102,7 @@ pub(super) fn row_ops() -> Vec<Fact> {
             strided(rope(RopeStyle::RotateHalf), "q"),
         ),
         // rms_norm
-        fact("cpu_reference.rms_norm.naive", "dtypes", here(NORM, "expect_float(\"x\", x)?;"), "spr", rms())
+        fact("cpu_reference.rms_norm.naive", "dtypes", here(CHECK_NORM, "expect_float(\"x\", x)?;"), "spr", rms())
             .rejects(retyped(rms(), &["x", "weight"], fp8), "DTYPE_UNSUPPORTED"),
         fact(
             "cpu_reference.rms_norm.naive",
@@ -114,8 +115,14 @@ pub(super) fn row_ops() -> Vec<Fact> {
             strided(rms(), "x")
         }),
         // layer_norm
-        fact("cpu_reference.layer_norm.naive", "dtypes", here(NORM, "expect_float(\"x\", x)?;"), "spr", layer_norm())
-            .rejects(retyped(layer_norm(), &["x", "weight", "bias"], fp8), "DTYPE_UNSUPPORTED"),
+        fact(
+            "cpu_reference.layer_norm.naive",
+            "dtypes",
+            here(CHECK_NORM, "expect_float(\"x\", x)?;"),
+            "spr",
+            layer_norm(),
+        )
+        .rejects(retyped(layer_norm(), &["x", "weight", "bias"], fp8), "DTYPE_UNSUPPORTED"),
         fact(
             "cpu_reference.layer_norm.naive",
             "fused_residual",

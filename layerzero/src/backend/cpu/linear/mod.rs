@@ -319,7 +319,7 @@ pub(super) fn linear_into(a: &LinearArgs, bufs: &mut Outputs) -> Result<Outputs,
 pub(super) fn linear_int4(a: &Int4Args) -> Result<HostTensor, KernelError> {
     // What makes int4 arguments valid (packing, group size, scale shapes) is defined once,
     // by the oracle.
-    let (_, _, k, n, g) = crate::backend::cpu_reference::linear::int4_dims(a)?;
+    let (_, _, k, n, g) = a.dims()?;
     // A group is unpacked a byte (two values) at a time from byte `group * g / 2`: an odd
     // group would start mid-byte and read its neighbour's values.
     if g % 2 != 0 {

@@ -17,8 +17,8 @@ use crate::model::layout::Layout;
 use crate::model::op::Op;
 use crate::model::request::Request;
 use crate::model::tensor::TensorDesc;
-use crate::parity::rng::Rng;
 use crate::tensor::HostTensor;
+use crate::tensor::rng::Rng;
 
 /// Largest element count one synthesized tensor may have (4 GiB of f32): beyond it the
 /// request is refused rather than the machine exhausted.

@@ -7,8 +7,8 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use super::LayerZero;
 use crate::error::{Error, Result};
+use crate::runtime::LayerZero;
 
 /// One file of a snapshot.
 #[derive(Debug, Clone, Serialize)]
@@ -64,7 +64,7 @@ impl LayerZero {
         let catalog = self.catalog();
         let caps = serde_json::json!({"hash": catalog.hash(), "backends": catalog.backends()});
         put(&mut files, "capabilities.json", "every backend's capabilities and the catalog hash", pretty(&caps))?;
-        match &self.parts.table {
+        match &self.table() {
             Some(table) => {
                 put(&mut files, "dispatch_table.json", "the loaded dispatch table", table.to_json().into_bytes())?
             }

@@ -1,0 +1,189 @@
+//! Linear layers: rows of `x`, the weight's layout, bias and scales, quantized operands.
+
+use super::{expect_dense_float, invalid};
+use crate::exec::args::{Int4Args, W8a8Args};
+use crate::exec::executor::KernelError;
+use crate::model::dtype::DType;
+use crate::model::layout::Layout;
+use crate::tensor::HostTensor;
+
+/// The activations [..., K] of a linear-like op: (leading shape, M, K).
+/// The output shape: the leading dims of x then `n`.
+pub fn out_shape(lead: &[usize], n: usize) -> Vec<usize> {
+    let mut s = lead.to_vec();
+    s.push(n);
+    s
+}
+
+/// The rows of `x` read as `[..., K]`: the leading dims, the row count M and K.
+pub fn rows_of(name: &str, x: &HostTensor) -> Result<(crate::tensor::Dims, usize, usize), KernelError> {
+    let Some((&k, lead)) = x.shape().split_last() else {
+        return Err(invalid(format!("tensor `{name}` has shape {:?}; expected at least one dim [..., K]", x.shape())));
+    };
+    let m = lead
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| invalid(format!("tensor `{name}` shape {:?} overflows", x.shape())))?;
+    Ok((crate::tensor::Dims::from_slice(lead), m, k))
+}
+
+/// Which way a dense linear weight is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightLayout {
+    /// [N, K] (`x @ W^T`), the default.
+    Nt,
+    /// [K, N] (`x @ W`).
+    Nn,
+}
+
+/// Checks a dense linear weight against K and returns (layout, N).
+pub fn weight_dims(name: &str, w: &HostTensor, k: usize) -> Result<(WeightLayout, usize), KernelError> {
+    let layout = match w.layout() {
+        None | Some(Layout::Nt) => WeightLayout::Nt,
+        Some(Layout::Nn) => WeightLayout::Nn,
+        Some(other) => {
+            return Err(invalid(format!("tensor `{name}` has layout {other}; expected NT ([N, K]) or NN ([K, N])")));
+        }
+    };
+    let s = w.shape();
+    let (n, wk) = match (layout, s) {
+        (WeightLayout::Nt, &[n, wk]) => (n, wk),
+        (WeightLayout::Nn, &[wk, n]) => (n, wk),
+        _ => {
+            let want = if layout == WeightLayout::Nt { "[N, K]" } else { "[K, N]" };
+            return Err(invalid(format!(
+                "tensor `{name}` has shape {s:?} (rank {}); layout {} expects rank 2 {want}",
+                s.len(),
+                if layout == WeightLayout::Nt { "NT" } else { "NN" }
+            )));
+        }
+    };
+    if wk != k {
+        return Err(invalid(format!(
+            "tensor `{name}` has shape {s:?}; its in_features {wk} must equal x's last dim K = {k}"
+        )));
+    }
+    Ok((layout, n))
+}
+
+/// Checks an optional bias [N] (any float dtype).
+pub fn check_bias(bias: Option<&HostTensor>, n: usize) -> Result<(), KernelError> {
+    if let Some(b) = bias {
+        if !b.dtype().is_float() {
+            return Err(invalid(format!("tensor `bias` has dtype {}; expected a float dtype", b.dtype())));
+        }
+        if b.shape() != [n] {
+            return Err(invalid(format!("tensor `bias` has shape {:?}; expected [N] = [{n}]", b.shape())));
+        }
+    }
+    Ok(())
+}
+
+/// The dtype an attribute names for a float output (f32 when absent).
+pub fn out_dtype(attr: &str, d: Option<DType>) -> Result<DType, KernelError> {
+    match d.unwrap_or(DType::F32) {
+        d @ (DType::F32 | DType::F16 | DType::BF16) => Ok(d),
+        d => Err(invalid(format!("attrs.{attr} is {d}; expected f32, f16 or bf16"))),
+    }
+}
+
+/// Checks a per-row scale of `linear_w8a8`: f32, [1] or [rows].
+pub fn check_row_scale(name: &str, s: &HostTensor, rows: usize, of: &str) -> Result<(), KernelError> {
+    if s.dtype() != DType::F32 {
+        return Err(invalid(format!("tensor `{name}` has dtype {}; expected f32", s.dtype())));
+    }
+    if s.shape() != [1] && s.shape() != [rows] {
+        return Err(invalid(format!(
+            "SCALE_LAYOUT_MISMATCH: tensor `{name}` has shape {:?} strides {:?}; expected [1] (per tensor) or \
+             [{rows}] (one scale per row of {of})",
+            s.shape(),
+            s.strides()
+        )));
+    }
+    Ok(())
+}
+
+impl W8a8Args {
+    /// The checked dims (M, K, N) of a `linear_w8a8` call.
+    pub fn dims(&self) -> Result<(usize, usize, usize), KernelError> {
+        let a = self;
+        for (name, t) in [("x", &a.x), ("weight", &a.weight)] {
+            if t.dtype() != DType::I8 {
+                return Err(invalid(format!("tensor `{name}` has dtype {}; linear_w8a8 expects i8", t.dtype())));
+            }
+            if t.rank() != 2 {
+                return Err(invalid(format!("tensor `{name}` has shape {:?}; expected rank 2", t.shape())));
+            }
+        }
+        if matches!(a.weight.layout(), Some(l) if l != Layout::Nt) {
+            return Err(invalid(format!(
+                "tensor `weight` has layout {:?}; linear_w8a8 takes [N, K] (NT) weights",
+                a.weight.layout()
+            )));
+        }
+        let (m, k, n) = (a.x.shape()[0], a.x.shape()[1], a.weight.shape()[0]);
+        if a.weight.shape()[1] != k {
+            return Err(invalid(format!(
+                "tensor `weight` has shape {:?}; expected [N, K] with K = {k} from x {:?}",
+                a.weight.shape(),
+                a.x.shape()
+            )));
+        }
+        check_row_scale("x_scale", &a.x_scale, m, "x")?;
+        check_row_scale("w_scale", &a.w_scale, n, "weight")?;
+        check_bias(a.bias.as_ref(), n)?;
+        out_dtype("out_dtype", a.attrs.out_dtype)?;
+        m.checked_mul(n).ok_or_else(|| invalid(format!("the output shape [{m}, {n}] overflows")))?;
+        Ok((m, k, n))
+    }
+}
+
+impl Int4Args {
+    /// The checked problem of a `linear_int4` call: (leading shape, M, K, N, group size).
+    pub fn dims(&self) -> Result<(Vec<usize>, usize, usize, usize, usize), KernelError> {
+        let a = self;
+        expect_dense_float("x", &a.x)?;
+        let (lead, m, k) = rows_of("x", &a.x)?;
+        if a.weight.dtype() != DType::I8 {
+            return Err(invalid(format!(
+                "tensor `weight` has dtype {}; linear_int4 expects i8 bytes packing two 4-bit values",
+                a.weight.dtype()
+            )));
+        }
+        let &[n, half] = a.weight.shape() else {
+            return Err(invalid(format!("tensor `weight` has shape {:?}; expected rank 2 [N, K/2]", a.weight.shape())));
+        };
+        if k % 2 != 0 || half * 2 != k {
+            return Err(invalid(format!(
+                "tensor `weight` has shape {:?}; expected [N, K/2] = [{n}, K/2] with K = {k} from x {:?} (K even)",
+                a.weight.shape(),
+                a.x.shape()
+            )));
+        }
+        let g = usize::try_from(a.attrs.group_size).unwrap_or(0);
+        if g == 0 || k % g != 0 {
+            return Err(invalid(format!(
+                "SCALE_LAYOUT_MISMATCH: attrs.group_size {} does not divide in_features K = {k}",
+                a.attrs.group_size
+            )));
+        }
+        let want = [n, k / g];
+        for (name, t) in [("scales", Some(&a.scales)), ("zeros", a.zeros.as_ref())] {
+            let Some(t) = t else { continue };
+            if !t.dtype().is_float() {
+                return Err(invalid(format!("tensor `{name}` has dtype {}; expected a float dtype", t.dtype())));
+            }
+            if t.shape() != want {
+                return Err(invalid(format!(
+                    "SCALE_LAYOUT_MISMATCH: tensor `{name}` has shape {:?} strides {:?}; expected [N, K / group_size] = \
+                 {want:?} (group_size {g})",
+                    t.shape(),
+                    t.strides()
+                )));
+            }
+        }
+        check_bias(a.bias.as_ref(), n)?;
+        m.checked_mul(n).ok_or_else(|| invalid(format!("the output shape {:?} overflows", out_shape(&lead, n))))?;
+        Ok((lead.to_vec(), m, k, n, g))
+    }
+}
