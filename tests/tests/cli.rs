@@ -1,8 +1,7 @@
 //! The `lz` CLI: exit codes 0/1/2, schema-valid --json, one-line errors, never a panic.
 
 use layerzero::schema::{SchemaKind, violations};
-use layerzero_tests::TestResult;
-use layerzero_tests::repo_root;
+use layerzero_tests::{TestResult, repo_root};
 
 pub(crate) use layerzero_tests::lz;
 

@@ -14,8 +14,7 @@ use layerzero::plan::workload::Workload;
 use layerzero::policy::Policy;
 use layerzero::schema::{SchemaKind, violations};
 use layerzero::{Hit, LayerZero, PlanMode, Result};
-use layerzero_tests::TestResult;
-use layerzero_tests::{attention, causal, lz, with_attrs};
+use layerzero_tests::{TestResult, attention, causal, lz, with_attrs};
 
 const THREADS: usize = 16;
 const PER_THREAD: usize = 100_000;

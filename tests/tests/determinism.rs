@@ -2,15 +2,14 @@
 
 use layerzero::hardware::named;
 use layerzero::model::request::Request;
-use layerzero_tests::TestResult;
-use layerzero_tests::{planner, repo_root};
+use layerzero_tests::{TestResult, planner, repo_root};
 
 fn example_requests() -> TestResult<Vec<(String, Request)>> {
     let dir = repo_root().join("examples/requests");
     let mut out: Vec<(String, Request)> = std::fs::read_dir(&dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .map(|p| -> TestResult<_> {
-            let text = std::fs::read_to_string(&p).unwrap_or_default();
+            let text = std::fs::read_to_string(&p)?;
             let req = Request::from_json(&text).map_err(|e| format!("{}: {e}", p.display()))?;
             Ok((p.display().to_string(), req))
         })

@@ -10,8 +10,7 @@ use layerzero::llm::Generation;
 use layerzero::llm::seq2seq::{self, Seq2SeqModel};
 use layerzero::schema::{SchemaKind, violations};
 use layerzero::tensor::{HostTensor, io};
-use layerzero_tests::TestResult;
-use layerzero_tests::{lz, repo_root};
+use layerzero_tests::{TestResult, lz, repo_root};
 
 fn dir() -> PathBuf {
     repo_root().join("tests/models/bart")

@@ -4,8 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use layerzero_tests::TestResult;
-use layerzero_tests::{lz, repo_root};
+use layerzero_tests::{TestResult, lz, repo_root};
 
 fn example() -> String {
     repo_root().join("examples/requests/llama_prefill_gqa.json").display().to_string()

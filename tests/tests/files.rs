@@ -3,8 +3,7 @@
 use layerzero::capabilities::catalog::Catalog;
 use layerzero::hardware::named;
 use layerzero::schema::{SchemaKind, violations};
-use layerzero_tests::TestResult;
-use layerzero_tests::repo_root;
+use layerzero_tests::{TestResult, repo_root};
 
 fn read_json(path: &std::path::Path) -> TestResult<serde_json::Value> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -73,9 +72,7 @@ fn shipped_profiles_have_distinct_stable_fingerprints() -> TestResult {
         let a = named::load(name)?;
         let b = named::load(name)?;
         assert_eq!(a.fingerprint, b.fingerprint);
-        if let Some(other) = seen.insert(a.fingerprint.clone(), name) {
-            panic!("{name} and {other} share a fingerprint");
-        }
+        assert_eq!(seen.insert(a.fingerprint.clone(), name), None, "{name} shares a fingerprint");
     }
     Ok(())
 }
@@ -85,14 +82,12 @@ fn example_requests_and_policies_validate() -> TestResult {
     for f in json_files("examples/requests")? {
         let errs = violations(SchemaKind::Request, &read_json(&f)?)?;
         assert!(errs.is_empty(), "{}: {errs:?}", f.display());
-        let text = std::fs::read_to_string(&f).unwrap_or_default();
+        let text = std::fs::read_to_string(&f)?;
         assert!(layerzero::model::request::Request::from_json(&text).is_ok(), "{}", f.display());
     }
     for f in json_files("examples/policies")? {
-        let text = std::fs::read_to_string(&f).unwrap_or_default();
-        if let Err(e) = layerzero::policy::Policy::from_json(&text, &f.display().to_string()) {
-            panic!("{e}");
-        }
+        let text = std::fs::read_to_string(&f)?;
+        layerzero::policy::Policy::from_json(&text, &f.display().to_string())?;
     }
     Ok(())
 }

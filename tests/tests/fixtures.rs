@@ -18,8 +18,7 @@ use layerzero::schema::{SchemaKind, violations};
 use layerzero::select::Verdict;
 use layerzero::tensor::{HostTensor, io};
 use layerzero::transform::{apply_transforms, cast_outputs_back};
-use layerzero_tests::TestResult;
-use layerzero_tests::{planner, repo_root};
+use layerzero_tests::{TestResult, planner, repo_root};
 use safetensors::SafeTensors;
 
 /// Where the fixtures live.

@@ -13,9 +13,8 @@ use layerzero::model::layout::Layout;
 use layerzero::model::op::Op;
 use layerzero::model::request::Request;
 use layerzero::model::tensor::TensorDesc;
-use layerzero_tests::TestResult;
 use layerzero_tests::catalog::{Backend, Kernel};
-use layerzero_tests::{attention, causal, codes, paged, planner_with, policy, with_attrs};
+use layerzero_tests::{TestResult, attention, causal, codes, paged, planner_with, policy, with_attrs};
 use serde_json::{Value, json};
 
 fn permissive(op: Op) -> Value {

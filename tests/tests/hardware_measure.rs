@@ -3,8 +3,7 @@
 //! and detection reports them from then on, next to what it estimated.
 
 use layerzero::schema::{SchemaKind, violations};
-use layerzero_tests::TestResult;
-use layerzero_tests::lz;
+use layerzero_tests::{TestResult, lz};
 
 fn json(home: &std::path::Path, args: &[&str]) -> TestResult<serde_json::Value> {
     let o = lz()?.env("LAYERZERO_HOME", home).args(args).output()?;
@@ -76,7 +75,7 @@ fn an_unreadable_measurement_file_is_reported_by_detection_and_moved_aside_by_th
         .filter(|e| e.file_name().to_string_lossy().contains("corrupt"))
         .collect();
     assert_eq!(aside.len(), 1, "the unreadable file is kept aside");
-    assert_eq!(std::fs::read_to_string(aside[0].path()).unwrap_or_default(), "{ not json");
+    assert_eq!(std::fs::read_to_string(aside[0].path())?, "{ not json");
     Ok(())
 }
 

@@ -12,9 +12,8 @@ use layerzero::exec::executor::{KernelError, Registry};
 use layerzero::policy::Policy;
 use layerzero::tensor::HostTensor;
 use layerzero::{ErrorKind, LayerZero, ReasonCode};
-use layerzero_tests::TestResult;
 use layerzero_tests::catalog::{Backend, Kernel as FakeKernel, catalog_of};
-use layerzero_tests::{planner_with, policy};
+use layerzero_tests::{TestResult, planner_with, policy};
 
 /// Two backends on the CPU: `main` with a fast kernel (8 MiB of workspace) and a mid one
 /// (16 MiB), `spare` with a slow kernel that needs none.

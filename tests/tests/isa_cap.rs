@@ -2,8 +2,7 @@
 //! the features above the cap, the `cpu` kernels and oneDNN (when the tests have it) take
 //! the capped code paths, and every executable kernel still passes parity at every cap.
 
-use layerzero_tests::TestResult;
-use layerzero_tests::lz;
+use layerzero_tests::{TestResult, lz};
 
 /// `lz` with the cap, and oneDNN when the test environment names it.
 fn capped(cap: &str) -> TestResult<assert_cmd::Command> {

@@ -13,9 +13,8 @@ use layerzero::hardware::memory::MemoryGauge;
 use layerzero::policy::Policy;
 use layerzero::tensor::HostTensor;
 use layerzero::{ErrorKind, LayerZero, ReasonCode};
-use layerzero_tests::TestResult;
 use layerzero_tests::catalog::{Backend, Kernel};
-use layerzero_tests::planner_with;
+use layerzero_tests::{TestResult, planner_with};
 
 const MIB: u64 = 1 << 20;
 const BIG: &str = "mem.attention.big";

@@ -11,8 +11,7 @@ use layerzero::llm::{self, Generation, Model};
 use layerzero::model::op::Op;
 use layerzero::schema::{SchemaKind, violations};
 use layerzero::tensor::{HostTensor, io};
-use layerzero_tests::TestResult;
-use layerzero_tests::{lz, repo_root};
+use layerzero_tests::{TestResult, lz, repo_root};
 
 fn models() -> PathBuf {
     repo_root().join("tests/models")

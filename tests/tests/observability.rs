@@ -10,8 +10,7 @@ use layerzero::model::layout::Layout;
 use layerzero::schema::{SchemaKind, violations};
 use layerzero::tensor::HostTensor;
 use layerzero::tensor::io;
-use layerzero_tests::TestResult;
-use layerzero_tests::{causal, lz, with_attrs};
+use layerzero_tests::{TestResult, causal, lz, with_attrs};
 
 fn linear(rows: usize) -> TestResult<OpArgs> {
     let t = |shape: &[usize]| {

@@ -13,9 +13,8 @@ use layerzero::hardware::named;
 use layerzero::model::op::Op;
 use layerzero::policy::Policy;
 use layerzero::select::{Availability, LoadedLibrary, Selector};
-use layerzero_tests::TestResult;
 use layerzero_tests::catalog::{Backend, Kernel};
-use layerzero_tests::lz;
+use layerzero_tests::{TestResult, lz};
 use serde_json::json;
 
 fn linear_request(dir: &std::path::Path) -> TestResult<String> {

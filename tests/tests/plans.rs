@@ -17,8 +17,7 @@ use layerzero::policy::Policy;
 use layerzero::select::Selector;
 use layerzero::{ErrorKind, ReasonCode};
 use layerzero::{LayerZero, PlanMode, SelectionSource};
-use layerzero_tests::TestResult;
-use layerzero_tests::{attention, repo_root};
+use layerzero_tests::{TestResult, attention, repo_root};
 
 const WORKLOAD: &str = r#"{"schema_version": 1, "name": "plans-test", "entries": [
     {"name": "attn", "request": {"op": "attention", "tensors": {

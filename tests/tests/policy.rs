@@ -5,8 +5,7 @@ use layerzero::ErrorKind;
 use layerzero::model::dtype::DType;
 use layerzero::model::layout::Layout;
 use layerzero::model::tensor::TensorDesc;
-use layerzero_tests::TestResult;
-use layerzero_tests::{attention, catalog, causal, codes, planner, planner_with, policy, with_attrs};
+use layerzero_tests::{TestResult, attention, catalog, causal, codes, planner, planner_with, policy, with_attrs};
 
 fn prefill() -> layerzero::model::request::Request {
     with_attrs(attention(DType::BF16, 2, 2048, 2048, 32, 8, 128), causal())

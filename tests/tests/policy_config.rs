@@ -13,8 +13,7 @@ use layerzero::model::layout::Layout;
 use layerzero::model::request::Request;
 use layerzero::policy::{Overrides, Policy};
 use layerzero::{LayerZero, ReasonCode};
-use layerzero_tests::TestResult;
-use layerzero_tests::{causal, lz, policy, with_attrs};
+use layerzero_tests::{TestResult, causal, lz, policy, with_attrs};
 
 fn prefill() -> Request {
     with_attrs(layerzero_tests::attention(DType::F32, 1, 64, 64, 8, 2, 64), causal())

@@ -10,8 +10,7 @@ use layerzero::model::layout::Layout;
 use layerzero::model::op::Op;
 use layerzero::model::request::Request;
 use layerzero::model::tensor::TensorDesc;
-use layerzero_tests::TestResult;
-use layerzero_tests::{catalog, planner, planner_with, policy};
+use layerzero_tests::{TestResult, catalog, planner, planner_with, policy};
 use proptest::prelude::*;
 
 fn dtype() -> impl Strategy<Value = DType> {

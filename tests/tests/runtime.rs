@@ -13,9 +13,8 @@ use layerzero::model::dtype::DType;
 use layerzero::model::layout::Layout;
 use layerzero::tensor::HostTensor;
 use layerzero::{ErrorKind, ReasonCode};
-use layerzero_tests::TestResult;
 use layerzero_tests::catalog::{Backend, Kernel};
-use layerzero_tests::planner_with;
+use layerzero_tests::{TestResult, planner_with};
 
 /// Three CPU kernels with different speeds: fast (eff 0.9), mid (0.5), slow (0.1).
 fn catalog() -> TestResult<Arc<Catalog>> {

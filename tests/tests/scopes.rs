@@ -9,8 +9,7 @@ use layerzero::llm::{Generation, Model, ModelScope, Tokenizer};
 use layerzero::reason::ReasonCode;
 use layerzero::runtime::{PlanMode, SelectionSource};
 use layerzero::tensor::{HostTensor, io};
-use layerzero_tests::TestResult;
-use layerzero_tests::{lz, repo_root};
+use layerzero_tests::{TestResult, lz, repo_root};
 
 fn models() -> PathBuf {
     repo_root().join("tests/models")

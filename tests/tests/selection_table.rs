@@ -2,9 +2,8 @@
 //! profiles with the expected kernel or the exact reason codes per kernel, each case a fact
 //! read from upstream (see `capabilities/*.json` sources).
 
-use layerzero_tests::TestResult;
 use layerzero_tests::cases::{load_cases, run_case};
-use layerzero_tests::{catalog, repo_root};
+use layerzero_tests::{TestResult, catalog, repo_root};
 
 #[test]
 fn every_selection_case_holds() -> TestResult {

@@ -11,8 +11,7 @@ use layerzero::plan::table::{DispatchTable, Plan};
 use layerzero::plan::workload::Workload;
 use layerzero::policy::Policy;
 use layerzero::select::Selector;
-use layerzero_tests::TestResult;
-use layerzero_tests::repo_root;
+use layerzero_tests::{TestResult, repo_root};
 
 #[test]
 fn every_shipped_profile_has_a_current_llama_table() -> TestResult {
@@ -34,7 +33,7 @@ fn every_shipped_profile_has_a_current_llama_table() -> TestResult {
             },
         )?;
         assert!(
-            fresh.to_json() == std::fs::read_to_string(&path).unwrap_or_default(),
+            fresh.to_json() == std::fs::read_to_string(&path)?,
             "{} is stale: regenerate it with the command in dispatch_tables/README.md",
             path.display()
         );

@@ -8,8 +8,7 @@ use layerzero::LayerZero;
 use layerzero::llm::{self, Generation, Model, Session};
 use layerzero::schema::{SchemaKind, violations};
 use layerzero::tensor::io;
-use layerzero_tests::TestResult;
-use layerzero_tests::{lz, repo_root};
+use layerzero_tests::{TestResult, lz, repo_root};
 
 fn models() -> PathBuf {
     repo_root().join("tests/models")

@@ -8,8 +8,7 @@
 //! is Oniguruma where the Rust crate's is pure Rust).
 
 use layerzero::llm::tokenizer::Tokenizer;
-use layerzero_tests::TestResult;
-use layerzero_tests::repo_root;
+use layerzero_tests::{TestResult, repo_root};
 
 fn fixtures() -> std::path::PathBuf {
     repo_root().join("tests/fixtures/tokenizers")

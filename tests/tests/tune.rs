@@ -5,10 +5,9 @@ use std::path::{Path, PathBuf};
 
 use layerzero::perfdb::PerfDb;
 use layerzero::schema::{SchemaKind, violations};
-use layerzero_tests::repo_root;
+use layerzero_tests::{TestResult, repo_root};
 
 use crate::cli::{lz, run};
-use layerzero_tests::TestResult;
 
 /// rms_norm at tokens 1, 2 and 3..4 and a small attention at seq 5..8 and 9..16: five
 /// buckets, two CPU kernels each, microseconds per call.
@@ -185,7 +184,7 @@ fn tune_then_solve_then_readiness_then_run_serves_measured_decisions() -> TestRe
     assert_eq!(code, 0, "{out}{err}");
     let solved: serde_json::Value = serde_json::from_str(&out).map_err(|e| format!("{e}: {out}"))?;
     assert!(solved["header"]["perfdb_digest"].is_string(), "{solved}");
-    let t: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&table).unwrap_or_default())?;
+    let t: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&table)?)?;
     let measured = t["entries"].as_array().map_or(0, |es| es.iter().filter(|e| e["source"] != "model").count());
     assert!(measured > 0, "no entry was decided by a measurement: {t}");
     let (code, out, err) = run(&["readiness-check", "--table", &s(&table), "--workload", &s(&w), "--perfdb", &s(&db)])?;

@@ -9,8 +9,7 @@ use layerzero::LayerZero;
 use layerzero::llm::vit::{self, Preprocess, VitModel};
 use layerzero::model::layout::Layout;
 use layerzero::tensor::{HostTensor, io};
-use layerzero_tests::TestResult;
-use layerzero_tests::{lz, repo_root};
+use layerzero_tests::{TestResult, lz, repo_root};
 
 fn dir() -> PathBuf {
     repo_root().join("tests/models/vit")

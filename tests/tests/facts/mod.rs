@@ -25,8 +25,7 @@ use layerzero::model::op::Op;
 use layerzero::model::request::Request;
 use layerzero::model::tensor::TensorDesc;
 use layerzero::select::Selector;
-use layerzero_tests::TestResult;
-use layerzero_tests::{attention, catalog, codes, paged, with_attrs};
+use layerzero_tests::{TestResult, attention, catalog, codes, paged, with_attrs};
 
 /// One fact: `kernel`'s `field` accepts `accepted` on `hardware.0` and rejects `rejected.0` on
 /// `hardware.1` with the code `rejected.1`, because of `source`. A feature the kernel takes
