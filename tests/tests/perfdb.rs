@@ -7,9 +7,7 @@ use std::path::{Path, PathBuf};
 use assert_cmd::Command;
 use layerzero::perfdb::{PerfDb, Row, SCHEMA_VERSION, digest_rows};
 use layerzero::schema::{SchemaKind, violations};
-use layerzero_tests::lz;
-
-type TestResult = Result<(), Box<dyn std::error::Error>>;
+use layerzero_tests::{TestResult, lz};
 
 fn row(kernel: &str, bucket: &str, median: f64) -> Row {
     Row {
@@ -149,10 +147,7 @@ fn processes_writing_at_once_lose_nothing() -> TestResult {
     Ok(())
 }
 
-fn doctor_json(
-    cmd: &mut Command,
-    perfdb: Option<&Path>,
-) -> Result<(i32, serde_json::Value), Box<dyn std::error::Error>> {
+fn doctor_json(cmd: &mut Command, perfdb: Option<&Path>) -> TestResult<(i32, serde_json::Value)> {
     cmd.args(["doctor", "--json"]);
     if let Some(p) = perfdb {
         cmd.arg("--perfdb").arg(p);
