@@ -239,7 +239,10 @@ fn usage_errors_exit_2() -> TestResult {
 
 mod run {
     use super::*;
+    use layerzero::model::dtype::DType;
+    use layerzero::parity::compare::Category;
     use layerzero::tensor::HostTensor;
+    use layerzero_tests::close;
     use std::collections::BTreeMap;
 
     fn write_inputs(dir: &std::path::Path, tensors: &[(&str, HostTensor)]) -> TestResult<String> {
@@ -349,9 +352,7 @@ mod run {
             if mode == "fail_first:2" {
                 assert_eq!(v["repeats"]["kernels"][flash], 19, "{mode}: works after its second call: {stdout}");
             }
-            let got = out_of(&out)?;
-            let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-            assert!(worst < 1e-4, "{mode}: outputs differ from the oracle by {worst}");
+            close::values(mode, Category::Attention, DType::F32, &want, &out_of(&out)?)?;
         }
         Ok(())
     }
@@ -381,9 +382,7 @@ mod run {
         // The same request forced onto the oracle agrees within the f32 tolerance.
         let (a, b) = (out_of(&out)?, oracle(&dir, &req, &inputs)?);
         assert_eq!(a.len(), b.len());
-        for (x, y) in a.iter().zip(&b) {
-            assert!((x - y).abs() <= 1e-5 + 1e-5 * y.abs(), "{x} vs {y}");
-        }
+        close::values("lz run against the oracle", Category::Attention, DType::F32, &b, &a)?;
         Ok(())
     }
 
