@@ -41,11 +41,6 @@ impl Backend {
         self
     }
 
-    /// The file's JSON.
-    pub fn json(&self) -> &Value {
-        &self.0
-    }
-
     /// The catalog of this backend alone.
     pub fn catalog(self) -> TestResult<Arc<Catalog>> {
         catalog_of([self])
@@ -69,9 +64,9 @@ impl Kernel {
     /// Kernel `id` of `op` with no constraints; deterministic, not graph safe, no JIT, no
     /// workspace; efficiencies of 0.5 and a launch of 1 µs.
     pub fn new(id: &str, op: Op) -> Self {
-        Kernel(json!({"id": id, "op": op, "constraints": {},
-                      "properties": {"deterministic": true, "graph_safe": false, "needs_jit": false, "workspace_bytes": 0},
-                      "perf": {"eff_compute": 0.5, "eff_mem": 0.5, "launch_ns": 1000}}))
+        let properties = json!({"deterministic": true, "graph_safe": false, "needs_jit": false, "workspace_bytes": 0});
+        let perf = json!({"eff_compute": 0.5, "eff_mem": 0.5, "launch_ns": 1000});
+        Kernel(json!({"id": id, "op": op, "constraints": {}, "properties": properties, "perf": perf}))
     }
 
     /// An attention kernel that takes grouped queries and causal masks of either alignment:
@@ -92,12 +87,6 @@ impl Kernel {
     /// Replaces the constraints.
     pub fn constraints(mut self, constraints: Value) -> Self {
         self.0["constraints"] = constraints;
-        self
-    }
-
-    /// Replaces the properties.
-    pub fn properties(mut self, properties: Value) -> Self {
-        self.0["properties"] = properties;
         self
     }
 
@@ -122,10 +111,5 @@ impl Kernel {
     pub fn with(mut self, field: &str, value: impl Into<Value>) -> Self {
         self.0[field] = value.into();
         self
-    }
-
-    /// The kernel's JSON.
-    pub fn json(&self) -> &Value {
-        &self.0
     }
 }
