@@ -68,8 +68,10 @@ fn two_models_interleaved_on_threads_each_get_what_they_get_alone() -> TestResul
         _ => ModelScope::open(lz, "qwen2-wordpiece", second.path(), None),
     };
     // Alone: each model in a runtime of its own.
-    let alone: Vec<_> =
-        (0..2).map(|m| -> TestResult<_> { Ok(run_all(&open(&host()?, m)?)?) }).collect::<TestResult<_>>()?;
+    let mut alone = Vec::new();
+    for m in 0..2 {
+        alone.push(run_all(&open(&host()?, m)?)?);
+    }
     // The tokenizers differ, so the same text is other ids.
     assert_ne!(alone[0][0].0, alone[1][0].0);
 
