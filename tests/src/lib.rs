@@ -1,7 +1,9 @@
 //! Helpers for LayerZero's integration tests: request builders, catalogs and selectors,
-//! and the table-driven case runner.
+//! fake capability files, the parity tolerance, and the table-driven case runner.
 
 pub mod cases;
+pub mod catalog;
+pub mod close;
 
 use std::sync::Arc;
 
@@ -16,23 +18,23 @@ use layerzero::model::tensor::TensorDesc;
 use layerzero::policy::Policy;
 use layerzero::select::{SelectionReport, Selector};
 
+/// What a test, or a helper of one, returns: a failed call is an `Err` the harness prints,
+/// not a panic.
+pub type TestResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
 /// Zero f32 attention arguments `[1, 4, 2, 8]` (BSHD) for q, k and v: a call whose numbers do
 /// not matter (executors under test return their own outputs).
-pub fn tiny_attention() -> layerzero::OpArgs {
-    let t = || {
-        layerzero::HostTensor::zeros(DType::F32, &[1, 4, 2, 8])
-            .unwrap_or_else(|e| panic!("{e}"))
-            .with_layout(Layout::Bshd)
-    };
-    layerzero::OpArgs::Attention(layerzero::AttentionArgs {
-        q: t(),
-        k: t(),
-        v: t(),
+pub fn tiny_attention() -> TestResult<layerzero::OpArgs> {
+    let t = layerzero::HostTensor::zeros(DType::F32, &[1, 4, 2, 8])?.with_layout(Layout::Bshd);
+    Ok(layerzero::OpArgs::Attention(layerzero::AttentionArgs {
+        q: t.clone(),
+        k: t.clone(),
+        v: t,
         mask: None,
         cu_seqlens_q: None,
         cu_seqlens_k: None,
         attrs: AttentionAttrs::default(),
-    })
+    }))
 }
 
 /// The repository root (for shipped files).
@@ -43,31 +45,40 @@ pub fn repo_root() -> std::path::PathBuf {
 /// The `lz` binary, run in the repository root with no `LAYERZERO_*` knob or
 /// `RUST_BACKTRACE` inherited from the caller; built first when this crate's tests run alone
 /// (`cargo test -p layerzero-tests`).
-pub fn lz() -> assert_cmd::Command {
-    static BUILT: std::sync::Once = std::sync::Once::new();
-    BUILT.call_once(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let status = std::process::Command::new(cargo)
-            .args(["build", "-q", "-p", "layerzero", "--bin", "lz"])
-            .current_dir(repo_root())
-            .status();
-        assert!(status.is_ok_and(|s| s.success()), "building lz failed");
-    });
-    let mut c = assert_cmd::Command::cargo_bin("lz").unwrap_or_else(|e| panic!("{e}"));
+pub fn lz() -> TestResult<assert_cmd::Command> {
+    // Built once per process; every later call gets the first build's verdict.
+    static BUILT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+            let status = std::process::Command::new(cargo)
+                .args(["build", "-q", "-p", "layerzero", "--bin", "lz"])
+                .current_dir(repo_root())
+                .status();
+            match status {
+                Ok(s) if s.success() => Ok(()),
+                other => Err(format!("building lz failed: {other:?}")),
+            }
+        })
+        .clone()?;
+    let mut c = assert_cmd::Command::cargo_bin("lz")?;
     c.current_dir(repo_root()).env_remove("RUST_BACKTRACE");
     for k in layerzero::knobs::all() {
         c.env_remove(k.name());
     }
     // State `lz` keeps (the measured hardware, PerfDB, calibration) stays in this test
     // process's folder, never the user's; a test sets its own to start from nothing.
-    c.env("LAYERZERO_HOME", test_home());
-    c
+    c.env("LAYERZERO_HOME", test_home()?);
+    Ok(c)
 }
 
 /// A folder for `LAYERZERO_HOME` shared by this test process's `lz` runs.
-pub fn test_home() -> &'static std::path::Path {
-    static HOME: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
-    HOME.get_or_init(|| tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"))).path()
+pub fn test_home() -> TestResult<&'static std::path::Path> {
+    static HOME: std::sync::OnceLock<Result<tempfile::TempDir, String>> = std::sync::OnceLock::new();
+    match HOME.get_or_init(|| tempfile::tempdir().map_err(|e| format!("LAYERZERO_HOME for tests: {e}"))) {
+        Ok(dir) => Ok(dir.path()),
+        Err(e) => Err(e.clone().into()),
+    }
 }
 
 /// Dense attention [batch, seq, heads, head_dim] in BSHD, no attributes set.
@@ -126,36 +137,31 @@ pub fn causal() -> AttentionAttrs {
 }
 
 /// The shipped catalog.
-pub fn catalog() -> Arc<Catalog> {
-    match Catalog::builtin() {
-        Ok(c) => c,
-        Err(e) => panic!("the shipped capabilities do not load: {e}"),
-    }
+pub fn catalog() -> TestResult<Arc<Catalog>> {
+    Catalog::builtin().map_err(|e| format!("the shipped capabilities do not load: {e}").into())
 }
 
 /// A planning selector over the shipped catalog for a shipped profile.
-pub fn planner(hw: &str) -> Selector {
-    planner_with(catalog(), hw, Policy::default())
+pub fn planner(hw: &str) -> TestResult<Selector> {
+    planner_with(catalog()?, hw, Policy::default())
 }
 
 /// A planning selector with a given catalog and policy.
-pub fn planner_with(catalog: Arc<Catalog>, hw: &str, policy: Policy) -> Selector {
-    let profile = named::load(hw).unwrap_or_else(|e| panic!("profile {hw}: {e}"));
-    Selector::planning(catalog, Arc::new(profile), Arc::new(policy)).unwrap_or_else(|e| panic!("selector: {e}"))
+pub fn planner_with(catalog: Arc<Catalog>, hw: &str, policy: Policy) -> TestResult<Selector> {
+    let profile = named::load(hw).map_err(|e| format!("profile {hw}: {e}"))?;
+    Ok(Selector::planning(catalog, Arc::new(profile), Arc::new(policy)).map_err(|e| format!("selector: {e}"))?)
 }
 
 /// A policy from JSON text.
-pub fn policy(json: &str) -> Policy {
-    Policy::from_json(json, "test policy").unwrap_or_else(|e| panic!("policy: {e}"))
+pub fn policy(json: &str) -> TestResult<Policy> {
+    Ok(Policy::from_json(json, "test policy").map_err(|e| format!("policy: {e}"))?)
 }
 
 /// The reason codes of one candidate, as strings, in report order.
-pub fn codes(report: &SelectionReport, kernel: &str) -> Vec<&'static str> {
-    match report.candidate(kernel) {
-        Some(c) => c.reasons.iter().map(|r| r.code().as_str()).collect(),
-        None => panic!(
-            "{kernel} is not a candidate; candidates: {:?}",
-            report.candidates.iter().map(|c| &c.kernel).collect::<Vec<_>>()
-        ),
-    }
+pub fn codes(report: &SelectionReport, kernel: &str) -> TestResult<Vec<&'static str>> {
+    let Some(c) = report.candidate(kernel) else {
+        let candidates: Vec<_> = report.candidates.iter().map(|c| &c.kernel).collect();
+        return Err(format!("{kernel} is not a candidate; candidates: {candidates:?}").into());
+    };
+    Ok(c.reasons.iter().map(|r| r.code().as_str()).collect())
 }

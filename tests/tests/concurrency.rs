@@ -14,7 +14,7 @@ use layerzero::plan::workload::Workload;
 use layerzero::policy::Policy;
 use layerzero::schema::{SchemaKind, violations};
 use layerzero::{Hit, LayerZero, PlanMode, Result};
-use layerzero_tests::{attention, causal, lz, with_attrs};
+use layerzero_tests::{TestResult, attention, causal, lz, with_attrs};
 
 const THREADS: usize = 16;
 const PER_THREAD: usize = 100_000;
@@ -71,12 +71,12 @@ fn requests() -> Vec<Request> {
 }
 
 /// A handle planning for an H100, serving a plan solved under the default policy.
-fn handle() -> LayerZero {
-    let lz = LayerZero::planning("h100").unwrap_or_else(|e| panic!("{e}"));
-    let w = Workload::from_json(PREFILL, "prefill.json").unwrap_or_else(|e| panic!("{e}"));
+fn handle() -> TestResult<LayerZero> {
+    let lz = LayerZero::planning("h100")?;
+    let w = Workload::from_json(PREFILL, "prefill.json")?;
     let prov = Provenance { perfdb_digest: None, created_at: String::new(), command: "test".into() };
-    let table = solve::solve(&w, &lz.selector(), prov).unwrap_or_else(|e| panic!("{e}"));
-    lz.with_plan(&table, PlanMode::Prefer).unwrap_or_else(|e| panic!("{e}"))
+    let table = solve::solve(&w, &lz.selector(), prov)?;
+    Ok(lz.with_plan(&table, PlanMode::Prefer)?)
 }
 
 /// Three ways in: a `Request`, a key derived once, and a probe with a live fallback.
@@ -101,7 +101,7 @@ impl Drop for Stop<'_> {
 }
 
 #[test]
-fn sixteen_threads_through_policy_swaps_get_the_single_threaded_answer_every_time() {
+fn sixteen_threads_through_policy_swaps_get_the_single_threaded_answer_every_time() -> TestResult {
     let mut reqs = requests();
     // Outside every bucket (more tokens than the axis's bound): never cached.
     reqs.push(rms_norm(DType::F32, (1 << 20) + 1, 64));
@@ -109,44 +109,42 @@ fn sixteen_threads_through_policy_swaps_get_the_single_threaded_answer_every_tim
     let uncached = reqs.len() - 1;
 
     // Policy B denies what the default picks for prefill and for a norm.
-    let lz = handle();
-    let pick = |r: &Request| lz.select(r).unwrap_or_else(|e| panic!("{e}")).kernel.clone();
+    let lz = handle()?;
+    let pick = |r: &Request| lz.select(r).map(|hit| hit.kernel.clone());
     let b = layerzero_tests::policy(&format!(
         r#"{{"rules": [{{"action": "deny", "kernels": "{}"}}, {{"action": "deny", "kernels": "{}"}}]}}"#,
-        pick(&reqs[0]),
-        pick(&reqs[9])
-    ));
+        pick(&reqs[0])?,
+        pick(&reqs[9])?
+    ))?;
     let policies = [Policy::default(), b];
 
     // The single-threaded answers, per policy, on a handle of its own.
-    let alone = handle();
-    let expected: Vec<Vec<Answer>> = policies
-        .iter()
-        .map(|p| {
-            alone.set_policy(p.clone()).unwrap_or_else(|e| panic!("{e}"));
-            reqs.iter().map(|r| answer(&alone.select(r))).collect()
-        })
-        .collect();
+    let alone = handle()?;
+    let mut expected: Vec<Vec<Answer>> = Vec::new();
+    for p in &policies {
+        alone.set_policy(p.clone())?;
+        expected.push(reqs.iter().map(|r| answer(&alone.select(r))).collect());
+    }
     let differ = (0..reqs.len()).filter(|&i| expected[0][i] != expected[1][i]).count();
     assert!(differ >= 2, "the policies must disagree somewhere, or a stale answer could not be seen");
 
     // Even: the policy `generation / 2 % 2` is in force; odd: a swap is under way.
     let generation = AtomicU64::new(0);
     let done = AtomicBool::new(false);
-    let (checked, swaps) = std::thread::scope(|s| {
+    let (checked, swaps) = std::thread::scope(|s| -> std::result::Result<_, String> {
         // Stops the swapper however the workers end: a failed check must not hang the test.
         let _stop = Stop(&done);
-        let swapper = s.spawn(|| {
+        let swapper = s.spawn(|| -> std::result::Result<u64, String> {
             let mut swaps = 0u64;
             while !done.load(Ordering::Acquire) {
                 generation.fetch_add(1, Ordering::SeqCst);
                 let next = policies[(swaps as usize + 1) % 2].clone();
-                lz.set_policy(next).unwrap_or_else(|e| panic!("{e}"));
+                lz.set_policy(next).map_err(|e| e.to_string())?;
                 generation.fetch_add(1, Ordering::SeqCst);
                 swaps += 1;
                 std::thread::sleep(std::time::Duration::from_micros(200));
             }
-            swaps
+            Ok(swaps)
         });
         let workers: Vec<_> = (0..THREADS)
             .map(|t| {
@@ -175,13 +173,14 @@ fn sixteen_threads_through_policy_swaps_get_the_single_threaded_answer_every_tim
                 })
             })
             .collect();
-        let checked = workers.into_iter().fold([0u64; 2], |acc, w| {
-            let e = w.join().unwrap_or_else(|_| panic!("a selecting thread failed"));
-            [acc[0] + e[0], acc[1] + e[1]]
-        });
+        let mut checked = [0u64; 2];
+        for w in workers {
+            let e = w.join().map_err(|_| "a selecting thread failed")?;
+            checked = [checked[0] + e[0], checked[1] + e[1]];
+        }
         drop(_stop);
-        (checked, swapper.join().unwrap_or_else(|_| panic!("the swapper failed")))
-    });
+        Ok((checked, swapper.join().map_err(|_| "the swapper panicked")??))
+    })?;
 
     assert!(swaps >= 4, "the policy was swapped {swaps} times");
     assert!(checked[0] > 0 && checked[1] > 0, "answers checked per policy: {checked:?}");
@@ -191,15 +190,16 @@ fn sixteen_threads_through_policy_swaps_get_the_single_threaded_answer_every_tim
     // Every call is counted once: plan hit, cache hit, live selection, or a shared answer.
     let calls = (THREADS * PER_THREAD + 2) as u64;
     assert_eq!(c.plan_hits + c.cache_hits + c.live + c.shared, calls, "{c:?}");
+    Ok(())
 }
 
 #[test]
-fn threads_missing_one_key_at_once_agree_and_each_miss_is_selected_or_shared() {
+fn threads_missing_one_key_at_once_agree_and_each_miss_is_selected_or_shared() -> TestResult {
     let req = with_attrs(attention(DType::BF16, 1, 512, 512, 32, 8, 128), causal());
-    let alone = LayerZero::planning("h100").unwrap_or_else(|e| panic!("{e}"));
+    let alone = LayerZero::planning("h100")?;
     let want = answer(&alone.select(&req));
     for _ in 0..10 {
-        let lz = LayerZero::planning("h100").unwrap_or_else(|e| panic!("{e}"));
+        let lz = LayerZero::planning("h100")?;
         let start = std::sync::Barrier::new(THREADS);
         std::thread::scope(|s| {
             for _ in 0..THREADS {
@@ -216,74 +216,74 @@ fn threads_missing_one_key_at_once_agree_and_each_miss_is_selected_or_shared() {
         assert_eq!(c.live + c.shared, c.cache_misses, "{c:?}");
         assert!(c.live >= 1 && c.wait_timeouts < c.live, "{c:?}");
     }
+    Ok(())
 }
 
-fn bench(args: &[&str], capacity: Option<&str>) -> (i32, serde_json::Value, String) {
-    let mut cmd = lz();
+fn bench(args: &[&str], capacity: Option<&str>) -> TestResult<(i32, serde_json::Value, String)> {
+    let mut cmd = lz()?;
     cmd.arg("bench-select").args(args);
     if let Some(c) = capacity {
         cmd.env("LAYERZERO_CACHE_CAPACITY", c);
     }
-    let out = cmd.output().unwrap_or_else(|e| panic!("{e}"));
+    let out = cmd.output()?;
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let json = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
-    (out.status.code().unwrap_or(-1), json, stderr)
+    Ok((out.status.code().unwrap_or(-1), json, stderr))
 }
 
 #[test]
-fn bench_select_under_random_shapes_keeps_the_cache_within_its_bound() {
+fn bench_select_under_random_shapes_keeps_the_cache_within_its_bound() -> TestResult {
     let (code, report, stderr) =
-        bench(&["--threads", "1,4", "--seconds", "0.5", "--random-shapes", "--json"], Some("16"));
+        bench(&["--threads", "1,4", "--seconds", "0.5", "--random-shapes", "--json"], Some("16"))?;
     assert_eq!(code, 0, "{stderr}");
-    assert_eq!(
-        violations(SchemaKind::BenchSelectReport, &report).unwrap_or_else(|e| panic!("{e}")),
-        Vec::<String>::new()
-    );
+    assert_eq!(violations(SchemaKind::BenchSelectReport, &report)?, Vec::<String>::new());
     assert_eq!(report["deterministic"], true, "{report}");
-    let rows = report["rows"].as_array().unwrap_or_else(|| panic!("{report}"));
+    let rows = report["rows"].as_array().ok_or_else(|| format!("no rows in {report}"))?;
     assert_eq!(rows.iter().map(|r| r["threads"].as_u64()).collect::<Vec<_>>(), [Some(1), Some(4)]);
     for r in rows {
-        let n = |f: &str| r[f].as_u64().unwrap_or_else(|| panic!("{f}: {r}"));
-        assert_eq!(n("cache_entry_bound"), 32, "16 slots intern at most 32 decisions");
-        assert_eq!(n("cache_entries"), 32, "random shapes fill the cache to its bound, and no further: {r}");
-        assert!(n("cache_misses") > n("cache_hits"), "most random shapes miss: {r}");
-        assert!(n("selections") > 0 && n("mismatches") == 0, "{r}");
+        let n = |f: &str| r[f].as_u64().ok_or_else(|| format!("{f}: {r}"));
+        assert_eq!(n("cache_entry_bound")?, 32, "16 slots intern at most 32 decisions");
+        assert_eq!(n("cache_entries")?, 32, "random shapes fill the cache to its bound, and no further: {r}");
+        assert!(n("cache_misses")? > n("cache_hits")?, "most random shapes miss: {r}");
+        assert!(n("selections")? > 0 && n("mismatches")? == 0, "{r}");
     }
     assert!(report["rss_kib"]["start"].is_u64() || report["rss_kib"]["start"].is_null());
+    Ok(())
 }
 
 #[test]
-fn bench_select_reads_a_workload_and_prints_a_row_per_thread_count() {
+fn bench_select_reads_a_workload_and_prints_a_row_per_thread_count() -> TestResult {
     let workload = layerzero_tests::repo_root().join("workloads/regret-cpu.json");
-    let w = Workload::load(&workload).unwrap_or_else(|e| panic!("{e}"));
-    let points = w.points().unwrap_or_else(|e| panic!("{e}")).len() as u64;
+    let w = Workload::load(&workload)?;
+    let points = w.points()?.len() as u64;
     let path = workload.display().to_string();
-    let (code, report, stderr) = bench(&["--threads", "2", "--seconds", "0.2", "--workload", &path, "--json"], None);
+    let (code, report, stderr) = bench(&["--threads", "2", "--seconds", "0.2", "--workload", &path, "--json"], None)?;
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(report["requests"].as_u64(), Some(points), "one request per bucket of the workload");
     assert_eq!(report["rows"][0]["threads"], 2);
     assert_eq!(report["deterministic"], true);
 
-    let out =
-        lz().args(["bench-select", "--threads", "1", "--seconds", "0.1"]).output().unwrap_or_else(|e| panic!("{e}"));
+    let out = lz()?.args(["bench-select", "--threads", "1", "--seconds", "0.1"]).output()?;
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0));
     assert!(text.contains("selections/s") && text.contains("determinism: all"), "{text}");
     assert!(text.contains("resident memory:"), "{text}");
+    Ok(())
 }
 
 #[test]
-fn bench_select_refuses_bad_thread_counts_and_durations_with_one_line_naming_the_flag() {
+fn bench_select_refuses_bad_thread_counts_and_durations_with_one_line_naming_the_flag() -> TestResult {
     for (args, flag) in [
         (["--threads", "0", "--seconds", "1"], "--threads 0"),
         (["--threads", "2", "--seconds", "0"], "--seconds 0"),
         (["--threads", "2", "--seconds", "NaN"], "--seconds NaN"),
     ] {
-        let (code, _, stderr) = bench(&args, None);
+        let (code, _, stderr) = bench(&args, None)?;
         assert_eq!(code, 2, "{args:?}: {stderr}");
         assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
         assert!(stderr.contains(flag), "{stderr}");
     }
-    let (code, _, stderr) = bench(&["--threads", "2"], None);
+    let (code, _, stderr) = bench(&["--threads", "2"], None)?;
     assert_eq!(code, 2, "--seconds is required: {stderr}");
+    Ok(())
 }

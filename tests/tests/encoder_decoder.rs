@@ -10,14 +10,14 @@ use layerzero::llm::Generation;
 use layerzero::llm::seq2seq::{self, Seq2SeqModel};
 use layerzero::schema::{SchemaKind, violations};
 use layerzero::tensor::{HostTensor, io};
-use layerzero_tests::{lz, repo_root};
+use layerzero_tests::{TestResult, lz, repo_root};
 
 fn dir() -> PathBuf {
     repo_root().join("tests/models/bart")
 }
 
-fn reference() -> BTreeMap<String, HostTensor> {
-    io::read(&dir().join("reference.safetensors")).unwrap_or_else(|e| panic!("{e}"))
+fn reference() -> TestResult<BTreeMap<String, HostTensor>> {
+    Ok(io::read(&dir().join("reference.safetensors"))?)
 }
 
 fn ids(t: &HostTensor) -> Vec<u32> {
@@ -34,20 +34,19 @@ fn greedy(n: usize, dump: bool) -> Generation {
 }
 
 #[test]
-fn bart_matches_hf_at_every_encoder_and_decoder_stage_and_token() {
-    let r = reference();
-    let model = Seq2SeqModel::load(&dir(), None).unwrap_or_else(|e| panic!("{e}"));
-    let lz = LayerZero::detected().unwrap_or_else(|e| panic!("{e}"));
+fn bart_matches_hf_at_every_encoder_and_decoder_stage_and_token() -> TestResult {
+    let r = reference()?;
+    let model = Seq2SeqModel::load(&dir(), None)?;
+    let lz = LayerZero::detected()?;
     let input = ids(&r["input_ids"]);
     let n = r["generated_ids"].numel();
-    let out = seq2seq::generate(&model, &lz, &[input], &greedy(n, true), true).unwrap_or_else(|e| panic!("{e}"));
+    let out = seq2seq::generate(&model, &lz, &[input], &greedy(n, true), true)?;
     let mut ours = out.dump.clone();
     ours.insert(
         "generated_ids".into(),
-        HostTensor::from_f32(&[n], out.sequences[0].generated_ids.iter().map(|&t| t as f32).collect())
-            .unwrap_or_else(|e| panic!("{e}")),
+        HostTensor::from_f32(&[n], out.sequences[0].generated_ids.iter().map(|&t| t as f32).collect())?,
     );
-    let report = layerzero::llm::diff::diff(&ours, &r, 1e-5).unwrap_or_else(|e| panic!("{e}"));
+    let report = layerzero::llm::diff::diff(&ours, &r, 1e-5)?;
     let (enc, dec) = (model.config.encoder_layers, model.config.decoder_layers);
     // Per encoder layer 4 stages and its output, per decoder layer 6 and its output, the two
     // embeddings and every step's logits.
@@ -61,13 +60,14 @@ fn bart_matches_hf_at_every_encoder_and_decoder_stage_and_token() {
     for op in ["layer_norm", "attention", "gelu", "linear", "embedding"] {
         assert!(out.stats.keys().any(|o| o.as_str() == op), "{op} was dispatched");
     }
+    Ok(())
 }
 
 #[test]
-fn a_padded_batch_of_different_lengths_gives_each_input_what_it_gets_alone() {
-    let r = reference();
-    let model = Seq2SeqModel::load(&dir(), None).unwrap_or_else(|e| panic!("{e}"));
-    let lz = LayerZero::detected().unwrap_or_else(|e| panic!("{e}"));
+fn a_padded_batch_of_different_lengths_gives_each_input_what_it_gets_alone() -> TestResult {
+    let r = reference()?;
+    let model = Seq2SeqModel::load(&dir(), None)?;
+    let lz = LayerZero::detected()?;
     let mask = rows(&r["batch.attention_mask"]);
     let inputs: Vec<Vec<u32>> = rows(&r["batch.input_ids"])
         .into_iter()
@@ -78,7 +78,7 @@ fn a_padded_batch_of_different_lengths_gives_each_input_what_it_gets_alone() {
     let want = rows(&r["batch.generated_ids"]);
     let n = want[0].len();
     // The encoder over the padded batch: every unpadded row as HF computed it.
-    let enc = seq2seq::encode(&model, &lz, &inputs).unwrap_or_else(|e| panic!("{e}"));
+    let enc = seq2seq::encode(&model, &lz, &inputs)?;
     let hf = &r[&format!("batch.enc.hidden.{}", model.config.encoder_layers)];
     let (ours, theirs) = (enc.to_f64_vec(), hf.to_f64_vec());
     let (s, d) = (enc.shape()[1], enc.shape()[2]);
@@ -92,36 +92,35 @@ fn a_padded_batch_of_different_lengths_gives_each_input_what_it_gets_alone() {
         }
     }
     // Generation over the batch, and each input alone.
-    let both = seq2seq::generate(&model, &lz, &inputs, &greedy(n, false), true).unwrap_or_else(|e| panic!("{e}"));
+    let both = seq2seq::generate(&model, &lz, &inputs, &greedy(n, false), true)?;
     for (b, seq) in both.sequences.iter().enumerate() {
         assert_eq!(seq.generated_ids, want[b], "row {b}");
-        let alone =
-            seq2seq::generate(&model, &lz, &inputs[b..=b], &greedy(n, false), true).unwrap_or_else(|e| panic!("{e}"));
+        let alone = seq2seq::generate(&model, &lz, &inputs[b..=b], &greedy(n, false), true)?;
         assert_eq!(alone.sequences[0].generated_ids, want[b], "row {b} alone");
     }
     assert_ne!(want[0], want[1], "the two inputs generate differently");
+    Ok(())
 }
 
 #[test]
-fn the_decoder_with_and_without_its_caches_gives_the_same_tokens_through_lz() {
-    let r = reference();
+fn the_decoder_with_and_without_its_caches_gives_the_same_tokens_through_lz() -> TestResult {
+    let r = reference()?;
     let input: Vec<String> = ids(&r["input_ids"]).iter().map(u32::to_string).collect();
-    let run = |extra: &[&str]| -> serde_json::Value {
-        let out = lz()
+    let run = |extra: &[&str]| -> TestResult<serde_json::Value> {
+        let out = lz()?
             .args(["generate", "--model"])
             .arg(dir())
             .args(["--prompt-ids", &input.join(","), "--max-new-tokens", "16", "--ignore-eos", "--json"])
             .args(extra)
-            .output()
-            .unwrap_or_else(|e| panic!("{e}"));
+            .output()?;
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}"));
-        let bad = violations(SchemaKind::GenerateReport, &v).unwrap_or_else(|e| panic!("{e}"));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        let bad = violations(SchemaKind::GenerateReport, &v)?;
         assert!(bad.is_empty(), "{bad:?}");
-        v
+        Ok(v)
     };
-    let cached = run(&[]);
-    let fresh = run(&["--no-kv-cache"]);
+    let cached = run(&[])?;
+    let fresh = run(&["--no-kv-cache"])?;
     assert_eq!(cached["generated_ids"], fresh["generated_ids"]);
     assert_eq!(cached["kv"], "contiguous");
     assert_eq!(fresh["kv"], "none");
@@ -136,38 +135,39 @@ fn the_decoder_with_and_without_its_caches_gives_the_same_tokens_through_lz() {
     assert!(calls(&fresh) > calls(&cached), "the cache-free run recomputes the cross-attention keys");
 
     // lz diff against the reference from a dump.
-    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    run(&["--dump", tmp.path().to_str().unwrap_or_default()]);
-    let out = lz().arg("diff").arg(tmp.path()).arg(dir()).output().unwrap_or_else(|e| panic!("{e}"));
+    let tmp = tempfile::tempdir()?;
+    run(&["--dump", tmp.path().to_str().unwrap_or_default()])?;
+    let out = lz()?.arg("diff").arg(tmp.path()).arg(dir()).output()?;
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && text.contains("dec.layer.1.cross_attn_out"), "{text}");
+    Ok(())
 }
 
 #[test]
-fn bad_inputs_are_refused_naming_the_field() {
-    let model = Seq2SeqModel::load(&dir(), None).unwrap_or_else(|e| panic!("{e}"));
-    let lz = LayerZero::detected().unwrap_or_else(|e| panic!("{e}"));
-    let err = |inputs: &[Vec<u32>], g: &Generation| {
-        seq2seq::generate(&model, &lz, inputs, g, true).err().unwrap_or_else(|| panic!("refused")).to_string()
+fn bad_inputs_are_refused_naming_the_field() -> TestResult {
+    let model = Seq2SeqModel::load(&dir(), None)?;
+    let lz = LayerZero::detected()?;
+    let err = |inputs: &[Vec<u32>], g: &Generation| -> TestResult<String> {
+        Ok(seq2seq::generate(&model, &lz, inputs, g, true).err().ok_or("refused")?.to_string())
     };
-    assert!(err(&[vec![0, 300]], &greedy(2, false)).contains("outside the model's vocabulary"));
-    assert!(err(&[vec![0; 65]], &greedy(2, false)).contains("max_position_embeddings"));
-    assert!(err(&[vec![]], &greedy(2, false)).contains("empty"));
+    assert!(err(&[vec![0, 300]], &greedy(2, false))?.contains("outside the model's vocabulary"));
+    assert!(err(&[vec![0; 65]], &greedy(2, false))?.contains("max_position_embeddings"));
+    assert!(err(&[vec![]], &greedy(2, false))?.contains("empty"));
     let sampled = Generation { temperature: 0.7, ..greedy(2, false) };
-    assert!(err(&[vec![0, 2]], &sampled).contains("greedy only"));
+    assert!(err(&[vec![0, 2]], &sampled)?.contains("greedy only"));
     // Options of decoders only, and a pinned tokenizer the folder lacks, are refused by lz.
     for (extra, want) in
         [(vec!["--kv", "paged"], "--kv paged"), (vec!["--tokenizer-hash", "0123456789abcdef"], "--tokenizer-hash")]
     {
-        let out = layerzero_tests::lz()
+        let out = layerzero_tests::lz()?
             .args(["generate", "--model"])
             .arg(dir())
             .args(["--prompt-ids", "0,17,2", "--max-new-tokens", "2"])
             .args(&extra)
-            .output()
-            .unwrap_or_else(|e| panic!("{e}"));
+            .output()?;
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{extra:?}: {stderr}");
         assert!(stderr.contains(want), "{extra:?}: {stderr}");
     }
+    Ok(())
 }

@@ -18,7 +18,7 @@ use layerzero::schema::{SchemaKind, violations};
 use layerzero::select::Verdict;
 use layerzero::tensor::{HostTensor, io};
 use layerzero::transform::{apply_transforms, cast_outputs_back};
-use layerzero_tests::{planner, repo_root};
+use layerzero_tests::{TestResult, planner, repo_root};
 use safetensors::SafeTensors;
 
 /// Where the fixtures live.
@@ -26,15 +26,15 @@ fn fixture_dir() -> PathBuf {
     repo_root().join("tests").join("fixtures")
 }
 
-fn fixture_paths() -> Vec<PathBuf> {
+fn fixture_paths() -> TestResult<Vec<PathBuf>> {
     let dir = fixture_dir();
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map_err(|e| format!("{}: {e}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
         .collect();
     files.sort();
-    files
+    Ok(files)
 }
 
 /// One fixture file, decoded.
@@ -127,13 +127,13 @@ fn fail(fixture: &str, kernel: &str, what: impl Into<String>) -> Failure {
 
 /// Runs every builtin kernel of the fixture's op; returns the failures and the kernels that
 /// produced a checked output.
-fn check(fx: &Fixture, registry: &Registry, failures: &mut Vec<Failure>) -> Vec<String> {
+fn check(fx: &Fixture, registry: &Registry, failures: &mut Vec<Failure>) -> TestResult<Vec<String>> {
     let name = fx.name.as_str();
     let json: serde_json::Value = match serde_json::from_str(&fx.request_json) {
         Ok(v) => v,
         Err(e) => {
             failures.push(fail(name, "-", format!("request metadata is not JSON: {e}")));
-            return Vec::new();
+            return Ok(Vec::new());
         }
     };
     match violations(SchemaKind::Request, &json) {
@@ -145,7 +145,7 @@ fn check(fx: &Fixture, registry: &Registry, failures: &mut Vec<Failure>) -> Vec<
         Ok(r) => r,
         Err(e) => {
             failures.push(fail(name, "-", format!("request does not parse: {e}")));
-            return Vec::new();
+            return Ok(Vec::new());
         }
     };
     // A fixture is a valid request: selection must not call it inconsistent.
@@ -161,11 +161,11 @@ fn check(fx: &Fixture, registry: &Registry, failures: &mut Vec<Failure>) -> Vec<
         Ok(a) => a,
         Err(e) => {
             failures.push(fail(name, "-", format!("arguments: {e}")));
-            return Vec::new();
+            return Ok(Vec::new());
         }
     };
     // The capabilities say which kernels must take this request (a CPU profile, planning).
-    let report = planner("spr").explain(&request);
+    let report = planner("spr")?.explain(&request);
     let admitted = |kernel: &str| report.candidate(kernel).is_some_and(|c| c.verdict != Verdict::Rejected);
     let mut checked = Vec::new();
     let kernels: Vec<String> =
@@ -248,12 +248,12 @@ fn check(fx: &Fixture, registry: &Registry, failures: &mut Vec<Failure>) -> Vec<
             format!("no kernel checked this fixture (kernels of op {op}: {kernels:?}; source: {})", fx.source),
         ));
     }
-    checked
+    Ok(checked)
 }
 
 #[test]
-fn every_builtin_kernel_matches_the_pytorch_fixtures() {
-    let paths = fixture_paths();
+fn every_builtin_kernel_matches_the_pytorch_fixtures() -> TestResult {
+    let paths = fixture_paths()?;
     assert!(
         paths.len() >= 30,
         "{} fixtures in {}; regenerate with `tools/.venv/bin/python tools/gen_fixtures.py`",
@@ -267,7 +267,7 @@ fn every_builtin_kernel_matches_the_pytorch_fixtures() {
     for path in &paths {
         match load(path) {
             Ok(fx) => {
-                let checked = check(&fx, &registry, &mut failures);
+                let checked = check(&fx, &registry, &mut failures)?;
                 runs += checked.len();
                 ran.extend(checked);
             }
@@ -289,7 +289,7 @@ fn every_builtin_kernel_matches_the_pytorch_fixtures() {
             ran.iter().filter(|k| k.starts_with("onednn.")).collect::<Vec<_>>()
         );
     }
-    if !failures.is_empty() {
+    let table = || {
         let num = |x: Option<f64>| x.map(|v| format!("{v:.3e}")).unwrap_or_else(|| "-".to_owned());
         let mut table = format!(
             "{} failure(s) over {} fixtures ({runs} kernel runs checked):\n{:<56} {:<38} {:>10} {:>10}  what\n",
@@ -310,24 +310,25 @@ fn every_builtin_kernel_matches_the_pytorch_fixtures() {
                 f.what
             ));
         }
-        panic!("{table}");
-    }
+        table
+    };
+    assert!(failures.is_empty(), "{}", table());
+    Ok(())
 }
 
 #[test]
-fn every_fixture_is_selected_and_dispatched_end_to_end() {
+fn every_fixture_is_selected_and_dispatched_end_to_end() -> TestResult {
     // Selection plus execution through the runtime on a CPU profile: every op of every
     // fixture is selectable and executable, backends without an executor here (oneDNN,
     // ZenDNN, PyTorch SDPA) are skipped with a reason, and the result matches PyTorch.
     use layerzero::parity::compare::output_tolerance;
-    let catalog = layerzero_tests::catalog();
-    let hw = std::sync::Arc::new(layerzero::hardware::named::load("spr").unwrap_or_else(|e| panic!("{e}")));
+    let catalog = layerzero_tests::catalog()?;
+    let hw = std::sync::Arc::new(layerzero::hardware::named::load("spr")?);
     let selector =
-        layerzero::select::Selector::planning(catalog, hw, std::sync::Arc::new(layerzero::policy::Policy::default()))
-            .unwrap_or_else(|e| panic!("{e}"));
-    let runtime = layerzero::LayerZero::new(selector, layerzero::builtin_registry()).unwrap_or_else(|e| panic!("{e}"));
+        layerzero::select::Selector::planning(catalog, hw, std::sync::Arc::new(layerzero::policy::Policy::default()))?;
+    let runtime = layerzero::LayerZero::new(selector, layerzero::builtin_registry())?;
     let mut failures = Vec::new();
-    for path in fixture_paths() {
+    for path in fixture_paths()? {
         let fx = match load(&path) {
             Ok(f) => f,
             Err(e) => {
@@ -336,8 +337,8 @@ fn every_fixture_is_selected_and_dispatched_end_to_end() {
             }
         };
         let Some(category) = category(&fx.category) else { continue };
-        let request = Request::from_json(&fx.request_json).unwrap_or_else(|e| panic!("{}: {e}", fx.name));
-        let args = OpArgs::from_request(&request, fx.inputs.clone()).unwrap_or_else(|e| panic!("{}: {e}", fx.name));
+        let request = Request::from_json(&fx.request_json).map_err(|e| format!("{}: {e}", fx.name))?;
+        let args = OpArgs::from_request(&request, fx.inputs.clone()).map_err(|e| format!("{}: {e}", fx.name))?;
         let d = match runtime.dispatch(&args) {
             Ok(d) => d,
             Err(e) => {
@@ -368,4 +369,5 @@ fn every_fixture_is_selected_and_dispatched_end_to_end() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+    Ok(())
 }

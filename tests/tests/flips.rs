@@ -13,7 +13,8 @@ use layerzero::model::layout::Layout;
 use layerzero::model::op::Op;
 use layerzero::model::request::Request;
 use layerzero::model::tensor::TensorDesc;
-use layerzero_tests::{attention, causal, codes, paged, planner_with, policy, with_attrs};
+use layerzero_tests::catalog::{Backend, Kernel};
+use layerzero_tests::{TestResult, attention, causal, codes, paged, planner_with, policy, with_attrs};
 use serde_json::{Value, json};
 
 fn permissive(op: Op) -> Value {
@@ -35,13 +36,10 @@ fn permissive(op: Op) -> Value {
     }
 }
 
-fn kernel(id: &str, op: Op, constraints: Value, properties: Value) -> Value {
-    json!({"id": id, "op": op, "constraints": constraints, "properties": properties,
-           "perf": {"eff_compute": 0.5, "eff_mem": 0.5, "launch_ns": 1000}})
-}
-
-fn props() -> Value {
-    json!({"deterministic": true, "graph_safe": true, "needs_jit": false, "workspace_bytes": 0})
+/// A probe kernel of `op` taking `constraints`, graph safe (graph-strict mode has a property
+/// to flip).
+fn kernel(id: &str, op: Op, constraints: Value) -> Kernel {
+    Kernel::new(id, op).constraints(constraints).property("graph_safe", true)
 }
 
 fn merge(base: &Value, patch: &Value) -> Value {
@@ -59,21 +57,14 @@ fn merge(base: &Value, patch: &Value) -> Value {
 }
 
 /// A catalog with two kernels of `op` on `device`: `base` (permissive) and `flipped`.
-fn two_kernel_catalog(op: Op, device: &str, patch: &Value, prop_patch: &Value) -> Arc<Catalog> {
+fn two_kernel_catalog(op: Op, device: &str, patch: &Value, prop_patch: &Value) -> TestResult<Arc<Catalog>> {
     let base = permissive(op);
-    let flipped = merge(&base, patch);
-    let doc = json!({
-        "schema_version": 1, "backend": "probe", "description": "flip test", "device": device,
-        "version": "0", "execution": "builtin",
-        "kernels": [
-            kernel(&format!("probe.{op}.base"), op, base, props()),
-            kernel(&format!("probe.{op}.flipped"), op, flipped, merge(&props(), prop_patch)),
-        ]
-    });
-    match Catalog::from_texts(&[("flip.json".to_owned(), doc.to_string())]) {
-        Ok(c) => Arc::new(c),
-        Err(e) => panic!("flip catalog for patch {patch}: {e}"),
+    let mut flipped = kernel(&format!("probe.{op}.flipped"), op, merge(&base, patch));
+    for (name, value) in prop_patch.as_object().into_iter().flatten() {
+        flipped = flipped.property(name, value.clone());
     }
+    let probe = Backend::new("probe", device).kernel(kernel(&format!("probe.{op}.base"), op, base)).kernel(flipped);
+    probe.catalog().map_err(|e| format!("flip catalog for patch {patch}: {e}").into())
 }
 
 struct Flip {
@@ -122,18 +113,18 @@ fn rows(op: Op, attrs: Attrs) -> Request {
 
 /// `req` with its KV caches seen as pages `page_stride` elements apart (a cache carved from
 /// a larger pool: K and V interleaved per page) and elements `elem` apart.
-fn strided_pages(req: Request, page_stride: u64, elem: u64) -> Request {
-    let cache = |name: &str| {
-        let t = req.get(name).cloned().unwrap_or_else(|| panic!("{name}"));
+fn strided_pages(req: Request, page_stride: u64, elem: u64) -> TestResult<Request> {
+    let cache = |name: &str| -> TestResult<TensorDesc> {
+        let t = req.get(name).cloned().ok_or_else(|| format!("no {name}"))?;
         let s = &t.shape;
         let strides = [page_stride * elem, s[2] * s[3] * elem, s[3] * elem, elem];
-        t.with_strides(strides)
+        Ok(t.with_strides(strides))
     };
-    let (k, v) = (cache("k_cache"), cache("v_cache"));
-    req.tensor("k_cache", k).tensor("v_cache", v)
+    let (k, v) = (cache("k_cache")?, cache("v_cache")?);
+    Ok(req.tensor("k_cache", k).tensor("v_cache", v))
 }
 
-fn flips() -> Vec<Flip> {
+fn flips() -> TestResult<Vec<Flip>> {
     let cu = |name, patch, req, code| flip(name, patch, req, code);
     let mut v = vec![
         cu(
@@ -356,13 +347,13 @@ fn flips() -> Vec<Flip> {
         (
             "kv_cache_strides: contiguous (strided pages)",
             json!({"kv_cache_strides": "contiguous"}),
-            strided_pages(pg(DType::F16, 16, Layout::Nhd, DType::I32), 2 * 16 * 8 * 128, 1),
+            strided_pages(pg(DType::F16, 16, Layout::Nhd, DType::I32), 2 * 16 * 8 * 128, 1)?,
             "KV_CACHE_STRIDES_UNSUPPORTED",
         ),
         (
             "kv_cache_strides: last_dim_contiguous",
             json!({"kv_cache_strides": "last_dim_contiguous"}),
-            strided_pages(pg(DType::F16, 16, Layout::Nhd, DType::I32), 2 * 16 * 8 * 128, 2),
+            strided_pages(pg(DType::F16, 16, Layout::Nhd, DType::I32), 2 * 16 * 8 * 128, 2)?,
             "KV_CACHE_STRIDES_UNSUPPORTED",
         ),
     ] {
@@ -471,16 +462,16 @@ fn flips() -> Vec<Flip> {
         "{}",
         "MEMORY_HEADROOM_EXCEEDED",
     ));
-    v
+    Ok(v)
 }
 
 #[test]
-fn every_constraint_field_rejects_exactly_what_it_declares() {
+fn every_constraint_field_rejects_exactly_what_it_declares() -> TestResult {
     let mut failures = Vec::new();
-    let all = flips();
+    let all = flips()?;
     for f in &all {
-        let catalog = two_kernel_catalog(f.request.op, f.device, &f.patch, &f.properties);
-        let sel = planner_with(catalog, f.hardware, policy(f.policy));
+        let catalog = two_kernel_catalog(f.request.op, f.device, &f.patch, &f.properties)?;
+        let sel = planner_with(catalog, f.hardware, policy(f.policy)?)?;
         let report = sel.explain(&f.request);
         let base = format!("probe.{}.base", f.request.op);
         let flipped = format!("probe.{}.flipped", f.request.op);
@@ -488,11 +479,11 @@ fn every_constraint_field_rejects_exactly_what_it_declares() {
             failures.push(format!("{}: the request is invalid: {:?}", f.name, report.request_errors));
             continue;
         }
-        let base_codes = codes(&report, &base);
+        let base_codes = codes(&report, &base)?;
         if !base_codes.is_empty() {
             failures.push(format!("{}: the permissive kernel is rejected: {base_codes:?}", f.name));
         }
-        let mut got = codes(&report, &flipped);
+        let mut got = codes(&report, &flipped)?;
         got.dedup();
         if got != [f.expect] {
             failures.push(format!("{}: expected exactly [{}], got {got:?}", f.name, f.expect));
@@ -500,63 +491,59 @@ fn every_constraint_field_rejects_exactly_what_it_declares() {
     }
     assert!(all.len() >= 50, "only {} flips", all.len());
     assert!(failures.is_empty(), "{} of {} flips failed:\n{}", failures.len(), all.len(), failures.join("\n"));
+    Ok(())
 }
 
 #[test]
-fn arch_specific_targets_run_only_on_their_exact_capability() {
+fn arch_specific_targets_run_only_on_their_exact_capability() -> TestResult {
     use layerzero::capabilities::spec::ArchTarget;
     use layerzero::hardware::profile::ComputeCapability as Cc;
-    let sm90a: ArchTarget = "9.0a".parse().unwrap_or_else(|e| panic!("{e}"));
-    let sm80: ArchTarget = "8.0".parse().unwrap_or_else(|e| panic!("{e}"));
+    let sm90a: ArchTarget = "9.0a".parse()?;
+    let sm80: ArchTarget = "8.0".parse()?;
     assert!(sm90a.runs_on(Cc::new(9, 0)));
     assert!(!sm90a.runs_on(Cc::new(10, 0)));
     assert!(sm80.runs_on(Cc::new(8, 6)) && sm80.runs_on(Cc::new(8, 9)));
     assert!(!sm80.runs_on(Cc::new(9, 0)) && !sm80.runs_on(Cc::new(7, 5)));
+    Ok(())
 }
 
 #[test]
-fn efficiency_coefficients_decide_between_otherwise_equal_kernels() {
+fn efficiency_coefficients_decide_between_otherwise_equal_kernels() -> TestResult {
     // perf.eff_compute, perf.eff_mem and perf.launch_ns each move the score.
     for (field, better, worse) in [("eff_compute", 0.9, 0.1), ("eff_mem", 0.9, 0.05), ("launch_ns", 10.0, 1e9)] {
-        let mk = |id: &str, v: f64| {
-            let mut k = kernel(id, Op::Attention, permissive(Op::Attention), props());
-            k["perf"][field] = json!(v);
-            k
-        };
-        let doc = json!({"schema_version": 1, "backend": "probe", "description": "perf", "device": "cuda", "version": "0",
-                         "execution": "builtin", "kernels": [mk("probe.attention.a", worse), mk("probe.attention.b", better)]});
-        let catalog =
-            Arc::new(Catalog::from_texts(&[("p.json".to_owned(), doc.to_string())]).unwrap_or_else(|e| panic!("{e}")));
-        let sel = planner_with(catalog, "h100", layerzero::policy::Policy::default());
+        let mk = |id: &str, v: f64| kernel(id, Op::Attention, permissive(Op::Attention)).perf(field, v);
+        let probe = Backend::new("probe", "cuda").kernel(mk("probe.attention.a", worse));
+        let catalog = probe.kernel(mk("probe.attention.b", better)).catalog()?;
+        let sel = planner_with(catalog, "h100", layerzero::policy::Policy::default())?;
         // A memory-bound decode shape for eff_mem; a compute-bound prefill for the others.
         let req = if field == "eff_mem" { attention(DType::BF16, 64, 1, 8192, 32, 32, 128) } else { mha() };
         let report = sel.explain(&req);
         assert_eq!(report.selected.as_deref(), Some("probe.attention.b"), "{field}: {:?}", report.candidates);
     }
+    Ok(())
 }
 
 #[test]
-fn equal_scores_break_ties_by_kernel_id() {
-    let k = |id: &str| kernel(id, Op::Attention, permissive(Op::Attention), props());
-    let doc = json!({"schema_version": 1, "backend": "probe", "description": "tie", "device": "cuda", "version": "0",
-                     "execution": "builtin", "kernels": [k("probe.attention.zeta"), k("probe.attention.alpha"), k("probe.attention.mid")]});
-    let catalog =
-        Arc::new(Catalog::from_texts(&[("t.json".to_owned(), doc.to_string())]).unwrap_or_else(|e| panic!("{e}")));
-    let sel = planner_with(catalog, "h100", layerzero::policy::Policy::default());
+fn equal_scores_break_ties_by_kernel_id() -> TestResult {
+    let k = |id: &str| kernel(id, Op::Attention, permissive(Op::Attention));
+    let probe = Backend::new("probe", "cuda").kernel(k("probe.attention.zeta"));
+    let catalog = probe.kernel(k("probe.attention.alpha")).kernel(k("probe.attention.mid")).catalog()?;
+    let sel = planner_with(catalog, "h100", layerzero::policy::Policy::default())?;
     let report = sel.explain(&mha());
     let totals: Vec<f64> = report.candidates.iter().filter_map(|c| c.score.as_ref().map(|s| s.total_ns)).collect();
     assert!(totals.windows(2).all(|w| w[0] == w[1]), "{totals:?}");
     assert_eq!(report.selected.as_deref(), Some("probe.attention.alpha"));
     assert_eq!(sel.select(&mha()).map(|s| s.kernel).ok().as_deref(), Some("probe.attention.alpha"));
+    Ok(())
 }
 
 #[test]
-fn a_single_bottom_right_causal_row_is_judged_as_unmasked_unless_alibi_needs_the_flag() {
+fn a_single_bottom_right_causal_row_is_judged_as_unmasked_unless_alibi_needs_the_flag() -> TestResult {
     // A kernel without causal support takes a decode row (it sees every key anyway)...
-    let catalog = two_kernel_catalog(Op::Attention, "cuda", &json!({"causal": null}), &json!({}));
-    let sel = planner_with(catalog, "h100", layerzero::policy::Policy::default());
+    let catalog = two_kernel_catalog(Op::Attention, "cuda", &json!({"causal": null}), &json!({}))?;
+    let sel = planner_with(catalog, "h100", layerzero::policy::Policy::default())?;
     let decode = with_attrs(attention(DType::BF16, 4, 1, 512, 8, 8, 64), causal());
-    assert!(codes(&sel.explain(&decode), "probe.attention.flipped").is_empty());
+    assert!(codes(&sel.explain(&decode), "probe.attention.flipped")?.is_empty());
     // ...but not a top-left one (row 0 sees key 0 only), nor one whose ALiBi bias depends on it.
     let top_left = with_attrs(
         decode.clone(),
@@ -566,9 +553,10 @@ fn a_single_bottom_right_causal_row_is_judged_as_unmasked_unless_alibi_needs_the
             ..Default::default()
         },
     );
-    assert_eq!(codes(&sel.explain(&top_left), "probe.attention.flipped"), ["CAUSAL_UNSUPPORTED"]);
+    assert_eq!(codes(&sel.explain(&top_left), "probe.attention.flipped")?, ["CAUSAL_UNSUPPORTED"]);
     let alibi = with_attrs(decode, AttentionAttrs { causal: true, alibi: true, ..Default::default() });
-    assert_eq!(codes(&sel.explain(&alibi), "probe.attention.flipped"), ["CAUSAL_UNSUPPORTED"]);
+    assert_eq!(codes(&sel.explain(&alibi), "probe.attention.flipped")?, ["CAUSAL_UNSUPPORTED"]);
+    Ok(())
 }
 
 fn quant_request(op: Op, attrs: QuantAttrs, scale: Option<TensorDesc>) -> Request {
@@ -662,10 +650,10 @@ fn quant_and_mlp_flips() -> Vec<Flip> {
 }
 
 #[test]
-fn a_scale_that_does_not_match_its_scheme_is_rejected_for_every_kernel() {
+fn a_scale_that_does_not_match_its_scheme_is_rejected_for_every_kernel() -> TestResult {
     // Universal checks: no capability field turns them off.
-    let catalog = two_kernel_catalog(Op::Dequantize, "cpu", &json!({}), &json!({}));
-    let sel = planner_with(catalog, "zen4", layerzero::policy::Policy::default());
+    let catalog = two_kernel_catalog(Op::Dequantize, "cpu", &json!({}), &json!({}))?;
+    let sel = planner_with(catalog, "zen4", layerzero::policy::Policy::default())?;
     let block = Some([128, 128]);
     let row_major = TensorDesc::new(DType::F32, [2, 4]);
     let col_major = TensorDesc::new(DType::F32, [2, 4]).with_strides([1, 2]);
@@ -685,17 +673,17 @@ fn a_scale_that_does_not_match_its_scheme_is_rejected_for_every_kernel() {
         let req = quant_request(Op::Dequantize, attrs.clone(), Some(scale.clone()));
         let report = sel.explain(&req);
         assert!(report.request_errors.is_empty(), "{:?}", report.request_errors);
-        let got = codes(&report, "probe.dequantize.base");
+        let got = codes(&report, "probe.dequantize.base")?;
         let want: &[&str] = if mismatch { &["SCALE_LAYOUT_MISMATCH"] } else { &[] };
         assert_eq!(got, want, "{attrs:?} with scale {scale:?}");
     }
     // Quantized linears: per-row scales and int4 groups.
-    let cat = two_kernel_catalog(Op::LinearInt4, "cpu", &json!({}), &json!({}));
-    let sel = planner_with(cat, "zen4", layerzero::policy::Policy::default());
+    let cat = two_kernel_catalog(Op::LinearInt4, "cpu", &json!({}), &json!({}))?;
+    let sel = planner_with(cat, "zen4", layerzero::policy::Policy::default())?;
     let bad = int4_request(64).tensor("scales", TensorDesc::new(DType::F32, [32, 8]));
-    assert_eq!(codes(&sel.explain(&bad), "probe.linear_int4.base"), ["SCALE_LAYOUT_MISMATCH"]);
-    let cat = two_kernel_catalog(Op::LinearW8a8, "cpu", &json!({}), &json!({}));
-    let sel = planner_with(cat, "zen4", layerzero::policy::Policy::default());
+    assert_eq!(codes(&sel.explain(&bad), "probe.linear_int4.base")?, ["SCALE_LAYOUT_MISMATCH"]);
+    let cat = two_kernel_catalog(Op::LinearW8a8, "cpu", &json!({}), &json!({}))?;
+    let sel = planner_with(cat, "zen4", layerzero::policy::Policy::default())?;
     let w8 = |xs: u64| {
         Request::new(Op::LinearW8a8)
             .tensor("x", TensorDesc::new(DType::I8, [4, 64]))
@@ -703,44 +691,35 @@ fn a_scale_that_does_not_match_its_scheme_is_rejected_for_every_kernel() {
             .tensor("weight", TensorDesc::new(DType::I8, [32, 64]))
             .tensor("w_scale", TensorDesc::new(DType::F32, [32]))
     };
-    assert!(codes(&sel.explain(&w8(4)), "probe.linear_w8a8.base").is_empty());
-    assert!(codes(&sel.explain(&w8(1)), "probe.linear_w8a8.base").is_empty());
-    assert_eq!(codes(&sel.explain(&w8(32)), "probe.linear_w8a8.base"), ["SCALE_LAYOUT_MISMATCH"]);
+    assert!(codes(&sel.explain(&w8(4)), "probe.linear_w8a8.base")?.is_empty());
+    assert!(codes(&sel.explain(&w8(1)), "probe.linear_w8a8.base")?.is_empty());
+    assert_eq!(codes(&sel.explain(&w8(32)), "probe.linear_w8a8.base")?, ["SCALE_LAYOUT_MISMATCH"]);
+    Ok(())
 }
 
 #[test]
-fn a_fused_mlp_is_modeled_without_its_intermediate_traffic() {
+fn a_fused_mlp_is_modeled_without_its_intermediate_traffic() -> TestResult {
     // perf.fused drops the intermediates' bytes: on a memory-bound shape it wins.
-    let mk = |id: &str, fused: bool| {
-        let mut k = kernel(id, Op::Mlp, json!({}), props());
-        if fused {
-            k["perf"]["fused"] = json!(true);
-        }
-        k
-    };
-    let doc = json!({"schema_version": 1, "backend": "probe", "description": "mlp", "device": "cpu", "version": "0",
-                     "execution": "builtin", "kernels": [mk("probe.mlp.chain", false), mk("probe.mlp.fused", true)]});
-    let catalog =
-        Arc::new(Catalog::from_texts(&[("m.json".to_owned(), doc.to_string())]).unwrap_or_else(|e| panic!("{e}")));
-    let sel = planner_with(catalog, "zen4", layerzero::policy::Policy::default());
+    let chain = kernel("probe.mlp.chain", Op::Mlp, json!({}));
+    let fused = kernel("probe.mlp.fused", Op::Mlp, json!({})).perf("fused", true);
+    let catalog = Backend::new("probe", "cpu").kernel(chain).kernel(fused).catalog()?;
+    let sel = planner_with(catalog, "zen4", layerzero::policy::Policy::default())?;
     let r = sel.explain(&mlp_request(Op::Mlp, Activation::Silu));
     let bytes = |k: &str| r.candidate(k).and_then(|c| c.score.as_ref()).map(|s| s.model.bytes).unwrap_or_default();
     assert!(bytes("probe.mlp.fused") < bytes("probe.mlp.chain"));
     assert_eq!(r.selected.as_deref(), Some("probe.mlp.fused"));
     // And nothing else may declare it.
-    let mut bad = kernel("probe.linear.x", Op::Linear, json!({}), props());
-    bad["perf"]["fused"] = json!(true);
-    let doc = json!({"schema_version": 1, "backend": "probe", "description": "x", "device": "cpu", "version": "0", "execution": "builtin", "kernels": [bad]});
-    let err =
-        Catalog::from_texts(&[("x.json".to_owned(), doc.to_string())]).err().map(|e| e.to_string()).unwrap_or_default();
+    let bad = kernel("probe.linear.x", Op::Linear, json!({})).perf("fused", true);
+    let err = Backend::new("probe", "cpu").kernel(bad).catalog().err().map(|e| e.to_string()).unwrap_or_default();
     assert!(err.contains("perf.fused"), "{err}");
+    Ok(())
 }
 
 #[test]
-fn a_paged_decode_is_charged_the_pages_its_block_table_reaches_not_the_whole_pool() {
+fn a_paged_decode_is_charged_the_pages_its_block_table_reaches_not_the_whole_pool() -> TestResult {
     // 4 sequences x 8 pages of 16 positions x 8 kv heads x (128 + 128) x bf16, out of a pool
     // of 64 pages: a pool 8 times as large changes nothing.
-    let sel = layerzero_tests::planner("spr");
+    let sel = layerzero_tests::planner("spr")?;
     let bytes = |req: &Request| {
         let r = sel.explain(req);
         r.candidate("cpu.paged_attention.split_kv").and_then(|c| c.score.as_ref()).map(|s| s.model.bytes).unwrap_or(0.0)
@@ -752,4 +731,5 @@ fn a_paged_decode_is_charged_the_pages_its_block_table_reaches_not_the_whole_poo
     let others = (4 * 32 * 128 * 2 + 4 * 8 * 4 + 4 * 4) as f64 + 4.0 * 32.0 * 128.0 * 2.0;
     assert_eq!(bytes(&small), reached + others);
     assert_eq!(bytes(&large), bytes(&small));
+    Ok(())
 }

@@ -13,25 +13,28 @@ use layerzero::policy::Policy;
 use layerzero::schema::{SchemaKind, violations};
 use layerzero::score::measured::{Measured, Measurements};
 use layerzero::select::{ScoreSource, Selector};
+use layerzero_tests::TestResult;
 
 const NORM: &str = r#"{"op": "rms_norm", "tensors": {"x": {"dtype": "f32", "shape": [2, 64]},
     "weight": {"dtype": "f32", "shape": [64]}}, "attrs": {"eps": 1e-6}}"#;
 
-fn selector() -> Selector {
-    Selector::planning(
-        Catalog::builtin().unwrap_or_else(|e| panic!("{e}")),
-        Arc::new(named::load("spr").unwrap_or_else(|e| panic!("{e}"))),
-        Arc::new(Policy::default()),
-    )
-    .unwrap_or_else(|e| panic!("{e}"))
+fn selector() -> TestResult<Selector> {
+    Ok(Selector::planning(Catalog::builtin()?, Arc::new(named::load("spr")?), Arc::new(Policy::default()))?)
 }
 
 /// A row for `kernel` at the request's key and bucket, measured on `fingerprint`.
-fn row(sel: &Selector, req: &Request, kernel: &str, median_ns: f64, cv: f64, fingerprint: &str) -> Measured {
+fn row(
+    sel: &Selector,
+    req: &Request,
+    kernel: &str,
+    median_ns: f64,
+    cv: f64,
+    fingerprint: &str,
+) -> TestResult<Measured> {
     let key = SelectionKey::derive(req);
     let cat = sel.catalog();
-    let (b, k) = cat.kernel(cat.find(kernel).unwrap_or_else(|| panic!("{kernel}")));
-    Measured {
+    let (b, k) = cat.kernel(cat.find(kernel).ok_or_else(|| format!("{kernel} is not in the catalog"))?);
+    Ok(Measured {
         kernel: kernel.into(),
         kernel_version: k.version.clone().unwrap_or_else(|| b.version.clone()),
         backend_version: b.version.clone(),
@@ -43,7 +46,7 @@ fn row(sel: &Selector, req: &Request, kernel: &str, median_ns: f64, cv: f64, fin
         p10_ns: median_ns * 0.95,
         p90_ns: median_ns * 1.05,
         cv,
-    }
+    })
 }
 
 fn with(sel: Selector, rows: Vec<Measured>) -> Selector {
@@ -52,18 +55,18 @@ fn with(sel: Selector, rows: Vec<Measured>) -> Selector {
 }
 
 #[test]
-fn a_confident_measurement_beats_the_model_and_the_report_shows_it() {
-    let req = Request::from_json(NORM).unwrap_or_else(|e| panic!("{e}"));
-    let base = selector();
-    assert_eq!(base.select(&req).unwrap_or_else(|e| panic!("{e}")).kernel, "cpu.rms_norm.fast");
+fn a_confident_measurement_beats_the_model_and_the_report_shows_it() -> TestResult {
+    let req = Request::from_json(NORM)?;
+    let base = selector()?;
+    assert_eq!(base.select(&req)?.kernel, "cpu.rms_norm.fast");
     let fp = base.hardware().fingerprint.clone();
     // Measured: the oracle is faster at this tiny size (no thread start-up).
     let rows = vec![
-        row(&base, &req, "cpu.rms_norm.fast", 9000.0, 0.02, &fp),
-        row(&base, &req, "cpu_reference.rms_norm.naive", 800.0, 0.03, &fp),
+        row(&base, &req, "cpu.rms_norm.fast", 9000.0, 0.02, &fp)?,
+        row(&base, &req, "cpu_reference.rms_norm.naive", 800.0, 0.03, &fp)?,
     ];
     let sel = with(base, rows);
-    let s = sel.select(&req).unwrap_or_else(|e| panic!("{e}"));
+    let s = sel.select(&req)?;
     assert_eq!(s.kernel, "cpu_reference.rms_norm.naive");
     assert_eq!(s.score.source, ScoreSource::Perfdb);
     assert_eq!(s.score.estimated_ns, 800.0);
@@ -77,41 +80,40 @@ fn a_confident_measurement_beats_the_model_and_the_report_shows_it() {
     assert_eq!(c["score"]["source"], "perfdb");
     assert_eq!(c["score"]["measurement"]["samples"], 30);
     assert_eq!(c["score"]["measurement"]["cv"], 0.03);
+    Ok(())
 }
 
 #[test]
-fn a_noisy_measurement_is_blended_with_less_weight_than_a_steady_one() {
-    let req = Request::from_json(NORM).unwrap_or_else(|e| panic!("{e}"));
-    let base = selector();
+fn a_noisy_measurement_is_blended_with_less_weight_than_a_steady_one() -> TestResult {
+    let req = Request::from_json(NORM)?;
+    let base = selector()?;
     let fp = base.hardware().fingerprint.clone();
     let fast = |sel: &Selector| {
-        sel.explain(&req)
-            .candidate("cpu.rms_norm.fast")
-            .and_then(|c| c.score.clone())
-            .unwrap_or_else(|| panic!("eligible"))
+        sel.explain(&req).candidate("cpu.rms_norm.fast").and_then(|c| c.score.clone()).ok_or("ineligible")
     };
-    let model = fast(&base).estimated_ns;
-    let estimate = |cv: f64| {
-        let s = fast(&with(selector(), vec![row(&base, &req, "cpu.rms_norm.fast", model * 10.0, cv, &fp)]));
-        (s.source, s.estimated_ns)
+    let model = fast(&base)?.estimated_ns;
+    let estimate = |cv: f64| -> TestResult<_> {
+        let s = fast(&with(selector()?, vec![row(&base, &req, "cpu.rms_norm.fast", model * 10.0, cv, &fp)?]))?;
+        Ok((s.source, s.estimated_ns))
     };
-    let (steady_src, steady) = estimate(0.05);
-    let (noisy_src, noisy) = estimate(0.30);
-    let (wild_src, wild) = estimate(0.80);
+    let (steady_src, steady) = estimate(0.05)?;
+    let (noisy_src, noisy) = estimate(0.30)?;
+    let (wild_src, wild) = estimate(0.80)?;
     assert_eq!(steady_src, ScoreSource::Perfdb);
     assert_eq!(noisy_src, ScoreSource::Blended);
     assert_eq!(wild_src, ScoreSource::Model);
     assert!(steady > noisy && noisy > wild, "{steady} > {noisy} > {wild}");
     assert!((wild - model).abs() < 1e-9);
+    Ok(())
 }
 
 #[test]
-fn rows_from_another_machine_or_version_are_ignored_with_a_reason_in_the_report() {
-    let req = Request::from_json(NORM).unwrap_or_else(|e| panic!("{e}"));
-    let base = selector();
-    let mut old = row(&base, &req, "cpu.rms_norm.fast", 1.0, 0.01, &base.hardware().fingerprint.clone());
+fn rows_from_another_machine_or_version_are_ignored_with_a_reason_in_the_report() -> TestResult {
+    let req = Request::from_json(NORM)?;
+    let base = selector()?;
+    let mut old = row(&base, &req, "cpu.rms_norm.fast", 1.0, 0.01, &base.hardware().fingerprint.clone())?;
     old.kernel_version = "0.0.0-old".into();
-    let elsewhere = row(&base, &req, "cpu_reference.rms_norm.naive", 1.0, 0.01, "another-machine");
+    let elsewhere = row(&base, &req, "cpu_reference.rms_norm.naive", 1.0, 0.01, "another-machine")?;
     let sel = with(base, vec![old, elsewhere]);
     let report = sel.explain(&req);
     let notes = |k: &str| -> Vec<ReasonCode> {
@@ -124,4 +126,5 @@ fn rows_from_another_machine_or_version_are_ignored_with_a_reason_in_the_report(
     assert_eq!(notes("cpu.rms_norm.fast"), vec![ReasonCode::PERFDB_VERSION_MISMATCH]);
     assert_eq!(notes("cpu_reference.rms_norm.naive"), vec![ReasonCode::PERFDB_HARDWARE_MISMATCH]);
     assert_eq!(report.selected.as_deref(), Some("cpu.rms_norm.fast"), "the model decides");
+    Ok(())
 }

@@ -13,79 +13,75 @@ use layerzero::hardware::memory::MemoryGauge;
 use layerzero::policy::Policy;
 use layerzero::tensor::HostTensor;
 use layerzero::{ErrorKind, LayerZero, ReasonCode};
-use layerzero_tests::planner_with;
-use serde_json::json;
+use layerzero_tests::catalog::{Backend, Kernel};
+use layerzero_tests::{TestResult, planner_with};
 
 const MIB: u64 = 1 << 20;
 const BIG: &str = "mem.attention.big";
 const SMALL: &str = "mem.attention.small";
 
 /// A faster kernel that needs 300 MiB of workspace and a slightly slower one that needs none.
-fn catalog() -> Arc<Catalog> {
+fn catalog() -> TestResult<Arc<Catalog>> {
     let k = |id: &str, eff: f64, workspace: u64| {
-        json!({"id": id, "op": "attention", "constraints": {"gqa": {"supported": true}, "causal": {"alignments": ["bottom_right", "top_left"]}},
-               "properties": {"deterministic": true, "graph_safe": false, "needs_jit": false, "workspace_bytes": workspace},
-               "perf": {"eff_compute": eff, "eff_mem": eff, "launch_ns": 100}})
+        Kernel::attention(id).efficiency(eff).perf("launch_ns", 100).property("workspace_bytes", workspace)
     };
-    let doc = json!({"schema_version": 1, "backend": "mem", "description": "memory test", "device": "cpu", "version": "0",
-                     "execution": "builtin", "kernels": [k(BIG, 0.9, 300 * MIB), k(SMALL, 0.8, 0)]});
-    Arc::new(Catalog::from_texts(&[("mem.json".to_owned(), doc.to_string())]).unwrap_or_else(|e| panic!("{e}")))
+    Backend::new("mem", "cpu").kernel(k(BIG, 0.9, 300 * MIB)).kernel(k(SMALL, 0.8, 0)).catalog()
 }
 
 fn out() -> Result<Outputs, KernelError> {
     let mut o = Outputs::new();
-    o.insert("out", HostTensor::from_f32(&[1], vec![1.0]).unwrap_or_else(|e| panic!("{e}")));
+    o.insert("out", HostTensor::from_f32(&[1], vec![1.0]).map_err(|e| KernelError::Failed(e.to_string()))?);
     Ok(o)
 }
 
 /// A handle on a 16 GiB machine whose headroom `gauge` reads.
-fn handle(gauge: &Arc<MemoryGauge>, big: Arc<dyn layerzero::Executor>) -> LayerZero {
+fn handle(gauge: &Arc<MemoryGauge>, big: Arc<dyn layerzero::Executor>) -> TestResult<LayerZero> {
     let mut r = Registry::new();
     r.register(BIG, big);
     r.register(SMALL, Arc::new(|_: &OpArgs| out()));
-    LayerZero::new(planner_with(catalog(), "zen4", Policy::default()), r)
-        .and_then(|lz| lz.with_memory_gauge(gauge.clone()))
-        .unwrap_or_else(|e| panic!("{e}"))
+    Ok(LayerZero::new(planner_with(catalog()?, "zen4", Policy::default())?, r)?.with_memory_gauge(gauge.clone())?)
 }
 
-fn selected(lz: &LayerZero) -> String {
-    lz.select(&layerzero_tests::tiny_attention().describe()).map(|h| h.kernel.clone()).unwrap_or_else(|e| panic!("{e}"))
+fn selected(lz: &LayerZero) -> TestResult<String> {
+    Ok(lz.select(&layerzero_tests::tiny_attention()?.describe())?.kernel.clone())
 }
 
 #[test]
-fn a_workspace_larger_than_the_live_headroom_is_rejected_and_the_cached_choice_is_not_served() {
+fn a_workspace_larger_than_the_live_headroom_is_rejected_and_the_cached_choice_is_not_served() -> TestResult {
     let gauge = Arc::new(MemoryGauge::new(16 << 30));
-    let lz = handle(&gauge, Arc::new(|_: &OpArgs| out()));
+    let lz = handle(&gauge, Arc::new(|_: &OpArgs| out()))?;
     gauge.set_available(8 << 30);
-    assert_eq!(selected(&lz), BIG);
-    assert_eq!(selected(&lz), BIG, "cached while memory is plentiful");
+    assert_eq!(selected(&lz)?, BIG);
+    assert_eq!(selected(&lz)?, BIG, "cached while memory is plentiful");
     // Another process takes almost everything: 200 MiB left, under pressure.
     gauge.set_available(200 * MIB);
-    assert_eq!(selected(&lz), SMALL, "the choice cached before the pressure is not served");
-    let report = lz.explain(&layerzero_tests::tiny_attention().describe());
-    let big = report.candidate(BIG).unwrap_or_else(|| panic!("{BIG}"));
+    assert_eq!(selected(&lz)?, SMALL, "the choice cached before the pressure is not served");
+    let report = lz.explain(&layerzero_tests::tiny_attention()?.describe());
+    let big = report.candidate(BIG).ok_or_else(|| format!("{BIG} is not a candidate"))?;
     let why = big.reasons.iter().find(|r| r.code() == ReasonCode::MEMORY_HEADROOM_EXCEEDED);
     assert!(why.is_some_and(|r| r.message().contains("live reading")), "{:?}", big.reasons);
     // Memory comes back: the fast kernel again.
     gauge.set_available(8 << 30);
-    assert_eq!(selected(&lz), BIG);
+    assert_eq!(selected(&lz)?, BIG);
+    Ok(())
 }
 
 #[test]
-fn under_pressure_a_kernel_that_fits_but_needs_more_workspace_loses_to_a_smaller_one() {
+fn under_pressure_a_kernel_that_fits_but_needs_more_workspace_loses_to_a_smaller_one() -> TestResult {
     let gauge = Arc::new(MemoryGauge::new(16 << 30));
-    let lz = handle(&gauge, Arc::new(|_: &OpArgs| out()));
+    let lz = handle(&gauge, Arc::new(|_: &OpArgs| out()))?;
     // 400 MiB free of 16 GiB: the 300 MiB workspace fits, but would take most of it.
     gauge.set_available(400 * MIB);
     assert!(gauge.under_pressure());
-    let report = lz.explain(&layerzero_tests::tiny_attention().describe());
+    let report = lz.explain(&layerzero_tests::tiny_attention()?.describe());
     assert!(report.candidate(BIG).is_some_and(|c| c.reasons.is_empty()), "it fits");
     assert_eq!(report.selected.as_deref(), Some(SMALL));
     assert!(report.candidate(BIG).and_then(|c| c.score.as_ref()).is_some_and(|s| s.policy_factor > 1.5));
+    Ok(())
 }
 
 #[test]
-fn a_kernel_that_keeps_running_out_of_memory_is_not_retried_in_a_loop() {
+fn a_kernel_that_keeps_running_out_of_memory_is_not_retried_in_a_loop() -> TestResult {
     let gauge = Arc::new(MemoryGauge::new(16 << 30));
     gauge.set_available(8 << 30);
     let calls = Arc::new(AtomicUsize::new(0));
@@ -96,30 +92,33 @@ fn a_kernel_that_keeps_running_out_of_memory_is_not_retried_in_a_loop() {
             c.fetch_add(1, Ordering::SeqCst);
             Err(KernelError::OutOfMemory("cudaMalloc of 300 MiB failed".to_owned()))
         }),
-    );
+    )?;
     for _ in 0..20 {
-        let d = lz.dispatch(&layerzero_tests::tiny_attention()).unwrap_or_else(|e| panic!("{e}"));
+        let d = lz.dispatch(&layerzero_tests::tiny_attention()?)?;
         assert_eq!(d.selection().kernel, SMALL);
     }
     let threshold = Policy::default().health.failure_threshold as usize;
     assert_eq!(calls.load(Ordering::SeqCst), threshold, "one try per dispatch until quarantined, then none");
+    Ok(())
 }
 
 #[test]
-fn when_no_kernel_fits_the_error_says_so_for_each_one() {
+fn when_no_kernel_fits_the_error_says_so_for_each_one() -> TestResult {
     let gauge = Arc::new(MemoryGauge::new(16 << 30));
-    let lz = handle(&gauge, Arc::new(|_: &OpArgs| out()));
+    let lz = handle(&gauge, Arc::new(|_: &OpArgs| out()))?;
     gauge.set_available(0);
     // Even the no-workspace kernel needs room for its output.
-    let err = lz.select(&layerzero_tests::tiny_attention().describe()).err().unwrap_or_else(|| panic!("nothing fits"));
+    let err = lz.select(&layerzero_tests::tiny_attention()?.describe()).err().ok_or("nothing fits")?;
     assert_eq!(err.kind(), ErrorKind::NoKernel);
     assert!(err.reasons().iter().all(|r| r.code() == ReasonCode::MEMORY_HEADROOM_EXCEEDED), "{err}");
+    Ok(())
 }
 
 #[test]
-fn a_host_handle_reads_the_live_headroom_of_this_machine() {
-    let lz = LayerZero::detected().unwrap_or_else(|e| panic!("{e}"));
+fn a_host_handle_reads_the_live_headroom_of_this_machine() -> TestResult {
+    let lz = LayerZero::detected()?;
     let gauge = lz.selector().memory().map(|g| (g.available(), g.total()));
-    let (available, total) = gauge.unwrap_or_else(|| panic!("a host handle has a memory gauge"));
+    let (available, total) = gauge.ok_or("a host handle has a memory gauge")?;
     assert!(available.is_some_and(|a| a > 0), "{available:?} of {total}");
+    Ok(())
 }

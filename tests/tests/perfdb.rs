@@ -7,9 +7,7 @@ use std::path::{Path, PathBuf};
 use assert_cmd::Command;
 use layerzero::perfdb::{PerfDb, Row, SCHEMA_VERSION, digest_rows};
 use layerzero::schema::{SchemaKind, violations};
-use layerzero_tests::lz;
-
-type TestResult = Result<(), Box<dyn std::error::Error>>;
+use layerzero_tests::{TestResult, lz};
 
 fn row(kernel: &str, bucket: &str, median: f64) -> Row {
     Row {
@@ -149,10 +147,7 @@ fn processes_writing_at_once_lose_nothing() -> TestResult {
     Ok(())
 }
 
-fn doctor_json(
-    cmd: &mut Command,
-    perfdb: Option<&Path>,
-) -> Result<(i32, serde_json::Value), Box<dyn std::error::Error>> {
+fn doctor_json(cmd: &mut Command, perfdb: Option<&Path>) -> TestResult<(i32, serde_json::Value)> {
     cmd.args(["doctor", "--json"]);
     if let Some(p) = perfdb {
         cmd.arg("--perfdb").arg(p);
@@ -171,7 +166,7 @@ fn doctor_reports_a_recovery() -> TestResult {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("perfdb.sqlite");
     std::fs::write(&path, b"definitely not a database")?;
-    let (code, v) = doctor_json(lz().env("LAYERZERO_HOME", dir.path()), Some(&path))?;
+    let (code, v) = doctor_json(lz()?.env("LAYERZERO_HOME", dir.path()), Some(&path))?;
     assert_eq!(code, 0, "{v}");
     let db = &v["perfdb"];
     assert_eq!(db["path"], path.display().to_string());
@@ -185,11 +180,11 @@ fn doctor_reports_a_recovery() -> TestResult {
 
     // The text form says so too; a healthy file afterwards reports no recovery.
     std::fs::write(&path, b"garbage again")?;
-    let out = lz().env("LAYERZERO_HOME", dir.path()).args(["doctor", "--perfdb"]).arg(&path).output()?;
+    let out = lz()?.env("LAYERZERO_HOME", dir.path()).args(["doctor", "--perfdb"]).arg(&path).output()?;
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("RECOVERED") && text.contains("moved aside to") && text.contains(".corrupt-"), "{text}");
     assert!(text.contains("LAYERZERO_PLAN_MODE") && text.contains("enum(off|prefer|strict)"), "{text}");
-    let (code, v) = doctor_json(lz().env("LAYERZERO_HOME", dir.path()), Some(&path))?;
+    let (code, v) = doctor_json(lz()?.env("LAYERZERO_HOME", dir.path()), Some(&path))?;
     assert_eq!(code, 0);
     assert!(v["perfdb"]["recovered"].is_null(), "{v}");
     Ok(())
@@ -198,7 +193,7 @@ fn doctor_reports_a_recovery() -> TestResult {
 #[test]
 fn doctor_finds_the_perfdb_through_the_knobs_and_never_creates_it() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let (code, v) = doctor_json(lz().env("LAYERZERO_HOME", dir.path()), None)?;
+    let (code, v) = doctor_json(lz()?.env("LAYERZERO_HOME", dir.path()), None)?;
     assert_eq!(code, 0, "{v}");
     let expected: PathBuf = dir.path().join("perfdb.sqlite");
     assert_eq!(v["perfdb"]["path"], expected.display().to_string());
@@ -207,12 +202,13 @@ fn doctor_finds_the_perfdb_through_the_knobs_and_never_creates_it() -> TestResul
     assert!(!expected.exists(), "doctor created the PerfDB");
 
     let explicit = dir.path().join("elsewhere/db.sqlite");
-    let (_, v) = doctor_json(lz().env("LAYERZERO_HOME", dir.path()).env("LAYERZERO_PERFDB", &explicit), None)?;
+    let (_, v) = doctor_json(lz()?.env("LAYERZERO_HOME", dir.path()).env("LAYERZERO_PERFDB", &explicit), None)?;
     assert_eq!(v["perfdb"]["path"], explicit.display().to_string());
 
     // Every knob is listed with its current value; a bad value fails the check, naming it.
     let (code, v) = doctor_json(
-        lz().env("LAYERZERO_HOME", dir.path())
+        lz()?
+            .env("LAYERZERO_HOME", dir.path())
             .env("LAYERZERO_PLAN_MODE", "sometimes")
             .env("LAYERZERO_CACHE_CAPACITY", "64"),
         None,

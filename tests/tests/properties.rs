@@ -10,7 +10,7 @@ use layerzero::model::layout::Layout;
 use layerzero::model::op::Op;
 use layerzero::model::request::Request;
 use layerzero::model::tensor::TensorDesc;
-use layerzero_tests::{catalog, planner, planner_with, policy};
+use layerzero_tests::{TestResult, catalog, planner, planner_with, policy};
 use proptest::prelude::*;
 
 fn dtype() -> impl Strategy<Value = DType> {
@@ -114,12 +114,17 @@ fn attention_request() -> impl Strategy<Value = Request> {
         })
 }
 
+/// A helper's error as a failed case: inside `proptest!` a body returns `TestCaseError`.
+fn case<T>(r: TestResult<T>) -> Result<T, TestCaseError> {
+    r.map_err(|e| TestCaseError::fail(e.to_string()))
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn random_requests_never_panic_and_are_deterministic(req in request(), hw in proptest::sample::select(vec!["h100", "t4", "zen4", "mi300x", "b200"])) {
-        let sel = planner(hw);
+        let sel = case(planner(hw))?;
         let a = serde_json::to_string(&sel.explain(&req).to_json()).unwrap_or_default();
         let b = serde_json::to_string(&sel.explain(&req).to_json()).unwrap_or_default();
         prop_assert_eq!(a, b);
@@ -128,7 +133,7 @@ proptest! {
 
     #[test]
     fn wellformed_attention_gets_a_verdict_with_reasons_for_every_rejection(req in attention_request(), hw in proptest::sample::select(vec!["h100", "a100", "t4", "spr", "zen3", "l4", "b200"])) {
-        let r = planner(hw).explain(&req);
+        let r = case(planner(hw))?.explain(&req);
         for c in &r.candidates {
             prop_assert_eq!(c.reasons.is_empty(), c.score.is_some());
             if let Some(s) = &c.score {
@@ -139,7 +144,8 @@ proptest! {
 
     #[test]
     fn select_and_explain_agree_on_the_winner_and_its_score(req in attention_request(), hw in proptest::sample::select(vec!["h100", "a100", "t4", "zen4", "b200"]), strict in any::<bool>()) {
-        let sel = planner_with(catalog(), hw, policy(&format!(r#"{{"strict_mode": {strict}}}"#)));
+        let p = case(policy(&format!(r#"{{"strict_mode": {strict}}}"#)))?;
+        let sel = case(planner_with(case(catalog())?, hw, p))?;
         let report = sel.explain(&req);
         match sel.select(&req) {
             Ok(s) => {
@@ -170,7 +176,7 @@ proptest! {
             .tensor("x", TensorDesc::new(DType::F16, [dims[0], dims[1], dims[2]]))
             .tensor("weight", TensorDesc::new(DType::F16, [dims[2]]));
         for req in [attn, linear, norm] {
-            let sel = planner(hw);
+            let sel = case(planner(hw))?;
             let r = sel.explain(&req);
             for c in &r.candidates {
                 if let Some(s) = &c.score {
@@ -193,7 +199,7 @@ proptest! {
         let _ = Request::from_value(v.clone());
         v["tensors"]["q"][key] = val;
         if let Ok(r) = Request::from_value(v) {
-            let _ = planner("h100").explain(&r);
+            let _ = case(planner("h100"))?.explain(&r);
         }
     }
 
@@ -214,8 +220,9 @@ proptest! {
 
     #[test]
     fn denying_kernels_never_makes_another_kernel_eligible(req in attention_request(), pattern in proptest::sample::select(vec!["flash_attn_*", "torch_sdpa.*", "*.attention.*", "xformers.*", "flashinfer.*"])) {
-        let free = planner("h100").explain(&req);
-        let denied = planner_with(catalog(), "h100", policy(&format!(r#"{{"rules": [{{"action": "deny", "kernels": "{pattern}"}}]}}"#))).explain(&req);
+        let free = case(planner("h100"))?.explain(&req);
+        let deny = case(policy(&format!(r#"{{"rules": [{{"action": "deny", "kernels": "{pattern}"}}]}}"#)))?;
+        let denied = case(planner_with(case(catalog())?, "h100", deny))?.explain(&req);
         for (a, b) in free.candidates.iter().zip(&denied.candidates) {
             prop_assert!(!(a.score.is_none() && b.score.is_some()), "{} became eligible", a.kernel);
         }
@@ -223,10 +230,11 @@ proptest! {
 }
 
 #[test]
-fn an_empty_catalog_selects_nothing_with_a_clear_error() {
-    let c = Arc::new(Catalog::from_backends(Vec::new()).unwrap_or_else(|e| panic!("{e}")));
-    let sel = planner_with(c, "h100", layerzero::policy::Policy::default());
+fn an_empty_catalog_selects_nothing_with_a_clear_error() -> TestResult {
+    let c = Arc::new(Catalog::from_backends(Vec::new())?);
+    let sel = planner_with(c, "h100", layerzero::policy::Policy::default())?;
     let req = layerzero_tests::attention(DType::BF16, 1, 16, 16, 8, 8, 64);
     let err = sel.select(&req).err().map(|e| e.to_string()).unwrap_or_default();
     assert!(err.contains("no kernel is declared for op attention"), "{err}");
+    Ok(())
 }

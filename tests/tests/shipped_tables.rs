@@ -11,23 +11,18 @@ use layerzero::plan::table::{DispatchTable, Plan};
 use layerzero::plan::workload::Workload;
 use layerzero::policy::Policy;
 use layerzero::select::Selector;
-use layerzero_tests::repo_root;
+use layerzero_tests::{TestResult, repo_root};
 
 #[test]
-fn every_shipped_profile_has_a_current_llama_table() {
+fn every_shipped_profile_has_a_current_llama_table() -> TestResult {
     let root = repo_root();
-    let text = std::fs::read_to_string(root.join("workloads/llama-3-8b.json")).unwrap_or_else(|e| panic!("{e}"));
-    let workload = Workload::from_json(&text, "workloads/llama-3-8b.json").unwrap_or_else(|e| panic!("{e}"));
-    let catalog = Catalog::builtin().unwrap_or_else(|e| panic!("{e}"));
+    let text = std::fs::read_to_string(root.join("workloads/llama-3-8b.json"))?;
+    let workload = Workload::from_json(&text, "workloads/llama-3-8b.json")?;
+    let catalog = Catalog::builtin()?;
     for name in named::builtin_names() {
         let path = root.join(format!("dispatch_tables/{name}-llama-3-8b.json"));
-        let shipped = DispatchTable::read(&path).unwrap_or_else(|r| panic!("{}", r.error));
-        let sel = Selector::planning(
-            catalog.clone(),
-            Arc::new(named::load(name).unwrap_or_else(|e| panic!("{e}"))),
-            Arc::new(Policy::default()),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        let shipped = DispatchTable::read(&path).map_err(|r| format!("{}", r.error))?;
+        let sel = Selector::planning(catalog.clone(), Arc::new(named::load(name)?), Arc::new(Policy::default()))?;
         let fresh = solve::solve(
             &workload,
             &sel,
@@ -36,16 +31,16 @@ fn every_shipped_profile_has_a_current_llama_table() {
                 created_at: shipped.header.created_at.clone(),
                 command: shipped.header.command.clone(),
             },
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        )?;
         assert!(
-            fresh.to_json() == std::fs::read_to_string(&path).unwrap_or_default(),
+            fresh.to_json() == std::fs::read_to_string(&path)?,
             "{} is stale: regenerate it with the command in dispatch_tables/README.md",
             path.display()
         );
         assert!(shipped.header.command.contains(&format!("--hardware {name} ")), "{}", shipped.header.command);
-        let plan = Plan::new(&shipped, &sel).unwrap_or_else(|r| panic!("{name}: {r}"));
+        let plan = Plan::new(&shipped, &sel).map_err(|r| format!("{name}: {r}"))?;
         assert!(plan.dropped().is_empty(), "{name}: {:?}", plan.dropped());
         assert_eq!(plan.len(), shipped.entries.len());
     }
+    Ok(())
 }

@@ -8,26 +8,26 @@ use layerzero::LayerZero;
 use layerzero::llm::{self, Generation, Model, Session};
 use layerzero::schema::{SchemaKind, violations};
 use layerzero::tensor::io;
-use layerzero_tests::{lz, repo_root};
+use layerzero_tests::{TestResult, lz, repo_root};
 
 fn models() -> PathBuf {
     repo_root().join("tests/models")
 }
 
-fn load(name: &str) -> Model {
-    Model::load(&models().join(name), None).unwrap_or_else(|e| panic!("{name}: {e}"))
+fn load(name: &str) -> TestResult<Model> {
+    Ok(Model::load(&models().join(name), None).map_err(|e| format!("{name}: {e}"))?)
 }
 
-fn host() -> LayerZero {
-    LayerZero::detected().unwrap_or_else(|e| panic!("{e}"))
+fn host() -> TestResult<LayerZero> {
+    Ok(LayerZero::detected()?)
 }
 
 const PROMPT: [u32; 10] = [1, 17, 42, 99, 3, 250, 7, 128, 64, 5];
 
 /// The reference's greedy tokens for `PROMPT`.
-fn hf_greedy(name: &str) -> Vec<u32> {
-    let r = io::read(&models().join(name).join("reference.safetensors")).unwrap_or_else(|e| panic!("{e}"));
-    r["generated_ids"].to_f64_vec().iter().map(|&x| x as u32).collect()
+fn hf_greedy(name: &str) -> TestResult<Vec<u32>> {
+    let r = io::read(&models().join(name).join("reference.safetensors"))?;
+    Ok(r["generated_ids"].to_f64_vec().iter().map(|&x| x as u32).collect())
 }
 
 fn greedy(n: usize) -> Generation {
@@ -35,16 +35,16 @@ fn greedy(n: usize) -> Generation {
 }
 
 #[test]
-fn greedy_speculation_gives_the_targets_tokens_whether_the_draft_agrees_always_or_almost_never() {
-    let target = load("llama-gqa");
-    let lz = host();
-    let expected = hf_greedy("llama-gqa");
+fn greedy_speculation_gives_the_targets_tokens_whether_the_draft_agrees_always_or_almost_never() -> TestResult {
+    let target = load("llama-gqa")?;
+    let lz = host()?;
+    let expected = hf_greedy("llama-gqa")?;
     // The target as its own draft agrees always; another model's random weights almost never.
     for (draft, k, lowest, highest) in [("llama-gqa", 4, 1.0, 1.0), ("llama-deep-linear", 3, 0.0, 0.2)] {
-        let d = load(draft);
+        let d = load(draft)?;
         let mut streamed = Vec::new();
         let out = llm::speculate(&target, &d, &lz, &PROMPT, &greedy(expected.len()), k, |t| streamed.push(t))
-            .unwrap_or_else(|e| panic!("{draft}: {e}"));
+            .map_err(|e| format!("{draft}: {e}"))?;
         assert_eq!(out.generated_ids, expected, "draft {draft}");
         assert_eq!(streamed, expected, "draft {draft}: streamed tokens");
         let rate = out.acceptance_rate();
@@ -52,30 +52,32 @@ fn greedy_speculation_gives_the_targets_tokens_whether_the_draft_agrees_always_o
         // Every round yields its accepted drafts and one token of the target's.
         assert_eq!(out.accepted + out.rounds, expected.len(), "draft {draft}");
     }
+    Ok(())
 }
 
 #[test]
-fn every_draft_length_and_budget_ends_exactly_at_max_new_tokens() {
-    let (target, draft, lz) = (load("llama-gqa"), load("llama-deep-linear"), host());
-    let expected = hf_greedy("llama-gqa");
+fn every_draft_length_and_budget_ends_exactly_at_max_new_tokens() -> TestResult {
+    let (target, draft, lz) = (load("llama-gqa")?, load("llama-deep-linear")?, host()?);
+    let expected = hf_greedy("llama-gqa")?;
     for k in [1, 2, 5, 8, usize::MAX] {
         for n in [1, 2, 3, 7] {
             let out = llm::speculate(&target, &draft, &lz, &PROMPT, &greedy(n), k, |_| {})
-                .unwrap_or_else(|e| panic!("k {k}, n {n}: {e}"));
+                .map_err(|e| format!("k {k}, n {n}: {e}"))?;
             assert_eq!(out.generated_ids, expected[..n], "k {k}, n {n}");
         }
     }
     // A one-token prompt has nothing to prefill: the first round starts from it.
-    let alone = llm::generate::generate(&target, &lz, &[1], &greedy(6), |_| {}).unwrap_or_else(|e| panic!("{e}"));
-    let out = llm::speculate(&target, &target, &lz, &[1], &greedy(6), 3, |_| {}).unwrap_or_else(|e| panic!("{e}"));
+    let alone = llm::generate::generate(&target, &lz, &[1], &greedy(6), |_| {})?;
+    let out = llm::speculate(&target, &target, &lz, &[1], &greedy(6), 3, |_| {})?;
     assert_eq!(out.generated_ids, alone.generated_ids());
+    Ok(())
 }
 
 /// The target's next-token distribution after `ids` at temperature 1 with top-k: the
 /// softmax of the k largest logits, computed here in f64 from the model's logits.
-fn top_k_softmax(model: &Model, lz: &LayerZero, ids: &[u32], k: usize) -> Vec<f64> {
-    let mut s = Session::new(model, lz, ids.len()).unwrap_or_else(|e| panic!("{e}"));
-    let logits = s.forward(ids, false).unwrap_or_else(|e| panic!("{e}")).to_f64_vec();
+fn top_k_softmax(model: &Model, lz: &LayerZero, ids: &[u32], k: usize) -> TestResult<Vec<f64>> {
+    let mut s = Session::new(model, lz, ids.len())?;
+    let logits = s.forward(ids, false)?.to_f64_vec();
     let mut order: Vec<usize> = (0..logits.len()).collect();
     order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
     let m = logits[order[0]];
@@ -84,7 +86,7 @@ fn top_k_softmax(model: &Model, lz: &LayerZero, ids: &[u32], k: usize) -> Vec<f6
         p[i] = (logits[i] - m).exp();
     }
     let z: f64 = p.iter().sum();
-    p.iter().map(|x| x / z).collect()
+    Ok(p.iter().map(|x| x / z).collect())
 }
 
 /// Pearson's chi-square of `counts` against `p`; infinite when a token of probability 0 was
@@ -112,14 +114,14 @@ fn chi_square(counts: &[usize], p: &[f64]) -> (f64, usize) {
 const CHI2_999: [f64; 7] = [10.828, 13.816, 16.266, 18.467, 20.515, 22.458, 24.322];
 
 #[test]
-fn sampled_speculation_draws_each_token_from_the_targets_distribution_over_many_seeds() {
+fn sampled_speculation_draws_each_token_from_the_targets_distribution_over_many_seeds() -> TestResult {
     const SEEDS: u64 = 1200;
     const TOP_K: usize = 4;
-    let (target, lz) = (load("llama-gqa"), host());
-    let p1 = top_k_softmax(&target, &lz, &PROMPT, TOP_K);
+    let (target, lz) = (load("llama-gqa")?, host()?);
+    let p1 = top_k_softmax(&target, &lz, &PROMPT, TOP_K)?;
     for name in ["llama-deep-linear", "llama-gqa-draft"] {
-        let draft = load(name);
-        let q1 = top_k_softmax(&draft, &lz, &PROMPT, TOP_K);
+        let draft = load(name)?;
+        let q1 = top_k_softmax(&draft, &lz, &PROMPT, TOP_K)?;
         let g = |seed| Generation {
             max_new_tokens: 2,
             temperature: 1.0,
@@ -133,7 +135,7 @@ fn sampled_speculation_draws_each_token_from_the_targets_distribution_over_many_
         let (mut drafted, mut accepted) = (0, 0);
         for seed in 0..SEEDS {
             let out = llm::speculate(&target, &draft, &lz, &PROMPT, &g(seed), 2, |_| {})
-                .unwrap_or_else(|e| panic!("{name}, seed {seed}: {e}"));
+                .map_err(|e| format!("{name}, seed {seed}: {e}"))?;
             first[out.generated_ids[0] as usize] += 1;
             pairs.push((out.generated_ids[0], out.generated_ids[1]));
             drafted += out.drafted;
@@ -152,7 +154,7 @@ fn sampled_speculation_draws_each_token_from_the_targets_distribution_over_many_
         let mode = (0..first.len()).max_by_key(|&t| first[t]).unwrap_or(0) as u32;
         let mut ids = PROMPT.to_vec();
         ids.push(mode);
-        let p2 = top_k_softmax(&target, &lz, &ids, TOP_K);
+        let p2 = top_k_softmax(&target, &lz, &ids, TOP_K)?;
         let mut second = vec![0usize; target.config.vocab];
         for &(a, b) in &pairs {
             if a == mode {
@@ -164,23 +166,23 @@ fn sampled_speculation_draws_each_token_from_the_targets_distribution_over_many_
         assert!(drafted > 0 && accepted <= drafted, "{name}");
         println!("{name}: acceptance {:.3}", accepted as f64 / drafted as f64);
     }
+    Ok(())
 }
 
 #[test]
-fn lz_generate_with_a_draft_reports_acceptance_and_speedup_and_refuses_a_foreign_tokenizer() {
-    let out = lz()
+fn lz_generate_with_a_draft_reports_acceptance_and_speedup_and_refuses_a_foreign_tokenizer() -> TestResult {
+    let out = lz()?
         .args(["generate", "--model", "tests/models/llama-gqa", "--draft", "tests/models/llama-gqa-draft"])
         .args(["--prompt-ids", "1,17,42,99,3,250,7,128,64,5", "--max-new-tokens", "32", "--ignore-eos"])
         .args(["--draft-tokens", "3", "--json"])
-        .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .output()?;
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}"));
-    let bad = violations(SchemaKind::GenerateReport, &v).unwrap_or_else(|e| panic!("{e}"));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let bad = violations(SchemaKind::GenerateReport, &v)?;
     assert!(bad.is_empty(), "{bad:?}");
     let s = &v["speculative"];
-    let ids: Vec<u32> = serde_json::from_value(v["generated_ids"].clone()).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(ids, hf_greedy("llama-gqa"));
+    let ids: Vec<u32> = serde_json::from_value(v["generated_ids"].clone())?;
+    assert_eq!(ids, hf_greedy("llama-gqa")?);
     assert_eq!(s["matches_target_only"], true);
     assert_eq!(s["draft_tokens"], 3);
     let (drafted, accepted, rounds) =
@@ -194,33 +196,30 @@ fn lz_generate_with_a_draft_reports_acceptance_and_speedup_and_refuses_a_foreign
     assert!(v["draft_ops"]["linear"]["kernels"].is_object(), "{}", v["draft_ops"]);
 
     // A draft whose tokenizer is another one is refused before anything runs.
-    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let tmp = tempfile::tempdir()?;
     for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(models().join("llama-gqa-draft").join(f), tmp.path().join(f)).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::copy(models().join("llama-gqa-draft").join(f), tmp.path().join(f))?;
     }
-    std::fs::copy(repo_root().join("tests/fixtures/tokenizers/bytelevel.json"), tmp.path().join("tokenizer.json"))
-        .unwrap_or_else(|e| panic!("{e}"));
-    let out = lz()
+    std::fs::copy(repo_root().join("tests/fixtures/tokenizers/bytelevel.json"), tmp.path().join("tokenizer.json"))?;
+    let out = lz()?
         .args(["generate", "--model", "tests/models/llama-gqa", "--draft"])
         .arg(tmp.path())
         .args(["--prompt-ids", "1,17,42", "--max-new-tokens", "4"])
-        .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .output()?;
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("share the target's tokenizer") && err.contains("TOKENIZER"), "{err}");
     // A paged cache does not combine with a draft.
-    let out = lz()
+    let out = lz()?
         .args(["generate", "--model", "tests/models/llama-gqa", "--draft", "tests/models/llama-gqa-draft"])
         .args(["--prompt-ids", "1,2", "--kv", "paged"])
-        .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .output()?;
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--kv paged"));
     // --draft-tokens without a draft, and a draft with several prompts, are usage errors.
-    let out = lz()
+    let out = lz()?
         .args(["generate", "--model", "tests/models/llama-gqa", "--prompt-ids", "1,2", "--draft-tokens", "2"])
-        .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .output()?;
     assert_eq!(out.status.code(), Some(2));
+    Ok(())
 }

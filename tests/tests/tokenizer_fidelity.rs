@@ -8,7 +8,7 @@
 //! is Oniguruma where the Rust crate's is pure Rust).
 
 use layerzero::llm::tokenizer::Tokenizer;
-use layerzero_tests::repo_root;
+use layerzero_tests::{TestResult, repo_root};
 
 fn fixtures() -> std::path::PathBuf {
     repo_root().join("tests/fixtures/tokenizers")
@@ -21,25 +21,26 @@ fn byte_offsets(text: &str, chars: &[(usize, usize)]) -> Vec<(usize, usize)> {
 }
 
 #[test]
-fn every_fixture_case_encodes_and_decodes_exactly_as_python_tokenizers_does() {
-    let text = std::fs::read_to_string(fixtures().join("cases.json")).unwrap_or_else(|e| panic!("{e}"));
-    let doc: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}"));
+fn every_fixture_case_encodes_and_decodes_exactly_as_python_tokenizers_does() -> TestResult {
+    let text = std::fs::read_to_string(fixtures().join("cases.json"))?;
+    let doc: serde_json::Value = serde_json::from_str(&text)?;
     let cases = doc["cases"].as_array().cloned().unwrap_or_default();
     assert!(cases.len() >= 100, "the fixture holds every case: {}", cases.len());
     let mut loaded = std::collections::BTreeMap::new();
     let mut round_trips = 0;
     for case in &cases {
         let name = case["tokenizer"].as_str().unwrap_or_default().to_owned();
-        let tok = loaded.entry(name.clone()).or_insert_with(|| {
-            Tokenizer::load(&fixtures().join(format!("{name}.json"))).unwrap_or_else(|e| panic!("{name}: {e}"))
-        });
+        let tok = match loaded.entry(name.clone()) {
+            std::collections::btree_map::Entry::Occupied(known) => known.into_mut(),
+            std::collections::btree_map::Entry::Vacant(new) => new
+                .insert(Tokenizer::load(&fixtures().join(format!("{name}.json"))).map_err(|e| format!("{name}: {e}"))?),
+        };
         let text = case["text"].as_str().unwrap_or_default();
         let special = case["add_special"].as_bool().unwrap_or_default();
         let what = format!("{name} special={special} {text:?}");
-        let want_ids: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap_or_else(|e| panic!("{e}"));
-        let chars: Vec<(usize, usize)> =
-            serde_json::from_value(case["char_offsets"].clone()).unwrap_or_else(|e| panic!("{e}"));
-        let got = tok.encode(text, special).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let want_ids: Vec<u32> = serde_json::from_value(case["ids"].clone())?;
+        let chars: Vec<(usize, usize)> = serde_json::from_value(case["char_offsets"].clone())?;
+        let got = tok.encode(text, special).map_err(|e| format!("{what}: {e}"))?;
         assert_eq!(got.ids, want_ids, "ids of {what}");
         assert_eq!(got.offsets, byte_offsets(text, &chars), "offsets of {what}");
         assert_eq!(tok.decode(&got.ids, false).ok().as_deref(), case["decoded"].as_str(), "decoding {what}");
@@ -56,15 +57,15 @@ fn every_fixture_case_encodes_and_decodes_exactly_as_python_tokenizers_does() {
     }
     assert_eq!(loaded.len(), 3);
     assert!(round_trips >= 20, "lossless cases checked: {round_trips}");
+    Ok(())
 }
 
 #[test]
-fn the_three_fixture_tokenizers_have_three_identities() {
+fn the_three_fixture_tokenizers_have_three_identities() -> TestResult {
     let hashes: std::collections::BTreeSet<String> = ["bytelevel", "metaspace", "wordpiece"]
         .iter()
-        .map(|n| {
-            Tokenizer::load(&fixtures().join(format!("{n}.json"))).unwrap_or_else(|e| panic!("{e}")).hash().to_owned()
-        })
-        .collect();
+        .map(|n| Tokenizer::load(&fixtures().join(format!("{n}.json"))).map(|t| t.hash().to_owned()))
+        .collect::<Result<_, _>>()?;
     assert_eq!(hashes.len(), 3);
+    Ok(())
 }

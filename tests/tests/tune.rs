@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use layerzero::perfdb::PerfDb;
 use layerzero::schema::{SchemaKind, violations};
-use layerzero_tests::repo_root;
+use layerzero_tests::{TestResult, repo_root};
 
 use crate::cli::{lz, run};
 
@@ -28,27 +28,27 @@ const TINY: &str = r#"{
   ]
 }"#;
 
-fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+fn write(dir: &Path, name: &str, text: &str) -> TestResult<PathBuf> {
     let p = dir.join(name);
-    std::fs::write(&p, text).unwrap_or_else(|e| panic!("{e}"));
-    p
+    std::fs::write(&p, text)?;
+    Ok(p)
 }
 
 fn s(p: &Path) -> String {
     p.display().to_string()
 }
 
-fn json(out: &str) -> serde_json::Value {
-    let v: serde_json::Value = serde_json::from_str(out).unwrap_or_else(|e| panic!("{e}: {out}"));
-    let errs = violations(SchemaKind::TuneReport, &v).unwrap_or_else(|e| panic!("{e}"));
+fn json(out: &str) -> TestResult<serde_json::Value> {
+    let v: serde_json::Value = serde_json::from_str(out).map_err(|e| format!("{e}: {out}"))?;
+    let errs = violations(SchemaKind::TuneReport, &v)?;
     assert!(errs.is_empty(), "{errs:#?}\n{out}");
-    v
+    Ok(v)
 }
 
 #[test]
-fn tuning_a_tiny_workload_writes_rows_and_verifies() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let w = write(dir.path(), "tiny.json", TINY);
+fn tuning_a_tiny_workload_writes_rows_and_verifies() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let w = write(dir.path(), "tiny.json", TINY)?;
     let db = dir.path().join("perf.sqlite");
     let (code, out, err) = run(&[
         "tune",
@@ -62,9 +62,9 @@ fn tuning_a_tiny_workload_writes_rows_and_verifies() {
         "--json",
         "--time-cap",
         "0.1",
-    ]);
+    ])?;
     assert_eq!(code, 0, "{err}");
-    let v = json(&out);
+    let v = json(&out)?;
     assert_eq!(v["points"], 5);
     assert_eq!(v["rows_written"], 10, "{out}");
     assert_eq!(v["budget_exhausted"], false);
@@ -85,13 +85,13 @@ fn tuning_a_tiny_workload_writes_rows_and_verifies() {
     assert_eq!(verify["verified"], 5, "{out}");
     assert!(verify["perfdb"]["worst"].as_f64().is_some_and(|x| x >= 0.0));
     // The rows are in the PerfDB, from `tune`, for this machine.
-    let opened = PerfDb::open(&db).unwrap_or_else(|e| panic!("{e}"));
-    let rows = opened.db.rows().unwrap_or_else(|e| panic!("{e}"));
+    let opened = PerfDb::open(&db)?;
+    let rows = opened.db.rows()?;
     assert_eq!(rows.len(), 10);
     let fp = v["fingerprint"].as_str().unwrap_or_default();
     assert!(rows.iter().all(|r| r.origin == "tune" && r.fingerprint == fp && r.samples >= 5));
     // Again, for people: nothing left to measure; the table and the regret summary print.
-    let (code, out, err) = run(&["tune", "--workload", &s(&w), "--perfdb", &s(&db), "--verify", "--time-cap", "0.1"]);
+    let (code, out, err) = run(&["tune", "--workload", &s(&w), "--perfdb", &s(&db), "--verify", "--time-cap", "0.1"])?;
     assert_eq!(code, 0, "{err}");
     // Rows usable here are kept; one too noisy to trust (a loaded machine) is measured again.
     let counts: Vec<u64> = out
@@ -103,31 +103,33 @@ fn tuning_a_tiny_workload_writes_rows_and_verifies() {
     assert!(out.contains("PICKED BY") && out.contains("model-only") && out.contains("perfdb-backed"), "{out}");
     assert!(out.contains("growth cpu: 3 neighbouring bucket pairs"), "{out}");
     assert!(err.is_empty(), "no progress bar when stderr is not a terminal: {err}");
+    Ok(())
 }
 
 #[test]
-fn a_spent_budget_lists_the_skipped_work() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let w = write(dir.path(), "tiny.json", TINY);
+fn a_spent_budget_lists_the_skipped_work() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let w = write(dir.path(), "tiny.json", TINY)?;
     let db = dir.path().join("perf.sqlite");
-    let (code, out, err) = run(&["tune", "--workload", &s(&w), "--budget", "0", "--perfdb", &s(&db), "--json"]);
+    let (code, out, err) = run(&["tune", "--workload", &s(&w), "--budget", "0", "--perfdb", &s(&db), "--json"])?;
     assert_eq!(code, 0, "{err}");
-    let v = json(&out);
+    let v = json(&out)?;
     assert_eq!(v["rows_written"], 0);
     assert_eq!(v["budget_exhausted"], true);
     let skipped = v["skipped"].as_array().cloned().unwrap_or_default();
     assert_eq!(skipped.len(), 10, "{out}");
     assert!(skipped.iter().all(|k| k["reason"] == "budget" && k["phase"] == "tune" && k["kernel"].is_string()));
     assert!(skipped.iter().any(|k| k["entry"] == "attn" && k["bucket"] == "batch=1,seq_q=9..16,seq_k=9..16"));
-    let (code, out, _) = run(&["tune", "--workload", &s(&w), "--budget", "0", "--perfdb", &s(&db)]);
+    let (code, out, _) = run(&["tune", "--workload", &s(&w), "--budget", "0", "--perfdb", &s(&db)])?;
     assert_eq!(code, 0);
     assert!(out.contains("skipped (10)") && out.contains("budget spent"), "{out}");
     assert!(out.contains("cpu_reference.rms_norm.naive"), "{out}");
+    Ok(())
 }
 
 #[test]
-fn a_bad_workload_exits_2_naming_the_file_and_the_field() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+fn a_bad_workload_exits_2_naming_the_file_and_the_field() -> TestResult {
+    let dir = tempfile::tempdir()?;
     let db = dir.path().join("perf.sqlite");
     let cases = [
         ("misspelled.json", TINY.replace("\"entries\"", "\"entrees\""), "\"entries\" is a required property"),
@@ -140,66 +142,64 @@ fn a_bad_workload_exits_2_naming_the_file_and_the_field() {
         ),
     ];
     for (name, text, field) in cases {
-        let w = write(dir.path(), name, &text);
-        let (code, out, err) = run(&["tune", "--workload", &s(&w), "--perfdb", &s(&db)]);
+        let w = write(dir.path(), name, &text)?;
+        let (code, out, err) = run(&["tune", "--workload", &s(&w), "--perfdb", &s(&db)])?;
         assert_eq!(code, 2, "{name}: {out}{err}");
         assert!(err.starts_with("lz: error: ") && err.lines().count() == 1, "{name}: {err}");
         assert!(err.contains(name) && err.contains(field), "{name}: {err}");
     }
-    let (code, _, err) = run(&["tune", "--workload", "no/such/file.json", "--perfdb", &s(&db)]);
+    let (code, _, err) = run(&["tune", "--workload", "no/such/file.json", "--perfdb", &s(&db)])?;
     assert_eq!(code, 2);
     assert!(err.contains("no/such/file.json"), "{err}");
-    let w = write(dir.path(), "tiny.json", TINY);
-    let (code, _, err) = run(&["tune", "--workload", &s(&w), "--budget=-1", "--perfdb", &s(&db)]);
+    let w = write(dir.path(), "tiny.json", TINY)?;
+    let (code, _, err) = run(&["tune", "--workload", &s(&w), "--budget=-1", "--perfdb", &s(&db)])?;
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--budget"), "{err}");
     assert!(!db.exists() || PerfDb::open(&db).is_ok_and(|o| o.db.rows().is_ok_and(|r| r.is_empty())));
+    Ok(())
 }
 
 #[test]
-fn the_shipped_workloads_are_valid_and_cover_their_buckets() {
+fn the_shipped_workloads_are_valid_and_cover_their_buckets() -> TestResult {
     for name in ["regret-cpu.json", "llama-3-8b.json"] {
         let path = repo_root().join("workloads").join(name);
-        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let w = layerzero::plan::workload::Workload::from_json(&text, name).unwrap_or_else(|e| panic!("{e}"));
-        let points = w.points().unwrap_or_else(|e| panic!("{name}: {e}"));
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("{name}: {e}"))?;
+        let w = layerzero::plan::workload::Workload::from_json(&text, name)?;
+        let points = w.points().map_err(|e| format!("{name}: {e}"))?;
         assert!(points.len() >= 20, "{name}: {} points", points.len());
     }
+    Ok(())
 }
 
 /// Issue 5's loop on this machine: tune, solve from the measurements, gate, serve.
 #[test]
-fn tune_then_solve_then_readiness_then_run_serves_measured_decisions() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let w = write(dir.path(), "w.json", TINY);
+fn tune_then_solve_then_readiness_then_run_serves_measured_decisions() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let w = write(dir.path(), "w.json", TINY)?;
     let db = dir.path().join("db.sqlite");
     let table = dir.path().join("t.json");
-    let (code, out, err) = run(&["tune", "--workload", &s(&w), "--perfdb", &s(&db), "--time-cap", "0.1"]);
+    let (code, out, err) = run(&["tune", "--workload", &s(&w), "--perfdb", &s(&db), "--time-cap", "0.1"])?;
     assert_eq!(code, 0, "{out}{err}");
-    let (code, out, err) = run(&["solve", "--workload", &s(&w), "--perfdb", &s(&db), "--out", &s(&table), "--json"]);
+    let (code, out, err) = run(&["solve", "--workload", &s(&w), "--perfdb", &s(&db), "--out", &s(&table), "--json"])?;
     assert_eq!(code, 0, "{out}{err}");
-    let solved: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let solved: serde_json::Value = serde_json::from_str(&out).map_err(|e| format!("{e}: {out}"))?;
     assert!(solved["header"]["perfdb_digest"].is_string(), "{solved}");
-    let t: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&table).unwrap_or_default()).unwrap_or_else(|e| panic!("{e}"));
+    let t: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&table)?)?;
     let measured = t["entries"].as_array().map_or(0, |es| es.iter().filter(|e| e["source"] != "model").count());
     assert!(measured > 0, "no entry was decided by a measurement: {t}");
-    let (code, out, err) = run(&["readiness-check", "--table", &s(&table), "--workload", &s(&w), "--perfdb", &s(&db)]);
+    let (code, out, err) = run(&["readiness-check", "--table", &s(&table), "--workload", &s(&w), "--perfdb", &s(&db)])?;
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("ready"), "{out}");
     let req = write(
         dir.path(),
         "req.json",
         r#"{"op": "rms_norm", "tensors": {"x": {"dtype": "f32", "shape": [3, 64]}, "weight": {"dtype": "f32", "shape": [64]}}}"#,
-    );
+    )?;
     let inputs = dir.path().join("in.safetensors");
-    let t = |shape: &[usize]| {
-        layerzero::tensor::HostTensor::from_f32(shape, vec![0.25; shape.iter().product()])
-            .unwrap_or_else(|e| panic!("{e}"))
-    };
+    let t = |shape: &[usize]| layerzero::tensor::HostTensor::from_f32(shape, vec![0.25; shape.iter().product()]);
     let map: std::collections::BTreeMap<String, layerzero::tensor::HostTensor> =
-        [("x".to_owned(), t(&[3, 64])), ("weight".to_owned(), t(&[64]))].into();
-    layerzero::tensor::io::write(&inputs, &map).unwrap_or_else(|e| panic!("{e}"));
+        [("x".to_owned(), t(&[3, 64])?), ("weight".to_owned(), t(&[64])?)].into();
+    layerzero::tensor::io::write(&inputs, &map)?;
     let out_file = dir.path().join("out.safetensors");
     let (code, out, err) = run(&[
         "run",
@@ -212,22 +212,24 @@ fn tune_then_solve_then_readiness_then_run_serves_measured_decisions() {
         "--table",
         &s(&table),
         "--json",
-    ]);
+    ])?;
     assert_eq!(code, 0, "{out}{err}");
-    let ran: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let ran: serde_json::Value = serde_json::from_str(&out).map_err(|e| format!("{e}: {out}"))?;
     assert_eq!(ran["source"], "plan", "{ran}");
+    Ok(())
 }
 
 /// Two `lz tune` processes on one PerfDB at once: both succeed and no row is lost.
 #[test]
-fn two_processes_tuning_at_once_lose_no_rows() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let w = write(dir.path(), "w.json", TINY);
+fn two_processes_tuning_at_once_lose_no_rows() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let w = write(dir.path(), "w.json", TINY)?;
     let db = dir.path().join("db.sqlite");
-    let spawn = || {
-        lz().args(["tune", "--workload", &s(&w), "--perfdb", &s(&db), "--refresh", "--time-cap", "0.05"])
-            .output()
-            .unwrap_or_else(|e| panic!("{e}"))
+    // A thread's error crosses back as text: `Box<dyn Error>` is not `Send`.
+    let spawn = || -> Result<std::process::Output, String> {
+        let mut tune = lz().map_err(|e| e.to_string())?;
+        tune.args(["tune", "--workload", &s(&w), "--perfdb", &s(&db), "--refresh", "--time-cap", "0.05"]);
+        tune.output().map_err(|e| e.to_string())
     };
     let (a, b) = std::thread::scope(|sc| {
         let a = sc.spawn(spawn);
@@ -235,13 +237,14 @@ fn two_processes_tuning_at_once_lose_no_rows() {
         (a.join(), b.join())
     });
     for out in [a, b] {
-        let out = out.unwrap_or_else(|_| panic!("thread panicked"));
+        let out = out.map_err(|_| "thread panicked")??;
         assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     }
-    let opened = PerfDb::open(&db).unwrap_or_else(|e| panic!("{e}"));
+    let opened = PerfDb::open(&db)?;
     assert!(opened.recovered.is_none());
-    let stats = opened.db.stats().unwrap_or_else(|e| panic!("{e}"));
+    let stats = opened.db.stats()?;
     assert_eq!(stats.integrity, "ok");
     // Five buckets x two kernels: every (bucket, kernel) row present once (upserts, no duplicates).
     assert_eq!(stats.rows, 10);
+    Ok(())
 }

@@ -9,29 +9,29 @@ use layerzero::LayerZero;
 use layerzero::llm::vit::{self, Preprocess, VitModel};
 use layerzero::model::layout::Layout;
 use layerzero::tensor::{HostTensor, io};
-use layerzero_tests::{lz, repo_root};
+use layerzero_tests::{TestResult, lz, repo_root};
 
 fn dir() -> PathBuf {
     repo_root().join("tests/models/vit")
 }
 
-fn reference() -> BTreeMap<String, HostTensor> {
-    io::read(&dir().join("reference.safetensors")).unwrap_or_else(|e| panic!("{e}"))
+fn reference() -> TestResult<BTreeMap<String, HostTensor>> {
+    Ok(io::read(&dir().join("reference.safetensors"))?)
 }
 
 #[test]
-fn every_image_form_classifies_as_hf_does_at_every_stage() {
-    let r = reference();
-    let model = VitModel::load(&dir(), None).unwrap_or_else(|e| panic!("{e}"));
-    let pre = Preprocess::load(&dir(), 3).unwrap_or_else(|e| panic!("{e}"));
-    let lz = LayerZero::detected().unwrap_or_else(|e| panic!("{e}"));
+fn every_image_form_classifies_as_hf_does_at_every_stage() -> TestResult {
+    let r = reference()?;
+    let model = VitModel::load(&dir(), None)?;
+    let pre = Preprocess::load(&dir(), 3)?;
+    let lz = LayerZero::detected()?;
     for (file, layout) in
         [("image.ppm", Layout::Nhwc), ("image.png", Layout::Nhwc), ("image.safetensors", Layout::Nchw)]
     {
-        let image = vit::read_image(&dir().join(file), &model, &pre).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let image = vit::read_image(&dir().join(file), &model, &pre).map_err(|e| format!("{file}: {e}"))?;
         assert_eq!(image.layout(), Some(layout), "{file}");
-        let out = vit::classify(&model, &lz, &image, true).unwrap_or_else(|e| panic!("{file}: {e}"));
-        let report = layerzero::llm::diff::diff(&out.dump, &r, 1e-5).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let out = vit::classify(&model, &lz, &image, true).map_err(|e| format!("{file}: {e}"))?;
+        let report = layerzero::llm::diff::diff(&out.dump, &r, 1e-5).map_err(|e| format!("{file}: {e}"))?;
         // The patch embedding, L + 1 hidden states, 7 stages per block, the final norm,
         // the pooled row and the logits.
         let layers = model.config.layers;
@@ -44,22 +44,22 @@ fn every_image_form_classifies_as_hf_does_at_every_stage() {
         assert_eq!(best, hf_best, "{file}: the class HF predicts");
         assert!(out.stats.keys().any(|op| op.as_str() == "patch_embed"), "{file}: patch_embed dispatched");
     }
+    Ok(())
 }
 
 #[test]
-fn lz_classify_prints_the_classes_and_dumps_stages_lz_diff_accepts() {
-    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let out = lz()
+fn lz_classify_prints_the_classes_and_dumps_stages_lz_diff_accepts() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let out = lz()?
         .args(["classify", "--model"])
         .arg(dir())
         .arg("--image")
         .arg(dir().join("image.png"))
         .args(["--top", "3", "--json", "--dump"])
         .arg(tmp.path())
-        .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .output()?;
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}"));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
     let top = v["top"].as_array().cloned().unwrap_or_default();
     assert_eq!(top.len(), 3);
     assert_eq!(top[0]["label"], "LABEL_2", "the reference's prediction ({})", v["top"]);
@@ -69,26 +69,28 @@ fn lz_classify_prints_the_classes_and_dumps_stages_lz_diff_accepts() {
     // A channels-last image runs the channels-last kernel as given.
     assert_eq!(v["patch_embed"]["kernel"], "cpu.patch_embed.im2col");
     assert_eq!(v["patch_embed"]["transforms"], serde_json::json!([]));
-    let diff = lz().arg("diff").arg(tmp.path()).arg(dir()).output().unwrap_or_else(|e| panic!("{e}"));
+    let diff = lz()?.arg("diff").arg(tmp.path()).arg(dir()).output()?;
     assert!(diff.status.success(), "{}", String::from_utf8_lossy(&diff.stdout));
+    Ok(())
 }
 
 #[test]
-fn a_channels_first_image_reaches_the_channels_last_kernel_through_a_costed_transform() {
-    let model = VitModel::load(&dir(), None).unwrap_or_else(|e| panic!("{e}"));
-    let pre = Preprocess::load(&dir(), 3).unwrap_or_else(|e| panic!("{e}"));
-    let lz = LayerZero::detected().unwrap_or_else(|e| panic!("{e}"));
-    let run = |file: &str| {
-        let image = vit::read_image(&dir().join(file), &model, &pre).unwrap_or_else(|e| panic!("{e}"));
-        let out = vit::classify(&model, &lz, &image, false).unwrap_or_else(|e| panic!("{e}"));
-        (out.patch_embed.unwrap_or_else(|| panic!("{file}: no patch_embed ran")), out.logits.unwrap_or_default())
+fn a_channels_first_image_reaches_the_channels_last_kernel_through_a_costed_transform() -> TestResult {
+    let model = VitModel::load(&dir(), None)?;
+    let pre = Preprocess::load(&dir(), 3)?;
+    let lz = LayerZero::detected()?;
+    let run = |file: &str| -> TestResult<_> {
+        let image = vit::read_image(&dir().join(file), &model, &pre)?;
+        let out = vit::classify(&model, &lz, &image, false)?;
+        Ok((out.patch_embed.ok_or_else(|| format!("{file}: no patch_embed ran"))?, out.logits.unwrap_or_default()))
     };
-    let ((last_kernel, last_t), last_logits) = run("image.ppm");
-    let ((first_kernel, first_t), first_logits) = run("image.safetensors");
+    let ((last_kernel, last_t), last_logits) = run("image.ppm")?;
+    let ((first_kernel, first_t), first_logits) = run("image.safetensors")?;
     assert!(last_t.is_empty(), "NHWC needs no transform: {last_t:?}");
     if first_kernel == last_kernel {
         // The same kernel for NCHW: only through a relayout of the image, with its cost.
-        let [t] = first_t.as_slice() else { panic!("NCHW transforms {first_t:?}") };
+        assert_eq!(first_t.len(), 1, "NCHW transforms {first_t:?}");
+        let t = &first_t[0];
         assert_eq!((t.tensor, t.from, t.to), ("image", "NCHW", "NHWC"));
         assert!(t.bytes == 2 * 3 * 32 * 32 * 4 && t.ns > 0.0, "{t:?}");
     } else {
@@ -97,12 +99,13 @@ fn a_channels_first_image_reaches_the_channels_last_kernel_through_a_costed_tran
     for (a, b) in first_logits.iter().zip(&last_logits) {
         assert!((a - b).abs() < 1e-5, "the same image in either layout: {a} vs {b}");
     }
+    Ok(())
 }
 
 #[test]
-fn bad_images_are_refused_naming_the_file_and_what_is_wrong() {
-    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let ppm = std::fs::read(dir().join("image.ppm")).unwrap_or_else(|e| panic!("{e}"));
+fn bad_images_are_refused_naming_the_file_and_what_is_wrong() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let ppm = std::fs::read(dir().join("image.ppm"))?;
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         (
             "small.ppm",
@@ -117,16 +120,11 @@ fn bad_images_are_refused_naming_the_file_and_what_is_wrong() {
     ];
     for (name, bytes, want) in cases {
         let path = tmp.path().join(name);
-        std::fs::write(&path, bytes).unwrap_or_else(|e| panic!("{e}"));
-        let out = lz()
-            .args(["classify", "--model"])
-            .arg(dir())
-            .arg("--image")
-            .arg(&path)
-            .output()
-            .unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&path, bytes)?;
+        let out = lz()?.args(["classify", "--model"]).arg(dir()).arg("--image").arg(&path).output()?;
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{name}: {err}");
         assert!(err.contains(name) && err.contains(want) && !err.contains("panicked"), "{name}: {err}");
     }
+    Ok(())
 }

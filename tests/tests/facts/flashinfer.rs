@@ -36,11 +36,11 @@ fn head_first(dtype: DType, b: u64, sq: u64, sk: u64, hq: u64, hkv: u64, d: u64)
 }
 
 /// `req` with `k` a BSHD view of head-major storage: last dim contiguous, the tensor not.
-fn k_heads_apart(req: Request) -> Request {
-    let k: TensorDesc = req.get("k").cloned().unwrap_or_else(|| panic!("no k"));
+fn k_heads_apart(req: Request) -> TestResult<Request> {
+    let k: TensorDesc = req.get("k").cloned().ok_or("no k")?;
     let (s, h, d) = (k.shape[1], k.shape[2], k.shape[3]);
     let k = k.with_strides([h * s * d, d, s * d, 1]);
-    req.tensor("k", k)
+    Ok(req.tensor("k", k))
 }
 
 /// A paged request on 16-position pages (4 sequences, 8 KV heads, an 8-page table: 128 keys).
@@ -48,28 +48,28 @@ fn paged16(q: DType, kv: DType, seq_q: u64, hq: u64, d: u64, layout: Layout, tab
     paged(q, kv, 4, seq_q, hq, 8, d, 16, layout, table)
 }
 
-pub(super) fn facts() -> Vec<Fact> {
-    let mut rows = limits();
-    rows.extend(decode());
-    rows.extend(dense_prefill());
-    rows.extend(dense_prefill_fa3());
-    rows.extend(paged_decode());
-    rows.extend(paged_prefill());
-    rows.extend(paged_prefill_fa3());
-    rows
+pub(super) fn facts() -> TestResult<Vec<Fact>> {
+    let mut rows = limits()?;
+    rows.extend(decode()?);
+    rows.extend(dense_prefill()?);
+    rows.extend(dense_prefill_fa3()?);
+    rows.extend(paged_decode()?);
+    rows.extend(paged_prefill()?);
+    rows.extend(paged_prefill_fa3()?);
+    Ok(rows)
 }
 
 /// The dtypes, head dims, strides, group sizes, masks and exclusions the entry points check.
-fn limits() -> Vec<Fact> {
-    vec![
+fn limits() -> TestResult<Vec<Fact>> {
+    Ok(vec![
         fact(
             "flashinfer.paged_attention.decode",
             "kv_cache_strides",
             src(FLASHINFER, "csrc/page.cu:34"),
             "h100",
-            pages(16, Some(2 * 16 * 8 * 128), 1),
+            pages(16, Some(2 * 16 * 8 * 128), 1)?,
         )
-        .rejects(pages(16, Some(2 * 16 * 8 * 128), 2), "KV_CACHE_STRIDES_UNSUPPORTED"),
+        .rejects(pages(16, Some(2 * 16 * 8 * 128), 2)?, "KV_CACHE_STRIDES_UNSUPPORTED"),
         fact(
             "flashinfer.attention.prefill",
             "dtypes",
@@ -115,7 +115,7 @@ fn limits() -> Vec<Fact> {
             "dtypes",
             src(FLASHINFER, "flashinfer/jit/utils.py:33"),
             "h100",
-            queries_on_pages(4, 16, None, 1),
+            queries_on_pages(4, 16, None, 1)?,
         )
         .rejects(paged(DType::F32, DType::F32, 4, 4, 32, 8, 128, 16, Layout::Nhd, DType::I32), "DTYPE_UNSUPPORTED"),
         fact(
@@ -123,15 +123,15 @@ fn limits() -> Vec<Fact> {
             "dtype_requirements",
             src(FLASHINFER, "include/flashinfer/attention/prefill.cuh:2751"),
             "a100",
-            queries_on_pages(4, 16, None, 1),
+            queries_on_pages(4, 16, None, 1)?,
         )
-        .rejects_on("t4", queries_on_pages(4, 16, None, 1), "DTYPE_UNSUPPORTED_ON_HARDWARE"),
+        .rejects_on("t4", queries_on_pages(4, 16, None, 1)?, "DTYPE_UNSUPPORTED_ON_HARDWARE"),
         fact(
             "flashinfer.paged_attention.decode",
             "dtypes",
             src(FLASHINFER, "flashinfer/jit/utils.py:33"),
             "h100",
-            pages(16, None, 1),
+            pages(16, None, 1)?,
         )
         .rejects(paged(DType::F32, DType::F32, 4, 1, 32, 8, 128, 16, Layout::Nhd, DType::I32), "DTYPE_UNSUPPORTED"),
         fact(
@@ -139,7 +139,7 @@ fn limits() -> Vec<Fact> {
             "head_dim",
             src(FLASHINFER, "include/flashinfer/utils.cuh:197"),
             "h100",
-            pages(16, None, 1),
+            pages(16, None, 1)?,
         )
         .rejects(paged(DType::BF16, DType::BF16, 4, 1, 32, 8, 96, 16, Layout::Nhd, DType::I32), "HEAD_DIM_UNSUPPORTED"),
         fact(
@@ -147,23 +147,23 @@ fn limits() -> Vec<Fact> {
             "kv_cache_strides",
             src(FLASHINFER, "csrc/page.cu:34"),
             "h100",
-            queries_on_pages(4, 16, Some(2 * 16 * 8 * 128), 1),
+            queries_on_pages(4, 16, Some(2 * 16 * 8 * 128), 1)?,
         )
-        .rejects(queries_on_pages(4, 16, Some(2 * 16 * 8 * 128), 2), "KV_CACHE_STRIDES_UNSUPPORTED"),
+        .rejects(queries_on_pages(4, 16, Some(2 * 16 * 8 * 128), 2)?, "KV_CACHE_STRIDES_UNSUPPORTED"),
         fact(
             "flashinfer.paged_attention.prefill_fa3",
             "kv_cache_strides",
             src(FLASHINFER, "csrc/page.cu:34"),
             "h100",
-            queries_on_pages(4, 16, Some(2 * 16 * 8 * 128), 1),
+            queries_on_pages(4, 16, Some(2 * 16 * 8 * 128), 1)?,
         )
-        .rejects(queries_on_pages(4, 16, Some(2 * 16 * 8 * 128), 2), "KV_CACHE_STRIDES_UNSUPPORTED"),
+        .rejects(queries_on_pages(4, 16, Some(2 * 16 * 8 * 128), 2)?, "KV_CACHE_STRIDES_UNSUPPORTED"),
         fact(
             "flashinfer.paged_attention.decode",
             "gqa",
             src(FLASHINFER, "include/flashinfer/utils.cuh:142"),
             "h100",
-            pages(16, None, 1),
+            pages(16, None, 1)?,
         )
         .rejects(
             paged(DType::BF16, DType::BF16, 4, 1, 40, 8, 128, 16, Layout::Nhd, DType::I32),
@@ -205,13 +205,13 @@ fn limits() -> Vec<Fact> {
             bf16(4, 1, 512, 32, 8, 128),
         )
         .rejects(bf16(4, 1, 512, 32, 8, 96), "HEAD_DIM_UNSUPPORTED"),
-    ]
+    ])
 }
 
-fn decode() -> Vec<Fact> {
+fn decode() -> TestResult<Vec<Fact>> {
     const K: &str = "flashinfer.attention.decode";
     let one = || bf16(4, 1, 512, 32, 8, 128);
-    vec![
+    Ok(vec![
         // T4 (sm 7.5) is the oldest GPU among the named profiles: nothing older to reject on.
         fact(
             K,
@@ -248,15 +248,15 @@ fn decode() -> Vec<Fact> {
             head_first(DType::BF16, 4, 1, 512, 32, 8, 128),
         ),
         fact(K, "strides", src(FLASHINFER, "csrc/single_decode.cu:37"), "h100", one())
-            .rejects(k_heads_apart(one()), "NOT_CONTIGUOUS"),
-    ]
+            .rejects(k_heads_apart(one())?, "NOT_CONTIGUOUS"),
+    ])
 }
 
-fn dense_prefill() -> Vec<Fact> {
+fn dense_prefill() -> TestResult<Vec<Fact>> {
     const K: &str = "flashinfer.attention.prefill";
     let mha = || bf16(2, 128, 128, 16, 16, 128);
     let mask = |heads: u64| mha().tensor("mask", TensorDesc::new(DType::Bool, [2, heads, 128, 128]));
-    vec![
+    Ok(vec![
         // One [qo_len, kv_len] mask per request, for every head.
         fact(K, "mask_shared_by_heads", src(FLASHINFER, "flashinfer/prefill.py:1239"), "h100", mask(1))
             .rejects(mask(16), "MASK_PER_HEAD_UNSUPPORTED"),
@@ -291,15 +291,15 @@ fn dense_prefill() -> Vec<Fact> {
             "h100",
             head_first(DType::BF16, 2, 128, 128, 16, 16, 128),
         ),
-        fact(K, "strides", src(FLASHINFER, "csrc/single_prefill.cu:46"), "h100", k_heads_apart(mha()))
-            .rejects(strided_v(mha()), "LAST_DIM_NOT_CONTIGUOUS"),
-    ]
+        fact(K, "strides", src(FLASHINFER, "csrc/single_prefill.cu:46"), "h100", k_heads_apart(mha())?)
+            .rejects(strided_v(mha())?, "LAST_DIM_NOT_CONTIGUOUS"),
+    ])
 }
 
-fn dense_prefill_fa3() -> Vec<Fact> {
+fn dense_prefill_fa3() -> TestResult<Vec<Fact>> {
     const K: &str = "flashinfer.attention.prefill_fa3";
     let mha = || bf16(2, 128, 128, 16, 16, 128);
-    vec![
+    Ok(vec![
         fact(K, "built_archs", src(FLASHINFER, "flashinfer/utils.py:636"), "h100", mha()).rejects_on(
             "a100",
             mha(),
@@ -358,16 +358,16 @@ fn dense_prefill_fa3() -> Vec<Fact> {
             "strides",
             src(FLASHINFER, "include/flashinfer/attention/hopper/utils.cuh:58"),
             "h100",
-            k_heads_apart(mha()),
+            k_heads_apart(mha())?,
         )
-        .rejects(strided_v(mha()), "LAST_DIM_NOT_CONTIGUOUS"),
-    ]
+        .rejects(strided_v(mha())?, "LAST_DIM_NOT_CONTIGUOUS"),
+    ])
 }
 
-fn paged_decode() -> Vec<Fact> {
+fn paged_decode() -> TestResult<Vec<Fact>> {
     const K: &str = "flashinfer.paged_attention.decode";
     let one = || pages(16, None, 1);
-    vec![
+    Ok(vec![
         // T4 (sm 7.5) is the oldest GPU among the named profiles: nothing older to reject on.
         fact(
             K,
@@ -376,18 +376,18 @@ fn paged_decode() -> Vec<Fact> {
             "t4",
             paged16(DType::F16, DType::F16, 1, 32, 128, Layout::Nhd, DType::I32),
         ),
-        fact(K, "seq_len_q", src(FLASHINFER, "flashinfer/decode.py:1474"), "h100", one())
-            .rejects(queries_on_pages(2, 16, None, 1), "SEQ_LEN_Q_UNSUPPORTED"),
+        fact(K, "seq_len_q", src(FLASHINFER, "flashinfer/decode.py:1474"), "h100", one()?)
+            .rejects(queries_on_pages(2, 16, None, 1)?, "SEQ_LEN_Q_UNSUPPORTED"),
         // One query per request is planned non-causal: a bottom-right mask over one query
         // masks nothing; top-left would hide all keys but the first.
-        fact(K, "causal", src(FLASHINFER, "flashinfer/decode.py:1469"), "h100", causal_br(one()))
-            .rejects(top_left(one()), "CAUSAL_ALIGNMENT_UNSUPPORTED"),
-        fact(K, "window", src(FLASHINFER, "flashinfer/decode.py:1749"), "h100", windowed(one())),
-        fact(K, "softcap", src(FLASHINFER, "flashinfer/decode.py:1750"), "h100", capped(one())),
-        fact(K, "alibi", src(FLASHINFER, "flashinfer/decode.py:2278"), "h100", alibi_on(one())),
-        fact(K, "custom_scale", src(FLASHINFER, "flashinfer/decode.py:1339"), "h100", sm_scaled(one())),
+        fact(K, "causal", src(FLASHINFER, "flashinfer/decode.py:1469"), "h100", causal_br(one()?))
+            .rejects(top_left(one()?), "CAUSAL_ALIGNMENT_UNSUPPORTED"),
+        fact(K, "window", src(FLASHINFER, "flashinfer/decode.py:1749"), "h100", windowed(one()?)),
+        fact(K, "softcap", src(FLASHINFER, "flashinfer/decode.py:1750"), "h100", capped(one()?)),
+        fact(K, "alibi", src(FLASHINFER, "flashinfer/decode.py:2278"), "h100", alibi_on(one()?)),
+        fact(K, "custom_scale", src(FLASHINFER, "flashinfer/decode.py:1339"), "h100", sm_scaled(one()?)),
         // The executor turns the block table into int32 paged_kv_indptr / paged_kv_indices.
-        fact(K, "block_table_dtypes", src(FLASHINFER, "flashinfer/decode.py:1299"), "h100", one()).rejects(
+        fact(K, "block_table_dtypes", src(FLASHINFER, "flashinfer/decode.py:1299"), "h100", one()?).rejects(
             paged16(DType::BF16, DType::BF16, 1, 32, 128, Layout::Nhd, DType::I64),
             "BLOCK_TABLE_DTYPE_UNSUPPORTED",
         ),
@@ -407,13 +407,13 @@ fn paged_decode() -> Vec<Fact> {
             paged16(DType::BF16, DType::Fp8E5M2, 1, 32, 128, Layout::Nhd, DType::I32),
         )
         .rejects(paged16(DType::BF16, DType::F32, 1, 32, 128, Layout::Nhd, DType::I32), "KV_CACHE_DTYPE_UNSUPPORTED"),
-    ]
+    ])
 }
 
-fn paged_prefill() -> Vec<Fact> {
+fn paged_prefill() -> TestResult<Vec<Fact>> {
     const K: &str = "flashinfer.paged_attention.prefill";
     let four = || queries_on_pages(4, 16, None, 1);
-    vec![
+    Ok(vec![
         // T4 (sm 7.5) is the oldest GPU among the named profiles: nothing older to reject on.
         fact(
             K,
@@ -440,16 +440,16 @@ fn paged_prefill() -> Vec<Fact> {
         ),
         // The paged kernel bounds causal KV by kv_len - qo_len: bottom-right, and a query
         // longer than its keys has rows with nothing to attend.
-        fact(K, "causal", src(FLASHINFER, "include/flashinfer/attention/prefill.cuh:3823"), "h100", causal_br(four()))
-            .rejects(top_left(four()), "CAUSAL_ALIGNMENT_UNSUPPORTED"),
-        fact(K, "causal", src(FLASHINFER, "include/flashinfer/attention/prefill.cuh:3823"), "h100", causal_br(four()))
-            .rejects(causal_br(queries_on_pages(256, 16, None, 1)), "CAUSAL_SEQ_Q_EXCEEDS_SEQ_K"),
-        fact(K, "window", src(FLASHINFER, "flashinfer/prefill.py:2525"), "h100", windowed(four())),
-        fact(K, "softcap", src(FLASHINFER, "flashinfer/prefill.py:2526"), "h100", capped(four())),
-        fact(K, "alibi", src(FLASHINFER, "flashinfer/prefill.py:3098"), "h100", alibi_on(four())),
-        fact(K, "custom_scale", src(FLASHINFER, "flashinfer/prefill.py:2216"), "h100", sm_scaled(four())),
+        fact(K, "causal", src(FLASHINFER, "include/flashinfer/attention/prefill.cuh:3823"), "h100", causal_br(four()?))
+            .rejects(top_left(four()?), "CAUSAL_ALIGNMENT_UNSUPPORTED"),
+        fact(K, "causal", src(FLASHINFER, "include/flashinfer/attention/prefill.cuh:3823"), "h100", causal_br(four()?))
+            .rejects(causal_br(queries_on_pages(256, 16, None, 1)?), "CAUSAL_SEQ_Q_EXCEEDS_SEQ_K"),
+        fact(K, "window", src(FLASHINFER, "flashinfer/prefill.py:2525"), "h100", windowed(four()?)),
+        fact(K, "softcap", src(FLASHINFER, "flashinfer/prefill.py:2526"), "h100", capped(four()?)),
+        fact(K, "alibi", src(FLASHINFER, "flashinfer/prefill.py:3098"), "h100", alibi_on(four()?)),
+        fact(K, "custom_scale", src(FLASHINFER, "flashinfer/prefill.py:2216"), "h100", sm_scaled(four()?)),
         // The executor turns the block table into int32 paged_kv_indptr / paged_kv_indices.
-        fact(K, "block_table_dtypes", src(FLASHINFER, "flashinfer/prefill.py:1566"), "h100", four()).rejects(
+        fact(K, "block_table_dtypes", src(FLASHINFER, "flashinfer/prefill.py:1566"), "h100", four()?).rejects(
             paged16(DType::BF16, DType::BF16, 4, 32, 128, Layout::Nhd, DType::I64),
             "BLOCK_TABLE_DTYPE_UNSUPPORTED",
         ),
@@ -469,19 +469,19 @@ fn paged_prefill() -> Vec<Fact> {
             paged16(DType::BF16, DType::Fp8E4M3, 4, 32, 128, Layout::Nhd, DType::I32),
         )
         .rejects(paged16(DType::BF16, DType::F32, 4, 32, 128, Layout::Nhd, DType::I32), "KV_CACHE_DTYPE_UNSUPPORTED"),
-    ]
+    ])
 }
 
-fn paged_prefill_fa3() -> Vec<Fact> {
+fn paged_prefill_fa3() -> TestResult<Vec<Fact>> {
     const K: &str = "flashinfer.paged_attention.prefill_fa3";
     let four = || queries_on_pages(4, 16, None, 1);
-    vec![
-        fact(K, "built_archs", src(FLASHINFER, "flashinfer/utils.py:636"), "h100", four()).rejects_on(
+    Ok(vec![
+        fact(K, "built_archs", src(FLASHINFER, "flashinfer/utils.py:636"), "h100", four()?).rejects_on(
             "a100",
-            four(),
+            four()?,
             "NO_KERNEL_IMAGE_FOR_ARCH",
         ),
-        fact(K, "dtypes", src(FLASHINFER, "flashinfer/jit/utils.py:33"), "h100", four())
+        fact(K, "dtypes", src(FLASHINFER, "flashinfer/jit/utils.py:33"), "h100", four()?)
             .rejects(paged16(DType::F32, DType::F32, 4, 32, 128, Layout::Nhd, DType::I32), "DTYPE_UNSUPPORTED"),
         // Both fp8 formats are run as q and pages by upstream's FA3 paged test (fp8_e5m2 added here).
         fact(
@@ -511,20 +511,20 @@ fn paged_prefill_fa3() -> Vec<Fact> {
             "causal",
             src(FLASHINFER, "include/flashinfer/attention/hopper/mainloop_mma.cuh:94"),
             "h100",
-            causal_br(four()),
+            causal_br(four()?),
         )
-        .rejects(top_left(four()), "CAUSAL_ALIGNMENT_UNSUPPORTED"),
+        .rejects(top_left(four()?), "CAUSAL_ALIGNMENT_UNSUPPORTED"),
         fact(
             K,
             "causal",
             src(FLASHINFER, "include/flashinfer/attention/hopper/mainloop.cuh:148"),
             "h100",
-            causal_br(four()),
+            causal_br(four()?),
         )
-        .rejects(causal_br(queries_on_pages(256, 16, None, 1)), "CAUSAL_SEQ_Q_EXCEEDS_SEQ_K"),
-        fact(K, "custom_scale", src(FLASHINFER, "flashinfer/prefill.py:2216"), "h100", sm_scaled(four())),
+        .rejects(causal_br(queries_on_pages(256, 16, None, 1)?), "CAUSAL_SEQ_Q_EXCEEDS_SEQ_K"),
+        fact(K, "custom_scale", src(FLASHINFER, "flashinfer/prefill.py:2216"), "h100", sm_scaled(four()?)),
         // The executor turns the block table into int32 paged_kv_indptr / paged_kv_indices.
-        fact(K, "block_table_dtypes", src(FLASHINFER, "flashinfer/prefill.py:1566"), "h100", four()).rejects(
+        fact(K, "block_table_dtypes", src(FLASHINFER, "flashinfer/prefill.py:1566"), "h100", four()?).rejects(
             paged16(DType::BF16, DType::BF16, 4, 32, 128, Layout::Nhd, DType::I64),
             "BLOCK_TABLE_DTYPE_UNSUPPORTED",
         ),
@@ -535,8 +535,8 @@ fn paged_prefill_fa3() -> Vec<Fact> {
             "kv_cache_layouts",
             src(FLASHINFER, "tests/attention/test_hopper_fp8_attention.py:522"),
             "h100",
-            four(),
+            four()?,
         )
         .rejects(paged16(DType::BF16, DType::BF16, 4, 32, 128, Layout::Hnd, DType::I32), "KV_CACHE_LAYOUT_UNSUPPORTED"),
-    ]
+    ])
 }

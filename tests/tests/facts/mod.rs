@@ -25,7 +25,7 @@ use layerzero::model::op::Op;
 use layerzero::model::request::Request;
 use layerzero::model::tensor::TensorDesc;
 use layerzero::select::Selector;
-use layerzero_tests::{attention, catalog, codes, paged, with_attrs};
+use layerzero_tests::{TestResult, attention, catalog, codes, paged, with_attrs};
 
 /// One fact: `kernel`'s `field` accepts `accepted` on `hardware.0` and rejects `rejected.0` on
 /// `hardware.1` with the code `rejected.1`, because of `source`. A feature the kernel takes
@@ -112,16 +112,16 @@ const MI100ISH: &str = "mi300x@gfx908";
 /// A planning selector for a named profile, or `name@gfx` for that profile with its GPU's
 /// gfx target replaced, under a policy without implicit adaptations: a fact is what the kernel
 /// takes as given, not after a copy.
-fn plan(hw: &str) -> Selector {
+fn plan(hw: &str) -> TestResult<Selector> {
     let (name, gfx) = hw.split_once('@').map_or((hw, None), |(n, g)| (n, Some(g)));
-    let mut p = named::load(name).unwrap_or_else(|e| panic!("{e}"));
-    let policy = layerzero_tests::policy(r#"{"schema_version": 1, "allow_adaptation": false}"#);
+    let mut p = named::load(name)?;
+    let policy = layerzero_tests::policy(r#"{"schema_version": 1, "allow_adaptation": false}"#)?;
     let Some(gfx) = gfx else {
-        return Selector::planning(catalog(), Arc::new(p), Arc::new(policy)).unwrap_or_else(|e| panic!("{e}"));
+        return Ok(Selector::planning(catalog()?, Arc::new(p), Arc::new(policy))?);
     };
     p.devices[0].gfx = Some(gfx.to_owned());
     let p = HardwareProfile::new(format!("{name} as {gfx}"), p.description.clone(), p.devices);
-    Selector::planning(catalog(), Arc::new(p), Arc::new(policy)).unwrap_or_else(|e| panic!("{e}"))
+    Ok(Selector::planning(catalog()?, Arc::new(p), Arc::new(policy))?)
 }
 
 fn bf16(b: u64, sq: u64, sk: u64, hq: u64, hkv: u64, d: u64) -> Request {
@@ -149,30 +149,30 @@ fn dropped(req: Request) -> Request {
 
 /// `req` with its tensor `name` read every other element along its last dim
 /// (`stride(-1) == 2`): a view of a twice-as-wide buffer.
-fn strided(req: Request, name: &str) -> Request {
-    let t: TensorDesc = req.get(name).cloned().unwrap_or_else(|| panic!("no {name}"));
+fn strided(req: Request, name: &str) -> TestResult<Request> {
+    let t: TensorDesc = req.get(name).cloned().ok_or_else(|| format!("no {name}"))?;
     let mut strides = vec![2u64; t.shape.len()];
     for d in (0..t.shape.len().saturating_sub(1)).rev() {
         strides[d] = strides[d + 1] * t.shape[d + 1];
     }
     let t = t.with_strides(strides);
-    req.tensor(name, t)
+    Ok(req.tensor(name, t))
 }
 
 /// `req` with `v` read through [`strided`].
-fn strided_v(req: Request) -> Request {
+fn strided_v(req: Request) -> TestResult<Request> {
     strided(req, "v")
 }
 
 /// `req` (BSHD q, k, v) held head-major: each tensor [b, h, s, d] tagged BHSD.
-fn head_major(req: Request) -> Request {
+fn head_major(req: Request) -> TestResult<Request> {
     let mut out = req.clone();
     for name in ["q", "k", "v"] {
-        let t: TensorDesc = req.get(name).cloned().unwrap_or_else(|| panic!("no {name}"));
+        let t: TensorDesc = req.get(name).cloned().ok_or_else(|| format!("no {name}"))?;
         let [b, s, h, d] = [t.shape[0], t.shape[1], t.shape[2], t.shape[3]];
         out = out.tensor(name, TensorDesc::new(t.dtype, [b, h, s, d]).with_layout(Layout::Bhsd));
     }
-    out
+    Ok(out)
 }
 
 fn softcap(dropout_p: f64) -> AttentionAttrs {
@@ -181,20 +181,20 @@ fn softcap(dropout_p: f64) -> AttentionAttrs {
 
 /// A bf16 paged decode on pages of `page` positions, the caches `page_stride` elements per
 /// page (`None`: contiguous) and `elem` apart.
-fn pages(page: u64, page_stride: Option<u64>, elem: u64) -> Request {
+fn pages(page: u64, page_stride: Option<u64>, elem: u64) -> TestResult<Request> {
     queries_on_pages(1, page, page_stride, elem)
 }
 
 /// [`pages`] with `seq_q` queries per sequence (a paged prefill when above 1).
-fn queries_on_pages(seq_q: u64, page: u64, page_stride: Option<u64>, elem: u64) -> Request {
+fn queries_on_pages(seq_q: u64, page: u64, page_stride: Option<u64>, elem: u64) -> TestResult<Request> {
     let req = paged(DType::BF16, DType::BF16, 4, seq_q, 32, 8, 128, page, Layout::Nhd, DType::I32);
-    let Some(stride) = page_stride else { return req };
-    let cache = |name: &str| {
-        let t: TensorDesc = req.get(name).cloned().unwrap_or_else(|| panic!("{name}"));
-        t.with_strides([stride * elem, 8 * 128 * elem, 128 * elem, elem])
+    let Some(stride) = page_stride else { return Ok(req) };
+    let cache = |name: &str| -> TestResult<TensorDesc> {
+        let t: TensorDesc = req.get(name).cloned().ok_or_else(|| format!("no {name}"))?;
+        Ok(t.with_strides([stride * elem, 8 * 128 * elem, 128 * elem, elem]))
     };
-    let (k, v) = (cache("k_cache"), cache("v_cache"));
-    req.tensor("k_cache", k).tensor("v_cache", v)
+    let (k, v) = (cache("k_cache")?, cache("v_cache")?);
+    Ok(req.tensor("k_cache", k).tensor("v_cache", v))
 }
 
 /// `repo:rest`, as the `'static` source a row holds.
@@ -202,21 +202,21 @@ fn src(repo: &str, rest: &str) -> Source {
     Source::Upstream(Box::leak(format!("{repo}:{rest}").into_boxed_str()))
 }
 
-fn facts() -> Vec<Fact> {
+fn facts() -> TestResult<Vec<Fact>> {
     let mut all = Vec::new();
     for rows in [
-        cpu::facts(),
-        flash_attn::facts(),
-        flashinfer::facts(),
-        onednn::facts(),
-        others::facts(),
-        reference::facts(),
-        rocm::facts(),
-        torch_sdpa::facts(),
+        cpu::facts()?,
+        flash_attn::facts()?,
+        flashinfer::facts()?,
+        onednn::facts()?,
+        others::facts()?,
+        reference::facts()?,
+        rocm::facts()?,
+        torch_sdpa::facts()?,
     ] {
         all.extend(rows);
     }
-    all
+    Ok(all)
 }
 
 /// `owner/repo@<40 hex>:path:line`.
@@ -252,74 +252,83 @@ fn unsourced(source: &Source) -> Option<String> {
 }
 
 /// Every row's source names a line, and its kernel accepts and rejects as the row says.
-fn hold(rows: Vec<Fact>) {
+fn hold(rows: Vec<Fact>) -> TestResult {
     let mut failures = Vec::new();
     for f in rows {
         let what = format!("{} {}", f.kernel, f.field);
         if let Some(why) = unsourced(&f.source) {
             failures.push(format!("{what}: {why}"));
         }
-        let ok = plan(f.hardware.0).explain(&f.accepted);
-        let got = codes(&ok, f.kernel);
+        let ok = plan(f.hardware.0)?.explain(&f.accepted);
+        let got = codes(&ok, f.kernel)?;
         if !got.is_empty() {
             failures.push(format!("{what}: the accepted request is rejected: {got:?}"));
         }
         if let Some((rejected, code)) = &f.rejected {
-            let bad = plan(f.hardware.1).explain(rejected);
-            let got = codes(&bad, f.kernel);
+            let bad = plan(f.hardware.1)?.explain(rejected);
+            let got = codes(&bad, f.kernel)?;
             if !got.contains(code) {
                 failures.push(format!("{what}: expected {code} among {got:?}"));
             }
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+    Ok(())
 }
 
 #[test]
-fn our_cpu_kernels_accept_and_reject_as_their_code_says() {
-    hold(cpu::facts());
+fn our_cpu_kernels_accept_and_reject_as_their_code_says() -> TestResult {
+    hold(cpu::facts()?)?;
+    Ok(())
 }
 
 #[test]
-fn the_reference_kernels_accept_and_reject_as_their_code_says() {
-    hold(reference::facts());
+fn the_reference_kernels_accept_and_reject_as_their_code_says() -> TestResult {
+    hold(reference::facts()?)?;
+    Ok(())
 }
 
 #[test]
-fn flash_attention_accepts_and_rejects_as_its_upstream_lines_say() {
-    hold(flash_attn::facts());
+fn flash_attention_accepts_and_rejects_as_its_upstream_lines_say() -> TestResult {
+    hold(flash_attn::facts()?)?;
+    Ok(())
 }
 
 #[test]
-fn flashinfer_accepts_and_rejects_as_its_upstream_lines_say() {
-    hold(flashinfer::facts());
+fn flashinfer_accepts_and_rejects_as_its_upstream_lines_say() -> TestResult {
+    hold(flashinfer::facts()?)?;
+    Ok(())
 }
 
 #[test]
-fn onednn_accepts_and_rejects_as_its_upstream_lines_say() {
-    hold(onednn::facts());
+fn onednn_accepts_and_rejects_as_its_upstream_lines_say() -> TestResult {
+    hold(onednn::facts()?)?;
+    Ok(())
 }
 
 #[test]
-fn xformers_liger_and_zendnn_accept_and_reject_as_their_upstream_lines_say() {
-    hold(others::facts());
+fn xformers_liger_and_zendnn_accept_and_reject_as_their_upstream_lines_say() -> TestResult {
+    hold(others::facts()?)?;
+    Ok(())
 }
 
 #[test]
-fn the_rocm_kernels_accept_and_reject_as_their_upstream_lines_say() {
-    hold(rocm::facts());
+fn the_rocm_kernels_accept_and_reject_as_their_upstream_lines_say() -> TestResult {
+    hold(rocm::facts()?)?;
+    Ok(())
 }
 
 #[test]
-fn pytorch_sdpa_accepts_and_rejects_as_its_upstream_lines_say() {
-    hold(torch_sdpa::facts());
+fn pytorch_sdpa_accepts_and_rejects_as_its_upstream_lines_say() -> TestResult {
+    hold(torch_sdpa::facts()?)?;
+    Ok(())
 }
 
 /// The (kernel, field) pairs every shipped capability file declares: fields that are set
 /// (not absent, false or empty).
-fn declared_facts() -> Vec<(String, String)> {
+fn declared_facts() -> TestResult<Vec<(String, String)>> {
     let mut out = Vec::new();
-    for (_, _, k) in catalog().kernels() {
+    for (_, _, k) in catalog()?.kernels() {
         let c = serde_json::to_value(&k.constraints).unwrap_or_default();
         for (field, v) in c.as_object().into_iter().flatten() {
             let set = match v {
@@ -333,23 +342,24 @@ fn declared_facts() -> Vec<(String, String)> {
             }
         }
     }
-    out
+    Ok(out)
 }
 
 #[test]
-fn every_fact_a_shipped_capability_file_declares_has_a_source_row() {
-    let rows: Vec<(String, String)> = facts().iter().map(|f| (f.kernel.to_owned(), f.field.to_owned())).collect();
-    let missing: Vec<String> = declared_facts()
+fn every_fact_a_shipped_capability_file_declares_has_a_source_row() -> TestResult {
+    let rows: Vec<(String, String)> = facts()?.iter().map(|f| (f.kernel.to_owned(), f.field.to_owned())).collect();
+    let missing: Vec<String> = declared_facts()?
         .into_iter()
         .filter(|fact| !rows.contains(fact))
         .map(|(kernel, field)| format!("{kernel} declares {field} with no source row (add one to tests/tests/facts/)"))
         .collect();
     assert!(missing.is_empty(), "{}", missing.join("\n"));
+    Ok(())
 }
 
 #[test]
-fn an_mi300x_selects_a_rocm_kernel_for_common_attention_and_paged_requests_and_its_table_solves_them() {
-    let sel = plan("mi300x");
+fn an_mi300x_selects_a_rocm_kernel_for_common_attention_and_paged_requests_and_its_table_solves_them() -> TestResult {
+    let sel = plan("mi300x")?;
     let masked = bf16(2, 128, 128, 16, 16, 128).tensor("mask", TensorDesc::new(DType::Bool, [2, 1, 128, 128]));
     for (what, req, want) in [
         (
@@ -360,8 +370,8 @@ fn an_mi300x_selects_a_rocm_kernel_for_common_attention_and_paged_requests_and_i
         ("GQA decode", bf16(8, 1, 4096, 32, 8, 128), "flash_attn_2.attention.fwd_ck"),
         ("masked prefill", masked, "torch_sdpa.attention.efficient_rocm"),
         ("f32 prefill", attention(DType::F32, 1, 512, 512, 16, 16, 64), "torch_sdpa.attention.efficient_rocm"),
-        ("paged decode on 16-position pages", pages(16, None, 1), "flash_attn_2.paged_attention.kvcache_triton_amd"),
-        ("paged decode on 128-position pages", pages(128, None, 1), "flash_attn_2.paged_attention.kvcache_ck"),
+        ("paged decode on 16-position pages", pages(16, None, 1)?, "flash_attn_2.paged_attention.kvcache_triton_amd"),
+        ("paged decode on 128-position pages", pages(128, None, 1)?, "flash_attn_2.paged_attention.kvcache_ck"),
     ] {
         let r = sel.explain(&req);
         assert_eq!(
@@ -371,11 +381,9 @@ fn an_mi300x_selects_a_rocm_kernel_for_common_attention_and_paged_requests_and_i
             r.candidates.iter().map(|c| (&c.kernel, &c.reasons)).collect::<Vec<_>>()
         );
     }
-    let table: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(layerzero_tests::repo_root().join("dispatch_tables/mi300x-llama-3-8b.json"))
-            .unwrap_or_else(|e| panic!("{e}")),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let table: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+        layerzero_tests::repo_root().join("dispatch_tables/mi300x-llama-3-8b.json"),
+    )?)?;
     let entries = table["entries"].as_array().cloned().unwrap_or_default();
     for op in ["attention", "paged_attention"] {
         assert!(entries.iter().any(|e| e["op"] == op), "{op} buckets are solved");
@@ -385,16 +393,17 @@ fn an_mi300x_selects_a_rocm_kernel_for_common_attention_and_paged_requests_and_i
             "no {op} bucket is unsolved"
         );
     }
+    Ok(())
 }
 
 #[test]
-fn every_kernel_layerzero_runs_itself_has_an_executor_in_this_build() {
+fn every_kernel_layerzero_runs_itself_has_an_executor_in_this_build() -> TestResult {
     use layerzero::capabilities::spec::Execution;
     // oneDNN's executors are bound only where the library loads; the kernels it would bind
     // are known without it.
     let registry = layerzero::builtin_registry();
     let runs = |id: &str| registry.contains(id) || layerzero::backend::onednn::kernels().any(|k| k == id);
-    let catalog = catalog();
+    let catalog = catalog()?;
     let missing: Vec<&str> = catalog
         .kernels()
         .filter(|(_, b, k)| k.execution(b) != Execution::External && !runs(&k.id))
@@ -404,4 +413,5 @@ fn every_kernel_layerzero_runs_itself_has_an_executor_in_this_build() {
         missing.is_empty(),
         "declared as LayerZero's own (builtin or dynamic_library) with no executor: {missing:?}"
     );
+    Ok(())
 }

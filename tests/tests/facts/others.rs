@@ -13,7 +13,7 @@ fn zen_masked(dtype: DType, mask: DType, shape: &[u64]) -> Request {
 }
 
 /// A `[2, 16, 128, d]` BHSD attention request in `dtype`.
-fn bhsd_of(dtype: DType, d: u64) -> Request {
+fn bhsd_of(dtype: DType, d: u64) -> TestResult<Request> {
     head_major(attention(dtype, 2, 128, 128, 16, 16, d))
 }
 
@@ -47,8 +47,8 @@ fn glu_of(dtype: DType) -> Request {
         .tensor("up", TensorDesc::new(dtype, [64, 4096]))
 }
 
-pub(super) fn facts() -> Vec<Fact> {
-    vec![
+pub(super) fn facts() -> TestResult<Vec<Fact>> {
+    Ok(vec![
         // xFormers cutlassF-pt.
         fact(XF, "head_dim", src(XFORMERS, "xformers/ops/fmha/cutlass.py:173"), "h100", bf16(1, 16, 16, 1, 1, 65536))
             .rejects(bf16(1, 16, 16, 1, 1, 65544), "HEAD_DIM_TOO_LARGE"),
@@ -105,7 +105,7 @@ pub(super) fn facts() -> Vec<Fact> {
         fact(XF, "varlen", src(XFORMERS, "xformers/ops/fmha/cutlass.py:73"), "h100", ragged()),
         // Any stride(-2) that is a multiple of the alignment: BHSD as well as BSHD. No attention
         // request has a third layout to reject.
-        fact(XF, "layouts", src(XFORMERS, "xformers/ops/fmha/common.py:583"), "h100", bhsd_of(DType::BF16, 128)),
+        fact(XF, "layouts", src(XFORMERS, "xformers/ops/fmha/common.py:583"), "h100", bhsd_of(DType::BF16, 128)?),
         // ZenDNN flash SDPA.
         fact(
             ZEN_SDPA,
@@ -151,7 +151,7 @@ pub(super) fn facts() -> Vec<Fact> {
             ),
         ),
         // Per-tensor BHSD strides: a BSHD tensor is the same with other strides.
-        fact(ZEN_SDPA, "layouts", src(ZENDNN, &format!("{ZEN_SDPA_DOC}:65")), "zen4", bhsd_of(DType::BF16, 64)),
+        fact(ZEN_SDPA, "layouts", src(ZENDNN, &format!("{ZEN_SDPA_DOC}:65")), "zen4", bhsd_of(DType::BF16, 64)?),
         fact(
             "zendnn.linear.matmul",
             "dtypes",
@@ -265,7 +265,7 @@ pub(super) fn facts() -> Vec<Fact> {
             "h100",
             bf16(2, 128, 128, 16, 16, 128),
         )
-        .rejects(strided_v(bf16(2, 128, 128, 16, 16, 128)), "LAST_DIM_NOT_CONTIGUOUS"),
+        .rejects(strided_v(bf16(2, 128, 128, 16, 16, 128))?, "LAST_DIM_NOT_CONTIGUOUS"),
         fact(
             "liger.rms_norm.triton",
             "hidden_size",
@@ -348,7 +348,7 @@ pub(super) fn facts() -> Vec<Fact> {
             "zen4",
             attention(DType::BF16, 1, 256, 256, 16, 16, 64),
         )
-        .rejects(strided_v(attention(DType::BF16, 1, 256, 256, 16, 16, 64)), "LAST_DIM_NOT_CONTIGUOUS"),
+        .rejects(strided_v(attention(DType::BF16, 1, 256, 256, 16, 16, 64))?, "LAST_DIM_NOT_CONTIGUOUS"),
         fact(
             "zendnn.linear.matmul",
             "dtype_requirements",
@@ -364,5 +364,5 @@ pub(super) fn facts() -> Vec<Fact> {
             "zen4",
             linear_of(DType::BF16),
         ),
-    ]
+    ])
 }

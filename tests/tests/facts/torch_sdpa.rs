@@ -59,15 +59,15 @@ fn base() -> Request {
 }
 
 /// `req` with `v` of head dim `dv` (q and k keep theirs).
-fn v_dim(req: Request, dv: u64) -> Request {
-    let v: TensorDesc = req.get("v").cloned().unwrap_or_else(|| panic!("no v"));
+fn v_dim(req: Request, dv: u64) -> TestResult<Request> {
+    let v: TensorDesc = req.get("v").cloned().ok_or("no v")?;
     let mut shape = v.shape.clone();
     shape[3] = dv;
-    req.tensor("v", TensorDesc { shape, ..v })
+    Ok(req.tensor("v", TensorDesc { shape, ..v }))
 }
 
 /// bf16 self-attention with q, k and v in BHSD (`[2, 16, 128, 128]`).
-fn bhsd() -> Request {
+fn bhsd() -> TestResult<Request> {
     head_major(bf16(2, 128, 128, 16, 16, 128))
 }
 
@@ -111,20 +111,20 @@ fn bottom_right(req: Request) -> Request {
     attrs(req, layerzero_tests::causal())
 }
 
-pub(super) fn facts() -> Vec<Fact> {
-    let mut rows = cudnn();
-    rows.extend(efficient());
-    rows.extend(flash());
-    rows.extend(math());
-    rows.extend(cpu());
-    rows.extend(rocm());
-    rows
+pub(super) fn facts() -> TestResult<Vec<Fact>> {
+    let mut rows = cudnn()?;
+    rows.extend(efficient()?);
+    rows.extend(flash()?);
+    rows.extend(math()?);
+    rows.extend(cpu()?);
+    rows.extend(rocm()?);
+    Ok(rows)
 }
 
 /// `torch_sdpa.attention.cudnn`: `can_use_cudnn_attention`.
-fn cudnn() -> Vec<Fact> {
+fn cudnn() -> TestResult<Vec<Fact>> {
     const K: &str = "torch_sdpa.attention.cudnn";
-    vec![
+    Ok(vec![
         // check_cudnn_hardware_support: [sm80, sm121].
         fact(K, "compute_capability", gate(879), "a100", base()).rejects_on("t4", base(), "COMPUTE_CAPABILITY_TOO_OLD"),
         // check_dtypes_low_precision on sm80+: {Half, BFloat16}.
@@ -152,15 +152,15 @@ fn cudnn() -> Vec<Fact> {
         fact(K, "custom_scale", shared(52), "h100", scaled()),
         // The only layout filter is stride(-1) == 1 (check_cudnn_layout is not in the list): a
         // BSHD tensor is a transposed (B, H, S, D) view and passes, as does BHSD.
-        fact(K, "layouts", gate(1005), "h100", bhsd()),
-        fact(K, "strides", gate(1005), "h100", base()).rejects(strided_v(base()), "LAST_DIM_NOT_CONTIGUOUS"),
-    ]
+        fact(K, "layouts", gate(1005), "h100", bhsd()?),
+        fact(K, "strides", gate(1005), "h100", base()).rejects(strided_v(base())?, "LAST_DIM_NOT_CONTIGUOUS"),
+    ])
 }
 
 /// `torch_sdpa.attention.efficient`: `can_use_mem_efficient_attention` without `USE_ROCM`.
-fn efficient() -> Vec<Fact> {
+fn efficient() -> TestResult<Vec<Fact>> {
     const K: &str = "torch_sdpa.attention.efficient";
-    vec![
+    Ok(vec![
         // check_mem_efficient_hardware_support: [sm50, sm121]. No shipped profile lies outside
         // that range, so the row shows the low side only (a T4, sm75, is taken).
         fact(K, "compute_capability", gate(528), "t4", dense(DType::F16, 128)),
@@ -179,7 +179,7 @@ fn efficient() -> Vec<Fact> {
         fact(K, "head_dim", gate(157), "a100", dense(DType::F32, 36))
             .rejects(dense(DType::F32, 34), "HEAD_DIM_ALIGNMENT"),
         // q == k is required; v is aligned on its own.
-        fact(K, "different_v_head_dim", gate(307), "h100", v_dim(base(), 64)),
+        fact(K, "different_v_head_dim", gate(307), "h100", v_dim(base(), 64)?),
         fact(K, "causal", shared(32), "h100", top_left(short_q()))
             .rejects(bottom_right(short_q()), "CAUSAL_ALIGNMENT_UNSUPPORTED"),
         // No mask filter in the mem-efficient gate (no check_for_attn_mask): bool and float
@@ -195,15 +195,15 @@ fn efficient() -> Vec<Fact> {
         // No dropout filter in the gate (the CPU gate has check_for_dropout).
         fact(K, "dropout", gate(1111), "h100", dropped(base())),
         fact(K, "custom_scale", shared(52), "h100", scaled()),
-        fact(K, "layouts", gate(1148), "h100", bhsd()),
-        fact(K, "strides", gate(1148), "h100", base()).rejects(strided_v(base()), "LAST_DIM_NOT_CONTIGUOUS"),
-    ]
+        fact(K, "layouts", gate(1148), "h100", bhsd()?),
+        fact(K, "strides", gate(1148), "h100", base()).rejects(strided_v(base())?, "LAST_DIM_NOT_CONTIGUOUS"),
+    ])
 }
 
 /// `torch_sdpa.attention.flash`: `can_use_flash_attention` without `USE_ROCM`.
-fn flash() -> Vec<Fact> {
+fn flash() -> TestResult<Vec<Fact>> {
     const K: &str = "torch_sdpa.attention.flash";
-    vec![
+    Ok(vec![
         // check_flash_attention_hardware_support: [sm80, sm121].
         fact(K, "compute_capability", gate(468), "a100", base()).rejects_on("t4", base(), "COMPUTE_CAPABILITY_TOO_OLD"),
         // check_dtypes_flash_attention -> check_dtypes_low_precision (fp8 only with the FA3
@@ -219,25 +219,25 @@ fn flash() -> Vec<Fact> {
         // No dropout filter in the flash gate: dropout_p is passed to the kernel.
         fact(K, "dropout", gate(1049), "h100", dropped(base())),
         fact(K, "custom_scale", shared(52), "h100", scaled()),
-        fact(K, "layouts", gate(1081), "h100", bhsd()),
-        fact(K, "strides", gate(1081), "h100", base()).rejects(strided_v(base()), "LAST_DIM_NOT_CONTIGUOUS"),
-    ]
+        fact(K, "layouts", gate(1081), "h100", bhsd()?),
+        fact(K, "strides", gate(1081), "h100", base()).rejects(strided_v(base())?, "LAST_DIM_NOT_CONTIGUOUS"),
+    ])
 }
 
 /// `torch_sdpa.attention.math` (CUDA): no gate. The composite (attention.cpp) computes in the
 /// inputs' floating dtype, repeat-interleaves K/V for GQA, builds `is_causal` as
 /// `ones(L, S).tril()` (top-left), adds the mask, applies dropout and takes `scale`.
-fn math() -> Vec<Fact> {
+fn math() -> TestResult<Vec<Fact>> {
     const K: &str = "torch_sdpa.attention.math";
     math_rows(K, "h100", || gate(MATH_CASE))
 }
 
 /// Rows shared by the three math kernels (CUDA, ROCm, CPU), on `hw`, from their dispatch line.
-fn math_rows(k: &'static str, hw: &'static str, line: impl Fn() -> Source) -> Vec<Fact> {
-    vec![
+fn math_rows(k: &'static str, hw: &'static str, line: impl Fn() -> Source) -> TestResult<Vec<Fact>> {
+    Ok(vec![
         // No fp8 path: the composite's bmm dispatches floating types and Half/BFloat16 only.
         fact(k, "dtypes", line(), hw, dense(DType::F32, 128)).rejects(dense(DType::Fp8E4M3, 128), "DTYPE_UNSUPPORTED"),
-        fact(k, "different_v_head_dim", line(), hw, v_dim(base(), 64)),
+        fact(k, "different_v_head_dim", line(), hw, v_dim(base(), 64)?),
         fact(k, "gqa", line(), hw, grouped()),
         fact(k, "causal", line(), hw, top_left(short_q()))
             .rejects(bottom_right(short_q()), "CAUSAL_ALIGNMENT_UNSUPPORTED"),
@@ -248,13 +248,13 @@ fn math_rows(k: &'static str, hw: &'static str, line: impl Fn() -> Source) -> Ve
         fact(k, "mask_broadcast", line(), hw, broadcast_mask()),
         fact(k, "dropout", line(), hw, dropped(base())),
         fact(k, "custom_scale", shared(52), hw, scaled()),
-        fact(k, "layouts", line(), hw, bhsd()),
-        fact(k, "strides", line(), hw, strided_v(base())),
-    ]
+        fact(k, "layouts", line(), hw, bhsd()?),
+        fact(k, "strides", line(), hw, strided_v(base())?),
+    ])
 }
 
 /// `torch_sdpa.attention.flash_cpu` (`use_flash_attention_cpp`) and `math_cpu`.
-fn cpu() -> Vec<Fact> {
+fn cpu() -> TestResult<Vec<Fact>> {
     const K: &str = "torch_sdpa.attention.flash_cpu";
     let mut rows = vec![
         // cpp_supported_flash_dtypes {Float, Double, BFloat16, Half}, with no ISA gate: bf16
@@ -271,16 +271,16 @@ fn cpu() -> Vec<Fact> {
             .rejects(float_mask(DType::F32), "MASK_DTYPE_MISMATCH"),
         fact(K, "mask_broadcast", shared(289), "spr", broadcast_mask()),
         fact(K, "custom_scale", shared(52), "spr", scaled()),
-        fact(K, "layouts", cpu_gate(52), "spr", bhsd()),
-        fact(K, "strides", cpu_gate(52), "spr", base()).rejects(strided_v(base()), "LAST_DIM_NOT_CONTIGUOUS"),
+        fact(K, "layouts", cpu_gate(52), "spr", bhsd()?),
+        fact(K, "strides", cpu_gate(52), "spr", base()).rejects(strided_v(base())?, "LAST_DIM_NOT_CONTIGUOUS"),
     ];
-    rows.extend(math_rows("torch_sdpa.attention.math_cpu", "spr", || cpu_gate(MATH_CASE_CPU)));
-    rows
+    rows.extend(math_rows("torch_sdpa.attention.math_cpu", "spr", || cpu_gate(MATH_CASE_CPU))?);
+    Ok(rows)
 }
 
 /// `torch_sdpa.attention.flash_rocm`, `efficient_rocm` (the `USE_ROCM` / AOTriton branches of
 /// sdp_utils.cpp) and `math_rocm`.
-fn rocm() -> Vec<Fact> {
+fn rocm() -> TestResult<Vec<Fact>> {
     const FLASH: &str = "torch_sdpa.attention.flash_rocm";
     const EFFICIENT: &str = "torch_sdpa.attention.efficient_rocm";
     let mut rows =
@@ -312,8 +312,8 @@ fn rocm() -> Vec<Fact> {
                 .rejects(top_left(short_q()), "CAUSAL_ALIGNMENT_UNSUPPORTED"),
             fact(FLASH, "dropout", gate(1049), "mi300x", dropped(base())),
             fact(FLASH, "custom_scale", shared(52), "mi300x", scaled()),
-            fact(FLASH, "layouts", gate(1081), "mi300x", bhsd()),
-            fact(FLASH, "strides", gate(1081), "mi300x", base()).rejects(strided_v(base()), "LAST_DIM_NOT_CONTIGUOUS"),
+            fact(FLASH, "layouts", gate(1081), "mi300x", bhsd()?),
+            fact(FLASH, "strides", gate(1081), "mi300x", base()).rejects(strided_v(base())?, "LAST_DIM_NOT_CONTIGUOUS"),
             // aotriton_mem_efficient_dtypes {Half, Float, BFloat16}.
             fact(EFFICIENT, "dtypes", gate(1102), "mi300x", dense(DType::F32, 128))
                 .rejects(dense(DType::Fp8E4M3, 128), "DTYPE_UNSUPPORTED"),
@@ -325,7 +325,7 @@ fn rocm() -> Vec<Fact> {
                 .rejects(dense(DType::BF16, 68), "HEAD_DIM_ALIGNMENT"),
             fact(EFFICIENT, "head_dim", gate(299), "mi300x", dense(DType::F32, 36))
                 .rejects(dense(DType::F32, 34), "HEAD_DIM_ALIGNMENT"),
-            fact(EFFICIENT, "different_v_head_dim", gate(307), "mi300x", v_dim(base(), 64)),
+            fact(EFFICIENT, "different_v_head_dim", gate(307), "mi300x", v_dim(base(), 64)?),
             fact(EFFICIENT, "causal", shared(32), "mi300x", top_left(short_q()))
                 .rejects(bottom_right(short_q()), "CAUSAL_ALIGNMENT_UNSUPPORTED"),
             // "Efficient attention on ROCM requires attn_mask be boolean, or has the same datatype
@@ -336,10 +336,10 @@ fn rocm() -> Vec<Fact> {
             fact(EFFICIENT, "mask_broadcast", gate(1111), "mi300x", broadcast_mask()),
             fact(EFFICIENT, "dropout", gate(1111), "mi300x", dropped(base())),
             fact(EFFICIENT, "custom_scale", shared(52), "mi300x", scaled()),
-            fact(EFFICIENT, "layouts", gate(1148), "mi300x", bhsd()),
+            fact(EFFICIENT, "layouts", gate(1148), "mi300x", bhsd()?),
             fact(EFFICIENT, "strides", gate(1148), "mi300x", base())
-                .rejects(strided_v(base()), "LAST_DIM_NOT_CONTIGUOUS"),
+                .rejects(strided_v(base())?, "LAST_DIM_NOT_CONTIGUOUS"),
         ];
-    rows.extend(math_rows("torch_sdpa.attention.math_rocm", "mi300x", || gate(MATH_CASE)));
-    rows
+    rows.extend(math_rows("torch_sdpa.attention.math_rocm", "mi300x", || gate(MATH_CASE))?);
+    Ok(rows)
 }

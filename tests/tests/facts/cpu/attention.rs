@@ -12,16 +12,16 @@ fn dense(dtype: DType, d: u64) -> Request {
 }
 
 /// `req` with `v` of head dim `dv` (q and k keep theirs).
-fn v_dim(req: Request, dv: u64) -> Request {
-    let v: TensorDesc = req.get("v").cloned().unwrap_or_else(|| panic!("no v"));
+fn v_dim(req: Request, dv: u64) -> TestResult<Request> {
+    let v: TensorDesc = req.get("v").cloned().ok_or("no v")?;
     let mut shape = v.shape.clone();
     shape[3] = dv;
     let v = TensorDesc { shape, ..v };
-    req.tensor("v", v)
+    Ok(req.tensor("v", v))
 }
 
 /// bf16 self-attention with q, k and v in BHSD (`[1, 8, 128, 128]`).
-fn bhsd() -> Request {
+fn bhsd() -> TestResult<Request> {
     head_major(bf16(1, 128, 128, 8, 8, 128))
 }
 
@@ -48,9 +48,9 @@ fn causal_as(req: Request, alignment: CausalAlignment) -> Request {
     attrs(req, AttentionAttrs { causal: true, causal_alignment: alignment, ..AttentionAttrs::default() })
 }
 
-pub(super) fn attention_facts() -> Vec<Fact> {
+pub(super) fn attention_facts() -> TestResult<Vec<Fact>> {
     let k = "cpu.attention.flash";
-    vec![
+    Ok(vec![
         // The output is written per dtype: f32, bf16 and f16 each have an arm of
         // `output_into`. An fp8 q would take its `other =>` arm (computed in f32, then encoded),
         // which no test holds: fp8 is not declared, so it is declined.
@@ -67,7 +67,7 @@ pub(super) fn attention_facts() -> Vec<Fact> {
             "different_v_head_dim",
             here(ATTENTION, "let [bv, skv, hkv_v, dv] = v.n;"),
             "spr",
-            v_dim(dense(DType::BF16, 192), 128),
+            v_dim(dense(DType::BF16, 192), 128)?,
         ),
         fact(
             k,
@@ -151,22 +151,22 @@ pub(super) fn attention_facts() -> Vec<Fact> {
         ),
         fact(k, "varlen", here(ATTENTION, "(Some(cq), Some(ck)) => {"), "spr", ragged()),
         fact(k, "layouts", here(PACK, "Layout::Bshd => [0, 1, 2, 3],"), "spr", dense(DType::BF16, 128)),
-        fact(k, "layouts", here(PACK, "Layout::Bhsd => [0, 2, 1, 3],"), "spr", bhsd()),
+        fact(k, "layouts", here(PACK, "Layout::Bhsd => [0, 2, 1, 3],"), "spr", bhsd()?),
         // Every read goes through the tensor's own strides.
         fact(
             k,
             "strides",
             here(PACK, "Ok(Bshd { st: t.storage(), off: t.offset(), n: perm.map(|d| sh[d]), s: perm.map(|d| st[d]) })"),
             "spr",
-            strided_v(dense(DType::BF16, 128)),
+            strided_v(dense(DType::BF16, 128))?,
         ),
-    ]
+    ])
 }
 
-pub(super) fn paged_facts() -> Vec<Fact> {
+pub(super) fn paged_facts() -> TestResult<Vec<Fact>> {
     let k = "cpu.paged_attention.split_kv";
     let bf = |d: u64| paged_of(DType::BF16, DType::BF16, d, Layout::Nhd, DType::I32);
-    vec![
+    Ok(vec![
         // The output is q's dtype, written by the dense kernel's `output_into` (its f32, bf16
         // and f16 arms); an fp8 q would take the untested `other =>` arm: declined.
         fact(
@@ -200,21 +200,21 @@ pub(super) fn paged_facts() -> Vec<Fact> {
             "causal",
             here(ENGINE, "visible_keys(i, seq.sq, seq.sk, self.attrs)"),
             "spr",
-            causal_as(queries_on_pages(4, 16, None, 1), CausalAlignment::TopLeft),
+            causal_as(queries_on_pages(4, 16, None, 1)?, CausalAlignment::TopLeft),
         ),
         fact(
             k,
             "causal",
             here(ENGINE, "visible_keys(i, seq.sq, seq.sk, self.attrs)"),
             "spr",
-            causal_as(queries_on_pages(4, 16, None, 1), CausalAlignment::BottomRight),
+            causal_as(queries_on_pages(4, 16, None, 1)?, CausalAlignment::BottomRight),
         ),
         fact(
             k,
             "window",
             here(ENGINE, "visible_keys(i, seq.sq, seq.sk, self.attrs)"),
             "spr",
-            windowed(queries_on_pages(4, 16, None, 1)),
+            windowed(queries_on_pages(4, 16, None, 1)?),
         ),
         fact(
             k,
@@ -244,7 +244,7 @@ pub(super) fn paged_facts() -> Vec<Fact> {
             "strides",
             here(PAGED, "let s = perm.map(|d| t.strides()[d]);"),
             "spr",
-            pages(16, Some(2 * 16 * 8 * 128), 1),
+            pages(16, Some(2 * 16 * 8 * 128), 1)?,
         ),
         fact(
             k,
@@ -298,5 +298,5 @@ pub(super) fn paged_facts() -> Vec<Fact> {
             "spr",
             paged_of(DType::BF16, DType::F32, 128, Layout::Nhd, DType::I32),
         ),
-    ]
+    ])
 }

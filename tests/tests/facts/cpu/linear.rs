@@ -13,12 +13,12 @@ const WEIGHTS: &str = "layerzero/src/backend/cpu/linear/weights.rs";
 const MLP: &str = "layerzero/src/backend/cpu/mlp.rs";
 const PATCH: &str = "layerzero/src/backend/cpu/patch.rs";
 
-pub(super) fn linear_facts() -> Vec<Fact> {
+pub(super) fn linear_facts() -> TestResult<Vec<Fact>> {
     let k = "cpu.linear.fast";
     let nn = Request::new(Op::Linear)
         .tensor("x", TensorDesc::new(DType::BF16, [64, 4096]))
         .tensor("weight", TensorDesc::new(DType::BF16, [4096, 11008]).with_layout(Layout::Nn));
-    vec![
+    Ok(vec![
         // f32, f16 and bf16 pass; another float dtype is Unsupported.
         fact(k, "dtypes", here(LINEAR, "expect_dense_float(\"x\", &a.x)?;"), "spr", linear_of(DType::BF16))
             .rejects(linear_of(DType::Fp8E4M3), "DTYPE_UNSUPPORTED"),
@@ -44,9 +44,9 @@ pub(super) fn linear_facts() -> Vec<Fact> {
             "strides",
             here(VIEW, "let cs = st.last().copied().unwrap_or(1);"),
             "spr",
-            strided(linear_of(DType::BF16), "x"),
+            strided(linear_of(DType::BF16), "x")?,
         ),
-    ]
+    ])
 }
 
 /// `op` (quantize or dequantize) of a `[256, 512]` x of `dtype` under `scheme`, with `block`
@@ -147,13 +147,13 @@ fn patch_in(dtype: DType, layout: Option<Layout>) -> Request {
     Request::new(Op::PatchEmbed).tensor("image", image).tensor("weight", TensorDesc::new(dtype, [768, 3, 16, 16]))
 }
 
-pub(super) fn quant_facts() -> Vec<Fact> {
+pub(super) fn quant_facts() -> TestResult<Vec<Fact>> {
     let (q, dq) = ("cpu.quantize.fast", "cpu.dequantize.fast");
     let per_tensor = |dtype: DType| quant_in(Op::Quantize, dtype, QuantScheme::PerTensor, None, None, None);
     let blocks = "for (j, blk) in row.chunks(bc).enumerate() {";
     let scaled_rows = "let srow = &scales[(r / grid.br) * grid.gc..(r / grid.br + 1) * grid.gc];";
     let target_of_x = "Target::of(x.dtype(), \"tensor `x` dtype\")?;";
-    vec![
+    Ok(vec![
         fact(
             q,
             "dtypes",
@@ -237,7 +237,7 @@ pub(super) fn quant_facts() -> Vec<Fact> {
             "strides",
             here(QUANT, "super::linear::rows_view(x, holder)"),
             "spr",
-            strided(per_tensor(DType::BF16), "x"),
+            strided(per_tensor(DType::BF16), "x")?,
         ),
         // Any positive block is computed (bands of `br` rows, column blocks of `bc`); the
         // file declares DeepSeek-V3's two (activations 1 x 128, weights 128 x 128), the ones
@@ -312,16 +312,16 @@ pub(super) fn quant_facts() -> Vec<Fact> {
             "strides",
             here(QUANT, "read_f32(x.st, x.at(r, 0), x.cs, out);"),
             "spr",
-            strided(dequantize(DType::I8, QuantScheme::PerTensor), "x"),
+            strided(dequantize(DType::I8, QuantScheme::PerTensor), "x")?,
         ),
         // As for quantize: any positive block; the two declared are a conservative list.
         fact(dq, "quant_blocks", here(QUANT, scaled_rows), "spr", dequantize_blocks([128, 128], None))
             .rejects(dequantize_blocks([64, 64], None), "ATTR_UNSUPPORTED"),
         fact(dq, "quant_blocks", here(QUANT, scaled_rows), "spr", dequantize_blocks([1, 128], None)),
-    ]
+    ])
 }
 
-pub(super) fn gemm_facts() -> Vec<Fact> {
+pub(super) fn gemm_facts() -> TestResult<Vec<Fact>> {
     let (w8, int4) = ("cpu.linear_w8a8.fast", "cpu.linear_int4.fast");
     let (fused, chain, moe) = ("cpu.mlp.fused", "cpu.mlp.chain", "cpu.moe_experts.grouped");
     let patch = "cpu.patch_embed.im2col";
@@ -339,7 +339,7 @@ pub(super) fn gemm_facts() -> Vec<Fact> {
                 .with_strides([150528, 224, 1, 50176]),
         )
         .tensor("weight", TensorDesc::new(DType::F32, [768, 3, 16, 16]));
-    vec![
+    Ok(vec![
         fact(w8, "dtypes", here(W8A8, "linear_w8a8 expects i8"), "spr", w8a8_in(None)),
         // A strided i8 operand is copied into rows first.
         fact(
@@ -347,7 +347,7 @@ pub(super) fn gemm_facts() -> Vec<Fact> {
             "strides",
             here(W8A8, "*holder = t.to_i64_vec().into_iter().map(|v| v as i8).collect();"),
             "spr",
-            strided(w8a8_in(None), "x"),
+            strided(w8a8_in(None), "x")?,
         ),
         fact(w8, "layouts", here(W8A8, "linear_w8a8 takes [N, K] (NT) weights"), "spr", w8a8_in(Some(Layout::Nt)))
             .rejects(w8a8_in(Some(Layout::Nn)), "LAYOUT_UNSUPPORTED"),
@@ -377,7 +377,7 @@ pub(super) fn gemm_facts() -> Vec<Fact> {
             "strides",
             here(VIEW, "let cs = st.last().copied().unwrap_or(1);"),
             "spr",
-            strided(int4_in(DType::BF16, 128), "x"),
+            strided(int4_in(DType::BF16, 128), "x")?,
         ),
         // A group is dequantized from whole bytes (`b0 = gi * g / 2`): any even group size that
         // divides K computes; the list declares the three the tests and GPTQ/AWQ checkpoints
@@ -404,7 +404,7 @@ pub(super) fn gemm_facts() -> Vec<Fact> {
             "strides",
             here(MLP, "let x = rows_view(&a.x, holder)?;"),
             "spr",
-            strided(mlp(Op::Mlp, Activation::Silu), "x"),
+            strided(mlp(Op::Mlp, Activation::Silu), "x")?,
         ),
         fact(fused, "layouts", mlp_dims(), "spr", mlp_in(Op::Mlp, DType::BF16, Activation::Silu, Some(Layout::Nt)))
             .rejects(mlp_in(Op::Mlp, DType::BF16, Activation::Silu, Some(Layout::Nn)), "LAYOUT_UNSUPPORTED"),
@@ -419,7 +419,7 @@ pub(super) fn gemm_facts() -> Vec<Fact> {
             "strides",
             here(MLP, "wu: Mat::of(&a.w_up),"),
             "spr",
-            strided(mlp(Op::Mlp, Activation::Silu), "w_up"),
+            strided(mlp(Op::Mlp, Activation::Silu), "w_up")?,
         ),
         fact(chain, "layouts", mlp_dims(), "spr", mlp_in(Op::Mlp, DType::BF16, Activation::Gelu, Some(Layout::Nt)))
             .rejects(mlp_in(Op::Mlp, DType::BF16, Activation::Gelu, Some(Layout::Nn)), "LAYOUT_UNSUPPORTED"),
@@ -460,7 +460,7 @@ pub(super) fn gemm_facts() -> Vec<Fact> {
             "strides",
             here(MOE, "let x = f32_cow(&a.x);"),
             "spr",
-            strided(mlp(Op::MoeExperts, Activation::Silu), "x"),
+            strided(mlp(Op::MoeExperts, Activation::Silu), "x")?,
         ),
         fact(
             patch,
@@ -481,5 +481,5 @@ pub(super) fn gemm_facts() -> Vec<Fact> {
             .rejects(patch_in(DType::F32, None), "LAYOUT_UNSUPPORTED"),
         // A patch row that is not packed is gathered pixel by pixel through the strides.
         fact(patch, "strides", here(PATCH, "read_f32(st, base + v * sw, sc, px);"), "spr", permuted),
-    ]
+    ])
 }

@@ -14,13 +14,13 @@ use super::*;
 const PACK: &str = "layerzero/src/backend/cpu/pack.rs";
 const MOE: &str = "layerzero/src/backend/cpu/moe.rs";
 
-pub(super) fn facts() -> Vec<Fact> {
-    let mut rows = attention::attention_facts();
-    rows.extend(attention::paged_facts());
-    rows.extend(rows::rope_facts());
-    rows.extend(rows::row_facts());
-    rows.extend(linear::linear_facts());
-    rows.extend(linear::quant_facts());
-    rows.extend(linear::gemm_facts());
-    rows
+pub(super) fn facts() -> TestResult<Vec<Fact>> {
+    let mut rows = attention::attention_facts()?;
+    rows.extend(attention::paged_facts()?);
+    rows.extend(rows::rope_facts()?);
+    rows.extend(rows::row_facts()?);
+    rows.extend(linear::linear_facts()?);
+    rows.extend(linear::quant_facts()?);
+    rows.extend(linear::gemm_facts()?);
+    Ok(rows)
 }

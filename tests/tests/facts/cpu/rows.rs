@@ -16,7 +16,7 @@ fn rope_in(dtype: DType) -> Request {
     Request::new(Op::Rope).tensor("q", TensorDesc::new(dtype, [1, 16, 8, 128]).with_layout(Layout::Bshd))
 }
 
-pub(super) fn rope_facts() -> Vec<Fact> {
+pub(super) fn rope_facts() -> TestResult<Vec<Fact>> {
     let k = "cpu.rope.fast";
     let scaled = RopeAttrs { scaling: Some(RopeScaling::Linear { factor: 2.0 }), ..RopeAttrs::default() };
     let bhsd_q =
@@ -26,7 +26,7 @@ pub(super) fn rope_facts() -> Vec<Fact> {
         "q",
         TensorDesc::new(DType::BF16, [1, 16, 8, 128]).with_layout(Layout::Bshd).with_strides([32768, 2048, 256, 2]),
     );
-    vec![
+    Ok(vec![
         // A non-float q is refused (`Bshd::new`); an fp8 q would take the untested `other =>`
         // arm of `rotate`: not declared.
         fact(k, "dtypes", here(ROPE, "DType::BF16 => {"), "spr", rope_in(DType::BF16))
@@ -46,7 +46,7 @@ pub(super) fn rope_facts() -> Vec<Fact> {
         fact(k, "layouts", here(ROPE, "let bhsd = t.layout() == Some(Layout::Bhsd);"), "spr", bhsd_q),
         fact(k, "layouts", here(PACK, "Layout::Bshd => [0, 1, 2, 3],"), "spr", rope_in(DType::BF16)),
         fact(k, "strides", here(ROPE, "x.read(b, s, h, src);"), "spr", strided_q),
-    ]
+    ])
 }
 
 /// A norm of `[64, 4096]` rows in `dtype` (weight too), with a residual when asked.
@@ -106,13 +106,13 @@ fn route_in(dtype: DType, experts: u64) -> Request {
         .tensor("logits", TensorDesc::new(dtype, [16, experts]))
 }
 
-pub(super) fn row_facts() -> Vec<Fact> {
+pub(super) fn row_facts() -> TestResult<Vec<Fact>> {
     let (rms, ln) = ("cpu.rms_norm.fast", "cpu.layer_norm.fast");
     let (swiglu, geglu, gelu, silu) = ("cpu.swiglu.fast", "cpu.geglu.fast", "cpu.gelu.fast", "cpu.silu.fast");
     let (embedding, sample, route) = ("cpu.embedding.fast", "cpu.sample.fast", "cpu.moe_route.fast");
     // `by_dtype!` runs f32, f16 and bf16 and refuses any other dtype as Unsupported.
     let by_dtype = || here(NORM, "computes f32, f16 and bf16; it was given {other}");
-    vec![
+    Ok(vec![
         fact(
             rms,
             "dtypes",
@@ -136,7 +136,7 @@ pub(super) fn row_facts() -> Vec<Fact> {
             "strides",
             here(NORM, "View::of(t, t.shape(), t.strides(), t.offset())"),
             "spr",
-            strided(norm_in(Op::RmsNorm, DType::BF16, false), "x"),
+            strided(norm_in(Op::RmsNorm, DType::BF16, false), "x")?,
         ),
         fact(
             ln,
@@ -159,7 +159,7 @@ pub(super) fn row_facts() -> Vec<Fact> {
             "strides",
             here(NORM, "View::of(t, t.shape(), t.strides(), t.offset())"),
             "spr",
-            strided(norm_in(Op::LayerNorm, DType::BF16, false), "x"),
+            strided(norm_in(Op::LayerNorm, DType::BF16, false), "x")?,
         ),
         fact(
             swiglu,
@@ -196,7 +196,7 @@ pub(super) fn row_facts() -> Vec<Fact> {
             "strides",
             here(ACTIVATION, "let u = View::of(x, &shape, x.strides(), x.offset() + i * last_stride);"),
             "spr",
-            strided(glu(Op::Swiglu, true, DType::BF16), "x"),
+            strided(glu(Op::Swiglu, true, DType::BF16), "x")?,
         ),
         fact(
             geglu,
@@ -239,7 +239,7 @@ pub(super) fn row_facts() -> Vec<Fact> {
             "strides",
             here(ACTIVATION, "let (g, u) = (View::new(gate), View::new(up));"),
             "spr",
-            strided(glu(Op::Geglu, false, DType::BF16), "up"),
+            strided(glu(Op::Geglu, false, DType::BF16), "up")?,
         ),
         fact(
             gelu,
@@ -269,7 +269,7 @@ pub(super) fn row_facts() -> Vec<Fact> {
             "strides",
             here(ACTIVATION, "let v = View::new(x);"),
             "spr",
-            strided(unary_in(Op::Gelu, DType::BF16), "x"),
+            strided(unary_in(Op::Gelu, DType::BF16), "x")?,
         ),
         fact(
             silu,
@@ -285,7 +285,7 @@ pub(super) fn row_facts() -> Vec<Fact> {
             "strides",
             here(ACTIVATION, "let v = View::new(x);"),
             "spr",
-            strided(unary_in(Op::Silu, DType::BF16), "x"),
+            strided(unary_in(Op::Silu, DType::BF16), "x")?,
         ),
         fact(
             embedding,
@@ -302,7 +302,7 @@ pub(super) fn row_facts() -> Vec<Fact> {
             "strides",
             here(EMBEDDING, "*d = src[base + c * s1];"),
             "spr",
-            strided(embed_in(DType::BF16), "table"),
+            strided(embed_in(DType::BF16), "table")?,
         ),
         // Any float dtype is read as f32 (`f32_cow`); a non-float one is refused. fp8 logits
         // would be read too, but are not declared (untested): declined.
@@ -314,7 +314,7 @@ pub(super) fn row_facts() -> Vec<Fact> {
             "strides",
             here(SAMPLE, "Cow::Owned(t.to_f32_vec())"),
             "spr",
-            strided(sample_in(DType::BF16, 128256), "logits"),
+            strided(sample_in(DType::BF16, 128256), "logits")?,
         ),
         // Kept tokens are indexed as u32: a larger vocabulary is refused.
         fact(
@@ -333,7 +333,7 @@ pub(super) fn row_facts() -> Vec<Fact> {
             "strides",
             here(MOE, "let data = f32_cow(logits);"),
             "spr",
-            strided(route_in(DType::BF16, 64), "logits"),
+            strided(route_in(DType::BF16, 64), "logits")?,
         ),
         // The `experts` output is i32: more experts than i32::MAX are refused.
         fact(
@@ -344,5 +344,5 @@ pub(super) fn row_facts() -> Vec<Fact> {
             route_in(DType::BF16, i32::MAX as u64),
         )
         .rejects(route_in(DType::BF16, i32::MAX as u64 + 1), "HIDDEN_SIZE_UNSUPPORTED"),
-    ]
+    ])
 }

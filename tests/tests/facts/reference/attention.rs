@@ -35,16 +35,16 @@ fn paged_of(d: u64, kv: DType, layout: Layout, table: DType) -> Request {
 }
 
 /// Four bf16 queries per sequence on the pages (a paged prefill chunk: seq_q 4 != seq_k 128).
-fn paged_chunk(a: AttentionAttrs) -> Request {
-    with(queries_on_pages(4, 16, None, 1), a)
+fn paged_chunk(a: AttentionAttrs) -> TestResult<Request> {
+    Ok(with(queries_on_pages(4, 16, None, 1)?, a))
 }
 
-pub(super) fn attention() -> Vec<Fact> {
+pub(super) fn attention() -> TestResult<Vec<Fact>> {
     const K: &str = "cpu_reference.attention.naive";
     let fp8 = DType::Fp8E4M3;
-    vec![
+    Ok(vec![
         fact(K, "dtypes", here(ATTENTION, "expect_float(name, t)?;"), "spr", att(64))
-            .rejects(retyped(att(64), &["q", "k", "v"], fp8), "DTYPE_UNSUPPORTED"),
+            .rejects(retyped(att(64), &["q", "k", "v"], fp8)?, "DTYPE_UNSUPPORTED"),
         // The 512 is a conservative bound, not the kernel's: its dot product loops over any
         // head dim (kept as declared; reported).
         fact(K, "head_dim", here(ATTENTION, "(0..q.d).map(|d| q.at(seg.qb"), "spr", att(512))
@@ -86,15 +86,15 @@ pub(super) fn attention() -> Vec<Fact> {
                 .tensor("cu_seqlens_q", TensorDesc::new(DType::I32, [5]))
                 .tensor("cu_seqlens_k", TensorDesc::new(DType::I32, [5]))
         }),
-        fact(K, "layouts", here(MOD, "Layout::Bhsd => true,"), "spr", head_major(att(64))),
-        fact(K, "strides", here(MOD, "self.t.at(&[b, h, s, d])"), "spr", strided_v(att(64))),
-    ]
+        fact(K, "layouts", here(MOD, "Layout::Bhsd => true,"), "spr", head_major(att(64))?),
+        fact(K, "strides", here(MOD, "self.t.at(&[b, h, s, d])"), "spr", strided_v(att(64))?),
+    ])
 }
 
-pub(super) fn paged_attention() -> Vec<Fact> {
+pub(super) fn paged_attention() -> TestResult<Vec<Fact>> {
     const K: &str = "cpu_reference.paged_attention.naive";
     let (bf, nhd, i32) = (DType::BF16, Layout::Nhd, DType::I32);
-    vec![
+    Ok(vec![
         fact(K, "dtypes", here(PAGED, "expect_float(\"q\", &args.q)?;"), "spr", paged_of(128, bf, nhd, i32))
             .rejects(paged(DType::Fp8E4M3, DType::Fp8E4M3, 4, 1, 32, 8, 128, 16, nhd, i32), "DTYPE_UNSUPPORTED"),
         // Conservative, as the dense kernel's: the dot product loops over any head dim.
@@ -102,25 +102,25 @@ pub(super) fn paged_attention() -> Vec<Fact> {
             .rejects(paged_of(520, bf, nhd, i32), "HEAD_DIM_TOO_LARGE"),
         fact(K, "gqa", here(PAGED, "let group = q.h / kc.heads;"), "spr", paged_of(128, bf, nhd, i32)),
         fact(K, "causal", here(SEMANTICS, "CausalAlignment::TopLeft => 0,"), "spr", {
-            paged_chunk(causal_on(CausalAlignment::TopLeft))
+            paged_chunk(causal_on(CausalAlignment::TopLeft))?
         }),
         fact(K, "causal", here(PAGED, "let (lo, hi) = visible_keys(i, q.s, ctx, a);"), "spr", {
-            paged_chunk(causal_on(CausalAlignment::BottomRight))
+            paged_chunk(causal_on(CausalAlignment::BottomRight))?
         }),
         fact(K, "window", here(SEMANTICS, "Some(w) => (diag - w as i64).clamp(0, seq_k as i64),"), "spr", {
-            paged_chunk(AttentionAttrs { causal: true, window_left: Some(8), ..AttentionAttrs::default() })
+            paged_chunk(AttentionAttrs { causal: true, window_left: Some(8), ..AttentionAttrs::default() })?
         }),
         fact(K, "softcap", here(PAGED, "(j, score(dot, scale, a, slopes[h], i, j, q.s, ctx))"), "spr", {
-            attrs(pages(16, None, 1), softcap(0.0))
+            attrs(pages(16, None, 1)?, softcap(0.0))
         }),
         fact(K, "alibi", here(PAGED, "let slopes = if a.alibi { alibi_slopes(q.h) }"), "spr", {
-            with(pages(16, None, 1), AttentionAttrs { alibi: true, ..AttentionAttrs::default() })
+            with(pages(16, None, 1)?, AttentionAttrs { alibi: true, ..AttentionAttrs::default() })
         }),
         fact(K, "custom_scale", here(PAGED, "let scale = softmax_scale(a, q.d);"), "spr", {
-            with(pages(16, None, 1), AttentionAttrs { scale: Some(0.05), ..AttentionAttrs::default() })
+            with(pages(16, None, 1)?, AttentionAttrs { scale: Some(0.05), ..AttentionAttrs::default() })
         }),
-        fact(K, "layouts", here(PAGED, "paged attention takes BSHD queries"), "spr", pages(16, None, 1)),
-        fact(K, "strides", here(PAGED, "self.t.at(&[page, slot, h, d])"), "spr", pages(16, Some(16 * 8 * 256), 2)),
+        fact(K, "layouts", here(PAGED, "paged attention takes BSHD queries"), "spr", pages(16, None, 1)?),
+        fact(K, "strides", here(PAGED, "self.t.at(&[page, slot, h, d])"), "spr", pages(16, Some(16 * 8 * 256), 2)?),
         fact(K, "block_table_dtypes", here(MOD, "DType::I32 | DType::I64 => Ok(t.to_i64_vec()),"), "spr", {
             paged_of(128, bf, nhd, DType::I64)
         }),
@@ -128,5 +128,5 @@ pub(super) fn paged_attention() -> Vec<Fact> {
             paged_of(128, bf, Layout::Hnd, i32)
         }),
         fact(K, "kv_cache_dtypes", here(PAGED, "raw * self.scale[h]"), "spr", paged_of(128, DType::Fp8E5M2, nhd, i32)),
-    ]
+    ])
 }

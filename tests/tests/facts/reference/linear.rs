@@ -84,12 +84,12 @@ fn nchw() -> TensorDesc {
     TensorDesc::new(DType::BF16, [1, 3, 224, 224])
 }
 
-pub(super) fn matrix_ops() -> Vec<Fact> {
+pub(super) fn matrix_ops() -> TestResult<Vec<Fact>> {
     let fp8 = DType::Fp8E4M3;
     let block = Some([128, 128]);
     let w8 = || TensorDesc::new(DType::I8, [32, 64]);
     let mlp_weights = ["x", "w_gate", "w_up", "w_down"];
-    vec![
+    Ok(vec![
         // linear
         fact(
             "cpu_reference.linear.naive",
@@ -106,7 +106,7 @@ pub(super) fn matrix_ops() -> Vec<Fact> {
             linear_of(DType::BF16).tensor("weight", TensorDesc::new(DType::BF16, [4096, 4096]).with_layout(Layout::Nn))
         }),
         fact("cpu_reference.linear.naive", "strides", here(LINEAR, "let w = a.weight.to_f64_vec();"), "spr", {
-            strided(linear_of(DType::BF16), "weight")
+            strided(linear_of(DType::BF16), "weight")?
         }),
         // quantize
         fact(
@@ -155,7 +155,7 @@ pub(super) fn matrix_ops() -> Vec<Fact> {
             quantize(quant_attrs(QuantScheme::PerBlock, block, Some(ScaleLayout::ColumnMajor)), None),
         ),
         fact("cpu_reference.quantize.naive", "strides", here(QUANT, "let vals = x.to_f32_vec();"), "spr", {
-            strided(quantize(quant_attrs(QuantScheme::PerTensor, None, None), None), "x")
+            strided(quantize(quant_attrs(QuantScheme::PerTensor, None, None), None), "x")?
         }),
         // dequantize
         fact(
@@ -190,7 +190,7 @@ pub(super) fn matrix_ops() -> Vec<Fact> {
             },
         ),
         fact("cpu_reference.dequantize.naive", "strides", here(QUANT, "let vals = x.to_f64_vec();"), "spr", {
-            strided(dequantize(quant_attrs(QuantScheme::PerTensor, None, None), DType::I8, f32_of(&[1])), "x")
+            strided(dequantize(quant_attrs(QuantScheme::PerTensor, None, None), DType::I8, f32_of(&[1])), "x")?
         }),
         // linear_w8a8
         fact(
@@ -201,7 +201,7 @@ pub(super) fn matrix_ops() -> Vec<Fact> {
             w8a8(w8()),
         ),
         fact("cpu_reference.linear_w8a8.naive", "strides", here(LINEAR, "let x = a.x.to_i64_vec();"), "spr", {
-            strided(w8a8(w8()), "x")
+            strided(w8a8(w8()), "x")?
         }),
         // The kernel refuses a weight tagged other than NT (a limit the file did not declare:
         // added).
@@ -226,7 +226,7 @@ pub(super) fn matrix_ops() -> Vec<Fact> {
             "strides",
             here(LINEAR, "let packed = a.weight.to_i64_vec();"),
             "spr",
-            strided(int4(), "weight"),
+            strided(int4(), "weight")?,
         ),
         // mlp
         fact(
@@ -236,7 +236,7 @@ pub(super) fn matrix_ops() -> Vec<Fact> {
             "spr",
             mlp(Op::Mlp, Activation::Silu),
         )
-        .rejects(retyped(mlp(Op::Mlp, Activation::Silu), &mlp_weights, fp8), "DTYPE_UNSUPPORTED"),
+        .rejects(retyped(mlp(Op::Mlp, Activation::Silu), &mlp_weights, fp8)?, "DTYPE_UNSUPPORTED"),
         fact(
             "cpu_reference.mlp.naive",
             "activations",
@@ -259,7 +259,7 @@ pub(super) fn matrix_ops() -> Vec<Fact> {
             mlp(Op::Mlp, Activation::GeluTanh),
         ),
         fact("cpu_reference.mlp.naive", "strides", here(MLP, "let x = a.x.to_f64_vec();"), "spr", {
-            strided(mlp(Op::Mlp, Activation::Silu), "x")
+            strided(mlp(Op::Mlp, Activation::Silu), "x")?
         }),
         // The kernel refuses weights tagged other than NT (a limit the file did not declare:
         // added).
@@ -286,7 +286,7 @@ pub(super) fn matrix_ops() -> Vec<Fact> {
             "spr",
             mlp(Op::MoeExperts, Activation::Silu),
         )
-        .rejects(retyped(mlp(Op::MoeExperts, Activation::Silu), &mlp_weights, fp8), "DTYPE_UNSUPPORTED"),
+        .rejects(retyped(mlp(Op::MoeExperts, Activation::Silu), &mlp_weights, fp8)?, "DTYPE_UNSUPPORTED"),
         fact(
             "cpu_reference.moe_experts.naive",
             "activations",
@@ -309,7 +309,7 @@ pub(super) fn matrix_ops() -> Vec<Fact> {
             mlp(Op::MoeExperts, Activation::GeluTanh),
         ),
         fact("cpu_reference.moe_experts.naive", "strides", here(MOE, "let x = a.x.to_f64_vec();"), "spr", {
-            strided(mlp(Op::MoeExperts, Activation::Silu), "x")
+            strided(mlp(Op::MoeExperts, Activation::Silu), "x")?
         }),
         // patch_embed
         fact(
@@ -330,7 +330,7 @@ pub(super) fn matrix_ops() -> Vec<Fact> {
             patch_embed(TensorDesc::new(DType::BF16, [1, 224, 224, 3]).with_layout(Layout::Nhwc))
         }),
         fact("cpu_reference.patch_embed.naive", "strides", here(PATCH, "let img = a.image.to_f64_vec();"), "spr", {
-            strided(patch_embed(nchw()), "image")
+            strided(patch_embed(nchw()), "image")?
         }),
-    ]
+    ])
 }

@@ -12,20 +12,20 @@ const ACTIVATION: &str = "layerzero/src/backend/cpu_reference/activation.rs";
 const MOE: &str = "layerzero/src/backend/cpu_reference/moe.rs";
 
 /// `req` with its tensors `names` in `dtype`.
-fn retyped(req: Request, names: &[&str], dtype: DType) -> Request {
+fn retyped(req: Request, names: &[&str], dtype: DType) -> TestResult<Request> {
     let mut out = req.clone();
     for name in names {
-        let mut t: TensorDesc = req.get(name).cloned().unwrap_or_else(|| panic!("no {name}"));
+        let mut t: TensorDesc = req.get(name).cloned().ok_or_else(|| format!("no {name}"))?;
         t.dtype = dtype;
         out = out.tensor(name, t);
     }
-    out
+    Ok(out)
 }
 
-pub(super) fn facts() -> Vec<Fact> {
-    let mut rows = attention::attention();
-    rows.extend(attention::paged_attention());
-    rows.extend(rows::row_ops());
-    rows.extend(linear::matrix_ops());
-    rows
+pub(super) fn facts() -> TestResult<Vec<Fact>> {
+    let mut rows = attention::attention()?;
+    rows.extend(attention::paged_attention()?);
+    rows.extend(rows::row_ops()?);
+    rows.extend(linear::matrix_ops()?);
+    Ok(rows)
 }
