@@ -32,45 +32,30 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+#[doc(hidden)]
+pub use layerzero_core::{canonical, schema};
+pub use layerzero_core::{
+    capabilities, capacity, compare, constraint, error, exec, files, hardware, key, model, plan, policy, reason, score,
+    select, tensor, time, transform,
+};
+
 pub mod backend;
-pub mod capabilities;
-pub mod capacity;
-pub mod compare;
-pub mod constraint;
-pub mod error;
-pub mod exec;
-pub mod files;
-pub mod hardware;
 pub mod health;
 pub mod host;
-pub mod key;
 pub mod knobs;
 pub mod llm;
-pub mod model;
 pub mod perfdb;
-pub mod plan;
-pub mod policy;
 pub mod readiness;
-pub mod reason;
 pub mod runtime;
-pub mod score;
-pub mod select;
 pub mod snapshot;
 pub mod telemetry;
-pub mod tensor;
-pub mod time;
-pub mod transform;
 
 // Tools rather than API: the command line and what only it and the test suites use.
-#[doc(hidden)]
-pub mod canonical;
 #[cfg(feature = "cli")]
 #[doc(hidden)]
 pub mod cli;
 #[doc(hidden)]
 pub mod parity;
-#[doc(hidden)]
-pub mod schema;
 #[doc(hidden)]
 pub mod tune;
 

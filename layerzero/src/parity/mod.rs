@@ -182,3 +182,85 @@ pub fn run(registry: &Registry, selector: &Selector, op: Option<Op>, kernel: Opt
     let failed = count("fail") + count("error");
     Report { seed: SEED, rows, passed, failed, skipped }
 }
+
+/// Synthesized inputs ([`crate::exec::synth`]) for every request of the parity matrix and of
+/// the selection table run on the reference kernels.
+#[cfg(test)]
+mod synth_runs {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+
+    use super::cases;
+    use crate::exec::executor::Registry;
+    use crate::exec::synth::synthesize;
+    use crate::model::op::Op;
+    use crate::model::request::Request;
+
+    fn reference(op: Op) -> String {
+        format!("cpu_reference.{}.naive", op.as_str())
+    }
+
+    fn run_reference(registry: &Registry, req: &Request, what: &str) {
+        let args = synthesize(req, 7).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(args.describe().op, req.op);
+        let kernel = reference(req.op);
+        let exec = registry.get(&kernel).unwrap_or_else(|| panic!("{what}: no executor {kernel}"));
+        let out = catch_unwind(AssertUnwindSafe(|| exec.run(&args))).unwrap_or_else(|_| panic!("{what}: panicked"));
+        let out = out.unwrap_or_else(|e| panic!("{what}: {kernel} failed: {e}"));
+        assert!(!out.is_empty(), "{what}: no outputs");
+    }
+
+    #[test]
+    fn every_parity_case_request_synthesizes_and_runs_on_the_reference() {
+        // The parity matrix covers every executable op with its variants (masks, ragged
+        // packs, paged caches in both layouts and fp8, strided views, int4/int8 weights).
+        let registry = crate::host::builtin_registry();
+        let mut ops = std::collections::BTreeSet::new();
+        for case in cases::matrix(None, 1) {
+            let req = case.args.describe();
+            ops.insert(req.op);
+            run_reference(&registry, &req, &case.name);
+        }
+        let executable: Vec<Op> = Op::ALL.iter().copied().filter(|o| *o != Op::Tokenize).collect();
+        for op in executable {
+            assert!(ops.contains(&op), "no case covers {op}");
+        }
+    }
+
+    #[test]
+    fn the_cpu_requests_of_the_selection_table_synthesize_and_run() {
+        let text = include_str!("../../../tests/data/selection_cases.json");
+        let cases: serde_json::Value = serde_json::from_str(text).unwrap();
+        let registry = crate::host::builtin_registry();
+        let cpu = ["zen4", "zen3", "spr", "icx"];
+        let mut ran = 0;
+        for c in cases.as_array().unwrap() {
+            if !cpu.contains(&c["hardware"].as_str().unwrap_or("")) {
+                continue;
+            }
+            let Ok(req) = Request::from_value(c["request"].clone()) else { continue };
+            let name = c["name"].as_str().unwrap_or("?");
+            // Some cases are rejected by every kernel on purpose; they must still synthesize.
+            let args = synthesize(&req, 3).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(args.op(), req.op);
+            // Keep the test quick in debug builds: run the reference on the request with its
+            // perf axes (batch, sequence, tokens) cut to at most 8, when that is small enough.
+            let small = match crate::key::axes::values(&req) {
+                Some((v, n)) if n > 0 => {
+                    let to: Vec<u64> = v[..n].iter().map(|&x| x.min(8)).collect();
+                    crate::key::axes::resize(&req, &to).unwrap_or_else(|e| panic!("{name}: {e}"))
+                }
+                _ => req.clone(),
+            };
+            if small.tensors.values().map(|t| t.numel()).sum::<u64>() > 1 << 20 {
+                continue;
+            }
+            let args = synthesize(&small, 3).unwrap_or_else(|e| panic!("{name}: {e}"));
+            if req.op != Op::Tokenize && registry.contains(&reference(req.op)) {
+                let exec = registry.get(&reference(req.op)).unwrap();
+                let _ = catch_unwind(AssertUnwindSafe(|| exec.run(&args))).unwrap_or_else(|_| panic!("{name}: panic"));
+                ran += 1;
+            }
+        }
+        assert!(ran >= 5, "only {ran} CPU requests ran");
+    }
+}

@@ -6,7 +6,7 @@ const ATTENTION: &str = "layerzero/src/backend/cpu_reference/attention.rs";
 const PAGED: &str = "layerzero/src/backend/cpu_reference/paged.rs";
 /// Where the attention kernels' visible keys are decided (causal alignment, window): the
 /// reference kernels call it for every query row.
-const SEMANTICS: &str = "layerzero/src/exec/semantics.rs";
+const SEMANTICS: &str = "core/src/exec/semantics.rs";
 
 /// A small bf16 attention problem with head dim `d`.
 fn att(d: u64) -> Request {

@@ -9,11 +9,11 @@ const LINEAR: &str = "layerzero/src/backend/cpu_reference/linear.rs";
 const QUANT: &str = "layerzero/src/backend/cpu_reference/quant.rs";
 const MLP: &str = "layerzero/src/backend/cpu_reference/mlp.rs";
 const PATCH: &str = "layerzero/src/backend/cpu_reference/patch.rs";
-const CHECK: &str = "layerzero/src/exec/check/mod.rs";
-const CHECK_LINEAR: &str = "layerzero/src/exec/check/linear.rs";
-const CHECK_MLP: &str = "layerzero/src/exec/check/mlp.rs";
-const CHECK_MOE: &str = "layerzero/src/exec/check/moe.rs";
-const CHECK_PATCH: &str = "layerzero/src/exec/check/patch.rs";
+const CHECK: &str = "core/src/exec/check/mod.rs";
+const CHECK_LINEAR: &str = "core/src/exec/check/linear.rs";
+const CHECK_MLP: &str = "core/src/exec/check/mlp.rs";
+const CHECK_MOE: &str = "core/src/exec/check/moe.rs";
+const CHECK_PATCH: &str = "core/src/exec/check/patch.rs";
 
 fn quant_attrs(scheme: QuantScheme, block: Option<[u64; 2]>, layout: Option<ScaleLayout>) -> QuantAttrs {
     QuantAttrs { scheme, block, scale_layout: layout, target: None, out_dtype: None }

@@ -9,7 +9,7 @@ const ROPE: &str = "layerzero/src/backend/cpu_reference/rope.rs";
 const NORM: &str = "layerzero/src/backend/cpu_reference/norm.rs";
 const EMBEDDING: &str = "layerzero/src/backend/cpu_reference/embedding.rs";
 const SAMPLE: &str = "layerzero/src/backend/cpu_reference/sample.rs";
-const CHECK_NORM: &str = "layerzero/src/exec/check/norm.rs";
+const CHECK_NORM: &str = "core/src/exec/check/norm.rs";
 
 /// A bf16 layer norm over `[64, 4096]` with weight and bias.
 fn layer_norm() -> Request {

@@ -160,7 +160,7 @@ impl Selector {
 
     /// The shared parts: catalog, hardware, policy, availability, measurements.
     #[allow(clippy::type_complexity)]
-    pub(crate) fn into_parts(
+    pub fn into_parts(
         self,
     ) -> (Arc<Catalog>, Arc<HardwareProfile>, Arc<Policy>, Arc<Availability>, Option<Arc<Measurements>>) {
         (self.catalog, self.hardware, self.policy, self.availability, self.measurements)

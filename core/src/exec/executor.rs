@@ -34,7 +34,7 @@ pub enum KernelError {
 }
 
 /// The message of a caught panic (`catch_unwind`'s payload), or "unknown panic".
-pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     payload
         .downcast_ref::<&str>()
         .map(|s| (*s).to_owned())

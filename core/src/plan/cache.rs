@@ -46,7 +46,7 @@ const INDEX_SHARDS: usize = 16;
 /// One word from a key and its context. The key's validity is already a 128-bit hash (and so
 /// is the context): one multiply spreads the buckets, which are small numbers.
 #[inline]
-pub(crate) fn spread(key: &PlanKey, context: u64) -> u64 {
+pub fn spread(key: &PlanKey, context: u64) -> u64 {
     let v = key.validity;
     let b = key.buckets.word().wrapping_mul(0x9e37_79b9_7f4a_7c15);
     (v as u64) ^ ((v >> 64) as u64).rotate_left(29) ^ b ^ b >> 32 ^ context

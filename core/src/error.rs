@@ -52,28 +52,31 @@ fn bounded(mut message: String) -> String {
 }
 
 impl Error {
-    pub(crate) fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
+    /// An error of `kind` with `message` (bounded: a huge message is cut, saying how much).
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
         Error { kind, message: bounded(message.into()), reasons: Vec::new(), source: None }
     }
 
     /// The same error caused by `source` (an I/O, SQLite or library error), which
     /// [`std::error::Error::source`] returns.
-    pub(crate) fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Error {
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Error {
         self.source = Some(Arc::new(source));
         self
     }
 
-    pub(crate) fn with_reasons(mut self, reasons: Vec<Reason>) -> Error {
+    /// The same error carrying `reasons` (every candidate's verdict, say).
+    pub fn with_reasons(mut self, reasons: Vec<Reason>) -> Error {
         self.reasons = reasons;
         self
     }
 
-    pub(crate) fn invalid(message: impl Into<String>) -> Error {
+    /// An [`ErrorKind::InvalidInput`] error with `message`.
+    pub fn invalid(message: impl Into<String>) -> Error {
         Error::new(ErrorKind::InvalidInput, message)
     }
 
     /// The same error with `origin: ` in front of its message (a file, an entry).
-    pub(crate) fn context(mut self, origin: &str) -> Error {
+    pub fn context(mut self, origin: &str) -> Error {
         self.message = bounded(format!("{origin}: {}", self.message));
         self
     }
