@@ -19,7 +19,7 @@ const SDPA_DOC: &str = "doc/graph_api/fusion_patterns/sdpa.md";
 /// The measured parity cases of the oneDNN executors (this repository's test).
 const PARITY: &str = "tests/tests/onednn.rs";
 /// The oneDNN executors of the row-wise ops (this repository).
-const ROWS: &str = "layerzero/src/backend/onednn/rows.rs";
+const ROWS: &str = "backends/onednn/src/rows.rs";
 
 fn sdpa(dtype: DType) -> Request {
     attention(dtype, 2, 128, 128, 16, 16, 64)

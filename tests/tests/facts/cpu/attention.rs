@@ -2,9 +2,9 @@
 
 use super::*;
 
-const ATTENTION: &str = "layerzero/src/backend/cpu/attention.rs";
-const ENGINE: &str = "layerzero/src/backend/cpu/engine.rs";
-const PAGED: &str = "layerzero/src/backend/cpu/paged.rs";
+const ATTENTION: &str = "backends/cpu/src/attention.rs";
+const ENGINE: &str = "backends/cpu/src/engine.rs";
+const PAGED: &str = "backends/cpu/src/paged.rs";
 
 /// `[1, 128, 8, d]` dense self-attention in `dtype` (BSHD).
 fn dense(dtype: DType, d: u64) -> Request {

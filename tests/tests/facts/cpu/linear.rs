@@ -5,13 +5,13 @@ use layerzero::model::attrs::{Activation, Int4Attrs, MlpAttrs, QuantAttrs, Quant
 
 use super::*;
 
-const LINEAR: &str = "layerzero/src/backend/cpu/linear/mod.rs";
-const VIEW: &str = "layerzero/src/backend/cpu/linear/view.rs";
-const QUANT: &str = "layerzero/src/backend/cpu/quant.rs";
-const W8A8: &str = "layerzero/src/backend/cpu/linear/w8a8.rs";
-const WEIGHTS: &str = "layerzero/src/backend/cpu/linear/weights.rs";
-const MLP: &str = "layerzero/src/backend/cpu/mlp.rs";
-const PATCH: &str = "layerzero/src/backend/cpu/patch.rs";
+const LINEAR: &str = "backends/cpu/src/linear/mod.rs";
+const VIEW: &str = "backends/cpu/src/linear/view.rs";
+const QUANT: &str = "backends/cpu/src/quant.rs";
+const W8A8: &str = "backends/cpu/src/linear/w8a8.rs";
+const WEIGHTS: &str = "backends/cpu/src/linear/weights.rs";
+const MLP: &str = "backends/cpu/src/mlp.rs";
+const PATCH: &str = "backends/cpu/src/patch.rs";
 
 pub(super) fn linear_facts() -> TestResult<Vec<Fact>> {
     let k = "cpu.linear.fast";

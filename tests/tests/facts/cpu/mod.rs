@@ -11,8 +11,8 @@ mod rows;
 
 use super::*;
 
-const PACK: &str = "layerzero/src/backend/cpu/pack.rs";
-const MOE: &str = "layerzero/src/backend/cpu/moe.rs";
+const PACK: &str = "backends/cpu/src/pack.rs";
+const MOE: &str = "backends/cpu/src/moe.rs";
 
 pub(super) fn facts() -> TestResult<Vec<Fact>> {
     let mut rows = attention::attention_facts()?;

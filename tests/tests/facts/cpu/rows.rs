@@ -5,11 +5,11 @@ use layerzero::model::attrs::{GegluAttrs, GeluApproximate, GeluAttrs, MoeRouteAt
 
 use super::*;
 
-const ROPE: &str = "layerzero/src/backend/cpu/rope.rs";
-const NORM: &str = "layerzero/src/backend/cpu/norm.rs";
-const ACTIVATION: &str = "layerzero/src/backend/cpu/activation.rs";
-const EMBEDDING: &str = "layerzero/src/backend/cpu/embedding.rs";
-const SAMPLE: &str = "layerzero/src/backend/cpu/sample.rs";
+const ROPE: &str = "backends/cpu/src/rope.rs";
+const NORM: &str = "backends/cpu/src/norm.rs";
+const ACTIVATION: &str = "backends/cpu/src/activation.rs";
+const EMBEDDING: &str = "backends/cpu/src/embedding.rs";
+const SAMPLE: &str = "backends/cpu/src/sample.rs";
 
 /// A RoPE request on `[1, 16, 8, 128]` queries of `dtype`.
 fn rope_in(dtype: DType) -> Request {

@@ -2,8 +2,8 @@
 
 use super::*;
 
-const ATTENTION: &str = "layerzero/src/backend/cpu_reference/attention.rs";
-const PAGED: &str = "layerzero/src/backend/cpu_reference/paged.rs";
+const ATTENTION: &str = "backends/reference/src/attention.rs";
+const PAGED: &str = "backends/reference/src/paged.rs";
 /// Where the attention kernels' visible keys are decided (causal alignment, window): the
 /// reference kernels call it for every query row.
 const SEMANTICS: &str = "core/src/exec/semantics.rs";

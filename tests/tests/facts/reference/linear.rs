@@ -5,10 +5,10 @@ use layerzero::model::attrs::{Activation, Int4Attrs, MlpAttrs, PatchEmbedAttrs, 
 
 use super::*;
 
-const LINEAR: &str = "layerzero/src/backend/cpu_reference/linear.rs";
-const QUANT: &str = "layerzero/src/backend/cpu_reference/quant.rs";
-const MLP: &str = "layerzero/src/backend/cpu_reference/mlp.rs";
-const PATCH: &str = "layerzero/src/backend/cpu_reference/patch.rs";
+const LINEAR: &str = "backends/reference/src/linear.rs";
+const QUANT: &str = "backends/reference/src/quant.rs";
+const MLP: &str = "backends/reference/src/mlp.rs";
+const PATCH: &str = "backends/reference/src/patch.rs";
 const CHECK: &str = "core/src/exec/check/mod.rs";
 const CHECK_LINEAR: &str = "core/src/exec/check/linear.rs";
 const CHECK_MLP: &str = "core/src/exec/check/mlp.rs";

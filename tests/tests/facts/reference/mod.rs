@@ -7,9 +7,9 @@ mod rows;
 
 use super::*;
 
-const MOD: &str = "layerzero/src/backend/cpu_reference/mod.rs";
-const ACTIVATION: &str = "layerzero/src/backend/cpu_reference/activation.rs";
-const MOE: &str = "layerzero/src/backend/cpu_reference/moe.rs";
+const MOD: &str = "backends/reference/src/lib.rs";
+const ACTIVATION: &str = "backends/reference/src/activation.rs";
+const MOE: &str = "backends/reference/src/moe.rs";
 
 /// `req` with its tensors `names` in `dtype`.
 fn retyped(req: Request, names: &[&str], dtype: DType) -> TestResult<Request> {

@@ -5,10 +5,10 @@ use layerzero::model::attrs::{GegluAttrs, GeluApproximate, GeluAttrs, RopeScalin
 
 use super::*;
 
-const ROPE: &str = "layerzero/src/backend/cpu_reference/rope.rs";
-const NORM: &str = "layerzero/src/backend/cpu_reference/norm.rs";
-const EMBEDDING: &str = "layerzero/src/backend/cpu_reference/embedding.rs";
-const SAMPLE: &str = "layerzero/src/backend/cpu_reference/sample.rs";
+const ROPE: &str = "backends/reference/src/rope.rs";
+const NORM: &str = "backends/reference/src/norm.rs";
+const EMBEDDING: &str = "backends/reference/src/embedding.rs";
+const SAMPLE: &str = "backends/reference/src/sample.rs";
 const CHECK_NORM: &str = "core/src/exec/check/norm.rs";
 
 /// A bf16 layer norm over `[64, 4096]` with weight and bias.

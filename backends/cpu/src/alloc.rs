@@ -1,0 +1,153 @@
+//! New output buffers. Every kernel of this backend returns new tensors, and a large new
+//! buffer is faulted in page by page as the kernel first writes it. With 4 KiB pages those
+//! faults, not the arithmetic, set the pace of the memory-bound kernels (measured on a
+//! 2-core VM: a 64 MiB copy into a new buffer ran 2.5x slower on one thread and 6x slower
+//! on two than into 2 MiB pages). So buffers of a few MiB and more ask Linux for
+//! transparent huge pages (`madvise(MADV_HUGEPAGE)`, as numpy does for its large arrays),
+//! which matters where THP is in `madvise` mode. Elsewhere this is a no-op.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+use std::thread::LocalKey;
+
+use super::norm::Elem;
+use layerzero_core::exec::args::Outputs;
+use layerzero_core::exec::executor::KernelError;
+use layerzero_core::tensor::{HostTensor, Storage, advise_huge};
+
+/// `v` (a new, untouched buffer such as `vec![0f32; n]`, which is a calloc) with huge
+/// pages requested for it (buffers of 4 MiB and more; see [`advise_huge`]).
+pub(super) fn huge<T>(v: Vec<T>) -> Vec<T> {
+    advise_huge(&v);
+    v
+}
+
+/// A buffer whose first element sits on a cache-line (64-byte) boundary: AMX tile loads
+/// and stores whose 64-byte rows straddle two lines ran 3x slower (measured on the 2-core
+/// VM), and `Vec`'s large allocations are 16-byte aligned. The window holds `len` elements
+/// of a zeroed (calloc) allocation with room to align it.
+#[derive(Default)]
+pub(super) struct Aligned<T> {
+    buf: Vec<T>,
+    off: usize,
+    len: usize,
+}
+
+impl<T: Copy + Default> Aligned<T> {
+    /// `len` zeros (huge pages requested as by [`huge`]).
+    pub(super) fn zeroed(len: usize) -> Self {
+        let size = std::mem::size_of::<T>().max(1);
+        let buf = huge(vec![T::default(); len + 64 / size]);
+        let off = (buf.as_ptr() as usize).wrapping_neg() % 64 / size;
+        Aligned { buf, off, len }
+    }
+
+    /// Elements the window can hold without a new allocation.
+    pub(super) fn capacity(&self) -> usize {
+        self.buf.len() - self.off
+    }
+
+    /// Makes the window `len` long: the same allocation when it has room (contents kept,
+    /// old elements beyond the previous length unspecified), else new zeros.
+    pub(super) fn set_len(&mut self, len: usize) {
+        if self.off + len <= self.buf.len() {
+            self.len = len;
+        } else {
+            *self = Self::zeroed(len);
+        }
+    }
+}
+
+impl<T> std::ops::Deref for Aligned<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &self.buf[self.off..self.off + self.len]
+    }
+}
+
+impl<T> std::ops::DerefMut for Aligned<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        &mut self.buf[self.off..self.off + self.len]
+    }
+}
+
+/// An output buffer of `T`: the one the caller handed in under the output's name, reused
+/// in place when it holds `T`, has room and is shared with nothing (so a decode loop that
+/// hands its outputs back allocates nothing), or a new one. The kernel writes `v`; `finish`
+/// makes the tensor.
+pub(super) struct Out<T: Elem> {
+    /// The caller's storage, its buffer taken out for the kernel to write.
+    shell: Option<Arc<Storage>>,
+    /// The elements, all `n` of them (zeros until written).
+    pub(super) v: Vec<T>,
+}
+
+impl<T: Elem> Out<T> {
+    /// The buffer for output `name` of `n` elements.
+    pub(super) fn take(buffers: &mut Outputs, name: &str, n: usize) -> Out<T> {
+        if let Some(t) = buffers.remove(name) {
+            let mut shell = t.into_shared();
+            if let Some(v) = Arc::get_mut(&mut shell).and_then(T::vec_mut)
+                && v.capacity() >= n
+            {
+                let mut v = std::mem::take(v);
+                v.clear();
+                v.resize(n, T::ZERO);
+                return Out { shell: Some(shell), v };
+            }
+        }
+        Out { shell: None, v: T::zeros(n) }
+    }
+
+    /// The output tensor.
+    pub(super) fn finish(self, shape: &[usize]) -> Result<HostTensor, KernelError> {
+        let built = match self.shell {
+            Some(mut shell) => match Arc::get_mut(&mut shell).and_then(T::vec_mut) {
+                Some(slot) => {
+                    *slot = self.v;
+                    HostTensor::from_shared(shell, shape)
+                }
+                None => HostTensor::new(T::storage(self.v), shape),
+            },
+            None => HostTensor::new(T::storage(self.v), shape),
+        };
+        built.map_err(|e| KernelError::Failed(format!("building the output: {e}")))
+    }
+}
+
+thread_local! {
+    /// Per-thread scratch buffers (see [`with_scratch`]).
+    static SCRATCH_F32: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
+    static SCRATCH_F64: RefCell<Vec<Vec<f64>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// An element of scratch buffers: each type has its own per-thread pool.
+pub(super) trait Scratch: Copy + Default + 'static {
+    /// This thread's pool of buffers.
+    fn pool() -> &'static LocalKey<RefCell<Vec<Vec<Self>>>>;
+}
+
+impl Scratch for f32 {
+    fn pool() -> &'static LocalKey<RefCell<Vec<Vec<f32>>>> {
+        &SCRATCH_F32
+    }
+}
+
+impl Scratch for f64 {
+    fn pool() -> &'static LocalKey<RefCell<Vec<Vec<f64>>>> {
+        &SCRATCH_F64
+    }
+}
+
+/// Runs `f` on `n` elements of one of this thread's scratch buffers (contents
+/// unspecified), kept between calls, so a kernel's temporaries cost no allocation once
+/// warm. Nested calls get buffers of their own.
+pub(super) fn with_scratch<T: Scratch, R>(n: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
+    let mut v = T::pool().with_borrow_mut(Vec::pop).unwrap_or_default();
+    if v.len() < n {
+        v.resize(n, T::default());
+    }
+    let r = f(&mut v[..n]);
+    T::pool().with_borrow_mut(|s| s.push(v));
+    r
+}

@@ -1,0 +1,164 @@
+//! `cpu.attention.flash`: dense attention (BSHD/BHSD, any strides, GQA, masks, varlen).
+
+use half::{bf16, f16};
+use smallvec::SmallVec;
+
+use layerzero_core::exec::args::{AttentionArgs, Outputs, layout_of};
+use layerzero_core::exec::executor::KernelError;
+use layerzero_core::exec::semantics::{alibi_slopes, softmax_scale};
+use layerzero_core::model::dtype::DType;
+use layerzero_core::model::layout::Layout;
+use layerzero_core::tensor::{HostTensor, Storage};
+
+use super::alloc::Out;
+use super::engine::{self, KvAddr, KvSrc, MaskView, Mods, Problem, Seq, put};
+use super::pack::{Bshd, ints, invalid, output};
+
+/// Validated cumulative sequence offsets: `cu[n]..cu[n+1]` within `0..=limit`.
+fn offsets(t: &layerzero_core::tensor::HostTensor, name: &str, limit: usize) -> Result<Vec<usize>, KernelError> {
+    if t.rank() != 1 {
+        return Err(invalid(format!("`{name}` must have rank 1 ([N+1]); its shape is {:?}", t.shape())));
+    }
+    let v = ints(t, name)?;
+    if v.is_empty() {
+        return Err(invalid(format!("`{name}` is empty; it needs N+1 >= 1 offsets")));
+    }
+    let mut out = Vec::with_capacity(v.len());
+    for (i, &x) in v.iter().enumerate() {
+        if x < 0 || x as u64 > limit as u64 {
+            return Err(invalid(format!("`{name}`[{i}] = {x} is outside 0..={limit} (the packed sequence length)")));
+        }
+        if i > 0 && x < v[i - 1] {
+            return Err(invalid(format!("`{name}`[{i}] = {x} is less than `{name}`[{}] = {}", i - 1, v[i - 1])));
+        }
+        out.push(x as usize);
+    }
+    Ok(out)
+}
+
+/// The output of `p` (canonical size `n`, contiguous in `layout`, `dtype`), written into the
+/// caller's buffer `out` when it can hold it.
+pub(crate) fn output_into(
+    p: &Problem,
+    n: [usize; 4],
+    layout: Layout,
+    dtype: DType,
+    bufs: &mut Outputs,
+) -> Result<Outputs, KernelError> {
+    let [b, s, h, d] = n;
+    let shape = if layout == Layout::Bhsd { [b, h, s, d] } else { [b, s, h, d] };
+    let len = n.iter().product();
+    let t = match dtype {
+        DType::F32 => {
+            let mut o = Out::<f32>::take(bufs, "out", len);
+            engine::run_into(p, n, layout, &mut o.v, put::f32);
+            o.finish(&shape)?
+        }
+        DType::BF16 => {
+            let mut o = Out::<bf16>::take(bufs, "out", len);
+            engine::run_into(p, n, layout, &mut o.v, put::bf16);
+            o.finish(&shape)?
+        }
+        DType::F16 => {
+            let mut o = Out::<f16>::take(bufs, "out", len);
+            engine::run_into(p, n, layout, &mut o.v, put::f16);
+            o.finish(&shape)?
+        }
+        other => {
+            let mut v = vec![0f32; len];
+            engine::run_into(p, n, layout, &mut v, put::f32);
+            HostTensor::new(Storage::from_f32(other, &v), &shape)
+                .map_err(|e| KernelError::Failed(format!("building the output: {e}")))?
+        }
+    };
+    Ok(Outputs::from([("out", t.with_layout(layout))]))
+}
+
+/// Runs dense attention (output into `bufs["out"]` when it fits).
+pub(crate) fn run(a: &AttentionArgs, bufs: &mut Outputs) -> Result<Outputs, KernelError> {
+    a.attrs.check()?;
+    let q = Bshd::new(&a.q, "q")?;
+    let k = Bshd::new(&a.k, "k")?;
+    let v = Bshd::new(&a.v, "v")?;
+    let [b, sq, hq, d] = q.n;
+    let [bk, sk, hkv, dk] = k.n;
+    let [bv, skv, hkv_v, dv] = v.n;
+    if bv != bk {
+        return Err(invalid(format!("v batch {bv} != k batch {bk}")));
+    }
+    if dk != d {
+        return Err(invalid(format!("head dims differ: q {d}, k {dk}")));
+    }
+    if skv != sk || hkv_v != hkv {
+        return Err(invalid(format!("v has {skv} keys and {hkv_v} heads; k has {sk} keys and {hkv} heads")));
+    }
+    if hq > 0 && (hkv == 0 || hq % hkv != 0) {
+        return Err(invalid(format!("query heads {hq} are not a multiple of kv heads {hkv}")));
+    }
+    let layout = layout_of(&a.q);
+    if hq == 0 || b == 0 || sq == 0 || dv == 0 {
+        return finish(Storage::zeros(a.q.dtype(), b * sq * hq * dv), [b, sq, hq, dv], layout);
+    }
+    fn kv_src<'a>(t: &Bshd<'a>, bb: usize, j0: usize) -> KvSrc<'a> {
+        KvSrc {
+            st: t.st,
+            sd: t.s[3],
+            sh: t.s[2],
+            addr: KvAddr::Dense { base: t.off + bb * t.s[0] + j0 * t.s[1], sj: t.s[1] },
+            scale: None,
+        }
+    }
+    let seqs: SmallVec<[Seq; 8]> = match (&a.cu_seqlens_q, &a.cu_seqlens_k) {
+        (None, None) if bk != b => return Err(invalid(format!("k batch {bk} != q batch {b}"))),
+        (None, None) => (0..b)
+            .map(|bb| Seq { b: bb, q0: 0, sq, sk, mask_b: bb, mask_k0: 0, k: kv_src(&k, bb, 0), v: kv_src(&v, bb, 0) })
+            .collect(),
+        (Some(cq), Some(ck)) => {
+            if b != 1 || bk != 1 {
+                return Err(invalid(format!(
+                    "ragged attention packs sequences into batch 1; q batch is {b}, k/v batch is {bk}"
+                )));
+            }
+            let cq = offsets(cq, "cu_seqlens_q", sq)?;
+            let ck = offsets(ck, "cu_seqlens_k", sk)?;
+            if cq.len() != ck.len() {
+                return Err(invalid(format!(
+                    "cu_seqlens_q has {} offsets and cu_seqlens_k {}; they must match",
+                    cq.len(),
+                    ck.len()
+                )));
+            }
+            (0..cq.len() - 1)
+                .map(|n| Seq {
+                    b: 0,
+                    q0: cq[n],
+                    sq: cq[n + 1] - cq[n],
+                    sk: ck[n + 1] - ck[n],
+                    mask_b: n,
+                    mask_k0: ck[n],
+                    k: kv_src(&k, 0, ck[n]),
+                    v: kv_src(&v, 0, ck[n]),
+                })
+                .collect()
+        }
+        _ => return Err(invalid("cu_seqlens_q and cu_seqlens_k must be given together")),
+    };
+    let mask = a.mask.as_ref().map(|m| MaskView::new(m, [seqs.len(), hq, sq, sk])).transpose()?;
+    let p = Problem {
+        q,
+        hq,
+        hkv,
+        d,
+        dv,
+        scale: softmax_scale(&a.attrs, d) as f32,
+        attrs: &a.attrs,
+        mods: Mods { softcap: a.attrs.softcap.map(|c| c as f32), alibi: a.attrs.alibi.then(|| alibi_slopes(hq)), mask },
+        seqs,
+        bf16: [&a.q, &a.k, &a.v].iter().all(|t| t.dtype() == layerzero_core::model::dtype::DType::BF16),
+    };
+    output_into(&p, [b, sq, hq, dv], layout, a.q.dtype(), bufs)
+}
+
+fn finish(storage: Storage, n: [usize; 4], layout: Layout) -> Result<Outputs, KernelError> {
+    Ok(Outputs::from([("out", output(storage, n, layout)?)]))
+}

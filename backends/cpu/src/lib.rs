@@ -1,0 +1,76 @@
+//! `cpu`: fast Rust kernels. Attention is flash-style (packed f32 tiles, AVX-512/AVX2
+//! microkernels, online softmax, rayon over batch x kv head x query tile); decode and paged
+//! attention split the cache into chunks merged by log-sum-exp; RoPE computes its angles in
+//! f64. Semantics are those of `exec::semantics`, shared with `cpu_reference`.
+
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+mod activation;
+mod alloc;
+mod attention;
+mod decode;
+mod embedding;
+mod engine;
+mod linear;
+mod mlp;
+mod moe;
+mod norm;
+mod pack;
+mod paged;
+mod patch;
+mod quant;
+mod rope;
+mod sample;
+pub mod simd;
+pub mod split;
+#[cfg(test)]
+mod testing;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+pub use linear::{PackedWeightStats, packed_weight_stats};
+pub use simd::set_cap as set_isa_cap;
+
+use layerzero_core::exec::args::{OpArgs, Outputs};
+use layerzero_core::exec::executor::{KernelError, Registry, WritesInto};
+
+fn wrong_op(kernel: &str, args: &OpArgs) -> KernelError {
+    KernelError::Unsupported(format!("{kernel} does not run {}", args.op()))
+}
+
+/// Binds this backend's kernels.
+pub fn register(registry: &mut Registry) {
+    registry.register(
+        "cpu.attention.flash",
+        Arc::new(WritesInto(|args: &OpArgs, bufs: &mut Outputs| match args {
+            OpArgs::Attention(a) => attention::run(a, bufs),
+            other => Err(wrong_op("cpu.attention.flash", other)),
+        })),
+    );
+    registry.register(
+        "cpu.paged_attention.split_kv",
+        Arc::new(WritesInto(|args: &OpArgs, bufs: &mut Outputs| match args {
+            OpArgs::PagedAttention(a) => paged::run(a, bufs),
+            other => Err(wrong_op("cpu.paged_attention.split_kv", other)),
+        })),
+    );
+    norm::register(registry);
+    activation::register(registry);
+    embedding::register(registry);
+    linear::register(registry);
+    quant::register(registry);
+    mlp::register(registry);
+    sample::register(registry);
+    moe::register(registry);
+    patch::register(registry);
+    registry.register(
+        "cpu.rope.fast",
+        Arc::new(WritesInto(|args: &OpArgs, bufs: &mut Outputs| match args {
+            OpArgs::Rope(a) => rope::run_into(a, bufs),
+            other => Err(wrong_op("cpu.rope.fast", other)),
+        })),
+    );
+}

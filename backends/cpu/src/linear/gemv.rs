@@ -1,0 +1,413 @@
+//! Decode GEMV (M <= `GEMV_MAX_M`): every weight element is read once, parallel over N.
+
+use half::bf16;
+use half::slice::HalfFloatSliceExt;
+use rayon::prelude::*;
+
+use super::view::Mat;
+use super::weights::Weights;
+use crate::alloc::with_scratch;
+use crate::simd;
+use layerzero_core::tensor::Storage;
+
+/// A weight element the dot kernels widen to f32 as they load it.
+pub(crate) trait Widen: Copy + Send + Sync {
+    /// The exact f32 value.
+    fn widen(self) -> f32;
+}
+
+impl Widen for f32 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+}
+
+impl Widen for bf16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        f32::from_bits(u32::from(self.to_bits()) << 16)
+    }
+}
+
+#[inline(always)]
+fn fma<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA { a.mul_add(b, c) } else { c + a * b }
+}
+
+#[inline(always)]
+fn hsum16(mut a: [f32; 16]) -> f32 {
+    for width in [8, 4, 2, 1] {
+        for l in 0..width {
+            a[l] += a[l + width];
+        }
+    }
+    a[0]
+}
+
+/// `x . w` (equal lengths) with 64 independent f32 lanes.
+#[inline(always)]
+fn dot1<W: Widen, const FMA: bool>(x: &[f32], w: &[W]) -> f32 {
+    const L: usize = 16;
+    let (mut a0, mut a1, mut a2, mut a3) = ([0f32; L], [0f32; L], [0f32; L], [0f32; L]);
+    let n = w.len().min(x.len()) / (4 * L) * (4 * L);
+    for (wv, xv) in w[..n].chunks_exact(4 * L).zip(x[..n].chunks_exact(4 * L)) {
+        for l in 0..L {
+            a0[l] = fma::<FMA>(xv[l], wv[l].widen(), a0[l]);
+            a1[l] = fma::<FMA>(xv[L + l], wv[L + l].widen(), a1[l]);
+            a2[l] = fma::<FMA>(xv[2 * L + l], wv[2 * L + l].widen(), a2[l]);
+            a3[l] = fma::<FMA>(xv[3 * L + l], wv[3 * L + l].widen(), a3[l]);
+        }
+    }
+    for l in 0..L {
+        a0[l] += (a1[l] + a2[l]) + a3[l];
+    }
+    let tail: f32 = x[n..].iter().zip(&w[n..]).map(|(p, q)| p * q.widen()).sum();
+    hsum16(a0) + tail
+}
+
+/// Four rows dotted with one `w`: each 16-lane slice of `w` is loaded once for the four.
+#[inline(always)]
+fn dot4<W: Widen, const FMA: bool>(x: [&[f32]; 4], w: &[W]) -> [f32; 4] {
+    const L: usize = 16;
+    let (mut a0, mut a1, mut a2, mut a3) = ([0f32; L], [0f32; L], [0f32; L], [0f32; L]);
+    let len = x.iter().fold(w.len(), |m, r| m.min(r.len()));
+    let n = len / L * L;
+    let rows = w[..n]
+        .chunks_exact(L)
+        .zip(x[0][..n].chunks_exact(L))
+        .zip(x[1][..n].chunks_exact(L))
+        .zip(x[2][..n].chunks_exact(L))
+        .zip(x[3][..n].chunks_exact(L));
+    for ((((wv, x0), x1), x2), x3) in rows {
+        for l in 0..L {
+            let v = wv[l].widen();
+            a0[l] = fma::<FMA>(x0[l], v, a0[l]);
+            a1[l] = fma::<FMA>(x1[l], v, a1[l]);
+            a2[l] = fma::<FMA>(x2[l], v, a2[l]);
+            a3[l] = fma::<FMA>(x3[l], v, a3[l]);
+        }
+    }
+    let mut out = [0f32; 4];
+    for (r, a) in [a0, a1, a2, a3].into_iter().enumerate() {
+        let tail: f32 = x[r][n..len].iter().zip(&w[n..len]).map(|(p, q)| p * q.widen()).sum();
+        out[r] = hsum16(a) + tail;
+    }
+    out
+}
+
+/// One `x` dotted with four weight rows (each at least `x.len()` long), 16 lanes of each
+/// row per step: four weight streams in flight, so that one row of x (decode) reads the
+/// weight at the memory's pace rather than one row's prefetch stream at a time.
+#[inline(always)]
+fn dot_w4<W: Widen, const FMA: bool>(x: &[f32], w: [&[W]; 4]) -> [f32; 4] {
+    const L: usize = 16;
+    let (mut a0, mut a1, mut a2, mut a3) = ([0f32; L], [0f32; L], [0f32; L], [0f32; L]);
+    let k = x.len();
+    let n = k / L * L;
+    let w = w.map(|r| &r[..k]);
+    let steps = x[..n]
+        .chunks_exact(L)
+        .zip(w[0][..n].chunks_exact(L))
+        .zip(w[1][..n].chunks_exact(L))
+        .zip(w[2][..n].chunks_exact(L))
+        .zip(w[3][..n].chunks_exact(L));
+    for ((((xv, w0), w1), w2), w3) in steps {
+        for l in 0..L {
+            a0[l] = fma::<FMA>(xv[l], w0[l].widen(), a0[l]);
+            a1[l] = fma::<FMA>(xv[l], w1[l].widen(), a1[l]);
+            a2[l] = fma::<FMA>(xv[l], w2[l].widen(), a2[l]);
+            a3[l] = fma::<FMA>(xv[l], w3[l].widen(), a3[l]);
+        }
+    }
+    let mut out = [0f32; 4];
+    for (r, a) in [a0, a1, a2, a3].into_iter().enumerate() {
+        let tail: f32 = x[n..].iter().zip(&w[r][n..]).map(|(p, q)| p * q.widen()).sum();
+        out[r] = hsum16(a) + tail;
+    }
+    out
+}
+
+/// [`dot_w4`] compiled for the best level this CPU has.
+pub(crate) fn dots_w4<W: Widen>(x: &[f32], w: [&[W]; 4]) -> [f32; 4] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        /// # Safety
+        /// The CPU must support AVX-512F, AVX-512VL, AVX2, FMA.
+        #[allow(unsafe_code)]
+        #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+        unsafe fn with_avx512<W: Widen>(x: &[f32], w: [&[W]; 4]) -> [f32; 4] {
+            dot_w4::<W, true>(x, w)
+        }
+        /// # Safety
+        /// The CPU must support AVX2, FMA.
+        #[allow(unsafe_code)]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn with_avx2<W: Widen>(x: &[f32], w: [&[W]; 4]) -> [f32; 4] {
+            dot_w4::<W, true>(x, w)
+        }
+        match simd::level() {
+            #[allow(unsafe_code)]
+            // SAFETY: `level()` is Avx512 only when the CPU reports AVX-512F/VL, AVX2 and FMA.
+            simd::Level::Avx512 => return unsafe { with_avx512(x, w) },
+            #[allow(unsafe_code)]
+            // SAFETY: `level()` is Avx2 only when the CPU reports AVX2 and FMA.
+            simd::Level::Avx2 => return unsafe { with_avx2(x, w) },
+            simd::Level::Portable => {}
+        }
+    }
+    dot_w4::<W, false>(x, w)
+}
+
+/// Rows `r0..r0 + part.len()` of `wt` ([N, K], contiguous rows of `v`) dotted with one row
+/// `x`, four rows at a time.
+fn one_row_columns<W: Widen>(x: &[f32], v: &[W], wt: &Mat, r0: usize, part: &mut [f32]) -> bool {
+    let k = wt.cols;
+    let row = |r: usize| v.get(wt.at(r, 0)..wt.at(r, 0) + k);
+    // Rows lie at increasing offsets: the first and the last bound them all.
+    let last = r0 + part.len().saturating_sub(1);
+    if x.len() < k || row(r0).is_none() || row(last).is_none() {
+        return false;
+    }
+    let x = &x[..k];
+    let rows = |r: usize| row(r).unwrap_or_default();
+    let mut j = 0;
+    while j + 4 <= part.len() {
+        let d = dots_w4(x, [rows(r0 + j), rows(r0 + j + 1), rows(r0 + j + 2), rows(r0 + j + 3)]);
+        part[j..j + 4].copy_from_slice(&d);
+        j += 4;
+    }
+    while j < part.len() {
+        dots_rows(x, k, rows(r0 + j), &mut part[j..j + 1]);
+        j += 1;
+    }
+    true
+}
+
+#[inline(always)]
+fn dots_rows_impl<W: Widen, const FMA: bool>(x: &[f32], k: usize, w: &[W], out: &mut [f32]) {
+    let w = &w[..k];
+    let row = |r: usize| &x[r * k..(r + 1) * k];
+    let mut r = 0;
+    while r + 4 <= out.len() {
+        out[r..r + 4].copy_from_slice(&dot4::<W, FMA>([row(r), row(r + 1), row(r + 2), row(r + 3)], w));
+        r += 4;
+    }
+    while r < out.len() {
+        out[r] = dot1::<W, FMA>(row(r), w);
+        r += 1;
+    }
+}
+
+/// `out[r] = x[r * k..(r + 1) * k] . w` for every r < `out.len()` (x holds that many rows
+/// of length k, w at least k elements), loading `w` once per four rows.
+pub(crate) fn dots_rows<W: Widen>(x: &[f32], k: usize, w: &[W], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        /// # Safety
+        /// The CPU must support AVX-512F, AVX-512VL, AVX2, FMA.
+        #[allow(unsafe_code)]
+        #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+        unsafe fn with_avx512<W: Widen>(x: &[f32], k: usize, w: &[W], out: &mut [f32]) {
+            dots_rows_impl::<W, true>(x, k, w, out);
+        }
+        /// # Safety
+        /// The CPU must support AVX2, FMA.
+        #[allow(unsafe_code)]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn with_avx2<W: Widen>(x: &[f32], k: usize, w: &[W], out: &mut [f32]) {
+            dots_rows_impl::<W, true>(x, k, w, out);
+        }
+        match simd::level() {
+            simd::Level::Avx512 => {
+                #[allow(unsafe_code)]
+                // SAFETY: `level()` is Avx512 only when the CPU reports AVX-512F/VL, AVX2 and FMA.
+                unsafe {
+                    with_avx512(x, k, w, out)
+                };
+                return;
+            }
+            simd::Level::Avx2 => {
+                #[allow(unsafe_code)]
+                // SAFETY: `level()` is Avx2 only when the CPU reports AVX2 and FMA.
+                unsafe {
+                    with_avx2(x, k, w, out)
+                };
+                return;
+            }
+            simd::Level::Portable => {}
+        }
+    }
+    dots_rows_impl::<W, false>(x, k, w, out);
+}
+
+/// `out[i] = x_i . w[r, :]` for the rows x_i of `x` (each `w.cols` long): a contiguous f32
+/// or bf16 row is read in place (bf16 widened as it is loaded), any other through
+/// `scratch` (at least `w.cols` long).
+pub(crate) fn dots_mat_row(x: &[f32], w: &Mat, r: usize, scratch: &mut [f32], out: &mut [f32]) {
+    let (k, at) = (w.cols, w.at(r, 0));
+    if w.cs == 1 || k <= 1 {
+        match w.st {
+            Storage::F32(v) if at + k <= v.len() => return dots_rows(x, k, &v[at..at + k], out),
+            Storage::BF16(v) if at + k <= v.len() => return dots_rows(x, k, &v[at..at + k], out),
+            _ => {}
+        }
+    }
+    w.read_row(r, &mut scratch[..k]);
+    dots_rows(x, k, &scratch[..k], out);
+}
+
+/// Rows `r0..r0 + nb` of a bf16 weight (`wt`: [N, K], rows read in place) dotted with the
+/// `m` bf16 rows of `xb`, four weight rows at a time, into `part` ([nb, m]); `false` when
+/// the weight is not a bf16 matrix with contiguous rows.
+/// With `lo`, x is `xb + lo` (see [`simd::split_bf16`]).
+pub(crate) fn bf16_pair_columns(
+    xb: &[u16],
+    lo: Option<&[u16]>,
+    m: usize,
+    wt: &Mat,
+    r0: usize,
+    part: &mut [f32],
+) -> bool {
+    let Storage::BF16(v) = wt.st else { return false };
+    let k = wt.cols;
+    if !(wt.cs == 1 || k <= 1) || xb.len() < m * k || lo.is_some_and(|l| l.len() < m * k) {
+        return false;
+    }
+    let v: &[u16] = v.reinterpret_cast();
+    let row = |r: usize| v.get(wt.at(r, 0)..wt.at(r, 0) + k);
+    let nb = part.len() / m;
+    let mut j = 0;
+    while j + 4 <= nb {
+        let (Some(a), Some(b), Some(c), Some(d)) = (row(r0 + j), row(r0 + j + 1), row(r0 + j + 2), row(r0 + j + 3))
+        else {
+            return false;
+        };
+        for i in 0..m {
+            let dots = simd::dots_bf16(&xb[i * k..(i + 1) * k], lo.map(|l| &l[i * k..(i + 1) * k]), [a, b, c, d]);
+            for (q, &d) in dots.iter().enumerate() {
+                part[(j + q) * m + i] = d;
+            }
+        }
+        j += 4;
+    }
+    for j in j..nb {
+        let Some(a) = row(r0 + j) else { return false };
+        for i in 0..m {
+            part[j * m + i] = simd::dots_bf16(&xb[i * k..(i + 1) * k], lo.map(|l| &l[i * k..(i + 1) * k]), [a])[0];
+        }
+    }
+    true
+}
+
+/// Column ranges splitting `n` for a parallel sweep (about 8 per thread, at least `min`).
+pub(crate) fn chunks(n: usize, min: usize) -> Vec<(usize, usize)> {
+    let size = chunk_size(n, min);
+    (0..n).step_by(size).map(|n0| (n0, size.min(n - n0))).collect()
+}
+
+/// The width of the column ranges of [`chunks`].
+pub(crate) fn chunk_size(n: usize, min: usize) -> usize {
+    let target = rayon::current_num_threads().max(1) * 8;
+    n.div_ceil(target).max(min).max(1)
+}
+
+/// `C [M, N] = x [M, K] . B` for a few rows: every weight element is read once. Nothing
+/// is allocated once the threads' scratch is warm (a decode step runs this per projection).
+/// `xb` is x as bf16 bits when x is bf16: with a bf16 weight the dots then run on bf16
+/// pairs ([`simd::dots_bf16`]).
+pub(super) fn gemv(x: &[f32], xb: Option<&[u16]>, m: usize, w: &Weights, c: &mut [f32]) {
+    let n = w.n();
+    if m == 0 || n == 0 {
+        return;
+    }
+    // A small weight runs on this thread (the fork-join would cost more than it saves).
+    let split = crate::split::worth_splitting(w.bytes());
+    let size = if split { chunk_size(n, 16) } else { n };
+    if m == 1 {
+        // One row: [nb, 1] and [1, nb] are the same layout, so each task writes C directly.
+        if split {
+            c[..n].par_chunks_mut(size).enumerate().for_each(|(ci, part)| columns(x, xb, m, w, ci * size, part));
+        } else {
+            columns(x, xb, m, w, 0, &mut c[..n]);
+        }
+        return;
+    }
+    // Each task fills its columns' block of a [N, M] (by column) or [M, nb] (by row)
+    // image, scattered into C afterwards.
+    with_scratch(n * m, |img| {
+        if split {
+            img.par_chunks_mut(size * m).enumerate().for_each(|(ci, part)| columns(x, xb, m, w, ci * size, part));
+        } else {
+            columns(x, xb, m, w, 0, img);
+        }
+        let by_col = w.by_column();
+        for (ci, part) in img.chunks(size * m).enumerate() {
+            let (n0, nb) = (ci * size, part.len() / m);
+            for i in 0..m {
+                for j in 0..nb {
+                    c[i * n + n0 + j] = if by_col { part[j * m + i] } else { part[i * nb + j] };
+                }
+            }
+        }
+    });
+}
+
+/// Columns `n0..n0 + part.len() / m` of `x . B` into `part`: `[nb, m]` when the weight is
+/// read by column (one weight row dotted with every x row), `[m, nb]` otherwise.
+fn columns(x: &[f32], xb: Option<&[u16]>, m: usize, w: &Weights, n0: usize, part: &mut [f32]) {
+    let (k, nb) = (w.k(), part.len() / m);
+    if let (Some(xb), Weights::Dense(b)) = (xb, w)
+        && w.by_column()
+        && simd::avx512_bf16()
+        && bf16_pair_columns(xb, None, m, &b.t(), n0, part)
+    {
+        return;
+    }
+    // One f32 row of x against contiguous f32 or bf16 weight rows: four rows per pass.
+    if let (1, Weights::Dense(b)) = (m, w)
+        && w.by_column()
+        && (b.rs == 1 || k <= 1)
+    {
+        let wt = b.t();
+        let done = match wt.st {
+            Storage::F32(v) => one_row_columns(x, v, &wt, n0, part),
+            Storage::BF16(v) => one_row_columns(x, v, &wt, n0, part),
+            _ => false,
+        };
+        if done {
+            return;
+        }
+    }
+    with_scratch(k.max(nb), |scratch| {
+        if w.by_column() {
+            for j in 0..nb {
+                let out = &mut part[j * m..(j + 1) * m];
+                match w {
+                    Weights::Dense(b) => dots_mat_row(x, &b.t(), n0 + j, scratch, out),
+                    Weights::Int4(q) => {
+                        q.row(n0 + j, &mut scratch[..k]);
+                        dots_rows(x, k, &scratch[..k], out);
+                    }
+                }
+            }
+        } else if let Weights::Dense(b) = w {
+            // The weight rows' segments, each read once, axpy'd in.
+            part.fill(0.0);
+            let sub = b.cols(n0, nb);
+            let seg = &mut scratch[..nb];
+            for p in 0..k {
+                let row = match sub.f32_row(p) {
+                    Some(r) => r,
+                    None => {
+                        sub.read_row(p, seg);
+                        &*seg
+                    }
+                };
+                for i in 0..m {
+                    simd::axpy(&mut part[i * nb..(i + 1) * nb], x[i * k + p], row);
+                }
+            }
+        }
+    });
+}

@@ -1,0 +1,10 @@
+//! GPU device probes: what CUDA and ROCm devices this host has, read through their drivers
+//! loaded at run time (`cudarc`, `rocmrc`), so LayerZero builds and runs where neither is
+//! installed and reports why. No GPU kernel of LayerZero's own lives here yet.
+
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod cuda;
+mod gpus;
+pub mod rocm;

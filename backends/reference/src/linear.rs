@@ -1,0 +1,277 @@
+//! `linear`, `linear_w8a8` and `linear_int4` of the `cpu_reference` backend: every input is
+//! read through its view's shape and strides as f64, every dot product is an f64 sum in
+//! order k = 0..K, and the output is rounded once to its dtype.
+//!
+//! - `linear`: x [..., K] (f32/f16/bf16), weight [N, K] (untagged or NT) or [K, N] (NN),
+//!   bias [N]; out [..., N] in x's dtype.
+//! - `linear_w8a8`: i8 x [M, K], i8 weight [N, K], f32 x_scale [M] or [1], f32 w_scale [N]
+//!   or [1], float bias [N]; `out = acc * xs * ws + bias` (exact integer acc), out_dtype.
+//! - `linear_int4`: x [..., K], weight i8 [N, K/2] (two unsigned nibbles per byte, low
+//!   nibble = even k), scales [N, K/g], zeros [N, K/g] (8 when absent);
+//!   `w = (q - zero) * scale`; out [..., N] in x's dtype.
+
+use std::sync::Arc;
+
+use layerzero_core::exec::args::{Int4Args, LinearArgs, OpArgs, Outputs, W8a8Args};
+use layerzero_core::exec::executor::{KernelError, Registry};
+use layerzero_core::model::op::Op;
+use layerzero_core::tensor::HostTensor;
+
+use super::{from_f64_as, wrong_op};
+use layerzero_core::exec::check::{
+    WeightLayout, check_bias, expect_dense_float, invalid, out_dtype, out_shape, rows_of, weight_dims,
+};
+
+/// Linear kernel id.
+pub const LINEAR: &str = "cpu_reference.linear.naive";
+/// W8A8 linear kernel id.
+pub const W8A8: &str = "cpu_reference.linear_w8a8.naive";
+/// Weight-only int4 linear kernel id.
+pub const INT4: &str = "cpu_reference.linear_int4.naive";
+
+/// Binds these kernels.
+pub(crate) fn register(registry: &mut Registry) {
+    registry.register(
+        LINEAR,
+        Arc::new(|args: &OpArgs| match args {
+            OpArgs::Linear(a) => linear(a).map(out),
+            other => Err(wrong_op(LINEAR, Op::Linear, other)),
+        }),
+    );
+    registry.register(
+        W8A8,
+        Arc::new(|args: &OpArgs| match args {
+            OpArgs::LinearW8a8(a) => linear_w8a8(a).map(out),
+            other => Err(wrong_op(W8A8, Op::LinearW8a8, other)),
+        }),
+    );
+    registry.register(
+        INT4,
+        Arc::new(|args: &OpArgs| match args {
+            OpArgs::LinearInt4(a) => linear_int4(a).map(out),
+            other => Err(wrong_op(INT4, Op::LinearInt4, other)),
+        }),
+    );
+}
+
+fn out(t: HostTensor) -> Outputs {
+    Outputs::from([("out", t)])
+}
+
+/// `out[m, n] = sum_k x[m, k] * w(n, k) + bias[n]` in f64 (x logical rows of length K).
+fn matmul_f64(
+    x: &[f64],
+    m: usize,
+    k: usize,
+    n: usize,
+    w: impl Fn(usize, usize) -> f64,
+    bias: Option<&[f64]>,
+) -> Vec<f64> {
+    let mut out = vec![0.0f64; m * n];
+    for i in 0..m {
+        let row = &x[i * k..(i + 1) * k];
+        for j in 0..n {
+            let mut acc = 0.0f64;
+            for (p, &xv) in row.iter().enumerate() {
+                acc += xv * w(j, p);
+            }
+            out[i * n + j] = acc + bias.map_or(0.0, |b| b[j]);
+        }
+    }
+    out
+}
+
+/// `linear`: `out = x @ W^T + bias` in f64, rounded once to x's dtype.
+pub fn linear(a: &LinearArgs) -> Result<HostTensor, KernelError> {
+    expect_dense_float("x", &a.x)?;
+    expect_dense_float("weight", &a.weight)?;
+    let (lead, m, k) = rows_of("x", &a.x)?;
+    let (layout, n) = weight_dims("weight", &a.weight, k)?;
+    check_bias(a.bias.as_ref(), n)?;
+    let shape = out_shape(&lead, n);
+    m.checked_mul(n).ok_or_else(|| invalid(format!("the output shape {shape:?} overflows")))?;
+    let x = a.x.to_f64_vec();
+    let w = a.weight.to_f64_vec();
+    let bias = a.bias.as_ref().map(HostTensor::to_f64_vec);
+    let out = match layout {
+        WeightLayout::Nt => matmul_f64(&x, m, k, n, |j, p| w[j * k + p], bias.as_deref()),
+        WeightLayout::Nn => matmul_f64(&x, m, k, n, |j, p| w[p * n + j], bias.as_deref()),
+    };
+    from_f64_as(a.x.dtype(), &shape, &out)
+}
+
+/// `linear_w8a8`: exact integer dot products, then `acc * x_scale * w_scale + bias` in f64.
+pub fn linear_w8a8(a: &W8a8Args) -> Result<HostTensor, KernelError> {
+    let (m, k, n) = a.dims()?;
+    let x = a.x.to_i64_vec();
+    let w = a.weight.to_i64_vec();
+    let xs = a.x_scale.to_f64_vec();
+    let ws = a.w_scale.to_f64_vec();
+    let bias = a.bias.as_ref().map(HostTensor::to_f64_vec);
+    let mut out = vec![0.0f64; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let acc: i64 = (0..k).map(|p| x[i * k + p] * w[j * k + p]).sum();
+            let s = xs[if xs.len() == 1 { 0 } else { i }] * ws[if ws.len() == 1 { 0 } else { j }];
+            out[i * n + j] = acc as f64 * s + bias.as_ref().map_or(0.0, |b| b[j]);
+        }
+    }
+    from_f64_as(out_dtype("out_dtype", a.attrs.out_dtype)?, &[m, n], &out)
+}
+
+/// The unsigned 4-bit value of column `k` in a packed byte row (low nibble = even k).
+#[inline]
+pub(crate) fn nibble(byte: i8, k: usize) -> u8 {
+    let b = byte as u8;
+    if k.is_multiple_of(2) { b & 0x0F } else { b >> 4 }
+}
+
+/// `linear_int4`: the weight dequantized in f64, then `x @ w^T + bias`, rounded once.
+pub fn linear_int4(a: &Int4Args) -> Result<HostTensor, KernelError> {
+    let (lead, m, k, n, g) = a.dims()?;
+    let groups = k / g;
+    let packed = a.weight.to_i64_vec();
+    let scales = a.scales.to_f64_vec();
+    let zeros = a.zeros.as_ref().map(HostTensor::to_f64_vec);
+    let mut w = vec![0.0f64; n * k];
+    for j in 0..n {
+        for p in 0..k {
+            let q = f64::from(nibble(packed[j * (k / 2) + p / 2] as i8, p));
+            let gi = j * groups + p / g;
+            let z = zeros.as_ref().map_or(8.0, |z| z[gi]);
+            w[j * k + p] = (q - z) * scales[gi];
+        }
+    }
+    let x = a.x.to_f64_vec();
+    let bias = a.bias.as_ref().map(HostTensor::to_f64_vec);
+    let out = matmul_f64(&x, m, k, n, |j, p| w[j * k + p], bias.as_deref());
+    from_f64_as(a.x.dtype(), &out_shape(&lead, n), &out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_util::values;
+    use layerzero_core::model::attrs::{Int4Attrs, NoAttrs, W8a8Attrs};
+    use layerzero_core::model::dtype::DType;
+    use layerzero_core::model::layout::Layout;
+
+    fn f32s(shape: &[usize], v: &[f32]) -> HostTensor {
+        HostTensor::from_f32(shape, v.to_vec()).unwrap()
+    }
+
+    fn lin(x: HostTensor, weight: HostTensor, bias: Option<HostTensor>) -> Result<HostTensor, KernelError> {
+        linear(&LinearArgs { x, weight, bias, attrs: NoAttrs {} })
+    }
+
+    #[test]
+    fn hand_computed_2x3_at_3x2_nt_nn_and_bias() {
+        let x = f32s(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        // W^T = [[1, 2], [3, 4], [5, 6]] -> x @ W^T = [[22, 28], [49, 64]].
+        let nt = f32s(&[2, 3], &[1.0, 3.0, 5.0, 2.0, 4.0, 6.0]);
+        let nn = f32s(&[3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).with_layout(Layout::Nn);
+        let a = lin(x.clone(), nt.clone(), None).unwrap();
+        assert_eq!(a.shape(), &[2, 2]);
+        assert_eq!(a.to_f32_vec(), vec![22.0, 28.0, 49.0, 64.0]);
+        assert_eq!(lin(x.clone(), nn, None).unwrap().to_f32_vec(), a.to_f32_vec());
+        assert_eq!(lin(x.clone(), nt.clone().with_layout(Layout::Nt), None).unwrap().to_f32_vec(), a.to_f32_vec());
+        let b = f32s(&[2], &[0.5, -1.0]);
+        assert_eq!(lin(x.clone(), nt.clone(), Some(b)).unwrap().to_f32_vec(), vec![22.5, 27.0, 49.5, 63.0]);
+        // A 3-D x keeps its leading dims; bf16 in, bf16 out.
+        let x3 = HostTensor::from_f32_as(DType::BF16, &[1, 2, 3], &x.to_f32_vec()).unwrap();
+        let o = lin(x3, nt, None).unwrap();
+        assert_eq!((o.shape(), o.dtype()), (&[1usize, 2, 2][..], DType::BF16));
+        assert_eq!(o.to_f32_vec(), vec![22.0, 28.0, 49.0, 64.0]);
+    }
+
+    #[test]
+    fn strided_views_read_through_strides() {
+        let x = f32s(&[3, 5], &values(15, 1));
+        let w = f32s(&[4, 5], &values(20, 2));
+        let want = lin(x.clone(), w.clone(), None).unwrap().to_f32_vec();
+        // x^T stored as [5, 3] and permuted back; W as a permuted [K, N] buffer.
+        let xt = x.permute(&[1, 0]).unwrap().contiguous().permute(&[1, 0]).unwrap();
+        let wt = w.permute(&[1, 0]).unwrap().contiguous().permute(&[1, 0]).unwrap();
+        assert!(!xt.is_contiguous() && !wt.is_contiguous());
+        assert_eq!(lin(xt, wt, None).unwrap().to_f32_vec(), want);
+    }
+
+    #[test]
+    fn bad_inputs_are_named() {
+        let x = f32s(&[2, 3], &[0.0; 6]);
+        let err = |r: Result<HostTensor, KernelError>| match r {
+            Err(KernelError::InvalidInput(m)) => m,
+            other => panic!("expected InvalidInput, got {other:?}"),
+        };
+        let m = err(lin(x.clone(), f32s(&[2, 4], &[0.0; 8]), None));
+        assert!(m.contains("`weight`") && m.contains("[2, 4]") && m.contains("K = 3"), "{m}");
+        let m = err(lin(x.clone(), f32s(&[2, 3], &[0.0; 6]), Some(f32s(&[3], &[0.0; 3]))));
+        assert!(m.contains("`bias`") && m.contains("[2]"), "{m}");
+        let m = err(lin(x.clone(), f32s(&[2, 3], &[0.0; 6]).with_layout(Layout::Bshd), None));
+        assert!(m.contains("layout BSHD"), "{m}");
+        let m = err(lin(HostTensor::zeros(DType::I32, &[2, 3]).unwrap(), f32s(&[2, 3], &[0.0; 6]), None));
+        assert!(m.contains("`x`") && m.contains("i32"), "{m}");
+        assert!(matches!(
+            lin(HostTensor::zeros(DType::Fp8E4M3, &[2, 3]).unwrap(), f32s(&[2, 3], &[0.0; 6]), None),
+            Err(KernelError::Unsupported(_))
+        ));
+        // Empty dims give empty (or bias-only) outputs, never a panic.
+        let e = lin(f32s(&[0, 3], &[]), f32s(&[2, 3], &[0.0; 6]), None).unwrap();
+        assert_eq!(e.shape(), &[0, 2]);
+        let z = lin(f32s(&[2, 0], &[]), f32s(&[2, 0], &[]), Some(f32s(&[2], &[1.0, 2.0]))).unwrap();
+        assert_eq!(z.to_f32_vec(), vec![1.0, 2.0, 1.0, 2.0]);
+    }
+
+    #[test]
+    fn w8a8_hand_computed_and_scale_checks() {
+        let x = HostTensor::from_f32_as(DType::I8, &[2, 2], &[1.0, -2.0, 3.0, 4.0]).unwrap();
+        let w = HostTensor::from_f32_as(DType::I8, &[3, 2], &[1.0, 1.0, -1.0, 2.0, 127.0, -128.0]).unwrap();
+        let args = |xs: HostTensor, ws: HostTensor, bias: Option<HostTensor>| W8a8Args {
+            x: x.clone(),
+            x_scale: xs,
+            weight: w.clone(),
+            w_scale: ws,
+            bias,
+            attrs: W8a8Attrs::default(),
+        };
+        // acc = [[-1, -5, 383], [7, 5, -131]].
+        let a = args(f32s(&[2], &[0.5, 2.0]), f32s(&[1], &[0.25]), Some(f32s(&[3], &[1.0, 0.0, 0.0])));
+        let o = linear_w8a8(&a).unwrap();
+        assert_eq!(o.to_f32_vec(), vec![0.875, -0.625, 47.875, 4.5, 2.5, -65.5]);
+        let bad = args(f32s(&[3], &[1.0; 3]), f32s(&[1], &[1.0]), None);
+        match linear_w8a8(&bad) {
+            Err(KernelError::InvalidInput(m)) => {
+                assert!(m.contains("SCALE_LAYOUT_MISMATCH") && m.contains("x_scale"), "{m}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn int4_nibble_order_and_default_zero() {
+        // Byte 0x21: k=0 -> 1, k=1 -> 2. Byte 0xF0 (-16 as i8): k=2 -> 0, k=3 -> 15.
+        let w = HostTensor::new(layerzero_core::tensor::Storage::I8(vec![0x21, 0xF0u8 as i8].into()), &[1, 2]).unwrap();
+        let x = f32s(&[1, 4], &[1.0, 10.0, 100.0, 1000.0]);
+        let args = |zeros: Option<HostTensor>| Int4Args {
+            x: x.clone(),
+            weight: w.clone(),
+            scales: f32s(&[1, 2], &[1.0, 0.5]),
+            zeros,
+            bias: None,
+            attrs: Int4Attrs { group_size: 2 },
+        };
+        // Zero 8: w = [-7, -6, -4, 3.5].
+        assert_eq!(linear_int4(&args(None)).unwrap().to_f32_vec(), vec![-7.0 - 60.0 - 400.0 + 3500.0]);
+        // Zeros [0, 15]: w = [1, 2, -7.5, 0].
+        assert_eq!(
+            linear_int4(&args(Some(f32s(&[1, 2], &[0.0, 15.0])))).unwrap().to_f32_vec(),
+            vec![1.0 + 20.0 - 750.0]
+        );
+        let mut bad = args(None);
+        bad.attrs.group_size = 3;
+        assert!(matches!(linear_int4(&bad), Err(KernelError::InvalidInput(m)) if m.contains("SCALE_LAYOUT_MISMATCH")));
+        let mut bad = args(None);
+        bad.scales = f32s(&[2, 1], &[1.0, 1.0]);
+        assert!(matches!(linear_int4(&bad), Err(KernelError::InvalidInput(m)) if m.contains("`scales`")));
+    }
+}
