@@ -9,7 +9,7 @@ tokens/s per engine and our ratio to each (medians).
 The model is a ~125M-parameter Llama (hidden 768, 12 layers, 12 heads, 4 KV heads,
 intermediate 2048, vocab 32000) with random weights, written once to --dir in f32 and bf16.
 Only speed is compared, so random weights are fine. Build ours first:
-`cargo build --release -p layerzero --bin lz`. llama.cpp is measured when the
+`cargo build --release -p layerzero-cli --bin lz`. llama.cpp is measured when the
 `llama_cpp` (llama-cpp-python) and `gguf` packages are importable (the model is written once
 to GGUF under --dir, f32 or bf16 as it is); otherwise it is reported as not installed. With `--tune SECONDS`, `lz workload` and `lz tune` first measure the model's own
 ops into a PerfDB under --dir (LAYERZERO_HOME), so selection is measured rather than modeled.

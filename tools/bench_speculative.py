@@ -18,7 +18,7 @@ No hub access here, so the pairs are built from random weights (written once to 
   agrees (the cost of speculating with a bad draft).
 
 Greedy decoding, so every run's tokens must equal the target's alone (`matches_target_only`),
-which is checked. Build ours first: `cargo build --release -p layerzero --bin lz`.
+which is checked. Build ours first: `cargo build --release -p layerzero-cli --bin lz`.
 """
 
 import argparse

@@ -50,15 +50,6 @@ pub mod runtime;
 pub mod snapshot;
 pub mod telemetry;
 
-// Tools rather than API: the command line and what only it and the test suites use.
-#[cfg(feature = "cli")]
-#[doc(hidden)]
-pub mod cli;
-#[doc(hidden)]
-pub mod parity;
-#[doc(hidden)]
-pub mod tune;
-
 use std::sync::OnceLock;
 
 pub use capabilities::catalog::Catalog;

@@ -1,9 +1,9 @@
 //! Outputs held to a reference under the parity table's tolerance
-//! (`layerzero::parity::compare`): the one tolerance the tests use, with an error that says
+//! (`layerzero::compare`): the one tolerance the tests use, with an error that says
 //! what differed, where and by how much.
 
+use layerzero::compare::{Category, compare, output_tolerance};
 use layerzero::model::dtype::DType;
-use layerzero::parity::compare::{Category, compare, output_tolerance};
 use layerzero::tensor::HostTensor;
 
 use crate::TestResult;

@@ -52,7 +52,7 @@ pub fn lz() -> TestResult<assert_cmd::Command> {
         .get_or_init(|| {
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
             let status = std::process::Command::new(cargo)
-                .args(["build", "-q", "-p", "layerzero", "--bin", "lz"])
+                .args(["build", "-q", "-p", "layerzero-cli", "--bin", "lz"])
                 .current_dir(repo_root())
                 .status();
             match status {

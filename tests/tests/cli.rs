@@ -239,8 +239,8 @@ fn usage_errors_exit_2() -> TestResult {
 
 mod run {
     use super::*;
+    use layerzero::compare::Category;
     use layerzero::model::dtype::DType;
-    use layerzero::parity::compare::Category;
     use layerzero::tensor::HostTensor;
     use layerzero_tests::close;
     use std::collections::BTreeMap;
@@ -253,7 +253,7 @@ mod run {
     }
 
     fn seeded(shape: &[usize], seed: u64) -> TestResult<HostTensor> {
-        let mut rng = layerzero::parity::rng::Rng::new(seed);
+        let mut rng = layerzero::tensor::rng::Rng::new(seed);
         let n: usize = shape.iter().product();
         Ok(HostTensor::from_f32(shape, rng.normals(n))?)
     }

@@ -9,12 +9,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use layerzero::capabilities::catalog::Catalog;
+use layerzero::compare::Category;
 use layerzero::exec::args::{LinearArgs, OpArgs, Outputs};
 use layerzero::exec::executor::{Executor, KernelError};
 use layerzero::model::attrs::NoAttrs;
 use layerzero::model::dtype::DType;
 use layerzero::model::layout::Layout;
-use layerzero::parity::compare::Category;
 use layerzero::plan::solve::{self, Provenance};
 use layerzero::plan::workload::Workload;
 use layerzero::policy::Policy;

@@ -2,10 +2,10 @@
 //! breakers on a healthy machine.
 
 use layerzero::LayerZero;
+use layerzero::compare::Category;
 use layerzero::exec::args::{LinearArgs, OpArgs};
 use layerzero::model::attrs::NoAttrs;
 use layerzero::model::dtype::DType;
-use layerzero::parity::compare::Category;
 use layerzero::tensor::HostTensor;
 use layerzero_tests::{TestResult, close};
 

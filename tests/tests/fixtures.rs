@@ -9,11 +9,11 @@ use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 
+use layerzero::compare::{Category, compare, output_tolerance};
 use layerzero::exec::args::OpArgs;
 use layerzero::exec::executor::{KernelError, Registry};
 use layerzero::model::op::Op;
 use layerzero::model::request::Request;
-use layerzero::parity::compare::{Category, compare, output_tolerance};
 use layerzero::schema::{SchemaKind, violations};
 use layerzero::select::Verdict;
 use layerzero::tensor::{HostTensor, io};
@@ -321,7 +321,7 @@ fn every_fixture_is_selected_and_dispatched_end_to_end() -> TestResult {
     // Selection plus execution through the runtime on a CPU profile: every op of every
     // fixture is selectable and executable, backends without an executor here (oneDNN,
     // ZenDNN, PyTorch SDPA) are skipped with a reason, and the result matches PyTorch.
-    use layerzero::parity::compare::output_tolerance;
+    use layerzero::compare::output_tolerance;
     let catalog = layerzero_tests::catalog()?;
     let hw = std::sync::Arc::new(layerzero::hardware::named::load("spr")?);
     let selector =

@@ -3,11 +3,11 @@
 //! selection, its report and `lz explain`, with its cost in the score); strict mode refuses
 //! the copy and the oracle runs; inconsistent requests are refused by field and value.
 
+use layerzero::compare::Category;
 use layerzero::exec::args::PatchEmbedArgs;
 use layerzero::model::attrs::PatchEmbedAttrs;
-use layerzero::parity::compare::Category;
-use layerzero::parity::rng::Rng;
 use layerzero::schema::{SchemaKind, violations};
+use layerzero::tensor::rng::Rng;
 use layerzero::transform::TransformKind;
 use layerzero::{DType, HostTensor, LayerZero, Layout, OpArgs, Request, TensorDesc};
 use layerzero_tests::{TestResult, close, lz, policy};

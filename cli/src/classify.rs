@@ -2,10 +2,10 @@
 
 use super::args::ClassifyCmd;
 use super::{Outcome, print_json};
-use crate::error::{Error, ErrorKind, Result};
-use crate::llm;
-use crate::runtime::LayerZero;
-use crate::tensor::io;
+use layerzero::error::{Error, ErrorKind, Result};
+use layerzero::llm;
+use layerzero::runtime::LayerZero;
+use layerzero::tensor::io;
 
 /// `lz classify`: an image through a ViT.
 pub(super) fn classify(a: ClassifyCmd) -> Result<Outcome> {

@@ -8,13 +8,13 @@ use std::time::Duration;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::{CatalogArg, Outcome, load_catalog, print_json, render};
-use crate::error::{Error, Result};
-use crate::plan::workload::Workload;
 use crate::tune::{self, Event, Host, Status, TuneOptions, TuneReport};
+use crate::{CatalogArg, Outcome, load_catalog, print_json, render};
+use layerzero::error::{Error, Result};
+use layerzero::plan::workload::Workload;
 
 #[derive(Args, Debug)]
-pub(super) struct TuneArgs {
+pub(crate) struct TuneArgs {
     /// Workload file (`schemas/workload.schema.json`).
     #[arg(long, value_name = "FILE")]
     workload: PathBuf,
@@ -53,25 +53,25 @@ fn seconds(flag: &str, v: f64) -> Result<Duration> {
     Ok(Duration::from_secs_f64(v))
 }
 
-pub(super) fn run(a: TuneArgs) -> Result<Outcome> {
+pub(crate) fn run(a: TuneArgs) -> Result<Outcome> {
     let budget = a.budget.map(|b| seconds("--budget", b)).transpose()?;
     let time_cap = a.time_cap.map(|c| seconds("--time-cap", c)).transpose()?;
     let workload = Workload::load(&a.workload)?;
     let perfdb = match a.perfdb {
         Some(p) => p,
-        None => super::knobs().perfdb_path(),
+        None => crate::knobs().perfdb_path(),
     };
     let mut opts = TuneOptions::new(workload, &a.workload.display().to_string(), perfdb);
     opts.budget = budget;
     opts.verify = a.verify;
     opts.refresh = a.refresh;
-    opts.calibrate = a.calibrate.map(|p| p.unwrap_or_else(|| super::knobs().calibration_path()));
+    opts.calibrate = a.calibrate.map(|p| p.unwrap_or_else(|| crate::knobs().calibration_path()));
     if let Some(cap) = time_cap {
         opts.protocol.time_cap = cap;
         opts.protocol.hard_cap = opts.protocol.hard_cap.max(cap);
     }
     // The cost model's roofline from this machine's measured figures, not nominal ones.
-    if let Some(m) = crate::host::measure::ensure(&crate::host::measure::path())?
+    if let Some(m) = layerzero::host::measure::ensure(&layerzero::host::measure::path())?
         && !a.json
     {
         eprintln!(

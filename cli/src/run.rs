@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{Outcome, print_json, render};
-use crate::capabilities::catalog::Catalog;
-use crate::error::{Error, Result};
-use crate::exec::args::OpArgs;
-use crate::policy::{Action, Policy, Rule};
-use crate::runtime::{LayerZero, PlanMode, SelectionSource};
-use crate::tensor::io;
+use layerzero::capabilities::catalog::Catalog;
+use layerzero::error::{Error, Result};
+use layerzero::exec::args::OpArgs;
+use layerzero::policy::{Action, Policy, Rule};
+use layerzero::runtime::{LayerZero, PlanMode, SelectionSource};
+use layerzero::tensor::io;
 
 /// What the repeated dispatches did.
 #[derive(Debug, Default, serde::Serialize)]
@@ -25,7 +25,7 @@ struct Repeats {
 }
 
 impl Repeats {
-    fn count(&mut self, d: &crate::runtime::Dispatch<'_>) {
+    fn count(&mut self, d: &layerzero::runtime::Dispatch<'_>) {
         self.fell_back += usize::from(d.fell_back());
         *self.kernels.entry(d.selection().kernel.clone()).or_default() += 1;
         for r in d.failed().iter().filter_map(|a| a.reason.as_ref()) {

@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 
 use super::args::{GenerateCmd, WorkloadCmd};
 use super::{Outcome, print_json};
-use crate::error::{Error, ErrorKind, Result};
-use crate::llm::{self, Generation, KvKind, Model, Tokenizer};
-use crate::model::dtype::DType;
-use crate::runtime::LayerZero;
-use crate::tensor::{HostTensor, Storage, io};
+use layerzero::error::{Error, ErrorKind, Result};
+use layerzero::llm::{self, Generation, KvKind, Model, Tokenizer};
+use layerzero::model::dtype::DType;
+use layerzero::runtime::LayerZero;
+use layerzero::tensor::{HostTensor, Storage, io};
 
 pub(super) fn parse_dtype(d: Option<&str>) -> Result<Option<DType>> {
     match d {
@@ -38,7 +38,7 @@ pub(super) fn workload(a: WorkloadCmd) -> Result<Outcome> {
     let json =
         serde_json::to_string_pretty(&w).map_err(|e| Error::invalid(format!("cannot write the workload: {e}")))?;
     match &a.out {
-        Some(file) => crate::files::write(file, (json + "\n").as_bytes(), &[])?,
+        Some(file) => layerzero::files::write(file, (json + "\n").as_bytes(), &[])?,
         None => println!("{json}"),
     }
     Ok(Outcome::Ok)
@@ -270,7 +270,7 @@ fn generation(a: &GenerateCmd, kv: KvKind) -> Generation {
 }
 
 /// Per op, what ran: the `ops` object of a report.
-pub(super) fn ops_json(stats: &BTreeMap<crate::model::op::Op, llm::OpStats>) -> serde_json::Value {
+pub(super) fn ops_json(stats: &BTreeMap<layerzero::model::op::Op, llm::OpStats>) -> serde_json::Value {
     stats.iter().map(|(op, s)| (op.as_str().to_owned(), serde_json::to_value(s).unwrap_or_default())).collect()
 }
 
@@ -423,7 +423,7 @@ fn speculative(
 /// `--prompts FILE`: a JSON array of text (strings) and token ids (arrays of integers).
 fn read_prompts(file: &Path, encode: &dyn Fn(&str) -> Result<Vec<u32>>) -> Result<Vec<Vec<u32>>> {
     let origin = file.display().to_string();
-    let text = crate::files::read_to_string(file)?;
+    let text = layerzero::files::read_to_string(file)?;
     let v: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| Error::invalid(format!("{origin}: invalid JSON: {e}")))?;
     let items = v.as_array().ok_or_else(|| Error::invalid(format!("{origin}: expected a JSON array of prompts")))?;

@@ -6,15 +6,15 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::{Outcome, print_json};
-use crate::capabilities::catalog::Catalog;
-use crate::error::Result;
-use crate::hardware::profile::HardwareProfile;
-use crate::perfdb::{self, PerfDb};
-use crate::plan::solve::{self, Provenance};
-use crate::plan::workload::Workload;
-use crate::readiness::{self, ReadinessInputs};
-use crate::score::measured::{Measured, Measurements};
-use crate::select::Selector;
+use layerzero::capabilities::catalog::Catalog;
+use layerzero::error::Result;
+use layerzero::hardware::profile::HardwareProfile;
+use layerzero::perfdb::{self, PerfDb};
+use layerzero::plan::solve::{self, Provenance};
+use layerzero::plan::workload::Workload;
+use layerzero::readiness::{self, ReadinessInputs};
+use layerzero::score::measured::{Measured, Measurements};
+use layerzero::select::Selector;
 
 /// PerfDB rows for `hardware` as measurements, with the digest of the rows used.
 pub(super) struct FromPerfDb {
@@ -78,11 +78,11 @@ pub(super) fn solve(a: SolveArgs<'_>, selector: Selector, command: String) -> Re
     let table = solve::solve(
         &workload,
         &selector,
-        Provenance { perfdb_digest: digest, created_at: super::render::rfc3339(crate::time::now_unix()), command },
+        Provenance { perfdb_digest: digest, created_at: super::render::rfc3339(layerzero::time::now_unix()), command },
     )?;
     let mut inputs = vec![a.workload];
     inputs.extend(a.perfdb);
-    crate::files::write(a.out, table.to_json().as_bytes(), &inputs)?;
+    layerzero::files::write(a.out, table.to_json().as_bytes(), &inputs)?;
     let sources = solve::sources(&table);
     if a.json {
         print_json(&serde_json::json!({

@@ -16,12 +16,12 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::{Outcome, print_json};
-use crate::capabilities::catalog::KernelIndex;
-use crate::error::{Error, ErrorKind, Result};
-use crate::model::request::Request;
-use crate::plan::SelectionKey;
-use crate::plan::workload::Workload;
-use crate::runtime::{Hit, LayerZero};
+use layerzero::capabilities::catalog::KernelIndex;
+use layerzero::error::{Error, ErrorKind, Result};
+use layerzero::model::request::Request;
+use layerzero::plan::SelectionKey;
+use layerzero::plan::workload::Workload;
+use layerzero::runtime::{Hit, LayerZero};
 
 /// What `lz bench-select` was asked to do.
 pub(super) struct BenchArgs {

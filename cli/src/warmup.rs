@@ -5,11 +5,11 @@
 use std::path::Path;
 
 use super::{Outcome, print_json};
-use crate::error::{Error, Result};
-use crate::model::request::Request;
-use crate::plan::table::DispatchTable;
-use crate::plan::workload::Workload;
-use crate::runtime::{LayerZero, PlanMode, WarmPoint};
+use layerzero::error::{Error, Result};
+use layerzero::model::request::Request;
+use layerzero::plan::table::DispatchTable;
+use layerzero::plan::workload::Workload;
+use layerzero::runtime::{LayerZero, PlanMode, WarmPoint};
 
 /// What `lz warmup` was given.
 pub(super) struct WarmupArgs<'a> {
@@ -54,7 +54,7 @@ pub(super) fn run(a: WarmupArgs<'_>) -> Result<Outcome> {
             "warmup": report,
             "verify": verify,
             "cold": cold,
-            "jit": crate::backend::onednn::jit_stats(),
+            "jit": layerzero::backend::onednn::jit_stats(),
             "ok": ok,
         }));
     } else {

@@ -2,19 +2,18 @@
 //! matrix, with NMSE, max-abs and PASS/FAIL against the specification's tolerance table.
 
 pub mod cases;
-pub use crate::compare;
-pub use crate::tensor::rng;
+pub(crate) mod command;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use serde::Serialize;
 
-use crate::exec::args::Outputs;
-use crate::exec::executor::Registry;
-use crate::model::op::Op;
-use crate::select::{Selector, Verdict};
 use cases::Case;
-use compare::{Diff, Tolerance, compare, output_tolerance, tolerance};
+use layerzero::compare::{Diff, Tolerance, compare, output_tolerance, tolerance};
+use layerzero::exec::args::Outputs;
+use layerzero::exec::executor::Registry;
+use layerzero::model::op::Op;
+use layerzero::select::{Selector, Verdict};
 
 /// The fixed seed of the case matrix.
 pub const SEED: u64 = 0x4C5A_5041_5249_5459;
@@ -68,19 +67,19 @@ fn run_adapted(
     registry: &Registry,
     kernel: &str,
     case: &Case,
-    transforms: &[crate::transform::Transform],
+    transforms: &[layerzero::transform::Transform],
 ) -> Result<Outputs, String> {
     let exec = registry.get(kernel).ok_or_else(|| format!("no executor for {kernel}"))?;
     let adapted;
     let args = if transforms.is_empty() {
         &case.args
     } else {
-        adapted = crate::transform::apply_transforms(&case.args, transforms).map_err(|e| e.to_string())?;
+        adapted = layerzero::transform::apply_transforms(&case.args, transforms).map_err(|e| e.to_string())?;
         &adapted
     };
     match catch_unwind(AssertUnwindSafe(|| exec.run(args))) {
         Ok(Ok(o)) if transforms.is_empty() => Ok(o),
-        Ok(Ok(o)) => crate::transform::cast_outputs_back(o, transforms).map_err(|e| e.to_string()),
+        Ok(Ok(o)) => layerzero::transform::cast_outputs_back(o, transforms).map_err(|e| e.to_string()),
         Ok(Err(e)) => Err(e.to_string()),
         Err(_) => Err(format!("{kernel} panicked")),
     }
@@ -105,7 +104,8 @@ pub fn run(registry: &Registry, selector: &Selector, op: Option<Op>, kernel: Opt
         let report = selector.explain(&case.args.describe());
         let reference = run_kernel(registry, &oracle, &case);
         for k in kernels {
-            let dtype = case.args.tensors().first().map(|(_, t)| t.dtype()).unwrap_or(crate::model::dtype::DType::F32);
+            let dtype =
+                case.args.tensors().first().map(|(_, t)| t.dtype()).unwrap_or(layerzero::model::dtype::DType::F32);
             let tol = tolerance(case.category, dtype);
             let mut row = Row {
                 case: case.name.clone(),
@@ -183,17 +183,17 @@ pub fn run(registry: &Registry, selector: &Selector, op: Option<Op>, kernel: Opt
     Report { seed: SEED, rows, passed, failed, skipped }
 }
 
-/// Synthesized inputs ([`crate::exec::synth`]) for every request of the parity matrix and of
+/// Synthesized inputs ([`layerzero::exec::synth`]) for every request of the parity matrix and of
 /// the selection table run on the reference kernels.
 #[cfg(test)]
 mod synth_runs {
     use std::panic::{AssertUnwindSafe, catch_unwind};
 
     use super::cases;
-    use crate::exec::executor::Registry;
-    use crate::exec::synth::synthesize;
-    use crate::model::op::Op;
-    use crate::model::request::Request;
+    use layerzero::exec::executor::Registry;
+    use layerzero::exec::synth::synthesize;
+    use layerzero::model::op::Op;
+    use layerzero::model::request::Request;
 
     fn reference(op: Op) -> String {
         format!("cpu_reference.{}.naive", op.as_str())
@@ -213,7 +213,7 @@ mod synth_runs {
     fn every_parity_case_request_synthesizes_and_runs_on_the_reference() {
         // The parity matrix covers every executable op with its variants (masks, ragged
         // packs, paged caches in both layouts and fp8, strided views, int4/int8 weights).
-        let registry = crate::host::builtin_registry();
+        let registry = layerzero::host::builtin_registry();
         let mut ops = std::collections::BTreeSet::new();
         for case in cases::matrix(None, 1) {
             let req = case.args.describe();
@@ -230,7 +230,7 @@ mod synth_runs {
     fn the_cpu_requests_of_the_selection_table_synthesize_and_run() {
         let text = include_str!("../../../tests/data/selection_cases.json");
         let cases: serde_json::Value = serde_json::from_str(text).unwrap();
-        let registry = crate::host::builtin_registry();
+        let registry = layerzero::host::builtin_registry();
         let cpu = ["zen4", "zen3", "spr", "icx"];
         let mut ran = 0;
         for c in cases.as_array().unwrap() {
@@ -244,10 +244,10 @@ mod synth_runs {
             assert_eq!(args.op(), req.op);
             // Keep the test quick in debug builds: run the reference on the request with its
             // perf axes (batch, sequence, tokens) cut to at most 8, when that is small enough.
-            let small = match crate::key::axes::values(&req) {
+            let small = match layerzero::key::axes::values(&req) {
                 Some((v, n)) if n > 0 => {
                     let to: Vec<u64> = v[..n].iter().map(|&x| x.min(8)).collect();
-                    crate::key::axes::resize(&req, &to).unwrap_or_else(|e| panic!("{name}: {e}"))
+                    layerzero::key::axes::resize(&req, &to).unwrap_or_else(|e| panic!("{name}: {e}"))
                 }
                 _ => req.clone(),
             };

@@ -3,22 +3,22 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use super::{Outcome, print_json};
-use crate::capabilities::catalog::Catalog;
-use crate::error::Result;
+use crate::{Outcome, print_json};
+use layerzero::capabilities::catalog::Catalog;
+use layerzero::error::Result;
 
-use crate::host::detect;
-use crate::model::op::Op;
 use crate::parity;
-use crate::policy::Policy;
-use crate::select::Selector;
+use layerzero::host::detect;
+use layerzero::model::op::Op;
+use layerzero::policy::Policy;
+use layerzero::select::Selector;
 
-pub(super) fn run(catalog: Arc<Catalog>, op: Option<Op>, kernel: Option<&str>, json: bool) -> Result<Outcome> {
+pub(crate) fn run(catalog: Arc<Catalog>, op: Option<Op>, kernel: Option<&str>, json: bool) -> Result<Outcome> {
     let host = Arc::new(detect::detect_host().profile);
     // Planning availability: parity asks whether a kernel accepts a case, not whether its
     // backend is installed (only registered executors run at all).
     let selector = Selector::planning(catalog, host, Arc::new(Policy::default()))?;
-    let registry = crate::host::builtin_registry();
+    let registry = layerzero::host::builtin_registry();
     let report = parity::run(&registry, &selector, op, kernel);
     if json {
         print_json(&serde_json::to_value(&report).unwrap_or_default());
@@ -53,7 +53,9 @@ pub(super) fn run(catalog: Arc<Catalog>, op: Option<Op>, kernel: Option<&str>, j
         print!("{out}");
     }
     if report.rows.is_empty() {
-        return Err(crate::error::Error::invalid("no executable kernel matches the filters (see `lz list-kernels`)"));
+        return Err(layerzero::error::Error::invalid(
+            "no executable kernel matches the filters (see `lz list-kernels`)",
+        ));
     }
     Ok(if report.failed == 0 { Outcome::Ok } else { Outcome::CheckFailed })
 }

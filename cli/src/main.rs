@@ -1,5 +1,5 @@
 //! The `lz` binary: see `lz --help`.
 
 fn main() -> std::process::ExitCode {
-    layerzero::cli::main()
+    layerzero_cli::main()
 }

@@ -8,11 +8,11 @@ mod diff;
 mod doctor;
 mod generate;
 mod inspect;
-mod parity;
+pub mod parity;
 mod plan;
 mod render;
 mod run;
-mod tune;
+pub mod tune;
 mod validate;
 mod warmup;
 
@@ -22,17 +22,17 @@ use std::sync::Arc;
 
 use clap::Parser;
 
-use crate::capabilities::catalog::Catalog;
-use crate::error::{Error, Result};
-use crate::hardware::named;
-use crate::host::detect;
-use crate::knobs::Settings;
-use crate::model::op::Op;
-use crate::model::request::Request;
-use crate::policy::Policy;
-use crate::schema::{self, SchemaKind};
-use crate::select::Selector;
 use args::{CatalogArg, Cli, Command};
+use layerzero::capabilities::catalog::Catalog;
+use layerzero::error::{Error, Result};
+use layerzero::hardware::named;
+use layerzero::host::detect;
+use layerzero::knobs::Settings;
+use layerzero::model::op::Op;
+use layerzero::model::request::Request;
+use layerzero::policy::Policy;
+use layerzero::schema::{self, SchemaKind};
+use layerzero::select::Selector;
 
 /// What a command reports back to `main`.
 enum Outcome {
@@ -64,7 +64,7 @@ pub fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     // LAYERZERO_LOG / LAYERZERO_OTEL: the log and span export, flushed when `_telemetry` drops.
-    let _telemetry = match crate::telemetry::init(knobs()) {
+    let _telemetry = match layerzero::telemetry::init(knobs()) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("lz: error: {e}");
@@ -98,7 +98,7 @@ pub fn main() -> ExitCode {
 
 /// The knobs of this process (checked in `main`).
 fn knobs() -> &'static Settings {
-    crate::host::process()
+    layerzero::host::process()
 }
 
 fn run(cli: Cli) -> Result<Outcome> {
@@ -130,10 +130,10 @@ fn run(cli: Cli) -> Result<Outcome> {
                 catalog,
             )
         }
-        Command::Tune(a) => tune::run(a),
+        Command::Tune(a) => tune::command::run(a),
         Command::Parity(a) => {
             let op = a.op.as_deref().map(parse_op).transpose()?;
-            parity::run(load_catalog(&a.catalog)?, op, a.kernel.as_deref(), a.json)
+            parity::command::run(load_catalog(&a.catalog)?, op, a.kernel.as_deref(), a.json)
         }
         Command::Solve(a) => {
             let sel = selector(a.hardware.as_deref(), a.policy.as_ref(), load_catalog(&a.catalog)?)?;
@@ -183,7 +183,7 @@ fn run(cli: Cli) -> Result<Outcome> {
         }),
         Command::ReasonCodes(a) => {
             if a.json {
-                print_json(&crate::reason::reason_codes_document());
+                print_json(&layerzero::reason::reason_codes_document());
             } else {
                 print!("{}", render::reason_codes());
             }
@@ -195,9 +195,9 @@ fn run(cli: Cli) -> Result<Outcome> {
 /// `lz snapshot DIR`: the host handle (knobs honoured), the workload's requests selected
 /// first when one is given, then `LayerZero::snapshot`.
 fn snapshot(a: args::SnapshotCmd) -> Result<Outcome> {
-    let lz = crate::runtime::LayerZero::host()?;
+    let lz = layerzero::runtime::LayerZero::host()?;
     if let Some(path) = &a.workload {
-        let w = crate::plan::workload::Workload::load(path)?;
+        let w = layerzero::plan::workload::Workload::load(path)?;
         for e in &w.entries {
             let req = Request::from_value(e.request.clone())
                 .map_err(|err| Error::invalid(format!("{}: entry {:?}: {err}", path.display(), e.name)))?;
@@ -229,9 +229,9 @@ fn load_catalog(arg: &CatalogArg) -> Result<Arc<Catalog>> {
 
 fn read_text(path: &str) -> Result<String> {
     if path == "-" {
-        return crate::files::read_stdin("the request");
+        return layerzero::files::read_stdin("the request");
     }
-    crate::files::read_to_string(std::path::Path::new(path))
+    layerzero::files::read_to_string(std::path::Path::new(path))
 }
 
 /// Reads, schema-checks and parses a request file.
@@ -275,7 +275,7 @@ fn selector_with(hardware: Option<&str>, policy: Policy, catalog: Arc<Catalog>) 
         Some(h) => Selector::planning(catalog, Arc::new(named::load(h)?), policy),
         None => {
             let host = Arc::new(detect::detect_host().profile);
-            let availability = Arc::new(crate::host::probe::probe(&catalog, &host));
+            let availability = Arc::new(layerzero::host::probe::probe(&catalog, &host));
             Selector::new(catalog, host, policy, availability)
         }
     }

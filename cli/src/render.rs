@@ -2,10 +2,10 @@
 
 use std::fmt::Write as _;
 
-use crate::capabilities::spec::{BackendSpec, KernelSpec};
-use crate::hardware::profile::HardwareProfile;
-use crate::reason::ReasonCode;
-use crate::select::{SelectionReport, Verdict};
+use layerzero::capabilities::spec::{BackendSpec, KernelSpec};
+use layerzero::hardware::profile::HardwareProfile;
+use layerzero::reason::ReasonCode;
+use layerzero::select::{SelectionReport, Verdict};
 
 /// A duration for people: ns, µs, ms or s.
 pub(super) fn duration(ns: f64) -> String {
@@ -22,13 +22,13 @@ pub(super) fn duration(ns: f64) -> String {
 
 /// Unix seconds as `YYYY-MM-DD HH:MM:SS UTC` (for people).
 pub(super) fn utc(secs: i64) -> String {
-    let [y, mo, d, h, mi, s] = crate::time::civil(secs);
+    let [y, mo, d, h, mi, s] = layerzero::time::civil(secs);
     format!("{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}:{s:02} UTC")
 }
 
 /// Unix seconds as RFC 3339 `YYYY-MM-DDTHH:MM:SSZ` (for files).
 pub(super) fn rfc3339(secs: i64) -> String {
-    crate::time::format_utc(secs)
+    layerzero::time::format_utc(secs)
 }
 
 fn request_line(r: &SelectionReport) -> String {
@@ -114,14 +114,14 @@ pub(super) fn explain(r: &SelectionReport) -> String {
     let _ = writeln!(out, "\ncandidates ({}):", r.candidates.len());
     let width = r.candidates.iter().map(|c| c.kernel.len()).max().unwrap_or(6).max(6);
     let _ = writeln!(out, "  {:<9} {:<width$}  {:>12}  REASONS", "VERDICT", "KERNEL", "TOTAL");
-    let mut order: Vec<&crate::select::CandidateReport> = r.candidates.iter().collect();
+    let mut order: Vec<&layerzero::select::CandidateReport> = r.candidates.iter().collect();
     order.sort_by(|a, b| {
         let rank = |v: Verdict| match v {
             Verdict::Selected => 0,
             Verdict::Eligible => 1,
             Verdict::Rejected => 2,
         };
-        let total = |c: &crate::select::CandidateReport| c.score.as_ref().map_or(f64::INFINITY, |s| s.total_ns);
+        let total = |c: &layerzero::select::CandidateReport| c.score.as_ref().map_or(f64::INFINITY, |s| s.total_ns);
         rank(a.verdict).cmp(&rank(b.verdict)).then(total(a).total_cmp(&total(b))).then(a.kernel.cmp(&b.kernel))
     });
     for c in order {
@@ -217,8 +217,8 @@ pub(super) fn hardware(p: &HardwareProfile, notes: &[String]) -> String {
 
 /// `lz hardware --measure` for people: each figure measured next to its nominal estimate.
 pub(super) fn measured(
-    cpu: &crate::hardware::profile::DeviceProfile,
-    m: &crate::host::measure::Measured,
+    cpu: &layerzero::hardware::profile::DeviceProfile,
+    m: &layerzero::host::measure::Measured,
     path: &std::path::Path,
 ) -> String {
     let mut out = String::new();

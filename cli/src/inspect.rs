@@ -3,9 +3,9 @@
 
 use super::args::{HardwareArgs, ListArgs, SelectArgs};
 use super::{Outcome, load_catalog, load_request, parse_op, print_json, render, selector};
-use crate::error::{Error, Result};
-use crate::hardware::named;
-use crate::host::{detect, measure};
+use layerzero::error::{Error, Result};
+use layerzero::hardware::named;
+use layerzero::host::{detect, measure};
 
 pub(super) fn explain(a: SelectArgs, which: bool) -> Result<Outcome> {
     let request = load_request(&a.request)?;
@@ -52,7 +52,7 @@ pub(super) fn list_kernels(a: ListArgs) -> Result<Outcome> {
         .filter(|(_, b, k)| op.is_none_or(|o| k.op == o) && a.backend.as_ref().is_none_or(|n| &b.backend == n))
         .collect();
     // Whether this process has an executor for the kernel (oneDNN's when the library loads).
-    let registry = crate::host::builtin_registry();
+    let registry = layerzero::host::builtin_registry();
     let runs = |id: &str| registry.contains(id);
     if a.json {
         let items: Vec<serde_json::Value> = rows
@@ -112,8 +112,8 @@ pub(super) fn hardware(a: HardwareArgs) -> Result<Outcome> {
 /// the nominal estimates.
 fn measure_host(json: bool) -> Result<Outcome> {
     let nominal = detect::detect_nominal();
-    let Some(cpu) = nominal.profile.devices.iter().find(|d| d.kind == crate::model::device::DeviceKind::Cpu) else {
-        return Err(crate::Error::invalid("this host has no CPU device to measure"));
+    let Some(cpu) = nominal.profile.devices.iter().find(|d| d.kind == layerzero::model::device::DeviceKind::Cpu) else {
+        return Err(layerzero::Error::invalid("this host has no CPU device to measure"));
     };
     if !json {
         eprintln!("measuring {} (under a second, every thread busy)...", cpu.name);
@@ -130,7 +130,7 @@ fn measure_host(json: bool) -> Result<Outcome> {
             "memory_bandwidth_gbps": cpu.memory_bandwidth_gbps,
             "peak_tflops": cpu.peak_tflops,
         });
-        v["measured"] = serde_json::to_value(&m).map_err(|e| crate::Error::invalid(e.to_string()))?;
+        v["measured"] = serde_json::to_value(&m).map_err(|e| layerzero::Error::invalid(e.to_string()))?;
         v["path"] = serde_json::Value::String(path.display().to_string());
         print_json(&v);
         return Ok(Outcome::Ok);

@@ -4,9 +4,9 @@ use std::path::{Path, PathBuf};
 
 use super::args::DiffCmd;
 use super::{Outcome, print_json};
-use crate::error::{Error, Result};
-use crate::llm;
-use crate::tensor::io;
+use layerzero::error::{Error, Result};
+use layerzero::llm;
+use layerzero::tensor::io;
 
 /// A dump file, or a folder holding `dump.safetensors` (or `reference.safetensors`).
 fn dump_file(p: &Path) -> PathBuf {

@@ -2,14 +2,14 @@
 //! sizes, head dims 64/80/96/128/256 and sequence lengths 1, odd and not a multiple of any
 //! tile. Inputs are seeded normal values, so every run sees the same cases.
 
-use super::compare::Category;
-use super::rng::Rng;
-use crate::exec::args::{AttentionArgs, OpArgs, PagedAttentionArgs, RopeArgs};
-use crate::model::attrs::{AttentionAttrs, CausalAlignment, RopeAttrs, RopeScaling, RopeStyle};
-use crate::model::dtype::DType;
-use crate::model::layout::Layout;
-use crate::model::op::Op;
-use crate::tensor::HostTensor;
+use layerzero::compare::Category;
+use layerzero::exec::args::{AttentionArgs, OpArgs, PagedAttentionArgs, RopeArgs};
+use layerzero::model::attrs::{AttentionAttrs, CausalAlignment, RopeAttrs, RopeScaling, RopeStyle};
+use layerzero::model::dtype::DType;
+use layerzero::model::layout::Layout;
+use layerzero::model::op::Op;
+use layerzero::tensor::HostTensor;
+use layerzero::tensor::rng::Rng;
 
 /// One parity case.
 #[derive(Debug, Clone)]
@@ -42,7 +42,7 @@ fn ints(dtype: DType, shape: &[usize], v: &[i64]) -> HostTensor {
 }
 
 // Shapes here are built from constants that always match their data.
-fn unreachable_tensor(e: crate::Error) -> HostTensor {
+fn unreachable_tensor(e: layerzero::Error) -> HostTensor {
     debug_assert!(false, "parity case tensor: {e}");
     HostTensor::zeros(DType::F32, &[0]).unwrap_or_else(|_| unreachable!("an empty tensor always builds"))
 }
@@ -341,11 +341,11 @@ pub fn matrix(op: Option<Op>, seed: u64) -> Vec<Case> {
 
 /// Cases of the row-wise, GEMM, quantization, sampling, MoE and patch-embedding ops.
 pub fn rows_and_gemm(seed: u64) -> Vec<Case> {
-    use crate::exec::args::{
+    use layerzero::exec::args::{
         DequantizeArgs, EmbeddingArgs, GegluArgs, GeluArgs, Int4Args, LinearArgs, MlpArgs, MoeExpertsArgs,
         MoeRouteArgs, NormArgs, PatchEmbedArgs, QuantizeArgs, SampleArgs, SiluArgs, SwigluArgs, W8a8Args,
     };
-    use crate::model::attrs::{
+    use layerzero::model::attrs::{
         Activation, GegluAttrs, GeluApproximate, GeluAttrs, Int4Attrs, MlpAttrs, MoeRouteAttrs, NoAttrs, NormAttrs,
         PatchEmbedAttrs, QuantAttrs, QuantScheme, SampleAttrs, ScaleLayout, SwigluAttrs, W8a8Attrs,
     };

@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use super::{Outcome, print_json};
-use crate::error::Result;
-use crate::readiness::files;
+use layerzero::error::Result;
+use layerzero::readiness::files;
 
 /// Checks `files`, or every shipped capability and hardware file when `files` is empty.
 pub(super) fn run(paths: &[PathBuf], json: bool) -> Result<Outcome> {
@@ -15,7 +15,7 @@ pub(super) fn run(paths: &[PathBuf], json: bool) -> Result<Outcome> {
         results.extend(files::shipped());
     }
     for path in paths {
-        let text = crate::files::read_to_string(path)?;
+        let text = layerzero::files::read_to_string(path)?;
         results.push(files::check_file(path, &text));
     }
     let ok = results.iter().all(files::FileCheck::is_valid);

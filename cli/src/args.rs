@@ -36,7 +36,7 @@ pub(super) enum Command {
     /// Check every executable kernel against cpu_reference over the case matrix.
     Parity(ParityArgs),
     /// Measure a workload's kernels on this machine into the PerfDB; --verify reports the regret.
-    Tune(tune::TuneArgs),
+    Tune(tune::command::TuneArgs),
     /// Bake a dispatch table: a decision for every bucket of a workload (PerfDB-backed when
     /// measurements exist).
     Solve(SolveCmd),
@@ -335,7 +335,7 @@ pub(super) struct RunCmd {
     /// How to use the table: prefer (live on a miss or mismatch), strict (refuse), off.
     /// Default: $LAYERZERO_PLAN_MODE, else prefer.
     #[arg(long, value_name = "MODE")]
-    pub(super) plan_mode: Option<crate::runtime::PlanMode>,
+    pub(super) plan_mode: Option<layerzero::runtime::PlanMode>,
     #[command(flatten)]
     pub(super) catalog: CatalogArg,
     /// Machine-readable output.

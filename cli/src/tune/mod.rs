@@ -20,9 +20,10 @@
 //! model alone and for selection backed by the PerfDB rows now stored.
 
 pub mod calibrate;
+pub(crate) mod command;
 pub mod measure;
 mod report;
-pub use crate::exec::synth;
+pub use layerzero::exec::synth;
 mod timing;
 mod verify;
 
@@ -30,16 +31,16 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::capabilities::catalog::Catalog;
-use crate::error::Result;
-use crate::exec::executor::Registry;
-use crate::host::detect;
-use crate::perfdb::{PerfDb, Row};
-use crate::plan::workload::{Point, Workload};
-use crate::policy::Policy;
-use crate::score::calibration::Calibration;
-use crate::score::measured::{CV_NONE, MIN_SAMPLES, Measured, Measurements};
-use crate::select::{Selection, Selector};
+use layerzero::capabilities::catalog::Catalog;
+use layerzero::error::Result;
+use layerzero::exec::executor::Registry;
+use layerzero::host::detect;
+use layerzero::perfdb::{PerfDb, Row};
+use layerzero::plan::workload::{Point, Workload};
+use layerzero::policy::Policy;
+use layerzero::score::calibration::Calibration;
+use layerzero::score::measured::{CV_NONE, MIN_SAMPLES, Measured, Measurements};
+use layerzero::select::{Selection, Selector};
 use measure::{Measurement, Protocol};
 pub use report::{
     BucketRegret, KernelResult, Phase, Pick, RegretSummary, Skipped, Status, TuneReport, Unselectable, VerifiedTime,
@@ -72,10 +73,10 @@ impl Host {
     /// tuning run), builtin executors.
     pub fn detect(catalog: Arc<Catalog>) -> Result<Host> {
         let hardware = Arc::new(detect::detect_host().profile);
-        let registry = crate::host::builtin_registry();
-        let availability = Arc::new(crate::host::probe::probe(&catalog, &hardware));
+        let registry = layerzero::host::builtin_registry();
+        let availability = Arc::new(layerzero::host::probe::probe(&catalog, &hardware));
         let mut policy = Policy::default();
-        policy.apply_overrides(&crate::host::process().policy_overrides());
+        policy.apply_overrides(&layerzero::host::process().policy_overrides());
         let selector = Selector::new(catalog, hardware, Arc::new(policy), availability)?;
         Ok(Host { selector, registry })
     }
@@ -119,7 +120,7 @@ impl TuneOptions {
             protocol: Protocol::default(),
             seed: 0x4c5a_5455_4e45,
             calibrate: None,
-            machine_calibration: crate::host::process().calibration_path(),
+            machine_calibration: layerzero::host::process().calibration_path(),
         }
     }
 }
@@ -313,7 +314,7 @@ pub fn tune_with(host: &Host, opts: &TuneOptions, on_event: &mut dyn FnMut(Event
                         mad_ns: s.mad,
                         cv: s.cv,
                         origin: ORIGIN.to_owned(),
-                        created_at: crate::time::now_unix(),
+                        created_at: layerzero::time::now_unix(),
                     });
                     results.push(KernelResult {
                         status: Status::Measured,
@@ -492,8 +493,8 @@ fn growth(results: &[KernelResult]) -> Vec<report::Growth> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::dtype::DType;
-    use crate::select::ScoreSource;
+    use layerzero::model::dtype::DType;
+    use layerzero::select::ScoreSource;
 
     const TINY: &str = r#"{
         "schema_version": 1, "name": "tiny",

@@ -5,14 +5,14 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::{Outcome, print_json, render};
-use crate::capabilities::catalog::Catalog;
-use crate::error::Result;
-use crate::knobs::KnobReport;
-use crate::readiness::doctor::{self, DoctorInputs, DoctorReport, PerfDbCheck, PlanCheck, PlanStatus};
-use crate::select::BackendStatus;
+use layerzero::capabilities::catalog::Catalog;
+use layerzero::error::Result;
+use layerzero::knobs::KnobReport;
+use layerzero::readiness::doctor::{self, DoctorInputs, DoctorReport, PerfDbCheck, PlanCheck, PlanStatus};
+use layerzero::select::BackendStatus;
 
 pub(super) fn run(catalog: Arc<Catalog>, json: bool, perfdb_path: Option<&Path>) -> Result<Outcome> {
-    let report = doctor::doctor(&DoctorInputs { catalog, perfdb: perfdb_path, env: &crate::knobs::process_env })?;
+    let report = doctor::doctor(&DoctorInputs { catalog, perfdb: perfdb_path, env: &layerzero::knobs::process_env })?;
     if json {
         print_json(&report.to_json());
     } else {
@@ -23,8 +23,8 @@ pub(super) fn run(catalog: Arc<Catalog>, json: bool, perfdb_path: Option<&Path>)
 
 /// The loud line for `LAYERZERO_FAULTS`, when it is set.
 fn faults_warning(r: &DoctorReport) -> Option<String> {
-    let spec = r.knobs.iter().find(|k| k.name == crate::knobs::FAULTS.name())?.current.clone()?;
-    Some(match crate::runtime::faults::parse(&spec) {
+    let spec = r.knobs.iter().find(|k| k.name == layerzero::knobs::FAULTS.name())?.current.clone()?;
+    Some(match layerzero::runtime::faults::parse(&spec) {
         Ok(_) => format!(
             "!!! FAULT INJECTION IS ON: LAYERZERO_FAULTS={spec} makes these kernels fail on purpose; \
              unset it before serving !!!"
@@ -52,7 +52,7 @@ fn text(r: &DoctorReport) -> String {
                         l.version,
                         l.path,
                         l.isa.as_ref().map(|i| format!(", JIT for {i}")).unwrap_or_default()
-                    ) + &crate::readiness::doctor::threads_note(&b.backend)
+                    ) + &layerzero::readiness::doctor::threads_note(&b.backend)
                         .map(|n| format!("\n      note: {n}"))
                         .unwrap_or_default()
                 }
