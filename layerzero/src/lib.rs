@@ -44,6 +44,7 @@ pub mod health;
 pub mod host;
 pub mod knobs;
 pub mod llm;
+#[cfg(feature = "perfdb")]
 pub mod perfdb;
 pub mod readiness;
 pub mod runtime;

@@ -83,19 +83,11 @@ impl LayerZero {
             "the dispatch table's validation and the other readiness checks",
             pretty(&readiness),
         )?;
-        if perfdb_path.is_file() {
-            let opened = crate::perfdb::PerfDb::open_for_reading(&perfdb_path)?;
-            match opened {
-                Ok(o) => {
-                    let to = dir.join("perfdb.sqlite");
-                    o.db.snapshot_to(&to)?;
-                    let bytes = std::fs::metadata(&to).map(|m| m.len()).unwrap_or(0);
-                    files.push(SnapshotFile { name: "perfdb.sqlite".to_owned(), what: "a copy of the PerfDB", bytes });
-                }
-                Err(why) => notes.push(format!("the PerfDB {} was not copied: {why}", perfdb_path.display())),
+        match copy_perfdb(&perfdb_path, dir)? {
+            Ok(bytes) => {
+                files.push(SnapshotFile { name: "perfdb.sqlite".to_owned(), what: "a copy of the PerfDB", bytes })
             }
-        } else {
-            notes.push(format!("no PerfDB file at {}: perfdb.sqlite is left out", perfdb_path.display()));
+            Err(note) => notes.push(note),
         }
         let mut log = Vec::new();
         for record in self.recent_decisions() {
@@ -155,4 +147,27 @@ fn prepare(dir: &Path) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// Copies the PerfDB at `path` into `dir` as `perfdb.sqlite` (a consistent snapshot): its
+/// size, or the note saying why it was left out.
+#[cfg(feature = "perfdb")]
+fn copy_perfdb(path: &Path, dir: &Path) -> Result<std::result::Result<u64, String>> {
+    if !path.is_file() {
+        return Ok(Err(format!("no PerfDB file at {}: perfdb.sqlite is left out", path.display())));
+    }
+    match crate::perfdb::PerfDb::open_for_reading(path)? {
+        Ok(o) => {
+            let to = dir.join("perfdb.sqlite");
+            o.db.snapshot_to(&to)?;
+            Ok(Ok(std::fs::metadata(&to).map(|m| m.len()).unwrap_or(0)))
+        }
+        Err(why) => Ok(Err(format!("the PerfDB {} was not copied: {why}", path.display()))),
+    }
+}
+
+/// A build without the PerfDB copies none.
+#[cfg(not(feature = "perfdb"))]
+fn copy_perfdb(path: &Path, _dir: &Path) -> Result<std::result::Result<u64, String>> {
+    Ok(Err(format!("this build has no PerfDB (cargo feature `perfdb`): {} is not copied", path.display())))
 }

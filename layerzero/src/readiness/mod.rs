@@ -18,6 +18,7 @@
 //! assert!(readiness::all_passed(&checks));
 //! ```
 
+#[cfg(feature = "perfdb")]
 pub mod doctor;
 pub mod files;
 
@@ -32,7 +33,6 @@ use crate::error::Result;
 use crate::hardware::profile::HardwareProfile;
 use crate::host::detect;
 use crate::knobs::Settings;
-use crate::perfdb::PerfDb;
 use crate::plan::table::{DispatchTable, Plan};
 use crate::plan::workload::Workload;
 use crate::policy::{FieldOverride, Policy};
@@ -437,7 +437,15 @@ fn coverage(points: &[crate::plan::workload::Point], plan: Option<&Plan>, worklo
 }
 
 /// PerfDB integrity. A missing file passes: selection then uses the cost model.
+#[cfg(not(feature = "perfdb"))]
 fn perfdb_check(db_path: &Path) -> Check {
+    let why = "this build has no PerfDB (cargo feature `perfdb`): selection uses the cost model";
+    Check::pass("perfdb", format!("{} not read: {why}", db_path.display()))
+}
+
+#[cfg(feature = "perfdb")]
+fn perfdb_check(db_path: &Path) -> Check {
+    use crate::perfdb::PerfDb;
     if !db_path.exists() {
         return Check::pass("perfdb", format!("{} absent (selection uses the cost model)", db_path.display()));
     }

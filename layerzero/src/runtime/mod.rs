@@ -218,9 +218,9 @@ impl LayerZero {
         policy.apply_overrides(&settings.policy_overrides());
         lz = lz.with_policy(policy)?;
         lz = lz.with_cache_capacity(usize::try_from(settings.cache_capacity).unwrap_or(usize::MAX));
-        let perfdb = settings.perfdb_path();
-        if perfdb.exists() {
-            lz = lz.with_perfdb(&perfdb)?;
+        #[cfg(feature = "perfdb")]
+        if settings.perfdb_path().exists() {
+            lz = lz.with_perfdb(&settings.perfdb_path())?;
         }
         // A calibration that does not load is left out (`lz doctor` says why): the capability
         // files' coefficients still model every kernel.
@@ -497,6 +497,7 @@ impl LayerZero {
 
     /// Scores with measured times from the PerfDB at `path` (rows for this hardware's
     /// fingerprint). A damaged file is moved aside and rebuilt, as `lz doctor` reports.
+    #[cfg(feature = "perfdb")]
     pub fn with_perfdb(self, path: &Path) -> Result<LayerZero> {
         let opened = crate::perfdb::PerfDb::open(path)?;
         let rows = opened.db.rows_for(&self.parts.hardware.fingerprint)?;
