@@ -10,7 +10,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 use std::thread::LocalKey;
 
-use super::norm::Elem;
+use super::rows::Elem;
 use layerzero_core::exec::args::Outputs;
 use layerzero_core::exec::executor::KernelError;
 use layerzero_core::tensor::{HostTensor, Storage, advise_huge};

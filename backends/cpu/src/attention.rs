@@ -1,17 +1,14 @@
 //! `cpu.attention.flash`: dense attention (BSHD/BHSD, any strides, GQA, masks, varlen).
 
-use half::{bf16, f16};
 use smallvec::SmallVec;
 
 use layerzero_core::exec::args::{AttentionArgs, Outputs, layout_of};
 use layerzero_core::exec::executor::KernelError;
 use layerzero_core::exec::semantics::{alibi_slopes, softmax_scale};
-use layerzero_core::model::dtype::DType;
 use layerzero_core::model::layout::Layout;
-use layerzero_core::tensor::{HostTensor, Storage};
+use layerzero_core::tensor::Storage;
 
-use super::alloc::Out;
-use super::engine::{self, KvAddr, KvSrc, MaskView, Mods, Problem, Seq, put};
+use super::engine::{KvAddr, KvSrc, MaskView, Mods, Problem, Seq, output_into};
 use super::pack::{Bshd, ints, invalid, output};
 
 /// Validated cumulative sequence offsets: `cu[n]..cu[n+1]` within `0..=limit`.
@@ -34,44 +31,6 @@ fn offsets(t: &layerzero_core::tensor::HostTensor, name: &str, limit: usize) -> 
         out.push(x as usize);
     }
     Ok(out)
-}
-
-/// The output of `p` (canonical size `n`, contiguous in `layout`, `dtype`), written into the
-/// caller's buffer `out` when it can hold it.
-pub(crate) fn output_into(
-    p: &Problem,
-    n: [usize; 4],
-    layout: Layout,
-    dtype: DType,
-    bufs: &mut Outputs,
-) -> Result<Outputs, KernelError> {
-    let [b, s, h, d] = n;
-    let shape = if layout == Layout::Bhsd { [b, h, s, d] } else { [b, s, h, d] };
-    let len = n.iter().product();
-    let t = match dtype {
-        DType::F32 => {
-            let mut o = Out::<f32>::take(bufs, "out", len);
-            engine::run_into(p, n, layout, &mut o.v, put::f32);
-            o.finish(&shape)?
-        }
-        DType::BF16 => {
-            let mut o = Out::<bf16>::take(bufs, "out", len);
-            engine::run_into(p, n, layout, &mut o.v, put::bf16);
-            o.finish(&shape)?
-        }
-        DType::F16 => {
-            let mut o = Out::<f16>::take(bufs, "out", len);
-            engine::run_into(p, n, layout, &mut o.v, put::f16);
-            o.finish(&shape)?
-        }
-        other => {
-            let mut v = vec![0f32; len];
-            engine::run_into(p, n, layout, &mut v, put::f32);
-            HostTensor::new(Storage::from_f32(other, &v), &shape)
-                .map_err(|e| KernelError::Failed(format!("building the output: {e}")))?
-        }
-    };
-    Ok(Outputs::from([("out", t.with_layout(layout))]))
 }
 
 /// Runs dense attention (output into `bufs["out"]` when it fits).

@@ -13,8 +13,8 @@ use layerzero_core::model::dtype::DType;
 use layerzero_core::tensor::Dims;
 
 use super::alloc::Out;
-use super::norm::{Elem, TASK, by_dtype, expect_float};
 use super::pack::invalid;
+use super::rows::{Elem, TASK, by_dtype, expect_float};
 use super::split::worth_splitting;
 use super::wrong_op;
 

@@ -8,9 +8,11 @@
 //! queries run the split-KV decode path (`decode.rs`). Every output row is written once, in
 //! the output dtype, by the unit that computes it.
 
+use half::{bf16, f16};
 use rayon::prelude::*;
 use smallvec::SmallVec;
 
+use layerzero_core::exec::args::Outputs;
 use layerzero_core::exec::executor::KernelError;
 use layerzero_core::exec::semantics::{alibi_distance, visible_keys};
 use layerzero_core::model::attrs::AttentionAttrs;
@@ -18,7 +20,7 @@ use layerzero_core::model::dtype::DType;
 use layerzero_core::model::layout::Layout;
 use layerzero_core::tensor::{HostTensor, Storage};
 
-use super::alloc::Aligned;
+use super::alloc::{Aligned, Out};
 use super::pack::{self, Bshd, IntSlice, invalid, out_index, read_f32};
 use super::{decode, simd};
 
@@ -382,6 +384,44 @@ pub(crate) mod put {
     pub(crate) fn bf16(d: &mut [bf16], s: &[f32]) {
         simd::f32_to_bf16(s, d);
     }
+}
+
+/// The output of `p` (canonical size `n`, contiguous in `layout`, `dtype`), written into the
+/// caller's buffer `out` when it can hold it.
+pub(crate) fn output_into(
+    p: &Problem,
+    n: [usize; 4],
+    layout: Layout,
+    dtype: DType,
+    bufs: &mut Outputs,
+) -> Result<Outputs, KernelError> {
+    let [b, s, h, d] = n;
+    let shape = if layout == Layout::Bhsd { [b, h, s, d] } else { [b, s, h, d] };
+    let len = n.iter().product();
+    let t = match dtype {
+        DType::F32 => {
+            let mut o = Out::<f32>::take(bufs, "out", len);
+            run_into(p, n, layout, &mut o.v, put::f32);
+            o.finish(&shape)?
+        }
+        DType::BF16 => {
+            let mut o = Out::<bf16>::take(bufs, "out", len);
+            run_into(p, n, layout, &mut o.v, put::bf16);
+            o.finish(&shape)?
+        }
+        DType::F16 => {
+            let mut o = Out::<f16>::take(bufs, "out", len);
+            run_into(p, n, layout, &mut o.v, put::f16);
+            o.finish(&shape)?
+        }
+        other => {
+            let mut v = vec![0f32; len];
+            run_into(p, n, layout, &mut v, put::f32);
+            HostTensor::new(Storage::from_f32(other, &v), &shape)
+                .map_err(|e| KernelError::Failed(format!("building the output: {e}")))?
+        }
+    };
+    Ok(Outputs::from([("out", t.with_layout(layout))]))
 }
 
 /// K of one (sequence, kv head) transposed into tiles of panels `[tile][BK/64][d][64]`

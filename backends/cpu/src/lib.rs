@@ -2,28 +2,56 @@
 //! microkernels, online softmax, rayon over batch x kv head x query tile); decode and paged
 //! attention split the cache into chunks merged by log-sum-exp; RoPE computes its angles in
 //! f64. Semantics are those of `exec::semantics`, shared with `cpu_reference`.
+//!
+//! The driver is kept apart from the kernels, as tract keeps `frame/` apart from its ops: a
+//! kernel imports driver modules and the core, never another kernel.
+//!
+//! | Driver | |
+//! |---|---|
+//! | `rows` | the element-wise/row driver: strided views read as rows, output element types, `fill` |
+//! | `gemm` | the GEMM driver: prefill GEMM (packed, `matrixmultiply`, AMX, bf16 pairs), decode GEMV |
+//! | `engine` | the attention engine that dense and paged attention share, and their output |
+//! | `pack` | strided tensors of any dtype read as f32, index tensors, BSHD/BHSD views |
+//! | `alloc` | output buffers (huge pages, alignment, per-thread scratch) |
+//! | `simd` | AVX-512/AVX2 loops and microkernels, picked at run time |
+//! | `split` | whether work is worth spreading over rayon |
+//! | `math` | scalar erf and erfc |
+//!
+//! | Kernels | |
+//! |---|---|
+//! | `attention`, `paged`, `decode` | attention on the engine (`decode`: its split-KV path for few queries) |
+//! | `norm`, `activation`, `embedding`, `rope` | row kernels (all but `rope` on `rows`) |
+//! | `linear`, `mlp`, `patch`, `moe` | matrix products (all but `moe` on `gemm`) |
+//! | `quant`, `sample` | quantize and dequantize; token sampling |
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-mod activation;
+// The driver.
 mod alloc;
+mod engine;
+mod gemm;
+mod math;
+mod pack;
+mod rows;
+pub mod simd;
+pub mod split;
+
+// The kernels.
+mod activation;
 mod attention;
 mod decode;
 mod embedding;
-mod engine;
 mod linear;
 mod mlp;
 mod moe;
 mod norm;
-mod pack;
 mod paged;
 mod patch;
 mod quant;
 mod rope;
 mod sample;
-pub mod simd;
-pub mod split;
+
 #[cfg(test)]
 mod testing;
 #[cfg(test)]
@@ -31,7 +59,7 @@ mod tests;
 
 use std::sync::Arc;
 
-pub use linear::{PackedWeightStats, packed_weight_stats};
+pub use gemm::{PackedWeightStats, packed_weight_stats};
 pub use simd::set_cap as set_isa_cap;
 
 use layerzero_core::exec::args::{OpArgs, Outputs};

@@ -1,6 +1,6 @@
 //! `mlp` of the `cpu` backend: `out = (act(x @ w_gate^T) * (x @ w_up^T)) @ w_down^T`.
 //!
-//! - `cpu.mlp.chain`: three calls of the fast linear (`linear::linear_f32`) and an
+//! - `cpu.mlp.chain`: three calls of the GEMM driver's linear (`gemm::linear_f32`) and an
 //!   activation pass, materializing the [M, I] gate and up projections.
 //! - `cpu.mlp.fused`: tiles over I. For M > `GEMV_MAX_M`, each I-tile of `TILE_I` columns
 //!   (and block of at most `BLOCK_M` rows) computes its gate and up tiles with sgemm,
@@ -24,11 +24,11 @@ use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::alloc::{Out, with_scratch};
-use super::linear::{
+use super::gemm::{
     F32View, GEMV_MAX_M, Mat, PairPanels, Weights, bf16_pair_columns, chunk_size, dots_mat_row, gemm, linear_f32,
     pair_panels, pairs_gemm, rows_view, to_tensor, uses_pairs,
 };
-use super::norm::{Elem, by_dtype};
+use super::rows::{Elem, by_dtype};
 use super::simd;
 use super::wrong_op;
 use layerzero_core::exec::args::{MlpArgs, OpArgs, Outputs};
@@ -96,7 +96,7 @@ fn act_mul_impl(act: Activation, g: &mut [f32], u: &[f32]) {
         Activation::Gelu => {
             for (g, &u) in g.iter_mut().zip(u) {
                 let x = *g;
-                let e = super::activation::erfc_f32(x.abs() * std::f32::consts::FRAC_1_SQRT_2);
+                let e = super::math::erfc_f32(x.abs() * std::f32::consts::FRAC_1_SQRT_2);
                 let v = if x >= 0.0 { x - 0.5 * x * e } else { 0.5 * x * e };
                 *g = v * u;
             }
@@ -120,7 +120,7 @@ struct Problem<'a> {
 }
 
 fn problem<'a>(a: &'a MlpArgs, holder: &'a mut Option<HostTensor>) -> Result<Problem<'a>, KernelError> {
-    // What makes MLP arguments valid is defined once, by the oracle.
+    // What makes MLP arguments valid is defined once, in the core (`MlpArgs::dims`).
     a.dims()?;
     let x = rows_view(&a.x, holder)?;
     Ok(Problem {

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
-use super::sample::f32_cow;
+use super::pack::f32_cow;
 use super::wrong_op;
 use layerzero_core::exec::args::{MoeExpertsArgs, MoeRouteArgs, OpArgs, Outputs};
 use layerzero_core::exec::executor::{KernelError, Registry};
@@ -160,7 +160,7 @@ fn activate(act: Activation, x: f32) -> f32 {
     let x = f64::from(x);
     let y = match act {
         Activation::Silu => x / (1.0 + (-x).exp()),
-        Activation::Gelu => 0.5 * x * f64::from(super::activation::erfc_f32((-x / std::f64::consts::SQRT_2) as f32)),
+        Activation::Gelu => 0.5 * x * f64::from(super::math::erfc_f32((-x / std::f64::consts::SQRT_2) as f32)),
         Activation::GeluTanh => {
             let c = (2.0 / std::f64::consts::PI).sqrt();
             0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
@@ -264,7 +264,7 @@ impl Weights<'_> {
 /// `cpu.moe_experts.grouped` with `rows` tokens per panel and `ib` intermediate columns
 /// per block.
 fn experts(a: &MoeExpertsArgs, rows: usize, ib: usize) -> Result<HostTensor, KernelError> {
-    // What makes MoE arguments valid is defined once, by the oracle.
+    // What makes MoE arguments valid is defined once, in the core (`MoeExpertsArgs::dims`).
     let d = a.dims()?;
     let (tokens, hidden, slots, n_exp, inter) = (d.tokens, d.hidden, d.slots, d.experts, d.inter);
     let ids = match a.experts.dtype() {

@@ -1,6 +1,7 @@
 //! Reading strided tensors of any float dtype into contiguous f32 rows: the one place where
 //! layouts, strides and dtypes are resolved, so the kernels only see packed f32.
 
+use std::borrow::Cow;
 use std::sync::OnceLock;
 
 use layerzero_core::exec::executor::KernelError;
@@ -252,4 +253,18 @@ pub(crate) fn as_f32<'a>(t: &'a HostTensor, buf: &'a mut [f32]) -> &'a [f32] {
         }
     }
     &buf[..n]
+}
+
+/// The elements of `t` in logical order as f32: borrowed when `t` is contiguous f32.
+pub(crate) fn f32_cow(t: &HostTensor) -> Cow<'_, [f32]> {
+    let n = t.numel();
+    if n == 0 {
+        return Cow::Owned(Vec::new());
+    }
+    if let (Storage::F32(v), true) = (t.storage(), t.is_contiguous())
+        && let Some(s) = v.get(t.offset()..t.offset() + n)
+    {
+        return Cow::Borrowed(s);
+    }
+    Cow::Owned(t.to_f32_vec())
 }

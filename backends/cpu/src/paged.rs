@@ -11,8 +11,7 @@ use layerzero_core::tensor::{HostTensor, Storage};
 
 use smallvec::SmallVec;
 
-use super::attention::output_into;
-use super::engine::{KvAddr, KvSrc, Mods, Problem, Seq};
+use super::engine::{KvAddr, KvSrc, Mods, Problem, Seq, output_into};
 use super::pack::{Bshd, IntSlice, floats, int_slice, ints, invalid, output};
 
 /// A page cache: sizes and strides in (page, slot, head, d) order.

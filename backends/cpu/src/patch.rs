@@ -5,7 +5,7 @@
 //! contiguous values, so gathering the patches into a `[B * N, P * P * C]` matrix in
 //! (u, v, c) order is P contiguous copies per patch (widened to f32 for f16/bf16). The
 //! weight `[D, C, P, P]` is reordered once per call into `[D, P * P * C]` in the same order,
-//! and the crate's GEMM driver (`linear::sgemm`: the cache-blocked packed GEMM on AVX2 and
+//! and the crate's GEMM driver (`gemm::sgemm`: the cache-blocked packed GEMM on AVX2 and
 //! AVX-512, `matrixmultiply` elsewhere) writes `[B * N, D]`, which is the output `[B, N, D]`,
 //! over the bias. f32 accumulation, rounded once to the image's dtype.
 
@@ -14,10 +14,9 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use super::alloc::{Out, with_scratch};
-use super::linear::{F32View, sgemm};
-use super::norm::{Elem, by_dtype};
-use super::pack::read_f32;
-use super::sample::f32_cow;
+use super::gemm::{F32View, sgemm};
+use super::pack::{f32_cow, read_f32};
+use super::rows::{Elem, by_dtype};
 use super::split::worth_splitting;
 use super::wrong_op;
 use layerzero_core::exec::args::{OpArgs, Outputs, PatchEmbedArgs};
@@ -40,7 +39,7 @@ pub(crate) fn register(registry: &mut Registry) {
 
 /// `patch_embed` into the caller's `out` where it fits.
 pub(super) fn patch_embed_into(a: &PatchEmbedArgs, bufs: &mut Outputs) -> Result<Outputs, KernelError> {
-    // What makes the arguments valid is defined once, by the oracle.
+    // What makes the arguments valid is defined once, in the core (`PatchEmbedArgs::patches`).
     let g = a.patches()?;
     if !g.nhwc {
         return Err(KernelError::Unsupported(format!(

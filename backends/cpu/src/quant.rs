@@ -18,8 +18,8 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::linear::{Mat, invalid, to_tensor};
-use super::pack::read_f32;
+use super::gemm::{Mat, to_tensor};
+use super::pack::{invalid, read_f32};
 use super::wrong_op;
 use layerzero_core::exec::args::{DequantizeArgs, OpArgs, Outputs, QuantizeArgs};
 use layerzero_core::exec::executor::{KernelError, Registry};
@@ -96,7 +96,7 @@ fn x_rows<'a>(x: &'a HostTensor, holder: &'a mut Option<HostTensor>) -> Result<M
     if x.rank() == 0 {
         return Ok(Mat { st: x.storage(), off: x.offset(), rows: 1, cols: 1, rs: 1, cs: 1 });
     }
-    super::linear::rows_view(x, holder)
+    super::gemm::rows_view(x, holder)
 }
 
 fn amax(v: &[f32]) -> f32 {

@@ -10,11 +10,11 @@
 //! selection (`select_nth_unstable`) over a prefix that grows fourfold until a filter ends
 //! the kept set (top_k small: one selection of k keys), with a radix sort for large prefixes.
 
-use std::borrow::Cow;
 use std::sync::Arc;
 
 use rayon::prelude::*;
 
+use super::pack::f32_cow;
 use super::wrong_op;
 use layerzero_core::exec::args::{OpArgs, Outputs, SampleArgs};
 use layerzero_core::exec::executor::{KernelError, Registry};
@@ -37,20 +37,6 @@ pub(crate) fn register(registry: &mut Registry) {
 
 fn invalid(message: impl Into<String>) -> KernelError {
     KernelError::InvalidInput(message.into())
-}
-
-/// The elements of `t` in logical order as f32: borrowed when `t` is contiguous f32.
-pub(crate) fn f32_cow(t: &HostTensor) -> Cow<'_, [f32]> {
-    let n = t.numel();
-    if n == 0 {
-        return Cow::Owned(Vec::new());
-    }
-    if let (Storage::F32(v), true) = (t.storage(), t.is_contiguous())
-        && let Some(s) = v.get(t.offset()..t.offset() + n)
-    {
-        return Cow::Borrowed(s);
-    }
-    Cow::Owned(t.to_f32_vec())
 }
 
 use layerzero_core::exec::semantics::{SamplePlan as Plan, sample_plan, sample_uniform as uniform};

@@ -1,6 +1,8 @@
 use super::*;
+use crate::gemm::{BSrc, F32View, packed_gemm};
 use layerzero_core::exec::args::{W8a8Args, strided_copy};
 use layerzero_core::model::attrs::{Int4Attrs, NoAttrs, W8a8Attrs};
+use layerzero_core::model::layout::Layout;
 use layerzero_reference as cpu_reference;
 use layerzero_reference::test_util::values;
 
@@ -96,7 +98,7 @@ fn packed_gemm_matches_reference_on_edges_blocks_and_strides() {
         let ldc = n + 3;
         let mut c = values(m * ldc, 6);
         let mut want = c.clone();
-        packed::gemm(xv, packed::BSrc::F32(wv), &mut c, ldc, true);
+        packed_gemm(xv, BSrc::F32(wv), &mut c, ldc, true);
         for i in 0..m {
             for j in 0..n {
                 let s: f64 = (0..k).map(|p| f64::from(xa[i * k + p]) * f64::from(wb[j * k + p])).sum();
@@ -108,7 +110,7 @@ fn packed_gemm_matches_reference_on_edges_blocks_and_strides() {
         }
         // beta = 0 overwrites: what C held (NaN here) never reaches the result.
         let mut c = vec![f32::NAN; m * ldc];
-        packed::gemm(xv, packed::BSrc::F32(wv), &mut c, ldc, false);
+        packed_gemm(xv, BSrc::F32(wv), &mut c, ldc, false);
         for i in 0..m {
             for j in 0..n {
                 let s: f64 = (0..k).map(|p| f64::from(xa[i * k + p]) * f64::from(wb[j * k + p])).sum();
@@ -302,11 +304,11 @@ fn a_bf16_weight_is_packed_once_and_reused_by_later_prefills() {
     let a = lin(t(&[20, 96], 1, DType::BF16), t(&[72, 96], 2, DType::BF16), None);
     let want = reference(&OpArgs::Linear(a.clone()));
     super::prepare(&OpArgs::Linear(a.clone())).unwrap();
-    let before = super::packed_weight_stats();
+    let before = crate::packed_weight_stats();
     for _ in 0..3 {
         assert_gemm_close(&linear(&a).unwrap(), &want, 96, 1.0, "prepared bf16 prefill");
     }
-    let after = super::packed_weight_stats();
+    let after = crate::packed_weight_stats();
     // Other tests pack their own weights meanwhile; this one's three calls all hit.
     assert!(after.hits >= before.hits + 3, "{before:?} -> {after:?}");
     assert!(after.entries >= 1 && after.bytes >= (72 * 96 * 2) as u64, "{after:?}");

@@ -2,8 +2,8 @@
 
 use rayon::prelude::*;
 
-use super::gemv::chunks;
-use super::{check_bias, invalid, to_tensor};
+use super::{check_bias, invalid};
+use crate::gemm::{chunks, to_tensor};
 use crate::simd;
 use layerzero_core::exec::args::W8a8Args;
 use layerzero_core::exec::executor::KernelError;

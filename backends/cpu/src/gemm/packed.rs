@@ -86,7 +86,7 @@ fn pack_b(b: &F32View, p0: usize, kc: usize, j0: usize, nc: usize, out: &mut [f3
 /// column j is weight row j: `k` contiguous elements at `off + j * ld`), widened to f32 as
 /// they are packed, so that a bf16 model's prefill costs one pass over its weight.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum BSrc<'a> {
+pub(crate) enum BSrc<'a> {
     /// f32 data.
     F32(F32View<'a>),
     /// An NT bf16 weight [N, K] (in bounds: checked by the caller).
@@ -148,7 +148,7 @@ fn pack_a(a: &F32View, i0: usize, mr: usize, out: &mut [f32]) {
 /// `C += A . B` (`accumulate`) or `C = A . B` for an f32 view A [m, k] and B [k, n] (in
 /// bounds, m, k, n > 0) and C's m rows of `ldc` at the start of `c` (checked by the
 /// caller).
-pub(super) fn gemm(a: F32View, b: BSrc, c: &mut [f32], ldc: usize, accumulate: bool) {
+pub(crate) fn gemm(a: F32View, b: BSrc, c: &mut [f32], ldc: usize, accumulate: bool) {
     let (m, k, n) = (a.rows, a.cols, b.cols());
     // Tasks: column blocks of whole panels (at most NC wide, about 4 per thread, so that
     // work stealing evens out busy cores), and row blocks too when N is narrow.

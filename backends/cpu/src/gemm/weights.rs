@@ -9,12 +9,12 @@ use crate::pack::read_f32;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Int4W<'a> {
     /// Packed bytes [N, K/2] (i8 storage).
-    pub(super) packed: Mat<'a>,
-    pub(super) bytes: &'a [i8],
-    pub(super) scales: Mat<'a>,
-    pub(super) zeros: Option<Mat<'a>>,
-    pub(super) k: usize,
-    pub(super) g: usize,
+    pub(crate) packed: Mat<'a>,
+    pub(crate) bytes: &'a [i8],
+    pub(crate) scales: Mat<'a>,
+    pub(crate) zeros: Option<Mat<'a>>,
+    pub(crate) k: usize,
+    pub(crate) g: usize,
 }
 
 impl Int4W<'_> {

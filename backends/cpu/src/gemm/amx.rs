@@ -137,7 +137,7 @@ const MB: usize = 512;
 
 /// `out [M, N] = x . b + bias` rounded to bf16, for bf16 x [M, K] and b [K, N] (the
 /// weight); M, K, N > 0. Needs `simd::amx_bf16()`.
-pub(super) fn linear_bf16(x: &Mat, b: &Mat, bias: Option<&[f32]>) -> Vec<bf16> {
+pub(crate) fn linear_bf16(x: &Mat, b: &Mat, bias: Option<&[f32]>) -> Vec<bf16> {
     let (m, k, n) = (x.rows, x.cols, b.cols);
     let kt = k.div_ceil(32);
     let chunks = kt.div_ceil(KS);

@@ -2,8 +2,7 @@
 
 use rayon::prelude::*;
 
-use super::invalid;
-use crate::pack::read_f32;
+use crate::pack::{invalid, read_f32};
 use layerzero_core::exec::executor::KernelError;
 use layerzero_core::tensor::{HostTensor, Storage};
 
