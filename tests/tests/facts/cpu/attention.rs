@@ -51,13 +51,13 @@ fn causal_as(req: Request, alignment: CausalAlignment) -> Request {
 pub(super) fn attention_facts() -> TestResult<Vec<Fact>> {
     let k = "cpu.attention.flash";
     Ok(vec![
-        // The output is written per dtype: f32, bf16 and f16 each have an arm of
+        // The output is written per dtype: f32, bf16 and f16 each have an arm of the engine's
         // `output_into`. An fp8 q would take its `other =>` arm (computed in f32, then encoded),
         // which no test holds: fp8 is not declared, so it is declined.
-        fact(k, "dtypes", here(ATTENTION, "DType::BF16 => {"), "spr", dense(DType::BF16, 128))
+        fact(k, "dtypes", here(ENGINE, "DType::BF16 => {"), "spr", dense(DType::BF16, 128))
             .rejects(dense(DType::Fp8E4M3, 128), "DTYPE_UNSUPPORTED"),
-        fact(k, "dtypes", here(ATTENTION, "DType::F16 => {"), "spr", dense(DType::F16, 128)),
-        fact(k, "dtypes", here(ATTENTION, "DType::F32 => {"), "spr", dense(DType::F32, 128)),
+        fact(k, "dtypes", here(ENGINE, "DType::F16 => {"), "spr", dense(DType::F16, 128)),
+        fact(k, "dtypes", here(ENGINE, "DType::F32 => {"), "spr", dense(DType::F32, 128)),
         // No line bounds the head dim: q's is read here and every buffer is sized by it. 512 is
         // a conservative declaration (the tests run head dims up to 256), not a limit of the code.
         fact(k, "head_dim", here(ATTENTION, "let [b, sq, hq, d] = q.n;"), "spr", dense(DType::BF16, 512))
@@ -167,7 +167,7 @@ pub(super) fn paged_facts() -> TestResult<Vec<Fact>> {
     let k = "cpu.paged_attention.split_kv";
     let bf = |d: u64| paged_of(DType::BF16, DType::BF16, d, Layout::Nhd, DType::I32);
     Ok(vec![
-        // The output is q's dtype, written by the dense kernel's `output_into` (its f32, bf16
+        // The output is q's dtype, written by the engine's `output_into` (its f32, bf16
         // and f16 arms); an fp8 q would take the untested `other =>` arm: declined.
         fact(
             k,

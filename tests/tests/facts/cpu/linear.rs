@@ -6,10 +6,11 @@ use layerzero::model::attrs::{Activation, Int4Attrs, MlpAttrs, QuantAttrs, Quant
 use super::*;
 
 const LINEAR: &str = "backends/cpu/src/linear/mod.rs";
-const VIEW: &str = "backends/cpu/src/linear/view.rs";
+const GEMM: &str = "backends/cpu/src/gemm/mod.rs";
+const VIEW: &str = "backends/cpu/src/gemm/view.rs";
 const QUANT: &str = "backends/cpu/src/quant.rs";
 const W8A8: &str = "backends/cpu/src/linear/w8a8.rs";
-const WEIGHTS: &str = "backends/cpu/src/linear/weights.rs";
+const WEIGHTS: &str = "backends/cpu/src/gemm/weights.rs";
 const MLP: &str = "backends/cpu/src/mlp.rs";
 const PATCH: &str = "backends/cpu/src/patch.rs";
 
@@ -36,8 +37,8 @@ pub(super) fn linear_facts() -> TestResult<Vec<Fact>> {
             "spr",
             linear_of(DType::F32),
         ),
-        fact(k, "weight_layouts", here(LINEAR, "None | Some(Layout::Nt) => false,"), "spr", linear_of(DType::BF16)),
-        fact(k, "weight_layouts", here(LINEAR, "Some(Layout::Nn) => true,"), "spr", nn),
+        fact(k, "weight_layouts", here(GEMM, "None | Some(Layout::Nt) => false,"), "spr", linear_of(DType::BF16)),
+        fact(k, "weight_layouts", here(GEMM, "Some(Layout::Nn) => true,"), "spr", nn),
         // x keeps its column stride; the weight is a strided matrix view.
         fact(
             k,
@@ -235,7 +236,7 @@ pub(super) fn quant_facts() -> TestResult<Vec<Fact>> {
         fact(
             q,
             "strides",
-            here(QUANT, "super::linear::rows_view(x, holder)"),
+            here(QUANT, "super::gemm::rows_view(x, holder)"),
             "spr",
             strided(per_tensor(DType::BF16), "x")?,
         ),
@@ -327,7 +328,7 @@ pub(super) fn gemm_facts() -> TestResult<Vec<Fact>> {
     let patch = "cpu.patch_embed.im2col";
     let mlp_dims = || here(MLP, "a.dims()?;");
     let silu = || here(MLP, "*g = *g / (1.0 + simd::exp_approx(-*g)) * u;");
-    let gelu = || here(MLP, "let e = super::activation::erfc_f32(x.abs() * std::f32::consts::FRAC_1_SQRT_2);");
+    let gelu = || here(MLP, "let e = super::math::erfc_f32(x.abs() * std::f32::consts::FRAC_1_SQRT_2);");
     let gelu_tanh = || here(MLP, "let t = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);");
     let mlp = |op: Op, act: Activation| mlp_in(op, DType::BF16, act, None);
     // An NHWC view of NCHW memory ([1, 3, 224, 224] permuted): channels 50176 apart.

@@ -7,6 +7,7 @@ use super::*;
 
 const ROPE: &str = "backends/cpu/src/rope.rs";
 const NORM: &str = "backends/cpu/src/norm.rs";
+const ROWS: &str = "backends/cpu/src/rows.rs";
 const ACTIVATION: &str = "backends/cpu/src/activation.rs";
 const EMBEDDING: &str = "backends/cpu/src/embedding.rs";
 const SAMPLE: &str = "backends/cpu/src/sample.rs";
@@ -111,7 +112,7 @@ pub(super) fn row_facts() -> TestResult<Vec<Fact>> {
     let (swiglu, geglu, gelu, silu) = ("cpu.swiglu.fast", "cpu.geglu.fast", "cpu.gelu.fast", "cpu.silu.fast");
     let (embedding, sample, route) = ("cpu.embedding.fast", "cpu.sample.fast", "cpu.moe_route.fast");
     // `by_dtype!` runs f32, f16 and bf16 and refuses any other dtype as Unsupported.
-    let by_dtype = || here(NORM, "computes f32, f16 and bf16; it was given {other}");
+    let by_dtype = || here(ROWS, "computes f32, f16 and bf16; it was given {other}");
     Ok(vec![
         fact(
             rms,
@@ -134,7 +135,7 @@ pub(super) fn row_facts() -> TestResult<Vec<Fact>> {
         fact(
             rms,
             "strides",
-            here(NORM, "View::of(t, t.shape(), t.strides(), t.offset())"),
+            here(ROWS, "View::of(t, t.shape(), t.strides(), t.offset())"),
             "spr",
             strided(norm_in(Op::RmsNorm, DType::BF16, false), "x")?,
         ),
@@ -157,7 +158,7 @@ pub(super) fn row_facts() -> TestResult<Vec<Fact>> {
         fact(
             ln,
             "strides",
-            here(NORM, "View::of(t, t.shape(), t.strides(), t.offset())"),
+            here(ROWS, "View::of(t, t.shape(), t.strides(), t.offset())"),
             "spr",
             strided(norm_in(Op::LayerNorm, DType::BF16, false), "x")?,
         ),
@@ -312,7 +313,7 @@ pub(super) fn row_facts() -> TestResult<Vec<Fact>> {
         fact(
             sample,
             "strides",
-            here(SAMPLE, "Cow::Owned(t.to_f32_vec())"),
+            here(PACK, "Cow::Owned(t.to_f32_vec())"),
             "spr",
             strided(sample_in(DType::BF16, 128256), "logits")?,
         ),
