@@ -1,4 +1,4 @@
-//! Packed f32 GEMM tile: the microkernel of the cache-blocked GEMM in `linear::packed`.
+//! Packed f32 GEMM tile: the microkernel of the cache-blocked GEMM in `gemm::packed`.
 
 use super::{Level, level};
 
