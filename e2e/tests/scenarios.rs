@@ -5,9 +5,13 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
-    let filter: Vec<String> = std::env::var("LAYERZERO_E2E")
-        .map(|v| v.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect())
-        .unwrap_or_default();
+    let filter = match layerzero::knobs::E2E.value_in(&layerzero::knobs::process_env) {
+        Ok(sections) => sections.items,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let catalog = match layerzero::capabilities::catalog::Catalog::builtin() {
         Ok(c) => c,
         Err(e) => {

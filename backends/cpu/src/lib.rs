@@ -10,7 +10,7 @@
 //! |---|---|
 //! | `rows` | the element-wise/row driver: strided views read as rows, output element types, `fill` |
 //! | `gemm` | the GEMM driver: prefill GEMM (packed, `matrixmultiply`, AMX, bf16 pairs), decode GEMV |
-//! | `engine` | the attention engine that dense and paged attention share, and their output |
+//! | `engine` | the attention engine that dense and paged attention share (tiles; `decode`: the split-KV path of few queries), and their output |
 //! | `pack` | strided tensors of any dtype read as f32, index tensors, BSHD/BHSD views |
 //! | `alloc` | output buffers (huge pages, alignment, per-thread scratch) |
 //! | `simd` | AVX-512/AVX2 loops and microkernels, picked at run time |
@@ -19,7 +19,7 @@
 //!
 //! | Kernels | |
 //! |---|---|
-//! | `attention`, `paged`, `decode` | attention on the engine (`decode`: its split-KV path for few queries) |
+//! | `attention`, `paged` | dense and paged attention on the engine |
 //! | `norm`, `activation`, `embedding`, `rope` | row kernels (all but `rope` on `rows`) |
 //! | `linear`, `mlp`, `patch`, `moe` | matrix products (all but `moe` on `gemm`) |
 //! | `quant`, `sample` | quantize and dequantize; token sampling |
@@ -40,7 +40,6 @@ pub mod split;
 // The kernels.
 mod activation;
 mod attention;
-mod decode;
 mod embedding;
 mod linear;
 mod mlp;

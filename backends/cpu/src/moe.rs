@@ -23,6 +23,7 @@ use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::pack::f32_cow;
+use super::pack::invalid;
 use super::wrong_op;
 use layerzero_core::exec::args::{MoeExpertsArgs, MoeRouteArgs, OpArgs, Outputs};
 use layerzero_core::exec::executor::{KernelError, Registry};
@@ -56,10 +57,6 @@ pub(crate) fn register(registry: &mut Registry) {
             other => Err(wrong_op(MOE_EXPERTS, other)),
         }),
     );
-}
-
-fn invalid(message: impl Into<String>) -> KernelError {
-    KernelError::InvalidInput(message.into())
 }
 
 fn failed(e: impl std::fmt::Display) -> KernelError {

@@ -10,7 +10,7 @@
 //! about 32K elements; small inputs run on the calling thread.
 //!
 //! Every output is a new buffer, so first-touch page faults, not the arithmetic, would set
-//! the pace: large outputs ask for huge pages (`alloc`). `benches/rows.rs` compares each
+//! the pace: large outputs ask for huge pages (`alloc`). `layerzero/benches/rows.rs` compares each
 //! kernel with a copy of the same bytes into a new buffer.
 
 use std::sync::Arc;

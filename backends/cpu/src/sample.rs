@@ -15,6 +15,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use super::pack::f32_cow;
+use super::pack::invalid;
 use super::wrong_op;
 use layerzero_core::exec::args::{OpArgs, Outputs, SampleArgs};
 use layerzero_core::exec::executor::{KernelError, Registry};
@@ -33,10 +34,6 @@ pub(crate) fn register(registry: &mut Registry) {
             other => Err(wrong_op(SAMPLE, other)),
         }),
     );
-}
-
-fn invalid(message: impl Into<String>) -> KernelError {
-    KernelError::InvalidInput(message.into())
 }
 
 use layerzero_core::exec::semantics::{SamplePlan as Plan, sample_plan, sample_uniform as uniform};

@@ -3,7 +3,7 @@
 use super::*;
 
 const ATTENTION: &str = "backends/cpu/src/attention.rs";
-const ENGINE: &str = "backends/cpu/src/engine.rs";
+const ENGINE: &str = "backends/cpu/src/engine/mod.rs";
 const PAGED: &str = "backends/cpu/src/paged.rs";
 
 /// `[1, 128, 8, d]` dense self-attention in `dtype` (BSHD).

@@ -8,6 +8,8 @@
 //! queries run the split-KV decode path (`decode.rs`). Every output row is written once, in
 //! the output dtype, by the unit that computes it.
 
+mod decode;
+
 use half::{bf16, f16};
 use rayon::prelude::*;
 use smallvec::SmallVec;
@@ -22,7 +24,7 @@ use layerzero_core::tensor::{HostTensor, Storage};
 
 use super::alloc::{Aligned, Out};
 use super::pack::{self, Bshd, IntSlice, invalid, out_index, read_f32};
-use super::{decode, simd};
+use super::simd;
 
 /// Keys per tile of the tiled path.
 pub(crate) const BK: usize = 256;

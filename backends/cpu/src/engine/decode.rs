@@ -6,10 +6,10 @@
 use rayon::prelude::*;
 use smallvec::SmallVec;
 
-use super::alloc::with_scratch;
-use super::engine::{Problem, Unit};
-use super::pack::out_index;
-use super::simd;
+use super::{Problem, Unit};
+use crate::alloc::with_scratch;
+use crate::pack::out_index;
+use crate::simd;
 use layerzero_core::model::layout::Layout;
 
 /// Smallest chunk of keys per task (measured on a 125M model's decode, 576 keys on 2
@@ -85,7 +85,7 @@ pub(crate) fn run<T: Send>(
             seq.sk * (h1 - h0) * (p.d + dv) * elem
         })
         .sum();
-    let split = super::split::worth_splitting(kv_bytes);
+    let split = crate::split::worth_splitting(kv_bytes);
     let want = if split { 4 * rayon::current_num_threads() } else { 1 };
     let per_group = want.div_ceil(units.len()).max(1);
     let mut tasks: SmallVec<[Task; 64]> = SmallVec::new();
@@ -157,7 +157,7 @@ fn task(p: &Problem, t: &Task, buf: &mut [f32]) {
     o.fill(0.0);
     mrow.fill(f32::NEG_INFINITY);
     lrow.fill(0.0);
-    let mut ranges = [(0usize, 0usize); super::engine::DECODE_MAX_SQ];
+    let mut ranges = [(0usize, 0usize); super::DECODE_MAX_SQ];
     for (i, r) in ranges.iter_mut().enumerate().take(sq) {
         *r = p.range(seq, i);
     }
