@@ -12,7 +12,7 @@ safetensors metadata:
 
 Inputs are stored in the request dtype; the expected output is computed in float64 from the
 dtype-rounded inputs and cast to the output dtype. The semantics followed are those of
-layerzero/src/exec/args.rs and layerzero/src/exec/semantics.rs. A query row with no visible
+core/src/exec/args.rs and core/src/exec/semantics.rs. A query row with no visible
 key yields zeros (LayerZero's definition; torch gives NaN there). Integer and fp8 outputs
 (quantize, moe_route's experts) are computed with the documented float32 arithmetic and
 must match exactly.
