@@ -1,0 +1,401 @@
+//! Building a handle: for this machine (`host`, `host_with`, `detected`), for a named one
+//! (`planning`), over an explicit selector (`new`), and the builders that change its parts and
+//! rebuild what derives from them (selector, executors by index, plan, cache context).
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+
+use super::counters::Striped;
+use super::{LayerZero, Live, MEMO_SLOTS, Parts, RECENT_DECISIONS, context_of, faults, flight, refused};
+use crate::capabilities::catalog::Catalog;
+use crate::error::{Error, Result};
+use crate::exec::executor::{Executor, Registry};
+use crate::hardware::named;
+use crate::hardware::profile::HardwareProfile;
+use crate::health::{Health, HealthConfig};
+use crate::host::detect;
+use crate::knobs::Settings;
+use crate::plan::PlanMode;
+use crate::plan::typed::KeyMemo;
+use crate::plan::{DispatchTable, Plan, SelectionCache};
+use crate::policy::Policy;
+use crate::reason::Reason;
+use crate::score::calibration::Calibration;
+use crate::score::measured::Measurements;
+use crate::select::{Availability, Selector};
+
+impl LayerZero {
+    /// This machine: the shipped capabilities, detected hardware, probed backends and the
+    /// builtin executors, configured by the `LAYERZERO_*` knobs of the process environment
+    /// ([`LayerZero::host_with`] of [`Settings::from_env`]; a bad value is an error naming it).
+    pub fn host() -> Result<LayerZero> {
+        LayerZero::host_with(Settings::from_env()?)
+    }
+
+    /// This machine configured by `settings`: `LAYERZERO_POLICY` (a policy file) and the knobs
+    /// that override its fields (health thresholds, deadline, output checks, rules),
+    /// `LAYERZERO_DISPATCH_TABLE` with `LAYERZERO_PLAN_MODE`, `LAYERZERO_CACHE_CAPACITY`,
+    /// `LAYERZERO_FAULTS`, the PerfDB (`LAYERZERO_PERFDB`, else `$LAYERZERO_HOME/perfdb.sqlite`)
+    /// and the cost-model calibration (`LAYERZERO_CALIBRATION`, else
+    /// `$LAYERZERO_HOME/calibration.json`) when their files exist.
+    pub fn host_with(settings: Settings) -> Result<LayerZero> {
+        let mut lz = LayerZero::detected()?;
+        let mut policy = match &settings.policy {
+            Some(path) => Policy::load(path)?,
+            None => Policy::default(),
+        };
+        // A drill checks outputs, so an injected `nan` falls back instead of flowing on
+        // (LAYERZERO_VALIDATE_OUTPUTS, applied next, still has the last word).
+        if settings.faults.is_some() {
+            policy.validate_outputs = true;
+        }
+        policy.apply_overrides(&settings.policy_overrides());
+        lz = lz.with_policy(policy)?;
+        lz = lz.with_cache_capacity(usize::try_from(settings.cache_capacity).unwrap_or(usize::MAX));
+        #[cfg(feature = "perfdb")]
+        if settings.perfdb_path().exists() {
+            lz = lz.with_perfdb(&settings.perfdb_path())?;
+        }
+        // A calibration that does not load is left out (`lz doctor` says why): the capability
+        // files' coefficients still model every kernel.
+        let calibration = settings.calibration_path();
+        if calibration.exists()
+            && let Ok(c) = Calibration::load(&calibration)
+        {
+            lz = lz.with_calibration(Arc::new(c))?;
+        }
+        if let Some(path) = &settings.dispatch_table {
+            lz = lz.with_plan_file(path, settings.plan_mode)?;
+        }
+        if let Some(spec) = &settings.faults {
+            lz = lz.with_faults(spec)?;
+        }
+        lz.parts.settings = Arc::new(settings);
+        Ok(lz)
+    }
+
+    /// The settings this handle was configured with (for a handle not built by
+    /// [`LayerZero::host`], the process's: `host::process`).
+    pub fn settings(&self) -> &Settings {
+        &self.parts.settings
+    }
+
+    /// Injects the faults `spec` describes (`KERNEL_OR_BACKEND=MODE[,...]`, the syntax of
+    /// `LAYERZERO_FAULTS`) into this handle's dispatches: a drill of fallback, breakers and
+    /// reports on a healthy machine. An empty spec removes them.
+    pub fn with_faults(mut self, spec: &str) -> Result<LayerZero> {
+        let rules = faults::parse(spec)?;
+        self.faults = if rules.is_empty() {
+            None
+        } else {
+            Some(Arc::new(faults::Faults::resolve(spec, &rules, &self.parts.catalog)?))
+        };
+        Ok(self)
+    }
+
+    /// The fault spec in force, if any (`lz doctor` shows it).
+    pub fn faults(&self) -> Option<&str> {
+        self.faults.as_deref().map(faults::Faults::spec)
+    }
+
+    /// This machine with the default policy and no knobs read: detected hardware, probed
+    /// backends, builtin executors.
+    pub fn detected() -> Result<LayerZero> {
+        LayerZero::detected_with(Catalog::builtin()?)
+    }
+
+    /// [`LayerZero::detected`] over another catalog (capability files of your own).
+    pub fn detected_with(catalog: Arc<Catalog>) -> Result<LayerZero> {
+        let hardware = Arc::new(detect::detect_host().profile);
+        let availability = crate::host::probe::probe(&catalog, &hardware);
+        let cpu_memory =
+            hardware.devices.iter().find(|d| d.kind == crate::model::device::DeviceKind::Cpu).map(|d| d.memory_bytes);
+        let lz = LayerZero::build(
+            catalog,
+            hardware,
+            availability,
+            Arc::new(Policy::default()),
+            crate::host::builtin_registry(),
+        )?;
+        match cpu_memory {
+            Some(total) => lz.with_memory_gauge(crate::host::memory::gauge(total)),
+            None => Ok(lz),
+        }
+    }
+
+    /// Checks workspaces of CPU requests against `gauge`'s live headroom instead of the
+    /// profile's memory, and prefers smaller workspaces while it reads under pressure. Host
+    /// handles use the process-wide gauge (`host::memory::gauge`); an engine may feed its own.
+    pub fn with_memory_gauge(mut self, gauge: Arc<crate::hardware::memory::MemoryGauge>) -> Result<LayerZero> {
+        self.parts.memory = Some(gauge);
+        self.rebuilt(None)
+    }
+
+    /// Plans for a named hardware profile (`lz hardware --list`) or a profile file: every
+    /// backend counts as installed; only the builtin executors can run.
+    pub fn planning(hardware: &str) -> Result<LayerZero> {
+        let catalog = Catalog::builtin()?;
+        let availability = Availability::planning(&catalog);
+        let hardware = Arc::new(named::load(hardware)?);
+        LayerZero::build(catalog, hardware, availability, Arc::new(Policy::default()), crate::host::builtin_registry())
+    }
+
+    /// A handle over an explicit selector (a custom catalog, a test profile) and executors.
+    /// Backends with a registered executor count as available where the host has their device.
+    pub fn new(selector: Selector, registry: Registry) -> Result<LayerZero> {
+        let calibration = selector.calibration().cloned().map(Arc::new);
+        let (catalog, hardware, policy, availability, measurements) = selector.into_parts();
+        let mut availability = (*availability).clone();
+        for kernel in registry.kernels() {
+            availability.mark_registered(&catalog, &hardware, kernel);
+        }
+        let mut lz = LayerZero::build(catalog, hardware, availability, policy, registry)?;
+        if measurements.is_some() || calibration.is_some() {
+            lz.parts.measurements = measurements;
+            lz.parts.calibration = calibration;
+            lz = lz.rebuilt(None)?;
+        }
+        Ok(lz)
+    }
+
+    fn build(
+        catalog: Arc<Catalog>,
+        hardware: Arc<HardwareProfile>,
+        availability: Availability,
+        policy: Arc<Policy>,
+        registry: Registry,
+    ) -> Result<LayerZero> {
+        let health = Arc::new(Health::new(&catalog, HealthConfig::of(&policy)));
+        let parts = Parts {
+            catalog,
+            hardware,
+            availability,
+            measurements: None,
+            calibration: None,
+            table: None,
+            table_rejection: None,
+            plan_mode: PlanMode::Prefer,
+            memory: None,
+            scope: None,
+            settings: Arc::new(crate::host::process().clone()),
+        };
+        let slots = usize::try_from(*crate::knobs::CACHE_CAPACITY.default()).unwrap_or(usize::MAX);
+        LayerZero::assemble(parts, registry, health, policy, slots)
+    }
+
+    /// A handle of `parts` with empty caches and counters, sharing `health`.
+    pub(super) fn assemble(
+        parts: Parts,
+        registry: Registry,
+        health: Arc<Health>,
+        policy: Arc<Policy>,
+        cache_slots: usize,
+    ) -> Result<LayerZero> {
+        let selector = Selector::new(
+            parts.catalog.clone(),
+            parts.hardware.clone(),
+            policy.clone(),
+            Arc::new(parts.availability.clone()),
+        )?;
+        let context = context_of(&selector, parts.scope.as_deref());
+        let max_workspace = parts.catalog.kernels().map(|(_, _, k)| k.properties.workspace_bytes).max().unwrap_or(0);
+        let lz = LayerZero {
+            parts,
+            executors: Box::new([]),
+            registry,
+            health,
+            runners: OnceLock::new(),
+            live: ArcSwap::from_pointee(Live {
+                declared: policy,
+                selector: Arc::new(selector),
+                context,
+                plan_rejection: None,
+                plan_on: false,
+            }),
+            swap: Mutex::new(()),
+            plan: None,
+            plan_on: AtomicBool::new(false),
+            quiet: AtomicBool::new(false),
+            context: AtomicU64::new(context),
+            next_expiry: AtomicI64::new(i64::MAX),
+            policy_swaps: AtomicU64::new(0),
+            policy_error: Mutex::new(None),
+            cache: SelectionCache::new(cache_slots),
+            typed_cache: SelectionCache::new(cache_slots),
+            memo: KeyMemo::new(MEMO_SLOTS),
+            flights: flight::Flights::default(),
+            max_workspace,
+            check_inputs: AtomicBool::new(false),
+            counters: Striped::default(),
+            faults: None,
+            recent: crate::telemetry::Recent::new(RECENT_DECISIONS),
+        };
+        lz.rebuilt(None)
+    }
+
+    /// Recomputes everything derived from the parts (under `policy`, else the current one):
+    /// the selector, executors by index, the verified plan, the cache context.
+    fn rebuilt(mut self, policy: Option<Arc<Policy>>) -> Result<LayerZero> {
+        self.rebuild(policy)?;
+        Ok(self)
+    }
+
+    /// [`rebuilt`](LayerZero::rebuilt) in place.
+    pub(super) fn rebuild(&mut self, policy: Option<Arc<Policy>>) -> Result<()> {
+        let p = &self.parts;
+        let declared = policy.unwrap_or_else(|| self.live.load().declared.clone());
+        let now = crate::time::now_unix();
+        let policy = Arc::new(declared.in_force_at(now));
+        let health = HealthConfig::of(&policy);
+        let mut selector =
+            Selector::new(p.catalog.clone(), p.hardware.clone(), policy, Arc::new(p.availability.clone()))?;
+        if let Some(m) = &p.measurements {
+            selector = selector.with_measurements(m.clone());
+        }
+        if let Some(c) = &p.calibration {
+            selector = selector.with_calibration(c.clone());
+        }
+        if let Some(g) = &p.memory {
+            selector = selector.with_memory(g.clone());
+        }
+        self.health.configure(health);
+        self.executors = p.catalog.kernels().map(|(_, _, k)| self.registry.get(&k.id).cloned()).collect();
+        let mut rejection = p.table_rejection.clone();
+        self.plan = None;
+        if let (Some(table), true) = (&p.table, p.plan_mode != PlanMode::Off) {
+            match super::scope::tokenizer_check(table, p.scope.as_deref()).and_then(|()| Plan::new(table, &selector)) {
+                Ok(mut plan) => {
+                    plan.bind(|k| self.executors.get(k).cloned().flatten());
+                    self.plan = Some(plan);
+                }
+                Err(reason) if p.plan_mode == PlanMode::Strict => return Err(refused(reason)),
+                Err(reason) => rejection = Some(reason),
+            }
+        }
+        let context = context_of(&selector, self.parts.scope.as_deref());
+        self.plan_on = AtomicBool::new(self.plan.is_some());
+        self.quiet = AtomicBool::new(self.plan.is_none() && rejection.is_none());
+        self.context = AtomicU64::new(context);
+        self.next_expiry = AtomicI64::new(declared.next_expiry_after(now).unwrap_or(i64::MAX));
+        let plan_on = self.plan.is_some();
+        self.live = ArcSwap::from_pointee(Live {
+            declared,
+            selector: Arc::new(selector),
+            context,
+            plan_rejection: rejection,
+            plan_on,
+        });
+        self.cache = SelectionCache::new(self.cache.capacity());
+        self.typed_cache = SelectionCache::new(self.cache.capacity());
+        Ok(())
+    }
+
+    /// The same handle under `policy`. Fails when a rule names no kernel of the catalog, or
+    /// (strict plan mode) when the plan was solved under another policy.
+    pub fn with_policy(self, policy: Policy) -> Result<LayerZero> {
+        self.rebuilt(Some(Arc::new(policy)))
+    }
+
+    /// Loads a dispatch table. `Off` ignores it. A table whose schema version, hardware,
+    /// capabilities or policy does not match is refused with the matching reason: in
+    /// `Strict` mode as an error, in `Prefer` mode recorded (every live selection then
+    /// carries the reason) while the handle selects live. Each entry is re-judged here, so a
+    /// table can never run an ineligible kernel.
+    pub fn with_plan(mut self, table: &DispatchTable, mode: PlanMode) -> Result<LayerZero> {
+        self.parts.table = Some(table.clone());
+        self.parts.table_rejection = None;
+        self.parts.plan_mode = mode;
+        self.rebuilt(None)
+    }
+
+    /// Reads and loads a dispatch table file; an unreadable or invalid file is an error in
+    /// `Strict` mode and a recorded reason otherwise.
+    pub fn with_plan_file(self, path: &Path, mode: PlanMode) -> Result<LayerZero> {
+        match DispatchTable::read(path) {
+            Ok(table) => self.with_plan(&table, mode),
+            Err(rejected) if mode == PlanMode::Strict => Err(rejected.error),
+            Err(rejected) => self.with_plan_rejection(rejected.reason, mode),
+        }
+    }
+
+    /// Records a table that could not be read (`Prefer`: live selection with the reason).
+    pub fn with_plan_rejection(mut self, reason: Reason, mode: PlanMode) -> Result<LayerZero> {
+        if mode == PlanMode::Strict {
+            return Err(refused(reason));
+        }
+        self.parts.table = None;
+        self.parts.plan_mode = mode;
+        self.parts.table_rejection = (mode != PlanMode::Off).then_some(reason);
+        self.rebuilt(None)
+    }
+
+    /// Scores with measured times from the PerfDB at `path` (rows for this hardware's
+    /// fingerprint). A damaged file is moved aside and rebuilt, as `lz doctor` reports.
+    #[cfg(feature = "perfdb")]
+    pub fn with_perfdb(self, path: &Path) -> Result<LayerZero> {
+        let opened = crate::perfdb::PerfDb::open(path)?;
+        let rows = opened.db.rows_for(&self.parts.hardware.fingerprint)?;
+        let m = Measurements::build(
+            rows.iter().map(crate::score::measured::Measured::from),
+            &self.parts.catalog,
+            &self.parts.hardware,
+        );
+        self.with_measurements(Arc::new(m))
+    }
+
+    /// Models with `calibration`'s fitted coefficients where it has them (only when it was
+    /// fitted on this handle's machine: same hardware fingerprint).
+    pub fn with_calibration(mut self, calibration: Arc<crate::score::calibration::Calibration>) -> Result<LayerZero> {
+        self.parts.calibration = Some(calibration);
+        self.rebuilt(None)
+    }
+
+    /// The calibration the selector uses, if any.
+    pub fn calibration(&self) -> Option<&crate::score::calibration::Calibration> {
+        self.parts.calibration.as_deref().filter(|c| c.fingerprint == self.parts.hardware.fingerprint)
+    }
+
+    /// Scores with these measurements where they are confident.
+    pub fn with_measurements(mut self, measurements: Arc<Measurements>) -> Result<LayerZero> {
+        self.parts.measurements = (!measurements.is_empty()).then_some(measurements);
+        self.rebuilt(None)
+    }
+
+    /// Binds `kernel_id` to `executor` and marks its backend available (where this machine
+    /// has the backend's device). Fails when the catalog has no such kernel.
+    pub fn register(mut self, kernel_id: &str, executor: Arc<dyn Executor>) -> Result<LayerZero> {
+        if self.parts.catalog.find(kernel_id).is_none() {
+            return Err(Error::invalid(format!(
+                "kernel {kernel_id:?} is not in the catalog; an executor can only be registered for a declared kernel"
+            )));
+        }
+        self.registry.register(kernel_id, executor);
+        let p = &mut self.parts;
+        p.availability.mark_registered(&p.catalog, &p.hardware, kernel_id);
+        self.rebuilt(None)
+    }
+
+    /// The same handle with a selection cache of `slots` slots (0 disables caching).
+    pub fn with_cache_capacity(mut self, slots: usize) -> LayerZero {
+        self.cache = SelectionCache::new(slots);
+        self.typed_cache = SelectionCache::new(slots);
+        self
+    }
+
+    /// Whether dispatch scans float inputs for NaN/Inf and reports them
+    /// ([`Dispatch::input_flags`]). Off by default: the scan reads every input element.
+    pub fn with_input_check(mut self, on: bool) -> LayerZero {
+        self.check_inputs = AtomicBool::new(on);
+        self
+    }
+
+    /// Turns the NaN/Inf scan of dispatch inputs on or off on a shared handle (`lz run`
+    /// scans the inputs of its first dispatch, not of every repeat).
+    pub fn set_input_check(&self, on: bool) {
+        self.check_inputs.store(on, Ordering::Relaxed);
+    }
+}
