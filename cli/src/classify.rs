@@ -3,9 +3,9 @@
 use super::args::ClassifyCmd;
 use super::{Outcome, print_json};
 use layerzero::error::{Error, ErrorKind, Result};
-use layerzero::llm;
 use layerzero::runtime::LayerZero;
 use layerzero::tensor::io;
+use layerzero_llm as llm;
 
 /// `lz classify`: an image through a ViT.
 pub(super) fn classify(a: ClassifyCmd) -> Result<Outcome> {

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use super::args::DiffCmd;
 use super::{Outcome, print_json};
 use layerzero::error::{Error, Result};
-use layerzero::llm;
 use layerzero::tensor::io;
+use layerzero_llm as llm;
 
 /// A dump file, or a folder holding `dump.safetensors` (or `reference.safetensors`).
 fn dump_file(p: &Path) -> PathBuf {

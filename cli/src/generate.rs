@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 use super::args::{GenerateCmd, WorkloadCmd};
 use super::{Outcome, print_json};
 use layerzero::error::{Error, ErrorKind, Result};
-use layerzero::llm::{self, Generation, KvKind, Model, Tokenizer};
 use layerzero::model::dtype::DType;
 use layerzero::runtime::LayerZero;
 use layerzero::tensor::{HostTensor, Storage, io};
+use layerzero_llm::{self as llm, Generation, KvKind, Model, Tokenizer};
 
 pub(super) fn parse_dtype(d: Option<&str>) -> Result<Option<DType>> {
     match d {

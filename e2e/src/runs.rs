@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use layerzero::LayerZero;
-use layerzero::llm::{self, Generation, Model, ModelScope};
 use layerzero::tensor::{HostTensor, io};
+use layerzero_llm::{self as llm, Generation, Model, ModelScope};
 use serde::Deserialize;
 
 /// One execution of a scenario (unknown fields are refused by its kind).

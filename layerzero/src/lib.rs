@@ -43,7 +43,6 @@ pub mod backend;
 pub mod health;
 pub mod host;
 pub mod knobs;
-pub mod llm;
 #[cfg(feature = "perfdb")]
 pub mod perfdb;
 pub mod readiness;

@@ -8,13 +8,13 @@ use std::sync::Mutex;
 
 use layerzero::LayerZero;
 use layerzero::exec::args::{EmbeddingArgs, LinearArgs, MlpArgs, NormArgs, OpArgs, Outputs, RopeArgs};
-use layerzero::llm::Model;
-use layerzero::llm::forward::{KvKind, Session};
 use layerzero::model::attrs::{MlpAttrs, NoAttrs, NormAttrs, RopeAttrs};
 use layerzero::model::dtype::DType;
 use layerzero::model::layout::Layout;
 use layerzero::policy::Policy;
 use layerzero::tensor::{HostTensor, Storage};
+use layerzero_llm::Model;
+use layerzero_llm::forward::{KvKind, Session};
 use layerzero_tests::TestResult;
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 

@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use layerzero::LayerZero;
-use layerzero::llm::Generation;
-use layerzero::llm::seq2seq::{self, Seq2SeqModel};
 use layerzero::schema::{SchemaKind, violations};
 use layerzero::tensor::{HostTensor, io};
+use layerzero_llm::Generation;
+use layerzero_llm::seq2seq::{self, Seq2SeqModel};
 use layerzero_tests::{TestResult, lz, repo_root};
 
 fn dir() -> PathBuf {
@@ -46,7 +46,7 @@ fn bart_matches_hf_at_every_encoder_and_decoder_stage_and_token() -> TestResult 
         "generated_ids".into(),
         HostTensor::from_f32(&[n], out.sequences[0].generated_ids.iter().map(|&t| t as f32).collect())?,
     );
-    let report = layerzero::llm::diff::diff(&ours, &r, 1e-5)?;
+    let report = layerzero_llm::diff::diff(&ours, &r, 1e-5)?;
     let (enc, dec) = (model.config.encoder_layers, model.config.decoder_layers);
     // Per encoder layer 4 stages and its output, per decoder layer 6 and its output, the two
     // embeddings and every step's logits.

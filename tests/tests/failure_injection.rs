@@ -282,7 +282,7 @@ fn kv_cache_metadata_dtype_or_layout_mismatch_is_rejected_naming_both_tensors() 
 fn tokenizer_hash_mismatch_in_vocab_merges_or_special_tokens_is_refused() -> TestResult {
     let model = repo_root().join("tests/models/llama-gqa");
     let original = std::fs::read_to_string(model.join("tokenizer.json"))?;
-    let pinned = layerzero::llm::Tokenizer::parse(&original, "tokenizer.json").map(|t| t.hash().to_owned())?;
+    let pinned = layerzero_llm::Tokenizer::parse(&original, "tokenizer.json").map(|t| t.hash().to_owned())?;
     let v: serde_json::Value = serde_json::from_str(&original)?;
     let mut changes: Vec<(&str, serde_json::Value)> = Vec::new();
     let mut vocab = v.clone();

@@ -1,5 +1,6 @@
 //! LayerZero integration tests: through the public API and the `lz` CLI.
 
+mod architecture;
 mod cli;
 mod cli_plans;
 mod concurrency;

@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 
 use layerzero::LayerZero;
 use layerzero::backend::cpu::packed_weight_stats;
-use layerzero::llm::{self, Generation, Model};
 use layerzero::model::op::Op;
 use layerzero::schema::{SchemaKind, violations};
 use layerzero::tensor::{HostTensor, io};
+use layerzero_llm::{self as llm, Generation, Model};
 use layerzero_tests::{TestResult, lz, repo_root};
 
 fn models() -> PathBuf {

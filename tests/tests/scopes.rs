@@ -5,10 +5,10 @@
 use std::path::{Path, PathBuf};
 
 use layerzero::LayerZero;
-use layerzero::llm::{Generation, Model, ModelScope, Tokenizer};
 use layerzero::reason::ReasonCode;
 use layerzero::runtime::{PlanMode, SelectionSource};
 use layerzero::tensor::{HostTensor, io};
+use layerzero_llm::{Generation, Model, ModelScope, Tokenizer};
 use layerzero_tests::{TestResult, lz, repo_root};
 
 fn models() -> PathBuf {

@@ -5,9 +5,9 @@
 use std::path::PathBuf;
 
 use layerzero::LayerZero;
-use layerzero::llm::{self, Generation, Model, Session};
 use layerzero::schema::{SchemaKind, violations};
 use layerzero::tensor::io;
+use layerzero_llm::{self as llm, Generation, Model, Session};
 use layerzero_tests::{TestResult, lz, repo_root};
 
 fn models() -> PathBuf {

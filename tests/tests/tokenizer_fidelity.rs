@@ -7,7 +7,7 @@
 //! Fixtures: `tools/gen_tokenizer_fixtures.py` (Python `tokenizers` 0.23.2, whose regex engine
 //! is Oniguruma where the Rust crate's is pure Rust).
 
-use layerzero::llm::tokenizer::Tokenizer;
+use layerzero_llm::tokenizer::Tokenizer;
 use layerzero_tests::{TestResult, repo_root};
 
 fn fixtures() -> std::path::PathBuf {

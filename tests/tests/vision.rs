@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use layerzero::LayerZero;
-use layerzero::llm::vit::{self, Preprocess, VitModel};
 use layerzero::model::layout::Layout;
 use layerzero::tensor::{HostTensor, io};
+use layerzero_llm::vit::{self, Preprocess, VitModel};
 use layerzero_tests::{TestResult, lz, repo_root};
 
 fn dir() -> PathBuf {
@@ -31,7 +31,7 @@ fn every_image_form_classifies_as_hf_does_at_every_stage() -> TestResult {
         let image = vit::read_image(&dir().join(file), &model, &pre).map_err(|e| format!("{file}: {e}"))?;
         assert_eq!(image.layout(), Some(layout), "{file}");
         let out = vit::classify(&model, &lz, &image, true).map_err(|e| format!("{file}: {e}"))?;
-        let report = layerzero::llm::diff::diff(&out.dump, &r, 1e-5).map_err(|e| format!("{file}: {e}"))?;
+        let report = layerzero_llm::diff::diff(&out.dump, &r, 1e-5).map_err(|e| format!("{file}: {e}"))?;
         // The patch embedding, L + 1 hidden states, 7 stages per block, the final norm,
         // the pooled row and the logits.
         let layers = model.config.layers;

@@ -3,6 +3,13 @@
 //! every op is a [`crate::LayerZero::dispatch`], so selection, plans, caches, fallback and
 //! counters are exercised by a real workload.
 
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+// The runtime's modules under the names this crate's code gives them.
+use crate as llm;
+use layerzero::{error, exec, files, key, knobs, model, plan, reason, runtime, tensor, transform};
+
 pub mod config;
 pub mod diff;
 pub mod forward;
