@@ -234,7 +234,7 @@ impl LayerZero {
     /// Lets the kernel that `args` select prepare its constant operands before the first
     /// call (the `cpu` linear packs a bf16 weight into pair panels, once, kept while the
     /// weight lives); returns that kernel's id. Call it at load with arguments of the shape
-    /// the engine will run (`llm::Session` does, with a prefill's shape, for every
+    /// the engine will run (`layerzero_llm::Session` does, with a prefill's shape, for every
     /// projection). A kernel that fails to prepare is an error; running it later still
     /// works (it prepares on first use).
     pub fn prepare(&self, args: &OpArgs) -> Result<String> {
