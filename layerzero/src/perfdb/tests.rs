@@ -1,4 +1,5 @@
 use super::*;
+use crate::TestResult;
 
 fn row(kernel: &str, fingerprint: &str, bucket: &str, median: f64) -> Row {
     Row {
@@ -20,8 +21,6 @@ fn row(kernel: &str, fingerprint: &str, bucket: &str, median: f64) -> Row {
         created_at: 1_700_000_000,
     }
 }
-
-type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
 
 fn fresh(dir: &tempfile::TempDir) -> Result<PerfDb> {
     let opened = PerfDb::open(&dir.path().join("sub/dir/perfdb.sqlite"))?;
