@@ -227,16 +227,17 @@ mod tests {
     #[test]
     fn special_files_are_neither_read_nor_replaced() -> TestResult {
         let dir = tempfile::tempdir()?;
-        let err = write(dir.path(), b"x", &[]).err().map(|e| e.to_string()).unwrap_or_default();
+        let err = write(dir.path(), b"x", &[]).err().ok_or("writing over a folder must be refused")?.to_string();
         assert!(err.contains("is a directory") && err.contains("writes only regular files"), "{err}");
         assert!(leftovers(dir.path().parent().unwrap_or(dir.path()))?.iter().all(|n| !n.contains(".tmp.")));
-        let err = read(dir.path()).err().map(|e| e.to_string()).unwrap_or_default();
+        let err = read(dir.path()).err().ok_or("reading a folder must be refused")?.to_string();
         assert!(err.contains("is a directory") && err.contains("reads only regular files"), "{err}");
         #[cfg(unix)]
         if Path::new("/dev/full").exists() {
-            let err = write(Path::new("/dev/full"), b"x", &[]).err().map(|e| e.to_string()).unwrap_or_default();
+            let err =
+                write(Path::new("/dev/full"), b"x", &[]).err().ok_or("writing /dev/full must be refused")?.to_string();
             assert!(err.contains("character device"), "{err}");
-            let err = read(Path::new("/dev/zero")).err().map(|e| e.to_string()).unwrap_or_default();
+            let err = read(Path::new("/dev/zero")).err().ok_or("reading /dev/zero must be refused")?.to_string();
             assert!(err.contains("character device"), "{err}");
         }
         Ok(())
@@ -248,7 +249,8 @@ mod tests {
         let input = dir.path().join("workload.json");
         std::fs::write(&input, "{}")?;
         let alias = dir.path().join(".").join("workload.json");
-        let err = write(&alias, b"table", &[&input]).err().map(|e| e.to_string()).unwrap_or_default();
+        let err =
+            write(&alias, b"table", &[&input]).err().ok_or("an output that is an input must be refused")?.to_string();
         assert!(err.contains("is also an input"), "{err}");
         assert_eq!(std::fs::read_to_string(&input)?, "{}");
         Ok(())
@@ -258,7 +260,7 @@ mod tests {
     fn a_missing_folder_fails_cleanly() -> TestResult {
         let dir = tempfile::tempdir()?;
         let out = dir.path().join("no").join("out.json");
-        let err = write(&out, b"x", &[]).err().map(|e| e.to_string()).unwrap_or_default();
+        let err = write(&out, b"x", &[]).err().ok_or("a write into a missing folder must fail")?.to_string();
         assert!(err.contains("cannot write") && err.contains("out.json"), "{err}");
         Ok(())
     }

@@ -251,19 +251,21 @@ mod tests {
     }
 
     #[test]
-    fn an_inconsistent_header_entry_is_named_with_its_field() {
+    fn an_inconsistent_header_entry_is_named_with_its_field() -> TestResult {
         let header = br#"{"w":{"dtype":"F32","shape":[48,64],"data_offsets":[0,4000]}}"#;
         let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
         bytes.extend_from_slice(header);
         bytes.extend(std::iter::repeat_n(0u8, 4000));
-        let err = parse(&bytes, "x.safetensors").err().map(|e| e.to_string()).unwrap_or_default();
+        let err = parse(&bytes, "x.safetensors").err().ok_or("an inconsistent header must be refused")?.to_string();
         assert!(err.contains("tensor `w`") && err.contains("data_offsets") && err.contains("12288"), "{err}");
+        Ok(())
     }
 
     #[test]
-    fn garbage_is_a_clear_error() {
-        let err = parse(b"not a file", "x.safetensors").err().map(|e| e.to_string()).unwrap_or_default();
+    fn garbage_is_a_clear_error() -> TestResult {
+        let err = parse(b"not a file", "x.safetensors").err().ok_or("garbage must be refused")?.to_string();
         assert!(err.contains("x.safetensors") && err.contains("not a safetensors file"), "{err}");
+        Ok(())
     }
 
     #[test]
@@ -318,7 +320,7 @@ mod tests {
         m.insert("x".to_owned(), HostTensor::from_f32(&[4], vec![1.0; 4])?);
         let bytes = serialize(&m)?;
         std::fs::write(&path, &bytes[..bytes.len() - 3])?;
-        let err = read_mapped(&path).err().map(|e| e.to_string()).unwrap_or_default();
+        let err = read_mapped(&path).err().ok_or("a truncated file must be refused")?.to_string();
         assert!(err.contains("t.safetensors") && err.contains("not a safetensors file"), "{err}");
         std::fs::write(&path, b"")?;
         assert!(read_mapped(&path).is_err(), "an empty file is refused");

@@ -251,7 +251,7 @@ mod tests {
         let mut m = sample("aaaaaaaaaaaaaaaa");
         m.peak_tflops.insert(DType::BF16, -1.0);
         save(&path, &m)?;
-        let e = load(&path).err().map(|e| e.to_string()).unwrap_or_default();
+        let e = load(&path).err().ok_or("a figure that is not a positive number must be refused")?.to_string();
         assert!(e.contains("peak_tflops.bf16") && e.contains("-1"), "{e}");
         Ok(())
     }

@@ -229,7 +229,7 @@ mod tests {
             ("cpu=slow:soon", "slow:MS must be"),
             ("=error", "empty"),
         ] {
-            let err = parse(spec).err().map(|e| e.to_string()).unwrap_or_default();
+            let err = parse(spec).err().ok_or_else(|| format!("`{spec}` must be refused"))?.to_string();
             assert!(err.contains("LAYERZERO_FAULTS") && err.contains(says), "{spec}: {err}");
         }
         Ok(())

@@ -121,7 +121,7 @@ mod tests {
         assert_eq!(parse_log("json").ok(), Some(LogSpec { json: true, filter: "layerzero=info".to_owned() }));
         let spec = parse_log("text,layerzero::dispatch=debug")?;
         assert_eq!((spec.json, spec.filter.as_str()), (false, "layerzero::dispatch=debug"));
-        let err = parse_log("yaml").err().map(|e| e.to_string()).unwrap_or_default();
+        let err = parse_log("yaml").err().ok_or("an unknown log format must be refused")?.to_string();
         assert!(err.contains("LAYERZERO_LOG") && err.contains("yaml"), "{err}");
         assert!(parse_log("json,layerzero=loud").is_err());
         Ok(())
