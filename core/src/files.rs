@@ -185,70 +185,83 @@ pub fn write(path: &Path, bytes: &[u8], inputs: &[&Path]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
 
-    fn leftovers(dir: &Path) -> Vec<String> {
-        std::fs::read_dir(dir)
-            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()))
-            .map(|names| names.filter(|n| n.ends_with(".tmp")).collect())
-            .unwrap_or_default()
+    /// The temporaries left in `dir`; a folder that cannot be read is an error, not "none".
+    fn leftovers(dir: &Path) -> TestResult<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(dir)? {
+            let name = entry?.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".tmp") {
+                names.push(name);
+            }
+        }
+        Ok(names)
     }
 
     #[test]
-    fn a_write_replaces_a_regular_file_and_leaves_no_temporary() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    fn a_write_replaces_a_regular_file_and_leaves_no_temporary() -> TestResult {
+        let dir = tempfile::tempdir()?;
         let out = dir.path().join("out.json");
-        std::fs::write(&out, "old").unwrap_or_else(|e| panic!("{e}"));
-        write(&out, b"new", &[]).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(std::fs::read_to_string(&out).unwrap_or_default(), "new");
-        assert!(leftovers(dir.path()).is_empty());
+        std::fs::write(&out, "old")?;
+        write(&out, b"new", &[])?;
+        assert_eq!(std::fs::read_to_string(&out)?, "new");
+        assert!(leftovers(dir.path())?.is_empty());
+        Ok(())
     }
 
     #[cfg(unix)]
     #[test]
-    fn a_symlink_planted_at_the_old_temporary_name_redirects_nothing() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    fn a_symlink_planted_at_the_old_temporary_name_redirects_nothing() -> TestResult {
+        let dir = tempfile::tempdir()?;
         let victim = dir.path().join("victim");
-        std::fs::write(&victim, "keep").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&victim, "keep")?;
         let out = dir.path().join("out.json");
-        std::os::unix::fs::symlink(&victim, dir.path().join("out.json.tmp")).unwrap_or_else(|e| panic!("{e}"));
-        write(&out, b"table", &[]).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(std::fs::read_to_string(&victim).unwrap_or_default(), "keep");
-        assert_eq!(std::fs::read_to_string(&out).unwrap_or_default(), "table");
+        std::os::unix::fs::symlink(&victim, dir.path().join("out.json.tmp"))?;
+        write(&out, b"table", &[])?;
+        assert_eq!(std::fs::read_to_string(&victim)?, "keep");
+        assert_eq!(std::fs::read_to_string(&out)?, "table");
+        Ok(())
     }
 
     #[test]
-    fn special_files_are_neither_read_nor_replaced() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let err = write(dir.path(), b"x", &[]).err().map(|e| e.to_string()).unwrap_or_default();
+    fn special_files_are_neither_read_nor_replaced() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let err = write(dir.path(), b"x", &[]).err().ok_or("writing over a folder must be refused")?.to_string();
         assert!(err.contains("is a directory") && err.contains("writes only regular files"), "{err}");
-        assert!(leftovers(dir.path().parent().unwrap_or(dir.path())).iter().all(|n| !n.contains(".tmp.")));
-        let err = read(dir.path()).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(leftovers(dir.path().parent().unwrap_or(dir.path()))?.iter().all(|n| !n.contains(".tmp.")));
+        let err = read(dir.path()).err().ok_or("reading a folder must be refused")?.to_string();
         assert!(err.contains("is a directory") && err.contains("reads only regular files"), "{err}");
         #[cfg(unix)]
         if Path::new("/dev/full").exists() {
-            let err = write(Path::new("/dev/full"), b"x", &[]).err().map(|e| e.to_string()).unwrap_or_default();
+            let err =
+                write(Path::new("/dev/full"), b"x", &[]).err().ok_or("writing /dev/full must be refused")?.to_string();
             assert!(err.contains("character device"), "{err}");
-            let err = read(Path::new("/dev/zero")).err().map(|e| e.to_string()).unwrap_or_default();
+            let err = read(Path::new("/dev/zero")).err().ok_or("reading /dev/zero must be refused")?.to_string();
             assert!(err.contains("character device"), "{err}");
         }
+        Ok(())
     }
 
     #[test]
-    fn an_output_that_is_an_input_is_refused_and_the_input_kept() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    fn an_output_that_is_an_input_is_refused_and_the_input_kept() -> TestResult {
+        let dir = tempfile::tempdir()?;
         let input = dir.path().join("workload.json");
-        std::fs::write(&input, "{}").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&input, "{}")?;
         let alias = dir.path().join(".").join("workload.json");
-        let err = write(&alias, b"table", &[&input]).err().map(|e| e.to_string()).unwrap_or_default();
+        let err =
+            write(&alias, b"table", &[&input]).err().ok_or("an output that is an input must be refused")?.to_string();
         assert!(err.contains("is also an input"), "{err}");
-        assert_eq!(std::fs::read_to_string(&input).unwrap_or_default(), "{}");
+        assert_eq!(std::fs::read_to_string(&input)?, "{}");
+        Ok(())
     }
 
     #[test]
-    fn a_missing_folder_fails_cleanly() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    fn a_missing_folder_fails_cleanly() -> TestResult {
+        let dir = tempfile::tempdir()?;
         let out = dir.path().join("no").join("out.json");
-        let err = write(&out, b"x", &[]).err().map(|e| e.to_string()).unwrap_or_default();
+        let err = write(&out, b"x", &[]).err().ok_or("a write into a missing folder must fail")?.to_string();
         assert!(err.contains("cannot write") && err.contains("out.json"), "{err}");
+        Ok(())
     }
 }

@@ -42,3 +42,8 @@ pub mod transform;
 pub mod canonical;
 #[doc(hidden)]
 pub mod schema;
+
+/// What a unit test, or a helper of one, returns: a failed call is an `Err` the harness
+/// prints, not a panic.
+#[cfg(test)]
+type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;

@@ -120,3 +120,8 @@ pub fn dispatch(args: &OpArgs) -> Result<Dispatch<'static>> {
 pub fn select_args(args: &OpArgs) -> Result<Hit<'static>> {
     host()?.select_args(args)
 }
+
+/// What a unit test, or a helper of one, returns: a failed call is an `Err` the harness
+/// prints, not a panic.
+#[cfg(test)]
+type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;

@@ -243,6 +243,7 @@ fn run_gated<T: Elem>(act: Act, g: &View<'_>, u: &View<'_>, shape: &[usize]) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
     use crate::testing::{check, invalid_message, registry, strided, t};
     use layerzero_core::compare::Category;
     use layerzero_core::exec::args::{GegluArgs, GeluArgs, SiluArgs, SwigluArgs};
@@ -281,40 +282,41 @@ mod tests {
     }
 
     #[test]
-    fn unary_activations_match_the_reference() {
+    fn unary_activations_match_the_reference() -> TestResult {
         for dtype in DTYPES {
             for shape in [vec![1usize, 1], vec![7, 5], vec![33, 4097], vec![2, 3, 130], vec![]] {
-                let x = t(&shape, shape.iter().sum::<usize>() as u64, dtype, 6.0);
+                let x = t(&shape, shape.iter().sum::<usize>() as u64, dtype, 6.0)?;
                 let what = format!("{shape:?} {dtype}");
                 let mut views = vec![x.clone()];
                 if shape.len() >= 2 && shape.iter().product::<usize>() < 10_000 {
-                    views.extend(strided(&x));
+                    views.extend(strided(&x)?);
                 }
                 for x in views {
                     for approximate in gelus() {
                         let a = OpArgs::Gelu(GeluArgs { x: x.clone(), attrs: GeluAttrs { approximate } });
-                        check(GELU, "cpu_reference.gelu.naive", &a, Category::Gemm, &format!("gelu {what}"));
+                        check(GELU, "cpu_reference.gelu.naive", &a, Category::Gemm, &format!("gelu {what}"))?;
                     }
                     let a = OpArgs::Silu(SiluArgs { x: x.clone(), attrs: NoAttrs {} });
-                    check(SILU, "cpu_reference.silu.naive", &a, Category::Gemm, &format!("silu {what}"));
+                    check(SILU, "cpu_reference.silu.naive", &a, Category::Gemm, &format!("silu {what}"))?;
                 }
             }
         }
         // The tails: large magnitudes and zeros.
         let v = [-1e4f32, -90.0, -30.0, -8.0, -0.0, 0.0, 1e-30, 8.0, 30.0, 90.0, 1e4];
-        let x = HostTensor::from_f32(&[v.len()], v.to_vec()).unwrap();
+        let x = HostTensor::from_f32(&[v.len()], v.to_vec())?;
         for approximate in gelus() {
             let a = OpArgs::Gelu(GeluArgs { x: x.clone(), attrs: GeluAttrs { approximate } });
-            check(GELU, "cpu_reference.gelu.naive", &a, Category::Gemm, "gelu tails");
+            check(GELU, "cpu_reference.gelu.naive", &a, Category::Gemm, "gelu tails")?;
         }
         let a = OpArgs::Silu(SiluArgs { x, attrs: NoAttrs {} });
-        check(SILU, "cpu_reference.silu.naive", &a, Category::Gemm, "silu tails");
+        check(SILU, "cpu_reference.silu.naive", &a, Category::Gemm, "silu tails")?;
         // +inf stays +inf, NaN stays NaN.
         for act in [Act::Silu, Act::GeluErf, Act::GeluTanh] {
             let mut o = [0f32; 2];
             apply(act, &[f32::INFINITY, f32::NAN], None, &mut o);
             assert!(o[0] == f32::INFINITY && o[1].is_nan(), "{act:?}: {o:?}");
         }
+        Ok(())
     }
 
     fn swiglu(x: Option<HostTensor>, gate: Option<HostTensor>, up: Option<HostTensor>) -> OpArgs {
@@ -322,19 +324,19 @@ mod tests {
     }
 
     #[test]
-    fn gated_activations_match_the_reference_split_and_separate() {
+    fn gated_activations_match_the_reference_split_and_separate() -> TestResult {
         for dtype in DTYPES {
             for (rows, i) in [(1usize, 1usize), (7, 5), (33, 4096), (7, 4097)] {
                 let what = format!("{rows}x{i} {dtype}");
-                let x = t(&[rows, 2 * i], (rows + i) as u64, dtype, 5.0);
-                let g = t(&[rows, i], (rows + i + 1) as u64, dtype, 5.0);
-                let u = t(&[rows, i], (rows + i + 2) as u64, dtype, 3.0);
+                let x = t(&[rows, 2 * i], (rows + i) as u64, dtype, 5.0)?;
+                let g = t(&[rows, i], (rows + i + 1) as u64, dtype, 5.0)?;
+                let u = t(&[rows, i], (rows + i + 2) as u64, dtype, 3.0)?;
                 let mut xs = vec![x];
                 let mut gs = vec![(g.clone(), u.clone())];
                 if rows * i < 10_000 {
-                    xs.extend(strided(&xs[0]));
-                    gs.extend(strided(&g).into_iter().zip(strided(&u)));
-                    gs.push((strided(&g).remove(0), u.clone()));
+                    xs.extend(strided(&xs[0])?);
+                    gs.extend(strided(&g)?.into_iter().zip(strided(&u)?));
+                    gs.push((strided(&g)?.remove(0), u.clone()));
                 }
                 for (k, x) in xs.iter().enumerate() {
                     let a = swiglu(Some(x.clone()), None, None);
@@ -344,7 +346,7 @@ mod tests {
                         &a,
                         Category::Gemm,
                         &format!("swiglu split {what} {k}"),
-                    );
+                    )?;
                     for approximate in gelus() {
                         let attrs = GegluAttrs { split: true, approximate };
                         let a = OpArgs::Geglu(GegluArgs { x: Some(x.clone()), gate: None, up: None, attrs });
@@ -354,48 +356,55 @@ mod tests {
                             &a,
                             Category::Gemm,
                             &format!("geglu split {what} {k}"),
-                        );
+                        )?;
                     }
                 }
                 for (k, (g, u)) in gs.iter().enumerate() {
                     let a = swiglu(None, Some(g.clone()), Some(u.clone()));
-                    check(SWIGLU, "cpu_reference.swiglu.naive", &a, Category::Gemm, &format!("swiglu sep {what} {k}"));
+                    check(SWIGLU, "cpu_reference.swiglu.naive", &a, Category::Gemm, &format!("swiglu sep {what} {k}"))?;
                     for approximate in gelus() {
                         let attrs = GegluAttrs { split: false, approximate };
                         let a = OpArgs::Geglu(GegluArgs { x: None, gate: Some(g.clone()), up: Some(u.clone()), attrs });
-                        check(GEGLU, "cpu_reference.geglu.naive", &a, Category::Gemm, &format!("geglu sep {what} {k}"));
+                        check(
+                            GEGLU,
+                            "cpu_reference.geglu.naive",
+                            &a,
+                            Category::Gemm,
+                            &format!("geglu sep {what} {k}"),
+                        )?;
                     }
                 }
             }
         }
         // Rank 3 split, and an empty last dim.
-        let x = t(&[2, 3, 10], 5, DType::BF16, 4.0);
-        check(SWIGLU, "cpu_reference.swiglu.naive", &swiglu(Some(x), None, None), Category::Gemm, "rank 3");
-        let e = t(&[4, 0], 5, DType::F32, 1.0);
-        let Ok(o) = gated(SWIGLU, "swiglu", true, Some(&e), None, None, Act::Silu) else { panic!() };
+        let x = t(&[2, 3, 10], 5, DType::BF16, 4.0)?;
+        check(SWIGLU, "cpu_reference.swiglu.naive", &swiglu(Some(x), None, None), Category::Gemm, "rank 3")?;
+        let e = t(&[4, 0], 5, DType::F32, 1.0)?;
+        let o = gated(SWIGLU, "swiglu", true, Some(&e), None, None, Act::Silu)?;
         assert_eq!(o["out"].shape(), &[4, 0]);
+        Ok(())
     }
 
     #[test]
-    fn gated_shape_errors_name_the_tensor() {
-        let odd = t(&[2, 3], 1, DType::F32, 1.0);
-        let m = invalid_message(SWIGLU, &swiglu(Some(odd.clone()), None, None));
+    fn gated_shape_errors_name_the_tensor() -> TestResult {
+        let odd = t(&[2, 3], 1, DType::F32, 1.0)?;
+        let m = invalid_message(SWIGLU, &swiglu(Some(odd.clone()), None, None))?;
         assert!(m.contains("`x`") && m.contains("[2, 3]") && m.contains("even"), "{m}");
-        let m = invalid_message(SWIGLU, &swiglu(None, Some(odd.clone()), Some(t(&[3, 2], 1, DType::F32, 1.0))));
+        let m = invalid_message(SWIGLU, &swiglu(None, Some(odd.clone()), Some(t(&[3, 2], 1, DType::F32, 1.0)?)))?;
         assert!(m.contains("`gate`") && m.contains("[2, 3]") && m.contains("[3, 2]"), "{m}");
         let attrs = GegluAttrs { split: false, approximate: GeluApproximate::None };
         let a = OpArgs::Geglu(GegluArgs { x: Some(odd.clone()), gate: None, up: None, attrs });
-        assert!(invalid_message(GEGLU, &a).contains("split = false"));
+        assert!(invalid_message(GEGLU, &a)?.contains("split = false"));
         let a = OpArgs::Geglu(GegluArgs { x: None, gate: Some(odd.clone()), up: None, attrs: GegluAttrs::default() });
-        assert!(invalid_message(GEGLU, &a).contains("split = false"));
-        let ints = HostTensor::new(Storage::I32(vec![1, 2].into()), &[2]).unwrap();
-        let m = invalid_message(SILU, &OpArgs::Silu(SiluArgs { x: ints, attrs: NoAttrs {} }));
+        assert!(invalid_message(GEGLU, &a)?.contains("split = false"));
+        let ints = HostTensor::new(Storage::I32(vec![1, 2].into()), &[2])?;
+        let m = invalid_message(SILU, &OpArgs::Silu(SiluArgs { x: ints, attrs: NoAttrs {} }))?;
         assert!(m.contains("`x`") && m.contains("dtype"), "{m}");
-        let r =
-            silu(&SiluArgs { x: HostTensor::from_f32_as(DType::Fp8E5M2, &[1], &[1.0]).unwrap(), attrs: NoAttrs {} });
+        let r = silu(&SiluArgs { x: HostTensor::from_f32_as(DType::Fp8E5M2, &[1], &[1.0])?, attrs: NoAttrs {} });
         assert!(matches!(r, Err(KernelError::Unsupported(_))));
         let r = registry();
         let a = OpArgs::Silu(SiluArgs { x: odd, attrs: NoAttrs {} });
-        assert!(matches!(r.get(GELU).unwrap().run(&a), Err(KernelError::Unsupported(_))));
+        assert!(matches!(r.get(GELU).ok_or("gelu is not registered")?.run(&a), Err(KernelError::Unsupported(_))));
+        Ok(())
     }
 }

@@ -105,6 +105,7 @@ fn gather<T: Elem>(src: &[T], off: usize, strides: &[usize], rows: &[usize], h: 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
     use crate::testing::{check, invalid_message, registry, strided, t};
     use layerzero_core::compare::Category;
     use layerzero_core::model::attrs::NoAttrs;
@@ -112,12 +113,12 @@ mod tests {
 
     const REF: &str = "cpu_reference.embedding.naive";
 
-    fn ids(dtype: DType, shape: &[usize], v: &[i64]) -> HostTensor {
+    fn ids(dtype: DType, shape: &[usize], v: &[i64]) -> TestResult<HostTensor> {
         let st = match dtype {
             DType::I32 => Storage::I32(v.iter().map(|&x| x as i32).collect()),
             _ => Storage::I64(v.to_vec().into()),
         };
-        HostTensor::new(st, shape).unwrap()
+        Ok(HostTensor::new(st, shape)?)
     }
 
     fn args(ids: HostTensor, table: HostTensor) -> OpArgs {
@@ -125,25 +126,24 @@ mod tests {
     }
 
     #[test]
-    fn copies_rows_exactly_for_every_dtype_ids_shape_and_table_view() {
+    fn copies_rows_exactly_for_every_dtype_ids_shape_and_table_view() -> TestResult {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             for (v, h) in [(1usize, 1usize), (7, 5), (50, 4097), (33, 64)] {
-                let table = t(&[v, h], (v * h) as u64, dtype, 1.0);
+                let table = t(&[v, h], (v * h) as u64, dtype, 1.0)?;
                 let n = 2 * 9;
                 let iv: Vec<i64> = (0..n).map(|k| ((k * 7 + 3) % v) as i64).collect();
                 let mut tables = vec![table.clone()];
-                tables.extend(strided(&table));
+                tables.extend(strided(&table)?);
                 for id_dtype in [DType::I32, DType::I64] {
                     for (k, tb) in tables.iter().enumerate() {
                         let what = format!("{v}x{h} {dtype} ids {id_dtype} table view {k}");
-                        let a = args(ids(id_dtype, &[2, 9], &iv), tb.clone());
-                        check(EMBEDDING, REF, &a, Category::Gemm, &what);
+                        let a = args(ids(id_dtype, &[2, 9], &iv)?, tb.clone());
+                        check(EMBEDDING, REF, &a, Category::Gemm, &what)?;
                         // Exact: the rows are copied, not recomputed.
                         let got = embedding(match &a {
                             OpArgs::Embedding(e) => e,
                             _ => unreachable!(),
-                        })
-                        .unwrap();
+                        })?;
                         let tv = table.to_f64_vec();
                         let want: Vec<f64> =
                             iv.iter().flat_map(|&r| tv[r as usize * h..(r as usize + 1) * h].to_vec()).collect();
@@ -153,37 +153,42 @@ mod tests {
             }
         }
         // Many ids (the parallel path), a scalar id, no ids.
-        let table = t(&[1000, 96], 3, DType::BF16, 1.0);
+        let table = t(&[1000, 96], 3, DType::BF16, 1.0)?;
         let iv: Vec<i64> = (0..777).map(|k| (k * 31 % 1000) as i64).collect();
-        check(EMBEDDING, REF, &args(ids(DType::I64, &[777], &iv), table.clone()), Category::Gemm, "777 ids");
+        check(EMBEDDING, REF, &args(ids(DType::I64, &[777], &iv)?, table.clone()), Category::Gemm, "777 ids")?;
         let o =
-            embedding(&EmbeddingArgs { ids: ids(DType::I32, &[], &[999]), table: table.clone(), attrs: NoAttrs {} });
-        assert_eq!(o.unwrap()["out"].shape(), &[96]);
-        let o = embedding(&EmbeddingArgs { ids: ids(DType::I32, &[0, 3], &[]), table, attrs: NoAttrs {} });
-        assert_eq!(o.unwrap()["out"].shape(), &[0, 3, 96]);
+            embedding(&EmbeddingArgs { ids: ids(DType::I32, &[], &[999])?, table: table.clone(), attrs: NoAttrs {} })?;
+        assert_eq!(o["out"].shape(), &[96]);
+        let o = embedding(&EmbeddingArgs { ids: ids(DType::I32, &[0, 3], &[])?, table, attrs: NoAttrs {} })?;
+        assert_eq!(o["out"].shape(), &[0, 3, 96]);
+        Ok(())
     }
 
     #[test]
-    fn ids_outside_the_table_are_errors_naming_position_and_value() {
-        let table = t(&[10, 4], 1, DType::F32, 1.0);
+    fn ids_outside_the_table_are_errors_naming_position_and_value() -> TestResult {
+        let table = t(&[10, 4], 1, DType::F32, 1.0)?;
         for id_dtype in [DType::I32, DType::I64] {
             for (bad, pos) in [(-1i64, 3usize), (10, 0), (i64::from(i32::MAX), 5)] {
                 let mut iv = vec![1i64, 2, 3, 4, 5, 6];
                 iv[pos] = bad;
-                let a = args(ids(id_dtype, &[2, 3], &iv), table.clone());
+                let a = args(ids(id_dtype, &[2, 3], &iv)?, table.clone());
                 for kernel in [EMBEDDING, REF] {
-                    let m = invalid_message(kernel, &a);
+                    let m = invalid_message(kernel, &a)?;
                     assert!(m.contains(&format!("flat position {pos}")) && m.contains(&format!("= {bad}")), "{m}");
                     assert!(m.contains("[0, 10)"), "{m}");
                 }
             }
         }
-        let m = invalid_message(EMBEDDING, &args(t(&[2], 1, DType::F32, 1.0), table.clone()));
+        let m = invalid_message(EMBEDDING, &args(t(&[2], 1, DType::F32, 1.0)?, table.clone()))?;
         assert!(m.contains("`ids`") && m.contains("i32 or i64"), "{m}");
-        let m = invalid_message(EMBEDDING, &args(ids(DType::I32, &[1], &[0]), t(&[10], 1, DType::F32, 1.0)));
+        let m = invalid_message(EMBEDDING, &args(ids(DType::I32, &[1], &[0])?, t(&[10], 1, DType::F32, 1.0)?))?;
         assert!(m.contains("`table`") && m.contains("[10]"), "{m}");
         let r = registry();
         let wrong = OpArgs::Silu(layerzero_core::exec::args::SiluArgs { x: table, attrs: NoAttrs {} });
-        assert!(matches!(r.get(EMBEDDING).unwrap().run(&wrong), Err(KernelError::Unsupported(_))));
+        assert!(matches!(
+            r.get(EMBEDDING).ok_or("embedding is not registered")?.run(&wrong),
+            Err(KernelError::Unsupported(_))
+        ));
+        Ok(())
     }
 }

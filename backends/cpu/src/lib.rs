@@ -56,6 +56,11 @@ mod testing;
 #[cfg(test)]
 mod tests;
 
+/// What a unit test, or a helper of one, returns: a failed call is an `Err` the harness
+/// prints, not a panic.
+#[cfg(test)]
+type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
 use std::sync::Arc;
 
 pub use gemm::{PackedWeightStats, packed_weight_stats};

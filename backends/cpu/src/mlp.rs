@@ -378,6 +378,7 @@ fn fused_decode_bf16(p: &Problem, act: Activation, out: &mut [f32]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
     use crate::linear::tests::assert_gemm_close;
     use layerzero_core::exec::args::strided_copy;
     use layerzero_core::model::attrs::MlpAttrs;
@@ -385,30 +386,34 @@ mod tests {
     use layerzero_reference as cpu_reference;
     use layerzero_reference::test_util::values;
 
-    fn t(shape: &[usize], seed: u64, dtype: DType, scale: f32) -> HostTensor {
+    fn t(shape: &[usize], seed: u64, dtype: DType, scale: f32) -> TestResult<HostTensor> {
         let n = shape.iter().product();
         let v: Vec<f32> = values(n, seed).iter().map(|v| v * scale).collect();
-        HostTensor::from_f32_as(dtype, shape, &v).unwrap()
+        Ok(HostTensor::from_f32_as(dtype, shape, &v)?)
     }
 
-    fn args(m: usize, h: usize, i: usize, dtype: DType, act: Activation) -> MlpArgs {
-        MlpArgs {
-            x: t(&[m, h], 1, dtype, 2.0),
-            w_gate: t(&[i, h], 2, dtype, 0.3),
-            w_up: t(&[i, h], 3, dtype, 0.3),
-            w_down: t(&[h, i], 4, dtype, 0.3),
+    fn args(m: usize, h: usize, i: usize, dtype: DType, act: Activation) -> TestResult<MlpArgs> {
+        Ok(MlpArgs {
+            x: t(&[m, h], 1, dtype, 2.0)?,
+            w_gate: t(&[i, h], 2, dtype, 0.3)?,
+            w_up: t(&[i, h], 3, dtype, 0.3)?,
+            w_down: t(&[h, i], 4, dtype, 0.3)?,
             attrs: MlpAttrs { activation: act },
-        }
+        })
     }
 
-    fn reference(a: &MlpArgs) -> HostTensor {
+    fn reference(a: &MlpArgs) -> TestResult<HostTensor> {
         let mut r = Registry::new();
         cpu_reference::register(&mut r);
-        r.get("cpu_reference.mlp.naive").unwrap().run(&OpArgs::Mlp(a.clone())).unwrap().remove("out").unwrap()
+        Ok(r.get("cpu_reference.mlp.naive")
+            .ok_or("cpu_reference.mlp.naive is not registered")?
+            .run(&OpArgs::Mlp(a.clone()))?
+            .remove("out")
+            .ok_or("no out")?)
     }
 
     #[test]
-    fn activation_matches_the_f64_definitions() {
+    fn activation_matches_the_f64_definitions() -> TestResult {
         let xs: Vec<f32> = (-4000..=4000).map(|v| v as f32 / 400.0).collect();
         for act in [Activation::Silu, Activation::Gelu, Activation::GeluTanh] {
             let mut g = xs.clone();
@@ -419,13 +424,13 @@ mod tests {
                     Activation::Gelu => {
                         // erf through the f64 reference: [x, 1] with gate = x, up = 1.
                         let mlp = MlpArgs {
-                            x: HostTensor::from_f32(&[1, 2], vec![x, 1.0]).unwrap(),
-                            w_gate: HostTensor::from_f32(&[1, 2], vec![1.0, 0.0]).unwrap(),
-                            w_up: HostTensor::from_f32(&[1, 2], vec![0.0, 1.0]).unwrap(),
-                            w_down: HostTensor::from_f32(&[2, 1], vec![1.0, 0.0]).unwrap(),
+                            x: HostTensor::from_f32(&[1, 2], vec![x, 1.0])?,
+                            w_gate: HostTensor::from_f32(&[1, 2], vec![1.0, 0.0])?,
+                            w_up: HostTensor::from_f32(&[1, 2], vec![0.0, 1.0])?,
+                            w_down: HostTensor::from_f32(&[2, 1], vec![1.0, 0.0])?,
                             attrs: MlpAttrs { activation: act },
                         };
-                        f64::from(reference(&mlp).to_f32_vec()[0])
+                        f64::from(reference(&mlp)?.to_f32_vec()[0])
                     }
                     Activation::GeluTanh => {
                         let x = f64::from(x);
@@ -436,17 +441,18 @@ mod tests {
                 assert!(err <= 1e-6 * want.abs() + 1e-7, "{act:?}({x}) = {y}, want {want}");
             }
         }
+        Ok(())
     }
 
     #[test]
-    fn chain_fused_and_reference_agree() {
+    fn chain_fused_and_reference_agree() -> TestResult {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             for act in [Activation::Silu, Activation::Gelu, Activation::GeluTanh] {
                 for (m, h, i) in [(1usize, 48usize, 80usize), (3, 17, 300), (17, 48, 80), (130, 64, 520), (9, 5, 7)] {
-                    let a = args(m, h, i, dtype, act);
-                    let want = reference(&a);
-                    let c = chain(&a).unwrap();
-                    let f = fused(&a).unwrap();
+                    let a = args(m, h, i, dtype, act)?;
+                    let want = reference(&a)?;
+                    let c = chain(&a)?;
+                    let f = fused(&a)?;
                     let what = format!("{dtype} {act:?} m{m} h{h} i{i}");
                     // |hidden| ~ |x| |w| sqrt(H) (<= 1 here), summed over I.
                     assert_gemm_close(&c, &want, i, 1.0, &format!("chain {what}"));
@@ -455,24 +461,25 @@ mod tests {
                 }
             }
         }
+        Ok(())
     }
 
     #[test]
-    fn strided_inputs_and_shape_errors() {
-        let mut a = args(6, 20, 33, DType::F32, Activation::Silu);
-        let want = reference(&a);
-        a.x = a.x.permute(&[1, 0]).unwrap().contiguous().permute(&[1, 0]).unwrap();
-        a.w_down = strided_copy(&a.w_down, &[40, 1]).unwrap();
-        for r in [chain(&a).unwrap(), fused(&a).unwrap()] {
+    fn strided_inputs_and_shape_errors() -> TestResult {
+        let mut a = args(6, 20, 33, DType::F32, Activation::Silu)?;
+        let want = reference(&a)?;
+        a.x = a.x.permute(&[1, 0])?.contiguous().permute(&[1, 0])?;
+        a.w_down = strided_copy(&a.w_down, &[40, 1])?;
+        for r in [chain(&a)?, fused(&a)?] {
             assert_gemm_close(&r, &want, 33, 1.0, "strided");
         }
-        let mut x3 = args(6, 20, 33, DType::F32, Activation::Gelu);
-        x3.x = t(&[2, 3, 20], 9, DType::F32, 1.0);
-        let w3 = reference(&x3);
+        let mut x3 = args(6, 20, 33, DType::F32, Activation::Gelu)?;
+        x3.x = t(&[2, 3, 20], 9, DType::F32, 1.0)?;
+        let w3 = reference(&x3)?;
         assert_eq!(w3.shape(), &[2, 3, 20]);
-        assert_gemm_close(&fused(&x3).unwrap(), &w3, 33, 1.0, "3-D x");
-        let mut bad = args(2, 4, 3, DType::F32, Activation::Silu);
-        bad.w_up = t(&[3, 5], 1, DType::F32, 1.0);
+        assert_gemm_close(&fused(&x3)?, &w3, 33, 1.0, "3-D x");
+        let mut bad = args(2, 4, 3, DType::F32, Activation::Silu)?;
+        bad.w_up = t(&[3, 5], 1, DType::F32, 1.0)?;
         for f in [chain, fused] {
             assert!(
                 matches!(f(&bad), Err(KernelError::InvalidInput(m)) if m.contains("`w_up`") && m.contains("[3, 4]"))
@@ -481,12 +488,13 @@ mod tests {
         let mut r = Registry::new();
         register(&mut r);
         let lin = OpArgs::Linear(layerzero_core::exec::args::LinearArgs {
-            x: t(&[1, 2], 1, DType::F32, 1.0),
-            weight: t(&[1, 2], 1, DType::F32, 1.0),
+            x: t(&[1, 2], 1, DType::F32, 1.0)?,
+            weight: t(&[1, 2], 1, DType::F32, 1.0)?,
             bias: None,
             attrs: layerzero_core::model::attrs::NoAttrs {},
         });
-        assert!(matches!(r.get(FUSED).unwrap().run(&lin), Err(KernelError::Unsupported(_))));
-        assert!(matches!(r.get(CHAIN).unwrap().run(&lin), Err(KernelError::Unsupported(_))));
+        assert!(matches!(r.get(FUSED).ok_or("fused is not registered")?.run(&lin), Err(KernelError::Unsupported(_))));
+        assert!(matches!(r.get(CHAIN).ok_or("chain is not registered")?.run(&lin), Err(KernelError::Unsupported(_))));
+        Ok(())
     }
 }

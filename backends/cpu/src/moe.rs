@@ -405,6 +405,7 @@ fn panel(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
     use layerzero_core::model::attrs::{MlpAttrs, MoeRouteAttrs};
     use layerzero_core::tensor::rng::Rng;
     use layerzero_reference as cpu_reference;
@@ -412,17 +413,17 @@ mod tests {
     fn reference(args: &OpArgs, kernel: &str) -> Result<Outputs, KernelError> {
         let mut r = Registry::new();
         cpu_reference::register(&mut r);
-        r.get(kernel).unwrap().run(args)
+        r.get(kernel).ok_or_else(|| KernelError::Failed(format!("{kernel} is not registered")))?.run(args)
     }
 
     fn fast(args: &OpArgs, kernel: &str) -> Result<Outputs, KernelError> {
         let mut r = Registry::new();
         register(&mut r);
-        r.get(kernel).unwrap().run(args)
+        r.get(kernel).ok_or_else(|| KernelError::Failed(format!("{kernel} is not registered")))?.run(args)
     }
 
     #[test]
-    fn route_matches_the_reference() {
+    fn route_matches_the_reference() -> TestResult {
         let mut rng = Rng::new(1);
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             for (t, e) in [(1usize, 4usize), (7, 8), (33, 64), (5, 3)] {
@@ -431,15 +432,15 @@ mod tests {
                     let vals: Vec<f32> = (0..t * e)
                         .map(|_| if coarse { rng.below(4) as f32 } else { (rng.normal() * 3.0) as f32 })
                         .collect();
-                    let logits = HostTensor::from_f32_as(dtype, &[t, e], &vals).unwrap();
+                    let logits = HostTensor::from_f32_as(dtype, &[t, e], &vals)?;
                     for k in [1, 2, e as u64] {
                         for renormalize in [false, true] {
                             let args = OpArgs::MoeRoute(MoeRouteArgs {
                                 logits: logits.clone(),
                                 attrs: MoeRouteAttrs { top_k: k, renormalize },
                             });
-                            let want = reference(&args, "cpu_reference.moe_route.naive").unwrap();
-                            let got = fast(&args, MOE_ROUTE).unwrap();
+                            let want = reference(&args, "cpu_reference.moe_route.naive")?;
+                            let got = fast(&args, MOE_ROUTE)?;
                             let what = format!("{dtype} t {t} e {e} k {k} renormalize {renormalize}");
                             assert_eq!(got["experts"].dtype(), DType::I32);
                             assert_eq!(got["experts"].shape(), &[t, k as usize]);
@@ -459,14 +460,15 @@ mod tests {
             }
         }
         // Errors agree.
-        let l = HostTensor::from_f32(&[2, 2], vec![0.0, 1.0, f32::NAN, 0.0]).unwrap();
+        let l = HostTensor::from_f32(&[2, 2], vec![0.0, 1.0, f32::NAN, 0.0])?;
         let args = OpArgs::MoeRoute(MoeRouteArgs { logits: l, attrs: MoeRouteAttrs { top_k: 1, renormalize: false } });
-        let e = fast(&args, MOE_ROUTE).unwrap_err();
-        assert_eq!(e, reference(&args, "cpu_reference.moe_route.naive").unwrap_err());
-        let l = HostTensor::from_f32(&[1, 2], vec![0.0, 1.0]).unwrap();
+        let e = fast(&args, MOE_ROUTE).err().ok_or("a NaN logit must be refused")?;
+        assert_eq!(reference(&args, "cpu_reference.moe_route.naive").err().as_ref(), Some(&e));
+        let l = HostTensor::from_f32(&[1, 2], vec![0.0, 1.0])?;
         let args = OpArgs::MoeRoute(MoeRouteArgs { logits: l, attrs: MoeRouteAttrs { top_k: 3, renormalize: true } });
         assert!(matches!(fast(&args, MOE_ROUTE), Err(KernelError::InvalidInput(m)) if m.contains("top_k")));
         assert!(matches!(fast(&args, MOE_EXPERTS), Err(KernelError::Unsupported(_))));
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -479,7 +481,7 @@ mod tests {
         dtype: DType,
         act: Activation,
         seed: u64,
-    ) -> MoeExpertsArgs {
+    ) -> TestResult<MoeExpertsArgs> {
         let mut rng = Rng::new(seed);
         let mut normals =
             |n: usize, scale: f64| -> Vec<f32> { (0..n).map(|_| (rng.normal() * scale) as f32).collect() };
@@ -490,15 +492,15 @@ mod tests {
         let weights: Vec<f32> = normals(t * k, 1.0).iter().map(|v| v.abs() + 0.1).collect();
         let mut rng = Rng::new(seed ^ 0xABCD);
         let ids: Vec<i32> = (0..t * k).map(|_| rng.below(e as u64) as i32).collect();
-        MoeExpertsArgs {
-            x: HostTensor::from_f32_as(dtype, &[t, h], &x).unwrap(),
-            experts: HostTensor::new(Storage::I32(ids.into()), &[t, k]).unwrap(),
-            weights: HostTensor::from_f32(&[t, k], weights).unwrap(),
-            w_gate: HostTensor::from_f32_as(dtype, &[e, i, h], &wg).unwrap(),
-            w_up: HostTensor::from_f32_as(dtype, &[e, i, h], &wu).unwrap(),
-            w_down: HostTensor::from_f32_as(dtype, &[e, h, i], &wd).unwrap(),
+        Ok(MoeExpertsArgs {
+            x: HostTensor::from_f32_as(dtype, &[t, h], &x)?,
+            experts: HostTensor::new(Storage::I32(ids.into()), &[t, k])?,
+            weights: HostTensor::from_f32(&[t, k], weights)?,
+            w_gate: HostTensor::from_f32_as(dtype, &[e, i, h], &wg)?,
+            w_up: HostTensor::from_f32_as(dtype, &[e, i, h], &wu)?,
+            w_down: HostTensor::from_f32_as(dtype, &[e, h, i], &wd)?,
             attrs: MlpAttrs { activation: act },
-        }
+        })
     }
 
     /// |got - want| <= rtol * (|want| + max |want|), or one 16-bit ulp.
@@ -521,7 +523,7 @@ mod tests {
     }
 
     #[test]
-    fn grouped_experts_match_the_reference() {
+    fn grouped_experts_match_the_reference() -> TestResult {
         let mut cases = 0;
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             for t in [1, 5, 33] {
@@ -532,9 +534,9 @@ mod tests {
                                 [Activation::Silu, Activation::Gelu, Activation::GeluTanh].into_iter().enumerate()
                             {
                                 let seed = (t * 1000 + e * 100 + k * 10 + h + ai) as u64;
-                                let a = OpArgs::MoeExperts(moe_args(t, e, k, h, 32, dtype, act, seed));
-                                let want = reference(&a, "cpu_reference.moe_experts.naive").unwrap();
-                                let got = fast(&a, MOE_EXPERTS).unwrap();
+                                let a = OpArgs::MoeExperts(moe_args(t, e, k, h, 32, dtype, act, seed)?);
+                                let want = reference(&a, "cpu_reference.moe_experts.naive")?;
+                                let got = fast(&a, MOE_EXPERTS)?;
                                 let what = format!("{dtype} t {t} e {e} k {k} h {h} {act:?}");
                                 assert_close(&got["out"], &want["out"], &what);
                                 cases += 1;
@@ -545,83 +547,84 @@ mod tests {
             }
         }
         assert_eq!(cases, 216);
+        Ok(())
     }
 
     #[test]
-    fn blocking_views_and_thread_counts_do_not_change_the_result() {
+    fn blocking_views_and_thread_counts_do_not_change_the_result() -> TestResult {
         for dtype in [DType::F32, DType::BF16] {
-            let a = moe_args(33, 8, 2, 48, 32, dtype, Activation::Gelu, 5);
-            let want = reference(&OpArgs::MoeExperts(a.clone()), "cpu_reference.moe_experts.naive").unwrap();
-            let base = experts(&a, ROWS, IB).unwrap();
+            let a = moe_args(33, 8, 2, 48, 32, dtype, Activation::Gelu, 5)?;
+            let want = reference(&OpArgs::MoeExperts(a.clone()), "cpu_reference.moe_experts.naive")?;
+            let base = experts(&a, ROWS, IB)?;
             assert_close(&base, &want["out"], "default blocking");
             // Small panels and intermediate blocks that do not divide the dims.
-            let small = experts(&a, 3, 5).unwrap();
+            let small = experts(&a, 3, 5)?;
             assert_close(&small, &want["out"], "panels of 3, blocks of 5");
             // Thread count: bit-identical.
             for threads in [1, 2] {
-                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-                let again = pool.install(|| experts(&a, ROWS, IB).unwrap());
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
+                let again = pool.install(|| experts(&a, ROWS, IB))?;
                 assert_eq!(again.to_f32_vec(), base.to_f32_vec(), "{threads} threads");
             }
             // Strided weights (a transposed copy viewed back) and x, and i64 ids.
             let mut v = a.clone();
-            let swap = |w: &HostTensor| {
-                let p = w.permute(&[0, 2, 1]).unwrap().contiguous();
-                p.permute(&[0, 2, 1]).unwrap()
+            let swap = |w: &HostTensor| -> TestResult<_> {
+                let p = w.permute(&[0, 2, 1])?.contiguous();
+                Ok(p.permute(&[0, 2, 1])?)
             };
-            v.w_gate = swap(&a.w_gate);
-            v.w_up = swap(&a.w_up);
-            v.w_down = swap(&a.w_down);
-            v.x = a.x.permute(&[1, 0]).unwrap().contiguous().permute(&[1, 0]).unwrap();
-            v.experts = HostTensor::new(Storage::I64(a.experts.to_i64_vec().into()), a.experts.shape()).unwrap();
+            v.w_gate = swap(&a.w_gate)?;
+            v.w_up = swap(&a.w_up)?;
+            v.w_down = swap(&a.w_down)?;
+            v.x = a.x.permute(&[1, 0])?.contiguous().permute(&[1, 0])?;
+            v.experts = HostTensor::new(Storage::I64(a.experts.to_i64_vec().into()), a.experts.shape())?;
             assert!(!v.w_gate.is_contiguous() && !v.x.is_contiguous());
-            let strided = experts(&v, ROWS, IB).unwrap();
+            let strided = experts(&v, ROWS, IB)?;
             assert_close(&strided, &want["out"], "strided views");
         }
+        Ok(())
     }
 
     #[test]
-    fn grouped_experts_reject_bad_input_and_handle_empty_shapes() {
-        let mut a = moe_args(5, 4, 2, 16, 32, DType::F32, Activation::Silu, 1);
+    fn grouped_experts_reject_bad_input_and_handle_empty_shapes() -> TestResult {
+        let mut a = moe_args(5, 4, 2, 16, 32, DType::F32, Activation::Silu, 1)?;
         let mut ids = a.experts.to_i64_vec();
         ids[7] = 4;
-        a.experts = HostTensor::new(Storage::I64(ids.clone().into()), &[5, 2]).unwrap();
+        a.experts = HostTensor::new(Storage::I64(ids.clone().into()), &[5, 2])?;
         let args = OpArgs::MoeExperts(a.clone());
-        let e = fast(&args, MOE_EXPERTS).unwrap_err();
+        let e = fast(&args, MOE_EXPERTS).err().ok_or("expert 4 of 4 must be refused")?;
         assert!(matches!(&e, KernelError::InvalidInput(m) if m.contains("holds 4 at [3, 1]")), "{e}");
-        assert_eq!(e, reference(&args, "cpu_reference.moe_experts.naive").unwrap_err());
+        assert_eq!(reference(&args, "cpu_reference.moe_experts.naive").err().as_ref(), Some(&e));
         ids[7] = -2;
-        a.experts = HostTensor::new(Storage::I64(ids.into()), &[5, 2]).unwrap();
-        let e = fast(&OpArgs::MoeExperts(a.clone()), MOE_EXPERTS).unwrap_err();
+        a.experts = HostTensor::new(Storage::I64(ids.into()), &[5, 2])?;
+        let e = fast(&OpArgs::MoeExperts(a.clone()), MOE_EXPERTS).err().ok_or("expert -2 must be refused")?;
         assert!(matches!(&e, KernelError::InvalidInput(m) if m.contains("-2")), "{e}");
-        let good = moe_args(5, 4, 2, 16, 32, DType::F32, Activation::Silu, 1);
-        for (name, mutate) in [
-            (
-                "w_up",
-                Box::new(|a: &mut MoeExpertsArgs| a.w_up = HostTensor::zeros(DType::F32, &[4, 16, 32]).unwrap())
-                    as Box<dyn Fn(&mut MoeExpertsArgs)>,
-            ),
-            (
-                "w_down",
-                Box::new(|a: &mut MoeExpertsArgs| a.w_down = HostTensor::zeros(DType::F32, &[4, 32, 16]).unwrap()),
-            ),
-            ("weights", Box::new(|a: &mut MoeExpertsArgs| a.weights = HostTensor::zeros(DType::F32, &[5, 1]).unwrap())),
-            ("experts", Box::new(|a: &mut MoeExpertsArgs| a.experts = HostTensor::zeros(DType::F32, &[5, 2]).unwrap())),
-            ("x", Box::new(|a: &mut MoeExpertsArgs| a.x = HostTensor::zeros(DType::I32, &[5, 16]).unwrap())),
-            ("w_gate", Box::new(|a: &mut MoeExpertsArgs| a.w_gate = HostTensor::zeros(DType::F32, &[4, 32]).unwrap())),
-        ] {
+        let good = moe_args(5, 4, 2, 16, 32, DType::F32, Activation::Silu, 1)?;
+        // Each field of the arguments with a tensor of the wrong shape or dtype for it.
+        type Field = fn(&mut MoeExpertsArgs) -> &mut HostTensor;
+        let wrong: [(&str, Field, HostTensor); 6] = [
+            ("w_up", |a| &mut a.w_up, HostTensor::zeros(DType::F32, &[4, 16, 32])?),
+            ("w_down", |a| &mut a.w_down, HostTensor::zeros(DType::F32, &[4, 32, 16])?),
+            ("weights", |a| &mut a.weights, HostTensor::zeros(DType::F32, &[5, 1])?),
+            ("experts", |a| &mut a.experts, HostTensor::zeros(DType::F32, &[5, 2])?),
+            ("x", |a| &mut a.x, HostTensor::zeros(DType::I32, &[5, 16])?),
+            ("w_gate", |a| &mut a.w_gate, HostTensor::zeros(DType::F32, &[4, 32])?),
+        ];
+        for (name, field, tensor) in wrong {
             let mut b = good.clone();
-            mutate(&mut b);
-            let e = fast(&OpArgs::MoeExperts(b), MOE_EXPERTS).unwrap_err();
+            *field(&mut b) = tensor;
+            let e = fast(&OpArgs::MoeExperts(b), MOE_EXPERTS)
+                .err()
+                .ok_or_else(|| format!("a bad `{name}` must be refused"))?;
             assert!(matches!(&e, KernelError::InvalidInput(m) if m.contains(&format!("`{name}`"))), "{name}: {e}");
         }
         // No tokens, no slots: zeros of x's dtype.
         for (t, k) in [(0, 2), (3, 0)] {
-            let a = moe_args(t, 4, k, 16, 8, DType::BF16, Activation::Silu, 2);
-            let out = experts(&a, ROWS, IB).unwrap();
+            let a = moe_args(t, 4, k, 16, 8, DType::BF16, Activation::Silu, 2)?;
+            let out = experts(&a, ROWS, IB)?;
             assert_eq!((out.shape(), out.dtype()), (&[t, 16][..], DType::BF16));
             assert!(out.to_f32_vec().iter().all(|&v| v == 0.0));
         }
         assert!(matches!(fast(&OpArgs::MoeExperts(good), MOE_ROUTE), Err(KernelError::Unsupported(_))));
+        Ok(())
     }
 }

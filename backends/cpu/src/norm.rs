@@ -241,6 +241,7 @@ fn layer_typed<T: Elem>(a: &NormArgs, rows: usize, h: usize, eps: f32) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
     use crate::testing::{check, invalid_message, registry, strided, t};
     use layerzero_core::compare::Category;
     use layerzero_core::model::attrs::NormAttrs;
@@ -254,129 +255,138 @@ mod tests {
     }
 
     #[test]
-    fn rms_norm_by_hand() {
-        let x = HostTensor::from_f32(&[1, 2], vec![3.0, 4.0]).unwrap();
-        let w = HostTensor::from_f32(&[2], vec![1.0, 1.0]).unwrap();
-        let out = rms_norm(&norm(x, w, None, None)).unwrap();
+    fn rms_norm_by_hand() -> TestResult {
+        let x = HostTensor::from_f32(&[1, 2], vec![3.0, 4.0])?;
+        let w = HostTensor::from_f32(&[2], vec![1.0, 1.0])?;
+        let out = rms_norm(&norm(x, w, None, None))?;
         let d = (12.5f64 + 1e-6).sqrt();
         let got = out["out"].to_f64_vec();
         assert!((got[0] - 3.0 / d).abs() < 1e-7 && (got[1] - 4.0 / d).abs() < 1e-7, "{got:?}");
+        Ok(())
     }
 
     #[test]
-    fn norms_match_the_reference_on_odd_shapes_and_every_dtype() {
+    fn norms_match_the_reference_on_odd_shapes_and_every_dtype() -> TestResult {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             for rows in [1usize, 7, 33] {
                 for h in [1usize, 5, 4096, 4097] {
                     let seed = (rows * 10_000 + h) as u64;
-                    let x = t(&[rows, h], seed, dtype, 2.0);
-                    let w = t(&[h], seed + 1, dtype, 1.5);
-                    let b = t(&[h], seed + 2, dtype, 1.0);
-                    let r = t(&[rows, h], seed + 3, dtype, 1.0);
+                    let x = t(&[rows, h], seed, dtype, 2.0)?;
+                    let w = t(&[h], seed + 1, dtype, 1.5)?;
+                    let b = t(&[h], seed + 2, dtype, 1.0)?;
+                    let r = t(&[rows, h], seed + 3, dtype, 1.0)?;
                     let what = format!("{rows}x{h} {dtype}");
                     let a = |bias, res| norm(x.clone(), w.clone(), bias, res);
-                    check(RMS_NORM, REF_RMS, &OpArgs::RmsNorm(a(None, None)), Category::Norms, &what);
+                    check(RMS_NORM, REF_RMS, &OpArgs::RmsNorm(a(None, None)), Category::Norms, &what)?;
                     let res = OpArgs::RmsNorm(a(None, Some(r.clone())));
-                    check(RMS_NORM, REF_RMS, &res, Category::Norms, &format!("{what} residual"));
-                    check(LAYER_NORM, REF_LAYER, &OpArgs::LayerNorm(a(None, None)), Category::Norms, &what);
+                    check(RMS_NORM, REF_RMS, &res, Category::Norms, &format!("{what} residual"))?;
+                    check(LAYER_NORM, REF_LAYER, &OpArgs::LayerNorm(a(None, None)), Category::Norms, &what)?;
                     let res = OpArgs::LayerNorm(a(Some(b.clone()), Some(r.clone())));
-                    check(LAYER_NORM, REF_LAYER, &res, Category::Norms, &format!("{what} bias residual"));
+                    check(LAYER_NORM, REF_LAYER, &res, Category::Norms, &format!("{what} bias residual"))?;
                     let lb = OpArgs::LayerNorm(a(Some(b.clone()), None));
-                    check(LAYER_NORM, REF_LAYER, &lb, Category::Norms, &format!("{what} bias"));
+                    check(LAYER_NORM, REF_LAYER, &lb, Category::Norms, &format!("{what} bias"))?;
                 }
             }
         }
+        Ok(())
     }
 
     #[test]
-    fn layer_norm_of_a_large_mean_keeps_its_precision() {
+    fn layer_norm_of_a_large_mean_keeps_its_precision() -> TestResult {
         // mean 1000, spread 1: the one-pass variance of the 16-bit path would cancel.
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             let v: Vec<f32> = crate::testing::values(3 * 256, 4).iter().map(|x| 1000.0 + x).collect();
-            let x = HostTensor::from_f32_as(dtype, &[3, 256], &v).unwrap();
-            let a = norm(x, t(&[256], 5, dtype, 1.0), Some(t(&[256], 6, dtype, 1.0)), None);
-            check(LAYER_NORM, REF_LAYER, &OpArgs::LayerNorm(a), Category::Norms, &format!("mean 1000 {dtype}"));
+            let x = HostTensor::from_f32_as(dtype, &[3, 256], &v)?;
+            let a = norm(x, t(&[256], 5, dtype, 1.0)?, Some(t(&[256], 6, dtype, 1.0)?), None);
+            check(LAYER_NORM, REF_LAYER, &OpArgs::LayerNorm(a), Category::Norms, &format!("mean 1000 {dtype}"))?;
         }
+        Ok(())
     }
 
     #[test]
-    fn norms_of_rows_with_infinities_and_nans_match_the_reference() {
+    fn norms_of_rows_with_infinities_and_nans_match_the_reference() -> TestResult {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             let mut v = crate::testing::values(4 * 64, 13);
             (v[0], v[64 + 5], v[128 + 9], v[192 + 63]) = (f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e30);
-            let x = HostTensor::from_f32_as(dtype, &[4, 64], &v).unwrap();
-            let a = norm(x, t(&[64], 14, dtype, 1.0), Some(t(&[64], 15, dtype, 1.0)), None);
-            check(LAYER_NORM, REF_LAYER, &OpArgs::LayerNorm(a.clone()), Category::Norms, &format!("inf {dtype}"));
+            let x = HostTensor::from_f32_as(dtype, &[4, 64], &v)?;
+            let a = norm(x, t(&[64], 14, dtype, 1.0)?, Some(t(&[64], 15, dtype, 1.0)?), None);
+            check(LAYER_NORM, REF_LAYER, &OpArgs::LayerNorm(a.clone()), Category::Norms, &format!("inf {dtype}"))?;
             let r = NormArgs { bias: None, ..a };
-            check(RMS_NORM, REF_RMS, &OpArgs::RmsNorm(r), Category::Norms, &format!("inf {dtype}"));
+            check(RMS_NORM, REF_RMS, &OpArgs::RmsNorm(r), Category::Norms, &format!("inf {dtype}"))?;
         }
+        Ok(())
     }
 
     #[test]
-    fn norms_on_strided_views_mixed_dtypes_and_eps() {
+    fn norms_on_strided_views_mixed_dtypes_and_eps() -> TestResult {
         for dtype in [DType::F32, DType::BF16] {
-            let x = t(&[3, 5, 67], 7, dtype, 3.0);
-            let w = t(&[67], 8, DType::F32, 1.0);
-            let b = t(&[67], 9, DType::F16, 1.0);
-            let r = t(&[3, 5, 67], 10, DType::F16, 1.0);
-            for (i, xs) in strided(&x).into_iter().enumerate() {
-                for (j, rs) in strided(&r).into_iter().enumerate() {
+            let x = t(&[3, 5, 67], 7, dtype, 3.0)?;
+            let w = t(&[67], 8, DType::F32, 1.0)?;
+            let b = t(&[67], 9, DType::F16, 1.0)?;
+            let r = t(&[3, 5, 67], 10, DType::F16, 1.0)?;
+            for (i, xs) in strided(&x)?.into_iter().enumerate() {
+                for (j, rs) in strided(&r)?.into_iter().enumerate() {
                     let what = format!("{dtype} x view {i} residual view {j}");
                     let mut a = norm(xs.clone(), w.clone(), None, Some(rs));
                     a.attrs.eps = Some(1e-2);
-                    check(RMS_NORM, REF_RMS, &OpArgs::RmsNorm(a), Category::Norms, &what);
+                    check(RMS_NORM, REF_RMS, &OpArgs::RmsNorm(a), Category::Norms, &what)?;
                 }
                 let what = format!("{dtype} x view {i}");
                 let a = norm(xs.clone(), w.clone(), Some(b.clone()), None);
-                check(LAYER_NORM, REF_LAYER, &OpArgs::LayerNorm(a), Category::Norms, &what);
+                check(LAYER_NORM, REF_LAYER, &OpArgs::LayerNorm(a), Category::Norms, &what)?;
                 // Leading dims permuted (rows no longer one stride apart).
-                let p = xs.permute(&[1, 0, 2]).unwrap();
-                check(RMS_NORM, REF_RMS, &OpArgs::RmsNorm(norm(p, w.clone(), None, None)), Category::Norms, &what);
+                let p = xs.permute(&[1, 0, 2])?;
+                check(RMS_NORM, REF_RMS, &OpArgs::RmsNorm(norm(p, w.clone(), None, None)), Category::Norms, &what)?;
             }
             // A transposed x normalizes along its own last dim; a strided weight.
-            let xt = t(&[48, 9], 11, dtype, 1.0).permute(&[1, 0]).unwrap();
-            let wv = strided(&t(&[48], 12, dtype, 1.0)).remove(1);
+            let xt = t(&[48, 9], 11, dtype, 1.0)?.permute(&[1, 0])?;
+            let wv = strided(&t(&[48], 12, dtype, 1.0)?)?.remove(1);
             let a = norm(xt, wv, None, None);
-            check(RMS_NORM, REF_RMS, &OpArgs::RmsNorm(a.clone()), Category::Norms, "transposed");
-            check(LAYER_NORM, REF_LAYER, &OpArgs::LayerNorm(a), Category::Norms, "transposed");
+            check(RMS_NORM, REF_RMS, &OpArgs::RmsNorm(a.clone()), Category::Norms, "transposed")?;
+            check(LAYER_NORM, REF_LAYER, &OpArgs::LayerNorm(a), Category::Norms, "transposed")?;
         }
+        Ok(())
     }
 
     #[test]
-    fn norm_errors_and_empty_inputs() {
-        let x = t(&[2, 3], 1, DType::F32, 1.0);
-        let m = invalid_message(RMS_NORM, &OpArgs::RmsNorm(norm(x.clone(), t(&[2], 2, DType::F32, 1.0), None, None)));
+    fn norm_errors_and_empty_inputs() -> TestResult {
+        let x = t(&[2, 3], 1, DType::F32, 1.0)?;
+        let m = invalid_message(RMS_NORM, &OpArgs::RmsNorm(norm(x.clone(), t(&[2], 2, DType::F32, 1.0)?, None, None)))?;
         assert!(m.contains("`weight`") && m.contains("[2]") && m.contains("[3]"), "{m}");
-        let bad_res = norm(x.clone(), t(&[3], 2, DType::F32, 1.0), None, Some(t(&[3, 2], 3, DType::F32, 1.0)));
-        let m = invalid_message(RMS_NORM, &OpArgs::RmsNorm(bad_res.clone()));
+        let bad_res = norm(x.clone(), t(&[3], 2, DType::F32, 1.0)?, None, Some(t(&[3, 2], 3, DType::F32, 1.0)?));
+        let m = invalid_message(RMS_NORM, &OpArgs::RmsNorm(bad_res.clone()))?;
         assert!(m.contains("`residual`") && m.contains("[3, 2]"), "{m}");
-        assert!(invalid_message(LAYER_NORM, &OpArgs::LayerNorm(bad_res)).contains("residual"));
-        let bad_bias = norm(x.clone(), t(&[3], 2, DType::F32, 1.0), Some(t(&[4], 3, DType::F32, 1.0)), None);
-        assert!(invalid_message(LAYER_NORM, &OpArgs::LayerNorm(bad_bias.clone())).contains("`bias`"));
-        assert!(invalid_message(RMS_NORM, &OpArgs::RmsNorm(bad_bias)).contains("bias"));
-        let mut neg = norm(x.clone(), t(&[3], 2, DType::F32, 1.0), None, None);
+        assert!(invalid_message(LAYER_NORM, &OpArgs::LayerNorm(bad_res))?.contains("residual"));
+        let bad_bias = norm(x.clone(), t(&[3], 2, DType::F32, 1.0)?, Some(t(&[4], 3, DType::F32, 1.0)?), None);
+        assert!(invalid_message(LAYER_NORM, &OpArgs::LayerNorm(bad_bias.clone()))?.contains("`bias`"));
+        assert!(invalid_message(RMS_NORM, &OpArgs::RmsNorm(bad_bias))?.contains("bias"));
+        let mut neg = norm(x.clone(), t(&[3], 2, DType::F32, 1.0)?, None, None);
         neg.attrs.eps = Some(-1.0);
-        assert!(invalid_message(RMS_NORM, &OpArgs::RmsNorm(neg)).contains("eps"));
-        let scalar = norm(t(&[], 1, DType::F32, 1.0), t(&[1], 2, DType::F32, 1.0), None, None);
-        assert!(invalid_message(LAYER_NORM, &OpArgs::LayerNorm(scalar)).contains("`x`"));
+        assert!(invalid_message(RMS_NORM, &OpArgs::RmsNorm(neg))?.contains("eps"));
+        let scalar = norm(t(&[], 1, DType::F32, 1.0)?, t(&[1], 2, DType::F32, 1.0)?, None, None);
+        assert!(invalid_message(LAYER_NORM, &OpArgs::LayerNorm(scalar))?.contains("`x`"));
         // fp8 x is not one of the declared dtypes: unsupported, not a panic.
-        let f8 = HostTensor::from_f32_as(DType::Fp8E4M3, &[1, 3], &[1.0, 2.0, 3.0]).unwrap();
-        let r = rms_norm(&norm(f8, t(&[3], 2, DType::F32, 1.0), None, None));
+        let f8 = HostTensor::from_f32_as(DType::Fp8E4M3, &[1, 3], &[1.0, 2.0, 3.0])?;
+        let r = rms_norm(&norm(f8, t(&[3], 2, DType::F32, 1.0)?, None, None));
         assert!(matches!(r, Err(KernelError::Unsupported(_))), "{r:?}");
         // Empty rows and an empty hidden dim.
         let e = norm(
-            t(&[0, 4], 1, DType::BF16, 1.0),
-            t(&[4], 2, DType::BF16, 1.0),
+            t(&[0, 4], 1, DType::BF16, 1.0)?,
+            t(&[4], 2, DType::BF16, 1.0)?,
             None,
-            Some(t(&[0, 4], 3, DType::BF16, 1.0)),
+            Some(t(&[0, 4], 3, DType::BF16, 1.0)?),
         );
-        let o = rms_norm(&e).unwrap();
+        let o = rms_norm(&e)?;
         assert_eq!((o["out"].shape(), o["residual_out"].shape()), (&[0usize, 4][..], &[0usize, 4][..]));
-        let e = norm(t(&[3, 0], 1, DType::F16, 1.0), t(&[0], 2, DType::F16, 1.0), None, None);
-        assert_eq!(layer_norm(&e).unwrap()["out"].shape(), &[3, 0]);
+        let e = norm(t(&[3, 0], 1, DType::F16, 1.0)?, t(&[0], 2, DType::F16, 1.0)?, None, None);
+        assert_eq!(layer_norm(&e)?["out"].shape(), &[3, 0]);
         // The wrong op.
         let r = registry();
-        let a = OpArgs::LayerNorm(norm(x, t(&[3], 2, DType::F32, 1.0), None, None));
-        assert!(matches!(r.get(RMS_NORM).unwrap().run(&a), Err(KernelError::Unsupported(_))));
+        let a = OpArgs::LayerNorm(norm(x, t(&[3], 2, DType::F32, 1.0)?, None, None));
+        assert!(matches!(
+            r.get(RMS_NORM).ok_or("rms_norm is not registered")?.run(&a),
+            Err(KernelError::Unsupported(_))
+        ));
+        Ok(())
     }
 }

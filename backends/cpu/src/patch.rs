@@ -131,6 +131,7 @@ fn reorder(w: &[f32], g: &Patches, dst: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
     use layerzero_core::model::attrs::PatchEmbedAttrs;
     use layerzero_core::model::dtype::DType;
     use layerzero_core::model::layout::Layout;
@@ -138,23 +139,23 @@ mod tests {
     use layerzero_core::tensor::rng::Rng;
     use layerzero_reference::patch::patch_embed;
 
-    fn normal(rng: &mut Rng, dtype: DType, shape: &[usize], std: f64) -> HostTensor {
+    fn normal(rng: &mut Rng, dtype: DType, shape: &[usize], std: f64) -> TestResult<HostTensor> {
         let v: Vec<f32> = (0..shape.iter().product()).map(|_| (rng.normal() * std) as f32).collect();
-        HostTensor::from_f32_as(dtype, shape, &v).unwrap()
+        Ok(HostTensor::from_f32_as(dtype, shape, &v)?)
     }
 
     /// NHWC arguments (a channels-last copy of an NCHW image) and the same image in NCHW.
-    fn case(dtype: DType, [b, c, h, w, p, d]: [usize; 6], bias: bool) -> [PatchEmbedArgs; 2] {
+    fn case(dtype: DType, [b, c, h, w, p, d]: [usize; 6], bias: bool) -> TestResult<[PatchEmbedArgs; 2]> {
         let mut rng = Rng::new((b * 1000 + c * 100 + p * 10 + d) as u64);
-        let nchw = normal(&mut rng, dtype, &[b, c, h, w], 1.0);
-        let weight = normal(&mut rng, dtype, &[d, c, p, p], 0.5 / ((c * p * p) as f64).sqrt());
-        let bias = bias.then(|| normal(&mut rng, dtype, &[d], 0.5));
-        let nhwc = nchw.permute(&[0, 2, 3, 1]).unwrap().contiguous().with_layout(Layout::Nhwc);
+        let nchw = normal(&mut rng, dtype, &[b, c, h, w], 1.0)?;
+        let weight = normal(&mut rng, dtype, &[d, c, p, p], 0.5 / ((c * p * p) as f64).sqrt())?;
+        let bias = bias.then(|| normal(&mut rng, dtype, &[d], 0.5)).transpose()?;
+        let nhwc = nchw.permute(&[0, 2, 3, 1])?.contiguous().with_layout(Layout::Nhwc);
         let attrs = PatchEmbedAttrs { patch: p as u64 };
-        [
+        Ok([
             PatchEmbedArgs { image: nhwc, weight: weight.clone(), bias: bias.clone(), attrs: attrs.clone() },
             PatchEmbedArgs { image: nchw, weight, bias, attrs },
-        ]
+        ])
     }
 
     fn assert_close(got: &HostTensor, want: &HostTensor, rtol: f64, what: &str) {
@@ -165,7 +166,7 @@ mod tests {
     }
 
     #[test]
-    fn the_im2col_kernel_equals_the_oracle_for_every_shape_and_dtype() {
+    fn the_im2col_kernel_equals_the_oracle_for_every_shape_and_dtype() -> TestResult {
         for dtype in [DType::F32, DType::BF16, DType::F16] {
             // bf16 outputs are each rounded once from f32 vs f64 sums: one 16-bit step apart.
             let rtol = match dtype {
@@ -181,40 +182,41 @@ mod tests {
                 (1, 1, 8, 12, 1, 3, false),
                 (2, 4, 32, 32, 16, 24, true),
             ] {
-                let [nhwc, nchw] = case(dtype, [b, c, h, w, p, d], bias);
+                let [nhwc, nchw] = case(dtype, [b, c, h, w, p, d], bias)?;
                 let what = format!("{dtype} [{b}, {c}, {h}, {w}] P={p} D={d} bias={bias}");
-                let want = patch_embed(&nchw).unwrap();
+                let want = patch_embed(&nchw)?;
                 assert_eq!(want.shape(), &[b, (h / p) * (w / p), d], "{what}");
-                let got = patch_embed_into(&nhwc, &mut Outputs::new()).unwrap().remove("out").unwrap();
+                let got = patch_embed_into(&nhwc, &mut Outputs::new())?.remove("out").ok_or("no out")?;
                 assert_close(&got, &want, rtol, &what);
             }
         }
+        Ok(())
     }
 
     #[test]
-    fn a_strided_channels_last_view_is_gathered_pixel_by_pixel() {
+    fn a_strided_channels_last_view_is_gathered_pixel_by_pixel() -> TestResult {
         // Channels-last values viewed from an NCHW buffer: pixels are not packed.
-        let [_, nchw] = case(DType::F32, [2, 3, 8, 12, 4, 6], true);
-        let view = PatchEmbedArgs {
-            image: nchw.image.permute(&[0, 2, 3, 1]).unwrap().with_layout(Layout::Nhwc),
-            ..nchw.clone()
-        };
+        let [_, nchw] = case(DType::F32, [2, 3, 8, 12, 4, 6], true)?;
+        let view =
+            PatchEmbedArgs { image: nchw.image.permute(&[0, 2, 3, 1])?.with_layout(Layout::Nhwc), ..nchw.clone() };
         assert!(!view.image.is_contiguous());
-        let got = patch_embed_into(&view, &mut Outputs::new()).unwrap().remove("out").unwrap();
-        assert_close(&got, &patch_embed(&nchw).unwrap(), 1e-5, "strided NHWC view");
+        let got = patch_embed_into(&view, &mut Outputs::new())?.remove("out").ok_or("no out")?;
+        assert_close(&got, &patch_embed(&nchw)?, 1e-5, "strided NHWC view");
+        Ok(())
     }
 
     #[test]
-    fn an_nchw_image_is_unsupported_here_and_a_caller_buffer_is_reused() {
-        let [nhwc, nchw] = case(DType::BF16, [1, 3, 8, 8, 4, 8], false);
+    fn an_nchw_image_is_unsupported_here_and_a_caller_buffer_is_reused() -> TestResult {
+        let [nhwc, nchw] = case(DType::BF16, [1, 3, 8, 8, 4, 8], false)?;
         assert!(matches!(
             patch_embed_into(&nchw, &mut Outputs::new()),
             Err(KernelError::Unsupported(m)) if m.contains("NHWC")
         ));
-        let mut bufs = patch_embed_into(&nhwc, &mut Outputs::new()).unwrap();
+        let mut bufs = patch_embed_into(&nhwc, &mut Outputs::new())?;
         let (values, storage) = (bufs["out"].to_f32_vec(), Arc::as_ptr(bufs["out"].storage_arc()));
-        let again = patch_embed_into(&nhwc, &mut bufs).unwrap();
+        let again = patch_embed_into(&nhwc, &mut bufs)?;
         assert_eq!(Arc::as_ptr(again["out"].storage_arc()), storage, "the output was written in place");
         assert_eq!(again["out"].to_f32_vec(), values);
+        Ok(())
     }
 }

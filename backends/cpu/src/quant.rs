@@ -263,19 +263,20 @@ fn read_x_row(x: &Mat, r: usize, out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
     use layerzero_core::exec::args::strided_copy;
     use layerzero_core::model::attrs::QuantAttrs;
     use layerzero_reference as cpu_reference;
     use layerzero_reference::test_util::values;
 
-    fn reference(args: &OpArgs) -> Outputs {
+    fn reference(args: &OpArgs) -> TestResult<Outputs> {
         let mut r = Registry::new();
         cpu_reference::register(&mut r);
         let id = match args {
             OpArgs::Quantize(_) => "cpu_reference.quantize.naive",
             _ => "cpu_reference.dequantize.naive",
         };
-        r.get(id).unwrap().run(args).unwrap()
+        Ok(r.get(id).ok_or_else(|| format!("{id} is not registered"))?.run(args)?)
     }
 
     fn attrs(scheme: QuantScheme, block: Option<[u64; 2]>, layout: Option<ScaleLayout>, target: DType) -> QuantAttrs {
@@ -334,7 +335,7 @@ mod tests {
     }
 
     #[test]
-    fn quantize_is_bit_exact_with_the_reference_for_every_scheme() {
+    fn quantize_is_bit_exact_with_the_reference_for_every_scheme() -> TestResult {
         let schemes = [
             (QuantScheme::None, None, None),
             (QuantScheme::PerTensor, None, None),
@@ -348,8 +349,8 @@ mod tests {
             let mut v: Vec<f32> = values(r * c, 31).iter().map(|x| x * 3.0).collect();
             v[7] = f32::NAN;
             v[1000] = 0.0;
-            let x = HostTensor::from_f32_as(dtype, &[r, c], &v).unwrap();
-            let strided = strided_copy(&x, &[1, r]).unwrap();
+            let x = HostTensor::from_f32_as(dtype, &[r, c], &v)?;
+            let strided = strided_copy(&x, &[1, r])?;
             for target in [DType::I8, DType::Fp8E4M3, DType::Fp8E5M2] {
                 for &(scheme, block, layout) in &schemes {
                     for x in [&x, &strided] {
@@ -357,9 +358,9 @@ mod tests {
                             x: x.clone(),
                             attrs: attrs(scheme, block, layout, target),
                         });
-                        let want = reference(&args);
+                        let want = reference(&args)?;
                         let OpArgs::Quantize(q) = &args else { unreachable!() };
-                        let ours = quantize(q).unwrap();
+                        let ours = quantize(q)?;
                         let what = format!("{dtype} {target} {scheme:?} {block:?}");
                         for name in ["out", "scale"] {
                             assert_eq!(ours[name].shape(), want[name].shape(), "{what} {name}");
@@ -371,21 +372,22 @@ mod tests {
             }
         }
         // A 3-D x per tensor, and a 0-d x.
-        let x3 = HostTensor::from_f32(&[2, 3, 4], values(24, 5)).unwrap().permute(&[2, 0, 1]).unwrap();
-        let x0 = HostTensor::from_f32(&[], vec![-2.5]).unwrap();
+        let x3 = HostTensor::from_f32(&[2, 3, 4], values(24, 5))?.permute(&[2, 0, 1])?;
+        let x0 = HostTensor::from_f32(&[], vec![-2.5])?;
         for x in [x3, x0] {
             let args =
                 OpArgs::Quantize(QuantizeArgs { x, attrs: attrs(QuantScheme::PerTensor, None, None, DType::I8) });
             let OpArgs::Quantize(q) = &args else { unreachable!() };
-            let ours = quantize(q).unwrap();
-            assert_eq!(bits(&ours["out"]), bits(&reference(&args)["out"]));
+            let ours = quantize(q)?;
+            assert_eq!(bits(&ours["out"]), bits(&reference(&args)?["out"]));
         }
+        Ok(())
     }
 
     #[test]
-    fn round_trip_error_is_within_half_a_step() {
+    fn round_trip_error_is_within_half_a_step() -> TestResult {
         let (r, c) = (40usize, 300usize);
-        let x = HostTensor::from_f32(&[r, c], values(r * c, 41).iter().map(|v| v * 10.0).collect()).unwrap();
+        let x = HostTensor::from_f32(&[r, c], values(r * c, 41).iter().map(|v| v * 10.0).collect())?;
         let xs = x.to_f32_vec();
         for (scheme, block) in [
             (QuantScheme::PerTensor, None),
@@ -395,9 +397,8 @@ mod tests {
         ] {
             for target in [DType::I8, DType::Fp8E4M3, DType::Fp8E5M2] {
                 let a = attrs(scheme, block, Some(ScaleLayout::ColumnMajor), target);
-                let q = quantize(&QuantizeArgs { x: x.clone(), attrs: a.clone() }).unwrap();
-                let back = dequantize(&DequantizeArgs { x: q["out"].clone(), scale: q["scale"].clone(), attrs: a })
-                    .unwrap()
+                let q = quantize(&QuantizeArgs { x: x.clone(), attrs: a.clone() })?;
+                let back = dequantize(&DequantizeArgs { x: q["out"].clone(), scale: q["scale"].clone(), attrs: a })?
                     .to_f32_vec();
                 // Each group's amax maps to qmax: i8 steps are scale (error <= scale / 2);
                 // fp8 keeps 3 (e4m3) or 2 (e5m2) mantissa bits (relative error <= 2^-4 / 2^-3).
@@ -412,22 +413,20 @@ mod tests {
                 }
             }
         }
+        Ok(())
     }
 
     #[test]
-    fn dequantize_matches_reference_and_checks_the_scale_layout() {
+    fn dequantize_matches_reference_and_checks_the_scale_layout() -> TestResult {
         let (r, c) = (130usize, 260usize);
         let q: Vec<f32> = values(r * c, 51).iter().map(|v| (v * 127.0).round()).collect();
-        let x8 = HostTensor::from_f32_as(DType::I8, &[r, c], &q).unwrap();
-        let xf = HostTensor::from_f32_as(DType::Fp8E4M3, &[r, c], &values(r * c, 52)).unwrap();
-        let col = HostTensor::from_f32(&[6], vec![0.01, 0.02, 0.03, 0.04, 0.05, 0.06])
-            .unwrap()
-            .view(&[2, 3], &[1, 2], 0)
-            .unwrap();
+        let x8 = HostTensor::from_f32_as(DType::I8, &[r, c], &q)?;
+        let xf = HostTensor::from_f32_as(DType::Fp8E4M3, &[r, c], &values(r * c, 52))?;
+        let col = HostTensor::from_f32(&[6], vec![0.01, 0.02, 0.03, 0.04, 0.05, 0.06])?.view(&[2, 3], &[1, 2], 0)?;
         let rowm = col.contiguous();
         let cases = [
-            (QuantScheme::PerChannel, None, None, HostTensor::from_f32(&[r], values(r, 53)).unwrap()),
-            (QuantScheme::PerTensor, None, None, HostTensor::from_f32(&[1, 1], vec![0.5]).unwrap()),
+            (QuantScheme::PerChannel, None, None, HostTensor::from_f32(&[r], values(r, 53))?),
+            (QuantScheme::PerTensor, None, None, HostTensor::from_f32(&[1, 1], vec![0.5])?),
             (QuantScheme::PerBlock, Some([128, 128]), Some(ScaleLayout::ColumnMajor), col.clone()),
             (QuantScheme::PerBlock, Some([128, 128]), Some(ScaleLayout::RowMajor), rowm.clone()),
         ];
@@ -437,9 +436,9 @@ mod tests {
                     let mut at = attrs(*scheme, *block, *layout, x.dtype());
                     at.out_dtype = out_dtype;
                     let args = OpArgs::Dequantize(DequantizeArgs { x: x.clone(), scale: scale.clone(), attrs: at });
-                    let want = reference(&args).remove("out").unwrap();
+                    let want = reference(&args)?.remove("out").ok_or("no out")?;
                     let OpArgs::Dequantize(d) = &args else { unreachable!() };
-                    let ours = dequantize(d).unwrap();
+                    let ours = dequantize(d)?;
                     assert_eq!(ours.dtype(), want.dtype());
                     for (o, w) in ours.to_f64_vec().iter().zip(want.to_f64_vec()) {
                         // f32: identical; bf16: at most one ulp apart (double rounding).
@@ -466,23 +465,25 @@ mod tests {
         }
         // A scale of the wrong shape for the scheme.
         for (scheme, block, scale) in [
-            (QuantScheme::PerChannel, None, HostTensor::from_f32(&[c], vec![1.0; c]).unwrap()),
-            (QuantScheme::PerBlock, Some([128, 128]), HostTensor::from_f32(&[3, 2], vec![1.0; 6]).unwrap()),
-            (QuantScheme::PerTensor, None, HostTensor::from_f32(&[2], vec![1.0; 2]).unwrap()),
+            (QuantScheme::PerChannel, None, HostTensor::from_f32(&[c], vec![1.0; c])?),
+            (QuantScheme::PerBlock, Some([128, 128]), HostTensor::from_f32(&[3, 2], vec![1.0; 6])?),
+            (QuantScheme::PerTensor, None, HostTensor::from_f32(&[2], vec![1.0; 2])?),
         ] {
             let a = attrs(scheme, block, None, DType::I8);
             let e = dequantize(&DequantizeArgs { x: x8.clone(), scale, attrs: a });
             assert!(matches!(&e, Err(KernelError::InvalidInput(m)) if m.contains("SCALE_LAYOUT_MISMATCH")), "{e:?}");
         }
+        Ok(())
     }
 
     #[test]
-    fn fp8_saturates_and_keeps_nan() {
-        let x = HostTensor::from_f32(&[1, 4], vec![1e6, -1e6, f32::NAN, 3.0]).unwrap();
-        let o = quantize(&QuantizeArgs { x, attrs: attrs(QuantScheme::None, None, None, DType::Fp8E4M3) }).unwrap();
+    fn fp8_saturates_and_keeps_nan() -> TestResult {
+        let x = HostTensor::from_f32(&[1, 4], vec![1e6, -1e6, f32::NAN, 3.0])?;
+        let o = quantize(&QuantizeArgs { x, attrs: attrs(QuantScheme::None, None, None, DType::Fp8E4M3) })?;
         let v = o["out"].to_f32_vec();
         assert_eq!((v[0], v[1], v[3]), (448.0, -448.0, 3.0));
         assert!(v[2].is_nan());
         assert_eq!(o["scale"].to_f32_vec(), vec![1.0]);
+        Ok(())
     }
 }

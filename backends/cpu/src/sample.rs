@@ -236,6 +236,7 @@ fn radix_sort(keys: &mut [u64], buf: &mut Vec<u64>, n: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
     use layerzero_core::model::dtype::DType;
     use layerzero_core::tensor::rng::Rng;
     use layerzero_reference as cpu_reference;
@@ -250,8 +251,10 @@ mod tests {
     fn fast(logits: &HostTensor, a: &SampleAttrs) -> Result<Vec<i64>, KernelError> {
         let mut r = Registry::new();
         register(&mut r);
-        let outs =
-            r.get(SAMPLE).unwrap().run(&OpArgs::Sample(SampleArgs { logits: logits.clone(), attrs: a.clone() }))?;
+        let outs = r
+            .get(SAMPLE)
+            .ok_or_else(|| KernelError::Failed(format!("{SAMPLE} is not registered")))?
+            .run(&OpArgs::Sample(SampleArgs { logits: logits.clone(), attrs: a.clone() }))?;
         assert_eq!(outs["tokens"].dtype(), DType::I64);
         assert_eq!(outs["tokens"].shape(), &[logits.shape()[0]]);
         Ok(outs["tokens"].to_i64_vec())
@@ -262,19 +265,19 @@ mod tests {
         cpu_reference::register(&mut r);
         let outs = r
             .get("cpu_reference.sample.naive")
-            .unwrap()
+            .ok_or_else(|| KernelError::Failed("cpu_reference.sample.naive is not registered".into()))?
             .run(&OpArgs::Sample(SampleArgs { logits: logits.clone(), attrs: a.clone() }))?;
         Ok(outs["tokens"].to_i64_vec())
     }
 
-    fn random_logits(b: usize, v: usize, scale: f64, seed: u64, dtype: DType) -> HostTensor {
+    fn random_logits(b: usize, v: usize, scale: f64, seed: u64, dtype: DType) -> TestResult<HostTensor> {
         let mut rng = Rng::new(seed);
         let vals: Vec<f32> = (0..b * v).map(|_| (rng.normal() * scale) as f32).collect();
-        HostTensor::from_f32_as(dtype, &[b, v], &vals).unwrap()
+        Ok(HostTensor::from_f32_as(dtype, &[b, v], &vals)?)
     }
 
     #[test]
-    fn fast_picks_the_reference_tokens() {
+    fn fast_picks_the_reference_tokens() -> TestResult {
         let settings: [Filters; 14] = [
             (None, None, None, None),
             (Some(1.0), None, None, None),
@@ -294,16 +297,12 @@ mod tests {
         let mut cases = 0;
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             for (v, scale) in [(7usize, 1.0), (50, 2.0), (300, 4.0), (2000, 1.5), (5000, 0.5)] {
-                let l = random_logits(6, v, scale, v as u64 * 31 + dtype.size_bytes(), dtype);
+                let l = random_logits(6, v, scale, v as u64 * 31 + dtype.size_bytes(), dtype)?;
                 for (si, s) in settings.iter().enumerate() {
                     // Fewer draws for the large vocabularies (the reference sorts them).
                     for seed in 0..if v >= 2000 { 3u64 } else { 12 } {
                         let a = attrs(s.0, s.1, s.2, s.3, seed * 1_000_003 + si as u64);
-                        assert_eq!(
-                            fast(&l, &a).unwrap(),
-                            reference(&l, &a).unwrap(),
-                            "{dtype} v {v} {s:?} seed {seed}"
-                        );
+                        assert_eq!(fast(&l, &a)?, reference(&l, &a)?, "{dtype} v {v} {s:?} seed {seed}");
                         cases += 1;
                     }
                 }
@@ -320,22 +319,22 @@ mod tests {
                 (_, r) => r as f32 * 0.5 - 1.0,
             })
             .collect();
-        let l = HostTensor::from_f32(&[4, 500], vals).unwrap();
+        let l = HostTensor::from_f32(&[4, 500], vals)?;
         for seed in 0..40 {
             for s in [
                 attrs(None, Some(30), None, None, seed),
                 attrs(Some(0.3), None, Some(0.7), None, seed),
                 attrs(Some(2.0), Some(200), None, Some(0.1), seed),
             ] {
-                assert_eq!(fast(&l, &s).unwrap(), reference(&l, &s).unwrap());
+                assert_eq!(fast(&l, &s)?, reference(&l, &s)?);
             }
         }
         // A strided view.
-        let l = random_logits(40, 9, 1.0, 3, DType::F32);
-        let view =
-            HostTensor::from_f32(&[9, 40], l.permute(&[1, 0]).unwrap().to_f32_vec()).unwrap().permute(&[1, 0]).unwrap();
+        let l = random_logits(40, 9, 1.0, 3, DType::F32)?;
+        let view = HostTensor::from_f32(&[9, 40], l.permute(&[1, 0])?.to_f32_vec())?.permute(&[1, 0])?;
         let a = attrs(Some(1.0), Some(4), Some(0.9), None, 11);
-        assert_eq!(fast(&view, &a).unwrap(), reference(&l, &a).unwrap());
+        assert_eq!(fast(&view, &a)?, reference(&l, &a)?);
+        Ok(())
     }
 
     #[test]
@@ -355,29 +354,30 @@ mod tests {
     }
 
     #[test]
-    fn tokens_do_not_depend_on_the_thread_count() {
-        let l = random_logits(64, 1000, 2.0, 9, DType::F32);
+    fn tokens_do_not_depend_on_the_thread_count() -> TestResult {
+        let l = random_logits(64, 1000, 2.0, 9, DType::F32)?;
         let a = attrs(Some(0.8), None, Some(0.95), None, 77);
-        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-        let two = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
-        let t1 = one.install(|| fast(&l, &a).unwrap());
-        let t2 = two.install(|| fast(&l, &a).unwrap());
+        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build()?;
+        let two = rayon::ThreadPoolBuilder::new().num_threads(2).build()?;
+        let t1 = one.install(|| fast(&l, &a))?;
+        let t2 = two.install(|| fast(&l, &a))?;
         assert_eq!(t1, t2);
-        assert_eq!(t1, fast(&l, &a).unwrap());
-        assert_eq!(t1, reference(&l, &a).unwrap());
+        assert_eq!(t1, fast(&l, &a)?);
+        assert_eq!(t1, reference(&l, &a)?);
+        Ok(())
     }
 
     #[test]
-    fn errors_match_the_reference() {
+    fn errors_match_the_reference() -> TestResult {
         let mut v = vec![0.0f32; 6];
         v[5] = f32::NAN;
-        let l = HostTensor::from_f32(&[2, 3], v).unwrap();
+        let l = HostTensor::from_f32(&[2, 3], v)?;
         for a in [SampleAttrs::default(), attrs(Some(1.0), None, None, None, 0)] {
-            let e = fast(&l, &a).unwrap_err();
-            assert_eq!(e, reference(&l, &a).unwrap_err());
+            let e = fast(&l, &a).err().ok_or("a NaN logit must be refused")?;
+            assert_eq!(reference(&l, &a).err().as_ref(), Some(&e));
             assert!(matches!(&e, KernelError::InvalidInput(m) if m.contains("[1, 2]")), "{e}");
         }
-        let ok = HostTensor::from_f32(&[1, 3], vec![0.0, 1.0, 2.0]).unwrap();
+        let ok = HostTensor::from_f32(&[1, 3], vec![0.0, 1.0, 2.0])?;
         for a in [
             attrs(Some(-1.0), None, None, None, 0),
             attrs(Some(f64::INFINITY), None, None, None, 0),
@@ -387,14 +387,18 @@ mod tests {
         ] {
             assert!(matches!(fast(&ok, &a), Err(KernelError::InvalidInput(_))), "{a:?}");
         }
-        let empty = HostTensor::from_f32(&[1, 0], vec![]).unwrap();
+        let empty = HostTensor::from_f32(&[1, 0], vec![])?;
         assert!(matches!(fast(&empty, &SampleAttrs::default()), Err(KernelError::InvalidInput(_))));
-        let rank3 = HostTensor::from_f32(&[1, 1, 3], vec![0.0; 3]).unwrap();
+        let rank3 = HostTensor::from_f32(&[1, 1, 3], vec![0.0; 3])?;
         assert!(matches!(fast(&rank3, &SampleAttrs::default()), Err(KernelError::InvalidInput(_))));
         let mut r = Registry::new();
         register(&mut r);
         let other = OpArgs::Silu(layerzero_core::exec::args::SiluArgs { x: ok, attrs: Default::default() });
-        assert!(matches!(r.get(SAMPLE).unwrap().run(&other), Err(KernelError::Unsupported(_))));
+        assert!(matches!(
+            r.get(SAMPLE).ok_or("sample is not registered")?.run(&other),
+            Err(KernelError::Unsupported(_))
+        ));
+        Ok(())
     }
 
     /// The 0.999 quantile of chi-square with df degrees of freedom (df 1..=7).
@@ -408,7 +412,7 @@ mod tests {
         let z: f64 = e.iter().sum();
         let p: Vec<f64> = e.iter().map(|x| x / z).collect();
         let mut idx: Vec<usize> = (0..l.len()).collect();
-        idx.sort_by(|&a, &b| p[b].partial_cmp(&p[a]).unwrap());
+        idx.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
         let mut keep = vec![false; l.len()];
         let k_mass: f64 = idx.iter().take(if top_k == 0 { l.len() } else { top_k }).map(|&i| p[i]).sum();
         let mut before = 0.0;
@@ -421,7 +425,7 @@ mod tests {
     }
 
     #[test]
-    fn fast_draws_follow_the_filtered_distribution() {
+    fn fast_draws_follow_the_filtered_distribution() -> TestResult {
         const N: usize = 20_000;
         let logits = [0.5f32, 2.0, -1.0, 1.2, 0.1, 1.5, -0.3, 0.9];
         let settings: [(&str, Filters); 5] = [
@@ -432,14 +436,14 @@ mod tests {
             ("combined t 0.8, top_k 5, top_p 0.9, min_p 0.05", (Some(0.8), Some(5), Some(0.9), Some(0.05))),
         ];
         for dtype in [DType::F32, DType::F16, DType::BF16] {
-            let rows = HostTensor::from_f32_as(dtype, &[N, 8], &logits.repeat(N)).unwrap();
+            let rows = HostTensor::from_f32_as(dtype, &[N, 8], &logits.repeat(N))?;
             // The distribution of the logits as stored (rounded to the dtype).
             let l: Vec<f64> = rows.to_f64_vec()[..8].to_vec();
             for (name, s) in &settings {
                 let probs =
                     exact(&l, s.0.unwrap_or(1.0), s.1.unwrap_or(0) as usize, s.2.unwrap_or(1.0), s.3.unwrap_or(0.0));
                 let mut counts = [0u64; 8];
-                for t in fast(&rows, &attrs(s.0, s.1, s.2, s.3, 99)).unwrap() {
+                for t in fast(&rows, &attrs(s.0, s.1, s.2, s.3, 99))? {
                     counts[t as usize] += 1;
                 }
                 let mut stat = 0.0;
@@ -458,5 +462,6 @@ mod tests {
                 assert!(stat < CHI2_999[df - 1], "{dtype} {name}: chi-square {stat} with {df} df; counts {counts:?}");
             }
         }
+        Ok(())
     }
 }

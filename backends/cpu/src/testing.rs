@@ -1,6 +1,7 @@
 //! Helpers of the `cpu` kernels' parity tests: deterministic inputs, strided views, and the
 //! check of a fast kernel against the reference oracle.
 
+use crate::TestResult;
 use layerzero_core::compare::{Category, compare, tolerance};
 use layerzero_core::exec::args::{OpArgs, strided_copy};
 use layerzero_core::exec::executor::{KernelError, Registry};
@@ -10,15 +11,15 @@ use layerzero_core::tensor::HostTensor;
 pub(super) use layerzero_reference::test_util::values;
 
 /// Deterministic values in [-scale, scale) of `dtype`.
-pub(super) fn t(shape: &[usize], seed: u64, dtype: DType, scale: f32) -> HostTensor {
+pub(super) fn t(shape: &[usize], seed: u64, dtype: DType, scale: f32) -> TestResult<HostTensor> {
     let n = shape.iter().product();
     let v: Vec<f32> = values(n, seed).into_iter().map(|x| x * scale).collect();
-    HostTensor::from_f32_as(dtype, shape, &v).unwrap()
+    Ok(HostTensor::from_f32_as(dtype, shape, &v)?)
 }
 
 /// Views of the same values with other strides: rows padded, the last dim strided by 2,
 /// and (rank 2) the transpose of a column-major copy.
-pub(super) fn strided(x: &HostTensor) -> Vec<HostTensor> {
+pub(super) fn strided(x: &HostTensor) -> TestResult<Vec<HostTensor>> {
     let sh = x.shape();
     let r = sh.len();
     let mut out = Vec::new();
@@ -28,22 +29,30 @@ pub(super) fn strided(x: &HostTensor) -> Vec<HostTensor> {
         pad[d] = pad[d + 1] * (sh[d + 1] + if d + 1 == r - 1 { 3 } else { 0 });
         two[d] = two[d + 1] * sh[d + 1] + 1;
     }
-    out.push(strided_copy(x, &pad).unwrap());
-    out.push(strided_copy(x, &two).unwrap());
+    out.push(strided_copy(x, &pad)?);
+    out.push(strided_copy(x, &two)?);
     if r == 2 {
-        let cm = strided_copy(x, &[1, sh[0]]).unwrap();
+        let cm = strided_copy(x, &[1, sh[0]])?;
         assert!(!cm.is_contiguous() || sh[0] <= 1 || sh[1] <= 1);
         out.push(cm);
     }
-    out
+    Ok(out)
 }
 
 /// Runs `fast` and `reference` on `args` and holds every output of `fast` to the
 /// reference's within the specification's tolerance for its dtype.
-pub(super) fn check(fast: &str, reference: &str, args: &OpArgs, category: Category, what: &str) {
+pub(super) fn check(fast: &str, reference: &str, args: &OpArgs, category: Category, what: &str) -> TestResult {
     let r = registry();
-    let want = r.get(reference).unwrap().run(args).unwrap_or_else(|e| panic!("{what}: reference: {e}"));
-    let got = r.get(fast).unwrap().run(args).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let want = r
+        .get(reference)
+        .ok_or_else(|| format!("{reference} is not registered"))?
+        .run(args)
+        .map_err(|e| format!("{what}: reference: {e}"))?;
+    let got = r
+        .get(fast)
+        .ok_or_else(|| format!("{fast} is not registered"))?
+        .run(args)
+        .map_err(|e| format!("{what}: {e}"))?;
     assert_eq!(got.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>(), "{what}: outputs");
     for (name, w) in &want {
         let g = &got[name];
@@ -52,14 +61,15 @@ pub(super) fn check(fast: &str, reference: &str, args: &OpArgs, category: Catego
         let d = compare(&w.to_f64_vec(), &g.to_f64_vec(), tolerance(category, w.dtype()));
         assert_eq!(d.violations, 0, "{what}: {name}: {d:?}");
     }
+    Ok(())
 }
 
 /// Runs `kernel` and returns its `InvalidInput` message.
-pub(super) fn invalid_message(kernel: &str, args: &OpArgs) -> String {
-    match registry().get(kernel).unwrap().run(args) {
+pub(super) fn invalid_message(kernel: &str, args: &OpArgs) -> TestResult<String> {
+    Ok(match registry().get(kernel).ok_or_else(|| format!("{kernel} is not registered"))?.run(args) {
         Err(KernelError::InvalidInput(m)) => m,
         other => panic!("{kernel}: expected invalid input, got {other:?}"),
-    }
+    })
 }
 
 /// The `cpu` kernels and the reference oracle they are held to.

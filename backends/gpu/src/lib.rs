@@ -8,3 +8,8 @@
 pub mod cuda;
 mod gpus;
 pub mod rocm;
+
+/// What a unit test, or a helper of one, returns: a failed call is an `Err` the harness
+/// prints, not a panic.
+#[cfg(test)]
+type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;

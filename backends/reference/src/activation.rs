@@ -247,6 +247,7 @@ pub(crate) fn geglu(a: &GegluArgs) -> Result<HostTensor, KernelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
     use layerzero_core::model::attrs::{GegluAttrs, GeluAttrs, NoAttrs, SwigluAttrs};
 
     /// erf at known points (values from mpmath at 40 digits).
@@ -314,49 +315,47 @@ mod tests {
         assert_eq!(silu_f64(0.0), 0.0);
     }
 
-    fn f32t(shape: &[usize], v: &[f32]) -> HostTensor {
-        HostTensor::from_f32(shape, v.to_vec()).unwrap()
+    fn f32t(shape: &[usize], v: &[f32]) -> TestResult<HostTensor> {
+        Ok(HostTensor::from_f32(shape, v.to_vec())?)
     }
 
     #[test]
-    fn gelu_silu_kernels_round_once_and_keep_shape() {
-        let x = HostTensor::from_f32_as(DType::BF16, &[2, 2], &[1.0, -1.0, 0.5, 3.0]).unwrap();
-        let g = gelu(&GeluArgs { x: x.clone(), attrs: GeluAttrs::default() }).unwrap();
+    fn gelu_silu_kernels_round_once_and_keep_shape() -> TestResult {
+        let x = HostTensor::from_f32_as(DType::BF16, &[2, 2], &[1.0, -1.0, 0.5, 3.0])?;
+        let g = gelu(&GeluArgs { x: x.clone(), attrs: GeluAttrs::default() })?;
         assert_eq!((g.dtype(), g.shape()), (DType::BF16, &[2usize, 2][..]));
         let want: Vec<f64> =
             [1.0, -1.0, 0.5, 3.0].iter().map(|&v| half::bf16::from_f64(gelu_erf(v)).to_f64()).collect();
         assert_eq!(g.to_f64_vec(), want);
-        let s = silu(&SiluArgs { x: f32t(&[], &[1.0]), attrs: NoAttrs {} }).unwrap();
+        let s = silu(&SiluArgs { x: f32t(&[], &[1.0])?, attrs: NoAttrs {} })?;
         assert_eq!(s.shape(), &[] as &[usize]);
         assert_eq!(s.to_f64_vec(), vec![0.7310585786300049f64 as f32 as f64]);
-        let t = gelu(&GeluArgs { x: f32t(&[1], &[1.0]), attrs: GeluAttrs { approximate: GeluApproximate::Tanh } });
-        assert_eq!(t.unwrap().to_f64_vec(), vec![0.8411919906082768f64 as f32 as f64]);
+        let t = gelu(&GeluArgs { x: f32t(&[1], &[1.0])?, attrs: GeluAttrs { approximate: GeluApproximate::Tanh } })?;
+        assert_eq!(t.to_f64_vec(), vec![0.8411919906082768f64 as f32 as f64]);
+        Ok(())
     }
 
     #[test]
-    fn gated_split_and_separate_agree() {
+    fn gated_split_and_separate_agree() -> TestResult {
         // x [2, 4]: gate = first two columns, up = last two; also a transposed (strided) view.
         let xv = [1.0f32, -1.0, 2.0, 3.0, 0.5, 2.0, -1.0, 1.0];
-        let x = f32t(&[2, 4], &xv);
+        let x = f32t(&[2, 4], &xv)?;
         let split =
-            swiglu(&SwigluArgs { x: Some(x.clone()), gate: None, up: None, attrs: SwigluAttrs { split: true } })
-                .unwrap();
+            swiglu(&SwigluArgs { x: Some(x.clone()), gate: None, up: None, attrs: SwigluAttrs { split: true } })?;
         assert_eq!(split.shape(), &[2, 2]);
         let want = [silu_f64(1.0) * 2.0, silu_f64(-1.0) * 3.0, -silu_f64(0.5), silu_f64(2.0)];
         assert_eq!(split.to_f64_vec(), want.map(|v| v as f32 as f64));
-        let xt = f32t(&[4, 2], &[1.0, 0.5, -1.0, 2.0, 2.0, -1.0, 3.0, 1.0]).permute(&[1, 0]).unwrap();
-        let strided =
-            swiglu(&SwigluArgs { x: Some(xt), gate: None, up: None, attrs: SwigluAttrs { split: true } }).unwrap();
+        let xt = f32t(&[4, 2], &[1.0, 0.5, -1.0, 2.0, 2.0, -1.0, 3.0, 1.0])?.permute(&[1, 0])?;
+        let strided = swiglu(&SwigluArgs { x: Some(xt), gate: None, up: None, attrs: SwigluAttrs { split: true } })?;
         assert_eq!(strided.to_f64_vec(), split.to_f64_vec());
-        let gate = f32t(&[2, 2], &[1.0, -1.0, 0.5, 2.0]);
-        let up = f32t(&[2, 2], &[2.0, 3.0, -1.0, 1.0]);
+        let gate = f32t(&[2, 2], &[1.0, -1.0, 0.5, 2.0])?;
+        let up = f32t(&[2, 2], &[2.0, 3.0, -1.0, 1.0])?;
         let sep = geglu(&GegluArgs {
             x: None,
             gate: Some(gate.clone()),
             up: Some(up.clone()),
             attrs: GegluAttrs { split: false, approximate: GeluApproximate::None },
-        })
-        .unwrap();
+        })?;
         let want = [gelu_erf(1.0) * 2.0, gelu_erf(-1.0) * 3.0, -gelu_erf(0.5), gelu_erf(2.0)];
         assert_eq!(sep.to_f64_vec(), want.map(|v| v as f32 as f64));
         let split_tanh = geglu(&GegluArgs {
@@ -364,18 +363,18 @@ mod tests {
             gate: None,
             up: None,
             attrs: GegluAttrs { split: true, approximate: GeluApproximate::Tanh },
-        })
-        .unwrap();
+        })?;
         assert_eq!(split_tanh.to_f64_vec()[0], (gelu_tanh(1.0) * 2.0) as f32 as f64);
+        Ok(())
     }
 
     #[test]
-    fn gated_shape_errors() {
+    fn gated_shape_errors() -> TestResult {
         let inv = |r: Result<HostTensor, KernelError>| match r {
             Err(KernelError::InvalidInput(m)) => m,
             other => panic!("expected invalid input, got {other:?}"),
         };
-        let odd = f32t(&[2, 3], &[0.0; 6]);
+        let odd = f32t(&[2, 3], &[0.0; 6])?;
         let m =
             inv(swiglu(&SwigluArgs { x: Some(odd.clone()), gate: None, up: None, attrs: SwigluAttrs { split: true } }));
         assert!(m.contains("`x`") && m.contains("[2, 3]") && m.contains("even"), "{m}");
@@ -389,14 +388,15 @@ mod tests {
         let m = inv(swiglu(&SwigluArgs {
             x: None,
             gate: Some(odd.clone()),
-            up: Some(f32t(&[3, 2], &[0.0; 6])),
+            up: Some(f32t(&[3, 2], &[0.0; 6])?),
             attrs: SwigluAttrs { split: false },
         }));
         assert!(m.contains("`gate`") && m.contains("[3, 2]"), "{m}");
         let m = inv(geglu(&GegluArgs { x: None, gate: Some(odd), up: None, attrs: GegluAttrs::default() }));
         assert!(m.contains("up"), "{m}");
-        let scalar = f32t(&[], &[1.0]);
+        let scalar = f32t(&[], &[1.0])?;
         let m = inv(swiglu(&SwigluArgs { x: Some(scalar), gate: None, up: None, attrs: SwigluAttrs { split: true } }));
         assert!(m.contains("last dim"), "{m}");
+        Ok(())
     }
 }

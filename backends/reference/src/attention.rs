@@ -245,6 +245,7 @@ pub fn attention(args: &AttentionArgs) -> Result<HostTensor, KernelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
     use crate::test_util::{close, tensor, values};
     use layerzero_core::model::attrs::CausalAlignment;
     use layerzero_core::model::layout::Layout;
@@ -253,13 +254,13 @@ mod tests {
         AttentionArgs { q, k, v, mask: None, cu_seqlens_q: None, cu_seqlens_k: None, attrs }
     }
 
-    fn run(q: &HostTensor, k: &HostTensor, v: &HostTensor, attrs: AttentionAttrs) -> Vec<f32> {
-        attention(&args(q.clone(), k.clone(), v.clone(), attrs)).unwrap().to_f32_vec()
+    fn run(q: &HostTensor, k: &HostTensor, v: &HostTensor, attrs: AttentionAttrs) -> TestResult<Vec<f32>> {
+        Ok(attention(&args(q.clone(), k.clone(), v.clone(), attrs))?.to_f32_vec())
     }
 
     /// BSHD [b, s, h, d] -> a contiguous BHSD copy.
-    fn to_bhsd(t: &HostTensor) -> HostTensor {
-        t.permute(&[0, 2, 1, 3]).unwrap().contiguous().with_layout(Layout::Bhsd)
+    fn to_bhsd(t: &HostTensor) -> TestResult<HostTensor> {
+        Ok(t.permute(&[0, 2, 1, 3])?.contiguous().with_layout(Layout::Bhsd))
     }
 
     fn causal() -> AttentionAttrs {
@@ -267,11 +268,11 @@ mod tests {
     }
 
     #[test]
-    fn one_key_returns_v_exactly() {
-        let q = tensor(&[2, 3, 4, 8], 1, Layout::Bshd);
-        let k = tensor(&[2, 1, 2, 8], 2, Layout::Bshd);
-        let v = tensor(&[2, 1, 2, 5], 3, Layout::Bshd);
-        let out = attention(&args(q, k, v.clone(), AttentionAttrs::default())).unwrap();
+    fn one_key_returns_v_exactly() -> TestResult {
+        let q = tensor(&[2, 3, 4, 8], 1, Layout::Bshd)?;
+        let k = tensor(&[2, 1, 2, 8], 2, Layout::Bshd)?;
+        let v = tensor(&[2, 1, 2, 5], 3, Layout::Bshd)?;
+        let out = attention(&args(q, k, v.clone(), AttentionAttrs::default()))?;
         assert_eq!(out.shape(), &[2, 3, 4, 5]);
         assert_eq!(out.layout(), Some(Layout::Bshd));
         for b in 0..2 {
@@ -283,142 +284,150 @@ mod tests {
                 }
             }
         }
+        Ok(())
     }
 
     #[test]
-    fn uniform_scores_average_v() {
-        let q = tensor(&[1, 2, 1, 4], 1, Layout::Bshd);
-        let k = HostTensor::from_f32(&[1, 3, 1, 4], [0.5f32, -1.0, 2.0, 0.25].repeat(3)).unwrap();
-        let v = HostTensor::from_f32(&[1, 3, 1, 2], vec![1.0, 10.0, 2.0, 20.0, 6.0, 60.0]).unwrap();
-        close(&run(&q, &k, &v, AttentionAttrs::default()), &[3.0, 30.0, 3.0, 30.0], 1e-5);
+    fn uniform_scores_average_v() -> TestResult {
+        let q = tensor(&[1, 2, 1, 4], 1, Layout::Bshd)?;
+        let k = HostTensor::from_f32(&[1, 3, 1, 4], [0.5f32, -1.0, 2.0, 0.25].repeat(3))?;
+        let v = HostTensor::from_f32(&[1, 3, 1, 2], vec![1.0, 10.0, 2.0, 20.0, 6.0, 60.0])?;
+        close(&run(&q, &k, &v, AttentionAttrs::default())?, &[3.0, 30.0, 3.0, 30.0], 1e-5);
+        Ok(())
     }
 
     #[test]
-    fn hand_computed_scores_with_scale_softcap_and_alibi() {
+    fn hand_computed_scores_with_scale_softcap_and_alibi() -> TestResult {
         // One head, D = 1, q = 1, keys 2 and 0: dots 2, 0.
-        let q = HostTensor::from_f32(&[1, 1, 1, 1], vec![1.0]).unwrap();
-        let k = HostTensor::from_f32(&[1, 2, 1, 1], vec![2.0, 0.0]).unwrap();
-        let v = HostTensor::from_f32(&[1, 2, 1, 1], vec![1.0, 0.0]).unwrap();
+        let q = HostTensor::from_f32(&[1, 1, 1, 1], vec![1.0])?;
+        let k = HostTensor::from_f32(&[1, 2, 1, 1], vec![2.0, 0.0])?;
+        let v = HostTensor::from_f32(&[1, 2, 1, 1], vec![1.0, 0.0])?;
         let softmax_first = |s0: f64, s1: f64| (s0.exp() / (s0.exp() + s1.exp())) as f32;
-        let plain = run(&q, &k, &v, AttentionAttrs { scale: Some(0.5), ..Default::default() });
+        let plain = run(&q, &k, &v, AttentionAttrs { scale: Some(0.5), ..Default::default() })?;
         close(&plain, &[softmax_first(1.0, 0.0)], 1e-6);
-        let capped = run(&q, &k, &v, AttentionAttrs { scale: Some(0.5), softcap: Some(0.5), ..Default::default() });
+        let capped = run(&q, &k, &v, AttentionAttrs { scale: Some(0.5), softcap: Some(0.5), ..Default::default() })?;
         close(&capped, &[softmax_first(0.5 * 2f64.tanh(), 0.0)], 1e-6);
         // ALiBi, 1 head: slope 2^-8; the single query sits at key position 1 (bottom-right),
         // so key 0 is 1 away and key 1 is 0 away.
-        let alibi = run(&q, &k, &v, AttentionAttrs { scale: Some(0.5), alibi: true, ..Default::default() });
+        let alibi = run(&q, &k, &v, AttentionAttrs { scale: Some(0.5), alibi: true, ..Default::default() })?;
         close(&alibi, &[softmax_first(1.0 - 2f64.powi(-8), 0.0)], 1e-6);
+        Ok(())
     }
 
     #[test]
-    fn causal_row_zero_equals_v0_and_window_zero_sees_only_itself() {
-        let q = tensor(&[1, 4, 2, 8], 1, Layout::Bshd);
-        let k = tensor(&[1, 4, 2, 8], 2, Layout::Bshd);
-        let v = tensor(&[1, 4, 2, 8], 3, Layout::Bshd);
-        let out = attention(&args(q.clone(), k.clone(), v.clone(), causal())).unwrap();
+    fn causal_row_zero_equals_v0_and_window_zero_sees_only_itself() -> TestResult {
+        let q = tensor(&[1, 4, 2, 8], 1, Layout::Bshd)?;
+        let k = tensor(&[1, 4, 2, 8], 2, Layout::Bshd)?;
+        let v = tensor(&[1, 4, 2, 8], 3, Layout::Bshd)?;
+        let out = attention(&args(q.clone(), k.clone(), v.clone(), causal()))?;
         for h in 0..2 {
             for d in 0..8 {
                 assert!((out.at(&[0, 0, h, d]) - v.at(&[0, 0, h, d])).abs() < 1e-7);
             }
         }
         let own = AttentionAttrs { causal: true, window_left: Some(0), ..Default::default() };
-        close(&run(&q, &k, &v, own), &v.to_f32_vec(), 1e-7);
+        close(&run(&q, &k, &v, own)?, &v.to_f32_vec(), 1e-7);
+        Ok(())
     }
 
     #[test]
-    fn causal_alignments_for_cross_attention() {
+    fn causal_alignments_for_cross_attention() -> TestResult {
         // Sq = 2, Sk = 3: top-left row 0 sees key 0 only; bottom-right row 1 sees all keys.
-        let q = tensor(&[1, 2, 1, 4], 1, Layout::Bshd);
-        let k = tensor(&[1, 3, 1, 4], 2, Layout::Bshd);
-        let v = tensor(&[1, 3, 1, 4], 3, Layout::Bshd);
+        let q = tensor(&[1, 2, 1, 4], 1, Layout::Bshd)?;
+        let k = tensor(&[1, 3, 1, 4], 2, Layout::Bshd)?;
+        let v = tensor(&[1, 3, 1, 4], 3, Layout::Bshd)?;
         let tl = AttentionAttrs { causal: true, causal_alignment: CausalAlignment::TopLeft, ..Default::default() };
-        let top_left = run(&q, &k, &v, tl);
+        let top_left = run(&q, &k, &v, tl)?;
         close(&top_left[..4], &v.to_f32_vec()[..4], 1e-7);
-        let bottom_right = run(&q, &k, &v, causal());
-        let full = run(&q, &k, &v, AttentionAttrs::default());
+        let bottom_right = run(&q, &k, &v, causal())?;
+        let full = run(&q, &k, &v, AttentionAttrs::default())?;
         close(&bottom_right[4..], &full[4..], 1e-7);
         // Sq > Sk bottom-right: the first row has no visible key and gives zeros.
-        let q3 = tensor(&[1, 3, 1, 4], 4, Layout::Bshd);
-        let k2 = tensor(&[1, 2, 1, 4], 5, Layout::Bshd);
-        let out = run(&q3, &k2, &k2, causal());
+        let q3 = tensor(&[1, 3, 1, 4], 4, Layout::Bshd)?;
+        let k2 = tensor(&[1, 2, 1, 4], 5, Layout::Bshd)?;
+        let out = run(&q3, &k2, &k2, causal())?;
         assert_eq!(&out[..4], &[0.0; 4]);
         assert!(out.iter().all(|x| x.is_finite()));
+        Ok(())
     }
 
     #[test]
-    fn fully_masked_rows_give_zeros() {
-        let q = tensor(&[1, 2, 1, 4], 1, Layout::Bshd);
-        let k = tensor(&[1, 3, 1, 4], 2, Layout::Bshd);
-        let v = tensor(&[1, 3, 1, 4], 3, Layout::Bshd);
+    fn fully_masked_rows_give_zeros() -> TestResult {
+        let q = tensor(&[1, 2, 1, 4], 1, Layout::Bshd)?;
+        let k = tensor(&[1, 3, 1, 4], 2, Layout::Bshd)?;
+        let v = tensor(&[1, 3, 1, 4], 3, Layout::Bshd)?;
         let keep = HostTensor::new(
             layerzero_core::tensor::Storage::Bool(vec![false, false, false, true, true, false]),
             &[2, 3],
-        )
-        .unwrap();
+        )?;
         let mut a = args(q.clone(), k.clone(), v.clone(), AttentionAttrs::default());
         a.mask = Some(keep);
-        let by_bool = attention(&a).unwrap().to_f32_vec();
+        let by_bool = attention(&a)?.to_f32_vec();
         assert_eq!(&by_bool[..4], &[0.0; 4]);
         let inf = f32::NEG_INFINITY;
-        a.mask = Some(HostTensor::from_f32(&[1, 1, 2, 3], vec![inf, inf, inf, 0.0, 0.0, inf]).unwrap());
-        let by_float = attention(&a).unwrap().to_f32_vec();
+        a.mask = Some(HostTensor::from_f32(&[1, 1, 2, 3], vec![inf, inf, inf, 0.0, 0.0, inf])?);
+        let by_float = attention(&a)?.to_f32_vec();
         close(&by_float, &by_bool, 0.0);
         // Row 1 keeps keys 0 and 1: the same as attention over those two keys alone.
-        let k01 = k.view(&[1, 2, 1, 4], &[12, 4, 4, 1], 0).unwrap();
-        let v01 = v.view(&[1, 2, 1, 4], &[12, 4, 4, 1], 0).unwrap();
-        close(&by_bool[4..], &run(&q, &k01, &v01, AttentionAttrs::default())[4..], 1e-6);
+        let k01 = k.view(&[1, 2, 1, 4], &[12, 4, 4, 1], 0)?;
+        let v01 = v.view(&[1, 2, 1, 4], &[12, 4, 4, 1], 0)?;
+        close(&by_bool[4..], &run(&q, &k01, &v01, AttentionAttrs::default())?[4..], 1e-6);
+        Ok(())
     }
 
     #[test]
-    fn masks_broadcast_and_bad_masks_are_invalid_input() {
-        let q = tensor(&[2, 3, 2, 4], 1, Layout::Bshd);
-        let k = tensor(&[2, 5, 2, 4], 2, Layout::Bshd);
-        let v = tensor(&[2, 5, 2, 4], 3, Layout::Bshd);
+    fn masks_broadcast_and_bad_masks_are_invalid_input() -> TestResult {
+        let q = tensor(&[2, 3, 2, 4], 1, Layout::Bshd)?;
+        let k = tensor(&[2, 5, 2, 4], 2, Layout::Bshd)?;
+        let v = tensor(&[2, 5, 2, 4], 3, Layout::Bshd)?;
         let row = values(5, 9);
         let mut full = Vec::new();
         for _ in 0..2 * 2 * 3 {
             full.extend_from_slice(&row);
         }
         let mut a = args(q, k, v, AttentionAttrs::default());
-        a.mask = Some(HostTensor::from_f32(&[5], row.clone()).unwrap());
-        let broadcast = attention(&a).unwrap().to_f32_vec();
-        a.mask = Some(HostTensor::from_f32(&[2, 2, 3, 5], full).unwrap());
-        close(&attention(&a).unwrap().to_f32_vec(), &broadcast, 0.0);
+        a.mask = Some(HostTensor::from_f32(&[5], row.clone())?);
+        let broadcast = attention(&a)?.to_f32_vec();
+        a.mask = Some(HostTensor::from_f32(&[2, 2, 3, 5], full)?);
+        close(&attention(&a)?.to_f32_vec(), &broadcast, 0.0);
         // A stride-0 (expanded) view broadcasts the same way.
-        let base = HostTensor::from_f32(&[5], row).unwrap();
-        a.mask = Some(base.view(&[2, 2, 3, 5], &[0, 0, 0, 1], 0).unwrap());
-        close(&attention(&a).unwrap().to_f32_vec(), &broadcast, 0.0);
-        a.mask = Some(HostTensor::from_f32(&[3, 4], vec![0.0; 12]).unwrap());
-        let err = attention(&a).unwrap_err();
+        let base = HostTensor::from_f32(&[5], row)?;
+        a.mask = Some(base.view(&[2, 2, 3, 5], &[0, 0, 0, 1], 0)?);
+        close(&attention(&a)?.to_f32_vec(), &broadcast, 0.0);
+        a.mask = Some(HostTensor::from_f32(&[3, 4], vec![0.0; 12])?);
+        let err = attention(&a).err().ok_or("a mask that cannot broadcast must be refused")?;
         assert!(matches!(&err, KernelError::InvalidInput(m) if m.contains("[3, 4]") && m.contains("[2, 2, 3, 5]")));
-        a.mask = Some(HostTensor::new(layerzero_core::tensor::Storage::I32(vec![1; 5].into()), &[5]).unwrap());
+        a.mask = Some(HostTensor::new(layerzero_core::tensor::Storage::I32(vec![1; 5].into()), &[5])?);
         assert!(matches!(attention(&a), Err(KernelError::InvalidInput(_))));
+        Ok(())
     }
 
     #[test]
-    fn bhsd_bshd_and_permuted_views_agree() {
-        let q = tensor(&[2, 5, 4, 8], 1, Layout::Bshd);
-        let k = tensor(&[2, 6, 2, 8], 2, Layout::Bshd);
-        let v = tensor(&[2, 6, 2, 3], 3, Layout::Bshd);
+    fn bhsd_bshd_and_permuted_views_agree() -> TestResult {
+        let q = tensor(&[2, 5, 4, 8], 1, Layout::Bshd)?;
+        let k = tensor(&[2, 6, 2, 8], 2, Layout::Bshd)?;
+        let v = tensor(&[2, 6, 2, 3], 3, Layout::Bshd)?;
         let attrs = AttentionAttrs { causal: true, alibi: true, softcap: Some(2.0), window_left: Some(3), ..causal() };
-        let bshd = attention(&args(q.clone(), k.clone(), v.clone(), attrs.clone())).unwrap();
-        let bhsd = attention(&args(to_bhsd(&q), to_bhsd(&k), to_bhsd(&v), attrs.clone())).unwrap();
+        let bshd = attention(&args(q.clone(), k.clone(), v.clone(), attrs.clone()))?;
+        let bhsd = attention(&args(to_bhsd(&q)?, to_bhsd(&k)?, to_bhsd(&v)?, attrs.clone()))?;
         assert_eq!(bhsd.shape(), &[2, 4, 5, 3]);
         assert_eq!(bhsd.layout(), Some(Layout::Bhsd));
-        close(&bhsd.permute(&[0, 2, 1, 3]).unwrap().to_f32_vec(), &bshd.to_f32_vec(), 1e-6);
+        close(&bhsd.permute(&[0, 2, 1, 3])?.to_f32_vec(), &bshd.to_f32_vec(), 1e-6);
         // BHSD storage seen through a permuted BSHD-shaped view: strided reads.
-        let view = |t: &HostTensor| to_bhsd(t).permute(&[0, 2, 1, 3]).unwrap().with_layout(Layout::Bshd);
-        let strided = attention(&args(view(&q), view(&k), view(&v), attrs)).unwrap();
-        assert!(!view(&q).is_contiguous());
+        let view =
+            |t: &HostTensor| -> TestResult<_> { Ok(to_bhsd(t)?.permute(&[0, 2, 1, 3])?.with_layout(Layout::Bshd)) };
+        let strided = attention(&args(view(&q)?, view(&k)?, view(&v)?, attrs))?;
+        assert!(!view(&q)?.is_contiguous());
         close(&strided.to_f32_vec(), &bshd.to_f32_vec(), 0.0);
+        Ok(())
     }
 
     #[test]
-    fn gqa_equals_mha_with_repeated_kv() {
-        let q = tensor(&[1, 4, 6, 4], 1, Layout::Bshd);
-        let k = tensor(&[1, 5, 2, 4], 2, Layout::Bshd);
-        let v = tensor(&[1, 5, 2, 4], 3, Layout::Bshd);
-        let repeat = |t: &HostTensor| {
+    fn gqa_equals_mha_with_repeated_kv() -> TestResult {
+        let q = tensor(&[1, 4, 6, 4], 1, Layout::Bshd)?;
+        let k = tensor(&[1, 5, 2, 4], 2, Layout::Bshd)?;
+        let v = tensor(&[1, 5, 2, 4], 3, Layout::Bshd)?;
+        let repeat = |t: &HostTensor| -> TestResult<_> {
             let mut out = Vec::new();
             for s in 0..5 {
                 for h in 0..6 {
@@ -427,72 +436,71 @@ mod tests {
                     }
                 }
             }
-            HostTensor::from_f32(&[1, 5, 6, 4], out).unwrap()
+            Ok(HostTensor::from_f32(&[1, 5, 6, 4], out)?)
         };
         let attrs = AttentionAttrs { alibi: true, ..causal() };
-        close(&run(&q, &k, &v, attrs.clone()), &run(&q, &repeat(&k), &repeat(&v), attrs), 0.0);
+        close(&run(&q, &k, &v, attrs.clone())?, &run(&q, &repeat(&k)?, &repeat(&v)?, attrs)?, 0.0);
+        Ok(())
     }
 
     #[test]
-    fn cu_seqlens_equal_running_sequences_separately() {
+    fn cu_seqlens_equal_running_sequences_separately() -> TestResult {
         let (lq, lk) = ([2usize, 0, 3], [4usize, 1, 3]);
-        let q = tensor(&[1, 5, 2, 4], 1, Layout::Bshd);
-        let k = tensor(&[1, 8, 1, 4], 2, Layout::Bshd);
-        let v = tensor(&[1, 8, 1, 4], 3, Layout::Bshd);
+        let q = tensor(&[1, 5, 2, 4], 1, Layout::Bshd)?;
+        let k = tensor(&[1, 8, 1, 4], 2, Layout::Bshd)?;
+        let v = tensor(&[1, 8, 1, 4], 3, Layout::Bshd)?;
         let attrs = AttentionAttrs { alibi: true, ..causal() };
         let mut a = args(q.clone(), k.clone(), v.clone(), attrs.clone());
-        a.cu_seqlens_q =
-            Some(HostTensor::new(layerzero_core::tensor::Storage::I32(vec![0, 2, 2, 5].into()), &[4]).unwrap());
-        a.cu_seqlens_k =
-            Some(HostTensor::new(layerzero_core::tensor::Storage::I32(vec![0, 4, 5, 8].into()), &[4]).unwrap());
-        let packed = attention(&a).unwrap().to_f32_vec();
+        a.cu_seqlens_q = Some(HostTensor::new(layerzero_core::tensor::Storage::I32(vec![0, 2, 2, 5].into()), &[4])?);
+        a.cu_seqlens_k = Some(HostTensor::new(layerzero_core::tensor::Storage::I32(vec![0, 4, 5, 8].into()), &[4])?);
+        let packed = attention(&a)?.to_f32_vec();
         let (mut q0, mut k0) = (0, 0);
         for n in 0..3 {
-            let part = |t: &HostTensor, s0: usize, len: usize| {
+            let part = |t: &HostTensor, s0: usize, len: usize| -> TestResult<_> {
                 let h = t.shape()[2];
-                t.view(&[1, len, h, 4], &[t.shape()[1] * h * 4, h * 4, 4, 1], s0 * h * 4).unwrap()
+                Ok(t.view(&[1, len, h, 4], &[t.shape()[1] * h * 4, h * 4, 4, 1], s0 * h * 4)?)
             };
             if lq[n] > 0 {
-                let alone = run(&part(&q, q0, lq[n]), &part(&k, k0, lk[n]), &part(&v, k0, lk[n]), attrs.clone());
+                let alone = run(&part(&q, q0, lq[n])?, &part(&k, k0, lk[n])?, &part(&v, k0, lk[n])?, attrs.clone())?;
                 close(&packed[q0 * 8..(q0 + lq[n]) * 8], &alone, 0.0);
             }
             q0 += lq[n];
             k0 += lk[n];
         }
         // Offsets that decrease or run past the packed tokens are invalid input.
-        a.cu_seqlens_k =
-            Some(HostTensor::new(layerzero_core::tensor::Storage::I32(vec![0, 4, 3, 8].into()), &[4]).unwrap());
+        a.cu_seqlens_k = Some(HostTensor::new(layerzero_core::tensor::Storage::I32(vec![0, 4, 3, 8].into()), &[4])?);
         assert!(matches!(attention(&a), Err(KernelError::InvalidInput(m)) if m.contains("cu_seqlens_k[2] = 3")));
-        a.cu_seqlens_k =
-            Some(HostTensor::new(layerzero_core::tensor::Storage::I32(vec![0, 4, 5, 9].into()), &[4]).unwrap());
+        a.cu_seqlens_k = Some(HostTensor::new(layerzero_core::tensor::Storage::I32(vec![0, 4, 5, 9].into()), &[4])?);
         assert!(matches!(attention(&a), Err(KernelError::InvalidInput(_))));
         a.cu_seqlens_k = None;
         assert!(matches!(attention(&a), Err(KernelError::InvalidInput(_))));
+        Ok(())
     }
 
     #[test]
-    fn dtype_dropout_and_shape_errors() {
-        let q = tensor(&[1, 2, 2, 4], 1, Layout::Bshd);
-        let k = tensor(&[1, 3, 2, 4], 2, Layout::Bshd);
-        let qb = HostTensor::from_f32_as(DType::BF16, &[1, 2, 2, 4], &q.to_f32_vec()).unwrap();
-        let out = attention(&args(qb, k.clone(), k.clone(), AttentionAttrs::default())).unwrap();
+    fn dtype_dropout_and_shape_errors() -> TestResult {
+        let q = tensor(&[1, 2, 2, 4], 1, Layout::Bshd)?;
+        let k = tensor(&[1, 3, 2, 4], 2, Layout::Bshd)?;
+        let qb = HostTensor::from_f32_as(DType::BF16, &[1, 2, 2, 4], &q.to_f32_vec())?;
+        let out = attention(&args(qb, k.clone(), k.clone(), AttentionAttrs::default()))?;
         assert_eq!(out.dtype(), DType::BF16);
         let dropout = AttentionAttrs { dropout_p: 0.1, ..Default::default() };
         assert!(matches!(attention(&args(q.clone(), k.clone(), k.clone(), dropout)), Err(KernelError::Unsupported(_))));
-        let k3 = tensor(&[1, 3, 3, 4], 2, Layout::Bshd);
+        let k3 = tensor(&[1, 3, 3, 4], 2, Layout::Bshd)?;
         assert!(matches!(
             attention(&args(q.clone(), k3.clone(), k3, AttentionAttrs::default())),
             Err(KernelError::InvalidInput(_))
         ));
-        let short = tensor(&[1, 3, 2, 3], 2, Layout::Bshd);
+        let short = tensor(&[1, 3, 2, 3], 2, Layout::Bshd)?;
         assert!(matches!(
             attention(&args(q.clone(), short.clone(), short, AttentionAttrs::default())),
             Err(KernelError::InvalidInput(_))
         ));
-        let flat = HostTensor::from_f32(&[8], vec![0.0; 8]).unwrap();
+        let flat = HostTensor::from_f32(&[8], vec![0.0; 8])?;
         assert!(matches!(
             attention(&args(flat, k.clone(), k, AttentionAttrs::default())),
             Err(KernelError::InvalidInput(_))
         ));
+        Ok(())
     }
 }

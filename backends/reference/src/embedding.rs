@@ -56,54 +56,57 @@ pub(crate) fn embedding(a: &EmbeddingArgs) -> Result<HostTensor, KernelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
     use layerzero_core::model::attrs::NoAttrs;
     use layerzero_core::model::dtype::DType;
     use layerzero_core::tensor::Storage;
 
-    fn table(dtype: DType) -> HostTensor {
+    fn table(dtype: DType) -> TestResult<HostTensor> {
         let v: Vec<f32> = (0..12).map(|i| i as f32 * 0.5 - 1.0).collect();
-        HostTensor::from_f32_as(dtype, &[4, 3], &v).unwrap()
+        Ok(HostTensor::from_f32_as(dtype, &[4, 3], &v)?)
     }
 
-    fn ids32(shape: &[usize], v: &[i32]) -> HostTensor {
-        HostTensor::new(Storage::I32(v.to_vec().into()), shape).unwrap()
+    fn ids32(shape: &[usize], v: &[i32]) -> TestResult<HostTensor> {
+        Ok(HostTensor::new(Storage::I32(v.to_vec().into()), shape)?)
     }
 
     #[test]
-    fn looks_up_rows_for_any_ids_shape() {
+    fn looks_up_rows_for_any_ids_shape() -> TestResult {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
-            let t = table(dtype);
-            let a = EmbeddingArgs { ids: ids32(&[2, 2], &[3, 0, 0, 2]), table: t.clone(), attrs: NoAttrs {} };
-            let o = embedding(&a).unwrap();
+            let t = table(dtype)?;
+            let a = EmbeddingArgs { ids: ids32(&[2, 2], &[3, 0, 0, 2])?, table: t.clone(), attrs: NoAttrs {} };
+            let o = embedding(&a)?;
             assert_eq!((o.shape(), o.dtype()), (&[2usize, 2, 3][..], dtype));
             let tv = t.to_f64_vec();
             let want: Vec<f64> = [3, 0, 0, 2].iter().flat_map(|&r| tv[r * 3..r * 3 + 3].to_vec()).collect();
             assert_eq!(o.to_f64_vec(), want);
         }
         // i64 ids, a scalar id, and a transposed (strided) table.
-        let ids = HostTensor::new(Storage::I64(vec![1].into()), &[]).unwrap();
-        let tt = HostTensor::from_f32(&[3, 4], (0..12).map(|i| i as f32).collect()).unwrap().permute(&[1, 0]).unwrap();
-        let o = embedding(&EmbeddingArgs { ids, table: tt, attrs: NoAttrs {} }).unwrap();
+        let ids = HostTensor::new(Storage::I64(vec![1].into()), &[])?;
+        let tt = HostTensor::from_f32(&[3, 4], (0..12).map(|i| i as f32).collect())?.permute(&[1, 0])?;
+        let o = embedding(&EmbeddingArgs { ids, table: tt, attrs: NoAttrs {} })?;
         assert_eq!(o.shape(), &[3]);
         assert_eq!(o.to_f64_vec(), vec![1.0, 5.0, 9.0]);
+        Ok(())
     }
 
     #[test]
-    fn out_of_range_ids_name_position_and_value() {
+    fn out_of_range_ids_name_position_and_value() -> TestResult {
         for (bad, pos) in [(-1, 2), (4, 1)] {
-            let ids = ids32(&[3], &[0, if pos == 1 { bad } else { 1 }, if pos == 2 { bad } else { 2 }]);
-            match embedding(&EmbeddingArgs { ids, table: table(DType::F32), attrs: NoAttrs {} }) {
+            let ids = ids32(&[3], &[0, if pos == 1 { bad } else { 1 }, if pos == 2 { bad } else { 2 }])?;
+            match embedding(&EmbeddingArgs { ids, table: table(DType::F32)?, attrs: NoAttrs {} }) {
                 Err(KernelError::InvalidInput(m)) => {
                     assert!(m.contains(&format!("flat position {pos}")) && m.contains(&format!("= {bad}")), "{m}")
                 }
                 other => panic!("expected invalid input, got {other:?}"),
             }
         }
-        let floats = HostTensor::from_f32(&[1], vec![0.0]).unwrap();
-        let r = embedding(&EmbeddingArgs { ids: floats, table: table(DType::F32), attrs: NoAttrs {} });
+        let floats = HostTensor::from_f32(&[1], vec![0.0])?;
+        let r = embedding(&EmbeddingArgs { ids: floats, table: table(DType::F32)?, attrs: NoAttrs {} });
         assert!(matches!(r, Err(KernelError::InvalidInput(m)) if m.contains("`ids`")));
-        let flat = HostTensor::from_f32(&[3], vec![0.0; 3]).unwrap();
-        let r = embedding(&EmbeddingArgs { ids: ids32(&[1], &[0]), table: flat, attrs: NoAttrs {} });
+        let flat = HostTensor::from_f32(&[3], vec![0.0; 3])?;
+        let r = embedding(&EmbeddingArgs { ids: ids32(&[1], &[0])?, table: flat, attrs: NoAttrs {} });
         assert!(matches!(r, Err(KernelError::InvalidInput(m)) if m.contains("`table`")));
+        Ok(())
     }
 }

@@ -165,6 +165,7 @@ impl<'a> Heads<'a> {
 /// Deterministic inputs for the tests of this oracle and of the kernels held to it.
 #[doc(hidden)]
 pub mod test_util {
+    use layerzero_core::error::Result;
     use layerzero_core::model::layout::Layout;
     use layerzero_core::tensor::HostTensor;
 
@@ -180,9 +181,9 @@ pub mod test_util {
     }
 
     /// A contiguous f32 tensor of deterministic values with a layout tag.
-    pub fn tensor(shape: &[usize], seed: u64, layout: Layout) -> HostTensor {
+    pub fn tensor(shape: &[usize], seed: u64, layout: Layout) -> Result<HostTensor> {
         let n = shape.iter().product();
-        HostTensor::from_f32(shape, values(n, seed)).unwrap().with_layout(layout)
+        Ok(HostTensor::from_f32(shape, values(n, seed))?.with_layout(layout))
     }
 
     /// Asserts two slices agree within `tol` element-wise.
@@ -194,6 +195,11 @@ pub mod test_util {
     }
 }
 
+/// What a unit test, or a helper of one, returns: a failed call is an `Err` the harness
+/// prints, not a panic.
+#[cfg(test)]
+type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,11 +207,11 @@ mod tests {
     use layerzero_core::model::attrs::{AttentionAttrs, RopeAttrs};
 
     #[test]
-    fn registers_three_kernels_that_reject_the_wrong_op() {
+    fn registers_three_kernels_that_reject_the_wrong_op() -> TestResult {
         let mut r = Registry::new();
         register(&mut r);
         assert!(r.contains(ATTENTION) && r.contains(PAGED_ATTENTION) && r.contains(ROPE));
-        let q = test_util::tensor(&[1, 2, 1, 4], 1, Layout::Bshd);
+        let q = test_util::tensor(&[1, 2, 1, 4], 1, Layout::Bshd)?;
         let att = OpArgs::Attention(AttentionArgs {
             q: q.clone(),
             k: q.clone(),
@@ -215,13 +221,20 @@ mod tests {
             cu_seqlens_k: None,
             attrs: AttentionAttrs::default(),
         });
-        let outs = r.get(ATTENTION).unwrap().run(&att).unwrap();
+        let outs = r.get(ATTENTION).ok_or("attention is not registered")?.run(&att)?;
         assert_eq!(outs["out"].shape(), &[1, 2, 1, 4]);
-        assert!(matches!(r.get(ROPE).unwrap().run(&att), Err(KernelError::Unsupported(_))));
-        assert!(matches!(r.get(PAGED_ATTENTION).unwrap().run(&att), Err(KernelError::Unsupported(_))));
+        assert!(matches!(r.get(ROPE).ok_or("rope is not registered")?.run(&att), Err(KernelError::Unsupported(_))));
+        assert!(matches!(
+            r.get(PAGED_ATTENTION).ok_or("paged_attention is not registered")?.run(&att),
+            Err(KernelError::Unsupported(_))
+        ));
         let rope =
             OpArgs::Rope(RopeArgs { q, k: None, positions: None, cos: None, sin: None, attrs: RopeAttrs::default() });
-        assert!(r.get(ROPE).unwrap().run(&rope).unwrap().contains_key("out"));
-        assert!(matches!(r.get(ATTENTION).unwrap().run(&rope), Err(KernelError::Unsupported(_))));
+        assert!(r.get(ROPE).ok_or("rope is not registered")?.run(&rope)?.contains_key("out"));
+        assert!(matches!(
+            r.get(ATTENTION).ok_or("attention is not registered")?.run(&rope),
+            Err(KernelError::Unsupported(_))
+        ));
+        Ok(())
     }
 }

@@ -151,13 +151,14 @@ pub fn linear_int4(a: &Int4Args) -> Result<HostTensor, KernelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
     use crate::test_util::values;
     use layerzero_core::model::attrs::{Int4Attrs, NoAttrs, W8a8Attrs};
     use layerzero_core::model::dtype::DType;
     use layerzero_core::model::layout::Layout;
 
-    fn f32s(shape: &[usize], v: &[f32]) -> HostTensor {
-        HostTensor::from_f32(shape, v.to_vec()).unwrap()
+    fn f32s(shape: &[usize], v: &[f32]) -> TestResult<HostTensor> {
+        Ok(HostTensor::from_f32(shape, v.to_vec())?)
     }
 
     fn lin(x: HostTensor, weight: HostTensor, bias: Option<HostTensor>) -> Result<HostTensor, KernelError> {
@@ -165,67 +166,70 @@ mod tests {
     }
 
     #[test]
-    fn hand_computed_2x3_at_3x2_nt_nn_and_bias() {
-        let x = f32s(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    fn hand_computed_2x3_at_3x2_nt_nn_and_bias() -> TestResult {
+        let x = f32s(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0])?;
         // W^T = [[1, 2], [3, 4], [5, 6]] -> x @ W^T = [[22, 28], [49, 64]].
-        let nt = f32s(&[2, 3], &[1.0, 3.0, 5.0, 2.0, 4.0, 6.0]);
-        let nn = f32s(&[3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).with_layout(Layout::Nn);
-        let a = lin(x.clone(), nt.clone(), None).unwrap();
+        let nt = f32s(&[2, 3], &[1.0, 3.0, 5.0, 2.0, 4.0, 6.0])?;
+        let nn = f32s(&[3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0])?.with_layout(Layout::Nn);
+        let a = lin(x.clone(), nt.clone(), None)?;
         assert_eq!(a.shape(), &[2, 2]);
         assert_eq!(a.to_f32_vec(), vec![22.0, 28.0, 49.0, 64.0]);
-        assert_eq!(lin(x.clone(), nn, None).unwrap().to_f32_vec(), a.to_f32_vec());
-        assert_eq!(lin(x.clone(), nt.clone().with_layout(Layout::Nt), None).unwrap().to_f32_vec(), a.to_f32_vec());
-        let b = f32s(&[2], &[0.5, -1.0]);
-        assert_eq!(lin(x.clone(), nt.clone(), Some(b)).unwrap().to_f32_vec(), vec![22.5, 27.0, 49.5, 63.0]);
+        assert_eq!(lin(x.clone(), nn, None)?.to_f32_vec(), a.to_f32_vec());
+        assert_eq!(lin(x.clone(), nt.clone().with_layout(Layout::Nt), None)?.to_f32_vec(), a.to_f32_vec());
+        let b = f32s(&[2], &[0.5, -1.0])?;
+        assert_eq!(lin(x.clone(), nt.clone(), Some(b))?.to_f32_vec(), vec![22.5, 27.0, 49.5, 63.0]);
         // A 3-D x keeps its leading dims; bf16 in, bf16 out.
-        let x3 = HostTensor::from_f32_as(DType::BF16, &[1, 2, 3], &x.to_f32_vec()).unwrap();
-        let o = lin(x3, nt, None).unwrap();
+        let x3 = HostTensor::from_f32_as(DType::BF16, &[1, 2, 3], &x.to_f32_vec())?;
+        let o = lin(x3, nt, None)?;
         assert_eq!((o.shape(), o.dtype()), (&[1usize, 2, 2][..], DType::BF16));
         assert_eq!(o.to_f32_vec(), vec![22.0, 28.0, 49.0, 64.0]);
+        Ok(())
     }
 
     #[test]
-    fn strided_views_read_through_strides() {
-        let x = f32s(&[3, 5], &values(15, 1));
-        let w = f32s(&[4, 5], &values(20, 2));
-        let want = lin(x.clone(), w.clone(), None).unwrap().to_f32_vec();
+    fn strided_views_read_through_strides() -> TestResult {
+        let x = f32s(&[3, 5], &values(15, 1))?;
+        let w = f32s(&[4, 5], &values(20, 2))?;
+        let want = lin(x.clone(), w.clone(), None)?.to_f32_vec();
         // x^T stored as [5, 3] and permuted back; W as a permuted [K, N] buffer.
-        let xt = x.permute(&[1, 0]).unwrap().contiguous().permute(&[1, 0]).unwrap();
-        let wt = w.permute(&[1, 0]).unwrap().contiguous().permute(&[1, 0]).unwrap();
+        let xt = x.permute(&[1, 0])?.contiguous().permute(&[1, 0])?;
+        let wt = w.permute(&[1, 0])?.contiguous().permute(&[1, 0])?;
         assert!(!xt.is_contiguous() && !wt.is_contiguous());
-        assert_eq!(lin(xt, wt, None).unwrap().to_f32_vec(), want);
+        assert_eq!(lin(xt, wt, None)?.to_f32_vec(), want);
+        Ok(())
     }
 
     #[test]
-    fn bad_inputs_are_named() {
-        let x = f32s(&[2, 3], &[0.0; 6]);
+    fn bad_inputs_are_named() -> TestResult {
+        let x = f32s(&[2, 3], &[0.0; 6])?;
         let err = |r: Result<HostTensor, KernelError>| match r {
             Err(KernelError::InvalidInput(m)) => m,
             other => panic!("expected InvalidInput, got {other:?}"),
         };
-        let m = err(lin(x.clone(), f32s(&[2, 4], &[0.0; 8]), None));
+        let m = err(lin(x.clone(), f32s(&[2, 4], &[0.0; 8])?, None));
         assert!(m.contains("`weight`") && m.contains("[2, 4]") && m.contains("K = 3"), "{m}");
-        let m = err(lin(x.clone(), f32s(&[2, 3], &[0.0; 6]), Some(f32s(&[3], &[0.0; 3]))));
+        let m = err(lin(x.clone(), f32s(&[2, 3], &[0.0; 6])?, Some(f32s(&[3], &[0.0; 3])?)));
         assert!(m.contains("`bias`") && m.contains("[2]"), "{m}");
-        let m = err(lin(x.clone(), f32s(&[2, 3], &[0.0; 6]).with_layout(Layout::Bshd), None));
+        let m = err(lin(x.clone(), f32s(&[2, 3], &[0.0; 6])?.with_layout(Layout::Bshd), None));
         assert!(m.contains("layout BSHD"), "{m}");
-        let m = err(lin(HostTensor::zeros(DType::I32, &[2, 3]).unwrap(), f32s(&[2, 3], &[0.0; 6]), None));
+        let m = err(lin(HostTensor::zeros(DType::I32, &[2, 3])?, f32s(&[2, 3], &[0.0; 6])?, None));
         assert!(m.contains("`x`") && m.contains("i32"), "{m}");
         assert!(matches!(
-            lin(HostTensor::zeros(DType::Fp8E4M3, &[2, 3]).unwrap(), f32s(&[2, 3], &[0.0; 6]), None),
+            lin(HostTensor::zeros(DType::Fp8E4M3, &[2, 3])?, f32s(&[2, 3], &[0.0; 6])?, None),
             Err(KernelError::Unsupported(_))
         ));
         // Empty dims give empty (or bias-only) outputs, never a panic.
-        let e = lin(f32s(&[0, 3], &[]), f32s(&[2, 3], &[0.0; 6]), None).unwrap();
+        let e = lin(f32s(&[0, 3], &[])?, f32s(&[2, 3], &[0.0; 6])?, None)?;
         assert_eq!(e.shape(), &[0, 2]);
-        let z = lin(f32s(&[2, 0], &[]), f32s(&[2, 0], &[]), Some(f32s(&[2], &[1.0, 2.0]))).unwrap();
+        let z = lin(f32s(&[2, 0], &[])?, f32s(&[2, 0], &[])?, Some(f32s(&[2], &[1.0, 2.0])?))?;
         assert_eq!(z.to_f32_vec(), vec![1.0, 2.0, 1.0, 2.0]);
+        Ok(())
     }
 
     #[test]
-    fn w8a8_hand_computed_and_scale_checks() {
-        let x = HostTensor::from_f32_as(DType::I8, &[2, 2], &[1.0, -2.0, 3.0, 4.0]).unwrap();
-        let w = HostTensor::from_f32_as(DType::I8, &[3, 2], &[1.0, 1.0, -1.0, 2.0, 127.0, -128.0]).unwrap();
+    fn w8a8_hand_computed_and_scale_checks() -> TestResult {
+        let x = HostTensor::from_f32_as(DType::I8, &[2, 2], &[1.0, -2.0, 3.0, 4.0])?;
+        let w = HostTensor::from_f32_as(DType::I8, &[3, 2], &[1.0, 1.0, -1.0, 2.0, 127.0, -128.0])?;
         let args = |xs: HostTensor, ws: HostTensor, bias: Option<HostTensor>| W8a8Args {
             x: x.clone(),
             x_scale: xs,
@@ -235,43 +239,43 @@ mod tests {
             attrs: W8a8Attrs::default(),
         };
         // acc = [[-1, -5, 383], [7, 5, -131]].
-        let a = args(f32s(&[2], &[0.5, 2.0]), f32s(&[1], &[0.25]), Some(f32s(&[3], &[1.0, 0.0, 0.0])));
-        let o = linear_w8a8(&a).unwrap();
+        let a = args(f32s(&[2], &[0.5, 2.0])?, f32s(&[1], &[0.25])?, Some(f32s(&[3], &[1.0, 0.0, 0.0])?));
+        let o = linear_w8a8(&a)?;
         assert_eq!(o.to_f32_vec(), vec![0.875, -0.625, 47.875, 4.5, 2.5, -65.5]);
-        let bad = args(f32s(&[3], &[1.0; 3]), f32s(&[1], &[1.0]), None);
+        let bad = args(f32s(&[3], &[1.0; 3])?, f32s(&[1], &[1.0])?, None);
         match linear_w8a8(&bad) {
             Err(KernelError::InvalidInput(m)) => {
                 assert!(m.contains("SCALE_LAYOUT_MISMATCH") && m.contains("x_scale"), "{m}")
             }
             other => panic!("{other:?}"),
         }
+        Ok(())
     }
 
     #[test]
-    fn int4_nibble_order_and_default_zero() {
+    fn int4_nibble_order_and_default_zero() -> TestResult {
         // Byte 0x21: k=0 -> 1, k=1 -> 2. Byte 0xF0 (-16 as i8): k=2 -> 0, k=3 -> 15.
-        let w = HostTensor::new(layerzero_core::tensor::Storage::I8(vec![0x21, 0xF0u8 as i8].into()), &[1, 2]).unwrap();
-        let x = f32s(&[1, 4], &[1.0, 10.0, 100.0, 1000.0]);
+        let w = HostTensor::new(layerzero_core::tensor::Storage::I8(vec![0x21, 0xF0u8 as i8].into()), &[1, 2])?;
+        let x = f32s(&[1, 4], &[1.0, 10.0, 100.0, 1000.0])?;
+        let scales = f32s(&[1, 2], &[1.0, 0.5])?;
         let args = |zeros: Option<HostTensor>| Int4Args {
             x: x.clone(),
             weight: w.clone(),
-            scales: f32s(&[1, 2], &[1.0, 0.5]),
+            scales: scales.clone(),
             zeros,
             bias: None,
             attrs: Int4Attrs { group_size: 2 },
         };
         // Zero 8: w = [-7, -6, -4, 3.5].
-        assert_eq!(linear_int4(&args(None)).unwrap().to_f32_vec(), vec![-7.0 - 60.0 - 400.0 + 3500.0]);
+        assert_eq!(linear_int4(&args(None))?.to_f32_vec(), vec![-7.0 - 60.0 - 400.0 + 3500.0]);
         // Zeros [0, 15]: w = [1, 2, -7.5, 0].
-        assert_eq!(
-            linear_int4(&args(Some(f32s(&[1, 2], &[0.0, 15.0])))).unwrap().to_f32_vec(),
-            vec![1.0 + 20.0 - 750.0]
-        );
+        assert_eq!(linear_int4(&args(Some(f32s(&[1, 2], &[0.0, 15.0])?)))?.to_f32_vec(), vec![1.0 + 20.0 - 750.0]);
         let mut bad = args(None);
         bad.attrs.group_size = 3;
         assert!(matches!(linear_int4(&bad), Err(KernelError::InvalidInput(m)) if m.contains("SCALE_LAYOUT_MISMATCH")));
         let mut bad = args(None);
-        bad.scales = f32s(&[2, 1], &[1.0, 1.0]);
+        bad.scales = f32s(&[2, 1], &[1.0, 1.0])?;
         assert!(matches!(linear_int4(&bad), Err(KernelError::InvalidInput(m)) if m.contains("`scales`")));
+        Ok(())
     }
 }

@@ -53,6 +53,7 @@ pub fn mlp(a: &MlpArgs) -> Result<HostTensor, KernelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
     use layerzero_core::model::attrs::Activation;
     use layerzero_core::model::attrs::MlpAttrs;
     use layerzero_core::model::dtype::DType;
@@ -68,25 +69,26 @@ mod tests {
     }
 
     #[test]
-    fn hand_computed_mlp_and_shape_errors() {
+    fn hand_computed_mlp_and_shape_errors() -> TestResult {
         // H = 2, I = 1: gate = x0 + x1, up = x0 - x1, out = [h, 2h].
-        let x = HostTensor::from_f32(&[1, 2], vec![2.0, 1.0]).unwrap();
+        let x = HostTensor::from_f32(&[1, 2], vec![2.0, 1.0])?;
         let args = MlpArgs {
             x,
-            w_gate: HostTensor::from_f32(&[1, 2], vec![1.0, 1.0]).unwrap(),
-            w_up: HostTensor::from_f32(&[1, 2], vec![1.0, -1.0]).unwrap(),
-            w_down: HostTensor::from_f32(&[2, 1], vec![1.0, 2.0]).unwrap(),
+            w_gate: HostTensor::from_f32(&[1, 2], vec![1.0, 1.0])?,
+            w_up: HostTensor::from_f32(&[1, 2], vec![1.0, -1.0])?,
+            w_down: HostTensor::from_f32(&[2, 1], vec![1.0, 2.0])?,
             attrs: MlpAttrs { activation: Activation::Silu },
         };
         let h = 3.0 / (1.0 + (-3.0f64).exp());
-        assert_eq!(mlp(&args).unwrap().to_f32_vec(), vec![h as f32, (2.0 * h) as f32]);
+        assert_eq!(mlp(&args)?.to_f32_vec(), vec![h as f32, (2.0 * h) as f32]);
         let mut bad = args.clone();
-        bad.w_down = HostTensor::from_f32(&[1, 2], vec![1.0, 2.0]).unwrap();
+        bad.w_down = HostTensor::from_f32(&[1, 2], vec![1.0, 2.0])?;
         assert!(
             matches!(mlp(&bad), Err(KernelError::InvalidInput(m)) if m.contains("`w_down`") && m.contains("[2, 1]"))
         );
         let mut bad = args.clone();
-        bad.x = HostTensor::zeros(DType::F32, &[1, 3]).unwrap();
+        bad.x = HostTensor::zeros(DType::F32, &[1, 3])?;
         assert!(matches!(mlp(&bad), Err(KernelError::InvalidInput(m)) if m.contains("`w_gate`")));
+        Ok(())
     }
 }

@@ -151,6 +151,7 @@ pub(crate) fn moe_experts(a: &MoeExpertsArgs) -> Result<HostTensor, KernelError>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
     use layerzero_core::model::attrs::Activation;
     use layerzero_core::model::attrs::{MlpAttrs, MoeRouteAttrs};
     use layerzero_core::model::dtype::DType;
@@ -160,18 +161,21 @@ mod tests {
         register(&mut r);
         let args =
             OpArgs::MoeRoute(MoeRouteArgs { logits: logits.clone(), attrs: MoeRouteAttrs { top_k, renormalize } });
-        let outs = r.get(MOE_ROUTE).unwrap().run(&args)?;
+        let outs = r
+            .get(MOE_ROUTE)
+            .ok_or_else(|| KernelError::Failed(format!("{MOE_ROUTE} is not registered")))?
+            .run(&args)?;
         assert_eq!(outs["experts"].dtype(), DType::I32);
         assert_eq!(outs["weights"].dtype(), DType::F32);
         Ok((outs["experts"].to_i64_vec(), outs["weights"].to_f32_vec()))
     }
 
     #[test]
-    fn route_is_the_hand_computed_softmax_top_k() {
+    fn route_is_the_hand_computed_softmax_top_k() -> TestResult {
         // Row 0: logits [0, ln 2, ln 3, ln 4] -> probabilities [1, 2, 3, 4] / 10.
         // Row 1: a tie between experts 1 and 3 goes to the lower index.
-        let l = HostTensor::from_f32(&[2, 4], vec![0.0, 2f32.ln(), 3f32.ln(), 4f32.ln(), 0.0, 1.0, -1.0, 1.0]).unwrap();
-        let (ex, w) = route(&l, 2, false).unwrap();
+        let l = HostTensor::from_f32(&[2, 4], vec![0.0, 2f32.ln(), 3f32.ln(), 4f32.ln(), 0.0, 1.0, -1.0, 1.0])?;
+        let (ex, w) = route(&l, 2, false)?;
         assert_eq!(ex, vec![3, 2, 1, 3]);
         let e1 = 1f64.exp();
         let z1 = 1.0 + 2.0 * e1 + (-1f64).exp();
@@ -179,39 +183,41 @@ mod tests {
         for (a, b) in w.iter().zip(want) {
             assert!((f64::from(*a) - b).abs() < 1e-7, "{w:?} vs {want:?}");
         }
-        let (ex, w) = route(&l, 2, true).unwrap();
+        let (ex, w) = route(&l, 2, true)?;
         assert_eq!(ex, vec![3, 2, 1, 3]);
         for (a, b) in w.iter().zip([4.0 / 7.0, 3.0 / 7.0, 0.5, 0.5]) {
             assert!((f64::from(*a) - b).abs() < 1e-7, "{w:?}");
         }
         assert!((w[0] + w[1] - 1.0).abs() < 1e-6 && (w[2] + w[3] - 1.0).abs() < 1e-6);
         // top_k = E returns every expert in descending order; all weights sum to 1.
-        let (ex, w) = route(&l, 4, false).unwrap();
+        let (ex, w) = route(&l, 4, false)?;
         assert_eq!(ex, vec![3, 2, 1, 0, 1, 3, 0, 2]);
         assert!((w[..4].iter().sum::<f32>() - 1.0).abs() < 1e-6);
         // -inf experts are never preferred over finite ones; +inf takes the mass.
-        let l = HostTensor::from_f32(&[2, 3], vec![f32::NEG_INFINITY, 0.0, 1.0, 0.0, f32::INFINITY, 5.0]).unwrap();
-        let (ex, w) = route(&l, 1, false).unwrap();
+        let l = HostTensor::from_f32(&[2, 3], vec![f32::NEG_INFINITY, 0.0, 1.0, 0.0, f32::INFINITY, 5.0])?;
+        let (ex, w) = route(&l, 1, false)?;
         assert_eq!((ex, w), (vec![2, 1], vec![(1.0 / (1.0 + (-1f64).exp())) as f32, 1.0]));
+        Ok(())
     }
 
     #[test]
-    fn route_rejects_bad_input() {
-        let l = HostTensor::from_f32(&[2, 3], vec![0.0, 1.0, 2.0, 3.0, f32::NAN, 0.0]).unwrap();
-        let e = route(&l, 1, false).unwrap_err();
+    fn route_rejects_bad_input() -> TestResult {
+        let l = HostTensor::from_f32(&[2, 3], vec![0.0, 1.0, 2.0, 3.0, f32::NAN, 0.0])?;
+        let e = route(&l, 1, false).err().ok_or("a NaN logit must be refused")?;
         assert!(matches!(&e, KernelError::InvalidInput(m) if m.contains("[1, 1]")), "{e}");
-        let l = HostTensor::from_f32(&[1, 3], vec![0.0; 3]).unwrap();
+        let l = HostTensor::from_f32(&[1, 3], vec![0.0; 3])?;
         for k in [0, 4] {
-            let e = route(&l, k, true).unwrap_err();
+            let e = route(&l, k, true).err().ok_or_else(|| format!("top_k = {k} must be refused"))?;
             assert!(matches!(&e, KernelError::InvalidInput(m) if m.contains("top_k")), "{e}");
         }
-        let l = HostTensor::from_f32(&[1, 2], vec![f32::NEG_INFINITY; 2]).unwrap();
+        let l = HostTensor::from_f32(&[1, 2], vec![f32::NEG_INFINITY; 2])?;
         assert!(matches!(route(&l, 1, false), Err(KernelError::InvalidInput(_))));
-        let l = HostTensor::new(Storage::I32(vec![1, 2].into()), &[1, 2]).unwrap();
+        let l = HostTensor::new(Storage::I32(vec![1, 2].into()), &[1, 2])?;
         assert!(matches!(route(&l, 1, false), Err(KernelError::InvalidInput(_))));
-        let l = HostTensor::from_f32(&[0, 4], vec![]).unwrap();
-        let (ex, w) = route(&l, 2, false).unwrap();
+        let l = HostTensor::from_f32(&[0, 4], vec![])?;
+        let (ex, w) = route(&l, 2, false)?;
         assert!(ex.is_empty() && w.is_empty());
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -225,34 +231,34 @@ mod tests {
         e: usize,
         i: usize,
         act: Activation,
-    ) -> MoeExpertsArgs {
+    ) -> TestResult<MoeExpertsArgs> {
         let mut rng = layerzero_core::tensor::rng::Rng::new(11);
         let wg = rng.normals(e * i * h);
         let wu = rng.normals(e * i * h);
         let wd = rng.normals(e * h * i);
-        MoeExpertsArgs {
-            x: HostTensor::from_f32(&[t, h], x.to_vec()).unwrap(),
-            experts: HostTensor::new(Storage::I32(ids.into()), &[t, k]).unwrap(),
-            weights: HostTensor::from_f32(&[t, k], w.to_vec()).unwrap(),
-            w_gate: HostTensor::from_f32(&[e, i, h], wg).unwrap(),
-            w_up: HostTensor::from_f32(&[e, i, h], wu).unwrap(),
-            w_down: HostTensor::from_f32(&[e, h, i], wd).unwrap(),
+        Ok(MoeExpertsArgs {
+            x: HostTensor::from_f32(&[t, h], x.to_vec())?,
+            experts: HostTensor::new(Storage::I32(ids.into()), &[t, k])?,
+            weights: HostTensor::from_f32(&[t, k], w.to_vec())?,
+            w_gate: HostTensor::from_f32(&[e, i, h], wg)?,
+            w_up: HostTensor::from_f32(&[e, i, h], wu)?,
+            w_down: HostTensor::from_f32(&[e, h, i], wd)?,
             attrs: MlpAttrs { activation: act },
-        }
+        })
     }
 
     #[test]
-    fn experts_match_a_hand_checkable_case() {
+    fn experts_match_a_hand_checkable_case() -> TestResult {
         // One token, hidden 2, intermediate 1, two experts: gate/up/down are tiny matrices.
         let a = MoeExpertsArgs {
-            x: HostTensor::from_f32(&[1, 2], vec![1.0, 2.0]).unwrap(),
-            experts: HostTensor::new(Storage::I64(vec![1, 0].into()), &[1, 2]).unwrap(),
-            weights: HostTensor::from_f32(&[1, 2], vec![0.75, 0.25]).unwrap(),
+            x: HostTensor::from_f32(&[1, 2], vec![1.0, 2.0])?,
+            experts: HostTensor::new(Storage::I64(vec![1, 0].into()), &[1, 2])?,
+            weights: HostTensor::from_f32(&[1, 2], vec![0.75, 0.25])?,
             // expert 0: gate [1, 0], up [0, 1]; expert 1: gate [0, 1], up [1, 1].
-            w_gate: HostTensor::from_f32(&[2, 1, 2], vec![1.0, 0.0, 0.0, 1.0]).unwrap(),
-            w_up: HostTensor::from_f32(&[2, 1, 2], vec![0.0, 1.0, 1.0, 1.0]).unwrap(),
+            w_gate: HostTensor::from_f32(&[2, 1, 2], vec![1.0, 0.0, 0.0, 1.0])?,
+            w_up: HostTensor::from_f32(&[2, 1, 2], vec![0.0, 1.0, 1.0, 1.0])?,
             // expert 0: down [[1], [2]]; expert 1: down [[-1], [0.5]].
-            w_down: HostTensor::from_f32(&[2, 2, 1], vec![1.0, 2.0, -1.0, 0.5]).unwrap(),
+            w_down: HostTensor::from_f32(&[2, 2, 1], vec![1.0, 2.0, -1.0, 0.5])?,
             attrs: MlpAttrs { activation: Activation::Silu },
         };
         let silu = |v: f64| v / (1.0 + (-v).exp());
@@ -260,21 +266,22 @@ mod tests {
         // expert 1: g = 2, u = 3 -> a = 3 silu(2); y = [-a, a / 2].
         let (a0, a1) = (2.0 * silu(1.0), 3.0 * silu(2.0));
         let want = [0.25 * a0 - 0.75 * a1, 0.25 * 2.0 * a0 + 0.75 * 0.5 * a1];
-        let got = moe_experts(&a).unwrap().to_f64_vec();
+        let got = moe_experts(&a)?.to_f64_vec();
         for (g, w) in got.iter().zip(want) {
             assert!((g - w).abs() < 1e-6 * w.abs().max(1.0), "{got:?} vs {want:?}");
         }
+        Ok(())
     }
 
     #[test]
-    fn experts_match_a_dense_per_token_computation() {
+    fn experts_match_a_dense_per_token_computation() -> TestResult {
         let (t, h, k, e, i) = (3, 5, 2, 4, 3);
         let x = layerzero_core::tensor::rng::Rng::new(3).normals(t * h);
         let ids = vec![0, 3, 2, 2, 1, 0];
         let w = [0.6, 0.4, 0.5, 0.5, 0.9, 0.1];
         for act in [Activation::Silu, Activation::Gelu, Activation::GeluTanh] {
-            let a = experts_args(&x, t, h, ids.clone(), &w, k, e, i, act);
-            let got = moe_experts(&a).unwrap();
+            let a = experts_args(&x, t, h, ids.clone(), &w, k, e, i, act)?;
+            let got = moe_experts(&a)?;
             assert_eq!((got.shape(), got.dtype()), (&[t, h][..], DType::F32));
             let got = got.to_f64_vec();
             let (wg, wu, wd) = (a.w_gate.to_f64_vec(), a.w_up.to_f64_vec(), a.w_down.to_f64_vec());
@@ -305,32 +312,37 @@ mod tests {
                 }
             }
         }
+        Ok(())
     }
 
     #[test]
-    fn experts_reject_bad_input() {
+    fn experts_reject_bad_input() -> TestResult {
         let x = vec![0.5f32; 2 * 4];
-        let a = experts_args(&x, 2, 4, vec![0, 1, 2, 3], &[0.5; 4], 2, 3, 2, Activation::Silu);
-        let e = moe_experts(&a).unwrap_err();
+        let a = experts_args(&x, 2, 4, vec![0, 1, 2, 3], &[0.5; 4], 2, 3, 2, Activation::Silu)?;
+        let e = moe_experts(&a).err().ok_or("an expert index past the experts must be refused")?;
         assert!(matches!(&e, KernelError::InvalidInput(m) if m.contains("[1, 1]") && m.contains(" 3 ")), "{e}");
         let mut neg = a.clone();
-        neg.experts = HostTensor::new(Storage::I64(vec![0, -1, 2, 0].into()), &[2, 2]).unwrap();
-        let e = moe_experts(&neg).unwrap_err();
+        neg.experts = HostTensor::new(Storage::I64(vec![0, -1, 2, 0].into()), &[2, 2])?;
+        let e = moe_experts(&neg).err().ok_or("a negative expert index must be refused")?;
         assert!(matches!(&e, KernelError::InvalidInput(m) if m.contains("[0, 1]") && m.contains("-1")), "{e}");
         let mut bad = a.clone();
-        bad.experts = HostTensor::new(Storage::I32(vec![0, 1, 2, 0].into()), &[2, 2]).unwrap();
-        bad.w_down = HostTensor::from_f32(&[3, 2, 4], vec![0.0; 24]).unwrap();
-        let e = moe_experts(&bad).unwrap_err();
+        bad.experts = HostTensor::new(Storage::I32(vec![0, 1, 2, 0].into()), &[2, 2])?;
+        bad.w_down = HostTensor::from_f32(&[3, 2, 4], vec![0.0; 24])?;
+        let e = moe_experts(&bad).err().ok_or("a w_down of the wrong shape must be refused")?;
         assert!(matches!(&e, KernelError::InvalidInput(m) if m.contains("w_down")), "{e}");
         let mut bad2 = a.clone();
-        bad2.experts = HostTensor::from_f32(&[2, 2], vec![0.0; 4]).unwrap();
+        bad2.experts = HostTensor::from_f32(&[2, 2], vec![0.0; 4])?;
         assert!(matches!(moe_experts(&bad2), Err(KernelError::InvalidInput(m)) if m.contains("experts")));
         let mut bad3 = a.clone();
-        bad3.weights = HostTensor::from_f32(&[2, 1], vec![0.0; 2]).unwrap();
-        bad3.experts = HostTensor::new(Storage::I32(vec![0, 1, 2, 0].into()), &[2, 2]).unwrap();
+        bad3.weights = HostTensor::from_f32(&[2, 1], vec![0.0; 2])?;
+        bad3.experts = HostTensor::new(Storage::I32(vec![0, 1, 2, 0].into()), &[2, 2])?;
         assert!(matches!(moe_experts(&bad3), Err(KernelError::InvalidInput(m)) if m.contains("weights")));
         let mut r = Registry::new();
         register(&mut r);
-        assert!(matches!(r.get(MOE_ROUTE).unwrap().run(&OpArgs::MoeExperts(a)), Err(KernelError::Unsupported(_))));
+        assert!(matches!(
+            r.get(MOE_ROUTE).ok_or("moe_route is not registered")?.run(&OpArgs::MoeExperts(a)),
+            Err(KernelError::Unsupported(_))
+        ));
+        Ok(())
     }
 }

@@ -174,6 +174,7 @@ pub fn paged_attention(args: &PagedAttentionArgs) -> Result<HostTensor, KernelEr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
     use crate::attention::attention;
     use crate::test_util::{close, tensor, values};
     use layerzero_core::exec::args::AttentionArgs;
@@ -191,10 +192,10 @@ mod tests {
 
     /// Builds a paged problem from logical per-sequence K/V, scattering pages in a
     /// shuffled order, and checks it against dense attention over the dequantized keys.
-    fn check(c: &Case, attrs: AttentionAttrs) {
+    fn check(c: &Case, attrs: AttentionAttrs) -> TestResult {
         let (batch, sq, hq, hkv, d, dv) = (3usize, 3usize, 4usize, 2usize, 8usize, 4usize);
         let lens = [5usize, 1, 2 * c.page_size.min(7) + 3];
-        let max_pages = lens.iter().map(|l| l.div_ceil(c.page_size)).max().unwrap() + 1;
+        let max_pages = lens.iter().map(|l| l.div_ceil(c.page_size)).max().ok_or("no lengths")? + 1;
         // Two spare pages, and a count coprime with 7 so `phys` below is a permutation.
         let pages = if (batch * max_pages + 2) % 7 == 0 { batch * max_pages + 3 } else { batch * max_pages + 2 };
         // Physical page of (b, p): a fixed permutation, so no sequence is stored in order.
@@ -208,12 +209,12 @@ mod tests {
         for x in kvals.iter_mut().chain(vvals.iter_mut()) {
             *x = Storage::from_f32(c.cache_dtype, &[*x * 4.0]).get_f32(0);
         }
-        let cache = |vals: &[f32], width: usize| {
-            let t = HostTensor::from_f32_as(c.cache_dtype, &[pages, c.page_size, hkv, width], vals).unwrap();
-            match c.layout {
-                Layout::Hnd => t.permute(&[0, 2, 1, 3]).unwrap().contiguous().with_layout(Layout::Hnd),
+        let cache = |vals: &[f32], width: usize| -> TestResult<_> {
+            let t = HostTensor::from_f32_as(c.cache_dtype, &[pages, c.page_size, hkv, width], vals)?;
+            Ok(match c.layout {
+                Layout::Hnd => t.permute(&[0, 2, 1, 3])?.contiguous().with_layout(Layout::Hnd),
                 _ => t.with_layout(Layout::Nhd),
-            }
+            })
         };
         let mut table = vec![0i64; batch * max_pages];
         for b in 0..batch {
@@ -222,22 +223,22 @@ mod tests {
             }
         }
         let block_table = if c.i64_table {
-            HostTensor::new(Storage::I64(table.clone().into()), &[batch, max_pages]).unwrap()
+            HostTensor::new(Storage::I64(table.clone().into()), &[batch, max_pages])?
         } else {
-            HostTensor::new(Storage::I32(table.iter().map(|&x| x as i32).collect()), &[batch, max_pages]).unwrap()
+            HostTensor::new(Storage::I32(table.iter().map(|&x| x as i32).collect()), &[batch, max_pages])?
         };
-        let q = tensor(&[batch, sq, hq, d], 13, Layout::Bshd);
+        let q = tensor(&[batch, sq, hq, d], 13, Layout::Bshd)?;
         let args = PagedAttentionArgs {
             q: q.clone(),
-            k_cache: cache(&kvals, d),
-            v_cache: cache(&vvals, dv),
+            k_cache: cache(&kvals, d)?,
+            v_cache: cache(&vvals, dv)?,
             block_table,
-            context_lens: HostTensor::new(Storage::I32(lens.iter().map(|&l| l as i32).collect()), &[batch]).unwrap(),
-            k_scale: c.scaled.then(|| HostTensor::from_f32(&[hkv], k_scale.clone()).unwrap()),
-            v_scale: c.scaled.then(|| HostTensor::from_f32(&[1], vec![v_scale]).unwrap()),
+            context_lens: HostTensor::new(Storage::I32(lens.iter().map(|&l| l as i32).collect()), &[batch])?,
+            k_scale: c.scaled.then(|| HostTensor::from_f32(&[hkv], k_scale.clone())).transpose()?,
+            v_scale: c.scaled.then(|| HostTensor::from_f32(&[1], vec![v_scale])).transpose()?,
             attrs: attrs.clone(),
         };
-        let paged = paged_attention(&args).unwrap();
+        let paged = paged_attention(&args)?;
         assert_eq!(paged.shape(), &[batch, sq, hq, dv]);
         let paged = paged.to_f32_vec();
         for (b, &len) in lens.iter().enumerate() {
@@ -250,25 +251,25 @@ mod tests {
                     v.extend((0..dv).map(|x| vvals[nhd(p, s, h, x, dv)] * v_scale));
                 }
             }
-            let qb = q.view(&[1, sq, hq, d], &[sq * hq * d, hq * d, d, 1], b * sq * hq * d).unwrap();
+            let qb = q.view(&[1, sq, hq, d], &[sq * hq * d, hq * d, d, 1], b * sq * hq * d)?;
             let dense = attention(&AttentionArgs {
                 q: qb,
-                k: HostTensor::from_f32(&[1, len, hkv, d], k).unwrap(),
-                v: HostTensor::from_f32(&[1, len, hkv, dv], v).unwrap(),
+                k: HostTensor::from_f32(&[1, len, hkv, d], k)?,
+                v: HostTensor::from_f32(&[1, len, hkv, dv], v)?,
                 mask: None,
                 cu_seqlens_q: None,
                 cu_seqlens_k: None,
                 attrs: attrs.clone(),
-            })
-            .unwrap()
+            })?
             .to_f32_vec();
             let n = sq * hq * dv;
             close(&paged[b * n..(b + 1) * n], &dense, 1e-6);
         }
+        Ok(())
     }
 
     #[test]
-    fn paged_equals_dense_on_the_gathered_cache() {
+    fn paged_equals_dense_on_the_gathered_cache() -> TestResult {
         let attrs = [
             AttentionAttrs::default(),
             AttentionAttrs { causal: true, ..Default::default() },
@@ -285,76 +286,79 @@ mod tests {
                 for i64_table in [false, true] {
                     for a in &attrs {
                         let c = Case { layout, page_size, i64_table, cache_dtype: DType::F32, scaled: false };
-                        check(&c, a.clone());
+                        check(&c, a.clone())?;
                     }
                 }
             }
         }
+        Ok(())
     }
 
     #[test]
-    fn fp8_and_half_caches_with_scales() {
+    fn fp8_and_half_caches_with_scales() -> TestResult {
         for cache_dtype in [DType::Fp8E4M3, DType::Fp8E5M2, DType::F16, DType::BF16] {
             for layout in [Layout::Nhd, Layout::Hnd] {
                 let c = Case { layout, page_size: 4, i64_table: false, cache_dtype, scaled: true };
-                check(&c, AttentionAttrs { causal: true, ..Default::default() });
+                check(&c, AttentionAttrs { causal: true, ..Default::default() })?;
             }
         }
+        Ok(())
     }
 
-    fn small() -> PagedAttentionArgs {
-        let cache = |seed| tensor(&[4, 2, 1, 4], seed, Layout::Nhd);
-        PagedAttentionArgs {
-            q: tensor(&[2, 2, 1, 4], 1, Layout::Bshd),
-            k_cache: cache(2),
-            v_cache: cache(3),
-            block_table: HostTensor::new(Storage::I32(vec![0, 1, 2, 3].into()), &[2, 2]).unwrap(),
-            context_lens: HostTensor::new(Storage::I32(vec![4, 3].into()), &[2]).unwrap(),
+    fn small() -> TestResult<PagedAttentionArgs> {
+        let cache = |seed| -> TestResult<_> { Ok(tensor(&[4, 2, 1, 4], seed, Layout::Nhd)?) };
+        Ok(PagedAttentionArgs {
+            q: tensor(&[2, 2, 1, 4], 1, Layout::Bshd)?,
+            k_cache: cache(2)?,
+            v_cache: cache(3)?,
+            block_table: HostTensor::new(Storage::I32(vec![0, 1, 2, 3].into()), &[2, 2])?,
+            context_lens: HostTensor::new(Storage::I32(vec![4, 3].into()), &[2])?,
             k_scale: None,
             v_scale: None,
             attrs: AttentionAttrs { causal: true, ..Default::default() },
-        }
+        })
     }
 
     #[test]
-    fn bad_tables_and_lengths_are_invalid_input() {
-        assert!(paged_attention(&small()).is_ok());
+    fn bad_tables_and_lengths_are_invalid_input() -> TestResult {
+        assert!(paged_attention(&small()?).is_ok());
         for (entry, value) in [(3usize, 4i32), (1, -1)] {
-            let mut a = small();
+            let mut a = small()?;
             let mut t = vec![0, 1, 2, 3];
             t[entry] = value;
-            a.block_table = HostTensor::new(Storage::I32(t.into()), &[2, 2]).unwrap();
-            let err = paged_attention(&a).unwrap_err();
+            a.block_table = HostTensor::new(Storage::I32(t.into()), &[2, 2])?;
+            let err = paged_attention(&a).err().ok_or_else(|| format!("block_table entry {value} must be refused"))?;
             let at = format!("block_table[{}, {}] = {value}", entry / 2, entry % 2);
             assert!(matches!(&err, KernelError::InvalidInput(m) if m.contains(&at)), "{err}");
         }
         // A padding entry past the pages a context reaches is never read, so it may be anything.
-        let mut a = small();
-        a.block_table = HostTensor::new(Storage::I32(vec![0, 1, 2, -1].into()), &[2, 2]).unwrap();
-        a.context_lens = HostTensor::new(Storage::I32(vec![4, 2].into()), &[2]).unwrap();
+        let mut a = small()?;
+        a.block_table = HostTensor::new(Storage::I32(vec![0, 1, 2, -1].into()), &[2, 2])?;
+        a.context_lens = HostTensor::new(Storage::I32(vec![4, 2].into()), &[2])?;
         assert!(paged_attention(&a).is_ok());
         for len in [5, -1] {
-            let mut a = small();
-            a.context_lens = HostTensor::new(Storage::I32(vec![4, len].into()), &[2]).unwrap();
-            let err = paged_attention(&a).unwrap_err();
+            let mut a = small()?;
+            a.context_lens = HostTensor::new(Storage::I32(vec![4, len].into()), &[2])?;
+            let err = paged_attention(&a).err().ok_or_else(|| format!("context_lens {len} must be refused"))?;
             assert!(matches!(&err, KernelError::InvalidInput(m) if m.contains(&format!("context_lens[1] = {len}"))));
         }
-        let mut a = small();
+        let mut a = small()?;
         a.k_cache = a.k_cache.clone().with_layout(Layout::Bshd);
         assert!(matches!(paged_attention(&a), Err(KernelError::InvalidInput(_))));
-        let mut a = small();
-        a.k_scale = Some(HostTensor::from_f32(&[3], vec![1.0; 3]).unwrap());
+        let mut a = small()?;
+        a.k_scale = Some(HostTensor::from_f32(&[3], vec![1.0; 3])?);
         assert!(matches!(paged_attention(&a), Err(KernelError::InvalidInput(_))));
-        let mut a = small();
-        a.block_table = HostTensor::new(Storage::I32(vec![0, 1].into()), &[1, 2]).unwrap();
+        let mut a = small()?;
+        a.block_table = HostTensor::new(Storage::I32(vec![0, 1].into()), &[1, 2])?;
         assert!(matches!(paged_attention(&a), Err(KernelError::InvalidInput(_))));
+        Ok(())
     }
 
     #[test]
-    fn short_context_gives_zero_rows_not_errors() {
-        let mut a = small();
-        a.context_lens = HostTensor::new(Storage::I32(vec![1, 0].into()), &[2]).unwrap();
-        let out = paged_attention(&a).unwrap();
+    fn short_context_gives_zero_rows_not_errors() -> TestResult {
+        let mut a = small()?;
+        a.context_lens = HostTensor::new(Storage::I32(vec![1, 0].into()), &[2])?;
+        let out = paged_attention(&a)?;
         // Sequence 0: row 0 sees no key, row 1 sees key 0 (= v page 0 slot 0).
         for d in 0..4 {
             assert_eq!(out.at(&[0, 0, 0, d]), 0.0);
@@ -362,5 +366,6 @@ mod tests {
             assert_eq!(out.at(&[1, 0, 0, d]), 0.0);
             assert_eq!(out.at(&[1, 1, 0, d]), 0.0);
         }
+        Ok(())
     }
 }

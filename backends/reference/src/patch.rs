@@ -62,6 +62,7 @@ pub fn patch_embed(a: &PatchEmbedArgs) -> Result<HostTensor, KernelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
     use layerzero_core::model::attrs::PatchEmbedAttrs;
     use layerzero_core::model::dtype::DType;
     use layerzero_core::model::layout::Layout;
@@ -71,39 +72,41 @@ mod tests {
     }
 
     #[test]
-    fn a_hand_computed_two_by_two_patch_embedding() {
+    fn a_hand_computed_two_by_two_patch_embedding() -> TestResult {
         // One channel, a 2x4 image, P = 2: two patches, D = 2 (sum, and top-left minus
         // bottom-right, plus bias).
-        let image = HostTensor::from_f32(&[1, 1, 2, 4], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]).unwrap();
-        let weight = HostTensor::from_f32(&[2, 1, 2, 2], vec![1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, -1.0]).unwrap();
-        let bias = HostTensor::from_f32(&[2], vec![0.5, -0.5]).unwrap();
-        let out = patch_embed(&args(image.clone(), weight.clone(), Some(bias), 2)).unwrap();
+        let image = HostTensor::from_f32(&[1, 1, 2, 4], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])?;
+        let weight = HostTensor::from_f32(&[2, 1, 2, 2], vec![1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, -1.0])?;
+        let bias = HostTensor::from_f32(&[2], vec![0.5, -0.5])?;
+        let out = patch_embed(&args(image.clone(), weight.clone(), Some(bias), 2))?;
         assert_eq!(out.shape(), &[1, 2, 2]);
         // Patch 0 holds 1, 2, 5, 6; patch 1 holds 3, 4, 7, 8.
         assert_eq!(out.to_f32_vec(), vec![14.5, -5.5, 22.5, -5.5]);
         // The same image channels-last gives the same result.
-        let nhwc = image.permute(&[0, 2, 3, 1]).unwrap().with_layout(Layout::Nhwc);
-        let out = patch_embed(&args(nhwc, weight, None, 2)).unwrap();
+        let nhwc = image.permute(&[0, 2, 3, 1])?.with_layout(Layout::Nhwc);
+        let out = patch_embed(&args(nhwc, weight, None, 2))?;
         assert_eq!(out.to_f32_vec(), vec![14.0, -5.0, 22.0, -5.0]);
+        Ok(())
     }
 
     #[test]
-    fn bad_geometry_is_refused_naming_the_tensor_and_the_values() {
-        let w = |c: usize, p: usize| HostTensor::zeros(DType::F32, &[4, c, p, p]).unwrap();
-        let image = HostTensor::zeros(DType::F32, &[1, 3, 30, 32]).unwrap();
+    fn bad_geometry_is_refused_naming_the_tensor_and_the_values() -> TestResult {
+        let w = |c: usize, p: usize| -> TestResult<_> { Ok(HostTensor::zeros(DType::F32, &[4, c, p, p])?) };
+        let image = HostTensor::zeros(DType::F32, &[1, 3, 30, 32])?;
         let err = |a: PatchEmbedArgs| match patch_embed(&a) {
             Err(KernelError::InvalidInput(m)) => m,
             other => panic!("expected an invalid input, got {other:?}"),
         };
-        let m = err(args(image.clone(), w(3, 8), None, 8));
+        let m = err(args(image.clone(), w(3, 8)?, None, 8));
         assert!(m.contains("tensor `image` has height 30, not a multiple of attrs.patch 8"), "{m}");
-        let m = err(args(image.clone(), w(1, 2), None, 2));
+        let m = err(args(image.clone(), w(1, 2)?, None, 2));
         assert!(m.contains("1 input channels") && m.contains("has 3"), "{m}");
-        assert!(err(args(image.clone(), w(3, 2), None, 0)).contains("attrs.patch is 0"));
-        assert!(err(args(image.clone(), w(3, 4), None, 2)).contains("a 4x4 kernel; attrs.patch is 2"));
-        let bias = HostTensor::zeros(DType::F32, &[5]).unwrap();
-        assert!(err(args(image, w(3, 2), Some(bias), 2)).contains("tensor `bias`"));
-        let flat = HostTensor::zeros(DType::F32, &[3, 32, 32]).unwrap();
-        assert!(err(args(flat, w(3, 2), None, 2)).contains("tensor `image` has shape [3, 32, 32] (rank 3)"));
+        assert!(err(args(image.clone(), w(3, 2)?, None, 0)).contains("attrs.patch is 0"));
+        assert!(err(args(image.clone(), w(3, 4)?, None, 2)).contains("a 4x4 kernel; attrs.patch is 2"));
+        let bias = HostTensor::zeros(DType::F32, &[5])?;
+        assert!(err(args(image, w(3, 2)?, Some(bias), 2)).contains("tensor `bias`"));
+        let flat = HostTensor::zeros(DType::F32, &[3, 32, 32])?;
+        assert!(err(args(flat, w(3, 2)?, None, 2)).contains("tensor `image` has shape [3, 32, 32] (rank 3)"));
+        Ok(())
     }
 }

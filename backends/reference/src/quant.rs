@@ -148,6 +148,7 @@ pub fn dequantize(a: &DequantizeArgs) -> Result<HostTensor, KernelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
     use crate::test_util::values;
     use layerzero_core::model::attrs::QuantAttrs;
 
@@ -155,33 +156,32 @@ mod tests {
         QuantAttrs { scheme, block, scale_layout: layout, target: Some(target), out_dtype: None }
     }
 
-    fn q(x: &HostTensor, a: QuantAttrs) -> Outputs {
-        quantize(&QuantizeArgs { x: x.clone(), attrs: a }).unwrap()
+    fn q(x: &HostTensor, a: QuantAttrs) -> TestResult<Outputs> {
+        Ok(quantize(&QuantizeArgs { x: x.clone(), attrs: a })?)
     }
 
     #[test]
-    fn i8_per_tensor_hand_computed_with_ties_to_even() {
+    fn i8_per_tensor_hand_computed_with_ties_to_even() -> TestResult {
         // amax 127 -> scale 1: 0.5 -> 0, 1.5 -> 2, 2.5 -> 2, -2.5 -> -2.
-        let x = HostTensor::from_f32(&[6], vec![0.5, 1.5, 2.5, -2.5, 127.0, -3.49]).unwrap();
-        let o = q(&x, attrs(QuantScheme::PerTensor, None, None, DType::I8));
+        let x = HostTensor::from_f32(&[6], vec![0.5, 1.5, 2.5, -2.5, 127.0, -3.49])?;
+        let o = q(&x, attrs(QuantScheme::PerTensor, None, None, DType::I8))?;
         assert_eq!(o["out"].to_f32_vec(), vec![0.0, 2.0, 2.0, -2.0, 127.0, -3.0]);
         assert_eq!(o["scale"].shape(), &[1]);
         assert_eq!(o["scale"].to_f32_vec(), vec![1.0]);
         // All zeros: scale 1.
-        let z = q(
-            &HostTensor::from_f32(&[2, 2], vec![0.0; 4]).unwrap(),
-            attrs(QuantScheme::PerChannel, None, None, DType::I8),
-        );
+        let z =
+            q(&HostTensor::from_f32(&[2, 2], vec![0.0; 4])?, attrs(QuantScheme::PerChannel, None, None, DType::I8))?;
         assert_eq!(z["scale"].to_f32_vec(), vec![1.0, 1.0]);
+        Ok(())
     }
 
     #[test]
-    fn per_channel_and_per_block_partial_edges_round_trip() {
+    fn per_channel_and_per_block_partial_edges_round_trip() -> TestResult {
         let (r, c) = (5usize, 7usize);
-        let x = HostTensor::from_f32(&[r, c], values(r * c, 3).iter().map(|v| v * 4.0).collect()).unwrap();
+        let x = HostTensor::from_f32(&[r, c], values(r * c, 3).iter().map(|v| v * 4.0).collect())?;
         let xs = x.to_f32_vec();
         for (scheme, block) in [(QuantScheme::PerChannel, None), (QuantScheme::PerBlock, Some([2, 3]))] {
-            let o = q(&x, attrs(scheme, block, None, DType::I8));
+            let o = q(&x, attrs(scheme, block, None, DType::I8))?;
             let s = &o["scale"];
             let want: &[usize] = if block.is_some() { &[3, 3] } else { &[5] };
             assert_eq!(s.shape(), want);
@@ -189,39 +189,40 @@ mod tests {
                 x: o["out"].clone(),
                 scale: s.clone(),
                 attrs: attrs(scheme, block, None, DType::I8),
-            })
-            .unwrap()
+            })?
             .to_f32_vec();
-            let grid = Grid::new(&attrs(scheme, block, None, DType::I8), &x).unwrap();
+            let grid = Grid::new(&attrs(scheme, block, None, DType::I8), &x)?;
             let sv = s.to_f32_vec();
             for i in 0..r * c {
                 // Round to nearest: at most half a step off.
                 assert!((back[i] - xs[i]).abs() <= 0.5 * sv[grid.group(i)] * 1.0001, "{scheme:?} {i}");
             }
         }
+        Ok(())
     }
 
     #[test]
-    fn fp8_saturation_and_nan() {
-        let x = HostTensor::from_f32(&[4], vec![1000.0, -1e9, f32::NAN, 1.0]).unwrap();
-        let o = q(&x, attrs(QuantScheme::None, None, None, DType::Fp8E4M3));
+    fn fp8_saturation_and_nan() -> TestResult {
+        let x = HostTensor::from_f32(&[4], vec![1000.0, -1e9, f32::NAN, 1.0])?;
+        let o = q(&x, attrs(QuantScheme::None, None, None, DType::Fp8E4M3))?;
         let v = o["out"].to_f32_vec();
         assert_eq!((v[0], v[1], v[3]), (448.0, -448.0, 1.0));
         assert!(v[2].is_nan());
-        let o = q(&x, attrs(QuantScheme::PerTensor, None, None, DType::Fp8E5M2));
+        let o = q(&x, attrs(QuantScheme::PerTensor, None, None, DType::Fp8E5M2))?;
         // amax skips NaN: 1e9 / 57344.
         assert_eq!(o["scale"].to_f32_vec(), vec![1e9f32 / 57344.0]);
         assert!(o["out"].to_f32_vec()[2].is_nan());
+        Ok(())
     }
 
     #[test]
-    fn column_major_scale_returned_and_checked() {
-        let x = HostTensor::from_f32(&[5, 7], values(35, 9)).unwrap();
+    fn column_major_scale_returned_and_checked() -> TestResult {
+        let x = HostTensor::from_f32(&[5, 7], values(35, 9))?;
         let a = attrs(QuantScheme::PerBlock, Some([2, 3]), Some(ScaleLayout::ColumnMajor), DType::I8);
-        let o = q(&x, a.clone());
+        let o = q(&x, a.clone())?;
         let s = &o["scale"];
         assert_eq!((s.shape(), s.strides()), (&[3usize, 3][..], &[1usize, 3][..]));
-        let row = q(&x, attrs(QuantScheme::PerBlock, Some([2, 3]), None, DType::I8));
+        let row = q(&x, attrs(QuantScheme::PerBlock, Some([2, 3]), None, DType::I8))?;
         assert_eq!(row["scale"].strides(), &[3, 1]);
         assert_eq!(s.to_f32_vec(), row["scale"].to_f32_vec());
         let deq = |scale: &HostTensor, a: QuantAttrs| {
@@ -243,11 +244,12 @@ mod tests {
             }
         }
         // A transposed shape is refused too.
-        let t = s.permute(&[1, 0]).unwrap();
-        let bad = HostTensor::from_f32(&[3, 2], vec![1.0; 6]).unwrap();
+        let t = s.permute(&[1, 0])?;
+        let bad = HostTensor::from_f32(&[3, 2], vec![1.0; 6])?;
         for scale in [t.contiguous(), bad] {
             let e = deq(&scale, a.clone());
             assert!(matches!(&e, Err(KernelError::InvalidInput(m)) if m.contains("SCALE_LAYOUT_MISMATCH")), "{e:?}");
         }
+        Ok(())
     }
 }

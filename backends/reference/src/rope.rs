@@ -189,6 +189,7 @@ pub fn rope(args: &RopeArgs) -> Result<Outputs, KernelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
     use crate::test_util::{close, tensor};
     use layerzero_core::model::attrs::{RopeAttrs, RopeScaling};
     use layerzero_core::model::dtype::DType;
@@ -199,51 +200,53 @@ mod tests {
         RopeArgs { q, k: None, positions: None, cos: None, sin: None, attrs }
     }
 
-    fn positions(p: Vec<i64>, shape: &[usize]) -> Option<HostTensor> {
-        Some(HostTensor::new(Storage::I64(p.into()), shape).unwrap())
+    fn positions(p: Vec<i64>, shape: &[usize]) -> TestResult<Option<HostTensor>> {
+        Ok(Some(HostTensor::new(Storage::I64(p.into()), shape)?))
     }
 
-    fn out(a: &RopeArgs) -> Vec<f32> {
-        rope(a).unwrap()["out"].to_f32_vec()
+    fn out(a: &RopeArgs) -> TestResult<Vec<f32>> {
+        Ok(rope(a)?["out"].to_f32_vec())
     }
 
     #[test]
-    fn position_zero_is_identity_and_one_is_a_hand_checked_rotation() {
-        let q = tensor(&[2, 1, 3, 8], 1, Layout::Bshd);
+    fn position_zero_is_identity_and_one_is_a_hand_checked_rotation() -> TestResult {
+        let q = tensor(&[2, 1, 3, 8], 1, Layout::Bshd)?;
         for style in [RopeStyle::RotateHalf, RopeStyle::Interleaved] {
-            close(&out(&args(q.clone(), RopeAttrs { style, ..Default::default() })), &q.to_f32_vec(), 0.0);
+            close(&out(&args(q.clone(), RopeAttrs { style, ..Default::default() }))?, &q.to_f32_vec(), 0.0);
         }
         // D = 2: the single pair has inv_freq 1, so position 1 rotates by 1 radian.
-        let x = HostTensor::from_f32(&[1, 2, 1, 2], vec![1.0, 0.0, 1.0, 0.0]).unwrap();
-        let got = out(&args(x, RopeAttrs::default()));
+        let x = HostTensor::from_f32(&[1, 2, 1, 2], vec![1.0, 0.0, 1.0, 0.0])?;
+        let got = out(&args(x, RopeAttrs::default()))?;
         close(&got, &[1.0, 0.0, 1f64.cos() as f32, 1f64.sin() as f32], 1e-7);
+        Ok(())
     }
 
     #[test]
-    fn rotate_half_and_interleaved_relate_by_a_permutation() {
+    fn rotate_half_and_interleaved_relate_by_a_permutation() -> TestResult {
         let d = 8;
-        let q = tensor(&[1, 5, 2, d], 2, Layout::Bshd);
+        let q = tensor(&[1, 5, 2, d], 2, Layout::Bshd)?;
         // perm[j]: the interleaved slot holding rotate-half dim j (i -> 2i, i + d/2 -> 2i + 1).
         let perm: Vec<usize> = (0..d).map(|j| if j < d / 2 { 2 * j } else { 2 * (j - d / 2) + 1 }).collect();
         let permute = |t: &[f32]| -> Vec<f32> {
             t.chunks(d).flat_map(|row| perm.iter().map(|&p| row[p]).collect::<Vec<_>>()).collect()
         };
         let qv = q.to_f32_vec();
-        let half_in = HostTensor::from_f32(&[1, 5, 2, d], permute(&qv)).unwrap();
-        let by_half = out(&args(half_in, RopeAttrs::default()));
+        let half_in = HostTensor::from_f32(&[1, 5, 2, d], permute(&qv))?;
+        let by_half = out(&args(half_in, RopeAttrs::default()))?;
         let inter = RopeAttrs { style: RopeStyle::Interleaved, ..Default::default() };
-        let by_inter = out(&args(q, inter));
+        let by_inter = out(&args(q, inter))?;
         close(&by_half, &permute(&by_inter), 0.0);
+        Ok(())
     }
 
     #[test]
-    fn partial_rotary_leaves_the_tail_unchanged() {
-        let q = tensor(&[1, 4, 2, 10], 3, Layout::Bshd);
+    fn partial_rotary_leaves_the_tail_unchanged() -> TestResult {
+        let q = tensor(&[1, 4, 2, 10], 3, Layout::Bshd)?;
         for style in [RopeStyle::RotateHalf, RopeStyle::Interleaved] {
-            let partial = out(&args(q.clone(), RopeAttrs { style, rotary_dim: Some(4), ..Default::default() }));
+            let partial = out(&args(q.clone(), RopeAttrs { style, rotary_dim: Some(4), ..Default::default() }))?;
             // The rotated head equals a 4-dim RoPE over the first 4 dims.
-            let head = q.view(&[1, 4, 2, 4], &[80, 20, 10, 1], 0).unwrap();
-            let alone = out(&args(head, RopeAttrs { style, ..Default::default() }));
+            let head = q.view(&[1, 4, 2, 4], &[80, 20, 10, 1], 0)?;
+            let alone = out(&args(head, RopeAttrs { style, ..Default::default() }))?;
             let qv = q.to_f32_vec();
             for (r, row) in partial.chunks(10).enumerate() {
                 close(&row[4..], &qv[r * 10 + 4..r * 10 + 10], 0.0);
@@ -254,24 +257,26 @@ mod tests {
             let a = args(q.clone(), RopeAttrs { rotary_dim: Some(bad), ..Default::default() });
             assert!(matches!(rope(&a), Err(KernelError::InvalidInput(m)) if m.contains(&bad.to_string())));
         }
+        Ok(())
     }
 
     #[test]
-    fn linear_scaling_by_two_at_2p_equals_unscaled_at_p() {
-        let q = tensor(&[1, 3, 2, 8], 4, Layout::Bshd);
+    fn linear_scaling_by_two_at_2p_equals_unscaled_at_p() -> TestResult {
+        let q = tensor(&[1, 3, 2, 8], 4, Layout::Bshd)?;
         let mut plain = args(q.clone(), RopeAttrs::default());
-        plain.positions = positions(vec![1, 3, 5], &[3]);
+        plain.positions = positions(vec![1, 3, 5], &[3])?;
         let mut scaled =
             args(q, RopeAttrs { scaling: Some(RopeScaling::Linear { factor: 2.0 }), ..Default::default() });
-        scaled.positions = positions(vec![2, 6, 10], &[3]);
-        close(&out(&scaled), &out(&plain), 1e-6);
+        scaled.positions = positions(vec![2, 6, 10], &[3])?;
+        close(&out(&scaled)?, &out(&plain)?, 1e-6);
+        Ok(())
     }
 
     #[test]
-    fn yarn_attention_factor_scales_the_magnitude() {
-        let q = tensor(&[1, 4, 1, 16], 5, Layout::Bshd);
+    fn yarn_attention_factor_scales_the_magnitude() -> TestResult {
+        let q = tensor(&[1, 4, 1, 16], 5, Layout::Bshd)?;
         let yarn = RopeScaling::Yarn { factor: 4.0, original_max_position: 2, beta_fast: 32.0, beta_slow: 1.0 };
-        let got = out(&args(q.clone(), RopeAttrs { scaling: Some(yarn), ..Default::default() }));
+        let got = out(&args(q.clone(), RopeAttrs { scaling: Some(yarn), ..Default::default() }))?;
         let m = 0.1 * 4f64.ln() + 1.0;
         let qv = q.to_f32_vec();
         // A rotation preserves each pair's norm; the attention factor multiplies it.
@@ -280,12 +285,13 @@ mod tests {
             let norm = |v: &[f32]| ((v[r * 16 + p] as f64).powi(2) + (v[r * 16 + p + 8] as f64).powi(2)).sqrt();
             assert!((norm(&got) - m * norm(&qv)).abs() < 1e-5);
         }
+        Ok(())
     }
 
     #[test]
-    fn tables_match_frequencies_and_reject_positions_past_them() {
+    fn tables_match_frequencies_and_reject_positions_past_them() -> TestResult {
         let (s, d) = (4, 6);
-        let q = tensor(&[2, s, 1, d], 6, Layout::Bshd);
+        let q = tensor(&[2, s, 1, d], 6, Layout::Bshd)?;
         let attrs = RopeAttrs { base: Some(100.0), ..Default::default() };
         let (inv, _) = rope_frequencies(&attrs, d, 8);
         let (mut cos, mut sin) = (Vec::new(), Vec::new());
@@ -296,42 +302,45 @@ mod tests {
             }
         }
         let mut a = args(q, attrs);
-        a.positions = positions(vec![7, 0, 3, 2, 1, 5, 6, 4], &[2, s]);
-        let by_freq = out(&a);
-        a.cos = Some(HostTensor::from_f32(&[8, 3], cos.clone()).unwrap());
-        a.sin = Some(HostTensor::from_f32(&[8, 3], sin.clone()).unwrap());
-        close(&out(&a), &by_freq, 1e-6);
-        a.positions = positions(vec![8, 0, 3, 2, 1, 5, 6, 4], &[2, s]);
+        a.positions = positions(vec![7, 0, 3, 2, 1, 5, 6, 4], &[2, s])?;
+        let by_freq = out(&a)?;
+        a.cos = Some(HostTensor::from_f32(&[8, 3], cos.clone())?);
+        a.sin = Some(HostTensor::from_f32(&[8, 3], sin.clone())?);
+        close(&out(&a)?, &by_freq, 1e-6);
+        a.positions = positions(vec![8, 0, 3, 2, 1, 5, 6, 4], &[2, s])?;
         assert!(matches!(rope(&a), Err(KernelError::InvalidInput(m)) if m.contains('8')));
-        a.positions = positions(vec![-1, 0, 3, 2, 1, 5, 6, 4], &[2, s]);
+        a.positions = positions(vec![-1, 0, 3, 2, 1, 5, 6, 4], &[2, s])?;
         assert!(matches!(rope(&a), Err(KernelError::InvalidInput(_))));
-        a.positions = positions(vec![0, 1, 2], &[3]);
+        a.positions = positions(vec![0, 1, 2], &[3])?;
         assert!(matches!(rope(&a), Err(KernelError::InvalidInput(_))));
         a.positions = None;
         a.sin = None;
         assert!(matches!(rope(&a), Err(KernelError::InvalidInput(_))));
+        Ok(())
     }
 
     #[test]
-    fn bhsd_views_k_and_dtype_are_kept() {
-        let q = tensor(&[2, 3, 4, 8], 7, Layout::Bshd);
-        let k = tensor(&[2, 3, 2, 8], 8, Layout::Bshd);
+    fn bhsd_views_k_and_dtype_are_kept() -> TestResult {
+        let q = tensor(&[2, 3, 4, 8], 7, Layout::Bshd)?;
+        let k = tensor(&[2, 3, 2, 8], 8, Layout::Bshd)?;
         let attrs = RopeAttrs { style: RopeStyle::Interleaved, ..Default::default() };
         let mut a = RopeArgs { q: q.clone(), k: Some(k.clone()), positions: None, cos: None, sin: None, attrs };
-        a.positions = positions(vec![3, 1, 4, 1, 5, 9], &[2, 3]);
-        let bshd = rope(&a).unwrap();
-        let to_bhsd = |t: &HostTensor| t.permute(&[0, 2, 1, 3]).unwrap().contiguous().with_layout(Layout::Bhsd);
-        a.q = to_bhsd(&q);
+        a.positions = positions(vec![3, 1, 4, 1, 5, 9], &[2, 3])?;
+        let bshd = rope(&a)?;
+        let to_bhsd =
+            |t: &HostTensor| -> TestResult<_> { Ok(t.permute(&[0, 2, 1, 3])?.contiguous().with_layout(Layout::Bhsd)) };
+        a.q = to_bhsd(&q)?;
         // k as a strided BSHD view over BHSD storage.
-        a.k = Some(to_bhsd(&k).permute(&[0, 2, 1, 3]).unwrap().with_layout(Layout::Bshd));
-        let mixed = rope(&a).unwrap();
+        a.k = Some(to_bhsd(&k)?.permute(&[0, 2, 1, 3])?.with_layout(Layout::Bshd));
+        let mixed = rope(&a)?;
         assert_eq!(mixed["out"].layout(), Some(Layout::Bhsd));
         assert_eq!(mixed["out"].shape(), &[2, 4, 3, 8]);
-        let back = mixed["out"].permute(&[0, 2, 1, 3]).unwrap().to_f32_vec();
+        let back = mixed["out"].permute(&[0, 2, 1, 3])?.to_f32_vec();
         close(&back, &bshd["out"].to_f32_vec(), 0.0);
         close(&mixed["out_k"].to_f32_vec(), &bshd["out_k"].to_f32_vec(), 0.0);
         assert!(mixed["out_k"].is_contiguous());
-        let half = HostTensor::from_f32_as(DType::F16, &[2, 3, 4, 8], &q.to_f32_vec()).unwrap();
-        assert_eq!(rope(&args(half, RopeAttrs::default())).unwrap()["out"].dtype(), DType::F16);
+        let half = HostTensor::from_f32_as(DType::F16, &[2, 3, 4, 8], &q.to_f32_vec())?;
+        assert_eq!(rope(&args(half, RopeAttrs::default()))?["out"].dtype(), DType::F16);
+        Ok(())
     }
 }

@@ -112,6 +112,7 @@ fn sample_row(l: &[f64], row: usize, plan: &Plan) -> Result<i64, KernelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
     use layerzero_core::model::dtype::DType;
 
     pub(crate) fn args(logits: HostTensor, attrs: SampleAttrs) -> OpArgs {
@@ -121,7 +122,10 @@ mod tests {
     fn run(logits: &HostTensor, attrs: &SampleAttrs) -> Result<Vec<i64>, KernelError> {
         let mut r = Registry::new();
         register(&mut r);
-        let outs = r.get(SAMPLE).unwrap().run(&args(logits.clone(), attrs.clone()))?;
+        let outs = r
+            .get(SAMPLE)
+            .ok_or_else(|| KernelError::Failed(format!("{SAMPLE} is not registered")))?
+            .run(&args(logits.clone(), attrs.clone()))?;
         assert_eq!(outs["tokens"].dtype(), DType::I64);
         Ok(outs["tokens"].to_i64_vec())
     }
@@ -143,7 +147,7 @@ mod tests {
         let p: Vec<f64> = e.iter().map(|x| x / z).collect();
         let pmax = p.iter().cloned().fold(0.0, f64::max);
         let mut idx: Vec<usize> = (0..l.len()).collect();
-        idx.sort_by(|&a, &b| p[b].partial_cmp(&p[a]).unwrap());
+        idx.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
         let k_mass: f64 = idx.iter().take(if top_k == 0 { l.len() } else { top_k }).map(|&i| p[i]).sum();
         let mut keep = vec![false; l.len()];
         let mut cum = 0.0;
@@ -198,34 +202,34 @@ mod tests {
     }
 
     #[test]
-    fn greedy_picks_the_argmax_and_the_lowest_index_on_ties() {
-        let l = HostTensor::from_f32(&[3, 4], vec![0.1, 3.0, -2.0, 2.9, 5.0, 1.0, 5.0, 5.0, -1.0, -1.0, -1.0, -1.0])
-            .unwrap();
+    fn greedy_picks_the_argmax_and_the_lowest_index_on_ties() -> TestResult {
+        let l = HostTensor::from_f32(&[3, 4], vec![0.1, 3.0, -2.0, 2.9, 5.0, 1.0, 5.0, 5.0, -1.0, -1.0, -1.0, -1.0])?;
         let greedy = SampleAttrs::default();
-        assert_eq!(run(&l, &greedy).unwrap(), vec![1, 0, 0]);
+        assert_eq!(run(&l, &greedy)?, vec![1, 0, 0]);
         // Temperature 0 is greedy even with filters; seeds do not matter.
-        assert_eq!(run(&l, &attrs(Some(0.0), Some(3), Some(0.5), None, 7)).unwrap(), vec![1, 0, 0]);
+        assert_eq!(run(&l, &attrs(Some(0.0), Some(3), Some(0.5), None, 7))?, vec![1, 0, 0]);
         // top_k = 1 is greedy.
         for seed in 0..20 {
-            assert_eq!(run(&l, &attrs(Some(1.5), Some(1), None, None, seed)).unwrap(), vec![1, 0, 0]);
+            assert_eq!(run(&l, &attrs(Some(1.5), Some(1), None, None, seed))?, vec![1, 0, 0]);
         }
         // A strided (transposed) view reads the same values.
-        let lt = HostTensor::from_f32(&[4, 2], vec![0.0, 1.0, 7.0, 7.0, 2.0, 9.0, 7.0, 3.0]).unwrap();
-        let view = lt.permute(&[1, 0]).unwrap();
-        assert_eq!(run(&view, &greedy).unwrap(), vec![1, 2]);
+        let lt = HostTensor::from_f32(&[4, 2], vec![0.0, 1.0, 7.0, 7.0, 2.0, 9.0, 7.0, 3.0])?;
+        let view = lt.permute(&[1, 0])?;
+        assert_eq!(run(&view, &greedy)?, vec![1, 2]);
         // -0.0 and 0.0 tie.
-        let z = HostTensor::from_f32(&[1, 3], vec![-1.0, -0.0, 0.0]).unwrap();
-        assert_eq!(run(&z, &greedy).unwrap(), vec![1]);
+        let z = HostTensor::from_f32(&[1, 3], vec![-1.0, -0.0, 0.0])?;
+        assert_eq!(run(&z, &greedy)?, vec![1]);
+        Ok(())
     }
 
     #[test]
-    fn bad_inputs_are_errors_naming_the_value() {
+    fn bad_inputs_are_errors_naming_the_value() -> TestResult {
         let mut v = vec![0.0f32; 6];
         v[4] = f32::NAN;
-        let l = HostTensor::from_f32(&[2, 3], v).unwrap();
-        let e = run(&l, &SampleAttrs::default()).unwrap_err();
+        let l = HostTensor::from_f32(&[2, 3], v)?;
+        let e = run(&l, &SampleAttrs::default()).err().ok_or("a NaN logit must be refused")?;
         assert!(matches!(&e, KernelError::InvalidInput(m) if m.contains("[1, 1]")), "{e}");
-        let ok = HostTensor::from_f32(&[1, 3], vec![0.0, 1.0, 2.0]).unwrap();
+        let ok = HostTensor::from_f32(&[1, 3], vec![0.0, 1.0, 2.0])?;
         for (a, what) in [
             (attrs(Some(-1.0), None, None, None, 0), "temperature"),
             (attrs(Some(f64::NAN), None, None, None, 0), "temperature"),
@@ -234,56 +238,62 @@ mod tests {
             (attrs(None, None, None, Some(-0.1), 0), "min_p"),
             (attrs(None, None, None, Some(1.1), 0), "min_p"),
         ] {
-            let e = run(&ok, &a).unwrap_err();
+            let e = run(&ok, &a).err().ok_or_else(|| format!("a bad {what} must be refused"))?;
             assert!(matches!(&e, KernelError::InvalidInput(m) if m.contains(what)), "{e}");
         }
-        let inf = HostTensor::from_f32(&[1, 2], vec![f32::NEG_INFINITY; 2]).unwrap();
+        let inf = HostTensor::from_f32(&[1, 2], vec![f32::NEG_INFINITY; 2])?;
         assert!(matches!(run(&inf, &attrs(Some(1.0), None, None, None, 0)), Err(KernelError::InvalidInput(_))));
-        assert_eq!(run(&inf, &SampleAttrs::default()).unwrap(), vec![0]);
-        let rank1 = HostTensor::from_f32(&[3], vec![0.0; 3]).unwrap();
+        assert_eq!(run(&inf, &SampleAttrs::default())?, vec![0]);
+        let rank1 = HostTensor::from_f32(&[3], vec![0.0; 3])?;
         assert!(matches!(run(&rank1, &SampleAttrs::default()), Err(KernelError::InvalidInput(_))));
-        let ints = HostTensor::new(Storage::I32(vec![1, 2].into()), &[1, 2]).unwrap();
+        let ints = HostTensor::new(Storage::I32(vec![1, 2].into()), &[1, 2])?;
         assert!(matches!(run(&ints, &SampleAttrs::default()), Err(KernelError::InvalidInput(_))));
-        let empty = HostTensor::from_f32(&[2, 0], vec![]).unwrap();
+        let empty = HostTensor::from_f32(&[2, 0], vec![])?;
         assert!(matches!(run(&empty, &SampleAttrs::default()), Err(KernelError::InvalidInput(_))));
-        let none = HostTensor::from_f32(&[0, 5], vec![]).unwrap();
-        assert_eq!(run(&none, &attrs(Some(1.0), None, None, None, 0)).unwrap(), Vec::<i64>::new());
+        let none = HostTensor::from_f32(&[0, 5], vec![])?;
+        assert_eq!(run(&none, &attrs(Some(1.0), None, None, None, 0))?, Vec::<i64>::new());
         // The wrong op.
         let mut r = Registry::new();
         register(&mut r);
         let other = OpArgs::Silu(layerzero_core::exec::args::SiluArgs { x: ok, attrs: Default::default() });
-        assert!(matches!(r.get(SAMPLE).unwrap().run(&other), Err(KernelError::Unsupported(_))));
+        assert!(matches!(
+            r.get(SAMPLE).ok_or("sample is not registered")?.run(&other),
+            Err(KernelError::Unsupported(_))
+        ));
+        Ok(())
     }
 
     #[test]
-    fn infinite_logits_take_the_mass() {
-        let l = HostTensor::from_f32(&[1, 4], vec![1.0, f32::INFINITY, 3.0, f32::INFINITY]).unwrap();
+    fn infinite_logits_take_the_mass() -> TestResult {
+        let l = HostTensor::from_f32(&[1, 4], vec![1.0, f32::INFINITY, 3.0, f32::INFINITY])?;
         let mut seen = [0; 4];
         for seed in 0..200 {
-            seen[run(&l, &attrs(Some(1.0), None, None, None, seed)).unwrap()[0] as usize] += 1;
+            seen[run(&l, &attrs(Some(1.0), None, None, None, seed))?[0] as usize] += 1;
         }
         assert_eq!(seen[0] + seen[2], 0);
         assert!(seen[1] > 50 && seen[3] > 50, "{seen:?}");
+        Ok(())
     }
 
     #[test]
-    fn the_same_seed_gives_the_same_tokens_and_rows_draw_independently() {
-        let l = HostTensor::from_f32(&[64, 8], LOGITS8.repeat(64)).unwrap();
+    fn the_same_seed_gives_the_same_tokens_and_rows_draw_independently() -> TestResult {
+        let l = HostTensor::from_f32(&[64, 8], LOGITS8.repeat(64))?;
         let a = attrs(Some(1.0), None, None, None, 42);
-        let first = run(&l, &a).unwrap();
-        assert_eq!(first, run(&l, &a).unwrap());
+        let first = run(&l, &a)?;
+        assert_eq!(first, run(&l, &a)?);
         // Identical rows draw different tokens.
         let distinct: std::collections::BTreeSet<_> = first.iter().collect();
         assert!(distinct.len() >= 4, "{first:?}");
         // Another seed, other tokens.
-        assert_ne!(first, run(&l, &attrs(Some(1.0), None, None, None, 43)).unwrap());
+        assert_ne!(first, run(&l, &attrs(Some(1.0), None, None, None, 43))?);
         // A row's draw depends only on (seed, row).
-        let row5 = HostTensor::from_f32(&[6, 8], LOGITS8.repeat(6)).unwrap();
-        assert_eq!(run(&row5, &a).unwrap()[5], first[5]);
+        let row5 = HostTensor::from_f32(&[6, 8], LOGITS8.repeat(6))?;
+        assert_eq!(run(&row5, &a)?[5], first[5]);
         // The default seed is 0.
         let mut unseeded = a.clone();
         unseeded.seed = None;
-        assert_eq!(run(&l, &unseeded).unwrap(), run(&l, &attrs(Some(1.0), None, None, None, 0)).unwrap());
+        assert_eq!(run(&l, &unseeded)?, run(&l, &attrs(Some(1.0), None, None, None, 0))?);
+        Ok(())
     }
 
     #[test]
@@ -300,28 +310,29 @@ mod tests {
     }
 
     #[test]
-    fn draws_follow_the_filtered_distribution() {
+    fn draws_follow_the_filtered_distribution() -> TestResult {
         const N: u64 = 20_000;
-        let l = HostTensor::from_f32(&[1, 8], LOGITS8.to_vec()).unwrap();
+        let l = HostTensor::from_f32(&[1, 8], LOGITS8.to_vec())?;
         for s in &SETTINGS {
             let probs = exact_for(s);
             // Over seeds (one row each).
             let mut counts = [0u64; 8];
             for seed in 0..N {
-                counts[run(&l, &attrs(s.1, s.2, s.3, s.4, seed)).unwrap()[0] as usize] += 1;
+                counts[run(&l, &attrs(s.1, s.2, s.3, s.4, seed))?[0] as usize] += 1;
             }
             let (stat, df) = chi_square(&counts, &probs, s.0);
             println!("reference {}: chi-square {stat:.2}, df {df}, 0.999 quantile {}", s.0, CHI2_999[df - 1]);
             assert!(stat < CHI2_999[df - 1], "{}: chi-square {stat} with {df} df; counts {counts:?}", s.0);
             // Over rows (one seed).
-            let rows = HostTensor::from_f32(&[N as usize, 8], LOGITS8.repeat(N as usize)).unwrap();
+            let rows = HostTensor::from_f32(&[N as usize, 8], LOGITS8.repeat(N as usize))?;
             let mut counts = [0u64; 8];
-            for t in run(&rows, &attrs(s.1, s.2, s.3, s.4, 1234)).unwrap() {
+            for t in run(&rows, &attrs(s.1, s.2, s.3, s.4, 1234))? {
                 counts[t as usize] += 1;
             }
             let (stat, df) = chi_square(&counts, &probs, s.0);
             println!("reference {} (rows): chi-square {stat:.2}, df {df}", s.0);
             assert!(stat < CHI2_999[df - 1], "{} over rows: chi-square {stat} with {df} df", s.0);
         }
+        Ok(())
     }
 }

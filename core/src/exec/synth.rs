@@ -261,9 +261,10 @@ fn routing_weights(rng: &mut Rng, desc: &TensorDesc) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
 
     #[test]
-    fn index_tensors_are_in_range() {
+    fn index_tensors_are_in_range() -> TestResult {
         let req = Request::from_json(
             r#"{"op": "paged_attention", "tensors": {
                 "q": {"dtype": "f32", "shape": [3, 1, 8, 64], "layout": "BSHD"},
@@ -272,33 +273,32 @@ mod tests {
                 "block_table": {"dtype": "i32", "shape": [3, 5]},
                 "context_lens": {"dtype": "i32", "shape": [3]}},
               "attrs": {"causal": true}}"#,
-        )
-        .unwrap();
-        let OpArgs::PagedAttention(a) = synthesize(&req, 1).unwrap() else { panic!("not paged") };
+        )?;
+        let OpArgs::PagedAttention(a) = synthesize(&req, 1)? else { return Err("not paged".into()) };
         assert!(a.block_table.to_i64_vec().iter().all(|&p| (0..10).contains(&p)));
         assert!(a.context_lens.to_i64_vec().iter().all(|&l| l == 5 * 16));
         let req = Request::from_json(
             r#"{"op": "embedding", "tensors": {
                 "ids": {"dtype": "i64", "shape": [4, 33]},
                 "table": {"dtype": "f32", "shape": [50, 8]}}}"#,
-        )
-        .unwrap();
-        let OpArgs::Embedding(a) = synthesize(&req, 1).unwrap() else { panic!("not embedding") };
+        )?;
+        let OpArgs::Embedding(a) = synthesize(&req, 1)? else { return Err("not embedding".into()) };
         assert!(a.ids.to_i64_vec().iter().all(|&i| (0..50).contains(&i)));
+        Ok(())
     }
 
     #[test]
-    fn the_same_seed_gives_the_same_inputs() {
+    fn the_same_seed_gives_the_same_inputs() -> TestResult {
         let req = Request::from_json(
             r#"{"op": "rms_norm", "tensors": {
                 "x": {"dtype": "f32", "shape": [3, 64]}, "weight": {"dtype": "f32", "shape": [64]}}}"#,
-        )
-        .unwrap();
-        let a = synthesize(&req, 9).unwrap();
-        let b = synthesize(&req, 9).unwrap();
-        let c = synthesize(&req, 10).unwrap();
+        )?;
+        let a = synthesize(&req, 9)?;
+        let b = synthesize(&req, 9)?;
+        let c = synthesize(&req, 10)?;
         let x = |a: &OpArgs| a.tensors()[0].1.to_f32_vec();
         assert_eq!(x(&a), x(&b));
         assert_ne!(x(&a), x(&c));
+        Ok(())
     }
 }

@@ -75,12 +75,13 @@ pub fn load(name_or_path: &str) -> Result<HardwareProfile> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
     use crate::model::device::DeviceKind;
 
     #[test]
-    fn every_shipped_profile_loads_and_is_named_after_its_file() {
+    fn every_shipped_profile_loads_and_is_named_after_its_file() -> TestResult {
         for name in builtin_names() {
-            let p = load(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let p = load(name).map_err(|e| format!("{name}: {e}"))?;
             assert_eq!(p.name, name);
             assert!(!p.devices.is_empty());
             for d in &p.devices {
@@ -88,6 +89,7 @@ mod tests {
                 assert!(d.memory_bandwidth_gbps > 0.0 && d.memory_bytes > 0 && d.compute_units > 0);
             }
         }
+        Ok(())
     }
 
     #[test]
@@ -103,49 +105,55 @@ mod tests {
     }
 
     #[test]
-    fn gpu_profiles_put_the_gpu_first_and_a_host_cpu_last() {
+    fn gpu_profiles_put_the_gpu_first_and_a_host_cpu_last() -> TestResult {
         for name in ["t4", "a100", "a10", "l4", "rtx4090", "h100", "h200", "b200", "mi250x", "mi300x", "mi355x"] {
-            let p = load(name).unwrap();
+            let p = load(name)?;
             assert_ne!(p.primary().kind, DeviceKind::Cpu, "{name}");
             assert_eq!(p.devices.last().map(|d| d.kind), Some(DeviceKind::Cpu), "{name}");
         }
         for (name, gfx) in [("mi250x", "gfx90a"), ("mi300x", "gfx942"), ("mi355x", "gfx950")] {
-            assert_eq!(load(name).unwrap().primary().gfx.as_deref(), Some(gfx), "{name}");
+            assert_eq!(load(name)?.primary().gfx.as_deref(), Some(gfx), "{name}");
         }
-        assert_eq!(load("h100").unwrap().primary().compute_capability.map(|c| c.to_string()), Some("9.0".into()));
+        assert_eq!(load("h100")?.primary().compute_capability.map(|c| c.to_string()), Some("9.0".into()));
+        Ok(())
     }
 
     #[test]
-    fn unknown_name_lists_the_shipped_ones() {
-        let e = load("h900").unwrap_err();
+    fn unknown_name_lists_the_shipped_ones() -> TestResult {
+        let e = load("h900").err().ok_or("an unknown name must be refused")?;
         assert_eq!(e.kind(), ErrorKind::UnknownHardware);
         assert!(e.message().contains("h100") && e.message().contains("zen4"), "{e}");
+        Ok(())
     }
 
     #[test]
-    fn missing_file_is_io_and_bad_file_is_schema() {
-        assert_eq!(load("/nonexistent/x.json").unwrap_err().kind(), ErrorKind::Io);
+    fn missing_file_is_io_and_bad_file_is_schema() -> TestResult {
+        assert_eq!(load("/nonexistent/x.json").err().ok_or("a missing file must be refused")?.kind(), ErrorKind::Io);
         let dir = std::env::temp_dir().join(format!("lz-named-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(&dir)?;
         let path = dir.join("bad.json");
-        let mut v: serde_json::Value = serde_json::from_str(builtin_text("h100").unwrap().1).unwrap();
-        v["devices"][0].as_object_mut().unwrap().remove("compute_capability");
-        std::fs::write(&path, v.to_string()).unwrap();
-        let e = load(path.to_str().unwrap()).unwrap_err();
+        let mut v: serde_json::Value = serde_json::from_str(builtin_text("h100").ok_or("h100 is not shipped")?.1)?;
+        v["devices"][0].as_object_mut().ok_or("the first device is not an object")?.remove("compute_capability");
+        std::fs::write(&path, v.to_string())?;
+        let e = load(path.to_str().ok_or("a temporary path that is not UTF-8")?)
+            .err()
+            .ok_or("a bad file must be refused")?;
         assert_eq!(e.kind(), ErrorKind::Schema, "{e}");
         let good = dir.join("good.json");
-        std::fs::write(&good, builtin_text("zen4").unwrap().1).unwrap();
-        assert_eq!(load(good.to_str().unwrap()).unwrap().name, "zen4");
+        std::fs::write(&good, builtin_text("zen4").ok_or("zen4 is not shipped")?.1)?;
+        assert_eq!(load(good.to_str().ok_or("a temporary path that is not UTF-8")?)?.name, "zen4");
         let _ = std::fs::remove_dir_all(&dir);
+        Ok(())
     }
 
     #[test]
-    fn shipped_profiles_round_trip_through_to_file_json() {
+    fn shipped_profiles_round_trip_through_to_file_json() -> TestResult {
         for name in builtin_names() {
-            let p = load(name).unwrap();
+            let p = load(name)?;
             let text = p.to_file_json().to_string();
-            let again = HardwareProfile::from_json(&text, name).unwrap();
+            let again = HardwareProfile::from_json(&text, name)?;
             assert_eq!(again, p);
         }
+        Ok(())
     }
 }

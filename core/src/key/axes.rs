@@ -179,6 +179,7 @@ fn rescale_strides(name: &str, old_shape: &[u64], strides: &[u64], new_shape: &[
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
     use crate::model::dtype::DType;
 
     fn attention(b: u64, sq: u64, sk: u64) -> Request {
@@ -199,17 +200,18 @@ mod tests {
     }
 
     #[test]
-    fn resizing_moves_every_position_and_keeps_broadcast_dims() {
+    fn resizing_moves_every_position_and_keeps_broadcast_dims() -> TestResult {
         let mask = TensorDesc::new(DType::Bool, [1, 1, 16, 16]).with_strides([0, 0, 16, 1]);
         let req = attention(1, 16, 16).tensor("mask", mask);
-        let big = resize(&req, &[1, 64, 64]).unwrap();
-        assert_eq!(big.get("q").unwrap().shape, [1, 64, 32, 128]);
-        assert_eq!(big.get("mask").unwrap().shape, [1, 1, 64, 64]);
-        assert_eq!(big.get("mask").unwrap().strides.as_deref(), Some(&[0, 0, 64, 1][..]));
+        let big = resize(&req, &[1, 64, 64])?;
+        assert_eq!(big.get("q").ok_or("no q")?.shape, [1, 64, 32, 128]);
+        assert_eq!(big.get("mask").ok_or("no mask")?.shape, [1, 1, 64, 64]);
+        assert_eq!(big.get("mask").ok_or("no mask")?.strides.as_deref(), Some(&[0, 0, 64, 1][..]));
+        Ok(())
     }
 
     #[test]
-    fn a_strided_view_stays_a_view_of_the_same_parent() {
+    fn a_strided_view_stays_a_view_of_the_same_parent() -> TestResult {
         // v viewed from a fused [b, s, 3, h, d] buffer: row stride 3*h*d.
         let v = TensorDesc::new(DType::F32, [1, 16, 8, 64]).with_layout(Layout::Bshd).with_strides([
             16 * 1536,
@@ -218,7 +220,8 @@ mod tests {
             1,
         ]);
         let req = attention(1, 16, 16).tensor("v", v);
-        let big = resize(&req, &[2, 16, 32]).unwrap();
-        assert_eq!(big.get("v").unwrap().strides.as_deref(), Some(&[32 * 1536, 1536, 64, 1][..]));
+        let big = resize(&req, &[2, 16, 32])?;
+        assert_eq!(big.get("v").ok_or("no v")?.strides.as_deref(), Some(&[32 * 1536, 1536, 64, 1][..]));
+        Ok(())
     }
 }

@@ -280,6 +280,7 @@ fn mix(x: u64, k: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
     use crate::model::attrs::{AttentionAttrs, Attrs};
     use crate::model::dtype::DType;
     use crate::model::layout::Layout;
@@ -295,29 +296,34 @@ mod tests {
     }
 
     #[test]
-    fn sizes_within_a_bucket_share_a_key_and_its_buckets() {
+    fn sizes_within_a_bucket_share_a_key_and_its_buckets() -> TestResult {
         let a = SelectionKey::derive(&attention(2, 600, 600, true));
         let b = SelectionKey::derive(&attention(2, 1000, 1000, true));
         assert_eq!(a.validity, b.validity);
         assert_eq!(a.buckets(), b.buckets());
-        assert_eq!(a.buckets().unwrap().text(Op::Attention), "batch=2,seq_q=513..1024,seq_k=513..1024");
+        assert_eq!(
+            a.buckets().ok_or("the key has no buckets")?.text(Op::Attention),
+            "batch=2,seq_q=513..1024,seq_k=513..1024"
+        );
+        Ok(())
     }
 
     #[test]
-    fn every_exact_field_changes_the_key() {
+    fn every_exact_field_changes_the_key() -> TestResult {
         let base = SelectionKey::derive(&attention(1, 64, 64, true)).validity;
         assert_ne!(base, SelectionKey::derive(&attention(1, 64, 64, false)).validity, "attrs");
         let mut r = attention(1, 64, 64, true);
-        r.tensors.get_mut("q").unwrap().shape[3] = 64;
-        r.tensors.get_mut("k").unwrap().shape[3] = 64;
-        r.tensors.get_mut("v").unwrap().shape[3] = 64;
+        r.tensors.get_mut("q").ok_or("no q")?.shape[3] = 64;
+        r.tensors.get_mut("k").ok_or("no k")?.shape[3] = 64;
+        r.tensors.get_mut("v").ok_or("no v")?.shape[3] = 64;
         assert_ne!(base, SelectionKey::derive(&r).validity, "head_dim");
         let mut r = attention(1, 64, 64, true);
-        r.tensors.get_mut("v").unwrap().strides = Some(vec![64 * 3072, 3072, 128, 1]);
+        r.tensors.get_mut("v").ok_or("no v")?.strides = Some(vec![64 * 3072, 3072, 128, 1]);
         assert_ne!(base, SelectionKey::derive(&r).validity, "strides");
         let mut r = attention(1, 64, 64, true);
-        r.tensors.get_mut("q").unwrap().dtype = DType::F16;
+        r.tensors.get_mut("q").ok_or("no q")?.dtype = DType::F16;
         assert_ne!(base, SelectionKey::derive(&r).validity, "dtype");
+        Ok(())
     }
 
     #[test]

@@ -161,6 +161,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::TestResult;
     use crate::key::Buckets;
     use crate::score::Estimate;
     use crate::select::Selection;
@@ -194,12 +195,13 @@ mod tests {
     }
 
     #[test]
-    fn a_hit_needs_the_same_key_and_the_same_context() {
+    fn a_hit_needs_the_same_key_and_the_same_context() -> TestResult {
         let c = SelectionCache::new(64);
         c.insert(key(1), 10, sel("a"));
-        assert_eq!(c.get(&key(1), 10).unwrap().selection.kernel, "a");
+        assert_eq!(c.get(&key(1), 10).ok_or("a miss on the key just inserted")?.selection.kernel, "a");
         assert!(c.get(&key(1), 11).is_none(), "another policy or catalog never matches");
         assert!(c.get(&key(2), 10).is_none());
+        Ok(())
     }
 
     #[test]

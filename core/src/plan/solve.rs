@@ -97,6 +97,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::TestResult;
     use crate::capabilities::catalog::Catalog;
     use crate::hardware::named;
     use crate::plan::SelectionKey;
@@ -114,9 +115,8 @@ mod tests {
             "attrs": {"causal": true}}, "ranges": {"seq_q": [1, 4096], "seq_k": "seq_q"}}
     ]}"#;
 
-    fn selector(hw: &str) -> Selector {
-        Selector::planning(Catalog::builtin().unwrap(), Arc::new(named::load(hw).unwrap()), Arc::new(Policy::default()))
-            .unwrap()
+    fn selector(hw: &str) -> TestResult<Selector> {
+        Ok(Selector::planning(Catalog::builtin()?, Arc::new(named::load(hw)?), Arc::new(Policy::default()))?)
     }
 
     fn prov(t: &str) -> Provenance {
@@ -124,43 +124,45 @@ mod tests {
     }
 
     #[test]
-    fn identical_inputs_give_identical_tables_apart_from_the_time() {
-        let w = Workload::from_json(W, "w.json").unwrap();
-        let mut a = solve(&w, &selector("h100"), prov("2026-01-01T00:00:00Z")).unwrap();
-        let b = solve(&w, &selector("h100"), prov("2026-01-02T00:00:00Z")).unwrap();
+    fn identical_inputs_give_identical_tables_apart_from_the_time() -> TestResult {
+        let w = Workload::from_json(W, "w.json")?;
+        let mut a = solve(&w, &selector("h100")?, prov("2026-01-01T00:00:00Z"))?;
+        let b = solve(&w, &selector("h100")?, prov("2026-01-02T00:00:00Z"))?;
         assert_ne!(a.to_json(), b.to_json());
         a.header.created_at = b.header.created_at.clone();
         assert_eq!(a.to_json(), b.to_json());
+        Ok(())
     }
 
     #[test]
-    fn every_bucket_gets_an_entry_that_the_plan_serves_for_any_size_in_it() {
-        let w = Workload::from_json(W, "w.json").unwrap();
-        let s = selector("h100");
-        let table = solve(&w, &s, prov("t")).unwrap();
+    fn every_bucket_gets_an_entry_that_the_plan_serves_for_any_size_in_it() -> TestResult {
+        let w = Workload::from_json(W, "w.json")?;
+        let s = selector("h100")?;
+        let table = solve(&w, &s, prov("t"))?;
         assert_eq!(
             table.entries.len(),
             10 + 13,
             "tokens 1..300: 10 buckets (1, 2, 3..4, ..., 257..512); seq 1..4096: 13"
         );
-        let plan = Plan::new(&table, &s).unwrap();
+        let plan = Plan::new(&table, &s).map_err(|r| r.to_string())?;
         assert_eq!(plan.len(), table.entries.len());
         assert!(plan.dropped().is_empty(), "{:?}", plan.dropped());
         // A size inside a bucket, not the representative, is served by the plan.
         let mut req = crate::model::request::Request::from_value(
-            serde_json::from_str::<serde_json::Value>(W).unwrap()["entries"][1]["request"].clone(),
-        )
-        .unwrap();
-        req = crate::key::axes::resize(&req, &[1, 3000, 3000]).unwrap();
-        let hit = plan.get(&SelectionKey::derive(&req)).expect("bucket 2049..4096 is in the plan");
-        assert_eq!(hit.selection.kernel, s.select(&req).unwrap().kernel);
+            serde_json::from_str::<serde_json::Value>(W)?["entries"][1]["request"].clone(),
+        )?;
+        req = crate::key::axes::resize(&req, &[1, 3000, 3000])?;
+        let hit = plan.get(&SelectionKey::derive(&req)).ok_or("bucket 2049..4096 is missing from the plan")?;
+        assert_eq!(hit.selection.kernel, s.select(&req)?.kernel);
+        Ok(())
     }
 
     #[test]
-    fn a_table_for_another_machine_is_refused_with_the_hardware_reason() {
-        let w = Workload::from_json(W, "w.json").unwrap();
-        let table = solve(&w, &selector("h100"), prov("t")).unwrap();
-        let err = Plan::new(&table, &selector("a100")).unwrap_err();
+    fn a_table_for_another_machine_is_refused_with_the_hardware_reason() -> TestResult {
+        let w = Workload::from_json(W, "w.json")?;
+        let table = solve(&w, &selector("h100")?, prov("t"))?;
+        let err = Plan::new(&table, &selector("a100")?).err().ok_or("a table for another machine must be refused")?;
         assert_eq!(err.code(), crate::reason::ReasonCode::PLAN_HARDWARE_MISMATCH);
+        Ok(())
     }
 }

@@ -241,68 +241,69 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
+    use crate::TestResult;
     use crate::exec::args::{AttentionArgs, NormArgs};
     use crate::model::attrs::{AttentionAttrs, NormAttrs};
     use crate::model::dtype::DType;
 
-    fn t(dtype: DType, shape: &[usize], layout: Option<Layout>) -> HostTensor {
-        let x = HostTensor::zeros(dtype, shape).unwrap();
-        match layout {
+    fn t(dtype: DType, shape: &[usize], layout: Option<Layout>) -> TestResult<HostTensor> {
+        let x = HostTensor::zeros(dtype, shape)?;
+        Ok(match layout {
             Some(l) => x.with_layout(l),
             None => x,
-        }
+        })
     }
 
-    fn attention(b: usize, sq: usize, sk: usize, layout: Layout, causal: bool, dtype: DType) -> OpArgs {
+    fn attention(b: usize, sq: usize, sk: usize, layout: Layout, causal: bool, dtype: DType) -> TestResult<OpArgs> {
         let shape = |s: usize, h: usize| if layout == Layout::Bhsd { [b, h, s, 16] } else { [b, s, h, 16] };
-        OpArgs::Attention(AttentionArgs {
-            q: t(dtype, &shape(sq, 4), Some(layout)),
-            k: t(dtype, &shape(sk, 2), Some(layout)),
-            v: t(dtype, &shape(sk, 2), Some(layout)),
+        Ok(OpArgs::Attention(AttentionArgs {
+            q: t(dtype, &shape(sq, 4), Some(layout))?,
+            k: t(dtype, &shape(sk, 2), Some(layout))?,
+            v: t(dtype, &shape(sk, 2), Some(layout))?,
             mask: None,
             cu_seqlens_q: None,
             cu_seqlens_k: None,
             attrs: AttentionAttrs { causal, ..AttentionAttrs::default() },
-        })
+        }))
     }
 
-    fn cases() -> Vec<OpArgs> {
+    fn cases() -> TestResult<Vec<OpArgs>> {
         let mut out = Vec::new();
         for (b, sq, sk) in [(1, 1, 1), (1, 1, 7), (1, 4, 4), (2, 3, 3), (1, 2, 4), (1, 4, 2), (4, 2, 2), (1, 2, 2)] {
             for layout in [Layout::Bshd, Layout::Bhsd] {
                 for causal in [false, true] {
                     for dtype in [DType::F32, DType::BF16] {
-                        out.push(attention(b, sq, sk, layout, causal, dtype));
+                        out.push(attention(b, sq, sk, layout, causal, dtype)?);
                     }
                 }
             }
         }
         // Strided views: a permuted q keeps its exact strides in the key.
         for s in [2, 3, 4] {
-            let OpArgs::Attention(mut a) = attention(1, s, s, Layout::Bshd, true, DType::F32) else { continue };
-            a.q = t(DType::F32, &[1, 4, s, 16], None).permute(&[0, 2, 1, 3]).unwrap().with_layout(Layout::Bshd);
+            let OpArgs::Attention(mut a) = attention(1, s, s, Layout::Bshd, true, DType::F32)? else { continue };
+            a.q = t(DType::F32, &[1, 4, s, 16], None)?.permute(&[0, 2, 1, 3])?.with_layout(Layout::Bshd);
             out.push(OpArgs::Attention(a));
         }
         for (rows, h, eps) in
             [(1, 8, None), (3, 8, None), (4, 8, None), (4, 16, None), (4, 8, Some(1e-5)), (1, 1, None)]
         {
             out.push(OpArgs::RmsNorm(NormArgs {
-                x: t(DType::F32, &[rows, h], None),
-                weight: t(DType::F32, &[h], None),
+                x: t(DType::F32, &[rows, h], None)?,
+                weight: t(DType::F32, &[h], None)?,
                 bias: None,
                 residual: None,
                 attrs: NormAttrs { eps },
             }));
         }
-        out
+        Ok(out)
     }
 
     #[test]
-    fn one_fingerprint_always_means_one_validity_hash() {
+    fn one_fingerprint_always_means_one_validity_hash() -> TestResult {
         let mut validity_of: HashMap<u128, u128> = HashMap::new();
         let mut fingerprint_of: HashMap<u128, u128> = HashMap::new();
-        for args in cases() {
-            let typed = fingerprint(&args).unwrap();
+        for args in cases()? {
+            let typed = fingerprint(&args).ok_or("arguments the fast path cannot fingerprint")?;
             let key = SelectionKey::derive(&args.describe());
             assert_eq!((typed.perf, typed.axes, typed.order), (key.perf, key.axes, key.order), "{args:?}");
             let v = *validity_of.entry(typed.fingerprint).or_insert(key.validity);
@@ -316,6 +317,7 @@ mod tests {
             }
         }
         assert!(validity_of.len() >= 20, "the cases span many classes ({})", validity_of.len());
+        Ok(())
     }
 
     #[test]

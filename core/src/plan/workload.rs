@@ -212,6 +212,7 @@ impl Entry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
 
     const PREFILL: &str = r#"{
         "schema_version": 1, "name": "t",
@@ -227,20 +228,22 @@ mod tests {
     }"#;
 
     #[test]
-    fn a_range_yields_one_point_per_bucket_at_its_upper_edge_clipped() {
-        let w = Workload::from_json(PREFILL, "t.json").unwrap();
-        let pts = w.points().unwrap();
+    fn a_range_yields_one_point_per_bucket_at_its_upper_edge_clipped() -> TestResult {
+        let w = Workload::from_json(PREFILL, "t.json")?;
+        let pts = w.points()?;
         // batch {1, 2} x seq {100..128, ..256, ..512, ..1000}
         assert_eq!(pts.len(), 8);
         let seqs: Vec<u64> = pts.iter().filter(|p| p.key.perf[0] == 1).map(|p| p.key.perf[1]).collect();
         assert_eq!(seqs, [128, 256, 512, 1000]);
         assert!(pts.iter().all(|p| p.key.perf[1] == p.key.perf[2]), "seq_k is tied to seq_q");
+        Ok(())
     }
 
     #[test]
-    fn an_unknown_axis_is_an_error_naming_it() {
+    fn an_unknown_axis_is_an_error_naming_it() -> TestResult {
         let text = PREFILL.replace("\"batch\": [1, 2]", "\"tokens\": [1, 2]");
-        let e = Workload::from_json(&text, "t.json").unwrap().points().unwrap_err();
+        let e = Workload::from_json(&text, "t.json")?.points().err().ok_or("an unknown axis must be refused")?;
         assert!(e.to_string().contains("ranges.tokens"), "{e}");
+        Ok(())
     }
 }

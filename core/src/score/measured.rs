@@ -197,6 +197,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::TestResult;
     use crate::hardware::named;
 
     fn row(fp: &str, cv: f64, samples: u32) -> Measured {
@@ -215,50 +216,55 @@ mod tests {
         }
     }
 
-    fn versions(mut r: Measured, catalog: &Catalog) -> Measured {
-        let (b, k) = catalog.kernel(catalog.find(&r.kernel).unwrap());
+    fn versions(mut r: Measured, catalog: &Catalog) -> TestResult<Measured> {
+        let (b, k) = catalog.kernel(catalog.find(&r.kernel).ok_or("the row's kernel is not in the catalog")?);
         r.kernel_version = k.version.clone().unwrap_or(b.version.clone());
         r.backend_version = b.version.clone();
-        r
+        Ok(r)
     }
 
-    fn judged(r: Measured) -> RowVerdict {
-        let catalog: Arc<Catalog> = Catalog::builtin().unwrap();
-        let hw = named::load("spr").unwrap();
-        let r = if r.kernel_version.is_empty() { versions(r, &catalog) } else { r };
+    fn judged(r: Measured) -> TestResult<RowVerdict> {
+        let catalog: Arc<Catalog> = Catalog::builtin()?;
+        let hw = named::load("spr")?;
+        let r = if r.kernel_version.is_empty() { versions(r, &catalog)? } else { r };
         let m = Measurements::build([r], &catalog, &hw);
-        m.point(7, "tokens=1").unwrap()["cpu.rms_norm.fast"].clone()
+        Ok(m.point(7, "tokens=1").ok_or("no verdicts at the row's point")?["cpu.rms_norm.fast"].clone())
     }
 
-    fn spr() -> String {
-        named::load("spr").unwrap().fingerprint
+    fn spr() -> TestResult<String> {
+        Ok(named::load("spr")?.fingerprint)
     }
 
     #[test]
-    fn a_steady_row_from_this_machine_is_used_at_full_weight() {
-        let RowVerdict::Use(m) = judged(row(&spr(), 0.02, 20)) else { panic!("ignored") };
+    fn a_steady_row_from_this_machine_is_used_at_full_weight() -> TestResult {
+        let RowVerdict::Use(m) = judged(row(&spr()?, 0.02, 20))? else { return Err("the row was ignored".into()) };
         assert_eq!(m.weight, 1.0);
+        Ok(())
     }
 
     #[test]
-    fn a_noisy_row_is_down_weighted_and_a_very_noisy_one_ignored() {
-        let RowVerdict::Use(m) = judged(row(&spr(), 0.30, 20)) else { panic!("ignored") };
+    fn a_noisy_row_is_down_weighted_and_a_very_noisy_one_ignored() -> TestResult {
+        let RowVerdict::Use(m) = judged(row(&spr()?, 0.30, 20))? else { return Err("the row was ignored".into()) };
         assert!((m.weight - 0.5).abs() < 1e-9, "{}", m.weight);
-        let RowVerdict::Ignored(r) = judged(row(&spr(), 0.6, 20)) else { panic!("used") };
+        let RowVerdict::Ignored(r) = judged(row(&spr()?, 0.6, 20))? else { return Err("the row was used".into()) };
         assert_eq!(r.code(), ReasonCode::PERFDB_LOW_CONFIDENCE);
-        let RowVerdict::Ignored(r) = judged(row(&spr(), 0.01, 2)) else { panic!("used") };
+        let RowVerdict::Ignored(r) = judged(row(&spr()?, 0.01, 2))? else { return Err("the row was used".into()) };
         assert_eq!(r.code(), ReasonCode::PERFDB_LOW_CONFIDENCE);
+        Ok(())
     }
 
     #[test]
-    fn rows_from_other_hardware_or_versions_are_ignored_with_a_reason() {
-        let RowVerdict::Ignored(r) = judged(row("another-machine", 0.01, 20)) else { panic!("used") };
+    fn rows_from_other_hardware_or_versions_are_ignored_with_a_reason() -> TestResult {
+        let RowVerdict::Ignored(r) = judged(row("another-machine", 0.01, 20))? else {
+            return Err("the row was used".into());
+        };
         assert_eq!(r.code(), ReasonCode::PERFDB_HARDWARE_MISMATCH);
-        let mut old = row(&spr(), 0.01, 20);
+        let mut old = row(&spr()?, 0.01, 20);
         old.kernel_version = "0.0.1-old".into();
         old.backend_version = "0.0.1-old".into();
-        let RowVerdict::Ignored(r) = judged(old) else { panic!("used") };
+        let RowVerdict::Ignored(r) = judged(old)? else { return Err("the row was used".into()) };
         assert_eq!(r.code(), ReasonCode::PERFDB_VERSION_MISMATCH);
+        Ok(())
     }
 
     #[test]

@@ -217,105 +217,113 @@ pub fn write_output(path: &Path, tensors: &BTreeMap<String, HostTensor>, inputs:
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
     use crate::model::dtype::DType;
 
     #[test]
-    fn every_dtype_round_trips_through_safetensors() {
+    fn every_dtype_round_trips_through_safetensors() -> TestResult {
         let values = [0.5f32, -1.25, 3.0, 448.0, -0.0, 7.0];
         let mut m = BTreeMap::new();
         for d in DType::ALL {
-            let t = HostTensor::from_f32_as(d, &[2, 3], &values).unwrap_or_else(|e| panic!("{e}"));
+            let t = HostTensor::from_f32_as(d, &[2, 3], &values)?;
             m.insert(d.as_str().to_owned(), t);
         }
-        let back = parse(&serialize(&m).unwrap_or_default(), "test").unwrap_or_else(|e| panic!("{e}"));
+        let back = parse(&serialize(&m)?, "test")?;
         for (name, t) in &m {
             let b = &back[name];
             assert_eq!(b.dtype(), t.dtype());
             assert_eq!(b.shape(), t.shape());
             assert_eq!(b.to_f64_vec(), t.to_f64_vec(), "{name}");
         }
+        Ok(())
     }
 
     #[test]
-    fn a_permuted_view_is_written_in_logical_order() {
-        let t = HostTensor::from_f32(&[2, 3], vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]).unwrap_or_else(|e| panic!("{e}"));
-        let p = t.permute(&[1, 0]).unwrap_or_else(|e| panic!("{e}"));
+    fn a_permuted_view_is_written_in_logical_order() -> TestResult {
+        let t = HostTensor::from_f32(&[2, 3], vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0])?;
+        let p = t.permute(&[1, 0])?;
         let mut m = BTreeMap::new();
         m.insert("p".to_owned(), p);
-        let back = parse(&serialize(&m).unwrap_or_default(), "test").unwrap_or_else(|e| panic!("{e}"));
+        let back = parse(&serialize(&m)?, "test")?;
         assert_eq!(back["p"].shape(), &[3, 2]);
         assert_eq!(back["p"].to_f32_vec(), vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+        Ok(())
     }
 
     #[test]
-    fn an_inconsistent_header_entry_is_named_with_its_field() {
+    fn an_inconsistent_header_entry_is_named_with_its_field() -> TestResult {
         let header = br#"{"w":{"dtype":"F32","shape":[48,64],"data_offsets":[0,4000]}}"#;
         let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
         bytes.extend_from_slice(header);
         bytes.extend(std::iter::repeat_n(0u8, 4000));
-        let err = parse(&bytes, "x.safetensors").err().map(|e| e.to_string()).unwrap_or_default();
+        let err = parse(&bytes, "x.safetensors").err().ok_or("an inconsistent header must be refused")?.to_string();
         assert!(err.contains("tensor `w`") && err.contains("data_offsets") && err.contains("12288"), "{err}");
+        Ok(())
     }
 
     #[test]
-    fn garbage_is_a_clear_error() {
-        let err = parse(b"not a file", "x.safetensors").err().map(|e| e.to_string()).unwrap_or_default();
+    fn garbage_is_a_clear_error() -> TestResult {
+        let err = parse(b"not a file", "x.safetensors").err().ok_or("garbage must be refused")?.to_string();
         assert!(err.contains("x.safetensors") && err.contains("not a safetensors file"), "{err}");
+        Ok(())
     }
 
     #[test]
-    fn a_mapped_file_is_read_in_place_and_written_by_copy() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    fn a_mapped_file_is_read_in_place_and_written_by_copy() -> TestResult {
+        let dir = tempfile::tempdir()?;
         let path = dir.path().join("w.safetensors");
         let values = [0.5f32, -1.25, 3.0, 448.0, -0.0, 7.0];
         let mut m = BTreeMap::new();
         for d in DType::ALL {
-            let t = HostTensor::from_f32_as(d, &[2, 3], &values).unwrap_or_else(|e| panic!("{e}"));
+            let t = HostTensor::from_f32_as(d, &[2, 3], &values)?;
             m.insert(d.as_str().to_owned(), t);
         }
-        write(&path, &m).unwrap_or_else(|e| panic!("{e}"));
-        let mut back = read_mapped(&path).unwrap_or_else(|e| panic!("{e}"));
+        write(&path, &m)?;
+        let mut back = read_mapped(&path)?;
         for (name, t) in &m {
             let b = &back[name];
             assert_eq!(b.to_f64_vec(), t.to_f64_vec(), "{name}");
             // Every dtype but bool (not a plain byte pattern) is read in place.
             assert_eq!(b.storage().is_mapped(), t.dtype() != DType::Bool, "{name}");
         }
-        let mut w = back.remove("f32").map(HostTensor::into_shared).unwrap_or_else(|| panic!("no f32"));
-        let Some(Storage::F32(buf)) = Arc::get_mut(&mut w) else { panic!("the f32 tensor is unshared") };
+        let mut w = back.remove("f32").map(HostTensor::into_shared).ok_or("no f32")?;
+        let Some(Storage::F32(buf)) = Arc::get_mut(&mut w) else { return Err("the f32 tensor is shared".into()) };
         buf[0] = 9.0;
         assert!(!buf.is_mapped(), "writing copies the mapped elements");
         assert_eq!(buf[..2], [9.0, -1.25]);
         // The file is untouched.
-        assert_eq!(read_mapped(&path).map(|t| t["f32"].to_f32_vec()).unwrap_or_default(), values);
+        assert_eq!(read_mapped(&path)?["f32"].to_f32_vec(), values);
+        Ok(())
     }
 
     #[test]
-    fn misaligned_or_out_of_range_bytes_are_not_mapped() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    fn misaligned_or_out_of_range_bytes_are_not_mapped() -> TestResult {
+        let dir = tempfile::tempdir()?;
         let path = dir.path().join("b.bin");
-        std::fs::write(&path, [0u8; 64]).unwrap_or_else(|e| panic!("{e}"));
-        let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&path, [0u8; 64])?;
+        let file = std::fs::File::open(&path)?;
         #[allow(unsafe_code)]
         // SAFETY: a private temporary file nothing else writes.
-        let map = Arc::new(unsafe { Mmap::map(&file) }.unwrap_or_else(|e| panic!("{e}")));
+        let map = Arc::new(unsafe { Mmap::map(&file) }?);
         assert!(Buf::<f32>::mapped(&map, 4, 15).is_some());
         assert!(Buf::<f32>::mapped(&map, 2, 4).is_none(), "f32 at byte 2 is misaligned");
         assert!(Buf::<f32>::mapped(&map, 8, 15).is_none(), "15 floats from byte 8 pass the end");
         assert!(Buf::<f32>::mapped(&map, usize::MAX, 1).is_none());
+        Ok(())
     }
 
     #[test]
-    fn a_truncated_mapped_file_is_a_clear_error() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    fn a_truncated_mapped_file_is_a_clear_error() -> TestResult {
+        let dir = tempfile::tempdir()?;
         let path = dir.path().join("t.safetensors");
         let mut m = BTreeMap::new();
-        m.insert("x".to_owned(), HostTensor::from_f32(&[4], vec![1.0; 4]).unwrap_or_else(|e| panic!("{e}")));
-        let bytes = serialize(&m).unwrap_or_default();
-        std::fs::write(&path, &bytes[..bytes.len() - 3]).unwrap_or_else(|e| panic!("{e}"));
-        let err = read_mapped(&path).err().map(|e| e.to_string()).unwrap_or_default();
+        m.insert("x".to_owned(), HostTensor::from_f32(&[4], vec![1.0; 4])?);
+        let bytes = serialize(&m)?;
+        std::fs::write(&path, &bytes[..bytes.len() - 3])?;
+        let err = read_mapped(&path).err().ok_or("a truncated file must be refused")?.to_string();
         assert!(err.contains("t.safetensors") && err.contains("not a safetensors file"), "{err}");
-        std::fs::write(&path, b"").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&path, b"")?;
         assert!(read_mapped(&path).is_err(), "an empty file is refused");
+        Ok(())
     }
 }

@@ -176,17 +176,18 @@ pub fn apply(req: &Request, transforms: &[Transform]) -> Request {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
     use crate::model::op::Op;
     use crate::model::tensor::TensorDesc;
 
     #[test]
-    fn a_layout_copy_permutes_the_dimensions_of_the_layout_it_names() {
+    fn a_layout_copy_permutes_the_dimensions_of_the_layout_it_names() -> TestResult {
         for (from, shape, want) in [
             (Layout::Nchw, [2, 3, 8, 12], [2, 8, 12, 3]),
             (Layout::Nhwc, [2, 8, 12, 3], [2, 3, 8, 12]),
             (Layout::Bshd, [1, 16, 4, 64], [1, 4, 16, 64]),
         ] {
-            let Some((to, _)) = relayout(from) else { panic!("{from} has no layout copy") };
+            let (to, _) = relayout(from).ok_or_else(|| format!("{from} has no layout copy"))?;
             let desc = TensorDesc::new(DType::F32, shape).with_layout(from).with_strides([1, 1, 1, 1]);
             let req = Request::new(Op::PatchEmbed).tensor("image", desc);
             let tr = Transform {
@@ -200,15 +201,17 @@ mod tests {
             let t = &apply(&req, &[tr]).tensors["image"];
             assert_eq!((t.shape.as_slice(), t.layout, &t.strides), (&want[..], Some(to), &None), "{from}");
         }
+        Ok(())
     }
 
     #[test]
-    fn every_layout_copy_is_undone_by_the_copy_back() {
+    fn every_layout_copy_is_undone_by_the_copy_back() -> TestResult {
         for l in Layout::ALL {
             let Some((to, there)) = relayout(l) else { continue };
-            let Some((back, again)) = relayout(to) else { panic!("{to} cannot be copied back to {l}") };
+            let (back, again) = relayout(to).ok_or_else(|| format!("{to} cannot be copied back to {l}"))?;
             assert_eq!(back, l);
             assert_eq!(again.map(|d| there[d]), [0, 1, 2, 3], "{l} -> {to} -> {back}");
         }
+        Ok(())
     }
 }

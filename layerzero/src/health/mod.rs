@@ -437,40 +437,44 @@ fn nanos(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
 
-    fn health(config: HealthConfig) -> (Health, KernelIndex, KernelIndex) {
-        let catalog = Catalog::builtin().unwrap_or_else(|e| panic!("{e}"));
-        let find = |id: &str| catalog.find(id).unwrap_or_else(|| panic!("{id}"));
-        let (a, b) = (find("cpu.attention.flash"), find("cpu.linear.fast"));
-        (Health::new(&catalog, config), a, b)
+    fn health(config: HealthConfig) -> TestResult<(Health, KernelIndex, KernelIndex)> {
+        let catalog = Catalog::builtin()?;
+        let find = |id: &str| catalog.find(id).ok_or_else(|| format!("{id} is not in the catalog"));
+        let (a, b) = (find("cpu.attention.flash")?, find("cpu.linear.fast")?);
+        Ok((Health::new(&catalog, config), a, b))
     }
 
     #[test]
-    fn a_kernel_error_opens_only_that_kernel_after_the_threshold() {
-        let (h, attn, linear) = health(HealthConfig { failure_threshold: 2, ..HealthConfig::default() });
+    fn a_kernel_error_opens_only_that_kernel_after_the_threshold() -> TestResult {
+        let (h, attn, linear) = health(HealthConfig { failure_threshold: 2, ..HealthConfig::default() })?;
         assert!(!h.record(attn, Some((FailureClass::Kernel, "boom"))));
         assert!(h.admit(attn).is_ok(), "one failure is below the threshold of 2");
         assert!(h.record(attn, Some((FailureClass::Kernel, "boom"))));
-        let refusal = h.admit(attn).err().unwrap_or_else(|| panic!("the kernel should be quarantined"));
+        let refusal = h.admit(attn).err().ok_or("the kernel should be quarantined")?;
         let reason = h.refusal_reason(attn, &refusal);
         assert_eq!(reason.code(), ReasonCode::KERNEL_QUARANTINED);
         assert!(reason.message().contains("s more") && reason.message().contains("boom"), "{reason}");
         assert!(h.admit(linear).is_ok(), "a sibling kernel of the same backend still runs");
         assert_eq!(h.quarantined().map(|(k, _)| k).collect::<Vec<_>>(), vec![attn]);
+        Ok(())
     }
 
     #[test]
-    fn a_lost_device_disables_every_kernel_of_the_backend_at_once() {
-        let (h, attn, linear) = health(HealthConfig::default());
+    fn a_lost_device_disables_every_kernel_of_the_backend_at_once() -> TestResult {
+        let (h, attn, linear) = health(HealthConfig::default())?;
         assert!(h.record(attn, Some((FailureClass::DeviceLost, "device lost"))));
-        let refusal = h.admit(linear).err().unwrap_or_else(|| panic!("the backend should be disabled"));
+        let refusal = h.admit(linear).err().ok_or("the backend should be disabled")?;
         assert_eq!(h.refusal_reason(linear, &refusal).code(), ReasonCode::BACKEND_UNHEALTHY);
         assert_eq!(h.disabled_backends().map(|(b, _)| b.to_owned()).collect::<Vec<_>>(), vec!["cpu".to_owned()]);
+        Ok(())
     }
 
     #[test]
-    fn after_the_cooldown_one_trial_probes_and_its_success_closes_the_backend() {
-        let (h, attn, linear) = health(HealthConfig { cooldown: Duration::from_millis(20), ..HealthConfig::default() });
+    fn after_the_cooldown_one_trial_probes_and_its_success_closes_the_backend() -> TestResult {
+        let (h, attn, linear) =
+            health(HealthConfig { cooldown: Duration::from_millis(20), ..HealthConfig::default() })?;
         h.record(attn, Some((FailureClass::DeviceLost, "device lost")));
         std::thread::sleep(Duration::from_millis(30));
         assert!(h.admit(linear).is_ok(), "the first call after the cooldown is the probe");
@@ -478,11 +482,12 @@ mod tests {
         h.record(linear, None);
         assert!(h.admit(attn).is_ok(), "a successful probe re-enables the backend");
         assert!(h.report().backends.iter().all(|b| b.state == "closed"));
+        Ok(())
     }
 
     #[test]
-    fn a_timeout_quarantines_at_once_and_too_many_abandoned_calls_disable_the_backend() {
-        let (h, attn, linear) = health(HealthConfig { max_abandoned: 1, ..HealthConfig::default() });
+    fn a_timeout_quarantines_at_once_and_too_many_abandoned_calls_disable_the_backend() -> TestResult {
+        let (h, attn, linear) = health(HealthConfig { max_abandoned: 1, ..HealthConfig::default() })?;
         assert!(h.record(attn, Some((FailureClass::Timeout, "no answer in 5 ms"))));
         assert!(h.admit(attn).is_err());
         h.abandoned(attn);
@@ -494,5 +499,6 @@ mod tests {
         h.returned(attn);
         let r = h.report();
         assert_eq!((r.abandoned_running, r.abandoned_total), (0, 2));
+        Ok(())
     }
 }

@@ -433,20 +433,22 @@ pub fn with_measured(nominal: Detection, file: &std::path::Path) -> Detection {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
 
     const CPUINFO: &str = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7763 64-Core Processor\n\
 cpu MHz\t\t: 2445.000\nsiblings\t: 4\ncpu cores\t: 2\nflags\t\t: fpu avx avx2 fma\n\nprocessor\t: 1\ncpu MHz\t\t: 3100.5\n";
 
     #[test]
-    fn cpuinfo_fields() {
+    fn cpuinfo_fields() -> TestResult {
         let i = parse_cpuinfo(CPUINFO);
         assert_eq!(i.model.as_deref(), Some("AMD EPYC 7763 64-Core Processor"));
         assert_eq!(vendor_name(i.vendor_id.as_deref()), "amd");
         assert_eq!(i.max_mhz, Some(3100.5));
         assert_eq!((i.siblings, i.cores), (Some(4), Some(2)));
-        assert_eq!(i.flags.unwrap().len(), 4);
+        assert_eq!(i.flags.ok_or("no flags")?.len(), 4);
         let empty = parse_cpuinfo("");
         assert!(empty.model.is_none() && empty.max_mhz.is_none());
+        Ok(())
     }
 
     #[test]
@@ -484,16 +486,17 @@ cpu MHz\t\t: 2445.000\nsiblings\t: 4\ncpu cores\t: 2\nflags\t\t: fpu avx avx2 fm
     }
 
     #[test]
-    fn host_profile_is_valid_and_round_trips() {
+    fn host_profile_is_valid_and_round_trips() -> TestResult {
         let d = detect_host();
         let p = &d.profile;
         assert_eq!(p.name, "host");
         assert_eq!(p.devices.last().map(|d| d.kind), Some(DeviceKind::Cpu));
         assert!(p.devices.iter().all(|d| !d.peak_tflops.is_empty()));
         let json = p.to_file_json();
-        crate::schema::validate(crate::schema::SchemaKind::Hardware, &json, "host").unwrap();
-        let again = HardwareProfile::from_json(&json.to_string(), "host").unwrap();
+        crate::schema::validate(crate::schema::SchemaKind::Hardware, &json, "host")?;
+        let again = HardwareProfile::from_json(&json.to_string(), "host")?;
         assert_eq!(&again, p);
         assert!(!d.notes.is_empty());
+        Ok(())
     }
 }

@@ -215,6 +215,7 @@ pub fn path() -> std::path::PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
 
     fn sample(fingerprint: &str) -> Measured {
         Measured {
@@ -232,39 +233,42 @@ mod tests {
     }
 
     #[test]
-    fn measurements_of_two_hosts_are_stored_side_by_side_and_read_back() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    fn measurements_of_two_hosts_are_stored_side_by_side_and_read_back() -> TestResult {
+        let dir = tempfile::tempdir()?;
         let path = dir.path().join("hardware.json");
-        save(&path, &sample("aaaaaaaaaaaaaaaa")).unwrap_or_else(|e| panic!("{e}"));
-        save(&path, &sample("bbbbbbbbbbbbbbbb")).unwrap_or_else(|e| panic!("{e}"));
-        let f = load(&path).unwrap_or_else(|e| panic!("{e}"));
+        save(&path, &sample("aaaaaaaaaaaaaaaa"))?;
+        save(&path, &sample("bbbbbbbbbbbbbbbb"))?;
+        let f = load(&path)?;
         assert_eq!(f.hosts.len(), 2);
         assert_eq!(f.hosts["aaaaaaaaaaaaaaaa"], sample("aaaaaaaaaaaaaaaa"));
+        Ok(())
     }
 
     #[test]
-    fn a_figure_that_is_not_a_positive_number_is_rejected_by_name() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    fn a_figure_that_is_not_a_positive_number_is_rejected_by_name() -> TestResult {
+        let dir = tempfile::tempdir()?;
         let path = dir.path().join("hardware.json");
         let mut m = sample("aaaaaaaaaaaaaaaa");
         m.peak_tflops.insert(DType::BF16, -1.0);
-        save(&path, &m).unwrap_or_else(|e| panic!("{e}"));
-        let e = load(&path).err().map(|e| e.to_string()).unwrap_or_default();
+        save(&path, &m)?;
+        let e = load(&path).err().ok_or("a figure that is not a positive number must be refused")?.to_string();
         assert!(e.contains("peak_tflops.bf16") && e.contains("-1"), "{e}");
+        Ok(())
     }
 
     #[test]
-    fn applying_a_measurement_changes_the_figures_but_not_the_fingerprint() {
-        let nominal = crate::hardware::named::load("spr").unwrap_or_else(|e| panic!("{e}"));
+    fn applying_a_measurement_changes_the_figures_but_not_the_fingerprint() -> TestResult {
+        let nominal = crate::hardware::named::load("spr")?;
         let mut devices = nominal.devices.clone();
         let m = sample(&nominal.fingerprint);
         for d in &mut devices {
             apply(d, &m);
         }
         let measured = crate::hardware::profile::HardwareProfile::new("host", "x", devices);
-        let cpu = measured.devices.iter().find(|d| d.kind == DeviceKind::Cpu).unwrap_or_else(|| panic!("no cpu"));
+        let cpu = measured.devices.iter().find(|d| d.kind == DeviceKind::Cpu).ok_or("no cpu")?;
         assert_eq!(cpu.memory_bandwidth_gbps, 27.5);
         assert_eq!(cpu.peak_tflops[&DType::BF16], 1.5);
         assert_eq!(measured.fingerprint, nominal.fingerprint);
+        Ok(())
     }
 }

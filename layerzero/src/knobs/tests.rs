@@ -1,3 +1,4 @@
+use crate::TestResult;
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::*;
@@ -29,7 +30,7 @@ fn types_and_defaults_read_as_doctor_shows_them() {
 }
 
 #[test]
-fn paths_resolve_from_home_and_the_platform_cache_folder() -> Result<()> {
+fn paths_resolve_from_home_and_the_platform_cache_folder() -> TestResult {
     if cfg!(unix) && !cfg!(target_os = "macos") {
         let s = Settings::from_lookup(&env(&[("HOME", "/home/u")]))?;
         assert_eq!(s.perfdb_path(), PathBuf::from("/home/u/.cache/layerzero/perfdb.sqlite"));
@@ -53,7 +54,7 @@ fn paths_resolve_from_home_and_the_platform_cache_folder() -> Result<()> {
 }
 
 #[test]
-fn values_are_typed_and_errors_name_the_variable_and_value() -> Result<()> {
+fn values_are_typed_and_errors_name_the_variable_and_value() -> TestResult {
     let s = Settings::from_lookup(&env(&[]))?;
     assert_eq!(s, Settings::default());
     assert_eq!((s.plan_mode, s.cache_capacity, &s.dispatch_table, &s.policy), (PlanMode::Prefer, 4096, &None, &None));
@@ -72,7 +73,7 @@ fn values_are_typed_and_errors_name_the_variable_and_value() -> Result<()> {
     assert_eq!(s.e2e_sections.items, vec!["6.1".to_owned(), "7.3".to_owned()]);
 
     let bad = env(&[("LAYERZERO_PLAN_MODE", "sometimes"), ("LAYERZERO_CACHE_CAPACITY", "-3")]);
-    let err = Settings::from_lookup(&bad).err().map(|e| e.to_string()).unwrap_or_default();
+    let err = Settings::from_lookup(&bad).err().ok_or("bad knob values must be refused")?.to_string();
     assert!(err.contains("LAYERZERO_PLAN_MODE") && err.contains("sometimes") && err.contains("strict"), "{err}");
     let (lenient, errors) = Settings::lenient(&bad);
     assert_eq!((lenient.plan_mode, lenient.cache_capacity, errors.len()), (PlanMode::Prefer, 4096, 2));
@@ -104,7 +105,7 @@ fn booleans_periods_and_counts_parse_with_their_bounds() {
 }
 
 #[test]
-fn knobs_become_policy_fields_in_order() -> Result<()> {
+fn knobs_become_policy_fields_in_order() -> TestResult {
     let s = Settings::from_lookup(&env(&[
         ("LAYERZERO_FAILURE_THRESHOLD", "5"),
         ("LAYERZERO_KERNEL_TIMEOUT_MS", "40"),

@@ -69,21 +69,22 @@ pub(crate) fn move_aside(path: &Path, secs: i64) -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
 
     #[test]
-    fn names_skip_taken_ones_and_keep_companions() -> std::io::Result<()> {
+    fn names_skip_taken_ones_and_keep_companions() -> TestResult {
         let dir = tempfile::tempdir()?;
         let db = dir.path().join("perfdb.sqlite");
         std::fs::write(&db, b"main")?;
         std::fs::write(with_suffix(&db, "-wal"), b"wal")?;
-        let first = move_aside(&db, 42).map_err(std::io::Error::other)?;
+        let first = move_aside(&db, 42)?;
         assert_eq!(first, dir.path().join("perfdb.sqlite.corrupt-42"));
         assert_eq!(std::fs::read(&first)?, b"main");
         assert_eq!(std::fs::read(with_suffix(&first, "-wal"))?, b"wal");
         assert!(!db.exists() && !with_suffix(&db, "-wal").exists());
 
         std::fs::write(&db, b"again")?;
-        let second = move_aside(&db, 42).map_err(std::io::Error::other)?;
+        let second = move_aside(&db, 42)?;
         assert_eq!(second, dir.path().join("perfdb.sqlite.corrupt-42-1"));
         assert_eq!(std::fs::read(&second)?, b"again");
         assert_eq!(std::fs::read(&first)?, b"main");

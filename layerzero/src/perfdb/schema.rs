@@ -138,6 +138,7 @@ impl std::fmt::Display for MigrateError {
 
 #[cfg(test)]
 mod tests {
+    use crate::TestResult;
     use rusqlite::Connection;
 
     use super::*;
@@ -152,7 +153,7 @@ mod tests {
 
     /// The framework, exercised with test-only steps (the shipped list is empty at version 1).
     #[test]
-    fn migrations_apply_in_order_and_record_the_version() -> rusqlite::Result<()> {
+    fn migrations_apply_in_order_and_record_the_version() -> TestResult {
         let steps = [
             Migration { from: 2, what: "rename note", apply: rename_note },
             Migration { from: 1, what: "add note", apply: add_note },
@@ -167,7 +168,7 @@ mod tests {
             tx.query_row("SELECT count(*) FROM pragma_table_info('perf') WHERE name = 'remark'", [], |r| r.get(0))?;
         assert_eq!(n, 1);
         // A gap is an error naming the version.
-        let err = migrate(&tx, 3, 5, &steps).err().map(|e| e.to_string()).unwrap_or_default();
+        let err = migrate(&tx, 3, 5, &steps).err().ok_or("a gap in the migrations must be refused")?.to_string();
         assert_eq!(err, "no migration from schema version 3");
         // The shipped list leads to the current version with nothing to do.
         assert!(migrate(&tx, CURRENT_VERSION, CURRENT_VERSION, MIGRATIONS).is_ok());
@@ -176,7 +177,7 @@ mod tests {
     }
 
     #[test]
-    fn inspect_tells_empty_foreign_and_unreadable() -> rusqlite::Result<()> {
+    fn inspect_tells_empty_foreign_and_unreadable() -> TestResult {
         let mut conn = Connection::open_in_memory()?;
         let tx = conn.transaction()?;
         assert_eq!(inspect(&tx)?, Found::Empty);

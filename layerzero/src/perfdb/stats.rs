@@ -91,16 +91,17 @@ fn mad_about(xs: &[f64], center: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-9 * b.abs().max(1.0)
     }
 
     #[test]
-    fn rejects_a_far_outlier() {
+    fn rejects_a_far_outlier() -> TestResult {
         // median 12; deviations 2,1,0,1,88 -> MAD 1; limit 4.4478: 100 goes.
         let s = summarize(&[13.0, 100.0, 10.0, 12.0, 11.0]);
-        let s = s.unwrap_or_else(|| panic!("no summary"));
+        let s = s.ok_or("no summary")?;
         assert_eq!((s.samples, s.rejected), (4, 1));
         // Kept 10, 11, 12, 13.
         assert!(close(s.median, 11.5), "{s:?}");
@@ -109,43 +110,47 @@ mod tests {
         assert!(close(s.mad, 1.0), "{s:?}"); // deviations 1.5, 0.5, 0.5, 1.5
         // variance (2.25 + 0.25 + 0.25 + 2.25) / 3 = 5/3
         assert!(close(s.cv, (5.0f64 / 3.0).sqrt() / 11.5), "{s:?}");
+        Ok(())
     }
 
     #[test]
-    fn keeps_a_sample_just_inside_the_limit() {
+    fn keeps_a_sample_just_inside_the_limit() -> TestResult {
         // median 3.5; deviations 2.5, 1.5, 0.5, 0.5, 1.5, 3.9 -> MAD 1.5.
-        let s = summarize(&[1.0, 2.0, 3.0, 4.0, 5.0, 7.4]).unwrap_or_else(|| panic!("no summary"));
+        let s = summarize(&[1.0, 2.0, 3.0, 4.0, 5.0, 7.4]).ok_or("no summary")?;
         // limit 3 * 1.4826 * 1.5 = 6.6717; |7.4 - 3.5| = 3.9 kept.
         assert_eq!((s.samples, s.rejected), (6, 0));
         assert!(close(s.median, 3.5));
         // 1..5 and 12: median 3.5, MAD 1.5, |12 - 3.5| = 8.5 > 6.6717: rejected.
-        let s = summarize(&[1.0, 2.0, 3.0, 4.0, 5.0, 12.0]).unwrap_or_else(|| panic!("no summary"));
+        let s = summarize(&[1.0, 2.0, 3.0, 4.0, 5.0, 12.0]).ok_or("no summary")?;
         assert_eq!((s.samples, s.rejected), (5, 1));
         assert!(close(s.median, 3.0));
+        Ok(())
     }
 
     #[test]
-    fn zero_mad_keeps_everything() {
+    fn zero_mad_keeps_everything() -> TestResult {
         // Most samples identical: MAD 0, so the 50 is kept, not rejected.
-        let s = summarize(&[5.0, 5.0, 5.0, 50.0, 5.0]).unwrap_or_else(|| panic!("no summary"));
+        let s = summarize(&[5.0, 5.0, 5.0, 50.0, 5.0]).ok_or("no summary")?;
         assert_eq!((s.samples, s.rejected), (5, 0));
         assert!(close(s.median, 5.0));
         assert!(close(s.mad, 0.0));
         assert!(close(s.p90, 5.0 + 0.6 * 45.0)); // position 3.6 between 5 and 50
         assert!(s.cv > 1.0);
+        Ok(())
     }
 
     #[test]
-    fn single_and_degenerate_inputs() {
-        let s = summarize(&[7.0]).unwrap_or_else(|| panic!("no summary"));
+    fn single_and_degenerate_inputs() -> TestResult {
+        let s = summarize(&[7.0]).ok_or("no summary")?;
         assert_eq!((s.samples, s.rejected), (1, 0));
         assert!(close(s.median, 7.0) && close(s.p10, 7.0) && close(s.p90, 7.0) && s.cv == 0.0 && s.mad == 0.0);
         assert_eq!(summarize(&[]), None);
         assert_eq!(summarize(&[f64::NAN, f64::INFINITY, -1.0]), None);
-        let s = summarize(&[2.0, f64::NAN, 4.0]).unwrap_or_else(|| panic!("no summary"));
+        let s = summarize(&[2.0, f64::NAN, 4.0]).ok_or("no summary")?;
         assert_eq!((s.samples, s.rejected), (2, 1));
         assert!(close(s.median, 3.0));
-        let s = summarize(&[0.0, 0.0]).unwrap_or_else(|| panic!("no summary"));
+        let s = summarize(&[0.0, 0.0]).ok_or("no summary")?;
         assert_eq!(s.cv, 0.0);
+        Ok(())
     }
 }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::TestResult;
 
 fn row(kernel: &str, fingerprint: &str, bucket: &str, median: f64) -> Row {
     Row {
@@ -21,9 +22,7 @@ fn row(kernel: &str, fingerprint: &str, bucket: &str, median: f64) -> Row {
     }
 }
 
-type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
-
-fn fresh(dir: &tempfile::TempDir) -> Result<PerfDb> {
+fn fresh(dir: &tempfile::TempDir) -> TestResult<PerfDb> {
     let opened = PerfDb::open(&dir.path().join("sub/dir/perfdb.sqlite"))?;
     assert!(opened.recovered.is_none());
     Ok(opened.db)
@@ -79,7 +78,11 @@ fn invalid_rows_are_refused_and_nothing_of_the_batch_is_stored() -> TestResult {
     let db = fresh(&dir)?;
     let mut bad = row("cpu.a", "hw1", "64", 10.0);
     bad.p90_ns = f64::NAN;
-    let err = db.insert_many(&[row("cpu.b", "hw1", "64", 1.0), bad]).err().map(|e| e.to_string()).unwrap_or_default();
+    let err = db
+        .insert_many(&[row("cpu.b", "hw1", "64", 1.0), bad])
+        .err()
+        .ok_or("a batch with an unusable row must be refused")?
+        .to_string();
     assert!(err.contains("p90_ns") && err.contains("NaN") && err.contains("cpu.a"), "{err}");
     let mut empty = row("cpu.a", "hw1", "64", 10.0);
     empty.fingerprint = String::new();

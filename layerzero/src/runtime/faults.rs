@@ -204,11 +204,11 @@ pub(crate) fn poison(mut outputs: Outputs) -> Outputs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
 
     #[test]
-    fn every_mode_parses_and_bad_items_name_the_variable_and_the_item() {
-        let rules = parse("cpu.linear.fast=error, cpu=panic,x=slow:5,y=nan,z=oom,w=device_lost,v=fail_first:2,u=hang")
-            .unwrap_or_else(|e| panic!("{e}"));
+    fn every_mode_parses_and_bad_items_name_the_variable_and_the_item() -> TestResult {
+        let rules = parse("cpu.linear.fast=error, cpu=panic,x=slow:5,y=nan,z=oom,w=device_lost,v=fail_first:2,u=hang")?;
         let modes: Vec<FaultMode> = rules.iter().map(|r| r.mode).collect();
         assert_eq!(
             modes,
@@ -229,8 +229,9 @@ mod tests {
             ("cpu=slow:soon", "slow:MS must be"),
             ("=error", "empty"),
         ] {
-            let err = parse(spec).err().map(|e| e.to_string()).unwrap_or_default();
+            let err = parse(spec).err().ok_or_else(|| format!("`{spec}` must be refused"))?.to_string();
             assert!(err.contains("LAYERZERO_FAULTS") && err.contains(says), "{spec}: {err}");
         }
+        Ok(())
     }
 }

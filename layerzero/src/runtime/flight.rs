@@ -151,6 +151,7 @@ impl Drop for Lead<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
     use crate::key::Buckets;
     use crate::score::Estimate;
     use crate::select::{Score, ScoreSource, Selection};
@@ -182,10 +183,10 @@ mod tests {
     const KEY: PlanKey = PlanKey { validity: 7, buckets: Buckets([1, 0, 0]) };
 
     #[test]
-    fn a_second_miss_on_the_same_key_waits_for_the_first_and_gets_its_answer() {
+    fn a_second_miss_on_the_same_key_waits_for_the_first_and_gets_its_answer() -> TestResult {
         let flights = Flights::default();
-        let Role::Leader(lead) = flights.join(KEY, 1) else { panic!("the first miss leads") };
-        let Role::Waiter(flight) = flights.join(KEY, 1) else { panic!("the second miss waits") };
+        let Role::Leader(lead) = flights.join(KEY, 1) else { return Err("the first miss leads".into()) };
+        let Role::Waiter(flight) = flights.join(KEY, 1) else { return Err("the second miss waits".into()) };
         std::thread::scope(|s| {
             let waiter = s.spawn(move || flight.wait());
             lead.finish(&resolved("a"));
@@ -195,6 +196,7 @@ mod tests {
             }
         });
         assert_eq!(flights.in_flight(), 0, "a finished flight leaves the list");
+        Ok(())
     }
 
     #[test]
@@ -207,24 +209,26 @@ mod tests {
     }
 
     #[test]
-    fn a_leader_that_fails_releases_its_waiters_at_once() {
+    fn a_leader_that_fails_releases_its_waiters_at_once() -> TestResult {
         let flights = Flights::default();
         let lead = flights.join(KEY, 1);
-        let Role::Waiter(flight) = flights.join(KEY, 1) else { panic!("the second miss waits") };
+        let Role::Waiter(flight) = flights.join(KEY, 1) else { return Err("the second miss waits".into()) };
         drop(lead);
         let started = Instant::now();
         assert!(matches!(flight.wait(), Waited::Abandoned));
         assert!(started.elapsed() < WAIT, "no wait for a leader that is gone");
         assert_eq!(flights.in_flight(), 0);
+        Ok(())
     }
 
     #[test]
-    fn a_waiter_whose_leader_never_answers_gives_up_after_the_bound() {
+    fn a_waiter_whose_leader_never_answers_gives_up_after_the_bound() -> TestResult {
         let flights = Flights::default();
         let _stuck = flights.join(KEY, 1);
-        let Role::Waiter(flight) = flights.join(KEY, 1) else { panic!("the second miss waits") };
+        let Role::Waiter(flight) = flights.join(KEY, 1) else { return Err("the second miss waits".into()) };
         let started = Instant::now();
         assert!(matches!(flight.wait(), Waited::TimedOut));
         assert!(started.elapsed() >= WAIT);
+        Ok(())
     }
 }

@@ -114,14 +114,16 @@ pub fn init(settings: &crate::knobs::Settings) -> Result<Telemetry> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
 
     #[test]
-    fn the_log_spec_takes_a_format_and_rust_log_directives_and_names_a_bad_one() {
+    fn the_log_spec_takes_a_format_and_rust_log_directives_and_names_a_bad_one() -> TestResult {
         assert_eq!(parse_log("json").ok(), Some(LogSpec { json: true, filter: "layerzero=info".to_owned() }));
-        let spec = parse_log("text,layerzero::dispatch=debug").unwrap_or_else(|e| panic!("{e}"));
+        let spec = parse_log("text,layerzero::dispatch=debug")?;
         assert_eq!((spec.json, spec.filter.as_str()), (false, "layerzero::dispatch=debug"));
-        let err = parse_log("yaml").err().map(|e| e.to_string()).unwrap_or_default();
+        let err = parse_log("yaml").err().ok_or("an unknown log format must be refused")?.to_string();
         assert!(err.contains("LAYERZERO_LOG") && err.contains("yaml"), "{err}");
         assert!(parse_log("json,layerzero=loud").is_err());
+        Ok(())
     }
 }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::TestResult;
 use crate::gemm::{BSrc, F32View, packed_gemm};
 use layerzero_core::exec::args::{W8a8Args, strided_copy};
 use layerzero_core::model::attrs::{Int4Attrs, NoAttrs, W8a8Attrs};
@@ -6,7 +7,7 @@ use layerzero_core::model::layout::Layout;
 use layerzero_reference as cpu_reference;
 use layerzero_reference::test_util::values;
 
-fn reference(args: &OpArgs) -> HostTensor {
+fn reference(args: &OpArgs) -> TestResult<HostTensor> {
     let mut r = Registry::new();
     cpu_reference::register(&mut r);
     let id = match args {
@@ -14,12 +15,12 @@ fn reference(args: &OpArgs) -> HostTensor {
         OpArgs::LinearW8a8(_) => "cpu_reference.linear_w8a8.naive",
         _ => "cpu_reference.linear_int4.naive",
     };
-    r.get(id).unwrap().run(args).unwrap().remove("out").unwrap()
+    Ok(r.get(id).ok_or_else(|| format!("{id} is not registered"))?.run(args)?.remove("out").ok_or("no out")?)
 }
 
-fn t(shape: &[usize], seed: u64, dtype: DType) -> HostTensor {
+fn t(shape: &[usize], seed: u64, dtype: DType) -> TestResult<HostTensor> {
     let n = shape.iter().product();
-    HostTensor::from_f32_as(dtype, shape, &values(n, seed)).unwrap()
+    Ok(HostTensor::from_f32_as(dtype, shape, &values(n, seed))?)
 }
 
 /// GEMM tolerance: per element `tol * (|ref| + sqrt(K) * rms(|x| |w|) scale)`, plus one
@@ -44,28 +45,29 @@ fn lin(x: HostTensor, weight: HostTensor, bias: Option<HostTensor>) -> LinearArg
 }
 
 #[test]
-fn fast_matches_reference_on_odd_shapes_dtypes_and_layouts() {
+fn fast_matches_reference_on_odd_shapes_dtypes_and_layouts() -> TestResult {
     for dtype in [DType::F32, DType::F16, DType::BF16] {
         for m in [1usize, 3, 17, 130] {
             for k in [5usize, 64, 130] {
                 for n in [7usize, 64] {
                     for nn in [false, true] {
-                        let x = t(&[m, k], 1 + m as u64, dtype);
-                        let w = if nn { t(&[k, n], 2, dtype).with_layout(Layout::Nn) } else { t(&[n, k], 2, dtype) };
-                        let bias = (n == 7).then(|| t(&[n], 3, dtype));
+                        let x = t(&[m, k], 1 + m as u64, dtype)?;
+                        let w = if nn { t(&[k, n], 2, dtype)?.with_layout(Layout::Nn) } else { t(&[n, k], 2, dtype)? };
+                        let bias = (n == 7).then(|| t(&[n], 3, dtype)).transpose()?;
                         let a = lin(x, w, bias);
                         let what = format!("{dtype} m{m} k{k} n{n} nn={nn}");
-                        let ours = linear(&a).unwrap();
-                        assert_gemm_close(&ours, &reference(&OpArgs::Linear(a)), k, 1.0, &what);
+                        let ours = linear(&a)?;
+                        assert_gemm_close(&ours, &reference(&OpArgs::Linear(a))?, k, 1.0, &what);
                     }
                 }
             }
         }
     }
+    Ok(())
 }
 
 #[test]
-fn packed_gemm_matches_reference_on_edges_blocks_and_strides() {
+fn packed_gemm_matches_reference_on_edges_blocks_and_strides() -> TestResult {
     // Tile edges (M, N off 12 / 32), several K blocks (KC = 256) and N blocks (NC =
     // 1024), NT / NN / strided weights, strided x, a bias.
     let shapes = [
@@ -82,15 +84,15 @@ fn packed_gemm_matches_reference_on_edges_blocks_and_strides() {
     for (m, k, n) in shapes {
         for case in 0..3 {
             let w = match case {
-                0 => t(&[n, k], 2, DType::F32),
-                1 => t(&[k, n], 2, DType::F32).with_layout(Layout::Nn),
-                _ => strided_copy(&t(&[n, k], 2, DType::F32), &[k + 5, 1]).unwrap(),
+                0 => t(&[n, k], 2, DType::F32)?,
+                1 => t(&[k, n], 2, DType::F32)?.with_layout(Layout::Nn),
+                _ => strided_copy(&t(&[n, k], 2, DType::F32)?, &[k + 5, 1])?,
             };
-            let x = t(&[m, k], 1, DType::F32);
-            let x = if case == 2 { x.permute(&[1, 0]).unwrap().contiguous().permute(&[1, 0]).unwrap() } else { x };
-            let a = lin(x, w, (case != 1).then(|| t(&[n], 3, DType::F32)));
+            let x = t(&[m, k], 1, DType::F32)?;
+            let x = if case == 2 { x.permute(&[1, 0])?.contiguous().permute(&[1, 0])? } else { x };
+            let a = lin(x, w, (case != 1).then(|| t(&[n], 3, DType::F32)).transpose()?);
             let what = format!("packed m{m} k{k} n{n} case {case}");
-            assert_gemm_close(&linear(&a).unwrap(), &reference(&OpArgs::Linear(a)), k, 1.0, &what);
+            assert_gemm_close(&linear(&a)?, &reference(&OpArgs::Linear(a))?, k, 1.0, &what);
         }
         // The blocked GEMM itself (any M, also below the GEMV cut), with beta = 1.
         let (xa, wb) = (values(m * k, 4), values(n * k, 5));
@@ -119,146 +121,152 @@ fn packed_gemm_matches_reference_on_edges_blocks_and_strides() {
             }
         }
     }
+    Ok(())
 }
 
 #[test]
-fn bf16_tile_path_on_many_slabs_edges_and_layouts() {
+fn bf16_tile_path_on_many_slabs_edges_and_layouts() -> TestResult {
     // Several weight blocks, K chunks and x blocks (the last of each partial), M and K
     // off the tile sizes, a bias, and NN / strided weights (the generic packing).
     for (m, k, n) in [(40usize, 96usize, 200usize), (9, 70, 130), (130, 1100, 300), (530, 600, 40)] {
         for nn in [false, true] {
-            let x = t(&[m, k], 11, DType::BF16);
-            let w = if nn { t(&[k, n], 12, DType::BF16).with_layout(Layout::Nn) } else { t(&[n, k], 12, DType::BF16) };
-            let a = lin(x, w, Some(t(&[n], 13, DType::F32)));
+            let x = t(&[m, k], 11, DType::BF16)?;
+            let w =
+                if nn { t(&[k, n], 12, DType::BF16)?.with_layout(Layout::Nn) } else { t(&[n, k], 12, DType::BF16)? };
+            let a = lin(x, w, Some(t(&[n], 13, DType::F32)?));
             let what = format!("bf16 m{m} k{k} n{n} nn={nn}");
-            assert_gemm_close(&linear(&a).unwrap(), &reference(&OpArgs::Linear(a)), k, 1.0, &what);
+            assert_gemm_close(&linear(&a)?, &reference(&OpArgs::Linear(a))?, k, 1.0, &what);
         }
     }
+    Ok(())
 }
 
 #[test]
-fn strided_and_batched_views() {
+fn strided_and_batched_views() -> TestResult {
     for dtype in [DType::F32, DType::BF16] {
         for m in [2usize, 9] {
             let (k, n) = (33usize, 19usize);
-            let x = t(&[m, k], 5, dtype);
+            let x = t(&[m, k], 5, dtype)?;
             // x read through a transposed buffer; weight through padded row strides.
-            let xt = x.permute(&[1, 0]).unwrap().contiguous().permute(&[1, 0]).unwrap();
-            let wp = strided_copy(&t(&[n, k], 6, dtype), &[k + 3, 1]).unwrap();
+            let xt = x.permute(&[1, 0])?.contiguous().permute(&[1, 0])?;
+            let wp = strided_copy(&t(&[n, k], 6, dtype)?, &[k + 3, 1])?;
             let a = lin(xt, wp.clone(), None);
-            assert_gemm_close(&linear(&a).unwrap(), &reference(&OpArgs::Linear(a)), k, 1.0, "strided");
+            assert_gemm_close(&linear(&a)?, &reference(&OpArgs::Linear(a))?, k, 1.0, "strided");
             // A 3-D x whose leading dims do not collapse (a permuted batch).
-            let x3 = t(&[3, m, k], 7, dtype).permute(&[1, 0, 2]).unwrap();
-            let a = lin(x3, wp, Some(t(&[n], 8, DType::F32)));
-            let ours = linear(&a).unwrap();
+            let x3 = t(&[3, m, k], 7, dtype)?.permute(&[1, 0, 2])?;
+            let a = lin(x3, wp, Some(t(&[n], 8, DType::F32)?));
+            let ours = linear(&a)?;
             assert_eq!(ours.shape(), &[m, 3, n]);
-            assert_gemm_close(&ours, &reference(&OpArgs::Linear(a)), k, 1.0, "batched");
+            assert_gemm_close(&ours, &reference(&OpArgs::Linear(a))?, k, 1.0, "batched");
         }
     }
+    Ok(())
 }
 
 #[test]
-fn errors_and_empty_dims() {
-    let x = t(&[2, 3], 1, DType::F32);
-    match linear(&lin(x.clone(), t(&[4, 2], 1, DType::F32), None)) {
+fn errors_and_empty_dims() -> TestResult {
+    let x = t(&[2, 3], 1, DType::F32)?;
+    match linear(&lin(x.clone(), t(&[4, 2], 1, DType::F32)?, None)) {
         Err(KernelError::InvalidInput(m)) => assert!(m.contains("`weight`") && m.contains("K = 3"), "{m}"),
         other => panic!("{other:?}"),
     }
-    assert!(matches!(linear(&lin(x.clone(), t(&[4, 3], 1, DType::F32), Some(t(&[3], 1, DType::F32)))),
+    assert!(matches!(linear(&lin(x.clone(), t(&[4, 3], 1, DType::F32)?, Some(t(&[3], 1, DType::F32)?))),
         Err(KernelError::InvalidInput(m)) if m.contains("`bias`")));
-    let e = linear(&lin(t(&[0, 3], 1, DType::F32), t(&[4, 3], 1, DType::F32), None)).unwrap();
+    let e = linear(&lin(t(&[0, 3], 1, DType::F32)?, t(&[4, 3], 1, DType::F32)?, None))?;
     assert_eq!(e.shape(), &[0, 4]);
-    let z = linear(&lin(t(&[5, 0], 1, DType::F32), t(&[2, 0], 1, DType::F32), Some(t(&[2], 2, DType::F32)))).unwrap();
+    let z = linear(&lin(t(&[5, 0], 1, DType::F32)?, t(&[2, 0], 1, DType::F32)?, Some(t(&[2], 2, DType::F32)?)))?;
     assert_eq!(z.to_f32_vec(), [values(2, 2), values(2, 2), values(2, 2), values(2, 2), values(2, 2)].concat());
     let mut r = Registry::new();
     register(&mut r);
     let q = OpArgs::LinearW8a8(W8a8Args {
-        x: HostTensor::zeros(DType::I8, &[1, 2]).unwrap(),
-        x_scale: t(&[1], 1, DType::F32),
-        weight: HostTensor::zeros(DType::I8, &[1, 2]).unwrap(),
-        w_scale: t(&[1], 1, DType::F32),
+        x: HostTensor::zeros(DType::I8, &[1, 2])?,
+        x_scale: t(&[1], 1, DType::F32)?,
+        weight: HostTensor::zeros(DType::I8, &[1, 2])?,
+        w_scale: t(&[1], 1, DType::F32)?,
         bias: None,
         attrs: W8a8Attrs::default(),
     });
-    assert!(matches!(r.get(LINEAR).unwrap().run(&q), Err(KernelError::Unsupported(_))));
-    assert!(r.get(W8A8).unwrap().run(&q).is_ok());
+    assert!(matches!(r.get(LINEAR).ok_or("linear is not registered")?.run(&q), Err(KernelError::Unsupported(_))));
+    assert!(r.get(W8A8).ok_or("w8a8 is not registered")?.run(&q).is_ok());
+    Ok(())
 }
 
-fn i8s(shape: &[usize], seed: u64) -> HostTensor {
+fn i8s(shape: &[usize], seed: u64) -> TestResult<HostTensor> {
     let n = shape.iter().product();
     let v: Vec<f32> = values(n, seed).iter().map(|v| (v * 128.0).floor().clamp(-128.0, 127.0)).collect();
-    HostTensor::from_f32_as(DType::I8, shape, &v).unwrap()
+    Ok(HostTensor::from_f32_as(DType::I8, shape, &v)?)
 }
 
 #[test]
-fn w8a8_matches_the_dequantized_float_reference() {
+fn w8a8_matches_the_dequantized_float_reference() -> TestResult {
     for (m, k, n) in [(1usize, 5usize, 7usize), (17, 130, 64), (3, 64, 33)] {
-        let (x, w) = (i8s(&[m, k], 11), i8s(&[n, k], 12));
-        let xs = HostTensor::from_f32(&[m], values(m, 13).iter().map(|v| v.abs() * 0.01 + 1e-3).collect()).unwrap();
-        let ws = HostTensor::from_f32(&[1], vec![0.02]).unwrap();
+        let (x, w) = (i8s(&[m, k], 11)?, i8s(&[n, k], 12)?);
+        let xs = HostTensor::from_f32(&[m], values(m, 13).iter().map(|v| v.abs() * 0.01 + 1e-3).collect())?;
+        let ws = HostTensor::from_f32(&[1], vec![0.02])?;
         for out_dtype in [None, Some(DType::BF16)] {
             let a = W8a8Args {
                 x: x.clone(),
                 x_scale: xs.clone(),
                 weight: w.clone(),
                 w_scale: ws.clone(),
-                bias: Some(t(&[n], 14, DType::F16)),
+                bias: Some(t(&[n], 14, DType::F16)?),
                 attrs: W8a8Attrs { out_dtype },
             };
-            let ours = linear_w8a8(&a).unwrap();
-            assert_gemm_close(&ours, &reference(&OpArgs::LinearW8a8(a.clone())), k, 1.0, "w8a8 vs reference");
+            let ours = linear_w8a8(&a)?;
+            assert_gemm_close(&ours, &reference(&OpArgs::LinearW8a8(a.clone()))?, k, 1.0, "w8a8 vs reference");
             // The same product as a float linear of the dequantized operands.
             let xd = HostTensor::from_f32(
                 &[m, k],
                 x.to_f32_vec().iter().enumerate().map(|(i, v)| v * xs.to_f32_vec()[i / k]).collect(),
-            )
-            .unwrap();
-            let wd = HostTensor::from_f32(&[n, k], w.to_f32_vec().iter().map(|v| v * 0.02).collect()).unwrap();
-            let f = reference(&OpArgs::Linear(lin(xd, wd, a.bias.clone())));
-            let f = HostTensor::from_f32_as(ours.dtype(), f.shape(), &f.to_f32_vec()).unwrap();
+            )?;
+            let wd = HostTensor::from_f32(&[n, k], w.to_f32_vec().iter().map(|v| v * 0.02).collect())?;
+            let f = reference(&OpArgs::Linear(lin(xd, wd, a.bias.clone())))?;
+            let f = HostTensor::from_f32_as(ours.dtype(), f.shape(), &f.to_f32_vec())?;
             assert_gemm_close(&ours, &f, k, 1.0, "w8a8 vs dequantized linear");
         }
     }
     // Exactness of the integer accumulation at the extremes (no i32 overflow).
     let k = 140_000usize;
-    let x = HostTensor::from_f32_as(DType::I8, &[1, k], &vec![-128.0; k]).unwrap();
+    let x = HostTensor::from_f32_as(DType::I8, &[1, k], &vec![-128.0; k])?;
     let a = W8a8Args {
         x: x.clone(),
-        x_scale: HostTensor::from_f32(&[1], vec![1.0]).unwrap(),
+        x_scale: HostTensor::from_f32(&[1], vec![1.0])?,
         weight: x,
-        w_scale: HostTensor::from_f32(&[1], vec![1.0]).unwrap(),
+        w_scale: HostTensor::from_f32(&[1], vec![1.0])?,
         bias: None,
         attrs: W8a8Attrs::default(),
     };
-    assert_eq!(linear_w8a8(&a).unwrap().to_f64_vec(), vec![(k as f64 * 16384.0) as f32 as f64]);
+    assert_eq!(linear_w8a8(&a)?.to_f64_vec(), vec![(k as f64 * 16384.0) as f32 as f64]);
+    Ok(())
 }
 
-fn int4_args(m: usize, k: usize, n: usize, g: usize, zeros: bool, dtype: DType) -> Int4Args {
+fn int4_args(m: usize, k: usize, n: usize, g: usize, zeros: bool, dtype: DType) -> TestResult<Int4Args> {
     let bytes: Vec<i8> = values(n * k / 2, 21).iter().map(|v| (v * 128.0).floor() as i8).collect();
-    Int4Args {
-        x: t(&[m, k], 22, dtype),
-        weight: HostTensor::new(Storage::I8(bytes.into()), &[n, k / 2]).unwrap(),
-        scales: HostTensor::from_f32(&[n, k / g], values(n * k / g, 23).iter().map(|v| v.abs() * 0.1).collect())
-            .unwrap(),
-        zeros: zeros.then(|| {
-            let z = values(n * k / g, 24).iter().map(|v| ((v + 1.0) * 8.0).floor()).collect();
-            HostTensor::from_f32(&[n, k / g], z).unwrap()
-        }),
-        bias: Some(t(&[n], 25, DType::F32)),
+    Ok(Int4Args {
+        x: t(&[m, k], 22, dtype)?,
+        weight: HostTensor::new(Storage::I8(bytes.into()), &[n, k / 2])?,
+        scales: HostTensor::from_f32(&[n, k / g], values(n * k / g, 23).iter().map(|v| v.abs() * 0.1).collect())?,
+        zeros: zeros
+            .then(|| {
+                let z = values(n * k / g, 24).iter().map(|v| ((v + 1.0) * 8.0).floor()).collect();
+                HostTensor::from_f32(&[n, k / g], z)
+            })
+            .transpose()?,
+        bias: Some(t(&[n], 25, DType::F32)?),
         attrs: Int4Attrs { group_size: g as u64 },
-    }
+    })
 }
 
 #[test]
-fn int4_matches_the_dequantized_reference_for_group_sizes() {
+fn int4_matches_the_dequantized_reference_for_group_sizes() -> TestResult {
     for g in [32usize, 64, 128] {
         for zeros in [false, true] {
             for (m, dtype) in [(1usize, DType::F32), (3, DType::BF16), (17, DType::F32), (130, DType::F16)] {
                 let (k, n) = (256usize, 7usize);
-                let a = int4_args(m, k, n, g, zeros, dtype);
-                let ours = linear_int4(&a).unwrap();
+                let a = int4_args(m, k, n, g, zeros, dtype)?;
+                let ours = linear_int4(&a)?;
                 let what = format!("int4 g{g} zeros={zeros} m{m} {dtype}");
-                assert_gemm_close(&ours, &reference(&OpArgs::LinearInt4(a.clone())), k, 1.0, &what);
+                assert_gemm_close(&ours, &reference(&OpArgs::LinearInt4(a.clone()))?, k, 1.0, &what);
                 // Against a float linear of the weight dequantized here by hand.
                 let bytes = a.weight.to_i64_vec();
                 let (s, z) = (a.scales.to_f32_vec(), a.zeros.as_ref().map(|z| z.to_f32_vec()));
@@ -273,43 +281,45 @@ fn int4_matches_the_dequantized_reference_for_group_sizes() {
                 }
                 let f = reference(&OpArgs::Linear(lin(
                     a.x.clone(),
-                    HostTensor::from_f32_as(dtype, &[n, k], &w).unwrap(),
+                    HostTensor::from_f32_as(dtype, &[n, k], &w)?,
                     a.bias.clone(),
-                )));
+                )))?;
                 if dtype == DType::F32 {
                     assert_gemm_close(&ours, &f, k, 1.0, &format!("{what} vs dequantized linear"));
                 }
             }
         }
     }
-    let odd = int4_args(2, 6, 3, 3, true, DType::F32);
+    let odd = int4_args(2, 6, 3, 3, true, DType::F32)?;
     assert!(matches!(linear_int4(&odd), Err(KernelError::InvalidInput(m)) if m.contains("group_size is 3")));
-    let mut bad = int4_args(2, 64, 3, 32, true, DType::F32);
+    let mut bad = int4_args(2, 64, 3, 32, true, DType::F32)?;
     bad.attrs.group_size = 48;
     assert!(matches!(linear_int4(&bad), Err(KernelError::InvalidInput(m)) if m.contains("SCALE_LAYOUT_MISMATCH")));
-    let mut bad = int4_args(2, 64, 3, 32, true, DType::F32);
-    bad.zeros = Some(t(&[3, 4], 1, DType::F32));
+    let mut bad = int4_args(2, 64, 3, 32, true, DType::F32)?;
+    bad.zeros = Some(t(&[3, 4], 1, DType::F32)?);
     assert!(
         matches!(linear_int4(&bad), Err(KernelError::InvalidInput(m)) if m.contains("`zeros`") && m.contains("[3, 2]"))
     );
+    Ok(())
 }
 
 #[test]
-fn a_bf16_weight_is_packed_once_and_reused_by_later_prefills() {
+fn a_bf16_weight_is_packed_once_and_reused_by_later_prefills() -> TestResult {
     if !simd::bf16_pairs_fast() || simd::amx_bf16() {
         // The pair path runs only where vdpbf16ps outruns f32 FMAs and there is no AMX;
         // elsewhere nothing is packed.
-        return;
+        return Ok(());
     }
-    let a = lin(t(&[20, 96], 1, DType::BF16), t(&[72, 96], 2, DType::BF16), None);
-    let want = reference(&OpArgs::Linear(a.clone()));
-    super::prepare(&OpArgs::Linear(a.clone())).unwrap();
+    let a = lin(t(&[20, 96], 1, DType::BF16)?, t(&[72, 96], 2, DType::BF16)?, None);
+    let want = reference(&OpArgs::Linear(a.clone()))?;
+    super::prepare(&OpArgs::Linear(a.clone()))?;
     let before = crate::packed_weight_stats();
     for _ in 0..3 {
-        assert_gemm_close(&linear(&a).unwrap(), &want, 96, 1.0, "prepared bf16 prefill");
+        assert_gemm_close(&linear(&a)?, &want, 96, 1.0, "prepared bf16 prefill");
     }
     let after = crate::packed_weight_stats();
     // Other tests pack their own weights meanwhile; this one's three calls all hit.
     assert!(after.hits >= before.hits + 3, "{before:?} -> {after:?}");
     assert!(after.entries >= 1 && after.bytes >= (72 * 96 * 2) as u64, "{after:?}");
+    Ok(())
 }
