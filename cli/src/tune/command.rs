@@ -8,7 +8,10 @@ use std::time::Duration;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::tune::{self, Event, Host, Status, TuneOptions, TuneReport};
+use super::report::CalibrationReport;
+use crate::tune::{
+    self, BucketRegret, Event, Host, KernelResult, Skipped, Status, TuneOptions, TuneReport, VerifyReport,
+};
 use crate::{CatalogArg, Outcome, load_catalog, print_json, render};
 use layerzero::error::{Error, Result};
 use layerzero::plan::workload::Workload;
@@ -138,7 +141,24 @@ fn pct(x: f64) -> String {
     format!("{:.1}%", x * 100.0)
 }
 
+/// The report as text: each section in turn, an empty one left out.
 fn text(r: &TuneReport) -> String {
+    let mut out = summary(r);
+    out.push_str(&results_table(&r.results));
+    out.push_str(&skipped_table(&r.skipped));
+    out.push_str(&notes(r));
+    if let Some(c) = &r.calibration {
+        out.push_str(&calibration_table(c));
+    }
+    if let Some(v) = &r.verify {
+        out.push_str(&verify_table(v));
+        out.push_str(&regret_table(v));
+    }
+    out
+}
+
+/// What was tuned where, the results by status, and the PerfDB written.
+fn summary(r: &TuneReport) -> String {
     let count = |s: Status| r.results.iter().filter(|x| x.status == s).count();
     let mut out = format!(
         "tuned `{}` ({}) on {} [{}]: {} points; {} measured, {} kept from the PerfDB, {} failed, {} skipped; {:.1} s\n",
@@ -157,49 +177,61 @@ fn text(r: &TuneReport) -> String {
     if let Some(rec) = &r.perfdb_recovered {
         out.push_str(&format!("perfdb: a damaged file was moved to {} ({})\n", rec.moved_to.display(), rec.why));
     }
-    if !r.results.is_empty() {
-        out.push('\n');
-        let rows: Vec<Vec<String>> = r
-            .results
-            .iter()
-            .map(|x| {
-                let pick = match (x.model_choice, x.perfdb_choice) {
-                    (true, true) => "model+perfdb",
-                    (true, false) => "model",
-                    (false, true) => "perfdb",
-                    (false, false) => "",
-                };
-                let (median, cv, samples) = match x.status {
-                    Status::Failed => ("-".to_owned(), "-".to_owned(), "-".to_owned()),
-                    _ => (render::duration(x.median_ns), pct(x.cv), x.samples.to_string()),
-                };
-                let status = match (x.status, &x.error) {
-                    (Status::Failed, Some(e)) => format!("failed: {e}"),
-                    (Status::Measured, _) => "measured".to_owned(),
-                    (Status::Cached, _) => "stored".to_owned(),
-                    (Status::Failed, None) => "failed".to_owned(),
-                };
-                vec![x.entry.clone(), x.bucket.clone(), x.kernel.clone(), median, cv, samples, pick.to_owned(), status]
-            })
-            .collect();
-        out.push_str(&table(&["ENTRY", "BUCKET", "KERNEL", "MEDIAN", "CV", "SAMPLES", "PICKED BY", "STATUS"], &rows));
+    out
+}
+
+/// Every (point, kernel): its time, the selectors that pick it, and whether it was measured.
+fn results_table(results: &[KernelResult]) -> String {
+    if results.is_empty() {
+        return String::new();
     }
-    if !r.skipped.is_empty() {
-        out.push_str(&format!("\nskipped ({}):\n", r.skipped.len()));
-        let rows: Vec<Vec<String>> = r
-            .skipped
-            .iter()
-            .map(|s| {
-                let why = match s.reason {
-                    "budget" => "budget spent",
-                    "no_executor" => "no executor registered here",
-                    other => other,
-                };
-                vec![s.entry.clone(), s.bucket.clone(), s.kernel.clone(), s.phase.as_str().to_owned(), why.to_owned()]
-            })
-            .collect();
-        out.push_str(&table(&["ENTRY", "BUCKET", "KERNEL", "PHASE", "WHY"], &rows));
+    let rows: Vec<Vec<String>> = results.iter().map(result_row).collect();
+    let header = ["ENTRY", "BUCKET", "KERNEL", "MEDIAN", "CV", "SAMPLES", "PICKED BY", "STATUS"];
+    format!("\n{}", table(&header, &rows))
+}
+
+fn result_row(x: &KernelResult) -> Vec<String> {
+    let pick = match (x.model_choice, x.perfdb_choice) {
+        (true, true) => "model+perfdb",
+        (true, false) => "model",
+        (false, true) => "perfdb",
+        (false, false) => "",
+    };
+    let (median, cv, samples) = match x.status {
+        Status::Failed => ("-".to_owned(), "-".to_owned(), "-".to_owned()),
+        _ => (render::duration(x.median_ns), pct(x.cv), x.samples.to_string()),
+    };
+    let status = match (x.status, &x.error) {
+        (Status::Failed, Some(e)) => format!("failed: {e}"),
+        (Status::Measured, _) => "measured".to_owned(),
+        (Status::Cached, _) => "stored".to_owned(),
+        (Status::Failed, None) => "failed".to_owned(),
+    };
+    vec![x.entry.clone(), x.bucket.clone(), x.kernel.clone(), median, cv, samples, pick.to_owned(), status]
+}
+
+/// The pairs not measured, and why.
+fn skipped_table(skipped: &[Skipped]) -> String {
+    if skipped.is_empty() {
+        return String::new();
     }
+    let rows: Vec<Vec<String>> = skipped
+        .iter()
+        .map(|s| {
+            let why = match s.reason {
+                "budget" => "budget spent",
+                "no_executor" => "no executor registered here",
+                other => other,
+            };
+            vec![s.entry.clone(), s.bucket.clone(), s.kernel.clone(), s.phase.as_str().to_owned(), why.to_owned()]
+        })
+        .collect();
+    format!("\nskipped ({}):\n{}", skipped.len(), table(&["ENTRY", "BUCKET", "KERNEL", "PHASE", "WHY"], &rows))
+}
+
+/// The points no kernel serves, and how time grows with bucket size per backend.
+fn notes(r: &TuneReport) -> String {
+    let mut out = String::new();
     for u in &r.unselectable {
         out.push_str(&format!("no kernel: {} {}: {}\n", u.entry, u.bucket, u.error));
     }
@@ -209,80 +241,80 @@ fn text(r: &TuneReport) -> String {
             g.backend, g.pairs, g.steps_down, g.worst_ratio, g.entry, g.kernel, g.smaller, g.larger
         ));
     }
-    if let Some(c) = &r.calibration {
-        out.push_str(&format!("\ncalibration {} (mean |model / measured - 1|):\n", c.path));
-        let rows: Vec<Vec<String>> = c
-            .fits
-            .iter()
-            .map(|f| {
-                vec![
-                    f.kernel.clone(),
-                    f.dtype.to_string(),
-                    f.points.to_string(),
-                    format!("{:.3}", f.eff_compute),
-                    format!("{:.3}", f.eff_mem),
-                    render::duration(f.launch_ns),
-                    pct(f.error_before),
-                    pct(f.error_after),
-                ]
-            })
-            .collect();
-        out.push_str(&table(
-            &["KERNEL", "DTYPE", "POINTS", "EFF_COMPUTE", "EFF_MEM", "LAUNCH", "ERROR BEFORE", "AFTER"],
-            &rows,
-        ));
-    }
-    if let Some(v) = &r.verify {
-        out.push_str("\nverify (fresh timings; regret = time(picked) / time(fastest) - 1):\n");
-        let rows: Vec<Vec<String>> = v
-            .buckets
-            .iter()
-            .map(|b| {
-                let mut row = vec![
-                    b.entry.clone(),
-                    b.bucket.clone(),
-                    format!("{} {}", b.fastest, render::duration(b.fastest_ns)),
-                    b.competitive.to_string(),
-                    b.model.kernel.clone(),
-                    pct(b.model.regret),
-                ];
-                if let Some(c) = &b.calibrated {
-                    row.extend([c.kernel.clone(), pct(c.regret)]);
-                }
-                row.extend([b.perfdb.kernel.clone(), pct(b.perfdb.regret)]);
-                row
-            })
-            .collect();
-        let mut header = vec!["ENTRY", "BUCKET", "FASTEST", "WITHIN 2X", "MODEL PICK", "REGRET"];
-        if v.calibrated.is_some() {
-            header.extend(["CALIBRATED PICK", "REGRET"]);
-        }
-        header.extend(["PERFDB PICK", "REGRET"]);
-        out.push_str(&table(&header, &rows));
-        let wins: Vec<String> = v.wins_by_backend.iter().map(|(b, n)| format!("{b} {n}")).collect();
-        out.push_str(&format!(
-            "\nfastest backend per bucket: {}; {} of {} buckets had more than one kernel within 2x of the fastest\n",
-            wins.join(", "),
-            v.contested,
-            v.verified
-        ));
-        out.push_str(&format!(
-            "\nregret over {} buckets{}:\n",
-            v.verified,
-            if v.unverified > 0 { format!(" ({} not verified)", v.unverified) } else { String::new() }
-        ));
-        let mut rows =
-            vec![vec!["model-only".to_owned(), pct(v.model.mean), pct(v.model.worst), v.model.misses.to_string()]];
-        if let Some(c) = &v.calibrated {
-            rows.push(vec!["model-only, calibrated".to_owned(), pct(c.mean), pct(c.worst), c.misses.to_string()]);
-        }
-        rows.push(vec![
-            "perfdb-backed".to_owned(),
-            pct(v.perfdb.mean),
-            pct(v.perfdb.worst),
-            v.perfdb.misses.to_string(),
-        ]);
-        out.push_str(&table(&["SELECTION", "MEAN", "WORST", "MISSES"], &rows));
-    }
     out
+}
+
+/// The coefficients fitted per (kernel, dtype), and the model's error before and after.
+fn calibration_table(c: &CalibrationReport) -> String {
+    let rows: Vec<Vec<String>> = c
+        .fits
+        .iter()
+        .map(|f| {
+            vec![
+                f.kernel.clone(),
+                f.dtype.to_string(),
+                f.points.to_string(),
+                format!("{:.3}", f.eff_compute),
+                format!("{:.3}", f.eff_mem),
+                render::duration(f.launch_ns),
+                pct(f.error_before),
+                pct(f.error_after),
+            ]
+        })
+        .collect();
+    let header = ["KERNEL", "DTYPE", "POINTS", "EFF_COMPUTE", "EFF_MEM", "LAUNCH", "ERROR BEFORE", "AFTER"];
+    format!("\ncalibration {} (mean |model / measured - 1|):\n{}", c.path, table(&header, &rows))
+}
+
+/// Per bucket, the fastest kernel and each selector's pick with its regret; then which
+/// backends were fastest and how many buckets were contested.
+fn verify_table(v: &VerifyReport) -> String {
+    let rows: Vec<Vec<String>> = v.buckets.iter().map(bucket_row).collect();
+    let mut header = vec!["ENTRY", "BUCKET", "FASTEST", "WITHIN 2X", "MODEL PICK", "REGRET"];
+    if v.calibrated.is_some() {
+        header.extend(["CALIBRATED PICK", "REGRET"]);
+    }
+    header.extend(["PERFDB PICK", "REGRET"]);
+    let mut out = "\nverify (fresh timings; regret = time(picked) / time(fastest) - 1):\n".to_owned();
+    out.push_str(&table(&header, &rows));
+    let wins: Vec<String> = v.wins_by_backend.iter().map(|(b, n)| format!("{b} {n}")).collect();
+    out.push_str(&format!(
+        "\nfastest backend per bucket: {}; {} of {} buckets had more than one kernel within 2x of the fastest\n",
+        wins.join(", "),
+        v.contested,
+        v.verified
+    ));
+    out
+}
+
+fn bucket_row(b: &BucketRegret) -> Vec<String> {
+    let mut row = vec![
+        b.entry.clone(),
+        b.bucket.clone(),
+        format!("{} {}", b.fastest, render::duration(b.fastest_ns)),
+        b.competitive.to_string(),
+        b.model.kernel.clone(),
+        pct(b.model.regret),
+    ];
+    if let Some(c) = &b.calibrated {
+        row.extend([c.kernel.clone(), pct(c.regret)]);
+    }
+    row.extend([b.perfdb.kernel.clone(), pct(b.perfdb.regret)]);
+    row
+}
+
+/// The mean and worst regret, and the misses, of each selector over the verified buckets.
+fn regret_table(v: &VerifyReport) -> String {
+    let unverified = if v.unverified > 0 { format!(" ({} not verified)", v.unverified) } else { String::new() };
+    let mut rows =
+        vec![vec!["model-only".to_owned(), pct(v.model.mean), pct(v.model.worst), v.model.misses.to_string()]];
+    if let Some(c) = &v.calibrated {
+        rows.push(vec!["model-only, calibrated".to_owned(), pct(c.mean), pct(c.worst), c.misses.to_string()]);
+    }
+    rows.push(vec!["perfdb-backed".to_owned(), pct(v.perfdb.mean), pct(v.perfdb.worst), v.perfdb.misses.to_string()]);
+    format!(
+        "\nregret over {} buckets{unverified}:\n{}",
+        v.verified,
+        table(&["SELECTION", "MEAN", "WORST", "MISSES"], &rows)
+    )
 }

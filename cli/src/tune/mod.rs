@@ -25,6 +25,7 @@ pub mod measure;
 mod report;
 pub use layerzero::exec::synth;
 mod timing;
+mod tuning;
 mod verify;
 
 use std::path::PathBuf;
@@ -38,14 +39,14 @@ use layerzero::host::detect;
 use layerzero::perfdb::{PerfDb, Row};
 use layerzero::plan::workload::{Point, Workload};
 use layerzero::policy::Policy;
-use layerzero::score::calibration::Calibration;
-use layerzero::score::measured::{CV_NONE, MIN_SAMPLES, Measured, Measurements};
+use layerzero::score::measured::{Measured, Measurements};
 use layerzero::select::{Selection, Selector};
-use measure::{Measurement, Protocol};
+use measure::Protocol;
 pub use report::{
     BucketRegret, KernelResult, Phase, Pick, RegretSummary, Skipped, Status, TuneReport, Unselectable, VerifiedTime,
     VerifyReport,
 };
+use tuning::{Plan, Tuning};
 
 /// Version of the `lz tune --json` document (`schemas/tune_report.schema.json`).
 pub const REPORT_SCHEMA_VERSION: u32 = 1;
@@ -166,257 +167,39 @@ pub fn tune(opts: &TuneOptions) -> Result<TuneReport> {
 /// Tunes on `host`, reporting progress to `on_event`.
 pub fn tune_with(host: &Host, opts: &TuneOptions, on_event: &mut dyn FnMut(Event<'_>)) -> Result<TuneReport> {
     let start = Instant::now();
-    let deadline = opts.budget.map(|b| start + b);
-    let spent = || timing::spent(deadline);
-    let file = opts.workload_file.as_str();
-    let points = opts.workload.points().map_err(|e| e.context(file))?;
+    let points = opts.workload.points().map_err(|e| e.context(opts.workload_file.as_str()))?;
     let opened = PerfDb::open(&opts.perfdb)?;
-    let db = opened.db;
-    let selector = &host.selector;
-    let catalog = selector.catalog();
-    let hardware = selector.hardware();
-    let fingerprint = hardware.fingerprint.clone();
-
-    // Plan: the eligible kernels of every point.
-    let mut plans: Vec<Planned<'_>> = Vec::new();
-    let mut skipped: Vec<Skipped> = Vec::new();
-    let mut unselectable = Vec::new();
-    for point in &points {
-        let bucket = point.buckets.text(point.request.op);
-        match selector.ranked(&point.request) {
-            Ok(ranked) => {
-                let (runnable, missing): (Vec<Selection>, Vec<Selection>) =
-                    ranked.into_iter().partition(|s| host.registry.contains(&s.kernel));
-                for s in missing {
-                    skipped.push(Skipped {
-                        entry: point.entry.clone(),
-                        bucket: bucket.clone(),
-                        kernel: s.kernel,
-                        phase: Phase::Tune,
-                        reason: "no_executor",
-                    });
-                }
-                plans.push(Planned { point, key: point.key.validity_hex(), bucket, ranked: runnable });
-            }
-            Err(e) => unselectable.push(Unselectable { entry: point.entry.clone(), bucket, error: e.to_string() }),
-        }
-    }
-
-    // What is already stored and usable.
-    let stored = db.rows_for(&fingerprint)?;
-    let usable = |kernel: &str, key: &str, bucket: &str| -> Option<&Row> {
-        let i = catalog.find(kernel)?;
-        let (b, k) = catalog.kernel(i);
-        let kv = k.version.as_deref().unwrap_or(&b.version);
-        stored.iter().find(|r| {
-            r.kernel == kernel
-                && r.key == key
-                && r.bucket == bucket
-                && r.kernel_version == kv
-                && r.backend_version == b.version
-                && r.samples >= MIN_SAMPLES
-                && r.cv < CV_NONE
-        })
-    };
-    let todo = |p: &Planned<'_>, s: &Selection| opts.refresh || usable(&s.kernel, &p.key, &p.bucket).is_none();
-    let tune_count: usize = plans.iter().map(|p| p.ranked.iter().filter(|s| todo(p, s)).count()).sum();
-    let verify_count: usize = if opts.verify { plans.iter().map(|p| p.ranked.len()).sum() } else { 0 };
-    on_event(Event::Planned { total: tune_count + verify_count });
-
-    // Tune: per point, the kernels to measure are timed together, interleaved.
-    let mut results: Vec<KernelResult> = Vec::new();
-    let mut rows_written = 0usize;
-    let mut budget_exhausted = false;
-    for (pi, plan) in plans.iter().enumerate() {
-        let entry = plan.point.entry.as_str();
-        let todo_now: Vec<&Selection> = plan.ranked.iter().filter(|s| todo(plan, s)).collect();
-        let outcomes: Vec<std::result::Result<Measurement, String>> = if todo_now.is_empty() {
-            Vec::new()
-        } else if spent() {
-            budget_exhausted = true;
-            for sel in &todo_now {
-                skipped.push(Skipped {
-                    entry: entry.to_owned(),
-                    bucket: plan.bucket.clone(),
-                    kernel: sel.kernel.clone(),
-                    phase: Phase::Tune,
-                    reason: "budget",
-                });
-                on_event(Event::Finished);
-            }
-            continue;
-        } else {
-            let names: Vec<&str> = todo_now.iter().map(|s| s.kernel.as_str()).collect();
-            let kernels = names.join(", ");
-            on_event(Event::Started { phase: Phase::Tune, entry, bucket: &plan.bucket, kernel: &kernels });
-            let out = timing::time_group(host, &plan.point.request, &todo_now, opts, pi as u64, deadline);
-            for _ in &todo_now {
-                on_event(Event::Finished);
-            }
-            out
-        };
-        let mut rows = Vec::new();
-        for sel in &plan.ranked {
-            let (backend_spec, kernel_spec) = match catalog.find(&sel.kernel) {
-                Some(i) => catalog.kernel(i),
-                None => continue,
-            };
-            let base = KernelResult {
-                entry: entry.to_owned(),
-                op: plan.point.request.op.as_str().to_owned(),
-                bucket: plan.bucket.clone(),
-                key: plan.key.clone(),
-                kernel: sel.kernel.clone(),
-                backend: sel.backend.clone(),
-                status: Status::Cached,
-                samples: 0,
-                rejected: 0,
-                median_ns: 0.0,
-                p10_ns: 0.0,
-                p90_ns: 0.0,
-                mad_ns: 0.0,
-                cv: 0.0,
-                stop: None,
-                error: None,
-                model_choice: false,
-                perfdb_choice: false,
-            };
-            let Some(oi) = todo_now.iter().position(|t| t.kernel == sel.kernel) else {
-                if let Some(r) = usable(&sel.kernel, &plan.key, &plan.bucket) {
-                    results.push(KernelResult {
-                        samples: r.samples,
-                        median_ns: r.median_ns,
-                        p10_ns: r.p10_ns,
-                        p90_ns: r.p90_ns,
-                        mad_ns: r.mad_ns,
-                        cv: r.cv,
-                        ..base
-                    });
-                }
-                continue;
-            };
-            match &outcomes[oi] {
-                Ok(m) => {
-                    let s = m.summary;
-                    rows.push(Row {
-                        kernel: sel.kernel.clone(),
-                        kernel_version: kernel_spec.version.clone().unwrap_or_else(|| backend_spec.version.clone()),
-                        backend: backend_spec.backend.clone(),
-                        backend_version: backend_spec.version.clone(),
-                        fingerprint: fingerprint.clone(),
-                        op: plan.point.request.op.as_str().to_owned(),
-                        key: plan.key.clone(),
-                        bucket: plan.bucket.clone(),
-                        samples: s.samples,
-                        median_ns: s.median,
-                        p10_ns: s.p10,
-                        p90_ns: s.p90,
-                        mad_ns: s.mad,
-                        cv: s.cv,
-                        origin: ORIGIN.to_owned(),
-                        created_at: layerzero::time::now_unix(),
-                    });
-                    results.push(KernelResult {
-                        status: Status::Measured,
-                        samples: s.samples,
-                        rejected: s.rejected,
-                        median_ns: s.median,
-                        p10_ns: s.p10,
-                        p90_ns: s.p90,
-                        mad_ns: s.mad,
-                        cv: s.cv,
-                        stop: Some(m.stop.as_str()),
-                        ..base
-                    });
-                }
-                Err(message) => {
-                    results.push(KernelResult { status: Status::Failed, error: Some(message.clone()), ..base })
-                }
-            }
-        }
-        // Stored point by point, so an interrupted run keeps what it measured.
-        if !rows.is_empty() {
-            db.insert_many(&rows)?;
-            rows_written += rows.len();
-        }
-    }
-
-    // The cost model fitted to every time this run has (measured now or kept from the PerfDB);
-    // without --calibrate, the machine's calibration file when there is one, as host handles
-    // read it, so that "PerfDB-backed" is what a host handle here would select.
-    let calibration = match &opts.calibrate {
-        Some(path) => {
-            let c = calibrate::fit_results(selector, &plans, &results, &opts.workload.name);
-            c.save(path)?;
-            Some((c, path.display().to_string()))
-        }
-        None => {
-            let path = &opts.machine_calibration;
-            Calibration::load(path)
-                .ok()
-                .filter(|c| c.fingerprint == selector.hardware().fingerprint)
-                .map(|c| (c, path.display().to_string()))
-        }
-    };
-    let calibrated = calibration.as_ref().map(|(c, _)| selector.clone().with_calibration(Arc::new(c.clone())));
-    // The PerfDB-backed selector over every row now stored for this machine, modeling what
-    // the rows do not cover (or blend with) with the calibration when one was fitted, as a
-    // host handle does.
-    let rows_now = db.rows_for(&fingerprint)?;
-    let with_db = calibrated
-        .clone()
-        .unwrap_or_else(|| selector.clone())
-        .with_measurements(Arc::new(measurements(&rows_now, selector)));
-    let mut picks: Vec<(Option<Selection>, Option<Selection>)> = Vec::with_capacity(plans.len());
-    for plan in &plans {
-        let model = plan.ranked.first().cloned();
-        let perf = with_db
-            .ranked(&plan.point.request)
-            .ok()
-            .and_then(|r| r.into_iter().find(|s| host.registry.contains(&s.kernel)));
-        picks.push((model, perf));
-    }
-    for r in &mut results {
-        if let Some(pi) = plans.iter().position(|p| p.point.entry == r.entry && p.bucket == r.bucket && p.key == r.key)
-        {
-            let (m, p) = &picks[pi];
-            r.model_choice = m.as_ref().is_some_and(|s| s.kernel == r.kernel);
-            r.perfdb_choice = p.as_ref().is_some_and(|s| s.kernel == r.kernel);
-        }
-    }
-
-    let growth = growth(&results);
+    let Plan { planned: plans, mut skipped, unselectable } = tuning::plan(host, &points);
+    let run = Tuning::new(host, opts, &opened.db, opts.budget.map(|b| start + b))?;
+    on_event(Event::Planned { total: run.planned_count(&plans) });
+    let mut tuned = run.measure(&plans, &mut skipped, on_event)?;
+    let calibration = run.calibration(&plans, &tuned.results)?;
+    let selectors = run.selectors(calibration.as_ref().map(|(c, _)| c))?;
+    run.mark_picks(&plans, &selectors.with_db, &mut tuned.results);
+    let growth = growth(&tuned.results);
     let verify = if opts.verify {
-        let (report, exhausted) = verify::run(
-            host,
-            opts,
-            &plans,
-            verify::Selectors { with_db: &with_db, calibrated: calibrated.as_ref() },
-            deadline,
-            &mut skipped,
-            on_event,
-        );
-        budget_exhausted |= exhausted;
+        let (report, exhausted) =
+            verify::run(host, opts, &plans, selectors.borrowed(), run.deadline, &mut skipped, on_event);
+        tuned.budget_exhausted |= exhausted;
         Some(report)
     } else {
         None
     };
-
     Ok(TuneReport {
         schema_version: REPORT_SCHEMA_VERSION,
         workload: opts.workload.name.clone(),
         workload_file: opts.workload_file.clone(),
         points: points.len(),
-        hardware: hardware.name.clone(),
-        fingerprint,
-        perfdb: db.path().display().to_string(),
+        hardware: host.selector.hardware().name.clone(),
+        fingerprint: run.fingerprint,
+        perfdb: opened.db.path().display().to_string(),
         perfdb_recovered: opened.recovered,
-        rows_written,
+        rows_written: tuned.rows_written,
         budget_s: opts.budget.map(|b| b.as_secs_f64()),
-        budget_exhausted,
+        budget_exhausted: tuned.budget_exhausted,
         elapsed_s: start.elapsed().as_secs_f64(),
         protocol: opts.protocol.to_json(),
-        results,
+        results: tuned.results,
         skipped,
         unselectable,
         verify,
@@ -494,6 +277,7 @@ fn growth(results: &[KernelResult]) -> Vec<report::Growth> {
 mod tests {
     use super::*;
     use layerzero::model::dtype::DType;
+    use layerzero::score::calibration::Calibration;
     use layerzero::select::ScoreSource;
 
     const TINY: &str = r#"{
