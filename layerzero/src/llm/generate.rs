@@ -220,14 +220,7 @@ pub fn generate_batch(
         tokens = sample(&mut session, logits, g, &active, step + 1)?;
     }
     let decode_ns = if steps > 0 { decode_start.elapsed().as_nanos() as u64 } else { 0 };
-    Ok(Generated {
-        sequences,
-        prefill_ns,
-        decode_ns,
-        decode_steps: steps,
-        stats: std::mem::take(&mut session.stats),
-        dump,
-    })
+    Ok(Generated { sequences, prefill_ns, decode_ns, decode_steps: steps, stats: session.take_stats(), dump })
 }
 
 /// Chooses one token per row of `logits` (`[seqs.len(), vocab]`): one `sample` call for

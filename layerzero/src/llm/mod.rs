@@ -4,10 +4,14 @@
 //! counters are exercised by a real workload.
 
 pub mod config;
+mod decoder;
 pub mod diff;
 pub mod forward;
 pub mod generate;
+mod kv;
+mod nn;
 pub mod pass;
+mod refill;
 pub mod scope;
 pub mod seq2seq;
 pub mod speculative;

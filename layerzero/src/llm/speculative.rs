@@ -263,8 +263,8 @@ pub fn speculate(
         accepted,
         ns,
         prefill_ns,
-        target_stats: std::mem::take(&mut ts.stats),
-        draft_stats: std::mem::take(&mut ds.stats),
+        target_stats: ts.take_stats(),
+        draft_stats: ds.take_stats(),
     })
 }
 
