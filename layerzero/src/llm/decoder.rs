@@ -15,7 +15,7 @@ use super::nn::attention::Attention;
 use super::nn::mlp::FeedForward;
 use super::nn::{Embedding, Linear, Norm, view};
 use super::pass::{Pass, Slots};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::runtime::LayerZero;
 use crate::tensor::HostTensor;
 
@@ -121,20 +121,27 @@ impl<'w> Decoder<'w> {
         for block in &self.blocks {
             h = block.forward(cx, h, kv, step)?;
         }
+        let x = self.final_norm(cx, h)?;
+        let x = if all_logits || step.len == 1 { x } else { last_row(&x)? };
+        self.lm_head.forward(cx, &x)
+    }
+
+    /// The last block's output added to the stream (the last layer's output) and normalized.
+    fn final_norm(&self, cx: &mut Pass<'_>, h: Residual) -> Result<HostTensor> {
         let (x, stream) = self.norm.add(cx, h.branch, h.stream)?;
         let layers = self.blocks.len();
         if let Some(last) = layers.checked_sub(1) {
             cx.keep(|| format!("layer.{last}.out"), &stream);
         }
         cx.keep(|| format!("hidden.{layers}"), &x);
-        drop(stream);
-        let x = if all_logits || step.len == 1 { x } else { last_row(&x)? };
-        self.lm_head.forward(cx, &x)
+        Ok(x)
     }
 }
 
 /// The last row of `x` `[rows, H]` (one sequence's prefill).
 fn last_row(x: &HostTensor) -> Result<HostTensor> {
-    let (rows, width) = (x.shape()[0], x.shape()[1]);
-    view(x, &[1, width], (rows - 1) * width)
+    let &[rows, width] = x.shape() else {
+        return Err(Error::invalid(format!("the final norm's output has shape {:?}; expected [rows, H]", x.shape())));
+    };
+    view(x, &[1, width], rows.saturating_sub(1) * width)
 }
