@@ -9,7 +9,7 @@ use super::decoder::Decoder;
 use super::kv::KvCache;
 pub use super::kv::KvKind;
 pub use super::pass::OpStats;
-use super::pass::{Pass, Slots, take};
+use super::pass::{Pass, Slot, Slots, take};
 use super::refill::{refill_f32, refill_i64};
 use crate::error::{Error, Result};
 use crate::exec::args::OpArgs;
@@ -30,7 +30,8 @@ pub struct Session<'m> {
     /// place each call.
     ids: Option<HostTensor>,
     logits: Option<HostTensor>,
-    sample_slot: super::pass::Slot,
+    /// Where the `sample` op's outputs are kept.
+    sample_slot: Slot,
 }
 
 impl<'m> Session<'m> {
