@@ -221,14 +221,19 @@ fn arch(f: &Fields<'_>) -> Result<Arch> {
 fn heads(f: &Fields<'_>, hidden: usize) -> Result<(usize, usize, usize)> {
     let heads = f.usize("num_attention_heads")?;
     let kv_heads = f.opt_usize("num_key_value_heads")?.unwrap_or(heads);
-    if heads % kv_heads != 0 {
+    for (field, n) in [("num_attention_heads", heads), ("num_key_value_heads", kv_heads)] {
+        if n == 0 {
+            return Err(f.err(field, "is 0; expected at least 1".into()));
+        }
+    }
+    if !heads.is_multiple_of(kv_heads) {
         return Err(
             f.err("num_key_value_heads", format!("is {kv_heads}; it must divide num_attention_heads ({heads})"))
         );
     }
     let head_dim = match f.opt_usize("head_dim")? {
         Some(d) => d,
-        None if hidden % heads == 0 => hidden / heads,
+        None if hidden.is_multiple_of(heads) => hidden / heads,
         None => {
             return Err(
                 f.err("head_dim", format!("is missing and hidden_size {hidden} is not a multiple of {heads} heads"))
