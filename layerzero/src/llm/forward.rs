@@ -1,5 +1,5 @@
 //! Running sequences through a decoder: a [`Session`] holds the model's layers
-//! ([`super::decoder`]), its KV cache ([`super::kv`]) and what ran, checks each batch, and
+//! (`decoder`), its KV cache (`kv`) and what ran, checks each batch, and
 //! hands back f32 logits. Every op is a dispatch through LayerZero, on a rayon worker.
 
 use std::collections::BTreeMap;

@@ -2,6 +2,13 @@
 //! weights) loaded for the decoder families in [`config::Arch`], and a forward pass in which
 //! every op is a [`crate::LayerZero::dispatch`], so selection, plans, caches, fallback and
 //! counters are exercised by a real workload.
+//!
+//! A forward pass reads like the model: layers (`nn`: `Linear`, `Norm`, `Embedding`,
+//! `Attention`, the MLP and the mixture of experts) hold references into the weights and the
+//! slot their outputs are kept in, and dispatch through `pass::Pass` (counted dispatch,
+//! named outputs, stage dumps), which the encoder-decoder ([`seq2seq`]) and the vision model
+//! ([`vit`]) use too. `decoder` assembles a decoder's layers (embedding, blocks, final norm,
+//! LM head); [`forward::Session`] runs sequences through it over `kv`'s cache.
 
 pub mod config;
 mod decoder;
