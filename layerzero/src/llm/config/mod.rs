@@ -291,6 +291,9 @@ fn moe(f: &Fields<'_>, arch: Arch, layers: usize) -> Result<Option<MoeConfig>> {
         Arch::Qwen2Moe => {
             let experts = f.usize("num_experts")?;
             let step = f.opt_usize("decoder_sparse_step")?.unwrap_or(1);
+            if step == 0 {
+                return Err(f.err("decoder_sparse_step", "is 0; expected at least 1".into()));
+            }
             let dense: Vec<usize> = match f.get("mlp_only_layers") {
                 None => Vec::new(),
                 Some(Value::Array(a)) => a
@@ -304,11 +307,14 @@ fn moe(f: &Fields<'_>, arch: Arch, layers: usize) -> Result<Option<MoeConfig>> {
                 Some(v) => return Err(f.err("mlp_only_layers", format!("is {v}; expected an array of layer indices"))),
             };
             let intermediate = f.usize("moe_intermediate_size")?;
+            if intermediate == 0 {
+                return Err(f.err("moe_intermediate_size", "is 0; expected at least 1".into()));
+            }
             let shared = f.opt_usize("shared_expert_intermediate_size")?;
             // The shared expert runs as `shared / intermediate` more experts of the routed
             // size (a gated MLP splits exactly along its inner dimension).
             if let Some(s) = shared
-                && s % intermediate != 0
+                && !s.is_multiple_of(intermediate)
             {
                 return Err(f.err(
                     "shared_expert_intermediate_size",
@@ -321,7 +327,7 @@ fn moe(f: &Fields<'_>, arch: Arch, layers: usize) -> Result<Option<MoeConfig>> {
                 intermediate,
                 renormalize: f.bool("norm_topk_prob")?.unwrap_or(false),
                 shared_intermediate: shared,
-                sparse: (0..layers).map(|l| !dense.contains(&l) && (l + 1) % step == 0).collect(),
+                sparse: (0..layers).map(|l| !dense.contains(&l) && (l + 1).is_multiple_of(step)).collect(),
             };
             checked(m, "num_experts")
         }
