@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::error::{Error, Result};
-use crate::tensor::HostTensor;
+use layerzero::error::{Error, Result};
+use layerzero::tensor::HostTensor;
 
 /// The comparison of one tensor.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -6,12 +6,12 @@ use std::time::Instant;
 
 use super::Model;
 use super::forward::{KvKind, OpStats, Session};
-use crate::error::{Error, Result};
-use crate::exec::args::{OpArgs, SampleArgs};
-use crate::model::attrs::SampleAttrs;
-use crate::model::op::Op;
-use crate::runtime::LayerZero;
-use crate::tensor::HostTensor;
+use layerzero::error::{Error, Result};
+use layerzero::exec::args::{OpArgs, SampleArgs};
+use layerzero::model::attrs::SampleAttrs;
+use layerzero::model::op::Op;
+use layerzero::runtime::LayerZero;
+use layerzero::tensor::HostTensor;
 
 /// How to generate.
 #[derive(Debug, Clone, PartialEq)]
@@ -124,7 +124,7 @@ pub fn check_prompt(model: &Model, prompt: &[u32], max_new_tokens: usize) -> Res
     }
     let need = prompt.len() + max_new_tokens;
     // Dynamic NTK scaling exists to run past the trained context; other models stop there.
-    let dynamic = matches!(c.rope.scaling, Some(crate::model::attrs::RopeScaling::DynamicNtk { .. }));
+    let dynamic = matches!(c.rope.scaling, Some(layerzero::model::attrs::RopeScaling::DynamicNtk { .. }));
     if need > c.max_positions && !dynamic {
         return Err(Error::invalid(format!(
             "the prompt ({} tokens) and {max_new_tokens} new tokens need {need} positions; the model's context is {} (config.json `max_position_embeddings`)",
@@ -220,14 +220,7 @@ pub fn generate_batch(
         tokens = sample(&mut session, logits, g, &active, step + 1)?;
     }
     let decode_ns = if steps > 0 { decode_start.elapsed().as_nanos() as u64 } else { 0 };
-    Ok(Generated {
-        sequences,
-        prefill_ns,
-        decode_ns,
-        decode_steps: steps,
-        stats: std::mem::take(&mut session.stats),
-        dump,
-    })
+    Ok(Generated { sequences, prefill_ns, decode_ns, decode_steps: steps, stats: session.take_stats(), dump })
 }
 
 /// Chooses one token per row of `logits` (`[seqs.len(), vocab]`): one `sample` call for

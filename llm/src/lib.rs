@@ -1,20 +1,27 @@
 //! Language models served through LayerZero: a Hugging Face folder (config and safetensors
 //! weights) loaded for the decoder families in [`config::Arch`], and a forward pass in which
-//! every op is a [`crate::LayerZero::dispatch`], so selection, plans, caches, fallback and
+//! every op is a [`layerzero::LayerZero::dispatch`], so selection, plans, caches, fallback and
 //! counters are exercised by a real workload.
+//!
+//! A forward pass reads like the model: layers (`nn`: `Linear`, `Norm`, `Embedding`,
+//! `Attention`, the MLP and the mixture of experts) hold references into the weights and the
+//! slot their outputs are kept in, and dispatch through `pass::Pass` (counted dispatch,
+//! named outputs, stage dumps), which the encoder-decoder ([`seq2seq`]) and the vision model
+//! ([`vit`]) use too. `decoder` assembles a decoder's layers (embedding, blocks, final norm,
+//! LM head); [`forward::Session`] runs sequences through it over `kv`'s cache.
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-// The runtime's modules under the names this crate's code gives them.
-use crate as llm;
-use layerzero::{error, exec, files, key, knobs, model, plan, reason, runtime, tensor, transform};
-
 pub mod config;
+mod decoder;
 pub mod diff;
 pub mod forward;
 pub mod generate;
+mod kv;
+mod nn;
 pub mod pass;
+mod refill;
 pub mod scope;
 pub mod seq2seq;
 pub mod speculative;
@@ -25,17 +32,17 @@ pub mod workload;
 
 use std::path::{Path, PathBuf};
 
-pub use crate::tensor::Residence;
 pub use config::{Arch, ModelConfig, MoeConfig};
 pub use forward::{KvKind, OpStats, Session};
 pub use generate::{Generated, Generation, Sequence};
+pub use layerzero::tensor::Residence;
 pub use scope::ModelScope;
 pub use speculative::{Speculated, speculate};
 pub use tokenizer::Tokenizer;
 pub use weights::{Ffn, MoeWeights, Weights};
 
-use crate::error::Result;
-use crate::model::dtype::DType;
+use layerzero::error::Result;
+use layerzero::model::dtype::DType;
 
 /// A loaded model: its config and its weights in the compute dtype.
 #[derive(Debug, Clone)]
@@ -55,7 +62,7 @@ impl Model {
     /// in the dtype the weights are stored in; weights served as `LAYERZERO_WEIGHTS` says
     /// (resident by default).
     pub fn load(dir: &Path, dtype: Option<DType>) -> Result<Model> {
-        Model::load_as(dir, dtype, crate::knobs::WEIGHTS.value_in(&crate::knobs::process_env)?)
+        Model::load_as(dir, dtype, layerzero::knobs::WEIGHTS.value_in(&layerzero::knobs::process_env)?)
     }
 
     /// [`load`](Model::load) with the weights served as `residence` says.

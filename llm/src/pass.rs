@@ -1,17 +1,19 @@
-//! What the encoder-decoder and vision forward passes share: dispatching an op while counting
-//! what ran, keeping named stages for a dump, and the projections and LayerNorms (with the
-//! residual fused) their blocks are made of.
+//! The one dispatch helper every model's forward pass goes through (decoders, the
+//! encoder-decoder, the vision model): an op dispatched while counting what ran, its named
+//! output taken with an error that names the op, its buffers kept for its next call, and
+//! named stages kept for a dump (`lz diff`).
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use super::forward::{OpStats, record};
-use crate::error::{Error, Result};
-use crate::exec::args::{GeluArgs, LinearArgs, NormArgs, OpArgs, Outputs};
-use crate::model::attrs::{GeluAttrs, NoAttrs, NormAttrs};
-use crate::model::op::Op;
-use crate::runtime::{Dispatch, LayerZero};
-use crate::tensor::HostTensor;
+use serde::Serialize;
+
+use layerzero::error::{Error, Result};
+use layerzero::exec::args::{OpArgs, Outputs};
+use layerzero::model::op::Op;
+use layerzero::model::request::Request;
+use layerzero::runtime::{Dispatch, LayerZero, SelectionSource};
+use layerzero::tensor::HostTensor;
 
 /// A weight and its bias: a projection (`[out, in]`, `[out]`) or a LayerNorm's scale and
 /// shift (`[d]`, `[d]`).
@@ -23,86 +25,137 @@ pub struct Affine {
     pub bias: HostTensor,
 }
 
-/// Dispatches one forward pass's ops through a handle.
-pub(crate) struct Dispatcher<'a> {
+/// What ran for one op over a generation.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct OpStats {
+    /// Calls, by the kernel that produced the outputs.
+    pub kernels: BTreeMap<String, u64>,
+    /// Selections served by the dispatch table.
+    pub plan_hits: u64,
+    /// Selections served by the selection cache.
+    pub cache_hits: u64,
+    /// Live selections.
+    pub live: u64,
+    /// Calls whose first choice failed and another kernel ran.
+    pub fallbacks: u64,
+    /// Wall time in these calls (selection, kernels, output allocation), ns.
+    pub ns: u64,
+}
+
+/// Where an op's outputs wait between calls, to be handed back as the buffers of its next
+/// call (so a warm decode step allocates no outputs). Layers are given one when built; the
+/// pass holds what is in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Slot(usize);
+
+/// Hands out slots while a model's layers are built: the same name, the same slot.
+#[derive(Debug, Default)]
+pub(crate) struct Slots(Vec<&'static str>);
+
+impl Slots {
+    /// The slot called `name`, new on its first request.
+    pub(crate) fn named(&mut self, name: &'static str) -> Slot {
+        match self.0.iter().position(|n| *n == name) {
+            Some(i) => Slot(i),
+            None => {
+                self.0.push(name);
+                Slot(self.0.len() - 1)
+            }
+        }
+    }
+}
+
+/// Dispatches one model's ops through a handle.
+pub(crate) struct Pass<'a> {
     lz: &'a LayerZero,
+    /// Per slot, the outputs of its last call.
+    kept: Vec<Outputs>,
     /// Per op, what ran.
     pub(crate) stats: BTreeMap<Op, OpStats>,
     /// The stages kept, when dumping.
     pub(crate) dump: Option<BTreeMap<String, HostTensor>>,
+    /// Every request dispatched, when recording (`lz workload`).
+    pub(crate) record: Option<Vec<Request>>,
 }
 
-impl<'a> Dispatcher<'a> {
+impl<'a> Pass<'a> {
     /// A pass through `lz`, keeping stages when `dump`.
-    pub(crate) fn new(lz: &'a LayerZero, dump: bool) -> Dispatcher<'a> {
-        Dispatcher { lz, stats: BTreeMap::new(), dump: dump.then(BTreeMap::new) }
+    pub(crate) fn new(lz: &'a LayerZero, dump: bool) -> Pass<'a> {
+        Pass { lz, kept: Vec::new(), stats: BTreeMap::new(), dump: dump.then(BTreeMap::new), record: None }
     }
 
-    /// Dispatches `args` and counts what ran.
-    pub(crate) fn dispatch(&mut self, args: &OpArgs) -> Result<Dispatch<'a>> {
+    /// Dispatches `args` into `buffers` and counts what ran.
+    pub(crate) fn dispatch(&mut self, args: &OpArgs, buffers: Outputs) -> Result<Dispatch<'a>> {
+        if let Some(r) = &mut self.record {
+            r.push(args.describe());
+        }
         let start = Instant::now();
-        let d = self.lz.dispatch(args)?;
+        let d = self.lz.dispatch_into(args, buffers)?;
         record(&mut self.stats, args.op(), &d, start.elapsed().as_nanos() as u64);
         Ok(d)
     }
 
-    /// The outputs of `args`.
-    pub(crate) fn run(&mut self, args: OpArgs) -> Result<Outputs> {
-        Ok(self.dispatch(&args)?.outputs)
+    /// The outputs of `args`, written into `slot`'s buffers, which then keep them for the
+    /// next call (fresh buffers, not kept, without a slot). The caller drops its handles
+    /// before the slot's next use, or that call cannot write in place.
+    pub(crate) fn run(&mut self, args: OpArgs, slot: Option<Slot>) -> Result<Outputs> {
+        let Some(Slot(i)) = slot else {
+            return Ok(self.dispatch(&args, Outputs::new())?.outputs);
+        };
+        if i >= self.kept.len() {
+            self.kept.resize_with(i + 1, Outputs::new);
+        }
+        let buffers = std::mem::take(&mut self.kept[i]);
+        let d = self.dispatch(&args, buffers)?;
+        // The arguments hold views of earlier outputs: released before anything else runs.
+        drop(args);
+        self.kept[i] = d.outputs.clone();
+        Ok(d.outputs)
     }
 
-    /// The `out` output of `args`.
-    pub(crate) fn out(&mut self, args: OpArgs) -> Result<HostTensor> {
+    /// The `out` output of `args` (see [`run`](Pass::run)).
+    pub(crate) fn out(&mut self, args: OpArgs, slot: Option<Slot>) -> Result<HostTensor> {
         let op = args.op();
-        self.run(args)?.remove("out").ok_or_else(|| Error::invalid(format!("{op} produced no `out`")))
+        take(&mut self.run(args, slot)?, op, "out")
     }
 
-    /// Keeps `t` as stage `name` (as f32), when dumping.
+    /// Keeps `t` as stage `name` (as f32), when dumping. Dumps are `[tokens, features]`, as
+    /// HF's are: heads are flattened.
     pub(crate) fn keep(&mut self, name: impl FnOnce() -> String, t: &HostTensor) {
-        if let Some(d) = &mut self.dump
-            && let Ok(x) = HostTensor::from_f32(t.shape(), t.to_f32_vec())
-        {
-            d.insert(name(), x);
+        if let Some(d) = &mut self.dump {
+            let shape = match t.shape() {
+                [.., h, dim] if t.rank() > 2 => vec![t.numel() / (h * dim).max(1), h * dim],
+                s => s.to_vec(),
+            };
+            if let Ok(x) = HostTensor::from_f32(&shape, t.to_f32_vec()) {
+                d.insert(name(), x);
+            }
         }
     }
+}
 
-    /// `x W^T + b`.
-    pub(crate) fn linear(&mut self, x: &HostTensor, p: &Affine) -> Result<HostTensor> {
-        self.out(OpArgs::Linear(LinearArgs {
-            x: x.clone(),
-            weight: p.weight.clone(),
-            bias: Some(p.bias.clone()),
-            attrs: NoAttrs {},
-        }))
+/// Output `name` of an `op` call's `outputs`.
+pub(crate) fn take(outputs: &mut Outputs, op: Op, name: &str) -> Result<HostTensor> {
+    outputs.remove(name).ok_or_else(|| Error::invalid(format!("{op} produced no `{name}` output")))
+}
+
+/// Counts one dispatch of `op` that took `ns` into `stats`.
+fn record(stats: &mut BTreeMap<Op, OpStats>, op: Op, d: &Dispatch<'_>, ns: u64) {
+    let s = stats.entry(op).or_default();
+    s.ns += ns;
+    let kernel = &d.selection().kernel;
+    match s.kernels.get_mut(kernel) {
+        Some(n) => *n += 1,
+        None => {
+            s.kernels.insert(kernel.clone(), 1);
+        }
     }
-
-    /// The exact GELU of `x`.
-    pub(crate) fn gelu(&mut self, x: HostTensor) -> Result<HostTensor> {
-        self.out(OpArgs::Gelu(GeluArgs { x, attrs: GeluAttrs::default() }))
+    match d.source() {
+        SelectionSource::Plan => s.plan_hits += 1,
+        SelectionSource::Cache => s.cache_hits += 1,
+        SelectionSource::Live => s.live += 1,
     }
-
-    /// `norm(x + residual)` and the sum (`norm(x)` and `x` without a residual).
-    pub(crate) fn layer_norm(
-        &mut self,
-        x: HostTensor,
-        n: &Affine,
-        residual: Option<HostTensor>,
-        eps: f64,
-    ) -> Result<(HostTensor, HostTensor)> {
-        let fused = residual.is_some();
-        let mut o = self.run(OpArgs::LayerNorm(NormArgs {
-            x: x.clone(),
-            weight: n.weight.clone(),
-            bias: Some(n.bias.clone()),
-            residual,
-            attrs: NormAttrs { eps: Some(eps) },
-        }))?;
-        let out = o.remove("out").ok_or_else(|| Error::invalid("layer_norm produced no `out`".to_owned()))?;
-        let sum = if fused {
-            o.remove("residual_out").ok_or_else(|| Error::invalid("layer_norm dropped the residual".to_owned()))?
-        } else {
-            x
-        };
-        Ok((out, sum))
+    if d.fell_back() {
+        s.fallbacks += 1;
     }
 }

@@ -1,4 +1,4 @@
-//! A model served in its own scope of a shared runtime ([`crate::runtime::Scope`]): its
+//! A model served in its own scope of a shared runtime ([`layerzero::runtime::Scope`]): its
 //! weights, its tokenizer, and a handle whose plan, selection caches and counters are its
 //! own while capabilities, hardware, PerfDB and health are shared with every other model of
 //! the process. Requests for several scopes may run on any threads at once; each model gets
@@ -8,10 +8,10 @@ use std::path::Path;
 
 use super::generate::{Generated, Generation, generate};
 use super::{Model, Tokenizer};
-use crate::error::{Error, Result};
-use crate::model::dtype::DType;
-use crate::reason::Reason;
-use crate::runtime::{LayerZero, PlanMode, Scope};
+use layerzero::error::{Error, Result};
+use layerzero::model::dtype::DType;
+use layerzero::reason::Reason;
+use layerzero::runtime::{LayerZero, PlanMode, Scope};
 
 /// A model, its tokenizer and its scope of a runtime.
 pub struct ModelScope {

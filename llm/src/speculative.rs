@@ -23,13 +23,13 @@ use std::time::Instant;
 use super::Model;
 use super::forward::{OpStats, Session};
 use super::generate::{Generation, check_prompt, only_token, token_ids};
-use crate::error::{Error, Result};
-use crate::exec::args::{OpArgs, SampleArgs};
-use crate::exec::semantics::{SamplePlan, sample_kept, sample_plan, sample_uniform};
-use crate::model::attrs::SampleAttrs;
-use crate::model::op::Op;
-use crate::runtime::LayerZero;
-use crate::tensor::HostTensor;
+use layerzero::error::{Error, Result};
+use layerzero::exec::args::{OpArgs, SampleArgs};
+use layerzero::exec::semantics::{SamplePlan, sample_kept, sample_plan, sample_uniform};
+use layerzero::model::attrs::SampleAttrs;
+use layerzero::model::op::Op;
+use layerzero::runtime::LayerZero;
+use layerzero::tensor::HostTensor;
 
 /// What a speculative generation produced.
 #[derive(Debug, Clone)]
@@ -142,6 +142,64 @@ pub fn speculate(
     k: usize,
     mut on_token: impl FnMut(u32),
 ) -> Result<Speculated> {
+    let plan = check(target, draft, prompt, g, k)?;
+    // A round drafts at most what the budget leaves (max_new_tokens - 1 past the committed
+    // tokens), so no cache ever holds more than the prompt and the budget, whatever k is.
+    let capacity = prompt.len() + g.max_new_tokens;
+    let mut run = Run {
+        ts: Session::new(target, lz, capacity)?,
+        ds: Session::new(draft, lz, capacity)?,
+        g,
+        plan,
+        vocab: target.config.vocab,
+        all: prompt.to_vec(),
+    };
+    let mut out: Vec<u32> = Vec::with_capacity(g.max_new_tokens);
+    let (mut rounds, mut drafted, mut accepted) = (0, 0, 0);
+    let start = Instant::now();
+    // The last prompt token is the first round's input, so every token is drafted and verified.
+    let head = &prompt[..prompt.len() - 1];
+    if !head.is_empty() {
+        run.ts.forward(head, false)?;
+        run.ds.forward(head, false)?;
+    }
+    let prefill_ns = start.elapsed().as_nanos() as u64;
+    let mut done = g.max_new_tokens == 0;
+    while !done {
+        let base = out.len();
+        // Drafts leave room for the target's own token inside max_new_tokens.
+        let kk = k.min(g.max_new_tokens - base - 1);
+        let (drafts, qs) = run.propose(base, kk)?;
+        let (n, next) = run.verify(base, &drafts, &qs)?;
+        rounds += 1;
+        drafted += kk;
+        accepted += n;
+        for &t in drafts[..n].iter().chain(std::iter::once(&next)) {
+            out.push(t);
+            run.all.push(t);
+            on_token(t);
+            if (g.stop_at_eos && target.config.eos.contains(&t)) || out.len() == g.max_new_tokens {
+                done = true;
+                break;
+            }
+        }
+        run.rollback()?;
+    }
+    Ok(Speculated {
+        generated_ids: out,
+        rounds,
+        drafted,
+        accepted,
+        ns: start.elapsed().as_nanos() as u64,
+        prefill_ns,
+        target_stats: run.ts.take_stats(),
+        draft_stats: run.ds.take_stats(),
+    })
+}
+
+/// Checks the options, the draft and the prompt against both models: the plan both
+/// models' distributions are drawn from.
+fn check(target: &Model, draft: &Model, prompt: &[u32], g: &Generation, k: usize) -> Result<SamplePlan> {
     if k == 0 {
         return Err(Error::invalid("--draft-tokens must be at least 1".to_owned()));
     }
@@ -154,48 +212,45 @@ pub fn speculate(
     check_prompt(target, prompt, g.max_new_tokens)?;
     check_prompt(draft, prompt, g.max_new_tokens)
         .map_err(|e| Error::invalid(format!("the draft model: {}", e.message())))?;
-    let greedy = g.temperature <= 0.0;
-    let plan = sample_plan(&SampleAttrs {
+    sample_plan(&SampleAttrs {
         temperature: Some(g.temperature),
         top_k: g.top_k,
         top_p: g.top_p,
         min_p: None,
         seed: None,
     })
-    .map_err(Error::invalid)?;
-    // A round drafts at most what the budget leaves (max_new_tokens - 1 past the committed
-    // tokens), so no cache ever holds more than the prompt and the budget, whatever k is.
-    let capacity = prompt.len() + g.max_new_tokens;
-    let mut ts = Session::new(target, lz, capacity)?;
-    let mut ds = Session::new(draft, lz, capacity)?;
-    let v = target.config.vocab;
-    let eos = &target.config.eos;
-    let mut all: Vec<u32> = prompt.to_vec();
-    let mut out: Vec<u32> = Vec::with_capacity(g.max_new_tokens);
-    let (mut rounds, mut drafted, mut accepted) = (0, 0, 0);
-    let start = Instant::now();
-    // The last prompt token is the first round's input, so every token is drafted and verified.
-    let head = &prompt[..prompt.len() - 1];
-    if !head.is_empty() {
-        ts.forward(head, false)?;
-        ds.forward(head, false)?;
+    .map_err(Error::invalid)
+}
+
+/// A speculative generation under way: both models' sessions and every committed token
+/// (the prompt's included).
+struct Run<'m, 'g> {
+    ts: Session<'m>,
+    ds: Session<'m>,
+    g: &'g Generation,
+    plan: SamplePlan,
+    vocab: usize,
+    all: Vec<u32>,
+}
+
+impl Run<'_, '_> {
+    fn greedy(&self) -> bool {
+        self.g.temperature <= 0.0
     }
-    let prefill_ns = start.elapsed().as_nanos() as u64;
-    let mut done = g.max_new_tokens == 0;
-    while !done {
-        let base = out.len();
-        // Drafts leave room for the target's own token inside max_new_tokens.
-        let kk = k.min(g.max_new_tokens - base - 1);
-        let mut pending: Vec<u32> = all[ds.len(0)..].to_vec();
+
+    /// `kk` tokens the draft proposes one at a time from position `base` of the generated
+    /// tokens, and (sampling) the distribution each was drawn from.
+    fn propose(&mut self, base: usize, kk: usize) -> Result<(Vec<u32>, Vec<Vec<f64>>)> {
+        let mut pending: Vec<u32> = self.all[self.ds.len(0)..].to_vec();
         let mut drafts = Vec::with_capacity(kk);
         let mut qs = Vec::with_capacity(kk);
         for i in 0..kk {
-            let logits = ds.forward(&pending, false)?;
-            let x = if greedy {
-                only_token(argmax(&mut ds, logits)?)?
+            let logits = self.ds.forward(&pending, false)?;
+            let x = if self.greedy() {
+                only_token(argmax(&mut self.ds, logits)?)?
             } else {
-                let q = distribution(&logits.to_f32_vec(), &plan)?;
-                let x = draw(&q, uniform(g.seed, Stream::Draft, base + i));
+                let q = distribution(&logits.to_f32_vec(), &self.plan)?;
+                let x = draw(&q, uniform(self.g.seed, Stream::Draft, base + i));
                 qs.push(q);
                 x
             };
@@ -203,69 +258,52 @@ pub fn speculate(
             pending.clear();
             pending.push(x);
         }
-        let mut tokens = all[ts.len(0)..].to_vec();
-        tokens.extend_from_slice(&drafts);
-        let logits = ts.forward(&tokens, true)?;
+        Ok((drafts, qs))
+    }
+
+    /// The target scores `drafts` in one forward pass: how many it keeps, and its own token
+    /// after them.
+    fn verify(&mut self, base: usize, drafts: &[u32], qs: &[Vec<f64>]) -> Result<(usize, u32)> {
+        let (v, kk) = (self.vocab, drafts.len());
+        let mut tokens = self.all[self.ts.len(0)..].to_vec();
+        tokens.extend_from_slice(drafts);
+        let logits = self.ts.forward(&tokens, true)?;
         // The rows that score the drafts and the token after them.
         let rows = logits.view(&[kk + 1, v], &[v, 1], logits.offset() + (tokens.len() - kk - 1) * v)?;
-        let (n, next) = if greedy {
-            let picks = argmax(&mut ts, rows)?;
+        if self.greedy() {
+            let picks = argmax(&mut self.ts, rows)?;
             let n = drafts.iter().zip(&picks).take_while(|(d, p)| d == p).count();
             let next =
                 picks.get(n).copied().ok_or_else(|| Error::invalid("sample returned too few tokens".to_owned()))?;
-            (n, next)
-        } else {
-            let values = rows.to_f32_vec();
-            let row = |i: usize| &values[i * v..(i + 1) * v];
-            let mut verdict = None;
-            for (i, (&x, q)) in drafts.iter().zip(&qs).enumerate() {
-                let p = distribution(row(i), &plan)?;
-                let x = x as usize;
-                // x was drawn from q, so q[x] > 0.
-                if uniform(g.seed, Stream::Accept, base + i) * q[x] < p[x] {
-                    continue;
-                }
-                let residual: Vec<f64> = p.iter().zip(q).map(|(a, b)| (a - b).max(0.0)).collect();
-                let u = uniform(g.seed, Stream::Target, base + i);
-                // p < q at x leaves mass elsewhere; rounding alone could empty it.
-                let t = if residual.iter().sum::<f64>() > 0.0 { draw(&residual, u) } else { draw(&p, u) };
-                verdict = Some((i, t));
-                break;
-            }
-            match verdict {
-                Some(v) => v,
-                None => (kk, draw(&distribution(row(kk), &plan)?, uniform(g.seed, Stream::Target, base + kk))),
-            }
-        };
-        rounds += 1;
-        drafted += kk;
-        accepted += n;
-        for &t in drafts[..n].iter().chain(std::iter::once(&next)) {
-            out.push(t);
-            all.push(t);
-            on_token(t);
-            if (g.stop_at_eos && eos.contains(&t)) || out.len() == g.max_new_tokens {
-                done = true;
-                break;
-            }
+            return Ok((n, next));
         }
-        // Each cache keeps the committed tokens it holds, all but the last.
-        let keep = all.len() - 1;
-        let (tl, dl) = (ts.len(0), ds.len(0));
-        ts.truncate(0, keep.min(tl))?;
-        ds.truncate(0, keep.min(dl))?;
+        let values = rows.to_f32_vec();
+        let row = |i: usize| &values[i * v..(i + 1) * v];
+        let seed = self.g.seed;
+        for (i, (&x, q)) in drafts.iter().zip(qs).enumerate() {
+            let p = distribution(row(i), &self.plan)?;
+            let x = x as usize;
+            // x was drawn from q, so q[x] > 0.
+            if uniform(seed, Stream::Accept, base + i) * q[x] < p[x] {
+                continue;
+            }
+            let residual: Vec<f64> = p.iter().zip(q).map(|(a, b)| (a - b).max(0.0)).collect();
+            let u = uniform(seed, Stream::Target, base + i);
+            // p < q at x leaves mass elsewhere; rounding alone could empty it.
+            let t = if residual.iter().sum::<f64>() > 0.0 { draw(&residual, u) } else { draw(&p, u) };
+            return Ok((i, t));
+        }
+        Ok((kk, draw(&distribution(row(kk), &self.plan)?, uniform(seed, Stream::Target, base + kk))))
     }
-    let ns = start.elapsed().as_nanos() as u64;
-    Ok(Speculated {
-        generated_ids: out,
-        rounds,
-        drafted,
-        accepted,
-        ns,
-        prefill_ns,
-        target_stats: std::mem::take(&mut ts.stats),
-        draft_stats: std::mem::take(&mut ds.stats),
-    })
+
+    /// Each cache keeps the committed tokens it holds, all but the last: a rejected round's
+    /// positions are written over by the next.
+    fn rollback(&mut self) -> Result<()> {
+        let keep = self.all.len() - 1;
+        let (tl, dl) = (self.ts.len(0), self.ds.len(0));
+        self.ts.truncate(0, keep.min(tl))?;
+        self.ds.truncate(0, keep.min(dl))
+    }
 }
 
 #[cfg(test)]

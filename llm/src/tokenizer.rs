@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::error::{Error, Result};
+use layerzero::error::{Error, Result};
 
 /// A loaded tokenizer.
 pub struct Tokenizer {
@@ -33,7 +33,7 @@ impl Tokenizer {
     /// Reads `path`; a file that does not parse is an error naming it.
     pub fn load(path: &Path) -> Result<Tokenizer> {
         let origin = path.display().to_string();
-        let text = crate::files::read_to_string(path)?;
+        let text = layerzero::files::read_to_string(path)?;
         Tokenizer::parse(&text, &origin)
     }
 
@@ -72,8 +72,8 @@ impl Tokenizer {
         if self.hash.starts_with(&pinned) {
             return Ok(());
         }
-        let reason = crate::reason::Reason::new(
-            crate::reason::ReasonCode::TOKENIZER_MISMATCH,
+        let reason = layerzero::reason::Reason::new(
+            layerzero::reason::ReasonCode::TOKENIZER_MISMATCH,
             format!(
                 "{origin}: identity hash {} does not match the pinned {pinned}; its vocabulary, merges, \
                  normalizer or special tokens differ",

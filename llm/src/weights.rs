@@ -9,9 +9,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use super::config::ModelConfig;
-use crate::error::{Error, ErrorKind, Result};
-use crate::model::dtype::DType;
-use crate::tensor::{HostTensor, Residence, io};
+use layerzero::error::{Error, ErrorKind, Result};
+use layerzero::model::dtype::DType;
+use layerzero::tensor::{HostTensor, Residence, io};
 
 /// One decoder layer's weights (projections `[out, in]`, as HF stores them).
 #[derive(Debug, Clone)]
@@ -111,7 +111,7 @@ fn shards(dir: &Path) -> Result<Vec<PathBuf>> {
         return Ok(vec![single]);
     }
     let origin = index.display().to_string();
-    let text = crate::files::read_to_string(&index)?;
+    let text = layerzero::files::read_to_string(&index)?;
     let v: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| Error::invalid(format!("{origin}: invalid JSON: {e}")))?;
     let map = v

@@ -12,14 +12,14 @@ use std::collections::BTreeMap;
 use super::forward::{KvKind, Session};
 use super::weights::Weights;
 use super::{Model, ModelConfig};
-use crate::error::{Error, Result};
-use crate::key::axes;
-use crate::model::dtype::DType;
-use crate::model::op::Op;
-use crate::model::request::Request;
-use crate::plan::SelectionKey;
-use crate::plan::workload::{AxisRange, Entry, WORKLOAD_SCHEMA_VERSION, Workload};
-use crate::runtime::LayerZero;
+use layerzero::error::{Error, Result};
+use layerzero::key::axes;
+use layerzero::model::dtype::DType;
+use layerzero::model::op::Op;
+use layerzero::model::request::Request;
+use layerzero::plan::SelectionKey;
+use layerzero::plan::workload::{AxisRange, Entry, WORKLOAD_SCHEMA_VERSION, Workload};
+use layerzero::runtime::LayerZero;
 
 /// What the model will serve.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,58 +50,13 @@ pub fn workload(
         )));
     }
     let model = Model { dir: name.into(), config: config.clone(), weights: Weights::zeros(config, dtype)?, dtype };
-    let mut recorded = Vec::new();
-    // One sequence: a prefill of two tokens and a decode step.
-    let mut one = Session::new(&model, lz, 3)?.with_recording();
-    one.forward(&[0, 1], false)?;
-    one.forward(&[1], false)?;
-    recorded.extend(one.take_recorded());
-    // Two sequences on pages: each prefilled, then decoded together.
-    let mut two = Session::with_cache(&model, lz, &[3, 3], KvKind::Paged { page_size: s.page_size })?.with_recording();
-    two.forward_batch(&[(0, &[0, 1])], false)?;
-    two.forward_batch(&[(1, &[0, 1])], false)?;
-    two.forward_batch(&[(0, &[1]), (1, &[1])], false)?;
-    recorded.extend(two.take_recorded());
-    // Sampling is dispatched by generation, after the forward pass.
-    for batch in [1, 2] {
-        recorded.push(Request::from_value(serde_json::json!({"op": "sample", "tensors": {
-            "logits": {"dtype": "f32", "shape": [batch, config.vocab]}}}))?);
-    }
+    let recorded = record(lz, &model, s)?;
     let mut seen: BTreeMap<(u128, Vec<String>), ()> = BTreeMap::new();
     let mut counts: BTreeMap<Op, usize> = BTreeMap::new();
     let mut entries = Vec::new();
-    let tokens = s.max_seq.max(s.max_batch) as u64;
-    let pages = s.max_seq.div_ceil(s.page_size) as u64;
     for req in recorded {
         let key = SelectionKey::derive(&req);
-        let names: Vec<String> = axes::axes(req.op).iter().map(|a| a.name.to_owned()).collect();
-        let ranges: BTreeMap<String, AxisRange> = match (req.op, key.perf) {
-            // Prefill: queries and keys are the same positions.
-            (Op::Attention, [_, q, k]) if q == k => [
-                ("batch", AxisRange::Span([1, 1])),
-                ("seq_q", AxisRange::Span([1, s.max_seq as u64])),
-                ("seq_k", AxisRange::Tie("seq_q".into())),
-            ]
-            .into_iter()
-            .map(|(n, r)| (n.to_owned(), r))
-            .collect(),
-            // Decode against the contiguous cache.
-            (Op::Attention, _) => {
-                [("batch", AxisRange::Span([1, 1])), ("seq_k", AxisRange::Span([2, s.max_seq as u64]))]
-                    .into_iter()
-                    .map(|(n, r)| (n.to_owned(), r))
-                    .collect()
-            }
-            (Op::PagedAttention, _) => {
-                [("batch", AxisRange::Span([1, s.max_batch as u64])), ("pages", AxisRange::Span([1, pages]))]
-                    .into_iter()
-                    .map(|(n, r)| (n.to_owned(), r))
-                    .collect()
-            }
-            (Op::Sample, _) => names.iter().map(|n| (n.clone(), AxisRange::Span([1, s.max_batch as u64]))).collect(),
-            // Rows: every token count from one decode row to a whole prefill.
-            _ => names.iter().map(|n| (n.clone(), AxisRange::Span([1, tokens]))).collect(),
-        };
+        let ranges = ranges(&req, &key, s);
         let range_key: Vec<String> = ranges.iter().map(|(n, r)| format!("{n}={r:?}")).collect();
         if seen.insert((key.validity, range_key), ()).is_some() {
             continue;
@@ -132,4 +87,59 @@ pub fn workload(
     };
     // The result must be a workload `lz tune` and `lz solve` accept.
     Workload::from_json(&serde_json::to_string(&w).unwrap_or_default(), name)
+}
+
+/// Every request a prefill and a decode step dispatch, on one contiguous cache and on two
+/// sequences' pages, and the sampling after them.
+fn record(lz: &LayerZero, model: &Model, s: Serving) -> Result<Vec<Request>> {
+    let mut recorded = Vec::new();
+    // One sequence: a prefill of two tokens and a decode step.
+    let mut one = Session::new(model, lz, 3)?.with_recording();
+    one.forward(&[0, 1], false)?;
+    one.forward(&[1], false)?;
+    recorded.extend(one.take_recorded());
+    // Two sequences on pages: each prefilled, then decoded together.
+    let mut two = Session::with_cache(model, lz, &[3, 3], KvKind::Paged { page_size: s.page_size })?.with_recording();
+    two.forward_batch(&[(0, &[0, 1])], false)?;
+    two.forward_batch(&[(1, &[0, 1])], false)?;
+    two.forward_batch(&[(0, &[1]), (1, &[1])], false)?;
+    recorded.extend(two.take_recorded());
+    // Sampling is dispatched by generation, after the forward pass.
+    for batch in [1, 2] {
+        recorded.push(Request::from_value(serde_json::json!({"op": "sample", "tensors": {
+            "logits": {"dtype": "f32", "shape": [batch, model.config.vocab]}}}))?);
+    }
+    Ok(recorded)
+}
+
+/// The ranges of `req`'s perf axes over what the model will serve.
+fn ranges(req: &Request, key: &SelectionKey, s: Serving) -> BTreeMap<String, AxisRange> {
+    let tokens = s.max_seq.max(s.max_batch) as u64;
+    let pages = s.max_seq.div_ceil(s.page_size) as u64;
+    let names: Vec<String> = axes::axes(req.op).iter().map(|a| a.name.to_owned()).collect();
+    match (req.op, key.perf) {
+        // Prefill: queries and keys are the same positions.
+        (Op::Attention, [_, q, k]) if q == k => [
+            ("batch", AxisRange::Span([1, 1])),
+            ("seq_q", AxisRange::Span([1, s.max_seq as u64])),
+            ("seq_k", AxisRange::Tie("seq_q".into())),
+        ]
+        .into_iter()
+        .map(|(n, r)| (n.to_owned(), r))
+        .collect(),
+        // Decode against the contiguous cache.
+        (Op::Attention, _) => [("batch", AxisRange::Span([1, 1])), ("seq_k", AxisRange::Span([2, s.max_seq as u64]))]
+            .into_iter()
+            .map(|(n, r)| (n.to_owned(), r))
+            .collect(),
+        (Op::PagedAttention, _) => {
+            [("batch", AxisRange::Span([1, s.max_batch as u64])), ("pages", AxisRange::Span([1, pages]))]
+                .into_iter()
+                .map(|(n, r)| (n.to_owned(), r))
+                .collect()
+        }
+        (Op::Sample, _) => names.iter().map(|n| (n.clone(), AxisRange::Span([1, s.max_batch as u64]))).collect(),
+        // Rows: every token count from one decode row to a whole prefill.
+        _ => names.iter().map(|n| (n.clone(), AxisRange::Span([1, tokens]))).collect(),
+    }
 }

@@ -11,17 +11,17 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use super::{Attn, Layer, Norm, POSITION_OFFSET, Seq2SeqModel};
-use crate::error::{Error, Result};
-use crate::exec::args::{AttentionArgs, EmbeddingArgs, LinearArgs, OpArgs, SampleArgs};
-use crate::llm::forward::OpStats;
-use crate::llm::generate::{Generation, Sequence, only_token, token_ids};
-use crate::llm::pass::Dispatcher;
-use crate::model::attrs::{AttentionAttrs, NoAttrs, SampleAttrs};
-use crate::model::layout::Layout;
-use crate::model::op::Op;
-use crate::runtime::LayerZero;
-use crate::tensor::{HostTensor, Storage, row_major_strides};
+use super::{Attn, Layer, POSITION_OFFSET, Seq2SeqModel};
+use crate::generate::{Generation, Sequence, only_token, token_ids};
+use crate::nn::{Embedding, Linear, Norm, gelu, view};
+use crate::pass::{OpStats, Pass, take};
+use layerzero::error::{Error, Result};
+use layerzero::exec::args::{AttentionArgs, LinearArgs, OpArgs, SampleArgs};
+use layerzero::model::attrs::{AttentionAttrs, NoAttrs, SampleAttrs};
+use layerzero::model::layout::Layout;
+use layerzero::model::op::Op;
+use layerzero::runtime::LayerZero;
+use layerzero::tensor::{HostTensor, Storage};
 
 /// What an encoder-decoder generation produced.
 #[derive(Debug, Clone)]
@@ -41,32 +41,28 @@ pub struct Seq2SeqGenerated {
     pub dump: BTreeMap<String, HostTensor>,
 }
 
-fn view(t: &HostTensor, shape: &[usize], offset: usize) -> Result<HostTensor> {
-    t.view(shape, &row_major_strides(shape), t.offset() + offset)
-}
-
 fn ids_tensor(ids: impl Iterator<Item = usize>) -> Result<HostTensor> {
     let v: Vec<i64> = ids.map(|i| i as i64).collect();
     let n = v.len();
     HostTensor::new(Storage::I64(v.into()), &[n])
 }
 
-/// The dispatching state of one generation: the shared dispatcher and the model.
-struct Pass<'m> {
-    core: Dispatcher<'m>,
+/// The dispatching state of one generation: the pass and the model.
+struct Bart<'m> {
+    cx: Pass<'m>,
     model: &'m Seq2SeqModel,
 }
 
-impl<'m> std::ops::Deref for Pass<'m> {
-    type Target = Dispatcher<'m>;
-    fn deref(&self) -> &Dispatcher<'m> {
-        &self.core
+impl<'m> std::ops::Deref for Bart<'m> {
+    type Target = Pass<'m>;
+    fn deref(&self) -> &Pass<'m> {
+        &self.cx
     }
 }
 
-impl std::ops::DerefMut for Pass<'_> {
+impl std::ops::DerefMut for Bart<'_> {
     fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.core
+        &mut self.cx
     }
 }
 
@@ -79,24 +75,37 @@ struct Decoder {
     cross_kv: Vec<(HostTensor, HostTensor)>,
 }
 
-impl Pass<'_> {
+impl Bart<'_> {
+    /// `norm(x + residual)` and the sum.
     fn layer_norm(
         &mut self,
         x: HostTensor,
-        n: &Norm,
+        n: &super::Norm,
         residual: Option<HostTensor>,
     ) -> Result<(HostTensor, HostTensor)> {
-        self.core.layer_norm(x, n, residual, super::EPS)
+        Norm::layer(n, super::EPS).add(&mut self.cx, x, residual)
+    }
+
+    /// `x W^T + b`.
+    fn linear(&mut self, x: &HostTensor, p: &super::Proj) -> Result<HostTensor> {
+        Linear::affine(p).forward(&mut self.cx, x)
     }
 
     /// Token embeddings plus learned positions `start..start + n` per row, normalized.
-    fn embed(&mut self, ids: &[i64], rows: usize, start: usize, pos: &HostTensor, ln: &Norm) -> Result<HostTensor> {
+    fn embed(
+        &mut self,
+        ids: &[i64],
+        rows: usize,
+        start: usize,
+        pos: &HostTensor,
+        ln: &super::Norm,
+    ) -> Result<HostTensor> {
         let n = ids.len() / rows.max(1);
         let tokens = HostTensor::new(Storage::I64(ids.to_vec().into()), &[ids.len()])?;
-        let table = self.model.weights.shared.clone();
-        let tok = self.out(OpArgs::Embedding(EmbeddingArgs { ids: tokens, table, attrs: NoAttrs {} }))?;
+        let model = self.model;
+        let tok = Embedding::new(&model.weights.shared, None).forward(&mut self.cx, tokens)?;
         let positions = ids_tensor((0..rows).flat_map(|_| (start..start + n).map(|p| p + POSITION_OFFSET)))?;
-        let p = self.out(OpArgs::Embedding(EmbeddingArgs { ids: positions, table: pos.clone(), attrs: NoAttrs {} }))?;
+        let p = Embedding::new(pos, None).forward(&mut self.cx, positions)?;
         Ok(self.layer_norm(tok, ln, Some(p))?.0)
     }
 
@@ -114,7 +123,7 @@ impl Pass<'_> {
     ) -> Result<HostTensor> {
         let d = self.model.config.d_model;
         let hd = d / heads;
-        let out = self.out(OpArgs::Attention(AttentionArgs {
+        let args = OpArgs::Attention(AttentionArgs {
             q: view(q, &[b, sq, heads, hd], 0)?.with_layout(Layout::Bshd),
             k: k.with_layout(Layout::Bshd),
             v: v.with_layout(Layout::Bshd),
@@ -122,14 +131,15 @@ impl Pass<'_> {
             cu_seqlens_q: None,
             cu_seqlens_k: None,
             attrs: AttentionAttrs { causal, ..AttentionAttrs::default() },
-        }))?;
+        });
+        let out = self.out(args, None)?;
         let out = if out.is_contiguous() { out } else { out.contiguous() };
         view(&out, &[b * sq, d], 0)
     }
 
     fn ffn(&mut self, x: &HostTensor, l: &Layer) -> Result<HostTensor> {
         let h = self.linear(x, &l.fc1)?;
-        let a = self.gelu(h)?;
+        let a = gelu(&mut self.cx, h)?;
         self.linear(&a, &l.fc2)
     }
 
@@ -241,13 +251,14 @@ impl Pass<'_> {
             self.keep(|| format!("dec.hidden.{}", l + 1), &h);
         }
         st.len += n;
-        let logits = self.out(OpArgs::Linear(LinearArgs {
+        let head = OpArgs::Linear(LinearArgs {
             x: h,
             weight: w.lm_head.clone(),
             bias: Some(w.logits_bias.clone()),
             attrs: NoAttrs {},
-        }))?;
-        Ok(if logits.dtype() == crate::model::dtype::DType::F32 {
+        });
+        let logits = self.out(head, None)?;
+        Ok(if logits.dtype() == layerzero::model::dtype::DType::F32 {
             logits
         } else {
             HostTensor::from_f32(logits.shape(), logits.to_f32_vec())?
@@ -256,9 +267,8 @@ impl Pass<'_> {
 
     /// The greedy token of a one-row `logits`.
     fn greedy(&mut self, logits: HostTensor) -> Result<u32> {
-        let mut o = self.run(OpArgs::Sample(SampleArgs { logits, attrs: SampleAttrs::default() }))?;
-        let t = o.remove("tokens").ok_or_else(|| Error::invalid("sample produced no `tokens`".to_owned()))?;
-        only_token(token_ids(t)?)
+        let mut o = self.run(OpArgs::Sample(SampleArgs { logits, attrs: SampleAttrs::default() }), None)?;
+        only_token(token_ids(take(&mut o, Op::Sample, "tokens")?)?)
     }
 }
 
@@ -267,7 +277,7 @@ impl Pass<'_> {
 pub fn encode(model: &Seq2SeqModel, lz: &LayerZero, inputs: &[Vec<u32>]) -> Result<HostTensor> {
     let g = Generation { max_new_tokens: 0, ..Generation::default() };
     check(model, inputs, &g)?;
-    let mut pass = Pass { core: Dispatcher::new(lz, false), model };
+    let mut pass = Bart { cx: Pass::new(lz, false), model };
     let (h, s) = rayon::scope(|_| pass.encode(inputs))?;
     view(&h, &[inputs.len(), s, model.config.d_model], 0)
 }
@@ -283,7 +293,7 @@ pub fn generate(
     use_cache: bool,
 ) -> Result<Seq2SeqGenerated> {
     check(model, inputs, g)?;
-    let mut pass = Pass { core: Dispatcher::new(lz, g.dump), model };
+    let mut pass = Bart { cx: Pass::new(lz, g.dump), model };
     rayon::scope(|_| run(&mut pass, inputs, g, use_cache))
 }
 
@@ -330,7 +340,7 @@ fn check(model: &Seq2SeqModel, inputs: &[Vec<u32>], g: &Generation) -> Result<()
     Ok(())
 }
 
-fn run(pass: &mut Pass<'_>, inputs: &[Vec<u32>], g: &Generation, use_cache: bool) -> Result<Seq2SeqGenerated> {
+fn run(pass: &mut Bart<'_>, inputs: &[Vec<u32>], g: &Generation, use_cache: bool) -> Result<Seq2SeqGenerated> {
     let c = &pass.model.config;
     let d = c.d_model;
     let start = Instant::now();

@@ -12,10 +12,10 @@ use serde_json::Value;
 use super::config::Fields;
 use super::pass::Affine;
 use super::weights::Take;
-use crate::error::{Error, Result};
-use crate::model::dtype::DType;
-use crate::tensor::HostTensor;
-use crate::tensor::Residence;
+use layerzero::error::{Error, Result};
+use layerzero::model::dtype::DType;
+use layerzero::tensor::HostTensor;
+use layerzero::tensor::Residence;
 
 pub use forward::{Seq2SeqGenerated, encode, generate};
 
@@ -244,7 +244,7 @@ impl Seq2SeqModel {
     /// Loads `dir` (`config.json`, `*.safetensors`), computing in `dtype` (`None`: stored).
     pub fn load(dir: &Path, dtype: Option<DType>) -> Result<Seq2SeqModel> {
         let path = dir.join("config.json");
-        let c = Seq2SeqConfig::parse(&crate::files::read_to_string(&path)?, &path.display().to_string())?;
+        let c = Seq2SeqConfig::parse(&layerzero::files::read_to_string(&path)?, &path.display().to_string())?;
         let (mut t, stored) = Take::open(dir, dtype, Residence::Resident)?;
         let (d, v, positions) = (c.d_model, c.vocab, c.max_positions + POSITION_OFFSET);
         let shared = t.take("model.shared.weight", &[v, d])?;
@@ -286,7 +286,7 @@ impl Seq2SeqModel {
 pub fn model_type(dir: &Path) -> Result<String> {
     let path = dir.join("config.json");
     let origin = path.display().to_string();
-    let value: Value = serde_json::from_str(&crate::files::read_to_string(&path)?)
+    let value: Value = serde_json::from_str(&layerzero::files::read_to_string(&path)?)
         .map_err(|e| Error::invalid(format!("{origin}: invalid JSON: {e}")))?;
     Ok(value.get("model_type").and_then(Value::as_str).unwrap_or_default().to_owned())
 }

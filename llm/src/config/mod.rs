@@ -5,11 +5,15 @@
 //! Both spellings of RoPE are read: `rope_parameters` (transformers 5) and `rope_theta` with
 //! `rope_scaling` (checkpoints written before it).
 
-use serde_json::{Map, Value};
+mod fields;
+mod rope;
 
-use crate::error::{Error, Result};
-use crate::model::attrs::{RopeAttrs, RopeScaling, RopeStyle};
-use crate::model::dtype::DType;
+use serde_json::Value;
+
+pub(crate) use fields::Fields;
+use layerzero::error::{Error, Result};
+use layerzero::model::attrs::RopeAttrs;
+use layerzero::model::dtype::DType;
 
 /// The decoder families LayerZero runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,77 +125,12 @@ pub struct ModelConfig {
     pub eos: Vec<u32>,
 }
 
-/// Reads a field of an object, naming the file and field when it is missing or mistyped.
-pub(crate) struct Fields<'a> {
-    pub(crate) map: &'a Map<String, Value>,
-    pub(crate) origin: &'a str,
-}
-
-impl<'a> Fields<'a> {
-    pub(crate) fn get(&self, name: &str) -> Option<&'a Value> {
-        self.map.get(name).filter(|v| !v.is_null())
-    }
-
-    pub(crate) fn err(&self, name: &str, what: String) -> Error {
-        Error::invalid(format!("{}: field `{name}` {what}", self.origin))
-    }
-
-    pub(crate) fn usize(&self, name: &str) -> Result<usize> {
-        self.opt_usize(name)?.ok_or_else(|| self.err(name, "is missing".into()))
-    }
-
-    pub(crate) fn opt_usize(&self, name: &str) -> Result<Option<usize>> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(v) => match v.as_u64().and_then(|n| usize::try_from(n).ok()) {
-                Some(n) if n > 0 => Ok(Some(n)),
-                _ => Err(self.err(name, format!("is {v}; expected a positive integer"))),
-            },
-        }
-    }
-
-    pub(crate) fn f64(&self, name: &str) -> Result<Option<f64>> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(v) => match v.as_f64() {
-                Some(x) if x.is_finite() => Ok(Some(x)),
-                _ => Err(self.err(name, format!("is {v}; expected a number"))),
-            },
-        }
-    }
-
-    pub(crate) fn bool(&self, name: &str) -> Result<Option<bool>> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.err(name, format!("is {v}; expected true or false"))),
-        }
-    }
-
-    /// The weights' dtype as the config states it (`dtype`, or the older `torch_dtype`).
-    pub(crate) fn dtype(&self) -> Result<Option<DType>> {
-        match self.str("dtype")?.or(self.str("torch_dtype")?) {
-            None => Ok(None),
-            Some("float32") => Ok(Some(DType::F32)),
-            Some("bfloat16") => Ok(Some(DType::BF16)),
-            Some("float16") => Ok(Some(DType::F16)),
-            Some(other) => Err(self.err("dtype", format!("is {other:?}; expected float32, bfloat16 or float16"))),
-        }
-    }
-
-    pub(crate) fn str(&self, name: &str) -> Result<Option<&'a str>> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(v) => v.as_str().map(Some).ok_or_else(|| self.err(name, format!("is {v}; expected a string"))),
-        }
-    }
-}
-
 impl ModelConfig {
     /// Reads `dir/config.json`.
     pub fn load(dir: &std::path::Path) -> Result<ModelConfig> {
         let path = dir.join("config.json");
         let origin = path.display().to_string();
-        let text = crate::files::read_to_string(&path)?;
+        let text = layerzero::files::read_to_string(&path)?;
         ModelConfig::parse(&text, &origin)
     }
 
@@ -201,61 +140,17 @@ impl ModelConfig {
             serde_json::from_str(text).map_err(|e| Error::invalid(format!("{origin}: invalid JSON: {e}")))?;
         let map = value.as_object().ok_or_else(|| Error::invalid(format!("{origin}: not a JSON object")))?;
         let f = Fields { map, origin };
-        let model_type = f.str("model_type")?.ok_or_else(|| f.err("model_type", "is missing".into()))?;
-        let arch = match model_type {
-            "llama" => Arch::Llama,
-            "qwen2" => Arch::Qwen2,
-            "qwen3" => Arch::Qwen3,
-            "mistral" => Arch::Mistral,
-            "mixtral" => Arch::Mixtral,
-            "qwen2_moe" => Arch::Qwen2Moe,
-            other => {
-                return Err(f.err(
-                    "model_type",
-                    format!(
-                        "is {other:?}; LayerZero runs llama, qwen2, qwen3, mistral, mixtral and qwen2_moe decoders"
-                    ),
-                ));
-            }
-        };
-        if let Some(archs) = f.get("architectures").and_then(Value::as_array) {
-            let expected = arch.class();
-            if !archs.iter().any(|a| a.as_str() == Some(expected)) {
-                return Err(f.err(
-                    "architectures",
-                    format!("is {}; a {model_type} config runs as {expected}", Value::Array(archs.clone())),
-                ));
-            }
-        }
+        let arch = arch(&f)?;
         let act = f.str("hidden_act")?.unwrap_or("silu");
         if act != "silu" {
             return Err(f.err("hidden_act", format!("is {act:?}; these decoders use a SiLU-gated MLP (\"silu\")")));
         }
         let hidden = f.usize("hidden_size")?;
-        let heads = f.usize("num_attention_heads")?;
-        let kv_heads = f.opt_usize("num_key_value_heads")?.unwrap_or(heads);
-        if heads % kv_heads != 0 {
-            return Err(
-                f.err("num_key_value_heads", format!("is {kv_heads}; it must divide num_attention_heads ({heads})"))
-            );
-        }
-        let head_dim = match f.opt_usize("head_dim")? {
-            Some(d) => d,
-            None if hidden % heads == 0 => hidden / heads,
-            None => {
-                return Err(f.err(
-                    "head_dim",
-                    format!("is missing and hidden_size {hidden} is not a multiple of {heads} heads"),
-                ));
-            }
-        };
-        if head_dim % 2 != 0 {
-            return Err(f.err("head_dim", format!("is {head_dim}; RoPE needs an even head size")));
-        }
+        let (heads, kv_heads, head_dim) = heads(&f, hidden)?;
         let layers = f.usize("num_hidden_layers")?;
         let max_positions = f.opt_usize("max_position_embeddings")?.unwrap_or(2048);
-        let rope = rope(&f, max_positions)?;
-        let windows = windows(&f, arch, layers)?;
+        let rope = rope::rope(&f, max_positions)?;
+        let windows = rope::windows(&f, arch, layers)?;
         let attention_bias = f.bool("attention_bias")?.unwrap_or(false);
         let (qkv_bias, o_bias) = match arch {
             // Qwen2 always has q/k/v biases and none on the output projection.
@@ -266,22 +161,6 @@ impl ModelConfig {
         };
         let moe = moe(&f, arch, layers)?;
         let dtype = f.dtype()?;
-        let token = |name: &str| -> Result<Vec<u32>> {
-            match f.get(name) {
-                None => Ok(Vec::new()),
-                Some(Value::Array(a)) => a
-                    .iter()
-                    .map(|v| {
-                        v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| f.err(name, format!("holds {v}")))
-                    })
-                    .collect(),
-                Some(v) => v
-                    .as_u64()
-                    .and_then(|n| u32::try_from(n).ok())
-                    .map(|n| vec![n])
-                    .ok_or_else(|| f.err(name, format!("is {v}; expected a token id"))),
-            }
-        };
         Ok(ModelConfig {
             arch,
             hidden,
@@ -302,9 +181,84 @@ impl ModelConfig {
             windows,
             moe,
             dtype,
-            bos: token("bos_token_id")?.first().copied(),
-            eos: token("eos_token_id")?,
+            bos: tokens(&f, "bos_token_id")?.first().copied(),
+            eos: tokens(&f, "eos_token_id")?,
         })
+    }
+}
+
+/// The family `model_type` names, checked against `architectures`.
+fn arch(f: &Fields<'_>) -> Result<Arch> {
+    let model_type = f.str("model_type")?.ok_or_else(|| f.err("model_type", "is missing".into()))?;
+    let arch = match model_type {
+        "llama" => Arch::Llama,
+        "qwen2" => Arch::Qwen2,
+        "qwen3" => Arch::Qwen3,
+        "mistral" => Arch::Mistral,
+        "mixtral" => Arch::Mixtral,
+        "qwen2_moe" => Arch::Qwen2Moe,
+        other => {
+            return Err(f.err(
+                "model_type",
+                format!("is {other:?}; LayerZero runs llama, qwen2, qwen3, mistral, mixtral and qwen2_moe decoders"),
+            ));
+        }
+    };
+    if let Some(archs) = f.get("architectures").and_then(Value::as_array) {
+        let expected = arch.class();
+        if !archs.iter().any(|a| a.as_str() == Some(expected)) {
+            return Err(f.err(
+                "architectures",
+                format!("is {}; a {model_type} config runs as {expected}", Value::Array(archs.clone())),
+            ));
+        }
+    }
+    Ok(arch)
+}
+
+/// Query heads, key/value heads and the head size: GQA's heads divide the query heads, and
+/// RoPE needs an even size.
+fn heads(f: &Fields<'_>, hidden: usize) -> Result<(usize, usize, usize)> {
+    let heads = f.usize("num_attention_heads")?;
+    let kv_heads = f.opt_usize("num_key_value_heads")?.unwrap_or(heads);
+    for (field, n) in [("num_attention_heads", heads), ("num_key_value_heads", kv_heads)] {
+        if n == 0 {
+            return Err(f.err(field, "is 0; expected at least 1".into()));
+        }
+    }
+    if !heads.is_multiple_of(kv_heads) {
+        return Err(
+            f.err("num_key_value_heads", format!("is {kv_heads}; it must divide num_attention_heads ({heads})"))
+        );
+    }
+    let head_dim = match f.opt_usize("head_dim")? {
+        Some(d) => d,
+        None if hidden.is_multiple_of(heads) => hidden / heads,
+        None => {
+            return Err(
+                f.err("head_dim", format!("is missing and hidden_size {hidden} is not a multiple of {heads} heads"))
+            );
+        }
+    };
+    if head_dim % 2 != 0 {
+        return Err(f.err("head_dim", format!("is {head_dim}; RoPE needs an even head size")));
+    }
+    Ok((heads, kv_heads, head_dim))
+}
+
+/// Token ids of field `name`: one id or a list.
+fn tokens(f: &Fields<'_>, name: &str) -> Result<Vec<u32>> {
+    match f.get(name) {
+        None => Ok(Vec::new()),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| f.err(name, format!("holds {v}"))))
+            .collect(),
+        Some(v) => v
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .map(|n| vec![n])
+            .ok_or_else(|| f.err(name, format!("is {v}; expected a token id"))),
     }
 }
 
@@ -337,6 +291,9 @@ fn moe(f: &Fields<'_>, arch: Arch, layers: usize) -> Result<Option<MoeConfig>> {
         Arch::Qwen2Moe => {
             let experts = f.usize("num_experts")?;
             let step = f.opt_usize("decoder_sparse_step")?.unwrap_or(1);
+            if step == 0 {
+                return Err(f.err("decoder_sparse_step", "is 0; expected at least 1".into()));
+            }
             let dense: Vec<usize> = match f.get("mlp_only_layers") {
                 None => Vec::new(),
                 Some(Value::Array(a)) => a
@@ -350,11 +307,14 @@ fn moe(f: &Fields<'_>, arch: Arch, layers: usize) -> Result<Option<MoeConfig>> {
                 Some(v) => return Err(f.err("mlp_only_layers", format!("is {v}; expected an array of layer indices"))),
             };
             let intermediate = f.usize("moe_intermediate_size")?;
+            if intermediate == 0 {
+                return Err(f.err("moe_intermediate_size", "is 0; expected at least 1".into()));
+            }
             let shared = f.opt_usize("shared_expert_intermediate_size")?;
             // The shared expert runs as `shared / intermediate` more experts of the routed
             // size (a gated MLP splits exactly along its inner dimension).
             if let Some(s) = shared
-                && s % intermediate != 0
+                && !s.is_multiple_of(intermediate)
             {
                 return Err(f.err(
                     "shared_expert_intermediate_size",
@@ -367,7 +327,7 @@ fn moe(f: &Fields<'_>, arch: Arch, layers: usize) -> Result<Option<MoeConfig>> {
                 intermediate,
                 renormalize: f.bool("norm_topk_prob")?.unwrap_or(false),
                 shared_intermediate: shared,
-                sparse: (0..layers).map(|l| !dense.contains(&l) && (l + 1) % step == 0).collect(),
+                sparse: (0..layers).map(|l| !dense.contains(&l) && (l + 1).is_multiple_of(step)).collect(),
             };
             checked(m, "num_experts")
         }
@@ -375,142 +335,10 @@ fn moe(f: &Fields<'_>, arch: Arch, layers: usize) -> Result<Option<MoeConfig>> {
     }
 }
 
-/// RoPE from `rope_parameters`, or from `rope_theta` and `rope_scaling`.
-fn rope(f: &Fields<'_>, max_positions: usize) -> Result<RopeAttrs> {
-    let (params, field) = match (f.get("rope_parameters"), f.get("rope_scaling")) {
-        (Some(p), _) => (Some(p), "rope_parameters"),
-        (None, Some(s)) => (Some(s), "rope_scaling"),
-        (None, None) => (None, "rope_scaling"),
-    };
-    let mut base = f.f64("rope_theta")?;
-    let Some(params) = params else {
-        return Ok(RopeAttrs {
-            style: RopeStyle::RotateHalf,
-            rotary_dim: None,
-            base: base.or(Some(10000.0)),
-            scaling: None,
-        });
-    };
-    let map = params.as_object().ok_or_else(|| f.err(field, format!("is {params}; expected an object")))?;
-    let p = Fields { map, origin: f.origin };
-    let name = |key: &str| format!("{field}.{key}");
-    if let Some(theta) = p.f64("rope_theta")? {
-        base = Some(theta);
-    }
-    let kind = p.str("rope_type")?.or(p.str("type")?).unwrap_or("default");
-    let factor = || -> Result<f64> {
-        match p.f64("factor")? {
-            Some(x) if x >= 1.0 => Ok(x),
-            Some(x) => Err(f.err(&name("factor"), format!("is {x}; expected at least 1"))),
-            None => Err(f.err(&name("factor"), "is missing".into())),
-        }
-    };
-    let original = |default: Option<usize>| -> Result<u64> {
-        match p.opt_usize("original_max_position_embeddings")?.or(default) {
-            Some(n) => Ok(n as u64),
-            None => Err(f.err(&name("original_max_position_embeddings"), "is missing".into())),
-        }
-    };
-    // Options of a RoPE type that this code does not implement are refused by name.
-    let known: &[&str] = match kind {
-        "default" => &[],
-        "linear" => &["factor"],
-        "dynamic" => &["factor", "original_max_position_embeddings"],
-        "yarn" => &["factor", "original_max_position_embeddings", "beta_fast", "beta_slow"],
-        "llama3" => &["factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"],
-        other => {
-            return Err(f.err(
-                &name("rope_type"),
-                format!("is {other:?}; LayerZero implements default, linear, dynamic, yarn and llama3"),
-            ));
-        }
-    };
-    for key in map.keys() {
-        let generic = ["rope_type", "type", "rope_theta"].contains(&key.as_str());
-        if !generic && !known.contains(&key.as_str()) && !map[key].is_null() {
-            return Err(f.err(
-                &name(key),
-                format!("is {}; it is not implemented for rope_type {kind:?} (only {})", map[key], known.join(", ")),
-            ));
-        }
-    }
-    let scaling = match kind {
-        "default" => None,
-        "linear" => Some(RopeScaling::Linear { factor: factor()? }),
-        "dynamic" => {
-            Some(RopeScaling::DynamicNtk { factor: factor()?, original_max_position: original(Some(max_positions))? })
-        }
-        "yarn" => Some(RopeScaling::Yarn {
-            factor: factor()?,
-            original_max_position: original(Some(max_positions))?,
-            beta_fast: p.f64("beta_fast")?.unwrap_or(32.0),
-            beta_slow: p.f64("beta_slow")?.unwrap_or(1.0),
-        }),
-        _ => Some(RopeScaling::Llama3 {
-            factor: factor()?,
-            low_freq_factor: p
-                .f64("low_freq_factor")?
-                .ok_or_else(|| f.err(&name("low_freq_factor"), "is missing".into()))?,
-            high_freq_factor: p
-                .f64("high_freq_factor")?
-                .ok_or_else(|| f.err(&name("high_freq_factor"), "is missing".into()))?,
-            original_max_position: original(None)?,
-        }),
-    };
-    Ok(RopeAttrs { style: RopeStyle::RotateHalf, rotary_dim: None, base: base.or(Some(10000.0)), scaling })
-}
-
-/// The sliding window of each layer: Mistral's applies to every layer; Qwen's to the layers
-/// `layer_types` marks `sliding_attention` when `use_sliding_window` is on.
-fn windows(f: &Fields<'_>, arch: Arch, layers: usize) -> Result<Vec<Option<usize>>> {
-    // Qwen2-MoE writes 0 when `use_sliding_window` is off: no window.
-    let window = match f.get("sliding_window") {
-        Some(v) if v.as_u64() == Some(0) => None,
-        _ => f.opt_usize("sliding_window")?,
-    };
-    let kinds: Option<Vec<&str>> = match f.get("layer_types") {
-        None => None,
-        Some(Value::Array(a)) if a.len() == layers => Some(
-            a.iter()
-                .map(|v| v.as_str().ok_or_else(|| f.err("layer_types", format!("holds {v}; expected strings"))))
-                .collect::<Result<_>>()?,
-        ),
-        Some(v) => {
-            return Err(f.err("layer_types", format!("is {v}; expected one entry per layer ({layers})")));
-        }
-    };
-    let uses_window = match arch {
-        // A window of null is full attention.
-        Arch::Mistral | Arch::Mixtral => window.is_some(),
-        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen2Moe => f.bool("use_sliding_window")?.unwrap_or(false),
-        Arch::Llama => false,
-    };
-    (0..layers)
-        .map(|l| {
-            let kind = kinds.as_ref().map_or("", |k| k[l]);
-            let sliding = match kind {
-                "" => uses_window,
-                "full_attention" => false,
-                "sliding_attention" => true,
-                other => {
-                    return Err(f.err(
-                        &format!("layer_types[{l}]"),
-                        format!("is {other:?}; expected full_attention or sliding_attention"),
-                    ));
-                }
-            };
-            match (sliding && uses_window, window) {
-                (true, Some(w)) => Ok(Some(w)),
-                (true, None) => Err(f.err("sliding_window", "is missing but a layer uses sliding attention".into())),
-                (false, _) => Ok(None),
-            }
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use layerzero::model::attrs::RopeScaling;
 
     const LLAMA: &str = r#"{"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
         "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,

@@ -1,0 +1,147 @@
+//! The layers models are made of. Each holds references into the loaded weights and the
+//! slot its outputs are kept in between calls, and its `forward` dispatches through a
+//! [`Pass`]: the decoder's layers here and in [`attention`] and [`mlp`], the projections and
+//! norms of the encoder-decoder and the vision model too.
+
+pub(crate) mod attention;
+pub(crate) mod mlp;
+
+use super::pass::{Affine, Pass, Slot, take};
+use layerzero::error::{ErrorKind, Result};
+use layerzero::exec::args::{EmbeddingArgs, GeluArgs, LinearArgs, NormArgs, OpArgs};
+use layerzero::model::attrs::{GeluAttrs, NoAttrs, NormAttrs};
+use layerzero::model::op::Op;
+use layerzero::runtime::LayerZero;
+use layerzero::tensor::{HostTensor, row_major_strides};
+
+/// A row-major view of `shape` over a contiguous tensor's elements from `offset` on.
+pub(crate) fn view(t: &HostTensor, shape: &[usize], offset: usize) -> Result<HostTensor> {
+    t.view(shape, &row_major_strides(shape), t.offset() + offset)
+}
+
+/// Lets the kernel `args` select prepare its constant operands (pack weights) now. A
+/// request shaped for preparing may select nothing where the real ones do (a strict plan
+/// without its bucket): then the kernel prepares on its first call instead.
+pub(crate) fn prepare(lz: &LayerZero, args: &OpArgs) -> Result<()> {
+    match lz.prepare(args) {
+        Err(e) if e.kind() == ErrorKind::NoKernel => Ok(()),
+        other => other.map(drop),
+    }
+}
+
+/// `x W^T (+ b)`.
+pub(crate) struct Linear<'w> {
+    weight: &'w HostTensor,
+    bias: Option<&'w HostTensor>,
+    slot: Option<Slot>,
+}
+
+impl<'w> Linear<'w> {
+    /// A projection writing into `slot`.
+    pub(crate) fn new(weight: &'w HostTensor, bias: Option<&'w HostTensor>, slot: Slot) -> Linear<'w> {
+        Linear { weight, bias, slot: Some(slot) }
+    }
+
+    /// A projection with its bias, its outputs not kept.
+    pub(crate) fn affine(p: &'w Affine) -> Linear<'w> {
+        Linear { weight: &p.weight, bias: Some(&p.bias), slot: None }
+    }
+
+    fn args(&self, x: &HostTensor) -> OpArgs {
+        OpArgs::Linear(LinearArgs {
+            x: x.clone(),
+            weight: self.weight.clone(),
+            bias: self.bias.cloned(),
+            attrs: NoAttrs {},
+        })
+    }
+
+    pub(crate) fn forward(&self, cx: &mut Pass<'_>, x: &HostTensor) -> Result<HostTensor> {
+        cx.out(self.args(x), self.slot)
+    }
+
+    /// Prepares the weight for inputs shaped like `x` (the bias plays no part in packing).
+    pub(crate) fn prepare(&self, lz: &LayerZero, x: &HostTensor) -> Result<()> {
+        let args = LinearArgs { x: x.clone(), weight: self.weight.clone(), bias: None, attrs: NoAttrs {} };
+        prepare(lz, &OpArgs::Linear(args))
+    }
+}
+
+/// RMSNorm (decoders) or LayerNorm with its shift (BART, ViT), either with the residual
+/// add fused: `norm(x + residual)`, and the sum.
+pub(crate) struct Norm<'w> {
+    op: Op,
+    weight: &'w HostTensor,
+    bias: Option<&'w HostTensor>,
+    eps: f64,
+    slot: Option<Slot>,
+}
+
+impl<'w> Norm<'w> {
+    /// RMSNorm writing into `slot`.
+    pub(crate) fn rms(weight: &'w HostTensor, eps: f64, slot: Slot) -> Norm<'w> {
+        Norm { op: Op::RmsNorm, weight, bias: None, eps, slot: Some(slot) }
+    }
+
+    /// LayerNorm with scale and shift `n`, its outputs not kept.
+    pub(crate) fn layer(n: &'w Affine, eps: f64) -> Norm<'w> {
+        Norm { op: Op::LayerNorm, weight: &n.weight, bias: Some(&n.bias), eps, slot: None }
+    }
+
+    fn args(&self, x: HostTensor, residual: Option<HostTensor>) -> OpArgs {
+        let args = NormArgs {
+            x,
+            weight: self.weight.clone(),
+            bias: self.bias.cloned(),
+            residual,
+            attrs: NormAttrs { eps: Some(self.eps) },
+        };
+        if self.op == Op::RmsNorm { OpArgs::RmsNorm(args) } else { OpArgs::LayerNorm(args) }
+    }
+
+    /// `norm(x)`.
+    pub(crate) fn forward(&self, cx: &mut Pass<'_>, x: HostTensor) -> Result<HostTensor> {
+        cx.out(self.args(x, None), self.slot)
+    }
+
+    /// `norm(x + residual)` and `x + residual`; without a residual, `norm(x)` and `x`.
+    pub(crate) fn add(
+        &self,
+        cx: &mut Pass<'_>,
+        x: HostTensor,
+        residual: Option<HostTensor>,
+    ) -> Result<(HostTensor, HostTensor)> {
+        match residual {
+            None => Ok((self.forward(cx, x.clone())?, x)),
+            Some(r) => {
+                // `x` goes into the call and no handle of it stays here, so its buffer can be
+                // written again by the op that produced it.
+                let mut o = cx.run(self.args(x, Some(r)), self.slot)?;
+                Ok((take(&mut o, self.op, "out")?, take(&mut o, self.op, "residual_out")?))
+            }
+        }
+    }
+}
+
+/// Rows of an embedding table, by token id.
+pub(crate) struct Embedding<'w> {
+    table: &'w HostTensor,
+    slot: Option<Slot>,
+}
+
+impl<'w> Embedding<'w> {
+    /// A lookup in `table` writing into `slot` (none: not kept).
+    pub(crate) fn new(table: &'w HostTensor, slot: Option<Slot>) -> Embedding<'w> {
+        Embedding { table, slot }
+    }
+
+    /// The rows of `ids` `[n]`: `[n, width]`.
+    pub(crate) fn forward(&self, cx: &mut Pass<'_>, ids: HostTensor) -> Result<HostTensor> {
+        cx.out(OpArgs::Embedding(EmbeddingArgs { ids, table: self.table.clone(), attrs: NoAttrs {} }), self.slot)
+    }
+}
+
+/// The exact GELU of `x` (outputs not kept).
+pub(crate) fn gelu(cx: &mut Pass<'_>, x: HostTensor) -> Result<HostTensor> {
+    cx.out(OpArgs::Gelu(GeluArgs { x, attrs: GeluAttrs::default() }), None)
+}
