@@ -142,7 +142,7 @@ fn create_temp(path: &Path) -> Result<(PathBuf, std::fs::File)> {
     let name = path.file_name().map_or_else(|| "out".into(), |n| n.to_string_lossy().into_owned());
     for _ in 0..64 {
         let n = TEMP_SEQ.fetch_add(1, Ordering::Relaxed);
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        let nanos = crate::time::now_subsec_nanos();
         let tmp = dir.join(format!(".{name}.{}.{n}.{nanos:08x}.tmp", std::process::id()));
         match std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp) {
             Ok(f) => return Ok((tmp, f)),

@@ -1,7 +1,7 @@
 //! Time: UTC timestamps as LayerZero writes them (`YYYY-MM-DDTHH:MM:SSZ`) and the clock.
 //!
 //! The pure core never reads the clock: an instant is passed in (a policy in force at
-//! `now`), and the edges (the runtime, PerfDB, tools) read it here.
+//! `now`), and the edges (the runtime, PerfDB, tools, `files`' temporary names) read it here.
 
 /// Now, in Unix seconds (0 if the clock is before 1970).
 pub fn now_unix() -> i64 {
@@ -11,6 +11,12 @@ pub fn now_unix() -> i64 {
 /// Now, in Unix milliseconds (0 if the clock is before 1970).
 pub fn now_unix_ms() -> u64 {
     since_epoch().map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The nanoseconds within the current second: a changing number for unique file names, not a
+/// measure of anything.
+pub fn now_subsec_nanos() -> u32 {
+    since_epoch().map_or(0, |d| d.subsec_nanos())
 }
 
 fn since_epoch() -> Option<std::time::Duration> {

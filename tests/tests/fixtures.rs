@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use layerzero::compare::{Category, compare, output_tolerance};
 use layerzero::exec::args::OpArgs;
@@ -15,10 +16,10 @@ use layerzero::exec::executor::{KernelError, Registry};
 use layerzero::model::op::Op;
 use layerzero::model::request::Request;
 use layerzero::schema::{SchemaKind, violations};
-use layerzero::select::Verdict;
+use layerzero::select::{Selector, Verdict};
 use layerzero::tensor::{HostTensor, io};
 use layerzero::transform::{apply_transforms, cast_outputs_back};
-use layerzero_tests::{TestResult, planner, repo_root};
+use layerzero_tests::{TestResult, repo_root};
 use safetensors::SafeTensors;
 
 /// Where the fixtures live.
@@ -127,7 +128,7 @@ fn fail(fixture: &str, kernel: &str, what: impl Into<String>) -> Failure {
 
 /// Runs every builtin kernel of the fixture's op; returns the failures and the kernels that
 /// produced a checked output.
-fn check(fx: &Fixture, registry: &Registry, failures: &mut Vec<Failure>) -> TestResult<Vec<String>> {
+fn check(fx: &Fixture, registry: &Registry, host: &Selector, failures: &mut Vec<Failure>) -> TestResult<Vec<String>> {
     let name = fx.name.as_str();
     let json: serde_json::Value = match serde_json::from_str(&fx.request_json) {
         Ok(v) => v,
@@ -164,8 +165,10 @@ fn check(fx: &Fixture, registry: &Registry, failures: &mut Vec<Failure>) -> Test
             return Ok(Vec::new());
         }
     };
-    // The capabilities say which kernels must take this request (a CPU profile, planning).
-    let report = planner("spr")?.explain(&request);
+    // The capabilities say which kernels must take this request on this machine (its detected
+    // profile, every backend counted as installed): an ISA the CPU lacks refuses the dtypes
+    // that need it.
+    let report = host.explain(&request);
     let admitted = |kernel: &str| report.candidate(kernel).is_some_and(|c| c.verdict != Verdict::Rejected);
     let mut checked = Vec::new();
     let kernels: Vec<String> =
@@ -182,8 +185,8 @@ fn check(fx: &Fixture, registry: &Registry, failures: &mut Vec<Failure>) -> Test
         };
         let outputs = match catch_unwind(AssertUnwindSafe(run)) {
             Ok(Ok(o)) => o,
-            Ok(Err(KernelError::Unsupported(why))) if !admitted(kernel) => {
-                eprintln!("fixture {name}: {kernel} skipped (unsupported, and its capabilities agree): {why}");
+            Ok(Err(KernelError::Unsupported(why) | KernelError::CompileFailed(why))) if !admitted(kernel) => {
+                eprintln!("fixture {name}: {kernel} skipped (refused here, and its capabilities agree): {why}");
                 continue;
             }
             Ok(Err(e)) => {
@@ -261,13 +264,16 @@ fn every_builtin_kernel_matches_the_pytorch_fixtures() -> TestResult {
         fixture_dir().display()
     );
     let registry = layerzero::builtin_registry();
+    let catalog = layerzero::Catalog::builtin()?;
+    let profile = Arc::new(layerzero::host::detect::detect_host().profile);
+    let host = Selector::planning(catalog, profile, Arc::new(layerzero::Policy::default()))?;
     let mut failures = Vec::new();
     let mut runs = 0;
     let mut ran = std::collections::BTreeSet::new();
     for path in &paths {
         match load(path) {
             Ok(fx) => {
-                let checked = check(&fx, &registry, &mut failures)?;
+                let checked = check(&fx, &registry, &host, &mut failures)?;
                 runs += checked.len();
                 ran.extend(checked);
             }

@@ -4,8 +4,11 @@
 use crate::backend::{cpu, cpu_reference, onednn};
 use crate::exec::executor::Registry;
 
-/// LayerZero's own executors: `cpu_reference` and `cpu`, and `onednn`'s when it loads.
+/// LayerZero's own executors: `cpu_reference` and `cpu`, and `onednn`'s when it loads. The
+/// process's settings are resolved first ([`super::process`]), so the kernels obey its ISA
+/// ceiling and oneDNN is searched where `LAYERZERO_ONEDNN_LIB` says.
 pub fn builtin_registry() -> Registry {
+    super::process();
     let mut r = Registry::new();
     cpu_reference::register(&mut r);
     cpu::register(&mut r);
