@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use crate::model::dtype::DType;
+use crate::tensor::HostTensor;
 
 /// Which row of the tolerance table applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -118,6 +119,37 @@ pub fn compare(reference: &[f64], out: &[f64], tol: Tolerance) -> Diff {
         f64::INFINITY
     };
     Diff { nmse, max_abs, violations, elements: reference.len().max(out.len()), first_violation }
+}
+
+/// Holds `out` to `reference` under the table's tolerance for `category` and an output of
+/// `dtype`: the one tolerance check of the test suites and the parity harness. The error
+/// names `what`, how many elements are outside, the worst difference and the first of them.
+pub fn check(what: &str, category: Category, dtype: DType, reference: &[f64], out: &[f64]) -> Result<(), String> {
+    check_within(what, output_tolerance(category, dtype), reference, out)
+        .map_err(|e| format!("{e} ({category:?} {dtype})"))
+}
+
+/// [`check`] of two tensors, which must also agree in shape and dtype.
+pub fn check_tensors(what: &str, category: Category, reference: &HostTensor, out: &HostTensor) -> Result<(), String> {
+    if (out.shape(), out.dtype()) != (reference.shape(), reference.dtype()) {
+        let (o, r) = ((out.shape(), out.dtype()), (reference.shape(), reference.dtype()));
+        return Err(format!("{what}: got {o:?}, expected {r:?}"));
+    }
+    check(what, category, reference.dtype(), &reference.to_f64_vec(), &out.to_f64_vec())
+}
+
+/// [`check`] under an explicit tolerance (values known in closed form, a bound a test states
+/// for a reason of its own).
+pub fn check_within(what: &str, tol: Tolerance, reference: &[f64], out: &[f64]) -> Result<(), String> {
+    let d = compare(reference, out, tol);
+    if d.violations == 0 {
+        return Ok(());
+    }
+    let first = d.first_violation.map(|(i, r, o)| format!("; first: [{i}] expected {r} got {o}")).unwrap_or_default();
+    Err(format!(
+        "{what}: {} of {} elements outside rtol={:e} atol={:e}, max |diff| {:e}{first}",
+        d.violations, d.elements, tol.rtol, tol.atol, d.max_abs
+    ))
 }
 
 #[cfg(test)]

@@ -406,6 +406,7 @@ fn panel(
 mod tests {
     use super::*;
     use crate::TestResult;
+    use layerzero_core::compare::{Tolerance, check_within, ulp_rel};
     use layerzero_core::model::attrs::{MlpAttrs, MoeRouteAttrs};
     use layerzero_core::tensor::rng::Rng;
     use layerzero_reference as cpu_reference;
@@ -420,6 +421,23 @@ mod tests {
         let mut r = Registry::new();
         register(&mut r);
         r.get(kernel).ok_or_else(|| KernelError::Failed(format!("{kernel} is not registered")))?.run(args)
+    }
+
+    /// Within `rtol * (|want| + max |want|)`, or one 16-bit step. The bound is relative to the
+    /// largest output, not the table's GEMM tolerance: expert outputs are weighted sums that
+    /// cancel, and with GELU the f32 kernel is 2.1e-6 from the oracle on an element of 5e-3
+    /// (its erfc approximation), outside the table's 1e-6 + 1e-6 |ref|.
+    fn within_experts_bound(what: &str, want: &HostTensor, got: &HostTensor) -> TestResult {
+        assert_eq!((got.shape(), got.dtype()), (want.shape(), want.dtype()), "{what}");
+        let w = want.to_f64_vec();
+        let scale = w.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        let rtol = match want.dtype() {
+            DType::F32 => 1e-5,
+            DType::F16 => 1e-3,
+            _ => 1e-2,
+        };
+        let tol = Tolerance { rtol, atol: rtol * scale, ulp: ulp_rel(want.dtype()) };
+        Ok(check_within(what, tol, &w, &got.to_f64_vec())?)
     }
 
     #[test]
@@ -503,25 +521,6 @@ mod tests {
         })
     }
 
-    /// |got - want| <= rtol * (|want| + max |want|), or one 16-bit ulp.
-    fn assert_close(got: &HostTensor, want: &HostTensor, what: &str) {
-        assert_eq!((got.shape(), got.dtype()), (want.shape(), want.dtype()), "{what}");
-        let (rtol, ulp) = match want.dtype() {
-            DType::F32 => (1e-5, 0.0),
-            DType::F16 => (1e-3, 2f64.powi(-10)),
-            _ => (1e-2, 2f64.powi(-7)),
-        };
-        let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
-        let scale = w.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-        for (n, (a, b)) in g.iter().zip(&w).enumerate() {
-            let d = (a - b).abs();
-            assert!(
-                d <= rtol * (b.abs() + scale) || d <= ulp * a.abs().max(b.abs()),
-                "{what}: element {n}: {a} vs {b} (scale {scale})"
-            );
-        }
-    }
-
     #[test]
     fn grouped_experts_match_the_reference() -> TestResult {
         let mut cases = 0;
@@ -538,7 +537,7 @@ mod tests {
                                 let want = reference(&a, "cpu_reference.moe_experts.naive")?;
                                 let got = fast(&a, MOE_EXPERTS)?;
                                 let what = format!("{dtype} t {t} e {e} k {k} h {h} {act:?}");
-                                assert_close(&got["out"], &want["out"], &what);
+                                within_experts_bound(&what, &want["out"], &got["out"])?;
                                 cases += 1;
                             }
                         }
@@ -556,10 +555,10 @@ mod tests {
             let a = moe_args(33, 8, 2, 48, 32, dtype, Activation::Gelu, 5)?;
             let want = reference(&OpArgs::MoeExperts(a.clone()), "cpu_reference.moe_experts.naive")?;
             let base = experts(&a, ROWS, IB)?;
-            assert_close(&base, &want["out"], "default blocking");
+            within_experts_bound("default blocking", &want["out"], &base)?;
             // Small panels and intermediate blocks that do not divide the dims.
             let small = experts(&a, 3, 5)?;
-            assert_close(&small, &want["out"], "panels of 3, blocks of 5");
+            within_experts_bound("panels of 3, blocks of 5", &want["out"], &small)?;
             // Thread count: bit-identical.
             for threads in [1, 2] {
                 let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
@@ -579,7 +578,7 @@ mod tests {
             v.experts = HostTensor::new(Storage::I64(a.experts.to_i64_vec().into()), a.experts.shape())?;
             assert!(!v.w_gate.is_contiguous() && !v.x.is_contiguous());
             let strided = experts(&v, ROWS, IB)?;
-            assert_close(&strided, &want["out"], "strided views");
+            within_experts_bound("strided views", &want["out"], &strided)?;
         }
         Ok(())
     }

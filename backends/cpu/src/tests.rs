@@ -2,6 +2,7 @@
 //! declared feature, strided views and every dtype; and their input errors.
 
 use crate::TestResult;
+use layerzero_core::compare::{self, Category};
 use layerzero_core::exec::args::{AttentionArgs, OpArgs, Outputs, PagedAttentionArgs, RopeArgs, strided_copy};
 use layerzero_core::exec::executor::{KernelError, Registry};
 use layerzero_core::exec::semantics::{alibi_distance, alibi_slopes, softmax_scale, visible_keys};
@@ -26,25 +27,13 @@ fn bhsd_view(x: &HostTensor) -> TestResult<HostTensor> {
     Ok(x.permute(&[0, 2, 1, 3])?.with_layout(Layout::Bhsd))
 }
 
-fn tol(dtype: DType) -> (f64, f64) {
-    match dtype {
-        DType::F32 => (2e-5, 2e-5),
-        DType::F16 => (2e-3, 2e-3),
-        _ => (1.6e-2, 1.6e-2),
-    }
-}
-
+/// The fast kernel's output, in the reference's layout and dtype, within the table's attention
+/// tolerance of it.
 fn assert_close(ours: &HostTensor, want: &HostTensor, what: &str) {
-    assert_eq!(ours.shape(), want.shape(), "{what}: shape");
-    assert_eq!(ours.dtype(), want.dtype(), "{what}: dtype");
     assert_eq!(ours.layout(), want.layout(), "{what}: layout");
     assert!(ours.is_contiguous(), "{what}: contiguous");
-    let (atol, rtol) = tol(want.dtype());
-    let (a, b) = (ours.to_f64_vec(), want.to_f64_vec());
-    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-        assert!(x.is_finite(), "{what}: element {i} is {x}");
-        assert!((x - y).abs() <= atol + rtol * y.abs(), "{what}: element {i}: {x} vs {y}");
-    }
+    let close = compare::check_tensors(what, Category::Attention, want, ours);
+    assert!(close.is_ok(), "{}", close.err().unwrap_or_default());
 }
 
 fn args(q: HostTensor, k: HostTensor, v: HostTensor, attrs: AttentionAttrs) -> AttentionArgs {
@@ -154,14 +143,10 @@ fn naive(a: &AttentionArgs) -> TestResult<Vec<f64>> {
     Ok(out)
 }
 
+/// The fast kernel's output within the table's attention tolerance of values computed in f64.
 fn close_values(ours: &HostTensor, want: &[f64], what: &str) {
-    let (atol, rtol) = tol(ours.dtype());
-    let got = ours.to_f64_vec();
-    assert_eq!(got.len(), want.len(), "{what}: size");
-    for (i, (x, y)) in got.iter().zip(want).enumerate() {
-        assert!(x.is_finite(), "{what}: element {i} is {x}");
-        assert!((x - y).abs() <= atol + rtol * y.abs(), "{what}: element {i}: {x} vs {y}");
-    }
+    let close = compare::check(what, Category::Attention, ours.dtype(), want, &ours.to_f64_vec());
+    assert!(close.is_ok(), "{}", close.err().unwrap_or_default());
 }
 
 /// Ours against the naive f64 attention, and against the reference oracle when it is cheap.

@@ -165,6 +165,7 @@ impl<'a> Heads<'a> {
 /// Deterministic inputs for the tests of this oracle and of the kernels held to it.
 #[doc(hidden)]
 pub mod test_util {
+    use layerzero_core::compare::{Tolerance, check_within};
     use layerzero_core::error::Result;
     use layerzero_core::model::layout::Layout;
     use layerzero_core::tensor::HostTensor;
@@ -186,12 +187,13 @@ pub mod test_util {
         Ok(HostTensor::from_f32(shape, values(n, seed))?.with_layout(layout))
     }
 
-    /// Asserts two slices agree within `tol` element-wise.
-    pub fn close(a: &[f32], b: &[f32], tol: f32) {
-        assert_eq!(a.len(), b.len(), "lengths differ");
-        for (i, (x, y)) in a.iter().zip(b).enumerate() {
-            assert!((x - y).abs() <= tol, "element {i}: {x} vs {y}");
-        }
+    /// Asserts that `got` is within `atol` of the values `want` computed in closed form (the
+    /// one tolerance check, `compare::check_within`, with an absolute bound).
+    pub fn close(got: &[f32], want: &[f32], atol: f32) {
+        let widen = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+        let tol = Tolerance { rtol: 0.0, atol: f64::from(atol), ulp: 0.0 };
+        let close = check_within("values", tol, &widen(want), &widen(got));
+        assert!(close.is_ok(), "{}", close.err().unwrap_or_default());
     }
 }
 
