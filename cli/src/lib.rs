@@ -34,6 +34,11 @@ use layerzero::policy::Policy;
 use layerzero::schema::{self, SchemaKind};
 use layerzero::select::Selector;
 
+/// What a unit test, or a helper of one, returns: a failed call is an `Err` the harness
+/// prints, not a panic.
+#[cfg(test)]
+type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
 /// What a command reports back to `main`.
 enum Outcome {
     Ok,

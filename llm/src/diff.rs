@@ -153,13 +153,14 @@ pub fn diff(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
 
-    fn t(v: &[f32]) -> HostTensor {
-        HostTensor::from_f32(&[v.len()], v.to_vec()).unwrap()
+    fn t(v: &[f32]) -> layerzero::error::Result<HostTensor> {
+        HostTensor::from_f32(&[v.len()], v.to_vec())
     }
 
     #[test]
-    fn the_first_divergence_is_named_in_forward_order_not_by_name() {
+    fn the_first_divergence_is_named_in_forward_order_not_by_name() -> TestResult {
         let mut r = BTreeMap::new();
         let mut o = BTreeMap::new();
         for (name, ours) in [
@@ -169,19 +170,20 @@ mod tests {
             ("layer.0.q", [1.0, 2.1]),
             ("logits.0", [9.0, 2.0]),
         ] {
-            r.insert(name.to_owned(), t(&[1.0, 2.0]));
-            o.insert(name.to_owned(), t(&ours));
+            r.insert(name.to_owned(), t(&[1.0, 2.0])?);
+            o.insert(name.to_owned(), t(&ours)?);
         }
-        let d = diff(&o, &r, 1e-3).unwrap();
+        let d = diff(&o, &r, 1e-3)?;
         let order: Vec<&str> = d.stages.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(order, ["hidden.0", "layer.0.attn_norm", "layer.0.q", "layer.0.ffn_out", "logits.0"]);
         assert_eq!(d.first_divergence.as_deref(), Some("layer.0.q"));
         assert!(!d.ok());
         assert!((d.stages[2].max_abs - 0.1).abs() < 1e-6);
+        Ok(())
     }
 
     #[test]
-    fn an_encoder_is_compared_before_its_decoder_and_extras_are_left_out() {
+    fn an_encoder_is_compared_before_its_decoder_and_extras_are_left_out() -> TestResult {
         let names = [
             "dec.layer.0.out",
             "logits.0",
@@ -190,20 +192,26 @@ mod tests {
             "batch.enc.hidden.0",
             "enc.layer.0.attn_out",
         ];
-        let r: BTreeMap<String, HostTensor> = names.iter().map(|n| ((*n).to_owned(), t(&[1.0]))).collect();
-        let d = diff(&r, &r, 1e-3).unwrap();
+        let r = names
+            .iter()
+            .map(|n| Ok(((*n).to_owned(), t(&[1.0])?)))
+            .collect::<TestResult<BTreeMap<String, HostTensor>>>()?;
+        let d = diff(&r, &r, 1e-3)?;
         let order: Vec<&str> = d.stages.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(order, ["enc.layer.0.attn_out", "enc.hidden.1", "dec.hidden.0", "dec.layer.0.out", "logits.0"]);
+        Ok(())
     }
 
     #[test]
-    fn a_missing_or_reshaped_tensor_is_an_error_naming_it() {
+    fn a_missing_or_reshaped_tensor_is_an_error_naming_it() -> TestResult {
         let mut r = BTreeMap::new();
-        r.insert("hidden.3".to_owned(), t(&[1.0]));
-        let e = diff(&BTreeMap::new(), &r, 1e-3).unwrap_err();
+        r.insert("hidden.3".to_owned(), t(&[1.0])?);
+        let e = diff(&BTreeMap::new(), &r, 1e-3).err().ok_or("a missing tensor must be refused")?;
         assert!(e.to_string().contains("hidden.3"), "{e}");
         let mut o = BTreeMap::new();
-        o.insert("hidden.3".to_owned(), t(&[1.0, 2.0]));
-        assert!(diff(&o, &r, 1e-3).unwrap_err().to_string().contains("shape"));
+        o.insert("hidden.3".to_owned(), t(&[1.0, 2.0])?);
+        let e = diff(&o, &r, 1e-3).err().ok_or("a reshaped tensor must be refused")?;
+        assert!(e.to_string().contains("shape"));
+        Ok(())
     }
 }

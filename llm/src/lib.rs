@@ -44,6 +44,11 @@ pub use weights::{Ffn, MoeWeights, Weights};
 use layerzero::error::Result;
 use layerzero::model::dtype::DType;
 
+/// What a unit test, or a helper of one, returns: a failed call is an `Err` the harness
+/// prints, not a panic.
+#[cfg(test)]
+type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
 /// A loaded model: its config and its weights in the compute dtype.
 #[derive(Debug, Clone)]
 pub struct Model {

@@ -190,6 +190,7 @@ mod synth_runs {
     use std::panic::{AssertUnwindSafe, catch_unwind};
 
     use super::cases;
+    use crate::TestResult;
     use layerzero::exec::executor::Registry;
     use layerzero::exec::synth::synthesize;
     use layerzero::model::op::Op;
@@ -199,18 +200,20 @@ mod synth_runs {
         format!("cpu_reference.{}.naive", op.as_str())
     }
 
-    fn run_reference(registry: &Registry, req: &Request, what: &str) {
-        let args = synthesize(req, 7).unwrap_or_else(|e| panic!("{what}: {e}"));
+    /// Synthesizes inputs for `req` and runs the reference kernel of its op on them.
+    fn run_reference(registry: &Registry, req: &Request, what: &str) -> TestResult {
+        let args = synthesize(req, 7).map_err(|e| format!("{what}: {e}"))?;
         assert_eq!(args.describe().op, req.op);
         let kernel = reference(req.op);
-        let exec = registry.get(&kernel).unwrap_or_else(|| panic!("{what}: no executor {kernel}"));
-        let out = catch_unwind(AssertUnwindSafe(|| exec.run(&args))).unwrap_or_else(|_| panic!("{what}: panicked"));
-        let out = out.unwrap_or_else(|e| panic!("{what}: {kernel} failed: {e}"));
+        let exec = registry.get(&kernel).ok_or_else(|| format!("{what}: no executor {kernel}"))?;
+        let out = catch_unwind(AssertUnwindSafe(|| exec.run(&args))).map_err(|_| format!("{what}: panicked"))?;
+        let out = out.map_err(|e| format!("{what}: {kernel} failed: {e}"))?;
         assert!(!out.is_empty(), "{what}: no outputs");
+        Ok(())
     }
 
     #[test]
-    fn every_parity_case_request_synthesizes_and_runs_on_the_reference() {
+    fn every_parity_case_request_synthesizes_and_runs_on_the_reference() -> TestResult {
         // The parity matrix covers every executable op with its variants (masks, ragged
         // packs, paged caches in both layouts and fp8, strided views, int4/int8 weights).
         let registry = layerzero::host::builtin_registry();
@@ -218,49 +221,52 @@ mod synth_runs {
         for case in cases::matrix(None, 1) {
             let req = case.args.describe();
             ops.insert(req.op);
-            run_reference(&registry, &req, &case.name);
+            run_reference(&registry, &req, &case.name)?;
         }
         let executable: Vec<Op> = Op::ALL.iter().copied().filter(|o| *o != Op::Tokenize).collect();
         for op in executable {
             assert!(ops.contains(&op), "no case covers {op}");
         }
+        Ok(())
     }
 
     #[test]
-    fn the_cpu_requests_of_the_selection_table_synthesize_and_run() {
+    fn the_cpu_requests_of_the_selection_table_synthesize_and_run() -> TestResult {
         let text = include_str!("../../../tests/data/selection_cases.json");
-        let cases: serde_json::Value = serde_json::from_str(text).unwrap();
+        let cases: serde_json::Value = serde_json::from_str(text)?;
         let registry = layerzero::host::builtin_registry();
         let cpu = ["zen4", "zen3", "spr", "icx"];
         let mut ran = 0;
-        for c in cases.as_array().unwrap() {
+        for c in cases.as_array().ok_or("the selection cases are a list")? {
             if !cpu.contains(&c["hardware"].as_str().unwrap_or("")) {
                 continue;
             }
             let Ok(req) = Request::from_value(c["request"].clone()) else { continue };
             let name = c["name"].as_str().unwrap_or("?");
             // Some cases are rejected by every kernel on purpose; they must still synthesize.
-            let args = synthesize(&req, 3).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let args = synthesize(&req, 3).map_err(|e| format!("{name}: {e}"))?;
             assert_eq!(args.op(), req.op);
             // Keep the test quick in debug builds: run the reference on the request with its
             // perf axes (batch, sequence, tokens) cut to at most 8, when that is small enough.
             let small = match layerzero::key::axes::values(&req) {
                 Some((v, n)) if n > 0 => {
                     let to: Vec<u64> = v[..n].iter().map(|&x| x.min(8)).collect();
-                    layerzero::key::axes::resize(&req, &to).unwrap_or_else(|e| panic!("{name}: {e}"))
+                    layerzero::key::axes::resize(&req, &to).map_err(|e| format!("{name}: {e}"))?
                 }
                 _ => req.clone(),
             };
             if small.tensors.values().map(|t| t.numel()).sum::<u64>() > 1 << 20 {
                 continue;
             }
-            let args = synthesize(&small, 3).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let args = synthesize(&small, 3).map_err(|e| format!("{name}: {e}"))?;
             if req.op != Op::Tokenize && registry.contains(&reference(req.op)) {
-                let exec = registry.get(&reference(req.op)).unwrap();
-                let _ = catch_unwind(AssertUnwindSafe(|| exec.run(&args))).unwrap_or_else(|_| panic!("{name}: panic"));
+                let exec = registry.get(&reference(req.op)).ok_or("the reference is registered")?;
+                // The run may refuse the request (some are refused on purpose); it must not panic.
+                let _ = catch_unwind(AssertUnwindSafe(|| exec.run(&args))).map_err(|_| format!("{name}: panic"))?;
                 ran += 1;
             }
         }
         assert!(ran >= 5, "only {ran} CPU requests ran");
+        Ok(())
     }
 }

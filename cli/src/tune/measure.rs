@@ -385,56 +385,61 @@ fn kernel_error(e: &KernelError) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
     use layerzero::exec::args::SiluArgs;
     use layerzero::model::attrs::NoAttrs;
     use layerzero::tensor::HostTensor;
 
-    fn args() -> OpArgs {
-        OpArgs::Silu(SiluArgs { x: HostTensor::from_f32(&[4], vec![1.0; 4]).unwrap(), attrs: NoAttrs {} })
+    fn args() -> TestResult<OpArgs> {
+        Ok(OpArgs::Silu(SiluArgs { x: HostTensor::from_f32(&[4], vec![1.0; 4])?, attrs: NoAttrs {} }))
     }
 
     #[test]
-    fn a_steady_kernel_gets_a_summary_within_the_sample_bounds() {
+    fn a_steady_kernel_gets_a_summary_within_the_sample_bounds() -> TestResult {
         let exec = |_: &OpArgs| -> Result<Outputs, KernelError> {
             std::thread::sleep(Duration::from_micros(200));
             Ok(Outputs::new())
         };
         let p = Protocol::quick();
-        let m = measure(&exec, &args(), &p, None).unwrap();
+        let m = measure(&exec, &args()?, &p, None).map_err(|e| e.message)?;
         assert!(m.summary.samples >= 1 && m.summary.samples + m.summary.rejected <= p.max_samples);
         assert!(m.summary.median >= 150_000.0, "{:?}", m.summary);
         assert!(m.warmup_runs >= 1);
+        Ok(())
     }
 
     #[test]
-    fn errors_and_panics_are_failures_not_crashes() {
+    fn errors_and_panics_are_failures_not_crashes() -> TestResult {
         let failing = |_: &OpArgs| -> Result<Outputs, KernelError> { Err(KernelError::Failed("boom".into())) };
-        let e = measure(&failing, &args(), &Protocol::quick(), None).unwrap_err();
+        let e = measure(&failing, &args()?, &Protocol::quick(), None).err().ok_or("a failing kernel must fail")?;
         assert!(e.message.contains("boom"), "{e:?}");
         let panicking = |_: &OpArgs| -> Result<Outputs, KernelError> { panic!("kaboom") };
         let prev = std::panic::take_hook();
         std::panic::set_hook(Box::new(|_| {}));
-        let e = measure(&panicking, &args(), &Protocol::quick(), None);
+        let e = measure(&panicking, &args()?, &Protocol::quick(), None);
         std::panic::set_hook(prev);
-        assert!(e.unwrap_err().message.contains("kaboom"));
+        assert!(e.err().ok_or("a panicking kernel must fail")?.message.contains("kaboom"));
+        Ok(())
     }
 
     #[test]
-    fn a_slow_kernel_stops_at_the_cap_with_the_minimum_samples() {
+    fn a_slow_kernel_stops_at_the_cap_with_the_minimum_samples() -> TestResult {
         let exec = |_: &OpArgs| -> Result<Outputs, KernelError> {
             std::thread::sleep(Duration::from_millis(30));
             Ok(Outputs::new())
         };
         let p = Protocol { time_cap: Duration::from_millis(50), min_samples_capped: 3, ..Protocol::quick() };
-        let m = measure(&exec, &args(), &p, None).unwrap();
+        let m = measure(&exec, &args()?, &p, None).map_err(|e| e.message)?;
         assert_eq!(m.stop, Stop::TimeCap);
         assert!(m.summary.samples >= 3 && m.summary.samples + m.summary.rejected <= 5, "{:?}", m.summary);
         assert_eq!(m.batch, 1);
+        Ok(())
     }
 
     #[test]
-    fn the_confidence_interval_shrinks_with_samples() {
+    fn the_confidence_interval_shrinks_with_samples() -> TestResult {
         let s = |n| Summary { samples: n, rejected: 0, median: 100.0, p10: 90.0, p90: 110.0, mad: 5.0, cv: 0.07 };
         assert!(rel_ci95(&s(40)) < rel_ci95(&s(10)));
+        Ok(())
     }
 }

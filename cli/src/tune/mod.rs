@@ -276,6 +276,7 @@ fn growth(results: &[KernelResult]) -> Vec<report::Growth> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
     use layerzero::model::dtype::DType;
     use layerzero::score::calibration::Calibration;
     use layerzero::select::ScoreSource;
@@ -289,36 +290,36 @@ mod tests {
         ]
     }"#;
 
-    fn opts(dir: &tempfile::TempDir) -> TuneOptions {
-        let w = Workload::from_json(TINY, "tiny.json").unwrap();
+    fn opts(dir: &tempfile::TempDir) -> TestResult<TuneOptions> {
+        let w = Workload::from_json(TINY, "tiny.json")?;
         let mut o = TuneOptions::new(w, "tiny.json", dir.path().join("perf.sqlite"));
         o.protocol = Protocol::quick();
-        o
+        Ok(o)
     }
 
     #[test]
-    fn tuning_writes_rows_that_the_selector_then_uses() {
-        let dir = tempfile::tempdir().unwrap();
-        let host = Host::detect(Catalog::builtin().unwrap()).unwrap();
-        let mut o = opts(&dir);
+    fn tuning_writes_rows_that_the_selector_then_uses() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let host = Host::detect(Catalog::builtin()?)?;
+        let mut o = opts(&dir)?;
         o.verify = true;
         let mut events = 0;
-        let report = tune_with(&host, &o, &mut |_| events += 1).unwrap();
+        let report = tune_with(&host, &o, &mut |_| events += 1)?;
         // tokens 1, 2, 3..4: three points, two CPU kernels each.
         assert_eq!(report.points, 3);
         assert_eq!(report.rows_written, 6, "{:#?}", report.results);
         assert!(report.results.iter().all(|r| r.status == Status::Measured && r.samples > 0));
         assert!(events > 0);
-        let v = report.verify.unwrap();
+        let v = report.verify.ok_or("a verified run reports its verification")?;
         assert_eq!(v.verified, 3);
         assert!(v.perfdb.worst >= 0.0 && v.model.worst >= 0.0);
-        let db = PerfDb::open(&o.perfdb).unwrap().db;
-        let rows = db.rows_for(&report.fingerprint).unwrap();
+        let db = PerfDb::open(&o.perfdb)?.db;
+        let rows = db.rows_for(&report.fingerprint)?;
         assert_eq!(rows.len(), 6);
         assert!(rows.iter().all(|r| r.origin == ORIGIN && r.key.len() == 32));
         let with = host.selector.clone().with_measurements(Arc::new(measurements(&rows, &host.selector)));
-        let pts = o.workload.points().unwrap();
-        let sel = with.select(&pts[0].request).unwrap();
+        let pts = o.workload.points()?;
+        let sel = with.select(&pts[0].request)?;
         assert!(
             matches!(sel.score.source, ScoreSource::Perfdb | ScoreSource::Blended),
             "{:?} {:?} {rows:#?}",
@@ -327,48 +328,51 @@ mod tests {
         );
         // A second run finds every pair stored and measures nothing.
         o.verify = false;
-        let again = tune_with(&host, &o, &mut |_| {}).unwrap();
+        let again = tune_with(&host, &o, &mut |_| {})?;
         assert_eq!(again.rows_written, 0);
         assert!(again.results.iter().all(|r| r.status == Status::Cached));
+        Ok(())
     }
 
     #[test]
-    fn calibrating_fits_every_measured_kernel_and_the_selector_models_with_it_on_this_machine_only() {
-        let dir = tempfile::tempdir().unwrap();
-        let host = Host::detect(Catalog::builtin().unwrap()).unwrap();
-        let mut o = opts(&dir);
+    fn calibrating_fits_every_measured_kernel_and_the_selector_models_with_it_on_this_machine_only() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let host = Host::detect(Catalog::builtin()?)?;
+        let mut o = opts(&dir)?;
         o.verify = true;
         let path = dir.path().join("cal").join("calibration.json");
         o.calibrate = Some(path.clone());
-        let report = tune_with(&host, &o, &mut |_| {}).unwrap();
-        let fits = &report.calibration.as_ref().unwrap().fits;
+        let report = tune_with(&host, &o, &mut |_| {})?;
+        let fits = &report.calibration.as_ref().ok_or("a calibrating run reports its fits")?.fits;
         // Two CPU kernels measured at three buckets each, in f32.
         assert_eq!(fits.len(), 2, "{fits:#?}");
         assert!(fits.iter().all(|f| f.points == 3 && f.dtype == DType::F32 && f.error_after <= f.error_before + 1e-9));
-        let v = report.verify.unwrap();
+        let v = report.verify.ok_or("a verified run reports its verification")?;
         assert!(v.calibrated.is_some() && v.buckets.iter().all(|b| b.calibrated.is_some()));
-        let cal = Calibration::load(&path).unwrap();
+        let cal = Calibration::load(&path)?;
         assert_eq!(cal.kernels, *fits);
-        let pts = o.workload.points().unwrap();
+        let pts = o.workload.points()?;
         let calibrated = host.selector.clone().with_calibration(Arc::new(cal.clone()));
-        let sel = calibrated.select(&pts[0].request).unwrap();
+        let sel = calibrated.select(&pts[0].request)?;
         assert!(sel.score.model.calibrated, "{:?}", sel.score.model);
         let mut elsewhere = cal;
         elsewhere.fingerprint = "another machine".into();
         let other = host.selector.clone().with_calibration(Arc::new(elsewhere));
         assert!(other.calibration().is_none());
-        assert!(!other.select(&pts[0].request).unwrap().score.model.calibrated);
+        assert!(!other.select(&pts[0].request)?.score.model.calibrated);
+        Ok(())
     }
 
     #[test]
-    fn a_spent_budget_lists_every_pair_as_skipped() {
-        let dir = tempfile::tempdir().unwrap();
-        let host = Host::detect(Catalog::builtin().unwrap()).unwrap();
-        let mut o = opts(&dir);
+    fn a_spent_budget_lists_every_pair_as_skipped() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let host = Host::detect(Catalog::builtin()?)?;
+        let mut o = opts(&dir)?;
         o.budget = Some(Duration::ZERO);
-        let report = tune_with(&host, &o, &mut |_| {}).unwrap();
+        let report = tune_with(&host, &o, &mut |_| {})?;
         assert_eq!(report.rows_written, 0);
         assert!(report.budget_exhausted);
         assert_eq!(report.skipped.iter().filter(|s| s.reason == "budget").count(), 6);
+        Ok(())
     }
 }

@@ -338,6 +338,7 @@ fn moe(f: &Fields<'_>, arch: Arch, layers: usize) -> Result<Option<MoeConfig>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
     use layerzero::model::attrs::RopeScaling;
 
     const LLAMA: &str = r#"{"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
@@ -348,27 +349,29 @@ mod tests {
         "dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": [2, 3]}"#;
 
     #[test]
-    fn a_llama3_config_reads_whole() {
-        let c = ModelConfig::parse(LLAMA, "config.json").unwrap();
+    fn a_llama3_config_reads_whole() -> TestResult {
+        let c = ModelConfig::parse(LLAMA, "config.json")?;
         assert_eq!((c.hidden, c.heads, c.kv_heads, c.head_dim, c.layers), (64, 4, 2, 16, 2));
         assert_eq!(c.rope.base, Some(500000.0));
         assert!(matches!(c.rope.scaling, Some(RopeScaling::Llama3 { original_max_position: 64, .. })));
         assert!(c.tied && !c.qkv_bias && !c.qk_norm);
         assert_eq!((c.dtype, c.bos, c.eos.clone()), (Some(DType::BF16), Some(1), vec![2, 3]));
         assert_eq!(c.windows, vec![None, None]);
+        Ok(())
     }
 
     #[test]
-    fn the_older_rope_scaling_spelling_reads_the_same() {
+    fn the_older_rope_scaling_spelling_reads_the_same() -> TestResult {
         let old = LLAMA.replace(
             r#""rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0,"#,
             r#""rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3","#,
         );
-        assert_eq!(ModelConfig::parse(&old, "c").unwrap(), ModelConfig::parse(LLAMA, "c").unwrap());
+        assert_eq!(ModelConfig::parse(&old, "c")?, ModelConfig::parse(LLAMA, "c")?);
+        Ok(())
     }
 
     #[test]
-    fn what_this_code_does_not_run_is_refused_with_the_field_and_value() {
+    fn what_this_code_does_not_run_is_refused_with_the_field_and_value() -> TestResult {
         let cases = [
             (LLAMA.replace(r#""llama""#, r#""gpt2""#), "field `model_type` is \"gpt2\""),
             (LLAMA.replace(r#""silu""#, r#""gelu""#), "field `hidden_act` is \"gelu\""),
@@ -388,23 +391,25 @@ mod tests {
             (LLAMA.replace("LlamaForCausalLM", "LlamaForSequenceClassification"), "field `architectures`"),
         ];
         for (text, want) in cases {
-            let err = ModelConfig::parse(&text, "m/config.json").unwrap_err().to_string();
+            let err = ModelConfig::parse(&text, "m/config.json").err().ok_or("the config must be refused")?.to_string();
             assert!(err.starts_with("m/config.json: ") && err.contains(want), "{err}");
         }
+        Ok(())
     }
 
     #[test]
-    fn mistral_windows_every_layer_and_qwen_only_the_marked_ones() {
+    fn mistral_windows_every_layer_and_qwen_only_the_marked_ones() -> TestResult {
         let m = r#"{"model_type": "mistral", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "sliding_window": 4}"#;
-        assert_eq!(ModelConfig::parse(m, "c").unwrap().windows, vec![Some(4), Some(4)]);
+        assert_eq!(ModelConfig::parse(m, "c")?.windows, vec![Some(4), Some(4)]);
         let q = r#"{"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "sliding_window": 8,
             "use_sliding_window": true, "layer_types": ["full_attention", "sliding_attention"]}"#;
-        let c = ModelConfig::parse(q, "c").unwrap();
+        let c = ModelConfig::parse(q, "c")?;
         assert_eq!(c.windows, vec![None, Some(8)]);
         assert!(c.qkv_bias && !c.o_bias);
         let off = q.replace(r#""use_sliding_window": true"#, r#""use_sliding_window": false"#);
-        assert_eq!(ModelConfig::parse(&off, "c").unwrap().windows, vec![None, None]);
+        assert_eq!(ModelConfig::parse(&off, "c")?.windows, vec![None, None]);
+        Ok(())
     }
 }

@@ -294,6 +294,7 @@ pub fn model_type(dir: &Path) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TestResult;
 
     const BART: &str = r#"{"model_type": "bart", "architectures": ["BartForConditionalGeneration"], "d_model": 64,
         "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
@@ -302,14 +303,15 @@ mod tests {
         "scale_embedding": false}"#;
 
     #[test]
-    fn a_bart_config_reads_whole() {
-        let c = Seq2SeqConfig::parse(BART, "c").unwrap();
+    fn a_bart_config_reads_whole() -> TestResult {
+        let c = Seq2SeqConfig::parse(BART, "c")?;
         assert_eq!((c.d_model, c.encoder_heads, c.decoder_ffn, c.decoder_start, c.pad), (64, 4, 128, 2, 1));
         assert!(c.tied);
+        Ok(())
     }
 
     #[test]
-    fn what_this_code_does_not_run_is_refused_with_the_field_and_value() {
+    fn what_this_code_does_not_run_is_refused_with_the_field_and_value() -> TestResult {
         for (from, to, want) in [
             (r#""gelu""#, r#""relu""#, "`activation_function` is \"relu\""),
             (r#""scale_embedding": false"#, r#""scale_embedding": true"#, "`scale_embedding` is true"),
@@ -319,5 +321,6 @@ mod tests {
             let err = Seq2SeqConfig::parse(&BART.replace(from, to), "m/config.json").unwrap_err().to_string();
             assert!(err.starts_with("m/config.json: ") && err.contains(want), "{err}");
         }
+        Ok(())
     }
 }
