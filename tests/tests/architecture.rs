@@ -12,7 +12,7 @@ use layerzero_tests::{TestResult, repo_root};
 
 /// The workspace's library crates, bottom up, with their source folders and the crates of the
 /// workspace each may depend on (normal dependencies).
-const LADDER: [(&str, &str, &[&str]); 9] = [
+const LADDER: [(&str, &str, &[&str]); 10] = [
     ("layerzero-core", "core/src", &[]),
     ("layerzero-dylib", "backends/dylib/src", &[]),
     ("layerzero-reference", "backends/reference/src", &["layerzero-core"]),
@@ -33,6 +33,7 @@ const LADDER: [(&str, &str, &[&str]); 9] = [
     ),
     ("layerzero-llm", "llm/src", &["layerzero"]),
     ("layerzero-cli", "cli/src", &["layerzero", "layerzero-llm"]),
+    ("layerzero-python", "bindings/python/src", &["layerzero"]),
 ];
 
 /// Runs cargo (the one running these tests) in the repository root and returns its output.

@@ -1,0 +1,151 @@
+"""The extension module of `layerzero`: the runtime's front door over torch tensors."""
+
+from os import PathLike
+from typing import Any, Optional, Union
+
+_Path = Union[str, PathLike[str]]
+
+class LayerZeroError(Exception):
+    """Every error LayerZero raises; `.reasons` lists each candidate's or attempt's reason."""
+
+    reasons: list[Reason]
+
+class InvalidInputError(LayerZeroError):
+    """A request, argument or document is malformed or names an unknown value (the message names it)."""
+
+class IoError(LayerZeroError):
+    """A file could not be read or written."""
+
+class SchemaError(LayerZeroError):
+    """A document does not satisfy its JSON Schema."""
+
+class NoKernelError(LayerZeroError):
+    """No kernel qualifies for the call; `.reasons` says why, per candidate."""
+
+class KernelFailedError(LayerZeroError):
+    """Kernels qualified, but every eligible one failed when it ran; `.reasons` lists each attempt."""
+
+class LockViolationError(LayerZeroError):
+    """A policy lock names a kernel that is not eligible."""
+
+class UnknownHardwareError(LayerZeroError):
+    """A named hardware profile does not exist."""
+
+class Reason:
+    """Why a kernel was refused: a stable code and a message with the numbers."""
+
+    @property
+    def code(self) -> Any:
+        """The code, a member of `layerzero.ReasonCode`."""
+    @property
+    def category(self) -> str:
+        """`availability`, `constraint`, `policy`, `transform`, `capacity`, `health`, ..."""
+    @property
+    def message(self) -> str: ...
+
+class Selection:
+    """The kernel a call gets, where the choice came from, and its score."""
+
+    kernel: str
+    backend: str
+    source: str
+    """`plan`, `cache` or `live`."""
+    transforms: list[str]
+    estimated_ns: float
+    score_source: str
+    """`model`, `perfdb` or `blended`."""
+    total_ns: float
+    candidates: int
+    rejected: int
+
+class Candidate:
+    """One candidate kernel's verdict."""
+
+    @property
+    def kernel(self) -> str: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def verdict(self) -> str:
+        """`selected`, `eligible` or `rejected`."""
+    @property
+    def reasons(self) -> list[Reason]: ...
+    @property
+    def transforms(self) -> list[str]: ...
+    @property
+    def total_ns(self) -> Optional[float]: ...
+
+class Report:
+    """Every candidate of a call, every reason, the arithmetic."""
+
+    @property
+    def selected(self) -> Optional[str]: ...
+    @property
+    def candidates(self) -> list[Candidate]: ...
+    @property
+    def request_errors(self) -> list[Reason]: ...
+    def candidate(self, kernel: str) -> Optional[Candidate]: ...
+    def to_json(self) -> str:
+        """The report as `lz explain --json` prints it."""
+
+class LayerZero:
+    """A handle of the runtime: one machine (detected or named), one policy, its plan and caches.
+
+    Builders consume the handle and return the new one:
+    `LayerZero.host().with_policy("policy.json").with_plan("plan.json", mode="strict")`.
+    """
+
+    @staticmethod
+    def host() -> LayerZero:
+        """This machine, configured by the `LAYERZERO_*` variables of the environment."""
+    @staticmethod
+    def detected() -> LayerZero:
+        """This machine with the default policy and no variables read."""
+    @staticmethod
+    def planning(hardware: str) -> LayerZero:
+        """Plans for a named profile (`h100`, `mi300x`, `spr`, ...) or a profile file."""
+    def with_policy(self, path: _Path) -> LayerZero: ...
+    def with_plan(self, path: _Path, mode: str = "prefer") -> LayerZero:
+        """Serves the dispatch table at `path`; `mode` is `off`, `prefer` or `strict`."""
+    def with_perfdb(self, path: _Path) -> LayerZero: ...
+    def select(self, op: str, **kwargs: Any) -> Selection:
+        """The kernel `op` gets: tensors (torch tensors) and attributes by name, e.g.
+        `select("attention", q=q, k=k, v=v, causal=True)`; q/k/v are [batch, seq, heads,
+        head_dim] unless `layout="BHSD"`; `layouts={"k_cache": "HND"}` tags others."""
+    def explain(self, op: str, **kwargs: Any) -> Report: ...
+    def which(self, op: str, **kwargs: Any) -> str: ...
+    def counters(self) -> dict[str, int]: ...
+    def readiness(self) -> list[dict[str, Any]]: ...
+    @property
+    def hardware(self) -> str: ...
+
+def host() -> LayerZero:
+    """The process-wide handle (made on first use from the environment, then shared)."""
+
+def select(op: str, **kwargs: Any) -> Selection:
+    """The kernel `op` gets on this machine (see `LayerZero.select`)."""
+
+def explain(op: str, **kwargs: Any) -> Report:
+    """Every candidate's verdict for `op` on this machine."""
+
+def which(op: str, **kwargs: Any) -> str:
+    """The id of the kernel `op` gets on this machine."""
+
+def counters() -> dict[str, int]:
+    """Plan and cache hits and misses, live selections, fallbacks of the process-wide handle."""
+
+def doctor() -> dict[str, Any]:
+    """This machine examined, as `lz doctor --json` reports it."""
+
+def readiness_check(
+    *,
+    table: Optional[_Path] = None,
+    policy: Optional[_Path] = None,
+    workload: Optional[_Path] = None,
+    perfdb: Optional[_Path] = None,
+    require_warm: bool = False,
+) -> list[dict[str, Any]]:
+    """The checks of `lz readiness-check`; each failed one names its fix."""
+
+def version() -> str: ...
+def reason_codes() -> list[tuple[str, str]]: ...

@@ -1,0 +1,44 @@
+//! The `layerzero` Python package's extension module (`layerzero._lz`): the runtime's front
+//! door over torch tensors. torch is never linked or imported here: tensors are read through
+//! their attributes.
+
+mod errors;
+mod handle;
+mod reason;
+mod report;
+mod request;
+
+use pyo3::prelude::*;
+
+/// The version of the LayerZero runtime this extension is built from.
+#[pyfunction]
+fn version() -> &'static str {
+    env!("CARGO_PKG_VERSION")
+}
+
+/// Every reason code as (name, category), in declaration order: what `layerzero.ReasonCode`
+/// is made of.
+#[pyfunction]
+fn reason_codes() -> Vec<(&'static str, &'static str)> {
+    layerzero::ReasonCode::ALL.iter().map(|c| (c.as_str(), c.category().as_str())).collect()
+}
+
+#[pymodule]
+fn _lz(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::register(m)?;
+    m.add_class::<handle::Handle>()?;
+    m.add_class::<report::Selection>()?;
+    m.add_class::<report::Report>()?;
+    m.add_class::<report::Candidate>()?;
+    m.add_class::<reason::Reason>()?;
+    m.add_function(wrap_pyfunction!(version, m)?)?;
+    m.add_function(wrap_pyfunction!(reason_codes, m)?)?;
+    m.add_function(wrap_pyfunction!(handle::host, m)?)?;
+    m.add_function(wrap_pyfunction!(handle::select, m)?)?;
+    m.add_function(wrap_pyfunction!(handle::explain, m)?)?;
+    m.add_function(wrap_pyfunction!(handle::which, m)?)?;
+    m.add_function(wrap_pyfunction!(handle::counters, m)?)?;
+    m.add_function(wrap_pyfunction!(handle::doctor, m)?)?;
+    m.add_function(wrap_pyfunction!(handle::readiness_check, m)?)?;
+    Ok(())
+}
