@@ -13,7 +13,7 @@ use std::thread::LocalKey;
 use super::rows::Elem;
 use layerzero_core::exec::args::Outputs;
 use layerzero_core::exec::executor::KernelError;
-use layerzero_core::tensor::{HostTensor, Storage, advise_huge};
+use layerzero_core::tensor::{Buf, HostTensor, Storage, advise_huge};
 
 /// `v` (a new, untouched buffer such as `vec![0f32; n]`, which is a calloc) with huge
 /// pages requested for it (buffers of 4 MiB and more; see [`advise_huge`]).
@@ -73,43 +73,52 @@ impl<T> std::ops::DerefMut for Aligned<T> {
 
 /// An output buffer of `T`: the one the caller handed in under the output's name, reused
 /// in place when it holds `T`, has room and is shared with nothing (so a decode loop that
-/// hands its outputs back allocates nothing), or a new one. The kernel writes `v`; `finish`
-/// makes the tensor.
+/// hands its outputs back allocates nothing), or a new one. A buffer lent by another runtime
+/// (a torch tensor, [`Region`](layerzero_core::tensor::Region)) is written in place when it
+/// is lent writable, whole and contiguous and holds exactly the output. The kernel writes
+/// `v`; `finish` makes the tensor.
 pub(super) struct Out<T: Elem> {
     /// The caller's storage, its buffer taken out for the kernel to write.
     shell: Option<Arc<Storage>>,
     /// The elements, all `n` of them (zeros until written).
-    pub(super) v: Vec<T>,
+    pub(super) v: Buf<T>,
 }
 
 impl<T: Elem> Out<T> {
     /// The buffer for output `name` of `n` elements.
     pub(super) fn take(buffers: &mut Outputs, name: &str, n: usize) -> Out<T> {
         if let Some(t) = buffers.remove(name) {
+            let whole = t.is_contiguous() && t.offset() == 0 && t.numel() == n;
             let mut shell = t.into_shared();
-            if let Some(v) = Arc::get_mut(&mut shell).and_then(T::vec_mut)
-                && v.capacity() >= n
-            {
-                let mut v = std::mem::take(v);
-                v.clear();
-                v.resize(n, T::ZERO);
-                return Out { shell: Some(shell), v };
+            if let Some(b) = Arc::get_mut(&mut shell).and_then(T::buf_mut) {
+                if b.is_lent() {
+                    if let (true, Some(s)) = (whole, b.lent_mut().filter(|s| s.len() == n)) {
+                        s.fill(T::ZERO);
+                        let v = std::mem::take(b);
+                        return Out { shell: Some(shell), v };
+                    }
+                } else if b.vec_mut().capacity() >= n {
+                    let mut v = std::mem::take(b.vec_mut());
+                    v.clear();
+                    v.resize(n, T::ZERO);
+                    return Out { shell: Some(shell), v: Buf::from(v) };
+                }
             }
         }
-        Out { shell: None, v: T::zeros(n) }
+        Out { shell: None, v: Buf::from(T::zeros(n)) }
     }
 
     /// The output tensor.
     pub(super) fn finish(self, shape: &[usize]) -> Result<HostTensor, KernelError> {
         let built = match self.shell {
-            Some(mut shell) => match Arc::get_mut(&mut shell).and_then(T::vec_mut) {
+            Some(mut shell) => match Arc::get_mut(&mut shell).and_then(T::buf_mut) {
                 Some(slot) => {
                     *slot = self.v;
                     HostTensor::from_shared(shell, shape)
                 }
-                None => HostTensor::new(T::storage(self.v), shape),
+                None => HostTensor::new(T::storage_of(self.v), shape),
             },
-            None => HostTensor::new(T::storage(self.v), shape),
+            None => HostTensor::new(T::storage_of(self.v), shape),
         };
         built.map_err(|e| KernelError::Failed(format!("building the output: {e}")))
     }

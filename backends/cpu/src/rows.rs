@@ -10,7 +10,7 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 use layerzero_core::exec::executor::KernelError;
-use layerzero_core::tensor::{Dims, HostTensor, Storage};
+use layerzero_core::tensor::{Buf, Dims, HostTensor, Storage};
 
 use super::alloc::{self, with_scratch};
 use super::pack::{invalid, read_f32};
@@ -146,7 +146,7 @@ impl<'a> View<'a> {
 }
 
 /// An output element type (f32, f16, bf16).
-pub(super) trait Elem: Copy + Send + Sync + 'static {
+pub(super) trait Elem: bytemuck::Pod + Send + Sync + 'static {
     /// Zero.
     const ZERO: Self;
     /// `n` zeros (calloc-backed: the pages are first touched by the kernel's writes; huge
@@ -197,11 +197,15 @@ pub(super) trait Elem: Copy + Send + Sync + 'static {
         });
     }
     /// The storage of these values.
-    fn storage(v: Vec<Self>) -> Storage;
+    fn storage(v: Vec<Self>) -> Storage {
+        Self::storage_of(Buf::from(v))
+    }
+    /// The storage of this buffer.
+    fn storage_of(b: Buf<Self>) -> Storage;
     /// The typed elements of `st`, when it holds this type.
     fn slice(st: &Storage) -> Option<&[Self]>;
     /// The buffer of `st`, when it holds this type.
-    fn vec_mut(st: &mut Storage) -> Option<&mut Vec<Self>>;
+    fn buf_mut(st: &mut Storage) -> Option<&mut Buf<Self>>;
 }
 
 impl Elem for f32 {
@@ -221,14 +225,14 @@ impl Elem for f32 {
     fn produce_par<E>(dst: &mut [f32], f: impl FnOnce(&mut [f32]) -> Result<(), E>) -> Result<(), E> {
         f(dst)
     }
-    fn storage(v: Vec<f32>) -> Storage {
-        Storage::F32(v.into())
+    fn storage_of(b: Buf<f32>) -> Storage {
+        Storage::F32(b)
     }
     fn slice(st: &Storage) -> Option<&[f32]> {
         if let Storage::F32(v) = st { Some(v) } else { None }
     }
-    fn vec_mut(st: &mut Storage) -> Option<&mut Vec<f32>> {
-        if let Storage::F32(v) = st { Some(v.vec_mut()) } else { None }
+    fn buf_mut(st: &mut Storage) -> Option<&mut Buf<f32>> {
+        if let Storage::F32(v) = st { Some(v) } else { None }
     }
 }
 
@@ -242,14 +246,14 @@ impl Elem for f16 {
         // half converts 8 at a time with F16C when the CPU has it (detected at run time).
         dst.convert_from_f32_slice(src);
     }
-    fn storage(v: Vec<f16>) -> Storage {
-        Storage::F16(v.into())
+    fn storage_of(b: Buf<f16>) -> Storage {
+        Storage::F16(b)
     }
     fn slice(st: &Storage) -> Option<&[f16]> {
         if let Storage::F16(v) = st { Some(v) } else { None }
     }
-    fn vec_mut(st: &mut Storage) -> Option<&mut Vec<f16>> {
-        if let Storage::F16(v) = st { Some(v.vec_mut()) } else { None }
+    fn buf_mut(st: &mut Storage) -> Option<&mut Buf<f16>> {
+        if let Storage::F16(v) = st { Some(v) } else { None }
     }
 }
 
@@ -278,14 +282,14 @@ impl Elem for bf16 {
             Src::Bf16(x) => simd::affine_bf16_bf16(x, n, w, b, dst, finite),
         }
     }
-    fn storage(v: Vec<bf16>) -> Storage {
-        Storage::BF16(v.into())
+    fn storage_of(b: Buf<bf16>) -> Storage {
+        Storage::BF16(b)
     }
     fn slice(st: &Storage) -> Option<&[bf16]> {
         if let Storage::BF16(v) = st { Some(v) } else { None }
     }
-    fn vec_mut(st: &mut Storage) -> Option<&mut Vec<bf16>> {
-        if let Storage::BF16(v) = st { Some(v.vec_mut()) } else { None }
+    fn buf_mut(st: &mut Storage) -> Option<&mut Buf<bf16>> {
+        if let Storage::BF16(v) = st { Some(v) } else { None }
     }
 }
 

@@ -84,7 +84,7 @@ impl Handle {
     /// This machine, configured by the `LAYERZERO_*` variables of the environment.
     #[staticmethod]
     fn host(py: Python<'_>) -> PyResult<Handle> {
-        guard(py, LayerZero::host).map(Handle::of)
+        guard(py, crate::host::build).map(Handle::of)
     }
 
     /// This machine with the default policy and no variables read.
@@ -185,7 +185,7 @@ fn to_python<'py>(py: Python<'py>, value: &impl Serialize) -> PyResult<Bound<'py
 /// The process-wide handle (`LayerZero.host()`, made on first use and shared).
 #[pyfunction]
 pub fn host(py: Python<'_>) -> PyResult<Handle> {
-    let lz = guard(py, layerzero::host)?;
+    let lz = guard(py, crate::host::current)?;
     Ok(Handle { runtime: Mutex::new(Some(Runtime::Process(lz))) })
 }
 
@@ -193,14 +193,14 @@ pub fn host(py: Python<'_>) -> PyResult<Handle> {
 #[pyfunction]
 #[pyo3(signature = (op, **kwargs))]
 pub fn select(py: Python<'_>, op: &str, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Selection> {
-    select_on(py, guard(py, layerzero::host)?, op, kwargs)
+    select_on(py, guard(py, crate::host::current)?, op, kwargs)
 }
 
 /// Every candidate's verdict for `op` on this machine.
 #[pyfunction]
 #[pyo3(signature = (op, **kwargs))]
 pub fn explain(py: Python<'_>, op: &str, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Report> {
-    explain_on(py, guard(py, layerzero::host)?, op, kwargs)
+    explain_on(py, guard(py, crate::host::current)?, op, kwargs)
 }
 
 /// The id of the kernel `op` gets on this machine.
@@ -213,7 +213,7 @@ pub fn which(py: Python<'_>, op: &str, kwargs: Option<&Bound<'_, PyDict>>) -> Py
 /// The process-wide handle's counters.
 #[pyfunction]
 pub fn counters(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
-    to_python(py, &guard(py, layerzero::host)?.counters())
+    to_python(py, &guard(py, crate::host::current)?.counters())
 }
 
 /// This machine examined, as `lz doctor --json` reports it: hardware, backends, shipped

@@ -4,9 +4,13 @@
 
 mod errors;
 mod handle;
+mod host;
+mod ops;
+mod pyexec;
 mod reason;
 mod report;
 mod request;
+mod tensors;
 
 use pyo3::prelude::*;
 
@@ -31,6 +35,10 @@ fn _lz(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<report::Report>()?;
     m.add_class::<report::Candidate>()?;
     m.add_class::<reason::Reason>()?;
+    m.add_class::<ops::Call>()?;
+    m.add_function(wrap_pyfunction!(ops::dispatch, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::register_executor, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::set_backend, m)?)?;
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_function(wrap_pyfunction!(reason_codes, m)?)?;
     m.add_function(wrap_pyfunction!(handle::host, m)?)?;

@@ -331,6 +331,18 @@ impl OpArgs {
         Request { op: self.op(), tensors, attrs: self.attrs() }
     }
 
+    /// Arguments of `op` from tensors by role name, each taken as it is (its strides and
+    /// layout tag kept: nothing is copied), and the op's attributes; a tensor the op does not
+    /// take is an error naming it.
+    pub fn from_tensors(op: Op, attrs: &Attrs, mut inputs: BTreeMap<&str, HostTensor>) -> Result<OpArgs> {
+        let mut take = |name: &str| -> Result<Option<HostTensor>> { Ok(inputs.remove(name)) };
+        let args = OpArgs::build(op, attrs, &mut take)?;
+        if let Some(extra) = inputs.keys().next() {
+            return Err(Error::invalid(format!("{op} takes no tensor `{extra}`")));
+        }
+        Ok(args)
+    }
+
     /// Arguments for `request` from tensors by name (e.g. read from safetensors). Each
     /// request tensor must be present with the request's dtype and shape; its layout tag and
     /// strides are applied (a strided request gets a strided view of the same values).

@@ -22,15 +22,35 @@ pub enum Residence {
     Mapped,
 }
 
-/// A buffer of `T`: a `Vec`, or `len` elements at byte `off` of a shared read-only map.
+/// Memory another runtime owns and lends to a tensor for as long as the tensor lives (a torch
+/// tensor's storage, seen from the Python package): the tensor reads it in place, and a
+/// kernel writes an output into it in place when it is lent writable.
 ///
-/// Reading never copies. Borrowing a mapped buffer mutably copies it into an owned `Vec`
-/// first (copy on write): the map is read-only and shared by every tensor of the file.
+/// An implementation returns the same bytes (same address, same length) on every call; the
+/// memory stays valid until the region is dropped.
+pub trait Region: Send + Sync {
+    /// The bytes lent.
+    fn bytes(&self) -> &[u8];
+    /// The bytes, writable; `None` when they are lent read-only (a kernel's input).
+    fn bytes_mut(&mut self) -> Option<&mut [u8]>;
+    /// The region itself, for the lender to recognize its own memory (and hand its own
+    /// object back instead of a copy).
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// A buffer of `T`: a `Vec`, `len` elements at byte `off` of a shared read-only map, or a
+/// foreign [`Region`].
+///
+/// Reading never copies. Borrowing a mapped buffer, or a region lent read-only, mutably copies
+/// it into an owned `Vec` first (copy on write): the map is shared by every tensor of the file,
+/// and the lender's input must not change. A region lent writable is written in place.
 pub struct Buf<T> {
-    /// The elements when owned (empty while mapped).
+    /// The elements when owned (empty while mapped or lent).
     vec: Vec<T>,
     /// `len` elements at byte `off` of a map, when mapped.
     map: Option<Mapped>,
+    /// The lender's memory, when lent.
+    lent: Option<Box<dyn Region>>,
 }
 
 #[derive(Clone)]
@@ -56,12 +76,38 @@ impl<T: Pod> Buf<T> {
         let slice = map.get(off..end)?;
         // Little-endian files are read in place only where the host is little-endian too.
         let in_place = cfg!(target_endian = "little") && bytemuck::try_cast_slice::<u8, T>(slice).is_ok();
-        in_place.then(|| Buf { vec: Vec::new(), map: Some(Mapped { map: Arc::clone(map), off, len }) })
+        in_place.then(|| Buf { vec: Vec::new(), map: Some(Mapped { map: Arc::clone(map), off, len }), lent: None })
+    }
+
+    /// The elements of a foreign region, read (and, when lent writable, written) in place; the
+    /// region back when its bytes are not a whole number of `T` on `T`'s alignment.
+    pub fn lent(region: Box<dyn Region>) -> Result<Buf<T>, Box<dyn Region>> {
+        if bytemuck::try_cast_slice::<u8, T>(region.bytes()).is_err() {
+            return Err(region);
+        }
+        Ok(Buf { vec: Vec::new(), map: None, lent: Some(region) })
     }
 
     /// True when the elements are read from a file mapping.
     pub fn is_mapped(&self) -> bool {
         self.map.is_some()
+    }
+
+    /// True when the elements are a foreign region's.
+    pub fn is_lent(&self) -> bool {
+        self.lent.is_some()
+    }
+
+    /// The foreign region, when the elements are one's.
+    pub fn region(&self) -> Option<&dyn Region> {
+        self.lent.as_deref()
+    }
+
+    /// The elements of a region lent writable, in place (`None` for any other buffer): where a
+    /// kernel writes an output the caller handed in.
+    pub fn lent_mut(&mut self) -> Option<&mut [T]> {
+        let bytes = self.lent.as_mut()?.bytes_mut()?;
+        bytemuck::try_cast_slice_mut(bytes).ok()
     }
 
     /// An owned copy whose memory asks Linux for transparent huge pages (`madvise`) before it
@@ -81,21 +127,30 @@ impl<T: Pod> Buf<T> {
         Buf::from(v)
     }
 
-    /// The elements as a `Vec` (a copy when mapped).
+    /// The elements as a `Vec` (a copy when mapped or lent).
     pub fn into_vec(self) -> Vec<T> {
-        match &self.map {
-            Some(m) => m.slice().to_vec(),
-            None => self.vec,
+        if self.map.is_some() || self.lent.is_some() {
+            return self.to_vec();
         }
+        self.vec
     }
 
-    /// The owned `Vec` (to grow or shrink in place), copying a mapped buffer into one first.
+    /// The owned `Vec` (to grow or shrink in place), copying a mapped or lent buffer into one
+    /// first (the lender's memory is then no longer written).
     pub fn vec_mut(&mut self) -> &mut Vec<T> {
         if let Some(m) = self.map.take() {
             self.vec = m.slice().to_vec();
         }
+        if let Some(r) = self.lent.take() {
+            self.vec = lent_slice::<T>(r.as_ref()).to_vec();
+        }
         &mut self.vec
     }
+}
+
+/// A region's bytes as `T` (checked whole and aligned when the buffer was made).
+fn lent_slice<T: Pod>(region: &dyn Region) -> &[T] {
+    bytemuck::cast_slice(region.bytes())
 }
 
 impl<T: Pod> Deref for Buf<T> {
@@ -103,9 +158,10 @@ impl<T: Pod> Deref for Buf<T> {
 
     #[inline]
     fn deref(&self) -> &[T] {
-        match &self.map {
-            Some(m) => m.slice(),
-            None => &self.vec,
+        match (&self.map, &self.lent) {
+            (Some(m), _) => m.slice(),
+            (None, Some(r)) => lent_slice(r.as_ref()),
+            (None, None) => &self.vec,
         }
     }
 }
@@ -113,13 +169,23 @@ impl<T: Pod> Deref for Buf<T> {
 impl<T: Pod> DerefMut for Buf<T> {
     #[inline]
     fn deref_mut(&mut self) -> &mut [T] {
+        if self.lent.as_mut().is_some_and(|r| r.bytes_mut().is_some()) {
+            // Whole and aligned: checked when the buffer was made.
+            return self.lent_mut().unwrap_or_default();
+        }
         self.vec_mut()
     }
 }
 
 impl<T> From<Vec<T>> for Buf<T> {
     fn from(vec: Vec<T>) -> Buf<T> {
-        Buf { vec, map: None }
+        Buf { vec, map: None, lent: None }
+    }
+}
+
+impl<T> Default for Buf<T> {
+    fn default() -> Buf<T> {
+        Buf { vec: Vec::new(), map: None, lent: None }
     }
 }
 
@@ -135,9 +201,13 @@ impl<T: Send> rayon::iter::FromParallelIterator<T> for Buf<T> {
     }
 }
 
-impl<T: Clone> Clone for Buf<T> {
+/// A clone of a lent buffer is an owned copy: the lender lent its memory to one tensor.
+impl<T: Pod> Clone for Buf<T> {
     fn clone(&self) -> Buf<T> {
-        Buf { vec: self.vec.clone(), map: self.map.clone() }
+        match &self.lent {
+            Some(r) => Buf::from(lent_slice::<T>(r.as_ref()).to_vec()),
+            None => Buf { vec: self.vec.clone(), map: self.map.clone(), lent: None },
+        }
     }
 }
 

@@ -6,7 +6,7 @@ pub mod fp8;
 pub mod io;
 pub mod rng;
 
-pub use buf::{Buf, Residence, advise_huge};
+pub use buf::{Buf, Region, Residence, advise_huge};
 
 use std::sync::Arc;
 
@@ -67,6 +67,76 @@ impl Storage {
             Storage::I8(v) => v.is_mapped(),
             Storage::I32(v) => v.is_mapped(),
             Storage::I64(v) => v.is_mapped(),
+            Storage::Bool(_) => false,
+        }
+    }
+
+    /// The elements of a foreign region read (and written, when lent writable) in place, as
+    /// `dtype`; an error when the region is not a whole number of aligned elements of `dtype`,
+    /// or `dtype` is bool (held as `Vec<bool>`, which no foreign memory is).
+    pub fn lent(dtype: DType, region: Box<dyn Region>) -> Result<Storage> {
+        fn wrap<T: bytemuck::Pod>(r: Box<dyn Region>, f: impl FnOnce(Buf<T>) -> Storage) -> Result<Storage> {
+            let n = r.bytes().len();
+            Buf::lent(r).map(f).map_err(|_| {
+                Error::invalid(format!(
+                    "{n} bytes are not a whole number of aligned {}-byte elements",
+                    size_of::<T>()
+                ))
+            })
+        }
+        match dtype {
+            DType::F32 => wrap(region, Storage::F32),
+            DType::F16 => wrap(region, Storage::F16),
+            DType::BF16 => wrap(region, Storage::BF16),
+            DType::Fp8E4M3 => wrap(region, Storage::Fp8E4M3),
+            DType::Fp8E5M2 => wrap(region, Storage::Fp8E5M2),
+            DType::I8 => wrap(region, Storage::I8),
+            DType::I32 => wrap(region, Storage::I32),
+            DType::I64 => wrap(region, Storage::I64),
+            DType::Bool => Err(Error::invalid("bool tensors are copied, not lent")),
+        }
+    }
+
+    /// The foreign region the elements are, when they are one's ([`Storage::lent`]).
+    pub fn region(&self) -> Option<&dyn Region> {
+        match self {
+            Storage::F32(v) => v.region(),
+            Storage::F16(v) => v.region(),
+            Storage::BF16(v) => v.region(),
+            Storage::Fp8E4M3(v) | Storage::Fp8E5M2(v) => v.region(),
+            Storage::I8(v) => v.region(),
+            Storage::I32(v) => v.region(),
+            Storage::I64(v) => v.region(),
+            Storage::Bool(_) => None,
+        }
+    }
+
+    /// The elements' bytes in memory order (little-endian hosts: the order torch and
+    /// safetensors use); bool as one byte 0 or 1.
+    pub fn bytes(&self) -> std::borrow::Cow<'_, [u8]> {
+        use std::borrow::Cow;
+        match self {
+            Storage::F32(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
+            Storage::F16(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
+            Storage::BF16(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
+            Storage::Fp8E4M3(v) | Storage::Fp8E5M2(v) => Cow::Borrowed(v),
+            Storage::I8(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
+            Storage::I32(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
+            Storage::I64(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
+            Storage::Bool(v) => Cow::Owned(v.iter().map(|&b| u8::from(b)).collect()),
+        }
+    }
+
+    /// True when the elements are a foreign region's ([`Storage::lent`]).
+    pub fn is_lent(&self) -> bool {
+        match self {
+            Storage::F32(v) => v.is_lent(),
+            Storage::F16(v) => v.is_lent(),
+            Storage::BF16(v) => v.is_lent(),
+            Storage::Fp8E4M3(v) | Storage::Fp8E5M2(v) => v.is_lent(),
+            Storage::I8(v) => v.is_lent(),
+            Storage::I32(v) => v.is_lent(),
+            Storage::I64(v) => v.is_lent(),
             Storage::Bool(_) => false,
         }
     }
@@ -243,6 +313,13 @@ impl HostTensor {
             )));
         }
         Ok(HostTensor::make(storage, Dims::from_slice(shape), row_major_strides(shape), 0, None))
+    }
+
+    /// A strided view over `storage` (every element it addresses must exist): how a foreign
+    /// tensor's memory, lent as a region, is seen with its own shape and strides.
+    pub fn strided(storage: Storage, shape: &[usize], strides: &[usize], offset: usize) -> Result<HostTensor> {
+        let n = storage.len();
+        HostTensor::new(storage, &[n])?.view(shape, strides, offset)
     }
 
     /// The shared storage itself: its address is this tensor's identity (caches of derived

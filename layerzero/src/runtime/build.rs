@@ -379,6 +379,28 @@ impl LayerZero {
         self.rebuilt(None)
     }
 
+    /// Records what the host found of an external backend it loads itself (a Python library
+    /// the Python package imported, or failed to): its status, and the library and version it
+    /// loaded, which kernels' `library_versions` are checked against
+    /// (`BACKEND_VERSION_UNSUPPORTED`). Register the backend's executors after this.
+    pub fn with_backend(
+        mut self,
+        backend: &str,
+        status: crate::select::BackendStatus,
+        library: Option<crate::select::LoadedLibrary>,
+    ) -> Result<LayerZero> {
+        if self.parts.catalog.backend(backend).is_none() {
+            return Err(Error::invalid(format!("backend {backend:?} is not in the catalog")));
+        }
+        if !self.parts.availability.is_planning() {
+            self.parts.availability.set(backend, status);
+        }
+        if let Some(lib) = library {
+            self.parts.availability.set_library(backend, lib);
+        }
+        self.rebuilt(None)
+    }
+
     /// The same handle with a selection cache of `slots` slots (0 disables caching).
     pub fn with_cache_capacity(mut self, slots: usize) -> LayerZero {
         self.cache = SelectionCache::new(slots);

@@ -45,6 +45,8 @@ from ._lz import (
     which,
 )
 
+from . import ops  # noqa: E402
+
 __version__ = version()
 
 ReasonCode = _enum.Enum("ReasonCode", [(name, name) for name, _ in _lz.reason_codes()], module=__name__)

@@ -1,0 +1,225 @@
+//! Ops on torch tensors through the runtime (`layerzero.ops`): the tensors are lent in place,
+//! the kernel is selected on a plan or cache hit and run with the GIL released, and the
+//! outputs are written into the buffers the caller hands in (no copy) whenever the kernel can;
+//! otherwise they come back as views of lent memory, or are copied into the buffers once.
+
+use std::collections::BTreeMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+
+use layerzero::exec::args::{OpArgs, Outputs};
+use layerzero::exec::executor::panic_text;
+use layerzero::model::attrs::Attrs;
+use layerzero::model::layout::Layout;
+use layerzero::model::op::Op;
+use layerzero::model::request::Request;
+use layerzero::tensor::HostTensor;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use crate::errors::{LayerZeroError, invalid, to_py};
+use crate::host;
+use crate::pyexec::PyExecutor;
+use crate::tensors::{Lent, lend, meta, to_torch};
+
+/// The names outputs go by (`Outputs` keys are static).
+const OUTPUT_NAMES: [&str; 7] = ["out", "out_k", "residual_out", "tokens", "scale", "experts", "weights"];
+
+/// The static name of an output, when it is one.
+pub fn output_name(name: &str) -> Option<&'static str> {
+    OUTPUT_NAMES.iter().copied().find(|n| *n == name)
+}
+
+/// One shape of call: the op, its attributes (parsed and checked once), the tensor roles in
+/// argument order, the layout the attention tensors are in, and the outputs. `layerzero.ops`
+/// makes one per distinct set of attributes and keeps it.
+#[pyclass(module = "layerzero", frozen)]
+pub struct Call {
+    op: Op,
+    attrs: Attrs,
+    inputs: Vec<String>,
+    layout: Option<Layout>,
+    outputs: Vec<&'static str>,
+}
+
+#[pymethods]
+impl Call {
+    #[new]
+    #[pyo3(signature = (op, attrs, inputs, outputs, layout = None))]
+    fn new(
+        op: &str,
+        attrs: &Bound<'_, PyDict>,
+        inputs: Vec<String>,
+        outputs: Vec<String>,
+        layout: Option<&str>,
+    ) -> PyResult<Call> {
+        let attrs_json: String = attrs.py().import("json")?.call_method1("dumps", (attrs,))?.extract()?;
+        let value = serde_json::json!({"op": op, "tensors": {}, "attrs": serde_json::from_str::<serde_json::Value>(&attrs_json)
+            .map_err(|e| invalid(e.to_string()))?});
+        let request = Request::from_value(value).map_err(|e| invalid(e.to_string()))?;
+        let layout = layout
+            .map(|l| {
+                Layout::from_name(l)
+                    .ok_or_else(|| invalid(format!("argument `layout`: {l:?}: expected BSHD or BHSD")))
+            })
+            .transpose()?;
+        let outputs = outputs
+            .iter()
+            .map(|o| output_name(o).ok_or_else(|| invalid(format!("{o:?} is not an output name"))))
+            .collect::<PyResult<_>>()?;
+        Ok(Call { op: request.op, attrs: request.attrs, inputs, layout, outputs })
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Call({}, {:?})", self.op, self.attrs)
+    }
+}
+
+impl Call {
+    /// The layout tag of input `name` (attention's q, k, v).
+    fn layout_of(&self, name: &str) -> Option<Layout> {
+        matches!(name, "q" | "k" | "v").then_some(self.layout).flatten()
+    }
+}
+
+/// Runs one call: `inputs` in the call's role order (None for an absent optional tensor),
+/// `outs` the output buffers in the call's output order (None: the kernel allocates). Returns
+/// the outputs (the buffers themselves where the kernel wrote them) and the kernel that ran.
+#[pyfunction]
+pub fn dispatch<'py>(
+    py: Python<'py>,
+    call: &Bound<'py, Call>,
+    inputs: &Bound<'py, PyTuple>,
+    outs: &Bound<'py, PyTuple>,
+) -> PyResult<(Bound<'py, PyTuple>, String)> {
+    let call = call.get();
+    let lz = host::current().map_err(|e| to_py(py, &e))?;
+    let mut tensors: BTreeMap<&str, HostTensor> = BTreeMap::new();
+    let mut on_device: Option<(String, String)> = None;
+    for (name, value) in call.inputs.iter().zip(inputs.iter()) {
+        if value.is_none() {
+            continue;
+        }
+        let m = meta(name, &value)?;
+        if !m.cpu {
+            on_device.get_or_insert((name.clone(), m.device.clone()));
+            continue;
+        }
+        tensors.insert(name, lend(name, &value, &m, false, call.layout_of(name))?);
+    }
+    if let Some((name, device)) = on_device {
+        return Err(device_error(py, lz, call, inputs, &name, &device));
+    }
+    let args = OpArgs::from_tensors(call.op, &call.attrs, tensors).map_err(|e| to_py(py, &e))?;
+    let mut buffers = Outputs::new();
+    let mut given: Vec<Option<Bound<'py, PyAny>>> = Vec::with_capacity(call.outputs.len());
+    for (name, value) in call.outputs.iter().zip(outs.iter()) {
+        if value.is_none() {
+            given.push(None);
+            continue;
+        }
+        let m = meta(name, &value)?;
+        buffers.insert(name, lend(name, &value, &m, true, None)?);
+        given.push(Some(value));
+    }
+    let ran = py.detach(|| {
+        catch_unwind(AssertUnwindSafe(|| {
+            lz.dispatch_into(&args, buffers).map(|d| {
+                let kernel = d.selection().kernel.clone();
+                (d.outputs, kernel)
+            })
+        }))
+    });
+    drop(args);
+    let (mut outputs, kernel) = match ran {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return Err(to_py(py, &e)),
+        Err(p) => {
+            return Err(LayerZeroError::new_err(format!(
+                "internal error (a bug in LayerZero; please report it): {}",
+                panic_text(p.as_ref())
+            )));
+        }
+    };
+    let mut result = Vec::with_capacity(call.outputs.len());
+    for (name, buffer) in call.outputs.iter().zip(given) {
+        let t = outputs
+            .remove(name)
+            .ok_or_else(|| LayerZeroError::new_err(format!("{kernel} did not produce output `{name}`")))?;
+        result.push(match buffer {
+            Some(b) if written_in(&t, &b)? => b,
+            Some(b) => {
+                b.call_method1("copy_", (to_torch(py, &t)?,))?;
+                b
+            }
+            None => to_torch(py, &t)?,
+        });
+    }
+    Ok((PyTuple::new(py, result)?, kernel))
+}
+
+/// True when the kernel wrote output `t` into the buffer `b` the caller handed in.
+fn written_in(t: &HostTensor, b: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let Some(lent) = t.storage().region().and_then(|r| r.as_any().downcast_ref::<Lent>()) else {
+        return Ok(false);
+    };
+    Ok(lent.owned_by(b))
+}
+
+/// Tensors on a device LayerZero's own kernels cannot read: what selection says of them (the
+/// reasons no kernel runs there), or that the kernel chosen for them runs in Python.
+fn device_error(
+    py: Python<'_>,
+    lz: &layerzero::runtime::LayerZero,
+    call: &Call,
+    inputs: &Bound<'_, PyTuple>,
+    name: &str,
+    device: &str,
+) -> PyErr {
+    let kwargs = PyDict::new(py);
+    for (n, v) in call.inputs.iter().zip(inputs.iter()) {
+        if !v.is_none() {
+            let _ = kwargs.set_item(n, v);
+        }
+    }
+    let described = crate::request::describe_with(call.op.as_str(), &kwargs, call.layout, &call.attrs);
+    match described.and_then(|req| crate::errors::guard(py, || lz.select(&req).map(|h| h.kernel.clone()))) {
+        Err(e) => e,
+        Ok(kernel) => invalid(format!(
+            "argument `{name}` is on device {device}: {kernel} was selected for it, but only CPU tensors \
+             run through layerzero.ops in this build; call {kernel}'s library directly"
+        )),
+    }
+}
+
+/// Binds a declared kernel to a Python callable `fn(tensors: dict, attrs: dict)` returning the
+/// output tensor or a dict of outputs.
+#[pyfunction]
+pub fn register_executor(py: Python<'_>, kernel: String, func: Py<PyAny>) -> PyResult<()> {
+    let executor = Arc::new(PyExecutor::new(kernel.clone(), func));
+    py.detach(|| host::register(kernel, executor)).map_err(|e| to_py(py, &e))
+}
+
+/// Records what Python found of an external backend: installed (its library's `version`
+/// and where it was imported from), or not, with `error` (the import error). Kernels whose
+/// `library_versions` exclude `version` are refused (`BACKEND_VERSION_UNSUPPORTED`); those of
+/// a backend that is not installed, `BACKEND_NOT_INSTALLED` with the error.
+#[pyfunction]
+#[pyo3(signature = (backend, installed, *, version = None, path = None, error = None))]
+pub fn set_backend(
+    py: Python<'_>,
+    backend: String,
+    installed: bool,
+    version: Option<String>,
+    path: Option<String>,
+    error: Option<String>,
+) -> PyResult<()> {
+    use layerzero::select::{BackendStatus, LoadedLibrary};
+    let status = if installed {
+        BackendStatus::Available
+    } else {
+        BackendStatus::NotInstalled(error.unwrap_or_else(|| format!("the Python library of {backend} is not installed")))
+    };
+    let library = version.map(|version| LoadedLibrary { path: path.unwrap_or_default(), version, isa: None });
+    py.detach(|| host::set_backend(backend, status, library)).map_err(|e| to_py(py, &e))
+}
