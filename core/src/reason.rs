@@ -105,6 +105,10 @@ reason_codes! {
     BACKEND_VERSION_UNSUPPORTED => Availability,
     /// No executor is registered for the kernel in this process (it can be planned, not run).
     EXECUTOR_NOT_REGISTERED => Availability,
+    /// The kernel's executor is registered but has not passed its self-test against the
+    /// reference on this machine (`lz.selftest()`), and the policy does not allow unverified
+    /// executors (`allow_unverified`).
+    EXECUTOR_UNVERIFIED => Availability,
     /// The runtime marked the backend (or the kernel's circuit) unhealthy after failures.
     BACKEND_UNHEALTHY => Health,
     /// The kernel errored or panicked while running; the runtime fell back.

@@ -22,13 +22,13 @@ use crate::request::describe;
 
 /// The runtime a handle holds: the process-wide one, or one of its own.
 #[derive(Clone)]
-enum Runtime {
+pub(crate) enum Runtime {
     Process(&'static LayerZero),
     Own(Arc<LayerZero>),
 }
 
 impl Runtime {
-    fn get(&self) -> &LayerZero {
+    pub(crate) fn get(&self) -> &LayerZero {
         match self {
             Runtime::Process(lz) => lz,
             Runtime::Own(lz) => lz,
@@ -49,7 +49,7 @@ impl Handle {
     }
 
     /// The runtime, for one call.
-    fn runtime(&self) -> PyResult<Runtime> {
+    pub(crate) fn runtime(&self) -> PyResult<Runtime> {
         let held = self.runtime.lock().map_err(|_| LayerZeroError::new_err("the handle's lock was poisoned"))?;
         held.clone().ok_or_else(|| LayerZeroError::new_err("this handle was consumed by a builder (with_policy, ...)"))
     }
@@ -115,6 +115,13 @@ impl Handle {
             other => return Err(invalid(format!("argument `mode`: {other:?}: expected off, prefer or strict"))),
         };
         self.rebuild(py, |lz| lz.with_plan_file(&path, mode))
+    }
+
+    /// This handle with faults injected for drills (`LAYERZERO_FAULTS`' form:
+    /// `KERNEL_OR_BACKEND=MODE[,...]`, modes error, panic, hang, slow:MS, nan, oom,
+    /// device_lost, fail_first:N).
+    fn with_faults(&self, py: Python<'_>, spec: &str) -> PyResult<Handle> {
+        self.rebuild(py, |lz| lz.with_faults(spec))
     }
 
     /// This handle scoring with the measured times of the PerfDB at `path`.

@@ -1,6 +1,7 @@
 //! The Python process's handle: `LayerZero::host()` with the executors Python registered and
-//! the backends Python probed (their import status and versions). Registering rebuilds it;
-//! a call reads the current one with one atomic load (no lock on the hot path). A replaced
+//! the backends Python probed (their import status and versions). Registering marks it stale
+//! and the next call rebuilds it; a call reads the current one with one atomic load (no lock
+//! on the hot path). A replaced
 //! handle is kept alive, never freed, so that a call still running on it stays valid: a
 //! process registers its backends a handful of times, at import and first use.
 #![allow(unsafe_code)]
@@ -19,7 +20,8 @@ static CURRENT: AtomicPtr<LayerZero> = AtomicPtr::new(std::ptr::null_mut());
 #[derive(Default)]
 struct Installed {
     backends: Vec<(String, BackendStatus, Option<LoadedLibrary>)>,
-    executors: Vec<(String, Arc<dyn Executor>)>,
+    /// Kernel, executor, and whether it passed its self-test here.
+    executors: Vec<(String, Arc<dyn Executor>, bool)>,
 }
 
 static INSTALLED: Mutex<Installed> = Mutex::new(Installed { backends: Vec::new(), executors: Vec::new() });
@@ -28,7 +30,7 @@ static INSTALLED: Mutex<Installed> = Mutex::new(Installed { backends: Vec::new()
 pub fn current() -> Result<&'static LayerZero> {
     let p = CURRENT.load(Ordering::Acquire);
     if p.is_null() {
-        return rebuild(|_| Ok(()));
+        return rebuild();
     }
     // SAFETY: a non-null pointer in CURRENT came from `Box::leak` in `rebuild` and is never
     // freed, so it stays a valid shared reference for the rest of the process.
@@ -47,40 +49,61 @@ fn build_from(installed: &Installed) -> Result<LayerZero> {
     for (backend, status, library) in &installed.backends {
         lz = lz.with_backend(backend, status.clone(), library.clone())?;
     }
-    for (kernel, executor) in &installed.executors {
-        lz = lz.register(kernel, executor.clone())?;
+    for (kernel, executor, verified) in &installed.executors {
+        lz = if *verified {
+            lz.register(kernel, executor.clone())?
+        } else {
+            lz.register_unverified(kernel, executor.clone())?
+        };
     }
     Ok(lz)
 }
 
-/// Records a backend's status and library; the handle is rebuilt.
+/// Records a backend's status and library; the handle is rebuilt on next use.
 pub fn set_backend(backend: String, status: BackendStatus, library: Option<LoadedLibrary>) -> Result<()> {
-    rebuild(|i| {
+    check(|lz| lz.catalog().backend(&backend).is_some(), || format!("backend {backend:?} is not in the catalog"))?;
+    record(|i| {
         i.backends.retain(|(b, ..)| *b != backend);
         i.backends.push((backend, status, library));
-        Ok(())
     })
-    .map(|_| ())
 }
 
-/// Binds `kernel` to `executor`; the handle is rebuilt.
-pub fn register(kernel: String, executor: Arc<dyn Executor>) -> Result<()> {
-    rebuild(|i| {
-        i.executors.retain(|(k, _)| *k != kernel);
-        i.executors.push((kernel, executor));
-        Ok(())
+/// Binds `kernel` to `executor` (refused by selection while unverified, unless the policy
+/// allows it); the handle is rebuilt on next use.
+pub fn register(kernel: String, executor: Arc<dyn Executor>, verified: bool) -> Result<()> {
+    check(
+        |lz| lz.catalog().find(&kernel).is_some(),
+        || format!("kernel {kernel:?} is not in the catalog; an executor can only be registered for a declared kernel"),
+    )?;
+    record(|i| {
+        i.executors.retain(|(k, ..)| *k != kernel);
+        i.executors.push((kernel, executor, verified));
     })
-    .map(|_| ())
 }
 
-/// Applies `change`, builds the handle and makes it current. A build that fails leaves the
-/// record and the handle as they were.
-fn rebuild(change: impl FnOnce(&mut Installed) -> Result<()>) -> Result<&'static LayerZero> {
+/// An error unless `ok` holds of the current handle (whose catalog every rebuild keeps).
+fn check(ok: impl FnOnce(&LayerZero) -> bool, message: impl FnOnce() -> String) -> Result<()> {
+    if ok(current()?) { Ok(()) } else { Err(Error::invalid(message())) }
+}
+
+/// Applies `change` to the record; the next call builds the handle from it (so a burst of
+/// registrations at import costs one build).
+fn record(change: impl FnOnce(&mut Installed)) -> Result<()> {
     let mut installed = INSTALLED.lock().map_err(|_| Error::invalid("the registry lock was poisoned"))?;
-    let mut next = Installed { backends: installed.backends.clone(), executors: installed.executors.clone() };
-    change(&mut next)?;
-    let lz: &'static LayerZero = Box::leak(Box::new(build_from(&next)?));
-    *installed = next;
+    change(&mut installed);
+    CURRENT.store(std::ptr::null_mut(), Ordering::Release);
+    Ok(())
+}
+
+/// Builds the handle from the record and makes it current.
+fn rebuild() -> Result<&'static LayerZero> {
+    let installed = INSTALLED.lock().map_err(|_| Error::invalid("the registry lock was poisoned"))?;
+    let p = CURRENT.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: as in `current`: leaked, never freed.
+        return Ok(unsafe { &*p });
+    }
+    let lz: &'static LayerZero = Box::leak(Box::new(build_from(&installed)?));
     CURRENT.store(std::ptr::from_ref(lz).cast_mut(), Ordering::Release);
     Ok(lz)
 }

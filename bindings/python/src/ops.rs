@@ -18,6 +18,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
 use crate::errors::{LayerZeroError, invalid, to_py};
+use crate::handle::Handle;
 use crate::host;
 use crate::pyexec::PyExecutor;
 use crate::tensors::{Lent, lend, meta, to_torch};
@@ -83,17 +84,27 @@ impl Call {
 }
 
 /// Runs one call: `inputs` in the call's role order (None for an absent optional tensor),
-/// `outs` the output buffers in the call's output order (None: the kernel allocates). Returns
-/// the outputs (the buffers themselves where the kernel wrote them) and the kernel that ran.
+/// `outs` the output buffers in the call's output order (None: the kernel allocates), on
+/// `handle` (default: the process handle). Returns the outputs (the buffers themselves where
+/// the kernel wrote them) and the kernel that ran.
 #[pyfunction]
+#[pyo3(signature = (call, inputs, outs, handle = None))]
 pub fn dispatch<'py>(
     py: Python<'py>,
     call: &Bound<'py, Call>,
     inputs: &Bound<'py, PyTuple>,
     outs: &Bound<'py, PyTuple>,
+    handle: Option<&Bound<'py, Handle>>,
 ) -> PyResult<(Bound<'py, PyTuple>, String)> {
     let call = call.get();
-    let lz = host::current().map_err(|e| to_py(py, &e))?;
+    let held;
+    let lz: &layerzero::runtime::LayerZero = match handle {
+        Some(h) => {
+            held = h.get().runtime()?;
+            held.get()
+        }
+        None => host::current().map_err(|e| to_py(py, &e))?,
+    };
     let mut tensors: BTreeMap<&str, HostTensor> = BTreeMap::new();
     let mut on_device: Option<(String, String)> = None;
     for (name, value) in call.inputs.iter().zip(inputs.iter()) {
@@ -193,11 +204,14 @@ fn device_error(
 }
 
 /// Binds a declared kernel to a Python callable `fn(tensors: dict, attrs: dict)` returning the
-/// output tensor or a dict of outputs.
+/// output tensor or a dict of outputs. An executor not `verified` on this machine (by
+/// `layerzero.selftest()`) is refused by selection (`EXECUTOR_UNVERIFIED`) unless the policy
+/// sets `allow_unverified`.
 #[pyfunction]
-pub fn register_executor(py: Python<'_>, kernel: String, func: Py<PyAny>) -> PyResult<()> {
+#[pyo3(signature = (kernel, func, *, verified = true))]
+pub fn register_executor(py: Python<'_>, kernel: String, func: Py<PyAny>, verified: bool) -> PyResult<()> {
     let executor = Arc::new(PyExecutor::new(kernel.clone(), func));
-    py.detach(|| host::register(kernel, executor)).map_err(|e| to_py(py, &e))
+    py.detach(|| host::register(kernel, executor, verified)).map_err(|e| to_py(py, &e))
 }
 
 /// Records what Python found of an external backend: installed (its library's `version`

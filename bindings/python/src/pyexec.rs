@@ -28,11 +28,16 @@ impl PyExecutor {
 
     fn call(&self, py: Python<'_>, args: &OpArgs) -> PyResult<Outputs> {
         let tensors = PyDict::new(py);
+        let layouts = PyDict::new(py);
         for (name, t) in args.tensors() {
             tensors.set_item(name, to_torch(py, t)?)?;
+            if let Some(l) = t.layout() {
+                layouts.set_item(name, l.as_str())?;
+            }
         }
         let attrs = serde_json::to_string(&args.attrs()).map_err(|e| crate::errors::invalid(e.to_string()))?;
         let attrs = py.import("json")?.call_method1("loads", (attrs,))?;
+        attrs.set_item("layouts", layouts)?;
         let result = self.func.bind(py).call1((tensors, attrs))?;
         let mut outputs = Outputs::new();
         let mut add = |name: &str, value: &Bound<'_, PyAny>| -> PyResult<()> {

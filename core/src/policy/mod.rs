@@ -180,6 +180,11 @@ pub struct Policy {
     /// Kernels that compile at first use are allowed.
     #[serde(default = "yes")]
     pub allow_jit: bool,
+    /// Kernels whose executor has not passed its self-test on this machine are allowed (an
+    /// executor written against a library's documented API that never ran here). Written out
+    /// only when set, so the hash of every policy without it is what it was.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_unverified: bool,
     /// Device memory kept free besides the request's tensors, bytes.
     #[serde(default)]
     pub memory_reserve_bytes: u64,
@@ -256,6 +261,7 @@ impl Default for Policy {
             require_deterministic: false,
             graph_strict_mode: false,
             allow_jit: true,
+            allow_unverified: false,
             memory_reserve_bytes: 0,
             health: HealthPolicy::default(),
             kernel_timeout_ms: None,

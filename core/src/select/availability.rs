@@ -19,6 +19,7 @@ pub(crate) fn judge<S: Sink>(
     kernel: &KernelSpec,
     device_ref: DeviceRef,
     device: Option<&DeviceProfile>,
+    allow_unverified: bool,
     sink: &mut S,
 ) {
     match availability.status(&backend.backend) {
@@ -45,6 +46,15 @@ pub(crate) fn judge<S: Sink>(
                     format!(
                         "{} is loaded, but LayerZero has no executor for {}; it runs when the host registers one",
                         backend.backend, kernel.id
+                    )
+                });
+            }
+            if !allow_unverified && availability.unverified.contains(&kernel.id) {
+                sink.reject(ReasonCode::EXECUTOR_UNVERIFIED, || {
+                    format!(
+                        "{}'s executor has not passed its self-test against the reference on this machine \
+                         (run layerzero.selftest(), or set allow_unverified in the policy)",
+                        kernel.id
                     )
                 });
             }
@@ -95,6 +105,8 @@ pub struct Availability {
     libraries: BTreeMap<String, LoadedLibrary>,
     /// Kernels the host registered an executor for.
     registered: BTreeSet<String>,
+    /// Registered kernels whose executor has not passed its self-test on this machine.
+    unverified: BTreeSet<String>,
     planning: bool,
 }
 
@@ -103,7 +115,24 @@ impl Availability {
     /// counts as installed. Device kinds are checked per request by the selector.
     pub fn planning(catalog: &Catalog) -> Availability {
         let statuses = catalog.backends().iter().map(|b| (b.backend.clone(), BackendStatus::Available)).collect();
-        Availability { statuses, libraries: BTreeMap::new(), registered: BTreeSet::new(), planning: true }
+        Availability {
+            statuses,
+            libraries: BTreeMap::new(),
+            registered: BTreeSet::new(),
+            unverified: BTreeSet::new(),
+            planning: true,
+        }
+    }
+
+    /// Records that the executor registered for `kernel_id` has not passed its self-test here:
+    /// selection refuses it (`EXECUTOR_UNVERIFIED`) unless the policy allows unverified ones.
+    pub fn mark_unverified(&mut self, kernel_id: &str) {
+        self.unverified.insert(kernel_id.to_owned());
+    }
+
+    /// True when `kernel_id`'s executor is registered unverified.
+    pub fn is_unverified(&self, kernel_id: &str) -> bool {
+        self.unverified.contains(kernel_id)
     }
 
     /// Records that the host registered an executor for `kernel_id`, and marks its backend
@@ -113,6 +142,7 @@ impl Availability {
         let Some(ki) = catalog.find(kernel_id) else { return };
         let (backend, kernel) = catalog.kernel(ki);
         self.registered.insert(kernel.id.clone());
+        self.unverified.remove(&kernel.id);
         if self.planning || !hw.devices.iter().any(|d| d.kind == kernel.device_kind(backend)) {
             return;
         }

@@ -457,6 +457,7 @@ impl Selector {
             kernel,
             cx.device_ref,
             cx.device,
+            self.policy.allow_unverified,
             &mut reasons,
         );
         let (transforms, adapted) = self.constraints(kernel, req, cx, memo, &mut reasons, kernel.device_kind(backend));

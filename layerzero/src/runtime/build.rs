@@ -379,6 +379,15 @@ impl LayerZero {
         self.rebuilt(None)
     }
 
+    /// Binds `kernel_id` to an executor that has not passed its self-test on this machine:
+    /// as [`register`](LayerZero::register), but selection refuses the kernel
+    /// (`EXECUTOR_UNVERIFIED`) unless the policy sets `allow_unverified`.
+    pub fn register_unverified(self, kernel_id: &str, executor: Arc<dyn Executor>) -> Result<LayerZero> {
+        let mut lz = self.register(kernel_id, executor)?;
+        lz.parts.availability.mark_unverified(kernel_id);
+        lz.rebuilt(None)
+    }
+
     /// Records what the host found of an external backend it loads itself (a Python library
     /// the Python package imported, or failed to): its status, and the library and version it
     /// loaded, which kernels' `library_versions` are checked against

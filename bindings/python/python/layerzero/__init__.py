@@ -35,15 +35,77 @@ from ._lz import (
     SchemaError,
     Selection,
     UnknownHardwareError,
-    counters,
-    doctor,
-    explain,
-    host,
-    readiness_check,
-    select,
     version,
-    which,
 )
+from . import backends as _backends
+
+
+def _ready():
+    """Registers the Python backends (once): every call into the runtime goes through here."""
+    if not _backends._installed:
+        _backends.install()
+
+
+def select(op, **kwargs):
+    """The kernel ``op`` gets on this machine for these tensors and attributes (a
+    ``Selection``); ``NoKernelError`` with every candidate's reasons when none qualifies."""
+    _ready()
+    return _lz.select(op, **kwargs)
+
+
+def explain(op, **kwargs):
+    """Every candidate's verdict for ``op`` on this machine (a ``Report``)."""
+    _ready()
+    return _lz.explain(op, **kwargs)
+
+
+def which(op, **kwargs):
+    """The id of the kernel ``op`` gets on this machine."""
+    _ready()
+    return _lz.which(op, **kwargs)
+
+
+def counters():
+    """The process handle's counters: plan and cache hits and misses, live selections,
+    fallbacks, kernel failures."""
+    _ready()
+    return _lz.counters()
+
+
+def host():
+    """The process-wide handle (``LayerZero``), with the Python backends registered."""
+    _ready()
+    return _lz.host()
+
+
+def readiness_check(**kwargs):
+    """The checks of ``lz readiness-check`` (capabilities, files, policy, table, PerfDB)."""
+    return _lz.readiness_check(**kwargs)
+
+
+def doctor():
+    """This machine examined, as ``lz doctor --json`` reports it, plus the Python backends:
+    each library with its version or import error, and each Python executor, verified or not
+    (``selftest()`` verifies)."""
+    _ready()
+    report = _lz.doctor()
+    report["python_backends"] = {
+        name: dict(info) for name, info in sorted(_backends.BACKENDS.items())
+    }
+    report["python_executors"] = {
+        kernel: {"backend": backend, "version": version, "verification": _backends.verification(kernel)}
+        for kernel, (backend, _, version) in sorted(_backends.EXECUTORS.items())
+    }
+    return report
+
+
+def selftest(kernels=None, verbose=False):
+    """Runs every registered Python executor against PyTorch's float64 math on small cases
+    and records the result for this machine; passing executors become verified."""
+    from .selftest import selftest as run
+
+    return run(kernels, verbose)
+
 
 from . import ops  # noqa: E402
 
@@ -73,6 +135,8 @@ __all__ = [
     "host",
     "readiness_check",
     "select",
+    "selftest",
+    "ops",
     "version",
     "which",
 ]

@@ -35,6 +35,9 @@ _calls = {}
 def _call(key, op, attrs, inputs, outputs, layout=None):
     call = _calls.get(key)
     if call is None:
+        from . import _ready
+
+        _ready()
         call = _lz.Call(op, attrs, inputs, outputs, layout)
         _calls[key] = call
     return call
@@ -84,7 +87,7 @@ def attention(
     cu_seqlens_q=None,
     cu_seqlens_k=None,
     dropout_p=0.0,
-    out=None,
+    out=None, handle=None,
 ):
     """Scaled dot-product attention.
 
@@ -131,7 +134,7 @@ def attention(
     )
     if out is None and hasattr(q, "shape") and hasattr(v, "shape"):
         out = _empty_like_shape(q, tuple(q.shape[:-1]) + (v.shape[-1],))
-    (result,), _ = _lz.dispatch(call, (q, k, v, mask, cu_seqlens_q, cu_seqlens_k), (out,))
+    (result,), _ = _lz.dispatch(call, (q, k, v, mask, cu_seqlens_q, cu_seqlens_k), (out,), handle)
     return result
 
 
@@ -152,7 +155,7 @@ def paged_attention(
     k_scale=None,
     v_scale=None,
     kv_layout="NHD",
-    out=None,
+    out=None, handle=None,
 ):
     """Attention of q ``[B, Sq, Hq, D]`` over paged KV caches.
 
@@ -174,7 +177,7 @@ def paged_attention(
     if out is None:
         out = _empty_like_shape(q, tuple(q.shape[:-1]) + (v_cache.shape[-1],))
     _set_cache_layout(call, kv_layout)
-    (result,), _ = _lz.dispatch(call, (q, k_cache, v_cache, block_table, context_lens, k_scale, v_scale), (out,))
+    (result,), _ = _lz.dispatch(call, (q, k_cache, v_cache, block_table, context_lens, k_scale, v_scale), (out,), handle)
     return result
 
 
@@ -185,7 +188,7 @@ def _set_cache_layout(call, kv_layout):
         raise _lz.InvalidInputError("argument `kv_layout`: HND caches are selected by lz.select, not run by lz.ops yet")
 
 
-def rms_norm(x, weight, *, eps=1e-6, residual=None, out=None):
+def rms_norm(x, weight, *, eps=1e-6, residual=None, out=None, handle=None):
     """``x / sqrt(mean(x^2) + eps) * weight`` over the last dim, computed in f32.
 
     With ``residual``: normalizes ``s = x + residual`` and returns ``(out, s)``.
@@ -194,27 +197,27 @@ def rms_norm(x, weight, *, eps=1e-6, residual=None, out=None):
         call = _call(("rms_norm", eps), "rms_norm", {"eps": eps}, ["x", "weight", "residual"], ["out"])
         if out is None:
             out = _torch().empty_like(x, memory_format=_torch().contiguous_format)
-        (result,), _ = _lz.dispatch(call, (x, weight, None), (out,))
+        (result,), _ = _lz.dispatch(call, (x, weight, None), (out,), handle)
         return result
     call = _call(("rms_norm+", eps), "rms_norm", {"eps": eps}, ["x", "weight", "residual"], ["out", "residual_out"])
     torch = _torch()
     if out is None:
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
     res = torch.empty_like(x, memory_format=torch.contiguous_format)
-    result, _ = _lz.dispatch(call, (x, weight, residual), (out, res))
+    result, _ = _lz.dispatch(call, (x, weight, residual), (out, res), handle)
     return result[0], result[1]
 
 
-def layer_norm(x, weight, bias=None, *, eps=1e-5, out=None):
+def layer_norm(x, weight, bias=None, *, eps=1e-5, out=None, handle=None):
     """``(x - mean) / sqrt(var + eps) * weight + bias`` over the last dim (biased variance)."""
     call = _call(("layer_norm", eps), "layer_norm", {"eps": eps}, ["x", "weight", "bias"], ["out"])
     if out is None:
         out = _torch().empty_like(x, memory_format=_torch().contiguous_format)
-    (result,), _ = _lz.dispatch(call, (x, weight, bias), (out,))
+    (result,), _ = _lz.dispatch(call, (x, weight, bias), (out,), handle)
     return result
 
 
-def rope(q, k=None, *, positions=None, cos=None, sin=None, style="rotate_half", rotary_dim=None, base=None):
+def rope(q, k=None, *, positions=None, cos=None, sin=None, style="rotate_half", rotary_dim=None, base=None, handle=None):
     """Rotary position embedding of q (and k) ``[B, S, H, D]``.
 
     The first ``rotary_dim`` (default D) dims of each head rotate, pairs by ``style``
@@ -236,20 +239,20 @@ def rope(q, k=None, *, positions=None, cos=None, sin=None, style="rotate_half", 
     outs = (torch.empty_like(q, memory_format=torch.contiguous_format),)
     if k is not None:
         outs += (torch.empty_like(k, memory_format=torch.contiguous_format),)
-    result, _ = _lz.dispatch(call, (q, k, positions, cos, sin), outs)
+    result, _ = _lz.dispatch(call, (q, k, positions, cos, sin), outs, handle)
     return result[0] if k is None else (result[0], result[1])
 
 
-def linear(x, weight, bias=None, *, out=None):
+def linear(x, weight, bias=None, *, out=None, handle=None):
     """``x @ weight.T + bias``: x ``[..., K]``, weight ``[N, K]``; f32 accumulation."""
     call = _call(("linear",), "linear", {}, ["x", "weight", "bias"], ["out"])
     if out is None:
         out = _empty_like_shape(x, tuple(x.shape[:-1]) + (weight.shape[0],))
-    (result,), _ = _lz.dispatch(call, (x, weight, bias), (out,))
+    (result,), _ = _lz.dispatch(call, (x, weight, bias), (out,), handle)
     return result
 
 
-def swiglu(gate, up=None, *, out=None):
+def swiglu(gate, up=None, *, out=None, handle=None):
     """``silu(gate) * up``; with ``up`` absent, ``gate`` holds gate then up in its last dim."""
     split = up is None
     call = _call(("swiglu", split), "swiglu", {"split": split}, ["x", "gate", "up"], ["out"])
@@ -257,36 +260,36 @@ def swiglu(gate, up=None, *, out=None):
         shape = tuple(gate.shape[:-1]) + ((gate.shape[-1] // 2,) if split else (gate.shape[-1],))
         out = _empty_like_shape(gate, shape)
     inputs = (gate, None, None) if split else (None, gate, up)
-    (result,), _ = _lz.dispatch(call, inputs, (out,))
+    (result,), _ = _lz.dispatch(call, inputs, (out,), handle)
     return result
 
 
-def mlp(x, w_gate, w_up, w_down, *, activation="silu", out=None):
+def mlp(x, w_gate, w_up, w_down, *, activation="silu", out=None, handle=None):
     """A gated MLP: ``(act(x @ w_gate.T) * (x @ w_up.T)) @ w_down.T``; activation ``silu``,
     ``gelu`` or ``gelu_tanh``."""
     call = _call(("mlp", activation), "mlp", {"activation": activation}, ["x", "w_gate", "w_up", "w_down"], ["out"])
     if out is None:
         out = _empty_like_shape(x, tuple(x.shape[:-1]) + (w_down.shape[0],))
-    (result,), _ = _lz.dispatch(call, (x, w_gate, w_up, w_down), (out,))
+    (result,), _ = _lz.dispatch(call, (x, w_gate, w_up, w_down), (out,), handle)
     return result
 
 
-def embedding(ids, table, *, out=None):
+def embedding(ids, table, *, out=None, handle=None):
     """``table[ids]``: ids int32/int64 of any shape, table ``[V, H]``; an id outside [0, V) is
     an ``InvalidInputError`` naming its position."""
     call = _call(("embedding",), "embedding", {}, ["ids", "table"], ["out"])
     if out is None:
         out = _empty_like_shape(table, tuple(ids.shape) + (table.shape[-1],))
-    (result,), _ = _lz.dispatch(call, (ids, table), (out,))
+    (result,), _ = _lz.dispatch(call, (ids, table), (out,), handle)
     return result
 
 
-def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed=None):
+def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed=None, handle=None):
     """One token per row of ``logits`` ``[B, V]`` (int64 ``[B]``): greedy when no temperature
     or filter is set; otherwise softmax(logits / temperature) filtered by top-k, top-p, min-p,
     drawn with a counter-based generator from ``seed`` (the same tokens on any thread count)."""
     attrs = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "seed": seed}
     call = _call(("sample",) + tuple(attrs.values()), "sample", attrs, ["logits"], ["tokens"])
     out = _torch().empty((logits.shape[0],), dtype=_torch().int64)
-    (result,), _ = _lz.dispatch(call, (logits,), (out,))
+    (result,), _ = _lz.dispatch(call, (logits,), (out,), handle)
     return result

@@ -1,0 +1,42 @@
+"""AMD ZenDNN through its PyTorch extension ``zentorch``: the flash SDPA of ZenDNNL
+(``torch.ops.zentorch.zentorch_sdpa``). The backend's version is the ZenDNNL that zentorch
+bundles (read from ``zentorch.__config__``), which the kernel's facts are checked against."""
+
+import re
+
+from ._attention import bhsd, refuse
+
+# Run against PyTorch's float64 math in this repository's CI (bindings/python/tests), with the
+# zentorch wheel that CI installs.
+CI_VERIFIED = {"zendnn.attention.flash_sdpa"}
+
+
+def _probe():
+    import zentorch
+
+    config = str(getattr(zentorch, "__config__", ""))
+    m = re.search(r"ZENDNNL?\s+v(\d+\.\d+\.\d+)", config)
+    if m is None:
+        raise ImportError(f"zentorch {zentorch.__version__} does not say which ZenDNN it bundles")
+    return zentorch, m.group(1), zentorch.__file__
+
+
+def _sdpa(tensors, attrs):
+    import torch
+
+    refuse("cu_seqlens_q" in tensors, "zentorch_sdpa has no varlen form")
+    q, k, v, was_bshd = bhsd(tensors, attrs)
+    out, _ = torch.ops.zentorch.zentorch_sdpa(
+        q,
+        k,
+        v,
+        float(attrs.get("dropout_p") or 0.0),
+        bool(attrs.get("causal")),
+        attn_mask=tensors.get("mask"),
+        scale=attrs.get("scale"),
+    )
+    return out.transpose(1, 2) if was_bshd else out
+
+
+def backends():
+    return [("zendnn", "zentorch", _probe, lambda _lib: {"zendnn.attention.flash_sdpa": _sdpa})]

@@ -1,0 +1,128 @@
+"""``layerzero.selftest()``: every registered Python executor run against PyTorch's float64
+math on small cases it accepts, the result recorded for this machine and library version. An
+executor that passes becomes verified (selected without ``allow_unverified``)."""
+
+import time
+
+from . import _lz
+from . import backends as _backends
+from .backends import _record
+
+# Tolerance per dtype, as the spec's table (max |got - want| <= atol + rtol * |want|).
+_TOL = {"float32": (2e-5, 2e-5), "float16": (2e-3, 2e-3), "bfloat16": (2e-2, 2e-2)}
+
+
+def _attention_cases(torch, device):
+    g = torch.Generator(device="cpu").manual_seed(7)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for (b, sq, sk, hq, hkv, d, causal) in [
+            (2, 16, 16, 4, 4, 32, False),
+            (2, 16, 16, 4, 2, 64, True),
+            (1, 1, 37, 8, 2, 64, True),
+            (1, 24, 24, 2, 1, 128, True),
+        ]:
+            q = torch.randn(b, sq, hq, d, generator=g).to(device=device, dtype=dtype)
+            k = torch.randn(b, sk, hkv, d, generator=g).to(device=device, dtype=dtype)
+            v = torch.randn(b, sk, hkv, d, generator=g).to(device=device, dtype=dtype)
+            yield {"q": q, "k": k, "v": v}, {"causal": causal}
+
+
+def _attention_reference(torch, tensors, attrs):
+    import torch.nn.functional as F
+
+    q, k, v = (tensors[n].detach().to("cpu", torch.float64).transpose(1, 2) for n in ("q", "k", "v"))
+    sq, sk = q.shape[-2], k.shape[-2]
+    mask = None
+    if attrs["causal"]:
+        # Bottom-right alignment: query i sees keys up to i + (sk - sq).
+        mask = torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+    return o.transpose(1, 2)
+
+
+def _full_attrs(attrs):
+    base = {
+        "causal": False,
+        "causal_alignment": "bottom_right",
+        "dropout_p": 0.0,
+        "window_left": None,
+        "softcap": None,
+        "alibi": False,
+        "scale": None,
+        "layouts": {"q": "BSHD", "k": "BSHD", "v": "BSHD"},
+    }
+    base.update(attrs)
+    return base
+
+
+def _applicable(kernel, tensors, attrs):
+    """True when the kernel's capability admits the case (only its being unverified may
+    refuse it)."""
+    report = _lz.explain("attention", **tensors, causal=attrs["causal"])
+    for c in report.candidates:
+        if c.kernel == kernel:
+            codes = {r.code for r in c.reasons}
+            return codes <= {"EXECUTOR_UNVERIFIED"}
+    return False
+
+
+def _device_of(kernel):
+    if kernel.endswith("_cpu") or kernel.startswith("zendnn."):
+        return "cpu"
+    return "cuda"
+
+
+def selftest(kernels=None, verbose=False):
+    """Runs each registered executor (or those named) on the small cases its capability
+    admits on this machine, against PyTorch float64 math; records and returns
+    ``{kernel: {"ok": bool | None, "cases": n, "max_err": x, "error": str | None}}`` (``ok``
+    None: no case could run here, e.g. no GPU). Passing executors are re-registered verified."""
+    import torch
+
+    _backends.install()
+    results = {}
+    for kernel, (backend, fn, version) in sorted(_backends.EXECUTORS.items()):
+        if kernels is not None and kernel not in kernels:
+            continue
+        if ".attention." not in kernel:
+            results[kernel] = {"ok": None, "cases": 0, "max_err": None, "error": "no self-test cases for this op yet"}
+            continue
+        device = _device_of(kernel)
+        if device == "cuda" and not torch.cuda.is_available():
+            results[kernel] = {"ok": None, "cases": 0, "max_err": None, "error": "no CUDA device here"}
+            continue
+        ran, worst, error = 0, 0.0, None
+        for tensors, attrs in _attention_cases(torch, device):
+            if not _applicable(kernel, tensors, attrs):
+                continue
+            try:
+                got = fn(dict(tensors), _full_attrs(attrs))
+            except Exception as e:  # noqa: BLE001 - a raising executor fails its self-test
+                error = f"{type(e).__name__}: {e}"
+                break
+            want = _attention_reference(torch, tensors, attrs)
+            atol, rtol = _TOL[str(tensors["q"].dtype).removeprefix("torch.")]
+            diff = (got.detach().to("cpu", torch.float64) - want).abs()
+            excess = (diff - (atol + rtol * want.abs())).max().item()
+            worst = max(worst, diff.max().item())
+            ran += 1
+            if excess > 0:
+                error = f"max error {diff.max().item():.3g} over tolerance on {tuple(tensors['q'].shape)} {tensors['q'].dtype}"
+                break
+        ok = None if ran == 0 and error is None else error is None
+        results[kernel] = {"ok": ok, "cases": ran, "max_err": worst if ran else None, "error": error}
+        if verbose:
+            print(kernel, results[kernel])
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    machine = _record.machine()
+    _record.save(
+        {
+            k: dict(r, version=_backends.EXECUTORS[k][2], machine=machine, at=stamp)
+            for k, r in results.items()
+            if r["ok"] is not None
+        }
+    )
+    for k, r in results.items():
+        if r["ok"]:
+            _lz.register_executor(k, _backends.EXECUTORS[k][1], verified=True)
+    return results
