@@ -84,6 +84,8 @@ impl Handle {
     /// This machine, configured by the `LAYERZERO_*` variables of the environment.
     #[staticmethod]
     fn host(py: Python<'_>) -> PyResult<Handle> {
+        // The Python backends register themselves on first use of the package.
+        py.import("layerzero")?.call_method0("_ready")?;
         guard(py, crate::host::build).map(Handle::of)
     }
 

@@ -142,10 +142,13 @@ def test_logits_match_eager_without_padding(name):
     torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
 
 
+@pytest.mark.parametrize("padded", [True, False], ids=["left-padded", "unpadded"])
 @pytest.mark.parametrize("name", CAUSAL_LMS)
-def test_greedy_generate_matches_eager(name):
+def test_greedy_generate_matches_eager(name, padded):
     eager, lzm = load(name, "eager"), load(name, "layerzero")
     ids, mask = prompt(seed=2)
+    if not padded:  # decoding then gets no mask from transformers (except past a sliding window)
+        mask = torch.ones_like(mask)
     kw = dict(attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
     with torch.no_grad():
         want = eager.generate(ids, **kw)
@@ -157,8 +160,10 @@ def test_greedy_generate_matches_eager(name):
     assert got.tolist() == want.tolist(), (got[:, SEQ:].tolist(), want[:, SEQ:].tolist())
     decode = [c for c in calls if c["q"][2] == 1]
     assert decode and all(not c["causal"] for c in decode)  # one query is never masked top-left
+    if not padded and not getattr(lzm.config, "sliding_window", None):
+        assert all(c["mask"] is None and c["k"][2] > 1 for c in decode), decode
     assert lz_calls(after) - lz_calls(before) >= len(calls) == lzm.config.num_hidden_layers * NEW_TOKENS
-    print(f"{name}: generated {got[:, SEQ:].tolist()}, kernels {sorted({c['kernel'] for c in calls})}")
+    print(f"{name} ({'left-padded' if padded else 'unpadded'}): generated {got[:, SEQ:].tolist()}, kernels {sorted({c['kernel'] for c in calls})}")
 
 
 def test_static_cache_prefill_cuts_the_unwritten_keys():
@@ -275,8 +280,10 @@ def test_additive_float_masks_longer_than_the_keys_and_softcap():
     g = torch.Generator().manual_seed(5)
     keep = _causal(12, 12) & (torch.rand(2, 1, 12, 12, generator=g) > 0.3)
     keep[..., 0] = True
-    additive = torch.zeros(2, 1, 12, 16).masked_fill(~torch.cat([keep, torch.ones(2, 1, 12, 4, dtype=torch.bool)], -1), torch.finfo(torch.float32).min)
-    additive[..., :12] += torch.randn(2, 1, 12, 12, generator=g)  # a bias as well as the -min
+    # an additive mask 4 keys longer than the keys (cut to them), with -min entries and a bias
+    wide = torch.cat([keep, torch.ones(2, 1, 12, 4, dtype=torch.bool)], -1)
+    additive = torch.zeros(2, 1, 12, 16).masked_fill(~wide, torch.finfo(torch.float32).min)
+    additive[..., :12] += torch.randn(2, 1, 12, 12, generator=g)
     out, _ = lzt.attention_forward(_module(2), q, k, v, additive, scaling=0.3)
     torch.testing.assert_close(out, _eager(_module(2), q, k, v, additive[..., :12], 0.3), atol=1e-5, rtol=1e-5)
     out, _ = lzt.attention_forward(_module(2), q, k, v, keep, scaling=0.3, softcap=2.0)

@@ -26,6 +26,17 @@ def window(attrs):
     return (-1 if left is None else int(left), 0 if attrs.get("causal") else -1)
 
 
+def top_left_causal(attrs, sq, sk):
+    """The ``is_causal`` of a library whose causal mask is top-left (SDPA, ZenDNN) for
+    LayerZero's attributes: the same when seq_q == seq_k; a single query aligned bottom-right
+    sees every key (no mask); any other bottom-right request is not expressible."""
+    causal = bool(attrs.get("causal"))
+    if not causal or sq == sk or attrs.get("causal_alignment") == "top_left":
+        return causal
+    refuse(sq != 1, "this library's causal mask is top-left; bottom-right with seq_q != seq_k is not expressible")
+    return False
+
+
 def refuse(condition, message):
     if condition:
         raise ValueError(message)

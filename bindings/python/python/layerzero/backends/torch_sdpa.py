@@ -2,7 +2,7 @@
 ``torch.nn.attention.sdpa_kernel`` forcing that backend (CPU: flash and math; CUDA: flash,
 efficient, cuDNN and math; ROCm: flash, efficient and math)."""
 
-from ._attention import bhsd, refuse
+from ._attention import bhsd, refuse, top_left_causal
 
 # Run against PyTorch's float64 math in this repository's CI (bindings/python/tests).
 CI_VERIFIED = {"torch_sdpa.attention.flash_cpu", "torch_sdpa.attention.math_cpu"}
@@ -37,11 +37,7 @@ def _executor(torch, backend_name):
     def run(tensors, attrs):
         refuse("cu_seqlens_q" in tensors, "SDPA has no varlen form")
         q, k, v, was_bshd = bhsd(tensors, attrs)
-        causal = bool(attrs.get("causal"))
-        refuse(
-            causal and attrs.get("causal_alignment") == "bottom_right" and q.shape[-2] != k.shape[-2],
-            "SDPA's is_causal is top-left; bottom-right alignment with seq_q != seq_k is not SDPA's",
-        )
+        causal = top_left_causal(attrs, q.shape[-2], k.shape[-2])
         with sdpa_kernel(backend):
             o = F.scaled_dot_product_attention(
                 q,

@@ -4,7 +4,7 @@ bundles (read from ``zentorch.__config__``), which the kernel's facts are checke
 
 import re
 
-from ._attention import bhsd, refuse
+from ._attention import bhsd, refuse, top_left_causal
 
 # Run against PyTorch's float64 math in this repository's CI (bindings/python/tests), with the
 # zentorch wheel that CI installs.
@@ -31,7 +31,7 @@ def _sdpa(tensors, attrs):
         k,
         v,
         float(attrs.get("dropout_p") or 0.0),
-        bool(attrs.get("causal")),
+        top_left_causal(attrs, q.shape[-2], k.shape[-2]),
         attn_mask=tensors.get("mask"),
         scale=attrs.get("scale"),
     )

@@ -1,0 +1,195 @@
+"""The seed's Python backends through the runtime: torch SDPA's CPU kernels and ZenDNN
+(zentorch) run and match PyTorch; an executor that fails falls back; libraries that are absent
+say so; unverified executors are refused unless the policy allows them."""
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+import layerzero as lz  # noqa: E402
+from layerzero import backends  # noqa: E402
+
+
+def handle_with(tmp_path, rules, **fields):
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(dict(rules=rules, **fields)))
+    return lz.LayerZero.host().with_policy(str(path))
+
+
+def locked(tmp_path, kernel):
+    return handle_with(tmp_path, [{"action": "lock", "kernels": kernel}])
+
+
+def sdpa_bshd(q, k, v, causal):
+    q, k, v = (t.double().transpose(1, 2) for t in (q, k, v))
+    mask = None
+    if causal:
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(k.shape[-2] - q.shape[-2])
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1]).transpose(1, 2)
+
+
+TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+
+
+@pytest.mark.parametrize("kernel", ["torch_sdpa.attention.math_cpu", "torch_sdpa.attention.flash_cpu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_torch_sdpa_cpu_kernels_run_through_layerzero_and_match(tmp_path, kernel, dtype):
+    h = locked(tmp_path, kernel)
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 24, 8, 64, generator=g).to(dtype)
+    k = torch.randn(2, 24, 2, 64, generator=g).to(dtype)
+    v = torch.randn(2, 24, 2, 64, generator=g).to(dtype)
+    assert h.which("attention", q=q, k=k, v=v, causal=True) == kernel
+    got = lz.ops.attention(q, k, v, causal=True, handle=h)
+    tol = TOL[dtype]
+    torch.testing.assert_close(got.double(), sdpa_bshd(q, k, v, True), atol=tol, rtol=tol)
+    assert h.counters()["fallbacks"] == 0
+
+
+def _zentorch_installed():
+    backends.install()
+    return backends.BACKENDS.get("zendnn", {}).get("installed", False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_zendnn_runs_causal_sdpa_through_zentorch(tmp_path, dtype):
+    if not _zentorch_installed():
+        pytest.skip(f"zentorch does not import here: {backends.BACKENDS['zendnn']['error']}")
+    h = locked(tmp_path, "zendnn.attention.flash_sdpa")
+    g = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(2, 32, 4, 64, generator=g).to(dtype) for _ in range(3))
+    assert h.which("attention", q=q, k=k, v=v, causal=True) == "zendnn.attention.flash_sdpa"
+    got = lz.ops.attention(q, k, v, causal=True, handle=h)
+    tol = TOL[dtype]
+    torch.testing.assert_close(got.double(), sdpa_bshd(q, k, v, True), atol=tol, rtol=tol)
+
+
+def test_zendnn_facts_hold_for_the_zendnn_zentorch_bundles():
+    """The capability file says: no GQA, f16 only with AVX512-FP16, additive float masks, the
+    bundled ZenDNN inside the checked version range."""
+    if not _zentorch_installed():
+        pytest.skip("zentorch does not import here")
+    q = torch.randn(1, 8, 4, 32)
+    kv = torch.randn(1, 8, 2, 32)
+    report = lz.explain("attention", q=q, k=kv, v=kv)
+    zen = next(c for c in report.candidates if c.kernel == "zendnn.attention.flash_sdpa")
+    assert "GQA_UNSUPPORTED" in {r.code.name for r in zen.reasons}
+    eligible = lz.explain("attention", q=q, k=q, v=q, causal=True)
+    zen = next(c for c in eligible.candidates if c.kernel == "zendnn.attention.flash_sdpa")
+    assert not [r for r in zen.reasons if r.code.name == "BACKEND_VERSION_UNSUPPORTED"], zen.reasons
+
+
+def test_an_executor_that_fails_falls_back_with_the_failure_in_the_report(tmp_path):
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps({"rules": [{"action": "prefer", "kernels": "torch_sdpa.attention.math_cpu", "factor": 1e-6}]}))
+    h = lz.LayerZero.host().with_policy(str(path)).with_faults("torch_sdpa.attention.math_cpu=error")
+    q = torch.randn(1, 8, 2, 16)
+    assert h.which("attention", q=q, k=q, v=q) == "torch_sdpa.attention.math_cpu"
+    got = lz.ops.attention(q, q, q, handle=h)
+    torch.testing.assert_close(got.double(), sdpa_bshd(q, q, q, False), atol=2e-5, rtol=2e-5)
+    assert h.counters()["fallbacks"] == 1
+
+
+def test_an_executor_that_raises_falls_back_and_its_exception_is_reported(tmp_path):
+    from layerzero import _lz
+
+    kernel = "torch_sdpa.attention.math_cpu"
+    original = backends.EXECUTORS[kernel][1]
+
+    def boom(tensors, attrs):
+        raise RuntimeError("boom from the executor")
+
+    _lz.register_executor(kernel, boom)
+    try:
+        prefer = handle_with(tmp_path, [{"action": "prefer", "kernels": kernel, "factor": 1e-6}])
+        q = torch.randn(1, 8, 2, 16)
+        got = lz.ops.attention(q, q, q, handle=prefer)
+        torch.testing.assert_close(got.double(), sdpa_bshd(q, q, q, False), atol=2e-5, rtol=2e-5)
+        assert prefer.counters()["fallbacks"] == 1
+        lock = lz.LayerZero.host().with_policy(str(_write(tmp_path, {"rules": [{"action": "lock", "kernels": kernel}]})))
+        with pytest.raises(lz.KernelFailedError, match="boom from the executor") as e:
+            lz.ops.attention(q, q, q, handle=lock)
+        assert [r.code.name for r in e.value.reasons] == ["KERNEL_FAILED"]
+    finally:
+        _lz.register_executor(kernel, original)
+
+
+def _write(tmp_path, doc):
+    p = tmp_path / "lock.json"
+    p.write_text(json.dumps(doc))
+    return p
+
+
+def test_absent_libraries_are_reported_with_their_import_error():
+    backends.install()
+    doctor = lz.doctor()
+    for name, info in doctor["python_backends"].items():
+        if not info["installed"]:
+            assert info["error"].startswith("import "), info
+    missing = [n for n, i in doctor["python_backends"].items() if not i["installed"]]
+    if not missing:
+        pytest.skip("every backend library imports here")
+    q = torch.randn(1, 8, 2, 16, dtype=torch.bfloat16)
+    report = lz.explain("attention", q=q, k=q, v=q)
+    for c in report.candidates:
+        if c.kernel.split(".")[0] in missing:
+            codes = {r.code.name for r in c.reasons}
+            assert "BACKEND_NOT_INSTALLED" in codes, (c.kernel, codes)
+            msg = next(r.message for r in c.reasons if r.code.name == "BACKEND_NOT_INSTALLED")
+            assert "import" in msg
+
+
+def test_doctor_lists_each_executor_verified_or_not():
+    doctor = lz.doctor()
+    ex = doctor["python_executors"]
+    assert ex["torch_sdpa.attention.math_cpu"]["verification"] == "verified"
+    assert ex["torch_sdpa.attention.flash_cpu"]["version"] == torch.__version__.split("+")[0]
+    if not torch.cuda.is_available():
+        assert ex["torch_sdpa.attention.flash"]["verification"] == "unverified"
+
+
+def test_unverified_executors_are_refused_unless_the_policy_allows_them(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine where the CUDA executors are unverified")
+    desc = {"dtype": torch.bfloat16, "shape": (1, 16, 4, 64), "device": "cuda:0"}
+
+    class D:
+        shape, dtype, device = desc["shape"], desc["dtype"], desc["device"]
+
+        def stride(self):
+            return (4096, 256, 64, 1)
+
+    planning = lz.LayerZero.planning("h100")
+    report = planning.explain("attention", q=D(), k=D(), v=D())
+    assert report.selected is not None  # planning: every backend counts as installed
+    host = lz.LayerZero.host()
+    flash = next(c for c in host.explain("attention", q=D(), k=D(), v=D()).candidates if c.kernel == "torch_sdpa.attention.flash")
+    assert "EXECUTOR_UNVERIFIED" in {r.code.name for r in flash.reasons}
+    allowed = handle_with(tmp_path, [], allow_unverified=True)
+    flash = next(c for c in allowed.explain("attention", q=D(), k=D(), v=D()).candidates if c.kernel == "torch_sdpa.attention.flash")
+    assert "EXECUTOR_UNVERIFIED" not in {r.code.name for r in flash.reasons}
+
+
+def test_selftest_runs_the_cpu_executors_and_records_the_result(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAYERZERO_CACHE_DIR", str(tmp_path))
+    results = lz.selftest(kernels={"torch_sdpa.attention.math_cpu", "torch_sdpa.attention.flash_cpu", "torch_sdpa.attention.flash"})
+    assert results["torch_sdpa.attention.math_cpu"]["ok"] is True
+    assert results["torch_sdpa.attention.math_cpu"]["cases"] >= 4
+    assert results["torch_sdpa.attention.flash_cpu"]["ok"] is True
+    if not torch.cuda.is_available():
+        assert results["torch_sdpa.attention.flash"]["ok"] is None
+    record = json.loads((tmp_path / "selftest.json").read_text())
+    assert record["results"]["torch_sdpa.attention.math_cpu"]["ok"] is True
+
+
+def test_a_corrupt_selftest_record_is_moved_aside(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAYERZERO_CACHE_DIR", str(tmp_path))
+    (tmp_path / "selftest.json").write_text("{not json")
+    with pytest.warns(UserWarning, match="moved aside"):
+        from layerzero.backends import _record
+
+        assert _record.load() == {"results": {}}
+    assert list(tmp_path.glob("selftest.corrupt-*"))
