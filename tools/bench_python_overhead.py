@@ -131,6 +131,8 @@ def main():
         variants["rms_norm"]["torch.compile(F.rms_norm)"] = lambda: fnorm_c(x, w)
         variants["attention"]["torch.compile(layerzero.attention)"] = lambda: attn_c(q, k, v)
 
+    print(f"kernels: rms_norm -> {lz.which('rms_norm', x=x, weight=w, eps=eps)}, "
+          f"attention -> {lz.which('attention', q=q, k=k, v=v, causal=True)}")
     before = lz.counters()
     times = {(g, n): [] for g, vs in variants.items() for n in vs}
     for group, vs in variants.items():  # warm-up

@@ -260,3 +260,29 @@ pub fn readiness_check(
     })?;
     to_python(py, &checks)
 }
+
+/// A handle under `handle`'s policy (default: the process handle's) with graph-strict mode
+/// on: only kernels safe to capture into a CUDA graph are selected, and an op with none fails
+/// naming the op (`layerzero.graph_safe()`).
+#[pyfunction]
+#[pyo3(signature = (handle = None))]
+pub fn graph_strict(py: Python<'_>, handle: Option<&Bound<'_, Handle>>) -> PyResult<Handle> {
+    let held = handle.map(|h| h.get().runtime()).transpose()?;
+    let base: &LayerZero = match &held {
+        Some(r) => r.get(),
+        None => guard(py, crate::host::current)?,
+    };
+    let mut policy = (*base.declared_policy()).clone();
+    policy.graph_strict_mode = true;
+    // A planning handle stays one (for the same profile); a host handle is rebuilt with the
+    // executors Python registered.
+    let planning = base.selector().availability().is_planning().then(|| base.hardware().name.clone());
+    guard(py, || {
+        let fresh = match &planning {
+            Some(profile) => LayerZero::planning(profile)?,
+            None => crate::host::build()?,
+        };
+        fresh.with_policy(policy)
+    })
+    .map(Handle::of)
+}

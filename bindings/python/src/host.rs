@@ -95,6 +95,12 @@ fn record(change: impl FnOnce(&mut Installed)) -> Result<()> {
     Ok(())
 }
 
+/// Drops the current handle without freeing it (a forked child: its threads are the parent's
+/// and do not exist here); the next call builds a new one.
+pub fn forget_current() {
+    CURRENT.store(std::ptr::null_mut(), Ordering::Release);
+}
+
 /// Builds the handle from the record and makes it current.
 fn rebuild() -> Result<&'static LayerZero> {
     let installed = INSTALLED.lock().map_err(|_| Error::invalid("the registry lock was poisoned"))?;

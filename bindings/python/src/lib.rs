@@ -3,6 +3,7 @@
 //! their attributes.
 
 mod errors;
+mod fork;
 mod handle;
 mod host;
 mod ops;
@@ -39,6 +40,8 @@ fn _lz(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ops::dispatch, m)?)?;
     m.add_function(wrap_pyfunction!(ops::register_executor, m)?)?;
     m.add_function(wrap_pyfunction!(ops::set_backend, m)?)?;
+    m.add_function(wrap_pyfunction!(handle::graph_strict, m)?)?;
+    m.add_function(wrap_pyfunction!(fork::_after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_function(wrap_pyfunction!(reason_codes, m)?)?;
     m.add_function(wrap_pyfunction!(handle::host, m)?)?;

@@ -134,15 +134,15 @@ pub fn dispatch<'py>(
         given.push(Some(value));
     }
     let ran = py.detach(|| {
-        catch_unwind(AssertUnwindSafe(|| {
+        crate::fork::in_live_pool(|| catch_unwind(AssertUnwindSafe(|| {
             lz.dispatch_into(&args, buffers).map(|d| {
                 let kernel = d.selection().kernel.clone();
                 (d.outputs, kernel)
             })
-        }))
+        })))
     });
     drop(args);
-    let (mut outputs, kernel) = match ran {
+    let (mut outputs, kernel) = match ran.map_err(LayerZeroError::new_err)? {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => return Err(to_py(py, &e)),
         Err(p) => {

@@ -118,11 +118,19 @@ def test_the_ops_give_lz_ops_results():
 
 
 def test_errors_come_through_the_op_as_layerzero_errors():
-    q, k, v = _r(1, 5, 4, 16), _r(1, 5, 2, 16), _r(1, 5, 2, 16)
-    with pytest.raises(lz.NoKernelError):
-        L.attention(q, k, v, dropout_p=0.1)
     with pytest.raises(lz.InvalidInputError, match="outside"):
         L.embedding(torch.tensor([7]), _r(5, 8))
+    x, w = _r(2, 64, dtype=torch.bfloat16), _r(64)  # a bf16 x with an f32 weight
+    with pytest.raises(lz.LayerZeroError) as direct:
+        lz.ops.rms_norm(x, w)
+    with pytest.raises(type(direct.value)):
+        L.rms_norm(x, w)
+
+
+def test_attention_is_tagged_as_seeded_like_sdpa():
+    assert torch.Tag.nondeterministic_seeded in L.attention.default.tags
+    for name in layerzero.torch_ops.OPS:
+        assert torch.Tag.pt2_compliant_tag in getattr(L, name).default.tags
 
 
 def test_fake_kernels_give_shapes_without_selecting_anything():

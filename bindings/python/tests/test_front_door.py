@@ -29,7 +29,8 @@ def test_a_cpu_attention_call_selects_a_cpu_kernel_and_says_where_the_choice_cam
 
 def test_explain_names_every_candidate_and_each_rejection_has_an_enum_code():
     q, k, v = gqa()
-    report = lz.explain("attention", q=q, k=k, v=v, causal=True, dropout_p=0.1)
+    # Dropout (which torch SDPA's math kernel has) with a soft-cap (which it has not): no kernel.
+    report = lz.explain("attention", q=q, k=k, v=v, causal=True, dropout_p=0.1, softcap=30.0)
     assert report.selected is None
     names = [c.kernel for c in report.candidates]
     assert "flash_attn_3.attention.fwd" in names and "cpu.attention.flash" in names
@@ -85,7 +86,7 @@ def test_an_unknown_op_lists_the_ops():
 def test_no_kernel_is_an_error_carrying_every_reason():
     q, k, v = gqa()
     with pytest.raises(lz.NoKernelError) as e:
-        lz.select("attention", q=q, k=k, v=v, dropout_p=0.5)
+        lz.select("attention", q=q, k=k, v=v, dropout_p=0.5, softcap=30.0)
     codes = [r.code for r in e.value.reasons]
     assert lz.ReasonCode.DROPOUT_UNSUPPORTED in codes
     assert all(isinstance(r.message, str) and r.message for r in e.value.reasons)

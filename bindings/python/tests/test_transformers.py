@@ -163,7 +163,8 @@ def test_greedy_generate_matches_eager(name, padded):
     if not padded and not getattr(lzm.config, "sliding_window", None):
         assert all(c["mask"] is None and c["k"][2] > 1 for c in decode), decode
     assert lz_calls(after) - lz_calls(before) >= len(calls) == lzm.config.num_hidden_layers * NEW_TOKENS
-    print(f"{name} ({'left-padded' if padded else 'unpadded'}): generated {got[:, SEQ:].tolist()}, kernels {sorted({c['kernel'] for c in calls})}")
+    kernels = sorted({c["kernel"] for c in calls})
+    print(f"{name} ({'left-padded' if padded else 'unpadded'}): generated {got[:, SEQ:].tolist()}, kernels {kernels}")
 
 
 def test_static_cache_prefill_cuts_the_unwritten_keys():

@@ -18,7 +18,10 @@ Tensors are read through their metadata (dtype, shape, strides, device): nothing
 and torch is not required to import this package. Every error is a ``LayerZeroError``.
 """
 
+import contextlib as _contextlib
 import enum as _enum
+import os as _os
+import sys as _sys
 
 from . import _lz
 from ._lz import (
@@ -99,6 +102,49 @@ def doctor():
     return report
 
 
+_graph_strict = None
+
+
+@_contextlib.contextmanager
+def graph_safe(handle=None):
+    """Inside this context, ``layerzero.ops`` select only kernels safe to capture into a CUDA
+    graph (the policy's ``graph_strict_mode`` on top of ``handle``'s policy, default the
+    process handle's); an op with no graph-safe kernel raises ``NoKernelError`` naming the op
+    and each kernel's reasons (``GRAPH_UNSAFE``), rather than capturing something that
+    would replay wrongly. Yields the strict handle."""
+    global _graph_strict
+    _ready()
+    if handle is None:
+        if _graph_strict is None:
+            _graph_strict = _lz.graph_strict(None)
+        strict = _graph_strict
+    else:
+        strict = _lz.graph_strict(handle)
+    token = ops._scoped.set(strict)
+    try:
+        yield strict
+    finally:
+        ops._scoped.reset(token)
+
+
+def _after_fork_in_child():
+    # A forked child has none of the parent's threads: the runtime rebuilds its handle and
+    # runs kernels in a pool of the child's own (see src/fork.rs); handles made here for the
+    # parent are dropped. torch's OpenMP pool is the parent's too, and GNU OpenMP waits
+    # forever for it in a child: the Python executors call torch, so the child runs torch on
+    # one thread, as DataLoader does for its workers (torch.set_num_threads to change it).
+    global _graph_strict
+    _graph_strict = None
+    _lz._after_fork_in_child()
+    torch = _sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+
+
+if hasattr(_os, "register_at_fork"):
+    _os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def selftest(kernels=None, verbose=False):
     """Runs every registered Python executor against PyTorch's float64 math on small cases
     and records the result for this machine; passing executors become verified."""
@@ -132,6 +178,7 @@ __all__ = [
     "counters",
     "doctor",
     "explain",
+    "graph_safe",
     "host",
     "readiness_check",
     "select",

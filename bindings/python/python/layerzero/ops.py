@@ -10,6 +10,7 @@ the argument and value, ``NoKernelError`` with every candidate's reasons, ``Kern
 with each attempt.
 """
 
+import contextvars as _contextvars
 import math as _math
 
 from . import _lz
@@ -26,6 +27,9 @@ __all__ = [
     "embedding",
     "sample",
 ]
+
+# The handle ops run on inside `layerzero.graph_safe()` (or another scope); None: the process's.
+_scoped = _contextvars.ContextVar("layerzero_ops_handle", default=None)
 
 # One Call per op and set of attributes, made on first use (parsing and checking the
 # attributes once); a plan or cache hit then costs the lending and the kernel.
@@ -134,7 +138,7 @@ def attention(
     )
     if out is None and hasattr(q, "shape") and hasattr(v, "shape"):
         out = _empty_like_shape(q, tuple(q.shape[:-1]) + (v.shape[-1],))
-    (result,), _ = _lz.dispatch(call, (q, k, v, mask, cu_seqlens_q, cu_seqlens_k), (out,), handle)
+    (result,), _ = _lz.dispatch(call, (q, k, v, mask, cu_seqlens_q, cu_seqlens_k), (out,), _scoped.get() if handle is None else handle)
     return result
 
 
@@ -177,7 +181,7 @@ def paged_attention(
     if out is None:
         out = _empty_like_shape(q, tuple(q.shape[:-1]) + (v_cache.shape[-1],))
     _set_cache_layout(call, kv_layout)
-    (result,), _ = _lz.dispatch(call, (q, k_cache, v_cache, block_table, context_lens, k_scale, v_scale), (out,), handle)
+    (result,), _ = _lz.dispatch(call, (q, k_cache, v_cache, block_table, context_lens, k_scale, v_scale), (out,), _scoped.get() if handle is None else handle)
     return result
 
 
@@ -197,14 +201,14 @@ def rms_norm(x, weight, *, eps=1e-6, residual=None, out=None, handle=None):
         call = _call(("rms_norm", eps), "rms_norm", {"eps": eps}, ["x", "weight", "residual"], ["out"])
         if out is None:
             out = _torch().empty_like(x, memory_format=_torch().contiguous_format)
-        (result,), _ = _lz.dispatch(call, (x, weight, None), (out,), handle)
+        (result,), _ = _lz.dispatch(call, (x, weight, None), (out,), _scoped.get() if handle is None else handle)
         return result
     call = _call(("rms_norm+", eps), "rms_norm", {"eps": eps}, ["x", "weight", "residual"], ["out", "residual_out"])
     torch = _torch()
     if out is None:
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
     res = torch.empty_like(x, memory_format=torch.contiguous_format)
-    result, _ = _lz.dispatch(call, (x, weight, residual), (out, res), handle)
+    result, _ = _lz.dispatch(call, (x, weight, residual), (out, res), _scoped.get() if handle is None else handle)
     return result[0], result[1]
 
 
@@ -213,7 +217,7 @@ def layer_norm(x, weight, bias=None, *, eps=1e-5, out=None, handle=None):
     call = _call(("layer_norm", eps), "layer_norm", {"eps": eps}, ["x", "weight", "bias"], ["out"])
     if out is None:
         out = _torch().empty_like(x, memory_format=_torch().contiguous_format)
-    (result,), _ = _lz.dispatch(call, (x, weight, bias), (out,), handle)
+    (result,), _ = _lz.dispatch(call, (x, weight, bias), (out,), _scoped.get() if handle is None else handle)
     return result
 
 
@@ -239,7 +243,7 @@ def rope(q, k=None, *, positions=None, cos=None, sin=None, style="rotate_half", 
     outs = (torch.empty_like(q, memory_format=torch.contiguous_format),)
     if k is not None:
         outs += (torch.empty_like(k, memory_format=torch.contiguous_format),)
-    result, _ = _lz.dispatch(call, (q, k, positions, cos, sin), outs, handle)
+    result, _ = _lz.dispatch(call, (q, k, positions, cos, sin), outs, _scoped.get() if handle is None else handle)
     return result[0] if k is None else (result[0], result[1])
 
 
@@ -248,7 +252,7 @@ def linear(x, weight, bias=None, *, out=None, handle=None):
     call = _call(("linear",), "linear", {}, ["x", "weight", "bias"], ["out"])
     if out is None:
         out = _empty_like_shape(x, tuple(x.shape[:-1]) + (weight.shape[0],))
-    (result,), _ = _lz.dispatch(call, (x, weight, bias), (out,), handle)
+    (result,), _ = _lz.dispatch(call, (x, weight, bias), (out,), _scoped.get() if handle is None else handle)
     return result
 
 
@@ -260,7 +264,7 @@ def swiglu(gate, up=None, *, out=None, handle=None):
         shape = tuple(gate.shape[:-1]) + ((gate.shape[-1] // 2,) if split else (gate.shape[-1],))
         out = _empty_like_shape(gate, shape)
     inputs = (gate, None, None) if split else (None, gate, up)
-    (result,), _ = _lz.dispatch(call, inputs, (out,), handle)
+    (result,), _ = _lz.dispatch(call, inputs, (out,), _scoped.get() if handle is None else handle)
     return result
 
 
@@ -270,7 +274,7 @@ def mlp(x, w_gate, w_up, w_down, *, activation="silu", out=None, handle=None):
     call = _call(("mlp", activation), "mlp", {"activation": activation}, ["x", "w_gate", "w_up", "w_down"], ["out"])
     if out is None:
         out = _empty_like_shape(x, tuple(x.shape[:-1]) + (w_down.shape[0],))
-    (result,), _ = _lz.dispatch(call, (x, w_gate, w_up, w_down), (out,), handle)
+    (result,), _ = _lz.dispatch(call, (x, w_gate, w_up, w_down), (out,), _scoped.get() if handle is None else handle)
     return result
 
 
@@ -280,7 +284,7 @@ def embedding(ids, table, *, out=None, handle=None):
     call = _call(("embedding",), "embedding", {}, ["ids", "table"], ["out"])
     if out is None:
         out = _empty_like_shape(table, tuple(ids.shape) + (table.shape[-1],))
-    (result,), _ = _lz.dispatch(call, (ids, table), (out,), handle)
+    (result,), _ = _lz.dispatch(call, (ids, table), (out,), _scoped.get() if handle is None else handle)
     return result
 
 
@@ -291,5 +295,5 @@ def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed
     attrs = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "seed": seed}
     call = _call(("sample",) + tuple(attrs.values()), "sample", attrs, ["logits"], ["tokens"])
     out = _torch().empty((logits.shape[0],), dtype=_torch().int64)
-    (result,), _ = _lz.dispatch(call, (logits,), (out,), handle)
+    (result,), _ = _lz.dispatch(call, (logits,), (out,), _scoped.get() if handle is None else handle)
     return result

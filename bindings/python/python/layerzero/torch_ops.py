@@ -47,9 +47,10 @@ positional-or-keyword, since torch's custom-op machinery takes no keyword-only t
            float? min_p=None, int? seed=None) -> Tensor
 
 ``window`` is the left window (an int); FlashAttention's ``(left, right)`` pair is taken by
-``layerzero.ops.attention``, not by the op. ``sample`` is deterministic (a counter-based
-generator seeded by ``seed``, a fixed default without one), so it is an ordinary functional
-op too.
+``layerzero.ops.attention``, not by the op. ``attention`` is tagged ``nondeterministic_seeded``
+as aten's SDPA is (with ``dropout_p > 0`` it draws from torch's generator). ``sample`` is
+deterministic (a counter-based generator seeded by ``seed``, a fixed default without one), so
+it is an ordinary functional op.
 
 Importing twice, or ``importlib.reload``, registers nothing again.
 """
@@ -250,6 +251,12 @@ _FAKES = {
 }
 
 
+# attention with dropout_p > 0 draws from torch's generator (the torch_sdpa executor), so it
+# is tagged as aten's SDPA is: no CSE of two calls, no constant folding. pt2_compliant_tag on
+# every op: each passes opcheck (tests/test_compile.py).
+_TAGS = {"attention": (_torch.Tag.nondeterministic_seeded,)}
+
+
 def _defined(name):
     try:
         _torch._C._dispatch_find_schema_or_throw(f"{NAMESPACE}::{name}", "")
@@ -270,7 +277,7 @@ def _register():
         return lib
     lib = _torch.library.Library(NAMESPACE, "DEF")
     for name, schema in SCHEMAS.items():
-        lib.define(schema)
+        lib.define(schema, tags=_TAGS.get(name, ()) + (_torch.Tag.pt2_compliant_tag,))
         lib.impl(name, _IMPLS[name], "CPU")
         _torch.library.register_fake(f"{NAMESPACE}::{name}", _FAKES[name], lib=lib)
     package._torch_library = lib

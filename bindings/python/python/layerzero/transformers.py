@@ -119,7 +119,9 @@ def attention_forward(
         )
     for sink in ("s_aux", "sinks"):
         if kwargs.get(sink) is not None:
-            raise _layerzero.InvalidInputError(f"argument `{sink}`: attention sinks are not supported by lz.ops.attention")
+            raise _layerzero.InvalidInputError(
+                f"argument `{sink}`: attention sinks are not supported by lz.ops.attention"
+            )
 
     q_len, kv_len = query.shape[2], key.shape[2]
     causal_module = _is_causal(module, is_causal)
@@ -253,8 +255,6 @@ def _activation(act):
     name = type(act).__name__
     if name == "GELU":  # torch.nn.GELU
         return "gelu_tanh" if getattr(act, "approximate", "none") == "tanh" else "gelu"
-    if name == "GELUActivation" and getattr(act, "act", None) is not None:
-        return "gelu"
     return _ACTIVATIONS.get(name)
 
 
