@@ -36,7 +36,7 @@ pub(super) enum Command {
     /// Check every executable kernel against cpu_reference over the case matrix.
     Parity(ParityArgs),
     /// Measure a workload's kernels on this machine into the PerfDB; --verify reports the regret.
-    Tune(tune::command::TuneArgs),
+    Tune(tune::TuneArgs),
     /// Bake a dispatch table: a decision for every bucket of a workload (PerfDB-backed when
     /// measurements exist).
     Solve(SolveCmd),

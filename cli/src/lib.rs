@@ -135,7 +135,7 @@ fn run(cli: Cli) -> Result<Outcome> {
                 catalog,
             )
         }
-        Command::Tune(a) => tune::command::run(a),
+        Command::Tune(a) => tune::run(a),
         Command::Parity(a) => {
             let op = a.op.as_deref().map(parse_op).transpose()?;
             parity::command::run(load_catalog(&a.catalog)?, op, a.kernel.as_deref(), a.json)

@@ -49,6 +49,8 @@ pub mod readiness;
 pub mod runtime;
 pub mod snapshot;
 pub mod telemetry;
+#[cfg(feature = "perfdb")]
+pub mod tune;
 
 use std::sync::OnceLock;
 

@@ -186,7 +186,7 @@ fn explain_on(py: Python<'_>, lz: &LayerZero, op: &str, kwargs: Option<&Bound<'_
 }
 
 /// A serializable value as the Python object `json.loads` makes of it.
-fn to_python<'py>(py: Python<'py>, value: &impl Serialize) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn to_python<'py>(py: Python<'py>, value: &impl Serialize) -> PyResult<Bound<'py, PyAny>> {
     let text = serde_json::to_string(value).map_err(|e| invalid(e.to_string()))?;
     py.import("json")?.call_method1("loads", (text,))
 }

@@ -59,6 +59,16 @@ fn build_from(installed: &Installed) -> Result<LayerZero> {
     Ok(lz)
 }
 
+/// LayerZero's own executors with those Python registered (what a tuning run times).
+pub fn registry() -> Result<layerzero::exec::executor::Registry> {
+    let installed = INSTALLED.lock().map_err(|_| Error::invalid("the registry lock was poisoned"))?;
+    let mut registry = layerzero::builtin_registry();
+    for (kernel, executor, _) in &installed.executors {
+        registry.register(kernel, executor.clone());
+    }
+    Ok(registry)
+}
+
 /// Records a backend's status and library; the handle is rebuilt on next use.
 pub fn set_backend(backend: String, status: BackendStatus, library: Option<LoadedLibrary>) -> Result<()> {
     check(|lz| lz.catalog().backend(&backend).is_some(), || format!("backend {backend:?} is not in the catalog"))?;

@@ -12,6 +12,7 @@ mod reason;
 mod report;
 mod request;
 mod tensors;
+mod tune;
 
 use pyo3::prelude::*;
 
@@ -38,10 +39,13 @@ fn _lz(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<reason::Reason>()?;
     m.add_class::<ops::Call>()?;
     m.add_function(wrap_pyfunction!(ops::dispatch, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::run_kernel, m)?)?;
     m.add_function(wrap_pyfunction!(ops::register_executor, m)?)?;
     m.add_function(wrap_pyfunction!(ops::set_backend, m)?)?;
     m.add_function(wrap_pyfunction!(handle::graph_strict, m)?)?;
     m.add_function(wrap_pyfunction!(fork::_after_fork_in_child, m)?)?;
+    m.add_function(wrap_pyfunction!(tune::tune, m)?)?;
+    m.add_function(wrap_pyfunction!(tune::solve, m)?)?;
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_function(wrap_pyfunction!(reason_codes, m)?)?;
     m.add_function(wrap_pyfunction!(handle::host, m)?)?;

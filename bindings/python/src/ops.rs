@@ -85,8 +85,8 @@ impl Call {
 
 /// Runs one call: `inputs` in the call's role order (None for an absent optional tensor),
 /// `outs` the output buffers in the call's output order (None: the kernel allocates), on
-/// `handle` (default: the process handle). Returns the outputs (the buffers themselves where
-/// the kernel wrote them) and the kernel that ran.
+/// `handle` (default: the process handle). Returns the outputs: the buffers themselves where
+/// the kernel wrote them.
 #[pyfunction]
 #[pyo3(signature = (call, inputs, outs, handle = None))]
 pub fn dispatch<'py>(
@@ -95,7 +95,7 @@ pub fn dispatch<'py>(
     inputs: &Bound<'py, PyTuple>,
     outs: &Bound<'py, PyTuple>,
     handle: Option<&Bound<'py, Handle>>,
-) -> PyResult<(Bound<'py, PyTuple>, String)> {
+) -> PyResult<Bound<'py, PyTuple>> {
     let call = call.get();
     let held;
     let lz: &layerzero::runtime::LayerZero = match handle {
@@ -105,21 +105,79 @@ pub fn dispatch<'py>(
         }
         None => host::current().map_err(|e| to_py(py, &e))?,
     };
+    let Prepared { args, buffers, given } = match prepare(py, call, inputs, outs)? {
+        Ok(p) => p,
+        Err((name, device)) => return Err(device_error(py, lz, call, inputs, &name, &device)),
+    };
+    let ran = py.detach(|| {
+        crate::fork::in_live_pool(|| {
+            catch_unwind(AssertUnwindSafe(|| lz.dispatch_into(&args, buffers).map(|d| d.outputs)))
+        })
+    });
+    drop(args);
+    let outputs = match ran.map_err(LayerZeroError::new_err)? {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return Err(to_py(py, &e)),
+        Err(p) => return Err(internal(&p)),
+    };
+    collect(py, call, outputs, given)
+}
+
+/// Runs one of LayerZero's own kernels directly: no selection, health, deadline or fallback
+/// (what `dispatch` adds is measured against it: `tools/bench_python_overhead.py`).
+#[pyfunction]
+pub fn run_kernel<'py>(
+    py: Python<'py>,
+    kernel: &str,
+    call: &Bound<'py, Call>,
+    inputs: &Bound<'py, PyTuple>,
+    outs: &Bound<'py, PyTuple>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    static REGISTRY: std::sync::OnceLock<layerzero::exec::executor::Registry> = std::sync::OnceLock::new();
+    let registry = REGISTRY.get_or_init(layerzero::builtin_registry);
+    let exec = registry.get(kernel).ok_or_else(|| invalid(format!("{kernel:?} is not one of LayerZero's own kernels")))?;
+    let call = call.get();
+    let Prepared { args, buffers, given } =
+        prepare(py, call, inputs, outs)?.map_err(|(n, d)| invalid(format!("argument `{n}` is on {d}")))?;
+    let ran = py.detach(|| crate::fork::in_live_pool(|| catch_unwind(AssertUnwindSafe(|| exec.run_into(&args, buffers)))));
+    drop(args);
+    let outputs = match ran.map_err(LayerZeroError::new_err)? {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return Err(crate::errors::KernelFailedError::new_err(format!("{kernel}: {e}"))),
+        Err(p) => return Err(internal(&p)),
+    };
+    collect(py, call, outputs, given)
+}
+
+fn internal(p: &Box<dyn std::any::Any + Send>) -> PyErr {
+    LayerZeroError::new_err(format!("internal error (a bug in LayerZero; please report it): {}", panic_text(p.as_ref())))
+}
+
+/// A call's arguments lent to the runtime, its output buffers, and those buffers as given.
+struct Prepared<'py> {
+    args: OpArgs,
+    buffers: Outputs,
+    given: Vec<Option<Bound<'py, PyAny>>>,
+}
+
+/// Lends the inputs and output buffers; `Err((name, device))` names the first input that is
+/// not on the CPU.
+fn prepare<'py>(
+    py: Python<'py>,
+    call: &Call,
+    inputs: &Bound<'py, PyTuple>,
+    outs: &Bound<'py, PyTuple>,
+) -> PyResult<Result<Prepared<'py>, (String, String)>> {
     let mut tensors: BTreeMap<&str, HostTensor> = BTreeMap::new();
-    let mut on_device: Option<(String, String)> = None;
     for (name, value) in call.inputs.iter().zip(inputs.iter()) {
         if value.is_none() {
             continue;
         }
         let m = meta(name, &value)?;
         if !m.cpu {
-            on_device.get_or_insert((name.clone(), m.device.clone()));
-            continue;
+            return Ok(Err((name.clone(), m.device)));
         }
         tensors.insert(name, lend(name, &value, &m, false, call.layout_of(name))?);
-    }
-    if let Some((name, device)) = on_device {
-        return Err(device_error(py, lz, call, inputs, &name, &device));
     }
     let args = OpArgs::from_tensors(call.op, &call.attrs, tensors).map_err(|e| to_py(py, &e))?;
     let mut buffers = Outputs::new();
@@ -133,30 +191,22 @@ pub fn dispatch<'py>(
         buffers.insert(name, lend(name, &value, &m, true, None)?);
         given.push(Some(value));
     }
-    let ran = py.detach(|| {
-        crate::fork::in_live_pool(|| catch_unwind(AssertUnwindSafe(|| {
-            lz.dispatch_into(&args, buffers).map(|d| {
-                let kernel = d.selection().kernel.clone();
-                (d.outputs, kernel)
-            })
-        })))
-    });
-    drop(args);
-    let (mut outputs, kernel) = match ran.map_err(LayerZeroError::new_err)? {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => return Err(to_py(py, &e)),
-        Err(p) => {
-            return Err(LayerZeroError::new_err(format!(
-                "internal error (a bug in LayerZero; please report it): {}",
-                panic_text(p.as_ref())
-            )));
-        }
-    };
+    Ok(Ok(Prepared { args, buffers, given }))
+}
+
+/// The outputs as torch tensors: each buffer the kernel wrote, a view of lent memory, or a
+/// copy (into the buffer when one was given).
+fn collect<'py>(
+    py: Python<'py>,
+    call: &Call,
+    mut outputs: Outputs,
+    given: Vec<Option<Bound<'py, PyAny>>>,
+) -> PyResult<Bound<'py, PyTuple>> {
     let mut result = Vec::with_capacity(call.outputs.len());
     for (name, buffer) in call.outputs.iter().zip(given) {
         let t = outputs
             .remove(name)
-            .ok_or_else(|| LayerZeroError::new_err(format!("{kernel} did not produce output `{name}`")))?;
+            .ok_or_else(|| LayerZeroError::new_err(format!("the kernel did not produce output `{name}`")))?;
         result.push(match buffer {
             Some(b) if written_in(&t, &b)? => b,
             Some(b) => {
@@ -166,7 +216,7 @@ pub fn dispatch<'py>(
             None => to_torch(py, &t)?,
         });
     }
-    Ok((PyTuple::new(py, result)?, kernel))
+    PyTuple::new(py, result)
 }
 
 /// True when the kernel wrote output `t` into the buffer `b` the caller handed in.

@@ -111,7 +111,11 @@ fn tensor(name: &str, t: &Bound<'_, PyAny>) -> PyResult<Value> {
             .call0()?
             .extract()
             .map_err(|e| invalid(format!("tensor `{name}`: its strides are not sizes: {e}")))?;
-        desc.insert("strides".to_owned(), serde_json::json!(strides));
+        // Row-major strides are what an absent `strides` means: left out, so the request's
+        // key is a workload file's.
+        if strides != row_major(&shape) {
+            desc.insert("strides".to_owned(), serde_json::json!(strides));
+        }
     }
     if let Ok(device) = t.getattr("device") {
         let device = device.str()?.to_string();
@@ -120,9 +124,22 @@ fn tensor(name: &str, t: &Bound<'_, PyAny>) -> PyResult<Value> {
                 "tensor `{name}` is on device {device:?}; LayerZero runs on cpu and cuda devices"
             )));
         }
-        desc.insert("device".to_owned(), Value::String(device));
+        // A CPU tensor is described as LayerZero's own host tensors are (no device), so that
+        // a request from torch tensors and one from a workload file share their key.
+        if device != "cpu" {
+            desc.insert("device".to_owned(), Value::String(device));
+        }
     }
     Ok(Value::Object(desc))
+}
+
+/// Row-major contiguous strides of `shape` (size-1 dims as torch gives them).
+fn row_major(shape: &[u64]) -> Vec<u64> {
+    let mut out = vec![1u64; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        out[i] = out[i + 1] * shape[i + 1].max(1);
+    }
+    out
 }
 
 /// LayerZero's name of a torch dtype (`torch.float32` -> `f32`).

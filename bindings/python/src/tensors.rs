@@ -9,6 +9,7 @@
 #![allow(unsafe_code)]
 
 use std::any::Any;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use layerzero::model::dtype::DType;
 use layerzero::model::layout::Layout;
@@ -96,6 +97,36 @@ pub fn torch_dtype(d: DType) -> &'static str {
     }
 }
 
+/// The torch dtype objects seen so far, by LayerZero dtype (their addresses): torch's dtypes
+/// are singletons that live as long as the interpreter, so a dtype is recognized by address
+/// without formatting its name on every call.
+static DTYPE_OBJECTS: [AtomicUsize; 9] = [const { AtomicUsize::new(0) }; 9];
+const DTYPE_ORDER: [DType; 9] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Fp8E4M3,
+    DType::Fp8E5M2,
+    DType::I8,
+    DType::I32,
+    DType::I64,
+    DType::Bool,
+];
+
+fn known_dtype(d: &Bound<'_, PyAny>) -> Option<DType> {
+    let p = d.as_ptr() as usize;
+    DTYPE_OBJECTS.iter().position(|s| s.load(Ordering::Relaxed) == p).map(|i| DTYPE_ORDER[i])
+}
+
+/// Remembers `d`'s address when it is a `torch.dtype` (immortal; another object with a
+/// `dtype` attribute may be freed and its address reused, so it is never remembered).
+fn remember_dtype(d: &Bound<'_, PyAny>, dtype: DType) {
+    let is_torch = d.get_type().fully_qualified_name().is_ok_and(|n| n.to_string() == "torch.dtype");
+    if let (true, Some(i)) = (is_torch, DTYPE_ORDER.iter().position(|x| *x == dtype)) {
+        DTYPE_OBJECTS[i].store(d.as_ptr() as usize, Ordering::Relaxed);
+    }
+}
+
 /// What `lend` reads of a tensor: its dtype, sizes, strides, and whether it is on the CPU.
 pub struct Meta {
     pub dtype: DType,
@@ -112,13 +143,20 @@ pub fn meta(name: &str, t: &Bound<'_, PyAny>) -> PyResult<Meta> {
         invalid(format!("argument `{name}`: expected a torch.Tensor, got a {ty} (reason INVALID_REQUEST)"))
     };
     let Ok(dtype) = t.getattr(pyo3::intern!(t.py(), "dtype")) else { return Err(not_tensor()) };
-    let dtype_name = dtype.str()?.to_string();
-    let dtype = dtype_of(&dtype_name).ok_or_else(|| {
-        invalid(format!(
-            "argument `{name}`: dtype {dtype_name} is not one LayerZero runs (float32, float16, bfloat16, \
-             float8_e4m3fn, float8_e5m2, int8, int32, int64, bool) (reason DTYPE_UNSUPPORTED)"
-        ))
-    })?;
+    let dtype = match known_dtype(&dtype) {
+        Some(d) => d,
+        None => {
+            let dtype_name = dtype.str()?.to_string();
+            let d = dtype_of(&dtype_name).ok_or_else(|| {
+                invalid(format!(
+                    "argument `{name}`: dtype {dtype_name} is not one LayerZero runs (float32, float16, bfloat16, \
+                     float8_e4m3fn, float8_e5m2, int8, int32, int64, bool) (reason DTYPE_UNSUPPORTED)"
+                ))
+            })?;
+            remember_dtype(&dtype, d);
+            d
+        }
+    };
     let shape: Vec<usize> = t.getattr(pyo3::intern!(t.py(), "shape")).and_then(|s| s.extract()).map_err(|_| not_tensor())?;
     let strides: Vec<isize> =
         t.call_method0(pyo3::intern!(t.py(), "stride")).and_then(|s| s.extract()).map_err(|_| not_tensor())?;

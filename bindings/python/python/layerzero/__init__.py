@@ -102,6 +102,27 @@ def doctor():
     return report
 
 
+def tune(workload, *, budget=None, perfdb=None, verify=True, refresh=False):
+    """Measures every eligible kernel with an executor (the Python ones: torch SDPA, ZenDNN,
+    ..., with LayerZero's own) at every bucket of ``workload`` (a workload file) on this
+    machine, by the protocol of ``lz tune``, into the PerfDB (``perfdb``, default
+    ``$LAYERZERO_PERFDB``); ``budget`` seconds stops new measurements. With ``verify``, every
+    kernel is re-timed and the report gives the regret of model-only and PerfDB-backed
+    selection. Returns ``lz tune --json``'s report as a dict."""
+    _ready()
+    perfdb = None if perfdb is None else str(perfdb)
+    return _lz.tune(str(workload), perfdb=perfdb, budget=budget, verify=verify, refresh=refresh)
+
+
+def solve(workload, out, *, perfdb=None):
+    """Bakes a dispatch table for ``workload`` at ``out``, scored with the PerfDB's
+    measurements of this machine (``lz solve`` for the Python host: its Python executors can
+    serve the winners). Serve it with ``LayerZero.host().with_plan(out)``. Returns
+    ``(entries, unsolved)``."""
+    _ready()
+    return _lz.solve(str(workload), str(out), perfdb=None if perfdb is None else str(perfdb))
+
+
 _graph_strict = None
 
 
@@ -183,6 +204,8 @@ __all__ = [
     "readiness_check",
     "select",
     "selftest",
+    "solve",
+    "tune",
     "ops",
     "version",
     "which",

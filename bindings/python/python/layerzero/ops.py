@@ -53,6 +53,18 @@ def _torch():
     return torch
 
 
+class _LazyTorch:
+    """torch, imported on first use (this package imports without it)."""
+
+    def __getattr__(self, name):
+        global _torch_module
+        _torch_module = _torch()
+        return getattr(_torch_module, name)
+
+
+_torch_module = _LazyTorch()
+
+
 def _empty_like_shape(t, shape, dtype=None):
     return _torch().empty(shape, dtype=t.dtype if dtype is None else dtype, device=t.device)
 
@@ -106,13 +118,40 @@ def attention(
     ``[N+1]``) with sequences packed along the sequence dim of batch 1. Returns a tensor of q's
     shape with head dim Dv, in q's dtype and layout.
     """
+    if window is None and softcap is None and alibi_slopes is None and not dropout_p:
+        # The common call: its Call is found by four attributes.
+        call = _plain_attention.get((causal, causal_align, scale, layout))
+        if call is None:
+            call = _attention_call(causal, causal_align, scale, None, None, False, layout, 0.0)
+            _plain_attention[(causal, causal_align, scale, layout)] = call
+    else:
+        call = _attention_call(causal, causal_align, scale, window, softcap, alibi_slopes, layout, dropout_p, q)
+    if out is None:
+        try:
+            same = v.shape[-1] == q.shape[-1]
+        except (AttributeError, IndexError, TypeError):
+            same = None  # not tensors: the runtime names the argument
+        if same:
+            out = _torch_module.empty_like(q, memory_format=_torch_module.contiguous_format)
+        elif same is not None:
+            out = _empty_like_shape(q, tuple(q.shape[:-1]) + (v.shape[-1],))
+    (result,) = _lz.dispatch(
+        call, (q, k, v, mask, cu_seqlens_q, cu_seqlens_k), (out,), _scoped.get() if handle is None else handle
+    )
+    return result
+
+
+_plain_attention = {}
+
+
+def _attention_call(causal, causal_align, scale, window, softcap, alibi_slopes, layout, dropout_p, q=None):
     if isinstance(window, (tuple, list)):
         left, right = window
         if right not in (0, -1):
             raise _lz.InvalidInputError(f"argument `window`: {window!r}: only a left window is supported (right 0 or -1)")
         window = None if left is None or left < 0 else int(left)
     alibi = False
-    if alibi_slopes is not None:
+    if alibi_slopes is not None and alibi_slopes is not False:
         heads = q.shape[2] if layout == "BSHD" else q.shape[1]
         if not _alibi_standard(alibi_slopes, heads):
             raise _lz.InvalidInputError(
@@ -120,7 +159,7 @@ def attention(
             )
         alibi = True
     key = ("attention", causal, causal_align, scale, window, softcap, alibi, layout, dropout_p)
-    call = _call(
+    return _call(
         key,
         "attention",
         {
@@ -136,10 +175,6 @@ def attention(
         ["out"],
         layout,
     )
-    if out is None and hasattr(q, "shape") and hasattr(v, "shape"):
-        out = _empty_like_shape(q, tuple(q.shape[:-1]) + (v.shape[-1],))
-    (result,), _ = _lz.dispatch(call, (q, k, v, mask, cu_seqlens_q, cu_seqlens_k), (out,), _scoped.get() if handle is None else handle)
-    return result
 
 
 _PAGED_INPUTS = ["q", "k_cache", "v_cache", "block_table", "context_lens", "k_scale", "v_scale"]
@@ -181,7 +216,7 @@ def paged_attention(
     if out is None:
         out = _empty_like_shape(q, tuple(q.shape[:-1]) + (v_cache.shape[-1],))
     _set_cache_layout(call, kv_layout)
-    (result,), _ = _lz.dispatch(call, (q, k_cache, v_cache, block_table, context_lens, k_scale, v_scale), (out,), _scoped.get() if handle is None else handle)
+    (result,) = _lz.dispatch(call, (q, k_cache, v_cache, block_table, context_lens, k_scale, v_scale), (out,), _scoped.get() if handle is None else handle)
     return result
 
 
@@ -198,17 +233,17 @@ def rms_norm(x, weight, *, eps=1e-6, residual=None, out=None, handle=None):
     With ``residual``: normalizes ``s = x + residual`` and returns ``(out, s)``.
     """
     if residual is None:
-        call = _call(("rms_norm", eps), "rms_norm", {"eps": eps}, ["x", "weight", "residual"], ["out"])
+        call = _calls.get(("rms_norm", eps)) or _call(("rms_norm", eps), "rms_norm", {"eps": eps}, ["x", "weight", "residual"], ["out"])
         if out is None:
-            out = _torch().empty_like(x, memory_format=_torch().contiguous_format)
-        (result,), _ = _lz.dispatch(call, (x, weight, None), (out,), _scoped.get() if handle is None else handle)
+            out = _torch_module.empty_like(x, memory_format=_torch_module.contiguous_format)
+        (result,) = _lz.dispatch(call, (x, weight, None), (out,), _scoped.get() if handle is None else handle)
         return result
     call = _call(("rms_norm+", eps), "rms_norm", {"eps": eps}, ["x", "weight", "residual"], ["out", "residual_out"])
     torch = _torch()
     if out is None:
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
     res = torch.empty_like(x, memory_format=torch.contiguous_format)
-    result, _ = _lz.dispatch(call, (x, weight, residual), (out, res), _scoped.get() if handle is None else handle)
+    result = _lz.dispatch(call, (x, weight, residual), (out, res), _scoped.get() if handle is None else handle)
     return result[0], result[1]
 
 
@@ -217,7 +252,7 @@ def layer_norm(x, weight, bias=None, *, eps=1e-5, out=None, handle=None):
     call = _call(("layer_norm", eps), "layer_norm", {"eps": eps}, ["x", "weight", "bias"], ["out"])
     if out is None:
         out = _torch().empty_like(x, memory_format=_torch().contiguous_format)
-    (result,), _ = _lz.dispatch(call, (x, weight, bias), (out,), _scoped.get() if handle is None else handle)
+    (result,) = _lz.dispatch(call, (x, weight, bias), (out,), _scoped.get() if handle is None else handle)
     return result
 
 
@@ -243,7 +278,7 @@ def rope(q, k=None, *, positions=None, cos=None, sin=None, style="rotate_half", 
     outs = (torch.empty_like(q, memory_format=torch.contiguous_format),)
     if k is not None:
         outs += (torch.empty_like(k, memory_format=torch.contiguous_format),)
-    result, _ = _lz.dispatch(call, (q, k, positions, cos, sin), outs, _scoped.get() if handle is None else handle)
+    result = _lz.dispatch(call, (q, k, positions, cos, sin), outs, _scoped.get() if handle is None else handle)
     return result[0] if k is None else (result[0], result[1])
 
 
@@ -252,7 +287,7 @@ def linear(x, weight, bias=None, *, out=None, handle=None):
     call = _call(("linear",), "linear", {}, ["x", "weight", "bias"], ["out"])
     if out is None:
         out = _empty_like_shape(x, tuple(x.shape[:-1]) + (weight.shape[0],))
-    (result,), _ = _lz.dispatch(call, (x, weight, bias), (out,), _scoped.get() if handle is None else handle)
+    (result,) = _lz.dispatch(call, (x, weight, bias), (out,), _scoped.get() if handle is None else handle)
     return result
 
 
@@ -264,7 +299,7 @@ def swiglu(gate, up=None, *, out=None, handle=None):
         shape = tuple(gate.shape[:-1]) + ((gate.shape[-1] // 2,) if split else (gate.shape[-1],))
         out = _empty_like_shape(gate, shape)
     inputs = (gate, None, None) if split else (None, gate, up)
-    (result,), _ = _lz.dispatch(call, inputs, (out,), _scoped.get() if handle is None else handle)
+    (result,) = _lz.dispatch(call, inputs, (out,), _scoped.get() if handle is None else handle)
     return result
 
 
@@ -274,7 +309,7 @@ def mlp(x, w_gate, w_up, w_down, *, activation="silu", out=None, handle=None):
     call = _call(("mlp", activation), "mlp", {"activation": activation}, ["x", "w_gate", "w_up", "w_down"], ["out"])
     if out is None:
         out = _empty_like_shape(x, tuple(x.shape[:-1]) + (w_down.shape[0],))
-    (result,), _ = _lz.dispatch(call, (x, w_gate, w_up, w_down), (out,), _scoped.get() if handle is None else handle)
+    (result,) = _lz.dispatch(call, (x, w_gate, w_up, w_down), (out,), _scoped.get() if handle is None else handle)
     return result
 
 
@@ -284,7 +319,7 @@ def embedding(ids, table, *, out=None, handle=None):
     call = _call(("embedding",), "embedding", {}, ["ids", "table"], ["out"])
     if out is None:
         out = _empty_like_shape(table, tuple(ids.shape) + (table.shape[-1],))
-    (result,), _ = _lz.dispatch(call, (ids, table), (out,), _scoped.get() if handle is None else handle)
+    (result,) = _lz.dispatch(call, (ids, table), (out,), _scoped.get() if handle is None else handle)
     return result
 
 
@@ -295,5 +330,5 @@ def sample(logits, *, temperature=None, top_k=None, top_p=None, min_p=None, seed
     attrs = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "seed": seed}
     call = _call(("sample",) + tuple(attrs.values()), "sample", attrs, ["logits"], ["tokens"])
     out = _torch().empty((logits.shape[0],), dtype=_torch().int64)
-    (result,), _ = _lz.dispatch(call, (logits,), (out,), _scoped.get() if handle is None else handle)
+    (result,) = _lz.dispatch(call, (logits,), (out,), _scoped.get() if handle is None else handle)
     return result

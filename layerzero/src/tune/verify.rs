@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use super::report::{BucketRegret, Phase, Pick, RegretSummary, Skipped, VerifiedTime, VerifyReport};
 use super::{Event, Host, Planned, TuneOptions, timing};
-use layerzero::select::{ScoreSource, Selection, Selector};
+use crate::select::{ScoreSource, Selection, Selector};
 
 /// The selectors compared with the model-only ranking.
 #[derive(Clone, Copy)]

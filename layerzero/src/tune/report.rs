@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use layerzero::perfdb::Recovery;
+use crate::perfdb::Recovery;
 
 /// The phase a measurement belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -273,5 +273,5 @@ pub struct CalibrationReport {
     /// Where it was written (or read from).
     pub path: String,
     /// The fits.
-    pub fits: Vec<layerzero::score::calibration::KernelFit>,
+    pub fits: Vec<crate::score::calibration::KernelFit>,
 }

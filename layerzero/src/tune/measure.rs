@@ -16,7 +16,7 @@
 //!    [`Protocol::max_samples`]; stop at the per-kernel time cap [`Protocol::time_cap`] once
 //!    [`Protocol::min_samples_capped`] samples exist (the fewest PerfDB rows need to be
 //!    used), and unconditionally at [`Protocol::hard_cap`].
-//! 4. Summary: [`layerzero::perfdb::stats::summarize`] rejects outliers by MAD and gives median,
+//! 4. Summary: [`crate::perfdb::stats::summarize`] rejects outliers by MAD and gives median,
 //!    percentiles, MAD and cv of the rest.
 //!
 //! The kernels competing for one problem are timed together ([`measure_interleaved`]):
@@ -32,9 +32,9 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use layerzero::exec::args::{OpArgs, Outputs};
-use layerzero::exec::executor::{Executor, KernelError, panic_text};
-use layerzero::perfdb::stats::{self, Summary};
+use crate::exec::args::{OpArgs, Outputs};
+use crate::exec::executor::{Executor, KernelError, panic_text};
+use crate::perfdb::stats::{self, Summary};
 
 /// The knobs of the protocol.
 #[derive(Debug, Clone)]
@@ -79,7 +79,7 @@ impl Default for Protocol {
             target_rel_mad: 0.02,
             target_rel_ci: 0.01,
             time_cap: Duration::from_secs(2),
-            min_samples_capped: layerzero::score::measured::MIN_SAMPLES,
+            min_samples_capped: crate::score::measured::MIN_SAMPLES,
             hard_cap: Duration::from_secs(20),
         }
     }
@@ -386,9 +386,9 @@ fn kernel_error(e: &KernelError) -> String {
 mod tests {
     use super::*;
     use crate::TestResult;
-    use layerzero::exec::args::SiluArgs;
-    use layerzero::model::attrs::NoAttrs;
-    use layerzero::tensor::HostTensor;
+    use crate::exec::args::SiluArgs;
+    use crate::model::attrs::NoAttrs;
+    use crate::tensor::HostTensor;
 
     fn args() -> TestResult<OpArgs> {
         Ok(OpArgs::Silu(SiluArgs { x: HostTensor::from_f32(&[4], vec![1.0; 4])?, attrs: NoAttrs {} }))

@@ -8,9 +8,9 @@ use std::time::Duration;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::report::CalibrationReport;
-use crate::tune::{
-    self, BucketRegret, Event, Host, KernelResult, Skipped, Status, TuneOptions, TuneReport, VerifyReport,
+use layerzero::tune::{
+    self, BucketRegret, CalibrationReport, Event, Host, KernelResult, Skipped, Status, TuneOptions, TuneReport,
+    VerifyReport,
 };
 use crate::{CatalogArg, Outcome, load_catalog, print_json, render};
 use layerzero::error::{Error, Result};

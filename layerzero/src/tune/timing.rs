@@ -6,10 +6,10 @@ use std::time::Instant;
 
 use super::measure::{self, Measurement};
 use super::{Host, TuneOptions, synth};
-use layerzero::exec::args::OpArgs;
-use layerzero::model::request::Request;
-use layerzero::select::Selection;
-use layerzero::transform::apply_transforms;
+use crate::exec::args::OpArgs;
+use crate::model::request::Request;
+use crate::select::Selection;
+use crate::transform::apply_transforms;
 
 /// Whether the budget's deadline has passed; no deadline never passes.
 pub(super) fn spent(deadline: Option<Instant>) -> bool {
@@ -17,7 +17,7 @@ pub(super) fn spent(deadline: Option<Instant>) -> bool {
 }
 
 /// A kernel ready to be timed: its executor and its adapted inputs.
-type Prepared<'a> = (&'a Arc<dyn layerzero::exec::executor::Executor>, OpArgs);
+type Prepared<'a> = (&'a Arc<dyn crate::exec::executor::Executor>, OpArgs);
 
 /// Synthesizes the point's inputs, applies each selection's transforms and times the
 /// kernels together (interleaved). One result per selection, in order; errors are messages:

@@ -20,10 +20,9 @@
 //! model alone and for selection backed by the PerfDB rows now stored.
 
 pub mod calibrate;
-pub(crate) mod command;
 pub mod measure;
 mod report;
-pub use layerzero::exec::synth;
+pub use crate::exec::synth;
 mod timing;
 mod tuning;
 mod verify;
@@ -32,17 +31,18 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use layerzero::capabilities::catalog::Catalog;
-use layerzero::error::Result;
-use layerzero::exec::executor::Registry;
-use layerzero::host::detect;
-use layerzero::perfdb::{PerfDb, Row};
-use layerzero::plan::workload::{Point, Workload};
-use layerzero::policy::Policy;
-use layerzero::score::measured::{Measured, Measurements};
-use layerzero::select::{Selection, Selector};
+use crate::capabilities::catalog::Catalog;
+use crate::error::Result;
+use crate::exec::executor::Registry;
+use crate::host::detect;
+use crate::perfdb::{PerfDb, Row};
+use crate::plan::workload::{Point, Workload};
+use crate::policy::Policy;
+use crate::score::measured::{Measured, Measurements};
+use crate::select::{Selection, Selector};
 use measure::Protocol;
 pub use report::{
+    CalibrationReport,
     BucketRegret, KernelResult, Phase, Pick, RegretSummary, Skipped, Status, TuneReport, Unselectable, VerifiedTime,
     VerifyReport,
 };
@@ -74,10 +74,10 @@ impl Host {
     /// tuning run), builtin executors.
     pub fn detect(catalog: Arc<Catalog>) -> Result<Host> {
         let hardware = Arc::new(detect::detect_host().profile);
-        let registry = layerzero::host::builtin_registry();
-        let availability = Arc::new(layerzero::host::probe::probe(&catalog, &hardware));
+        let registry = crate::host::builtin_registry();
+        let availability = Arc::new(crate::host::probe::probe(&catalog, &hardware));
         let mut policy = Policy::default();
-        policy.apply_overrides(&layerzero::host::process().policy_overrides());
+        policy.apply_overrides(&crate::host::process().policy_overrides());
         let selector = Selector::new(catalog, hardware, Arc::new(policy), availability)?;
         Ok(Host { selector, registry })
     }
@@ -121,7 +121,7 @@ impl TuneOptions {
             protocol: Protocol::default(),
             seed: 0x4c5a_5455_4e45,
             calibrate: None,
-            machine_calibration: layerzero::host::process().calibration_path(),
+            machine_calibration: crate::host::process().calibration_path(),
         }
     }
 }
@@ -277,9 +277,9 @@ fn growth(results: &[KernelResult]) -> Vec<report::Growth> {
 mod tests {
     use super::*;
     use crate::TestResult;
-    use layerzero::model::dtype::DType;
-    use layerzero::score::calibration::Calibration;
-    use layerzero::select::ScoreSource;
+    use crate::model::dtype::DType;
+    use crate::score::calibration::Calibration;
+    use crate::select::ScoreSource;
 
     const TINY: &str = r#"{
         "schema_version": 1, "name": "tiny",

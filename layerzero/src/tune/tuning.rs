@@ -7,13 +7,13 @@ use std::time::Instant;
 use super::measure::Measurement;
 use super::report::{KernelResult, Phase, Skipped, Status, Unselectable};
 use super::{Event, Host, ORIGIN, Planned, TuneOptions, calibrate, measurements, timing, verify};
-use layerzero::capabilities::spec::{BackendSpec, KernelSpec};
-use layerzero::error::Result;
-use layerzero::perfdb::{PerfDb, Row};
-use layerzero::plan::workload::Point;
-use layerzero::score::calibration::Calibration;
-use layerzero::score::measured::{CV_NONE, MIN_SAMPLES};
-use layerzero::select::{Selection, Selector};
+use crate::capabilities::spec::{BackendSpec, KernelSpec};
+use crate::error::Result;
+use crate::perfdb::{PerfDb, Row};
+use crate::plan::workload::Point;
+use crate::score::calibration::Calibration;
+use crate::score::measured::{CV_NONE, MIN_SAMPLES};
+use crate::select::{Selection, Selector};
 
 /// A kernel's timing at a point, or why it has none.
 type Outcome = std::result::Result<Measurement, String>;
@@ -237,7 +237,7 @@ impl<'a> Tuning<'a> {
             mad_ns: s.mad,
             cv: s.cv,
             origin: ORIGIN.to_owned(),
-            created_at: layerzero::time::now_unix(),
+            created_at: crate::time::now_unix(),
         }
     }
 

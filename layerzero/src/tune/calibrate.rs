@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 
 use super::Planned;
 use super::report::{KernelResult, Status};
-use layerzero::model::dtype::DType;
-use layerzero::model::problem::Problem;
-use layerzero::score::calibration::{Calibration, KernelFit, Sample, fit};
-use layerzero::select::Selector;
+use crate::model::dtype::DType;
+use crate::model::problem::Problem;
+use crate::score::calibration::{Calibration, KernelFit, Sample, fit};
+use crate::select::Selector;
 
 /// Fits every (kernel, dtype) that `results` measured at the points of `plans`, from the
 /// spec model's roofline term there (`selector` must model with the capability files'
@@ -55,6 +55,6 @@ pub(super) fn fit_results(
         })
         .collect();
     let hw = selector.hardware();
-    let now = layerzero::time::format_utc(layerzero::time::now_unix());
+    let now = crate::time::format_utc(crate::time::now_unix());
     Calibration::new(&hw.name, &hw.fingerprint, workload, &now, fits)
 }

@@ -1,0 +1,123 @@
+//! Tuning and solving from Python: `layerzero.tune` measures a workload's kernels on this
+//! machine (the Python executors with LayerZero's own, by the protocol of `lz tune`) into the
+//! PerfDB; `layerzero.solve` bakes a dispatch table from those measurements for the Python
+//! host, whose executors serve its winners.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use layerzero::capabilities::catalog::Catalog;
+use layerzero::error::{Error, Result};
+use layerzero::perfdb::{self, PerfDb};
+use layerzero::plan::solve::{Provenance, solve as solve_table};
+use layerzero::plan::workload::Workload;
+use layerzero::policy::Policy;
+use layerzero::select::Selector;
+use layerzero::tune::{Host, TuneOptions};
+use pyo3::prelude::*;
+
+use crate::errors::guard;
+use crate::handle::to_python;
+use crate::host;
+
+/// The machine as the Python host sees it: its backends (Python's included) and executors,
+/// a model-only selector under the default policy with the knobs' fields.
+fn tune_host() -> Result<Host> {
+    let lz = host::current()?;
+    let selector = lz.selector();
+    let mut policy = Policy::default();
+    policy.apply_overrides(&layerzero::host::process().policy_overrides());
+    let selector = Selector::new(
+        Catalog::builtin()?,
+        Arc::new(selector.hardware().clone()),
+        Arc::new(policy),
+        Arc::new(selector.availability().clone()),
+    )?;
+    Ok(Host { selector, registry: host::registry()? })
+}
+
+fn perfdb_or_default(perfdb: Option<PathBuf>) -> PathBuf {
+    perfdb.unwrap_or_else(|| layerzero::host::process().perfdb_path())
+}
+
+/// Measures every eligible kernel with an executor at every bucket of `workload` into the
+/// PerfDB; with `verify`, re-times them and reports the regret of model-only and
+/// PerfDB-backed selection. Returns `lz tune --json`'s report.
+#[pyfunction]
+#[pyo3(signature = (workload, *, perfdb = None, budget = None, verify = true, refresh = false))]
+pub fn tune(
+    py: Python<'_>,
+    workload: PathBuf,
+    perfdb: Option<PathBuf>,
+    budget: Option<f64>,
+    verify: bool,
+    refresh: bool,
+) -> PyResult<Bound<'_, PyAny>> {
+    let report = py.detach(|| {
+        guard_free(|| {
+            let budget = budget
+                .map(|b| {
+                    if b.is_finite() && b > 0.0 {
+                        Ok(Duration::from_secs_f64(b))
+                    } else {
+                        Err(Error::invalid(format!("argument `budget`: {b}: expected a positive number of seconds")))
+                    }
+                })
+                .transpose()?;
+            let loaded = Workload::load(&workload)?;
+            let mut opts = TuneOptions::new(loaded, &workload.display().to_string(), perfdb_or_default(perfdb));
+            opts.budget = budget;
+            opts.verify = verify;
+            opts.refresh = refresh;
+            let host = tune_host()?;
+            crate::fork::in_live_pool(|| layerzero::tune::tune_with(&host, &opts, &mut |_| {}))
+                .map_err(Error::invalid)?
+        })
+    });
+    let report = guard(py, || report)?;
+    to_python(py, &report)
+}
+
+/// Solves `workload` into a dispatch table at `out` for the Python host, scoring with the
+/// PerfDB's measurements for this machine (a plan `LayerZero.host().with_plan(out)` serves).
+/// Returns the table's entry and unsolved counts.
+#[pyfunction]
+#[pyo3(signature = (workload, out, *, perfdb = None))]
+pub fn solve(py: Python<'_>, workload: PathBuf, out: PathBuf, perfdb: Option<PathBuf>) -> PyResult<(usize, usize)> {
+    let done = py.detach(|| {
+        guard_free(|| {
+            let loaded = Workload::load(&workload)?;
+            let path = perfdb_or_default(perfdb);
+            let base = host::build()?;
+            let fingerprint = base.hardware().fingerprint.clone();
+            let lz = base.with_perfdb(&path)?;
+            let digest = match PerfDb::open_for_reading(&path)? {
+                Ok(opened) => {
+                    let rows = opened.db.rows_for(&fingerprint)?;
+                    (!rows.is_empty()).then(|| perfdb::digest_rows(&rows))
+                }
+                Err(_) => None,
+            };
+            let provenance = Provenance {
+                perfdb_digest: digest,
+                created_at: layerzero::time::format_utc(layerzero::time::now_unix()),
+                command: format!("layerzero.solve({})", workload.display()),
+            };
+            let table = solve_table(&loaded, &lz.selector(), provenance)?;
+            layerzero::files::write(&out, table.to_json().as_bytes(), &[workload.as_path(), path.as_path()])?;
+            Ok((table.entries.len(), table.unsolved.len()))
+        })
+    });
+    guard(py, || done)
+}
+
+/// Runs `f`, turning a panic into an error (the caller holds no GIL).
+fn guard_free<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        Err(Error::invalid(format!(
+            "internal error (a bug in LayerZero; please report it): {}",
+            layerzero::exec::executor::panic_text(p.as_ref())
+        )))
+    })
+}
