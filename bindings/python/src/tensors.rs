@@ -121,7 +121,7 @@ fn known_dtype(d: &Bound<'_, PyAny>) -> Option<DType> {
 /// Remembers `d`'s address when it is a `torch.dtype` (immortal; another object with a
 /// `dtype` attribute may be freed and its address reused, so it is never remembered).
 fn remember_dtype(d: &Bound<'_, PyAny>, dtype: DType) {
-    let is_torch = d.get_type().fully_qualified_name().is_ok_and(|n| n.to_string() == "torch.dtype");
+    let is_torch = d.get_type().fully_qualified_name().is_ok_and(|n| n == "torch.dtype");
     if let (true, Some(i)) = (is_torch, DTYPE_ORDER.iter().position(|x| *x == dtype)) {
         DTYPE_OBJECTS[i].store(d.as_ptr() as usize, Ordering::Relaxed);
     }

@@ -19,7 +19,6 @@ pub(crate) fn judge<S: Sink>(
     kernel: &KernelSpec,
     device_ref: DeviceRef,
     device: Option<&DeviceProfile>,
-    allow_unverified: bool,
     sink: &mut S,
 ) {
     match availability.status(&backend.backend) {
@@ -49,15 +48,7 @@ pub(crate) fn judge<S: Sink>(
                     )
                 });
             }
-            if !allow_unverified && availability.unverified.contains(&kernel.id) {
-                sink.reject(ReasonCode::EXECUTOR_UNVERIFIED, || {
-                    format!(
-                        "{}'s executor has not passed its self-test against the reference on this machine \
-                         (run layerzero.selftest(), or set allow_unverified in the policy)",
-                        kernel.id
-                    )
-                });
-            }
+
         }
         BackendStatus::NotInstalled(why) => sink.reject(ReasonCode::BACKEND_NOT_INSTALLED, || why),
         BackendStatus::Unhealthy(why) => sink.reject(ReasonCode::BACKEND_UNHEALTHY, || why),
@@ -71,6 +62,20 @@ pub(crate) fn judge<S: Sink>(
     if device.is_none() {
         sink.reject(ReasonCode::DEVICE_NOT_PRESENT, || {
             format!("hardware profile {} has no device {device_ref}", hardware.name)
+        });
+    }
+}
+
+/// Refuses a kernel whose executor is registered unverified (`EXECUTOR_UNVERIFIED`) unless
+/// the policy allows unverified executors.
+pub(crate) fn judge_verified<S: Sink>(availability: &Availability, allow: bool, kernel: &KernelSpec, sink: &mut S) {
+    if !allow && availability.unverified.contains(&kernel.id) {
+        sink.reject(ReasonCode::EXECUTOR_UNVERIFIED, || {
+            format!(
+                "{}'s executor has not passed its self-test against the reference on this machine \
+                 (run layerzero.selftest(), or set allow_unverified in the policy)",
+                kernel.id
+            )
         });
     }
 }

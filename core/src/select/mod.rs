@@ -457,9 +457,9 @@ impl Selector {
             kernel,
             cx.device_ref,
             cx.device,
-            self.policy.allow_unverified,
             &mut reasons,
         );
+        availability::judge_verified(&self.availability, self.policy.allow_unverified, kernel, &mut reasons);
         let (transforms, adapted) = self.constraints(kernel, req, cx, memo, &mut reasons, kernel.device_kind(backend));
         policy::stage::judge(&self.policy, &cx.rules, kernel, &mut reasons);
         let free = cx.device.map(|dev| {
