@@ -86,14 +86,36 @@ def main():
     lzt = torch.ops.layerzero
     deco = register_decorator_ops()
 
+    # The kernel each call selects, called directly (no selection, dispatch or fallback) on
+    # buffers allocated the same way: what lz.ops adds is the difference.
+    from layerzero import _lz, ops as lz_ops
+
+    lz.ops.rms_norm(x, w, eps=eps)
+    lz.ops.attention(q, k, v, causal=True)
+    norm_kernel = lz.which("rms_norm", x=x, weight=w, eps=eps)
+    attn_kernel = lz.which("attention", q=q, k=k, v=v, causal=True)
+    norm_call = lz_ops._calls[("rms_norm", eps)]
+    attn_call = lz_ops._plain_attention[(True, "bottom_right", None, "BSHD")]
+    print(f"selected: rms_norm -> {norm_kernel}, attention -> {attn_kernel}")
+
+    def norm_direct():
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        return _lz.run_kernel(norm_kernel, norm_call, (x, w, None), (out,))[0]
+
+    def attn_direct():
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        return _lz.run_kernel(attn_kernel, attn_call, (q, k, v, None, None, None), (out,))[0]
+
     variants = {
         "rms_norm": {
+            "kernel directly": norm_direct,
             "lz.ops.rms_norm": lambda: lz.ops.rms_norm(x, w, eps=eps),
             "torch.ops.layerzero (Library)": lambda: lzt.rms_norm(x, w, eps),
             "custom_op decorator": lambda: deco["rms_norm"](x, w, eps),
             "F.rms_norm": lambda: F.rms_norm(x, (64,), w, eps=eps),
         },
         "attention": {
+            "kernel directly": attn_direct,
             "lz.ops.attention": lambda: lz.ops.attention(q, k, v, causal=True),
             "torch.ops.layerzero (Library)": lambda: lzt.attention(q, k, v, causal=True),
             "custom_op decorator": lambda: deco["attention"](q, k, v, causal=True),

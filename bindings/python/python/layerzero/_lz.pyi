@@ -108,6 +108,8 @@ class LayerZero:
     def with_plan(self, path: _Path, mode: str = "prefer") -> LayerZero:
         """Serves the dispatch table at `path`; `mode` is `off`, `prefer` or `strict`."""
     def with_perfdb(self, path: _Path) -> LayerZero: ...
+    def with_faults(self, spec: str) -> LayerZero:
+        """Faults injected for drills (`LAYERZERO_FAULTS`' form: `KERNEL_OR_BACKEND=MODE,...`)."""
     def select(self, op: str, **kwargs: Any) -> Selection:
         """The kernel `op` gets: tensors (torch tensors) and attributes by name, e.g.
         `select("attention", q=q, k=k, v=v, causal=True)`; q/k/v are [batch, seq, heads,
@@ -149,3 +151,40 @@ def readiness_check(
 
 def version() -> str: ...
 def reason_codes() -> list[tuple[str, str]]: ...
+
+class Call:
+    """One shape of call (op, parsed attributes, tensor roles, layout, outputs), made once per
+    distinct attributes by `layerzero.ops`."""
+
+    def __init__(
+        self, op: str, attrs: dict[str, Any], inputs: list[str], outputs: list[str], layout: Optional[str] = None
+    ) -> None: ...
+
+def dispatch(call: Call, inputs: tuple[Any, ...], outs: tuple[Any, ...], handle: Optional[LayerZero] = None) -> tuple[Any, ...]:
+    """Selects and runs a kernel for `call` on CPU torch tensors (lent in place, the GIL
+    released), writing into the `outs` buffers where the kernel can."""
+
+def run_kernel(kernel: str, call: Call, inputs: tuple[Any, ...], outs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Runs one of LayerZero's own kernels directly (no selection, health or fallback)."""
+
+def register_executor(kernel: str, func: Any, *, verified: bool = True) -> None:
+    """Binds a declared kernel to `func(tensors: dict, attrs: dict) -> Tensor | dict`; an
+    unverified one is refused by selection (`EXECUTOR_UNVERIFIED`) unless the policy allows it."""
+
+def set_backend(
+    backend: str, installed: bool, *, version: Optional[str] = None, path: Optional[str] = None, error: Optional[str] = None
+) -> None:
+    """Records what Python found of an external backend (its version, or its import error)."""
+
+def graph_strict(handle: Optional[LayerZero] = None) -> LayerZero:
+    """A handle under `handle`'s policy (default: the process's) with graph-strict mode on."""
+
+def tune(
+    workload: str, *, perfdb: Optional[str] = None, budget: Optional[float] = None, verify: bool = True, refresh: bool = False
+) -> dict[str, Any]:
+    """`layerzero.tune`: the report of `lz tune --json`."""
+
+def solve(workload: str, out: str, *, perfdb: Optional[str] = None) -> tuple[int, int]:
+    """`layerzero.solve`: (entries, unsolved) of the table written to `out`."""
+
+def _after_fork_in_child() -> None: ...
