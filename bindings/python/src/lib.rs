@@ -22,6 +22,13 @@ fn version() -> &'static str {
     env!("CARGO_PKG_VERSION")
 }
 
+/// Where LayerZero keeps run-time state: `LAYERZERO_HOME`, else the user cache folder (the
+/// PerfDB, the calibration, the Python executors' self-test record).
+#[pyfunction]
+fn home() -> std::path::PathBuf {
+    layerzero::host::process().home()
+}
+
 /// Every reason code as (name, category), in declaration order: what `layerzero.ReasonCode`
 /// is made of.
 #[pyfunction]
@@ -46,6 +53,7 @@ fn _lz(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fork::_after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(tune::tune, m)?)?;
     m.add_function(wrap_pyfunction!(tune::solve, m)?)?;
+    m.add_function(wrap_pyfunction!(home, m)?)?;
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_function(wrap_pyfunction!(reason_codes, m)?)?;
     m.add_function(wrap_pyfunction!(handle::host, m)?)?;

@@ -174,7 +174,9 @@ def test_unverified_executors_are_refused_unless_the_policy_allows_them(tmp_path
 
 
 def test_selftest_runs_the_cpu_executors_and_records_the_result(tmp_path, monkeypatch):
-    monkeypatch.setenv("LAYERZERO_CACHE_DIR", str(tmp_path))
+    from layerzero.backends import _record
+
+    monkeypatch.setattr(_record, "path", lambda: tmp_path / "selftest.json")
     results = lz.selftest(kernels={"torch_sdpa.attention.math_cpu", "torch_sdpa.attention.flash_cpu", "torch_sdpa.attention.flash"})
     assert results["torch_sdpa.attention.math_cpu"]["ok"] is True
     assert results["torch_sdpa.attention.math_cpu"]["cases"] >= 4
@@ -186,7 +188,9 @@ def test_selftest_runs_the_cpu_executors_and_records_the_result(tmp_path, monkey
 
 
 def test_a_corrupt_selftest_record_is_moved_aside(tmp_path, monkeypatch):
-    monkeypatch.setenv("LAYERZERO_CACHE_DIR", str(tmp_path))
+    from layerzero.backends import _record
+
+    monkeypatch.setattr(_record, "path", lambda: tmp_path / "selftest.json")
     (tmp_path / "selftest.json").write_text("{not json")
     with pytest.warns(UserWarning, match="moved aside"):
         from layerzero.backends import _record

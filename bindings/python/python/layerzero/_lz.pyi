@@ -188,3 +188,5 @@ def solve(workload: str, out: str, *, perfdb: Optional[str] = None) -> tuple[int
     """`layerzero.solve`: (entries, unsolved) of the table written to `out`."""
 
 def _after_fork_in_child() -> None: ...
+def home() -> str:
+    """Where LayerZero keeps run-time state: `LAYERZERO_HOME`, else the user cache folder."""

@@ -1,6 +1,7 @@
 """Self-test results on this machine: which executor passed against the reference, with which
-library version. Kept in ``$LAYERZERO_CACHE_DIR/selftest.json`` (default
-``~/.cache/layerzero``); a file that cannot be parsed is moved aside, never trusted."""
+library version. Kept in ``<LAYERZERO_HOME>/selftest.json`` (where the PerfDB lives: the
+user cache folder unless ``LAYERZERO_HOME`` says); a file that cannot be parsed is moved
+aside, never trusted."""
 
 import json
 import os
@@ -10,8 +11,9 @@ from pathlib import Path
 
 
 def path():
-    root = os.environ.get("LAYERZERO_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "layerzero")
-    return Path(root) / "selftest.json"
+    from .. import _lz
+
+    return Path(_lz.home()) / "selftest.json"
 
 
 def machine():
