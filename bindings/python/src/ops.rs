@@ -40,19 +40,22 @@ pub struct Call {
     attrs: Attrs,
     inputs: Vec<String>,
     layout: Option<Layout>,
+    /// Layout tags of other inputs by name (a paged cache's NHD or HND).
+    layouts: Vec<(String, Layout)>,
     outputs: Vec<&'static str>,
 }
 
 #[pymethods]
 impl Call {
     #[new]
-    #[pyo3(signature = (op, attrs, inputs, outputs, layout = None))]
+    #[pyo3(signature = (op, attrs, inputs, outputs, layout = None, layouts = None))]
     fn new(
         op: &str,
         attrs: &Bound<'_, PyDict>,
         inputs: Vec<String>,
         outputs: Vec<String>,
         layout: Option<&str>,
+        layouts: Option<Vec<(String, String)>>,
     ) -> PyResult<Call> {
         let attrs_json: String = attrs.py().import("json")?.call_method1("dumps", (attrs,))?.extract()?;
         let value = serde_json::json!({"op": op, "tensors": {}, "attrs": serde_json::from_str::<serde_json::Value>(&attrs_json)
@@ -68,7 +71,16 @@ impl Call {
             .iter()
             .map(|o| output_name(o).ok_or_else(|| invalid(format!("{o:?} is not an output name"))))
             .collect::<PyResult<_>>()?;
-        Ok(Call { op: request.op, attrs: request.attrs, inputs, layout, outputs })
+        let layouts = layouts
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(name, l)| match Layout::from_name(&l) {
+                Some(layout) if inputs.contains(&name) => Ok((name, layout)),
+                Some(_) => Err(invalid(format!("argument `layouts`: {name:?} is not a tensor of {op}"))),
+                None => Err(invalid(format!("argument `layouts`: {name}={l:?} is not a layout"))),
+            })
+            .collect::<PyResult<_>>()?;
+        Ok(Call { op: request.op, attrs: request.attrs, inputs, layout, layouts, outputs })
     }
 
     fn __repr__(&self) -> String {
@@ -79,6 +91,9 @@ impl Call {
 impl Call {
     /// The layout tag of input `name` (attention's q, k, v).
     fn layout_of(&self, name: &str) -> Option<Layout> {
+        if let Some((_, l)) = self.layouts.iter().find(|(n, _)| n == name) {
+            return Some(*l);
+        }
         matches!(name, "q" | "k" | "v").then_some(self.layout).flatten()
     }
 }

@@ -215,3 +215,24 @@ def test_report_serializes():
     q = torch.randn(1, 8, 2, 16)
     data = json.loads(lz.explain("attention", q=q, k=q, v=q).to_json())
     assert data["candidates"]
+
+
+@pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
+def test_paged_attention_reads_the_block_table_like_dense_attention(kv_layout):
+    g = torch.Generator().manual_seed(9)
+    pages, page, hkv, d = 8, 4, 2, 32
+    k_nhd = torch.randn(pages, page, hkv, d, generator=g)
+    v_nhd = torch.randn(pages, page, hkv, d, generator=g)
+    table = torch.tensor([[5, 2, 7, 0], [1, 6, 3, 4]], dtype=torch.int32)
+    lens = torch.tensor([7, 13], dtype=torch.int32)
+    q = torch.randn(2, 1, 4, d, generator=g)
+    if kv_layout == "HND":
+        k_cache, v_cache = k_nhd.transpose(1, 2).contiguous(), v_nhd.transpose(1, 2).contiguous()
+    else:
+        k_cache, v_cache = k_nhd, v_nhd
+    got = lz.ops.paged_attention(q, k_cache, v_cache, table, lens, kv_layout=kv_layout)
+    for b in range(2):
+        n = int(lens[b])
+        k = k_nhd[table[b].long()].reshape(-1, hkv, d)[:n].unsqueeze(0)
+        v = v_nhd[table[b].long()].reshape(-1, hkv, d)[:n].unsqueeze(0)
+        close(got[b : b + 1], sdpa_bshd(q[b : b + 1], k, v, causal=True), torch.float32)

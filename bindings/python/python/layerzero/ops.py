@@ -36,13 +36,13 @@ _scoped = _contextvars.ContextVar("layerzero_ops_handle", default=None)
 _calls = {}
 
 
-def _call(key, op, attrs, inputs, outputs, layout=None):
+def _call(key, op, attrs, inputs, outputs, layout=None, layouts=None):
     call = _calls.get(key)
     if call is None:
         from . import _ready
 
         _ready()
-        call = _lz.Call(op, attrs, inputs, outputs, layout)
+        call = _lz.Call(op, attrs, inputs, outputs, layout, layouts)
         _calls[key] = call
     return call
 
@@ -204,27 +204,25 @@ def paged_attention(
     sequence's key count; q's Sq rows are each sequence's last Sq positions. fp8 caches are
     dequantized with ``k_scale`` / ``v_scale``. Returns ``[B, Sq, Hq, Dv]`` in q's dtype.
     """
+    if kv_layout not in ("NHD", "HND"):
+        raise _lz.InvalidInputError(f"argument `kv_layout`: {kv_layout!r}: expected NHD or HND")
     key = ("paged_attention", causal, scale, window, softcap, kv_layout)
-    call = _call(
+    call = _calls.get(key) or _call(
         key,
         "paged_attention",
         {"causal": bool(causal), "scale": scale, "window_left": window, "softcap": softcap},
         _PAGED_INPUTS,
         ["out"],
         "BSHD",
+        [("k_cache", kv_layout), ("v_cache", kv_layout)],
     )
     if out is None:
         out = _empty_like_shape(q, tuple(q.shape[:-1]) + (v_cache.shape[-1],))
-    _set_cache_layout(call, kv_layout)
-    (result,) = _lz.dispatch(call, (q, k_cache, v_cache, block_table, context_lens, k_scale, v_scale), (out,), _scoped.get() if handle is None else handle)
+    (result,) = _lz.dispatch(
+        call, (q, k_cache, v_cache, block_table, context_lens, k_scale, v_scale), (out,),
+        _scoped.get() if handle is None else handle,
+    )
     return result
-
-
-def _set_cache_layout(call, kv_layout):
-    if kv_layout not in ("NHD", "HND"):
-        raise _lz.InvalidInputError(f"argument `kv_layout`: {kv_layout!r}: expected NHD or HND")
-    if kv_layout != "NHD":
-        raise _lz.InvalidInputError("argument `kv_layout`: HND caches are selected by lz.select, not run by lz.ops yet")
 
 
 def rms_norm(x, weight, *, eps=1e-6, residual=None, out=None, handle=None):
