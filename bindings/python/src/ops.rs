@@ -21,15 +21,7 @@ use crate::errors::{LayerZeroError, invalid, to_py};
 use crate::handle::Handle;
 use crate::host;
 use crate::pyexec::PyExecutor;
-use crate::tensors::{Lent, lend, meta, to_torch};
-
-/// The names outputs go by (`Outputs` keys are static).
-const OUTPUT_NAMES: [&str; 7] = ["out", "out_k", "residual_out", "tokens", "scale", "experts", "weights"];
-
-/// The static name of an output, when it is one.
-pub fn output_name(name: &str) -> Option<&'static str> {
-    OUTPUT_NAMES.iter().copied().find(|n| *n == name)
-}
+use crate::tensors::{Lent, lend, meta, output_name, to_torch};
 
 /// One shape of call: the op, its attributes (parsed and checked once), the tensor roles in
 /// argument order, the layout the attention tensors are in, and the outputs. `layerzero.ops`

@@ -12,8 +12,7 @@ use layerzero::exec::executor::{Executor, KernelError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::ops::output_name;
-use crate::tensors::{lend, meta, to_torch};
+use crate::tensors::{lend, meta, output_name, to_torch};
 
 /// A Python callable bound to a kernel id.
 pub struct PyExecutor {

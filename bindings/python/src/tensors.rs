@@ -66,6 +66,14 @@ impl Region for Lent {
     }
 }
 
+/// The names outputs go by (`Outputs` keys are static).
+const OUTPUT_NAMES: [&str; 7] = ["out", "out_k", "residual_out", "tokens", "scale", "experts", "weights"];
+
+/// The static name of an output, when it is one.
+pub fn output_name(name: &str) -> Option<&'static str> {
+    OUTPUT_NAMES.iter().copied().find(|n| *n == name)
+}
+
 /// LayerZero's dtype of a torch dtype, by its name (`torch.float32`).
 pub fn dtype_of(torch: &str) -> Option<DType> {
     Some(match torch.strip_prefix("torch.").unwrap_or(torch) {
