@@ -8,13 +8,13 @@ use std::time::Duration;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::{CatalogArg, Outcome, load_catalog, print_json, render};
+use layerzero::error::{Error, Result};
+use layerzero::plan::workload::Workload;
 use layerzero::tune::{
     self, BucketRegret, CalibrationReport, Event, Host, KernelResult, Skipped, Status, TuneOptions, TuneReport,
     VerifyReport,
 };
-use crate::{CatalogArg, Outcome, load_catalog, print_json, render};
-use layerzero::error::{Error, Result};
-use layerzero::plan::workload::Workload;
 
 #[derive(Args, Debug)]
 pub(crate) struct TuneArgs {

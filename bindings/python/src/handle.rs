@@ -73,7 +73,11 @@ impl Handle {
     }
 
     /// A new handle of what `build` makes of this one's runtime.
-    fn rebuild(&self, py: Python<'_>, build: impl FnOnce(LayerZero) -> layerzero::Result<LayerZero>) -> PyResult<Handle> {
+    fn rebuild(
+        &self,
+        py: Python<'_>,
+        build: impl FnOnce(LayerZero) -> layerzero::Result<LayerZero>,
+    ) -> PyResult<Handle> {
         let lz = self.take()?;
         guard(py, || build(lz)).map(Handle::of)
     }
@@ -230,8 +234,7 @@ pub fn counters(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
 #[pyfunction]
 pub fn doctor(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
     let report = guard(py, || {
-        let inputs =
-            readiness::doctor::DoctorInputs { catalog: Catalog::builtin()?, perfdb: None, env: &process_env };
+        let inputs = readiness::doctor::DoctorInputs { catalog: Catalog::builtin()?, perfdb: None, env: &process_env };
         readiness::doctor::doctor(&inputs)
     })?;
     to_python(py, &report.to_json())

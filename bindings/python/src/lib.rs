@@ -36,8 +36,44 @@ fn reason_codes() -> Vec<(&'static str, &'static str)> {
     layerzero::ReasonCode::ALL.iter().map(|c| (c.as_str(), c.category().as_str())).collect()
 }
 
+/// The process's telemetry (`LAYERZERO_LOG`, `LAYERZERO_OTEL`), installed at import and
+/// flushed at exit (`atexit` calls `_flush_telemetry`).
+static TELEMETRY: std::sync::Mutex<Option<layerzero::telemetry::Telemetry>> = std::sync::Mutex::new(None);
+
+/// Flushes and shuts the span export down (the package registers it with `atexit`).
+#[pyfunction]
+fn _flush_telemetry() {
+    if let Ok(mut t) = TELEMETRY.lock() {
+        t.take();
+    }
+}
+
+/// Installs the telemetry the knobs ask for; a failure (a bad `LAYERZERO_LOG`) is a warning
+/// at import, not an import error.
+fn init_telemetry(py: Python<'_>) -> PyResult<()> {
+    let settings = layerzero::host::process();
+    if settings.log.is_none() && settings.otel.is_none() {
+        return Ok(());
+    }
+    match layerzero::telemetry::init(settings) {
+        Ok(t) => {
+            if let Ok(mut slot) = TELEMETRY.lock() {
+                *slot = Some(t);
+            }
+            Ok(())
+        }
+        Err(e) => {
+            let warnings = py.import("warnings")?;
+            warnings.call_method1("warn", (format!("layerzero: telemetry is off: {e}"),))?;
+            Ok(())
+        }
+    }
+}
+
 #[pymodule]
 fn _lz(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    init_telemetry(m.py())?;
+    m.add_function(wrap_pyfunction!(_flush_telemetry, m)?)?;
     errors::register(m)?;
     m.add_class::<handle::Handle>()?;
     m.add_class::<report::Selection>()?;

@@ -55,8 +55,7 @@ impl Call {
         let request = Request::from_value(value).map_err(|e| invalid(e.to_string()))?;
         let layout = layout
             .map(|l| {
-                Layout::from_name(l)
-                    .ok_or_else(|| invalid(format!("argument `layout`: {l:?}: expected BSHD or BHSD")))
+                Layout::from_name(l).ok_or_else(|| invalid(format!("argument `layout`: {l:?}: expected BSHD or BHSD")))
             })
             .transpose()?;
         let outputs = outputs
@@ -142,11 +141,13 @@ pub fn run_kernel<'py>(
 ) -> PyResult<Bound<'py, PyTuple>> {
     static REGISTRY: std::sync::OnceLock<layerzero::exec::executor::Registry> = std::sync::OnceLock::new();
     let registry = REGISTRY.get_or_init(layerzero::builtin_registry);
-    let exec = registry.get(kernel).ok_or_else(|| invalid(format!("{kernel:?} is not one of LayerZero's own kernels")))?;
+    let exec =
+        registry.get(kernel).ok_or_else(|| invalid(format!("{kernel:?} is not one of LayerZero's own kernels")))?;
     let call = call.get();
     let Prepared { args, buffers, given } =
         prepare(py, call, inputs, outs)?.map_err(|(n, d)| invalid(format!("argument `{n}` is on {d}")))?;
-    let ran = py.detach(|| crate::fork::in_live_pool(|| catch_unwind(AssertUnwindSafe(|| exec.run_into(&args, buffers)))));
+    let ran =
+        py.detach(|| crate::fork::in_live_pool(|| catch_unwind(AssertUnwindSafe(|| exec.run_into(&args, buffers)))));
     drop(args);
     let outputs = match ran.map_err(LayerZeroError::new_err)? {
         Ok(Ok(r)) => r,
@@ -157,7 +158,10 @@ pub fn run_kernel<'py>(
 }
 
 fn internal(p: &Box<dyn std::any::Any + Send>) -> PyErr {
-    LayerZeroError::new_err(format!("internal error (a bug in LayerZero; please report it): {}", panic_text(p.as_ref())))
+    LayerZeroError::new_err(format!(
+        "internal error (a bug in LayerZero; please report it): {}",
+        panic_text(p.as_ref())
+    ))
 }
 
 /// A call's arguments lent to the runtime, its output buffers, and those buffers as given.
@@ -289,7 +293,9 @@ pub fn set_backend(
     let status = if installed {
         BackendStatus::Available
     } else {
-        BackendStatus::NotInstalled(error.unwrap_or_else(|| format!("the Python library of {backend} is not installed")))
+        BackendStatus::NotInstalled(
+            error.unwrap_or_else(|| format!("the Python library of {backend} is not installed")),
+        )
     };
     let library = version.map(|version| LoadedLibrary { path: path.unwrap_or_default(), version, isa: None });
     py.detach(|| host::set_backend(backend, status, library)).map_err(|e| to_py(py, &e))

@@ -40,8 +40,9 @@ impl PyExecutor {
         let result = self.func.bind(py).call1((tensors, attrs))?;
         let mut outputs = Outputs::new();
         let mut add = |name: &str, value: &Bound<'_, PyAny>| -> PyResult<()> {
-            let key = output_name(name)
-                .ok_or_else(|| crate::errors::invalid(format!("{} returned an unknown output {name:?}", self.kernel)))?;
+            let key = output_name(name).ok_or_else(|| {
+                crate::errors::invalid(format!("{} returned an unknown output {name:?}", self.kernel))
+            })?;
             let m = meta(name, value)?;
             outputs.insert(key, lend(name, value, &m, false, None)?);
             Ok(())

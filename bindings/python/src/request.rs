@@ -34,7 +34,8 @@ pub fn describe(op: &str, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Reques
             continue;
         }
         if name == LAYOUT {
-            layout = Some(value.extract().map_err(|_| invalid(format!("argument `layout`: {value}: expected a string")))?);
+            layout =
+                Some(value.extract().map_err(|_| invalid(format!("argument `layout`: {value}: expected a string")))?);
         } else if name == LAYOUTS {
             let d = value.cast::<PyDict>().map_err(|_| invalid("argument `layouts`: expected a dict"))?;
             for (k, v) in d.iter() {

@@ -165,7 +165,8 @@ pub fn meta(name: &str, t: &Bound<'_, PyAny>) -> PyResult<Meta> {
             d
         }
     };
-    let shape: Vec<usize> = t.getattr(pyo3::intern!(t.py(), "shape")).and_then(|s| s.extract()).map_err(|_| not_tensor())?;
+    let shape: Vec<usize> =
+        t.getattr(pyo3::intern!(t.py(), "shape")).and_then(|s| s.extract()).map_err(|_| not_tensor())?;
     let strides: Vec<isize> =
         t.call_method0(pyo3::intern!(t.py(), "stride")).and_then(|s| s.extract()).map_err(|_| not_tensor())?;
     if strides.iter().any(|&s| s < 0) {
@@ -187,7 +188,13 @@ fn span(shape: &[usize], strides: &[usize]) -> usize {
 /// A CPU tensor's memory as a LayerZero tensor with its shape and strides (and `layout`'s
 /// tag), lent in place: writable when it is an output buffer. Bool tensors (masks) are copied:
 /// LayerZero holds them as `bool`s, which torch's bytes are not guaranteed to be.
-pub fn lend(name: &str, t: &Bound<'_, PyAny>, m: &Meta, writable: bool, layout: Option<Layout>) -> PyResult<HostTensor> {
+pub fn lend(
+    name: &str,
+    t: &Bound<'_, PyAny>,
+    m: &Meta,
+    writable: bool,
+    layout: Option<Layout>,
+) -> PyResult<HostTensor> {
     if !m.cpu {
         return Err(invalid(format!(
             "argument `{name}` is on device {}; only CPU tensors run through LayerZero's own kernels",
@@ -207,9 +214,9 @@ pub fn lend(name: &str, t: &Bound<'_, PyAny>, m: &Meta, writable: bool, layout: 
         };
         HostTensor::strided(Storage::Bool(owned), &m.shape, &m.strides, 0)
     } else {
-        let region = Lent { ptr: ptr as *mut u8, len: n * m.dtype.size_bytes() as usize, writable, owner: t.clone().unbind() };
-        Storage::lent(m.dtype, Box::new(region))
-            .and_then(|s| HostTensor::strided(s, &m.shape, &m.strides, 0))
+        let region =
+            Lent { ptr: ptr as *mut u8, len: n * m.dtype.size_bytes() as usize, writable, owner: t.clone().unbind() };
+        Storage::lent(m.dtype, Box::new(region)).and_then(|s| HostTensor::strided(s, &m.shape, &m.strides, 0))
     }
     .map_err(|e| invalid(format!("argument `{name}`: {e}")))?;
     Ok(match layout {

@@ -48,7 +48,6 @@ pub(crate) fn judge<S: Sink>(
                     )
                 });
             }
-
         }
         BackendStatus::NotInstalled(why) => sink.reject(ReasonCode::BACKEND_NOT_INSTALLED, || why),
         BackendStatus::Unhealthy(why) => sink.reject(ReasonCode::BACKEND_UNHEALTHY, || why),

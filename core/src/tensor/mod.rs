@@ -78,10 +78,7 @@ impl Storage {
         fn wrap<T: bytemuck::Pod>(r: Box<dyn Region>, f: impl FnOnce(Buf<T>) -> Storage) -> Result<Storage> {
             let n = r.bytes().len();
             Buf::lent(r).map(f).map_err(|_| {
-                Error::invalid(format!(
-                    "{n} bytes are not a whole number of aligned {}-byte elements",
-                    size_of::<T>()
-                ))
+                Error::invalid(format!("{n} bytes are not a whole number of aligned {}-byte elements", size_of::<T>()))
             })
         }
         match dtype {

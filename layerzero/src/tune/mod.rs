@@ -42,9 +42,8 @@ use crate::score::measured::{Measured, Measurements};
 use crate::select::{Selection, Selector};
 use measure::Protocol;
 pub use report::{
-    CalibrationReport,
-    BucketRegret, KernelResult, Phase, Pick, RegretSummary, Skipped, Status, TuneReport, Unselectable, VerifiedTime,
-    VerifyReport,
+    BucketRegret, CalibrationReport, KernelResult, Phase, Pick, RegretSummary, Skipped, Status, TuneReport,
+    Unselectable, VerifiedTime, VerifyReport,
 };
 use tuning::{Plan, Tuning};
 

@@ -18,6 +18,7 @@ Tensors are read through their metadata (dtype, shape, strides, device): nothing
 and torch is not required to import this package. Every error is a ``LayerZeroError``.
 """
 
+import atexit as _atexit
 import contextlib as _contextlib
 import enum as _enum
 import os as _os
@@ -161,6 +162,8 @@ def _after_fork_in_child():
     if torch is not None:
         torch.set_num_threads(1)
 
+
+_atexit.register(_lz._flush_telemetry)
 
 if hasattr(_os, "register_at_fork"):
     _os.register_at_fork(after_in_child=_after_fork_in_child)
