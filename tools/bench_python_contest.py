@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The CPU attention contest from Python: torch SDPA's flash_cpu and math_cpu, ZenDNN
+"""The CPU contest from Python (attention and linear): torch SDPA's flash_cpu and math_cpu, ZenDNN
 (zentorch), LayerZero's cpu.attention.flash (and oneDNN where it loads) measured by
 ``layerzero.tune`` into a fresh PerfDB with verification, then a dispatch table solved from
 those measurements and served to the Python host.
@@ -8,7 +8,7 @@ Prints, per bucket, every kernel's median time, the fastest, and what model-only
 PerfDB-backed selection picked (regret = time(picked) / time(fastest) - 1), then the regret
 summary and which backend won how often. The oracle is left out (LAYERZERO_DENY).
 
-    python tools/bench_python_contest.py [--workload workloads/python-cpu-attention.json]
+    python tools/bench_python_contest.py [--workload workloads/python-cpu-contest.json]
         [--budget SECONDS] [--out DIR]
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 def main():
     root = Path(__file__).resolve().parents[1]
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", default=str(root / "workloads" / "python-cpu-attention.json"))
+    ap.add_argument("--workload", default=str(root / "workloads" / "python-cpu-contest.json"))
     ap.add_argument("--budget", type=float, default=600.0, help="seconds before no new measurement starts")
     ap.add_argument("--out", default=None, help="folder for the PerfDB and the table (default: a temporary one)")
     a = ap.parse_args()

@@ -172,7 +172,7 @@ if hasattr(_os, "register_at_fork"):
 def selftest(kernels=None, verbose=False):
     """Runs every registered Python executor against PyTorch's float64 math on small cases
     and records the result for this machine; passing executors become verified."""
-    from .selftest import selftest as run
+    from ._selftest import selftest as run
 
     return run(kernels, verbose)
 

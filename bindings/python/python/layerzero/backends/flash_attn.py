@@ -90,6 +90,7 @@ def backends():
             "flash_attn_2.paged_attention.kvcache": _paged(lib),
             "flash_attn_2.attention.fwd_ck": _dense(lib, False),
             "flash_attn_2.paged_attention.kvcache_ck": _paged(lib),
+            "flash_attn_2.paged_attention.kvcache_triton_amd": _paged(lib),
         }
 
     def fa3(lib):

@@ -1,5 +1,5 @@
-"""``layerzero.selftest()``: every registered Python executor run against PyTorch's float64
-math on small cases it accepts, the result recorded for this machine and library version. An
+"""``layerzero.selftest()``: every registered Python executor (attention and linear) run
+against PyTorch's float64 math on small cases it accepts, the result recorded for this machine and library version. An
 executor that passes becomes verified (selected without ``allow_unverified``)."""
 
 import time
@@ -55,13 +55,41 @@ def _full_attrs(attrs):
     return base
 
 
-def _applicable(kernel, tensors, attrs):
+def _linear_cases(torch, device):
+    g = torch.Generator(device="cpu").manual_seed(8)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for m, k, n, bias in [(1, 256, 96, False), (7, 64, 48, True), (33, 512, 128, True)]:
+            t = {
+                "x": torch.randn(m, k, generator=g).to(device=device, dtype=dtype),
+                "weight": torch.randn(n, k, generator=g).to(device=device, dtype=dtype),
+            }
+            if bias:
+                t["bias"] = torch.randn(n, generator=g).to(device=device, dtype=dtype)
+            yield t, {}
+
+
+def _linear_reference(torch, tensors, attrs):
+    import torch.nn.functional as F
+
+    b = tensors.get("bias")
+    x, w = (tensors[n].detach().to("cpu", torch.float64) for n in ("x", "weight"))
+    return F.linear(x, w, None if b is None else b.detach().to("cpu", torch.float64))
+
+
+# op -> (cases, reference, the attributes a Python executor gets, how explain is asked)
+_OPS = {
+    "attention": (_attention_cases, _attention_reference, _full_attrs, lambda t, a: dict(t, causal=a["causal"])),
+    "linear": (_linear_cases, _linear_reference, lambda a: {"layouts": {"weight": "NT"}}, lambda t, a: dict(t)),
+}
+
+
+def _applicable(op, ask, kernel, tensors, attrs):
     """True when the kernel's capability admits the case (only its being unverified may
     refuse it)."""
-    report = _lz.explain("attention", **tensors, causal=attrs["causal"])
+    report = _lz.explain(op, **ask(tensors, attrs))
     for c in report.candidates:
         if c.kernel == kernel:
-            codes = {r.code for r in c.reasons}
+            codes = {r.code.name for r in c.reasons}
             return codes <= {"EXECUTOR_UNVERIFIED"}
     return False
 
@@ -84,30 +112,36 @@ def selftest(kernels=None, verbose=False):
     for kernel, (backend, fn, version) in sorted(_backends.EXECUTORS.items()):
         if kernels is not None and kernel not in kernels:
             continue
-        if ".attention." not in kernel:
-            results[kernel] = {"ok": None, "cases": 0, "max_err": None, "error": "no self-test cases for this op yet"}
+        op = kernel.split(".")[1]
+        if op not in _OPS:
+            results[kernel] = {"ok": None, "cases": 0, "max_err": None, "error": f"no self-test cases for {op} yet"}
             continue
+        cases, reference, full_attrs, ask = _OPS[op]
         device = _device_of(kernel)
         if device == "cuda" and not torch.cuda.is_available():
             results[kernel] = {"ok": None, "cases": 0, "max_err": None, "error": "no CUDA device here"}
             continue
         ran, worst, error = 0, 0.0, None
-        for tensors, attrs in _attention_cases(torch, device):
-            if not _applicable(kernel, tensors, attrs):
+        for tensors, attrs in cases(torch, device):
+            if not _applicable(op, ask, kernel, tensors, attrs):
                 continue
             try:
-                got = fn(dict(tensors), _full_attrs(attrs))
+                got = fn(dict(tensors), full_attrs(attrs))
             except Exception as e:  # noqa: BLE001 - a raising executor fails its self-test
                 error = f"{type(e).__name__}: {e}"
                 break
-            want = _attention_reference(torch, tensors, attrs)
-            atol, rtol = _TOL[str(tensors["q"].dtype).removeprefix("torch.")]
+            want = reference(torch, tensors, attrs)
+            first = tensors.get("q", tensors.get("x"))
+            atol, rtol = _TOL[str(first.dtype).removeprefix("torch.")]
+            # A sum over K rounds once per product in the input dtype: scale the tolerance.
+            if op == "linear":
+                atol *= first.shape[-1] ** 0.5
             diff = (got.detach().to("cpu", torch.float64) - want).abs()
             excess = (diff - (atol + rtol * want.abs())).max().item()
             worst = max(worst, diff.max().item())
             ran += 1
             if excess > 0:
-                error = f"max error {diff.max().item():.3g} over tolerance on {tuple(tensors['q'].shape)} {tensors['q'].dtype}"
+                error = f"max error {diff.max().item():.3g} over tolerance on {tuple(first.shape)} {first.dtype}"
                 break
         ok = None if ran == 0 and error is None else error is None
         results[kernel] = {"ok": ok, "cases": ran, "max_err": worst if ran else None, "error": error}
