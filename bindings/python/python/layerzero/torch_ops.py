@@ -57,6 +57,7 @@ Importing twice, or ``importlib.reload``, registers nothing again.
 
 import torch as _torch
 
+from . import _lz
 from . import ops as _ops
 
 __all__ = ["NAMESPACE", "OPS", "SCHEMAS"]
@@ -118,6 +119,21 @@ def _attention(
     layout="BSHD",
     dropout_p=0.0,
 ):
+    if (
+        window is None
+        and softcap is None
+        and alibi_slopes is None
+        and not dropout_p
+        and cu_seqlens_q is None
+        and v.shape[-1] == q.shape[-1]
+    ):
+        # The common call, without a second round of keyword arguments: the Call of
+        # lz.ops.attention's plain path, and a contiguous output like q.
+        call = _ops._plain_attention.get((causal, causal_align, scale, layout))
+        if call is not None:
+            out = _torch.empty_like(q, memory_format=_torch.contiguous_format)
+            handle = _ops._scoped.get()
+            return _lz.dispatch(call, (q, k, v, mask, None, None), (out,), handle)[0]
     return _ops.attention(
         q,
         k,
@@ -137,6 +153,10 @@ def _attention(
 
 
 def _rms_norm(x, weight, eps=1e-6):
+    call = _ops._calls.get(("rms_norm", eps))
+    if call is not None:
+        out = _torch.empty_like(x, memory_format=_torch.contiguous_format)
+        return _lz.dispatch(call, (x, weight, None), (out,), _ops._scoped.get())[0]
     return _ops.rms_norm(x, weight, eps=eps)
 
 
