@@ -273,3 +273,23 @@ def test_zendnn_linear_is_selected_only_where_its_selftest_passes(tmp_path, monk
         assert verdict == ("verified" if result["ok"] else "unverified")
     finally:
         _lz.register_executor(kernel, backends.EXECUTORS[kernel][1], verified=False)
+
+
+def test_zendnn_mask_facts_hold_for_the_zentorch_installed():
+    """ZenDNN's SDPA takes an additive float mask and no bool mask (capabilities/zendnn.json):
+    zentorch refuses a bool mask itself, and LayerZero never sends it one."""
+    if not _zentorch_installed():
+        pytest.skip("zentorch does not import here")
+    g = torch.Generator().manual_seed(14)
+    q = torch.randn(1, 4, 8, 32, generator=g)
+    keep = torch.rand(8, 8, generator=g) > 0.3
+    keep[:, 0] = True
+    with pytest.raises(RuntimeError, match="[Mm]ask"):
+        torch.ops.zentorch.zentorch_sdpa(q, q, q, 0.0, False, attn_mask=keep, scale=None)
+    bias = torch.randn(8, 8, generator=g)
+    got = torch.ops.zentorch.zentorch_sdpa(q, q, q, 0.0, False, attn_mask=bias, scale=None)[0]
+    want = F.scaled_dot_product_attention(q.double(), q.double(), q.double(), attn_mask=bias.double())
+    torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=2e-5)
+    qs = q.transpose(1, 2)  # BSHD, as LayerZero describes it
+    zen = lz.explain("attention", q=qs, k=qs, v=qs, mask=keep).candidate("zendnn.attention.flash_sdpa")
+    assert zen.verdict == "rejected" and zen.reasons
