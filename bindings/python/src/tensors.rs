@@ -167,14 +167,30 @@ pub fn meta(name: &str, t: &Bound<'_, PyAny>) -> PyResult<Meta> {
     };
     let shape: Vec<usize> =
         t.getattr(pyo3::intern!(t.py(), "shape")).and_then(|s| s.extract()).map_err(|_| not_tensor())?;
-    let strides: Vec<isize> =
-        t.call_method0(pyo3::intern!(t.py(), "stride")).and_then(|s| s.extract()).map_err(|_| not_tensor())?;
+    // A contiguous tensor's strides are row-major (torch leaves size-1 dims' strides free, and
+    // they address nothing): asking `is_contiguous()` makes no tuple, `stride()` does.
+    let contiguous: bool =
+        t.call_method0(pyo3::intern!(t.py(), "is_contiguous")).and_then(|c| c.extract()).unwrap_or(false);
+    let strides: Vec<isize> = if contiguous {
+        row_major(&shape)
+    } else {
+        t.call_method0(pyo3::intern!(t.py(), "stride")).and_then(|s| s.extract()).map_err(|_| not_tensor())?
+    };
     if strides.iter().any(|&s| s < 0) {
         return Err(invalid(format!("argument `{name}`: negative strides {strides:?} (reason STRIDE_UNSUPPORTED)")));
     }
     let cpu: bool = t.getattr(pyo3::intern!(t.py(), "is_cpu")).and_then(|c| c.extract()).unwrap_or(false);
     let device = if cpu { "cpu".to_owned() } else { t.getattr(pyo3::intern!(t.py(), "device"))?.str()?.to_string() };
     Ok(Meta { dtype, shape, strides: strides.into_iter().map(|s| s as usize).collect(), cpu, device })
+}
+
+/// Row-major strides of `shape`, in elements.
+fn row_major(shape: &[usize]) -> Vec<isize> {
+    let mut out = vec![1isize; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        out[i] = out[i + 1] * shape[i + 1].max(1) as isize;
+    }
+    out
 }
 
 /// The elements a view addresses, from its first to its last (0 when it is empty).
