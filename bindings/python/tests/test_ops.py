@@ -236,3 +236,28 @@ def test_paged_attention_reads_the_block_table_like_dense_attention(kv_layout):
         k = k_nhd[table[b].long()].reshape(-1, hkv, d)[:n].unsqueeze(0)
         v = v_nhd[table[b].long()].reshape(-1, hkv, d)[:n].unsqueeze(0)
         close(got[b : b + 1], sdpa_bshd(q[b : b + 1], k, v, causal=True), torch.float32)
+
+
+def test_the_gil_is_released_while_a_kernel_runs():
+    import threading
+    import time
+
+    q = torch.randn(1, 1024, 8, 64)
+    done = threading.Event()
+    ticks = 0
+
+    def work():
+        for _ in range(3):
+            lz.ops.attention(q, q, q, causal=True)
+        done.set()
+
+    t = threading.Thread(target=work)
+    start = time.perf_counter()
+    t.start()
+    while not done.is_set():
+        ticks += 1  # pure Python: runs only while the other thread does not hold the GIL
+    t.join()
+    elapsed = time.perf_counter() - start
+    # Three 1024-token attentions take tens of milliseconds or more; a GIL held through them
+    # would leave this loop a few switch intervals' worth of ticks (5 ms each).
+    assert elapsed > 0.02 and ticks > 100_000, (elapsed, ticks)
