@@ -24,6 +24,10 @@ pub enum ErrorKind {
     LockViolation,
     /// A named hardware profile does not exist.
     UnknownHardware,
+    /// The ranks of a distributed engine would not serve the same kernels: their catalogs,
+    /// policies, tables, hardware, libraries or per-bucket choices differ (the message names
+    /// the ranks and what differs).
+    PlanMismatch,
 }
 
 /// LayerZero's error: a kind, a one-line message that names the field and the value, and

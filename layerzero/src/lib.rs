@@ -40,6 +40,7 @@ pub use layerzero_core::{
 };
 
 pub mod backend;
+pub mod distributed;
 pub mod health;
 pub mod host;
 pub mod knobs;

@@ -30,6 +30,12 @@ pyo3::create_exception!(
 );
 pyo3::create_exception!(_lz, LockViolationError, LayerZeroError, "A policy lock names a kernel that is not eligible.");
 pyo3::create_exception!(_lz, UnknownHardwareError, LayerZeroError, "A named hardware profile does not exist.");
+pyo3::create_exception!(
+    _lz,
+    PlanMismatchError,
+    LayerZeroError,
+    "The ranks of a distributed engine would not serve the same kernels; the message names the ranks and what differs."
+);
 
 /// The Python exception for `e`, with its reasons attached as `.reasons`.
 pub fn to_py(py: Python<'_>, e: &Error) -> PyErr {
@@ -42,6 +48,7 @@ pub fn to_py(py: Python<'_>, e: &Error) -> PyErr {
         ErrorKind::KernelFailed => KernelFailedError::new_err(message),
         ErrorKind::LockViolation => LockViolationError::new_err(message),
         ErrorKind::UnknownHardware => UnknownHardwareError::new_err(message),
+        ErrorKind::PlanMismatch => PlanMismatchError::new_err(message),
         _ => LayerZeroError::new_err(message),
     };
     let reasons: Vec<Reason> = e.reasons().iter().map(Reason::from).collect();
@@ -81,5 +88,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("KernelFailedError", py.get_type::<KernelFailedError>())?;
     m.add("LockViolationError", py.get_type::<LockViolationError>())?;
     m.add("UnknownHardwareError", py.get_type::<UnknownHardwareError>())?;
+    m.add("PlanMismatchError", py.get_type::<PlanMismatchError>())?;
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! door over torch tensors. torch is never linked or imported here: tensors are read through
 //! their attributes.
 
+mod collective;
 mod errors;
 mod fork;
 mod handle;
@@ -90,6 +91,7 @@ fn _lz(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tune::tune, m)?)?;
     m.add_function(wrap_pyfunction!(tune::solve, m)?)?;
     m.add_function(wrap_pyfunction!(home, m)?)?;
+    m.add_function(wrap_pyfunction!(collective::agree, m)?)?;
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_function(wrap_pyfunction!(reason_codes, m)?)?;
     m.add_function(wrap_pyfunction!(handle::host, m)?)?;

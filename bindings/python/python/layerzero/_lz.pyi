@@ -190,3 +190,10 @@ def solve(workload: str, out: str, *, perfdb: Optional[str] = None) -> tuple[int
 def _after_fork_in_child() -> None: ...
 def home() -> str:
     """Where LayerZero keeps run-time state: `LAYERZERO_HOME`, else the user cache folder."""
+
+class PlanMismatchError(LayerZeroError):
+    """The ranks of a distributed engine would not serve the same kernels."""
+
+def agree(group: Any, handle: Optional[LayerZero] = None, workload: Optional[str] = None) -> None:
+    """`layerzero.distributed.agree` over a group object (rank, size, all_reduce_min_max,
+    all_gather, broadcast)."""

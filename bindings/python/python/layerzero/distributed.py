@@ -1,0 +1,74 @@
+"""Every rank serves the same choice: LayerZero over torch.distributed.
+
+``layerzero.distributed.agree(group=None, handle=None, workload=None)`` checks, before a
+distributed engine serves, that every rank of ``group`` (default: the world) would select
+the same kernels: the same capabilities, policy (knob overrides included), dispatch table,
+hardware and libraries, and with ``workload`` the same kernel for every bucket. Agreement is
+one min/max all-reduce of four hash words; only when ranks differ do they gather each other's
+facts, and then every rank raises ``layerzero.PlanMismatchError`` naming the ranks and what
+differs. Hash words travel as int64 (gloo has no unsigned min/max); a group whose backend is
+NCCL is agreed over a gloo side group of the same ranks. LayerZero opens no connection of its
+own: the transport is torch.distributed's.
+"""
+
+from . import _lz
+
+__all__ = ["agree", "Group"]
+
+
+class Group:
+    """A torch.distributed process group as LayerZero's collectives: min/max all-reduce of
+    int64 words, all-gather and broadcast of bytes, on CPU tensors over gloo."""
+
+    def __init__(self, group=None):
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise _lz.InvalidInputError(
+                "torch.distributed is not initialized: call torch.distributed.init_process_group first"
+            )
+        self._dist = dist
+        backend = dist.get_backend(group)
+        if backend != "gloo":
+            # Agreement is a few words: run it over gloo on the CPU, beside the model's group.
+            ranks = dist.get_process_group_ranks(group) if group is not None else None
+            group = dist.new_group(ranks=ranks, backend="gloo")
+        self.group = group
+
+    def rank(self):
+        return self._dist.get_rank(self.group)
+
+    def size(self):
+        return self._dist.get_world_size(self.group)
+
+    def all_reduce_min_max(self, words):
+        import torch
+
+        lo = torch.tensor(words, dtype=torch.int64)
+        hi = lo.clone()
+        self._dist.all_reduce(lo, op=self._dist.ReduceOp.MIN, group=self.group)
+        self._dist.all_reduce(hi, op=self._dist.ReduceOp.MAX, group=self.group)
+        return lo.tolist(), hi.tolist()
+
+    def all_gather(self, data):
+        out = [None] * self.size()
+        self._dist.all_gather_object(out, bytes(data), group=self.group)
+        return out
+
+    def broadcast(self, data, root):
+        src = self._dist.get_global_rank(self.group, root) if self.group is not None else root
+        box = [bytes(data)]
+        self._dist.broadcast_object_list(box, src=src, group=self.group)
+        return box[0]
+
+
+def agree(group=None, handle=None, workload=None):
+    """Checks that every rank of ``group`` (a torch.distributed group, default the world) would
+    serve the same kernels with ``handle`` (default: the process handle); with ``workload`` (a
+    workload file), for every bucket. Returns None when they agree; raises
+    ``PlanMismatchError`` on every rank otherwise."""
+    from . import _ready
+
+    _ready()
+    g = group if isinstance(group, Group) else Group(group)
+    _lz.agree(g, handle, None if workload is None else str(workload))

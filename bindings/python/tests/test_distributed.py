@@ -1,0 +1,92 @@
+"""Ranks agree before serving (torch.distributed over gloo, 4 processes on this machine)."""
+
+import json
+import os
+import tempfile
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as tmp  # noqa: E402
+
+WORKLOAD = {
+    "schema_version": 1,
+    "name": "agree",
+    "description": "Two decode buckets of attention.",
+    "entries": [
+        {
+            "name": "decode",
+            "request": {
+                "op": "attention",
+                "tensors": {
+                    "q": {"dtype": "f32", "shape": [1, 1, 4, 64], "layout": "BSHD"},
+                    "k": {"dtype": "f32", "shape": [1, 64, 4, 64], "layout": "BSHD"},
+                    "v": {"dtype": "f32", "shape": [1, 64, 4, 64], "layout": "BSHD"},
+                },
+                "attrs": {"causal": True},
+            },
+            "ranges": {"seq_k": [64, 128]},
+        }
+    ],
+}
+
+
+def _rank(rank, size, store, folder, odd_rank, results):
+    import layerzero as lz
+    import layerzero.distributed as lzd
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size)
+    try:
+        handle = None
+        if rank == odd_rank:
+            policy = os.path.join(folder, "odd.json")
+            with open(policy, "w") as f:
+                json.dump({"rules": [{"action": "deny", "kernels": "cpu.attention.*"}]}, f)
+            handle = lz.LayerZero.host().with_policy(policy)
+        try:
+            lzd.agree(handle=handle, workload=os.path.join(folder, "workload.json"))
+            results[rank] = "agreed"
+        except lz.PlanMismatchError as e:
+            results[rank] = "mismatch: " + str(e)
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        results[rank] = f"error: {type(e).__name__}: {e}"
+    finally:
+        dist.destroy_process_group()
+
+
+def _launch(odd_rank):
+    folder = tempfile.mkdtemp(prefix="lz-agree-")
+    with open(os.path.join(folder, "workload.json"), "w") as f:
+        json.dump(WORKLOAD, f)
+    store = os.path.join(folder, "store")
+    ctx = tmp.get_context("spawn")
+    manager = ctx.Manager()
+    results = manager.dict()
+    size = 4
+    procs = [ctx.Process(target=_rank, args=(r, size, store, folder, odd_rank, results)) for r in range(size)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=180)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            pytest.fail("a rank hung")
+    return dict(results)
+
+
+def test_four_ranks_with_the_same_handle_agree():
+    results = _launch(odd_rank=None)
+    assert results == {r: "agreed" for r in range(4)}, results
+
+
+def test_one_rank_with_another_policy_fails_every_rank_naming_the_policy_and_the_buckets():
+    results = _launch(odd_rank=1)
+    assert sorted(results) == [0, 1, 2, 3], results
+    for rank, text in results.items():
+        assert text.startswith("mismatch: "), (rank, text)
+        assert "policy: " in text and "rank 1 has" in text, text
+        assert "bucket:decode" in text and "cpu.attention.flash" in text, text
+    # Every rank reports the same thing.
+    assert len(set(results.values())) == 1
