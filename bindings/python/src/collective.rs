@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use layerzero::distributed::{self, Collective};
-use layerzero::error::{Error, Result};
+use layerzero::error::{Error, ErrorKind, Result};
 use layerzero::plan::workload::Workload;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -20,8 +20,9 @@ struct PyGroup {
     size: usize,
 }
 
+/// A failed collective (a rank died, the group timed out) is an I/O error of the transport.
 fn py_err(op: &str, e: &PyErr) -> Error {
-    Error::invalid(format!("the process group's {op} failed: {e}"))
+    Error::new(ErrorKind::Io, format!("the process group's {op} failed (did a rank die or time out?): {e}"))
 }
 
 impl Collective for PyGroup {

@@ -90,3 +90,83 @@ def test_one_rank_with_another_policy_fails_every_rank_naming_the_policy_and_the
         assert "bucket:decode" in text and "cpu.attention.flash" in text, text
     # Every rank reports the same thing.
     assert len(set(results.values())) == 1
+
+
+def _solve_rank(rank, size, store, folder, results):
+    import layerzero as lz
+    import layerzero.distributed as lzd
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size)
+    try:
+        workload = os.path.join(folder, "workload.json")
+        handle = lzd.solve(workload, folder=os.path.join(folder, f"plans{rank}"))
+        q = torch.randn(1, 1, 4, 64)
+        k = torch.randn(1, 100, 4, 64)
+        kernel = handle.which("attention", q=q, k=k, v=k, causal=True)
+        lz.ops.attention(q, k, k, causal=True, handle=handle)
+        c = handle.counters()
+        results[rank] = (kernel, c["plan_hits"], c["live"])
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        results[rank] = f"error: {type(e).__name__}: {e}"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_root_solves_and_every_rank_serves_its_plan():
+    folder = tempfile.mkdtemp(prefix="lz-solve-")
+    with open(os.path.join(folder, "workload.json"), "w") as f:
+        json.dump(WORKLOAD, f)
+    ctx = tmp.get_context("spawn")
+    results = ctx.Manager().dict()
+    procs = [ctx.Process(target=_solve_rank, args=(r, 3, os.path.join(folder, "store"), folder, results)) for r in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=180)
+    assert not any(p.is_alive() for p in procs), "a rank hung"
+    got = dict(results)
+    assert sorted(got) == [0, 1, 2], got
+    kernels = {v[0] for v in got.values() if isinstance(v, tuple)}
+    assert len(kernels) == 1, got
+    for rank, (kernel, plan_hits, live) in got.items():
+        assert plan_hits >= 2 and live == 0, (rank, plan_hits, live)
+
+
+def _dying_rank(rank, size, store, folder, results):
+    import datetime
+    import time
+
+    import layerzero.distributed as lzd
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=size, timeout=datetime.timedelta(seconds=10)
+    )
+    if rank == 2:
+        os._exit(0)  # dies before agreeing, without a word to the others
+    start = time.perf_counter()
+    try:
+        lzd.agree(workload=os.path.join(folder, "workload.json"))
+        results[rank] = ("agreed", time.perf_counter() - start)
+    except Exception as e:  # noqa: BLE001 - what the survivors see
+        results[rank] = (f"{type(e).__name__}: {e}", time.perf_counter() - start)
+
+
+def test_a_rank_that_dies_mid_agreement_is_an_error_on_the_others_within_seconds():
+    folder = tempfile.mkdtemp(prefix="lz-die-")
+    with open(os.path.join(folder, "workload.json"), "w") as f:
+        json.dump(WORKLOAD, f)
+    ctx = tmp.get_context("spawn")
+    results = ctx.Manager().dict()
+    procs = [ctx.Process(target=_dying_rank, args=(r, 3, os.path.join(folder, "store"), folder, results)) for r in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.kill()
+    assert not alive, "a surviving rank hung"
+    for rank in (0, 1):
+        text, seconds = results[rank]
+        assert text.startswith("IoError") and "did a rank die" in text, text
+        assert seconds < 60, (rank, seconds, text)

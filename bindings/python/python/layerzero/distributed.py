@@ -13,7 +13,7 @@ own: the transport is torch.distributed's.
 
 from . import _lz
 
-__all__ = ["agree", "Group"]
+__all__ = ["agree", "solve", "Group"]
 
 
 class Group:
@@ -72,3 +72,47 @@ def agree(group=None, handle=None, workload=None):
     _ready()
     g = group if isinstance(group, Group) else Group(group)
     _lz.agree(g, handle, None if workload is None else str(workload))
+
+
+def solve(workload, group=None, *, perfdb=None, tune=False, budget=None, folder=None, mode="strict"):
+    """One plan for every rank, from the root's timings: rank 0 of ``group`` (optionally tunes
+    ``workload`` into its PerfDB, then) solves the workload, broadcasts the table, and every
+    rank writes it to ``folder`` (default: a temporary folder), loads it
+    (``LayerZero.host().with_plan(path, mode)``), and agrees with the others on it. Never a
+    per-rank re-tune: the other ranks measure nothing. Returns this rank's handle serving the
+    plan; raises ``PlanMismatchError`` on every rank when one would serve differently (another
+    policy, another catalog, another machine)."""
+    import os
+    import tempfile
+
+    from . import LayerZero, _ready
+    from . import solve as solve_table
+    from . import tune as tune_workload
+
+    _ready()
+    g = group if isinstance(group, Group) else Group(group)
+    table = b""
+    error = ""
+    if g.rank() == 0:
+        try:
+            with tempfile.TemporaryDirectory(prefix="lz-root-") as tmp:
+                if tune:
+                    tune_workload(workload, perfdb=perfdb, budget=budget, verify=False)
+                path = os.path.join(tmp, "table.json")
+                solve_table(workload, path, perfdb=perfdb)
+                with open(path, "rb") as f:
+                    table = f.read()
+        except Exception as e:  # noqa: BLE001 - every rank must hear of it, not hang
+            error = f"{type(e).__name__}: {e}"
+    # The root's outcome reaches every rank: the table, or why there is none.
+    message = g.broadcast((b"E" + error.encode()) if error else (b"T" + table), 0)
+    if message[:1] == b"E":
+        raise _lz.LayerZeroError(f"rank 0 could not solve {workload}: {message[1:].decode()}")
+    folder = folder or tempfile.mkdtemp(prefix="lz-plan-")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"table-rank{g.rank()}.json")
+    with open(path, "wb") as f:
+        f.write(message[1:])
+    handle = LayerZero.host().with_plan(path, mode)
+    agree(g, handle=handle, workload=workload)
+    return handle
