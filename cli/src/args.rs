@@ -235,6 +235,10 @@ pub(super) struct WorkloadCmd {
     /// Write the workload here instead of standard output.
     #[arg(long, value_name = "FILE")]
     pub(super) out: Option<PathBuf>,
+    /// The workload of one rank of N tensor-parallel ranks: heads, key/value heads (replicated
+    /// when fewer than N) and the MLP inner size divided by N.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub(super) tp: usize,
 }
 
 #[derive(Args, Debug)]

@@ -558,3 +558,29 @@ fn lz_diff_holds_both_moe_models_to_hf_router_logits_included() -> TestResult {
     }
     Ok(())
 }
+
+#[test]
+fn a_tensor_parallel_workload_holds_what_one_rank_runs() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let model = models().join("llama-gqa");
+    let config = layerzero_llm::ModelConfig::load(&model)?;
+    let w = tmp.path().join("tp2.json");
+    let out = lz()?
+        .args(["workload", "--model"])
+        .arg(&model)
+        .args(["--max-seq", "32", "--tp", "2", "--out"])
+        .arg(&w)
+        .env("LAYERZERO_HOME", tmp.path())
+        .output()?;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let workload = layerzero::plan::workload::Workload::load(&w)?;
+    assert!(workload.name.ends_with(".tp2"), "{}", workload.name);
+    let attention = workload.entries.iter().find(|e| e.name.starts_with("attention.")).ok_or("no attention entry")?;
+    let heads = |t: &str| attention.request["tensors"][t]["shape"][2].as_u64();
+    assert_eq!(heads("q"), Some((config.heads / 2) as u64), "{}", attention.request);
+    assert_eq!(heads("k"), Some((config.kv_heads / 2).max(1) as u64), "{}", attention.request);
+    let bad = lz()?.args(["workload", "--model"]).arg(&model).args(["--tp", "3"]).output()?;
+    assert_eq!(bad.status.code(), Some(2), "an uneven split is a usage error");
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--tp 3"));
+    Ok(())
+}

@@ -90,3 +90,22 @@ pub fn agree(
     let g = PyGroup { obj: group, rank, size };
     py.detach(|| distributed::agree(&facts, &g)).map_err(|e| to_py(py, &e))
 }
+
+/// What decides this rank's choices (the facts `agree` compares), by name: `catalog`,
+/// `policy`, `table`, `hardware`, `library:<backend>`, and with `workload` `bucket:<entry>
+/// <bucket>` naming the kernel.
+#[pyfunction]
+#[pyo3(signature = (handle = None, workload = None))]
+pub fn agreement_facts(
+    py: Python<'_>,
+    handle: Option<&Bound<'_, Handle>>,
+    workload: Option<PathBuf>,
+) -> PyResult<std::collections::BTreeMap<String, String>> {
+    let held = handle.map(|h| h.get().runtime()).transpose()?;
+    let lz = match &held {
+        Some(r) => r.get(),
+        None => crate::host::current().map_err(|e| to_py(py, &e))?,
+    };
+    let w = workload.as_deref().map(Workload::load).transpose().map_err(|e| to_py(py, &e))?;
+    Ok(lz.agreement_facts(w.as_ref()).map_err(|e| to_py(py, &e))?.items)
+}

@@ -92,6 +92,7 @@ fn _lz(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tune::solve, m)?)?;
     m.add_function(wrap_pyfunction!(home, m)?)?;
     m.add_function(wrap_pyfunction!(collective::agree, m)?)?;
+    m.add_function(wrap_pyfunction!(collective::agreement_facts, m)?)?;
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_function(wrap_pyfunction!(reason_codes, m)?)?;
     m.add_function(wrap_pyfunction!(handle::host, m)?)?;

@@ -170,3 +170,98 @@ def test_a_rank_that_dies_mid_agreement_is_an_error_on_the_others_within_seconds
         text, seconds = results[rank]
         assert text.startswith("IoError") and "did a rank die" in text, text
         assert seconds < 60, (rank, seconds, text)
+
+
+def _capability_rank(rank, size, store, folder, results):
+    import layerzero as lz
+    import layerzero.distributed as lzd
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size)
+    try:
+        # Two kinds of machine: ranks 0 and 1 plan for a Sapphire Rapids, 2 and 3 for a Zen 4.
+        handle = lz.LayerZero.planning("spr" if rank < 2 else "zen4")
+        report = lzd.agree_by_capability(handle=handle, workload=os.path.join(folder, "workload.json"))
+        results[rank] = json.dumps(report, sort_keys=True)
+        try:
+            lzd.agree_by_capability(handle=lz.LayerZero.planning("spr" if rank < 2 else "zen4"), one_plan=True)
+            results[(rank, "one_plan")] = "agreed"
+        except lz.PlanMismatchError as e:
+            results[(rank, "one_plan")] = "mismatch: " + str(e)
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        results[rank] = f"error: {type(e).__name__}: {e}"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_capability_groups_each_agree_and_their_differences_are_reported():
+    folder = tempfile.mkdtemp(prefix="lz-groups-")
+    with open(os.path.join(folder, "workload.json"), "w") as f:
+        json.dump(WORKLOAD, f)
+    ctx = tmp.get_context("spawn")
+    results = ctx.Manager().dict()
+    args = (4, os.path.join(folder, "store"), folder, results)
+    procs = [ctx.Process(target=_capability_rank, args=(r,) + args) for r in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=180)
+    assert not any(p.is_alive() for p in procs), "a rank hung"
+    got = dict(results)
+    reports = {got[r] for r in range(4)}
+    assert len(reports) == 1, got  # every rank reports the same
+    report = json.loads(reports.pop())
+    assert sorted(sorted(r) for r in report["groups"].values()) == [[0, 1], [2, 3]], report
+    assert "hardware" in report["differences"], report
+    for r in range(4):
+        assert got[(r, "one_plan")].startswith("mismatch: ") and "hardware" in got[(r, "one_plan")], got
+
+
+def _tp_rank(rank, size, store, results):
+    import layerzero as lz
+    import layerzero.distributed as lzd
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size)
+    try:
+        g = torch.Generator().manual_seed(5)  # the same full tensors on every rank
+        q = torch.randn(1, 24, 8, 64, generator=g)
+        k = torch.randn(1, 24, 2, 64, generator=g)
+        v = torch.randn(1, 24, 2, 64, generator=g)
+        # Megatron's split: rank r runs query heads [r*8/N, (r+1)*8/N) and the key/value heads
+        # they read (replicated when there are fewer than ranks).
+        hq = 8 // size
+        kv_per = max(2 // size, 1)
+        kv0 = (rank * hq) // (8 // 2)  # the KV head of this rank's first query head
+        mine = lz.ops.attention(
+            q[:, :, rank * hq : (rank + 1) * hq], k[:, :, kv0 : kv0 + kv_per], v[:, :, kv0 : kv0 + kv_per], causal=True
+        )
+        parts = [torch.empty_like(mine) for _ in range(size)]
+        dist.all_gather(parts, mine.contiguous())
+        gathered = torch.cat(parts, dim=2)
+        whole = lz.ops.attention(q, k, v, causal=True)
+        diff = (gathered - whole).abs().max().item()
+        kernel = lz.which("attention", q=q[:, :, :hq], k=k[:, :, :kv_per], v=v[:, :, :kv_per], causal=True)
+        lzd.agree()
+        results[rank] = (diff, kernel)
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        results[rank] = f"error: {type(e).__name__}: {e}"
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_heads_split_over_ranks_gather_to_the_single_rank_output(size):
+    folder = tempfile.mkdtemp(prefix="lz-tp-")
+    ctx = tmp.get_context("spawn")
+    results = ctx.Manager().dict()
+    procs = [ctx.Process(target=_tp_rank, args=(r, size, os.path.join(folder, "store"), results)) for r in range(size)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=180)
+    assert not any(p.is_alive() for p in procs), "a rank hung"
+    got = dict(results)
+    assert sorted(got) == list(range(size)), got
+    for rank, r in got.items():
+        assert isinstance(r, tuple), (rank, r)
+        assert r[0] <= 2e-5, (rank, r)
+    assert len({r[1] for r in got.values()}) == 1, got  # every rank selected the same kernel

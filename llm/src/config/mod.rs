@@ -7,6 +7,7 @@
 
 mod fields;
 mod rope;
+mod tp;
 
 use serde_json::Value;
 

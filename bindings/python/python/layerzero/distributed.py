@@ -13,7 +13,7 @@ own: the transport is torch.distributed's.
 
 from . import _lz
 
-__all__ = ["agree", "solve", "Group"]
+__all__ = ["agree", "agree_by_capability", "facts", "solve", "Group"]
 
 
 class Group:
@@ -116,3 +116,46 @@ def solve(workload, group=None, *, perfdb=None, tune=False, budget=None, folder=
     handle = LayerZero.host().with_plan(path, mode)
     agree(g, handle=handle, workload=workload)
     return handle
+
+
+def facts(handle=None, workload=None):
+    """What decides this rank's choices, by name (the facts ``agree`` compares)."""
+    from . import _ready
+
+    _ready()
+    return _lz.agreement_facts(handle, None if workload is None else str(workload))
+
+
+def agree_by_capability(group=None, handle=None, workload=None, *, one_plan=False):
+    """Agreement for heterogeneous ranks: the ranks of ``group`` are grouped by hardware
+    fingerprint, each capability group agrees internally (``PlanMismatchError`` on every rank
+    of a group that does not), and what differs between groups is reported, not an error,
+    unless ``one_plan`` asks for one plan across every rank (then it is ``agree`` over the
+    whole group). Returns ``{"groups": {fingerprint: [ranks]}, "differences": {fact:
+    {fingerprint: value}}}``, the same on every rank."""
+    g = group if isinstance(group, Group) else Group(group)
+    if one_plan:
+        agree(g, handle=handle, workload=workload)
+    mine = facts(handle, workload)
+    import json
+
+    everyone = [json.loads(b) for b in g.all_gather(json.dumps(mine, sort_keys=True).encode())]
+    groups = {}
+    for rank, f in enumerate(everyone):
+        groups.setdefault(f["hardware"], []).append(rank)
+    dist = g._dist
+    # Every rank creates every subgroup, in the same order, as torch.distributed requires.
+    subgroups = {}
+    for fp in sorted(groups):
+        ranks = groups[fp]
+        globals_ = [dist.get_global_rank(g.group, r) if g.group is not None else r for r in ranks]
+        subgroups[fp] = dist.new_group(ranks=globals_, backend="gloo")
+    agree(Group(subgroups[mine["hardware"]]), handle=handle, workload=workload)
+    first = {fp: everyone[ranks[0]] for fp, ranks in groups.items()}
+    names = sorted({n for f in first.values() for n in f})
+    differences = {}
+    for n in names:
+        values = {fp: f.get(n) for fp, f in first.items()}
+        if len(set(values.values())) > 1:
+            differences[n] = values
+    return {"groups": groups, "differences": differences}
