@@ -18,20 +18,20 @@ impl ModelConfig {
         if ranks == 0 {
             return Err(Error::invalid("--tp 0: a tensor-parallel group has at least one rank"));
         }
-        if self.heads % ranks != 0 {
+        if !self.heads.is_multiple_of(ranks) {
             return Err(bad("the attention heads", self.heads));
         }
         let kv_heads = if self.kv_heads >= ranks {
-            if self.kv_heads % ranks != 0 {
+            if !self.kv_heads.is_multiple_of(ranks) {
                 return Err(bad("the key/value heads", self.kv_heads));
             }
             self.kv_heads / ranks
-        } else if ranks % self.kv_heads == 0 {
+        } else if ranks.is_multiple_of(self.kv_heads) {
             1 // replicated: each rank keeps the one key/value head its query heads read
         } else {
             return Err(bad("the key/value heads", self.kv_heads));
         };
-        if self.intermediate % ranks != 0 {
+        if !self.intermediate.is_multiple_of(ranks) {
             return Err(bad("the MLP inner size", self.intermediate));
         }
         let mut out = self.clone();
@@ -39,12 +39,12 @@ impl ModelConfig {
         out.kv_heads = kv_heads;
         out.intermediate = self.intermediate / ranks;
         if let Some(moe) = &mut out.moe {
-            if moe.intermediate % ranks != 0 {
+            if !moe.intermediate.is_multiple_of(ranks) {
                 return Err(bad("the experts' inner size", moe.intermediate));
             }
             moe.intermediate /= ranks;
             if let Some(shared) = &mut moe.shared_intermediate {
-                if *shared % ranks != 0 {
+                if !shared.is_multiple_of(ranks) {
                     return Err(bad("the shared expert's inner size", *shared));
                 }
                 *shared /= ranks;
