@@ -265,3 +265,42 @@ def test_heads_split_over_ranks_gather_to_the_single_rank_output(size):
         assert isinstance(r, tuple), (rank, r)
         assert r[0] <= 2e-5, (rank, r)
     assert len({r[1] for r in got.values()}) == 1, got  # every rank selected the same kernel
+
+
+def _readiness_rank(rank, size, store, folder, results):
+    import layerzero as lz
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size)
+    try:
+        handle = None
+        if rank == 0:
+            policy = os.path.join(folder, "odd.json")
+            with open(policy, "w") as f:
+                json.dump({"rules": [{"action": "deny", "kernels": "cpu.attention.*"}]}, f)
+            handle = lz.LayerZero.host().with_policy(policy)
+        checks = lz.readiness_check(group=True, handle=handle, workload=os.path.join(folder, "workload.json"))
+        results[rank] = [c for c in checks if c["name"] == "distributed"][0]
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        results[rank] = f"error: {type(e).__name__}: {e}"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_readiness_under_a_group_fails_its_distributed_check_when_ranks_differ():
+    folder = tempfile.mkdtemp(prefix="lz-ready-")
+    with open(os.path.join(folder, "workload.json"), "w") as f:
+        json.dump(WORKLOAD, f)
+    ctx = tmp.get_context("spawn")
+    results = ctx.Manager().dict()
+    args = (2, os.path.join(folder, "store"), folder, results)
+    procs = [ctx.Process(target=_readiness_rank, args=(r,) + args) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=180)
+    assert not any(p.is_alive() for p in procs), "a rank hung"
+    got = dict(results)
+    for rank in (0, 1):
+        check = got[rank]
+        assert isinstance(check, dict) and check["ok"] is False, got
+        assert "policy" in check["detail"] and check["fix"], check

@@ -83,9 +83,34 @@ def host():
     return _lz.host()
 
 
-def readiness_check(**kwargs):
-    """The checks of ``lz readiness-check`` (capabilities, files, policy, table, PerfDB)."""
-    return _lz.readiness_check(**kwargs)
+def readiness_check(*, group=None, handle=None, **kwargs):
+    """The checks of ``lz readiness-check`` (capabilities, files, policy, table, PerfDB), each a
+    dict with ``name``, ``ok``, ``detail`` and ``fix``. With ``group`` (a torch.distributed
+    group, or ``True`` for the world), a ``distributed`` check too: whether every rank would
+    serve the same kernels (``layerzero.distributed.agree`` with ``handle`` and the
+    ``workload`` given); every rank of the group must call it."""
+    checks = _lz.readiness_check(**kwargs)
+    if group is not None and group is not False:
+        from . import distributed
+
+        workload = kwargs.get("workload")
+        try:
+            distributed.agree(None if group is True else group, handle=handle, workload=workload)
+            g = distributed.Group(None if group is True else group)
+            checks.append(
+                {"name": "distributed", "ok": True, "detail": f"the {g.size()} ranks agree", "fix": None}
+            )
+        except PlanMismatchError as e:
+            checks.append(
+                {
+                    "name": "distributed",
+                    "ok": False,
+                    "detail": str(e),
+                    "fix": "give every rank the same policy, table, capabilities and libraries "
+                    "(layerzero.distributed.solve shares the root's plan)",
+                }
+            )
+    return checks
 
 
 def doctor():
