@@ -90,7 +90,7 @@ fn is_tensor(value: &Bound<'_, PyAny>) -> PyResult<bool> {
 /// A tensor's description: dtype, shape, strides (in elements) and device.
 fn tensor(name: &str, t: &Bound<'_, PyAny>) -> PyResult<Value> {
     let dtype = t.getattr("dtype")?.str()?.to_string();
-    let dtype = dtype_name(&dtype).ok_or_else(|| {
+    let dtype = crate::tensors::dtype_of(&dtype).map(|d| d.as_str()).ok_or_else(|| {
         invalid(format!(
             "tensor `{name}`: dtype {dtype} is not one LayerZero describes \
              (float32, float16, bfloat16, float8_e4m3fn, float8_e5m2, int8, int32, int64, bool)"
@@ -114,7 +114,10 @@ fn tensor(name: &str, t: &Bound<'_, PyAny>) -> PyResult<Value> {
             .map_err(|e| invalid(format!("tensor `{name}`: its strides are not sizes: {e}")))?;
         // Row-major strides are what an absent `strides` means: left out, so the request's
         // key is a workload file's.
-        if strides != row_major(&shape) {
+        let shape_usize: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+        let row_major: Vec<u64> =
+            layerzero::tensor::row_major_strides(&shape_usize).iter().map(|&s| s as u64).collect();
+        if strides != row_major {
             desc.insert("strides".to_owned(), serde_json::json!(strides));
         }
     }
@@ -132,31 +135,6 @@ fn tensor(name: &str, t: &Bound<'_, PyAny>) -> PyResult<Value> {
         }
     }
     Ok(Value::Object(desc))
-}
-
-/// Row-major contiguous strides of `shape` (size-1 dims as torch gives them).
-fn row_major(shape: &[u64]) -> Vec<u64> {
-    let mut out = vec![1u64; shape.len()];
-    for i in (0..shape.len().saturating_sub(1)).rev() {
-        out[i] = out[i + 1] * shape[i + 1].max(1);
-    }
-    out
-}
-
-/// LayerZero's name of a torch dtype (`torch.float32` -> `f32`).
-fn dtype_name(torch: &str) -> Option<&'static str> {
-    Some(match torch.strip_prefix("torch.").unwrap_or(torch) {
-        "float32" | "float" => "f32",
-        "float16" | "half" => "f16",
-        "bfloat16" => "bf16",
-        "float8_e4m3fn" => "fp8_e4m3",
-        "float8_e5m2" => "fp8_e5m2",
-        "int8" => "i8",
-        "int32" | "int" => "i32",
-        "int64" | "long" => "i64",
-        "bool" => "bool",
-        _ => return None,
-    })
 }
 
 /// An attribute value as JSON: booleans, integers, floats, strings, and lists or dicts of them.

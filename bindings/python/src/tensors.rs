@@ -15,7 +15,8 @@ use layerzero::model::dtype::DType;
 use layerzero::model::layout::Layout;
 use layerzero::tensor::{HostTensor, Region, Storage};
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyTuple, PyType};
 
 use crate::errors::invalid;
 
@@ -108,29 +109,18 @@ pub fn torch_dtype(d: DType) -> &'static str {
 /// The torch dtype objects seen so far, by LayerZero dtype (their addresses): torch's dtypes
 /// are singletons that live as long as the interpreter, so a dtype is recognized by address
 /// without formatting its name on every call.
-static DTYPE_OBJECTS: [AtomicUsize; 9] = [const { AtomicUsize::new(0) }; 9];
-const DTYPE_ORDER: [DType; 9] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::Fp8E4M3,
-    DType::Fp8E5M2,
-    DType::I8,
-    DType::I32,
-    DType::I64,
-    DType::Bool,
-];
+static DTYPE_OBJECTS: [AtomicUsize; DType::ALL.len()] = [const { AtomicUsize::new(0) }; DType::ALL.len()];
 
 fn known_dtype(d: &Bound<'_, PyAny>) -> Option<DType> {
     let p = d.as_ptr() as usize;
-    DTYPE_OBJECTS.iter().position(|s| s.load(Ordering::Relaxed) == p).map(|i| DTYPE_ORDER[i])
+    DTYPE_OBJECTS.iter().position(|s| s.load(Ordering::Relaxed) == p).map(|i| DType::ALL[i])
 }
 
 /// Remembers `d`'s address when it is a `torch.dtype` (immortal; another object with a
 /// `dtype` attribute may be freed and its address reused, so it is never remembered).
 fn remember_dtype(d: &Bound<'_, PyAny>, dtype: DType) {
     let is_torch = d.get_type().fully_qualified_name().is_ok_and(|n| n == "torch.dtype");
-    if let (true, Some(i)) = (is_torch, DTYPE_ORDER.iter().position(|x| *x == dtype)) {
+    if let (true, Some(i)) = (is_torch, DType::ALL.iter().position(|x| *x == dtype)) {
         DTYPE_OBJECTS[i].store(d.as_ptr() as usize, Ordering::Relaxed);
     }
 }
@@ -172,7 +162,7 @@ pub fn meta(name: &str, t: &Bound<'_, PyAny>) -> PyResult<Meta> {
     let contiguous: bool =
         t.call_method0(pyo3::intern!(t.py(), "is_contiguous")).and_then(|c| c.extract()).unwrap_or(false);
     let strides: Vec<isize> = if contiguous {
-        row_major(&shape)
+        layerzero::tensor::row_major_strides(&shape).iter().map(|&s| s as isize).collect()
     } else {
         t.call_method0(pyo3::intern!(t.py(), "stride")).and_then(|s| s.extract()).map_err(|_| not_tensor())?
     };
@@ -184,21 +174,21 @@ pub fn meta(name: &str, t: &Bound<'_, PyAny>) -> PyResult<Meta> {
     Ok(Meta { dtype, shape, strides: strides.into_iter().map(|s| s as usize).collect(), cpu, device })
 }
 
-/// Row-major strides of `shape`, in elements.
-fn row_major(shape: &[usize]) -> Vec<isize> {
-    let mut out = vec![1isize; shape.len()];
-    for i in (0..shape.len().saturating_sub(1)).rev() {
-        out[i] = out[i + 1] * shape[i + 1].max(1) as isize;
+/// The elements a view addresses, from its first to its last (0 when it is empty).
+/// (`None` when it overflows: no tensor in memory addresses that much).
+fn span(shape: &[usize], strides: &[usize]) -> Option<usize> {
+    if shape.contains(&0) {
+        return Some(0);
     }
-    out
+    shape.iter().zip(strides).try_fold(1usize, |a, (&d, &s)| (d - 1).checked_mul(s).and_then(|x| a.checked_add(x)))
 }
 
-/// The elements a view addresses, from its first to its last (0 when it is empty).
-fn span(shape: &[usize], strides: &[usize]) -> usize {
-    if shape.contains(&0) {
-        return 0;
-    }
-    1 + shape.iter().zip(strides).map(|(&d, &s)| (d - 1) * s).sum::<usize>()
+/// True when `t` is a `torch.Tensor`: its memory is read by the address it reports, which
+/// nothing else with a `data_ptr()` can be trusted for.
+fn is_torch_tensor(t: &Bound<'_, PyAny>) -> PyResult<bool> {
+    static TENSOR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    let tensor = TENSOR.import(t.py(), "torch", "Tensor")?;
+    t.is_instance(tensor)
 }
 
 /// A CPU tensor's memory as a LayerZero tensor with its shape and strides (and `layout`'s
@@ -217,8 +207,18 @@ pub fn lend(
             m.device
         )));
     }
+    if !is_torch_tensor(t)? {
+        let ty = t.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+        return Err(invalid(format!(
+            "argument `{name}`: a {ty} is described like a tensor, but only a torch.Tensor's memory is read"
+        )));
+    }
     let ptr: usize = t.call_method0(pyo3::intern!(t.py(), "data_ptr"))?.extract()?;
-    let n = span(&m.shape, &m.strides);
+    let bytes = span(&m.shape, &m.strides).and_then(|n| n.checked_mul(m.dtype.size_bytes() as usize));
+    let Some(bytes) = bytes else {
+        return Err(invalid(format!("argument `{name}`: shape {:?} with strides {:?} overflows", m.shape, m.strides)));
+    };
+    let n = bytes / m.dtype.size_bytes().max(1) as usize;
     let tensor = if m.dtype == DType::Bool {
         let owned = if n == 0 {
             Vec::new()
@@ -230,8 +230,7 @@ pub fn lend(
         };
         HostTensor::strided(Storage::Bool(owned), &m.shape, &m.strides, 0)
     } else {
-        let region =
-            Lent { ptr: ptr as *mut u8, len: n * m.dtype.size_bytes() as usize, writable, owner: t.clone().unbind() };
+        let region = Lent { ptr: ptr as *mut u8, len: bytes, writable, owner: t.clone().unbind() };
         Storage::lent(m.dtype, Box::new(region)).and_then(|s| HostTensor::strided(s, &m.shape, &m.strides, 0))
     }
     .map_err(|e| invalid(format!("argument `{name}`: {e}")))?;

@@ -32,7 +32,7 @@ WORKLOAD = {
 }
 
 
-def _rank(rank, size, store, folder, odd_rank, results):
+def _rank(rank, size, store, folder, results, odd_rank):
     import layerzero as lz
     import layerzero.distributed as lzd
 
@@ -45,7 +45,7 @@ def _rank(rank, size, store, folder, odd_rank, results):
                 json.dump({"rules": [{"action": "deny", "kernels": "cpu.attention.*"}]}, f)
             handle = lz.LayerZero.host().with_policy(policy)
         try:
-            lzd.agree(handle=handle, workload=os.path.join(folder, "workload.json"))
+            lz.distributed.agree(handle, workload=os.path.join(folder, "workload.json"))
             results[rank] = "agreed"
         except lz.PlanMismatchError as e:
             results[rank] = "mismatch: " + str(e)
@@ -55,25 +55,31 @@ def _rank(rank, size, store, folder, odd_rank, results):
         dist.destroy_process_group()
 
 
-def _launch(odd_rank):
-    folder = tempfile.mkdtemp(prefix="lz-agree-")
+def _spawn(target, size, *extra):
+    """Runs ``target(rank, size, store, folder, results, *extra)`` in ``size`` spawned
+    processes over one gloo store, with the test workload in ``folder``; fails the test if a
+    rank hangs. Returns what each rank put in ``results``."""
+    folder = tempfile.mkdtemp(prefix="lz-ranks-")
     with open(os.path.join(folder, "workload.json"), "w") as f:
         json.dump(WORKLOAD, f)
     store = os.path.join(folder, "store")
     ctx = tmp.get_context("spawn")
-    manager = ctx.Manager()
-    results = manager.dict()
-    size = 4
-    procs = [ctx.Process(target=_rank, args=(r, size, store, folder, odd_rank, results)) for r in range(size)]
+    results = ctx.Manager().dict()
+    procs = [ctx.Process(target=target, args=(r, size, store, folder, results) + extra) for r in range(size)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(timeout=180)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            pytest.fail("a rank hung")
+    hung = [p for p in procs if p.is_alive()]
+    for p in hung:
+        p.kill()
+    if hung:
+        pytest.fail(f"{len(hung)} rank(s) hung")
     return dict(results)
+
+
+def _launch(odd_rank):
+    return _spawn(_rank, 4, odd_rank)
 
 
 def test_four_ranks_with_the_same_handle_agree():
@@ -113,18 +119,7 @@ def _solve_rank(rank, size, store, folder, results):
 
 
 def test_the_root_solves_and_every_rank_serves_its_plan():
-    folder = tempfile.mkdtemp(prefix="lz-solve-")
-    with open(os.path.join(folder, "workload.json"), "w") as f:
-        json.dump(WORKLOAD, f)
-    ctx = tmp.get_context("spawn")
-    results = ctx.Manager().dict()
-    procs = [ctx.Process(target=_solve_rank, args=(r, 3, os.path.join(folder, "store"), folder, results)) for r in range(3)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=180)
-    assert not any(p.is_alive() for p in procs), "a rank hung"
-    got = dict(results)
+    got = _spawn(_solve_rank, 3)
     assert sorted(got) == [0, 1, 2], got
     kernels = {v[0] for v in got.values() if isinstance(v, tuple)}
     assert len(kernels) == 1, got
@@ -152,20 +147,7 @@ def _dying_rank(rank, size, store, folder, results):
 
 
 def test_a_rank_that_dies_mid_agreement_is_an_error_on_the_others_within_seconds():
-    folder = tempfile.mkdtemp(prefix="lz-die-")
-    with open(os.path.join(folder, "workload.json"), "w") as f:
-        json.dump(WORKLOAD, f)
-    ctx = tmp.get_context("spawn")
-    results = ctx.Manager().dict()
-    procs = [ctx.Process(target=_dying_rank, args=(r, 3, os.path.join(folder, "store"), folder, results)) for r in range(3)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-    alive = [p for p in procs if p.is_alive()]
-    for p in alive:
-        p.kill()
-    assert not alive, "a surviving rank hung"
+    results = _spawn(_dying_rank, 3)
     for rank in (0, 1):
         text, seconds = results[rank]
         assert text.startswith("IoError") and "did a rank die" in text, text
@@ -194,19 +176,7 @@ def _capability_rank(rank, size, store, folder, results):
 
 
 def test_capability_groups_each_agree_and_their_differences_are_reported():
-    folder = tempfile.mkdtemp(prefix="lz-groups-")
-    with open(os.path.join(folder, "workload.json"), "w") as f:
-        json.dump(WORKLOAD, f)
-    ctx = tmp.get_context("spawn")
-    results = ctx.Manager().dict()
-    args = (4, os.path.join(folder, "store"), folder, results)
-    procs = [ctx.Process(target=_capability_rank, args=(r,) + args) for r in range(4)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=180)
-    assert not any(p.is_alive() for p in procs), "a rank hung"
-    got = dict(results)
+    got = _spawn(_capability_rank, 4)
     reports = {got[r] for r in range(4)}
     assert len(reports) == 1, got  # every rank reports the same
     report = json.loads(reports.pop())
@@ -216,7 +186,7 @@ def test_capability_groups_each_agree_and_their_differences_are_reported():
         assert got[(r, "one_plan")].startswith("mismatch: ") and "hardware" in got[(r, "one_plan")], got
 
 
-def _tp_rank(rank, size, store, results):
+def _tp_rank(rank, size, store, folder, results):
     import layerzero as lz
     import layerzero.distributed as lzd
 
@@ -250,16 +220,7 @@ def _tp_rank(rank, size, store, results):
 
 @pytest.mark.parametrize("size", [2, 4])
 def test_heads_split_over_ranks_gather_to_the_single_rank_output(size):
-    folder = tempfile.mkdtemp(prefix="lz-tp-")
-    ctx = tmp.get_context("spawn")
-    results = ctx.Manager().dict()
-    procs = [ctx.Process(target=_tp_rank, args=(r, size, os.path.join(folder, "store"), results)) for r in range(size)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=180)
-    assert not any(p.is_alive() for p in procs), "a rank hung"
-    got = dict(results)
+    got = _spawn(_tp_rank, size)
     assert sorted(got) == list(range(size)), got
     for rank, r in got.items():
         assert isinstance(r, tuple), (rank, r)
@@ -287,19 +248,7 @@ def _readiness_rank(rank, size, store, folder, results):
 
 
 def test_readiness_under_a_group_fails_its_distributed_check_when_ranks_differ():
-    folder = tempfile.mkdtemp(prefix="lz-ready-")
-    with open(os.path.join(folder, "workload.json"), "w") as f:
-        json.dump(WORKLOAD, f)
-    ctx = tmp.get_context("spawn")
-    results = ctx.Manager().dict()
-    args = (2, os.path.join(folder, "store"), folder, results)
-    procs = [ctx.Process(target=_readiness_rank, args=(r,) + args) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=180)
-    assert not any(p.is_alive() for p in procs), "a rank hung"
-    got = dict(results)
+    got = _spawn(_readiness_rank, 2)
     for rank in (0, 1):
         check = got[rank]
         assert isinstance(check, dict) and check["ok"] is False, got

@@ -82,6 +82,7 @@ def test_graph_safe_selection_on_an_h100_keeps_graph_safe_kernels_only():
     unsafe = [
         c.kernel for c in report.candidates if "GRAPH_UNSAFE" in {r.code.name for r in c.reasons}
     ]
+    assert unsafe, "graph-strict mode refused no kernel for being graph-unsafe"
     assert set(admitted).isdisjoint(unsafe)
     assert loose.selected is not None
 

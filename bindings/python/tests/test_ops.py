@@ -261,3 +261,21 @@ def test_the_gil_is_released_while_a_kernel_runs():
     # Three 1024-token attentions take tens of milliseconds or more; a GIL held through them
     # would leave this loop a few switch intervals' worth of ticks (5 ms each).
     assert elapsed > 0.02 and ticks > 100_000, (elapsed, ticks)
+
+
+def test_an_object_that_only_looks_like_a_tensor_is_never_read_by_address():
+    class Impostor:
+        shape, dtype, is_cpu = (1, 4, 2, 8), torch.float32, True
+
+        def stride(self):
+            return (64, 16, 8, 1)
+
+        def is_contiguous(self):
+            return True
+
+        def data_ptr(self):
+            return 16  # an address no one owns
+
+    q = torch.randn(1, 4, 2, 8)
+    with pytest.raises(lz.InvalidInputError, match="argument `k`.*only a torch.Tensor"):
+        lz.ops.attention(q, Impostor(), q)

@@ -95,7 +95,7 @@ def readiness_check(*, group=None, handle=None, **kwargs):
 
         workload = kwargs.get("workload")
         try:
-            distributed.agree(None if group is True else group, handle=handle, workload=workload)
+            distributed.agree(handle, None if group is True else group, workload)
             g = distributed.Group(None if group is True else group)
             checks.append(
                 {"name": "distributed", "ok": True, "detail": f"the {g.size()} ranks agree", "fix": None}
@@ -203,7 +203,7 @@ def selftest(kernels=None, verbose=False):
     return run(kernels, verbose)
 
 
-from . import ops  # noqa: E402
+from . import distributed, ops  # noqa: E402
 
 __version__ = version()
 
@@ -236,6 +236,7 @@ __all__ = [
     "selftest",
     "solve",
     "tune",
+    "distributed",
     "ops",
     "version",
     "which",

@@ -1,6 +1,6 @@
 """Every rank serves the same choice: LayerZero over torch.distributed.
 
-``layerzero.distributed.agree(group=None, handle=None, workload=None)`` checks, before a
+``layerzero.distributed.agree(handle=None, group=None, workload=None)`` checks, before a
 distributed engine serves, that every rank of ``group`` (default: the world) would select
 the same kernels: the same capabilities, policy (knob overrides included), dispatch table,
 hardware and libraries, and with ``workload`` the same kernel for every bucket. Agreement is
@@ -62,7 +62,7 @@ class Group:
         return box[0]
 
 
-def agree(group=None, handle=None, workload=None):
+def agree(handle=None, group=None, workload=None):
     """Checks that every rank of ``group`` (a torch.distributed group, default the world) would
     serve the same kernels with ``handle`` (default: the process handle); with ``workload`` (a
     workload file), for every bucket. Returns None when they agree; raises
@@ -114,7 +114,7 @@ def solve(workload, group=None, *, perfdb=None, tune=False, budget=None, folder=
     with open(path, "wb") as f:
         f.write(message[1:])
     handle = LayerZero.host().with_plan(path, mode)
-    agree(g, handle=handle, workload=workload)
+    agree(handle, g, workload)
     return handle
 
 
@@ -135,7 +135,7 @@ def agree_by_capability(group=None, handle=None, workload=None, *, one_plan=Fals
     {fingerprint: value}}}``, the same on every rank."""
     g = group if isinstance(group, Group) else Group(group)
     if one_plan:
-        agree(g, handle=handle, workload=workload)
+        agree(handle, g, workload)
     mine = facts(handle, workload)
     import json
 
@@ -150,7 +150,7 @@ def agree_by_capability(group=None, handle=None, workload=None, *, one_plan=Fals
         ranks = groups[fp]
         globals_ = [dist.get_global_rank(g.group, r) if g.group is not None else r for r in ranks]
         subgroups[fp] = dist.new_group(ranks=globals_, backend="gloo")
-    agree(Group(subgroups[mine["hardware"]]), handle=handle, workload=workload)
+    agree(handle, Group(subgroups[mine["hardware"]]), workload)
     first = {fp: everyone[ranks[0]] for fp, ranks in groups.items()}
     names = sorted({n for f in first.values() for n in f})
     differences = {}

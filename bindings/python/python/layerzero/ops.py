@@ -11,7 +11,6 @@ with each attempt.
 """
 
 import contextvars as _contextvars
-import math as _math
 
 from . import _lz
 
@@ -71,15 +70,9 @@ def _empty_like_shape(t, shape, dtype=None):
 
 def _alibi_standard(slopes, heads):
     """True when ``slopes`` are the standard geometric ALiBi slopes for ``heads`` heads."""
-    def pow2(n):
-        start = 2 ** (-(2 ** -(_math.log2(n) - 3)))
-        return [start * (start**i) for i in range(n)]
+    from .backends._alibi import slopes as standard
 
-    if _math.log2(heads).is_integer():
-        expect = pow2(heads)
-    else:
-        closest = 2 ** _math.floor(_math.log2(heads))
-        expect = pow2(closest) + pow2(2 * closest)[0::2][: heads - closest]
+    expect = standard(heads)
     got = slopes.detach().float().flatten().cpu().tolist()
     return len(got) == heads and all(abs(a - b) <= 1e-6 * max(1.0, abs(b)) for a, b in zip(got, expect))
 
