@@ -10,6 +10,7 @@ mod generate;
 mod inspect;
 pub mod parity;
 mod plan;
+mod ranks;
 mod render;
 mod run;
 pub mod tune;

@@ -123,6 +123,7 @@ pub(super) struct ReadinessArgs<'a> {
 }
 
 pub(super) fn readiness(a: ReadinessArgs<'_>, catalog: Result<Arc<Catalog>>) -> Result<Outcome> {
+    let catalog_for_ranks = catalog.as_ref().map(Arc::clone).map_err(Clone::clone);
     let checks = readiness::readiness(&ReadinessInputs {
         catalog,
         hardware: None,
@@ -134,6 +135,18 @@ pub(super) fn readiness(a: ReadinessArgs<'_>, catalog: Result<Arc<Catalog>>) -> 
         require_warm: a.require_warm,
         warmup: a.warmup,
     });
+    let mut checks = checks;
+    // Under mpirun every rank also agrees with the others.
+    if let Some(size) = super::ranks::launched_size() {
+        let inputs = super::ranks::Inputs {
+            catalog: catalog_for_ranks,
+            policy: a.policy,
+            table: a.table,
+            workload: a.workload,
+            perfdb: a.perfdb,
+        };
+        checks.push(super::ranks::check(&size, inputs));
+    }
     let ready = readiness::all_passed(&checks);
     if a.json {
         print_json(&serde_json::json!({ "ready": ready, "checks": checks }));

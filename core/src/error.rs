@@ -30,6 +30,39 @@ pub enum ErrorKind {
     PlanMismatch,
 }
 
+impl ErrorKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [ErrorKind; 8] = [
+        ErrorKind::InvalidInput,
+        ErrorKind::Io,
+        ErrorKind::Schema,
+        ErrorKind::NoKernel,
+        ErrorKind::KernelFailed,
+        ErrorKind::LockViolation,
+        ErrorKind::UnknownHardware,
+        ErrorKind::PlanMismatch,
+    ];
+
+    /// A stable snake_case name (what crosses a process boundary).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidInput => "invalid_input",
+            ErrorKind::Io => "io",
+            ErrorKind::Schema => "schema",
+            ErrorKind::NoKernel => "no_kernel",
+            ErrorKind::KernelFailed => "kernel_failed",
+            ErrorKind::LockViolation => "lock_violation",
+            ErrorKind::UnknownHardware => "unknown_hardware",
+            ErrorKind::PlanMismatch => "plan_mismatch",
+        }
+    }
+
+    /// The kind named `name` ([`ErrorKind::as_str`]).
+    pub fn from_name(name: &str) -> Option<ErrorKind> {
+        ErrorKind::ALL.into_iter().find(|k| k.as_str() == name)
+    }
+}
+
 /// LayerZero's error: a kind, a one-line message that names the field and the value, and
 /// (for selection failures) every reason collected on the way.
 #[derive(Debug, Clone)]

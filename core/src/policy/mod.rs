@@ -204,6 +204,12 @@ pub struct Policy {
     /// policy hash.
     #[serde(default)]
     pub require_warm: bool,
+    /// Ranks of a distributed engine on different machines must still serve one plan:
+    /// agreement by capability group (`layerzero::distributed`) fails instead of reporting
+    /// the groups' differences. Not part of the policy hash (it changes no selection);
+    /// written out only when set.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub one_plan_across_ranks: bool,
 }
 
 /// Circuit-breaker settings (`health` in a policy file).
@@ -245,7 +251,8 @@ fn one() -> u32 {
     1
 }
 /// Policy fields that tune the runtime's health, not selection: left out of the hash.
-const RUNTIME_FIELDS: [&str; 4] = ["health", "kernel_timeout_ms", "validate_outputs", "require_warm"];
+const RUNTIME_FIELDS: [&str; 5] =
+    ["health", "kernel_timeout_ms", "validate_outputs", "require_warm", "one_plan_across_ranks"];
 fn yes() -> bool {
     true
 }
@@ -267,6 +274,7 @@ impl Default for Policy {
             kernel_timeout_ms: None,
             validate_outputs: false,
             require_warm: false,
+            one_plan_across_ranks: false,
         }
     }
 }

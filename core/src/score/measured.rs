@@ -132,6 +132,21 @@ impl Measurements {
     pub fn is_empty(&self) -> bool {
         self.by_point.is_empty()
     }
+
+    /// A digest of what selection reads here (every point's usable rows; an ignored row
+    /// changes no choice): equal on two handles that score every point alike.
+    pub fn digest(&self) -> String {
+        let mut used: Vec<String> = Vec::new();
+        for ((key, bucket), slot) in &self.by_point {
+            for (kernel, verdict) in slot {
+                if let RowVerdict::Use(m) = verdict {
+                    used.push(format!("{key:032x} {bucket} {kernel} {:e} {:e}", m.median_ns, m.weight));
+                }
+            }
+        }
+        used.sort_unstable();
+        blake3::hash(used.join("\n").as_bytes()).to_hex().as_str()[..16].to_owned()
+    }
 }
 
 fn judge(r: &Measured, catalog: &Catalog, hardware: &HardwareProfile) -> RowVerdict {

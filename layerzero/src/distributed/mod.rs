@@ -7,8 +7,23 @@
 //! differs (`ErrorKind::PlanMismatch`), instead of serving different kernels (different
 //! numerics, or different collectives and a deadlock).
 //!
-//! The transport is the engine's own (torch.distributed in the Python package, MPI behind a
-//! feature): a [`Collective`] of the group. LayerZero opens no socket of its own.
+//! The transport is the engine's own (torch.distributed in the Python package, MPI behind the
+//! `mpi` feature): a [`Collective`] of the group. LayerZero opens no socket of its own.
+//!
+//! A selection the plan does not hold (a miss) is made live on each rank, and it is the same on
+//! every rank because selection is a pure function of what agreement compares: the catalog, the
+//! policy, the hardware profile, the measured timings (`measurements`) and the cost-model
+//! calibration; nothing is measured at serving time. So a miss is not broadcast from the root
+//! (a collective in the serving path would stall every rank on the slowest, and deadlock
+//! when only some ranks miss); agreeing once at start-up covers every later miss.
+
+mod groups;
+#[cfg(feature = "mpi")]
+pub mod mpi;
+mod root;
+
+pub use groups::{CapabilityReport, agree_by_capability};
+pub use root::{from_root, solve_on_root};
 
 use std::collections::BTreeMap;
 
@@ -40,6 +55,13 @@ pub struct Facts {
 }
 
 impl Facts {
+    /// What a rank whose facts could not be listed (a bad workload, a table that does not
+    /// load) contributes instead: its error. The others then fail naming it, rather than wait
+    /// in a collective this rank never joins.
+    pub fn unlisted(error: &Error) -> Facts {
+        Facts { items: BTreeMap::from([("error".to_owned(), error.to_string())]) }
+    }
+
     /// The facts as hash words: blake3 of their canonical JSON, as four `i64`.
     pub fn words(&self) -> Vec<i64> {
         let text = serde_json::to_string(&self.items).unwrap_or_default();
@@ -62,6 +84,15 @@ impl LayerZero {
             |t| blake3::hash(t.to_json().as_bytes()).to_hex().as_str()[..16].to_owned(),
         );
         items.insert("table".to_owned(), table);
+        let measured = selector.measurements().map_or_else(|| "none".to_owned(), |m| m.digest());
+        items.insert("measurements".to_owned(), measured);
+        let calibration = selector.calibration().map_or_else(
+            || "none".to_owned(),
+            |c| {
+                blake3::hash(serde_json::to_string(c).unwrap_or_default().as_bytes()).to_hex().as_str()[..16].to_owned()
+            },
+        );
+        items.insert("calibration".to_owned(), calibration);
         for b in selector.catalog().backends() {
             if let Some(lib) = selector.availability().library(&b.backend) {
                 items.insert(format!("library:{}", b.backend), lib.version.clone());
@@ -79,6 +110,25 @@ impl LayerZero {
         }
         Ok(Facts { items })
     }
+
+    /// Agrees this handle with the other ranks of `group` ([`agree`] over
+    /// [`LayerZero::agreement_facts`]).
+    pub fn agree(&self, group: &dyn Collective, workload: Option<&Workload>) -> Result<()> {
+        agree_listed(self.agreement_facts(workload), group)
+    }
+
+    /// Agrees by capability group ([`agree_by_capability`]); one plan across every rank when
+    /// this handle's policy sets `one_plan_across_ranks` (or another rank's does).
+    pub fn agree_by_capability(&self, group: &dyn Collective, workload: Option<&Workload>) -> Result<CapabilityReport> {
+        let one_plan = self.selector().policy().one_plan_across_ranks;
+        match self.agreement_facts(workload) {
+            Ok(facts) => agree_by_capability(&facts, group, one_plan),
+            Err(e) => {
+                agree_by_capability(&Facts::unlisted(&e), group, one_plan)?;
+                Err(e)
+            }
+        }
+    }
 }
 
 /// Agrees `facts` over `group`: `Ok` when every rank holds the same; otherwise, on every rank,
@@ -90,29 +140,60 @@ pub fn agree(facts: &Facts, group: &dyn Collective) -> Result<()> {
     if min == max {
         return Ok(());
     }
+    let all = gather_facts(facts, group)?;
+    let ranks: Vec<usize> = (0..all.len()).collect();
+    Err(Error::new(ErrorKind::PlanMismatch, mismatch_message(&all, &ranks)))
+}
+
+/// [`agree`] on facts a rank may have failed to list: it still takes part (with
+/// [`Facts::unlisted`]), then returns its own error.
+pub fn agree_listed(facts: Result<Facts>, group: &dyn Collective) -> Result<()> {
+    match facts {
+        Ok(f) => agree(&f, group),
+        Err(e) => {
+            agree(&Facts::unlisted(&e), group)?;
+            Err(e)
+        }
+    }
+}
+
+/// Every rank's facts, by rank.
+fn gather_facts(facts: &Facts, group: &dyn Collective) -> Result<Vec<Facts>> {
     let mine = serde_json::to_vec(facts).map_err(|e| Error::invalid(format!("encoding the facts: {e}")))?;
-    let gathered = group.all_gather(&mine)?;
-    let all: Vec<Facts> = gathered
+    group
+        .all_gather(&mine)?
         .iter()
         .enumerate()
         .map(|(rank, bytes)| {
             serde_json::from_slice(bytes)
                 .map_err(|e| Error::invalid(format!("rank {rank}'s facts cannot be read: {e}")))
         })
-        .collect::<Result<_>>()?;
-    Err(Error::new(ErrorKind::PlanMismatch, mismatch_message(&all)))
+        .collect()
 }
 
-/// "ranks disagree on N facts: policy: ranks 0,2,3 have 248a.., rank 1 has d82d..; ...".
-fn mismatch_message(all: &[Facts]) -> String {
+/// "the 4 ranks would not serve the same kernels: they disagree on 1 fact(s): policy: ranks
+/// 0,2,3 have 248a..; rank 1 has d82d.." over the ranks `ranks` (whose facts are `all`).
+fn mismatch_message(all: &[Facts], ranks: &[usize]) -> String {
+    // A rank that could not list its facts differs in everything: name its error alone.
+    let unlisted: Vec<String> = ranks
+        .iter()
+        .zip(all)
+        .filter_map(|(rank, f)| f.items.get("error").map(|e| format!("rank {rank} could not list its choices: {e}")))
+        .collect();
+    if !unlisted.is_empty() {
+        return format!("the {} ranks cannot agree: {}", all.len(), unlisted.join(" | "));
+    }
     let names: std::collections::BTreeSet<&String> = all.iter().flat_map(|f| f.items.keys()).collect();
     let mut lines = Vec::new();
     for name in names {
         let mut by_value: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-        for (rank, f) in all.iter().enumerate() {
-            by_value.entry(f.items.get(name).map_or("(absent)", String::as_str)).or_default().push(rank);
+        for (rank, f) in ranks.iter().zip(all) {
+            by_value.entry(f.items.get(name).map_or("(absent)", String::as_str)).or_default().push(*rank);
         }
         if by_value.len() > 1 {
+            // The value of the lowest rank first: "ranks 0,2,3 have X; rank 1 has Y".
+            let mut by_value: Vec<(&str, Vec<usize>)> = by_value.into_iter().collect();
+            by_value.sort_by_key(|(_, ranks)| ranks.first().copied());
             let parts: Vec<String> = by_value
                 .iter()
                 .map(|(value, ranks)| {

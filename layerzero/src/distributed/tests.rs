@@ -108,10 +108,102 @@ fn one_rank_with_another_policy_fails_every_rank_naming_it_and_the_bucket() -> T
 fn a_handle_lists_what_decides_its_choices() -> TestResult {
     let lz = LayerZero::planning("spr")?;
     let f = lz.agreement_facts(None)?;
-    for name in ["catalog", "policy", "hardware", "table"] {
+    for name in ["catalog", "policy", "hardware", "table", "measurements", "calibration"] {
         assert!(f.items.contains_key(name), "{name} missing from {:?}", f.items);
     }
     assert_eq!(f.words().len(), 4);
     assert_eq!(f.words(), lz.agreement_facts(None)?.words(), "the same handle hashes the same");
+    Ok(())
+}
+
+/// Runs `body` on every rank of a group of threads, results by rank.
+fn each_rank<T: Send>(size: usize, body: impl Fn(&Threads) -> Result<T> + Sync) -> Vec<Result<T>> {
+    let group = Threads::group(size);
+    std::thread::scope(|s| {
+        let body = &body;
+        let handles: Vec<_> = group.iter().map(|g| s.spawn(move || body(g))).collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::invalid("a rank panicked")))).collect()
+    })
+}
+
+fn on_machine(hardware: &str, policy: &str) -> Facts {
+    let mut f = facts(policy, "cpu.attention.flash");
+    f.items.insert("hardware".to_owned(), hardware.to_owned());
+    f
+}
+
+#[test]
+fn two_capability_groups_each_agree_and_their_differences_are_reported() -> TestResult {
+    let reports = each_rank(4, |g| {
+        let machine = if g.rank() < 2 { "avx512-machine" } else { "avx2-machine" };
+        agree_by_capability(&on_machine(machine, "p"), g, false)
+    });
+    for r in reports {
+        let r = r?;
+        assert_eq!(r.groups["avx512-machine"], vec![0, 1]);
+        assert_eq!(r.groups["avx2-machine"], vec![2, 3]);
+        assert_eq!(r.differences.keys().collect::<Vec<_>>(), vec!["hardware"], "{r:?}");
+    }
+    Ok(())
+}
+
+#[test]
+fn a_group_whose_ranks_differ_fails_every_rank_of_every_group() -> TestResult {
+    let results = each_rank(4, |g| {
+        let machine = if g.rank() < 2 { "a" } else { "b" };
+        let policy = if g.rank() == 3 { "q" } else { "p" };
+        agree_by_capability(&on_machine(machine, policy), g, false)
+    });
+    for r in results {
+        let e = r.err().ok_or("every rank must fail")?;
+        assert_eq!(e.kind(), ErrorKind::PlanMismatch);
+        assert!(e.to_string().contains("policy: rank 2 has p; rank 3 has q"), "{e}");
+    }
+    Ok(())
+}
+
+#[test]
+fn one_rank_asking_for_one_plan_makes_differences_between_groups_fail_everywhere() -> TestResult {
+    let results = each_rank(4, |g| {
+        let machine = if g.rank() % 2 == 0 { "a" } else { "b" };
+        agree_by_capability(&on_machine(machine, "p"), g, g.rank() == 1)
+    });
+    for r in results {
+        let e = r.err().ok_or("every rank must fail")?;
+        assert!(e.to_string().contains("one_plan_across_ranks"), "{e}");
+        assert!(e.to_string().contains("hardware: ranks 0,2 have a; ranks 1,3 have b"), "{e}");
+    }
+    Ok(())
+}
+
+#[test]
+fn what_the_root_makes_reaches_every_rank_and_so_does_its_failure() -> TestResult {
+    for r in each_rank(3, |g| from_root(g, 1, || Ok(b"table".to_vec()))) {
+        assert_eq!(r?, b"table");
+    }
+    let failed =
+        each_rank(3, |g| from_root(g, 0, || Err(Error::new(ErrorKind::Io, "the PerfDB at /x cannot be read"))));
+    for r in failed {
+        let e = r.err().ok_or("every rank hears of the root's failure")?;
+        assert_eq!(e.kind(), ErrorKind::Io);
+        assert_eq!(e.to_string(), "rank 0 failed: the PerfDB at /x cannot be read");
+    }
+    Ok(())
+}
+
+#[test]
+fn every_rank_serves_the_table_the_root_solved() -> TestResult {
+    let text = r#"{"schema_version": 1, "name": "root", "entries": [
+      {"name": "rms", "request": {"op": "rms_norm", "tensors": {
+          "x": {"dtype": "f32", "shape": [1, 64]}, "weight": {"dtype": "f32", "shape": [64]}}},
+       "ranges": {"tokens": [1, 8]}}]}"#;
+    let w = crate::plan::workload::Workload::from_json(text, "test")?;
+    let served = each_rank(2, |g| {
+        let lz = solve_on_root(LayerZero::planning("spr")?, &w, g, crate::PlanMode::Strict)?;
+        lz.agreement_facts(Some(&w))
+    });
+    let served: Vec<Facts> = served.into_iter().collect::<Result<_>>()?;
+    assert_ne!(served[0].items["table"], "none");
+    assert_eq!(served[0], served[1]);
     Ok(())
 }

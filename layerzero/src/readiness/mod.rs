@@ -176,6 +176,42 @@ pub fn of_handle(lz: &LayerZero, workload: Option<&Workload>, perfdb: Option<&Pa
     checks
 }
 
+/// Would every rank of `group` serve what this handle serves (`distributed::agree`, with
+/// `workload` on every bucket)? Every rank runs it, collectively.
+pub fn distributed_check(
+    lz: &LayerZero,
+    group: &dyn crate::distributed::Collective,
+    workload: Option<&Workload>,
+) -> Check {
+    distributed_check_of(lz.agreement_facts(workload), group, workload.map(|w| w.name.as_str()))
+}
+
+/// The `distributed` check of facts this rank may have failed to list (it still takes part,
+/// so no rank waits on it); `workload` names the workload the facts cover.
+pub fn distributed_check_of(
+    facts: Result<crate::distributed::Facts>,
+    group: &dyn crate::distributed::Collective,
+    workload: Option<&str>,
+) -> Check {
+    match crate::distributed::agree_listed(facts, group) {
+        Ok(()) => Check::pass(
+            "distributed",
+            format!(
+                "the {} ranks serve the same kernels{}",
+                group.size(),
+                workload.map_or_else(String::new, |w| format!(" for every bucket of {w}"))
+            ),
+        ),
+        Err(e) => Check::fail(
+            "distributed",
+            e.to_string(),
+            "give every rank the same policy, table and libraries; solve the table once and share it \
+             (`distributed::solve_on_root`); ranks on different machines agree by capability group"
+                .into(),
+        ),
+    }
+}
+
 impl LayerZero {
     /// Is this handle ready to serve? The plan it serves from (matches this machine, every
     /// kernel eligible and with an executor here, none needing JIT), the coverage of
