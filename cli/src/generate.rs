@@ -23,22 +23,9 @@ pub(super) fn parse_dtype(d: Option<&str>) -> Result<Option<DType>> {
 }
 
 pub(super) fn workload(a: WorkloadCmd) -> Result<Outcome> {
-    let full = llm::ModelConfig::load(&a.model)?;
-    let config = full.tensor_parallel(a.tp)?;
-    let dtype = parse_dtype(a.dtype.as_deref())?.or(config.dtype).unwrap_or(DType::F32);
-    let serving = llm::workload::Serving {
-        max_batch: a.max_batch,
-        max_seq: a.max_seq.unwrap_or(config.max_positions),
-        page_size: a.page_size,
-    };
-    let mut name = a.model.file_name().map_or_else(|| "model".to_owned(), |n| n.to_string_lossy().into_owned());
-    if a.tp > 1 {
-        name = format!("{name}.tp{}", a.tp);
-    }
+    let dtype = parse_dtype(a.dtype.as_deref())?;
     let lz = LayerZero::host()?;
-    let tokenizer_file = a.model.join("tokenizer.json");
-    let tokenizer = if tokenizer_file.exists() { Some(Tokenizer::load(&tokenizer_file)?) } else { None };
-    let w = llm::workload::workload(&lz, &name, &config, dtype, serving, tokenizer.as_ref().map(Tokenizer::hash))?;
+    let w = llm::workload::for_folder(&lz, &a.model, a.tp, dtype, a.max_batch, a.max_seq, a.page_size)?;
     let json =
         serde_json::to_string_pretty(&w).map_err(|e| Error::invalid(format!("cannot write the workload: {e}")))?;
     match &a.out {

@@ -32,6 +32,31 @@ pub struct Serving {
     pub page_size: usize,
 }
 
+/// The workload one rank serves of the Hugging Face model folder `dir`: its config split for
+/// `tp` tensor-parallel ranks ([`ModelConfig::tensor_parallel`]), computed in `dtype` (else the
+/// config's, else f32), up to `max_seq` positions (else the config's), named after the folder
+/// (`<name>.tp<N>` when split), with the folder's tokenizer hash when it has one.
+pub fn for_folder(
+    lz: &LayerZero,
+    dir: &std::path::Path,
+    tp: usize,
+    dtype: Option<DType>,
+    max_batch: usize,
+    max_seq: Option<usize>,
+    page_size: usize,
+) -> Result<Workload> {
+    let config = ModelConfig::load(dir)?.tensor_parallel(tp)?;
+    let dtype = dtype.or(config.dtype).unwrap_or(DType::F32);
+    let serving = Serving { max_batch, max_seq: max_seq.unwrap_or(config.max_positions), page_size };
+    let mut name = dir.file_name().map_or_else(|| "model".to_owned(), |n| n.to_string_lossy().into_owned());
+    if tp > 1 {
+        name = format!("{name}.tp{tp}");
+    }
+    let tokenizer_file = dir.join("tokenizer.json");
+    let tokenizer = if tokenizer_file.exists() { Some(super::Tokenizer::load(&tokenizer_file)?) } else { None };
+    workload(lz, &name, &config, dtype, serving, tokenizer.as_ref().map(super::Tokenizer::hash))
+}
+
 /// The workload of `config` computed in `dtype`, named `name`, for a model whose tokenizer
 /// has `tokenizer_hash` (tables solved from it carry the hash, so a model scope with
 /// another tokenizer refuses them).

@@ -33,7 +33,7 @@ const LADDER: [(&str, &str, &[&str]); 10] = [
     ),
     ("layerzero-llm", "llm/src", &["layerzero"]),
     ("layerzero-cli", "cli/src", &["layerzero", "layerzero-llm"]),
-    ("layerzero-python", "bindings/python/src", &["layerzero"]),
+    ("layerzero-python", "bindings/python/src", &["layerzero", "layerzero-llm"]),
 ];
 
 /// Runs cargo (the one running these tests) in the repository root and returns its output.

@@ -5,7 +5,9 @@
 
 use std::path::PathBuf;
 
-use layerzero::distributed::{self, Collective};
+use std::collections::BTreeMap;
+
+use layerzero::distributed::{self, Collective, Facts};
 use layerzero::error::{Error, ErrorKind, Result};
 use layerzero::plan::workload::Workload;
 use pyo3::prelude::*;
@@ -76,19 +78,64 @@ pub fn agree(
     handle: Option<&Bound<'_, Handle>>,
     workload: Option<PathBuf>,
 ) -> PyResult<()> {
+    let g = group_of(py, group)?;
+    // A rank whose facts do not list (a bad workload) still takes part, so no rank waits on it.
+    let facts = facts_of(py, handle, workload.as_deref())?;
+    py.detach(|| distributed::agree_listed(facts, &g)).map_err(|e| to_py(py, &e))
+}
+
+/// Agreement by capability group: ranks grouped by hardware fingerprint, each group agreeing
+/// internally; with `one_plan` (default: this handle's policy, `one_plan_across_ranks`) one
+/// plan across every rank. Returns `(groups, differences)`.
+#[pyfunction]
+#[pyo3(signature = (group, handle = None, workload = None, one_plan = None))]
+pub fn agree_by_capability(
+    py: Python<'_>,
+    group: Py<PyAny>,
+    handle: Option<&Bound<'_, Handle>>,
+    workload: Option<PathBuf>,
+    one_plan: Option<bool>,
+) -> PyResult<Report> {
+    let g = group_of(py, group)?;
+    let held = handle.map(|h| h.get().runtime()).transpose()?;
+    let policy_wants = match &held {
+        Some(r) => r.get().selector().policy().one_plan_across_ranks,
+        None => crate::host::current().map_err(|e| to_py(py, &e))?.selector().policy().one_plan_across_ranks,
+    };
+    let facts = facts_of(py, handle, workload.as_deref())?;
+    let one_plan = one_plan.unwrap_or(policy_wants);
+    let report = py.detach(|| match facts {
+        Ok(f) => distributed::agree_by_capability(&f, &g, one_plan),
+        Err(e) => {
+            distributed::agree_by_capability(&Facts::unlisted(&e), &g, one_plan)?;
+            Err(e)
+        }
+    });
+    let report = report.map_err(|e| to_py(py, &e))?;
+    Ok((report.groups, report.differences))
+}
+
+/// `(groups, differences)`: fingerprint -> ranks; fact -> fingerprint -> value.
+type Report = (BTreeMap<String, Vec<usize>>, BTreeMap<String, BTreeMap<String, String>>);
+
+fn group_of(py: Python<'_>, group: Py<PyAny>) -> PyResult<PyGroup> {
     let rank: usize = group.bind(py).call_method0("rank")?.extract()?;
     let size: usize = group.bind(py).call_method0("size")?.extract()?;
+    Ok(PyGroup { obj: group, rank, size })
+}
+
+/// The facts of `handle` (default: the process handle), or why they could not be listed.
+fn facts_of(
+    py: Python<'_>,
+    handle: Option<&Bound<'_, Handle>>,
+    workload: Option<&std::path::Path>,
+) -> PyResult<Result<Facts>> {
     let held = handle.map(|h| h.get().runtime()).transpose()?;
-    let facts = {
-        let lz = match &held {
-            Some(r) => r.get(),
-            None => crate::host::current().map_err(|e| to_py(py, &e))?,
-        };
-        let w = workload.as_deref().map(Workload::load).transpose().map_err(|e| to_py(py, &e))?;
-        lz.agreement_facts(w.as_ref()).map_err(|e| to_py(py, &e))?
+    let lz = match &held {
+        Some(r) => r.get(),
+        None => crate::host::current().map_err(|e| to_py(py, &e))?,
     };
-    let g = PyGroup { obj: group, rank, size };
-    py.detach(|| distributed::agree(&facts, &g)).map_err(|e| to_py(py, &e))
+    Ok(workload.map(Workload::load).transpose().and_then(|w| lz.agreement_facts(w.as_ref())))
 }
 
 /// What decides this rank's choices (the facts `agree` compares), by name: `catalog`,

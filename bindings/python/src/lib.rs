@@ -90,6 +90,8 @@ fn _lz(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fork::_after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(tune::tune, m)?)?;
     m.add_function(wrap_pyfunction!(tune::solve, m)?)?;
+    m.add_function(wrap_pyfunction!(tune::workload, m)?)?;
+    m.add_function(wrap_pyfunction!(collective::agree_by_capability, m)?)?;
     m.add_function(wrap_pyfunction!(home, m)?)?;
     m.add_function(wrap_pyfunction!(collective::agree, m)?)?;
     m.add_function(wrap_pyfunction!(collective::agreement_facts, m)?)?;

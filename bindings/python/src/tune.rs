@@ -121,3 +121,42 @@ fn guard_free<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
         )))
     })
 }
+
+/// The workload one rank serves of the Hugging Face model folder `model`, split for `tp`
+/// tensor-parallel ranks (heads, KV heads and MLP width per rank), as `lz workload --model DIR
+/// --tp N` writes it; written to `out` when given. Returns the workload's JSON.
+#[pyfunction]
+#[pyo3(signature = (model, out = None, *, tp = 1, dtype = None, max_batch = 8, max_seq = None, page_size = 16))]
+#[allow(clippy::too_many_arguments)]
+pub fn workload(
+    py: Python<'_>,
+    model: PathBuf,
+    out: Option<PathBuf>,
+    tp: usize,
+    dtype: Option<String>,
+    max_batch: usize,
+    max_seq: Option<usize>,
+    page_size: usize,
+) -> PyResult<String> {
+    let done = py.detach(|| {
+        guard_free(|| {
+            let dtype = match dtype.as_deref() {
+                None => None,
+                Some(name) => {
+                    Some(layerzero::model::dtype::DType::ALL.into_iter().find(|d| d.as_str() == name).ok_or_else(
+                        || Error::invalid(format!("dtype {name:?} is not a LayerZero dtype (f32, bf16, ...)")),
+                    )?)
+                }
+            };
+            let lz = host::current()?;
+            let w = layerzero_llm::workload::for_folder(lz, &model, tp, dtype, max_batch, max_seq, page_size)?;
+            let json = serde_json::to_string_pretty(&w)
+                .map_err(|e| Error::invalid(format!("cannot write the workload: {e}")))?;
+            if let Some(file) = &out {
+                layerzero::files::write(file, (json.clone() + "\n").as_bytes(), &[])?;
+            }
+            Ok(json)
+        })
+    });
+    guard(py, || done)
+}

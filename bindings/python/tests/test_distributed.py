@@ -165,7 +165,7 @@ def _capability_rank(rank, size, store, folder, results):
         report = lzd.agree_by_capability(handle=handle, workload=os.path.join(folder, "workload.json"))
         results[rank] = json.dumps(report, sort_keys=True)
         try:
-            lzd.agree_by_capability(handle=lz.LayerZero.planning("spr" if rank < 2 else "zen4"), one_plan=True)
+            lzd.agree_by_capability(handle=lz.LayerZero.planning("spr" if rank < 2 else "zen4"), one_plan=rank == 3)
             results[(rank, "one_plan")] = "agreed"
         except lz.PlanMismatchError as e:
             results[(rank, "one_plan")] = "mismatch: " + str(e)
@@ -186,21 +186,30 @@ def test_capability_groups_each_agree_and_their_differences_are_reported():
         assert got[(r, "one_plan")].startswith("mismatch: ") and "hardware" in got[(r, "one_plan")], got
 
 
+MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tests", "models")
+
+
 def _tp_rank(rank, size, store, folder, results):
     import layerzero as lz
     import layerzero.distributed as lzd
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size)
     try:
+        # What one rank of the model runs, as the tensor-parallel workload says.
+        tp = os.path.join(folder, f"tp{size}.json")
+        w = lz.workload(os.path.join(MODELS, "llama-gqa"), tp, tp=size, max_seq=32)
+        attention = next(e for e in w["entries"] if e["name"].startswith("attention."))
+        hq, kv_per, d = (attention["request"]["tensors"]["q"]["shape"][2],) + tuple(
+            attention["request"]["tensors"]["k"]["shape"][2:4]
+        )
+        heads, kv_heads = hq * size, 2  # the model's: 4 query heads, 2 key/value heads
         g = torch.Generator().manual_seed(5)  # the same full tensors on every rank
-        q = torch.randn(1, 24, 8, 64, generator=g)
-        k = torch.randn(1, 24, 2, 64, generator=g)
-        v = torch.randn(1, 24, 2, 64, generator=g)
-        # Megatron's split: rank r runs query heads [r*8/N, (r+1)*8/N) and the key/value heads
+        q = torch.randn(1, 24, heads, d, generator=g)
+        k = torch.randn(1, 24, kv_heads, d, generator=g)
+        v = torch.randn(1, 24, kv_heads, d, generator=g)
+        # Megatron's split: rank r runs query heads [r*hq, (r+1)*hq) and the key/value heads
         # they read (replicated when there are fewer than ranks).
-        hq = 8 // size
-        kv_per = max(2 // size, 1)
-        kv0 = (rank * hq) // (8 // 2)  # the KV head of this rank's first query head
+        kv0 = (rank * hq) // (heads // kv_heads)
         mine = lz.ops.attention(
             q[:, :, rank * hq : (rank + 1) * hq], k[:, :, kv0 : kv0 + kv_per], v[:, :, kv0 : kv0 + kv_per], causal=True
         )
@@ -210,8 +219,8 @@ def _tp_rank(rank, size, store, folder, results):
         whole = lz.ops.attention(q, k, v, causal=True)
         diff = (gathered - whole).abs().max().item()
         kernel = lz.which("attention", q=q[:, :, :hq], k=k[:, :, :kv_per], v=v[:, :, :kv_per], causal=True)
-        lzd.agree()
-        results[rank] = (diff, kernel)
+        lzd.agree(workload=tp)  # every bucket of the rank's workload
+        results[rank] = (diff, kernel, hq, kv_per)
     except Exception as e:  # noqa: BLE001 - reported to the test
         results[rank] = f"error: {type(e).__name__}: {e}"
     finally:
@@ -225,7 +234,47 @@ def test_heads_split_over_ranks_gather_to_the_single_rank_output(size):
     for rank, r in got.items():
         assert isinstance(r, tuple), (rank, r)
         assert r[0] <= 2e-5, (rank, r)
+        assert r[2:] == (4 // size, max(2 // size, 1)), (rank, r)  # heads / N; KV heads replicated
     assert len({r[1] for r in got.values()}) == 1, got  # every rank selected the same kernel
+
+
+def test_a_ranks_workload_from_python_is_the_model_split_over_tp(tmp_path):
+    import layerzero as lz
+
+    out = tmp_path / "tp2.json"
+    w = lz.workload(os.path.join(MODELS, "llama-gqa"), out, tp=2, max_seq=32)
+    assert w["name"].endswith(".tp2") and json.loads(out.read_text()) == w
+    attention = next(e for e in w["entries"] if e["name"].startswith("attention."))
+    assert attention["request"]["tensors"]["q"]["shape"][2] == 2
+    assert attention["request"]["tensors"]["k"]["shape"][2] == 1
+    with pytest.raises(lz.InvalidInputError, match="3"):
+        lz.workload(os.path.join(MODELS, "llama-gqa"), tp=3)
+
+
+def test_torchrun_four_ranks_agree_and_one_other_policy_fails_every_rank_naming_the_bucket(tmp_path):
+    import subprocess
+    import sys
+
+    workload = tmp_path / "workload.json"
+    workload.write_text(json.dumps(WORKLOAD))
+    script = os.path.join(os.path.dirname(__file__), "ranks_under_torchrun.py")
+    for odd in ("none", "1"):
+        run = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
+            + [script, str(workload), odd, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert run.returncode == 0, run.stdout + run.stderr
+        said = [line for line in run.stdout.splitlines() if line.startswith("rank ")]
+        assert len(said) == 4, run.stdout + run.stderr
+        if odd == "none":
+            assert all(": agreed in " in line for line in said), said
+        else:
+            for line in said:
+                assert ": PlanMismatchError: " in line and "bucket:decode" in line, line
+                assert "rank 1 has" in line, line
 
 
 def _readiness_rank(rank, size, store, folder, results):

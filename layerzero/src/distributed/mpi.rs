@@ -42,11 +42,13 @@ impl<C: Communicator> Collective for MpiGroup<C> {
     }
 
     fn all_reduce_min_max(&self, words: &[i64]) -> Result<(Vec<i64>, Vec<i64>)> {
-        let mut min = vec![0i64; words.len()];
-        let mut max = vec![0i64; words.len()];
-        self.comm.all_reduce_into(words, &mut min[..], SystemOperation::min());
-        self.comm.all_reduce_into(words, &mut max[..], SystemOperation::max());
-        Ok((min, max))
+        // One MIN all-reduce gives both: max(w) = !min(!w) (bitwise not reverses the order of
+        // i64 without the overflow negation has at the minimum).
+        let both: Vec<i64> = words.iter().copied().chain(words.iter().map(|w| !w)).collect();
+        let mut out = vec![0i64; both.len()];
+        self.comm.all_reduce_into(&both[..], &mut out[..], SystemOperation::min());
+        let max = out.split_off(words.len()).into_iter().map(|w| !w).collect();
+        Ok((out, max))
     }
 
     fn all_gather(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {

@@ -153,6 +153,28 @@ def solve(workload, out, *, perfdb=None):
 _graph_strict = None
 
 
+def workload(model, out=None, *, tp=1, dtype=None, max_batch=8, max_seq=None, page_size=16):
+    """The workload one rank serves of the Hugging Face model folder ``model``: every op its
+    forward pass dispatches, with perf-axis ranges for ``max_batch`` sequences of up to
+    ``max_seq`` positions (default: the config's), split for ``tp`` tensor-parallel ranks
+    (heads / tp; KV heads / tp, replicated when fewer than tp; MLP width / tp), as ``lz
+    workload --model DIR --tp N`` writes it. Written to ``out`` when given; returned as a
+    dict."""
+    import json
+
+    _ready()
+    text = _lz.workload(
+        str(model),
+        None if out is None else str(out),
+        tp=tp,
+        dtype=dtype,
+        max_batch=max_batch,
+        max_seq=max_seq,
+        page_size=page_size,
+    )
+    return json.loads(text)
+
+
 @_contextlib.contextmanager
 def graph_safe(handle=None):
     """Inside this context, ``layerzero.ops`` select only kernels safe to capture into a CUDA
@@ -235,6 +257,7 @@ __all__ = [
     "select",
     "selftest",
     "solve",
+    "workload",
     "tune",
     "distributed",
     "ops",

@@ -187,6 +187,23 @@ def tune(
 def solve(workload: str, out: str, *, perfdb: Optional[str] = None) -> tuple[int, int]:
     """`layerzero.solve`: (entries, unsolved) of the table written to `out`."""
 
+def workload(
+    model: str,
+    out: Optional[str] = None,
+    *,
+    tp: int = 1,
+    dtype: Optional[str] = None,
+    max_batch: int = 8,
+    max_seq: Optional[int] = None,
+    page_size: int = 16,
+) -> str:
+    """`layerzero.workload`: the workload's JSON (written to `out` when given)."""
+
+def agree_by_capability(
+    group: Any, handle: Optional[LayerZero] = None, workload: Optional[str] = None, one_plan: Optional[bool] = None
+) -> tuple[dict[str, list[int]], dict[str, dict[str, str]]]:
+    """`layerzero.distributed.agree_by_capability`: (groups, differences)."""
+
 def _after_fork_in_child() -> None: ...
 def home() -> str:
     """Where LayerZero keeps run-time state: `LAYERZERO_HOME`, else the user cache folder."""

@@ -44,11 +44,13 @@ class Group:
     def all_reduce_min_max(self, words):
         import torch
 
-        lo = torch.tensor(words, dtype=torch.int64)
-        hi = lo.clone()
-        self._dist.all_reduce(lo, op=self._dist.ReduceOp.MIN, group=self.group)
-        self._dist.all_reduce(hi, op=self._dist.ReduceOp.MAX, group=self.group)
-        return lo.tolist(), hi.tolist()
+        # One MIN all-reduce gives both: max(w) = ~min(~w) (bitwise not reverses the order of
+        # int64 without overflowing, as negation would at the minimum).
+        n = len(words)
+        both = torch.tensor(list(words) + [~w for w in words], dtype=torch.int64)
+        self._dist.all_reduce(both, op=self._dist.ReduceOp.MIN, group=self.group)
+        got = both.tolist()
+        return got[:n], [~w for w in got[n:]]
 
     def all_gather(self, data):
         out = [None] * self.size()
@@ -126,36 +128,19 @@ def facts(handle=None, workload=None):
     return _lz.agreement_facts(handle, None if workload is None else str(workload))
 
 
-def agree_by_capability(group=None, handle=None, workload=None, *, one_plan=False):
-    """Agreement for heterogeneous ranks: the ranks of ``group`` are grouped by hardware
-    fingerprint, each capability group agrees internally (``PlanMismatchError`` on every rank
-    of a group that does not), and what differs between groups is reported, not an error,
-    unless ``one_plan`` asks for one plan across every rank (then it is ``agree`` over the
-    whole group). Returns ``{"groups": {fingerprint: [ranks]}, "differences": {fact:
-    {fingerprint: value}}}``, the same on every rank."""
-    g = group if isinstance(group, Group) else Group(group)
-    if one_plan:
-        agree(handle, g, workload)
-    mine = facts(handle, workload)
-    import json
+def agree_by_capability(group=None, handle=None, workload=None, *, one_plan=None):
+    """Agreement for heterogeneous ranks: the ranks of ``group`` gather each other's facts once
+    and group themselves by hardware fingerprint; a capability group whose ranks differ fails
+    every rank with ``PlanMismatchError``; what differs between groups is reported, not an
+    error, unless one plan across every rank is asked for: by ``one_plan=True``, or by the
+    policy's ``one_plan_across_ranks`` (``one_plan=None``, the default) on any rank. Returns
+    ``{"groups": {fingerprint: [ranks]}, "differences": {fact: {fingerprint: value}}}``, the
+    same on every rank."""
+    from . import _ready
 
-    everyone = [json.loads(b) for b in g.all_gather(json.dumps(mine, sort_keys=True).encode())]
-    groups = {}
-    for rank, f in enumerate(everyone):
-        groups.setdefault(f["hardware"], []).append(rank)
-    dist = g._dist
-    # Every rank creates every subgroup, in the same order, as torch.distributed requires.
-    subgroups = {}
-    for fp in sorted(groups):
-        ranks = groups[fp]
-        globals_ = [dist.get_global_rank(g.group, r) if g.group is not None else r for r in ranks]
-        subgroups[fp] = dist.new_group(ranks=globals_, backend="gloo")
-    agree(handle, Group(subgroups[mine["hardware"]]), workload)
-    first = {fp: everyone[ranks[0]] for fp, ranks in groups.items()}
-    names = sorted({n for f in first.values() for n in f})
-    differences = {}
-    for n in names:
-        values = {fp: f.get(n) for fp, f in first.items()}
-        if len(set(values.values())) > 1:
-            differences[n] = values
+    _ready()
+    g = group if isinstance(group, Group) else Group(group)
+    groups, differences = _lz.agree_by_capability(
+        g, handle, None if workload is None else str(workload), one_plan
+    )
     return {"groups": groups, "differences": differences}
