@@ -279,3 +279,11 @@ def test_an_object_that_only_looks_like_a_tensor_is_never_read_by_address():
     q = torch.randn(1, 4, 2, 8)
     with pytest.raises(lz.InvalidInputError, match="argument `k`.*only a torch.Tensor"):
         lz.ops.attention(q, Impostor(), q)
+
+
+def test_inputs_on_two_devices_are_refused_naming_both_tensors_and_devices():
+    q = torch.randn(1, 4, 2, 8, dtype=torch.bfloat16)
+    k = _Desc((1, 4, 2, 8), "cuda:0")  # described only: no GPU is needed to be refused
+    for call in (lz.select, lambda op, **kw: lz.ops.attention(kw["q"], kw["k"], kw["v"], causal=True)):
+        with pytest.raises(lz.InvalidInputError, match=r"DEVICE_MIXED: tensor `k` is on cuda:0 but tensor `q` is on cpu"):
+            call("attention", q=q, k=k, v=q)
