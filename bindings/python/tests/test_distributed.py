@@ -189,6 +189,35 @@ def test_capability_groups_each_agree_and_their_differences_are_reported():
 MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tests", "models")
 
 
+def _solve_per_machine_rank(rank, size, store, folder, results):
+    # Two kinds of machine for real: ranks 0 and 1 detect this CPU capped at AVX2.
+    if rank < 2:
+        os.environ["LAYERZERO_CPU_ISA"] = "avx2"
+    import layerzero as lz
+    import layerzero.distributed as lzd
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size)
+    try:
+        mine = lzd.capability_group()
+        handle = lzd.solve(os.path.join(folder, "workload.json"), mine, folder=os.path.join(folder, f"r{rank}"))
+        table = lzd.facts(handle)["table"]
+        results[rank] = (mine.size(), mine.rank(), table, lzd.facts(handle)["hardware"])
+        dist.barrier()
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        results[rank] = f"error: {type(e).__name__}: {e}"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_root_of_each_capability_group_solves_for_its_kind_of_machine():
+    got = _spawn(_solve_per_machine_rank, 4)
+    for rank in range(4):
+        assert isinstance(got[rank], tuple), got
+        assert got[rank][:2] == (2, rank % 2), got  # two ranks per group, in rank order
+    assert got[0][2:] == got[1][2:] and got[2][2:] == got[3][2:], got  # one table per machine kind
+    assert got[0][3] != got[2][3] and got[0][2] != got[2][2], got  # and the kinds differ
+
+
 def _tp_rank(rank, size, store, folder, results):
     import layerzero as lz
     import layerzero.distributed as lzd

@@ -13,7 +13,7 @@ own: the transport is torch.distributed's.
 
 from . import _lz
 
-__all__ = ["agree", "agree_by_capability", "facts", "solve", "Group"]
+__all__ = ["agree", "agree_by_capability", "capability_group", "facts", "solve", "Group"]
 
 
 class Group:
@@ -144,3 +144,26 @@ def agree_by_capability(group=None, handle=None, workload=None, *, one_plan=None
         g, handle, None if workload is None else str(workload), one_plan
     )
     return {"groups": groups, "differences": differences}
+
+
+def capability_group(group=None, handle=None):
+    """This rank's capability group: the ranks of ``group`` (default: the world) whose hardware
+    fingerprint is this rank's, as a ``Group`` over a new gloo group. Every rank of ``group``
+    must call it (torch.distributed creates every subgroup on every rank, in the same order).
+    ``solve(workload, capability_group())`` then has the root of each kind of machine solve
+    for its own kind."""
+    from . import _ready
+
+    _ready()
+    g = group if isinstance(group, Group) else Group(group)
+    mine = facts(handle)["hardware"]
+    everyone = [bytes(b).decode() for b in g.all_gather(mine.encode())]
+    dist = g._dist
+    chosen = None
+    for fingerprint in sorted(set(everyone)):
+        ranks = [r for r, f in enumerate(everyone) if f == fingerprint]
+        members = [dist.get_global_rank(g.group, r) if g.group is not None else r for r in ranks]
+        sub = dist.new_group(ranks=members, backend="gloo")
+        if fingerprint == mine:
+            chosen = sub
+    return Group(chosen)
