@@ -68,6 +68,46 @@ pub(super) enum Command {
     /// the single-threaded one, and resident memory at start and end. Exit 1 if an answer
     /// differs.
     BenchSelect(BenchSelectCmd),
+    /// Pin a plugin in the lockfile: open it (every check but the lock), then add or update
+    /// its entry (name, version, source, blake3 of the library and of its capabilities).
+    Lock(LockCmd),
+    /// The lockfile's plugins: `list` shows them, `verify` checks each against its file
+    /// (exit 1 naming every plugin that no longer matches).
+    Plugin(PluginCmd),
+}
+
+#[derive(Args, Debug)]
+pub(super) struct LockCmd {
+    /// The plugin library to pin.
+    #[arg(long, value_name = "PATH")]
+    pub(super) plugin: PathBuf,
+    /// The lockfile (default $LAYERZERO_LOCK, else ./layerzero.lock).
+    #[arg(long, value_name = "FILE")]
+    pub(super) lock: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct PluginCmd {
+    #[command(subcommand)]
+    pub(super) action: PluginAction,
+}
+
+#[derive(Subcommand, Debug)]
+pub(super) enum PluginAction {
+    /// Each locked plugin: namespace, file, hashes, source.
+    List(PluginListArgs),
+    /// Check every locked plugin against its file; exit 1 naming each that does not match.
+    Verify(PluginListArgs),
+}
+
+#[derive(Args, Debug)]
+pub(super) struct PluginListArgs {
+    /// The lockfile (default $LAYERZERO_LOCK, else ./layerzero.lock).
+    #[arg(long, value_name = "FILE")]
+    pub(super) lock: Option<PathBuf>,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub(super) json: bool,
 }
 
 #[derive(Args, Debug)]

@@ -10,6 +10,7 @@ mod generate;
 mod inspect;
 pub mod parity;
 mod plan;
+mod plugins;
 mod ranks;
 mod render;
 mod run;
@@ -180,6 +181,8 @@ fn run(cli: Cli) -> Result<Outcome> {
         Command::Diff(a) => diff::diff(a),
         Command::Snapshot(a) => snapshot(a),
         Command::Workload(a) => generate::workload(a),
+        Command::Lock(a) => plugins::lock(&a),
+        Command::Plugin(a) => plugins::plugin(&a),
         Command::BenchSelect(a) => bench::run(bench::BenchArgs {
             threads: a.threads,
             seconds: a.seconds,

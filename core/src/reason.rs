@@ -33,6 +33,8 @@ pub enum Category {
     Measurement,
     /// The request itself is malformed or inconsistent.
     Input,
+    /// A plugin (a kernel library from outside) was refused at load.
+    Plugin,
 }
 
 impl Category {
@@ -49,6 +51,7 @@ impl Category {
             Category::Plan => "plan",
             Category::Measurement => "measurement",
             Category::Input => "input",
+            Category::Plugin => "plugin",
         }
     }
 }
@@ -258,6 +261,26 @@ reason_codes! {
     PERFDB_VERSION_MISMATCH => Measurement,
     /// A PerfDB row has too few samples or too much variance to be trusted; ignored.
     PERFDB_LOW_CONFIDENCE => Measurement,
+    /// The file is not a LayerZero plugin: it does not load as a shared library (truncated,
+    /// another architecture, a missing dependency) or lacks the plugin symbols.
+    PLUGIN_NOT_LOADABLE => Plugin,
+    /// The plugin speaks another version of the plugin C ABI than this LayerZero.
+    PLUGIN_ABI_UNSUPPORTED => Plugin,
+    /// The plugin's capabilities are not valid JSON, fail the capabilities schema, or declare
+    /// kernels outside the plugin's own namespace.
+    PLUGIN_CAPABILITIES_INVALID => Plugin,
+    /// The plugin declares a kernel it does not export (`lz_plugin_kernel` returns NULL).
+    PLUGIN_KERNEL_MISSING => Plugin,
+    /// The plugin's namespace is a builtin backend's or another loaded plugin's (the same
+    /// name and version loaded twice).
+    PLUGIN_NAMESPACE_CLASH => Plugin,
+    /// The plugin is not in the lockfile (`layerzero.lock`, or where LAYERZERO_LOCK says).
+    PLUGIN_NOT_LOCKED => Plugin,
+    /// The plugin's library or capabilities hash, name or version is not what the lockfile
+    /// pinned (a tampered or replaced file).
+    PLUGIN_HASH_MISMATCH => Plugin,
+    /// The policy's plugin allowlist (`allow_plugins`) does not name the plugin.
+    PLUGIN_NOT_ALLOWED => Plugin,
 }
 
 impl Serialize for ReasonCode {

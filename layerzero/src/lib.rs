@@ -46,6 +46,7 @@ pub mod host;
 pub mod knobs;
 #[cfg(feature = "perfdb")]
 pub mod perfdb;
+pub mod plugins;
 pub mod readiness;
 pub mod runtime;
 pub mod snapshot;

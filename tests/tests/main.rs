@@ -24,6 +24,7 @@ mod observability;
 mod onednn;
 mod patch_embed;
 mod plans;
+mod plugins;
 mod policy;
 mod policy_config;
 mod properties;

@@ -259,6 +259,9 @@ knobs! {
     /// (avx2: a Zen 3; avx512: an Ice Lake; avx512_bf16: a Zen 4, no AMX; amx; native: no
     /// cap), so one machine can run and measure another's paths. Process-wide.
     CPU_ISA => cpu_isa: IsaCap = IsaCap::Native;
+    /// The lockfile of plugins (kernel libraries from outside) the host loads, each checked
+    /// against its pinned blake3 before it is opened (`lz lock --plugin PATH` writes it).
+    LOCK => lock: Option<PathBuf> = None, shown "./layerzero.lock (in the working folder, when it exists)";
 }
 
 impl Settings {
@@ -289,6 +292,11 @@ impl Settings {
     /// `LAYERZERO_PERFDB`, else `<LAYERZERO_HOME>/perfdb.sqlite`.
     pub fn perfdb_path(&self) -> PathBuf {
         self.perfdb.clone().unwrap_or_else(|| self.home().join("perfdb.sqlite"))
+    }
+
+    /// `LAYERZERO_LOCK`, else `layerzero.lock` in the working folder.
+    pub fn lock_path(&self) -> PathBuf {
+        self.lock.clone().unwrap_or_else(|| PathBuf::from("layerzero.lock"))
     }
 
     /// `LAYERZERO_CALIBRATION`, else `<LAYERZERO_HOME>/calibration.json`.

@@ -41,9 +41,17 @@ impl LayerZero {
     /// `LAYERZERO_DISPATCH_TABLE` with `LAYERZERO_PLAN_MODE`, `LAYERZERO_CACHE_CAPACITY`,
     /// `LAYERZERO_FAULTS`, the PerfDB (`LAYERZERO_PERFDB`, else `$LAYERZERO_HOME/perfdb.sqlite`)
     /// and the cost-model calibration (`LAYERZERO_CALIBRATION`, else
-    /// `$LAYERZERO_HOME/calibration.json`) when their files exist.
+    /// `$LAYERZERO_HOME/calibration.json`) when their files exist, and the plugins of the
+    /// lockfile (`LAYERZERO_LOCK`, else `./layerzero.lock`) when it exists.
     pub fn host_with(settings: Settings) -> Result<LayerZero> {
-        let mut lz = LayerZero::detected()?;
+        // The plugins the lockfile pins (none without one), each checked before it is opened.
+        let lock = settings.lock_path();
+        let mut lz = if lock.exists() {
+            let plugins = crate::plugins::open_all(&crate::plugins::Lockfile::read(&lock)?, &lock)?;
+            LayerZero::detected_with_plugins(Catalog::builtin()?, &plugins)?
+        } else {
+            LayerZero::detected()?
+        };
         let mut policy = match &settings.policy {
             Some(path) => Policy::load(path)?,
             None => Policy::default(),

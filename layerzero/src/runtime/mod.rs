@@ -20,6 +20,7 @@ mod dispatch;
 pub mod faults;
 mod flight;
 mod hot;
+mod plugins;
 mod policy;
 mod scope;
 mod warmup;

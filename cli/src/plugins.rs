@@ -1,0 +1,90 @@
+//! `lz lock --plugin PATH` and `lz plugin list|verify`: the lockfile of plugins.
+
+use std::path::{Path, PathBuf};
+
+use super::args::{LockCmd, PluginAction, PluginCmd};
+use super::{Outcome, print_json};
+use layerzero::backend::plugin::Plugin;
+use layerzero::error::Result;
+use layerzero::plugins::{LockEntry, Lockfile, open_locked};
+
+fn lock_path(arg: Option<&PathBuf>) -> PathBuf {
+    arg.cloned().unwrap_or_else(|| super::knobs().lock_path())
+}
+
+/// `lz lock --plugin PATH`: opens the plugin (so only a loadable plugin is pinned) and writes
+/// its entry; prints what it pinned, and what it replaced.
+pub(super) fn lock(a: &LockCmd) -> Result<Outcome> {
+    let path = lock_path(a.lock.as_ref());
+    let mut lock = Lockfile::read(&path)?;
+    let file = std::fs::canonicalize(&a.plugin).unwrap_or_else(|_| a.plugin.clone());
+    let plugin = Plugin::open(&file)?;
+    let entry = LockEntry::of(&plugin, file.display().to_string());
+    let namespace = entry.namespace();
+    let hash = entry.library_blake3.clone();
+    let old = lock.upsert(entry);
+    lock.write(&path)?;
+    match old {
+        Some(o) if o.library_blake3 != hash => {
+            println!("updated {namespace} in {}: blake3 {} (was {})", path.display(), hash, o.library_blake3);
+        }
+        Some(_) => println!("{namespace} in {} is unchanged: blake3 {hash}", path.display()),
+        None => println!("locked {namespace} in {}: blake3 {hash}", path.display()),
+    }
+    Ok(Outcome::Ok)
+}
+
+pub(super) fn plugin(a: &PluginCmd) -> Result<Outcome> {
+    match &a.action {
+        PluginAction::List(l) => list(&lock_path(l.lock.as_ref()), l.json),
+        PluginAction::Verify(l) => verify(&lock_path(l.lock.as_ref()), l.json),
+    }
+}
+
+fn list(path: &Path, json: bool) -> Result<Outcome> {
+    let lock = Lockfile::read(path)?;
+    if json {
+        print_json(&serde_json::to_value(&lock).unwrap_or_default());
+    } else if lock.plugins.is_empty() {
+        println!("no plugins locked in {}", path.display());
+    } else {
+        for e in &lock.plugins {
+            println!(
+                "{:<24} {}  library {}  capabilities {}  source {}",
+                e.namespace(),
+                e.path.display(),
+                &e.library_blake3[..16.min(e.library_blake3.len())],
+                &e.capabilities_blake3[..16.min(e.capabilities_blake3.len())],
+                e.source
+            );
+        }
+    }
+    Ok(Outcome::Ok)
+}
+
+fn verify(path: &Path, json: bool) -> Result<Outcome> {
+    let lock = Lockfile::read(path)?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    let results: Vec<(String, std::result::Result<(), String>)> = lock
+        .plugins
+        .iter()
+        .map(|e| (e.namespace(), open_locked(e, base).map(|_| ()).map_err(|err| err.to_string())))
+        .collect();
+    let bad = results.iter().filter(|(_, r)| r.is_err()).count();
+    if json {
+        let items: Vec<serde_json::Value> = results
+            .iter()
+            .map(|(n, r)| serde_json::json!({"plugin": n, "ok": r.is_ok(), "error": r.as_ref().err()}))
+            .collect();
+        print_json(&serde_json::json!({ "lockfile": path.display().to_string(), "plugins": items, "ok": bad == 0 }));
+    } else {
+        for (n, r) in &results {
+            match r {
+                Ok(()) => println!("ok   {n}"),
+                Err(e) => println!("FAIL {n}: {e}"),
+            }
+        }
+        println!("{} of {} locked plugins match their files ({})", results.len() - bad, results.len(), path.display());
+    }
+    Ok(if bad == 0 { Outcome::Ok } else { Outcome::CheckFailed })
+}

@@ -1,0 +1,40 @@
+//! A handle with plugins: their namespaced backends added to the catalog, their kernels bound
+//! to their executors.
+
+use std::sync::Arc;
+
+use super::LayerZero;
+use crate::backend::plugin::{Plugin, plugin_error};
+use crate::capabilities::catalog::Catalog;
+use crate::error::{ErrorKind, Result};
+use crate::reason::ReasonCode;
+
+impl LayerZero {
+    /// [`LayerZero::detected_with`] over `catalog` plus `plugins`' kernels, each bound to its
+    /// plugin's executor. A plugin whose name is a backend of `catalog`, or whose namespace
+    /// (`NAME@VERSION`) another plugin has, is refused (`PLUGIN_NAMESPACE_CLASH`); two versions
+    /// of one plugin load side by side.
+    pub fn detected_with_plugins(catalog: Arc<Catalog>, plugins: &[Arc<Plugin>]) -> Result<LayerZero> {
+        let mut backends = catalog.backends().to_vec();
+        for p in plugins {
+            let clash = if catalog.backend(&p.name).is_some() {
+                Some(format!("its name {:?} is a builtin backend's", p.name))
+            } else if backends.iter().any(|b| b.backend == p.namespace()) {
+                Some(format!("namespace {} is already loaded (from another file?)", p.namespace()))
+            } else {
+                None
+            };
+            if let Some(why) = clash {
+                return Err(plugin_error(ReasonCode::PLUGIN_NAMESPACE_CLASH, ErrorKind::InvalidInput, &p.path, why));
+            }
+            backends.push(p.backend().clone());
+        }
+        let mut lz = LayerZero::detected_with(Arc::new(Catalog::from_backends(backends)?))?;
+        for p in plugins {
+            for (id, executor) in p.executors() {
+                lz = lz.register(&id, executor)?;
+            }
+        }
+        Ok(lz)
+    }
+}

@@ -1,0 +1,256 @@
+//! Plugins (issue 29): the example plugin (`plugins/example`, a fused residual add + RMSNorm
+//! over the C ABI) is built, opened and run through selection, and matches the reference;
+//! files that are not plugins, and a namespace loaded twice, are refused with reason codes.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+
+use layerzero::NormArgs;
+use layerzero::backend::plugin::Plugin;
+use layerzero::capabilities::catalog::Catalog;
+use layerzero::prelude::*;
+use layerzero::reason::ReasonCode;
+use layerzero_tests::{TestResult, repo_root};
+
+/// Builds the example plugin (cargo is quick when it is up to date) and returns its library.
+fn example_plugin() -> TestResult<PathBuf> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .current_dir(repo_root())
+        .args(["build", "-q", "-p", "layerzero-plugin-example"])
+        .output()?;
+    assert!(out.status.success(), "building the example plugin: {}", String::from_utf8_lossy(&out.stderr));
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| repo_root().join("target"), PathBuf::from);
+    let lib = target.join("debug").join(format!(
+        "{}layerzero_plugin_example{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    ));
+    assert!(lib.exists(), "{} was not built", lib.display());
+    Ok(lib)
+}
+
+fn fused_norm(rows: usize, h: usize) -> TestResult<OpArgs> {
+    let x = HostTensor::from_f32(&[rows, h], (0..rows * h).map(|i| ((i % 13) as f32 - 6.0) / 3.0).collect())?;
+    let residual = HostTensor::from_f32(&[rows, h], (0..rows * h).map(|i| ((i % 5) as f32 - 2.0) / 7.0).collect())?;
+    let weight = HostTensor::from_f32(&[h], (0..h).map(|i| 0.5 + (i % 3) as f32 / 4.0).collect())?;
+    Ok(OpArgs::RmsNorm(NormArgs { x, weight, bias: None, residual: Some(residual), attrs: Default::default() }))
+}
+
+fn refused_with(err: &layerzero::error::Error, code: ReasonCode) -> bool {
+    err.reasons().iter().any(|r| r.code() == code) && err.to_string().contains(code.as_str())
+}
+
+#[test]
+fn the_example_plugin_runs_in_its_namespace_and_matches_the_reference() -> TestResult {
+    let plugin = Arc::new(Plugin::open(&example_plugin()?)?);
+    assert_eq!(plugin.namespace(), "fusedops@0.1.0");
+    assert_eq!(plugin.library_hash.len(), 64);
+    let lz = LayerZero::detected_with_plugins(Catalog::builtin()?, &[plugin])?;
+    let lock = Policy::from_json(
+        r#"{"rules": [{"action": "lock", "kernels": "fusedops@0.1.0.rms_norm.add_fused"}]}"#,
+        "lock.json",
+    )?;
+    let lz = lz.with_policy(lock)?;
+    let args = fused_norm(3, 96)?;
+    let ran = lz.dispatch(&args)?;
+    assert_eq!(ran.selection().kernel, "fusedops@0.1.0.rms_norm.add_fused");
+    let reference = LayerZero::detected()?.with_policy(Policy::from_json(
+        r#"{"rules": [{"action": "allow", "kernels": "cpu_reference.*"}]}"#,
+        "oracle.json",
+    )?)?;
+    let expected = reference.dispatch(&args)?;
+    for name in ["out", "residual_out"] {
+        let got = ran.outputs.get(name).ok_or(format!("no {name}"))?.to_f64_vec();
+        let want = expected.outputs.get(name).ok_or(format!("reference has no {name}"))?.to_f64_vec();
+        assert_eq!(got.len(), want.len());
+        let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        assert!(worst < 1e-5, "{name}: max |diff| {worst}");
+    }
+    Ok(())
+}
+
+#[test]
+fn files_that_are_not_plugins_are_refused_naming_why() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    // A truncated library.
+    let good = std::fs::read(example_plugin()?)?;
+    let truncated = dir.path().join("libtruncated.so");
+    std::fs::write(&truncated, &good[..good.len().min(4096)])?;
+    let err = Plugin::open(&truncated).err().ok_or("a truncated library opened")?;
+    assert!(refused_with(&err, ReasonCode::PLUGIN_NOT_LOADABLE), "{err}");
+    // Not a library at all.
+    let text = dir.path().join("notes.so");
+    std::fs::write(&text, "not an ELF file")?;
+    let err = Plugin::open(&text).err().ok_or("a text file opened")?;
+    assert!(refused_with(&err, ReasonCode::PLUGIN_NOT_LOADABLE), "{err}");
+    // A real shared library without the plugin symbols (the C library itself).
+    if let Some(libc) = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6", "/lib64/libc.so.6"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+    {
+        let err = Plugin::open(&libc).err().ok_or("libc opened as a plugin")?;
+        assert!(refused_with(&err, ReasonCode::PLUGIN_NOT_LOADABLE), "{err}");
+        assert!(err.to_string().contains("lz_plugin_abi_version"), "{err}");
+    }
+    Ok(())
+}
+
+#[test]
+fn one_namespace_loaded_twice_is_refused() -> TestResult {
+    let path = example_plugin()?;
+    let (a, b) = (Arc::new(Plugin::open(&path)?), Arc::new(Plugin::open(&path)?));
+    let err = LayerZero::detected_with_plugins(Catalog::builtin()?, &[a, b]).err().ok_or("loaded twice")?;
+    assert!(refused_with(&err, ReasonCode::PLUGIN_NAMESPACE_CLASH), "{err}");
+    Ok(())
+}
+
+/// A copy of the example plugin in `dir` (so a test may tamper with it).
+fn plugin_copy(dir: &std::path::Path) -> TestResult<PathBuf> {
+    let copy = dir.join("libfusedops.so");
+    std::fs::copy(example_plugin()?, &copy)?;
+    Ok(copy)
+}
+
+#[test]
+fn lz_lock_pins_a_plugin_list_shows_it_and_verify_names_a_tampered_file() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let lib = plugin_copy(dir.path())?;
+    let lock = dir.path().join("layerzero.lock");
+    let out = layerzero_tests::lz()?.arg("lock").arg("--plugin").arg(&lib).arg("--lock").arg(&lock).output()?;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("locked fusedops@0.1.0"), "{:?}", out);
+    let listed = layerzero_tests::lz()?.args(["plugin", "list", "--json", "--lock"]).arg(&lock).output()?;
+    let v: serde_json::Value = serde_json::from_slice(&listed.stdout)?;
+    assert_eq!(v["plugins"][0]["name"], "fusedops");
+    assert_eq!(v["plugins"][0]["library_blake3"].as_str().map(str::len), Some(64));
+    let ok = layerzero_tests::lz()?.args(["plugin", "verify", "--lock"]).arg(&lock).output()?;
+    assert_eq!(ok.status.code(), Some(0), "{}", String::from_utf8_lossy(&ok.stdout));
+    // One byte appended: the file is no longer the one locked.
+    let mut bytes = std::fs::read(&lib)?;
+    bytes.push(0);
+    std::fs::write(&lib, bytes)?;
+    let bad = layerzero_tests::lz()?.args(["plugin", "verify", "--lock"]).arg(&lock).output()?;
+    let text = String::from_utf8_lossy(&bad.stdout);
+    assert_eq!(bad.status.code(), Some(1), "{text}");
+    assert!(text.contains("FAIL fusedops@0.1.0") && text.contains("PLUGIN_HASH_MISMATCH"), "{text}");
+    Ok(())
+}
+
+#[test]
+fn the_host_loads_the_locked_plugins_and_refuses_a_tampered_one_before_opening_it() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let lib = plugin_copy(dir.path())?;
+    let lock = dir.path().join("plugins.lock");
+    let mut file = layerzero::plugins::Lockfile::default();
+    file.upsert(layerzero::plugins::LockEntry::of(&Plugin::open(&lib)?, "a test".into()));
+    file.write(&lock)?;
+    let settings = |lock: &std::path::Path| {
+        let lock = lock.as_os_str().to_owned();
+        let home = dir.path().as_os_str().to_owned();
+        layerzero::knobs::Settings::from_lookup(&move |k: &str| match k {
+            "LAYERZERO_LOCK" => Some(lock.clone()),
+            "LAYERZERO_HOME" => Some(home.clone()),
+            _ => None,
+        })
+    };
+    let lz = LayerZero::host_with(settings(&lock)?)?;
+    assert!(lz.catalog().find("fusedops@0.1.0.rms_norm.add_fused").is_some());
+    assert!(lz.registry().contains("fusedops@0.1.0.rms_norm.add_fused"));
+    let mut bytes = std::fs::read(&lib)?;
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&lib, bytes)?;
+    let err = LayerZero::host_with(settings(&lock)?).err().ok_or("a tampered plugin loaded")?;
+    assert!(refused_with(&err, ReasonCode::PLUGIN_HASH_MISMATCH), "{err}");
+    assert!(err.to_string().contains("not loaded"), "{err}");
+    Ok(())
+}
+
+/// `tests/plugins/cplug.c` compiled with `flags` into `dir` (the C compiler CI installs).
+fn c_plugin(dir: &std::path::Path, name: &str, flags: &[&str]) -> TestResult<PathBuf> {
+    let out = dir.join(format!("lib{name}.so"));
+    let status = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-I"])
+        .arg(repo_root().join("plugins/abi"))
+        .arg("-o")
+        .arg(&out)
+        .arg(repo_root().join("tests/plugins/cplug.c"))
+        .args(flags)
+        .arg("-lm")
+        .output()?;
+    assert!(status.status.success(), "cc {flags:?}: {}", String::from_utf8_lossy(&status.stderr));
+    Ok(out)
+}
+
+#[test]
+fn every_plugin_that_breaks_a_rule_is_refused_with_its_reason_code() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let cases: [(&str, &[&str], ReasonCode, &str); 3] = [
+        ("abi2", &["-DCPLUG_ABI=2"], ReasonCode::PLUGIN_ABI_UNSUPPORTED, "ABI 2"),
+        ("liar", &["-DCPLUG_LIE"], ReasonCode::PLUGIN_KERNEL_MISSING, "cplug.rms_norm.phantom"),
+        ("badjson", &["-DCPLUG_BAD_JSON"], ReasonCode::PLUGIN_CAPABILITIES_INVALID, "capabilities"),
+    ];
+    for (name, flags, code, says) in cases {
+        let err = Plugin::open(&c_plugin(dir.path(), name, flags)?).err().ok_or(format!("{name} opened"))?;
+        assert!(refused_with(&err, code), "{name}: {err}");
+        assert!(err.to_string().contains(says), "{name}: {err}");
+    }
+    // A plugin named after a builtin backend opens, but cannot join the catalog.
+    let cpu = Arc::new(Plugin::open(&c_plugin(dir.path(), "cpu", &[r#"-DCPLUG_NAME="cpu""#])?)?);
+    let err = LayerZero::detected_with_plugins(Catalog::builtin()?, &[cpu]).err().ok_or("a plugin named cpu loaded")?;
+    assert!(refused_with(&err, ReasonCode::PLUGIN_NAMESPACE_CLASH), "{err}");
+    Ok(())
+}
+
+fn plain_norm() -> TestResult<OpArgs> {
+    let x = HostTensor::from_f32(&[2, 32], (0..64).map(|i| (i as f32 - 30.0) / 9.0).collect())?;
+    let weight = HostTensor::from_f32(&[32], (0..32).map(|i| 1.0 + i as f32 / 64.0).collect())?;
+    Ok(OpArgs::RmsNorm(NormArgs { x, weight, bias: None, residual: None, attrs: Default::default() }))
+}
+
+fn lock_on(kernel: &str) -> TestResult<Policy> {
+    Ok(Policy::from_json(&format!(r#"{{"rules": [{{"action": "lock", "kernels": "{kernel}"}}]}}"#), "lock.json")?)
+}
+
+#[test]
+fn two_versions_of_a_plugin_load_side_by_side_and_policy_picks_either() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let v1 = Arc::new(Plugin::open(&c_plugin(dir.path(), "cplug1", &[])?)?);
+    let v2 = Arc::new(Plugin::open(&c_plugin(dir.path(), "cplug2", &[r#"-DCPLUG_VERSION="0.2.0""#])?)?);
+    let lz = LayerZero::detected_with_plugins(Catalog::builtin()?, &[v1, v2])?;
+    let args = plain_norm()?;
+    let oracle = LayerZero::detected()?.with_policy(lock_on("cpu_reference.rms_norm.naive")?)?;
+    let want = oracle.dispatch(&args)?.outputs.get("out").ok_or("no reference output")?.to_f64_vec();
+    for kernel in ["cplug@0.1.0.rms_norm.c", "cplug@0.2.0.rms_norm.c"] {
+        lz.set_policy(lock_on(kernel)?)?;
+        let ran = lz.dispatch(&args)?;
+        assert_eq!(ran.selection().kernel, kernel);
+        let got = ran.outputs.get("out").ok_or("no out")?.to_f64_vec();
+        let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        assert!(worst < 1e-5, "{kernel}: max |diff| {worst}");
+    }
+    Ok(())
+}
+
+#[test]
+fn a_plugin_kernel_that_fails_is_contained_with_its_message_and_falls_back() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let failing = Arc::new(Plugin::open(&c_plugin(dir.path(), "cfail", &["-DCPLUG_FAIL"])?)?);
+    let lz = LayerZero::detected_with_plugins(Catalog::builtin()?, &[failing])?;
+    let args = plain_norm()?;
+    lz.set_policy(lock_on("cplug@0.1.0.rms_norm.c")?)?;
+    let err = lz.dispatch(&args).err().ok_or("a failing kernel succeeded")?;
+    assert_eq!(err.kind(), ErrorKind::KernelFailed);
+    assert!(err.to_string().contains("cplug refuses on purpose"), "{err}");
+    lz.set_policy(Policy::from_json(
+        r#"{"rules": [{"action": "prefer", "kernels": "cplug@0.1.0.*", "factor": 0.000001}]}"#,
+        "prefer.json",
+    )?)?;
+    let ran = lz.dispatch(&args)?;
+    assert!(ran.fell_back(), "the plugin's failure falls back to the next kernel");
+    assert_ne!(ran.selection().kernel, "cplug@0.1.0.rms_norm.c");
+    Ok(())
+}
