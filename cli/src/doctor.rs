@@ -86,6 +86,27 @@ fn text(r: &DoctorReport) -> String {
     }
     render_perfdb(&mut out, &r.perfdb);
     let _ = writeln!(out, "\ncalibration: {} ({})", r.calibration.2, r.calibration.0);
+    match &r.plugins.1 {
+        Err(e) => {
+            let _ = writeln!(out, "\nplugins: FAILED: {e}");
+        }
+        Ok(states) if states.is_empty() => {
+            let _ = writeln!(out, "\nplugins: none locked ({})", r.plugins.0);
+        }
+        Ok(states) => {
+            let _ = writeln!(out, "\nplugins ({}):", r.plugins.0);
+            for s in states {
+                match &s.error {
+                    None => {
+                        let _ = writeln!(out, "  ok   {} {}", s.namespace, s.path.display());
+                    }
+                    Some(e) => {
+                        let _ = writeln!(out, "  FAIL {}: {e}", s.namespace);
+                    }
+                }
+            }
+        }
+    }
     render_plan(&mut out, &r.plan);
     render_knobs(&mut out, &r.knobs);
     render_policy(&mut out, &r.policy);

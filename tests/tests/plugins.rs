@@ -254,3 +254,56 @@ fn a_plugin_kernel_that_fails_is_contained_with_its_message_and_falls_back() -> 
     assert_ne!(ran.selection().kernel, "cplug@0.1.0.rms_norm.c");
     Ok(())
 }
+
+#[test]
+fn a_locked_plugin_the_policy_does_not_allow_is_refused_before_it_is_opened() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let lib = c_plugin(dir.path(), "cplug", &[])?;
+    let lock = dir.path().join("plugins.lock");
+    let mut file = layerzero::plugins::Lockfile::default();
+    file.upsert(layerzero::plugins::LockEntry::of(&Plugin::open(&lib)?, "a test".into()));
+    file.write(&lock)?;
+    let policy = dir.path().join("policy.json");
+    let settings = |allow: &str| -> TestResult<layerzero::knobs::Settings> {
+        std::fs::write(&policy, format!(r#"{{"allow_plugins": ["{allow}"]}}"#))?;
+        let (lock, policy, home) =
+            (lock.as_os_str().to_owned(), policy.as_os_str().to_owned(), dir.path().as_os_str().to_owned());
+        Ok(layerzero::knobs::Settings::from_lookup(&move |k: &str| match k {
+            "LAYERZERO_LOCK" => Some(lock.clone()),
+            "LAYERZERO_POLICY" => Some(policy.clone()),
+            "LAYERZERO_HOME" => Some(home.clone()),
+            _ => None,
+        })?)
+    };
+    let lz = LayerZero::host_with(settings("cplug@0.1.*")?)?;
+    assert!(lz.catalog().find("cplug@0.1.0.rms_norm.c").is_some());
+    let err = LayerZero::host_with(settings("fusedops@*")?).err().ok_or("a plugin outside the allowlist loaded")?;
+    assert!(refused_with(&err, ReasonCode::PLUGIN_NOT_ALLOWED), "{err}");
+    assert!(err.to_string().contains("cplug@0.1.0"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn doctor_and_readiness_show_each_locked_plugins_state() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let lib = c_plugin(dir.path(), "cplug", &[])?;
+    let lock = dir.path().join("layerzero.lock");
+    let out = layerzero_tests::lz()?.arg("lock").arg("--plugin").arg(&lib).arg("--lock").arg(&lock).output()?;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doctor = layerzero_tests::lz()?.args(["doctor", "--json"]).env("LAYERZERO_LOCK", &lock).output()?;
+    let v: serde_json::Value = serde_json::from_slice(&doctor.stdout)?;
+    assert_eq!(v["plugins"]["locked"][0]["namespace"], "cplug@0.1.0", "{v}");
+    assert!(v["plugins"]["locked"][0]["error"].is_null(), "{v}");
+    std::fs::write(&lib, b"replaced")?;
+    let ready = layerzero_tests::lz()?.arg("readiness-check").env("LAYERZERO_LOCK", &lock).output()?;
+    let text = String::from_utf8_lossy(&ready.stdout);
+    assert!(
+        text.contains("FAIL plugins") && text.contains("cplug@0.1.0") && text.contains("PLUGIN_HASH_MISMATCH"),
+        "{text}"
+    );
+    let doctor = layerzero_tests::lz()?.args(["doctor", "--json"]).env("LAYERZERO_LOCK", &lock).output()?;
+    let v: serde_json::Value = serde_json::from_slice(&doctor.stdout)?;
+    assert_eq!(v["ok"], false);
+    assert!(v["plugins"]["locked"][0]["error"].as_str().is_some_and(|e| e.contains("PLUGIN_HASH_MISMATCH")), "{v}");
+    Ok(())
+}

@@ -5,7 +5,7 @@
 
 mod expiry;
 mod fields;
-mod glob;
+pub mod glob;
 mod overrides;
 pub mod stage;
 
@@ -210,6 +210,11 @@ pub struct Policy {
     /// written out only when set.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub one_plan_across_ranks: bool,
+    /// Plugins that may load, as `NAME@VERSION` globs (`fusedops@0.1.*`); absent: every plugin
+    /// the lockfile pins. Checked before a plugin is opened. Not part of the policy hash (the
+    /// plugins loaded are in the catalog's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_plugins: Option<Vec<String>>,
 }
 
 /// Circuit-breaker settings (`health` in a policy file).
@@ -251,8 +256,8 @@ fn one() -> u32 {
     1
 }
 /// Policy fields that tune the runtime's health, not selection: left out of the hash.
-const RUNTIME_FIELDS: [&str; 5] =
-    ["health", "kernel_timeout_ms", "validate_outputs", "require_warm", "one_plan_across_ranks"];
+const RUNTIME_FIELDS: [&str; 6] =
+    ["health", "kernel_timeout_ms", "validate_outputs", "require_warm", "one_plan_across_ranks", "allow_plugins"];
 fn yes() -> bool {
     true
 }
@@ -275,6 +280,7 @@ impl Default for Policy {
             validate_outputs: false,
             require_warm: false,
             one_plan_across_ranks: false,
+            allow_plugins: None,
         }
     }
 }

@@ -42,12 +42,62 @@ pub fn open_locked(entry: &LockEntry, base: &Path) -> Result<Plugin> {
     Ok(plugin)
 }
 
-/// Every plugin of `lock` (read from `path`), each checked; the first refusal is the error.
-pub fn open_all(lock: &Lockfile, path: &Path) -> Result<Vec<Arc<Plugin>>> {
+/// Every plugin of `lock` (read from `path`) that `allow` (the policy's `allow_plugins`
+/// globs; `None`: all) names, each checked; one it does not name is refused before it is
+/// opened (`PLUGIN_NOT_ALLOWED`). The first refusal is the error.
+pub fn open_all(lock: &Lockfile, path: &Path, allow: Option<&[String]>) -> Result<Vec<Arc<Plugin>>> {
     let base = path.parent().unwrap_or(Path::new("."));
-    lock.plugins.iter().map(|e| open_locked(e, base).map(Arc::new)).collect()
+    lock.plugins
+        .iter()
+        .map(|e| {
+            if let Some(globs) = allow
+                && !globs.iter().any(|g| crate::policy::glob::glob_match(g, &e.namespace()))
+            {
+                return Err(plugin_error(
+                    ReasonCode::PLUGIN_NOT_ALLOWED,
+                    ErrorKind::InvalidInput,
+                    &e.resolve(base),
+                    format!("{} is locked, but the policy's allow_plugins {globs:?} does not name it", e.namespace()),
+                ));
+            }
+            open_locked(e, base).map(Arc::new)
+        })
+        .collect()
 }
 
 fn short(hash: &str) -> &str {
     hash.get(..16).unwrap_or(hash)
+}
+
+/// A locked plugin's state, as doctor and readiness show it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PluginState {
+    /// `NAME@VERSION`.
+    pub namespace: String,
+    /// Its library file.
+    pub path: std::path::PathBuf,
+    /// Why it would be refused (with its reason code); `None`: it loads.
+    pub error: Option<String>,
+}
+
+/// The state of every plugin the lockfile at `path` pins (empty when there is none), under the
+/// policy's `allow` globs. Each is checked as loading checks it (hash before it is opened).
+pub fn states(path: &Path, allow: Option<&[String]>) -> Result<Vec<PluginState>> {
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let lock = Lockfile::read(path)?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    Ok(lock
+        .plugins
+        .iter()
+        .map(|e| {
+            let single = Lockfile { schema_version: lock.schema_version, plugins: vec![e.clone()] };
+            PluginState {
+                namespace: e.namespace(),
+                path: e.resolve(base),
+                error: open_all(&single, path, allow).err().map(|err| err.to_string()),
+            }
+        })
+        .collect())
 }

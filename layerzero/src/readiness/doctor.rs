@@ -62,6 +62,8 @@ pub struct DoctorReport {
     /// The policy a handle here serves with (`LAYERZERO_POLICY` and the knobs that override
     /// its fields and add rules), or why it cannot be read.
     pub policy: Result<PolicyCheck, String>,
+    /// The lockfile's path and each locked plugin's state (`Err`: the lockfile is unreadable).
+    pub plugins: (String, Result<Vec<crate::plugins::PluginState>, String>),
     /// No problem anywhere above.
     pub ok: bool,
 }
@@ -210,7 +212,11 @@ pub fn doctor(inputs: &DoctorInputs<'_>) -> Result<DoctorReport> {
         })
         .collect();
     let policy = check_policy(catalog, inputs.env);
-    let ok = files.iter().all(FileCheck::is_valid)
+    let lock = settings.lock_path();
+    let plugins = (lock.display().to_string(), crate::plugins::states(&lock, None).map_err(|e| e.to_string()));
+    let plugins_ok = plugins.1.as_ref().is_ok_and(|states| states.iter().all(|s| s.error.is_none()));
+    let ok = plugins_ok
+        && files.iter().all(FileCheck::is_valid)
         && policy.is_ok()
         && result.is_ok()
         && knobs.iter().all(|k| k.error.is_none())
@@ -228,6 +234,7 @@ pub fn doctor(inputs: &DoctorInputs<'_>) -> Result<DoctorReport> {
         plan,
         knobs,
         policy,
+        plugins,
         ok,
     })
 }
@@ -274,6 +281,10 @@ impl DoctorReport {
             "calibration": {"path": self.calibration.0, "used": self.calibration.1, "detail": self.calibration.2},
             "plan": self.plan.to_json(),
             "knobs": self.knobs,
+            "plugins": match &self.plugins.1 {
+                Ok(states) => serde_json::json!({"lockfile": self.plugins.0, "error": null, "locked": states}),
+                Err(e) => serde_json::json!({"lockfile": self.plugins.0, "error": e, "locked": []}),
+            },
             "policy": match &self.policy {
                 Ok(p) => serde_json::json!({"file": p.file, "hash": p.hash, "rules": p.rules, "overrides": p.overrides,
                                             "health": p.health, "error": null}),

@@ -118,6 +118,7 @@ pub fn readiness(inputs: &ReadinessInputs<'_>) -> Vec<Check> {
     let catalog = capabilities_check(&inputs.catalog, &mut checks);
     checks.push(schemas_check());
     let policy = policy_check(inputs.policy, &inputs.settings.policy_overrides(), &mut checks);
+    let allow_plugins = policy.as_ref().and_then(|p| p.allow_plugins.clone());
     let selector = match (catalog, policy) {
         (Some(c), Some(p)) => match selector(c, inputs.hardware.clone(), p) {
             Ok(s) => Some(s),
@@ -134,7 +135,36 @@ pub fn readiness(inputs: &ReadinessInputs<'_>) -> Vec<Check> {
         checks.push(coverage_check(path, plan.as_ref()));
     }
     checks.push(perfdb_check(&inputs.perfdb.map_or_else(|| inputs.settings.perfdb_path(), Path::to_path_buf)));
+    if let Some(c) = plugins_check(&inputs.settings.lock_path(), allow_plugins.as_deref()) {
+        checks.push(c);
+    }
     checks
+}
+
+/// Every plugin the lockfile at `lock` pins loads (`None` when there is no lockfile).
+pub fn plugins_check(lock: &Path, allow: Option<&[String]>) -> Option<Check> {
+    if !lock.exists() {
+        return None;
+    }
+    Some(match crate::plugins::states(lock, allow) {
+        Err(e) => Check::fail("plugins", e.to_string(), format!("fix or remove the lockfile {}", lock.display())),
+        Ok(states) => {
+            let bad: Vec<String> =
+                states.iter().filter_map(|s| s.error.as_ref().map(|e| format!("{}: {e}", s.namespace))).collect();
+            if bad.is_empty() {
+                Check::pass(
+                    "plugins",
+                    format!("{} locked plugin(s) match their files ({})", states.len(), lock.display()),
+                )
+            } else {
+                Check::fail(
+                    "plugins",
+                    bad.join("; "),
+                    "restore the locked files, or re-lock the plugins you changed (`lz lock --plugin PATH`)".into(),
+                )
+            }
+        }
+    })
 }
 
 /// The readiness of a built handle: the plan it serves from, the executors it holds, the
@@ -173,6 +203,10 @@ pub fn of_handle(lz: &LayerZero, workload: Option<&Workload>, perfdb: Option<&Pa
         });
     }
     checks.push(perfdb_check(&perfdb.map_or_else(|| lz.settings().perfdb_path(), Path::to_path_buf)));
+    let allow = lz.declared_policy().allow_plugins.clone();
+    if let Some(c) = plugins_check(&lz.settings().lock_path(), allow.as_deref()) {
+        checks.push(c);
+    }
     checks
 }
 

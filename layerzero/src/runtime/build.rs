@@ -44,17 +44,19 @@ impl LayerZero {
     /// `$LAYERZERO_HOME/calibration.json`) when their files exist, and the plugins of the
     /// lockfile (`LAYERZERO_LOCK`, else `./layerzero.lock`) when it exists.
     pub fn host_with(settings: Settings) -> Result<LayerZero> {
-        // The plugins the lockfile pins (none without one), each checked before it is opened.
-        let lock = settings.lock_path();
-        let mut lz = if lock.exists() {
-            let plugins = crate::plugins::open_all(&crate::plugins::Lockfile::read(&lock)?, &lock)?;
-            LayerZero::detected_with_plugins(Catalog::builtin()?, &plugins)?
-        } else {
-            LayerZero::detected()?
-        };
         let mut policy = match &settings.policy {
             Some(path) => Policy::load(path)?,
             None => Policy::default(),
+        };
+        // The plugins the lockfile pins (none without one) and the policy allows, each checked
+        // before it is opened.
+        let lock = settings.lock_path();
+        let mut lz = if lock.exists() {
+            let locked = crate::plugins::Lockfile::read(&lock)?;
+            let plugins = crate::plugins::open_all(&locked, &lock, policy.allow_plugins.as_deref())?;
+            LayerZero::detected_with_plugins(Catalog::builtin()?, &plugins)?
+        } else {
+            LayerZero::detected()?
         };
         // A drill checks outputs, so an injected `nan` falls back instead of flowing on
         // (LAYERZERO_VALIDATE_OUTPUTS, applied next, still has the last word).
