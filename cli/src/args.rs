@@ -98,6 +98,23 @@ pub(super) enum PluginAction {
     List(PluginListArgs),
     /// Check every locked plugin against its file; exit 1 naming each that does not match.
     Verify(PluginListArgs),
+    /// Install a plugin from a hub repository folder (`REPO/build/<variant>/metadata.json`):
+    /// the variant this host loads, every other one explained; the library is copied into
+    /// $LAYERZERO_HOME/plugins, opened and locked (a first add pins and prints its hash).
+    Add(PluginAddArgs),
+}
+
+#[derive(Args, Debug)]
+pub(super) struct PluginAddArgs {
+    /// The hub repository (a folder with build/<variant>/ inside).
+    #[arg(value_name = "REPO")]
+    pub(super) repo: PathBuf,
+    /// Refuse the download unless its blake3 is this (hex).
+    #[arg(long, value_name = "BLAKE3")]
+    pub(super) expect_hash: Option<String>,
+    /// The lockfile (default $LAYERZERO_LOCK, else ./layerzero.lock).
+    #[arg(long, value_name = "FILE")]
+    pub(super) lock: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::args::{LockCmd, PluginAction, PluginCmd};
+use super::args::{LockCmd, PluginAction, PluginAddArgs, PluginCmd};
 use super::{Outcome, print_json};
 use layerzero::backend::plugin::Plugin;
 use layerzero::error::Result;
@@ -38,7 +38,46 @@ pub(super) fn plugin(a: &PluginCmd) -> Result<Outcome> {
     match &a.action {
         PluginAction::List(l) => list(&lock_path(l.lock.as_ref()), l.json),
         PluginAction::Verify(l) => verify(&lock_path(l.lock.as_ref()), l.json),
+        PluginAction::Add(a) => add(a),
     }
+}
+
+/// `lz plugin add REPO`: the variant for this host, installed, checked and locked. A locked
+/// plugin of the same namespace whose hash differs is refused, not replaced.
+fn add(a: &PluginAddArgs) -> Result<Outcome> {
+    let path = lock_path(a.lock.as_ref());
+    let mut lock = Lockfile::read(&path)?;
+    let into = super::knobs().home().join("plugins");
+    let added = layerzero::plugins::hub::add(&a.repo, &into, a.expect_hash.as_deref())?;
+    for v in &added.variants {
+        match &v.rejected {
+            None if v.name == added.variant => println!("chose    {}", v.name),
+            None => println!("loadable {} (another variant was chosen first)", v.name),
+            Some((code, why)) => println!("rejected {}: {why} ({code})", v.name),
+        }
+    }
+    let mut entry = LockEntry::of(&added.plugin, format!("hub {}", a.repo.display()));
+    entry.variant = Some(added.variant.clone());
+    if let Some(old) = lock.plugins.iter().find(|e| e.namespace() == entry.namespace())
+        && old.library_blake3 != entry.library_blake3
+    {
+        return Err(layerzero::backend::plugin::plugin_error(
+            layerzero::reason::ReasonCode::PLUGIN_HASH_MISMATCH,
+            layerzero::error::ErrorKind::InvalidInput,
+            &added.path,
+            format!(
+                "{} is locked with blake3 {}, but the hub now serves {}; remove its entry first if the change is wanted",
+                entry.namespace(),
+                old.library_blake3,
+                entry.library_blake3
+            ),
+        ));
+    }
+    println!("installed {} ({}) at {}", entry.namespace(), added.variant, added.path.display());
+    println!("locked {} in {}: blake3 {}", entry.namespace(), path.display(), entry.library_blake3);
+    lock.upsert(entry);
+    lock.write(&path)?;
+    Ok(Outcome::Ok)
 }
 
 fn list(path: &Path, json: bool) -> Result<Outcome> {

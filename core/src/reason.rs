@@ -281,6 +281,12 @@ reason_codes! {
     PLUGIN_HASH_MISMATCH => Plugin,
     /// The policy's plugin allowlist (`allow_plugins`) does not name the plugin.
     PLUGIN_NOT_ALLOWED => Plugin,
+    /// A hub variant was not chosen: another ABI, OS or architecture, a kind this LayerZero
+    /// cannot load, or metadata that does not parse.
+    PLUGIN_VARIANT_REJECTED => Plugin,
+    /// A path in hub metadata leaves the variant's folder (`..`, an absolute path, a symlink
+    /// pointing out), or a file is larger than the bound.
+    PLUGIN_PATH_UNSAFE => Plugin,
 }
 
 impl Serialize for ReasonCode {

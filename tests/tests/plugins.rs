@@ -307,3 +307,84 @@ fn doctor_and_readiness_show_each_locked_plugins_state() -> TestResult {
     assert!(v["plugins"]["locked"][0]["error"].as_str().is_some_and(|e| e.contains("PLUGIN_HASH_MISMATCH")), "{v}");
     Ok(())
 }
+
+/// A hub repository in `dir` with the variants a real hub may hold: the one for this host,
+/// another ABI, another architecture, a Python package, and one whose metadata points out of
+/// its folder.
+fn hub_repo(dir: &std::path::Path) -> TestResult<PathBuf> {
+    let repo = dir.join("hub").join("fusedops");
+    let variant = |name: &str, meta: serde_json::Value, lib: Option<&std::path::Path>| -> TestResult<()> {
+        let v = repo.join("build").join(name);
+        std::fs::create_dir_all(&v)?;
+        std::fs::write(v.join("metadata.json"), meta.to_string())?;
+        if let Some(lib) = lib {
+            std::fs::copy(lib, v.join("libfusedops.so"))?;
+        }
+        Ok(())
+    };
+    let lib = example_plugin()?;
+    let (os, arch) = (std::env::consts::OS, std::env::consts::ARCH);
+    let meta = |kind: &str, abi: u32, arch: &str, library: &str| serde_json::json!({"kind": kind, "abi": abi, "os": os, "arch": arch, "library": library});
+    variant("a-escape", meta("c_abi", 1, arch, "../../../../../etc/passwd"), None)?;
+    variant("b-python", meta("python", 1, arch, "fusedops/__init__.py"), None)?;
+    variant("c-lz2", meta("c_abi", 2, arch, "libfusedops.so"), Some(&lib))?;
+    variant("d-other-arch", meta("c_abi", 1, "riscv64", "libfusedops.so"), Some(&lib))?;
+    variant("e-lz1", meta("c_abi", 1, arch, "libfusedops.so"), Some(&lib))?;
+    Ok(repo)
+}
+
+#[test]
+fn lz_plugin_add_picks_the_variant_for_this_host_explains_the_others_and_locks_it() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let repo = hub_repo(dir.path())?;
+    let lock = dir.path().join("layerzero.lock");
+    let home = dir.path().join("home");
+    let add = |extra: &[&str]| -> TestResult<std::process::Output> {
+        Ok(layerzero_tests::lz()?
+            .args(["plugin", "add"])
+            .arg(&repo)
+            .arg("--lock")
+            .arg(&lock)
+            .args(extra)
+            .env("LAYERZERO_HOME", &home)
+            .output()?)
+    };
+    let wrong = add(&["--expect-hash", &"0".repeat(64)])?;
+    assert_eq!(wrong.status.code(), Some(2), "{}", String::from_utf8_lossy(&wrong.stdout));
+    assert!(String::from_utf8_lossy(&wrong.stderr).contains("PLUGIN_HASH_MISMATCH"));
+    assert!(!lock.exists(), "nothing is locked after a refused add");
+    let out = add(&[])?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    for line in [
+        "rejected a-escape: library \"../../../../../etc/passwd\" leaves the variant's folder",
+        "rejected b-python: kind \"python\"",
+        "rejected c-lz2: plugin ABI 2",
+        "rejected d-other-arch: built for riscv64",
+        "chose    e-lz1",
+        "locked fusedops@0.1.0",
+    ] {
+        assert!(text.contains(line), "{line:?} missing from:\n{text}");
+    }
+    let file = layerzero::plugins::Lockfile::read(&lock)?;
+    assert_eq!(file.plugins[0].variant.as_deref(), Some("e-lz1"));
+    assert!(file.plugins[0].path.starts_with(&home), "installed under LAYERZERO_HOME: {:?}", file.plugins[0].path);
+    let hash = file.plugins[0].library_blake3.clone();
+    assert_eq!(add(&["--expect-hash", &hash])?.status.code(), Some(0), "the pinned hash adds again");
+    // The hub now serves another file under the same name: the lock disagrees, the add is refused.
+    std::fs::write(
+        repo.join("build/e-lz1/libfusedops.so"),
+        std::fs::read(c_plugin(dir.path(), "x", &[r#"-DCPLUG_NAME="fusedops""#])?)?,
+    )?;
+    let changed = add(&[])?;
+    assert_eq!(changed.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&changed.stderr).contains("PLUGIN_HASH_MISMATCH"));
+    let verify = layerzero_tests::lz()?.args(["plugin", "verify", "--lock"]).arg(&lock).output()?;
+    assert_eq!(
+        verify.status.code(),
+        Some(0),
+        "the locked install is untouched: {}",
+        String::from_utf8_lossy(&verify.stdout)
+    );
+    Ok(())
+}

@@ -17,4 +17,5 @@ mod executor;
 mod library;
 
 pub use executor::PluginExecutor;
+pub use layerzero_plugin_abi as abi;
 pub use library::{Plugin, plugin_error};
