@@ -326,6 +326,8 @@ fn hub_repo(dir: &std::path::Path) -> TestResult<PathBuf> {
     let (os, arch) = (std::env::consts::OS, std::env::consts::ARCH);
     let meta = |kind: &str, abi: u32, arch: &str, library: &str| serde_json::json!({"kind": kind, "abi": abi, "os": os, "arch": arch, "library": library});
     variant("a-escape", meta("c_abi", 1, arch, "../../../../../etc/passwd"), None)?;
+    variant("a-symlink", meta("c_abi", 1, arch, "libfusedops.so"), None)?;
+    std::os::unix::fs::symlink(&lib, repo.join("build/a-symlink/libfusedops.so"))?;
     variant("b-python", meta("python", 1, arch, "fusedops/__init__.py"), None)?;
     variant("c-lz2", meta("c_abi", 2, arch, "libfusedops.so"), Some(&lib))?;
     variant("d-other-arch", meta("c_abi", 1, "riscv64", "libfusedops.so"), Some(&lib))?;
@@ -358,6 +360,7 @@ fn lz_plugin_add_picks_the_variant_for_this_host_explains_the_others_and_locks_i
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
     for line in [
         "rejected a-escape: library \"../../../../../etc/passwd\" leaves the variant's folder",
+        "rejected a-symlink: library \"libfusedops.so\" resolves to",
         "rejected b-python: kind \"python\"",
         "rejected c-lz2: plugin ABI 2",
         "rejected d-other-arch: built for riscv64",
