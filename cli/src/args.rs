@@ -106,9 +106,10 @@ pub(super) enum PluginAction {
 
 #[derive(Args, Debug)]
 pub(super) struct PluginAddArgs {
-    /// The hub repository (a folder with build/<variant>/ inside).
+    /// The hub repository: a folder with build/<variant>/ inside, or an http:// URL of one
+    /// (whose build/index.json lists the variants).
     #[arg(value_name = "REPO")]
-    pub(super) repo: PathBuf,
+    pub(super) repo: String,
     /// Refuse the download unless its blake3 is this (hex).
     #[arg(long, value_name = "BLAKE3")]
     pub(super) expect_hash: Option<String>,

@@ -48,7 +48,8 @@ fn add(a: &PluginAddArgs) -> Result<Outcome> {
     let path = lock_path(a.lock.as_ref());
     let mut lock = Lockfile::read(&path)?;
     let into = super::knobs().home().join("plugins");
-    let added = layerzero::plugins::hub::add(&a.repo, &into, a.expect_hash.as_deref())?;
+    let source = layerzero::plugins::hub::Source::parse(&a.repo);
+    let added = layerzero::plugins::hub::add(&source, &into, a.expect_hash.as_deref())?;
     for v in &added.variants {
         match &v.rejected {
             None if v.name == added.variant => println!("chose    {}", v.name),
@@ -56,7 +57,7 @@ fn add(a: &PluginAddArgs) -> Result<Outcome> {
             Some((code, why)) => println!("rejected {}: {why} ({code})", v.name),
         }
     }
-    let mut entry = LockEntry::of(&added.plugin, format!("hub {}", a.repo.display()));
+    let mut entry = LockEntry::of(&added.plugin, format!("hub {}", a.repo));
     entry.variant = Some(added.variant.clone());
     if let Some(old) = lock.plugins.iter().find(|e| e.namespace() == entry.namespace())
         && old.library_blake3 != entry.library_blake3

@@ -332,7 +332,84 @@ fn hub_repo(dir: &std::path::Path) -> TestResult<PathBuf> {
     variant("c-lz2", meta("c_abi", 2, arch, "libfusedops.so"), Some(&lib))?;
     variant("d-other-arch", meta("c_abi", 1, "riscv64", "libfusedops.so"), Some(&lib))?;
     variant("e-lz1", meta("c_abi", 1, arch, "libfusedops.so"), Some(&lib))?;
+    let huge = repo.join("build/f-huge");
+    std::fs::create_dir_all(&huge)?;
+    std::fs::write(huge.join("metadata.json"), " ".repeat(100 << 10))?;
+    // What an HTTP hub serves in place of a folder listing (a symlink is the server's own
+    // business over HTTP: it serves the file it points to).
+    let names = ["a-escape", "b-python", "c-lz2", "d-other-arch", "e-lz1", "f-huge"];
+    std::fs::write(repo.join("build/index.json"), serde_json::to_string(&names)?)?;
     Ok(repo)
+}
+
+/// A real HTTP server (Python's http.server) on 127.0.0.1 serving `dir`, stopped on drop.
+struct Server {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Server {
+    fn serve(dir: &std::path::Path) -> TestResult<Server> {
+        use std::io::BufRead;
+        let mut child = Command::new("python3")
+            .args(["-u", "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory"])
+            .arg(dir)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()?;
+        let mut line = String::new();
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        std::io::BufReader::new(stdout).read_line(&mut line)?;
+        // "Serving HTTP on 127.0.0.1 port 41234 (http://127.0.0.1:41234/) ..."
+        let port = line.split("port ").nth(1).and_then(|r| r.split_whitespace().next()).and_then(|p| p.parse().ok());
+        match port {
+            Some(port) => Ok(Server { child, port }),
+            None => {
+                let _ = child.kill();
+                Err(format!("http.server said {line:?}").into())
+            }
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn lz_plugin_add_downloads_the_variant_from_an_http_hub_bounded_and_pinned() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let repo = hub_repo(dir.path())?;
+    let server = Server::serve(&dir.path().join("hub"))?;
+    let url = format!("http://127.0.0.1:{}/{}", server.port, repo.file_name().ok_or("no name")?.to_string_lossy());
+    let lock = dir.path().join("layerzero.lock");
+    let home = dir.path().join("home");
+    let out = layerzero_tests::lz()?
+        .args(["plugin", "add", &url, "--lock"])
+        .arg(&lock)
+        .env("LAYERZERO_HOME", &home)
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    for line in [
+        "rejected a-escape: library \"../../../../../etc/passwd\" leaves the variant's folder",
+        "rejected c-lz2: plugin ABI 2",
+        "rejected f-huge:",
+        "chose    e-lz1",
+        "locked fusedops@0.1.0",
+    ] {
+        assert!(text.contains(line), "{line:?} missing from:\n{text}");
+    }
+    assert!(text.contains("at most 65536"), "the oversized metadata is refused by its size: {text}");
+    let file = layerzero::plugins::Lockfile::read(&lock)?;
+    let installed = &file.plugins[0];
+    assert_eq!(std::fs::read(&installed.path)?, std::fs::read(example_plugin()?)?, "the download is the hub's file");
+    assert!(installed.source.contains(&url));
+    drop(server);
+    Ok(())
 }
 
 #[test]

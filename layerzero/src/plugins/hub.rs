@@ -1,5 +1,6 @@
-//! A kernel hub on disk, laid out like Hugging Face's: `<repo>/build/<variant>/` holding
-//! `metadata.json` and the variant's files. `lz plugin add REPO` picks the variant this host
+//! A kernel hub, laid out like Hugging Face's: `<repo>/build/<variant>/` holding
+//! `metadata.json` and the variant's files, in a folder or served over `http://` (with
+//! `build/index.json` listing the variants). `lz plugin add REPO` picks the variant this host
 //! can load (plugin ABI, OS, architecture, kind), says why every other one was not chosen,
 //! copies the library into LayerZero's plugin folder (bounded, atomically), checks it against
 //! the pinned hash, opens it, and locks it.
@@ -44,29 +45,113 @@ pub struct Variant {
     pub metadata: Option<Metadata>,
 }
 
-/// The variants of the repository at `repo`, each judged for this host, by name.
-pub fn variants(repo: &Path) -> Result<Vec<Variant>> {
-    let build = repo.join("build");
-    let entries = std::fs::read_dir(&build).map_err(|e| {
-        Error::new(
-            ErrorKind::Io,
-            format!("{} is not a hub repository (no readable build/ folder): {e}", repo.display()),
-        )
-    })?;
-    let mut names: Vec<String> = entries
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    Ok(names.into_iter().map(|name| judge(&build, name)).collect())
+/// Where a hub repository is: a folder, or an `http://` URL (whose `build/index.json` lists
+/// the variant folders, as a folder's listing does).
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// `<folder>/build/<variant>/...`.
+    Dir(PathBuf),
+    /// `<url>/build/index.json`, `<url>/build/<variant>/...`.
+    Http(String),
 }
 
-fn judge(build: &Path, name: String) -> Variant {
-    let dir = build.join(&name);
-    let metadata = match read_metadata(&dir) {
+impl Source {
+    /// `http://...` is a URL; anything else a folder.
+    pub fn parse(arg: &str) -> Source {
+        if arg.starts_with("http://") || arg.starts_with("https://") {
+            Source::Http(arg.trim_end_matches('/').to_owned())
+        } else {
+            Source::Dir(PathBuf::from(arg))
+        }
+    }
+
+    /// The repository's name (its last path segment).
+    pub fn repo_name(&self) -> String {
+        let text = match self {
+            Source::Dir(p) => p.file_name().map(|n| n.to_string_lossy().into_owned()),
+            Source::Http(u) => u.rsplit('/').next().map(str::to_owned),
+        };
+        text.filter(|n| safe_name(n)).unwrap_or_else(|| "repo".into())
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Source::Dir(p) => p.display().to_string(),
+            Source::Http(u) => u.clone(),
+        }
+    }
+
+    fn names(&self) -> Result<Vec<String>> {
+        let mut names: Vec<String> = match self {
+            Source::Dir(repo) => {
+                let build = repo.join("build");
+                let entries = std::fs::read_dir(&build).map_err(|e| {
+                    Error::new(
+                        ErrorKind::Io,
+                        format!("{} is not a hub repository (no readable build/ folder): {e}", repo.display()),
+                    )
+                })?;
+                entries
+                    .filter_map(|e| e.ok())
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            }
+            Source::Http(url) => {
+                let index = format!("{url}/build/index.json");
+                let body = super::http::get(&index, MAX_METADATA_BYTES).map_err(|e| Error::new(ErrorKind::Io, e))?;
+                serde_json::from_slice::<Vec<String>>(&body)
+                    .map_err(|e| Error::invalid(format!("{index}: not a JSON list of variant names: {e}")))?
+            }
+        };
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
+
+    /// The file `rel` of `variant`, at most `max` bytes, refused when its path is unsafe.
+    fn read(&self, variant: &str, rel: &str, max: u64) -> std::result::Result<Vec<u8>, (ReasonCode, String)> {
+        let unsafe_path = |why: String| (ReasonCode::PLUGIN_PATH_UNSAFE, why);
+        if !safe_name(variant) {
+            return Err(unsafe_path(format!("variant name {variant:?} is not a plain folder name")));
+        }
+        if Path::new(rel).components().any(|c| !matches!(c, Component::Normal(_))) || rel.contains('\\') {
+            return Err(unsafe_path(format!("{rel:?} leaves the variant's folder (absolute, or with ..)")));
+        }
+        match self {
+            Source::Dir(repo) => {
+                let dir = repo.join("build").join(variant);
+                let file = inside(&dir, rel).map_err(unsafe_path)?;
+                let size =
+                    std::fs::metadata(&file).map_err(|e| (ReasonCode::PLUGIN_VARIANT_REJECTED, e.to_string()))?.len();
+                if size > max {
+                    return Err(unsafe_path(format!("{rel} is {size} bytes; at most {max}")));
+                }
+                std::fs::read(&file).map_err(|e| (ReasonCode::PLUGIN_VARIANT_REJECTED, format!("{rel}: {e}")))
+            }
+            Source::Http(url) => super::http::get(&format!("{url}/build/{variant}/{rel}"), max)
+                .map_err(|e| (ReasonCode::PLUGIN_VARIANT_REJECTED, e)),
+        }
+    }
+}
+
+/// A variant folder name: no separator, no `.` or `..`.
+fn safe_name(n: &str) -> bool {
+    !n.is_empty() && n != "." && n != ".." && n.chars().all(|c| c.is_ascii_alphanumeric() || "._-+".contains(c))
+}
+
+/// The variants of the repository, each judged for this host, by name.
+pub fn variants(source: &Source) -> Result<Vec<Variant>> {
+    Ok(source.names()?.into_iter().map(|name| judge(source, name)).collect())
+}
+
+fn judge(source: &Source, name: String) -> Variant {
+    let metadata = match source.read(&name, "metadata.json", MAX_METADATA_BYTES).and_then(|b| {
+        serde_json::from_slice::<Metadata>(&b)
+            .map_err(|e| (ReasonCode::PLUGIN_VARIANT_REJECTED, format!("metadata.json: {e}")))
+    }) {
         Ok(m) => m,
-        Err((code, why)) => return Variant { name, rejected: Some((code, why)), metadata: None },
+        Err(rejected) => return Variant { name, rejected: Some(rejected), metadata: None },
     };
     let rejected = if metadata.kind != "c_abi" {
         Some(format!("kind {:?}: this LayerZero loads c_abi plugins from a hub", metadata.kind))
@@ -79,26 +164,20 @@ fn judge(build: &Path, name: String) -> Variant {
     } else {
         None
     };
-    let rejected = rejected
-        .map(|why| (ReasonCode::PLUGIN_VARIANT_REJECTED, why))
-        .or_else(|| inside(&dir, &metadata.library).err().map(|why| (ReasonCode::PLUGIN_PATH_UNSAFE, why)));
+    let rejected = rejected.map(|why| (ReasonCode::PLUGIN_VARIANT_REJECTED, why)).or_else(|| match source {
+        Source::Dir(repo) => inside(&repo.join("build").join(&name), &metadata.library)
+            .err()
+            .map(|why| (ReasonCode::PLUGIN_PATH_UNSAFE, why)),
+        Source::Http(_) => {
+            Path::new(&metadata.library).components().any(|c| !matches!(c, Component::Normal(_))).then(|| {
+                (
+                    ReasonCode::PLUGIN_PATH_UNSAFE,
+                    format!("library {:?} leaves the variant's folder (absolute, or with ..)", metadata.library),
+                )
+            })
+        }
+    });
     Variant { name, rejected, metadata: Some(metadata) }
-}
-
-fn read_metadata(dir: &Path) -> std::result::Result<Metadata, (ReasonCode, String)> {
-    let path = dir.join("metadata.json");
-    let size = std::fs::metadata(&path)
-        .map_err(|e| (ReasonCode::PLUGIN_VARIANT_REJECTED, format!("no readable metadata.json: {e}")))?
-        .len();
-    if size > MAX_METADATA_BYTES {
-        return Err((
-            ReasonCode::PLUGIN_PATH_UNSAFE,
-            format!("metadata.json is {size} bytes; at most {MAX_METADATA_BYTES}"),
-        ));
-    }
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| (ReasonCode::PLUGIN_VARIANT_REJECTED, format!("metadata.json: {e}")))?;
-    serde_json::from_str(&text).map_err(|e| (ReasonCode::PLUGIN_VARIANT_REJECTED, format!("metadata.json: {e}")))
 }
 
 /// `relative` names a regular file inside `dir`: no absolute path, no `..`, and no symlink
@@ -132,17 +211,18 @@ pub struct Added {
     pub variants: Vec<Variant>,
 }
 
-/// Installs the variant of `repo` this host can load into `into/<repo>/<variant>/<hash>/`,
+/// Installs the variant of `source` this host can load into `into/<repo>/<variant>/<hash>/`,
 /// refusing it when its hash is not `expect` (hex blake3), then opens it.
-pub fn add(repo: &Path, into: &Path, expect: Option<&str>) -> Result<Added> {
-    let judged = variants(repo)?;
+pub fn add(source: &Source, into: &Path, expect: Option<&str>) -> Result<Added> {
+    let judged = variants(source)?;
+    let origin = PathBuf::from(source.describe());
     let Some(chosen) = judged.iter().find(|v| v.rejected.is_none()) else {
         let why: Vec<String> =
             judged.iter().filter_map(|v| v.rejected.as_ref().map(|(c, w)| format!("{}: {w} ({c})", v.name))).collect();
         return Err(plugin_error(
             ReasonCode::PLUGIN_VARIANT_REJECTED,
             ErrorKind::InvalidInput,
-            repo,
+            &origin,
             format!(
                 "no variant loads here: {}",
                 if why.is_empty() { "build/ is empty".into() } else { why.join("; ") }
@@ -150,19 +230,9 @@ pub fn add(repo: &Path, into: &Path, expect: Option<&str>) -> Result<Added> {
         ));
     };
     let meta = chosen.metadata.as_ref().ok_or_else(|| Error::invalid("a chosen variant without metadata"))?;
-    let source = inside(&repo.join("build").join(&chosen.name), &meta.library)
-        .map_err(|why| plugin_error(ReasonCode::PLUGIN_PATH_UNSAFE, ErrorKind::InvalidInput, repo, why))?;
-    let size =
-        std::fs::metadata(&source).map_err(|e| Error::new(ErrorKind::Io, format!("{}: {e}", source.display())))?.len();
-    if size > MAX_LIBRARY_BYTES {
-        return Err(plugin_error(
-            ReasonCode::PLUGIN_PATH_UNSAFE,
-            ErrorKind::InvalidInput,
-            &source,
-            format!("it is {size} bytes; at most {MAX_LIBRARY_BYTES}"),
-        ));
-    }
-    let bytes = std::fs::read(&source).map_err(|e| Error::new(ErrorKind::Io, format!("{}: {e}", source.display())))?;
+    let bytes = source
+        .read(&chosen.name, &meta.library, MAX_LIBRARY_BYTES)
+        .map_err(|(code, why)| plugin_error(code, ErrorKind::InvalidInput, &origin, why))?;
     let hash = blake3::hash(&bytes).to_hex().to_string();
     if let Some(want) = expect
         && want != hash
@@ -170,14 +240,13 @@ pub fn add(repo: &Path, into: &Path, expect: Option<&str>) -> Result<Added> {
         return Err(plugin_error(
             ReasonCode::PLUGIN_HASH_MISMATCH,
             ErrorKind::InvalidInput,
-            &source,
-            format!("its blake3 is {hash}, not the expected {want}; nothing was installed"),
+            &origin,
+            format!("variant {}: its blake3 is {hash}, not the expected {want}; nothing was installed", chosen.name),
         ));
     }
-    let repo_name = repo.file_name().map_or_else(|| "repo".into(), |n| n.to_string_lossy().into_owned());
     let file_name = Path::new(&meta.library).file_name().map_or_else(|| "plugin.so".into(), |n| n.to_os_string());
     // Content-addressed: an install never overwrites a file another lock entry pins.
-    let target = into.join(&repo_name).join(&chosen.name).join(&hash[..16]).join(file_name);
+    let target = into.join(source.repo_name()).join(&chosen.name).join(&hash[..16]).join(file_name);
     if let Some(parent) = target.parent() {
         std::fs::create_dir_all(parent)
             .map_err(|e| Error::new(ErrorKind::Io, format!("cannot create {}: {e}", parent.display())))?;

@@ -5,6 +5,7 @@
 //! with a reason code. `lz lock --plugin PATH` writes an entry, `lz plugin list` shows them,
 //! `lz plugin verify` checks every entry against the files.
 
+mod http;
 pub mod hub;
 mod lock;
 
