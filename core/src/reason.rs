@@ -274,8 +274,6 @@ reason_codes! {
     /// The plugin's namespace is a builtin backend's or another loaded plugin's (the same
     /// name and version loaded twice).
     PLUGIN_NAMESPACE_CLASH => Plugin,
-    /// The plugin is not in the lockfile (`layerzero.lock`, or where LAYERZERO_LOCK says).
-    PLUGIN_NOT_LOCKED => Plugin,
     /// The plugin's library or capabilities hash, name or version is not what the lockfile
     /// pinned (a tampered or replaced file).
     PLUGIN_HASH_MISMATCH => Plugin,
