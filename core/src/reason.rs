@@ -285,6 +285,9 @@ reason_codes! {
     /// A path in hub metadata leaves the variant's folder (`..`, an absolute path, a symlink
     /// pointing out), or a file is larger than the bound.
     PLUGIN_PATH_UNSAFE => Plugin,
+    /// Two plugins need different major versions of one native runtime (`requires`), which
+    /// cannot share a process.
+    PLUGIN_REQUIREMENTS_CONFLICT => Plugin,
 }
 
 impl Serialize for ReasonCode {

@@ -3,7 +3,8 @@
  * contained. Without flags it is a well-behaved plugin: `cplug.rms_norm.c` (f32, contiguous,
  * no residual). Flags: -DCPLUG_VERSION='"0.2.0"', -DCPLUG_NAME='"cpu"', -DCPLUG_ABI=2,
  * -DCPLUG_LIE (declares a second kernel it does not export), -DCPLUG_BAD_JSON,
- * -DCPLUG_FAIL (the kernel returns an error status with a message). */
+ * -DCPLUG_FAIL (the kernel returns an error status with a message), -DCPLUG_EXTRA (more
+ * backend fields, such as `requires`). */
 #include <math.h>
 #include <string.h>
 #include "layerzero_plugin.h"
@@ -17,6 +18,10 @@
 #ifndef CPLUG_ABI
 #define CPLUG_ABI LZ_PLUGIN_ABI_VERSION
 #endif
+/* Extra backend fields, e.g. -DCPLUG_EXTRA='"\"requires\": {\"cuda\": \"12\"}, "'. */
+#ifndef CPLUG_EXTRA
+#define CPLUG_EXTRA ""
+#endif
 
 #define KERNEL(ID) \
     "{\"id\": \"" CPLUG_NAME ".rms_norm." ID "\", \"op\": \"rms_norm\", " \
@@ -29,7 +34,7 @@ static const char CAPABILITIES[] =
     "{\"schema_version\": 1, \"backend\": \"" CPLUG_NAME "\", \"kernels\": [";
 #else
     "{\"schema_version\": 1, \"backend\": \"" CPLUG_NAME "\", \"description\": \"A C test plugin.\", "
-    "\"device\": \"cpu\", \"version\": \"" CPLUG_VERSION "\", \"execution\": \"external\", \"kernels\": ["
+    "\"device\": \"cpu\", \"version\": \"" CPLUG_VERSION "\", \"execution\": \"external\", " CPLUG_EXTRA "\"kernels\": ["
     KERNEL("c")
 #ifdef CPLUG_LIE
     ", " KERNEL("phantom")

@@ -468,3 +468,25 @@ fn lz_plugin_add_picks_the_variant_for_this_host_explains_the_others_and_locks_i
     );
     Ok(())
 }
+
+#[test]
+fn plugins_needing_different_majors_of_one_runtime_are_refused_naming_both() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let build = |file: &str, name: &str, cuda: &str| -> TestResult<Arc<Plugin>> {
+        let flags = [
+            format!(r#"-DCPLUG_NAME="{name}""#),
+            format!(r#"-DCPLUG_EXTRA="\"requires\": {{\"cuda\": \"{cuda}\"}}, ""#),
+        ];
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        Ok(Arc::new(Plugin::open(&c_plugin(dir.path(), file, &flags)?)?))
+    };
+    let (a, b, c) = (build("a", "cpluga", "12")?, build("b", "cplugb", "11")?, build("c", "cplugc", "12")?);
+    let lz = LayerZero::detected_with_plugins(Catalog::builtin()?, &[a.clone(), c])?;
+    assert!(lz.catalog().find("cplugc@0.1.0.rms_norm.c").is_some(), "the same major shares a process");
+    let err =
+        LayerZero::detected_with_plugins(Catalog::builtin()?, &[a, b]).err().ok_or("cuda 11 and 12 in one process")?;
+    assert!(refused_with(&err, ReasonCode::PLUGIN_REQUIREMENTS_CONFLICT), "{err}");
+    let m = err.to_string();
+    assert!(m.contains("cplugb@0.1.0 needs cuda 11") && m.contains("cpluga@0.1.0 (loaded) needs cuda 12"), "{m}");
+    Ok(())
+}

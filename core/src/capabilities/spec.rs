@@ -648,6 +648,10 @@ pub struct BackendSpec {
     /// Where the facts come from.
     #[serde(default)]
     pub upstream: Option<Upstream>,
+    /// Native runtimes its library needs, by name, with the major version (`{"cuda": "12"}`):
+    /// two backends needing different majors of one runtime cannot share a process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requires: Option<std::collections::BTreeMap<String, String>>,
     /// Its kernels.
     pub kernels: Vec<KernelSpec>,
 }

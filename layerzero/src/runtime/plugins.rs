@@ -13,7 +13,9 @@ impl LayerZero {
     /// [`LayerZero::detected_with`] over `catalog` plus `plugins`' kernels, each bound to its
     /// plugin's executor. A plugin whose name is a backend of `catalog`, or whose namespace
     /// (`NAME@VERSION`) another plugin has, is refused (`PLUGIN_NAMESPACE_CLASH`); two versions
-    /// of one plugin load side by side.
+    /// of one plugin load side by side. A plugin needing another major version of a native
+    /// runtime than a plugin before it (`requires`) is refused (`PLUGIN_REQUIREMENTS_CONFLICT`),
+    /// naming both.
     pub fn detected_with_plugins(catalog: Arc<Catalog>, plugins: &[Arc<Plugin>]) -> Result<LayerZero> {
         let mut backends = catalog.backends().to_vec();
         for p in plugins {
@@ -27,6 +29,14 @@ impl LayerZero {
             if let Some(why) = clash {
                 return Err(plugin_error(ReasonCode::PLUGIN_NAMESPACE_CLASH, ErrorKind::InvalidInput, &p.path, why));
             }
+            if let Some(why) = conflict(p.backend(), &backends) {
+                return Err(plugin_error(
+                    ReasonCode::PLUGIN_REQUIREMENTS_CONFLICT,
+                    ErrorKind::InvalidInput,
+                    &p.path,
+                    why,
+                ));
+            }
             backends.push(p.backend().clone());
         }
         let mut lz = LayerZero::detected_with(Arc::new(Catalog::from_backends(backends)?))?;
@@ -37,4 +47,22 @@ impl LayerZero {
         }
         Ok(lz)
     }
+}
+
+/// The first backend of `loaded` that needs another major version of a runtime `b` needs.
+fn conflict(
+    b: &crate::capabilities::spec::BackendSpec,
+    loaded: &[crate::capabilities::spec::BackendSpec],
+) -> Option<String> {
+    let mine = b.requires.as_ref()?;
+    loaded.iter().find_map(|other| {
+        let theirs = other.requires.as_ref()?;
+        mine.iter().find_map(|(runtime, major)| {
+            let other_major = theirs.get(runtime).filter(|m| *m != major)?;
+            Some(format!(
+                "{} needs {runtime} {major}, but {} (loaded) needs {runtime} {other_major}: one process cannot hold both",
+                b.backend, other.backend
+            ))
+        })
+    })
 }
