@@ -88,13 +88,14 @@ fn list(path: &Path, json: bool) -> Result<Outcome> {
     } else if lock.plugins.is_empty() {
         println!("no plugins locked in {}", path.display());
     } else {
+        let short = |h: &str| h.get(..16).unwrap_or(h).to_owned();
         for e in &lock.plugins {
             println!(
                 "{:<24} {}  library {}  capabilities {}  source {}",
                 e.namespace(),
                 e.path.display(),
-                &e.library_blake3[..16.min(e.library_blake3.len())],
-                &e.capabilities_blake3[..16.min(e.capabilities_blake3.len())],
+                short(&e.library_blake3),
+                short(&e.capabilities_blake3),
                 e.source
             );
         }

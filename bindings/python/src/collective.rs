@@ -104,13 +104,7 @@ pub fn agree_by_capability(
     };
     let facts = facts_of(py, handle, workload.as_deref())?;
     let one_plan = one_plan.unwrap_or(policy_wants);
-    let report = py.detach(|| match facts {
-        Ok(f) => distributed::agree_by_capability(&f, &g, one_plan),
-        Err(e) => {
-            distributed::agree_by_capability(&Facts::unlisted(&e), &g, one_plan)?;
-            Err(e)
-        }
-    });
+    let report = py.detach(|| distributed::agree_by_capability_listed(facts, &g, one_plan));
     let report = report.map_err(|e| to_py(py, &e))?;
     Ok((report.groups, report.differences))
 }

@@ -66,6 +66,22 @@ pub fn agree_by_capability(facts: &Facts, group: &dyn Collective, one_plan: bool
     Ok(CapabilityReport { groups, differences })
 }
 
+/// [`agree_by_capability`] on facts a rank may have failed to list: it still takes part (with
+/// [`Facts::unlisted`]), then returns its own error.
+pub fn agree_by_capability_listed(
+    facts: Result<Facts>,
+    group: &dyn Collective,
+    one_plan: bool,
+) -> Result<CapabilityReport> {
+    match facts {
+        Ok(f) => agree_by_capability(&f, group, one_plan),
+        Err(e) => {
+            agree_by_capability(&Facts::unlisted(&e), group, one_plan)?;
+            Err(e)
+        }
+    }
+}
+
 /// The marker a rank's one-plan wish travels under (not a fact of selection).
 const ONE_PLAN: &str = "policy:one_plan_across_ranks";
 

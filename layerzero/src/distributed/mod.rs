@@ -22,7 +22,7 @@ mod groups;
 pub mod mpi;
 mod root;
 
-pub use groups::{CapabilityReport, agree_by_capability};
+pub use groups::{CapabilityReport, agree_by_capability, agree_by_capability_listed};
 pub use root::{from_root, solve_on_root};
 
 use std::collections::BTreeMap;
@@ -121,13 +121,7 @@ impl LayerZero {
     /// this handle's policy sets `one_plan_across_ranks` (or another rank's does).
     pub fn agree_by_capability(&self, group: &dyn Collective, workload: Option<&Workload>) -> Result<CapabilityReport> {
         let one_plan = self.selector().policy().one_plan_across_ranks;
-        match self.agreement_facts(workload) {
-            Ok(facts) => agree_by_capability(&facts, group, one_plan),
-            Err(e) => {
-                agree_by_capability(&Facts::unlisted(&e), group, one_plan)?;
-                Err(e)
-            }
-        }
+        agree_by_capability_listed(self.agreement_facts(workload), group, one_plan)
     }
 }
 
