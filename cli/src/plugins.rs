@@ -106,10 +106,15 @@ fn list(path: &Path, json: bool) -> Result<Outcome> {
 fn verify(path: &Path, json: bool) -> Result<Outcome> {
     let lock = Lockfile::read(path)?;
     let base = path.parent().unwrap_or(Path::new("."));
+    // Each plugin is opened where the host would open it: an isolated one in its worker.
+    let loading = layerzero::plugins::Loading::from_settings(&layerzero::knobs::Settings::from_env()?)?;
     let results: Vec<(String, std::result::Result<(), String>)> = lock
         .plugins
         .iter()
-        .map(|e| (e.namespace(), open_locked(e, base).map(|_| ()).map_err(|err| err.to_string())))
+        .map(|e| {
+            let opened = open_locked(e, base, loading.isolated(&e.name, &e.version));
+            (e.namespace(), opened.map(|_| ()).map_err(|err| err.to_string()))
+        })
         .collect();
     let bad = results.iter().filter(|(_, r)| r.is_err()).count();
     if json {

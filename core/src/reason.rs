@@ -124,6 +124,10 @@ reason_codes! {
     KERNEL_OUTPUT_INVALID => Health,
     /// The kernel ran out of memory; a kernel with a smaller workspace is tried next.
     KERNEL_OUT_OF_MEMORY => Health,
+    /// The worker process running an isolated kernel crashed (a signal, an abort) or hung
+    /// past its deadline; it was killed, the call fell back, and the next call starts a new
+    /// worker.
+    KERNEL_WORKER_LOST => Health,
     /// The kernel's device was lost or it made an illegal memory access: its backend is
     /// disabled until a probe succeeds.
     DEVICE_LOST => Health,
@@ -288,6 +292,9 @@ reason_codes! {
     /// Two plugins need different major versions of one native runtime (`requires`), which
     /// cannot share a process.
     PLUGIN_REQUIREMENTS_CONFLICT => Plugin,
+    /// An isolated plugin's worker process could not be started, or did not open the plugin
+    /// (the worker program is missing, or it exited before answering).
+    PLUGIN_WORKER_FAILED => Plugin,
 }
 
 impl Serialize for ReasonCode {

@@ -4,9 +4,14 @@
  * no residual). Flags: -DCPLUG_VERSION='"0.2.0"', -DCPLUG_NAME='"cpu"', -DCPLUG_ABI=2,
  * -DCPLUG_LIE (declares a second kernel it does not export), -DCPLUG_BAD_JSON,
  * -DCPLUG_FAIL (the kernel returns an error status with a message), -DCPLUG_EXTRA (more
- * backend fields, such as `requires`). */
+ * backend fields, such as `requires`), -DCPLUG_TRAPS (prints to stdout on every call, and
+ * when x[0] is -1 aborts, -2 writes through NULL, -3 never returns: what subprocess isolation
+ * must contain). */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "layerzero_plugin.h"
 
 #ifndef CPLUG_VERSION
@@ -81,6 +86,14 @@ static int32_t rms_norm(const lz_arg *inputs, size_t n_inputs, const char *attrs
         return LZ_FAILED;
     }
     const float *xs = (const float *)t->data, *ws = (const float *)w->tensor.data;
+#ifdef CPLUG_TRAPS
+    printf("cplug writes to stdout, which must not reach the host's protocol\n");
+    fflush(stdout);
+    if (xs[0] == -1.0f) abort();
+    if (xs[0] == -2.0f) *(volatile int *)(size_t)xs[1] = 1;
+    if (xs[0] == -3.0f)
+        for (;;) sleep(1);
+#endif
     float *o = (float *)out.data;
     for (int64_t r = 0; r < n / h; r++) {
         double ss = 0;

@@ -17,6 +17,7 @@ mod front_door;
 mod hardware_measure;
 mod health;
 mod isa_cap;
+mod isolation;
 mod measured;
 mod memory;
 mod models;

@@ -14,7 +14,7 @@ use layerzero::reason::ReasonCode;
 use layerzero_tests::{TestResult, repo_root};
 
 /// Builds the example plugin (cargo is quick when it is up to date) and returns its library.
-fn example_plugin() -> TestResult<PathBuf> {
+pub(super) fn example_plugin() -> TestResult<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
         .current_dir(repo_root())
@@ -31,14 +31,14 @@ fn example_plugin() -> TestResult<PathBuf> {
     Ok(lib)
 }
 
-fn fused_norm(rows: usize, h: usize) -> TestResult<OpArgs> {
+pub(super) fn fused_norm(rows: usize, h: usize) -> TestResult<OpArgs> {
     let x = HostTensor::from_f32(&[rows, h], (0..rows * h).map(|i| ((i % 13) as f32 - 6.0) / 3.0).collect())?;
     let residual = HostTensor::from_f32(&[rows, h], (0..rows * h).map(|i| ((i % 5) as f32 - 2.0) / 7.0).collect())?;
     let weight = HostTensor::from_f32(&[h], (0..h).map(|i| 0.5 + (i % 3) as f32 / 4.0).collect())?;
     Ok(OpArgs::RmsNorm(NormArgs { x, weight, bias: None, residual: Some(residual), attrs: Default::default() }))
 }
 
-fn refused_with(err: &layerzero::error::Error, code: ReasonCode) -> bool {
+pub(super) fn refused_with(err: &layerzero::error::Error, code: ReasonCode) -> bool {
     err.reasons().iter().any(|r| r.code() == code) && err.to_string().contains(code.as_str())
 }
 
@@ -108,7 +108,7 @@ fn one_namespace_loaded_twice_is_refused() -> TestResult {
 }
 
 /// A copy of the example plugin in `dir` (so a test may tamper with it).
-fn plugin_copy(dir: &std::path::Path) -> TestResult<PathBuf> {
+pub(super) fn plugin_copy(dir: &std::path::Path) -> TestResult<PathBuf> {
     let copy = dir.join("libfusedops.so");
     std::fs::copy(example_plugin()?, &copy)?;
     Ok(copy)
@@ -170,7 +170,7 @@ fn the_host_loads_the_locked_plugins_and_refuses_a_tampered_one_before_opening_i
 }
 
 /// `tests/plugins/cplug.c` compiled with `flags` into `dir` (the C compiler CI installs).
-fn c_plugin(dir: &std::path::Path, name: &str, flags: &[&str]) -> TestResult<PathBuf> {
+pub(super) fn c_plugin(dir: &std::path::Path, name: &str, flags: &[&str]) -> TestResult<PathBuf> {
     let out = dir.join(format!("lib{name}.so"));
     let status = Command::new("cc")
         .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-I"])
@@ -205,13 +205,13 @@ fn every_plugin_that_breaks_a_rule_is_refused_with_its_reason_code() -> TestResu
     Ok(())
 }
 
-fn plain_norm() -> TestResult<OpArgs> {
+pub(super) fn plain_norm() -> TestResult<OpArgs> {
     let x = HostTensor::from_f32(&[2, 32], (0..64).map(|i| (i as f32 - 30.0) / 9.0).collect())?;
     let weight = HostTensor::from_f32(&[32], (0..32).map(|i| 1.0 + i as f32 / 64.0).collect())?;
     Ok(OpArgs::RmsNorm(NormArgs { x, weight, bias: None, residual: None, attrs: Default::default() }))
 }
 
-fn lock_on(kernel: &str) -> TestResult<Policy> {
+pub(super) fn lock_on(kernel: &str) -> TestResult<Policy> {
     Ok(Policy::from_json(&format!(r#"{{"rules": [{{"action": "lock", "kernels": "{kernel}"}}]}}"#), "lock.json")?)
 }
 

@@ -15,6 +15,8 @@
 mod elf;
 mod executor;
 mod library;
+#[cfg(unix)]
+pub mod worker;
 
 pub use executor::PluginExecutor;
 pub use layerzero_plugin_abi as abi;

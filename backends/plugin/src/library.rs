@@ -23,9 +23,19 @@ pub struct Plugin {
     pub library_hash: String,
     /// blake3 of the capabilities JSON it returned, hex.
     pub capabilities_hash: String,
+    /// The capabilities JSON it returned.
+    pub capabilities: String,
     backend: BackendSpec,
-    kernels: Vec<(String, abi::KernelFn)>,
-    pub(crate) library: Arc<libloading::Library>,
+    runs: Runs,
+}
+
+/// Where a plugin's kernels run.
+enum Runs {
+    /// Loaded into this process: each kernel's entry point.
+    InProcess { kernels: Vec<(String, abi::KernelFn)>, library: Arc<libloading::Library> },
+    /// In a worker process (`crate::worker`); the library is never loaded here.
+    #[cfg(unix)]
+    Isolated(Arc<crate::worker::Worker>),
 }
 
 impl std::fmt::Debug for Plugin {
@@ -33,7 +43,8 @@ impl std::fmt::Debug for Plugin {
         f.debug_struct("Plugin")
             .field("namespace", &self.namespace())
             .field("path", &self.path)
-            .field("kernels", &self.kernels.iter().map(|(id, _)| id).collect::<Vec<_>>())
+            .field("kernels", &self.backend.kernels.iter().map(|k| &k.id).collect::<Vec<_>>())
+            .field("isolated", &self.is_isolated())
             .finish_non_exhaustive()
     }
 }
@@ -117,10 +128,78 @@ impl Plugin {
             path: path.to_path_buf(),
             library_hash,
             capabilities_hash,
+            capabilities: text,
             backend,
-            kernels,
-            library,
+            runs: Runs::InProcess { kernels, library },
         })
+    }
+
+    /// Opens the plugin at `path` in a worker process (`options`), never loading it here: the
+    /// worker checks the file against `expected` (blake3, hex) and makes every check
+    /// [`Plugin::open`] makes; its capabilities are checked again here. Its kernels run in the
+    /// worker, which is restarted after a crash or a missed deadline.
+    #[cfg(unix)]
+    pub fn open_isolated(path: &Path, expected: &str, options: crate::worker::WorkerOptions) -> Result<Plugin> {
+        let (worker, opened) = crate::worker::Worker::start(path, expected, options)?;
+        if opened.library_blake3 != expected {
+            return Err(plugin_error(
+                ReasonCode::PLUGIN_HASH_MISMATCH,
+                ErrorKind::InvalidInput,
+                path,
+                format!("its worker loaded a file of blake3 {}, not {expected}", opened.library_blake3),
+            ));
+        }
+        let declared = parse(&opened.capabilities, path)?;
+        if declared.backend != opened.name || declared.version != opened.version {
+            return Err(plugin_error(
+                ReasonCode::PLUGIN_CAPABILITIES_INVALID,
+                ErrorKind::InvalidInput,
+                path,
+                "its worker's capabilities do not match the name and version it reported".into(),
+            ));
+        }
+        Ok(Plugin {
+            name: opened.name,
+            version: opened.version,
+            path: path.to_path_buf(),
+            library_hash: opened.library_blake3,
+            capabilities_hash: blake3::hash(opened.capabilities.as_bytes()).to_hex().to_string(),
+            capabilities: opened.capabilities,
+            backend: namespace(declared),
+            runs: Runs::Isolated(Arc::new(worker)),
+        })
+    }
+
+    /// True when its kernels run in a worker process.
+    pub fn is_isolated(&self) -> bool {
+        !matches!(self.runs, Runs::InProcess { .. })
+    }
+
+    /// Its worker, when it is isolated.
+    #[cfg(unix)]
+    pub fn worker(&self) -> Option<&crate::worker::Worker> {
+        match &self.runs {
+            Runs::Isolated(w) => Some(w),
+            Runs::InProcess { .. } => None,
+        }
+    }
+
+    /// The entry point of kernel `id` (namespaced), when it runs in this process.
+    pub(crate) fn entry(&self, id: &str) -> Option<abi::KernelFn> {
+        match &self.runs {
+            Runs::InProcess { kernels, .. } => kernels.iter().find(|(k, _)| k == id).map(|(_, f)| *f),
+            #[cfg(unix)]
+            Runs::Isolated(_) => None,
+        }
+    }
+
+    /// Keeps the library loaded for as long as the borrow lasts (in-process plugins).
+    pub(crate) fn library(&self) -> Option<&libloading::Library> {
+        match &self.runs {
+            Runs::InProcess { library, .. } => Some(library),
+            #[cfg(unix)]
+            Runs::Isolated(_) => None,
+        }
     }
 
     /// `NAME@VERSION`: the backend name its kernels are declared under here.
@@ -135,14 +214,27 @@ impl Plugin {
 
     /// Each kernel's namespaced id with its executor.
     pub fn executors(self: &Arc<Self>) -> Vec<(String, Arc<dyn layerzero_core::exec::executor::Executor>)> {
-        self.kernels
-            .iter()
-            .map(|(id, f)| {
-                let e: Arc<dyn layerzero_core::exec::executor::Executor> =
-                    Arc::new(crate::PluginExecutor::new(self.clone(), id.clone(), *f));
-                (id.clone(), e)
-            })
-            .collect()
+        use layerzero_core::exec::executor::Executor;
+        match &self.runs {
+            Runs::InProcess { kernels, .. } => kernels
+                .iter()
+                .map(|(id, f)| {
+                    let e: Arc<dyn Executor> = Arc::new(crate::PluginExecutor::new(self.clone(), id.clone(), *f));
+                    (id.clone(), e)
+                })
+                .collect(),
+            #[cfg(unix)]
+            Runs::Isolated(worker) => self
+                .backend
+                .kernels
+                .iter()
+                .map(|k| {
+                    let e: Arc<dyn Executor> =
+                        Arc::new(crate::worker::IsolatedExecutor::new(worker.clone(), k.id.clone()));
+                    (k.id.clone(), e)
+                })
+                .collect(),
+        }
     }
 }
 

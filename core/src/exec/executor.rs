@@ -31,6 +31,10 @@ pub enum KernelError {
     /// without counting it against the kernel's health (other shapes still compile).
     #[error("JIT compilation failed: {0}")]
     CompileFailed(String),
+    /// The worker process running the kernel (an isolated plugin's) crashed or hung past its
+    /// deadline and was killed; the host survives and the next call starts a new worker.
+    #[error("worker lost: {0}")]
+    WorkerLost(String),
 }
 
 /// The message of a caught panic (`catch_unwind`'s payload), or "unknown panic".
@@ -55,6 +59,13 @@ pub trait Executor: Send + Sync {
     fn run_into(&self, args: &OpArgs, buffers: Outputs) -> Result<Outputs, KernelError> {
         drop(buffers);
         self.run(args)
+    }
+
+    /// True when the executor ends a late call itself (an isolated plugin's worker is killed
+    /// at its deadline): the runtime then calls it directly rather than on a runner thread it
+    /// would abandon at `kernel_timeout_ms`.
+    fn kills_at_deadline(&self) -> bool {
+        false
     }
 
     /// Prepares what the kernel keeps between calls for arguments like `args` (a weight

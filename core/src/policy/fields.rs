@@ -23,6 +23,8 @@ pub enum FieldValue {
     ValidateOutputs(bool),
     /// `strict_mode`.
     StrictMode(bool),
+    /// `isolation`: each glob's plugins run in a worker process.
+    Isolate(Vec<String>),
     /// Rules appended after the file's, one per glob.
     Rules {
         /// What each rule does.
@@ -89,6 +91,12 @@ impl Policy {
                 FieldValue::StrictMode(b) => {
                     self.strict_mode = *b;
                     note("strict_mode", b.to_string());
+                }
+                FieldValue::Isolate(globs) => {
+                    for glob in globs {
+                        self.isolation.insert(glob.clone(), super::Isolation::Subprocess);
+                        note("isolation", format!("{glob} = subprocess"));
+                    }
                 }
                 FieldValue::Rules { action, globs, origin } => {
                     for glob in globs {

@@ -215,6 +215,37 @@ pub struct Policy {
     /// plugins loaded are in the catalog's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_plugins: Option<Vec<String>>,
+    /// How plugins run, by `NAME@VERSION` glob or plugin name: `subprocess` opens and runs the
+    /// plugin in a worker process (a crash or hang there is contained and falls back),
+    /// `in_process` (the default) loads it here. Not part of the policy hash (it changes where
+    /// a kernel runs, not which).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub isolation: std::collections::BTreeMap<String, Isolation>,
+}
+
+/// Where a plugin's kernels run (`isolation` in a policy file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Isolation {
+    /// Loaded into the serving process.
+    InProcess,
+    /// In a worker process of their own.
+    Subprocess,
+}
+
+impl Policy {
+    /// How the plugin `name` at `version` runs: a key naming it exactly (`NAME@VERSION`, then
+    /// `NAME`) decides; otherwise it runs in a worker when any glob key matching
+    /// `NAME@VERSION` says `subprocess`.
+    pub fn isolation_of(&self, name: &str, version: &str) -> Isolation {
+        let namespace = format!("{name}@{version}");
+        if let Some(i) = self.isolation.get(&namespace).or_else(|| self.isolation.get(name)) {
+            return *i;
+        }
+        let isolated =
+            self.isolation.iter().any(|(glob, i)| *i == Isolation::Subprocess && glob::glob_match(glob, &namespace));
+        if isolated { Isolation::Subprocess } else { Isolation::InProcess }
+    }
 }
 
 /// Circuit-breaker settings (`health` in a policy file).
@@ -256,8 +287,15 @@ fn one() -> u32 {
     1
 }
 /// Policy fields that tune the runtime's health, not selection: left out of the hash.
-const RUNTIME_FIELDS: [&str; 6] =
-    ["health", "kernel_timeout_ms", "validate_outputs", "require_warm", "one_plan_across_ranks", "allow_plugins"];
+const RUNTIME_FIELDS: [&str; 7] = [
+    "health",
+    "kernel_timeout_ms",
+    "validate_outputs",
+    "require_warm",
+    "one_plan_across_ranks",
+    "allow_plugins",
+    "isolation",
+];
 fn yes() -> bool {
     true
 }
@@ -281,6 +319,7 @@ impl Default for Policy {
             require_warm: false,
             one_plan_across_ranks: false,
             allow_plugins: None,
+            isolation: std::collections::BTreeMap::new(),
         }
     }
 }

@@ -41,6 +41,8 @@ pub enum FailureClass {
     /// Its device was lost (or it made an illegal memory access): the whole backend is
     /// disabled until a probe succeeds.
     DeviceLost,
+    /// The worker process running it (an isolated plugin's) crashed or hung and was killed.
+    WorkerLost,
 }
 
 impl FailureClass {
@@ -52,6 +54,7 @@ impl FailureClass {
             FailureClass::Timeout => ReasonCode::KERNEL_TIMEOUT,
             FailureClass::OutOfMemory => ReasonCode::KERNEL_OUT_OF_MEMORY,
             FailureClass::DeviceLost => ReasonCode::DEVICE_LOST,
+            FailureClass::WorkerLost => ReasonCode::KERNEL_WORKER_LOST,
         }
     }
 }
@@ -346,9 +349,10 @@ impl Health {
         match class {
             FailureClass::DeviceLost => b.failed(now, limits, true, why),
             FailureClass::Timeout => k.failed(now, limits, true, why),
-            FailureClass::Kernel | FailureClass::OutputInvalid | FailureClass::OutOfMemory => {
-                k.failed(now, limits, false, why)
-            }
+            FailureClass::Kernel
+            | FailureClass::OutputInvalid
+            | FailureClass::OutOfMemory
+            | FailureClass::WorkerLost => k.failed(now, limits, false, why),
         }
     }
 

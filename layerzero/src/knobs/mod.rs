@@ -262,6 +262,11 @@ knobs! {
     /// The lockfile of plugins (kernel libraries from outside) the host loads, each checked
     /// against its pinned blake3 before it is opened (`lz lock --plugin PATH` writes it).
     LOCK => lock: Option<PathBuf> = None, shown "./layerzero.lock (in the working folder, when it exists)";
+    /// Plugins (`NAME@VERSION` globs, comma-separated) that run in a worker process of their
+    /// own rather than in this one (the policy's `isolation` field, set to `subprocess`).
+    ISOLATE => isolate: Globs = Globs(List::EMPTY);
+    /// The worker program isolated plugins run in (`layerzero-plugin-worker`).
+    PLUGIN_WORKER => plugin_worker: Option<PathBuf> = None, shown "layerzero-plugin-worker beside the program, else on PATH";
 }
 
 impl Settings {
@@ -333,6 +338,9 @@ impl Settings {
         }
         if let Some(b) = self.strict_mode {
             set(&STRICT_MODE, FieldValue::StrictMode(b));
+        }
+        if !self.isolate.0.items.is_empty() {
+            set(&ISOLATE, FieldValue::Isolate(self.isolate.0.items.clone()));
         }
         for (knob, action, globs) in [
             (&PREFER, Action::Prefer, &self.prefer),

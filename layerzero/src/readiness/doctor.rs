@@ -213,10 +213,12 @@ pub fn doctor(inputs: &DoctorInputs<'_>) -> Result<DoctorReport> {
         .collect();
     let policy = check_policy(catalog, inputs.env);
     let lock = settings.lock_path();
-    // The policy's allowlist, as the host applies it (an unreadable policy is reported above).
-    let allow = settings.policy.as_deref().and_then(|p| Policy::load(p).ok()).and_then(|p| p.allow_plugins);
-    let plugins =
-        (lock.display().to_string(), crate::plugins::states(&lock, allow.as_deref()).map_err(|e| e.to_string()));
+    // The policy's allowlist and isolation, as the host applies them (an unreadable policy is
+    // reported above).
+    let mut effective = settings.policy.as_deref().and_then(|p| Policy::load(p).ok()).unwrap_or_default();
+    effective.apply_overrides(&settings.policy_overrides());
+    let loading = crate::plugins::Loading::new(&effective, &settings);
+    let plugins = (lock.display().to_string(), crate::plugins::states(&lock, &loading).map_err(|e| e.to_string()));
     let plugins_ok = plugins.1.as_ref().is_ok_and(|states| states.iter().all(|s| s.error.is_none()));
     let ok = plugins_ok
         && files.iter().all(FileCheck::is_valid)

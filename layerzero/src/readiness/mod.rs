@@ -118,7 +118,7 @@ pub fn readiness(inputs: &ReadinessInputs<'_>) -> Vec<Check> {
     let catalog = capabilities_check(&inputs.catalog, &mut checks);
     checks.push(schemas_check());
     let policy = policy_check(inputs.policy, &inputs.settings.policy_overrides(), &mut checks);
-    let allow_plugins = policy.as_ref().and_then(|p| p.allow_plugins.clone());
+    let loading = policy.as_ref().map(|p| crate::plugins::Loading::new(p, inputs.settings));
     let selector = match (catalog, policy) {
         (Some(c), Some(p)) => match selector(c, inputs.hardware.clone(), p) {
             Ok(s) => Some(s),
@@ -135,18 +135,18 @@ pub fn readiness(inputs: &ReadinessInputs<'_>) -> Vec<Check> {
         checks.push(coverage_check(path, plan.as_ref()));
     }
     checks.push(perfdb_check(&inputs.perfdb.map_or_else(|| inputs.settings.perfdb_path(), Path::to_path_buf)));
-    if let Some(c) = plugins_check(&inputs.settings.lock_path(), allow_plugins.as_deref()) {
+    if let Some(c) = loading.and_then(|l| plugins_check(&inputs.settings.lock_path(), &l)) {
         checks.push(c);
     }
     checks
 }
 
 /// Every plugin the lockfile at `lock` pins loads (`None` when there is no lockfile).
-pub fn plugins_check(lock: &Path, allow: Option<&[String]>) -> Option<Check> {
+pub fn plugins_check(lock: &Path, loading: &crate::plugins::Loading) -> Option<Check> {
     if !lock.exists() {
         return None;
     }
-    Some(match crate::plugins::states(lock, allow) {
+    Some(match crate::plugins::states(lock, loading) {
         Err(e) => Check::fail("plugins", e.to_string(), format!("fix or remove the lockfile {}", lock.display())),
         Ok(states) => {
             let bad: Vec<String> =
@@ -203,8 +203,8 @@ pub fn of_handle(lz: &LayerZero, workload: Option<&Workload>, perfdb: Option<&Pa
         });
     }
     checks.push(perfdb_check(&perfdb.map_or_else(|| lz.settings().perfdb_path(), Path::to_path_buf)));
-    let allow = lz.declared_policy().allow_plugins.clone();
-    if let Some(c) = plugins_check(&lz.settings().lock_path(), allow.as_deref()) {
+    let loading = crate::plugins::Loading::new(&lz.declared_policy(), lz.settings());
+    if let Some(c) = plugins_check(&lz.settings().lock_path(), &loading) {
         checks.push(c);
     }
     checks

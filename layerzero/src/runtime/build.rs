@@ -53,7 +53,11 @@ impl LayerZero {
         let lock = settings.lock_path();
         let mut lz = if lock.exists() {
             let locked = crate::plugins::Lockfile::read(&lock)?;
-            let plugins = crate::plugins::open_all(&locked, &lock, policy.allow_plugins.as_deref())?;
+            // Loaded under the policy as the knobs leave it (LAYERZERO_ISOLATE, the deadline).
+            let mut effective = policy.clone();
+            effective.apply_overrides(&settings.policy_overrides());
+            let loading = crate::plugins::Loading::new(&effective, &settings);
+            let plugins = crate::plugins::open_all(&locked, &lock, &loading)?;
             LayerZero::detected_with_plugins(Catalog::builtin()?, &plugins)?
         } else {
             LayerZero::detected()?

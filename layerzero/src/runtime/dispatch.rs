@@ -302,7 +302,9 @@ impl LayerZero {
         // its outputs here, so the fallback and the breakers see what a real failure does.
         let injected = self.faults.as_ref().map_or(Injected::Run, |f| f.inject(sel.index));
         let hangs = matches!(injected, Injected::Hang(_));
-        let deadline = self.health.deadline().or(hangs.then_some(HANG_DEADLINE));
+        // An executor that kills its own late calls (an isolated worker) is not abandoned.
+        let deadline =
+            if exec.kills_at_deadline() { None } else { self.health.deadline() }.or(hangs.then_some(HANG_DEADLINE));
         let result = match deadline {
             None => run_guarded(exec, &sel.kernel, &sel.transforms, args, buffers, injected),
             Some(deadline) => self.run_with_deadline(sel, exec, args, injected, deadline),
@@ -441,6 +443,9 @@ fn run_guarded(
         }
         Ok(Err(e @ KernelError::DeviceLost(_))) => {
             Err(Failed::Class(FailureClass::DeviceLost, format!("{kernel}: {e}")))
+        }
+        Ok(Err(e @ KernelError::WorkerLost(_))) => {
+            Err(Failed::Class(FailureClass::WorkerLost, format!("{kernel}: {e}")))
         }
         Ok(Err(e)) => Err(fail(format!("{kernel}: {e}"))),
         Err(payload) => Err(fail(format!("{kernel} panicked: {}", panic_text(payload.as_ref())))),

@@ -15,7 +15,7 @@ impl LayerZero {
     /// (`NAME@VERSION`) another plugin has, is refused (`PLUGIN_NAMESPACE_CLASH`); two versions
     /// of one plugin load side by side. A plugin needing another major version of a native
     /// runtime than a plugin before it (`requires`) is refused (`PLUGIN_REQUIREMENTS_CONFLICT`),
-    /// naming both.
+    /// naming both, unless one of the two runs in a worker process of its own.
     pub fn detected_with_plugins(catalog: Arc<Catalog>, plugins: &[Arc<Plugin>]) -> Result<LayerZero> {
         let mut backends = catalog.backends().to_vec();
         for p in plugins {
@@ -29,7 +29,17 @@ impl LayerZero {
             if let Some(why) = clash {
                 return Err(plugin_error(ReasonCode::PLUGIN_NAMESPACE_CLASH, ErrorKind::InvalidInput, &p.path, why));
             }
-            if let Some(why) = conflict(p.backend(), &backends) {
+            // Only plugins loaded here share this process's runtimes.
+            let here: Vec<_> = (catalog.backends().iter().cloned())
+                .chain(
+                    plugins
+                        .iter()
+                        .take_while(|q| !Arc::ptr_eq(q, p))
+                        .filter(|q| !q.is_isolated())
+                        .map(|q| q.backend().clone()),
+                )
+                .collect();
+            if let Some(why) = conflict(p.backend(), &here).filter(|_| !p.is_isolated()) {
                 return Err(plugin_error(
                     ReasonCode::PLUGIN_REQUIREMENTS_CONFLICT,
                     ErrorKind::InvalidInput,
