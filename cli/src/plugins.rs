@@ -112,8 +112,18 @@ fn verify(path: &Path, json: bool) -> Result<Outcome> {
         .plugins
         .iter()
         .map(|e| {
-            let opened = open_locked(e, base, loading.isolated(&e.name, &e.version));
-            (e.namespace(), opened.map(|_| ()).map_err(|err| err.to_string()))
+            let checked = match e.kind {
+                layerzero::plugins::PluginKind::CAbi => {
+                    open_locked(e, base, loading.isolated(&e.name, &e.version)).map(|_| ())
+                }
+                // A Python package's RECORD is checked here; its files and capabilities when
+                // Python imports it.
+                layerzero::plugins::PluginKind::Python => {
+                    let single = Lockfile { schema_version: lock.schema_version, plugins: vec![e.clone()] };
+                    layerzero::plugins::check_python(&single, path, &e.name, &e.version, None, &loading).map(|_| ())
+                }
+            };
+            (e.namespace(), checked.map_err(|err| err.to_string()))
         })
         .collect();
     let bad = results.iter().filter(|(_, r)| r.is_err()).count();

@@ -281,6 +281,9 @@ reason_codes! {
     /// The plugin's library or capabilities hash, name or version is not what the lockfile
     /// pinned (a tampered or replaced file).
     PLUGIN_HASH_MISMATCH => Plugin,
+    /// A plugin was found (a Python package's `layerzero.backends` entry point) that the
+    /// lockfile does not pin: it is not imported.
+    PLUGIN_NOT_LOCKED => Plugin,
     /// The policy's plugin allowlist (`allow_plugins`) does not name the plugin.
     PLUGIN_NOT_ALLOWED => Plugin,
     /// A hub variant was not chosen: another ABI, OS or architecture, a kind this LayerZero

@@ -20,4 +20,4 @@ pub mod worker;
 
 pub use executor::PluginExecutor;
 pub use layerzero_plugin_abi as abi;
-pub use library::{Plugin, plugin_error};
+pub use library::{Plugin, declared_backend, plugin_error};

@@ -238,6 +238,14 @@ impl Plugin {
     }
 }
 
+/// The backend a capabilities document `text` declares, schema-checked and renamed into its
+/// namespace (`NAME@VERSION.op.variant`, run through registered executors): a plugin that is
+/// not a library (a Python package) declares its kernels through this. `origin` names it in
+/// errors (`PLUGIN_CAPABILITIES_INVALID`).
+pub fn declared_backend(text: &str, origin: &Path) -> Result<BackendSpec> {
+    parse(text, origin).map(namespace)
+}
+
 /// `name.op.variant` as `name@version.op.variant`.
 fn namespaced(id: &str, name: &str, version: &str) -> String {
     format!("{name}@{version}{}", &id[name.len()..])

@@ -22,9 +22,12 @@ struct Installed {
     backends: Vec<(String, BackendStatus, Option<LoadedLibrary>)>,
     /// Kernel, executor, and whether it passed its self-test here.
     executors: Vec<(String, Arc<dyn Executor>, bool)>,
+    /// Python plugins' backends, in their namespaces.
+    plugins: Vec<layerzero::capabilities::spec::BackendSpec>,
 }
 
-static INSTALLED: Mutex<Installed> = Mutex::new(Installed { backends: Vec::new(), executors: Vec::new() });
+static INSTALLED: Mutex<Installed> =
+    Mutex::new(Installed { backends: Vec::new(), executors: Vec::new(), plugins: Vec::new() });
 
 /// The current handle, built on first use.
 pub fn current() -> Result<&'static LayerZero> {
@@ -45,7 +48,8 @@ pub fn build() -> Result<LayerZero> {
 }
 
 fn build_from(installed: &Installed) -> Result<LayerZero> {
-    let mut lz = LayerZero::host()?;
+    let settings = layerzero::knobs::Settings::from_env()?;
+    let mut lz = LayerZero::host_with_backends(settings, installed.plugins.clone())?;
     for (backend, status, library) in &installed.backends {
         lz = lz.with_backend(backend, status.clone(), library.clone())?;
     }
@@ -88,6 +92,15 @@ pub fn register(kernel: String, executor: Arc<dyn Executor>, verified: bool) -> 
     record(|i| {
         i.executors.retain(|(k, ..)| *k != kernel);
         i.executors.push((kernel, executor, verified));
+    })
+}
+
+/// Adds a Python plugin's backend (in its namespace) to the catalog; the handle is rebuilt on
+/// next use, and refused there if the backend clashes.
+pub fn add_plugin(backend: layerzero::capabilities::spec::BackendSpec) -> Result<()> {
+    record(|i| {
+        i.plugins.retain(|b| b.backend != backend.backend);
+        i.plugins.push(backend);
     })
 }
 

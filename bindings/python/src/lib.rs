@@ -8,6 +8,7 @@ mod fork;
 mod handle;
 mod host;
 mod ops;
+mod plugins;
 mod pyexec;
 mod reason;
 mod report;
@@ -104,5 +105,8 @@ fn _lz(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(handle::counters, m)?)?;
     m.add_function(wrap_pyfunction!(handle::doctor, m)?)?;
     m.add_function(wrap_pyfunction!(handle::readiness_check, m)?)?;
+    m.add_function(wrap_pyfunction!(plugins::plugin_check, m)?)?;
+    m.add_function(wrap_pyfunction!(plugins::plugin_add, m)?)?;
+    m.add_function(wrap_pyfunction!(plugins::plugin_lock, m)?)?;
     Ok(())
 }

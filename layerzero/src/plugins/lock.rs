@@ -39,6 +39,28 @@ pub struct LockEntry {
     /// The hub variant chosen (none for a local file).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub variant: Option<String>,
+    /// What it is: a C-ABI library (the default), or a Python package whose entry point in
+    /// the `layerzero.backends` group the Python package loads (then `path` is the
+    /// distribution's `RECORD` and `library_blake3` its blake3).
+    #[serde(default, skip_serializing_if = "PluginKind::is_c_abi")]
+    pub kind: PluginKind,
+}
+
+/// A locked plugin's kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PluginKind {
+    /// A shared library speaking the plugin C ABI.
+    #[default]
+    CAbi,
+    /// A Python package declaring a `layerzero.backends` entry point.
+    Python,
+}
+
+impl PluginKind {
+    fn is_c_abi(&self) -> bool {
+        *self == PluginKind::CAbi
+    }
 }
 
 impl LockEntry {
@@ -52,6 +74,7 @@ impl LockEntry {
             library_blake3: plugin.library_hash.clone(),
             capabilities_blake3: plugin.capabilities_hash.clone(),
             variant: None,
+            kind: PluginKind::CAbi,
         }
     }
 

@@ -9,7 +9,10 @@ mod http;
 pub mod hub;
 mod lock;
 
-pub use lock::{LOCK_SCHEMA_VERSION, LockEntry, Lockfile};
+mod python;
+
+pub use lock::{LOCK_SCHEMA_VERSION, LockEntry, Lockfile, PluginKind};
+pub use python::{check_python, lock_python, python_backend};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -62,6 +65,20 @@ impl Loading {
     fn allow(&self) -> Option<&[String]> {
         self.policy.allow_plugins.as_deref()
     }
+
+    /// Refuses (`PLUGIN_NOT_ALLOWED`) the plugin `namespace` at `path` when the policy's
+    /// `allow_plugins` globs do not name it.
+    pub fn check_allowed(&self, namespace: &str, path: &Path) -> Result<()> {
+        match self.allow() {
+            Some(globs) if !globs.iter().any(|g| crate::policy::glob::glob_match(g, namespace)) => Err(plugin_error(
+                ReasonCode::PLUGIN_NOT_ALLOWED,
+                ErrorKind::InvalidInput,
+                path,
+                format!("{namespace} is locked, but the policy's allow_plugins {globs:?} does not name it"),
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// `layerzero-plugin-worker` beside this program (or one folder up, where cargo puts a test
@@ -108,21 +125,14 @@ pub fn open_locked(entry: &LockEntry, base: &Path, isolated: Option<&WorkerOptio
 /// Every plugin of `lock` (read from `path`) that the policy's `allow_plugins` globs name
 /// (absent: all), each checked, isolated ones opened in their worker; one it does not name is
 /// refused before it is opened (`PLUGIN_NOT_ALLOWED`). The first refusal is the error.
+/// Python packages (`kind: python`) are the Python package's to load ([`check_python`]).
 pub fn open_all(lock: &Lockfile, path: &Path, loading: &Loading) -> Result<Vec<Arc<Plugin>>> {
     let base = path.parent().unwrap_or(Path::new("."));
     lock.plugins
         .iter()
+        .filter(|e| e.kind == PluginKind::CAbi)
         .map(|e| {
-            if let Some(globs) = loading.allow()
-                && !globs.iter().any(|g| crate::policy::glob::glob_match(g, &e.namespace()))
-            {
-                return Err(plugin_error(
-                    ReasonCode::PLUGIN_NOT_ALLOWED,
-                    ErrorKind::InvalidInput,
-                    &e.resolve(base),
-                    format!("{} is locked, but the policy's allow_plugins {globs:?} does not name it", e.namespace()),
-                ));
-            }
+            loading.check_allowed(&e.namespace(), &e.resolve(base))?;
             open_locked(e, base, loading.isolated(&e.name, &e.version)).map(Arc::new)
         })
         .collect()
@@ -159,11 +169,15 @@ pub fn states(path: &Path, loading: &Loading) -> Result<Vec<PluginState>> {
         .iter()
         .map(|e| {
             let single = Lockfile { schema_version: lock.schema_version, plugins: vec![e.clone()] };
+            let checked = match e.kind {
+                PluginKind::CAbi => open_all(&single, path, loading).map(|_| ()),
+                PluginKind::Python => check_python(&single, path, &e.name, &e.version, None, loading).map(|_| ()),
+            };
             PluginState {
                 namespace: e.namespace(),
                 path: e.resolve(base),
                 isolated: loading.isolated(&e.name, &e.version).is_some(),
-                error: open_all(&single, path, loading).err().map(|err| err.to_string()),
+                error: checked.err().map(|err| err.to_string()),
             }
         })
         .collect())

@@ -44,6 +44,17 @@ impl LayerZero {
     /// `$LAYERZERO_HOME/calibration.json`) when their files exist, and the plugins of the
     /// lockfile (`LAYERZERO_LOCK`, else `./layerzero.lock`) when it exists.
     pub fn host_with(settings: Settings) -> Result<LayerZero> {
+        LayerZero::host_with_backends(settings, Vec::new())
+    }
+
+    /// [`LayerZero::host_with`] with `extra` backends in the catalog (a Python plugin's, in its
+    /// namespace, whose executors the caller registers). One named as a builtin backend, or
+    /// as another backend, is refused (`PLUGIN_NAMESPACE_CLASH`).
+    pub fn host_with_backends(
+        settings: Settings,
+        extra: Vec<crate::capabilities::spec::BackendSpec>,
+    ) -> Result<LayerZero> {
+        let catalog = with_extra(Catalog::builtin()?, extra)?;
         let mut policy = match &settings.policy {
             Some(path) => Policy::load(path)?,
             None => Policy::default(),
@@ -58,9 +69,9 @@ impl LayerZero {
             effective.apply_overrides(&settings.policy_overrides());
             let loading = crate::plugins::Loading::new(&effective, &settings);
             let plugins = crate::plugins::open_all(&locked, &lock, &loading)?;
-            LayerZero::detected_with_plugins(Catalog::builtin()?, &plugins)?
+            LayerZero::detected_with_plugins(catalog, &plugins)?
         } else {
-            LayerZero::detected()?
+            LayerZero::detected_with(catalog)?
         };
         // A drill checks outputs, so an injected `nan` falls back instead of flowing on
         // (LAYERZERO_VALIDATE_OUTPUTS, applied next, still has the last word).
@@ -443,4 +454,23 @@ impl LayerZero {
     pub fn set_input_check(&self, on: bool) {
         self.check_inputs.store(on, Ordering::Relaxed);
     }
+}
+
+/// `catalog` with `extra` backends added, each refused when its name (without the version) is
+/// a builtin backend's or its namespace is already there.
+fn with_extra(catalog: Arc<Catalog>, extra: Vec<crate::capabilities::spec::BackendSpec>) -> Result<Arc<Catalog>> {
+    if extra.is_empty() {
+        return Ok(catalog);
+    }
+    let mut backends = catalog.backends().to_vec();
+    for b in extra {
+        let name = b.backend.split('@').next().unwrap_or_default();
+        if catalog.backend(name).is_some() || backends.iter().any(|o| o.backend == b.backend) {
+            let message = format!("backend {}: its name is a builtin backend's, or it is already loaded", b.backend);
+            return Err(Error::invalid(message.clone())
+                .with_reasons(vec![Reason::new(crate::reason::ReasonCode::PLUGIN_NAMESPACE_CLASH, message)]));
+        }
+        backends.push(b);
+    }
+    Ok(Arc::new(Catalog::from_backends(backends)?))
 }

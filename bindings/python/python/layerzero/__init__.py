@@ -225,7 +225,7 @@ def selftest(kernels=None, verbose=False):
     return run(kernels, verbose)
 
 
-from . import distributed, ops  # noqa: E402
+from . import distributed, ops, plugins  # noqa: E402
 
 __version__ = version()
 
@@ -261,6 +261,7 @@ __all__ = [
     "tune",
     "distributed",
     "ops",
+    "plugins",
     "version",
     "which",
 ]

@@ -41,6 +41,11 @@ def install(force=False):
     with _lock:
         if _installed and not force:
             return
+        # Packages' `layerzero.backends` entry points first, each checked before it is
+        # imported, so that a policy naming their kernels holds once the handle is built.
+        from .. import plugins
+
+        plugins.install()
         records = _record.load()
         for mod in _backend_modules():
             for backend, library, probe, executors in mod.backends():

@@ -1,0 +1,148 @@
+"""Python plugins (issue 29): a package declaring a ``layerzero.backends`` entry point is
+locked with ``python -m layerzero.plugins lock``, loaded with no code change, and its kernel
+runs through LayerZero and matches PyTorch; unlocked, tampered-with or disallowed packages are
+refused before anything of them is imported. Each case runs in a fresh interpreter, as a
+serving process would start."""
+
+import base64
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("torch")
+
+PLUGIN = textwrap.dedent(
+    '''
+    import torch
+
+    CALLS = []
+
+    KERNEL = {
+        "id": "lzplug.rms_norm.torch", "op": "rms_norm",
+        "constraints": {"dtypes": ["f32"], "strides": "contiguous"},
+        "properties": {"deterministic": True, "graph_safe": False, "needs_jit": False, "workspace_bytes": 0},
+        "perf": {"eff_compute": 0.2, "eff_mem": 0.4, "launch_ns": 3000},
+    }
+
+    def rms_norm(tensors, attrs):
+        CALLS.append(1)
+        x, w = tensors["x"], tensors["weight"]
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + attrs.get("eps", 1e-6)) * w
+
+    def backend():
+        return {
+            "capabilities": {
+                "schema_version": 1, "backend": "lzplug", "description": "A Python test plugin.",
+                "device": "cpu", "version": "0.1.0", "execution": "external", "kernels": [KERNEL],
+            },
+            "executors": {"lzplug.rms_norm.torch": rms_norm},
+        }
+    '''
+)
+
+USE = textwrap.dedent(
+    """
+    import json, sys, warnings
+    warnings.simplefilter("ignore")
+    import torch
+    import layerzero as lz
+    x, w = torch.randn(3, 64), torch.rand(64) + 0.5
+    kernel = lz.select("rms_norm", x=x, weight=w).kernel
+    out = lz.ops.rms_norm(x, w, eps=1e-6)
+    want = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+    print(json.dumps({
+        "kernel": kernel,
+        "imported": "lzplug" in sys.modules,
+        "calls": len(sys.modules["lzplug"].CALLS) if "lzplug" in sys.modules else 0,
+        "diff": (out.double() - want).abs().max().item(),
+        "state": lz.plugins.states().get("lzplug"),
+    }))
+    """
+)
+
+
+def _sha256(data):
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+@pytest.fixture
+def site(tmp_path):
+    """An installed distribution `lzplug` 0.1.0 laid out as pip lays out a wheel."""
+    site = tmp_path / "site"
+    (site / "lzplug").mkdir(parents=True)
+    info = site / "lzplug-0.1.0.dist-info"
+    info.mkdir()
+    files = {
+        "lzplug/__init__.py": PLUGIN.encode(),
+        "lzplug-0.1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: lzplug\nVersion: 0.1.0\n",
+        "lzplug-0.1.0.dist-info/entry_points.txt": b"[layerzero.backends]\nlzplug = lzplug:backend\n",
+    }
+    record = []
+    for rel, data in files.items():
+        (site / rel).write_bytes(data)
+        record.append(f"{rel},{_sha256(data)},{len(data)}")
+    record.append("lzplug-0.1.0.dist-info/RECORD,,")
+    (info / "RECORD").write_text("\n".join(record) + "\n")
+    return site
+
+
+def run(tmp_path, site, args, **env):
+    full = dict(os.environ, PYTHONPATH=str(site), LAYERZERO_LOCK=str(tmp_path / "layerzero.lock"))
+    full.pop("LAYERZERO_POLICY", None)
+    full.update(env)
+    return subprocess.run([sys.executable, *args], cwd=tmp_path, env=full, capture_output=True, text=True, timeout=300)
+
+
+def use(tmp_path, site, prefer=False, **env):
+    # A policy may name a plugin's kernels only when the plugin loads.
+    rules = [{"action": "prefer", "kernels": "lzplug@*", "factor": 1e-6}] if prefer else []
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"rules": rules, **env.pop("fields", {})}))
+    done = run(tmp_path, site, ["-c", USE], LAYERZERO_POLICY=str(policy), **env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def lock(tmp_path, site):
+    done = run(tmp_path, site, ["-m", "layerzero.plugins", "lock", "lzplug"])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("locked lzplug@0.1.0"), done.stdout
+
+
+def test_a_locked_python_plugin_loads_without_code_changes_and_its_kernel_matches_torch(tmp_path, site):
+    lock(tmp_path, site)
+    entry = json.loads((tmp_path / "layerzero.lock").read_text())["plugins"][0]
+    assert (entry["kind"], entry["name"], entry["version"]) == ("python", "lzplug", "0.1.0")
+    got = use(tmp_path, site, prefer=True)
+    assert got["kernel"] == "lzplug@0.1.0.rms_norm.torch", got
+    assert got["calls"] >= 1, "the plugin's executor ran"
+    assert got["diff"] < 1e-5, got
+    assert got["state"]["error"] is None and got["state"]["kernels"] == ["lzplug@0.1.0.rms_norm.torch"]
+
+
+def test_an_unlocked_python_plugin_is_not_imported(tmp_path, site):
+    got = use(tmp_path, site)
+    assert not got["imported"], "nothing of an unlocked plugin runs"
+    assert got["kernel"] != "lzplug@0.1.0.rms_norm.torch"
+    assert "PLUGIN_NOT_LOCKED" in got["state"]["error"], got
+
+
+def test_a_python_plugin_changed_after_it_was_locked_is_not_imported(tmp_path, site):
+    lock(tmp_path, site)
+    init = site / "lzplug" / "__init__.py"
+    init.write_text(init.read_text() + "\nimport os  # a change after install\n")
+    got = use(tmp_path, site)
+    assert not got["imported"], "the changed file never ran"
+    assert "PLUGIN_HASH_MISMATCH" in got["state"]["error"] and "lzplug/__init__.py" in got["state"]["error"], got
+
+
+def test_a_python_plugin_the_policy_does_not_allow_is_not_imported(tmp_path, site):
+    lock(tmp_path, site)
+    got = use(tmp_path, site, fields={"allow_plugins": ["fusedops@*"]})
+    assert not got["imported"]
+    assert "PLUGIN_NOT_ALLOWED" in got["state"]["error"], got
