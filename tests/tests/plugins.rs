@@ -490,3 +490,20 @@ fn plugins_needing_different_majors_of_one_runtime_are_refused_naming_both() -> 
     assert!(m.contains("cplugb@0.1.0 needs cuda 11") && m.contains("cpluga@0.1.0 (loaded) needs cuda 12"), "{m}");
     Ok(())
 }
+
+#[test]
+fn a_plugin_kernel_that_panics_is_contained_as_a_failure_naming_the_panic() -> TestResult {
+    let plugin = Arc::new(Plugin::open(&example_plugin()?)?);
+    let (_, exec) = plugin.executors().into_iter().next().ok_or("no kernel")?;
+    // The runtime refuses a negative eps before any kernel runs, so the executor is called
+    // directly: the plugin's own assertion panics inside it.
+    let OpArgs::RmsNorm(mut args) = fused_norm(2, 32)? else { return Err("not a norm".into()) };
+    args.attrs.eps = Some(-1.0);
+    let err = exec.run(&OpArgs::RmsNorm(args)).err().ok_or("a negative eps ran")?;
+    let m = err.to_string();
+    assert!(matches!(err, layerzero::exec::executor::KernelError::Failed(_)), "{m}");
+    assert!(m.contains("returned status 3") && m.contains("panicked: eps must be finite and non-negative"), "{m}");
+    // The process and the plugin go on.
+    assert!(exec.run(&fused_norm(2, 32)?).is_ok());
+    Ok(())
+}

@@ -150,6 +150,9 @@ unsafe fn run(
     let attrs = unsafe { CStr::from_ptr(attrs_json) }.to_string_lossy();
     let attrs: serde_json::Value = serde_json::from_str(&attrs).map_err(|e| invalid(format!("attrs: {e}")))?;
     let eps = attrs.get("eps").and_then(serde_json::Value::as_f64).unwrap_or(1e-6) as f32;
+    // An invariant of the math, kept as an assertion: a panic is caught at the entry point and
+    // returned as the ABI's PANICKED status, never unwound into the host.
+    assert!(eps.is_finite() && eps >= 0.0, "eps must be finite and non-negative, got {eps}");
     let out = output(host, alloc, "out", &x.shape)?;
     let sum = residual.as_ref().map(|_| output(host, alloc, "residual_out", &x.shape)).transpose()?;
     let h = usize::try_from(hidden).map_err(|_| invalid("bad hidden size"))?.max(1);
