@@ -296,7 +296,8 @@ reason_codes! {
     /// cannot share a process.
     PLUGIN_REQUIREMENTS_CONFLICT => Plugin,
     /// An isolated plugin's worker process could not be started, or did not open the plugin
-    /// (the worker program is missing, or it exited before answering).
+    /// (the worker program is missing, or it exited before answering); or the policy isolates
+    /// a plugin that cannot run in a worker (a Python plugin).
     PLUGIN_WORKER_FAILED => Plugin,
 }
 

@@ -15,7 +15,7 @@ use layerzero::prelude::*;
 use layerzero::reason::ReasonCode;
 use layerzero_tests::{TestResult, repo_root};
 
-use super::plugins::{c_plugin, example_plugin, fused_norm, lock_on, plain_norm, refused_with};
+use super::plugins::{c_plugin, example_plugin, fused_norm, lock_on, max_diff, plain_norm, refused_with};
 
 /// Builds the worker program and returns it.
 fn worker() -> TestResult<PathBuf> {
@@ -40,11 +40,6 @@ fn isolated(path: &std::path::Path, deadline_ms: u64) -> TestResult<Arc<Plugin>>
 
 fn blake3_of(path: &std::path::Path) -> TestResult<String> {
     Ok(layerzero::backend::plugin::Plugin::open(path)?.library_hash.clone())
-}
-
-fn max_diff(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
 }
 
 #[test]
@@ -163,18 +158,13 @@ fn an_isolated_plugin_is_still_checked_by_hash_and_a_missing_worker_is_named() -
 fn the_host_isolates_the_plugins_the_knob_names_and_doctor_says_so() -> TestResult {
     let dir = tempfile::tempdir()?;
     let lib = super::plugins::plugin_copy(dir.path())?;
-    let lock = dir.path().join("layerzero.lock");
-    let mut file = layerzero::plugins::Lockfile::default();
-    file.upsert(layerzero::plugins::LockEntry::of(&Plugin::open(&lib)?, "a test".into()));
-    file.write(&lock)?;
+    let lock = super::plugins::lock_file(dir.path(), &lib)?;
     worker()?;
-    let (l, home) = (lock.as_os_str().to_owned(), dir.path().as_os_str().to_owned());
-    let settings = layerzero::knobs::Settings::from_lookup(&move |k: &str| match k {
-        "LAYERZERO_LOCK" => Some(l.clone()),
-        "LAYERZERO_HOME" => Some(home.clone()),
-        "LAYERZERO_ISOLATE" => Some("fusedops@*".into()),
-        _ => None,
-    })?;
+    let settings = super::plugins::settings_of(&[
+        ("LAYERZERO_LOCK", lock.as_os_str()),
+        ("LAYERZERO_HOME", dir.path().as_os_str()),
+        ("LAYERZERO_ISOLATE", "fusedops@*".as_ref()),
+    ])?;
     let lz = LayerZero::host_with(settings)?.with_policy(lock_on("fusedops@0.1.0.rms_norm.add_fused")?)?;
     let ran = lz.dispatch(&fused_norm(2, 64)?)?;
     assert_eq!(ran.selection().kernel, "fusedops@0.1.0.rms_norm.add_fused");

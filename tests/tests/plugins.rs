@@ -38,6 +38,30 @@ pub(super) fn fused_norm(rows: usize, h: usize) -> TestResult<OpArgs> {
     Ok(OpArgs::RmsNorm(NormArgs { x, weight, bias: None, residual: Some(residual), attrs: Default::default() }))
 }
 
+/// The largest elementwise difference of two outputs of one length.
+pub(super) fn max_diff(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
+}
+
+/// A lockfile at `dir/layerzero.lock` pinning the plugin library `lib`.
+pub(super) fn lock_file(dir: &std::path::Path, lib: &std::path::Path) -> TestResult<PathBuf> {
+    let lock = dir.join("layerzero.lock");
+    let mut file = layerzero::plugins::Lockfile::default();
+    file.upsert(layerzero::plugins::LockEntry::of(&Plugin::open(lib)?, "a test".into()));
+    file.write(&lock)?;
+    Ok(lock)
+}
+
+/// Settings with the knobs `vars` set (by path or text) and no other.
+pub(super) fn settings_of(vars: &[(&str, &std::ffi::OsStr)]) -> TestResult<layerzero::knobs::Settings> {
+    let vars: Vec<(String, std::ffi::OsString)> =
+        vars.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+    Ok(layerzero::knobs::Settings::from_lookup(&move |k: &str| {
+        vars.iter().find(|(name, _)| name == k).map(|(_, v)| v.clone())
+    })?)
+}
+
 pub(super) fn refused_with(err: &layerzero::error::Error, code: ReasonCode) -> bool {
     err.reasons().iter().any(|r| r.code() == code) && err.to_string().contains(code.as_str())
 }
@@ -64,8 +88,7 @@ fn the_example_plugin_runs_in_its_namespace_and_matches_the_reference() -> TestR
     for name in ["out", "residual_out"] {
         let got = ran.outputs.get(name).ok_or(format!("no {name}"))?.to_f64_vec();
         let want = expected.outputs.get(name).ok_or(format!("reference has no {name}"))?.to_f64_vec();
-        assert_eq!(got.len(), want.len());
-        let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        let worst = max_diff(&got, &want);
         assert!(worst < 1e-5, "{name}: max |diff| {worst}");
     }
     Ok(())
@@ -143,18 +166,9 @@ fn lz_lock_pins_a_plugin_list_shows_it_and_verify_names_a_tampered_file() -> Tes
 fn the_host_loads_the_locked_plugins_and_refuses_a_tampered_one_before_opening_it() -> TestResult {
     let dir = tempfile::tempdir()?;
     let lib = plugin_copy(dir.path())?;
-    let lock = dir.path().join("plugins.lock");
-    let mut file = layerzero::plugins::Lockfile::default();
-    file.upsert(layerzero::plugins::LockEntry::of(&Plugin::open(&lib)?, "a test".into()));
-    file.write(&lock)?;
+    let lock = lock_file(dir.path(), &lib)?;
     let settings = |lock: &std::path::Path| {
-        let lock = lock.as_os_str().to_owned();
-        let home = dir.path().as_os_str().to_owned();
-        layerzero::knobs::Settings::from_lookup(&move |k: &str| match k {
-            "LAYERZERO_LOCK" => Some(lock.clone()),
-            "LAYERZERO_HOME" => Some(home.clone()),
-            _ => None,
-        })
+        settings_of(&[("LAYERZERO_LOCK", lock.as_os_str()), ("LAYERZERO_HOME", dir.path().as_os_str())])
     };
     let lz = LayerZero::host_with(settings(&lock)?)?;
     assert!(lz.catalog().find("fusedops@0.1.0.rms_norm.add_fused").is_some());
@@ -229,7 +243,7 @@ fn two_versions_of_a_plugin_load_side_by_side_and_policy_picks_either() -> TestR
         let ran = lz.dispatch(&args)?;
         assert_eq!(ran.selection().kernel, kernel);
         let got = ran.outputs.get("out").ok_or("no out")?.to_f64_vec();
-        let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        let worst = max_diff(&got, &want);
         assert!(worst < 1e-5, "{kernel}: max |diff| {worst}");
     }
     Ok(())
@@ -259,21 +273,15 @@ fn a_plugin_kernel_that_fails_is_contained_with_its_message_and_falls_back() -> 
 fn a_locked_plugin_the_policy_does_not_allow_is_refused_before_it_is_opened() -> TestResult {
     let dir = tempfile::tempdir()?;
     let lib = c_plugin(dir.path(), "cplug", &[])?;
-    let lock = dir.path().join("plugins.lock");
-    let mut file = layerzero::plugins::Lockfile::default();
-    file.upsert(layerzero::plugins::LockEntry::of(&Plugin::open(&lib)?, "a test".into()));
-    file.write(&lock)?;
+    let lock = lock_file(dir.path(), &lib)?;
     let policy = dir.path().join("policy.json");
     let settings = |allow: &str| -> TestResult<layerzero::knobs::Settings> {
         std::fs::write(&policy, format!(r#"{{"allow_plugins": ["{allow}"]}}"#))?;
-        let (lock, policy, home) =
-            (lock.as_os_str().to_owned(), policy.as_os_str().to_owned(), dir.path().as_os_str().to_owned());
-        Ok(layerzero::knobs::Settings::from_lookup(&move |k: &str| match k {
-            "LAYERZERO_LOCK" => Some(lock.clone()),
-            "LAYERZERO_POLICY" => Some(policy.clone()),
-            "LAYERZERO_HOME" => Some(home.clone()),
-            _ => None,
-        })?)
+        settings_of(&[
+            ("LAYERZERO_LOCK", lock.as_os_str()),
+            ("LAYERZERO_POLICY", policy.as_os_str()),
+            ("LAYERZERO_HOME", dir.path().as_os_str()),
+        ])
     };
     let lz = LayerZero::host_with(settings("cplug@0.1.*")?)?;
     assert!(lz.catalog().find("cplug@0.1.0.rms_norm.c").is_some());

@@ -54,7 +54,7 @@ impl LayerZero {
         settings: Settings,
         extra: Vec<crate::capabilities::spec::BackendSpec>,
     ) -> Result<LayerZero> {
-        let catalog = with_extra(Catalog::builtin()?, extra)?;
+        let catalog = super::plugins::with_backends(Catalog::builtin()?, extra)?;
         let mut policy = match &settings.policy {
             Some(path) => Policy::load(path)?,
             None => Policy::default(),
@@ -454,23 +454,4 @@ impl LayerZero {
     pub fn set_input_check(&self, on: bool) {
         self.check_inputs.store(on, Ordering::Relaxed);
     }
-}
-
-/// `catalog` with `extra` backends added, each refused when its name (without the version) is
-/// a builtin backend's or its namespace is already there.
-fn with_extra(catalog: Arc<Catalog>, extra: Vec<crate::capabilities::spec::BackendSpec>) -> Result<Arc<Catalog>> {
-    if extra.is_empty() {
-        return Ok(catalog);
-    }
-    let mut backends = catalog.backends().to_vec();
-    for b in extra {
-        let name = b.backend.split('@').next().unwrap_or_default();
-        if catalog.backend(name).is_some() || backends.iter().any(|o| o.backend == b.backend) {
-            let message = format!("backend {}: its name is a builtin backend's, or it is already loaded", b.backend);
-            return Err(Error::invalid(message.clone())
-                .with_reasons(vec![Reason::new(crate::reason::ReasonCode::PLUGIN_NAMESPACE_CLASH, message)]));
-        }
-        backends.push(b);
-    }
-    Ok(Arc::new(Catalog::from_backends(backends)?))
 }

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use super::LayerZero;
 use crate::backend::plugin::{Plugin, plugin_error};
 use crate::capabilities::catalog::Catalog;
-use crate::error::{ErrorKind, Result};
-use crate::reason::ReasonCode;
+use crate::capabilities::spec::BackendSpec;
+use crate::error::{Error, ErrorKind, Result};
+use crate::reason::{Reason, ReasonCode};
 
 impl LayerZero {
     /// [`LayerZero::detected_with`] over `catalog` plus `plugins`' kernels, each bound to its
@@ -18,34 +19,22 @@ impl LayerZero {
     /// naming both, unless one of the two runs in a worker process of its own.
     pub fn detected_with_plugins(catalog: Arc<Catalog>, plugins: &[Arc<Plugin>]) -> Result<LayerZero> {
         let mut backends = catalog.backends().to_vec();
+        // Only the backends loaded here share this process's runtimes.
+        let mut here = backends.clone();
         for p in plugins {
-            let clash = if catalog.backend(&p.name).is_some() {
-                Some(format!("its name {:?} is a builtin backend's", p.name))
-            } else if backends.iter().any(|b| b.backend == p.namespace()) {
-                Some(format!("namespace {} is already loaded (from another file?)", p.namespace()))
-            } else {
-                None
-            };
-            if let Some(why) = clash {
+            if let Some(why) = namespace_clash(&catalog, &backends, &p.name, &p.namespace()) {
                 return Err(plugin_error(ReasonCode::PLUGIN_NAMESPACE_CLASH, ErrorKind::InvalidInput, &p.path, why));
             }
-            // Only plugins loaded here share this process's runtimes.
-            let here: Vec<_> = (catalog.backends().iter().cloned())
-                .chain(
-                    plugins
-                        .iter()
-                        .take_while(|q| !Arc::ptr_eq(q, p))
-                        .filter(|q| !q.is_isolated())
-                        .map(|q| q.backend().clone()),
-                )
-                .collect();
-            if let Some(why) = conflict(p.backend(), &here).filter(|_| !p.is_isolated()) {
-                return Err(plugin_error(
-                    ReasonCode::PLUGIN_REQUIREMENTS_CONFLICT,
-                    ErrorKind::InvalidInput,
-                    &p.path,
-                    why,
-                ));
+            if !p.is_isolated() {
+                if let Some(why) = conflict(p.backend(), &here) {
+                    return Err(plugin_error(
+                        ReasonCode::PLUGIN_REQUIREMENTS_CONFLICT,
+                        ErrorKind::InvalidInput,
+                        &p.path,
+                        why,
+                    ));
+                }
+                here.push(p.backend().clone());
             }
             backends.push(p.backend().clone());
         }
@@ -59,11 +48,39 @@ impl LayerZero {
     }
 }
 
+/// Why a plugin `name` (namespace `NAME@VERSION`) cannot join `loaded` over the builtin
+/// `catalog`: its name is a builtin backend's, or its namespace is already loaded.
+fn namespace_clash(catalog: &Catalog, loaded: &[BackendSpec], name: &str, namespace: &str) -> Option<String> {
+    if catalog.backend(name).is_some() {
+        Some(format!("its name {name:?} is a builtin backend's"))
+    } else if loaded.iter().any(|b| b.backend == namespace) {
+        Some(format!("namespace {namespace} is already loaded (from another file?)"))
+    } else {
+        None
+    }
+}
+
+/// `catalog` with `extra` plugin backends (a Python plugin's, already in their namespaces)
+/// added; one that clashes is refused (`PLUGIN_NAMESPACE_CLASH`).
+pub(super) fn with_backends(catalog: Arc<Catalog>, extra: Vec<BackendSpec>) -> Result<Arc<Catalog>> {
+    if extra.is_empty() {
+        return Ok(catalog);
+    }
+    let mut backends = catalog.backends().to_vec();
+    for b in extra {
+        let name = b.backend.split('@').next().unwrap_or_default();
+        if let Some(why) = namespace_clash(&catalog, &backends, name, &b.backend) {
+            let message = format!("plugin {}: {why} ({})", b.backend, ReasonCode::PLUGIN_NAMESPACE_CLASH);
+            return Err(Error::invalid(message.clone())
+                .with_reasons(vec![Reason::new(ReasonCode::PLUGIN_NAMESPACE_CLASH, message)]));
+        }
+        backends.push(b);
+    }
+    Ok(Arc::new(Catalog::from_backends(backends)?))
+}
+
 /// The first backend of `loaded` that needs another major version of a runtime `b` needs.
-fn conflict(
-    b: &crate::capabilities::spec::BackendSpec,
-    loaded: &[crate::capabilities::spec::BackendSpec],
-) -> Option<String> {
+fn conflict(b: &BackendSpec, loaded: &[BackendSpec]) -> Option<String> {
     let mine = b.requires.as_ref()?;
     loaded.iter().find_map(|other| {
         let theirs = other.requires.as_ref()?;

@@ -120,15 +120,13 @@ impl Worker {
             let (live, opened) = spawn(&self.path, &self.blake3, &self.options)
                 .map_err(|e| KernelError::WorkerLost(format!("restarting the worker: {e}")))?;
             self.starts.fetch_add(1, Ordering::Relaxed);
-            if opened.capabilities != self.capabilities {
-                return Err(KernelError::WorkerLost(
-                    "the restarted worker's plugin declares other capabilities".into(),
-                ));
-            }
             state.live = Some(live);
+            if opened.capabilities != self.capabilities {
+                return Err(self.lose(state, "opened a plugin that declares other capabilities than at load"));
+            }
         }
         let (segment, inputs) = write_inputs(&mut state.input, args)?;
-        let attrs = executor::attrs_json(args)?.into_string().unwrap_or_default();
+        let attrs = serde_json::to_string(&args.attrs()).map_err(|e| KernelError::InvalidInput(e.to_string()))?;
         let request = Request::Call { kernel: kernel.to_owned(), segment, inputs, attrs };
         let Some(live) = state.live.as_mut() else { return Err(KernelError::Failed("no worker".into())) };
         let answer = match wire::send(&mut live.stdin, &request) {
