@@ -303,8 +303,7 @@ impl LayerZero {
         let injected = self.faults.as_ref().map_or(Injected::Run, |f| f.inject(sel.index));
         let hangs = matches!(injected, Injected::Hang(_));
         // An executor that kills its own late calls (an isolated worker) is not abandoned.
-        let deadline =
-            if exec.kills_at_deadline() { None } else { self.health.deadline() }.or(hangs.then_some(HANG_DEADLINE));
+        let deadline = self.health.deadline().filter(|_| !exec.kills_at_deadline()).or(hangs.then_some(HANG_DEADLINE));
         let result = match deadline {
             None => run_guarded(exec, &sel.kernel, &sel.transforms, args, buffers, injected),
             Some(deadline) => self.run_with_deadline(sel, exec, args, injected, deadline),
