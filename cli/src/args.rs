@@ -113,6 +113,10 @@ pub(super) struct PluginAddArgs {
     /// Refuse the download unless its blake3 is this (hex).
     #[arg(long, value_name = "BLAKE3")]
     pub(super) expect_hash: Option<String>,
+    /// The Python interpreter whose environment a Python package variant is installed into
+    /// (default: the active virtual environment's, else python3 on PATH).
+    #[arg(long, value_name = "PATH")]
+    pub(super) python: Option<PathBuf>,
     /// The lockfile (default $LAYERZERO_LOCK, else ./layerzero.lock).
     #[arg(long, value_name = "FILE")]
     pub(super) lock: Option<PathBuf>,

@@ -45,11 +45,16 @@ pub(super) fn plugin(a: &PluginCmd) -> Result<Outcome> {
 /// `lz plugin add REPO`: the variant for this host, installed, checked and locked. A locked
 /// plugin of the same namespace whose hash differs is refused, not replaced.
 fn add(a: &PluginAddArgs) -> Result<Outcome> {
+    use layerzero::plugins::hub::{self, Installed};
     let path = lock_path(a.lock.as_ref());
-    let mut lock = Lockfile::read(&path)?;
-    let into = super::knobs().home().join("plugins");
-    let source = layerzero::plugins::hub::Source::parse(&a.repo);
-    let added = layerzero::plugins::hub::add(&source, &into, a.expect_hash.as_deref())?;
+    let settings = super::knobs();
+    let into = settings.home().join("plugins");
+    let source = hub::Source::parse(&a.repo);
+    let python = a.python.clone().unwrap_or_else(|| {
+        let active = settings.python_prefixes.iter().map(|p| p.join("bin").join("python")).find(|p| p.is_file());
+        active.unwrap_or_else(|| PathBuf::from("python3"))
+    });
+    let added = hub::add(&source, &into, a.expect_hash.as_deref(), &hub::Host::new(python), &path)?;
     for v in &added.variants {
         match &v.rejected {
             None if v.name == added.variant => println!("chose    {}", v.name),
@@ -57,9 +62,19 @@ fn add(a: &PluginAddArgs) -> Result<Outcome> {
             Some((code, why)) => println!("rejected {}: {why} ({code})", v.name),
         }
     }
-    let mut entry = LockEntry::of(&added.plugin, format!("hub {}", a.repo));
+    // The lockfile as it is now (a Python package's lock has just written its entry).
+    let mut lock = Lockfile::read(&path)?;
+    let mut entry = match added.installed {
+        Installed::Library(plugin) => LockEntry::of(&plugin, format!("hub {}", a.repo)),
+        Installed::Python(mut entry) => {
+            entry.source = format!("hub {} ({})", a.repo, entry.source);
+            entry.download_blake3 = Some(added.blake3.clone());
+            entry
+        }
+    };
     entry.variant = Some(added.variant.clone());
-    if let Some(old) = lock.plugins.iter().find(|e| e.namespace() == entry.namespace())
+    if entry.kind == layerzero::plugins::PluginKind::CAbi
+        && let Some(old) = lock.plugins.iter().find(|e| e.namespace() == entry.namespace())
         && old.library_blake3 != entry.library_blake3
     {
         return Err(layerzero::backend::plugin::plugin_error(
@@ -75,7 +90,7 @@ fn add(a: &PluginAddArgs) -> Result<Outcome> {
         ));
     }
     println!("installed {} ({}) at {}", entry.namespace(), added.variant, added.path.display());
-    println!("locked {} in {}: blake3 {}", entry.namespace(), path.display(), entry.library_blake3);
+    println!("locked {} in {}: blake3 {}", entry.namespace(), path.display(), added.blake3);
     lock.upsert(entry);
     lock.write(&path)?;
     Ok(Outcome::Ok)

@@ -432,6 +432,8 @@ fn lz_plugin_add_picks_the_variant_for_this_host_explains_the_others_and_locks_i
             .arg(&repo)
             .arg("--lock")
             .arg(&lock)
+            // No Python environment here: the Python variant is judged without one.
+            .args(["--python", "/nonexistent/python3"])
             .args(extra)
             .env("LAYERZERO_HOME", &home)
             .output()?)
@@ -446,7 +448,7 @@ fn lz_plugin_add_picks_the_variant_for_this_host_explains_the_others_and_locks_i
     for line in [
         "rejected a-escape: library \"../../../../../etc/passwd\" leaves the variant's folder",
         "rejected a-symlink: library \"libfusedops.so\" resolves to",
-        "rejected b-python: kind \"python\"",
+        "rejected b-python: a Python package, and cannot run /nonexistent/python3",
         "rejected c-lz2: plugin ABI 2",
         "rejected d-other-arch: built for riscv64",
         "chose    e-lz1",

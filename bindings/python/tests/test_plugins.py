@@ -8,9 +8,13 @@ import base64
 import hashlib
 import json
 import os
+import pathlib
+import shutil
 import subprocess
 import sys
+import sysconfig
 import textwrap
+import zipfile
 
 import pytest
 
@@ -91,11 +95,14 @@ def site(tmp_path):
     return site
 
 
-def run(tmp_path, site, args, **env):
-    full = dict(os.environ, PYTHONPATH=str(site), LAYERZERO_LOCK=str(tmp_path / "layerzero.lock"))
-    full.pop("LAYERZERO_POLICY", None)
+def run(tmp_path, site, args, python=sys.executable, **env):
+    full = dict(os.environ, LAYERZERO_LOCK=str(tmp_path / "layerzero.lock"))
+    for name in ("LAYERZERO_POLICY", "PYTHONPATH"):
+        full.pop(name, None)
+    if site is not None:
+        full["PYTHONPATH"] = str(site)
     full.update(env)
-    return subprocess.run([sys.executable, *args], cwd=tmp_path, env=full, capture_output=True, text=True, timeout=300)
+    return subprocess.run([str(python), *args], cwd=tmp_path, env=full, capture_output=True, text=True, timeout=300)
 
 
 def use(tmp_path, site, prefer=False, **env):
@@ -146,3 +153,86 @@ def test_a_python_plugin_the_policy_does_not_allow_is_not_imported(tmp_path, sit
     got = use(tmp_path, site, fields={"allow_plugins": ["fusedops@*"]})
     assert not got["imported"]
     assert "PLUGIN_NOT_ALLOWED" in got["state"]["error"], got
+
+
+def _wheel(path, plugin_source):
+    """A wheel of `lzplug` 0.1.0 holding `plugin_source`, as a build backend writes one."""
+    files = {
+        "lzplug/__init__.py": plugin_source.encode(),
+        "lzplug-0.1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: lzplug\nVersion: 0.1.0\n",
+        "lzplug-0.1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        "lzplug-0.1.0.dist-info/entry_points.txt": b"[layerzero.backends]\nlzplug = lzplug:backend\n",
+    }
+    record = "".join(f"{rel},{_sha256(data)},{len(data)}\n" for rel, data in files.items())
+    files["lzplug-0.1.0.dist-info/RECORD"] = (record + "lzplug-0.1.0.dist-info/RECORD,,\n").encode()
+    with zipfile.ZipFile(path, "w") as z:
+        for rel, data in files.items():
+            z.writestr(rel, data)
+
+
+def _lz_binary():
+    """The `lz` of this checkout (cargo builds it when it is stale)."""
+    root = pathlib.Path(__file__).resolve().parents[3]
+    if shutil.which("cargo") is None:
+        pytest.skip("cargo is not on PATH, so lz cannot be built here")
+    subprocess.run(["cargo", "build", "-q", "-p", "layerzero-cli", "--bin", "lz"], cwd=root, check=True, timeout=1800)
+    target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", root / "target"))
+    return target / "debug" / "lz"
+
+
+def _venv(tmp_path):
+    """A new environment that sees this one's packages (layerzero, torch) and installs into its own."""
+    env = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(env)], check=True, timeout=300)
+    python = env / "bin" / "python"
+    own = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    here = sysconfig.get_path("purelib")
+    # A .pth line that starts with `import` runs: addsitedir also reads this environment's .pth files.
+    pathlib.Path(own, "parent_env.pth").write_text(f"import site; site.addsitedir({here!r})\n")
+    return python
+
+
+def test_lz_plugin_add_installs_a_python_variant_from_a_hub_and_refuses_a_changed_one(tmp_path):
+    import torch
+
+    lz_bin, python = _lz_binary(), _venv(tmp_path)
+    repo = tmp_path / "hub" / "lzplug"
+    torch_mm = ".".join(torch.__version__.split(".")[:2])
+    for name, built_for in [("a-python", torch_mm), ("b-old-torch", "1.0")]:
+        variant = repo / "build" / name
+        variant.mkdir(parents=True)
+        _wheel(variant / "lzplug-0.1.0-py3-none-any.whl", PLUGIN)
+        meta = {"kind": "python", "abi": 1, "os": "any", "arch": "any", "entry_point": "lzplug", "torch": built_for,
+                "library": "lzplug-0.1.0-py3-none-any.whl"}
+        (variant / "metadata.json").write_text(json.dumps(meta))
+    lock_file = tmp_path / "layerzero.lock"
+
+    def add():
+        return subprocess.run(
+            [str(lz_bin), "plugin", "add", str(repo), "--python", str(python), "--lock", str(lock_file)],
+            env=dict(os.environ, LAYERZERO_HOME=str(tmp_path / "home")), capture_output=True, text=True, timeout=600,
+        )
+
+    done = add()
+    assert done.returncode == 0, done.stderr
+    assert "chose    a-python" in done.stdout, done.stdout
+    assert "rejected b-old-torch: built for torch 1.0" in done.stdout, done.stdout
+    entry = json.loads(lock_file.read_text())["plugins"][0]
+    assert (entry["kind"], entry["name"], entry["variant"]) == ("python", "lzplug", "a-python"), entry
+    assert len(entry["download_blake3"]) == 64
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"rules": [{"action": "prefer", "kernels": "lzplug@*", "factor": 1e-6}]}))
+    ran = run(tmp_path, None, ["-c", USE], python=python, LAYERZERO_POLICY=str(policy))
+    assert ran.returncode == 0, ran.stderr
+    got = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert got["kernel"] == "lzplug@0.1.0.rms_norm.torch" and got["calls"] >= 1 and got["diff"] < 1e-5, got
+    # The hub now serves another wheel under the same name: refused before pip touches the environment.
+    _wheel(repo / "build" / "a-python" / "lzplug-0.1.0-py3-none-any.whl", PLUGIN + "\nCHANGED = True\n")
+    again = add()
+    assert again.returncode == 2, again.stdout
+    assert "PLUGIN_HASH_MISMATCH" in again.stderr, again.stderr
+    installed = run(tmp_path, None, ["-c", "import lzplug; print(hasattr(lzplug, 'CHANGED'))"], python=python)
+    assert installed.stdout.strip() == "False", installed

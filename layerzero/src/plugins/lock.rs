@@ -44,6 +44,10 @@ pub struct LockEntry {
     /// distribution's `RECORD` and `library_blake3` its blake3).
     #[serde(default, skip_serializing_if = "PluginKind::is_c_abi")]
     pub kind: PluginKind,
+    /// blake3 of the file a hub served for it when that is not the locked file (a Python
+    /// package's wheel); a later `lz plugin add` of another file is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub download_blake3: Option<String>,
 }
 
 /// A locked plugin's kind.
@@ -75,6 +79,7 @@ impl LockEntry {
             capabilities_blake3: plugin.capabilities_hash.clone(),
             variant: None,
             kind: PluginKind::CAbi,
+            download_blake3: None,
         }
     }
 

@@ -118,7 +118,7 @@ pub fn lock_python(lock_path: &Path, name: &str, source: &str, record: &Path, ca
         ));
     }
     let mut lock = if lock_path.exists() { Lockfile::read(lock_path)? } else { Lockfile::default() };
-    let entry = LockEntry {
+    let mut entry = LockEntry {
         name: name.to_owned(),
         version: backend.version.clone(),
         source: source.to_owned(),
@@ -127,7 +127,14 @@ pub fn lock_python(lock_path: &Path, name: &str, source: &str, record: &Path, ca
         capabilities_blake3: blake3::hash(capabilities.as_bytes()).to_hex().to_string(),
         variant: None,
         kind: PluginKind::Python,
+        download_blake3: None,
     };
+    // A re-lock keeps where the package came from (a hub's variant and download).
+    if let Some(old) = lock.plugins.iter().find(|e| e.namespace() == entry.namespace() && e.kind == PluginKind::Python)
+    {
+        entry.variant.clone_from(&old.variant);
+        entry.download_blake3.clone_from(&old.download_blake3);
+    }
     lock.upsert(entry.clone());
     lock.write(lock_path)?;
     Ok(entry)
