@@ -155,8 +155,9 @@ def test_a_python_plugin_the_policy_does_not_allow_is_not_imported(tmp_path, sit
     assert "PLUGIN_NOT_ALLOWED" in got["state"]["error"], got
 
 
-def _wheel(path, plugin_source):
-    """A wheel of `lzplug` 0.1.0 holding `plugin_source`, as a build backend writes one."""
+def _wheel(path, plugin_source, extra=None):
+    """A wheel of `lzplug` 0.1.0 holding `plugin_source` (and `extra` members), as a build
+    backend writes one."""
     files = {
         "lzplug/__init__.py": plugin_source.encode(),
         "lzplug-0.1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: lzplug\nVersion: 0.1.0\n",
@@ -166,7 +167,7 @@ def _wheel(path, plugin_source):
     record = "".join(f"{rel},{_sha256(data)},{len(data)}\n" for rel, data in files.items())
     files["lzplug-0.1.0.dist-info/RECORD"] = (record + "lzplug-0.1.0.dist-info/RECORD,,\n").encode()
     with zipfile.ZipFile(path, "w") as z:
-        for rel, data in files.items():
+        for rel, data in {**files, **(extra or {})}.items():
             z.writestr(rel, data)
 
 
@@ -195,26 +196,39 @@ def _venv(tmp_path):
     return python
 
 
-def test_lz_plugin_add_installs_a_python_variant_from_a_hub_and_refuses_a_changed_one(tmp_path):
-    import torch
-
-    lz_bin, python = _lz_binary(), _venv(tmp_path)
-    repo = tmp_path / "hub" / "lzplug"
-    torch_mm = ".".join(torch.__version__.split(".")[:2])
-    for name, built_for in [("a-python", torch_mm), ("b-old-torch", "1.0")]:
+def _hub(root, variants):
+    """A hub repository `root/lzplug` whose python variants are `{name: (torch, wheel extra)}`."""
+    repo = root / "lzplug"
+    for name, (built_for, extra) in variants.items():
         variant = repo / "build" / name
         variant.mkdir(parents=True)
-        _wheel(variant / "lzplug-0.1.0-py3-none-any.whl", PLUGIN)
+        _wheel(variant / "lzplug-0.1.0-py3-none-any.whl", PLUGIN, extra)
         meta = {"kind": "python", "abi": 1, "os": "any", "arch": "any", "entry_point": "lzplug", "torch": built_for,
                 "library": "lzplug-0.1.0-py3-none-any.whl"}
         (variant / "metadata.json").write_text(json.dumps(meta))
+    return repo
+
+
+def _add(tmp_path, lz_bin, python, repo):
+    return subprocess.run(
+        [str(lz_bin), "plugin", "add", str(repo), "--python", str(python), "--lock", str(tmp_path / "layerzero.lock")],
+        env=dict(os.environ, LAYERZERO_HOME=str(tmp_path / "home")), capture_output=True, text=True, timeout=600,
+    )
+
+
+def _torch_mm():
+    import torch
+
+    return ".".join(torch.__version__.split(".")[:2])
+
+
+def test_lz_plugin_add_installs_a_python_variant_from_a_hub_and_refuses_a_changed_one(tmp_path):
+    lz_bin, python = _lz_binary(), _venv(tmp_path)
+    repo = _hub(tmp_path / "hub", {"a-python": (_torch_mm(), None), "b-old-torch": ("1.0", None)})
     lock_file = tmp_path / "layerzero.lock"
 
     def add():
-        return subprocess.run(
-            [str(lz_bin), "plugin", "add", str(repo), "--python", str(python), "--lock", str(lock_file)],
-            env=dict(os.environ, LAYERZERO_HOME=str(tmp_path / "home")), capture_output=True, text=True, timeout=600,
-        )
+        return _add(tmp_path, lz_bin, python, repo)
 
     done = add()
     assert done.returncode == 0, done.stderr
@@ -236,3 +250,14 @@ def test_lz_plugin_add_installs_a_python_variant_from_a_hub_and_refuses_a_change
     assert "PLUGIN_HASH_MISMATCH" in again.stderr, again.stderr
     installed = run(tmp_path, None, ["-c", "import lzplug; print(hasattr(lzplug, 'CHANGED'))"], python=python)
     assert installed.stdout.strip() == "False", installed
+
+
+def test_a_hub_wheel_with_a_member_outside_the_install_folder_is_refused_before_pip(tmp_path):
+    lz_bin, python = _lz_binary(), _venv(tmp_path)
+    repo = _hub(tmp_path / "hub", {"a-python": (_torch_mm(), {"../../escaped.py": b"x = 1\n"})})
+    done = _add(tmp_path, lz_bin, python, repo)
+    assert done.returncode == 2, done.stdout
+    assert "PLUGIN_PATH_UNSAFE" in done.stderr and "../../escaped.py" in done.stderr, done.stderr
+    listed = run(tmp_path, None, ["-m", "pip", "list", "--format=freeze"], python=python)
+    assert "lzplug" not in listed.stdout, "nothing was installed"
+    assert not (tmp_path / "layerzero.lock").exists(), "nothing was locked"

@@ -394,8 +394,15 @@ fn install_python(env: &PythonEnv, wheel: &Path, entry_point: &str, lock_path: &
         }
         let said = String::from_utf8_lossy(&out.stderr);
         let tail: String = said.trim().lines().rev().take(3).collect::<Vec<_>>().join(" / ");
+        // `check-archive` exits 3 for members that leave the install folder.
+        if out.status.code() == Some(3) {
+            return Err(plugin_error(ReasonCode::PLUGIN_PATH_UNSAFE, ErrorKind::InvalidInput, wheel, tail));
+        }
         Err(Error::new(ErrorKind::Io, format!("{what} failed ({}): {tail}", out.status)))
     };
+    // Checked before pip unpacks it: no member may land outside the environment.
+    let check = ["-m", "layerzero.plugins", "check-archive"].map(std::ffi::OsStr::new);
+    run("checking the wheel", &check.into_iter().chain([wheel.as_os_str()]).collect::<Vec<_>>())?;
     run(
         "pip install",
         &["-m", "pip", "install", "-q", "--no-deps", "--no-index", "--force-reinstall"]

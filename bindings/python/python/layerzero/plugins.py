@@ -27,8 +27,10 @@ you trust). Python plugins run in this process: ``isolation: subprocess`` is for
 import base64
 import hashlib
 import json
+import stat
 import sys
 import warnings
+import zipfile
 from importlib import metadata
 
 from . import _lz
@@ -140,8 +142,31 @@ def lock(name, lock_path=None):
     return str(path), namespace
 
 
+def unsafe_members(wheel):
+    """The members of the archive `wheel` that would land outside the folder it is installed
+    into: absolute paths, paths through ``..``, and symlinks."""
+    bad = []
+    with zipfile.ZipFile(wheel) as z:
+        for info in z.infolist():
+            name = info.filename.replace("\\", "/")
+            absolute = name.startswith("/") or (len(name) > 1 and name[1] == ":")
+            if absolute or ".." in name.split("/") or stat.S_ISLNK(info.external_attr >> 16):
+                bad.append(info.filename)
+    return bad
+
+
 def _main(argv):
-    usage = "usage: python -m layerzero.plugins lock NAME [--lock PATH] | list"
+    usage = "usage: python -m layerzero.plugins lock NAME [--lock PATH] | list | check-archive WHEEL"
+    if len(argv) == 2 and argv[0] == "check-archive":
+        try:
+            bad = unsafe_members(argv[1])
+        except (OSError, zipfile.BadZipFile) as e:
+            print(f"{argv[1]} is not a readable wheel: {e}", file=sys.stderr)
+            return 2
+        if bad:
+            print(f"{argv[1]} has members that leave the install folder: {', '.join(bad)}", file=sys.stderr)
+            return 3
+        return 0
     if argv[:1] == ["list"]:
         for ep in _entry_points():
             print(f"{ep.name:<24} {ep.dist.metadata['Name']}=={ep.dist.version}  {ep.value}")
