@@ -181,3 +181,11 @@ fn the_host_isolates_the_plugins_the_knob_names_and_doctor_says_so() -> TestResu
     assert!(state["error"].is_null(), "{state}");
     Ok(())
 }
+
+#[test]
+fn isolating_a_builtin_backend_is_refused_rather_than_ignored() -> TestResult {
+    let policy = Policy::from_json(r#"{"isolation": {"cpu": "subprocess"}}"#, "isolate.json")?;
+    let err = LayerZero::detected()?.with_policy(policy).err().ok_or("a builtin backend was 'isolated'")?;
+    assert!(err.to_string().contains("\"cpu\" is a builtin backend"), "{err}");
+    Ok(())
+}

@@ -420,6 +420,16 @@ impl Policy {
                 )));
             }
         }
+        // Plugins are in the catalog as `NAME@VERSION`: a plain name found there is a builtin
+        // backend, which always runs in this process.
+        for (key, mode) in &self.isolation {
+            if *mode == Isolation::Subprocess && !key.contains('@') && catalog.backend(key).is_some() {
+                return Err(Error::invalid(format!(
+                    "policy field `isolation`: {key:?} is a builtin backend; only plugins run in a worker process \
+                     (name one as NAME@VERSION or a glob of those)"
+                )));
+            }
+        }
         Ok(())
     }
 
