@@ -1,8 +1,12 @@
 //! The E2E matrix as data: `e2e/scenarios/*.json` mirror the sections of the E2E test
-//! specification. Each case runs selection through the public API and checks the verdict
-//! (see `layerzero_tests::cases`); each run executes a model and holds it to its Hugging
-//! Face reference ([`runs`]). A scenario with a case that checks nothing is refused.
+//! specification. Each case runs selection through the public API on its named profile and
+//! checks the verdict (see `layerzero_tests::cases`), then is dispatched for real on this
+//! machine where it can be and held to the oracle ([`execute`]); each run executes a model
+//! and holds it to its Hugging Face reference ([`runs`]). A scenario with a case that checks
+//! nothing is refused. [`coverage`] reads the map of the specification in `e2e/README.md`.
 
+pub mod coverage;
+pub mod execute;
 pub mod runs;
 
 use layerzero_tests::cases::Case;

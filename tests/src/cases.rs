@@ -9,7 +9,7 @@ use layerzero::capabilities::catalog::Catalog;
 use layerzero::hardware::named;
 use layerzero::model::request::Request;
 use layerzero::policy::Policy;
-use layerzero::select::Selector;
+use layerzero::select::{SelectionReport, Selector};
 use serde::Deserialize;
 
 /// What a scenario expects.
@@ -69,8 +69,13 @@ pub struct Case {
     pub policy: Option<serde_json::Value>,
     /// The request (the public request form).
     pub request: serde_json::Value,
-    /// The checks.
+    /// The checks, on the named profile.
     pub expect: Expect,
+    /// Checks of the same request selected on this machine (the E2E runner dispatches it
+    /// here); absent: only that what ran is what was selected and that it matches the
+    /// reference.
+    #[serde(default)]
+    pub host: Option<Expect>,
 }
 
 /// Runs one case; `Err` lists every failed check.
@@ -80,12 +85,9 @@ pub fn run_case(catalog: &Arc<Catalog>, case: &Case) -> Result<(), Vec<String>> 
         Ok(h) => Arc::new(h),
         Err(e) => return fail(e.to_string()),
     };
-    let policy = match &case.policy {
-        Some(p) => match Policy::from_json(&p.to_string(), "scenario policy") {
-            Ok(p) => p,
-            Err(e) => return fail(e.to_string()),
-        },
-        None => Policy::default(),
+    let policy = match policy_of(case) {
+        Ok(p) => p,
+        Err(e) => return fail(e),
     };
     let sel = match Selector::planning(catalog.clone(), hw, Arc::new(policy)) {
         Ok(s) => s,
@@ -95,8 +97,12 @@ pub fn run_case(catalog: &Arc<Catalog>, case: &Case) -> Result<(), Vec<String>> 
         Ok(r) => r,
         Err(e) => return fail(e.to_string()),
     };
-    let r = sel.explain(&req);
-    let e = &case.expect;
+    let errors = check_report(&sel.explain(&req), &case.expect);
+    if errors.is_empty() { Ok(()) } else { Err(errors) }
+}
+
+/// Every check of `e` that the report `r` fails, as sentences.
+pub fn check_report(r: &SelectionReport, e: &Expect) -> Vec<String> {
     let mut errors = Vec::new();
     if let Some(want) = &e.selected
         && &r.selected != want
@@ -146,7 +152,15 @@ pub fn run_case(catalog: &Arc<Catalog>, case: &Case) -> Result<(), Vec<String>> 
             }
         }
     }
-    if errors.is_empty() { Ok(()) } else { Err(errors) }
+    errors
+}
+
+/// The case's policy (the default policy when it names none).
+pub fn policy_of(case: &Case) -> Result<Policy, String> {
+    match &case.policy {
+        Some(p) => Policy::from_json(&p.to_string(), "scenario policy").map_err(|e| e.to_string()),
+        None => Ok(Policy::default()),
+    }
 }
 
 /// Loads a case list (a JSON array); refuses a case that checks nothing.

@@ -182,6 +182,10 @@ knobs! {
     CACHE_CAPACITY => cache_capacity: u64 = 4096;
     /// End-to-end suite only: comma-separated section numbers to run (e.g. `6.1,7.3`).
     E2E => e2e_sections: List = List::EMPTY, shown "all sections";
+    /// End-to-end suite only: the most modeled work (GFLOP of the selected kernel) at which
+    /// a scenario case is also executed on this machine and held to the f64 oracle; larger
+    /// cases are reported as selected only. Raise it for a long run.
+    E2E_GFLOP => e2e_gflop: u64 = 4;
     /// resident: a model's weights are copied once at load from the memory-mapped safetensors
     /// files into memory backed by transparent huge pages (faster kernels); mapped: kernels
     /// read the mapped files in place (no copy; the page cache is shared between processes).
