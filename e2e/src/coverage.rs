@@ -125,7 +125,8 @@ pub fn check(rows: &[Row], root: &Path, scenario_sections: &BTreeMap<String, Str
     errors
 }
 
-/// A check exists: `path::function` is a file holding `fn function`, a path a file.
+/// A check exists: `path::function` is a file holding `fn function` (Rust) or `def function`
+/// (a Python test), a path a file.
 fn exists(root: &Path, check: &str) -> Result<(), String> {
     let (path, function) = match check.split_once("::") {
         Some((p, f)) => (p, Some(f)),
@@ -133,7 +134,9 @@ fn exists(root: &Path, check: &str) -> Result<(), String> {
     };
     let text = std::fs::read_to_string(root.join(path)).map_err(|e| format!("`{path}`: {e}"))?;
     match function {
-        Some(f) if !text.contains(&format!("fn {f}(")) => Err(format!("`{path}` has no function `{f}`")),
+        Some(f) if !text.contains(&format!("fn {f}(")) && !text.contains(&format!("def {f}(")) => {
+            Err(format!("`{path}` has no function `{f}`"))
+        }
         _ => Ok(()),
     }
 }
