@@ -31,6 +31,7 @@ mod policy_config;
 mod properties;
 mod runtime;
 mod scopes;
+mod selection_steering;
 mod selection_table;
 mod shipped_tables;
 mod speculative;
