@@ -29,6 +29,7 @@ mod plugins;
 mod policy;
 mod policy_config;
 mod properties;
+mod readiness_gate;
 mod runtime;
 mod scopes;
 mod selection_steering;
