@@ -1,19 +1,22 @@
-//! E2E spec §7.1, §7.6 and §23 through the public API: a transform's cost takes the win
-//! from the kernel with the best kernel time, live selection after a plan's bucket miss
+//! E2E spec §7.1, §7.6, §7.8 and §23 through the public API: a transform's cost takes the
+//! win from the kernel with the best kernel time, live selection after a plan's bucket miss
 //! obeys strict mode and deny rules (the selection log names each passed-over kernel's
-//! codes), and an attention tensor without a layout tag is refused with a reason code.
+//! codes), a table solved under another GPU driver is refused naming both drivers, and an
+//! attention tensor without a layout tag is refused with a reason code.
 
 use std::sync::Arc;
 
 use layerzero::capabilities::catalog::Catalog;
 use layerzero::exec::executor::Registry;
 use layerzero::hardware::named;
+use layerzero::hardware::profile::HardwareProfile;
 use layerzero::model::attrs::{AttentionAttrs, Attrs};
 use layerzero::model::dtype::DType;
 use layerzero::model::layout::Layout;
 use layerzero::model::request::Request;
 use layerzero::model::tensor::TensorDesc;
 use layerzero::plan::solve::{self, Provenance};
+use layerzero::plan::table::DispatchTable;
 use layerzero::plan::workload::Workload;
 use layerzero::policy::Policy;
 use layerzero::select::Selector;
@@ -33,6 +36,10 @@ fn attention(seq_q: u64, seq_k: u64, strided: bool) -> Request {
 
 fn h100(policy: &Policy) -> TestResult<Selector> {
     Ok(Selector::planning(Catalog::builtin()?, Arc::new(named::load("h100")?), Arc::new(policy.clone()))?)
+}
+
+fn planning(hw: &Arc<HardwareProfile>) -> TestResult<Selector> {
+    Ok(Selector::planning(Catalog::builtin()?, hw.clone(), Arc::new(Policy::default()))?)
 }
 
 #[test]
@@ -59,18 +66,25 @@ fn section_7_1_a_layout_copy_costs_the_fastest_kernel_the_win() -> TestResult {
     Ok(())
 }
 
-/// A table of prefill attention, sequence 64..2048, solved on the H100 profile under `policy`.
-fn runtime_with_table(policy: &Policy) -> TestResult<LayerZero> {
-    let w = Workload::from_json(
+/// Prefill attention, sequence 64..2048.
+fn prefill_workload() -> TestResult<Workload> {
+    Ok(Workload::from_json(
         r#"{"schema_version": 1, "name": "miss", "entries": [{"name": "attn", "request": {"op": "attention",
             "tensors": {"q": {"dtype": "bf16", "shape": [1, 64, 32, 128], "layout": "BSHD"},
                         "k": {"dtype": "bf16", "shape": [1, 64, 8, 128], "layout": "BSHD"},
                         "v": {"dtype": "bf16", "shape": [1, 64, 8, 128], "layout": "BSHD"}},
             "attrs": {"causal": true}}, "ranges": {"seq_q": [64, 2048], "seq_k": "seq_q"}}]}"#,
         "w.json",
-    )?;
-    let prov = Provenance { perfdb_digest: None, created_at: "2026-11-27T00:00:00Z".into(), command: "test".into() };
-    let table = solve::solve(&w, &h100(policy)?, prov)?;
+    )?)
+}
+
+fn provenance() -> Provenance {
+    Provenance { perfdb_digest: None, created_at: "2026-11-27T00:00:00Z".into(), command: "test".into() }
+}
+
+/// A handle on the H100 profile under `policy`, with the prefill table solved under it.
+fn runtime_with_table(policy: &Policy) -> TestResult<LayerZero> {
+    let table = solve::solve(&prefill_workload()?, &h100(policy)?, provenance())?;
     Ok(LayerZero::new(h100(policy)?, Registry::new())?.with_plan(&table, PlanMode::Prefer)?)
 }
 
@@ -111,6 +125,44 @@ fn section_7_6_live_selection_after_a_bucket_miss_obeys_strict_mode_and_deny_rul
     assert_eq!(logged_codes(&lz, "flash_attn_2.attention.fwd")?, ["TRANSFORM_REJECTED_STRICT"]);
     let fa3 = logged_codes(&lz, "flash_attn_3.attention.fwd")?;
     assert!(fa3.contains(&"POLICY_DENIED"), "{fa3:?}");
+    Ok(())
+}
+
+#[test]
+fn section_7_8_a_table_solved_under_another_gpu_driver_is_refused_naming_both_drivers() -> TestResult {
+    // The H100 profile as the CUDA probe would read it under a given driver.
+    let under = |driver: Option<&str>| -> TestResult<Arc<HardwareProfile>> {
+        let h = named::load("h100")?;
+        let mut devices = h.devices.clone();
+        devices[0].driver = driver.map(str::to_owned);
+        Ok(Arc::new(HardwareProfile::new(h.name.clone(), h.description.clone(), devices)))
+    };
+    // Naming no driver leaves the fingerprint as it was: shipped tables still load.
+    assert_eq!(under(None)?.fingerprint, named::load("h100")?.fingerprint);
+    let (old, new) = (under(Some("cuda 12.4"))?, under(Some("cuda 12.8"))?);
+    assert_ne!(old.fingerprint, new.fingerprint);
+    // The driver survives the profile file.
+    let reread = HardwareProfile::from_json(&old.to_file_json().to_string(), "h100.json")?;
+    assert_eq!((reread.primary().driver.as_deref(), &reread.fingerprint), (Some("cuda 12.4"), &old.fingerprint));
+
+    let table = solve::solve(&prefill_workload()?, &planning(&old)?, provenance())?;
+    assert_eq!(table.header.hardware.driver.as_deref(), Some("cuda 12.4"));
+    let table = DispatchTable::parse(&table.to_json(), "t.json").map_err(|r| r.error)?;
+    let same = LayerZero::new(planning(&old)?, Registry::new())?.with_plan(&table, PlanMode::Strict)?;
+    assert_eq!(same.select(&attention(512, 512, false))?.source(), SelectionSource::Plan);
+    // The driver changed: the table is another machine's, refused with both drivers named.
+    let e = LayerZero::new(planning(&new)?, Registry::new())?
+        .with_plan(&table, PlanMode::Strict)
+        .err()
+        .ok_or("a table solved under another driver must be refused")?;
+    let reason = e.reasons().first().ok_or("the refusal carries a reason")?;
+    assert_eq!(reason.code(), ReasonCode::PLAN_HARDWARE_MISMATCH);
+    assert!(reason.to_string().contains("(driver cuda 12.4 then, cuda 12.8 here)"), "{reason}");
+    // In prefer mode the handle selects live, every selection saying why.
+    let live = LayerZero::new(planning(&new)?, Registry::new())?.with_plan(&table, PlanMode::Prefer)?;
+    let hit = live.select(&attention(512, 512, false))?;
+    assert_eq!(hit.source(), SelectionSource::Live);
+    assert_eq!(hit.notes().first().map(|r| r.code()), Some(ReasonCode::PLAN_HARDWARE_MISMATCH));
     Ok(())
 }
 
