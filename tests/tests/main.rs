@@ -13,6 +13,7 @@ mod file_safety;
 mod files;
 mod fixtures;
 mod flips;
+mod fork;
 mod front_door;
 mod hardware_measure;
 mod health;
