@@ -1,7 +1,7 @@
 //! E2E spec §20 and §24 through `lz readiness-check`: a capabilities file of another schema
 //! version is refused naming the version found and the one read, an invalid capabilities
-//! file fails readiness closed with the check named, and a table needing a kernel this host
-//! cannot run fails the `kernels` check naming the kernel.
+//! file fails readiness closed with the check named, and a table or a policy lock needing a
+//! kernel this host cannot run fails the `kernels` / `policy_kernels` check naming the kernel.
 
 use std::path::Path;
 
@@ -111,5 +111,36 @@ fn section_24_a_table_needing_a_kernel_this_host_cannot_run_fails_the_kernels_ch
     let (code, out, err) = run(&["readiness-check", "--table", &path("t.json"), "--perfdb", &path("db.sqlite")])?;
     assert_eq!(code, 1, "{out}{err}");
     assert!(out.contains("kernels") && out.contains("liger.rms_norm.triton"), "{out}");
+    Ok(())
+}
+
+#[test]
+fn section_24_a_policy_locking_a_kernel_this_host_lacks_fails_readiness_naming_it() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let check = |name: &str, policy: &str| -> TestResult<(i32, serde_json::Value)> {
+        let path = dir.path().join(name);
+        std::fs::write(&path, policy)?;
+        let db = dir.path().join("db.sqlite").display().to_string();
+        readiness(&["--policy", &path.display().to_string(), "--perfdb", &db])
+    };
+    // ZenDNN's matmul is declared, but no ZenDNN library is in this process.
+    let (code, v) = check("zendnn.json", r#"{"rules": [{"action": "lock", "kernels": "zendnn.linear.matmul"}]}"#)?;
+    assert_eq!((code, &v["ready"]), (1, &serde_json::json!(false)), "{v}");
+    let c = failed(&v, "policy_kernels")?;
+    let detail = c["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("rules[0] locks zendnn.linear.matmul (BACKEND_NOT_INSTALLED"), "{c}");
+    assert!(c["fix"].as_str().is_some_and(|f| f.contains("install the backend")), "{c}");
+    // A lock this host can serve passes; one scoped to CUDA devices asks nothing of a CPU host.
+    let (code, v) = check("cpu.json", r#"{"rules": [{"action": "lock", "kernels": "cpu.linear.fast"}]}"#)?;
+    let passed = v["checks"].as_array().and_then(|cs| cs.iter().find(|c| c["name"] == "policy_kernels")).cloned();
+    assert_eq!((code, passed.map(|c| c["ok"].clone())), (0, Some(serde_json::json!(true))), "{v}");
+    let cuda_only =
+        r#"{"rules": [{"action": "lock", "kernels": "liger.rms_norm.triton", "when": {"device": ["cuda"]}}]}"#;
+    let on_gpu_host = layerzero::LayerZero::detected()?.hardware().devices.iter().any(|d| d.kind.as_str() == "cuda");
+    if !on_gpu_host {
+        let (code, v) = check("cuda.json", cuda_only)?;
+        assert_eq!(code, 0, "{v}");
+        assert!(v["checks"].as_array().is_some_and(|cs| cs.iter().all(|c| c["name"] != "policy_kernels")), "{v}");
+    }
     Ok(())
 }
