@@ -1,9 +1,11 @@
 //! E2E spec §16, a handle used by a forked child: builds a handle and dispatches a parallel
 //! kernel (rayon's pool starts; with `deadline`, a deadline runner too), forks, and dispatches
-//! with the inherited handle in the child. The parent waits for the child at most 60 s (then
-//! kills it: a hang) and prints one JSON line: the kernel, whether the parent's output matches
-//! the f64 oracle's, and what the child got. `fork` is not a `Command`: a child started with
-//! `exec` inherits nothing.
+//! with the inherited handle in the child. With `model DIR` it generates greedily from the
+//! model's Hugging Face reference prompt instead, in the parent and in the child. The parent
+//! waits for the child at most 60 s (then kills it: a hang) and prints one JSON line: the
+//! kernel, how far the parent's output is from its reference (the f64 oracle; HF's tokens),
+//! and what the child got. `fork` is not a `Command`: a child started with `exec` inherits
+//! nothing.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -13,6 +15,7 @@ use layerzero::LayerZero;
 use layerzero::exec::args::{NormArgs, OpArgs};
 use layerzero::policy::Policy;
 use layerzero::tensor::HostTensor;
+use layerzero_llm as llm;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -51,13 +54,14 @@ fn exit_now(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
-/// The child: two dispatches with the inherited handle, each compared with the parent's output.
-fn child(lz: &LayerZero, args: &OpArgs, parent: &[f32]) -> ! {
+/// The child: the parent's work twice with the inherited handle, each compared with the
+/// parent's output.
+fn child(work: &dyn Fn() -> Result<Vec<f32>>, parent: &[f32]) -> ! {
     let mut verdicts = Vec::new();
     for _ in 0..2 {
-        verdicts.push(match run(lz, args) {
-            Ok((_, out)) if max_diff(&out, parent) == 0.0 => "same".to_owned(),
-            Ok((_, out)) => format!("differs by {}", max_diff(&out, parent)),
+        verdicts.push(match work() {
+            Ok(out) if max_diff(&out, parent) == 0.0 => "same".to_owned(),
+            Ok(out) => format!("differs by {}", max_diff(&out, parent)),
             Err(e) => format!("error: {e}"),
         });
     }
@@ -85,23 +89,52 @@ fn wait(pid: i32, limit: Duration) -> Option<i32> {
     None
 }
 
+/// Greedy tokens from `model` for its HF reference's prompt, as f32s, and HF's.
+fn generate(lz: &LayerZero, model: &llm::Model) -> Result<(Vec<f32>, Vec<f32>)> {
+    let reference = layerzero::tensor::io::read(&model.dir.join("reference.safetensors"))?;
+    let ids = |name: &str| -> Result<Vec<u32>> {
+        let t = reference.get(name).ok_or_else(|| format!("no reference tensor {name}"))?;
+        Ok(t.to_f64_vec().iter().map(|&x| x as u32).collect())
+    };
+    let (prompt, hf) = (ids("prompt_ids")?, ids("generated_ids")?);
+    let g = llm::Generation { max_new_tokens: hf.len(), stop_at_eos: false, ..llm::Generation::default() };
+    let out = llm::generate::generate(model, lz, &prompt, &g, |_| {})?;
+    let ours = out.sequences.first().ok_or("no sequence")?.generated_ids.iter().map(|&t| t as f32).collect();
+    Ok((ours, hf.iter().map(|&t| t as f32).collect()))
+}
+
 fn main() -> Result<ExitCode> {
-    let deadline = std::env::args().any(|a| a == "deadline");
+    let argv: Vec<String> = std::env::args().collect();
+    let deadline = argv.iter().any(|a| a == "deadline");
+    let model_dir = argv.iter().position(|a| a == "model").and_then(|i| argv.get(i + 1));
     let lz = LayerZero::detected()?;
     if deadline {
         lz.set_policy(Policy::from_json(r#"{"kernel_timeout_ms": 20000}"#, "deadline")?)?;
     }
     let args = norm()?;
-    let (kernel, parent) = run(&lz, &args)?;
-    let oracle = LayerZero::detected()?.with_policy(Policy::from_json(
-        r#"{"rules": [{"action": "lock", "kernels": "cpu_reference.rms_norm.naive"}]}"#,
-        "oracle",
-    )?)?;
-    let (_, reference) = run(&oracle, &args)?;
+    let model = model_dir.map(|d| llm::Model::load(std::path::Path::new(d), None)).transpose()?;
+    let work = || -> Result<Vec<f32>> {
+        match &model {
+            Some(m) => Ok(generate(&lz, m)?.0),
+            None => Ok(run(&lz, &args)?.1),
+        }
+    };
+    let (kernel, parent, reference) = match &model {
+        Some(m) => {
+            let (ours, hf) = generate(&lz, m)?;
+            (m.dir.display().to_string(), ours, hf)
+        }
+        None => {
+            let (kernel, parent) = run(&lz, &args)?;
+            let lock = r#"{"rules": [{"action": "lock", "kernels": "cpu_reference.rms_norm.naive"}]}"#;
+            let oracle = LayerZero::detected()?.with_policy(Policy::from_json(lock, "oracle")?)?;
+            (kernel, parent, run(&oracle, &args)?.1)
+        }
+    };
     let _ = std::io::stdout().flush();
     let pid = fork();
     if pid == 0 {
-        child(&lz, &args, &parent);
+        child(&work, &parent);
     }
     if pid < 0 {
         return Err("fork failed".into());
@@ -115,7 +148,7 @@ fn main() -> Result<ExitCode> {
     };
     println!(
         "{}",
-        serde_json::json!({"kernel": kernel, "deadline": deadline, "parent_vs_oracle": max_diff(&parent, &reference),
+        serde_json::json!({"kernel": kernel, "deadline": deadline, "parent_vs_reference": max_diff(&parent, &reference),
                            "child": child, "child_ms": started.elapsed().as_millis() as u64})
     );
     Ok(if code == Some(0) { ExitCode::SUCCESS } else { ExitCode::FAILURE })
