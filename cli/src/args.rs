@@ -154,7 +154,8 @@ pub(super) struct SnapshotCmd {
     /// The folder to write (created; an existing one must be empty).
     #[arg(value_name = "DIR")]
     pub(super) dir: PathBuf,
-    /// Select every request of this workload first, so the selection log shows its decisions.
+    /// Select every request of this workload first, so the selection log shows its decisions
+    /// (and, with the `otel` feature, `trace.json` their `lz.select` spans as OTLP/JSON).
     #[arg(long, value_name = "FILE")]
     pub(super) workload: Option<PathBuf>,
     /// PerfDB file to copy (default $LAYERZERO_PERFDB, else $LAYERZERO_HOME/perfdb.sqlite).
@@ -402,6 +403,11 @@ pub(super) struct RunCmd {
     /// Default: $LAYERZERO_PLAN_MODE, else prefer.
     #[arg(long, value_name = "MODE")]
     pub(super) plan_mode: Option<layerzero::runtime::PlanMode>,
+    /// Write the run's `lz.select` and `lz.dispatch` spans to this file as OTLP/JSON
+    /// (OpenTelemetry; builds with the `otel` feature, the default). While it records, the
+    /// `LAYERZERO_LOG` log is not written.
+    #[arg(long, value_name = "TRACE.json")]
+    pub(super) trace: Option<PathBuf>,
     #[command(flatten)]
     pub(super) catalog: CatalogArg,
     /// Machine-readable output.

@@ -122,20 +122,26 @@ fn run(cli: Cli) -> Result<Outcome> {
             let catalog = load_catalog(&a.catalog)?;
             let table = a.table.clone().or_else(|| knobs().dispatch_table.clone());
             let plan_mode = a.plan_mode.unwrap_or(knobs().plan_mode);
-            run::run(
-                run::RunArgs {
-                    request: &a.request,
-                    inputs: &a.inputs,
-                    out: &a.out,
-                    kernel: a.kernel.as_deref(),
-                    policy,
-                    repeat: a.repeat,
-                    table: table.as_deref(),
-                    plan_mode,
-                    json: a.json,
-                },
-                catalog,
-            )
+            let go = || {
+                run::run(
+                    run::RunArgs {
+                        request: &a.request,
+                        inputs: &a.inputs,
+                        out: &a.out,
+                        kernel: a.kernel.as_deref(),
+                        policy,
+                        repeat: a.repeat,
+                        table: table.as_deref(),
+                        plan_mode,
+                        json: a.json,
+                    },
+                    catalog,
+                )
+            };
+            match &a.trace {
+                Some(path) => traced(path, go),
+                None => go(),
+            }
         }
         Command::Tune(a) => tune::run(a),
         Command::Parity(a) => {
@@ -205,16 +211,28 @@ fn run(cli: Cli) -> Result<Outcome> {
 /// first when one is given, then `LayerZero::snapshot`.
 fn snapshot(a: args::SnapshotCmd) -> Result<Outcome> {
     let lz = layerzero::runtime::LayerZero::host()?;
-    if let Some(path) = &a.workload {
-        let w = layerzero::plan::workload::Workload::load(path)?;
-        for e in &w.entries {
-            let req = Request::from_value(e.request.clone())
-                .map_err(|err| Error::invalid(format!("{}: entry {:?}: {err}", path.display(), e.name)))?;
-            // A request nothing can serve is a decision worth keeping too; it is not an error here.
-            let _ = lz.select(&req);
+    let select_workload = || -> Result<()> {
+        if let Some(path) = &a.workload {
+            let w = layerzero::plan::workload::Workload::load(path)?;
+            for e in &w.entries {
+                let req = Request::from_value(e.request.clone())
+                    .map_err(|err| Error::invalid(format!("{}: entry {:?}: {err}", path.display(), e.name)))?;
+                // A request nothing can serve is a decision worth keeping too; it is not an error here.
+                let _ = lz.select(&req);
+            }
         }
-    }
-    let manifest = lz.snapshot(&a.dir, a.perfdb.as_deref())?;
+        Ok(())
+    };
+    // With OpenTelemetry in the build, the workload's spans are kept as the snapshot's trace.
+    #[cfg(feature = "otel")]
+    let trace = {
+        let (selected, trace) = layerzero::telemetry::otel::capture(select_workload);
+        selected?;
+        a.workload.is_some().then_some(trace)
+    };
+    #[cfg(not(feature = "otel"))]
+    let trace: Option<serde_json::Value> = select_workload().map(|()| None)?;
+    let manifest = lz.snapshot_with_trace(&a.dir, a.perfdb.as_deref(), trace.as_ref())?;
     if a.json {
         print_json(&serde_json::to_value(&manifest).unwrap_or_default());
     } else {
@@ -227,6 +245,26 @@ fn snapshot(a: args::SnapshotCmd) -> Result<Outcome> {
         }
     }
     Ok(Outcome::Ok)
+}
+
+/// Runs `f` with its spans captured, then writes them to `path` as OTLP/JSON (a failed run's
+/// spans too: they say what failed).
+#[cfg(feature = "otel")]
+fn traced(path: &std::path::Path, f: impl FnOnce() -> Result<Outcome>) -> Result<Outcome> {
+    let (outcome, trace) = layerzero::telemetry::otel::capture(f);
+    let mut bytes = serde_json::to_vec_pretty(&trace).unwrap_or_default();
+    bytes.push(b'\n');
+    layerzero::files::write(path, &bytes, &[])?;
+    outcome
+}
+
+/// Without OpenTelemetry in the build, `--trace` is refused rather than ignored.
+#[cfg(not(feature = "otel"))]
+fn traced(path: &std::path::Path, _f: impl FnOnce() -> Result<Outcome>) -> Result<Outcome> {
+    Err(Error::invalid(format!(
+        "--trace {}: this lz has no OpenTelemetry export (build it with the `otel` feature)",
+        path.display()
+    )))
 }
 
 fn load_catalog(arg: &CatalogArg) -> Result<Arc<Catalog>> {

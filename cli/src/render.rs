@@ -196,6 +196,9 @@ pub(super) fn hardware(p: &HardwareProfile, notes: &[String]) -> String {
         if let Some(g) = &d.gfx {
             let _ = writeln!(out, "  gfx {g}");
         }
+        if let Some(v) = &d.driver {
+            let _ = writeln!(out, "  driver {v}");
+        }
         if !d.isa.is_empty() {
             let _ = writeln!(out, "  isa: {}", d.isa.names());
         }

@@ -50,9 +50,21 @@ impl LayerZero {
     /// `dispatch_table.json` (when one is loaded) and `readiness.json` (the table's
     /// validation and the other readiness checks), `perfdb.sqlite` (a consistent copy of the
     /// PerfDB at `perfdb`, else the default path, when the file exists), `selections.jsonl`
-    /// (the recent decisions, redacted as `LAYERZERO_REDACT` says), `policy.json`,
+    /// (the recent decisions with every passed-over candidate's reason codes, redacted as
+    /// `LAYERZERO_REDACT` says), `policy.json`,
     /// `health.json` (breakers, counters) and `manifest.json`.
     pub fn snapshot(&self, dir: &Path, perfdb: Option<&Path>) -> Result<SnapshotManifest> {
+        self.snapshot_with_trace(dir, perfdb, None)
+    }
+
+    /// [`LayerZero::snapshot`], with `trace` (the OTLP/JSON spans of the calls the snapshot
+    /// follows: `telemetry::otel::capture`) written as `trace.json`.
+    pub fn snapshot_with_trace(
+        &self,
+        dir: &Path,
+        perfdb: Option<&Path>,
+        trace: Option<&serde_json::Value>,
+    ) -> Result<SnapshotManifest> {
         prepare(dir)?;
         let mut files = Vec::new();
         let mut notes = Vec::new();
@@ -95,6 +107,12 @@ impl LayerZero {
             log.push(b'\n');
         }
         put(&mut files, "selections.jsonl", "the recent decisions, one JSON object per line", log)?;
+        match trace {
+            Some(t) => {
+                put(&mut files, "trace.json", "the spans of the calls before the snapshot, as OTLP/JSON", pretty(t))?
+            }
+            None => notes.push("no trace was captured: trace.json is left out".to_owned()),
+        }
         let policy = serde_json::to_value(&*self.declared_policy()).unwrap_or_default();
         put(&mut files, "policy.json", "the policy as set (time-boxed rules included)", pretty(&policy))?;
         let health = serde_json::json!({"health": self.health_report(), "counters": self.counters(),

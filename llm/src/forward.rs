@@ -119,7 +119,7 @@ impl<'m> Session<'m> {
     /// pool would instead sleep and be woken once per kernel (measured on the 2-core VM:
     /// tens of microseconds per wake, about a quarter of a 125M model's decode step).
     pub fn forward_batch(&mut self, batch: &[(usize, &[u32])], all_logits: bool) -> Result<HostTensor> {
-        rayon::scope(|_| self.forward_on_pool(batch, all_logits))
+        crate::pass::on_pool(|| self.forward_on_pool(batch, all_logits))
     }
 
     fn forward_on_pool(&mut self, batch: &[(usize, &[u32])], all_logits: bool) -> Result<HostTensor> {

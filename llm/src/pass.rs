@@ -15,6 +15,15 @@ use layerzero::model::request::Request;
 use layerzero::runtime::{Dispatch, LayerZero, SelectionSource};
 use layerzero::tensor::HostTensor;
 
+/// Runs a whole pass on a rayon worker, so each parallel kernel starts inline there
+/// (`forward::Session::forward_batch` says why): the process's pool, or in a forked child a
+/// pool of the child's own, the parent's workers having stayed in the parent
+/// (`layerzero::backend::cpu::fork`); a child that cannot start one gets an error, not a hang.
+pub fn on_pool<T: Send>(pass: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    layerzero::backend::cpu::fork::in_live_pool(|| rayon::scope(|_| pass()))
+        .map_err(|why| Error::new(layerzero::error::ErrorKind::KernelFailed, why))?
+}
+
 /// A weight and its bias: a projection (`[out, in]`, `[out]`) or a LayerNorm's scale and
 /// shift (`[d]`, `[d]`).
 #[derive(Debug, Clone)]

@@ -19,11 +19,17 @@ fn linear(rows: usize) -> TestResult<OpArgs> {
     Ok(OpArgs::Linear(LinearArgs { x: t(&[rows, 32])?, weight: t(&[16, 32])?, bias: None, attrs: NoAttrs {} }))
 }
 
+const LINEAR: &str = r#"{"op": "linear", "tensors": {"x": {"dtype": "f32", "shape": [4, 32]}, "weight": {"dtype": "f32", "shape": [16, 32]}}}"#;
+
+/// The request of [`linear_files`].
+fn linear_request() -> TestResult<layerzero::Request> {
+    Ok(layerzero::Request::from_json(LINEAR)?)
+}
+
 /// A linear request and its inputs, written into `dir`.
 fn linear_files(dir: &std::path::Path) -> TestResult<(String, String)> {
     let req = dir.join("req.json");
-    let request = r#"{"op": "linear", "tensors": {"x": {"dtype": "f32", "shape": [4, 32]}, "weight": {"dtype": "f32", "shape": [16, 32]}}}"#;
-    std::fs::write(&req, request)?;
+    std::fs::write(&req, LINEAR)?;
     let inputs = dir.join("in.safetensors");
     let OpArgs::Linear(a) = linear(4)? else { return Err("linear() makes linear arguments".into()) };
     let tensors = [("x".to_owned(), a.x), ("weight".to_owned(), a.weight)].into_iter().collect();
@@ -180,5 +186,124 @@ fn lz_snapshot_writes_every_artifact_and_refuses_a_folder_in_use() -> TestResult
     let again = run()?;
     assert_eq!(again.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&again.stderr).contains("not empty"));
+    Ok(())
+}
+
+/// The spans of an OTLP/JSON trace document.
+fn otlp_spans(trace: &serde_json::Value) -> TestResult<Vec<serde_json::Value>> {
+    let spans = trace["resourceSpans"][0]["scopeSpans"][0]["spans"].as_array().ok_or_else(|| format!("{trace}"))?;
+    for s in spans {
+        let hex = |v: &serde_json::Value, n: usize| {
+            v.as_str().is_some_and(|h| h.len() == n && h.chars().all(|c| c.is_ascii_hexdigit()))
+        };
+        assert!(hex(&s["traceId"], 32) && hex(&s["spanId"], 16), "{s}");
+        let nanos = |k: &str| s[k].as_str().and_then(|t| t.parse::<u128>().ok());
+        assert!(nanos("startTimeUnixNano").zip(nanos("endTimeUnixNano")).is_some_and(|(a, b)| 0 < a && a <= b), "{s}");
+    }
+    Ok(spans.clone())
+}
+
+/// An attribute's OTLP value (`{"stringValue": ..}`, `{"intValue": ..}`).
+fn otlp_attribute<'s>(span: &'s serde_json::Value, key: &str) -> &'s serde_json::Value {
+    let found = span["attributes"].as_array().and_then(|a| a.iter().find(|kv| kv["key"] == key));
+    found.map_or(&serde_json::Value::Null, |kv| &kv["value"])
+}
+
+#[test]
+fn section_14_the_snapshots_selection_log_and_trace_hold_what_was_decided() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let request = r#"{"op": "linear", "tensors": {"x": {"dtype": "f32", "shape": [8, 64]}, "weight": {"dtype": "f32", "shape": [48, 64]}}}"#;
+    let workload = dir.path().join("w.json");
+    let entry = format!(r#"{{"name": "proj", "request": {request}, "ranges": {{"m": [1, 16]}}}}"#);
+    std::fs::write(&workload, format!(r#"{{"schema_version": 1, "name": "snap", "entries": [{entry}]}}"#))?;
+    let snap = dir.path().join("snap");
+    let o = lz()?
+        .args(["snapshot", snap.to_str().unwrap_or_default(), "--workload", workload.to_str().unwrap_or_default()])
+        .output()?;
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    // What this host decides for the same request, candidate by candidate.
+    let report = LayerZero::detected()?.explain(&layerzero::Request::from_json(request)?);
+    let chosen = report.selected.clone().ok_or("this host serves a linear")?;
+    let log = std::fs::read_to_string(snap.join("selections.jsonl"))?;
+    let records: Vec<serde_json::Value> = log.lines().map(serde_json::from_str).collect::<Result<_, _>>()?;
+    assert_eq!(records.len(), 1, "{log}");
+    let r = &records[0];
+    assert_eq!((r["event"].as_str(), r["op"].as_str()), (Some("select"), Some("linear")), "{r}");
+    assert_eq!(r["kernel"], chosen.as_str());
+    assert_eq!(r["shapes"], "weight=f32[48,64] x=f32[8,64]");
+    assert_eq!(r["transform_cost_total"].as_f64(), Some(report.transform_cost_total));
+    assert_eq!(r["candidates"].as_u64(), Some(report.candidates.len() as u64));
+    // Every candidate passed over is in the log with the codes `explain` gives it.
+    let rejected: Vec<(String, Vec<String>)> = report
+        .candidates
+        .iter()
+        .filter(|c| !c.reasons.is_empty())
+        .map(|c| (c.kernel.clone(), c.reasons.iter().map(|r| r.code().as_str().to_owned()).collect()))
+        .collect();
+    let codes = |x: &serde_json::Value| {
+        x.as_array().into_iter().flatten().filter_map(|c| c.as_str()).map(str::to_owned).collect()
+    };
+    let logged: Vec<(String, Vec<String>)> = r["rejections"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|x| (x["kernel"].as_str().unwrap_or_default().to_owned(), codes(&x["reasons"])))
+        .collect();
+    assert!(!rejected.is_empty(), "some candidate of this host is passed over: {report:?}");
+    assert_eq!(logged, rejected);
+    assert_eq!(r["rejected"].as_u64(), Some(rejected.len() as u64));
+    // The trace: the workload's one selection as an OTLP/JSON `lz.select` span.
+    let trace: serde_json::Value = serde_json::from_slice(&std::fs::read(snap.join("trace.json"))?)?;
+    let spans = otlp_spans(&trace)?;
+    let select = spans.iter().find(|s| s["name"] == "lz.select").ok_or_else(|| format!("{trace}"))?;
+    assert_eq!(otlp_attribute(select, "op")["stringValue"], "linear");
+    assert_eq!(otlp_attribute(select, "kernel")["stringValue"], chosen.as_str());
+    assert_eq!(otlp_attribute(select, "source")["stringValue"], "live");
+    assert_eq!(otlp_attribute(select, "candidates")["intValue"], report.candidates.len().to_string());
+    assert_eq!(otlp_attribute(select, "rejected")["intValue"], rejected.len().to_string());
+    assert_eq!(
+        otlp_attribute(select, "transform_cost_total")["doubleValue"].as_f64(),
+        Some(report.transform_cost_total)
+    );
+    Ok(())
+}
+
+#[test]
+fn section_12_lz_run_traces_its_dispatch_and_the_selection_inside_it_as_otlp_json() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (req, inputs) = linear_files(dir.path())?;
+    let (out, trace) = (dir.path().join("out.safetensors"), dir.path().join("trace.json"));
+    let o = lz()?
+        .args(["run", "--request", &req, "--inputs", &inputs, "--out", out.to_str().unwrap_or_default()])
+        .args(["--trace", trace.to_str().unwrap_or_default(), "--json"])
+        .output()?;
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    // The log's selection event names each passed-over candidate with its codes.
+    let logged = lz()?
+        .env("LAYERZERO_LOG", "json")
+        .args(["run", "--request", &req, "--inputs", &inputs, "--out", out.to_str().unwrap_or_default()])
+        .output()?;
+    assert_eq!(logged.status.code(), Some(0), "{}", String::from_utf8_lossy(&logged.stderr));
+    let report = LayerZero::detected()?.explain(&linear_request()?);
+    let lines = log_lines(&logged.stderr);
+    let event = lines.iter().find(|l| l["target"] == "layerzero::selection").ok_or_else(|| format!("{lines:?}"))?;
+    let text = event["fields"]["rejections"].as_str().ok_or_else(|| format!("{event}"))?;
+    for c in report.candidates.iter().filter(|c| !c.reasons.is_empty()) {
+        let codes: Vec<&str> = c.reasons.iter().map(|r| r.code().as_str()).collect();
+        assert!(text.contains(&format!("{}:{}", c.kernel, codes.join("|"))), "{} missing from {text}", c.kernel);
+    }
+    let ran: serde_json::Value = serde_json::from_slice(&o.stdout)?;
+    let kernel = ran["kernel"].as_str().ok_or_else(|| format!("{ran}"))?;
+    let spans = otlp_spans(&serde_json::from_slice(&std::fs::read(&trace)?)?)?;
+    let named = |n: &str| spans.iter().find(|s| s["name"] == n).ok_or_else(|| format!("no {n} span in {spans:?}"));
+    let (dispatch, select) = (named("lz.dispatch")?, named("lz.select")?);
+    assert_eq!(otlp_attribute(dispatch, "kernel")["stringValue"], kernel);
+    assert_eq!(otlp_attribute(dispatch, "fallback_attempts")["intValue"], "0");
+    assert_eq!(otlp_attribute(select, "kernel")["stringValue"], kernel);
+    assert_eq!(otlp_attribute(select, "op")["stringValue"], "linear");
+    // The selection is a child of the dispatch, in its trace.
+    assert_eq!(select["parentSpanId"], dispatch["spanId"]);
+    assert_eq!(select["traceId"], dispatch["traceId"]);
+    assert_eq!(dispatch["parentSpanId"], "");
     Ok(())
 }

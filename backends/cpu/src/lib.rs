@@ -15,6 +15,7 @@
 //! | `alloc` | output buffers (huge pages, alignment, per-thread scratch) |
 //! | `simd` | AVX-512/AVX2 loops and microkernels, picked at run time |
 //! | `split` | whether work is worth spreading over rayon |
+//! | `fork` | forked children: a rayon pool of their own instead of the parent's vanished one |
 //! | `math` | scalar erf and erfc |
 //!
 //! | Kernels | |
@@ -30,6 +31,7 @@
 // The driver.
 mod alloc;
 mod engine;
+pub mod fork;
 mod gemm;
 mod math;
 mod pack;

@@ -167,9 +167,32 @@ impl Catalog {
 fn parse_backend(origin: &str, text: &str) -> Result<BackendSpec> {
     let value: serde_json::Value =
         serde_json::from_str(text).map_err(|e| Error::invalid(format!("{origin}: invalid JSON: {e}")))?;
+    check_schema_version(origin, &value)?;
     schema::validate(SchemaKind::Capabilities, &value, origin)?;
     serde_path_to_error::deserialize(value)
         .map_err(|e| Error::invalid(format!("{origin}: field `{}`: {}", e.path(), e.inner())))
+}
+
+/// A file of another schema version is refused before its fields are read, naming the
+/// version found and the one read here: no earlier version was ever published, so there is
+/// nothing to migrate from, and a later one may mean things this build would misread.
+fn check_schema_version(origin: &str, value: &serde_json::Value) -> Result<()> {
+    let found = &value["schema_version"];
+    match found.as_u64() {
+        Some(v) if v == u64::from(CAPABILITIES_SCHEMA_VERSION) => Ok(()),
+        Some(v) => {
+            let what = if v > u64::from(CAPABILITIES_SCHEMA_VERSION) {
+                "newer than this build; upgrade layerzero to read it"
+            } else {
+                "older than any published version; nothing migrates it: rewrite it for the current schema"
+            };
+            Err(Error::invalid(format!(
+                "{origin}: capabilities schema version {v} ({what}); this build reads schema version {CAPABILITIES_SCHEMA_VERSION}"
+            )))
+        }
+        // Missing or not a number: the schema check names the field.
+        None => Ok(()),
+    }
 }
 
 fn validate_kernel(b: &BackendSpec, k: &KernelSpec) -> Result<()> {

@@ -226,6 +226,13 @@ pub struct DeviceProfile {
     /// CPU instruction-set extensions (CPU devices).
     #[serde(default, skip_serializing_if = "no_features")]
     pub isa: CpuFeatures,
+    /// The driver the device runs under, where the probe reads it (`cuda 12.4`: the CUDA
+    /// version the driver implements; `hip 6.1.40092`): part of the fingerprint, so a table,
+    /// PerfDB rows or a calibration made under another driver are another machine's. A CPU
+    /// has none (its kernels run no driver; the libraries they load are gated by their own
+    /// versions), and a named profile names none; absent, it leaves the fingerprint as it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<String>,
     /// Device memory in bytes (host RAM for a CPU).
     pub memory_bytes: u64,
     /// Memory bandwidth, GB/s (a nominal peak: spec sheet or channels x transfer rate).
@@ -350,7 +357,7 @@ impl HardwareProfile {
 /// itself (`memory_bandwidth_gbps`, `peak_tflops`: `lz hardware --measure`), so that
 /// measuring a machine, or measuring it again, keeps its PerfDB rows, calibration and
 /// plans; every other device fact (kind, vendor, name, ISA, memory, compute units, compute
-/// capability, gfx) does change it.
+/// capability, gfx, driver) does change it.
 fn fingerprint(devices: &[DeviceProfile]) -> String {
     let mut value = serde_json::to_value(devices).unwrap_or(serde_json::Value::Null);
     if let Some(list) = value.as_array_mut() {

@@ -63,7 +63,7 @@ pub fn solve(workload: &Workload, selector: &Selector, provenance: Provenance) -
         header: Header {
             layerzero_version: env!("CARGO_PKG_VERSION").to_owned(),
             key_format: KEY_FORMAT,
-            hardware: HardwareId { name: hw.name.clone(), fingerprint: hw.fingerprint.clone() },
+            hardware: HardwareId::of(hw),
             capabilities_hash: selector.catalog().hash().to_owned(),
             policy_hash: selector.policy_hash().to_owned(),
             perfdb_digest: provenance.perfdb_digest,

@@ -18,6 +18,7 @@ use super::{FoldHasher, Resolved};
 use crate::capabilities::catalog::KernelIndex;
 use crate::error::{Error, ErrorKind};
 use crate::exec::executor::Executor;
+use crate::hardware::profile::HardwareProfile;
 use crate::key::{Buckets, KEY_FORMAT, SelectionKey};
 use crate::model::op::Op;
 use crate::model::request::Request;
@@ -78,6 +79,21 @@ pub struct HardwareId {
     pub name: String,
     /// Fingerprint.
     pub fingerprint: String,
+    /// The driver of the machine (its first device naming one), so a mismatch names both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<String>,
+}
+
+impl HardwareId {
+    /// The identity of `hw`.
+    pub fn of(hw: &HardwareProfile) -> HardwareId {
+        HardwareId { name: hw.name.clone(), fingerprint: hw.fingerprint.clone(), driver: driver_of(hw) }
+    }
+}
+
+/// The driver of `hw`'s first device that names one.
+fn driver_of(hw: &HardwareProfile) -> Option<String> {
+    hw.devices.iter().find_map(|d| d.driver.clone())
 }
 
 /// A workload's identity.
@@ -223,15 +239,22 @@ impl DispatchTable {
     /// Checks the header against what `selector` would decide with; the first mismatch.
     pub fn check_header(&self, selector: &Selector) -> std::result::Result<(), Reason> {
         let h = &self.header;
-        if h.hardware.fingerprint != selector.hardware().fingerprint {
+        let here = selector.hardware();
+        if h.hardware.fingerprint != here.fingerprint {
+            let (then, now) = (h.hardware.driver.as_deref(), driver_of(here));
+            let drivers = if then != now.as_deref() {
+                format!(" (driver {} then, {} here)", then.unwrap_or("none"), now.as_deref().unwrap_or("none"))
+            } else {
+                String::new()
+            };
             return Err(Reason::new(
                 ReasonCode::PLAN_HARDWARE_MISMATCH,
                 format!(
-                    "the table was solved for {} ({}); this is {} ({})",
+                    "the table was solved for {} ({}); this is {} ({}){drivers}",
                     h.hardware.name,
                     short(&h.hardware.fingerprint),
-                    selector.hardware().name,
-                    short(&selector.hardware().fingerprint)
+                    here.name,
+                    short(&here.fingerprint)
                 ),
             ));
         }

@@ -52,6 +52,15 @@ pub struct Selection {
     pub rejected: usize,
 }
 
+/// A candidate a selection passed over, and why (every code, in check order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Passed {
+    /// The kernel's dense index in the selector's catalog.
+    pub index: KernelIndex,
+    /// The codes of every check it failed.
+    pub codes: Vec<ReasonCode>,
+}
+
 /// Selects kernels for requests on one machine under one policy.
 #[derive(Debug, Clone)]
 pub struct Selector {
@@ -195,6 +204,13 @@ impl Selector {
     /// (the locked kernel's reasons), `NoKernel` (every candidate's reasons). Errors carry
     /// the formatted reasons of [`Selector::explain`].
     pub fn select(&self, req: &Request) -> Result<Selection> {
+        self.select_noting(req, None)
+    }
+
+    /// [`Selector::select`], noting in `passed` every candidate it passes over with the codes
+    /// of every check the candidate failed (`POLICY_LOCKED_OTHER` for one a lock passed
+    /// over): the selection log's rejections, gathered without a second selection.
+    pub fn select_noting(&self, req: &Request, mut passed: Option<&mut Vec<Passed>>) -> Result<Selection> {
         let cx = self.context(req);
         let candidates = self.catalog.candidates(req.op);
         let mut best: Option<(usize, Judged<Codes>)> = None;
@@ -204,10 +220,18 @@ impl Selector {
         for (i, &ki) in candidates.iter().enumerate() {
             let (backend, kernel) = self.catalog.kernel(ki);
             if lock.is_some_and(|l| l != kernel.id) {
+                if let Some(p) = passed.as_deref_mut() {
+                    p.push(Passed { index: ki, codes: vec![ReasonCode::POLICY_LOCKED_OTHER] });
+                }
                 continue;
             }
             let j: Judged<Codes> = self.judge(backend, kernel, req, &cx, &mut memo);
-            let Some(s) = &j.score else { continue };
+            let Some(s) = &j.score else {
+                if let Some(p) = passed.as_deref_mut() {
+                    p.push(Passed { index: ki, codes: j.reasons.0 });
+                }
+                continue;
+            };
             eligible += 1;
             let better = match &best {
                 Some((_, b)) => b.score.as_ref().is_none_or(|bs| s.total_ns < bs.total_ns),

@@ -347,6 +347,7 @@ fn detect_cpu(notes: &mut Vec<String>) -> DeviceProfile {
         compute_capability: None,
         gfx: None,
         isa,
+        driver: None,
         memory_bytes,
         memory_bandwidth_gbps,
         compute_units,

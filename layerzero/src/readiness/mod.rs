@@ -21,6 +21,7 @@
 #[cfg(feature = "perfdb")]
 pub mod doctor;
 pub mod files;
+mod locks;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -42,8 +43,8 @@ use crate::select::Selector;
 /// One readiness check.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Check {
-    /// What was checked (`capabilities`, `schemas`, `policy`, `table`, `table_matches_host`,
-    /// `kernels`, `jit`, `workload`, `coverage`, `perfdb`).
+    /// What was checked (`capabilities`, `schemas`, `policy`, `policy_kernels`, `table`,
+    /// `table_matches_host`, `kernels`, `jit`, `workload`, `coverage`, `perfdb`).
     pub name: String,
     /// Passed.
     pub ok: bool,
@@ -129,6 +130,12 @@ pub fn readiness(inputs: &ReadinessInputs<'_>) -> Vec<Check> {
         },
         _ => None,
     };
+    if let Some(c) = selector.as_ref().and_then(|s| {
+        let registry = crate::host::builtin_registry();
+        locks::policy_kernels_check(s, |k| registry.contains(k))
+    }) {
+        checks.push(c);
+    }
     let warm = Warm { require: inputs.require_warm, warmup: inputs.warmup };
     let plan = inputs.table.and_then(|path| table_checks(path, selector.as_ref(), warm, &mut checks));
     if let Some(path) = inputs.workload {

@@ -194,6 +194,8 @@ impl LayerZero {
         policy: Arc<Policy>,
         registry: Registry,
     ) -> Result<LayerZero> {
+        // Before anything forks: a forked child then runs kernels on threads of its own.
+        layerzero_cpu::fork::watch();
         let health = Arc::new(Health::new(&catalog, HealthConfig::of(&policy)));
         let parts = Parts {
             catalog,

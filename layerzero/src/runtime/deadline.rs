@@ -24,13 +24,28 @@ struct Shared {
 
 /// The runner threads of one handle (they exit when it is dropped).
 pub(crate) struct Runners {
+    /// The runners of this process. A forked child inherits none of the parent's threads
+    /// (and perhaps their queue's lock, held): it starts runners of its own.
+    current: Mutex<Arc<Pool>>,
+}
+
+/// Runners started in one process (fork generation).
+struct Pool {
+    generation: u64,
     queue: Sender<Job>,
     shared: Arc<Shared>,
 }
 
+impl Pool {
+    fn new(generation: u64) -> Pool {
+        let (queue, jobs) = mpsc::channel();
+        Pool { generation, queue, shared: Arc::new(Shared { jobs: Mutex::new(jobs), idle: AtomicUsize::new(0) }) }
+    }
+}
+
 impl std::fmt::Debug for Runners {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Runners").field("idle", &self.shared.idle.load(Ordering::Relaxed)).finish()
+        f.debug_struct("Runners").field("idle", &self.current.lock().shared.idle.load(Ordering::Relaxed)).finish()
     }
 }
 
@@ -48,8 +63,18 @@ const ABANDONED: u8 = 2;
 
 impl Runners {
     pub(crate) fn new() -> Runners {
-        let (queue, jobs) = mpsc::channel();
-        Runners { queue, shared: Arc::new(Shared { jobs: Mutex::new(jobs), idle: AtomicUsize::new(0) }) }
+        Runners { current: Mutex::new(Arc::new(Pool::new(layerzero_cpu::fork::generation()))) }
+    }
+
+    /// The runners of this process: after a fork, a new set (the inherited one is forgotten,
+    /// never joined: its threads, and whatever lock they held, stayed in the parent).
+    fn pool(&self) -> Arc<Pool> {
+        let generation = layerzero_cpu::fork::generation();
+        let mut current = self.current.lock();
+        if current.generation != generation {
+            std::mem::forget(std::mem::replace(&mut *current, Arc::new(Pool::new(generation))));
+        }
+        current.clone()
     }
 
     /// Runs `call` on a runner and waits for it at most `deadline`. A late call keeps
@@ -85,11 +110,12 @@ impl Runners {
     }
 
     fn start(&self, job: Job) -> std::io::Result<()> {
-        let claimed = self.shared.idle.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok();
+        let pool = self.pool();
+        let claimed = pool.shared.idle.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok();
         if claimed {
-            return self.queue.send(job).map_err(|_| std::io::Error::other("kernel runners are gone"));
+            return pool.queue.send(job).map_err(|_| std::io::Error::other("kernel runners are gone"));
         }
-        let shared = self.shared.clone();
+        let shared = pool.shared.clone();
         std::thread::Builder::new().name("lz-kernel-runner".to_owned()).spawn(move || runner(&shared, job))?;
         Ok(())
     }

@@ -396,6 +396,14 @@ enum Failed {
     Class(FailureClass, String),
 }
 
+/// Runs a kernel where rayon has live workers: in a forked child, a pool of the child's own
+/// (`layerzero_cpu::fork`), not the parent's, whose threads did not survive the fork.
+#[inline]
+fn live<T: Send>(kernel: &str, run: impl FnOnce() -> T + Send) -> std::result::Result<T, Failed> {
+    layerzero_cpu::fork::in_live_pool(run)
+        .map_err(|why| Failed::Class(FailureClass::Kernel, format!("{kernel}: {why}")))
+}
+
 /// Runs one kernel with its transforms and the injected fault, catching panics.
 fn run_guarded(
     exec: &Arc<dyn Executor>,
@@ -419,12 +427,12 @@ fn run_guarded(
     let result = if let Injected::Panic(why) = &injected {
         catch_unwind(|| -> std::result::Result<Outputs, KernelError> { std::panic::panic_any(why.clone()) })
     } else if transforms.is_empty() {
-        catch_unwind(AssertUnwindSafe(|| exec.run_into(args, buffers)))
+        live(kernel, || catch_unwind(AssertUnwindSafe(|| exec.run_into(args, buffers))))?
     } else {
         // Adapted inputs may change the outputs' dtype: the caller's buffers would not fit.
         let adapted =
             apply_transforms(args, transforms).map_err(|e| fail(format!("transform before {kernel}: {e}")))?;
-        catch_unwind(AssertUnwindSafe(|| exec.run(&adapted)))
+        live(kernel, || catch_unwind(AssertUnwindSafe(|| exec.run(&adapted))))?
     };
     let result = match (injected, result) {
         (Injected::PoisonOutputs, Ok(Ok(outputs))) => Ok(Ok(poison(outputs))),

@@ -19,7 +19,7 @@ use crate::model::request::Request;
 use crate::plan::table::PlanKey;
 use crate::plan::{Resolved, SelectionKey, typed};
 use crate::reason::{Reason, ReasonCode};
-use crate::select::{Selection, Selector};
+use crate::select::{Passed, Selection, Selector};
 use crate::telemetry;
 
 /// A selection as served: borrowed from the plan or the cache, or made live.
@@ -268,8 +268,9 @@ impl LayerZero {
         self.bump(Counter::Live);
         let req = req();
         // On an error `lead` drops unfinished and its waiters select for themselves.
-        let selection = Arc::new(live.selector.select(&req)?);
-        self.log_live(&req, &selection);
+        let mut passed = Vec::new();
+        let selection = Arc::new(live.selector.select_noting(&req, Some(&mut passed))?);
+        self.log_live(&req, &selection, &passed);
         let resolved = Resolved { executor: self.executor(selection.index).cloned(), selection };
         let fits = bucket_fits(key, &req, self.max_workspace, &live.selector);
         match pk {
@@ -293,8 +294,9 @@ impl LayerZero {
     /// The selection log's record of a live selection: an event for the subscriber, a record
     /// for the handle's recent decisions.
     #[cold]
-    fn log_live(&self, req: &Request, selection: &Selection) {
-        let record = telemetry::SelectionRecord::of("select", req, Some(selection), &self.parts.catalog);
+    fn log_live(&self, req: &Request, selection: &Selection, passed: &[Passed]) {
+        let mut record = telemetry::SelectionRecord::of("select", req, Some(selection), &self.parts.catalog);
+        record.passed_over(passed, &self.parts.catalog);
         tracing::info!(
             target: telemetry::SELECTION_TARGET,
             op = %record.op,
@@ -303,6 +305,7 @@ impl LayerZero {
             source = "live",
             candidates = record.candidates,
             rejected = record.rejected,
+            rejections = %record.rejections_text(),
             transform_cost_total = record.transform_cost_total,
             fused_ops = %record.fused_ops.join(","),
             shapes = %record.shapes,

@@ -14,7 +14,7 @@ mod recent;
 pub mod redact;
 mod spans;
 
-pub use recent::{Recent, SelectionRecord};
+pub use recent::{Recent, Rejection, SelectionRecord};
 pub(crate) use spans::{Dispatched, Selected, dispatch_span, record_dispatch, record_select, select_span};
 
 use crate::error::{Error, Result};

@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::redact;
 use crate::capabilities::catalog::Catalog;
 use crate::model::request::Request;
-use crate::select::Selection;
+use crate::select::{Passed, Selection};
 
 /// One decision, as the selection log writes it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -34,6 +34,9 @@ pub struct SelectionRecord {
     pub transform_cost_total: f64,
     /// What the chosen kernel fuses.
     pub fused_ops: Vec<&'static str>,
+    /// Candidates not eligible, each with the codes of every check it failed (live
+    /// selections; empty for a dispatch record).
+    pub rejections: Vec<Rejection>,
     /// Attempts that did not run: kernel and reason code.
     pub failed: Vec<(String, String)>,
     /// The error, when nothing ran.
@@ -60,15 +63,44 @@ impl SelectionRecord {
             rejected: sel.map_or(0, |s| s.rejected),
             transform_cost_total: sel.map_or(0.0, |s| s.score.transform_ns),
             fused_ops: fused,
+            rejections: Vec::new(),
             failed: Vec::new(),
             error: None,
         }
+    }
+
+    /// Adds the candidates a live selection passed over (kernels redacted as configured).
+    pub fn passed_over(&mut self, passed: &[Passed], catalog: &Catalog) {
+        let r = redact::current();
+        self.rejections = passed
+            .iter()
+            .map(|p| Rejection {
+                kernel: redact::field(&catalog.kernel(p.index).1.id, r.kernels()),
+                reasons: p.codes.iter().map(|c| c.as_str()).collect(),
+            })
+            .collect();
+    }
+
+    /// The rejections as one log field: `kernel:CODE|CODE kernel:CODE`.
+    pub fn rejections_text(&self) -> String {
+        let items: Vec<String> =
+            self.rejections.iter().map(|r| format!("{}:{}", r.kernel, r.reasons.join("|"))).collect();
+        items.join(" ")
     }
 
     /// Adds a failed attempt (kernel redacted as configured).
     pub fn failed_attempt(&mut self, kernel: &str, code: &str) {
         self.failed.push((redact::field(kernel, redact::current().kernels()), code.to_owned()));
     }
+}
+
+/// A candidate a live selection passed over, as the selection log writes it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Rejection {
+    /// The kernel.
+    pub kernel: String,
+    /// The codes of every check it failed.
+    pub reasons: Vec<&'static str>,
 }
 
 /// `name=dtype[shape]` for every tensor of `req`.

@@ -278,7 +278,7 @@ pub fn encode(model: &Seq2SeqModel, lz: &LayerZero, inputs: &[Vec<u32>]) -> Resu
     let g = Generation { max_new_tokens: 0, ..Generation::default() };
     check(model, inputs, &g)?;
     let mut pass = Bart { cx: Pass::new(lz, false), model };
-    let (h, s) = rayon::scope(|_| pass.encode(inputs))?;
+    let (h, s) = crate::pass::on_pool(|| pass.encode(inputs))?;
     view(&h, &[inputs.len(), s, model.config.d_model], 0)
 }
 
@@ -294,7 +294,7 @@ pub fn generate(
 ) -> Result<Seq2SeqGenerated> {
     check(model, inputs, g)?;
     let mut pass = Bart { cx: Pass::new(lz, g.dump), model };
-    rayon::scope(|_| run(&mut pass, inputs, g, use_cache))
+    crate::pass::on_pool(|| run(&mut pass, inputs, g, use_cache))
 }
 
 /// Checks inputs and options against the model.

@@ -44,7 +44,7 @@ pub fn classify(model: &VitModel, lz: &LayerZero, image: &HostTensor, dump: bool
     let mut cx = Pass::new(lz, dump);
     let mut patch_embed = None;
     let start = Instant::now();
-    let (pooled, logits) = rayon::scope(|_| -> Result<(HostTensor, Option<Vec<f32>>)> {
+    let (pooled, logits) = crate::pass::on_pool(|| -> Result<(HostTensor, Option<Vec<f32>>)> {
         let (x, ran) = embed(&mut cx, model, image)?;
         patch_embed = Some(ran);
         let (mut branch, mut stream) = (x, model.positions.clone());

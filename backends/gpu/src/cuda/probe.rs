@@ -166,6 +166,7 @@ fn read_device(ordinal: usize, notes: &mut Vec<String>) -> Result<DeviceProfile,
         compute_capability: Some(cc),
         gfx: None,
         isa: CpuFeatures::empty(),
+        driver: None,
         memory_bytes,
         memory_bandwidth_gbps,
         compute_units: sms,
@@ -187,7 +188,33 @@ pub fn probe_gpus_with_notes() -> Result<(Vec<DeviceProfile>, Vec<String>), Stri
     if count <= 0 {
         return Err("NVIDIA driver present but no CUDA device".to_owned());
     }
-    super::super::gpus::read_all("cuda", count as usize, read_device)
+    let (mut devices, notes) = super::super::gpus::read_all("cuda", count as usize, read_device)?;
+    let driver = driver_version();
+    for d in &mut devices {
+        d.driver.clone_from(&driver);
+    }
+    Ok((devices, notes))
+}
+
+/// The CUDA version the driver implements (`cuDriverGetVersion`: 12040 is `cuda 12.4`), the
+/// profile's `driver`; `None` when the driver does not say.
+#[allow(unsafe_code)]
+fn driver_version() -> Option<String> {
+    let mut version: std::ffi::c_int = 0;
+    // SAFETY: called only after `driver_library_present` found libcuda (so the symbol loads);
+    // the function writes one int through the pointer, which points to a live local.
+    let read = panic::catch_unwind(panic::AssertUnwindSafe(|| unsafe {
+        cudarc::driver::sys::cuDriverGetVersion(&mut version)
+    }));
+    match read {
+        Ok(cudarc::driver::sys::CUresult::CUDA_SUCCESS) if version > 0 => Some(cuda_version_text(version)),
+        _ => None,
+    }
+}
+
+/// `cuda MAJOR.MINOR` of a `cuDriverGetVersion` number (1000 x major + 10 x minor).
+fn cuda_version_text(v: std::ffi::c_int) -> String {
+    format!("cuda {}.{}", v / 1000, (v % 1000) / 10)
 }
 
 /// The NVIDIA GPUs of this host. `Err(reason)` when there is no driver or no device.
@@ -229,10 +256,19 @@ mod tests {
     }
 
     #[test]
+    fn the_driver_version_reads_as_cuda_major_minor() {
+        assert_eq!(cuda_version_text(12040), "cuda 12.4");
+        assert_eq!(cuda_version_text(13000), "cuda 13.0");
+        assert_eq!(cuda_version_text(11080), "cuda 11.8");
+    }
+
+    #[test]
     fn probing_never_panics() {
         // No GPU here is a normal outcome: Err with a reason. With a GPU: devices.
         match probe_gpus() {
-            Ok(devs) => assert!(devs.iter().all(|d| d.kind == DeviceKind::Cuda && d.compute_capability.is_some())),
+            Ok(devs) => assert!(
+                devs.iter().all(|d| d.kind == DeviceKind::Cuda && d.compute_capability.is_some() && d.driver.is_some())
+            ),
             Err(reason) => assert!(!reason.is_empty()),
         }
     }

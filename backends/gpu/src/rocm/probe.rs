@@ -111,6 +111,7 @@ fn read_device(ordinal: i32, notes: &mut Vec<String>) -> Result<DeviceProfile, S
         compute_capability: None,
         gfx: Some(gfx),
         isa: CpuFeatures::empty(),
+        driver: None,
         memory_bytes: p.totalGlobalMem as u64,
         memory_bandwidth_gbps,
         compute_units: cus,
@@ -132,7 +133,33 @@ pub fn probe_gpus_with_notes() -> Result<(Vec<DeviceProfile>, Vec<String>), Stri
     if count <= 0 {
         return Err("ROCm present but no AMD GPU".to_owned());
     }
-    super::super::gpus::read_all("rocm", count as usize, |ordinal, notes| read_device(ordinal as i32, notes))
+    let (mut devices, notes) =
+        super::super::gpus::read_all("rocm", count as usize, |ordinal, notes| read_device(ordinal as i32, notes))?;
+    let driver = driver_version();
+    for d in &mut devices {
+        d.driver.clone_from(&driver);
+    }
+    Ok((devices, notes))
+}
+
+/// The HIP driver version (`hipDriverGetVersion`: 60140092 is `hip 6.1.40092`), the
+/// profile's `driver`; `None` when HIP does not say.
+#[allow(unsafe_code)]
+fn driver_version() -> Option<String> {
+    let mut version: std::ffi::c_int = 0;
+    // SAFETY: called only after `hip_present` found libamdhip64 (so the symbol loads); the
+    // function writes one int through the pointer, which points to a live local.
+    let read =
+        panic::catch_unwind(panic::AssertUnwindSafe(|| unsafe { rocmrc::hip::sys::hipDriverGetVersion(&mut version) }));
+    match read {
+        Ok(rocmrc::hip::sys::hipError_t::hipSuccess) if version > 0 => Some(hip_version_text(version)),
+        _ => None,
+    }
+}
+
+/// `hip MAJOR.MINOR.PATCH` of a HIP version number (10^7 x major + 10^5 x minor + patch).
+fn hip_version_text(v: std::ffi::c_int) -> String {
+    format!("hip {}.{}.{}", v / 10_000_000, (v / 100_000) % 100, v % 100_000)
 }
 
 #[cfg(test)]
@@ -152,6 +179,12 @@ mod tests {
         assert!(close(mi355x[&DType::F16], 2516.6) && close(mi355x[&DType::F32], 157.3), "{mi355x:?}");
         assert!(peak_tflops("gfx1100", 96, 2.5).is_none());
         Ok(())
+    }
+
+    #[test]
+    fn the_driver_version_reads_as_hip_major_minor_patch() {
+        assert_eq!(hip_version_text(60140092), "hip 6.1.40092");
+        assert_eq!(hip_version_text(60342134), "hip 6.3.42134");
     }
 
     #[test]
