@@ -29,6 +29,8 @@ mod plugins;
 mod policy;
 mod policy_config;
 mod properties;
+mod rope_fusion;
+mod rope_variants;
 mod runtime;
 mod scopes;
 mod selection_table;
