@@ -1,14 +1,38 @@
 //! RoPE fused into attention: q and k rows are rotated as the engine reads them (a query
 //! tile into its scratch, a key row into its packed panel or the decode path's scratch), so
-//! no rotated copy of q or k is ever materialised. Angles are those of `cpu.rope.fast`
-//! (`semantics::rope_frequencies`, computed in f64 per position); the rotation itself is
-//! f32, the precision of every tile product after it.
+//! no rotated copy of q or k is ever materialised. Frequencies are those of `cpu.rope.fast`
+//! (`semantics::rope_frequencies`), the angles' cos/sin computed in f64 (see [`ANCHOR`]); the
+//! rotation itself is f32, the precision of every tile product after it.
+
+use rayon::prelude::*;
 
 use layerzero_core::exec::executor::KernelError;
 use layerzero_core::exec::semantics::rope_frequencies;
 use layerzero_core::model::attrs::{RopeAttrs, RopeStyle};
 
 use crate::pack::invalid;
+
+/// Positions per block of the table: each block starts from exact cos/sin (f64) and steps
+/// by the angle-addition identity in f64 (63 steps drift by ~1e-14, far below f32's 6e-8),
+/// a few multiplies per entry instead of two transcendental calls.
+const ANCHOR: usize = 64;
+/// Tables smaller than this are filled on the calling thread (a decode step's few dozen rows).
+const SEQUENTIAL_BELOW: usize = 1 << 14;
+
+/// Fills rows `p0..` of one block (`c`, `s`: `[rows][inv_freq.len()]`).
+fn angles(inv_freq: &[f64], factor: f64, p0: usize, c: &mut [f32], s: &mut [f32]) {
+    let half = inv_freq.len();
+    for (i, f) in inv_freq.iter().enumerate() {
+        let (step_c, step_s) = (f.cos(), f.sin());
+        let theta = p0 as f64 * f;
+        let (mut x, mut y) = (theta.cos(), theta.sin());
+        for (cr, sr) in c.chunks_exact_mut(half).zip(s.chunks_exact_mut(half)) {
+            cr[i] = (x * factor) as f32;
+            sr[i] = (y * factor) as f32;
+            (x, y) = (x * step_c - y * step_s, y * step_c + x * step_s);
+        }
+    }
+}
 
 /// cos and sin (attention factor folded in) of positions `0..positions`, `[position][half]`.
 #[derive(Debug)]
@@ -32,12 +56,14 @@ impl Rotary {
         }
         let half = rot / 2;
         let (inv_freq, factor) = rope_frequencies(attrs, rot, positions);
-        let (mut cos, mut sin) = (Vec::with_capacity(positions * half), Vec::with_capacity(positions * half));
-        for pos in 0..positions {
-            for f in &inv_freq {
-                let theta = pos as f64 * f;
-                cos.push((theta.cos() * factor) as f32);
-                sin.push((theta.sin() * factor) as f32);
+        let (mut cos, mut sin) = (vec![0f32; positions * half], vec![0f32; positions * half]);
+        if half > 0 {
+            let block = |(b, (c, s)): (usize, (&mut [f32], &mut [f32]))| angles(&inv_freq, factor, b * ANCHOR, c, s);
+            let chunks = ANCHOR * half;
+            if positions * half < SEQUENTIAL_BELOW {
+                cos.chunks_mut(chunks).zip(sin.chunks_mut(chunks)).enumerate().for_each(block);
+            } else {
+                cos.par_chunks_mut(chunks).zip(sin.par_chunks_mut(chunks)).enumerate().for_each(block);
             }
         }
         Ok(Rotary { cos, sin, half, style: attrs.style })
