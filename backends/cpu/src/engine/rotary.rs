@@ -96,3 +96,46 @@ impl Rotary {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::TestResult;
+    use layerzero_core::model::attrs::RopeScaling;
+
+    #[test]
+    fn section_6_6_the_fused_table_holds_the_f64_angles_at_every_position_of_a_long_context() -> TestResult {
+        // 5000 positions x 64 pairs: the parallel fill, 78 anchored blocks.
+        let attrs = RopeAttrs {
+            scaling: Some(RopeScaling::Yarn {
+                factor: 4.0,
+                original_max_position: 1024,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+            }),
+            ..RopeAttrs::default()
+        };
+        let r = Rotary::new(&attrs, 128, 5000)?;
+        let (inv, factor) = rope_frequencies(&attrs, 128, 5000);
+        let mut worst = 0f64;
+        for pos in 0..5000 {
+            for (i, f) in inv.iter().enumerate() {
+                let theta = pos as f64 * f;
+                let e = pos * 64 + i;
+                worst = worst.max((f64::from(r.cos[e]) - theta.cos() * factor).abs());
+                worst = worst.max((f64::from(r.sin[e]) - theta.sin() * factor).abs());
+            }
+        }
+        // f32 rounding of values up to the YaRN factor (1.14) is 6.8e-8.
+        assert!(worst < 1.5e-7, "worst |table - f64| = {worst:e}");
+        Ok(())
+    }
+
+    #[test]
+    fn section_6_6_a_rotary_dim_past_the_head_or_odd_is_refused() {
+        for rot in [7, 66] {
+            let attrs = RopeAttrs { rotary_dim: Some(rot), ..RopeAttrs::default() };
+            assert!(Rotary::new(&attrs, 64, 8).is_err(), "rotary_dim {rot} of head_dim 64 must be refused");
+        }
+    }
+}
