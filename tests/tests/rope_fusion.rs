@@ -6,7 +6,6 @@
 //! the fused kernel's refusal names its reason and the chain runs; ALiBi over 2048 keys
 //! matches the oracle.
 
-use layerzero::LayerZero;
 use layerzero::compare::Category;
 use layerzero::exec::args::{AttentionArgs, OpArgs, Outputs, RopeArgs};
 use layerzero::model::attrs::{AttentionAttrs, RopeAttrs, RopeScaling, RopeStyle};
@@ -15,6 +14,7 @@ use layerzero::model::layout::Layout;
 use layerzero::policy::Policy;
 use layerzero::tensor::rng::Rng;
 use layerzero::tensor::{HostTensor, Storage};
+use layerzero::{ErrorKind, LayerZero};
 use layerzero_tests::{TestResult, close, codes};
 
 /// A random normal tensor of `shape` in `dtype`, tagged `layout`.
@@ -182,6 +182,18 @@ fn section_6_6_packed_sequences_are_not_eligible_for_fusion_and_the_chain_runs_a
     // Each sequence's queries sit at the last positions of its own keys.
     let oracle = chain(&lz, ORACLE, &a, vec![3, 4, 5, 0, 1, 2, 3, 4], vec![0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4])?;
     close::tensors("packed chain vs f64 chain", Category::Attention, &oracle, &ran.out)
+}
+
+#[test]
+fn section_6_6_fused_rope_with_more_queries_than_keys_is_an_invalid_request() -> TestResult {
+    let rope = AttentionAttrs { rope: Some(RopeAttrs::default()), ..AttentionAttrs::default() };
+    let a = attention(41, DType::F32, Layout::Bshd, (9, 8), (2, 2, 16), rope)?;
+    let err = LayerZero::host()?.attention_with_rope(&a).err().ok_or("9 queries over 8 keys were accepted")?;
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    assert!(err.to_string().contains("seq_q must be at most seq_k"), "{err}");
+    // Refused by selection (the request), before any kernel runs.
+    assert!(err.reasons().iter().any(|r| r.code().as_str() == "INVALID_REQUEST"), "{err}");
+    Ok(())
 }
 
 #[test]

@@ -33,7 +33,6 @@ fn offsets(t: &layerzero_core::tensor::HostTensor, name: &str, limit: usize) -> 
     Ok(out)
 }
 
-/// Runs dense attention (output into `bufs["out"]` when it fits).
 /// The fused RoPE table of `a.attrs.rope`: keys at positions `0..sk`, queries at the last
 /// `sq` of them. Packed sequences (cu_seqlens) would each need their own positions: they are
 /// refused (the capability file declares rope and varlen exclusive).
@@ -53,6 +52,7 @@ fn rotary(a: &AttentionArgs, sq: usize, sk: usize, d: usize) -> Result<Option<Ro
     Rotary::new(r, d, sk).map(Some)
 }
 
+/// Runs dense attention (output into `bufs["out"]` when it fits).
 pub(crate) fn run<'a>(a: &'a AttentionArgs, bufs: &mut Outputs) -> Result<Outputs, KernelError> {
     a.attrs.check()?;
     let q = Bshd::new(&a.q, "q")?;
