@@ -739,6 +739,28 @@ def _():
                                    "high_freq_factor": 4.0, "original_max_position": 64}})
 
 
+# Spec 002 section 6.19: every scaling variant in the interleaved (GPT-J) layout as well.
+@case
+def _():
+    return rope("rope_bshd_f32_linear_interleaved", "f32", 1, 6, 2, 64, positions=("1d", "i64", 100),
+                attrs={"style": "interleaved", "scaling": {"type": "linear", "factor": 4.0}})
+
+
+@case
+def _():
+    return rope("rope_bhsd_f32_dynamic_ntk_interleaved", "f32", 1, 20, 2, 32, layout="BHSD",
+                attrs={"style": "interleaved",
+                       "scaling": {"type": "dynamic_ntk", "factor": 2.0, "original_max_position": 8}})
+
+
+@case
+def _():
+    return rope("rope_bshd_f32_llama3_interleaved", "f32", 1, 6, 2, 64, positions=("1d", "i32", 300),
+                attrs={"base": 500000.0, "style": "interleaved",
+                       "scaling": {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position": 64}})
+
+
 @case
 def _():
     return rope("rope_bshd_f32_cos_sin_tables", "f32", 2, 7, 2, 32, positions=("1d", "i32", 48),

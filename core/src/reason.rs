@@ -197,6 +197,8 @@ reason_codes! {
     SOFTCAP_UNSUPPORTED => Constraint,
     /// The kernel takes no native ALiBi slopes.
     ALIBI_UNSUPPORTED => Constraint,
+    /// The kernel does not apply RoPE inside attention; the unfused chain (rope, then attention) does.
+    FUSED_ROPE_UNSUPPORTED => Constraint,
     /// The kernel takes no custom softmax scale.
     SCALE_UNSUPPORTED => Constraint,
     /// The kernel takes no ragged (cu_seqlens) batches.
@@ -241,6 +243,8 @@ reason_codes! {
     INVALID_REQUEST => Input,
     /// The request's tensors live on different devices.
     DEVICE_MIXED => Input,
+    /// The RoPE variant named (a model config's `rope_type`, e.g. XPos or LongRoPE) is not one LayerZero implements.
+    ROPE_VARIANT_UNSUPPORTED => Input,
     /// The tokenizer's identity hash (vocabulary, merges, normalizer, special tokens...) is
     /// not the one the caller pinned: its ids would mean other text.
     TOKENIZER_MISMATCH => Input,

@@ -23,7 +23,7 @@ use layerzero_tests::{TestResult, repo_root};
 use safetensors::SafeTensors;
 
 /// Where the fixtures live.
-fn fixture_dir() -> PathBuf {
+pub(crate) fn fixture_dir() -> PathBuf {
     repo_root().join("tests").join("fixtures")
 }
 
@@ -39,18 +39,18 @@ fn fixture_paths() -> TestResult<Vec<PathBuf>> {
 }
 
 /// One fixture file, decoded.
-struct Fixture {
+pub(crate) struct Fixture {
     name: String,
-    request_json: String,
+    pub(crate) request_json: String,
     category: String,
     source: String,
     /// Input tensors by request role name.
-    inputs: BTreeMap<String, HostTensor>,
+    pub(crate) inputs: BTreeMap<String, HostTensor>,
     /// Expected outputs by output name (`out`, `out_k`, `residual_out`, `scale`, `experts`, ...).
-    expected: BTreeMap<String, HostTensor>,
+    pub(crate) expected: BTreeMap<String, HostTensor>,
 }
 
-fn load(path: &Path) -> Result<Fixture, String> {
+pub(crate) fn load(path: &Path) -> Result<Fixture, String> {
     let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let bytes = std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
     let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| format!("bad safetensors header: {e}"))?;

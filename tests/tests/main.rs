@@ -31,6 +31,8 @@ mod policy;
 mod policy_config;
 mod properties;
 mod readiness_gate;
+mod rope_fusion;
+mod rope_variants;
 mod runtime;
 mod scopes;
 mod selection_steering;

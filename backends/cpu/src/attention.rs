@@ -8,7 +8,7 @@ use layerzero_core::exec::semantics::{alibi_slopes, softmax_scale};
 use layerzero_core::model::layout::Layout;
 use layerzero_core::tensor::Storage;
 
-use super::engine::{KvAddr, KvSrc, MaskView, Mods, Problem, Seq, output_into};
+use super::engine::{KvAddr, KvSrc, MaskView, Mods, Problem, Rotary, Seq, output_into};
 use super::pack::{Bshd, ints, invalid, output};
 
 /// Validated cumulative sequence offsets: `cu[n]..cu[n+1]` within `0..=limit`.
@@ -33,8 +33,27 @@ fn offsets(t: &layerzero_core::tensor::HostTensor, name: &str, limit: usize) -> 
     Ok(out)
 }
 
+/// The fused RoPE table of `a.attrs.rope`: keys at positions `0..sk`, queries at the last
+/// `sq` of them. Packed sequences (cu_seqlens) would each need their own positions: they are
+/// refused (the capability file declares rope and varlen exclusive).
+fn rotary(a: &AttentionArgs, sq: usize, sk: usize, d: usize) -> Result<Option<Rotary>, KernelError> {
+    let Some(r) = &a.attrs.rope else { return Ok(None) };
+    if a.cu_seqlens_q.is_some() || a.cu_seqlens_k.is_some() {
+        return Err(KernelError::Unsupported(
+            "attrs.rope with cu_seqlens: packed sequences are rotated by the unfused chain (rope, then attention)"
+                .into(),
+        ));
+    }
+    if sq > sk {
+        return Err(invalid(format!(
+            "attrs.rope places the {sq} queries at the last positions of the {sk} keys; seq_q must be at most seq_k"
+        )));
+    }
+    Rotary::new(r, d, sk).map(Some)
+}
+
 /// Runs dense attention (output into `bufs["out"]` when it fits).
-pub(crate) fn run(a: &AttentionArgs, bufs: &mut Outputs) -> Result<Outputs, KernelError> {
+pub(crate) fn run<'a>(a: &'a AttentionArgs, bufs: &mut Outputs) -> Result<Outputs, KernelError> {
     a.attrs.check()?;
     let q = Bshd::new(&a.q, "q")?;
     let k = Bshd::new(&a.k, "k")?;
@@ -58,19 +77,28 @@ pub(crate) fn run(a: &AttentionArgs, bufs: &mut Outputs) -> Result<Outputs, Kern
     if hq == 0 || b == 0 || sq == 0 || dv == 0 {
         return finish(Storage::zeros(a.q.dtype(), b * sq * hq * dv), [b, sq, hq, dv], layout);
     }
-    fn kv_src<'a>(t: &Bshd<'a>, bb: usize, j0: usize) -> KvSrc<'a> {
-        KvSrc {
-            st: t.st,
-            sd: t.s[3],
-            sh: t.s[2],
-            addr: KvAddr::Dense { base: t.off + bb * t.s[0] + j0 * t.s[1], sj: t.s[1] },
-            scale: None,
-        }
-    }
+    let rotary = rotary(a, sq, sk, d)?;
+    let kv_src = |t: &Bshd<'a>, bb: usize, j0: usize, rot: bool| KvSrc {
+        st: t.st,
+        sd: t.s[3],
+        sh: t.s[2],
+        addr: KvAddr::Dense { base: t.off + bb * t.s[0] + j0 * t.s[1], sj: t.s[1] },
+        scale: None,
+        rot: if rot { rotary.as_ref() } else { None },
+    };
     let seqs: SmallVec<[Seq; 8]> = match (&a.cu_seqlens_q, &a.cu_seqlens_k) {
         (None, None) if bk != b => return Err(invalid(format!("k batch {bk} != q batch {b}"))),
         (None, None) => (0..b)
-            .map(|bb| Seq { b: bb, q0: 0, sq, sk, mask_b: bb, mask_k0: 0, k: kv_src(&k, bb, 0), v: kv_src(&v, bb, 0) })
+            .map(|bb| Seq {
+                b: bb,
+                q0: 0,
+                sq,
+                sk,
+                mask_b: bb,
+                mask_k0: 0,
+                k: kv_src(&k, bb, 0, true),
+                v: kv_src(&v, bb, 0, false),
+            })
             .collect(),
         (Some(cq), Some(ck)) => {
             if b != 1 || bk != 1 {
@@ -95,8 +123,8 @@ pub(crate) fn run(a: &AttentionArgs, bufs: &mut Outputs) -> Result<Outputs, Kern
                     sk: ck[n + 1] - ck[n],
                     mask_b: n,
                     mask_k0: ck[n],
-                    k: kv_src(&k, 0, ck[n]),
-                    v: kv_src(&v, 0, ck[n]),
+                    k: kv_src(&k, 0, ck[n], true),
+                    v: kv_src(&v, 0, ck[n], false),
                 })
                 .collect()
         }
@@ -114,6 +142,7 @@ pub(crate) fn run(a: &AttentionArgs, bufs: &mut Outputs) -> Result<Outputs, Kern
         mods: Mods { softcap: a.attrs.softcap.map(|c| c as f32), alibi: a.attrs.alibi.then(|| alibi_slopes(hq)), mask },
         seqs,
         bf16: [&a.q, &a.k, &a.v].iter().all(|t| t.dtype() == layerzero_core::model::dtype::DType::BF16),
+        rope: rotary.as_ref(),
     };
     output_into(&p, [b, sq, hq, dv], layout, a.q.dtype(), bufs)
 }

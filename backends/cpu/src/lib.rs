@@ -10,7 +10,7 @@
 //! |---|---|
 //! | `rows` | the element-wise/row driver: strided views read as rows, output element types, `fill` |
 //! | `gemm` | the GEMM driver: prefill GEMM (packed, `matrixmultiply`, AMX, bf16 pairs), decode GEMV |
-//! | `engine` | the attention engine that dense and paged attention share (tiles; `decode`: the split-KV path of few queries), and their output |
+//! | `engine` | the attention engine that dense and paged attention share (tiles; `decode`: the split-KV path of few queries; `rotary`: RoPE fused into its reads), and their output |
 //! | `pack` | strided tensors of any dtype read as f32, index tensors, BSHD/BHSD views |
 //! | `alloc` | output buffers (huge pages, alignment, per-thread scratch) |
 //! | `simd` | AVX-512/AVX2 loops and microkernels, picked at run time |

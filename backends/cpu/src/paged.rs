@@ -80,6 +80,7 @@ impl<'a> Cache<'a> {
                 s_slot: self.s[1],
             },
             scale: None,
+            rot: None,
         }
     }
 }
@@ -88,6 +89,9 @@ impl<'a> Cache<'a> {
 /// when it fits).
 pub(crate) fn run(a: &PagedAttentionArgs, bufs: &mut Outputs) -> Result<Outputs, KernelError> {
     a.attrs.check()?;
+    if a.attrs.rope.is_some() {
+        return Err(KernelError::Unsupported("attrs.rope: paged attention takes q and k already rotated".into()));
+    }
     if let Some(l) = a.q.layout()
         && l != Layout::Bshd
     {
@@ -192,6 +196,7 @@ pub(crate) fn run(a: &PagedAttentionArgs, bufs: &mut Outputs) -> Result<Outputs,
         bf16: [&a.q, &a.k_cache, &a.v_cache].iter().all(|t| t.dtype() == layerzero_core::model::dtype::DType::BF16)
             && a.k_scale.is_none()
             && a.v_scale.is_none(),
+        rope: None,
     };
     output_into(&p, [b, sq, hq, dv], Layout::Bshd, a.q.dtype(), bufs)
 }

@@ -147,6 +147,12 @@ fn offsets(name: &str, t: &HostTensor, total: usize) -> Result<Vec<usize>, Kerne
 pub fn attention(args: &AttentionArgs) -> Result<HostTensor, KernelError> {
     let a = &args.attrs;
     a.check()?;
+    if a.rope.is_some() {
+        // The oracle of fused RoPE is the chain: `rope`, then this kernel.
+        return Err(KernelError::Unsupported(
+            "attrs.rope: the reference attention takes q and k already rotated".into(),
+        ));
+    }
     for (name, t) in [("q", &args.q), ("k", &args.k), ("v", &args.v)] {
         expect_float(name, t)?;
     }

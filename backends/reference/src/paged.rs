@@ -78,6 +78,12 @@ impl<'a> Cache<'a> {
 pub fn paged_attention(args: &PagedAttentionArgs) -> Result<HostTensor, KernelError> {
     let a = &args.attrs;
     a.check()?;
+    if a.rope.is_some() {
+        // The oracle of fused RoPE is the chain: `rope`, then this kernel.
+        return Err(KernelError::Unsupported(
+            "attrs.rope: the reference paged attention takes q and k already rotated".into(),
+        ));
+    }
     expect_float("q", &args.q)?;
     if let Some(l) = args.q.layout()
         && l != Layout::Bshd

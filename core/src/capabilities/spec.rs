@@ -235,6 +235,8 @@ pub enum Feature {
     CustomScale,
     /// fp8 queries (e4m3 or e5m2).
     Fp8,
+    /// RoPE fused into attention (`attrs.rope`).
+    Rope,
 }
 
 impl Feature {
@@ -250,6 +252,7 @@ impl Feature {
             Feature::Varlen => "varlen",
             Feature::CustomScale => "custom_scale",
             Feature::Fp8 => "fp8",
+            Feature::Rope => "rope",
         }
     }
 }
@@ -407,6 +410,9 @@ pub struct Constraints {
     /// rms_norm: fused residual add.
     #[serde(default)]
     pub fused_residual: bool,
+    /// attention: RoPE applied to q and k inside the kernel (`attrs.rope`).
+    #[serde(default)]
+    pub fused_rope: bool,
     /// rope: pair arrangements.
     #[serde(default)]
     pub rope_styles: Option<Vec<RopeStyle>>,
@@ -462,6 +468,7 @@ pub(crate) fn fields_for_op(op: Op) -> &'static [&'static str] {
         "alibi",
         "custom_scale",
         "varlen",
+        "fused_rope",
         "exclusive",
     ];
     const PAGED: &[&str] = &[
@@ -533,6 +540,7 @@ pub(crate) fn declared_op_fields(c: &Constraints) -> Vec<&'static str> {
     add(!c.exclusive.is_empty(), "exclusive");
     add(c.hidden_size.is_some(), "hidden_size");
     add(c.fused_residual, "fused_residual");
+    add(c.fused_rope, "fused_rope");
     add(c.rope_styles.is_some(), "rope_styles");
     add(c.rope_scaling, "rope_scaling");
     add(c.gelu_approximations.is_some(), "gelu_approximations");

@@ -201,6 +201,11 @@ fn features(c: &Constraints, a: &AttentionAttrs, d: &AttentionDims, out: &mut im
     {
         out.reject(ReasonCode::SCALE_UNSUPPORTED, || format!("scale {s} requested; the kernel uses 1/sqrt(head_dim)"));
     }
+    if a.rope.is_some() && !c.fused_rope {
+        out.reject(ReasonCode::FUSED_ROPE_UNSUPPORTED, || {
+            "RoPE fused into attention requested; the kernel takes q and k already rotated (run rope, then attention)"
+        });
+    }
     if d.varlen && !c.varlen {
         out.reject(
             ReasonCode::VARLEN_UNSUPPORTED,
@@ -224,6 +229,7 @@ fn exclusive(c: &Constraints, a: &AttentionAttrs, problem: &Problem, d: &Attenti
         Feature::Varlen => d.varlen,
         Feature::CustomScale => a.scale.is_some(),
         Feature::Fp8 => matches!(problem.dtype, DType::Fp8E4M3 | DType::Fp8E5M2),
+        Feature::Rope => a.rope.is_some(),
     };
     for [x, y] in &c.exclusive {
         if uses(*x) && uses(*y) {

@@ -43,6 +43,11 @@ pub struct AttentionAttrs {
     pub alibi: bool,
     /// Softmax scale; `None` means 1/sqrt(head_dim).
     pub scale: Option<f64>,
+    /// RoPE applied to q and k inside the kernel (fused): key `j` sits at position `j`, query
+    /// row `i` at `i + seq_k - seq_q` (the queries are the keys' last positions); `None`: q
+    /// and k arrive rotated (or unrotated).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rope: Option<RopeAttrs>,
 }
 
 /// Attributes of `rms_norm` and `layer_norm`.

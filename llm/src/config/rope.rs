@@ -6,6 +6,7 @@ use serde_json::Value;
 use super::{Arch, Fields};
 use layerzero::error::Result;
 use layerzero::model::attrs::{RopeAttrs, RopeScaling, RopeStyle};
+use layerzero::reason::{Reason, ReasonCode};
 
 /// RoPE from `rope_parameters`, or from `rope_theta` and `rope_scaling`.
 pub(super) fn rope(f: &Fields<'_>, max_positions: usize) -> Result<RopeAttrs> {
@@ -51,10 +52,12 @@ pub(super) fn rope(f: &Fields<'_>, max_positions: usize) -> Result<RopeAttrs> {
         "yarn" => &["factor", "original_max_position_embeddings", "beta_fast", "beta_slow"],
         "llama3" => &["factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"],
         other => {
-            return Err(f.err(
-                &name("rope_type"),
-                format!("is {other:?}; LayerZero implements default, linear, dynamic, yarn and llama3"),
-            ));
+            // XPos also decays q and k per dimension (q by zeta^(n/512), k by its inverse):
+            // a rotation alone would run silently wrong, so it is named and refused.
+            let what = if other == "xpos" { " (XPos: rotary with a per-dimension decay of q and k)" } else { "" };
+            let message = format!("is {other:?}{what}; LayerZero implements default, linear, dynamic, yarn and llama3");
+            let reason = Reason::new(ReasonCode::ROPE_VARIANT_UNSUPPORTED, format!("rope_type {other:?}{what}"));
+            return Err(f.err(&name("rope_type"), message).with_reasons(vec![reason]));
         }
     };
     for key in map.keys() {

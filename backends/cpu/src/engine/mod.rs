@@ -9,6 +9,9 @@
 //! the output dtype, by the unit that computes it.
 
 mod decode;
+mod rotary;
+
+pub(crate) use rotary::Rotary;
 
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -71,6 +74,8 @@ pub(crate) struct KvSrc<'a> {
     pub addr: KvAddr<'a>,
     /// Per-kv-head dequantization scale (paged caches with `k_scale`/`v_scale`).
     pub scale: Option<&'a [f32]>,
+    /// RoPE fused into attention: row `j` is rotated at position `j` as it is read (keys).
+    pub rot: Option<&'a Rotary>,
 }
 
 impl KvSrc<'_> {
@@ -96,7 +101,7 @@ impl KvSrc<'_> {
     /// Rows `j0..j1` of head `h` as one f32 slice with its row stride, when they are f32
     /// with a unit head-dim stride, need no scale and lie in one run (one page when paged).
     pub(crate) fn f32_run(&self, h: usize, j0: usize, j1: usize, width: usize) -> Option<(&[f32], usize)> {
-        if self.scale.is_some() || (self.sd != 1 && width > 1) || j1 <= j0 {
+        if self.scale.is_some() || self.rot.is_some() || (self.sd != 1 && width > 1) || j1 <= j0 {
             return None;
         }
         let stride = match &self.addr {
@@ -119,7 +124,7 @@ impl KvSrc<'_> {
 
     /// Row `j` of head `h` as bf16 bits (exact when the storage is bf16 with no scale).
     pub(crate) fn read_row_bf16(&self, h: usize, j: usize, out: &mut [u16]) {
-        if self.scale.is_none() {
+        if self.scale.is_none() && self.rot.is_none() {
             pack::read_bf16_bits(self.st, self.row(h, j), self.sd, out);
         } else {
             let mut tmp = vec![0f32; out.len()];
@@ -134,6 +139,9 @@ impl KvSrc<'_> {
         if let Some(s) = self.scale {
             simd::scale(out, s[h]);
         }
+        if let Some(r) = self.rot {
+            r.apply(j, out);
+        }
     }
 
     /// Row `j` of head `h` as f32: borrowed from the storage when it is contiguous f32,
@@ -142,6 +150,7 @@ impl KvSrc<'_> {
     pub(crate) fn row_f32<'s>(&'s self, h: usize, j: usize, scratch: &'s mut [f32]) -> &'s [f32] {
         let base = self.row(h, j);
         if self.scale.is_none()
+            && self.rot.is_none()
             && let Some(r) = pack::f32_row(self.st, base, self.sd, scratch.len())
         {
             return r;
@@ -149,6 +158,9 @@ impl KvSrc<'_> {
         read_f32(self.st, base, self.sd, scratch);
         if let Some(s) = self.scale {
             simd::scale(scratch, s[h]);
+        }
+        if let Some(r) = self.rot {
+            r.apply(j, scratch);
         }
         scratch
     }
@@ -291,6 +303,9 @@ pub(crate) struct Problem<'a> {
     /// q, k and v hold bf16 values exactly (bf16 storage, no dequantization scale): the
     /// tile products may then run on bf16 pairs (exact products, f32 sums).
     pub bf16: bool,
+    /// RoPE fused into attention: query row `i` of a sequence is rotated at position
+    /// `i + sk - sq` as it is read (its keys' `rot` rotates them).
+    pub rope: Option<&'a Rotary>,
 }
 
 impl Problem<'_> {
@@ -308,8 +323,17 @@ impl Problem<'_> {
     /// Reads query (seq, i, h) scaled by the softmax scale into `out` (length d).
     #[inline]
     pub(crate) fn read_q(&self, seq: &Seq, i: usize, h: usize, out: &mut [f32]) {
-        self.q.read(seq.b, seq.q0 + i, h, out);
+        self.read_q_unscaled(seq, i, h, out);
         simd::scale(out, self.scale);
+    }
+
+    /// Reads query (seq, i, h), rotated when RoPE is fused, into `out` (length d).
+    #[inline]
+    pub(crate) fn read_q_unscaled(&self, seq: &Seq, i: usize, h: usize, out: &mut [f32]) {
+        self.q.read(seq.b, seq.q0 + i, h, out);
+        if let Some(r) = self.rope {
+            r.apply(i + seq.sk - seq.sq, out);
+        }
     }
 }
 
@@ -623,9 +647,17 @@ fn prefill_item(p: &Problem, u: &Unit, pk: &Packed, kvh: usize, sink: &mut Sink,
     let Scratch { qp, qb, o, s, pb, local, mrow, lrow } = scratch;
     let (qp, qb) = if pairs {
         let qb = grow_aligned(qb, mp * dq);
+        let mut rotated = vec![0f32; if p.rope.is_some() { d } else { 0 }];
         for (r, row) in qb.chunks_exact_mut(dq.max(1)).enumerate().take(m) {
-            let base = p.q.row(seq.b, seq.q0 + i0 + r % n, kvh * g + r / n);
-            pack::read_bf16_bits(p.q.st, base, p.q.s[3], &mut row[..d]);
+            let (i, h) = (i0 + r % n, kvh * g + r / n);
+            if p.rope.is_some() {
+                // Rotated in f32, rounded to bf16 once: what the unfused chain hands attention.
+                p.read_q_unscaled(seq, i, h, &mut rotated);
+                simd::f32_to_bf16_bits(&rotated, &mut row[..d]);
+            } else {
+                let base = p.q.row(seq.b, seq.q0 + i, h);
+                pack::read_bf16_bits(p.q.st, base, p.q.s[3], &mut row[..d]);
+            }
             row[d..].fill(0);
         }
         (&mut [][..], qb)

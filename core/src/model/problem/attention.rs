@@ -2,6 +2,7 @@
 
 use super::validator::{FLOATS, INDEX, Validator, bshd};
 use super::{AttentionDims, Dims, MaskInfo, MaskKind, PagedDims, Problem};
+use crate::model::attrs::Attrs;
 use crate::model::dtype::DType;
 use crate::model::layout::Layout;
 use crate::model::tensor::TensorDesc;
@@ -78,6 +79,16 @@ impl Problem {
         }
         if k.dtype != val.dtype {
             v.err(format!("k dtype {} != v dtype {}", k.dtype, val.dtype));
+        }
+        // Fused RoPE puts the queries at the keys' last positions: there must be no more of them.
+        if let Attrs::Attention(a) = &v.req.attrs
+            && a.rope.is_some()
+            && !varlen
+            && sq > sk
+        {
+            v.err(format!(
+                "attrs.rope places the {sq} queries at the last positions of the {sk} keys; seq_q must be at most seq_k"
+            ));
         }
         let mask = v.tensor("mask").and_then(|m| Self::mask(v, m, [batch, hq, sq, sk]));
         let dims = AttentionDims {

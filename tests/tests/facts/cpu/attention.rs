@@ -5,6 +5,7 @@ use super::*;
 const ATTENTION: &str = "backends/cpu/src/attention.rs";
 const ENGINE: &str = "backends/cpu/src/engine/mod.rs";
 const PAGED: &str = "backends/cpu/src/paged.rs";
+const ROTARY: &str = "backends/cpu/src/engine/rotary.rs";
 
 /// `[1, 128, 8, d]` dense self-attention in `dtype` (BSHD).
 fn dense(dtype: DType, d: u64) -> Request {
@@ -41,6 +42,11 @@ fn ragged() -> Request {
 /// `q` in `dtype`, caches in `kv` and `layout`, block table in `table`.
 fn paged_of(dtype: DType, kv: DType, d: u64, layout: Layout, table: DType) -> Request {
     paged(dtype, kv, 4, 1, 32, 8, d, 16, layout, table)
+}
+
+/// `req` asking for RoPE (rotate-half, default frequencies) fused into attention.
+fn rotary(req: Request) -> Request {
+    attrs(req, AttentionAttrs { rope: Some(RopeAttrs::default()), ..AttentionAttrs::default() })
 }
 
 /// `req` causal, aligned `alignment` (the other attributes default).
@@ -150,6 +156,23 @@ pub(super) fn attention_facts() -> TestResult<Vec<Fact>> {
             attrs(dense(DType::BF16, 128), AttentionAttrs { scale: Some(0.1), ..AttentionAttrs::default() }),
         ),
         fact(k, "varlen", here(ATTENTION, "(Some(cq), Some(ck)) => {"), "spr", ragged()),
+        // RoPE fused: q rows rotated as they are read, k rows as they are packed; a packed
+        // batch would need positions per sequence, so rope and varlen are exclusive.
+        fact(
+            k,
+            "fused_rope",
+            here(ROTARY, "pub(crate) fn apply(&self, pos: usize, x: &mut [f32]) {"),
+            "spr",
+            rotary(dense(DType::BF16, 128)),
+        ),
+        fact(
+            k,
+            "exclusive",
+            here(ATTENTION, "if a.cu_seqlens_q.is_some() || a.cu_seqlens_k.is_some() {"),
+            "spr",
+            rotary(dense(DType::BF16, 128)),
+        )
+        .rejects(rotary(ragged()), "FEATURES_EXCLUSIVE"),
         fact(k, "layouts", here(PACK, "Layout::Bshd => [0, 1, 2, 3],"), "spr", dense(DType::BF16, 128)),
         fact(k, "layouts", here(PACK, "Layout::Bhsd => [0, 2, 1, 3],"), "spr", bhsd()?),
         // Every read goes through the tensor's own strides.
