@@ -14,6 +14,7 @@ mod files;
 mod fixtures;
 mod flips;
 mod front_door;
+mod gqa;
 mod hardware_measure;
 mod health;
 mod isa_cap;
