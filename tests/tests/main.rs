@@ -1,6 +1,7 @@
 //! LayerZero integration tests: through the public API and the `lz` CLI.
 
 mod architecture;
+mod block_sparse;
 mod cli;
 mod cli_plans;
 mod concurrency;

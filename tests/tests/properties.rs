@@ -56,6 +56,7 @@ fn attention_attrs() -> impl Strategy<Value = AttentionAttrs> {
             softcap,
             alibi,
             scale,
+            mask_block: None,
         })
 }
 

@@ -43,6 +43,12 @@ pub struct AttentionAttrs {
     pub alibi: bool,
     /// Softmax scale; `None` means 1/sqrt(head_dim).
     pub scale: Option<f64>,
+    /// `[rows, cols]` of a block-sparse mask: `mask` is then a bool block layout
+    /// broadcasting to [batch, heads, ceil(seq_q / rows), ceil(seq_k / cols)], whose entry
+    /// keeps or drops a whole block of queries x keys (FlashInfer's BSR, xFormers'
+    /// BlockSparse). `None`: `mask`, if any, is dense.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mask_block: Option<[u64; 2]>,
 }
 
 /// Attributes of `rms_norm` and `layer_norm`.
