@@ -10,6 +10,7 @@ use layerzero::model::attrs::{AttentionAttrs, Attrs};
 use layerzero::model::dtype::DType;
 use layerzero::model::layout::Layout;
 use layerzero::model::tensor::TensorDesc;
+use layerzero::schema::{SchemaKind, violations};
 use layerzero::select::{SelectionReport, Verdict};
 use layerzero::tensor::{HostTensor, Storage};
 use layerzero::transform::TransformKind;
@@ -120,8 +121,13 @@ fn section_6_9_a_block_sparse_mask_is_refused_by_kernels_that_read_no_layout_and
             .attrs(Attrs::Attention(attrs(causal, Some(BLOCK))))
     };
     let lz = LayerZero::detected()?;
-    let host = refused_or_expanded(&lz.explain(&request(DType::F32, true)), "this host")?;
+    let report = lz.explain(&request(DType::F32, true));
+    let host = refused_or_expanded(&report, "this host")?;
     assert!(host.starts_with("cpu.") || host.starts_with("onednn."), "this host served it with {host}");
+    // The request (with attrs.mask_block) and the report (with the expansion) are in their schemas.
+    let (req, json) = (serde_json::to_value(&report.request)?, report.to_json());
+    assert_eq!(violations(SchemaKind::Request, &req)?, Vec::<String>::new(), "{req}");
+    assert_eq!(violations(SchemaKind::SelectionReport, &json)?, Vec::<String>::new());
     for hw in ["h100", "a100", "mi300x"] {
         let report = planner(hw)?.explain(&request(DType::F16, false));
         let chosen = refused_or_expanded(&report, hw)?;

@@ -78,3 +78,60 @@ pub(super) fn expand(args: &OpArgs) -> Result<OpArgs> {
     out.attrs.mask_block = None;
     Ok(OpArgs::Attention(out))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::TestResult;
+    use crate::exec::args::AttentionArgs;
+    use crate::model::attrs::AttentionAttrs;
+    use crate::model::dtype::DType;
+
+    fn call(mask: HostTensor, block: [u64; 2]) -> TestResult<OpArgs> {
+        let t = |s: usize| HostTensor::zeros(DType::F32, &[1, s, 1, 2]);
+        Ok(OpArgs::Attention(AttentionArgs {
+            q: t(3)?,
+            k: t(5)?,
+            v: t(5)?,
+            mask: Some(mask),
+            cu_seqlens_q: None,
+            cu_seqlens_k: None,
+            attrs: AttentionAttrs { mask_block: Some(block), ..AttentionAttrs::default() },
+        }))
+    }
+
+    fn dense_of(args: &OpArgs) -> TestResult<(Vec<usize>, Vec<f32>)> {
+        let OpArgs::Attention(a) = args else { return Err("not attention".into()) };
+        let m = a.mask.as_ref().ok_or("no mask")?;
+        assert_eq!(a.attrs.mask_block, None);
+        Ok((m.shape().to_vec(), m.to_f32_vec()))
+    }
+
+    #[test]
+    fn a_partial_last_block_and_a_broadcast_block_dim_expand_as_the_layout_means() -> TestResult {
+        // 3 queries x 5 keys in blocks of 2 x 2: 2 x 3 blocks, the last of each partial.
+        let layout = HostTensor::new(Storage::Bool(vec![true, false, true, false, true, false]), &[2, 3])?;
+        let (shape, got) = dense_of(&expand(&call(layout, [2, 2])?)?)?;
+        assert_eq!(shape, [3, 5]);
+        #[rustfmt::skip]
+        let want = [1., 1., 0., 0., 1., 1., 1., 0., 0., 1., 0., 0., 1., 1., 0.];
+        assert_eq!(got, want);
+        // One block column broadcast over every key block; one layout per head kept as [2, ..].
+        let layout = HostTensor::new(Storage::Bool(vec![false, true, true, false]), &[2, 2, 1])?;
+        let (shape, got) = dense_of(&expand(&call(layout, [2, 2])?)?)?;
+        assert_eq!(shape, [2, 3, 5]);
+        // Head 0 keeps only query block 1 (row 2), head 1 only query block 0 (rows 0 and 1).
+        let rows = |keep: [f32; 3]| keep.into_iter().flat_map(|k| [k; 5]);
+        let want: Vec<f32> = rows([0., 0., 1.]).chain(rows([1., 1., 0.])).collect();
+        assert_eq!(got, want);
+        Ok(())
+    }
+
+    #[test]
+    fn a_layout_of_the_wrong_block_count_is_refused_naming_both() -> TestResult {
+        let layout = HostTensor::new(Storage::Bool(vec![true; 4]), &[2, 2])?;
+        let err = expand(&call(layout, [2, 2])?).err().ok_or("a 2x2 layout of 3x5 in 2x2 blocks was accepted")?;
+        assert!(err.to_string().contains("needs 2x3"), "{err}");
+        Ok(())
+    }
+}
