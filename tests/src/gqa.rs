@@ -68,9 +68,8 @@ impl Gqa {
     /// `seq + 1` tokens of queries, keys and values from `seed`. Queries are larger than keys
     /// so that softmax is peaked, not nearly uniform over thousands of keys.
     pub fn new(dtype: DType, seq: usize, seed: u64) -> TestResult<Gqa> {
-        let rounded = |v: Vec<f32>| -> TestResult<Vec<f32>> {
-            Ok(HostTensor::from_f32_as(dtype, &[v.len()], &v)?.to_f32_vec())
-        };
+        let rounded =
+            |v: Vec<f32>| -> TestResult<Vec<f32>> { Ok(HostTensor::from_f32_as(dtype, &[v.len()], &v)?.to_f32_vec()) };
         let n = seq + 1;
         Ok(Gqa {
             dtype,
@@ -138,7 +137,9 @@ pub fn served_first_try(d: &Dispatch<'_>) -> TestResult {
         return Err(format!("the oracle {ORACLE} served the call; a fast kernel should").into());
     }
     if !d.failed().is_empty() {
-        return Err(format!("{kernel} served after {} failed attempt(s); no fallback expected", d.failed().len()).into());
+        return Err(
+            format!("{kernel} served after {} failed attempt(s); no fallback expected", d.failed().len()).into()
+        );
     }
     Ok(())
 }

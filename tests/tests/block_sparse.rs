@@ -83,7 +83,12 @@ fn section_6_9_a_block_sparse_mask_output_equals_the_dense_reference_in_f32_and_
             let d = lz.dispatch(&sparse)?;
             gqa::served_first_try(&d)?;
             let expanded = d.selection().transforms.iter().any(|t| t.kind == TransformKind::ExpandBlockMask);
-            assert!(expanded, "{} served without expanding the layout: {:?}", d.selection().kernel, d.selection().transforms);
+            assert!(
+                expanded,
+                "{} served without expanding the layout: {:?}",
+                d.selection().kernel,
+                d.selection().transforms
+            );
             let full = args(dtype, bools(&[1, HQ, SQ, SK], dense(&keep))?, attrs(causal, None))?;
             let want = oracle.dispatch(&full)?.outputs["out"].to_f64_vec();
             let what = format!("{} on a block-sparse mask, {dtype}, causal {causal}", d.selection().kernel);
@@ -103,17 +108,28 @@ fn refused_or_expanded(report: &SelectionReport, what: &str) -> TestResult<Strin
         let refused = c.reasons.iter().any(|r| r.code() == ReasonCode::BLOCK_SPARSE_MASK_UNSUPPORTED);
         if (c.verdict == Verdict::Rejected) != refused || (c.verdict != Verdict::Rejected) != expands {
             let codes: Vec<_> = c.reasons.iter().map(|r| r.code().as_str()).collect();
-            return Err(format!("{what}: {} is {} with {codes:?}, transforms {:?}", c.kernel, c.verdict.as_str(), c.transforms).into());
+            return Err(format!(
+                "{what}: {} is {} with {codes:?}, transforms {:?}",
+                c.kernel,
+                c.verdict.as_str(),
+                c.transforms
+            )
+            .into());
         }
     }
     let chosen = report.candidate(&selected).ok_or("the selected kernel is not a candidate")?;
     let cost: f64 = chosen.transforms.iter().map(|t| t.ns).sum();
-    assert!(cost > 0.0 && (report.transform_cost_total - cost).abs() <= 1e-9 * cost, "{what}: cost {cost} vs {}", report.transform_cost_total);
+    assert!(
+        cost > 0.0 && (report.transform_cost_total - cost).abs() <= 1e-9 * cost,
+        "{what}: cost {cost} vs {}",
+        report.transform_cost_total
+    );
     Ok(selected)
 }
 
 #[test]
-fn section_6_9_a_block_sparse_mask_is_refused_by_kernels_that_read_no_layout_and_served_through_its_expansion() -> TestResult {
+fn section_6_9_a_block_sparse_mask_is_refused_by_kernels_that_read_no_layout_and_served_through_its_expansion()
+-> TestResult {
     let request = |dtype: DType, causal: bool| {
         let mask = TensorDesc::new(DType::Bool, [1, HQ as u64, BLOCKS[0] as u64, BLOCKS[1] as u64]);
         attention(dtype, 1, SQ as u64, SK as u64, HQ as u64, HKV as u64, D as u64)
@@ -148,10 +164,10 @@ fn section_6_9_a_block_layout_that_does_not_fit_its_blocks_is_a_request_error_na
         (TensorDesc::new(DType::F32, [1, 1, 5, 3]), [16, 32], "mask"),
         (TensorDesc::new(DType::Bool, [1, 1, 5, 3]), [0, 32], "attrs.mask_block"),
     ] {
-        let req = base.clone().tensor("mask", mask.clone()).attrs(Attrs::Attention(AttentionAttrs {
-            mask_block: Some(block),
-            ..AttentionAttrs::default()
-        }));
+        let req = base
+            .clone()
+            .tensor("mask", mask.clone())
+            .attrs(Attrs::Attention(AttentionAttrs { mask_block: Some(block), ..AttentionAttrs::default() }));
         let report = lz.explain(&req);
         let named = report.request_errors.iter().any(|r| r.message().contains(field));
         assert!(named, "{mask:?} in blocks of {block:?}: errors {:?}", report.request_errors);

@@ -63,12 +63,8 @@ fn every_kernel_accounted_for(report: &SelectionReport, kernels: &[String], what
 #[test]
 fn section_6_1_gqa_32_8_at_32768_tokens_is_selected_on_this_host_and_every_profile_with_every_reason() -> TestResult {
     let lz = LayerZero::detected()?;
-    let kernels: Vec<String> = lz
-        .catalog()
-        .candidates(Op::Attention)
-        .iter()
-        .map(|&i| lz.catalog().kernel(i).1.id.clone())
-        .collect();
+    let kernels: Vec<String> =
+        lz.catalog().candidates(Op::Attention).iter().map(|&i| lz.catalog().kernel(i).1.id.clone()).collect();
     let seq = 32768;
     for dtype in [DType::F32, DType::F16, DType::BF16] {
         for (phase, seq_q) in [("prefill", seq), ("decode", 1)] {

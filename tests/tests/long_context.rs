@@ -22,19 +22,28 @@ fn prefill_and_decode_match(dtype: DType, seq: usize, seed: u64) -> TestResult {
 }
 
 #[test]
-#[cfg_attr(debug_assertions, ignore = "minutes unoptimized: cargo test --release -p layerzero-tests --test long_context")]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "minutes unoptimized: cargo test --release -p layerzero-tests --test long_context"
+)]
 fn section_6_1_gqa_32_8_prefill_and_decode_at_8192_tokens_match_the_f64_reference_in_f32() -> TestResult {
     prefill_and_decode_match(DType::F32, 8192, 81)
 }
 
 #[test]
-#[cfg_attr(debug_assertions, ignore = "minutes unoptimized: cargo test --release -p layerzero-tests --test long_context")]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "minutes unoptimized: cargo test --release -p layerzero-tests --test long_context"
+)]
 fn section_6_1_gqa_32_8_prefill_and_decode_at_8192_tokens_match_the_f64_reference_in_bf16() -> TestResult {
     prefill_and_decode_match(DType::BF16, 8192, 82)
 }
 
 #[test]
-#[cfg_attr(debug_assertions, ignore = "minutes unoptimized: cargo test --release -p layerzero-tests --test long_context")]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "minutes unoptimized: cargo test --release -p layerzero-tests --test long_context"
+)]
 fn section_6_1_gqa_32_8_prefill_and_decode_at_8192_tokens_match_the_f64_reference_in_f16() -> TestResult {
     prefill_and_decode_match(DType::F16, 8192, 83)
 }
