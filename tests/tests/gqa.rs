@@ -89,3 +89,44 @@ fn section_6_1_gqa_32_8_at_32768_tokens_is_selected_on_this_host_and_every_profi
     }
     Ok(())
 }
+
+/// The rejected kernels of `report` with their codes, in report order.
+fn rejected(report: &SelectionReport) -> Vec<(String, Vec<&'static str>)> {
+    let rejected = report.candidates.iter().filter(|c| c.verdict == Verdict::Rejected);
+    rejected.map(|c| (c.kernel.clone(), c.reasons.iter().map(|r| r.code().as_str()).collect())).collect()
+}
+
+#[test]
+fn section_6_1_gqa_32_8_at_32768_tokens_on_h100_refuses_exactly_these_kernels_for_these_reasons() -> TestResult {
+    let off_device = ["DEVICE_KIND_MISMATCH"];
+    let gqa_off_device = ["DEVICE_KIND_MISMATCH", "GQA_UNSUPPORTED"];
+    let common: Vec<(&str, &[&str])> = vec![
+        ("cpu.attention.flash", &off_device),
+        ("cpu_reference.attention.naive", &off_device),
+        ("flash_attn_2.attention.fwd_ck", &off_device),
+        ("onednn.attention.sdpa_graph", &gqa_off_device),
+        ("torch_sdpa.attention.efficient", &["GQA_UNSUPPORTED"]),
+        ("torch_sdpa.attention.efficient_rocm", &gqa_off_device),
+        ("torch_sdpa.attention.flash_cpu", &off_device),
+        ("torch_sdpa.attention.flash_rocm", &off_device),
+        ("torch_sdpa.attention.math_cpu", &off_device),
+        ("torch_sdpa.attention.math_rocm", &off_device),
+        ("zendnn.attention.flash_sdpa", &gqa_off_device),
+    ];
+    for dtype in [DType::F16, DType::BF16] {
+        for (phase, seq_q) in [("prefill", 32768), ("decode", 1)] {
+            let report = planner("h100")?.explain(&request(dtype, seq_q, 32768));
+            let mut want = common.clone();
+            if seq_q > 1 {
+                // FlashInfer's decode kernel takes one query per sequence.
+                want.insert(3, ("flashinfer.attention.decode", &["SEQ_LEN_Q_UNSUPPORTED"]));
+            }
+            let want: Vec<(String, Vec<&str>)> = want.iter().map(|(k, c)| (k.to_string(), c.to_vec())).collect();
+            assert_eq!(rejected(&report), want, "h100 {dtype} {phase}");
+            let chosen = report.selected.as_deref().unwrap_or_default();
+            let preferred = ["flash_attn_3.", "flashinfer.", "flash_attn_2."].iter().any(|p| chosen.starts_with(p));
+            assert!(preferred, "h100 {dtype} {phase} selected {chosen}, not a FlashAttention or FlashInfer kernel");
+        }
+    }
+    Ok(())
+}
