@@ -183,6 +183,9 @@ reason_codes! {
     MASK_BROADCAST_UNSUPPORTED => Constraint,
     /// The kernel takes one mask shared by every head; this mask differs per head.
     MASK_PER_HEAD_UNSUPPORTED => Constraint,
+    /// The kernel reads no block-sparse mask (a bool block layout, `attrs.mask_block`); one
+    /// that takes a dense bool mask is served through the layout's expansion.
+    BLOCK_SPARSE_MASK_UNSUPPORTED => Constraint,
     /// The kernel does not do causal masking.
     CAUSAL_UNSUPPORTED => Constraint,
     /// The kernel cannot honour the requested causal alignment (they differ when seq_q != seq_k).

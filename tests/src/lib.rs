@@ -4,6 +4,7 @@
 pub mod cases;
 pub mod catalog;
 pub mod close;
+pub mod gqa;
 
 use std::sync::Arc;
 

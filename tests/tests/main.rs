@@ -1,6 +1,7 @@
 //! LayerZero integration tests: through the public API and the `lz` CLI.
 
 mod architecture;
+mod block_sparse;
 mod cli;
 mod cli_plans;
 mod concurrency;
@@ -15,6 +16,7 @@ mod fixtures;
 mod flips;
 mod fork;
 mod front_door;
+mod gqa;
 mod hardware_measure;
 mod health;
 mod isa_cap;

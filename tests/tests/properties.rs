@@ -57,6 +57,7 @@ fn attention_attrs() -> impl Strategy<Value = AttentionAttrs> {
             alibi,
             scale,
             rope: None,
+            mask_block: None,
         })
 }
 

@@ -211,6 +211,8 @@ pub enum MaskName {
     Bool,
     /// Additive float mask.
     Float,
+    /// Bool block layout (`attrs.mask_block`) read without expanding it.
+    BlockSparse,
 }
 
 /// An attention feature a call may use, for constraints on combinations.

@@ -138,7 +138,15 @@ fn mask(c: &Constraints, a: &AttentionAttrs, problem: &Problem, d: &AttentionDim
     let name = match m.kind {
         MaskKind::Bool => MaskName::Bool,
         MaskKind::Float(_) => MaskName::Float,
+        MaskKind::BlockSparse => MaskName::BlockSparse,
     };
+    if name == MaskName::BlockSparse && !c.masks.contains(&name) {
+        let [rows, cols] = a.mask_block.unwrap_or_default();
+        out.reject(ReasonCode::BLOCK_SPARSE_MASK_UNSUPPORTED, || {
+            format!("block-sparse mask of {rows}x{cols} blocks given; the kernel reads no block layout")
+        });
+        return;
+    }
     if !c.masks.contains(&name) {
         out.reject(ReasonCode::MASK_UNSUPPORTED, || format!("{} mask given; the kernel takes none", m.kind.as_str()));
         return;

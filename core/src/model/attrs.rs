@@ -48,6 +48,12 @@ pub struct AttentionAttrs {
     /// and k arrive rotated (or unrotated).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rope: Option<RopeAttrs>,
+    /// `[rows, cols]` of a block-sparse mask: `mask` is then a bool block layout
+    /// broadcasting to [batch, heads, ceil(seq_q / rows), ceil(seq_k / cols)], whose entry
+    /// keeps or drops a whole block of queries x keys (FlashInfer's BSR, xFormers'
+    /// BlockSparse). `None`: `mask`, if any, is dense.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mask_block: Option<[u64; 2]>,
 }
 
 /// Attributes of `rms_norm` and `layer_norm`.

@@ -148,7 +148,7 @@ macro_rules! struct_words {
 }
 
 struct_words! {
-    AttentionAttrs { causal, causal_alignment, dropout_p, window_left, softcap, alibi, scale, rope }
+    AttentionAttrs { causal, causal_alignment, dropout_p, window_left, softcap, alibi, scale, rope, mask_block }
     NormAttrs { eps }
     RopeAttrs { style, rotary_dim, base, scaling }
     SwigluAttrs { split }

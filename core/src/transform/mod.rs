@@ -4,16 +4,17 @@
 //! Only failures in [`ADAPTABLE`] are candidates for adaptation; a transform is planned
 //! only when the adapted request passes every check, and the report lists each one.
 
+mod block;
 mod tensors;
 
 use serde::Serialize;
 
-use crate::capabilities::spec::KernelSpec;
+use crate::capabilities::spec::{KernelSpec, MaskName};
 use crate::hardware::profile::DeviceProfile;
 use crate::model::device::DeviceKind;
 use crate::model::dtype::DType;
 use crate::model::layout::Layout;
-use crate::model::problem::{Problem, data_roles, layout_of};
+use crate::model::problem::{MaskKind, Problem, data_roles, layout_of};
 use crate::model::request::Request;
 use crate::reason::ReasonCode;
 
@@ -25,6 +26,7 @@ pub const ADAPTABLE: &[ReasonCode] = &[
     ReasonCode::LAST_DIM_NOT_CONTIGUOUS,
     ReasonCode::NOT_CONTIGUOUS,
     ReasonCode::DTYPE_UNSUPPORTED,
+    ReasonCode::BLOCK_SPARSE_MASK_UNSUPPORTED,
 ];
 
 /// What a transform does.
@@ -37,6 +39,8 @@ pub enum TransformKind {
     MakeContiguous,
     /// Cast to a wider dtype (lossless); the output is cast back.
     Cast,
+    /// Expand a block-sparse mask's bool block layout into the dense bool mask it means.
+    ExpandBlockMask,
 }
 
 impl TransformKind {
@@ -46,6 +50,7 @@ impl TransformKind {
             TransformKind::Transpose => "transpose",
             TransformKind::MakeContiguous => "make_contiguous",
             TransformKind::Cast => "cast",
+            TransformKind::ExpandBlockMask => "expand_block_mask",
         }
     }
 }
@@ -112,6 +117,18 @@ pub fn plan(kernel: &KernelSpec, req: &Request, problem: &Problem, dev: &DeviceP
         }
         _ => None,
     };
+    // A block layout becomes the dense bool mask for a kernel that takes one: the layout is
+    // read once and one byte per query x key written.
+    if let (Some(m), Some(dims)) = (req.tensors.get("mask"), problem.attention())
+        && dims.mask.is_some_and(|mi| mi.kind == MaskKind::BlockSparse)
+        && !c.masks.contains(&MaskName::BlockSparse)
+    {
+        if !c.masks.contains(&MaskName::Bool) {
+            return None;
+        }
+        let dense: u64 = block::dense_shape(&m.shape, dims.seq_q, dims.seq_k).iter().product();
+        push(TransformKind::ExpandBlockMask, "mask", "block_sparse", "bool", m.numel().saturating_add(dense));
+    }
     for &name in data_roles(req.op) {
         let Some(t) = req.tensors.get(name) else { continue };
         // An untagged tensor is copied from the layout its op gives it (an NCHW image).
@@ -168,6 +185,7 @@ pub fn apply(req: &Request, transforms: &[Transform]) -> Request {
                     t.dtype = d;
                 }
             }
+            TransformKind::ExpandBlockMask => block::expand_desc(&mut adapted),
         }
     }
     adapted

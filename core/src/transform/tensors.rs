@@ -15,6 +15,14 @@ pub fn apply_transforms(args: &OpArgs, transforms: &[Transform]) -> Result<OpArg
     if transforms.is_empty() {
         return Ok(args.clone());
     }
+    // The block layout is expanded first: it needs q's and k's lengths, not the mask alone.
+    let expanded;
+    let args = if transforms.iter().any(|t| t.kind == TransformKind::ExpandBlockMask) {
+        expanded = super::block::expand(args)?;
+        &expanded
+    } else {
+        args
+    };
     args.map_tensors(|name, t| {
         let mut t = t.clone();
         for tr in transforms.iter().filter(|tr| tr.tensor == name) {
@@ -34,6 +42,7 @@ pub fn apply_transforms(args: &OpArgs, transforms: &[Transform]) -> Result<OpArg
                     }
                 }
                 TransformKind::Cast => cast(&t, tr.to)?,
+                TransformKind::ExpandBlockMask => t,
             };
         }
         Ok(t)

@@ -27,6 +27,12 @@ impl AttentionAttrs {
         {
             return Err(invalid(format!("attrs.scale is {s}; it must be a positive number")));
         }
+        // No kernel reads a block layout: selection plans its expansion into a dense mask.
+        if let Some(block) = a.mask_block {
+            return Err(KernelError::Unsupported(format!(
+                "attrs.mask_block is {block:?}: a block-sparse mask reaches a kernel only expanded to a dense bool mask (transform expand_block_mask)"
+            )));
+        }
         Ok(())
     }
 }

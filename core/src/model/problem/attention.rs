@@ -90,7 +90,16 @@ impl Problem {
                 "attrs.rope places the {sq} queries at the last positions of the {sk} keys; seq_q must be at most seq_k"
             ));
         }
-        let mask = v.tensor("mask").and_then(|m| Self::mask(v, m, [batch, hq, sq, sk]));
+        let block = v.req.attention_attrs().and_then(|a| a.mask_block);
+        let mask = match (v.tensor("mask"), block) {
+            (Some(m), None) => Self::mask(v, m, [batch, hq, sq, sk]),
+            (Some(m), Some(b)) => Self::block_mask(v, m, b, [batch, hq, sq, sk]),
+            (None, Some(b)) => {
+                v.err(format!("attrs.mask_block is {b:?} but the request has no `mask` (the bool block layout)"));
+                None
+            }
+            (None, None) => None,
+        };
         let dims = AttentionDims {
             batch,
             seq_q: sq,
@@ -105,6 +114,23 @@ impl Problem {
             paged: None,
         };
         (dtype, Dims::Attention(dims))
+    }
+
+    /// A block-sparse mask: a bool layout of `[rows, cols]` blocks broadcasting to
+    /// [batch, heads, ceil(seq_q / rows), ceil(seq_k / cols)].
+    fn block_mask(v: &mut Validator<'_>, m: &TensorDesc, block: [u64; 2], full: [u64; 4]) -> Option<MaskInfo> {
+        let [rows, cols] = block;
+        if rows == 0 || cols == 0 {
+            v.err(format!("attrs.mask_block is {block:?}; block rows and cols must be at least 1"));
+            return None;
+        }
+        if m.dtype != DType::Bool {
+            v.err(format!("tensor `mask` has dtype {}; a block-sparse mask (attrs.mask_block) is bool", m.dtype));
+            return None;
+        }
+        let blocks = [full[0], full[1], full[2].div_ceil(rows), full[3].div_ceil(cols)];
+        let info = Self::mask(v, m, blocks)?;
+        Some(MaskInfo { kind: MaskKind::BlockSparse, ..info })
     }
 
     pub(super) fn mask(v: &mut Validator<'_>, m: &TensorDesc, full: [u64; 4]) -> Option<MaskInfo> {

@@ -26,6 +26,9 @@ pub enum MaskKind {
     Bool,
     /// Additive float mask of this dtype.
     Float(DType),
+    /// Bool block layout: each entry keeps or drops a block of queries x keys
+    /// (`attrs.mask_block`).
+    BlockSparse,
 }
 
 impl MaskKind {
@@ -34,6 +37,7 @@ impl MaskKind {
         match self {
             MaskKind::Bool => "bool",
             MaskKind::Float(_) => "float",
+            MaskKind::BlockSparse => "block_sparse",
         }
     }
 }
