@@ -596,7 +596,7 @@ fn mlp_request(op: Op, act: Activation) -> Request {
 
 fn int4_request(group: u64) -> Request {
     Request::new(Op::LinearInt4)
-        .attrs(Attrs::Int4(Int4Attrs { group_size: group }))
+        .attrs(Attrs::Int4(Int4Attrs::int4(group)))
         .tensor("x", TensorDesc::new(DType::BF16, [4, 256]))
         .tensor("weight", TensorDesc::new(DType::I8, [32, 128]))
         .tensor("scales", TensorDesc::new(DType::F32, [32, 256 / group]))

@@ -338,7 +338,8 @@ fn linear_int4(rng: &mut Rng) -> Vec<Case> {
                 HostTensor::from_f32(&[n, k / group], z).unwrap_or_else(unreachable_tensor)
             }),
             bias: None,
-            attrs: Int4Attrs { group_size: group as u64 },
+            global_scale: None,
+            attrs: Int4Attrs::int4(group as u64),
         };
         out.push(case(format!("linear_int4/group{group}_zeros_{zeros}"), Category::Gemm, OpArgs::LinearInt4(args)));
     }

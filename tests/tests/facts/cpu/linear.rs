@@ -112,7 +112,7 @@ fn w8a8_in(layout: Option<Layout>) -> Request {
 /// An int4 linear of `[4, 256]` x of `dtype` against 32 packed rows in groups of `group`.
 fn int4_in(dtype: DType, group: u64) -> Request {
     Request::new(Op::LinearInt4)
-        .attrs(Attrs::Int4(Int4Attrs { group_size: group }))
+        .attrs(Attrs::Int4(Int4Attrs::int4(group)))
         .tensor("x", TensorDesc::new(dtype, [4, 256]))
         .tensor("weight", TensorDesc::new(DType::I8, [32, 128]))
         .tensor("scales", TensorDesc::new(DType::F32, [32, 256 / group]))

@@ -50,7 +50,7 @@ fn w8a8(weight: TensorDesc) -> Request {
 /// A bf16 `[4, 256]` x against int4 weights `[32, 256]` packed in i8 `[32, 128]`, groups of 64.
 fn int4() -> Request {
     Request::new(Op::LinearInt4)
-        .attrs(Attrs::Int4(Int4Attrs { group_size: 64 }))
+        .attrs(Attrs::Int4(Int4Attrs::int4(64)))
         .tensor("x", TensorDesc::new(DType::BF16, [4, 256]))
         .tensor("weight", TensorDesc::new(DType::I8, [32, 128]))
         .tensor("scales", f32_of(&[32, 4]))
