@@ -568,11 +568,11 @@ pub struct Properties {
     pub needs_jit: bool,
     /// Scratch memory it allocates, in bytes.
     pub workspace_bytes: u64,
-    /// How far its outputs may be from the f64 `cpu_reference` kernel of the same op on the
-    /// same inputs (declared for quantized kernels: spec 002 §5 asks for exact bounds per
-    /// backend); tests enforce the bound read from here.
+    /// Per output dtype: how far its outputs may be from the f64 `cpu_reference` kernel of
+    /// the same op on the same inputs (declared for quantized kernels: spec 002 §5 asks for
+    /// exact bounds per backend); tests enforce the bound read from here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error_bound: Option<ErrorBound>,
+    pub error_bound: Option<BTreeMap<DType, ErrorBound>>,
 }
 
 /// An elementwise bound: `|out - reference| <= atol + rtol * |reference|`.
