@@ -29,6 +29,8 @@ mod plugins;
 mod policy;
 mod policy_config;
 mod properties;
+mod quant4;
+mod quant_pipeline;
 mod runtime;
 mod scopes;
 mod selection_table;

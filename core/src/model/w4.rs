@@ -43,6 +43,7 @@ pub enum ScaleOrder {
     Linear,
     /// NVIDIA's tensor-core order: 128 x 4 tiles of scales, each stored as 32 x 4 x 4
     /// ("32_4_4"); what the cuBLASLt / CUTLASS block-scaled GEMMs read.
+    #[serde(rename = "swizzled_32_4_4")]
     Swizzled32x4x4,
 }
 
@@ -231,5 +232,16 @@ mod tests {
         assert!(W4Format::Nf4.scale_mismatch(64, DType::F32, true, false).is_some());
         assert!(W4Format::Nf4.scale_mismatch(64, DType::F32, false, false).is_none());
         assert!(W4Format::Int4.scale_mismatch(16, DType::BF16, true, false).is_none());
+    }
+
+    #[test]
+    fn the_serialized_names_are_the_stable_names() -> Result<(), serde_json::Error> {
+        for o in [ScaleOrder::Linear, ScaleOrder::Swizzled32x4x4] {
+            assert_eq!(serde_json::to_string(&o)?, format!("\"{}\"", o.as_str()));
+        }
+        for f in [W4Format::Int4, W4Format::Nf4, W4Format::Mxfp4, W4Format::Nvfp4] {
+            assert_eq!(serde_json::to_string(&f)?, format!("\"{}\"", f.as_str()));
+        }
+        Ok(())
     }
 }
