@@ -94,7 +94,8 @@ fn pass(m: &Model, ids: &HostTensor, run: &dyn Fn(OpArgs) -> TestResult<Outputs>
     };
     let embedded =
         out(OpArgs::Embedding(EmbeddingArgs { ids: ids.clone(), table: m.table.clone(), attrs: NoAttrs {} }), "out")?;
-    let norm = NormArgs { x: embedded, weight: m.norm.clone(), bias: None, residual: None, attrs: NormAttrs::default() };
+    let norm =
+        NormArgs { x: embedded, weight: m.norm.clone(), bias: None, residual: None, attrs: NormAttrs::default() };
     let normed = out(OpArgs::RmsNorm(norm), "out")?;
     let qkv = out(OpArgs::LinearInt4(nf4_args(m, normed.clone())), "out")?.contiguous();
     // q, k and v are views of the projection [S, 3 * HIDDEN]: BSHD with a row stride of 3 * HIDDEN.

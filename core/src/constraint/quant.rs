@@ -7,11 +7,11 @@
 use super::{Sink, list};
 use crate::capabilities::spec::Constraints;
 use crate::model::attrs::{Attrs, Int4Attrs, QuantAttrs, QuantScheme, ScaleLayout};
-use crate::model::w4::{ScaleOrder, W4Format, group_shape_mismatch};
 use crate::model::dtype::DType;
 use crate::model::op::Op;
 use crate::model::request::Request;
 use crate::model::tensor::TensorDesc;
+use crate::model::w4::{ScaleOrder, W4Format, group_shape_mismatch};
 use crate::reason::ReasonCode;
 
 pub(super) fn check(c: &Constraints, req: &Request, out: &mut impl Sink) {
@@ -146,10 +146,9 @@ fn int4(c: &Constraints, req: &Request, a: &Int4Attrs, out: &mut impl Sink) {
         });
     }
     let group = a.group_size;
+    let (zeros, global) = (req.get("zeros").is_some(), req.get("global_scale").is_some());
     if let Some(s) = req.get("scales")
-        && let Some(why) = a.format.scale_mismatch(group, s.dtype, req.get("zeros").is_some(), {
-            req.get("global_scale").is_some()
-        })
+        && let Some(why) = a.format.scale_mismatch(group, s.dtype, zeros, global)
     {
         mismatch(out, || why);
     }

@@ -132,7 +132,17 @@ macro_rules! unit_enums {
     };
 }
 
-unit_enums!(DType, CausalAlignment, RopeStyle, GeluApproximate, QuantScheme, ScaleLayout, Activation, W4Format, ScaleOrder);
+unit_enums!(
+    DType,
+    CausalAlignment,
+    RopeStyle,
+    GeluApproximate,
+    QuantScheme,
+    ScaleLayout,
+    Activation,
+    W4Format,
+    ScaleOrder
+);
 
 macro_rules! struct_words {
     ($($t:ident { $($f:ident),* })*) => {

@@ -248,7 +248,10 @@ pub(super) fn matrix_ops() -> TestResult<Vec<Fact>> {
         fact(
             "cpu_reference.linear_int4.naive",
             "weight_formats",
-            here(LINEAR, "W4Format::Mxfp4 => a.scales.to_i64_vec().into_iter().map(|e| e8m0(e as i8 as u8)).collect(),"),
+            here(
+                LINEAR,
+                "W4Format::Mxfp4 => a.scales.to_i64_vec().into_iter().map(|e| e8m0(e as i8 as u8)).collect(),",
+            ),
             "spr",
             w4(W4Format::Mxfp4, 32, DType::I8),
         ),
