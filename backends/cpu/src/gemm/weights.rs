@@ -54,14 +54,25 @@ impl Int4W<'_> {
         let groups = self.k / self.g;
         // The nibble of the even element: low, or high for nf4 (bitsandbytes' order).
         let (even, odd) = if self.format.high_nibble_first() { (4, 0) } else { (0, 4) };
+        let half = self.g / 2;
         for gi in 0..groups {
             let lut = self.lut(n, gi);
             let dst = &mut out[gi * self.g..(gi + 1) * self.g];
             let b0 = gi * self.g / 2;
-            for (j, pair) in dst.chunks_exact_mut(2).enumerate() {
-                let b = self.bytes[self.packed.at(n, b0 + j)] as u8;
+            let mut put = |pair: &mut [f32], b: u8| {
                 pair[0] = lut[usize::from((b >> even) & 0x0F)];
                 pair[1] = lut[usize::from((b >> odd) & 0x0F)];
+            };
+            if self.packed.cs == 1 {
+                // A contiguous row of bytes: one slice, no index arithmetic per byte.
+                let start = self.packed.at(n, b0);
+                for (pair, &b) in dst.chunks_exact_mut(2).zip(&self.bytes[start..start + half]) {
+                    put(pair, b as u8);
+                }
+            } else {
+                for (j, pair) in dst.chunks_exact_mut(2).enumerate() {
+                    put(pair, self.bytes[self.packed.at(n, b0 + j)] as u8);
+                }
             }
         }
     }
