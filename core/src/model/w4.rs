@@ -88,6 +88,16 @@ pub fn e8m0(e: u8) -> f64 {
     if e == 255 { f64::NAN } else { (f64::from(e) - 127.0).exp2() }
 }
 
+/// An E8M0 scale byte's value in f32, from its bits (no `exp2`): 2^(e - 127) is the normal
+/// float with exponent field e (1..=254), 2^-127 the subnormal 2^22 ulps, 255 NaN.
+pub fn e8m0_f32(e: u8) -> f32 {
+    match e {
+        0 => f32::from_bits(1 << 22),
+        255 => f32::NAN,
+        e => f32::from_bits(u32::from(e) << 23),
+    }
+}
+
 impl W4Format {
     /// The stable name.
     pub fn as_str(self) -> &'static str {
@@ -221,6 +231,10 @@ mod tests {
         assert!(NF4.iter().zip(NF4_DECIMAL).all(|(&f, d)| f64::from(f) == d));
         assert_eq!((e8m0(127), e8m0(0), e8m0(130)), (1.0, 2f64.powi(-127), 8.0));
         assert!(e8m0(255).is_nan());
+        for e in 0..=254u8 {
+            assert_eq!(f64::from(e8m0_f32(e)), e8m0(e), "{e}");
+        }
+        assert!(e8m0_f32(255).is_nan());
     }
 
     #[test]

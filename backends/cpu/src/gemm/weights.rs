@@ -4,7 +4,7 @@ use rayon::prelude::*;
 
 use super::view::Mat;
 use crate::pack::read_f32;
-use layerzero_core::model::w4::{W4Format, e8m0};
+use layerzero_core::model::w4::{W4Format, e8m0_f32};
 
 /// A weight-only 4-bit matrix: `w[n, k] = code(q[n, k]) * scale[n, k / g]` by its format
 /// (`layerzero_core::model::w4`); int4's code is `q - zero[n, k / g]`.
@@ -29,17 +29,17 @@ impl Int4W<'_> {
         read_f32(self.scales.st, self.scales.at(n, gi), 1, &mut sc);
         match self.format {
             // The i8 storage holds the exponent byte: reinterpret, never convert.
-            W4Format::Mxfp4 => e8m0(sc[0] as i8 as u8) as f32,
+            W4Format::Mxfp4 => e8m0_f32(sc[0] as i8 as u8),
             W4Format::Nvfp4 => sc[0] * self.global,
             W4Format::Int4 | W4Format::Nf4 => sc[0],
         }
     }
 
-    /// The 16 values of group `gi` of row `n`, by code.
-    fn lut(&self, n: usize, gi: usize) -> [f32; 16] {
+    /// The 16 values of group `gi` of row `n`, by code (`codes`: the format's unscaled values).
+    fn lut(&self, codes: &[f32; 16], n: usize, gi: usize) -> [f32; 16] {
         let s = self.scale(n, gi);
         if self.format != W4Format::Int4 {
-            return std::array::from_fn(|q| self.format.code(q as u8) * s);
+            return std::array::from_fn(|q| codes[q] * s);
         }
         let mut zc = [8f32; 1];
         if let Some(z) = &self.zeros {
@@ -55,8 +55,9 @@ impl Int4W<'_> {
         // The nibble of the even element: low, or high for nf4 (bitsandbytes' order).
         let (even, odd) = if self.format.high_nibble_first() { (4, 0) } else { (0, 4) };
         let half = self.g / 2;
+        let codes: [f32; 16] = std::array::from_fn(|q| self.format.code(q as u8));
         for gi in 0..groups {
-            let lut = self.lut(n, gi);
+            let lut = self.lut(&codes, n, gi);
             let dst = &mut out[gi * self.g..(gi + 1) * self.g];
             let b0 = gi * self.g / 2;
             let mut put = |pair: &mut [f32], b: u8| {

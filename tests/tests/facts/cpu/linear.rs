@@ -407,7 +407,7 @@ pub(super) fn gemm_facts() -> TestResult<Vec<Fact>> {
         fact(
             int4,
             "weight_formats",
-            here(WEIGHTS, "W4Format::Mxfp4 => e8m0(sc[0] as i8 as u8) as f32,"),
+            here(WEIGHTS, "W4Format::Mxfp4 => e8m0_f32(sc[0] as i8 as u8),"),
             "spr",
             w4_in(W4Format::Mxfp4, 32, DType::I8),
         ),
