@@ -407,14 +407,14 @@ pub(super) fn gemm_facts() -> TestResult<Vec<Fact>> {
         fact(
             int4,
             "weight_formats",
-            here(WEIGHTS, "W4Format::Mxfp4 => e8m0_f32(sc[0] as i8 as u8),"),
+            here(WEIGHTS, "W4Format::Mxfp4 => sc.iter_mut().for_each(|s| *s = e8m0_f32(*s as i8 as u8)),"),
             "spr",
             w4_in(W4Format::Mxfp4, 32, DType::I8),
         ),
         fact(
             int4,
             "weight_formats",
-            here(WEIGHTS, "W4Format::Nvfp4 => sc[0] * self.global,"),
+            here(WEIGHTS, "W4Format::Nvfp4 => sc.iter_mut().for_each(|s| *s *= self.global),"),
             "spr",
             w4_in(W4Format::Nvfp4, 16, DType::Fp8E4M3),
         ),
