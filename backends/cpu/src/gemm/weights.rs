@@ -61,13 +61,14 @@ impl Int4W<'_> {
             for (i, &s) in sc[..cnt].iter().enumerate() {
                 let gi = g0 + i;
                 let lut = self.lut(&codes, n, gi, s);
-                self.group(n, gi, &lut, &mut out[gi * self.g..(gi + 1) * self.g]);
+                self.group(n, gi, lut, &mut out[gi * self.g..(gi + 1) * self.g]);
             }
         }
     }
 
     /// Decodes group `gi` of row `n` through its table into `dst` (length g).
-    fn group(&self, n: usize, gi: usize, lut: &[f32; 16], dst: &mut [f32]) {
+    #[inline]
+    fn group(&self, n: usize, gi: usize, lut: [f32; 16], dst: &mut [f32]) {
         // The nibble of the even element: low, or high for nf4 (bitsandbytes' order).
         let (even, odd) = if self.format.high_nibble_first() { (4, 0) } else { (0, 4) };
         let put = |pair: &mut [f32], b: u8| {
