@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+import quant4
+
 DT = {
     "f32": torch.float32,
     "f16": torch.float16,
@@ -1527,6 +1529,92 @@ def _():
 def _():
     return linear_int4("linear_int4_g128_zeros_f16_scales_f16_m3_k384_n20", "f16", 3, 384, 20, 128, zeros=True,
                        qdtype="f16")
+
+
+SCALE_DESC = {"nf4": "f32", "mxfp4": "i8", "nvfp4": "fp8_e4m3"}
+
+
+def linear_w4(name, fmt, dtype, M, K, N, group, bias=False, identity=False):
+    """linear_int4 with nf4 / mxfp4 / nvfp4 weights quantized by tools/quant4.py (the public
+    definitions); `identity` makes x the K x K identity, so `expected` is the dequantized
+    weight transposed."""
+    seed(name)
+    if identity:
+        x = torch.eye(K, dtype=F64).to(DT[dtype])
+        x64 = x.to(F64)
+    else:
+        x, x64 = rnd((M, K), dtype)
+    w = torch.randn(N, K, dtype=F64) * (1.0 / math.sqrt(K))
+    q, stored, scale64 = quant4.quantize(fmt, w, group)
+    packed = quant4.pack(q, high_first=(fmt == "nf4"))
+    w64 = quant4.dequantize64(fmt, q, scale64)
+    w32 = quant4.dequantize32(fmt, q, stored, group)
+    tensors = {"x": x, "weight": packed, **stored}
+    req_t = {"x": desc(x, dtype), "weight": desc(packed, "i8"), "scales": desc(stored["scales"], SCALE_DESC[fmt])}
+    if "global_scale" in stored:
+        req_t["global_scale"] = desc(stored["global_scale"], "f32")
+    out = x64 @ w64.T
+    emus = {label: mm(x, w32.T) for label, mm in MATMULS.items()}
+    if bias:
+        b, b64 = rnd((N,), dtype, 0.5)
+        tensors["bias"] = b
+        req_t["bias"] = desc(b, dtype)
+        out = out + b64
+        emus = {label: e + b.float() for label, e in emus.items()}
+    tensors["expected"] = out.to(DT[dtype])
+    for label, emu in emus.items():
+        check_emulation(name, "gemm", tensors, {"expected": emu.to(DT[dtype])}, label)
+    request = {"op": "linear_int4", "tensors": req_t, "attrs": {"group_size": group, "format": fmt}}
+    order = "high nibble first (bitsandbytes)" if fmt == "nf4" else "low nibble first"
+    src = (f"tools/quant4.py quantize('{fmt}', w, {group}) of w ~ N(0, 1/K); codes packed {order}; "
+           f"w = code value * block scale" + (" * global_scale" if fmt == "nvfp4" else "")
+           + "; out = x @ w.T" + (" + bias" if bias else "") + " in float64, cast to x's dtype")
+    return name, tensors, request, "gemm", src
+
+
+@case
+def _():
+    return linear_w4("linear_int4_nf4_g64_f32_m3_k128_n16_bias", "nf4", "f32", 3, 128, 16, 64, bias=True)
+
+
+@case
+def _():
+    return linear_w4("linear_int4_nf4_g64_bf16_m1_k256_n24", "nf4", "bf16", 1, 256, 24, 64)
+
+
+@case
+def _():
+    return linear_w4("linear_int4_nf4_g32_f32_identity_k32_n8", "nf4", "f32", 32, 32, 8, 32, identity=True)
+
+
+@case
+def _():
+    return linear_w4("linear_int4_mxfp4_g32_f32_m5_k128_n16", "mxfp4", "f32", 5, 128, 16, 32)
+
+
+@case
+def _():
+    return linear_w4("linear_int4_mxfp4_g32_f16_m1_k64_n8_bias", "mxfp4", "f16", 1, 64, 8, 32, bias=True)
+
+
+@case
+def _():
+    return linear_w4("linear_int4_mxfp4_g32_f32_identity_k32_n8", "mxfp4", "f32", 32, 32, 8, 32, identity=True)
+
+
+@case
+def _():
+    return linear_w4("linear_int4_nvfp4_g16_f32_m4_k64_n16_bias", "nvfp4", "f32", 4, 64, 16, 16, bias=True)
+
+
+@case
+def _():
+    return linear_w4("linear_int4_nvfp4_g16_bf16_m2_k128_n8", "nvfp4", "bf16", 2, 128, 8, 16)
+
+
+@case
+def _():
+    return linear_w4("linear_int4_nvfp4_g16_f32_identity_k32_n8", "nvfp4", "f32", 32, 32, 8, 16, identity=True)
 
 
 

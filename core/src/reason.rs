@@ -224,7 +224,8 @@ reason_codes! {
     HIDDEN_SIZE_UNSUPPORTED => Constraint,
     /// The kernel needs the op's attribute in another form (e.g. a fused split, an approximation).
     ATTR_UNSUPPORTED => Constraint,
-    /// A scale tensor's shape or memory order does not match the quantization scheme or what the kernel reads.
+    /// A scale tensor's shape or memory order does not match the quantization scheme or what the kernel reads
+    /// (a 4-bit weight's scales: block size, scale dtype, per-channel for per-block, swizzled vs linear order).
     SCALE_LAYOUT_MISMATCH => Constraint,
     /// A policy deny rule matched the kernel.
     POLICY_DENIED => Policy,

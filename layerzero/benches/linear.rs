@@ -7,6 +7,8 @@
 //! - `mlp`: `cpu.mlp.chain` vs `cpu.mlp.fused`, 128 tokens, H = 1024, I = 2816.
 //! - `linear_decode` / `read_weights`: the decode GEMVs of a 125M Llama, weights from
 //!   memory, against a plain parallel read of the same bytes.
+//! - `linear_w4`: `cpu.linear_int4.fast` on 4096 x 4096 4-bit weights of each format (int4 g128,
+//!   nf4 g64, mxfp4 g32, nvfp4 g16) against `cpu.linear.fast` on the f32 weight, M = 1 and 64.
 //!
 //! `LZ_BENCH_BACKEND=onednn` measures `onednn.linear.matmul` in the `linear_*` groups (its
 //! weight packed on the first call, as a served model's is).
@@ -17,11 +19,12 @@ use std::sync::Arc;
 
 use divan::Bencher;
 use divan::counter::{BytesCount, ItemsCount};
-use layerzero::exec::args::{LinearArgs, MlpArgs, OpArgs};
+use layerzero::exec::args::{Int4Args, LinearArgs, MlpArgs, OpArgs};
 use layerzero::exec::executor::Executor;
-use layerzero::model::attrs::{Activation, MlpAttrs, NoAttrs};
+use layerzero::model::attrs::{Activation, Int4Attrs, MlpAttrs, NoAttrs};
 use layerzero::model::dtype::DType;
-use layerzero::tensor::HostTensor;
+use layerzero::model::w4::W4Format;
+use layerzero::tensor::{HostTensor, Storage};
 use rayon::prelude::*;
 
 fn main() {
@@ -72,6 +75,52 @@ fn bench_linear(bencher: Bencher, dtype: DType, m: usize) {
     bencher
         .counter(ItemsCount::new(2 * m * N * K))
         .counter(BytesCount::new(bytes))
+        .bench_local(|| exec.run(divan::black_box(&args)).expect("linear runs").len());
+}
+
+/// The arguments of a 4-bit linear of `format` (`[m, K] x [N, K]`), random codes and scales.
+fn w4_args(format: &str, m: usize) -> OpArgs {
+    let (format, group, scale) = match format {
+        "int4" => (W4Format::Int4, 128, DType::F32),
+        "nf4" => (W4Format::Nf4, 64, DType::F32),
+        "mxfp4" => (W4Format::Mxfp4, 32, DType::I8),
+        _ => (W4Format::Nvfp4, 16, DType::Fp8E4M3),
+    };
+    let bytes: Vec<i8> = tensor(DType::F32, &[N, K / 2], 3, 128.0).to_f32_vec().iter().map(|&v| v as i8).collect();
+    let scales = match scale {
+        // E8M0 exponents 2^-9 .. 2^-5.
+        DType::I8 => HostTensor::new(Storage::I8(vec![120i8; N * K / group].into()), &[N, K / group]).expect("scales"),
+        d => tensor(d, &[N, K / group], 4, 0.01),
+    };
+    OpArgs::LinearInt4(Int4Args {
+        x: tensor(DType::F32, &[m, K], 1, 1.0),
+        weight: HostTensor::new(Storage::I8(bytes.into()), &[N, K / 2]).expect("weight"),
+        scales,
+        zeros: None,
+        bias: None,
+        global_scale: None,
+        attrs: Int4Attrs::of(format, group as u64),
+    })
+}
+
+/// `FORMAT_mM`: 4-bit weights of FORMAT (or `f32` dense) at M rows.
+#[divan::bench(
+    args = ["f32_m1", "int4_m1", "nf4_m1", "mxfp4_m1", "nvfp4_m1", "f32_m64", "int4_m64", "nf4_m64", "mxfp4_m64", "nvfp4_m64"],
+    sample_count = 20,
+    sample_size = 1
+)]
+fn linear_w4(bencher: Bencher, case: &str) {
+    let (format, m) = case.split_once("_m").expect("FORMAT_mM");
+    let m: usize = m.parse().expect("M");
+    let (exec, args) = if format == "f32" {
+        let w = tensor(DType::F32, &[N, K], 2, 0.02);
+        let x = tensor(DType::F32, &[m, K], 1, 1.0);
+        (kernel("cpu.linear.fast"), OpArgs::Linear(LinearArgs { x, weight: w, bias: None, attrs: NoAttrs {} }))
+    } else {
+        (kernel("cpu.linear_int4.fast"), w4_args(format, m))
+    };
+    bencher
+        .counter(ItemsCount::new(2 * m * N * K))
         .bench_local(|| exec.run(divan::black_box(&args)).expect("linear runs").len());
 }
 

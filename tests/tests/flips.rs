@@ -13,6 +13,7 @@ use layerzero::model::layout::Layout;
 use layerzero::model::op::Op;
 use layerzero::model::request::Request;
 use layerzero::model::tensor::TensorDesc;
+use layerzero::model::w4::{ScaleOrder, W4Format};
 use layerzero_tests::catalog::{Backend, Kernel};
 use layerzero_tests::{TestResult, attention, causal, codes, paged, planner_with, policy, with_attrs};
 use serde_json::{Value, json};
@@ -32,6 +33,9 @@ fn permissive(op: Op) -> Value {
         }),
         Op::RmsNorm => json!({"fused_residual": true}),
         Op::Rope => json!({"rope_scaling": true}),
+        Op::LinearInt4 => json!({
+            "weight_formats": ["int4", "nf4", "mxfp4", "nvfp4"], "scale_orders": ["linear", "swizzled_32_4_4"]
+        }),
         _ => json!({}),
     }
 }
@@ -596,10 +600,21 @@ fn mlp_request(op: Op, act: Activation) -> Request {
 
 fn int4_request(group: u64) -> Request {
     Request::new(Op::LinearInt4)
-        .attrs(Attrs::Int4(Int4Attrs { group_size: group }))
+        .attrs(Attrs::Int4(Int4Attrs::int4(group)))
         .tensor("x", TensorDesc::new(DType::BF16, [4, 256]))
         .tensor("weight", TensorDesc::new(DType::I8, [32, 128]))
         .tensor("scales", TensorDesc::new(DType::F32, [32, 256 / group]))
+}
+
+/// An nf4 linear (groups of 64, f32 absmax), its scales in `order` when given.
+fn nf4_request(order: Option<ScaleOrder>) -> Request {
+    let mut attrs = Int4Attrs::of(W4Format::Nf4, 64);
+    attrs.scale_order = order.unwrap_or_default();
+    Request::new(Op::LinearInt4)
+        .attrs(Attrs::Int4(attrs))
+        .tensor("x", TensorDesc::new(DType::BF16, [4, 256]))
+        .tensor("weight", TensorDesc::new(DType::I8, [32, 128]))
+        .tensor("scales", TensorDesc::new(DType::F32, [32, 4]))
 }
 
 fn quant_and_mlp_flips() -> Vec<Flip> {
@@ -646,6 +661,13 @@ fn quant_and_mlp_flips() -> Vec<Flip> {
             "ATTR_UNSUPPORTED",
         ),
         flip("group_sizes", json!({"group_sizes": [32, 128]}), int4_request(64), "ATTR_UNSUPPORTED"),
+        flip("weight_formats", json!({"weight_formats": ["int4"]}), nf4_request(None), "ATTR_UNSUPPORTED"),
+        flip(
+            "scale_orders",
+            json!({"scale_orders": ["linear"]}),
+            nf4_request(Some(ScaleOrder::Swizzled32x4x4)),
+            "SCALE_LAYOUT_MISMATCH",
+        ),
     ]
 }
 

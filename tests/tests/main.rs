@@ -32,6 +32,8 @@ mod plugins;
 mod policy;
 mod policy_config;
 mod properties;
+mod quant4;
+mod quant_pipeline;
 mod readiness_gate;
 mod rope_fusion;
 mod rope_variants;

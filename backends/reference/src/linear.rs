@@ -6,15 +6,17 @@
 //!   bias [N]; out [..., N] in x's dtype.
 //! - `linear_w8a8`: i8 x [M, K], i8 weight [N, K], f32 x_scale [M] or [1], f32 w_scale [N]
 //!   or [1], float bias [N]; `out = acc * xs * ws + bias` (exact integer acc), out_dtype.
-//! - `linear_int4`: x [..., K], weight i8 [N, K/2] (two unsigned nibbles per byte, low
-//!   nibble = even k), scales [N, K/g], zeros [N, K/g] (8 when absent);
-//!   `w = (q - zero) * scale`; out [..., N] in x's dtype.
+//! - `linear_int4`: x [..., K], weight i8 [N, K/2] (two 4-bit codes per byte, low nibble =
+//!   even k; high nibble for nf4), scales [N, K/g]; int4: zeros [N, K/g] (8 when absent),
+//!   `w = (q - zero) * scale`; nf4 / mxfp4 / nvfp4: `w = code(q) * scale` with the format's
+//!   table and scale decoding (`model::w4`); out [..., N] in x's dtype.
 
 use std::sync::Arc;
 
 use layerzero_core::exec::args::{Int4Args, LinearArgs, OpArgs, Outputs, W8a8Args};
 use layerzero_core::exec::executor::{KernelError, Registry};
 use layerzero_core::model::op::Op;
+use layerzero_core::model::w4::{W4Format, e8m0};
 use layerzero_core::tensor::HostTensor;
 
 use super::{from_f64_as, wrong_op};
@@ -119,27 +121,45 @@ pub fn linear_w8a8(a: &W8a8Args) -> Result<HostTensor, KernelError> {
     from_f64_as(out_dtype("out_dtype", a.attrs.out_dtype)?, &[m, n], &out)
 }
 
-/// The unsigned 4-bit value of column `k` in a packed byte row (low nibble = even k).
+/// The 4-bit code of column `k` in a packed byte row: the even k in the low nibble, or in
+/// the high one when `high_first` (nf4, as bitsandbytes packs).
 #[inline]
-pub(crate) fn nibble(byte: i8, k: usize) -> u8 {
+pub(crate) fn nibble(byte: i8, k: usize, high_first: bool) -> u8 {
     let b = byte as u8;
-    if k.is_multiple_of(2) { b & 0x0F } else { b >> 4 }
+    if k.is_multiple_of(2) != high_first { b & 0x0F } else { b >> 4 }
 }
 
-/// `linear_int4`: the weight dequantized in f64, then `x @ w^T + bias`, rounded once.
+/// The f64 value of every block scale of a `linear_int4` weight: mxfp4's E8M0 bytes decoded,
+/// nvfp4's times its global scale, the others as stored.
+fn block_scales(a: &Int4Args) -> Vec<f64> {
+    match a.attrs.format {
+        W4Format::Mxfp4 => a.scales.to_i64_vec().into_iter().map(|e| e8m0(e as i8 as u8)).collect(),
+        W4Format::Nvfp4 => {
+            let global = a.global_scale.as_ref().map_or(1.0, |g| g.to_f64_vec()[0]);
+            a.scales.to_f64_vec().into_iter().map(|s| s * global).collect()
+        }
+        W4Format::Int4 | W4Format::Nf4 => a.scales.to_f64_vec(),
+    }
+}
+
+/// `linear_int4`: the weight dequantized in f64 by its format (`model::w4`), then
+/// `x @ w^T + bias`, rounded once.
 pub fn linear_int4(a: &Int4Args) -> Result<HostTensor, KernelError> {
     let (lead, m, k, n, g) = a.dims()?;
-    let groups = k / g;
+    let (format, groups) = (a.attrs.format, k / g);
     let packed = a.weight.to_i64_vec();
-    let scales = a.scales.to_f64_vec();
+    let scales = block_scales(a);
     let zeros = a.zeros.as_ref().map(HostTensor::to_f64_vec);
     let mut w = vec![0.0f64; n * k];
     for j in 0..n {
         for p in 0..k {
-            let q = f64::from(nibble(packed[j * (k / 2) + p / 2] as i8, p));
+            let q = nibble(packed[j * (k / 2) + p / 2] as i8, p, format.high_nibble_first());
             let gi = j * groups + p / g;
-            let z = zeros.as_ref().map_or(8.0, |z| z[gi]);
-            w[j * k + p] = (q - z) * scales[gi];
+            let code = match format {
+                W4Format::Int4 => f64::from(q) - zeros.as_ref().map_or(8.0, |z| z[gi]),
+                other => f64::from(other.code(q)),
+            };
+            w[j * k + p] = code * scales[gi];
         }
     }
     let x = a.x.to_f64_vec();
@@ -264,7 +284,8 @@ mod tests {
             scales: scales.clone(),
             zeros,
             bias: None,
-            attrs: Int4Attrs { group_size: 2 },
+            global_scale: None,
+            attrs: Int4Attrs::int4(2),
         };
         // Zero 8: w = [-7, -6, -4, 3.5].
         assert_eq!(linear_int4(&args(None))?.to_f32_vec(), vec![-7.0 - 60.0 - 400.0 + 3500.0]);
@@ -276,6 +297,45 @@ mod tests {
         let mut bad = args(None);
         bad.scales = f32s(&[2, 1], &[1.0, 1.0])?;
         assert!(matches!(linear_int4(&bad), Err(KernelError::InvalidInput(m)) if m.contains("`scales`")));
+        Ok(())
+    }
+
+    #[test]
+    fn four_bit_formats_decode_their_codes_in_their_nibble_order() -> TestResult {
+        use layerzero_core::model::dtype::DType;
+        use layerzero_core::model::w4::{NF4, W4Format};
+        use layerzero_core::tensor::Storage;
+        // A row of K codes whose first byte 0x21 holds codes 1 (low nibble) and 2 (high
+        // nibble), the rest code 0; x = [1, 10, 0, ...] reads w0 + 10 * w1.
+        let run = |format, k: usize, scales: HostTensor, global: Option<HostTensor>| -> TestResult<f64> {
+            let mut bytes = vec![0i8; k / 2];
+            bytes[0] = 0x21;
+            let mut xs = vec![0.0; k];
+            xs[..2].copy_from_slice(&[1.0, 10.0]);
+            let a = Int4Args {
+                x: f32s(&[1, k], &xs)?,
+                weight: HostTensor::new(Storage::I8(bytes.into()), &[1, k / 2])?,
+                scales,
+                zeros: None,
+                bias: None,
+                global_scale: global,
+                attrs: Int4Attrs::of(format, k as u64),
+            };
+            Ok(linear_int4(&a)?.to_f64_vec()[0])
+        };
+        // nf4 (bitsandbytes): the even element is the HIGH nibble: w = [NF4[2], NF4[1]] * absmax 2.
+        let want = (f64::from(NF4[2]) + 10.0 * f64::from(NF4[1])) * 2.0;
+        assert_eq!(run(W4Format::Nf4, 4, f32s(&[1, 1], &[2.0])?, None)?, f64::from(want as f32));
+        // mxfp4, low nibble first: w = [E2M1 0.5, E2M1 1] * 2^(128 - 127) = [1, 2].
+        let e8m0 = HostTensor::new(Storage::I8(vec![128u8 as i8].into()), &[1, 1])?;
+        assert_eq!(run(W4Format::Mxfp4, 32, e8m0, None)?, 1.0 + 10.0 * 2.0);
+        // nvfp4: w = E2M1 * e4m3 scale * global = [0.5, 1] * 1.5 * 4 = [3, 6].
+        let e4m3 = HostTensor::from_f32_as(DType::Fp8E4M3, &[1, 1], &[1.5])?;
+        assert_eq!(run(W4Format::Nvfp4, 16, e4m3, Some(f32s(&[1], &[4.0])?))?, 3.0 + 10.0 * 6.0);
+        // A block size that is not the format's is refused, naming it.
+        let e4m3 = HostTensor::from_f32_as(DType::Fp8E4M3, &[1, 1], &[1.5])?;
+        let err = run(W4Format::Nvfp4, 32, e4m3, None).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("SCALE_LAYOUT_MISMATCH") && err.contains("blocks of 16"), "{err}");
         Ok(())
     }
 }

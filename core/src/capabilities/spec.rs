@@ -16,6 +16,7 @@ use crate::model::device::DeviceKind;
 use crate::model::dtype::DType;
 use crate::model::layout::Layout;
 use crate::model::op::Op;
+use crate::model::w4::{ScaleOrder, W4Format};
 
 /// How a backend's kernels get executed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -449,6 +450,12 @@ pub struct Constraints {
     /// linear_int4: group sizes.
     #[serde(default)]
     pub group_sizes: Option<Vec<u64>>,
+    /// linear_int4: the 4-bit weight formats it decodes (`int4` only when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_formats: Option<Vec<W4Format>>,
+    /// linear_int4: the scale orders it reads (`linear` only when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_orders: Option<Vec<ScaleOrder>>,
 }
 
 /// Which ops may declare which op-specific constraint fields.
@@ -504,7 +511,7 @@ pub(crate) fn fields_for_op(op: Op) -> &'static [&'static str] {
         Op::Quantize | Op::Dequantize => {
             &["hidden_size", "quant_schemes", "quant_targets", "quant_blocks", "scale_layouts"]
         }
-        Op::LinearInt4 => &["group_sizes"],
+        Op::LinearInt4 => &["group_sizes", "weight_formats", "scale_orders"],
         Op::LinearW8a8 | Op::PatchEmbed | Op::Tokenize => &[],
         _ => &["hidden_size"],
     }
@@ -554,6 +561,8 @@ pub(crate) fn declared_op_fields(c: &Constraints) -> Vec<&'static str> {
     add(c.quant_blocks.is_some(), "quant_blocks");
     add(c.scale_layouts.is_some(), "scale_layouts");
     add(c.group_sizes.is_some(), "group_sizes");
+    add(c.weight_formats.is_some(), "weight_formats");
+    add(c.scale_orders.is_some(), "scale_orders");
     v
 }
 
@@ -569,6 +578,28 @@ pub struct Properties {
     pub needs_jit: bool,
     /// Scratch memory it allocates, in bytes.
     pub workspace_bytes: u64,
+    /// Per output dtype: how far its outputs may be from the f64 `cpu_reference` kernel of
+    /// the same op on the same inputs (declared for quantized kernels: spec 002 §5 asks for
+    /// exact bounds per backend); tests enforce the bound read from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_bound: Option<BTreeMap<DType, ErrorBound>>,
+}
+
+/// An elementwise bound: `|out - reference| <= atol + rtol * |reference|`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorBound {
+    /// Relative part.
+    pub rtol: f64,
+    /// Absolute part.
+    pub atol: f64,
+}
+
+impl ErrorBound {
+    /// Whether `out` is within the bound of `reference`.
+    pub fn holds(&self, reference: f64, out: f64) -> bool {
+        (out - reference).abs() <= self.atol + self.rtol * reference.abs()
+    }
 }
 
 /// Cost-model coefficients of a kernel.

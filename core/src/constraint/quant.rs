@@ -1,21 +1,24 @@
 //! Quantization constraints: scale tensors must have the shape and memory order the scheme
 //! implies (SCALE_LAYOUT_MISMATCH, never garbage computed quietly), and the kernel must
-//! implement the scheme, target, block shape, scale layout and group size.
+//! implement the scheme, target, block shape, scale layout and group size; a 4-bit weight's
+//! scales must be its format's (block size, scale dtype, per-block not per-channel) in an
+//! order the kernel reads (linear vs NVIDIA's swizzled 32_4_4).
 
 use super::{Sink, list};
 use crate::capabilities::spec::Constraints;
-use crate::model::attrs::{Attrs, QuantAttrs, QuantScheme, ScaleLayout};
+use crate::model::attrs::{Attrs, Int4Attrs, QuantAttrs, QuantScheme, ScaleLayout};
 use crate::model::dtype::DType;
 use crate::model::op::Op;
 use crate::model::request::Request;
 use crate::model::tensor::TensorDesc;
+use crate::model::w4::{ScaleOrder, W4Format, group_shape_mismatch};
 use crate::reason::ReasonCode;
 
 pub(super) fn check(c: &Constraints, req: &Request, out: &mut impl Sink) {
     match (&req.attrs, req.op) {
         (Attrs::Quant(a), Op::Quantize | Op::Dequantize) => quant(c, req, a, out),
         (Attrs::W8a8(_), Op::LinearW8a8) => w8a8(req, out),
-        (Attrs::Int4(a), Op::LinearInt4) => int4(req, a.group_size, out),
+        (Attrs::Int4(a), Op::LinearInt4) => int4(c, req, a, out),
         _ => {}
     }
 }
@@ -127,24 +130,39 @@ fn w8a8(req: &Request, out: &mut impl Sink) {
     }
 }
 
-fn int4(req: &Request, group: u64, out: &mut impl Sink) {
+fn int4(c: &Constraints, req: &Request, a: &Int4Attrs, out: &mut impl Sink) {
+    let formats = c.weight_formats.as_deref().unwrap_or(&[W4Format::Int4]);
+    if !formats.contains(&a.format) {
+        out.reject(ReasonCode::ATTR_UNSUPPORTED, || {
+            let names: Vec<&str> = formats.iter().map(|f| f.as_str()).collect();
+            format!("weight format {} not in [{}]", a.format.as_str(), names.join(", "))
+        });
+    }
+    let orders = c.scale_orders.as_deref().unwrap_or(&[ScaleOrder::Linear]);
+    if !orders.contains(&a.scale_order) {
+        mismatch(out, || {
+            let names: Vec<&str> = orders.iter().map(|o| o.as_str()).collect();
+            format!("scale_order {} requested; the kernel reads {} scales", a.scale_order.as_str(), names.join(" or "))
+        });
+    }
+    let group = a.group_size;
+    let (zeros, global) = (req.get("zeros").is_some(), req.get("global_scale").is_some());
+    if let Some(s) = req.get("scales")
+        && let Some(why) = a.format.scale_mismatch(group, s.dtype, zeros, global)
+    {
+        mismatch(out, || why);
+    }
     let (Some(x), Some(w)) = (req.get("x"), req.get("weight")) else { return };
     let (Some(&k), Some(&n)) = (x.shape.last(), w.shape.first()) else { return };
     if group == 0 || k % group != 0 {
         mismatch(out, || format!("group_size {group} does not divide in_features {k}"));
         return;
     }
-    let want = vec![n, k / group];
     for name in ["scales", "zeros"] {
         if let Some(s) = req.get(name)
-            && s.shape != want
+            && let Some(why) = group_shape_mismatch(name, &s.shape, n, k, group)
         {
-            mismatch(out, || {
-                format!(
-                    "tensor `{name}` shape {:?} must be [out_features, in_features / group_size] = {want:?}",
-                    s.shape
-                )
-            });
+            mismatch(out, || why);
         }
     }
 }

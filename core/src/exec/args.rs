@@ -226,11 +226,16 @@ op_args! {
 }
 
 op_args! {
-    /// `linear_int4`: weight-only int4. `weight` i8 `[N, K/2]` packs two unsigned 4-bit values
-    /// per byte, low nibble for the even k; `w[n, k] = (q[n, k] - zero[n, g]) * scale[n, g]`
-    /// with g = k / group_size and zero 8 when `zeros` is absent; `out = x @ w^T (+ bias)`
-    /// with f32 accumulation, in x's dtype.
-    Int4Args { attrs: Int4Attrs, required: [x, weight, scales], optional: [zeros, bias] }
+    /// `linear_int4`: weight-only 4-bit linear. `weight` i8 `[N, K/2]` packs two 4-bit codes
+    /// q per byte (low nibble for the even k, high nibble for nf4); with g = k / group_size:
+    /// - `int4`: `w[n, k] = (q[n, k] - zero[n, g]) * scale[n, g]`, zero 8 when `zeros` is absent;
+    /// - `nf4`: `w = NF4[q] * scale[n, g]` (f32 absmax);
+    /// - `mxfp4`: `w = E2M1[q] * 2^(scale[n, g] - 127)` (E8M0 bytes in i8, group 32);
+    /// - `nvfp4`: `w = E2M1[q] * scale[n, g] * global_scale` (fp8_e4m3 scales, group 16,
+    ///   optional f32 `global_scale` [1], 1 when absent);
+    ///
+    /// then `out = x @ w^T (+ bias)` with f32 accumulation, in x's dtype (`model::w4`).
+    Int4Args { attrs: Int4Attrs, required: [x, weight, scales], optional: [zeros, bias, global_scale] }
 }
 
 op_args! {

@@ -155,7 +155,12 @@ fn values(req: &Request, name: &str, desc: &TensorDesc, rng: &mut Rng) -> Result
             DType::I8 => (0..n).map(|_| rng.below(256) as f32 - 128.0).collect(),
             _ => ints_below(rng, n, 256),
         },
-        (Op::LinearInt4, "scales") => uniform(rng, n, 0.01, 0.05),
+        (Op::LinearInt4, "scales") => match desc.dtype {
+            // mxfp4's E8M0 exponent bytes: 2^-9 .. 2^-4.
+            DType::I8 => (0..n).map(|_| 118.0 + rng.below(6) as f32).collect(),
+            _ => uniform(rng, n, 0.01, 0.05),
+        },
+        (Op::LinearInt4, "global_scale") => vec![1.0; n],
         (Op::LinearInt4, "zeros") => ints_below(rng, n, 16),
         (Op::LinearInt4, "x") => normal(rng, n, 0.5, 0.0),
         _ => generic(rng, desc, n),

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::dtype::DType;
+use super::w4::{ScaleOrder, W4Format};
 
 /// Which way a causal mask is aligned when seq_q != seq_k.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
@@ -323,6 +324,24 @@ pub struct W8a8Attrs {
 pub struct Int4Attrs {
     /// Input features per scale (and zero point) group.
     pub group_size: u64,
+    /// The 4-bit code of the weight (`int4` when absent; see `model::w4`).
+    #[serde(default, skip_serializing_if = "W4Format::is_int4")]
+    pub format: W4Format,
+    /// The order the scales are stored in (`linear` when absent).
+    #[serde(default, skip_serializing_if = "ScaleOrder::is_linear")]
+    pub scale_order: ScaleOrder,
+}
+
+impl Int4Attrs {
+    /// Plain int4 in groups of `group_size`, scales in linear order.
+    pub fn int4(group_size: u64) -> Int4Attrs {
+        Int4Attrs { group_size, format: W4Format::Int4, scale_order: ScaleOrder::Linear }
+    }
+
+    /// `format` in groups of `group_size`, scales in linear order.
+    pub fn of(format: W4Format, group_size: u64) -> Int4Attrs {
+        Int4Attrs { group_size, format, scale_order: ScaleOrder::Linear }
+    }
 }
 
 /// Attributes of `patch_embed`.

@@ -8,6 +8,7 @@ use super::attrs::{
     SampleAttrs, ScaleLayout, SwigluAttrs, TokenizeAttrs, W8a8Attrs,
 };
 use super::dtype::DType;
+use super::w4::{ScaleOrder, W4Format};
 
 /// Most words a fingerprint reads.
 const SIG_WORDS: usize = 40;
@@ -131,7 +132,17 @@ macro_rules! unit_enums {
     };
 }
 
-unit_enums!(DType, CausalAlignment, RopeStyle, GeluApproximate, QuantScheme, ScaleLayout, Activation);
+unit_enums!(
+    DType,
+    CausalAlignment,
+    RopeStyle,
+    GeluApproximate,
+    QuantScheme,
+    ScaleLayout,
+    Activation,
+    W4Format,
+    ScaleOrder
+);
 
 macro_rules! struct_words {
     ($($t:ident { $($f:ident),* })*) => {
@@ -160,7 +171,7 @@ struct_words! {
     MoeRouteAttrs { top_k, renormalize }
     TokenizeAttrs { tokenizer_id, return_offsets }
     W8a8Attrs { out_dtype }
-    Int4Attrs { group_size }
+    Int4Attrs { group_size, format, scale_order }
     PatchEmbedAttrs { patch }
     NoAttrs {}
 }

@@ -10,3 +10,4 @@ pub mod op;
 pub mod problem;
 pub mod request;
 pub mod tensor;
+pub mod w4;

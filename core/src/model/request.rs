@@ -120,7 +120,7 @@ fn default_attrs(op: Op) -> Attrs {
         Op::Geglu => Attrs::Geglu(GegluAttrs::default()),
         Op::Mlp | Op::MoeExperts => Attrs::Mlp(MlpAttrs::default()),
         Op::LinearW8a8 => Attrs::W8a8(W8a8Attrs::default()),
-        Op::LinearInt4 => Attrs::Int4(Int4Attrs { group_size: 128 }),
+        Op::LinearInt4 => Attrs::Int4(Int4Attrs::int4(128)),
         // ViT-Base's patch; a weight of another kernel size is refused by name.
         Op::PatchEmbed => Attrs::PatchEmbed(PatchEmbedAttrs { patch: 16 }),
         Op::Linear | Op::Silu | Op::Embedding => Attrs::None(NoAttrs {}),

@@ -4,8 +4,10 @@ use rayon::prelude::*;
 
 use super::view::Mat;
 use crate::pack::read_f32;
+use layerzero_core::model::w4::{W4Format, e8m0_f32};
 
-/// A weight-only int4 matrix: `w[n, k] = (q[n, k] - zero[n, k / g]) * scale[n, k / g]`.
+/// A weight-only 4-bit matrix: `w[n, k] = code(q[n, k]) * scale[n, k / g]` by its format
+/// (`layerzero_core::model::w4`); int4's code is `q - zero[n, k / g]`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Int4W<'a> {
     /// Packed bytes [N, K/2] (i8 storage).
@@ -15,28 +17,74 @@ pub(crate) struct Int4W<'a> {
     pub(crate) zeros: Option<Mat<'a>>,
     pub(crate) k: usize,
     pub(crate) g: usize,
+    pub(crate) format: W4Format,
+    /// nvfp4's per-tensor scale (1 otherwise).
+    pub(crate) global: f32,
 }
 
 impl Int4W<'_> {
+    /// Decodes stored scales in place (mxfp4's E8M0 bytes, nvfp4's global scale).
+    fn decode_scales(&self, sc: &mut [f32]) {
+        match self.format {
+            // The i8 storage holds the exponent byte: reinterpret, never convert.
+            W4Format::Mxfp4 => sc.iter_mut().for_each(|s| *s = e8m0_f32(*s as i8 as u8)),
+            W4Format::Nvfp4 => sc.iter_mut().for_each(|s| *s *= self.global),
+            W4Format::Int4 | W4Format::Nf4 => {}
+        }
+    }
+
+    /// The 16 values of group `gi` of row `n` with scale `s`, by code (`codes`: the format's
+    /// unscaled values).
+    fn lut(&self, codes: &[f32; 16], n: usize, gi: usize, s: f32) -> [f32; 16] {
+        if self.format != W4Format::Int4 {
+            return std::array::from_fn(|q| codes[q] * s);
+        }
+        let mut zc = [8f32; 1];
+        if let Some(z) = &self.zeros {
+            read_f32(z.st, z.at(n, gi), 1, &mut zc);
+        }
+        // (q - zero) * scale, exactly as element-wise.
+        std::array::from_fn(|q| (q as f32 - zc[0]) * s)
+    }
+
     /// Dequantizes weight row `n` (length K) into `out`.
     pub(super) fn row(&self, n: usize, out: &mut [f32]) {
+        const CHUNK: usize = 64;
         let groups = self.k / self.g;
-        let mut sc = [0f32; 1];
-        let mut zc = [8f32; 1];
-        for gi in 0..groups {
-            read_f32(self.scales.st, self.scales.at(n, gi), 1, &mut sc);
-            if let Some(z) = &self.zeros {
-                read_f32(z.st, z.at(n, gi), 1, &mut zc);
+        let codes: [f32; 16] = std::array::from_fn(|q| self.format.code(q as u8));
+        // The row's scales are read CHUNK groups at a time (one call, not one per group).
+        let mut sc = [0f32; CHUNK];
+        for g0 in (0..groups).step_by(CHUNK) {
+            let cnt = CHUNK.min(groups - g0);
+            read_f32(self.scales.st, self.scales.at(n, g0), self.scales.cs, &mut sc[..cnt]);
+            self.decode_scales(&mut sc[..cnt]);
+            for (i, &s) in sc[..cnt].iter().enumerate() {
+                let gi = g0 + i;
+                let lut = self.lut(&codes, n, gi, s);
+                self.group(n, gi, lut, &mut out[gi * self.g..(gi + 1) * self.g]);
             }
-            let (s, z) = (sc[0], zc[0]);
-            // The 16 values of this group: (q - zero) * scale, exactly as element-wise.
-            let lut: [f32; 16] = std::array::from_fn(|q| (q as f32 - z) * s);
-            let dst = &mut out[gi * self.g..(gi + 1) * self.g];
-            let b0 = gi * self.g / 2;
+        }
+    }
+
+    /// Decodes group `gi` of row `n` through its table into `dst` (length g).
+    #[inline]
+    fn group(&self, n: usize, gi: usize, lut: [f32; 16], dst: &mut [f32]) {
+        // The nibble of the even element: low, or high for nf4 (bitsandbytes' order).
+        let (even, odd) = if self.format.high_nibble_first() { (4, 0) } else { (0, 4) };
+        let put = |pair: &mut [f32], b: u8| {
+            pair[0] = lut[usize::from((b >> even) & 0x0F)];
+            pair[1] = lut[usize::from((b >> odd) & 0x0F)];
+        };
+        let b0 = gi * self.g / 2;
+        if self.packed.cs == 1 {
+            // A contiguous row of bytes: one slice, no index arithmetic per byte.
+            let start = self.packed.at(n, b0);
+            for (pair, &b) in dst.chunks_exact_mut(2).zip(&self.bytes[start..start + self.g / 2]) {
+                put(pair, b as u8);
+            }
+        } else {
             for (j, pair) in dst.chunks_exact_mut(2).enumerate() {
-                let b = self.bytes[self.packed.at(n, b0 + j)] as u8;
-                pair[0] = lut[usize::from(b & 0x0F)];
-                pair[1] = lut[usize::from(b >> 4)];
+                put(pair, self.bytes[self.packed.at(n, b0 + j)] as u8);
             }
         }
     }

@@ -2,8 +2,8 @@
 //!
 //! - `linear`: `x . W^T` (NT) or `x . W` (NN) on the GEMM driver (`gemm`: prefill GEMM,
 //!   decode GEMV, AMX tiles, bf16 pair panels packed once per weight).
-//! - `linear_int4`: the same driver, the packed weight dequantized per row (GEMV) or per
-//!   panel (GEMM).
+//! - `linear_int4`: the same driver, the packed weight (int4, nf4, mxfp4 or nvfp4) dequantized
+//!   per row (GEMV) or per panel (GEMM) through a 16-entry table per scale block.
 //! - `linear_w8a8`: exact i32 dot products (i64 across 64Ki-element chunks, so no K can
 //!   overflow) parallel over weight-row chunks, then `(acc * xs) * ws + bias` in f32.
 //!
@@ -213,6 +213,8 @@ pub(super) fn linear_int4(a: &Int4Args) -> Result<HostTensor, KernelError> {
         zeros: a.zeros.as_ref().map(Mat::of),
         k,
         g,
+        format: a.attrs.format,
+        global: a.global_scale.as_ref().map_or(1.0, |t| t.to_f32_vec()[0]),
     };
     let c = linear_f32(&x, &Weights::Int4(w), bias.as_deref())?;
     to_tensor(a.x.dtype(), &out_shape(&a.x, n), c)

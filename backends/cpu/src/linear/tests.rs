@@ -253,7 +253,8 @@ fn int4_args(m: usize, k: usize, n: usize, g: usize, zeros: bool, dtype: DType) 
             })
             .transpose()?,
         bias: Some(t(&[n], 25, DType::F32)?),
-        attrs: Int4Attrs { group_size: g as u64 },
+        global_scale: None,
+        attrs: Int4Attrs::int4(g as u64),
     })
 }
 

@@ -13,6 +13,7 @@ use layerzero::model::attrs::{
 };
 use layerzero::model::dtype::DType;
 use layerzero::model::layout::Layout;
+use layerzero::model::w4::W4Format;
 use layerzero::tensor::HostTensor;
 use layerzero::tensor::rng::Rng;
 
@@ -42,6 +43,8 @@ pub fn rows_and_gemm(seed: u64) -> Vec<Case> {
     for dtype in DTYPES {
         out.extend(patch_embeds(&mut patch_rng, dtype));
     }
+    // So have the 4-bit formats.
+    out.extend(linear_w4(&mut Rng::new(seed ^ 0x5734_4e46_4d58_4e56)));
     out
 }
 
@@ -338,9 +341,43 @@ fn linear_int4(rng: &mut Rng) -> Vec<Case> {
                 HostTensor::from_f32(&[n, k / group], z).unwrap_or_else(unreachable_tensor)
             }),
             bias: None,
-            attrs: Int4Attrs { group_size: group as u64 },
+            global_scale: None,
+            attrs: Int4Attrs::int4(group as u64),
         };
         out.push(case(format!("linear_int4/group{group}_zeros_{zeros}"), Category::Gemm, OpArgs::LinearInt4(args)));
+    }
+    out
+}
+
+/// 4-bit linears of the other formats, each at its block size: nf4 (f32 absmax), mxfp4 (E8M0
+/// bytes 2^-9 .. 2^-4), nvfp4 (e4m3 scales and a global scale).
+fn linear_w4(rng: &mut Rng) -> Vec<Case> {
+    let (m, k, n) = QUANT_LINEAR_DIMS;
+    let mut out = Vec::new();
+    for (format, group) in [(W4Format::Nf4, 64usize), (W4Format::Mxfp4, 32), (W4Format::Nvfp4, 16)] {
+        let packed: Vec<f32> = (0..n * k / 2).map(|_| rng.below(256) as f32 - 128.0).collect();
+        let shape = [n, k / group];
+        let scales = match format {
+            W4Format::Mxfp4 => {
+                let e: Vec<f32> = (0..n * k / group).map(|_| 118.0 + rng.below(6) as f32).collect();
+                HostTensor::from_f32_as(DType::I8, &shape, &e).unwrap_or_else(unreachable_tensor)
+            }
+            W4Format::Nvfp4 => tensor(rng, DType::Fp8E4M3, &shape, 0.05),
+            _ => tensor(rng, DType::F32, &shape, 0.05),
+        };
+        let global = (format == W4Format::Nvfp4)
+            .then(|| HostTensor::from_f32(&[1], vec![1.5]).unwrap_or_else(unreachable_tensor));
+        let args = Int4Args {
+            x: tensor(rng, DType::F32, &[m, k], 0.05),
+            weight: HostTensor::from_f32_as(DType::I8, &[n, k / 2], &packed).unwrap_or_else(unreachable_tensor),
+            scales,
+            zeros: None,
+            bias: None,
+            global_scale: global,
+            attrs: Int4Attrs::of(format, group as u64),
+        };
+        let name = format!("linear_int4/{}_group{group}", format.as_str());
+        out.push(case(name, Category::Gemm, OpArgs::LinearInt4(args)));
     }
     out
 }

@@ -5,6 +5,7 @@ use crate::exec::args::{Int4Args, W8a8Args};
 use crate::exec::executor::KernelError;
 use crate::model::dtype::DType;
 use crate::model::layout::Layout;
+use crate::model::w4::{ScaleOrder, group_shape_mismatch};
 use crate::tensor::HostTensor;
 
 /// The activations [..., K] of a linear-like op: (leading shape, M, K).
@@ -140,6 +141,8 @@ impl W8a8Args {
 
 impl Int4Args {
     /// The checked problem of a `linear_int4` call: (leading shape, M, K, N, group size).
+    /// Scales that are not the format's (dtype, block size, zeros, a global scale), in
+    /// another order than linear, or of another shape are SCALE_LAYOUT_MISMATCH.
     pub fn dims(&self) -> Result<(Vec<usize>, usize, usize, usize, usize), KernelError> {
         let a = self;
         expect_dense_float("x", &a.x)?;
@@ -167,19 +170,37 @@ impl Int4Args {
                 a.attrs.group_size
             )));
         }
+        let (format, order) = (a.attrs.format, a.attrs.scale_order);
+        let (zeros, global) = (a.zeros.is_some(), a.global_scale.is_some());
+        if let Some(why) = format.scale_mismatch(a.attrs.group_size, a.scales.dtype(), zeros, global) {
+            return Err(invalid(format!("SCALE_LAYOUT_MISMATCH: {why}")));
+        }
+        if order != ScaleOrder::Linear {
+            return Err(invalid(format!(
+                "SCALE_LAYOUT_MISMATCH: attrs.scale_order is {}; this kernel reads linear ([N, K / group_size] \
+                 row-major) scales",
+                order.as_str()
+            )));
+        }
+        if let Some(gs) = &a.global_scale
+            && (gs.dtype() != DType::F32 || gs.shape() != [1])
+        {
+            return Err(invalid(format!(
+                "tensor `global_scale` is {} {:?}; expected f32 [1] (one scale per tensor)",
+                gs.dtype(),
+                gs.shape()
+            )));
+        }
         let want = [n, k / g];
         for (name, t) in [("scales", Some(&a.scales)), ("zeros", a.zeros.as_ref())] {
             let Some(t) = t else { continue };
-            if !t.dtype().is_float() {
+            if name == "zeros" && !t.dtype().is_float() {
                 return Err(invalid(format!("tensor `{name}` has dtype {}; expected a float dtype", t.dtype())));
             }
             if t.shape() != want {
-                return Err(invalid(format!(
-                    "SCALE_LAYOUT_MISMATCH: tensor `{name}` has shape {:?} strides {:?}; expected [N, K / group_size] = \
-                 {want:?} (group_size {g})",
-                    t.shape(),
-                    t.strides()
-                )));
+                let shape: Vec<u64> = t.shape().iter().map(|&d| d as u64).collect();
+                let why = group_shape_mismatch(name, &shape, n as u64, k as u64, g as u64).unwrap_or_default();
+                return Err(invalid(format!("SCALE_LAYOUT_MISMATCH: {why} (strides {:?})", t.strides())));
             }
         }
         check_bias(a.bias.as_ref(), n)?;

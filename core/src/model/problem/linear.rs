@@ -67,9 +67,19 @@ impl Problem {
                 v.err(format!("linear_int4 packs two input features per byte; x's last dim {k} is odd"));
             }
             v.eq("packed weight columns must be in_features / 2", w.shape[1], k / 2);
-            for name in ["scales", "zeros"] {
-                if let Some(s) = v.tensor(name) {
-                    v.dtype_in(name, s, &[DType::F32, DType::F16, DType::BF16]);
+            // Which scale dtype a format takes is judged by the constraints
+            // (SCALE_LAYOUT_MISMATCH names the format); any 4-bit format's is one of these.
+            let scale_dtypes = [DType::F32, DType::F16, DType::BF16, DType::Fp8E4M3, DType::I8];
+            if let Some(s) = v.tensor("scales") {
+                v.dtype_in("scales", s, &scale_dtypes);
+            }
+            if let Some(s) = v.tensor("zeros") {
+                v.dtype_in("zeros", s, &[DType::F32, DType::F16, DType::BF16]);
+            }
+            if let Some(s) = v.tensor("global_scale") {
+                v.dtype_in("global_scale", s, &[DType::F32]);
+                if s.shape != [1] {
+                    v.err(format!("tensor `global_scale` shape {:?} must be [1] (one per tensor)", s.shape));
                 }
             }
         }

@@ -191,7 +191,14 @@ pub fn tensor_roles(op: Op) -> &'static [(&'static str, bool)] {
             &[("x", true), ("experts", true), ("weights", true), ("w_gate", true), ("w_up", true), ("w_down", true)]
         }
         Op::LinearW8a8 => &[("x", true), ("x_scale", true), ("weight", true), ("w_scale", true), ("bias", false)],
-        Op::LinearInt4 => &[("x", true), ("weight", true), ("scales", true), ("zeros", false), ("bias", false)],
+        Op::LinearInt4 => &[
+            ("x", true),
+            ("weight", true),
+            ("scales", true),
+            ("zeros", false),
+            ("bias", false),
+            ("global_scale", false),
+        ],
         Op::Embedding => &[("ids", true), ("table", true)],
         Op::PatchEmbed => &[("image", true), ("weight", true), ("bias", false)],
         Op::Sample => &[("logits", true)],

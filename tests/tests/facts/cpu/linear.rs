@@ -2,6 +2,7 @@
 //! MoE experts and the patch embedding.
 
 use layerzero::model::attrs::{Activation, Int4Attrs, MlpAttrs, QuantAttrs, QuantScheme, ScaleLayout};
+use layerzero::model::w4::W4Format;
 
 use super::*;
 
@@ -112,10 +113,19 @@ fn w8a8_in(layout: Option<Layout>) -> Request {
 /// An int4 linear of `[4, 256]` x of `dtype` against 32 packed rows in groups of `group`.
 fn int4_in(dtype: DType, group: u64) -> Request {
     Request::new(Op::LinearInt4)
-        .attrs(Attrs::Int4(Int4Attrs { group_size: group }))
+        .attrs(Attrs::Int4(Int4Attrs::int4(group)))
         .tensor("x", TensorDesc::new(dtype, [4, 256]))
         .tensor("weight", TensorDesc::new(DType::I8, [32, 128]))
         .tensor("scales", TensorDesc::new(DType::F32, [32, 256 / group]))
+}
+
+/// A bf16 `[4, 256]` x against 4-bit weights of `format` in groups of `group`, scales `scale`.
+fn w4_in(format: W4Format, group: u64, scale: DType) -> Request {
+    Request::new(Op::LinearInt4)
+        .attrs(Attrs::Int4(Int4Attrs::of(format, group)))
+        .tensor("x", TensorDesc::new(DType::BF16, [4, 256]))
+        .tensor("weight", TensorDesc::new(DType::I8, [32, 128]))
+        .tensor("scales", TensorDesc::new(scale, [32, 256 / group]))
 }
 
 /// A gated MLP (`op` mlp or moe_experts: 4 experts, top-2) of 16 tokens, hidden 64,
@@ -384,7 +394,30 @@ pub(super) fn gemm_facts() -> TestResult<Vec<Fact>> {
         // divides K computes; the list declares the three the tests and GPTQ/AWQ checkpoints
         // use (conservative; an odd group would start mid-byte and is never declared).
         fact(int4, "group_sizes", here(WEIGHTS, "let b0 = gi * self.g / 2;"), "spr", int4_in(DType::BF16, 128))
-            .rejects(int4_in(DType::BF16, 16), "ATTR_UNSUPPORTED"),
+            .rejects(int4_in(DType::BF16, 8), "ATTR_UNSUPPORTED"),
+        // 16 is nvfp4's block.
+        fact(int4, "group_sizes", here(WEIGHTS, "let b0 = gi * self.g / 2;"), "spr", int4_in(DType::BF16, 16)),
+        fact(
+            int4,
+            "weight_formats",
+            here(WEIGHTS, "let (even, odd) = if self.format.high_nibble_first() { (4, 0) } else { (0, 4) };"),
+            "spr",
+            w4_in(W4Format::Nf4, 64, DType::F32),
+        ),
+        fact(
+            int4,
+            "weight_formats",
+            here(WEIGHTS, "W4Format::Mxfp4 => sc.iter_mut().for_each(|s| *s = e8m0_f32(*s as i8 as u8)),"),
+            "spr",
+            w4_in(W4Format::Mxfp4, 32, DType::I8),
+        ),
+        fact(
+            int4,
+            "weight_formats",
+            here(WEIGHTS, "W4Format::Nvfp4 => sc.iter_mut().for_each(|s| *s *= self.global),"),
+            "spr",
+            w4_in(W4Format::Nvfp4, 16, DType::Fp8E4M3),
+        ),
         fact(int4, "group_sizes", here(WEIGHTS, "let b0 = gi * self.g / 2;"), "spr", int4_in(DType::BF16, 64)),
         fact(int4, "group_sizes", here(WEIGHTS, "let b0 = gi * self.g / 2;"), "spr", int4_in(DType::BF16, 32)),
         // f32, f16 and bf16 pass the shared MLP check; fp8 is Unsupported there.

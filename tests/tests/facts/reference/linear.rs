@@ -2,6 +2,7 @@
 //! the MoE experts and the patch embedding.
 
 use layerzero::model::attrs::{Activation, Int4Attrs, MlpAttrs, PatchEmbedAttrs, QuantAttrs, QuantScheme, ScaleLayout};
+use layerzero::model::w4::W4Format;
 
 use super::*;
 
@@ -50,10 +51,19 @@ fn w8a8(weight: TensorDesc) -> Request {
 /// A bf16 `[4, 256]` x against int4 weights `[32, 256]` packed in i8 `[32, 128]`, groups of 64.
 fn int4() -> Request {
     Request::new(Op::LinearInt4)
-        .attrs(Attrs::Int4(Int4Attrs { group_size: 64 }))
+        .attrs(Attrs::Int4(Int4Attrs::int4(64)))
         .tensor("x", TensorDesc::new(DType::BF16, [4, 256]))
         .tensor("weight", TensorDesc::new(DType::I8, [32, 128]))
         .tensor("scales", f32_of(&[32, 4]))
+}
+
+/// A bf16 `[4, 256]` x against 4-bit weights of `format` in groups of `group`, scales `scale`.
+fn w4(format: W4Format, group: u64, scale: DType) -> Request {
+    Request::new(Op::LinearInt4)
+        .attrs(Attrs::Int4(Int4Attrs::of(format, group)))
+        .tensor("x", TensorDesc::new(DType::BF16, [4, 256]))
+        .tensor("weight", TensorDesc::new(DType::I8, [32, 128]))
+        .tensor("scales", TensorDesc::new(scale, [32, 256 / group]))
 }
 
 /// A bf16 gated MLP (`mlp`: [16, 64] x, intermediate 128) or its expert form (`moe_experts`:
@@ -227,6 +237,30 @@ pub(super) fn matrix_ops() -> TestResult<Vec<Fact>> {
             here(LINEAR, "let packed = a.weight.to_i64_vec();"),
             "spr",
             strided(int4(), "weight")?,
+        ),
+        fact(
+            "cpu_reference.linear_int4.naive",
+            "weight_formats",
+            here(LINEAR, "other => f64::from(other.code(q)),"),
+            "spr",
+            w4(W4Format::Nf4, 64, DType::F32),
+        ),
+        fact(
+            "cpu_reference.linear_int4.naive",
+            "weight_formats",
+            here(
+                LINEAR,
+                "W4Format::Mxfp4 => a.scales.to_i64_vec().into_iter().map(|e| e8m0(e as i8 as u8)).collect(),",
+            ),
+            "spr",
+            w4(W4Format::Mxfp4, 32, DType::I8),
+        ),
+        fact(
+            "cpu_reference.linear_int4.naive",
+            "weight_formats",
+            here(LINEAR, "let global = a.global_scale.as_ref().map_or(1.0, |g| g.to_f64_vec()[0]);"),
+            "spr",
+            w4(W4Format::Nvfp4, 16, DType::Fp8E4M3),
         ),
         // mlp
         fact(
