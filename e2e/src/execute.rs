@@ -13,6 +13,7 @@ use layerzero::exec::synth::synthesize;
 use layerzero::model::device::DeviceKind;
 use layerzero::model::op::Op;
 use layerzero::model::request::Request;
+use layerzero::policy::Policy;
 use layerzero::select::{SelectionReport, Verdict};
 use layerzero::transform::{apply_transforms, cast_outputs_back};
 use layerzero_tests::cases::{Case, check_report, policy_of};
@@ -210,6 +211,11 @@ fn dispatched(
 
 /// The oracle's outputs for `args`, through the adaptations selection plans for it.
 fn oracle(lz: &LayerZero, report: &SelectionReport, args: &OpArgs) -> Result<Outputs, String> {
+    if let OpArgs::Attention(a) = args
+        && a.attrs.rope.is_some()
+    {
+        return rope_chain(a);
+    }
     let kernel = format!("cpu_reference.{}.naive", args.op());
     let verdict = report.candidate(&kernel).ok_or_else(|| format!("{kernel} is not a candidate"))?;
     if verdict.verdict == Verdict::Rejected {
@@ -232,4 +238,18 @@ fn oracle(lz: &LayerZero, report: &SelectionReport, args: &OpArgs) -> Result<Out
     } else {
         cast_outputs_back(out, &verdict.transforms).map_err(|e| e.to_string())
     }
+}
+
+/// The oracle of attention with RoPE fused into it: the f64 chain (the oracle's `rope` on q
+/// and on k at their positions, then its attention), run by `attention_with_rope` on a handle
+/// allowed the oracle's kernels only.
+fn rope_chain(a: &layerzero::exec::args::AttentionArgs) -> Result<Outputs, String> {
+    let only = r#"{"rules": [{"action": "allow", "kernels": "cpu_reference.*"}]}"#;
+    let policy = Policy::from_json(only, "the oracle's chain").map_err(|e| e.to_string())?;
+    let f64_only = LayerZero::detected().and_then(|h| h.with_policy(policy)).map_err(|e| e.to_string())?;
+    let ran = f64_only.attention_with_rope(a).map_err(|e| format!("the oracle's RoPE chain: {e}"))?;
+    if ran.fused() || ran.kernels.iter().any(|k| !k.starts_with("cpu_reference.")) {
+        return Err(format!("the oracle's RoPE chain ran {:?}", ran.kernels));
+    }
+    Ok(Outputs::one("out", ran.out))
 }
