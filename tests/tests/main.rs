@@ -33,6 +33,7 @@ mod runtime;
 mod scopes;
 mod selection_table;
 mod shipped_tables;
+mod soak;
 mod speculative;
 mod tokenizer_fidelity;
 mod tune;
