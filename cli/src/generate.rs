@@ -9,7 +9,7 @@ use super::args::{GenerateCmd, WorkloadCmd};
 use super::{Outcome, print_json, soak};
 use layerzero::error::{Error, ErrorKind, Result};
 use layerzero::model::dtype::DType;
-use layerzero::runtime::LayerZero;
+use layerzero::runtime::{LayerZero, Scope};
 use layerzero::tensor::{HostTensor, Storage, io};
 use layerzero_llm::{self as llm, Generation, KvKind, Model, Tokenizer};
 
@@ -380,15 +380,23 @@ fn speculative(
             .map_err(|e| Error::invalid(format!("a draft must share the target's tokenizer: {}", e.message())))?;
     }
     llm::speculative::check_draft(model, &draft)?;
+    // A model scope each (§6.17): neither model's plan or cached selections serve the other.
+    let hash = tokenizer.map(Tokenizer::hash);
+    let mut target_lz = lz.scoped(Scope::new(format!("target:{}", a.model.display()), hash)?)?;
+    if let Some(table) = &a.table {
+        target_lz = target_lz.with_plan_file(table, super::knobs().plan_mode)?;
+    }
+    let draft_lz = lz.scoped(Scope::new(format!("draft:{}", dir.display()), hash)?)?;
+    let (target, draft_of) = ((model, &target_lz), (&draft, &draft_lz));
     // Short untimed runs of both paths first, so that neither timing pays for first
     // selections and caches the other already warmed.
     let warm = Generation { max_new_tokens: g.max_new_tokens.min(2), dump: false, ..g.clone() };
-    llm::generate::generate(model, lz, prompt, &warm, |_| {})?;
-    llm::speculate(model, &draft, lz, prompt, &warm, a.draft_tokens, |_| {})?;
-    let alone = llm::generate::generate(model, lz, prompt, g, |_| {})?;
+    llm::generate::generate(model, &target_lz, prompt, &warm, |_| {})?;
+    llm::speculate_scoped(target, draft_of, prompt, &warm, a.draft_tokens, |_| {})?;
+    let alone = llm::generate::generate(model, &target_lz, prompt, g, |_| {})?;
     let alone_ns = alone.prefill_ns + alone.decode_ns;
     let stream = !a.json && std::io::stdout().is_terminal();
-    let out = llm::speculate(model, &draft, lz, prompt, g, a.draft_tokens, printer(tokenizer, stream))?;
+    let out = llm::speculate_scoped(target, draft_of, prompt, g, a.draft_tokens, printer(tokenizer, stream))?;
     let text = match tokenizer {
         Some(t) => Some(t.decode(&out.generated_ids, true)?),
         None => None,
@@ -428,10 +436,11 @@ fn speculative(
                 "speedup": speedup,
                 "target_only_ids": alone.generated_ids(),
                 "matches_target_only": same,
+                "draft_counters": draft_lz.counters(),
             },
             "ops": ops_json(&out.target_stats),
             "draft_ops": ops_json(&out.draft_stats),
-            "counters": lz.counters(),
+            "counters": target_lz.counters(),
             "dump": null,
         }));
     } else {
