@@ -4,6 +4,7 @@
 pub mod cases;
 pub mod catalog;
 pub mod close;
+pub mod stress;
 
 use std::sync::Arc;
 
