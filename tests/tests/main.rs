@@ -6,6 +6,7 @@ mod cli_plans;
 mod concurrency;
 mod determinism;
 mod encoder_decoder;
+mod encoder_long;
 mod facts;
 mod failure_injection;
 mod faults;
