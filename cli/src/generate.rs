@@ -81,9 +81,9 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
     // One prompt streams to a terminal as it is generated.
     let stream = !a.json && prompts.len() == 1 && std::io::stdout().is_terminal() && a.seconds.is_none();
     let mut print = printer(tokenizer.as_ref(), stream);
-    let (out, soak) = rounds(
+    let (out, soak) = soak::rounds(
         &a,
-        |o: &llm::Generated| ids_of(&o.sequences),
+        |o: &llm::Generated| soak::ids_of(&o.sequences),
         || llm::generate::generate_batch(&model, &lz, &prompts, &g, |_, t| print(t)),
     )?;
     let texts = texts_of(tokenizer.as_ref(), &out.sequences)?;
@@ -97,7 +97,7 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
     let per_step = if out.decode_steps > 0 { decode_ms / out.decode_steps as f64 } else { 0.0 };
     if a.json {
         let [prompt_ids, generated_ids, text] = sequences_json(&out.sequences, texts.as_deref());
-        print_json(&with_soak(
+        print_json(&soak::with_soak(
             serde_json::json!({
                 "model": a.model.display().to_string(),
                 "arch": model.config.arch.as_str(),
@@ -131,7 +131,7 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
         );
         print!("{}", soak.as_ref().map(soak::Rounds::render).unwrap_or_default());
     }
-    Ok(soak_outcome(soak.as_ref()))
+    Ok(soak::outcome(soak.as_ref()))
 }
 
 /// `lz generate` of an encoder-decoder: each prompt is an encoder input; the decoder
@@ -150,9 +150,9 @@ fn seq2seq(a: GenerateCmd, dtype: Option<DType>) -> Result<Outcome> {
     let inputs = prompts_of(&a, tokenizer.as_ref(), &tokenizer_file)?;
     let lz = handle(&a)?;
     let g = generation(&a, KvKind::Contiguous);
-    let (out, soak) = rounds(
+    let (out, soak) = soak::rounds(
         &a,
-        |o: &llm::seq2seq::Seq2SeqGenerated| ids_of(&o.sequences),
+        |o: &llm::seq2seq::Seq2SeqGenerated| soak::ids_of(&o.sequences),
         || llm::seq2seq::generate(&model, &lz, &inputs, &g, !a.no_kv_cache),
     )?;
     if let Some(dir) = &a.dump {
@@ -169,7 +169,7 @@ fn seq2seq(a: GenerateCmd, dtype: Option<DType>) -> Result<Outcome> {
     if a.json {
         let [prompt_ids, generated_ids, text] = sequences_json(&out.sequences, texts.as_deref());
         let input_tokens = out.sequences.iter().map(|s| s.prompt_ids.len()).sum();
-        print_json(&with_soak(
+        print_json(&soak::with_soak(
             serde_json::json!({
                 "model": a.model.display().to_string(),
                 "arch": "bart",
@@ -197,38 +197,7 @@ fn seq2seq(a: GenerateCmd, dtype: Option<DType>) -> Result<Outcome> {
         );
         print!("{}", soak.as_ref().map(soak::Rounds::render).unwrap_or_default());
     }
-    Ok(soak_outcome(soak.as_ref()))
-}
-
-/// One run, or with `--seconds` a soak of rounds (§11.2): the last round's output and the soak.
-fn rounds<T>(
-    a: &GenerateCmd,
-    ids: impl Fn(&T) -> Vec<Vec<u32>>,
-    mut run: impl FnMut() -> Result<T>,
-) -> Result<(T, Option<soak::Rounds>)> {
-    let Some(seconds) = a.seconds else { return Ok((run()?, None)) };
-    let (out, r) = soak::repeat(seconds, a.max_rss_growth_mb, a.temperature == 0.0, || {
-        let out = run()?;
-        let ids = ids(&out);
-        Ok((out, ids))
-    })?;
-    Ok((out, Some(r)))
-}
-
-fn ids_of(seqs: &[llm::Sequence]) -> Vec<Vec<u32>> {
-    seqs.iter().map(|s| s.generated_ids.clone()).collect()
-}
-
-/// A report with its soak, when there was one.
-fn with_soak(mut report: serde_json::Value, soak: Option<&soak::Rounds>) -> serde_json::Value {
-    if let Some(s) = soak {
-        report["soak"] = serde_json::to_value(s).unwrap_or_default();
-    }
-    report
-}
-
-fn soak_outcome(soak: Option<&soak::Rounds>) -> Outcome {
-    if soak.is_some_and(|s| !s.passed()) { Outcome::CheckFailed } else { Outcome::Ok }
+    Ok(soak::outcome(soak.as_ref()))
 }
 
 /// Prints each token as it is chosen when `on` (one prompt to a terminal): its text through

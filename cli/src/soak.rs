@@ -13,7 +13,10 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::Outcome;
+use super::args::GenerateCmd;
 use layerzero::error::{Error, Result};
+use layerzero_llm as llm;
 
 /// The bound when `--max-rss-growth-mb` is not given: far above a steady run's noise (a few
 /// pages), far below what a leak reaches in a long soak.
@@ -230,6 +233,37 @@ pub(super) fn repeat<T>(
     let round_ms = [times[0], sorted[sorted.len() / 2], times[times.len() - 1]];
     let rss = judge(&samples, period, total / 4, bound);
     Ok((last, Rounds { seconds: elapsed, rounds: times.len(), round_ms, token_mismatch_rounds: mismatches, rss }))
+}
+
+/// One run, or with `--seconds` a soak of rounds (§11.2): the last round's output and the soak.
+pub(super) fn rounds<T>(
+    a: &GenerateCmd,
+    ids: impl Fn(&T) -> Vec<Vec<u32>>,
+    mut run: impl FnMut() -> Result<T>,
+) -> Result<(T, Option<Rounds>)> {
+    let Some(seconds) = a.seconds else { return Ok((run()?, None)) };
+    let (out, r) = repeat(seconds, a.max_rss_growth_mb, a.temperature == 0.0, || {
+        let out = run()?;
+        let ids = ids(&out);
+        Ok((out, ids))
+    })?;
+    Ok((out, Some(r)))
+}
+
+pub(super) fn ids_of(seqs: &[llm::Sequence]) -> Vec<Vec<u32>> {
+    seqs.iter().map(|s| s.generated_ids.clone()).collect()
+}
+
+/// A report with its soak, when there was one.
+pub(super) fn with_soak(mut report: serde_json::Value, soak: Option<&Rounds>) -> serde_json::Value {
+    if let Some(s) = soak {
+        report["soak"] = serde_json::to_value(s).unwrap_or_default();
+    }
+    report
+}
+
+pub(super) fn outcome(soak: Option<&Rounds>) -> Outcome {
+    if soak.is_some_and(|s| !s.passed()) { Outcome::CheckFailed } else { Outcome::Ok }
 }
 
 #[cfg(test)]
