@@ -33,10 +33,67 @@ pub(super) struct Sample {
     pub kib: u64,
 }
 
+/// A run's readings, summarized as they come: the first and last, the peaks on either side
+/// of the warm-up, and a series thinned to fit a buffer of fixed size, so that a soak of days
+/// holds no more memory at its end than at its start.
+#[derive(Debug, Clone)]
+pub(super) struct Series {
+    cut_ms: u64,
+    count: usize,
+    first: Option<Sample>,
+    last: Option<Sample>,
+    warmup_peak: Option<u64>,
+    peak: Option<u64>,
+    /// Every `stride`-th reading, never more than `KEEP`.
+    kept: Vec<Sample>,
+    stride: usize,
+}
+
+/// Readings a series keeps (then it keeps every other one, and half as many from then on).
+const KEEP: usize = 1024;
+
+impl Series {
+    /// A series whose first `warmup` is the warm-up.
+    pub(super) fn new(warmup: Duration) -> Series {
+        Series {
+            cut_ms: warmup.as_millis() as u64,
+            count: 0,
+            first: None,
+            last: None,
+            warmup_peak: None,
+            peak: None,
+            kept: Vec::with_capacity(KEEP),
+            stride: 1,
+        }
+    }
+
+    /// Adds the next reading (in time order).
+    pub(super) fn push(&mut self, s: Sample) {
+        let side = if s.ms <= self.cut_ms { &mut self.warmup_peak } else { &mut self.peak };
+        *side = Some(side.map_or(s.kib, |p| p.max(s.kib)));
+        self.first.get_or_insert(s);
+        self.last = Some(s);
+        if self.count.is_multiple_of(self.stride) {
+            if self.kept.len() == KEEP {
+                let mut i = 0;
+                self.kept.retain(|_| {
+                    i += 1;
+                    i % 2 == 1
+                });
+                self.stride *= 2;
+            }
+            if self.count.is_multiple_of(self.stride) {
+                self.kept.push(s);
+            }
+        }
+        self.count += 1;
+    }
+}
+
 /// A thread reading VmRSS every `period` until `finish`.
 pub(super) struct Sampler {
     stop: Arc<AtomicBool>,
-    thread: JoinHandle<Vec<Sample>>,
+    thread: JoinHandle<Series>,
     period: Duration,
 }
 
@@ -46,31 +103,32 @@ pub(super) fn period_for(total: Duration) -> Duration {
 }
 
 impl Sampler {
-    pub(super) fn start(period: Duration) -> Sampler {
+    /// Starts reading; the first `warmup` of the run is its warm-up.
+    pub(super) fn start(period: Duration, warmup: Duration) -> Sampler {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let thread = std::thread::spawn(move || {
             let began = Instant::now();
-            let mut out = Vec::new();
-            let read = |out: &mut Vec<Sample>| {
+            let mut series = Series::new(warmup);
+            let read = |series: &mut Series| {
                 if let Some(kib) = rss_kib() {
-                    out.push(Sample { ms: began.elapsed().as_millis() as u64, kib });
+                    series.push(Sample { ms: began.elapsed().as_millis() as u64, kib });
                 }
             };
             while !flag.load(Ordering::Relaxed) {
-                read(&mut out);
+                read(&mut series);
                 std::thread::sleep(period);
             }
-            read(&mut out);
-            out
+            read(&mut series);
+            series
         });
         Sampler { stop, thread, period }
     }
 
-    /// Stops the thread; its readings (none where VmRSS cannot be read).
-    pub(super) fn finish(self) -> (Vec<Sample>, Duration) {
+    /// Stops the thread; its readings (none where VmRSS cannot be read) and its period.
+    pub(super) fn finish(self) -> (Series, Duration) {
         self.stop.store(true, Ordering::Relaxed);
-        (self.thread.join().unwrap_or_default(), self.period)
+        (self.thread.join().unwrap_or_else(|_| Series::new(Duration::ZERO)), self.period)
     }
 }
 
@@ -111,35 +169,31 @@ pub(super) struct RssReport {
     pub series: Vec<[u64; 2]>,
 }
 
-/// Judges `samples` (in time order) with the first `warmup` as the warm-up.
-pub(super) fn judge(samples: &[Sample], period: Duration, warmup: Duration, bound_kib: u64) -> RssReport {
-    let cut = warmup.as_millis() as u64;
-    let (warm, after): (Vec<&Sample>, Vec<&Sample>) = samples.iter().partition(|s| s.ms <= cut);
-    let warmup_peak_kib = warm.iter().map(|s| s.kib).max();
-    let peak_kib = after.iter().map(|s| s.kib).max();
-    let growth_kib = match (warmup_peak_kib, peak_kib) {
+/// Judges a run's readings against `bound_kib`.
+pub(super) fn judge(series: &Series, period: Duration, bound_kib: u64) -> RssReport {
+    let growth_kib = match (series.warmup_peak, series.peak) {
         (Some(w), Some(p)) => Some(p as i64 - w as i64),
         _ => None,
     };
-    let step = samples.len().div_ceil(SERIES_POINTS).max(1);
-    let mut series: Vec<[u64; 2]> = samples.iter().step_by(step).map(|s| [s.ms, s.kib]).collect();
-    if let Some(last) = samples.last()
-        && series.last() != Some(&[last.ms, last.kib])
+    let step = series.kept.len().div_ceil(SERIES_POINTS).max(1);
+    let mut points: Vec<[u64; 2]> = series.kept.iter().step_by(step).map(|s| [s.ms, s.kib]).collect();
+    if let Some(last) = series.last
+        && points.last() != Some(&[last.ms, last.kib])
     {
-        series.push([last.ms, last.kib]);
+        points.push([last.ms, last.kib]);
     }
     RssReport {
-        samples: samples.len(),
+        samples: series.count,
         period_ms: period.as_millis() as u64,
-        warmup_ms: cut,
-        start_kib: samples.first().map(|s| s.kib),
-        warmup_peak_kib,
-        peak_kib,
-        end_kib: samples.last().map(|s| s.kib),
+        warmup_ms: series.cut_ms,
+        start_kib: series.first.map(|s| s.kib),
+        warmup_peak_kib: series.warmup_peak,
+        peak_kib: series.peak,
+        end_kib: series.last.map(|s| s.kib),
         growth_kib,
         bound_kib,
         within_bound: growth_kib.is_none_or(|g| g <= bound_kib as i64),
-        series,
+        series: points,
     }
 }
 
@@ -213,7 +267,7 @@ pub(super) fn repeat<T>(
     }
     let bound = bound_kib(max_growth_mb)?;
     let total = Duration::from_secs_f64(seconds);
-    let sampler = Sampler::start(period_for(total));
+    let sampler = Sampler::start(period_for(total), total / 4);
     let began = Instant::now();
     let (mut times, mut mismatches) = (Vec::new(), 0);
     let t = Instant::now();
@@ -227,11 +281,11 @@ pub(super) fn repeat<T>(
         last = out;
     }
     let elapsed = began.elapsed().as_secs_f64();
-    let (samples, period) = sampler.finish();
+    let (series, period) = sampler.finish();
     let mut sorted = times.clone();
     sorted.sort_by(f64::total_cmp);
     let round_ms = [times[0], sorted[sorted.len() / 2], times[times.len() - 1]];
-    let rss = judge(&samples, period, total / 4, bound);
+    let rss = judge(&series, period, bound);
     Ok((last, Rounds { seconds: elapsed, rounds: times.len(), round_ms, token_mismatch_rounds: mismatches, rss }))
 }
 
@@ -270,20 +324,24 @@ pub(super) fn outcome(soak: Option<&Rounds>) -> Outcome {
 mod tests {
     use super::*;
 
-    fn series(kib: &[u64]) -> Vec<Sample> {
-        kib.iter().enumerate().map(|(i, &kib)| Sample { ms: i as u64 * 100, kib }).collect()
+    /// A series of readings 100 ms apart whose first `warmup_ms` is the warm-up.
+    fn series(warmup_ms: u64, kib: &[u64]) -> Series {
+        let mut s = Series::new(Duration::from_millis(warmup_ms));
+        for (i, &kib) in kib.iter().enumerate() {
+            s.push(Sample { ms: i as u64 * 100, kib });
+        }
+        s
     }
 
     #[test]
     fn section_11_2_a_steady_working_set_is_within_any_bound_and_a_rising_one_is_not() {
         let period = Duration::from_millis(100);
-        let warmup = Duration::from_millis(300);
         // The warm-up rises to its working set, then the run stays at or below it.
-        let steady = judge(&series(&[100, 400, 900, 1000, 950, 1000, 980]), period, warmup, 0);
+        let steady = judge(&series(300, &[100, 400, 900, 1000, 950, 1000, 980]), period, 0);
         assert_eq!((steady.warmup_peak_kib, steady.peak_kib, steady.growth_kib), (Some(1000), Some(1000), Some(0)));
         assert!(steady.within_bound, "{steady:?}");
         // A leak keeps rising after the warm-up: 1 MiB past a bound of 1023 KiB.
-        let leak = judge(&series(&[100, 400, 900, 1000, 1300, 1700, 2024]), period, warmup, 1023);
+        let leak = judge(&series(300, &[100, 400, 900, 1000, 1300, 1700, 2024]), period, 1023);
         assert_eq!(leak.growth_kib, Some(1024));
         assert!(!leak.within_bound && leak.render().contains("FAILED"), "{leak:?}");
         assert_eq!(leak.series.last(), Some(&[600, 2024]), "the last reading ends the series");
@@ -291,25 +349,46 @@ mod tests {
 
     #[test]
     fn section_11_2_no_reading_after_the_warm_up_gives_no_verdict_rather_than_a_pass_by_arithmetic() {
-        let r = judge(&series(&[100, 200]), Duration::from_millis(100), Duration::from_secs(5), 0);
+        let r = judge(&series(5000, &[100, 200]), Duration::from_millis(100), 0);
         assert_eq!((r.growth_kib, r.peak_kib, r.within_bound), (None, None, true));
         assert!(bound_kib(-1.0).is_err() && bound_kib(f64::NAN).is_err());
         assert_eq!(bound_kib(1.5).ok(), Some(1536));
     }
 
     #[test]
+    fn section_11_2_a_days_long_series_keeps_a_bounded_buffer_and_every_peak() {
+        // Three days of readings 200 ms apart, one spike in the middle.
+        let n = 3 * 24 * 3600 * 5;
+        let mut s = Series::new(Duration::from_secs(18 * 3600));
+        for i in 0..n {
+            s.push(Sample { ms: i as u64 * 200, kib: if i == n / 2 { 9000 } else { 1000 + (i % 7) as u64 } });
+        }
+        assert!(
+            s.kept.len() <= KEEP && s.kept.capacity() == KEEP,
+            "{} kept, capacity {}",
+            s.kept.len(),
+            s.kept.capacity()
+        );
+        let gaps: Vec<u64> = s.kept.windows(2).map(|w| w[1].ms - w[0].ms).collect();
+        assert!(gaps.windows(2).all(|g| g[0] == g[1]), "evenly thinned");
+        let r = judge(&s, Duration::from_millis(200), 8 << 10);
+        assert_eq!((r.samples, r.warmup_peak_kib, r.peak_kib), (n, Some(1006), Some(9000)));
+        assert_eq!(r.growth_kib, Some(7994));
+    }
+
+    #[test]
     fn section_11_2_the_sampler_reads_this_process_while_it_grows() {
-        let sampler = Sampler::start(Duration::from_millis(5));
+        let sampler = Sampler::start(Duration::from_millis(5), Duration::from_millis(20));
         std::thread::sleep(Duration::from_millis(30));
         // 64 MiB touched page by page: resident, not just reserved.
         let big = vec![1u8; 64 << 20];
         std::thread::sleep(Duration::from_millis(30));
-        let (samples, period) = sampler.finish();
+        let (series, period) = sampler.finish();
         assert_eq!(big.iter().map(|&b| b as usize).sum::<usize>(), 64 << 20);
         if rss_kib().is_none() {
             return; // Not Linux: nothing to read.
         }
-        let r = judge(&samples, period, Duration::from_millis(20), 32 << 10);
+        let r = judge(&series, period, 32 << 10);
         assert!(r.growth_kib.is_some_and(|g| g >= 60 << 10), "{r:?}");
         assert!(!r.within_bound, "{r:?}");
     }
