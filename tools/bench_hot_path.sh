@@ -9,8 +9,8 @@
 #
 # The base is exported with `git archive` (no worktree is registered). A base without the
 # benchmark gets this checkout's copy of it, so both builds run the same measuring code. Both
-# builds share $CARGO_TARGET_DIR (dependencies are built once; the workspace crates of each
-# tree have their own artifacts).
+# builds share $CARGO_TARGET_DIR (dependencies are built once; the workspace crates are
+# rebuilt for each tree).
 set -euo pipefail
 
 root=$(git rev-parse --show-toplevel)
@@ -28,16 +28,22 @@ if [ ! -f "$tmp/base/layerzero/benches/hot_path.rs" ]; then
   printf '\n[[bench]]\nname = "hot_path"\nharness = false\n' >>"$tmp/base/layerzero/Cargo.toml"
 fi
 
-# The path of the benchmark executable built in directory $1.
+# Builds the benchmark in directory $1 and copies its executable to $2: both trees' builds
+# may get one artifact name (the crates' names and versions are the same), so each is copied
+# out before the other is built.
 build() {
-  (cd "$1" && cargo bench -q -p layerzero --bench hot_path --no-run --message-format=json) |
-    grep -o '"executable":"[^"]*hot_path[^"]*"' | tail -1 | sed 's/"executable":"\(.*\)"/\1/'
+  local exe
+  exe=$( (cd "$1" && cargo bench -q -p layerzero --bench hot_path --no-run --message-format=json) |
+    grep -o '"executable":"[^"]*hot_path[^"]*"' | tail -1 | sed 's/"executable":"\(.*\)"/\1/')
+  [ -x "$exe" ] || { echo "building in $1 gave no executable" >&2; exit 2; }
+  cp "$exe" "$2"
 }
 
 echo "building this checkout ($(git -C "$root" rev-parse --short HEAD), $(git -C "$root" status --porcelain | wc -l) changed files) and $base ($base_sha) in release..." >&2
-this_bin=$(build "$root")
-base_bin=$(build "$tmp/base")
-[ -x "$this_bin" ] && [ -x "$base_bin" ] || { echo "a build gave no executable" >&2; exit 2; }
+this_bin=$tmp/hot_path.this
+base_bin=$tmp/hot_path.base
+build "$root" "$this_bin"
+build "$tmp/base" "$base_bin"
 
 for r in $(seq 1 "$rounds"); do
   echo "round $r of $rounds" >&2
