@@ -10,7 +10,7 @@
 # The base is exported with `git archive` (no worktree is registered). A base without the
 # benchmark gets this checkout's copy of it, so both builds run the same measuring code. Both
 # builds share $CARGO_TARGET_DIR (dependencies are built once; the workspace crates are
-# rebuilt for each tree).
+# rebuilt for each tree, so the run takes a few minutes).
 set -euo pipefail
 
 root=$(git rev-parse --show-toplevel)
@@ -23,14 +23,18 @@ trap 'rm -rf "$tmp"' EXIT
 
 mkdir "$tmp/base"
 git -C "$root" archive "$base" | tar -x -C "$tmp/base"
+# Cargo names both trees' artifacts alike (workspace-relative package ids) and judges them by
+# modification time: the exported files (dated at their commit) would pass for built already.
+# Newer than every artifact, they are compiled; and the base's artifacts, whose sources are
+# then removed with $tmp, are rebuilt by the next build of this checkout.
+find "$tmp/base" -type f -exec touch {} +
 if [ ! -f "$tmp/base/layerzero/benches/hot_path.rs" ]; then
   cp "$root/layerzero/benches/hot_path.rs" "$tmp/base/layerzero/benches/"
   printf '\n[[bench]]\nname = "hot_path"\nharness = false\n' >>"$tmp/base/layerzero/Cargo.toml"
 fi
 
 # Builds the benchmark in directory $1 and copies its executable to $2: both trees' builds
-# may get one artifact name (the crates' names and versions are the same), so each is copied
-# out before the other is built.
+# get one artifact name, so each is copied out before the other is built.
 build() {
   local exe
   exe=$( (cd "$1" && cargo bench -q -p layerzero --bench hot_path --no-run --message-format=json) |
