@@ -8,9 +8,12 @@
 #   tools/bench_hot_path.sh [BASE_REV (default HEAD~1)] [ROUNDS (default 5)]
 #
 # The base is exported with `git archive` (no worktree is registered). A base without the
-# benchmark gets this checkout's copy of it, so both builds run the same measuring code. Both
-# builds share $CARGO_TARGET_DIR (dependencies are built once; the workspace crates are
-# rebuilt for each tree, so the run takes a few minutes).
+# benchmark gets this checkout's copy of it, so both builds run the same measuring code. The
+# base builds in a target directory of its own ($BASE_TARGET_DIR, default
+# $CARGO_TARGET_DIR/hot-path-base): Cargo names both trees' artifacts alike (package ids are
+# workspace-relative) and judges them by the modification times of workspace-relative paths,
+# so in one directory either tree's build could pass for the other's. The first run builds
+# the dependencies there once.
 set -euo pipefail
 
 root=$(git rev-parse --show-toplevel)
@@ -18,26 +21,24 @@ base=${1:-HEAD~1}
 rounds=${2:-5}
 base_sha=$(git -C "$root" rev-parse --short "$base")
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
+base_target=${BASE_TARGET_DIR:-$CARGO_TARGET_DIR/hot-path-base}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 mkdir "$tmp/base"
 git -C "$root" archive "$base" | tar -x -C "$tmp/base"
-# Cargo names both trees' artifacts alike (workspace-relative package ids) and judges them by
-# modification time: the exported files (dated at their commit) would pass for built already.
-# Newer than every artifact, they are compiled; and the base's artifacts, whose sources are
-# then removed with $tmp, are rebuilt by the next build of this checkout.
+# The exported files are dated at their commit, older than a previous base's artifacts: made
+# newer than any, they are always compiled.
 find "$tmp/base" -type f -exec touch {} +
 if [ ! -f "$tmp/base/layerzero/benches/hot_path.rs" ]; then
   cp "$root/layerzero/benches/hot_path.rs" "$tmp/base/layerzero/benches/"
   printf '\n[[bench]]\nname = "hot_path"\nharness = false\n' >>"$tmp/base/layerzero/Cargo.toml"
 fi
 
-# Builds the benchmark in directory $1 and copies its executable to $2: both trees' builds
-# get one artifact name, so each is copied out before the other is built.
+# Builds the benchmark in directory $1 (target directory $3) and copies its executable to $2.
 build() {
   local exe
-  exe=$( (cd "$1" && cargo bench -q -p layerzero --bench hot_path --no-run --message-format=json) |
+  exe=$( (cd "$1" && CARGO_TARGET_DIR=$3 cargo bench -q -p layerzero --bench hot_path --no-run --message-format=json) |
     grep -o '"executable":"[^"]*hot_path[^"]*"' | tail -1 | sed 's/"executable":"\(.*\)"/\1/')
   [ -x "$exe" ] || { echo "building in $1 gave no executable" >&2; exit 2; }
   cp "$exe" "$2"
@@ -46,8 +47,8 @@ build() {
 echo "building this checkout ($(git -C "$root" rev-parse --short HEAD), $(git -C "$root" status --porcelain | wc -l) changed files) and $base ($base_sha) in release..." >&2
 this_bin=$tmp/hot_path.this
 base_bin=$tmp/hot_path.base
-build "$root" "$this_bin"
-build "$tmp/base" "$base_bin"
+build "$root" "$this_bin" "$CARGO_TARGET_DIR"
+build "$tmp/base" "$base_bin" "$base_target"
 
 for r in $(seq 1 "$rounds"); do
   echo "round $r of $rounds" >&2
