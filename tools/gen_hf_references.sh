@@ -26,6 +26,9 @@ done
 # Encoder-decoder: one input plus a right-padded batch of two; greedy from decoder_start_token_id.
 "$PY" tools/hf_reference_seq2seq.py --model "$M/bart" --input-ids 0,17,42,99,3,250,7,128,64,5,2 \
     --batch-ids 0,200,33,77,150,2 --max-new-tokens 16 --dtype float64 --out "$M/bart/reference.safetensors"
+# The encoder at 128, 512 and 2048 positions (E2E 6.13): padded batches of two, 4 greedy steps.
+"$PY" tools/hf_reference_seq2seq_long.py --model "$M/bart-long" --lengths 128,512,2048 --max-new-tokens 4 \
+    --out "$M/bart-long/reference.safetensors"
 # Vision: also writes $M/vit/image.ppm and $M/vit/image.safetensors.
 "$PY" tools/hf_reference_vit.py --model "$M/vit" --dtype float64 --out "$M/vit/reference.safetensors"
 du -ab "$M" | sort -k2

@@ -25,7 +25,8 @@ draws its weights from its own seeded torch.Generator, in the order of
 Models (see tests/models/README.md for what each exercises):
     llama-gqa, llama-tied-llama3, llama-deep-linear, llama-yarn, llama-dynamic,
     qwen2, qwen3, mistral-swa, llama-gqa-bf16, mixtral, qwen2-moe, llama-gqa-draft,
-    bart (BartForConditionalGeneration), vit (ViTForImageClassification)
+    bart, bart-long (BartForConditionalGeneration, the second with 2048 positions), vit
+    (ViTForImageClassification); `--only bart-long` builds just the named ones
 
 bart and vit: their safetensors use the hub key names (transformers 5.24 renames ViT's modules
 in memory, e.g. `vit.layers.{l}.attention.q_proj`, and reverts that on save to
@@ -460,6 +461,17 @@ def encdec_vision_specs():
          # for the whole continuation; with this one the greedy tokens change within 32 steps and
          # differ between the two rows of the reference batch.
          1020),
+        # Long encoder inputs (E2E 6.13: 128, 512 and 2048 positions): 2048 learned positions
+        # (HF adds BART's offset of 2), everything else as small as a BART can be so that the
+        # folder stays small and an encoder pass over 2048 tokens is quick in a debug build.
+        # Seed picked among 1031..1045 so that the greedy tokens change within 4 steps (over
+        # inputs this long every seed's decoder picks the same tokens for every input).
+        ("bart-long", BartForConditionalGeneration,
+         BartConfig(vocab_size=64, d_model=16, encoder_layers=2, decoder_layers=1,
+                    encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                    decoder_ffn_dim=32, max_position_embeddings=2048, activation_function="gelu",
+                    scale_embedding=False),
+         1043),
         ("vit", ViTForImageClassification,
          ViTConfig(image_size=32, patch_size=8, num_channels=3, hidden_size=64, num_hidden_layers=2,
                    num_attention_heads=4, intermediate_size=128, num_labels=10),
@@ -494,7 +506,7 @@ VIT_PREPROCESSOR = {
 
 def hub_state(name, model):
     """The state dict as the hub checkpoint spells it (tied tensors once)."""
-    if name == "bart":
+    if name.startswith("bart"):
         out = {k: p.detach() for k, p in model.named_parameters()}  # tied: model.shared.weight once
         out["final_logits_bias"] = model.final_logits_bias.detach()
         return out
@@ -512,6 +524,8 @@ def hub_state(name, model):
 
 
 def probe_inputs(name):
+    if name == "bart-long":  # a vocabulary of 64
+        return dict(input_ids=torch.tensor([[0, 17, 42, 59, 3, 2]]), decoder_input_ids=torch.tensor([[2, 5, 9]]))
     if name == "bart":
         return dict(input_ids=torch.tensor([[0, 17, 42, 99, 3, 2]]), decoder_input_ids=torch.tensor([[2, 5, 9]]))
     gen = torch.Generator().manual_seed(7)
@@ -540,13 +554,15 @@ def finish_encdec_vision(name, cls, model, out):
     print(f"  {name}: {len(keys)} hub-layout tensors; from_pretrained round trip bit-identical")
 
 
-def build_encdec_vision(out_root):
+def build_encdec_vision(out_root, only=None):
     for name, cls, config, seed in encdec_vision_specs():
         torch.manual_seed(seed)
         model = cls(config).to(torch.float32)
         init_weights(model, seed)
         model.eval()
-        if name == "bart":
+        if only and name not in only:
+            continue
+        if name.startswith("bart"):
             shared = model.model.shared.weight.data_ptr()
             assert model.lm_head.weight.data_ptr() == shared
             assert model.model.encoder.embed_tokens.weight.data_ptr() == shared
@@ -571,8 +587,15 @@ def dir_size(path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "models"))
+    ap.add_argument("--only", nargs="+", metavar="NAME",
+                    help="build only these encoder-decoder / vision models (e.g. bart-long); the rest are left as they are")
     args = ap.parse_args()
     out_root = os.path.normpath(args.out)
+    if args.only:
+        build_encdec_vision(out_root, set(args.only))
+        for name in args.only:
+            print(f"{name:20s} {dir_size(os.path.join(out_root, name)) / 1024:8.1f} KiB")
+        return
     os.makedirs(out_root, exist_ok=True)
 
     tokenizer = build_tokenizer()

@@ -65,8 +65,8 @@ pub(super) enum Command {
     /// policy, health and counters.
     Snapshot(SnapshotCmd),
     /// Selection throughput from N threads sharing one handle, every answer checked against
-    /// the single-threaded one, and resident memory at start and end. Exit 1 if an answer
-    /// differs.
+    /// the single-threaded one, and resident memory sampled over the run (soak, §11.2). Exit 1
+    /// if an answer differs or memory grows past --max-rss-growth-mb after the warm-up.
     BenchSelect(BenchSelectCmd),
     /// Pin a plugin in the lockfile: open it (every check but the lock), then add or update
     /// its entry (name, version, source, blake3 of the library and of its capabilities).
@@ -180,6 +180,10 @@ pub(super) struct BenchSelectCmd {
     /// Draw shapes at random (seeded) from a pool larger than the cache, so most selections miss.
     #[arg(long)]
     pub(super) random_shapes: bool,
+    /// Soak bound: exit 1 if resident memory, sampled over the run, peaks more than this many
+    /// MiB above its peak during the warm-up (the first quarter of the run).
+    #[arg(long, value_name = "MB", default_value_t = super::soak::DEFAULT_MAX_GROWTH_MB)]
+    pub(super) max_rss_growth_mb: f64,
     /// Machine-readable output (schemas/bench_select_report.schema.json).
     #[arg(long)]
     pub(super) json: bool,
@@ -246,6 +250,14 @@ pub(super) struct GenerateCmd {
     /// keeping its caches (a check that they give the same tokens; slow).
     #[arg(long)]
     pub(super) no_kv_cache: bool,
+    /// Soak mode: generate the same prompts again and again for this many seconds, sampling
+    /// resident memory; exit 1 if it grows past --max-rss-growth-mb after the warm-up (the
+    /// first quarter) or greedy tokens differ between rounds.
+    #[arg(long, value_name = "S", conflicts_with_all = ["draft", "dump"])]
+    pub(super) seconds: Option<f64>,
+    /// Soak bound of --seconds, in MiB.
+    #[arg(long, value_name = "MB", default_value_t = super::soak::DEFAULT_MAX_GROWTH_MB, requires = "seconds")]
+    pub(super) max_rss_growth_mb: f64,
     /// Write hidden states, per-layer stages and logits as safetensors into DIR (dump.safetensors).
     #[arg(long, value_name = "DIR")]
     pub(super) dump: Option<PathBuf>,

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::json;
 
+use super::soak::{self, Sampler, rss_kib};
 use super::{Outcome, print_json};
 use layerzero::capabilities::catalog::KernelIndex;
 use layerzero::error::{Error, ErrorKind, Result};
@@ -29,13 +30,14 @@ pub(super) struct BenchArgs {
     pub seconds: f64,
     pub workload: Option<PathBuf>,
     pub random_shapes: bool,
+    pub max_rss_growth_mb: f64,
     pub json: bool,
 }
 
 /// Most threads one row may use: far beyond any core count, short of exhausting the process.
 const MAX_THREADS: usize = 1024;
-/// Longest row.
-const MAX_SECONDS: f64 = 3600.0;
+/// Longest row: three days, the longest soak of the E2E specification (§11.2).
+const MAX_SECONDS: f64 = 72.0 * 3600.0;
 /// Selections between two looks at the clock (a hit costs tens of nanoseconds).
 const CHUNK: usize = 256;
 /// The seed of the random shapes and of each thread's draws.
@@ -155,6 +157,7 @@ pub(super) fn run(a: BenchArgs) -> Result<Outcome> {
     if a.workload.is_some() && a.random_shapes {
         return Err(Error::invalid("--random-shapes draws its own requests; it cannot be combined with --workload"));
     }
+    let bound = soak::bound_kib(a.max_rss_growth_mb)?;
     let rss_start = rss_kib();
     // The reference handle answers every request once, alone; the rows use fresh handles.
     let reference = LayerZero::host()?;
@@ -164,6 +167,8 @@ pub(super) fn run(a: BenchArgs) -> Result<Outcome> {
     let rss_ready = rss_kib();
     let mut rows = Vec::new();
     let mut first_mismatch = None;
+    let total = Duration::from_secs_f64(a.seconds) * a.threads.len() as u32;
+    let sampler = Sampler::start(soak::period_for(total), total / 4);
     for &threads in &a.threads {
         let lz = LayerZero::host()?;
         let (row, mismatch) = run_row(&lz, &set, threads, Duration::from_secs_f64(a.seconds));
@@ -171,6 +176,8 @@ pub(super) fn run(a: BenchArgs) -> Result<Outcome> {
         drop(lz);
         rows.push(Row { rss_kib_after: rss_kib(), ..row });
     }
+    let (series, period) = sampler.finish();
+    let soak = soak::judge(&series, period, bound);
     let rss_end = rss_kib();
     let mismatches: u64 = rows.iter().map(|r| r.mismatches).sum();
     let checked: u64 = rows.iter().map(|r| r.selections).sum();
@@ -187,14 +194,16 @@ pub(super) fn run(a: BenchArgs) -> Result<Outcome> {
             "mismatches": mismatches,
             "first_mismatch": first_mismatch,
             "rss_kib": {"start": rss_start, "ready": rss_ready, "end": rss_end},
+            "rss_over_time": soak,
         }));
     } else {
         print!(
             "{}",
             render(&set, &a, &hardware, &rows, checked, first_mismatch.as_deref(), [rss_start, rss_ready, rss_end])
         );
+        print!("{}", soak.render());
     }
-    Ok(if mismatches == 0 { Outcome::Ok } else { Outcome::CheckFailed })
+    Ok(if mismatches == 0 && soak.within_bound { Outcome::Ok } else { Outcome::CheckFailed })
 }
 
 fn build_set(a: &BenchArgs, reference: &LayerZero) -> Result<Set> {
@@ -356,13 +365,6 @@ fn random_requests(n: usize) -> Vec<Request> {
         }
     }
     out
-}
-
-/// VmRSS of this process in KiB (Linux; `None` elsewhere).
-fn rss_kib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 fn render(

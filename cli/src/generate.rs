@@ -6,10 +6,10 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use super::args::{GenerateCmd, WorkloadCmd};
-use super::{Outcome, print_json};
+use super::{Outcome, print_json, soak};
 use layerzero::error::{Error, ErrorKind, Result};
 use layerzero::model::dtype::DType;
-use layerzero::runtime::LayerZero;
+use layerzero::runtime::{LayerZero, Scope};
 use layerzero::tensor::{HostTensor, Storage, io};
 use layerzero_llm::{self as llm, Generation, KvKind, Model, Tokenizer};
 
@@ -79,9 +79,13 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
         return speculative(&a, dir, &model, tokenizer.as_ref(), &lz, prompt, &g);
     }
     // One prompt streams to a terminal as it is generated.
-    let stream = !a.json && prompts.len() == 1 && std::io::stdout().is_terminal();
+    let stream = !a.json && prompts.len() == 1 && std::io::stdout().is_terminal() && a.seconds.is_none();
     let mut print = printer(tokenizer.as_ref(), stream);
-    let out = llm::generate::generate_batch(&model, &lz, &prompts, &g, |_, t| print(t))?;
+    let (out, soak) = soak::rounds(
+        &a,
+        |o: &llm::Generated| soak::ids_of(&o.sequences),
+        || llm::generate::generate_batch(&model, &lz, &prompts, &g, |_, t| print(t)),
+    )?;
     let texts = texts_of(tokenizer.as_ref(), &out.sequences)?;
     if let Some(dir) = &a.dump {
         write_dump(dir, &out)?;
@@ -93,25 +97,28 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
     let per_step = if out.decode_steps > 0 { decode_ms / out.decode_steps as f64 } else { 0.0 };
     if a.json {
         let [prompt_ids, generated_ids, text] = sequences_json(&out.sequences, texts.as_deref());
-        print_json(&serde_json::json!({
-            "model": a.model.display().to_string(),
-            "arch": model.config.arch.as_str(),
-            "dtype": model.dtype,
-            "kv": match kv { KvKind::Contiguous => "contiguous", KvKind::Paged { .. } => "paged" },
-            "prompt_ids": prompt_ids,
-            "generated_ids": generated_ids,
-            "text": text,
-            "tokenizer": tokenizer.as_ref().map(|t| serde_json::json!({"hash": t.hash(), "vocab": t.vocab_size()})),
-            "timing": {
-                "prefill_ms": prefill_ms,
-                "prefill_tokens_per_s": if prefill_ms > 0.0 { prompt_tokens as f64 / prefill_ms * 1e3 } else { 0.0 },
-                "decode_ms_per_token": per_step,
-                "decode_tokens_per_s": if decode_ms > 0.0 { decoded as f64 / decode_ms * 1e3 } else { 0.0 },
-            },
-            "ops": ops_json(&out.stats),
-            "counters": lz.counters(),
-            "dump": a.dump.as_ref().map(|d| d.join("dump.safetensors").display().to_string()),
-        }));
+        print_json(&soak::with_soak(
+            serde_json::json!({
+                "model": a.model.display().to_string(),
+                "arch": model.config.arch.as_str(),
+                "dtype": model.dtype,
+                "kv": match kv { KvKind::Contiguous => "contiguous", KvKind::Paged { .. } => "paged" },
+                "prompt_ids": prompt_ids,
+                "generated_ids": generated_ids,
+                "text": text,
+                "tokenizer": tokenizer.as_ref().map(|t| serde_json::json!({"hash": t.hash(), "vocab": t.vocab_size()})),
+                "timing": {
+                    "prefill_ms": prefill_ms,
+                    "prefill_tokens_per_s": if prefill_ms > 0.0 { prompt_tokens as f64 / prefill_ms * 1e3 } else { 0.0 },
+                    "decode_ms_per_token": per_step,
+                    "decode_tokens_per_s": if decode_ms > 0.0 { decoded as f64 / decode_ms * 1e3 } else { 0.0 },
+                },
+                "ops": ops_json(&out.stats),
+                "counters": lz.counters(),
+                "dump": a.dump.as_ref().map(|d| d.join("dump.safetensors").display().to_string()),
+            }),
+            soak.as_ref(),
+        ));
     } else {
         if stream {
             println!();
@@ -122,8 +129,9 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
             "prefill {prompt_tokens} tokens in {prefill_ms:.2} ms; decode {decoded} tokens in {} steps at {per_step:.2} ms/step",
             out.decode_steps
         );
+        print!("{}", soak.as_ref().map(soak::Rounds::render).unwrap_or_default());
     }
-    Ok(Outcome::Ok)
+    Ok(soak::outcome(soak.as_ref()))
 }
 
 /// `lz generate` of an encoder-decoder: each prompt is an encoder input; the decoder
@@ -142,7 +150,11 @@ fn seq2seq(a: GenerateCmd, dtype: Option<DType>) -> Result<Outcome> {
     let inputs = prompts_of(&a, tokenizer.as_ref(), &tokenizer_file)?;
     let lz = handle(&a)?;
     let g = generation(&a, KvKind::Contiguous);
-    let out = llm::seq2seq::generate(&model, &lz, &inputs, &g, !a.no_kv_cache)?;
+    let (out, soak) = soak::rounds(
+        &a,
+        |o: &llm::seq2seq::Seq2SeqGenerated| soak::ids_of(&o.sequences),
+        || llm::seq2seq::generate(&model, &lz, &inputs, &g, !a.no_kv_cache),
+    )?;
     if let Some(dir) = &a.dump {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::new(ErrorKind::Io, format!("cannot create {}: {e}", dir.display())).with_source(e))?;
@@ -157,20 +169,23 @@ fn seq2seq(a: GenerateCmd, dtype: Option<DType>) -> Result<Outcome> {
     if a.json {
         let [prompt_ids, generated_ids, text] = sequences_json(&out.sequences, texts.as_deref());
         let input_tokens = out.sequences.iter().map(|s| s.prompt_ids.len()).sum();
-        print_json(&serde_json::json!({
-            "model": a.model.display().to_string(),
-            "arch": "bart",
-            "dtype": model.dtype,
-            "kv": if a.no_kv_cache { "none" } else { "contiguous" },
-            "prompt_ids": prompt_ids,
-            "generated_ids": generated_ids,
-            "text": text,
-            "tokenizer": tokenizer.as_ref().map(|t| serde_json::json!({"hash": t.hash(), "vocab": t.vocab_size()})),
-            "timing": timing(out.encode_ns, input_tokens, out.decode_ns, out.decode_steps),
-            "ops": ops_json(&out.stats),
-            "counters": lz.counters(),
-            "dump": a.dump.as_ref().map(|d| d.join("dump.safetensors").display().to_string()),
-        }));
+        print_json(&soak::with_soak(
+            serde_json::json!({
+                "model": a.model.display().to_string(),
+                "arch": "bart",
+                "dtype": model.dtype,
+                "kv": if a.no_kv_cache { "none" } else { "contiguous" },
+                "prompt_ids": prompt_ids,
+                "generated_ids": generated_ids,
+                "text": text,
+                "tokenizer": tokenizer.as_ref().map(|t| serde_json::json!({"hash": t.hash(), "vocab": t.vocab_size()})),
+                "timing": timing(out.encode_ns, input_tokens, out.decode_ns, out.decode_steps),
+                "ops": ops_json(&out.stats),
+                "counters": lz.counters(),
+                "dump": a.dump.as_ref().map(|d| d.join("dump.safetensors").display().to_string()),
+            }),
+            soak.as_ref(),
+        ));
     } else {
         print_sequences(&out.sequences, texts.as_deref());
         eprintln!(
@@ -180,8 +195,9 @@ fn seq2seq(a: GenerateCmd, dtype: Option<DType>) -> Result<Outcome> {
             out.decode_steps,
             out.decode_ns as f64 / 1e6
         );
+        print!("{}", soak.as_ref().map(soak::Rounds::render).unwrap_or_default());
     }
-    Ok(Outcome::Ok)
+    Ok(soak::outcome(soak.as_ref()))
 }
 
 /// Prints each token as it is chosen when `on` (one prompt to a terminal): its text through
@@ -333,15 +349,23 @@ fn speculative(
             .map_err(|e| Error::invalid(format!("a draft must share the target's tokenizer: {}", e.message())))?;
     }
     llm::speculative::check_draft(model, &draft)?;
+    // A model scope each (§6.17): neither model's plan or cached selections serve the other.
+    let hash = tokenizer.map(Tokenizer::hash);
+    let mut target_lz = lz.scoped(Scope::new(format!("target:{}", a.model.display()), hash)?)?;
+    if let Some(table) = &a.table {
+        target_lz = target_lz.with_plan_file(table, super::knobs().plan_mode)?;
+    }
+    let draft_lz = lz.scoped(Scope::new(format!("draft:{}", dir.display()), hash)?)?;
+    let (target, draft_of) = ((model, &target_lz), (&draft, &draft_lz));
     // Short untimed runs of both paths first, so that neither timing pays for first
     // selections and caches the other already warmed.
     let warm = Generation { max_new_tokens: g.max_new_tokens.min(2), dump: false, ..g.clone() };
-    llm::generate::generate(model, lz, prompt, &warm, |_| {})?;
-    llm::speculate(model, &draft, lz, prompt, &warm, a.draft_tokens, |_| {})?;
-    let alone = llm::generate::generate(model, lz, prompt, g, |_| {})?;
+    llm::generate::generate(model, &target_lz, prompt, &warm, |_| {})?;
+    llm::speculate_scoped(target, draft_of, prompt, &warm, a.draft_tokens, |_| {})?;
+    let alone = llm::generate::generate(model, &target_lz, prompt, g, |_| {})?;
     let alone_ns = alone.prefill_ns + alone.decode_ns;
     let stream = !a.json && std::io::stdout().is_terminal();
-    let out = llm::speculate(model, &draft, lz, prompt, g, a.draft_tokens, printer(tokenizer, stream))?;
+    let out = llm::speculate_scoped(target, draft_of, prompt, g, a.draft_tokens, printer(tokenizer, stream))?;
     let text = match tokenizer {
         Some(t) => Some(t.decode(&out.generated_ids, true)?),
         None => None,
@@ -381,10 +405,11 @@ fn speculative(
                 "speedup": speedup,
                 "target_only_ids": alone.generated_ids(),
                 "matches_target_only": same,
+                "draft_counters": draft_lz.counters(),
             },
             "ops": ops_json(&out.target_stats),
             "draft_ops": ops_json(&out.draft_stats),
-            "counters": lz.counters(),
+            "counters": target_lz.counters(),
             "dump": null,
         }));
     } else {

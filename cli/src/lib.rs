@@ -14,6 +14,7 @@ mod plugins;
 mod ranks;
 mod render;
 mod run;
+mod soak;
 pub mod tune;
 mod validate;
 mod warmup;
@@ -194,6 +195,7 @@ fn run(cli: Cli) -> Result<Outcome> {
             seconds: a.seconds,
             workload: a.workload,
             random_shapes: a.random_shapes,
+            max_rss_growth_mb: a.max_rss_growth_mb,
             json: a.json,
         }),
         Command::ReasonCodes(a) => {

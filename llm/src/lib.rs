@@ -37,7 +37,7 @@ pub use forward::{KvKind, OpStats, Session};
 pub use generate::{Generated, Generation, Sequence};
 pub use layerzero::tensor::Residence;
 pub use scope::ModelScope;
-pub use speculative::{Speculated, speculate};
+pub use speculative::{Speculated, speculate, speculate_scoped};
 pub use tokenizer::Tokenizer;
 pub use weights::{Ffn, MoeWeights, Weights};
 

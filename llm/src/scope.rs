@@ -7,6 +7,7 @@
 use std::path::Path;
 
 use super::generate::{Generated, Generation, generate};
+use super::speculative::{Speculated, speculate_scoped};
 use super::{Model, Tokenizer};
 use layerzero::error::{Error, Result};
 use layerzero::model::dtype::DType;
@@ -92,6 +93,21 @@ impl ModelScope {
     /// Generates from `prompt` through this scope.
     pub fn generate(&self, prompt: &[u32], g: &Generation) -> Result<Generated> {
         generate(&self.model, &self.lz, prompt, g, |_| {})
+    }
+
+    /// Speculative decoding with `draft`'s model proposing up to `k` tokens a round and this
+    /// one verifying them, each through its own scope: the tokens are this model's, and
+    /// neither scope's plan or cached selections serve the other (see
+    /// [`crate::speculative::speculate_scoped`]).
+    pub fn speculate(
+        &self,
+        draft: &ModelScope,
+        prompt: &[u32],
+        g: &Generation,
+        k: usize,
+        on_token: impl FnMut(u32),
+    ) -> Result<Speculated> {
+        speculate_scoped((&self.model, &self.lz), (&draft.model, &draft.lz), prompt, g, k, on_token)
     }
 
     /// Replaces the tokenizer. When its identity hash differs, the scope's cached selections

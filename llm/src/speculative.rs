@@ -132,11 +132,26 @@ fn argmax(session: &mut Session<'_>, logits: HostTensor) -> Result<Vec<u32>> {
 
 /// Generates from `prompt` with `target`, `draft` proposing up to `k` tokens a round; calls
 /// `on_token` with each token as it is committed. `g.kv` and `g.dump` do not apply (one
-/// sequence, contiguous caches).
+/// sequence, contiguous caches). Both models select through `lz`; to keep each model's
+/// plan, selection caches and counters apart, see [`speculate_scoped`].
 pub fn speculate(
     target: &Model,
     draft: &Model,
     lz: &LayerZero,
+    prompt: &[u32],
+    g: &Generation,
+    k: usize,
+    on_token: impl FnMut(u32),
+) -> Result<Speculated> {
+    speculate_scoped((target, lz), (draft, lz), prompt, g, k, on_token)
+}
+
+/// [`speculate`] with each model selecting through its own handle (a model scope each,
+/// `ModelScope::speculate`): neither model's plan or cached selections serve the other,
+/// and each scope's counters count its own model's calls (E2E §6.17).
+pub fn speculate_scoped(
+    (target, target_lz): (&Model, &LayerZero),
+    (draft, draft_lz): (&Model, &LayerZero),
     prompt: &[u32],
     g: &Generation,
     k: usize,
@@ -147,8 +162,8 @@ pub fn speculate(
     // tokens), so no cache ever holds more than the prompt and the budget, whatever k is.
     let capacity = prompt.len() + g.max_new_tokens;
     let mut run = Run {
-        ts: Session::new(target, lz, capacity)?,
-        ds: Session::new(draft, lz, capacity)?,
+        ts: Session::new(target, target_lz, capacity)?,
+        ds: Session::new(draft, draft_lz, capacity)?,
         g,
         plan,
         vocab: target.config.vocab,

@@ -5,6 +5,7 @@ pub mod cases;
 pub mod catalog;
 pub mod close;
 pub mod gqa;
+pub mod stress;
 
 use std::sync::Arc;
 

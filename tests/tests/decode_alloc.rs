@@ -1,6 +1,7 @@
 //! What a decode step allocates, watched by a counting global allocator: each op that
 //! writes into the caller's buffers allocates nothing once warm, and neither does a whole
-//! warm decode step of a committed tiny model, over a contiguous or a paged cache.
+//! warm decode step of a committed tiny model, over a contiguous or a paged cache; and the
+//! fragmentation stress (E2E §11.3): rounds over many sizes keep nothing and stay resident-flat.
 
 use std::alloc::System;
 use std::path::PathBuf;
@@ -15,7 +16,7 @@ use layerzero::policy::Policy;
 use layerzero::tensor::{HostTensor, Storage};
 use layerzero_llm::Model;
 use layerzero_llm::forward::{KvKind, Session};
-use layerzero_tests::TestResult;
+use layerzero_tests::{TestResult, close, stress};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
 #[global_allocator]
@@ -133,6 +134,59 @@ fn a_warm_decode_step_allocates_nothing() -> TestResult {
             }
             assert_eq!(fewest, 0, "{name} {kv:?}: a warm decode step allocated {fewest} times");
         }
+    }
+    Ok(())
+}
+
+/// VmRSS of this process in KiB (Linux; `None` elsewhere).
+fn rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[test]
+fn section_11_3_shuffled_rounds_over_many_sizes_stay_correct_and_hold_no_more_memory_than_the_first() -> TestResult {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let cases = stress::cases()?;
+    let lock = r#"{"rules": [{"action": "lock", "kernels": "cpu_reference.linear.naive"},
+                             {"action": "lock", "kernels": "cpu_reference.rms_norm.naive"}]}"#;
+    let oracle = LayerZero::host()?.with_policy(Policy::from_json(lock, "oracle")?)?;
+    let want =
+        cases.iter().map(|c| Ok(oracle.dispatch(c)?.outputs["out"].to_f64_vec())).collect::<TestResult<Vec<_>>>()?;
+    drop(oracle);
+    // The kernels that serve, not the oracle, are the ones under stress.
+    let serving = Policy::from_json(r#"{"rules": [{"action": "deny", "kernels": "cpu_reference.*"}]}"#, "p")
+        .and_then(|p| LayerZero::host()?.with_policy(p))?;
+    let matches = |i: usize, d: &layerzero::Dispatch<'_>| -> TestResult {
+        let got = d.outputs["out"].to_f64_vec();
+        close::values(&d.selection().kernel, stress::category(&cases[i]), DType::F32, &want[i], &got)
+    };
+    // Two warm-up rounds: selections cached, pools and scratch at their working size.
+    stress::round(&serving, &cases, 0, matches)?;
+    stress::round(&serving, &cases, 1, |_, _| Ok(()))?;
+    let warm_rss = rss_kib();
+    const ROUNDS: u64 = 10;
+    let mut held = Vec::new();
+    for r in 2..ROUNDS {
+        let region = Region::new(GLOBAL);
+        if r + 1 == ROUNDS {
+            stress::round(&serving, &cases, r, matches)?;
+        } else {
+            stress::round(&serving, &cases, r, |_, _| Ok(()))?;
+        }
+        let c = region.change();
+        assert!(
+            c.allocations >= cases.len(),
+            "round {r}: every case allocates its outputs ({} allocations)",
+            c.allocations
+        );
+        held.push(c.bytes_allocated as i64 - c.bytes_deallocated as i64);
+    }
+    // Every output is freed: a round keeps nothing beyond a few small entries.
+    assert!(held.iter().all(|&b| b <= 16 << 10), "bytes still allocated after each round: {held:?}");
+    // Blocks of every size freed and reused in shuffled order do not pile up as resident memory.
+    if let (Some(warm), Some(end)) = (warm_rss, rss_kib()) {
+        assert!(end <= warm + 8 * 1024, "VmRSS {warm} KiB after warm-up, {end} KiB after {ROUNDS} rounds");
     }
     Ok(())
 }

@@ -1,13 +1,15 @@
 //! Speculative decoding (E2E §6.17): greedy drafts give exactly the target's greedy tokens,
 //! however often the draft agrees; sampled drafts give tokens distributed as the target's
-//! (a chi-square test over many seeds, which a sampler that kept the draft's tokens fails).
+//! (a chi-square test over many seeds, which a sampler that kept the draft's tokens fails);
+//! draft and target in a model scope each select apart and still give the target's tokens.
 
 use std::path::PathBuf;
 
 use layerzero::LayerZero;
+use layerzero::runtime::SelectionSource;
 use layerzero::schema::{SchemaKind, violations};
 use layerzero::tensor::io;
-use layerzero_llm::{self as llm, Generation, Model, Session};
+use layerzero_llm::{self as llm, Generation, Model, ModelScope, Session};
 use layerzero_tests::{TestResult, lz, repo_root};
 
 fn models() -> PathBuf {
@@ -221,5 +223,94 @@ fn lz_generate_with_a_draft_reports_acceptance_and_speedup_and_refuses_a_foreign
         .args(["generate", "--model", "tests/models/llama-gqa", "--prompt-ids", "1,2", "--draft-tokens", "2"])
         .output()?;
     assert_eq!(out.status.code(), Some(2));
+    Ok(())
+}
+
+/// What a handle's counters say about how it selected: hits, misses, live choices.
+fn selected(lz: &LayerZero) -> [u64; 3] {
+    let c = lz.counters();
+    [c.cache_hits, c.cache_misses, c.live]
+}
+
+#[test]
+fn section_6_17_draft_and_target_in_their_own_scopes_select_apart_and_give_the_targets_tokens() -> TestResult {
+    let expected = hf_greedy("llama-gqa")?;
+    let g = greedy(expected.len());
+    let (target, draft) = (load("llama-gqa")?, load("llama-gqa-draft")?);
+    assert_eq!(target.config.hidden, draft.config.hidden, "same widths: many requests of one are the other's too");
+
+    // One handle for both: a request the target selected is served to the draft from the cache.
+    let shared = host()?;
+    let together = llm::speculate(&target, &draft, &shared, &PROMPT, &g, 3, |_| {})?;
+    assert_eq!(together.generated_ids, expected);
+    let both = shared.counters();
+
+    // A scope each in one runtime.
+    let runtime = host()?;
+    let t = ModelScope::open(&runtime, "target", &models().join("llama-gqa"), None)?;
+    let d = ModelScope::open(&runtime, "draft", &models().join("llama-gqa-draft"), None)?;
+    let before = runtime.counters();
+    let out = t.speculate(&d, &PROMPT, &g, 3, |_| {})?;
+    assert_eq!(out.generated_ids, expected, "the target's greedy tokens, as Hugging Face generates them");
+    assert_eq!((out.rounds, out.accepted), (together.rounds, together.accepted), "the same drafts were accepted");
+
+    // Each scope selected exactly as a runtime of the model's own would, and the parent not at all.
+    let (alone_t, alone_d) = (host()?, host()?);
+    let apart = llm::speculate_scoped((&target, &alone_t), (&draft, &alone_d), &PROMPT, &g, 3, |_| {})?;
+    assert_eq!(apart.generated_ids, expected);
+    assert_eq!(selected(t.runtime()), selected(&alone_t), "target");
+    assert_eq!(selected(d.runtime()), selected(&alone_d), "draft");
+    let after = runtime.counters();
+    assert_eq!(
+        (after.live, after.cache_hits, after.cache_misses),
+        (before.live, before.cache_hits, before.cache_misses)
+    );
+
+    // Neither cache served the other: a request both models make is selected live in each
+    // scope, where the shared handle selected it once and served it from its cache after.
+    let [_, _, target_live] = selected(t.runtime());
+    let [_, _, draft_live] = selected(d.runtime());
+    assert!(
+        target_live + draft_live > both.live,
+        "scoped {target_live} + {draft_live} live, shared {} live",
+        both.live
+    );
+    Ok(())
+}
+
+#[test]
+fn section_6_17_a_draft_scope_does_not_serve_a_request_the_target_scope_cached() -> TestResult {
+    let runtime = host()?;
+    let t = ModelScope::open(&runtime, "target", &models().join("llama-gqa"), None)?;
+    let d = ModelScope::open(&runtime, "draft", &models().join("llama-gqa-draft"), None)?;
+    // The target verifies one round: its scope now holds that step's selections.
+    let out = t.speculate(&d, &PROMPT, &greedy(2), 1, |_| {})?;
+    assert_eq!(out.generated_ids, hf_greedy("llama-gqa")?[..2]);
+    let args = layerzero_tests::tiny_attention()?;
+    let source = |s: &ModelScope| s.runtime().dispatch(&args).map(|d| d.source());
+    assert_eq!(source(&t)?, SelectionSource::Live);
+    assert_eq!(source(&t)?, SelectionSource::Cache);
+    assert_eq!(source(&d)?, SelectionSource::Live, "the target's cached choice is not the draft's");
+    assert_eq!(source(&d)?, SelectionSource::Cache);
+    Ok(())
+}
+
+#[test]
+fn section_6_17_lz_generate_with_the_target_as_its_own_draft_selects_in_two_scopes() -> TestResult {
+    // The same model in both roles makes the same requests: one handle would serve the
+    // draft the target's cached selections; a scope each selects them again.
+    let out = lz()?
+        .args(["generate", "--model", "tests/models/llama-gqa", "--draft", "tests/models/llama-gqa"])
+        .args(["--prompt-ids", "1,17,42,99,3,250,7,128,64,5", "--max-new-tokens", "8", "--ignore-eos", "--json"])
+        .output()?;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(violations(SchemaKind::GenerateReport, &v)?, Vec::<String>::new());
+    let s = &v["speculative"];
+    assert_eq!((&s["matches_target_only"], &s["acceptance_rate"]), (&serde_json::json!(true), &serde_json::json!(1.0)));
+    let live = |c: &serde_json::Value| c["live"].as_u64().ok_or_else(|| format!("live in {c}"));
+    let (target, draft) = (live(&v["counters"])?, live(&s["draft_counters"])?);
+    assert!(target > 0 && draft > 0, "each scope selected live for itself: target {target}, draft {draft}");
+    assert!(s["draft_counters"]["cache_hits"].as_u64().is_some_and(|h| h > 0), "{s}");
     Ok(())
 }
