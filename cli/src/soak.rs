@@ -388,8 +388,10 @@ mod tests {
         if rss_kib().is_none() {
             return; // Not Linux: nothing to read.
         }
+        // Other tests of this binary allocate and free in the same process while it runs, so
+        // the growth read is the 64 MiB give or take theirs: past the 32 MiB bound is the claim.
         let r = judge(&series, period, 32 << 10);
-        assert!(r.growth_kib.is_some_and(|g| g >= 60 << 10), "{r:?}");
+        assert!(r.growth_kib.is_some_and(|g| g > 32 << 10), "{r:?}");
         assert!(!r.within_bound, "{r:?}");
     }
 }
