@@ -50,6 +50,7 @@ mod norm;
 mod paged;
 mod patch;
 mod quant;
+mod quant4;
 mod rope;
 mod sample;
 

@@ -244,6 +244,14 @@ pub struct QuantAttrs {
     /// Dequantized dtype (f32, f16, bf16); f32 when absent.
     #[serde(default)]
     pub out_dtype: Option<DType>,
+    /// `dequantize` of packed 4-bit weights: x is i8 `[N, K/2]` bytes of this format's codes
+    /// (`model::w4`), `scheme` per_block with `block` `[1, group]`. Absent: x holds int8 or
+    /// fp8 values, as before the 4-bit formats (and then not serialized).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<W4Format>,
+    /// The order a 4-bit format's block scales are stored in (`linear` when absent).
+    #[serde(default, skip_serializing_if = "ScaleOrder::is_linear")]
+    pub scale_order: ScaleOrder,
 }
 
 impl QuantScheme {

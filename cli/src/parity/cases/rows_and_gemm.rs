@@ -260,7 +260,15 @@ fn sampling(rng: &mut Rng, dtype: DType) -> Vec<Case> {
 /// Quantization round trips: per tensor, per channel and per block, to int8 and fp8.
 fn quantize(rng: &mut Rng, dtype: DType) -> Vec<Case> {
     let x = tensor(rng, dtype, &[130, 260], 3.0);
-    let q = |scheme, block, scale_layout, target| QuantAttrs { scheme, block, scale_layout, target, out_dtype: None };
+    let q = |scheme, block, scale_layout, target| QuantAttrs {
+        scheme,
+        block,
+        scale_layout,
+        target,
+        out_dtype: None,
+        format: None,
+        scale_order: Default::default(),
+    };
     let schemes = [
         ("per_tensor_i8", q(QuantScheme::PerTensor, None, None, Some(DType::I8))),
         ("per_channel_i8", q(QuantScheme::PerChannel, None, None, Some(DType::I8))),
@@ -286,8 +294,16 @@ fn dequantize(rng: &mut Rng) -> Vec<Case> {
     let x8 = int8(rng, &[130, 260]);
     let scale_rows = tensor(rng, DType::F32, &[130], 0.01);
     let deq = |scale, scheme, block, scale_layout| {
-        let attrs = QuantAttrs { scheme, block, scale_layout, target: None, out_dtype: Some(DType::F32) };
-        OpArgs::Dequantize(DequantizeArgs { x: x8.clone(), scale, attrs })
+        let attrs = QuantAttrs {
+            scheme,
+            block,
+            scale_layout,
+            target: None,
+            out_dtype: Some(DType::F32),
+            format: None,
+            scale_order: Default::default(),
+        };
+        OpArgs::Dequantize(DequantizeArgs { x: x8.clone(), scale, global_scale: None, attrs })
     };
     // A column-major [2, 3] scale for 128x128 blocks of [130, 260].
     let col = HostTensor::from_f32(&[6], vec![0.01, 0.02, 0.03, 0.04, 0.05, 0.06])

@@ -62,7 +62,15 @@ fn quant_in(
     layout: Option<ScaleLayout>,
     target: Option<DType>,
 ) -> Request {
-    let attrs = QuantAttrs { scheme, block, scale_layout: layout, target, out_dtype: None };
+    let attrs = QuantAttrs {
+        scheme,
+        block,
+        scale_layout: layout,
+        target,
+        out_dtype: None,
+        format: None,
+        scale_order: Default::default(),
+    };
     let req = Request::new(op).attrs(Attrs::Quant(attrs)).tensor("x", TensorDesc::new(dtype, [256, 512]));
     if op == Op::Quantize {
         return req;

@@ -17,7 +17,15 @@ const CHECK_MOE: &str = "core/src/exec/check/moe.rs";
 const CHECK_PATCH: &str = "core/src/exec/check/patch.rs";
 
 fn quant_attrs(scheme: QuantScheme, block: Option<[u64; 2]>, layout: Option<ScaleLayout>) -> QuantAttrs {
-    QuantAttrs { scheme, block, scale_layout: layout, target: None, out_dtype: None }
+    QuantAttrs {
+        scheme,
+        block,
+        scale_layout: layout,
+        target: None,
+        out_dtype: None,
+        format: None,
+        scale_order: Default::default(),
+    }
 }
 
 /// Quantizes a bf16 `[256, 512]` x to `target` under `a`.
