@@ -17,7 +17,7 @@ use layerzero_core::tensor::{HostTensor, Storage};
 pub(super) fn dequantize_w4(a: &DequantizeArgs, out_dtype: DType) -> Result<HostTensor, KernelError> {
     let (format, n, k, g) = a.w4_dims()?;
     // A block is unpacked a byte (two values) at a time: an odd one would start mid-byte.
-    if g % 2 != 0 {
+    if !g.is_multiple_of(2) {
         return Err(invalid(format!("block [1, {g}]: this kernel unpacks blocks of an even size")));
     }
     let Storage::I8(bytes) = a.x.storage() else {

@@ -191,7 +191,7 @@ mod tests {
     }
 
     fn q(x: &HostTensor, a: QuantAttrs) -> TestResult<Outputs> {
-        Ok(quantize(&QuantizeArgs { x: x.clone(), global_scale: None, attrs: a })?)
+        Ok(quantize(&QuantizeArgs { x: x.clone(), attrs: a })?)
     }
 
     #[test]

@@ -33,7 +33,7 @@ impl W4Scales<'_> {
     /// Checks the scales of an `n` x `k` weight; returns the group size.
     pub fn check(&self, n: usize, k: usize) -> Result<usize, KernelError> {
         let g = usize::try_from(self.group).unwrap_or(0);
-        if g == 0 || k % g != 0 {
+        if g == 0 || !k.is_multiple_of(g) {
             return Err(invalid(format!(
                 "SCALE_LAYOUT_MISMATCH: group size {} does not divide in_features K = {k}",
                 self.group
