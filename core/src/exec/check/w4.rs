@@ -122,3 +122,51 @@ impl DequantizeArgs {
         Ok((format, n, k, g))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::attrs::QuantAttrs;
+
+    type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+    fn args(format: W4Format, block: [u64; 2], scale: HostTensor) -> Result<DequantizeArgs, crate::error::Error> {
+        let attrs = QuantAttrs {
+            scheme: QuantScheme::PerBlock,
+            block: Some(block),
+            scale_layout: None,
+            target: None,
+            out_dtype: None,
+            format: Some(format),
+            scale_order: ScaleOrder::Linear,
+        };
+        let x = HostTensor::from_f32_as(DType::I8, &[4, 32], &[0.0; 128])?;
+        Ok(DequantizeArgs { x, scale, global_scale: None, attrs })
+    }
+
+    fn refusal(a: &DequantizeArgs) -> String {
+        match a.w4_dims() {
+            Err(KernelError::InvalidInput(m)) => m,
+            other => format!("not refused: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_4_bit_dequantize_reads_k_from_the_packed_bytes_and_refuses_other_scales() -> TestResult {
+        let nf4 = args(W4Format::Nf4, [1, 16], HostTensor::from_f32(&[4, 4], vec![1.0; 16])?)?;
+        assert!(matches!(nf4.w4_dims(), Ok((W4Format::Nf4, 4, 64, 16))));
+        // Per-channel scales for a per-block format, named as such.
+        let per_channel = args(W4Format::Nf4, [1, 16], HostTensor::from_f32(&[4], vec![1.0; 4])?)?;
+        let m = refusal(&per_channel);
+        assert!(m.starts_with("SCALE_LAYOUT_MISMATCH") && m.contains("per-channel") && m.contains("`scale`"), "{m}");
+        // A block that is not one row by a group of K, and a group that does not divide K.
+        let tall = args(W4Format::Nf4, [2, 16], HostTensor::from_f32(&[2, 4], vec![1.0; 8])?)?;
+        assert!(refusal(&tall).contains("block [1, group]"));
+        let odd = args(W4Format::Nf4, [1, 24], HostTensor::from_f32(&[4, 2], vec![1.0; 8])?)?;
+        assert!(refusal(&odd).contains("does not divide"));
+        // The format's own scale dtype: mxfp4 reads E8M0 bytes, not f32.
+        let mx = args(W4Format::Mxfp4, [1, 32], HostTensor::from_f32(&[4, 2], vec![1.0; 8])?)?;
+        assert!(refusal(&mx).contains("E8M0"));
+        Ok(())
+    }
+}
