@@ -221,11 +221,8 @@ pub(super) fn dequantize(a: &DequantizeArgs) -> Result<HostTensor, KernelError> 
         d @ (DType::F32 | DType::F16 | DType::BF16) => d,
         d => return Err(invalid(format!("attrs.out_dtype is {d}; expected f32, f16 or bf16"))),
     };
-    if a.attrs.format.is_some() {
+    if a.is_w4()? {
         return super::quant4::dequantize_w4(a, out_dtype);
-    }
-    if a.global_scale.is_some() || !a.attrs.scale_order.is_linear() {
-        return Err(invalid("`global_scale` and attrs.scale_order need attrs.format (a 4-bit dequantize)"));
     }
     Target::of(x.dtype(), "tensor `x` dtype")?;
     let grid = Grid::new(&a.attrs, x)?;
@@ -287,15 +284,12 @@ mod tests {
     }
 
     fn attrs(scheme: QuantScheme, block: Option<[u64; 2]>, layout: Option<ScaleLayout>, target: DType) -> QuantAttrs {
-        QuantAttrs {
-            scheme,
-            block,
-            scale_layout: layout,
-            target: Some(target),
-            out_dtype: None,
-            format: None,
-            scale_order: Default::default(),
-        }
+        QuantAttrs { block, scale_layout: layout, target: Some(target), ..QuantAttrs::of(scheme) }
+    }
+
+    /// Int8 / fp8 dequantize arguments (no global scale).
+    fn deq(x: &HostTensor, scale: &HostTensor, attrs: QuantAttrs) -> DequantizeArgs {
+        DequantizeArgs { x: x.clone(), scale: scale.clone(), global_scale: None, attrs }
     }
 
     fn bits(t: &HostTensor) -> Vec<u64> {
@@ -413,13 +407,7 @@ mod tests {
             for target in [DType::I8, DType::Fp8E4M3, DType::Fp8E5M2] {
                 let a = attrs(scheme, block, Some(ScaleLayout::ColumnMajor), target);
                 let q = quantize(&QuantizeArgs { x: x.clone(), attrs: a.clone() })?;
-                let back = dequantize(&DequantizeArgs {
-                    x: q["out"].clone(),
-                    scale: q["scale"].clone(),
-                    global_scale: None,
-                    attrs: a,
-                })?
-                .to_f32_vec();
+                let back = dequantize(&deq(&q["out"], &q["scale"], a))?.to_f32_vec();
                 // Each group's amax maps to qmax: i8 steps are scale (error <= scale / 2);
                 // fp8 keeps 3 (e4m3) or 2 (e5m2) mantissa bits (relative error <= 2^-4 / 2^-3).
                 let max = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -455,12 +443,7 @@ mod tests {
                 for out_dtype in [None, Some(DType::BF16)] {
                     let mut at = attrs(*scheme, *block, *layout, x.dtype());
                     at.out_dtype = out_dtype;
-                    let args = OpArgs::Dequantize(DequantizeArgs {
-                        x: x.clone(),
-                        scale: scale.clone(),
-                        global_scale: None,
-                        attrs: at,
-                    });
+                    let args = OpArgs::Dequantize(deq(x, scale, at));
                     let want = reference(&args)?.remove("out").ok_or("no out")?;
                     let OpArgs::Dequantize(d) = &args else { unreachable!() };
                     let ours = dequantize(d)?;
@@ -477,7 +460,7 @@ mod tests {
             [(Some(ScaleLayout::RowMajor), &col), (None, &col), (Some(ScaleLayout::ColumnMajor), &rowm)]
         {
             let a = attrs(QuantScheme::PerBlock, Some([128, 128]), layout, DType::I8);
-            match dequantize(&DequantizeArgs { x: x8.clone(), scale: scale.clone(), global_scale: None, attrs: a }) {
+            match dequantize(&deq(&x8, scale, a)) {
                 Err(KernelError::InvalidInput(m)) => {
                     assert!(
                         m.contains("SCALE_LAYOUT_MISMATCH") && m.contains("`scale`") && m.contains("[2, 3]"),
@@ -495,7 +478,7 @@ mod tests {
             (QuantScheme::PerTensor, None, HostTensor::from_f32(&[2], vec![1.0; 2])?),
         ] {
             let a = attrs(scheme, block, None, DType::I8);
-            let e = dequantize(&DequantizeArgs { x: x8.clone(), scale, global_scale: None, attrs: a });
+            let e = dequantize(&deq(&x8, &scale, a));
             assert!(matches!(&e, Err(KernelError::InvalidInput(m)) if m.contains("SCALE_LAYOUT_MISMATCH")), "{e:?}");
         }
         Ok(())

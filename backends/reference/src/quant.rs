@@ -139,11 +139,8 @@ pub fn dequantize(a: &DequantizeArgs) -> Result<HostTensor, KernelError> {
         d @ (DType::F32 | DType::F16 | DType::BF16) => d,
         d => return Err(invalid(format!("attrs.out_dtype is {d}; expected f32, f16 or bf16"))),
     };
-    if a.attrs.format.is_some() {
+    if a.is_w4()? {
         return dequantize_w4(a, out_dtype);
-    }
-    if a.global_scale.is_some() || !a.attrs.scale_order.is_linear() {
-        return Err(invalid("`global_scale` and attrs.scale_order need attrs.format (a 4-bit dequantize)"));
     }
     Target::of(x.dtype(), "tensor `x` dtype")?;
     let grid = Grid::new(&a.attrs, x)?;

@@ -254,6 +254,21 @@ pub struct QuantAttrs {
     pub scale_order: ScaleOrder,
 }
 
+impl QuantAttrs {
+    /// `scheme` alone: int8 / fp8 values, every other attribute its default.
+    pub fn of(scheme: QuantScheme) -> QuantAttrs {
+        QuantAttrs {
+            scheme,
+            block: None,
+            scale_layout: None,
+            target: None,
+            out_dtype: None,
+            format: None,
+            scale_order: ScaleOrder::Linear,
+        }
+    }
+}
+
 impl QuantScheme {
     /// The stable name.
     pub fn as_str(self) -> &'static str {

@@ -90,6 +90,15 @@ pub fn packed_dims(name: &str, what: &str, w: &HostTensor) -> Result<(usize, usi
 }
 
 impl DequantizeArgs {
+    /// Whether x holds packed 4-bit codes (`attrs.format`); a `global_scale` or a scale order
+    /// without a format is invalid input.
+    pub fn is_w4(&self) -> Result<bool, KernelError> {
+        if self.attrs.format.is_none() && (self.global_scale.is_some() || !self.attrs.scale_order.is_linear()) {
+            return Err(invalid("`global_scale` and attrs.scale_order need attrs.format (a 4-bit dequantize)"));
+        }
+        Ok(self.attrs.format.is_some())
+    }
+
     /// The checked problem of a 4-bit `dequantize` (`attrs.format` set): (format, N, K,
     /// group size). The scheme must be per_block with a block `[1, group]` along K.
     pub fn w4_dims(&self) -> Result<(W4Format, usize, usize, usize), KernelError> {
