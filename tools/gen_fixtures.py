@@ -1434,6 +1434,49 @@ def _():
                       out_dtype="f32")
 
 
+def dequantize_w4(name, fmt, N, K, group, out_dtype=None):
+    """dequantize of a packed 4-bit weight (nf4 / mxfp4 / nvfp4) quantized by tools/quant4.py
+    (the formats' public definitions): `expected` is each code's value times its block scale
+    (and nvfp4's global scale) in float64, cast once to out_dtype."""
+    seed(name)
+    w = torch.randn(N, K, dtype=F64) * (1.0 / math.sqrt(K))
+    q, stored, scale64 = quant4.quantize(fmt, w, group)
+    packed = quant4.pack(q, high_first=(fmt == "nf4"))
+    od = out_dtype or "f32"
+    tensors = {"x": packed, "scale": stored["scales"]}
+    req_t = {"x": desc(packed, "i8"), "scale": desc(stored["scales"], SCALE_DESC[fmt])}
+    if "global_scale" in stored:
+        tensors["global_scale"] = stored["global_scale"]
+        req_t["global_scale"] = desc(stored["global_scale"], "f32")
+    tensors["expected"] = quant4.dequantize64(fmt, q, scale64).to(DT[od])
+    check_emulation(name, "norms", tensors, {"expected": quant4.dequantize32(fmt, q, stored, group).to(DT[od])},
+                    "float32")
+    attrs = {"scheme": "per_block", "block": [1, group], "format": fmt}
+    if out_dtype:
+        attrs["out_dtype"] = out_dtype
+    request = {"op": "dequantize", "tensors": req_t, "attrs": attrs}
+    order = "high nibble first (bitsandbytes)" if fmt == "nf4" else "low nibble first"
+    src = (f"tools/quant4.py quantize('{fmt}', w, {group}) of w ~ N(0, 1/K); codes packed {order}; "
+           f"w = code value * block scale" + (" * global_scale" if fmt == "nvfp4" else "")
+           + f" in float64, cast to {od}")
+    return name, tensors, request, "norms", src
+
+
+@case
+def _():
+    return dequantize_w4("dequantize_nf4_b64_f32_n6_k128", "nf4", 6, 128, 64)
+
+
+@case
+def _():
+    return dequantize_w4("dequantize_mxfp4_b32_bf16_n5_k96", "mxfp4", 5, 96, 32, out_dtype="bf16")
+
+
+@case
+def _():
+    return dequantize_w4("dequantize_nvfp4_b16_f16_n4_k64", "nvfp4", 4, 64, 16, out_dtype="f16")
+
+
 # ------------------------------------------------------------------------- quantized linear
 
 

@@ -581,7 +581,15 @@ fn qattrs(
     layout: Option<ScaleLayout>,
     target: Option<DType>,
 ) -> QuantAttrs {
-    QuantAttrs { scheme, block, scale_layout: layout, target, out_dtype: None }
+    QuantAttrs {
+        scheme,
+        block,
+        scale_layout: layout,
+        target,
+        out_dtype: None,
+        format: None,
+        scale_order: Default::default(),
+    }
 }
 
 fn mlp_request(op: Op, act: Activation) -> Request {

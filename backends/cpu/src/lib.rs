@@ -23,7 +23,7 @@
 //! | `attention`, `paged` | dense and paged attention on the engine |
 //! | `norm`, `activation`, `embedding`, `rope` | row kernels (all but `rope` on `rows`) |
 //! | `linear`, `mlp`, `patch`, `moe` | matrix products (all but `moe` on `gemm`) |
-//! | `quant`, `sample` | quantize and dequantize; token sampling |
+//! | `quant`, `quant4`, `sample` | quantize and dequantize (`quant4`: of packed 4-bit weights, on `gemm`'s row decoder); token sampling |
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
@@ -50,6 +50,7 @@ mod norm;
 mod paged;
 mod patch;
 mod quant;
+mod quant4;
 mod rope;
 mod sample;
 

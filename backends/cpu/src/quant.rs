@@ -13,6 +13,7 @@
 //! scheme's shape, and for `per_block` the memory order `attrs.scale_layout` states, else
 //! a SCALE_LAYOUT_MISMATCH `InvalidInput` naming the tensor, its shape, strides and the
 //! expectation.
+//! Packed 4-bit weights (`attrs.format`) are dequantized in `quant4`.
 
 use std::sync::Arc;
 
@@ -216,11 +217,14 @@ pub(super) fn quantize(a: &QuantizeArgs) -> Result<Outputs, KernelError> {
 /// `dequantize`: `out = decode(x) * scale` in f32, rounded once to `attrs.out_dtype`.
 pub(super) fn dequantize(a: &DequantizeArgs) -> Result<HostTensor, KernelError> {
     let x = &a.x;
-    Target::of(x.dtype(), "tensor `x` dtype")?;
     let out_dtype = match a.attrs.out_dtype.unwrap_or(DType::F32) {
         d @ (DType::F32 | DType::F16 | DType::BF16) => d,
         d => return Err(invalid(format!("attrs.out_dtype is {d}; expected f32, f16 or bf16"))),
     };
+    if a.is_w4()? {
+        return super::quant4::dequantize_w4(a, out_dtype);
+    }
+    Target::of(x.dtype(), "tensor `x` dtype")?;
     let grid = Grid::new(&a.attrs, x)?;
     check_scale(&a.attrs, x, &a.scale, &grid)?;
     let scales = a.scale.to_f32_vec();
@@ -280,7 +284,12 @@ mod tests {
     }
 
     fn attrs(scheme: QuantScheme, block: Option<[u64; 2]>, layout: Option<ScaleLayout>, target: DType) -> QuantAttrs {
-        QuantAttrs { scheme, block, scale_layout: layout, target: Some(target), out_dtype: None }
+        QuantAttrs { block, scale_layout: layout, target: Some(target), ..QuantAttrs::of(scheme) }
+    }
+
+    /// Int8 / fp8 dequantize arguments (no global scale).
+    fn deq(x: &HostTensor, scale: &HostTensor, attrs: QuantAttrs) -> DequantizeArgs {
+        DequantizeArgs { x: x.clone(), scale: scale.clone(), global_scale: None, attrs }
     }
 
     fn bits(t: &HostTensor) -> Vec<u64> {
@@ -398,8 +407,7 @@ mod tests {
             for target in [DType::I8, DType::Fp8E4M3, DType::Fp8E5M2] {
                 let a = attrs(scheme, block, Some(ScaleLayout::ColumnMajor), target);
                 let q = quantize(&QuantizeArgs { x: x.clone(), attrs: a.clone() })?;
-                let back = dequantize(&DequantizeArgs { x: q["out"].clone(), scale: q["scale"].clone(), attrs: a })?
-                    .to_f32_vec();
+                let back = dequantize(&deq(&q["out"], &q["scale"], a))?.to_f32_vec();
                 // Each group's amax maps to qmax: i8 steps are scale (error <= scale / 2);
                 // fp8 keeps 3 (e4m3) or 2 (e5m2) mantissa bits (relative error <= 2^-4 / 2^-3).
                 let max = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -435,7 +443,7 @@ mod tests {
                 for out_dtype in [None, Some(DType::BF16)] {
                     let mut at = attrs(*scheme, *block, *layout, x.dtype());
                     at.out_dtype = out_dtype;
-                    let args = OpArgs::Dequantize(DequantizeArgs { x: x.clone(), scale: scale.clone(), attrs: at });
+                    let args = OpArgs::Dequantize(deq(x, scale, at));
                     let want = reference(&args)?.remove("out").ok_or("no out")?;
                     let OpArgs::Dequantize(d) = &args else { unreachable!() };
                     let ours = dequantize(d)?;
@@ -452,7 +460,7 @@ mod tests {
             [(Some(ScaleLayout::RowMajor), &col), (None, &col), (Some(ScaleLayout::ColumnMajor), &rowm)]
         {
             let a = attrs(QuantScheme::PerBlock, Some([128, 128]), layout, DType::I8);
-            match dequantize(&DequantizeArgs { x: x8.clone(), scale: scale.clone(), attrs: a }) {
+            match dequantize(&deq(&x8, scale, a)) {
                 Err(KernelError::InvalidInput(m)) => {
                     assert!(
                         m.contains("SCALE_LAYOUT_MISMATCH") && m.contains("`scale`") && m.contains("[2, 3]"),
@@ -470,7 +478,7 @@ mod tests {
             (QuantScheme::PerTensor, None, HostTensor::from_f32(&[2], vec![1.0; 2])?),
         ] {
             let a = attrs(scheme, block, None, DType::I8);
-            let e = dequantize(&DequantizeArgs { x: x8.clone(), scale, attrs: a });
+            let e = dequantize(&deq(&x8, &scale, a));
             assert!(matches!(&e, Err(KernelError::InvalidInput(m)) if m.contains("SCALE_LAYOUT_MISMATCH")), "{e:?}");
         }
         Ok(())

@@ -14,6 +14,7 @@
 use std::sync::Arc;
 
 use layerzero_core::exec::args::{Int4Args, LinearArgs, OpArgs, Outputs, W8a8Args};
+use layerzero_core::exec::check::W4Scales;
 use layerzero_core::exec::executor::{KernelError, Registry};
 use layerzero_core::model::op::Op;
 use layerzero_core::model::w4::{W4Format, e8m0};
@@ -129,28 +130,28 @@ pub(crate) fn nibble(byte: i8, k: usize, high_first: bool) -> u8 {
     if k.is_multiple_of(2) != high_first { b & 0x0F } else { b >> 4 }
 }
 
-/// The f64 value of every block scale of a `linear_int4` weight: mxfp4's E8M0 bytes decoded,
+/// The f64 value of every block scale of a 4-bit weight: mxfp4's E8M0 bytes decoded,
 /// nvfp4's times its global scale, the others as stored.
-fn block_scales(a: &Int4Args) -> Vec<f64> {
-    match a.attrs.format {
-        W4Format::Mxfp4 => a.scales.to_i64_vec().into_iter().map(|e| e8m0(e as i8 as u8)).collect(),
+fn block_scales(format: W4Format, scales: &HostTensor, global: Option<&HostTensor>) -> Vec<f64> {
+    match format {
+        W4Format::Mxfp4 => scales.to_i64_vec().into_iter().map(|e| e8m0(e as i8 as u8)).collect(),
         W4Format::Nvfp4 => {
-            let global = a.global_scale.as_ref().map_or(1.0, |g| g.to_f64_vec()[0]);
-            a.scales.to_f64_vec().into_iter().map(|s| s * global).collect()
+            let global = global.map_or(1.0, |g| g.to_f64_vec()[0]);
+            scales.to_f64_vec().into_iter().map(|s| s * global).collect()
         }
-        W4Format::Int4 | W4Format::Nf4 => a.scales.to_f64_vec(),
+        W4Format::Int4 | W4Format::Nf4 => scales.to_f64_vec(),
     }
 }
 
-/// `linear_int4`: the weight dequantized in f64 by its format (`model::w4`), then
-/// `x @ w^T + bias`, rounded once.
-pub fn linear_int4(a: &Int4Args) -> Result<HostTensor, KernelError> {
-    let (lead, m, k, n, g) = a.dims()?;
-    let (format, groups) = (a.attrs.format, k / g);
-    let packed = a.weight.to_i64_vec();
-    let scales = block_scales(a);
-    let zeros = a.zeros.as_ref().map(HostTensor::to_f64_vec);
-    let mut w = vec![0.0f64; n * k];
+/// A packed `[N, K/2]` 4-bit weight decoded in f64 by its format (`model::w4`), row-major
+/// `[N, K]`: code value times its block scale (int4: `(q - zero) * scale`, zero 8 without
+/// `zeros`). Its arguments were checked (`W4Scales::check`).
+pub(crate) fn decode_w4(w: &W4Scales, packed: &HostTensor, n: usize, k: usize, g: usize) -> Vec<f64> {
+    let (format, groups) = (w.format, k / g);
+    let packed = packed.to_i64_vec();
+    let scales = block_scales(format, w.scales, w.global);
+    let zeros = w.zeros.map(HostTensor::to_f64_vec);
+    let mut out = vec![0.0f64; n * k];
     for j in 0..n {
         for p in 0..k {
             let q = nibble(packed[j * (k / 2) + p / 2] as i8, p, format.high_nibble_first());
@@ -159,9 +160,26 @@ pub fn linear_int4(a: &Int4Args) -> Result<HostTensor, KernelError> {
                 W4Format::Int4 => f64::from(q) - zeros.as_ref().map_or(8.0, |z| z[gi]),
                 other => f64::from(other.code(q)),
             };
-            w[j * k + p] = code * scales[gi];
+            out[j * k + p] = code * scales[gi];
         }
     }
+    out
+}
+
+/// `linear_int4`: the weight dequantized in f64 by its format (`model::w4`), then
+/// `x @ w^T + bias`, rounded once.
+pub fn linear_int4(a: &Int4Args) -> Result<HostTensor, KernelError> {
+    let (lead, m, k, n, g) = a.dims()?;
+    let scales = W4Scales {
+        format: a.attrs.format,
+        order: a.attrs.scale_order,
+        group: a.attrs.group_size,
+        scales: &a.scales,
+        name: "scales",
+        zeros: a.zeros.as_ref(),
+        global: a.global_scale.as_ref(),
+    };
+    let w = decode_w4(&scales, &a.weight, n, k, g);
     let x = a.x.to_f64_vec();
     let bias = a.bias.as_ref().map(HostTensor::to_f64_vec);
     let out = matmul_f64(&x, m, k, n, |j, p| w[j * k + p], bias.as_deref());

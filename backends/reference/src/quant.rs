@@ -24,6 +24,9 @@
 //! the scheme's shape and, for `per_block`, the memory order `attrs.scale_layout` states
 //! (row-major when absent); anything else is a SCALE_LAYOUT_MISMATCH error naming the
 //! tensor, its shape and strides and what was expected.
+//!
+//! A 4-bit `dequantize` (`attrs.format`): the packed codes decoded in f64 by the decoder
+//! `linear_int4` uses (`linear::decode_w4`), rounded once to `attrs.out_dtype`.
 
 use std::sync::Arc;
 
@@ -36,7 +39,8 @@ use layerzero_core::tensor::fp8::Fp8;
 use layerzero_core::tensor::{HostTensor, Storage};
 
 use super::{from_f64_as, wrong_op};
-use layerzero_core::exec::check::invalid;
+use crate::linear::decode_w4;
+use layerzero_core::exec::check::{W4Scales, invalid};
 use layerzero_core::exec::quant::{Grid, Target, check_scale};
 
 /// Quantize kernel id.
@@ -131,11 +135,14 @@ pub fn quantize(a: &QuantizeArgs) -> Result<Outputs, KernelError> {
 /// `dequantize`: `out = decode(x) * scale`, in f64, rounded once to `attrs.out_dtype`.
 pub fn dequantize(a: &DequantizeArgs) -> Result<HostTensor, KernelError> {
     let x = &a.x;
-    Target::of(x.dtype(), "tensor `x` dtype")?;
     let out_dtype = match a.attrs.out_dtype.unwrap_or(DType::F32) {
         d @ (DType::F32 | DType::F16 | DType::BF16) => d,
         d => return Err(invalid(format!("attrs.out_dtype is {d}; expected f32, f16 or bf16"))),
     };
+    if a.is_w4()? {
+        return dequantize_w4(a, out_dtype);
+    }
+    Target::of(x.dtype(), "tensor `x` dtype")?;
     let grid = Grid::new(&a.attrs, x)?;
     check_scale(&a.attrs, x, &a.scale, &grid)?;
     // Logical order: row-major over the scale grid, whatever the scale's strides.
@@ -143,6 +150,22 @@ pub fn dequantize(a: &DequantizeArgs) -> Result<HostTensor, KernelError> {
     let vals = x.to_f64_vec();
     let out: Vec<f64> = vals.iter().enumerate().map(|(i, &v)| v * scales[grid.group(i)]).collect();
     from_f64_as(out_dtype, x.shape(), &out)
+}
+
+/// A 4-bit `dequantize`: the packed `[N, K/2]` codes decoded in f64 by their format (the
+/// decoder `linear_int4` uses), rounded once to `out_dtype`; the result is `[N, K]`.
+fn dequantize_w4(a: &DequantizeArgs, out_dtype: DType) -> Result<HostTensor, KernelError> {
+    let (format, n, k, g) = a.w4_dims()?;
+    let scales = W4Scales {
+        format,
+        order: a.attrs.scale_order,
+        group: g as u64,
+        scales: &a.scale,
+        name: "scale",
+        zeros: None,
+        global: a.global_scale.as_ref(),
+    };
+    from_f64_as(out_dtype, &[n, k], &decode_w4(&scales, &a.x, n, k, g))
 }
 
 #[cfg(test)]
@@ -153,7 +176,15 @@ mod tests {
     use layerzero_core::model::attrs::QuantAttrs;
 
     fn attrs(scheme: QuantScheme, block: Option<[u64; 2]>, layout: Option<ScaleLayout>, target: DType) -> QuantAttrs {
-        QuantAttrs { scheme, block, scale_layout: layout, target: Some(target), out_dtype: None }
+        QuantAttrs {
+            scheme,
+            block,
+            scale_layout: layout,
+            target: Some(target),
+            out_dtype: None,
+            format: None,
+            scale_order: Default::default(),
+        }
     }
 
     fn q(x: &HostTensor, a: QuantAttrs) -> TestResult<Outputs> {
@@ -188,6 +219,7 @@ mod tests {
             let back = dequantize(&DequantizeArgs {
                 x: o["out"].clone(),
                 scale: s.clone(),
+                global_scale: None,
                 attrs: attrs(scheme, block, None, DType::I8),
             })?
             .to_f32_vec();
@@ -226,7 +258,7 @@ mod tests {
         assert_eq!(row["scale"].strides(), &[3, 1]);
         assert_eq!(s.to_f32_vec(), row["scale"].to_f32_vec());
         let deq = |scale: &HostTensor, a: QuantAttrs| {
-            dequantize(&DequantizeArgs { x: o["out"].clone(), scale: scale.clone(), attrs: a })
+            dequantize(&DequantizeArgs { x: o["out"].clone(), scale: scale.clone(), global_scale: None, attrs: a })
         };
         assert!(deq(s, a.clone()).is_ok());
         // The column-major scale where row-major is stated (or implied) is refused.

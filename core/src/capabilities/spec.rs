@@ -450,10 +450,11 @@ pub struct Constraints {
     /// linear_int4: group sizes.
     #[serde(default)]
     pub group_sizes: Option<Vec<u64>>,
-    /// linear_int4: the 4-bit weight formats it decodes (`int4` only when absent).
+    /// linear_int4 and dequantize: the 4-bit weight formats it decodes (linear_int4: `int4`
+    /// only when absent; dequantize: none when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight_formats: Option<Vec<W4Format>>,
-    /// linear_int4: the scale orders it reads (`linear` only when absent).
+    /// linear_int4 and a 4-bit dequantize: the scale orders it reads (`linear` only when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scale_orders: Option<Vec<ScaleOrder>>,
 }
@@ -508,9 +509,16 @@ pub(crate) fn fields_for_op(op: Op) -> &'static [&'static str] {
         Op::Geglu => &["hidden_size", "glu_forms", "gelu_approximations"],
         Op::Linear => &["weight_layouts"],
         Op::Mlp | Op::MoeExperts => &["activations"],
-        Op::Quantize | Op::Dequantize => {
-            &["hidden_size", "quant_schemes", "quant_targets", "quant_blocks", "scale_layouts"]
-        }
+        Op::Quantize => &["hidden_size", "quant_schemes", "quant_targets", "quant_blocks", "scale_layouts"],
+        Op::Dequantize => &[
+            "hidden_size",
+            "quant_schemes",
+            "quant_targets",
+            "quant_blocks",
+            "scale_layouts",
+            "weight_formats",
+            "scale_orders",
+        ],
         Op::LinearInt4 => &["group_sizes", "weight_formats", "scale_orders"],
         Op::LinearW8a8 | Op::PatchEmbed | Op::Tokenize => &[],
         _ => &["hidden_size"],

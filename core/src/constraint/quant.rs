@@ -60,6 +60,10 @@ fn quant(c: &Constraints, req: &Request, a: &QuantAttrs, out: &mut impl Sink) {
     {
         out.reject(ReasonCode::ATTR_UNSUPPORTED, || format!("scheme {} not in [{}]", a.scheme.as_str(), names(ok)));
     }
+    blocks(c, a, out);
+    if let (Some(format), Op::Dequantize) = (a.format, req.op) {
+        return dequant_w4(c, req, a, format, out);
+    }
     let qdtype = match req.op {
         Op::Quantize => a.target.unwrap_or(DType::I8),
         _ => req.get("x").map_or(DType::I8, |x| x.dtype),
@@ -68,14 +72,6 @@ fn quant(c: &Constraints, req: &Request, a: &QuantAttrs, out: &mut impl Sink) {
         && !ok.contains(&qdtype)
     {
         out.reject(ReasonCode::DTYPE_UNSUPPORTED, || format!("quantized dtype {qdtype} not in [{}]", list(ok)));
-    }
-    if let (QuantScheme::PerBlock, Some(block), Some(ok)) = (a.scheme, a.block, &c.quant_blocks)
-        && !ok.contains(&block)
-    {
-        out.reject(ReasonCode::ATTR_UNSUPPORTED, || {
-            let b: Vec<String> = ok.iter().map(|b| format!("{b:?}")).collect();
-            format!("block {block:?} not in [{}]", b.join(", "))
-        });
     }
     if a.scheme == QuantScheme::PerBlock
         && let Some(ok) = &c.scale_layouts
@@ -117,6 +113,19 @@ fn quant(c: &Constraints, req: &Request, a: &QuantAttrs, out: &mut impl Sink) {
     }
 }
 
+/// A per-block request's block must be one the kernel declares (a 4-bit dequantize's
+/// `[1, group]` included).
+fn blocks(c: &Constraints, a: &QuantAttrs, out: &mut impl Sink) {
+    if let (QuantScheme::PerBlock, Some(block), Some(ok)) = (a.scheme, a.block, &c.quant_blocks)
+        && !ok.contains(&block)
+    {
+        out.reject(ReasonCode::ATTR_UNSUPPORTED, || {
+            let b: Vec<String> = ok.iter().map(|b| format!("{b:?}")).collect();
+            format!("block {block:?} not in [{}]", b.join(", "))
+        });
+    }
+}
+
 fn w8a8(req: &Request, out: &mut impl Sink) {
     let (Some(x), Some(w)) = (req.get("x"), req.get("weight")) else { return };
     for (name, rows) in [("x_scale", x.shape.first()), ("w_scale", w.shape.first())] {
@@ -131,7 +140,29 @@ fn w8a8(req: &Request, out: &mut impl Sink) {
 }
 
 fn int4(c: &Constraints, req: &Request, a: &Int4Attrs, out: &mut impl Sink) {
-    let formats = c.weight_formats.as_deref().unwrap_or(&[W4Format::Int4]);
+    let k = req.get("x").and_then(|x| x.shape.last().copied());
+    let n = req.get("weight").and_then(|w| w.shape.first().copied());
+    w4(c, req, W4 { format: a.format, order: a.scale_order, group: a.group_size, n, k }, out);
+}
+
+/// A packed 4-bit weight as selection sees it: `[n, k]` when the request's shapes say.
+struct W4 {
+    format: W4Format,
+    order: ScaleOrder,
+    group: u64,
+    n: Option<u64>,
+    k: Option<u64>,
+}
+
+/// What `linear_int4` and a 4-bit `dequantize` share: the kernel's formats (ATTR_UNSUPPORTED)
+/// and scale orders, the format's scales, a group dividing K and `[N, K / group]` scale and
+/// zero shapes (SCALE_LAYOUT_MISMATCH). `scales` is the op's name for the block scales.
+fn w4(c: &Constraints, req: &Request, w: W4, out: &mut impl Sink) {
+    let (a, scales) = (&w, if req.op == Op::Dequantize { "scale" } else { "scales" });
+    // A kernel that declares no formats reads int4 only (linear_int4's first kernels); a
+    // dequantize kernel that declares none reads no 4-bit format.
+    let none: &[W4Format] = if req.op == Op::Dequantize { &[] } else { &[W4Format::Int4] };
+    let formats = c.weight_formats.as_deref().unwrap_or(none);
     if !formats.contains(&a.format) {
         out.reject(ReasonCode::ATTR_UNSUPPORTED, || {
             let names: Vec<&str> = formats.iter().map(|f| f.as_str()).collect();
@@ -139,32 +170,40 @@ fn int4(c: &Constraints, req: &Request, a: &Int4Attrs, out: &mut impl Sink) {
         });
     }
     let orders = c.scale_orders.as_deref().unwrap_or(&[ScaleOrder::Linear]);
-    if !orders.contains(&a.scale_order) {
+    if !orders.contains(&a.order) {
         mismatch(out, || {
             let names: Vec<&str> = orders.iter().map(|o| o.as_str()).collect();
-            format!("scale_order {} requested; the kernel reads {} scales", a.scale_order.as_str(), names.join(" or "))
+            format!("scale_order {} requested; the kernel reads {} scales", a.order.as_str(), names.join(" or "))
         });
     }
-    let group = a.group_size;
+    let group = a.group;
     let (zeros, global) = (req.get("zeros").is_some(), req.get("global_scale").is_some());
-    if let Some(s) = req.get("scales")
+    if let Some(s) = req.get(scales)
         && let Some(why) = a.format.scale_mismatch(group, s.dtype, zeros, global)
     {
         mismatch(out, || why);
     }
-    let (Some(x), Some(w)) = (req.get("x"), req.get("weight")) else { return };
-    let (Some(&k), Some(&n)) = (x.shape.last(), w.shape.first()) else { return };
+    let (Some(k), Some(n)) = (a.k, a.n) else { return };
     if group == 0 || k % group != 0 {
         mismatch(out, || format!("group_size {group} does not divide in_features {k}"));
         return;
     }
-    for name in ["scales", "zeros"] {
+    for name in [scales, "zeros"] {
         if let Some(s) = req.get(name)
             && let Some(why) = group_shape_mismatch(name, &s.shape, n, k, group)
         {
             mismatch(out, || why);
         }
     }
+}
+
+/// A 4-bit `dequantize`: x is `[N, K/2]` packed bytes, the block `[1, group]` along K.
+fn dequant_w4(c: &Constraints, req: &Request, a: &QuantAttrs, format: W4Format, out: &mut impl Sink) {
+    // The problem validator refuses another scheme or block shape (an invalid request).
+    let Some([1, group]) = a.block else { return };
+    let x = req.get("x");
+    let (n, k) = (x.and_then(|x| x.shape.first().copied()), x.and_then(|x| x.shape.get(1)).map(|h| h * 2));
+    w4(c, req, W4 { format, order: a.scale_order, group, n, k }, out);
 }
 
 fn names(v: &[QuantScheme]) -> String {

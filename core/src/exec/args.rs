@@ -207,8 +207,10 @@ op_args! {
 op_args! {
     /// `dequantize`: `out = x * scale` broadcast by the scheme (the inverse of `quantize`),
     /// in `out_dtype` (f32 by default). A scale whose shape or memory order does not match
-    /// the scheme is an error (SCALE_LAYOUT_MISMATCH).
-    DequantizeArgs { attrs: QuantAttrs, required: [x, scale], optional: [] }
+    /// the scheme is an error (SCALE_LAYOUT_MISMATCH). With `attrs.format`, x is i8 `[N, K/2]`
+    /// packed 4-bit codes, `scale` their `[N, K / group]` block scales (`block` `[1, group]`),
+    /// `global_scale` nvfp4's f32 `[1]`, and `out` the `[N, K]` weight (`model::w4`).
+    DequantizeArgs { attrs: QuantAttrs, required: [x, scale], optional: [global_scale] }
 }
 
 op_args! {

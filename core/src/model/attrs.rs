@@ -244,6 +244,29 @@ pub struct QuantAttrs {
     /// Dequantized dtype (f32, f16, bf16); f32 when absent.
     #[serde(default)]
     pub out_dtype: Option<DType>,
+    /// `dequantize` of packed 4-bit weights: x is i8 `[N, K/2]` bytes of this format's codes
+    /// (`model::w4`), `scheme` per_block with `block` `[1, group]`. Absent: x holds int8 or
+    /// fp8 values, as before the 4-bit formats (and then not serialized).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<W4Format>,
+    /// The order a 4-bit format's block scales are stored in (`linear` when absent).
+    #[serde(default, skip_serializing_if = "ScaleOrder::is_linear")]
+    pub scale_order: ScaleOrder,
+}
+
+impl QuantAttrs {
+    /// `scheme` alone: int8 / fp8 values, every other attribute its default.
+    pub fn of(scheme: QuantScheme) -> QuantAttrs {
+        QuantAttrs {
+            scheme,
+            block: None,
+            scale_layout: None,
+            target: None,
+            out_dtype: None,
+            format: None,
+            scale_order: ScaleOrder::Linear,
+        }
+    }
 }
 
 impl QuantScheme {

@@ -165,7 +165,7 @@ struct_words! {
     SwigluAttrs { split }
     GeluAttrs { approximate }
     SampleAttrs { temperature, top_k, top_p, min_p, seed }
-    QuantAttrs { scheme, block, scale_layout, target, out_dtype }
+    QuantAttrs { scheme, block, scale_layout, target, out_dtype, format, scale_order }
     GegluAttrs { split, approximate }
     MlpAttrs { activation }
     MoeRouteAttrs { top_k, renormalize }

@@ -32,7 +32,7 @@ pub enum Op {
     Sample,
     /// Quantization to int8 / fp8.
     Quantize,
-    /// Dequantization from int8 / fp8.
+    /// Dequantization from int8 / fp8, or of packed 4-bit weights (`attrs.format`).
     Dequantize,
     /// Mixture-of-experts routing (softmax + top-k).
     MoeRoute,

@@ -114,6 +114,8 @@ fn default_attrs(op: Op) -> Attrs {
             scale_layout: None,
             target: None,
             out_dtype: None,
+            format: None,
+            scale_order: super::w4::ScaleOrder::Linear,
         }),
         Op::MoeRoute => Attrs::MoeRoute(MoeRouteAttrs { top_k: 1, renormalize: false }),
         Op::Tokenize => Attrs::Tokenize(TokenizeAttrs::default()),

@@ -1,4 +1,5 @@
-//! The 4-bit weight formats of `linear_int4` and what each one's scales must be.
+//! The 4-bit weight formats of `linear_int4` (and of a 4-bit `dequantize`, `QuantAttrs::format`)
+//! and what each one's scales must be.
 //!
 //! Every format packs two 4-bit codes per byte of an `[N, K/2]` weight and scales blocks of
 //! `group_size` consecutive input features of one output row (`scales` `[N, K/group_size]`,
@@ -166,7 +167,7 @@ impl W4Format {
                 W4Format::Nf4 => " (bitsandbytes absmax)",
                 _ => "",
             };
-            return Some(format!("{name} scales are {}{what}; tensor `scales` is {dtype}", want.join(" or ")));
+            return Some(format!("{name} scales are {}{what}; the given scales are {dtype}", want.join(" or ")));
         }
         if zeros && self != W4Format::Int4 {
             return Some(format!("{name} is symmetric: it takes no `zeros`"));

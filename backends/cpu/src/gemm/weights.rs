@@ -48,7 +48,7 @@ impl Int4W<'_> {
     }
 
     /// Dequantizes weight row `n` (length K) into `out`.
-    pub(super) fn row(&self, n: usize, out: &mut [f32]) {
+    pub(crate) fn row(&self, n: usize, out: &mut [f32]) {
         const CHUNK: usize = 64;
         let groups = self.k / self.g;
         let codes: [f32; 16] = std::array::from_fn(|q| self.format.code(q as u8));

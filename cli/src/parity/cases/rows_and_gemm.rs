@@ -45,6 +45,7 @@ pub fn rows_and_gemm(seed: u64) -> Vec<Case> {
     }
     // So have the 4-bit formats.
     out.extend(linear_w4(&mut Rng::new(seed ^ 0x5734_4e46_4d58_4e56)));
+    out.extend(dequantize_w4(&mut Rng::new(seed ^ 0x4445_5134_4445_5134)));
     out
 }
 
@@ -260,7 +261,15 @@ fn sampling(rng: &mut Rng, dtype: DType) -> Vec<Case> {
 /// Quantization round trips: per tensor, per channel and per block, to int8 and fp8.
 fn quantize(rng: &mut Rng, dtype: DType) -> Vec<Case> {
     let x = tensor(rng, dtype, &[130, 260], 3.0);
-    let q = |scheme, block, scale_layout, target| QuantAttrs { scheme, block, scale_layout, target, out_dtype: None };
+    let q = |scheme, block, scale_layout, target| QuantAttrs {
+        scheme,
+        block,
+        scale_layout,
+        target,
+        out_dtype: None,
+        format: None,
+        scale_order: Default::default(),
+    };
     let schemes = [
         ("per_tensor_i8", q(QuantScheme::PerTensor, None, None, Some(DType::I8))),
         ("per_channel_i8", q(QuantScheme::PerChannel, None, None, Some(DType::I8))),
@@ -286,8 +295,16 @@ fn dequantize(rng: &mut Rng) -> Vec<Case> {
     let x8 = int8(rng, &[130, 260]);
     let scale_rows = tensor(rng, DType::F32, &[130], 0.01);
     let deq = |scale, scheme, block, scale_layout| {
-        let attrs = QuantAttrs { scheme, block, scale_layout, target: None, out_dtype: Some(DType::F32) };
-        OpArgs::Dequantize(DequantizeArgs { x: x8.clone(), scale, attrs })
+        let attrs = QuantAttrs {
+            scheme,
+            block,
+            scale_layout,
+            target: None,
+            out_dtype: Some(DType::F32),
+            format: None,
+            scale_order: Default::default(),
+        };
+        OpArgs::Dequantize(DequantizeArgs { x: x8.clone(), scale, global_scale: None, attrs })
     };
     // A column-major [2, 3] scale for 128x128 blocks of [130, 260].
     let col = HostTensor::from_f32(&[6], vec![0.01, 0.02, 0.03, 0.04, 0.05, 0.06])
@@ -355,21 +372,10 @@ fn linear_w4(rng: &mut Rng) -> Vec<Case> {
     let (m, k, n) = QUANT_LINEAR_DIMS;
     let mut out = Vec::new();
     for (format, group) in [(W4Format::Nf4, 64usize), (W4Format::Mxfp4, 32), (W4Format::Nvfp4, 16)] {
-        let packed: Vec<f32> = (0..n * k / 2).map(|_| rng.below(256) as f32 - 128.0).collect();
-        let shape = [n, k / group];
-        let scales = match format {
-            W4Format::Mxfp4 => {
-                let e: Vec<f32> = (0..n * k / group).map(|_| 118.0 + rng.below(6) as f32).collect();
-                HostTensor::from_f32_as(DType::I8, &shape, &e).unwrap_or_else(unreachable_tensor)
-            }
-            W4Format::Nvfp4 => tensor(rng, DType::Fp8E4M3, &shape, 0.05),
-            _ => tensor(rng, DType::F32, &shape, 0.05),
-        };
-        let global = (format == W4Format::Nvfp4)
-            .then(|| HostTensor::from_f32(&[1], vec![1.5]).unwrap_or_else(unreachable_tensor));
+        let (weight, scales, global) = w4_weight(rng, format, n, k, group);
         let args = Int4Args {
             x: tensor(rng, DType::F32, &[m, k], 0.05),
-            weight: HostTensor::from_f32_as(DType::I8, &[n, k / 2], &packed).unwrap_or_else(unreachable_tensor),
+            weight,
             scales,
             zeros: None,
             bias: None,
@@ -378,6 +384,54 @@ fn linear_w4(rng: &mut Rng) -> Vec<Case> {
         };
         let name = format!("linear_int4/{}_group{group}", format.as_str());
         out.push(case(name, Category::Gemm, OpArgs::LinearInt4(args)));
+    }
+    out
+}
+
+/// A random packed `[n, k/2]` weight of `format` with its `[n, k / group]` block scales (mxfp4:
+/// E8M0 bytes 2^-9 .. 2^-4; nvfp4: e4m3 scales) and nvfp4's global scale.
+fn w4_weight(
+    rng: &mut Rng,
+    format: W4Format,
+    n: usize,
+    k: usize,
+    group: usize,
+) -> (HostTensor, HostTensor, Option<HostTensor>) {
+    let packed: Vec<f32> = (0..n * k / 2).map(|_| rng.below(256) as f32 - 128.0).collect();
+    let shape = [n, k / group];
+    let scales = match format {
+        W4Format::Mxfp4 => {
+            let e: Vec<f32> = (0..n * k / group).map(|_| 118.0 + rng.below(6) as f32).collect();
+            HostTensor::from_f32_as(DType::I8, &shape, &e).unwrap_or_else(unreachable_tensor)
+        }
+        W4Format::Nvfp4 => tensor(rng, DType::Fp8E4M3, &shape, 0.05),
+        _ => tensor(rng, DType::F32, &shape, 0.05),
+    };
+    let global =
+        (format == W4Format::Nvfp4).then(|| HostTensor::from_f32(&[1], vec![1.5]).unwrap_or_else(unreachable_tensor));
+    let weight = HostTensor::from_f32_as(DType::I8, &[n, k / 2], &packed).unwrap_or_else(unreachable_tensor);
+    (weight, scales, global)
+}
+
+/// Packed 4-bit weights of each format dequantized at its block size, to bf16 (nf4 f32 absmax
+/// per 64, mxfp4 E8M0 per 32, nvfp4 e4m3 per 16 and a global scale).
+fn dequantize_w4(rng: &mut Rng) -> Vec<Case> {
+    let (n, k) = (33usize, 256usize);
+    let mut out = Vec::new();
+    for (format, group) in [(W4Format::Nf4, 64usize), (W4Format::Mxfp4, 32), (W4Format::Nvfp4, 16)] {
+        let (x, scale, global_scale) = w4_weight(rng, format, n, k, group);
+        let attrs = QuantAttrs {
+            scheme: QuantScheme::PerBlock,
+            block: Some([1, group as u64]),
+            scale_layout: None,
+            target: None,
+            out_dtype: Some(DType::BF16),
+            format: Some(format),
+            scale_order: Default::default(),
+        };
+        let args = DequantizeArgs { x, scale, global_scale, attrs };
+        let name = format!("dequantize/{}_block{group}_bf16", format.as_str());
+        out.push(case(name, Category::Norms, OpArgs::Dequantize(args)));
     }
     out
 }

@@ -1,11 +1,11 @@
 //! Linear layers: rows of `x`, the weight's layout, bias and scales, quantized operands.
 
+use super::w4::{W4Scales, packed_dims};
 use super::{expect_dense_float, invalid};
 use crate::exec::args::{Int4Args, W8a8Args};
 use crate::exec::executor::KernelError;
 use crate::model::dtype::DType;
 use crate::model::layout::Layout;
-use crate::model::w4::{ScaleOrder, group_shape_mismatch};
 use crate::tensor::HostTensor;
 
 /// The activations [..., K] of a linear-like op: (leading shape, M, K).
@@ -147,62 +147,24 @@ impl Int4Args {
         let a = self;
         expect_dense_float("x", &a.x)?;
         let (lead, m, k) = rows_of("x", &a.x)?;
-        if a.weight.dtype() != DType::I8 {
-            return Err(invalid(format!(
-                "tensor `weight` has dtype {}; linear_int4 expects i8 bytes packing two 4-bit values",
-                a.weight.dtype()
-            )));
-        }
-        let &[n, half] = a.weight.shape() else {
-            return Err(invalid(format!("tensor `weight` has shape {:?}; expected rank 2 [N, K/2]", a.weight.shape())));
-        };
-        if k % 2 != 0 || half * 2 != k {
+        let (n, wk) = packed_dims("weight", "linear_int4", &a.weight)?;
+        if k % 2 != 0 || wk != k {
             return Err(invalid(format!(
                 "tensor `weight` has shape {:?}; expected [N, K/2] = [{n}, K/2] with K = {k} from x {:?} (K even)",
                 a.weight.shape(),
                 a.x.shape()
             )));
         }
-        let g = usize::try_from(a.attrs.group_size).unwrap_or(0);
-        if g == 0 || k % g != 0 {
-            return Err(invalid(format!(
-                "SCALE_LAYOUT_MISMATCH: attrs.group_size {} does not divide in_features K = {k}",
-                a.attrs.group_size
-            )));
+        let g = W4Scales {
+            format: a.attrs.format,
+            order: a.attrs.scale_order,
+            group: a.attrs.group_size,
+            scales: &a.scales,
+            name: "scales",
+            zeros: a.zeros.as_ref(),
+            global: a.global_scale.as_ref(),
         }
-        let (format, order) = (a.attrs.format, a.attrs.scale_order);
-        let (zeros, global) = (a.zeros.is_some(), a.global_scale.is_some());
-        if let Some(why) = format.scale_mismatch(a.attrs.group_size, a.scales.dtype(), zeros, global) {
-            return Err(invalid(format!("SCALE_LAYOUT_MISMATCH: {why}")));
-        }
-        if order != ScaleOrder::Linear {
-            return Err(invalid(format!(
-                "SCALE_LAYOUT_MISMATCH: attrs.scale_order is {}; this kernel reads linear ([N, K / group_size] \
-                 row-major) scales",
-                order.as_str()
-            )));
-        }
-        if let Some(gs) = &a.global_scale
-            && (gs.dtype() != DType::F32 || gs.shape() != [1])
-        {
-            return Err(invalid(format!(
-                "tensor `global_scale` is {} {:?}; expected f32 [1] (one scale per tensor)",
-                gs.dtype(),
-                gs.shape()
-            )));
-        }
-        let want = [n, k / g];
-        for (name, t) in [("scales", Some(&a.scales)), ("zeros", a.zeros.as_ref())] {
-            let Some(t) = t else { continue };
-            if name == "zeros" && !t.dtype().is_float() {
-                return Err(invalid(format!("tensor `{name}` has dtype {}; expected a float dtype", t.dtype())));
-            }
-            if t.shape() != want {
-                let shape: Vec<u64> = t.shape().iter().map(|&d| d as u64).collect();
-                let why = group_shape_mismatch(name, &shape, n as u64, k as u64, g as u64).unwrap_or_default();
-                return Err(invalid(format!("SCALE_LAYOUT_MISMATCH: {why} (strides {:?})", t.strides())));
-            }
-        }
+        .check(n, k)?;
         check_bias(a.bias.as_ref(), n)?;
         m.checked_mul(n).ok_or_else(|| invalid(format!("the output shape {:?} overflows", out_shape(&lead, n))))?;
         Ok((lead.to_vec(), m, k, n, g))

@@ -10,12 +10,14 @@ mod mlp;
 mod moe;
 mod norm;
 mod patch;
+mod w4;
 
 pub use activation::check_gated;
 pub use linear::{WeightLayout, check_bias, check_row_scale, out_dtype, out_shape, rows_of, weight_dims};
 pub use moe::MoeDims;
 pub use norm::{LAYER_EPS, RMS_EPS};
 pub use patch::Patches;
+pub use w4::{W4Scales, packed_dims};
 
 use crate::exec::executor::KernelError;
 use crate::model::dtype::DType;

@@ -3,7 +3,7 @@
 
 use super::validator::Validator;
 use super::{Dims, Problem};
-use crate::model::attrs::Attrs;
+use crate::model::attrs::{Attrs, QuantScheme};
 use crate::model::dtype::DType;
 use crate::model::layout::Layout;
 use crate::model::op::Op;
@@ -143,21 +143,39 @@ impl Problem {
             if !quantized.contains(&target) {
                 v.err(format!("attrs.target is {target}; quantize targets i8, fp8_e4m3 or fp8_e5m2"));
             }
-            if a.scheme == crate::model::attrs::QuantScheme::None && target == DType::I8 {
+            if a.scheme == QuantScheme::None && target == DType::I8 {
                 v.err("attrs.scheme none is a plain cast; it needs an fp8 target".to_owned());
+            }
+            if a.format.is_some() || !a.scale_order.is_linear() || v.tensor("global_scale").is_some() {
+                v.err("attrs.format, attrs.scale_order and `global_scale` belong to a 4-bit dequantize".to_owned());
+            }
+        } else if let Some(f) = a.format {
+            // Packed 4-bit codes: the scales' dtype is the format's, judged by selection
+            // (SCALE_LAYOUT_MISMATCH), as for linear_int4.
+            v.dtype_in("x", x, &[DType::I8]);
+            if !(a.scheme == QuantScheme::PerBlock && matches!(a.block, Some([1, g]) if g > 0)) {
+                v.err(format!(
+                    "attrs.scheme {} with block {:?}: a {} weight is dequantized per_block with block [1, group]",
+                    a.scheme.as_str(),
+                    a.block,
+                    f.as_str()
+                ));
             }
         } else {
             v.dtype_in("x", x, &quantized);
             if let Some(s) = v.tensor("scale") {
                 v.dtype_in("scale", s, &[DType::F32]);
             }
-            if let Some(o) = a.out_dtype
-                && !matches!(o, DType::F32 | DType::F16 | DType::BF16)
-            {
-                v.err(format!("attrs.out_dtype is {o}; dequantize produces f32, f16 or bf16"));
+            if !a.scale_order.is_linear() || v.tensor("global_scale").is_some() {
+                v.err("attrs.scale_order and `global_scale` need attrs.format (a 4-bit dequantize)".to_owned());
             }
         }
-        use crate::model::attrs::QuantScheme;
+        if v.req.op == Op::Dequantize
+            && let Some(o) = a.out_dtype
+            && !matches!(o, DType::F32 | DType::F16 | DType::BF16)
+        {
+            v.err(format!("attrs.out_dtype is {o}; dequantize produces f32, f16 or bf16"));
+        }
         match a.scheme {
             QuantScheme::PerChannel | QuantScheme::PerBlock if x.rank() != 2 => {
                 v.err(format!(
@@ -172,7 +190,9 @@ impl Problem {
             },
             _ => {}
         }
-        let hidden = x.shape.last().copied().unwrap_or(1);
+        // A packed byte holds two 4-bit values.
+        let per_byte = if a.format.is_some() && v.req.op == Op::Dequantize { 2 } else { 1 };
+        let hidden = x.shape.last().copied().unwrap_or(1).saturating_mul(per_byte);
         let rows = x.shape[..x.rank().saturating_sub(1)].iter().fold(1u64, |acc, &d| acc.saturating_mul(d));
         (x.dtype, Dims::Rows { rows, hidden })
     }

@@ -203,7 +203,7 @@ pub fn tensor_roles(op: Op) -> &'static [(&'static str, bool)] {
         Op::PatchEmbed => &[("image", true), ("weight", true), ("bias", false)],
         Op::Sample => &[("logits", true)],
         Op::Quantize => &[("x", true)],
-        Op::Dequantize => &[("x", true), ("scale", true)],
+        Op::Dequantize => &[("x", true), ("scale", true), ("global_scale", false)],
         Op::MoeRoute => &[("logits", true)],
         Op::Tokenize => &[],
     }

@@ -10,6 +10,9 @@ const LINEAR: &str = "backends/cpu/src/linear/mod.rs";
 const GEMM: &str = "backends/cpu/src/gemm/mod.rs";
 const VIEW: &str = "backends/cpu/src/gemm/view.rs";
 const QUANT: &str = "backends/cpu/src/quant.rs";
+const QUANT4: &str = "backends/cpu/src/quant4.rs";
+/// The line of `quant4.rs` that decodes a 4-bit weight's rows.
+const W4_ROWS: &str = "out.par_chunks_mut(k).enumerate().for_each(|(r, row)| w.row(r, row));";
 const W8A8: &str = "backends/cpu/src/linear/w8a8.rs";
 const WEIGHTS: &str = "backends/cpu/src/gemm/weights.rs";
 const MLP: &str = "backends/cpu/src/mlp.rs";
@@ -62,7 +65,15 @@ fn quant_in(
     layout: Option<ScaleLayout>,
     target: Option<DType>,
 ) -> Request {
-    let attrs = QuantAttrs { scheme, block, scale_layout: layout, target, out_dtype: None };
+    let attrs = QuantAttrs {
+        scheme,
+        block,
+        scale_layout: layout,
+        target,
+        out_dtype: None,
+        format: None,
+        scale_order: Default::default(),
+    };
     let req = Request::new(op).attrs(Attrs::Quant(attrs)).tensor("x", TensorDesc::new(dtype, [256, 512]));
     if op == Op::Quantize {
         return req;
@@ -329,6 +340,13 @@ pub(super) fn quant_facts() -> TestResult<Vec<Fact>> {
         fact(dq, "quant_blocks", here(QUANT, scaled_rows), "spr", dequantize_blocks([128, 128], None))
             .rejects(dequantize_blocks([64, 64], None), "ATTR_UNSUPPORTED"),
         fact(dq, "quant_blocks", here(QUANT, scaled_rows), "spr", dequantize_blocks([1, 128], None)),
+        // A 4-bit dequantize runs linear_int4's row decoder (whole bytes per block: even
+        // blocks, those declared); an undeclared block is refused.
+        fact(dq, "weight_formats", here(QUANT4, W4_ROWS), "spr", w4_dequantize(W4Format::Nf4, 64, DType::F32))
+            .rejects(w4_dequantize(W4Format::Nf4, 8, DType::F32), "ATTR_UNSUPPORTED"),
+        fact(dq, "weight_formats", here(QUANT4, W4_ROWS), "spr", w4_dequantize(W4Format::Mxfp4, 32, DType::I8)),
+        fact(dq, "weight_formats", here(QUANT4, W4_ROWS), "spr", w4_dequantize(W4Format::Nvfp4, 16, DType::Fp8E4M3)),
+        fact(dq, "quant_blocks", here(QUANT4, W4_ROWS), "spr", w4_dequantize(W4Format::Int4, 128, DType::BF16)),
     ])
 }
 

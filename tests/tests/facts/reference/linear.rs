@@ -17,7 +17,15 @@ const CHECK_MOE: &str = "core/src/exec/check/moe.rs";
 const CHECK_PATCH: &str = "core/src/exec/check/patch.rs";
 
 fn quant_attrs(scheme: QuantScheme, block: Option<[u64; 2]>, layout: Option<ScaleLayout>) -> QuantAttrs {
-    QuantAttrs { scheme, block, scale_layout: layout, target: None, out_dtype: None }
+    QuantAttrs {
+        scheme,
+        block,
+        scale_layout: layout,
+        target: None,
+        out_dtype: None,
+        format: None,
+        scale_order: Default::default(),
+    }
 }
 
 /// Quantizes a bf16 `[256, 512]` x to `target` under `a`.
@@ -202,6 +210,28 @@ pub(super) fn matrix_ops() -> TestResult<Vec<Fact>> {
         fact("cpu_reference.dequantize.naive", "strides", here(QUANT, "let vals = x.to_f64_vec();"), "spr", {
             strided(dequantize(quant_attrs(QuantScheme::PerTensor, None, None), DType::I8, f32_of(&[1])), "x")?
         }),
+        // A 4-bit dequantize decodes with linear_int4's decoder, each format at its block.
+        fact(
+            "cpu_reference.dequantize.naive",
+            "weight_formats",
+            here(QUANT, "from_f64_as(out_dtype, &[n, k], &decode_w4(&scales, &a.x, n, k, g))"),
+            "spr",
+            w4_dequantize(W4Format::Nf4, 64, DType::F32),
+        ),
+        fact(
+            "cpu_reference.dequantize.naive",
+            "weight_formats",
+            here(QUANT, "from_f64_as(out_dtype, &[n, k], &decode_w4(&scales, &a.x, n, k, g))"),
+            "spr",
+            w4_dequantize(W4Format::Mxfp4, 32, DType::I8),
+        ),
+        fact(
+            "cpu_reference.dequantize.naive",
+            "weight_formats",
+            here(QUANT, "from_f64_as(out_dtype, &[n, k], &decode_w4(&scales, &a.x, n, k, g))"),
+            "spr",
+            w4_dequantize(W4Format::Nvfp4, 16, DType::Fp8E4M3),
+        ),
         // linear_w8a8
         fact(
             "cpu_reference.linear_w8a8.naive",
@@ -234,7 +264,7 @@ pub(super) fn matrix_ops() -> TestResult<Vec<Fact>> {
         fact(
             "cpu_reference.linear_int4.naive",
             "strides",
-            here(LINEAR, "let packed = a.weight.to_i64_vec();"),
+            here(LINEAR, "let packed = packed.to_i64_vec();"),
             "spr",
             strided(int4(), "weight")?,
         ),
@@ -248,17 +278,14 @@ pub(super) fn matrix_ops() -> TestResult<Vec<Fact>> {
         fact(
             "cpu_reference.linear_int4.naive",
             "weight_formats",
-            here(
-                LINEAR,
-                "W4Format::Mxfp4 => a.scales.to_i64_vec().into_iter().map(|e| e8m0(e as i8 as u8)).collect(),",
-            ),
+            here(LINEAR, "W4Format::Mxfp4 => scales.to_i64_vec().into_iter().map(|e| e8m0(e as i8 as u8)).collect(),"),
             "spr",
             w4(W4Format::Mxfp4, 32, DType::I8),
         ),
         fact(
             "cpu_reference.linear_int4.naive",
             "weight_formats",
-            here(LINEAR, "let global = a.global_scale.as_ref().map_or(1.0, |g| g.to_f64_vec()[0]);"),
+            here(LINEAR, "let global = global.map_or(1.0, |g| g.to_f64_vec()[0]);"),
             "spr",
             w4(W4Format::Nvfp4, 16, DType::Fp8E4M3),
         ),
