@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use crate::model::dtype::DType;
+use crate::model::op::Op;
 use crate::tensor::HostTensor;
 
 /// Which row of the tolerance table applies.
@@ -18,6 +19,29 @@ pub enum Category {
     Gemm,
     /// RoPE / ALiBi.
     Rope,
+}
+
+impl Category {
+    /// The row an op's outputs are held to; `None` for tokenization (ids, compared exactly).
+    pub fn of(op: Op) -> Option<Category> {
+        Some(match op {
+            Op::Attention | Op::PagedAttention => Category::Attention,
+            Op::Rope => Category::Rope,
+            Op::RmsNorm | Op::LayerNorm | Op::MoeRoute | Op::Quantize | Op::Dequantize | Op::Sample => Category::Norms,
+            Op::Linear
+            | Op::Swiglu
+            | Op::Geglu
+            | Op::Gelu
+            | Op::Silu
+            | Op::Embedding
+            | Op::Mlp
+            | Op::MoeExperts
+            | Op::LinearW8a8
+            | Op::LinearInt4
+            | Op::PatchEmbed => Category::Gemm,
+            Op::Tokenize => return None,
+        })
+    }
 }
 
 /// Exact equality: integer and fp8 outputs (tokens, expert ids, quantized values).

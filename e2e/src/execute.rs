@@ -11,7 +11,6 @@ use layerzero::compare::{Category, check};
 use layerzero::exec::args::{OpArgs, Outputs};
 use layerzero::exec::synth::synthesize;
 use layerzero::model::device::DeviceKind;
-use layerzero::model::op::Op;
 use layerzero::model::request::Request;
 use layerzero::policy::Policy;
 use layerzero::select::{SelectionReport, Verdict};
@@ -45,28 +44,6 @@ pub enum HostRun {
         /// The reason, as a sentence.
         why: String,
     },
-}
-
-/// The tolerance-table row of an op's outputs.
-pub fn category(op: Op) -> Category {
-    match op {
-        Op::Attention | Op::PagedAttention => Category::Attention,
-        Op::Rope => Category::Rope,
-        Op::RmsNorm | Op::LayerNorm | Op::MoeRoute | Op::Quantize | Op::Dequantize | Op::Sample | Op::Tokenize => {
-            Category::Norms
-        }
-        Op::Linear
-        | Op::Swiglu
-        | Op::Geglu
-        | Op::Gelu
-        | Op::Silu
-        | Op::Embedding
-        | Op::Mlp
-        | Op::MoeExperts
-        | Op::LinearW8a8
-        | Op::LinearInt4
-        | Op::PatchEmbed => Category::Gemm,
-    }
 }
 
 fn codes(reasons: &[layerzero::reason::Reason]) -> Vec<String> {
@@ -193,7 +170,7 @@ fn dispatched(
         ));
     }
     let reference = oracle(lz, unpoliced, &args)?;
-    let cat = category(req.op);
+    let cat = Category::of(req.op).ok_or_else(|| format!("{} has no row in the tolerance table", req.op))?;
     let mut compared = Vec::new();
     for (name, r) in &reference {
         let o = d.outputs.get(name).ok_or_else(|| format!("{selected}: output `{name}` missing"))?;
