@@ -6,6 +6,7 @@ mod cli;
 mod cli_plans;
 mod concurrency;
 mod determinism;
+mod device_memory;
 mod encoder_decoder;
 mod encoder_long;
 mod facts;

@@ -19,6 +19,7 @@ use serde::Serialize;
 use crate::errors::{LayerZeroError, guard, invalid};
 use crate::report::{Report, Selection};
 use crate::request::describe;
+use layerzero::model::request::Request;
 
 /// The runtime a handle holds: the process-wide one, or one of its own.
 #[derive(Clone)]
@@ -180,13 +181,24 @@ impl Handle {
 }
 
 fn select_on(py: Python<'_>, lz: &LayerZero, op: &str, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Selection> {
-    let req = describe(op, kwargs)?;
+    let req = describe_on(lz, op, kwargs)?;
     guard(py, || lz.select(&req).map(|hit| Selection::new(&hit, hit.source().as_str())))
 }
 
 fn explain_on(py: Python<'_>, lz: &LayerZero, op: &str, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Report> {
-    let req = describe(op, kwargs)?;
+    let req = describe_on(lz, op, kwargs)?;
     guard(py, || Ok(Report::from(lz.explain(&req))))
+}
+
+/// The request of `kwargs` as `lz` judges it: on a handle of this machine (`host`), CPU
+/// tensors are host memory, the CPU's even where a GPU is the primary device; a planning
+/// handle (a named profile) reads a tensor without a device as on its primary device.
+fn describe_on(lz: &LayerZero, op: &str, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Request> {
+    let mut req = describe(op, kwargs)?;
+    if lz.hardware().name == "host" {
+        lz.pin_host_memory(&mut req);
+    }
+    Ok(req)
 }
 
 /// A serializable value as the Python object `json.loads` makes of it.

@@ -111,10 +111,7 @@ pub fn dispatch<'py>(
         }
         None => host::current().map_err(|e| to_py(py, &e))?,
     };
-    let Prepared { args, buffers, given } = match prepare(py, call, inputs, outs)? {
-        Ok(p) => p,
-        Err((name, device)) => return Err(device_error(py, lz, call, inputs, &name, &device)),
-    };
+    let Prepared { args, buffers, given } = prepare(py, call, inputs, outs)?;
     let ran = py.detach(|| {
         crate::fork::in_live_pool(|| {
             catch_unwind(AssertUnwindSafe(|| lz.dispatch_into(&args, buffers).map(|d| d.outputs)))
@@ -144,8 +141,10 @@ pub fn run_kernel<'py>(
     let exec =
         registry.get(kernel).ok_or_else(|| invalid(format!("{kernel:?} is not one of LayerZero's own kernels")))?;
     let call = call.get();
-    let Prepared { args, buffers, given } =
-        prepare(py, call, inputs, outs)?.map_err(|(n, d)| invalid(format!("argument `{n}` is on {d}")))?;
+    let Prepared { args, buffers, given } = prepare(py, call, inputs, outs)?;
+    if let Some((n, d)) = args.tensors().into_iter().find_map(|(n, t)| t.device().map(|d| (n, d))) {
+        return Err(invalid(format!("argument `{n}` is on {d}; {kernel} reads host memory only")));
+    }
     let ran =
         py.detach(|| crate::fork::in_live_pool(|| catch_unwind(AssertUnwindSafe(|| exec.run_into(&args, buffers)))));
     drop(args);
@@ -171,23 +170,20 @@ struct Prepared<'py> {
     given: Vec<Option<Bound<'py, PyAny>>>,
 }
 
-/// Lends the inputs and output buffers; `Err((name, device))` names the first input that is
-/// not on the CPU.
+/// Lends the inputs and output buffers (CPU tensors' memory in place, CUDA tensors as device
+/// memory that only the Python executors are handed).
 fn prepare<'py>(
     py: Python<'py>,
     call: &Call,
     inputs: &Bound<'py, PyTuple>,
     outs: &Bound<'py, PyTuple>,
-) -> PyResult<Result<Prepared<'py>, (String, String)>> {
+) -> PyResult<Prepared<'py>> {
     let mut tensors: BTreeMap<&str, HostTensor> = BTreeMap::new();
     for (name, value) in call.inputs.iter().zip(inputs.iter()) {
         if value.is_none() {
             continue;
         }
         let m = meta(name, &value)?;
-        if !m.cpu {
-            return Ok(Err((name.clone(), m.device)));
-        }
         tensors.insert(name, lend(name, &value, &m, false, call.layout_of(name))?);
     }
     let args = OpArgs::from_tensors(call.op, &call.attrs, tensors).map_err(|e| to_py(py, &e))?;
@@ -202,7 +198,7 @@ fn prepare<'py>(
         buffers.insert(name, lend(name, &value, &m, true, None)?);
         given.push(Some(value));
     }
-    Ok(Ok(Prepared { args, buffers, given }))
+    Ok(Prepared { args, buffers, given })
 }
 
 /// The outputs as torch tensors: each buffer the kernel wrote, a view of lent memory, or a
@@ -236,32 +232,6 @@ fn written_in(t: &HostTensor, b: &Bound<'_, PyAny>) -> PyResult<bool> {
         return Ok(false);
     };
     Ok(lent.owned_by(b))
-}
-
-/// Tensors on a device LayerZero's own kernels cannot read: what selection says of them (the
-/// reasons no kernel runs there), or that the kernel chosen for them runs in Python.
-fn device_error(
-    py: Python<'_>,
-    lz: &layerzero::runtime::LayerZero,
-    call: &Call,
-    inputs: &Bound<'_, PyTuple>,
-    name: &str,
-    device: &str,
-) -> PyErr {
-    let kwargs = PyDict::new(py);
-    for (n, v) in call.inputs.iter().zip(inputs.iter()) {
-        if !v.is_none() {
-            let _ = kwargs.set_item(n, v);
-        }
-    }
-    let described = crate::request::describe_with(call.op.as_str(), &kwargs, call.layout, &call.attrs);
-    match described.and_then(|req| crate::errors::guard(py, || lz.select(&req).map(|h| h.kernel.clone()))) {
-        Err(e) => e,
-        Ok(kernel) => invalid(format!(
-            "argument `{name}` is on device {device}: {kernel} was selected for it, but only CPU tensors \
-             run through layerzero.ops in this build; call {kernel}'s library directly"
-        )),
-    }
 }
 
 /// Binds a declared kernel to a Python callable `fn(tensors: dict, attrs: dict)` returning the

@@ -60,6 +60,11 @@ impl PyExecutor {
 }
 
 impl Executor for PyExecutor {
+    /// The executor is handed torch tensors, on whatever device they are.
+    fn takes_device_memory(&self) -> bool {
+        true
+    }
+
     fn run(&self, args: &OpArgs) -> Result<Outputs, KernelError> {
         Python::attach(|py| {
             self.call(py, args).map_err(|e| {

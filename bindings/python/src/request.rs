@@ -66,22 +66,6 @@ pub fn describe(op: &str, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Reques
     Request::from_value(value).map_err(|e| invalid(e.to_string()))
 }
 
-/// A request for `op` on the tensors of `kwargs` (in `layout`, when given) with attributes
-/// already parsed.
-pub fn describe_with(
-    op: &str,
-    kwargs: &Bound<'_, PyDict>,
-    layout: Option<layerzero::model::layout::Layout>,
-    attrs: &layerzero::model::attrs::Attrs,
-) -> PyResult<Request> {
-    if let Some(l) = layout {
-        kwargs.set_item(LAYOUT, l.as_str())?;
-    }
-    let mut req = describe(op, Some(kwargs))?;
-    req.attrs = attrs.clone();
-    Ok(req)
-}
-
 /// A tensor is what has a shape and a dtype.
 fn is_tensor(value: &Bound<'_, PyAny>) -> PyResult<bool> {
     Ok(value.hasattr("shape")? && value.hasattr("dtype")?)

@@ -11,6 +11,7 @@
 use std::any::Any;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use layerzero::model::device::DeviceRef;
 use layerzero::model::dtype::DType;
 use layerzero::model::layout::Layout;
 use layerzero::tensor::{HostTensor, Region, Storage};
@@ -20,13 +21,17 @@ use pyo3::types::{PyTuple, PyType};
 
 use crate::errors::invalid;
 
-/// A CPU tensor's bytes lent to the runtime, with the tensor kept alive while they are.
+/// A tensor's memory lent to the runtime, with the tensor kept alive while it is: a CPU
+/// tensor's bytes, or a CUDA tensor's memory, which the host never reads (only executors
+/// that take device memory, Python's, get it: as the torch tensor itself).
 pub struct Lent {
     ptr: *mut u8,
     len: usize,
     writable: bool,
     /// The tensor whose memory this is (and the element offset of `ptr` in its storage).
     owner: Py<PyAny>,
+    /// The device of a GPU tensor's memory; `None` for host memory.
+    device: Option<DeviceRef>,
 }
 
 // SAFETY: the bytes are a CPU tensor's, which torch lets any thread read (and, for an output
@@ -45,7 +50,7 @@ impl Lent {
 
 impl Region for Lent {
     fn bytes(&self) -> &[u8] {
-        if self.len == 0 {
+        if self.len == 0 || self.device.is_some() {
             return &[];
         }
         // SAFETY: `ptr..ptr + len` is the span of a live CPU tensor's view (computed from its
@@ -54,7 +59,7 @@ impl Region for Lent {
     }
 
     fn bytes_mut(&mut self) -> Option<&mut [u8]> {
-        if !self.writable || self.len == 0 {
+        if !self.writable || self.len == 0 || self.device.is_some() {
             return None;
         }
         // SAFETY: as in `bytes`; the caller handed this tensor in as an output buffer, and the
@@ -64,6 +69,10 @@ impl Region for Lent {
 
     fn as_any(&self) -> &dyn Any {
         self
+    }
+
+    fn device(&self) -> Option<(DeviceRef, usize)> {
+        self.device.map(|d| (d, self.len))
     }
 }
 
@@ -191,9 +200,11 @@ fn is_torch_tensor(t: &Bound<'_, PyAny>) -> PyResult<bool> {
     t.is_instance(tensor)
 }
 
-/// A CPU tensor's memory as a LayerZero tensor with its shape and strides (and `layout`'s
-/// tag), lent in place: writable when it is an output buffer. Bool tensors (masks) are copied:
-/// LayerZero holds them as `bool`s, which torch's bytes are not guaranteed to be.
+/// A tensor's memory as a LayerZero tensor with its shape and strides (and `layout`'s tag),
+/// lent in place: writable when it is an output buffer. A CPU tensor's bytes are read in place;
+/// a CUDA tensor's memory is lent as device memory (never read here; the Python executors get
+/// the tensor itself). CPU bool tensors (masks) are copied: LayerZero holds them as `bool`s,
+/// which torch's bytes are not guaranteed to be.
 pub fn lend(
     name: &str,
     t: &Bound<'_, PyAny>,
@@ -201,12 +212,19 @@ pub fn lend(
     writable: bool,
     layout: Option<Layout>,
 ) -> PyResult<HostTensor> {
-    if !m.cpu {
-        return Err(invalid(format!(
-            "argument `{name}` is on device {}; only CPU tensors run through LayerZero's own kernels",
-            m.device
-        )));
-    }
+    let device = if m.cpu {
+        None
+    } else {
+        let d: DeviceRef = m.device.parse().map_err(|e| invalid(format!("argument `{name}`: {e}")))?;
+        if m.dtype == DType::Bool {
+            return Err(invalid(format!(
+                "argument `{name}`: a bool tensor on {} is not lent (its values are read on the host); \
+                 pass an additive float mask instead",
+                m.device
+            )));
+        }
+        Some(d)
+    };
     if !is_torch_tensor(t)? {
         let ty = t.get_type().name().map(|n| n.to_string()).unwrap_or_default();
         return Err(invalid(format!(
@@ -230,7 +248,7 @@ pub fn lend(
         };
         HostTensor::strided(Storage::Bool(owned), &m.shape, &m.strides, 0)
     } else {
-        let region = Lent { ptr: ptr as *mut u8, len: bytes, writable, owner: t.clone().unbind() };
+        let region = Lent { ptr: ptr as *mut u8, len: bytes, writable, owner: t.clone().unbind(), device };
         Storage::lent(m.dtype, Box::new(region)).and_then(|s| HostTensor::strided(s, &m.shape, &m.strides, 0))
     }
     .map_err(|e| invalid(format!("argument `{name}`: {e}")))?;

@@ -68,6 +68,13 @@ pub trait Executor: Send + Sync {
         false
     }
 
+    /// True when the executor runs on tensors in device memory (a Python executor handed
+    /// torch's CUDA tensors): the runtime runs no other executor on such tensors, since
+    /// LayerZero's own kernels read host memory only.
+    fn takes_device_memory(&self) -> bool {
+        false
+    }
+
     /// Prepares what the kernel keeps between calls for arguments like `args` (a weight
     /// packed into the layout the kernel wants, once), so that the first call does not pay
     /// for it. Engines call it at load ([`LayerZero::prepare`](crate::LayerZero::prepare)).

@@ -154,7 +154,9 @@ pub fn fingerprint(args: &OpArgs) -> Option<Typed> {
         };
         let shape = x.shape();
         let layout = x.layout().map_or(0, |l| l as u64 + 1);
-        sig.push((x.dtype() as u64) | layout << 8 | (shape.len() as u64) << 16);
+        // The device too: a CUDA tensor of the same shape is another request.
+        let device = x.device().map_or(0, |d| (d.kind as u64 + 1) | u64::from(d.ordinal()) << 8);
+        sig.push((x.dtype() as u64) | layout << 8 | (shape.len() as u64) << 16 | device << 24);
         // The axis each dimension carries, as the key decides it: the first axis (in axis
         // order) with a position at this dimension that holds the axis's value.
         let mut carries = [u8::MAX; 8];

@@ -36,6 +36,13 @@ pub trait Region: Send + Sync {
     /// The region itself, for the lender to recognize its own memory (and hand its own
     /// object back instead of a copy).
     fn as_any(&self) -> &dyn std::any::Any;
+    /// Memory on a device that the host cannot read (a CUDA tensor's storage): the device and
+    /// the region's size in bytes. `bytes` is then empty, a tensor over it has a shape but no
+    /// host-readable elements, and only executors that take device memory run on it
+    /// ([`Executor::takes_device_memory`](crate::exec::executor::Executor::takes_device_memory)).
+    fn device(&self) -> Option<(crate::model::device::DeviceRef, usize)> {
+        None
+    }
 }
 
 /// A buffer of `T`: a `Vec`, `len` elements at byte `off` of a shared read-only map, or a
@@ -82,7 +89,8 @@ impl<T: Pod> Buf<T> {
     /// The elements of a foreign region, read (and, when lent writable, written) in place; the
     /// region back when its bytes are not a whole number of `T` on `T`'s alignment.
     pub fn lent(region: Box<dyn Region>) -> Result<Buf<T>, Box<dyn Region>> {
-        if bytemuck::try_cast_slice::<u8, T>(region.bytes()).is_err() {
+        // Device memory has no host bytes to check (and its empty slice no alignment).
+        if region.device().is_none() && bytemuck::try_cast_slice::<u8, T>(region.bytes()).is_err() {
             return Err(region);
         }
         Ok(Buf { vec: Vec::new(), map: None, lent: Some(region) })
@@ -150,7 +158,8 @@ impl<T: Pod> Buf<T> {
 
 /// A region's bytes as `T` (checked whole and aligned when the buffer was made).
 fn lent_slice<T: Pod>(region: &dyn Region) -> &[T] {
-    bytemuck::cast_slice(region.bytes())
+    // Whole and aligned, checked when the buffer was made; device memory reads as empty.
+    bytemuck::try_cast_slice(region.bytes()).unwrap_or_default()
 }
 
 impl<T: Pod> Deref for Buf<T> {

@@ -57,6 +57,21 @@ impl Storage {
         }
     }
 
+    /// Elements a view may address: [`len`](Storage::len), or for device memory the
+    /// region's size in elements (none of which the host can read).
+    pub fn extent(&self) -> usize {
+        match self.region().and_then(|r| r.device()) {
+            Some((_, bytes)) => bytes / (self.dtype().size_bytes() as usize).max(1),
+            None => self.len(),
+        }
+    }
+
+    /// The device the elements live on, for memory the host cannot read; `None` for host
+    /// memory.
+    pub fn device(&self) -> Option<crate::model::device::DeviceRef> {
+        self.region().and_then(|r| r.device()).map(|(d, _)| d)
+    }
+
     /// True when the elements are read in place from a memory-mapped file.
     pub fn is_mapped(&self) -> bool {
         match self {
@@ -262,6 +277,9 @@ pub struct HostTensor {
     contiguous: bool,
     /// The storage's dtype, read once (the hot path reads it per call).
     dtype: DType,
+    /// The device of memory the host cannot read (a CUDA tensor lent by torch); `None` for
+    /// host memory. Read once, as the dtype.
+    device: Option<crate::model::device::DeviceRef>,
 }
 
 /// Row-major strides of `shape`.
@@ -284,7 +302,8 @@ impl HostTensor {
         let contiguous = strides.len() == shape.len()
             && strides.iter().zip(&expected).zip(&shape).all(|((s, e), &d)| d <= 1 || s == e);
         let dtype = data.dtype();
-        HostTensor { data, shape, strides, offset, layout, contiguous, dtype }
+        let device = data.device();
+        HostTensor { data, shape, strides, offset, layout, contiguous, dtype, device }
     }
 
     /// A contiguous tensor over `storage`; its length must match the shape.
@@ -315,8 +334,20 @@ impl HostTensor {
     /// A strided view over `storage` (every element it addresses must exist): how a foreign
     /// tensor's memory, lent as a region, is seen with its own shape and strides.
     pub fn strided(storage: Storage, shape: &[usize], strides: &[usize], offset: usize) -> Result<HostTensor> {
+        if storage.device().is_some() {
+            let n = storage.extent();
+            let whole = HostTensor::make(Arc::new(storage), Dims::from_slice(&[n]), Dims::from_slice(&[1]), 0, None);
+            return whole.view(shape, strides, offset);
+        }
         let n = storage.len();
         HostTensor::new(storage, &[n])?.view(shape, strides, offset)
+    }
+
+    /// The device this tensor's memory is on when the host cannot read it (a CUDA tensor lent
+    /// by torch); `None` for host memory, which every kernel reads.
+    #[inline]
+    pub fn device(&self) -> Option<crate::model::device::DeviceRef> {
+        self.device
     }
 
     /// The shared storage itself: its address is this tensor's identity (caches of derived
@@ -447,7 +478,7 @@ impl HostTensor {
             .zip(strides)
             .try_fold(offset, |a, (&d, &s)| (d - 1).checked_mul(s).and_then(|x| a.checked_add(x)));
         match last {
-            Some(l) if l < self.data.len() => Ok(HostTensor::make(
+            Some(l) if l < self.data.extent() => Ok(HostTensor::make(
                 self.data.clone(),
                 Dims::from_slice(shape),
                 Dims::from_slice(strides),
@@ -456,7 +487,7 @@ impl HostTensor {
             )),
             _ => Err(Error::invalid(format!(
                 "view shape {shape:?} strides {strides:?} offset {offset} reaches past the {} stored elements",
-                self.data.len()
+                self.data.extent()
             ))),
         }
     }
@@ -584,7 +615,7 @@ impl HostTensor {
             shape: self.shape.iter().map(|&d| d as u64).collect(),
             layout: self.layout,
             strides: if self.is_contiguous() { None } else { Some(self.strides.iter().map(|&s| s as u64).collect()) },
-            device: None,
+            device: self.device,
         }
     }
 

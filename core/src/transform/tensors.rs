@@ -15,6 +15,13 @@ pub fn apply_transforms(args: &OpArgs, transforms: &[Transform]) -> Result<OpArg
     if transforms.is_empty() {
         return Ok(args.clone());
     }
+    // Every transform copies through host memory, which a device tensor has none of.
+    if let Some((name, device)) = args.tensors().into_iter().find_map(|(n, t)| t.device().map(|d| (n, d))) {
+        return Err(Error::invalid(format!(
+            "tensor `{name}` is on {device}: {} needs adapting in host memory",
+            transforms.iter().map(|t| format!("{} of `{}`", t.kind.as_str(), t.tensor)).collect::<Vec<_>>().join(", ")
+        )));
+    }
     // The block layout is expanded first: it needs q's and k's lengths, not the mask alone.
     let expanded;
     let args = if transforms.iter().any(|t| t.kind == TransformKind::ExpandBlockMask) {

@@ -148,7 +148,7 @@ impl LayerZero {
     /// Records a dispatch that fell back or failed in the handle's recent decisions.
     #[cold]
     fn log_dispatch(&self, args: &OpArgs, ran: Option<&Selection>, failed: &[Attempt], error: Option<&Error>) {
-        let req = args.describe();
+        let req = self.describe(args);
         let mut record = telemetry::SelectionRecord::of("dispatch", &req, ran, &self.parts.catalog);
         for a in failed {
             record.failed_attempt(&a.kernel, a.reason.as_ref().map_or("", |r| r.code().as_str()));
@@ -181,7 +181,7 @@ impl LayerZero {
         let source = first.source();
         let notes = first.into_notes();
         let selector = self.selector();
-        let request = args.describe();
+        let request = self.describe(args);
         let mut ranked = selector.ranked(&request)?;
         if let Some(k) = first_oom {
             self.smaller_first(k, &mut ranked);
@@ -294,6 +294,14 @@ impl LayerZero {
                 format!("no executor is registered for {} in this process", sel.kernel),
             ));
         };
+        if !exec.takes_device_memory()
+            && let Some((name, device)) = args.tensors().into_iter().find_map(|(n, t)| t.device().map(|d| (n, d)))
+        {
+            return Err(Reason::new(
+                ReasonCode::DEVICE_KIND_MISMATCH,
+                format!("tensor `{name}` is on {device}; {}'s executor reads host memory only", sel.kernel),
+            ));
+        }
         if let Err(refusal) = self.health.admit(sel.index) {
             self.bump(Counter::RefusedByHealth);
             return Err(self.health.refusal_reason(sel.index, &refusal));
@@ -463,7 +471,8 @@ fn run_guarded(
 fn check_outputs(kernel: &str, outputs: Outputs, args: &OpArgs) -> std::result::Result<Outputs, Failed> {
     let bad: Vec<String> = outputs
         .iter()
-        .filter(|(_, t)| t.dtype().is_float())
+        // Device memory is not read from the host: its outputs are the device's to check.
+        .filter(|(_, t)| t.dtype().is_float() && t.device().is_none())
         .filter_map(|(name, t)| {
             let (nan, inf) = t.non_finite();
             (nan + inf > 0).then(|| format!("`{name}` has {nan} NaN and {inf} Inf values"))
@@ -478,6 +487,7 @@ fn check_outputs(kernel: &str, outputs: Outputs, args: &OpArgs) -> std::result::
 fn flags(args: &OpArgs) -> Vec<InputFlag> {
     args.tensors()
         .into_iter()
+        .filter(|(_, t)| t.device().is_none())
         .filter_map(|(name, t)| {
             let (nan, inf) = t.non_finite();
             (nan + inf > 0).then(|| InputFlag { tensor: name.to_owned(), nan, inf })

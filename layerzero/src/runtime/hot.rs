@@ -14,6 +14,7 @@ use crate::capabilities::catalog::Catalog;
 use crate::error::{Error, ErrorKind, Result};
 use crate::exec::args::OpArgs;
 use crate::exec::executor::Executor;
+use crate::model::device::{DeviceKind, DeviceRef};
 use crate::model::problem::Problem;
 use crate::model::request::Request;
 use crate::plan::table::PlanKey;
@@ -135,12 +136,33 @@ impl LayerZero {
         hit
     }
 
+    /// The request `args` pose on this handle. Host memory is the CPU's: where the profile's
+    /// primary device is a GPU (a request without a device means that GPU), tensors in host
+    /// memory are pinned to the CPU, and tensors in device memory name their device.
+    pub fn describe(&self, args: &OpArgs) -> Request {
+        let mut req = args.describe();
+        self.pin_host_memory(&mut req);
+        req
+    }
+
+    /// Marks the tensors of `req` that name no device as the CPU's, where the profile's
+    /// primary device is not the CPU: for a request that describes real tensors, whose
+    /// memory without a device is host memory (a workload's request without a device means
+    /// the primary device, and is not pinned).
+    pub fn pin_host_memory(&self, req: &mut Request) {
+        if self.parts.hardware.primary().kind != DeviceKind::Cpu {
+            for t in req.tensors.values_mut().filter(|t| t.device.is_none()) {
+                t.device = Some(DeviceRef { kind: DeviceKind::Cpu, index: None });
+            }
+        }
+    }
+
     /// Selects for typed arguments without building a `Request` on a hit: the key comes
     /// from a fingerprint of the arguments (see `plan::typed`), memoized per handle.
     pub fn select_args(&self, args: &OpArgs) -> Result<Hit<'_>> {
         let span = telemetry::select_span();
         let hit = self.select_args_untraced(args);
-        record_select(&span, &hit, || args.describe(), &self.parts.catalog);
+        record_select(&span, &hit, || self.describe(args), &self.parts.catalog);
         hit
     }
 
@@ -169,9 +191,9 @@ impl LayerZero {
             if let Some(hit) = self.plan_hit(&key) {
                 return Ok(hit);
             }
-            return self.past_the_plan(&key, || Cow::Owned(args.describe()));
+            return self.past_the_plan(&key, || Cow::Owned(self.describe(args)));
         }
-        let req = args.describe();
+        let req = self.describe(args);
         let key = SelectionKey::derive(&req);
         if let Some(t) = &typed
             && (t.perf, t.axes, t.order) == (key.perf, key.axes, key.order)
