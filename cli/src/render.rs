@@ -199,6 +199,12 @@ pub(super) fn hardware(p: &HardwareProfile, notes: &[String]) -> String {
         if let Some(v) = &d.driver {
             let _ = writeln!(out, "  driver {v}");
         }
+        if let Some(v) = &d.runtime {
+            let _ = writeln!(out, "  runtime {v}");
+        }
+        if let Some(b) = d.l2_bytes {
+            let _ = writeln!(out, "  L2 {:.1} MiB", b as f64 / (1u64 << 20) as f64);
+        }
         if !d.isa.is_empty() {
             let _ = writeln!(out, "  isa: {}", d.isa.names());
         }

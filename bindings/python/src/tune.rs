@@ -14,27 +14,68 @@ use layerzero::plan::solve::{Provenance, solve as solve_table};
 use layerzero::plan::workload::Workload;
 use layerzero::policy::Policy;
 use layerzero::select::Selector;
-use layerzero::tune::{Host, TuneOptions};
+use layerzero::model::device::DeviceRef;
+use layerzero::tensor::HostTensor;
+use layerzero::tune::{DeviceMemory, Host, TuneOptions};
 use pyo3::prelude::*;
 
 use crate::errors::guard;
 use crate::handle::to_python;
 use crate::host;
+use crate::tensors::{lend, meta, to_torch};
 
 /// The machine as the Python host sees it: its backends (Python's included) and executors,
-/// a model-only selector under the default policy with the knobs' fields.
-fn tune_host() -> Result<Host> {
+/// a model-only selector under the default policy with the knobs' fields. With `hardware`
+/// (a named profile or a profile file), the model ranks and the calibration is fitted
+/// under that profile instead of the detected one (this machine's times held against a
+/// profile's model), with this machine's backends and executors all the same.
+fn tune_host(hardware: Option<&str>) -> Result<Host> {
     let lz = host::current()?;
     let selector = lz.selector();
     let mut policy = Policy::default();
     policy.apply_overrides(&layerzero::host::process().policy_overrides());
+    let profile = match hardware {
+        Some(name) => layerzero::hardware::named::load(name)?,
+        None => selector.hardware().clone(),
+    };
     let selector = Selector::new(
         Catalog::builtin()?,
-        Arc::new(selector.hardware().clone()),
+        Arc::new(profile),
         Arc::new(policy),
         Arc::new(selector.availability().clone()),
     )?;
-    Ok(Host { selector, registry: host::registry()? })
+    let device: Arc<dyn DeviceMemory> = Arc::new(TorchDevice);
+    Ok(Host { selector, registry: host::registry()?, device: Some(device) })
+}
+
+/// GPU memory through torch: a tuning point on a GPU gets its inputs copied there, and each
+/// timed call is waited for with `torch.cuda.synchronize`.
+#[derive(Debug)]
+struct TorchDevice;
+
+impl DeviceMemory for TorchDevice {
+    fn upload(&self, t: &HostTensor, device: DeviceRef) -> std::result::Result<HostTensor, String> {
+        Python::attach(|py| -> PyResult<HostTensor> {
+            let on_host = to_torch(py, t)?;
+            let there = on_host.call_method1("to", (torch_device(device),))?;
+            let m = meta("input", &there)?;
+            lend("input", &there, &m, false, t.layout())
+        })
+        .map_err(|e| format!("copying an input to {device}: {e}"))
+    }
+
+    fn synchronize(&self, device: DeviceRef) -> std::result::Result<(), String> {
+        Python::attach(|py| -> PyResult<()> {
+            py.import("torch")?.getattr("cuda")?.call_method1("synchronize", (torch_device(device),))?;
+            Ok(())
+        })
+        .map_err(|e| format!("waiting for {device}: {e}"))
+    }
+}
+
+/// torch's name of a device (`cuda:0`; ROCm devices are `cuda` to torch too).
+fn torch_device(d: DeviceRef) -> String {
+    format!("cuda:{}", d.ordinal())
 }
 
 fn perfdb_or_default(perfdb: Option<PathBuf>) -> PathBuf {
@@ -42,10 +83,13 @@ fn perfdb_or_default(perfdb: Option<PathBuf>) -> PathBuf {
 }
 
 /// Measures every eligible kernel with an executor at every bucket of `workload` into the
-/// PerfDB; with `verify`, re-times them and reports the regret of model-only and
-/// PerfDB-backed selection. Returns `lz tune --json`'s report.
+/// PerfDB (a GPU's kernels on inputs torch makes on the GPU, each call waited for); with
+/// `verify`, re-times them and reports the regret of model-only and PerfDB-backed selection;
+/// with `calibrate`, fits the cost model to the times and writes the calibration there.
+/// Returns `lz tune --json`'s report.
 #[pyfunction]
-#[pyo3(signature = (workload, *, perfdb = None, budget = None, verify = true, refresh = false))]
+#[pyo3(signature = (workload, *, perfdb = None, budget = None, verify = true, refresh = false, calibrate = None, hardware = None))]
+#[allow(clippy::too_many_arguments)]
 pub fn tune(
     py: Python<'_>,
     workload: PathBuf,
@@ -53,6 +97,8 @@ pub fn tune(
     budget: Option<f64>,
     verify: bool,
     refresh: bool,
+    calibrate: Option<PathBuf>,
+    hardware: Option<String>,
 ) -> PyResult<Bound<'_, PyAny>> {
     let report = py.detach(|| {
         guard_free(|| {
@@ -70,7 +116,8 @@ pub fn tune(
             opts.budget = budget;
             opts.verify = verify;
             opts.refresh = refresh;
-            let host = tune_host()?;
+            opts.calibrate = calibrate;
+            let host = tune_host(hardware.as_deref())?;
             crate::fork::in_live_pool(|| layerzero::tune::tune_with(&host, &opts, &mut |_| {}))
                 .map_err(Error::invalid)?
         })

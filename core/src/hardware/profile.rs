@@ -233,6 +233,14 @@ pub struct DeviceProfile {
     /// versions), and a named profile names none; absent, it leaves the fingerprint as it was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver: Option<String>,
+    /// The GPU runtime library this process loads, where the probe reads it (`cudart 13.0`);
+    /// not part of the fingerprint (it is the process's, not the machine's). None for a CPU
+    /// and a named profile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
+    /// A GPU's L2 cache in bytes, where the probe reads it or a source states it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub l2_bytes: Option<u64>,
     /// Device memory in bytes (host RAM for a CPU).
     pub memory_bytes: u64,
     /// Memory bandwidth, GB/s (a nominal peak: spec sheet or channels x transfer rate).
@@ -364,6 +372,9 @@ fn fingerprint(devices: &[DeviceProfile]) -> String {
         for d in list.iter_mut().filter_map(|d| d.as_object_mut()) {
             d.remove("memory_bandwidth_gbps");
             d.remove("peak_tflops");
+            // The runtime is the process's (the CLI and a torch process may load different
+            // ones on one machine), not the machine's.
+            d.remove("runtime");
         }
     }
     crate::canonical::hash(&value)[..16].to_owned()

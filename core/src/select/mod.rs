@@ -72,6 +72,9 @@ pub struct Selector {
     measurements: Option<Arc<Measurements>>,
     /// Live headroom of the host's memory (CPU requests only); absent: the profile's figure.
     memory: Option<Arc<MemoryGauge>>,
+    /// Live free memory of the first CUDA device, read through its driver (its requests
+    /// only); absent: the profile's figure.
+    gpu_memory: Option<Arc<MemoryGauge>>,
     /// This machine's fitted cost-model coefficients, if any.
     calibration: Option<Arc<Calibration>>,
 }
@@ -114,6 +117,7 @@ impl Selector {
             policy_hash,
             measurements: None,
             memory: None,
+            gpu_memory: None,
             calibration: None,
         })
     }
@@ -152,6 +156,19 @@ impl Selector {
     /// The memory gauge in use, if any.
     pub fn memory(&self) -> Option<&MemoryGauge> {
         self.memory.as_deref()
+    }
+
+    /// The same selector checking workspaces of requests on the first CUDA device against
+    /// `gauge`'s live free memory (read through the driver), as `with_memory` does for the
+    /// CPU's.
+    pub fn with_gpu_memory(mut self, gauge: Arc<MemoryGauge>) -> Selector {
+        self.gpu_memory = Some(gauge);
+        self
+    }
+
+    /// The GPU memory gauge in use, if any.
+    pub fn gpu_memory(&self) -> Option<&MemoryGauge> {
+        self.gpu_memory.as_deref()
     }
 
     /// The measurements in use, if any.
@@ -419,10 +436,12 @@ impl Selector {
             let buckets = key.buckets()?;
             m.point(key.validity, &buckets.text(req.op))
         });
-        let headroom = match (&self.memory, device_ref.kind) {
-            (Some(g), crate::model::device::DeviceKind::Cpu) => g.available().map(|a| (a, g.under_pressure())),
+        let gauge = match device_ref.kind {
+            crate::model::device::DeviceKind::Cpu => self.memory.as_deref(),
+            crate::model::device::DeviceKind::Cuda if device_ref.ordinal() == 0 => self.gpu_memory.as_deref(),
             _ => None,
         };
+        let headroom = gauge.and_then(|g| g.available().map(|a| (a, g.under_pressure())));
         Context { problem, request_errors, device_ref, device, rules, measured, headroom }
     }
 

@@ -348,6 +348,8 @@ fn detect_cpu(notes: &mut Vec<String>) -> DeviceProfile {
         gfx: None,
         isa,
         driver: None,
+        runtime: None,
+        l2_bytes: None,
         memory_bytes,
         memory_bandwidth_gbps,
         compute_units,

@@ -3,8 +3,9 @@
 //! `memory.usage_in_bytes`), whichever is smaller, re-read by one sampler thread every
 //! `LAYERZERO_MEMORY_POLL_MS` into the process-wide [`MemoryGauge`], never on a selection.
 //!
-//! The device's free memory through a GPU driver is not read here: no GPU was available to
-//! verify it, so CUDA devices keep the profile's static figure.
+//! The first CUDA device's free memory is read through its driver (`cuMemGetInfo`,
+//! [`gpu_gauge`]) when a host handle is built, not polled (see there why); other GPUs keep
+//! the profile's static figure.
 
 use std::sync::{Arc, OnceLock};
 
@@ -79,6 +80,32 @@ pub fn gauge(total: u64) -> Arc<MemoryGauge> {
         gauge
     })
     .clone()
+}
+
+/// The process-wide gauge of the first CUDA device's free memory, read through the driver
+/// (`cuMemGetInfo`) when it is first asked for and again at every call (each host handle
+/// built reads it); `None` without an NVIDIA driver or device.
+///
+/// Unlike the host's, it is not polled by a thread: `cuMemGetInfo` is not permitted while
+/// another thread captures a CUDA graph in torch's default (global) capture mode, and a call
+/// made then invalidates that capture. An engine that knows its quiet moments refreshes it
+/// by building a handle, or feeds its own gauge (`LayerZero::with_gpu_memory_gauge`).
+pub fn gpu_gauge() -> Option<Arc<MemoryGauge>> {
+    type Reader = std::sync::Mutex<crate::backend::cuda::probe::FreeMemory>;
+    static GPU: OnceLock<Option<(Reader, Arc<MemoryGauge>)>> = OnceLock::new();
+    let (reader, gauge) = GPU
+        .get_or_init(|| {
+            let reader = crate::backend::cuda::probe::free_memory_reader(0).ok()?;
+            let (_, total) = reader.read().ok()?;
+            Some((std::sync::Mutex::new(reader), Arc::new(MemoryGauge::new(total))))
+        })
+        .as_ref()?;
+    if let Ok(r) = reader.lock()
+        && let Ok((free, _)) = r.read()
+    {
+        gauge.set_available(free);
+    }
+    Some(gauge.clone())
 }
 
 #[cfg(test)]

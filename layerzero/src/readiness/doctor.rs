@@ -43,6 +43,9 @@ pub struct DoctorReport {
     pub hardware: Arc<HardwareProfile>,
     /// What detection could not see or had to estimate.
     pub hardware_notes: Vec<String>,
+    /// Each GPU's free and total memory read through its driver now (the live headroom a GPU
+    /// request's workspace is checked against), or why it could not be read.
+    pub device_memory: Vec<DeviceMemoryCheck>,
     /// The catalog's hash.
     pub capabilities_hash: String,
     /// Every backend of the catalog and whether it can run here.
@@ -66,6 +69,34 @@ pub struct DoctorReport {
     pub plugins: (String, Result<Vec<crate::plugins::PluginState>, String>),
     /// No problem anywhere above.
     pub ok: bool,
+}
+
+/// A GPU's memory as its driver reports it now.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DeviceMemoryCheck {
+    /// `cuda:0`, ...
+    pub device: String,
+    /// Free bytes now.
+    pub free_bytes: Option<u64>,
+    /// Total bytes.
+    pub total_bytes: Option<u64>,
+    /// Why it could not be read.
+    pub error: Option<String>,
+}
+
+/// The free memory of each CUDA device of `host`, read through the driver.
+fn device_memory(host: &HardwareProfile) -> Vec<DeviceMemoryCheck> {
+    let cudas = host.devices.iter().filter(|d| d.kind == crate::model::device::DeviceKind::Cuda).count();
+    (0..cudas)
+        .map(|i| {
+            let read = crate::backend::cuda::probe::free_memory_reader(i).and_then(|r| r.read());
+            let (free, total, error) = match read {
+                Ok((f, t)) => (Some(f), Some(t), None),
+                Err(e) => (None, None, Some(e)),
+            };
+            DeviceMemoryCheck { device: format!("cuda:{i}"), free_bytes: free, total_bytes: total, error }
+        })
+        .collect()
 }
 
 /// The policy `LayerZero::host` would serve with, and where each override came from.
@@ -227,9 +258,11 @@ pub fn doctor(inputs: &DoctorInputs<'_>) -> Result<DoctorReport> {
         && knobs.iter().all(|k| k.error.is_none())
         && perfdb.ok()
         && plan.status != PlanStatus::Refused;
+    let device_memory = device_memory(&host);
     Ok(DoctorReport {
         hardware: host,
         hardware_notes: detection.notes,
+        device_memory,
         capabilities_hash: catalog.hash().to_owned(),
         backends,
         files,
@@ -278,6 +311,7 @@ impl DoctorReport {
             "ok": self.ok,
             "hardware": hw,
             "hardware_notes": self.hardware_notes,
+            "device_memory": self.device_memory,
             "capabilities_hash": self.capabilities_hash,
             "backends": backends,
             "files": self.files.iter().map(|f| serde_json::json!({"file": f.file, "kind": f.kind, "valid": f.is_valid(), "errors": f.errors})).collect::<Vec<_>>(),

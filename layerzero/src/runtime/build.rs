@@ -146,10 +146,22 @@ impl LayerZero {
             Arc::new(Policy::default()),
             crate::host::builtin_registry(),
         )?;
-        match cpu_memory {
-            Some(total) => lz.with_memory_gauge(crate::host::memory::gauge(total)),
+        let lz = match cpu_memory {
+            Some(total) => lz.with_memory_gauge(crate::host::memory::gauge(total))?,
+            None => lz,
+        };
+        let has_cuda = lz.parts.hardware.devices.iter().any(|d| d.kind == crate::model::device::DeviceKind::Cuda);
+        match crate::host::memory::gpu_gauge().filter(|_| has_cuda) {
+            Some(g) => lz.with_gpu_memory_gauge(g),
             None => Ok(lz),
         }
+    }
+
+    /// Checks workspaces of requests on the first CUDA device against `gauge`'s live free
+    /// memory (host handles use `host::memory::gpu_gauge`, read through the driver).
+    pub fn with_gpu_memory_gauge(mut self, gauge: Arc<crate::hardware::memory::MemoryGauge>) -> Result<LayerZero> {
+        self.parts.gpu_memory = Some(gauge);
+        self.rebuilt(None)
     }
 
     /// Checks workspaces of CPU requests against `gauge`'s live headroom instead of the
@@ -207,6 +219,7 @@ impl LayerZero {
             table_rejection: None,
             plan_mode: PlanMode::Prefer,
             memory: None,
+            gpu_memory: None,
             scope: None,
             settings: Arc::new(crate::host::process().clone()),
         };
@@ -288,6 +301,9 @@ impl LayerZero {
         }
         if let Some(g) = &p.memory {
             selector = selector.with_memory(g.clone());
+        }
+        if let Some(g) = &p.gpu_memory {
+            selector = selector.with_gpu_memory(g.clone());
         }
         self.health.configure(health);
         self.executors = p.catalog.kernels().map(|(_, _, k)| self.registry.get(&k.id).cloned()).collect();

@@ -310,8 +310,12 @@ impl LayerZero {
         // its outputs here, so the fallback and the breakers see what a real failure does.
         let injected = self.faults.as_ref().map_or(Injected::Run, |f| f.inject(sel.index));
         let hangs = matches!(injected, Injected::Hang(_));
-        // An executor that kills its own late calls (an isolated worker) is not abandoned.
-        let deadline = self.health.deadline().filter(|_| !exec.kills_at_deadline()).or(hangs.then_some(HANG_DEADLINE));
+        // An executor that kills its own late calls (an isolated worker) is not abandoned. One
+        // that takes device memory runs on the caller's thread: torch's current CUDA stream
+        // (and a graph being captured on it) is the calling thread's, and a kernel launch
+        // returns at once anyway.
+        let direct = exec.kills_at_deadline() || exec.takes_device_memory();
+        let deadline = self.health.deadline().filter(|_| !direct).or(hangs.then_some(HANG_DEADLINE));
         let result = match deadline {
             None => run_guarded(exec, &sel.kernel, &sel.transforms, args, buffers, injected),
             Some(deadline) => self.run_with_deadline(sel, exec, args, injected, deadline),

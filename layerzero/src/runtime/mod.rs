@@ -114,6 +114,8 @@ struct Parts {
     plan_mode: PlanMode,
     /// Live headroom of the host's memory (host handles; planning handles have none).
     memory: Option<Arc<crate::hardware::memory::MemoryGauge>>,
+    /// Live free memory of the first CUDA device (requests on it only).
+    gpu_memory: Option<Arc<crate::hardware::memory::MemoryGauge>>,
     /// The model this handle serves, when it is a model's scope ([`LayerZero::scoped`]).
     scope: Option<Arc<Scope>>,
     /// The knobs it was configured with.

@@ -35,6 +35,7 @@ use crate::capabilities::catalog::Catalog;
 use crate::error::Result;
 use crate::exec::executor::Registry;
 use crate::host::detect;
+use crate::model::device::DeviceRef;
 use crate::perfdb::{PerfDb, Row};
 use crate::plan::workload::{Point, Workload};
 use crate::policy::Policy;
@@ -58,13 +59,28 @@ pub fn measurements(rows: &[Row], selector: &Selector) -> Measurements {
     Measurements::build(rows.iter().map(Measured::from), selector.catalog(), selector.hardware())
 }
 
-/// The machine tuned: a selector that scores by the model alone, and the executors.
+/// The machine tuned: a selector that scores by the model alone, the executors, and the
+/// device memory the inputs of a GPU point are made in.
 #[derive(Debug, Clone)]
 pub struct Host {
     /// Model-only selector for this machine.
     pub selector: Selector,
     /// Executors.
     pub registry: Registry,
+    /// Where a point on a GPU gets its inputs, and how its kernels are waited for; `None`
+    /// (the `lz` binary, which allocates no device memory): such points are reported failed
+    /// with the reason.
+    pub device: Option<Arc<dyn DeviceMemory>>,
+}
+
+/// Device memory for tuning a GPU's kernels: the synthesized inputs are copied there, and
+/// each call is waited for (kernels on a GPU return before they finish), so the time of a
+/// call is the kernel's, launch included. The Python package implements it with torch.
+pub trait DeviceMemory: Send + Sync + std::fmt::Debug {
+    /// A copy of host tensor `t` in `device`'s memory.
+    fn upload(&self, t: &crate::tensor::HostTensor, device: DeviceRef) -> std::result::Result<crate::tensor::HostTensor, String>;
+    /// Waits for the work queued on `device`.
+    fn synchronize(&self, device: DeviceRef) -> std::result::Result<(), String>;
 }
 
 impl Host {
@@ -78,7 +94,7 @@ impl Host {
         let mut policy = Policy::default();
         policy.apply_overrides(&crate::host::process().policy_overrides());
         let selector = Selector::new(catalog, hardware, Arc::new(policy), availability)?;
-        Ok(Host { selector, registry })
+        Ok(Host { selector, registry, device: None })
     }
 }
 

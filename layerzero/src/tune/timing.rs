@@ -5,8 +5,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::measure::{self, Measurement};
-use super::{Host, TuneOptions, synth};
-use crate::exec::args::OpArgs;
+use super::{DeviceMemory, Host, TuneOptions, synth};
+use crate::exec::args::{OpArgs, Outputs};
+use crate::exec::executor::{Executor, KernelError};
+use crate::model::device::{DeviceKind, DeviceRef};
 use crate::model::request::Request;
 use crate::select::Selection;
 use crate::transform::apply_transforms;
@@ -17,7 +19,52 @@ pub(super) fn spent(deadline: Option<Instant>) -> bool {
 }
 
 /// A kernel ready to be timed: its executor and its adapted inputs.
-type Prepared<'a> = (&'a Arc<dyn crate::exec::executor::Executor>, OpArgs);
+type Prepared<'a> = (&'a Synced<'a>, OpArgs);
+
+/// The device a point's tensors live on, with the memory to make its inputs in, when it is
+/// not the CPU (a request naming no device means the profile's primary device).
+fn device_of<'h>(
+    host: &'h Host,
+    request: &Request,
+) -> std::result::Result<Option<(DeviceRef, &'h dyn DeviceMemory)>, String> {
+    let primary = host.selector.hardware().primary();
+    let d = request.tensors.values().find_map(|t| t.device).unwrap_or(DeviceRef { kind: primary.kind, index: None });
+    if d.kind == DeviceKind::Cpu {
+        return Ok(None);
+    }
+    match host.device.as_deref() {
+        Some(mem) => Ok(Some((d, mem))),
+        None => Err(format!(
+            "the inputs live on {d}, and this process allocates no device memory: tune a GPU's kernels \
+             from Python (`layerzero.tune`), whose torch makes them"
+        )),
+    }
+}
+
+/// An executor whose calls on a device are waited for.
+struct Synced<'a> {
+    exec: Option<&'a Arc<dyn Executor>>,
+    device: Option<(DeviceRef, &'a dyn DeviceMemory)>,
+}
+
+impl Executor for Synced<'_> {
+    fn takes_device_memory(&self) -> bool {
+        self.exec.is_some_and(|e| e.takes_device_memory())
+    }
+
+    fn run(&self, args: &OpArgs) -> std::result::Result<Outputs, KernelError> {
+        self.run_into(args, Outputs::new())
+    }
+
+    fn run_into(&self, args: &OpArgs, buffers: Outputs) -> std::result::Result<Outputs, KernelError> {
+        let exec = self.exec.ok_or_else(|| KernelError::Failed("no executor".to_owned()))?;
+        let out = exec.run_into(args, buffers)?;
+        if let Some((d, mem)) = self.device {
+            mem.synchronize(d).map_err(KernelError::Failed)?;
+        }
+        Ok(out)
+    }
+}
 
 /// Synthesizes the point's inputs, applies each selection's transforms and times the
 /// kernels together (interleaved). One result per selection, in order; errors are messages:
@@ -31,18 +78,32 @@ pub(super) fn time_group(
     deadline: Option<Instant>,
 ) -> Vec<std::result::Result<Measurement, String>> {
     let seed = opts.seed ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    let base = match synth::synthesize(request, seed) {
-        Ok(a) => a,
-        Err(e) => return sels.iter().map(|_| Err(format!("cannot synthesize inputs: {e}"))).collect(),
+    let device = match device_of(host, request) {
+        Ok(d) => d,
+        Err(e) => return sels.iter().map(|_| Err(e.clone())).collect(),
     };
+    let base = synth::synthesize(request, seed).map_err(|e| format!("cannot synthesize inputs: {e}")).and_then(|a| {
+        let Some((d, mem)) = device else { return Ok(a) };
+        a.map_tensors(|_, t| mem.upload(t, d).map_err(crate::error::Error::invalid))
+            .map_err(|e| format!("inputs on {d}: {e}"))
+    });
+    let base = match base {
+        Ok(a) => a,
+        Err(e) => return sels.iter().map(|_| Err(e.clone())).collect(),
+    };
+    // Each call on a GPU is waited for: its time is the kernel's, not its launch's.
+    let synced: Vec<Synced<'_>> = sels
+        .iter()
+        .map(|sel| Synced { exec: host.registry.get(&sel.kernel), device })
+        .collect();
     // Per selection: its executor and adapted inputs, or why it cannot run.
     let prepared: Vec<std::result::Result<Prepared<'_>, String>> = sels
         .iter()
-        .map(|sel| {
-            let exec = host
-                .registry
-                .get(&sel.kernel)
-                .ok_or_else(|| format!("no executor is registered for {}", sel.kernel))?;
+        .zip(&synced)
+        .map(|(sel, exec)| {
+            if exec.exec.is_none() {
+                return Err(format!("no executor is registered for {}", sel.kernel));
+            }
             let args =
                 apply_transforms(&base, &sel.transforms).map_err(|e| format!("transform before the kernel: {e}"))?;
             Ok((exec, args))
@@ -51,7 +112,7 @@ pub(super) fn time_group(
     let group: Vec<measure::Candidate<'_>> = prepared
         .iter()
         .filter_map(|p| p.as_ref().ok())
-        .map(|(exec, args)| measure::Candidate { exec: exec.as_ref(), args })
+        .map(|(exec, args)| measure::Candidate { exec: *exec as &dyn Executor, args })
         .collect();
     let mut measured = measure::measure_interleaved(&group, &opts.protocol, deadline).into_iter();
     prepared

@@ -154,6 +154,7 @@ fn read_device(ordinal: usize, notes: &mut Vec<String>) -> Result<DeviceProfile,
             0.0
         }
     };
+    let l2_bytes = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE);
     let peak = peak_tflops(cc, &name, sms, clock_ghz, notes);
     notes.push(format!(
         "cuda:{ordinal} ({name}): sm{}{}, {sms} SMs at {clock_ghz:.2} GHz; peaks estimated from the per-SM table in backend/cuda/probe.rs",
@@ -167,6 +168,8 @@ fn read_device(ordinal: usize, notes: &mut Vec<String>) -> Result<DeviceProfile,
         gfx: None,
         isa: CpuFeatures::empty(),
         driver: None,
+        runtime: None,
+        l2_bytes,
         memory_bytes,
         memory_bandwidth_gbps,
         compute_units: sms,
@@ -190,10 +193,87 @@ pub fn probe_gpus_with_notes() -> Result<(Vec<DeviceProfile>, Vec<String>), Stri
     }
     let (mut devices, notes) = super::super::gpus::read_all("cuda", count as usize, read_device)?;
     let driver = driver_version();
+    let mut notes = notes;
+    let runtime = match runtime_version() {
+        Ok(v) => Some(v),
+        Err(why) => {
+            notes.push(format!("CUDA runtime version not read: {why}"));
+            None
+        }
+    };
     for d in &mut devices {
         d.driver.clone_from(&driver);
+        d.runtime.clone_from(&runtime);
     }
     Ok((devices, notes))
+}
+
+/// Reads the free and total memory of CUDA device `ordinal` (`cuMemGetInfo`), in bytes: the
+/// live headroom selection checks a GPU request's workspace against. The reader holds the
+/// device's primary context for as long as it lives (retaining it per read would create and
+/// tear it down each time). `Err(reason)` without a driver or device.
+pub fn free_memory_reader(ordinal: usize) -> Result<FreeMemory, String> {
+    if !driver_library_present() {
+        return Err("no NVIDIA driver (libcuda not found)".to_owned());
+    }
+    let made = panic::catch_unwind(|| CudaContext::new(ordinal));
+    match made {
+        Ok(Ok(ctx)) => Ok(FreeMemory { ctx, ordinal }),
+        Ok(Err(e)) => Err(format!("cuda:{ordinal}: cannot create a context: {e}")),
+        Err(p) => Err(format!("cuda:{ordinal}: creating a context panicked: {}", panic_text(p.as_ref()))),
+    }
+}
+
+/// A device's free memory, read on demand (see [`free_memory_reader`]).
+pub struct FreeMemory {
+    ctx: std::sync::Arc<CudaContext>,
+    ordinal: usize,
+}
+
+impl FreeMemory {
+    /// `(free, total)` bytes now.
+    pub fn read(&self) -> Result<(u64, u64), String> {
+        let ordinal = self.ordinal;
+        match panic::catch_unwind(panic::AssertUnwindSafe(|| self.ctx.mem_get_info())) {
+            Ok(Ok((free, total))) => Ok((free as u64, total as u64)),
+            Ok(Err(e)) => Err(format!("cuda:{ordinal}: cuMemGetInfo: {e}")),
+            Err(p) => Err(format!("cuda:{ordinal}: reading free memory panicked: {}", panic_text(p.as_ref()))),
+        }
+    }
+}
+
+/// Where the CUDA runtime library is looked for: by soname first (a process that imported
+/// torch has its `libcudart` loaded already, found by name), then the toolkit's folder.
+const CUDART: [&str; 6] = [
+    "libcudart.so.13",
+    "libcudart.so.12",
+    "libcudart.so.11.0",
+    "libcudart.so",
+    "/usr/local/cuda/lib64/libcudart.so",
+    "/usr/local/cuda/targets/x86_64-linux/lib/libcudart.so",
+];
+
+/// The version of the CUDA runtime this process loads (`cudaRuntimeGetVersion`), as
+/// `cudart MAJOR.MINOR`; `Err` names the libraries tried.
+#[allow(unsafe_code)]
+pub fn runtime_version() -> Result<String, String> {
+    type GetVersion = unsafe extern "C" fn(*mut std::ffi::c_int) -> std::ffi::c_int;
+    for name in CUDART {
+        // SAFETY: loading the CUDA runtime runs its initialisers, which are made to run in
+        // any host process; the library is kept loaded (leaked) so that no call into it can
+        // outlive it.
+        let Ok(lib) = (unsafe { libloading::Library::new(name) }) else { continue };
+        let lib: &'static libloading::Library = Box::leak(Box::new(lib));
+        // SAFETY: `cudaRuntimeGetVersion(int*)` has this signature in every CUDA release.
+        let Ok(get) = (unsafe { lib.get::<GetVersion>(b"cudaRuntimeGetVersion\0") }) else { continue };
+        let mut v: std::ffi::c_int = 0;
+        // SAFETY: the function writes one int through a pointer to a live local.
+        let rc = unsafe { get(&mut v) };
+        if rc == 0 && v > 0 {
+            return Ok(format!("cudart {}.{}", v / 1000, (v % 1000) / 10));
+        }
+    }
+    Err(format!("no CUDA runtime library could be loaded (tried {})", CUDART.join(", ")))
 }
 
 /// The CUDA version the driver implements (`cuDriverGetVersion`: 12040 is `cuda 12.4`), the

@@ -112,6 +112,8 @@ fn read_device(ordinal: i32, notes: &mut Vec<String>) -> Result<DeviceProfile, S
         gfx: Some(gfx),
         isa: CpuFeatures::empty(),
         driver: None,
+        runtime: None,
+        l2_bytes: None,
         memory_bytes: p.totalGlobalMem as u64,
         memory_bandwidth_gbps,
         compute_units: cus,

@@ -129,16 +129,31 @@ def doctor():
     return report
 
 
-def tune(workload, *, budget=None, perfdb=None, verify=True, refresh=False):
-    """Measures every eligible kernel with an executor (the Python ones: torch SDPA, ZenDNN,
-    ..., with LayerZero's own) at every bucket of ``workload`` (a workload file) on this
-    machine, by the protocol of ``lz tune``, into the PerfDB (``perfdb``, default
-    ``$LAYERZERO_PERFDB``); ``budget`` seconds stops new measurements. With ``verify``, every
-    kernel is re-timed and the report gives the regret of model-only and PerfDB-backed
-    selection. Returns ``lz tune --json``'s report as a dict."""
+def tune(workload, *, budget=None, perfdb=None, verify=True, refresh=False, calibrate=None, hardware=None):
+    """Measures every eligible kernel with an executor (the Python ones: torch SDPA, Liger,
+    ZenDNN, ..., with LayerZero's own) at every bucket of ``workload`` (a workload file) on
+    this machine, by the protocol of ``lz tune``, into the PerfDB (``perfdb``, default
+    ``$LAYERZERO_PERFDB``); ``budget`` seconds stops new measurements. Buckets on a GPU get
+    their inputs made there by torch, and each timed call is waited for. With ``verify``,
+    every kernel is re-timed and the report gives the regret of model-only and PerfDB-backed
+    selection; with ``calibrate`` (a path), the cost model is fitted to the times and the
+    calibration written there (``lz tune --calibrate``). With ``hardware`` (a named profile
+    such as ``"h100"``, or a profile file), the model-only ranking and the calibration are
+    those of that profile, held against this machine's times: how far the profile's figures
+    are from this machine (its rows in the PerfDB carry that profile's fingerprint). Returns
+    ``lz tune --json``'s report as a dict."""
     _ready()
     perfdb = None if perfdb is None else str(perfdb)
-    return _lz.tune(str(workload), perfdb=perfdb, budget=budget, verify=verify, refresh=refresh)
+    calibrate = None if calibrate is None else str(calibrate)
+    return _lz.tune(
+        str(workload),
+        perfdb=perfdb,
+        budget=budget,
+        verify=verify,
+        refresh=refresh,
+        calibrate=calibrate,
+        hardware=hardware,
+    )
 
 
 def solve(workload, out, *, perfdb=None):

@@ -180,7 +180,14 @@ def graph_strict(handle: Optional[LayerZero] = None) -> LayerZero:
     """A handle under `handle`'s policy (default: the process's) with graph-strict mode on."""
 
 def tune(
-    workload: str, *, perfdb: Optional[str] = None, budget: Optional[float] = None, verify: bool = True, refresh: bool = False
+    workload: str,
+    *,
+    perfdb: Optional[str] = None,
+    budget: Optional[float] = None,
+    verify: bool = True,
+    refresh: bool = False,
+    calibrate: Optional[str] = None,
+    hardware: Optional[str] = None,
 ) -> dict[str, Any]:
     """`layerzero.tune`: the report of `lz tune --json`."""
 

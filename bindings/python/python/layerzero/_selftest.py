@@ -1,5 +1,6 @@
-"""``layerzero.selftest()``: every registered Python executor (attention and linear) run
-against PyTorch's float64 math on small cases it accepts, the result recorded for this machine and library version. An
+"""``layerzero.selftest()``: every registered Python executor (attention, linear, RMSNorm,
+SwiGLU and RoPE) run against float64 math on small cases it accepts, the result recorded for
+this machine and library version. An
 executor that passes becomes verified (selected without ``allow_unverified``)."""
 
 import time
@@ -76,10 +77,65 @@ def _linear_reference(torch, tensors, attrs):
     return F.linear(x, w, None if b is None else b.detach().to("cpu", torch.float64))
 
 
+def _norm_cases(torch, device):
+    g = torch.Generator(device="cpu").manual_seed(9)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for rows, hidden in [(1, 256), (7, 1024), (33, 4096)]:
+            t = {
+                "x": torch.randn(rows, hidden, generator=g).to(device=device, dtype=dtype),
+                "weight": (1 + 0.1 * torch.randn(hidden, generator=g)).to(device=device, dtype=dtype),
+            }
+            yield t, {"eps": 1e-6}
+
+
+def _norm_reference(torch, tensors, attrs):
+    x, w = (tensors[n].detach().to("cpu", torch.float64) for n in ("x", "weight"))
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + attrs["eps"]) * w
+
+
+def _swiglu_cases(torch, device):
+    g = torch.Generator(device="cpu").manual_seed(10)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for rows, width in [(1, 128), (9, 1024), (33, 2816)]:
+            t = {n: torch.randn(rows, width, generator=g).to(device=device, dtype=dtype) for n in ("gate", "up")}
+            yield t, {}
+
+
+def _swiglu_reference(torch, tensors, attrs):
+    gate, up = (tensors[n].detach().to("cpu", torch.float64) for n in ("gate", "up"))
+    return torch.nn.functional.silu(gate) * up
+
+
+def _rope_cases(torch, device):
+    g = torch.Generator(device="cpu").manual_seed(11)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for b, s, h, d in [(1, 1, 4, 64), (2, 16, 8, 64), (1, 37, 4, 128)]:
+            yield {"q": torch.randn(b, s, h, d, generator=g).to(device=device, dtype=dtype)}, {"base": 10000.0}
+
+
+def _rope_reference(torch, tensors, attrs):
+    q = tensors["q"].detach().to("cpu", torch.float64)
+    s, d = q.shape[1], q.shape[-1]
+    inv = attrs["base"] ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    ang = torch.arange(s, dtype=torch.float64)[:, None] * inv
+    cos = torch.cat([ang.cos(), ang.cos()], -1)[None, :, None, :]
+    sin = torch.cat([ang.sin(), ang.sin()], -1)[None, :, None, :]
+    rotated = torch.cat([-q[..., d // 2 :], q[..., : d // 2]], -1)
+    return q * cos + rotated * sin
+
+
 # op -> (cases, reference, the attributes a Python executor gets, how explain is asked)
 _OPS = {
     "attention": (_attention_cases, _attention_reference, _full_attrs, lambda t, a: dict(t, causal=a["causal"])),
     "linear": (_linear_cases, _linear_reference, lambda a: {"layouts": {"weight": "NT"}}, lambda t, a: dict(t)),
+    "rms_norm": (_norm_cases, _norm_reference, lambda a: dict(a, layouts={}), lambda t, a: dict(t, eps=a["eps"])),
+    "swiglu": (_swiglu_cases, _swiglu_reference, lambda a: {"layouts": {}}, lambda t, a: dict(t)),
+    "rope": (
+        _rope_cases,
+        _rope_reference,
+        lambda a: dict(a, style="rotate_half", layouts={"q": "BSHD"}),
+        lambda t, a: dict(t, base=a["base"]),
+    ),
 }
 
 
@@ -131,7 +187,7 @@ def selftest(kernels=None, verbose=False):
                 error = f"{type(e).__name__}: {e}"
                 break
             want = reference(torch, tensors, attrs)
-            first = tensors.get("q", tensors.get("x"))
+            first = tensors.get("q", tensors.get("x", tensors.get("gate")))
             atol, rtol = _TOL[str(first.dtype).removeprefix("torch.")]
             # A sum over K rounds once per product in the input dtype: scale the tolerance.
             if op == "linear":

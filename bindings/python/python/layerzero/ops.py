@@ -4,8 +4,10 @@ kernel when one fails.
 
 CPU tensors are lent to the kernel in place (no copy of inputs); outputs are allocated by
 torch and written in place by the kernel (or, when the selected kernel cannot write into
-them, copied there once). The caller's tensors are never modified, except an ``out=`` buffer.
-Every function raises ``layerzero.LayerZeroError`` subclasses: ``InvalidInputError`` naming
+them, copied there once). CUDA tensors are selected for their GPU and handed as they are to
+the selected kernel's Python executor (torch SDPA, Liger, ...); LayerZero never reads their
+memory on the host, and a kernel that fails falls back as on the CPU. The caller's tensors
+are never modified, except an ``out=`` buffer. Every function raises ``layerzero.LayerZeroError`` subclasses: ``InvalidInputError`` naming
 the argument and value, ``NoKernelError`` with every candidate's reasons, ``KernelFailedError``
 with each attempt.
 """

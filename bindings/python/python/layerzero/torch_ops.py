@@ -19,7 +19,10 @@ CPU ``impl`` and ``register_fake``), not with the ``torch.library.custom_op`` de
 decorator puts a Python autograd kernel around every call, 3 to 4 us more per call on a tiny
 input (about 1.5 times the Library form's cost there, whose own is 1.5 to 3 us over calling
 ``layerzero.ops`` directly); ``tools/bench_python_overhead.py`` measures both. Like
-``layerzero.ops``, the ops take CPU tensors (a CPU kernel only).
+``layerzero.ops``, the ops take CPU and CUDA tensors (implementations for both dispatch
+keys): on CUDA the selected kernel is one of the Python backends' (torch SDPA, Liger, ...),
+handed torch's tensors; an op no GPU kernel serves (``linear``, ``embedding``) raises
+``NoKernelError`` with each kernel's reasons.
 
 The ops are for inference: none has an autograd formula. With inputs that require grad, the
 outputs come from torch's default autograd fallback (a backward through them warns and gives
@@ -98,7 +101,7 @@ SCHEMAS = {
 OPS = tuple(SCHEMAS)
 
 
-# The CPU kernels. The dispatcher leaves out trailing arguments equal to their defaults, so
+# The kernels (CPU and CUDA dispatch keys alike). The dispatcher leaves out trailing arguments equal to their defaults, so
 # each function's defaults are its schema's.
 
 
@@ -299,6 +302,7 @@ def _register():
     for name, schema in SCHEMAS.items():
         lib.define(schema, tags=_TAGS.get(name, ()) + (_torch.Tag.pt2_compliant_tag,))
         lib.impl(name, _IMPLS[name], "CPU")
+        lib.impl(name, _IMPLS[name], "CUDA")
         _torch.library.register_fake(f"{NAMESPACE}::{name}", _FAKES[name], lib=lib)
     package._torch_library = lib
     return lib

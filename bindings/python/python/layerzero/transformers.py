@@ -154,6 +154,10 @@ def attention_forward(
         causal = False
 
     torch = _ops._torch()
+    if mask is not None and mask.dtype == torch.bool and mask.device.type != "cpu":
+        # A GPU tensor is lent as device memory, which LayerZero takes for numbers only (a
+        # bool's bytes are read on the host): the same mask, additive, in the query's dtype.
+        mask = torch.zeros(mask.shape, dtype=query.dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
     batch, heads, _, _ = query.shape
     out = torch.empty((batch, q_len, heads, value.shape[-1]), dtype=query.dtype, device=query.device)
     args = dict(

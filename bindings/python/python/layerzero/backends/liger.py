@@ -35,7 +35,7 @@ def _swiglu(tensors, attrs):
 
 def _rope(tensors, attrs):
     import torch
-    from liger_kernel.transformers.functional import liger_rotary_pos_emb
+    from liger_kernel.transformers.functional import liger_rope
 
     refuse(attrs.get("style", "rotate_half") != "rotate_half", "Liger's RoPE is rotate-half")
     refuse(attrs.get("rotary_dim") is not None or attrs.get("scaling") is not None, "partial or scaled RoPE")
@@ -57,7 +57,7 @@ def _rope(tensors, attrs):
     sin = torch.cat([sin, sin], -1).to(q.dtype)
     if cos.dim() == 2:
         cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
-    qo, ko = liger_rotary_pos_emb(qh.contiguous(), kh.contiguous(), cos, sin)
+    qo, ko = liger_rope(qh.contiguous(), kh.contiguous(), cos, sin)
     if not heads_first:
         qo, ko = qo.transpose(1, 2), ko.transpose(1, 2)
     return {"out": qo, "out_k": ko} if k is not None else qo
