@@ -49,6 +49,8 @@ ULP = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 0.0}
 # Where the tensors go: "cuda", or "cpu" for a dry run of the script's own logic
 # (`--dry-run-cpu`: no GPU kernel runs; refusals and the CPU kernels do).
 DEV = "cuda"
+# The report folder (the tuning report is written there whole).
+OUTDIR = "."
 
 SDPA = ["torch_sdpa.attention.flash", "torch_sdpa.attention.efficient", "torch_sdpa.attention.cudnn", "torch_sdpa.attention.math"]
 
@@ -480,8 +482,10 @@ def cost_model(tmp, budget):
         calibrate=str(calibration),
         hardware="h100",
     )
+    (Path(OUTDIR) / "tune.json").write_text(json.dumps(report, indent=1))
+    verify = report.get("verify") or {}
     buckets = []
-    for b in report.get("verify", {}).get("buckets", []):
+    for b in verify.get("buckets", []):
         buckets.append(
             {
                 "entry": b["entry"],
@@ -498,13 +502,15 @@ def cost_model(tmp, budget):
             }
         )
     cal = json.loads(calibration.read_text()) if calibration.exists() else None
-    verify = report.get("verify", {})
     return {
         "summary": {k: verify.get(k) for k in ("verified", "unverified", "model", "perfdb", "calibrated", "contested", "wins_by_backend")},
         "buckets": buckets,
         "calibration": cal,
         "failures": [r for r in report.get("results", []) if r.get("status") == "failed"][:20],
         "skipped": len(report.get("skipped", [])),
+        "unselectable": report.get("unselectable", [])[:20],
+        "elapsed_s": report.get("elapsed_s"),
+        "budget_exhausted": report.get("budget_exhausted"),
     }
 
 
@@ -725,7 +731,8 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated steps to run (default: all)")
     ap.add_argument("--dry-run-cpu", action="store_true", help="run the steps' logic on CPU tensors (no GPU)")
     a = ap.parse_args()
-    global DEV
+    global DEV, OUTDIR
+    OUTDIR = a.out
     if a.dry_run_cpu:
         DEV = "cpu"
     import tempfile
