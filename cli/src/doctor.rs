@@ -44,7 +44,9 @@ fn text(r: &DoctorReport) -> String {
     for m in &r.device_memory {
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         let _ = match (m.free_bytes, m.total_bytes, &m.error) {
-            (Some(f), Some(t), _) => writeln!(out, "{}: {:.2} GiB free of {:.2} GiB (read through the driver now)", m.device, gib(f), gib(t)),
+            (Some(f), Some(t), _) => {
+                writeln!(out, "{}: {:.2} GiB free of {:.2} GiB (read through the driver now)", m.device, gib(f), gib(t))
+            }
             (_, _, e) => writeln!(out, "{}: free memory not read: {}", m.device, e.as_deref().unwrap_or("unknown")),
         };
     }

@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use layerzero::capabilities::catalog::Catalog;
 use layerzero::error::{Error, Result};
+use layerzero::model::device::DeviceRef;
 use layerzero::perfdb::{self, PerfDb};
 use layerzero::plan::solve::{Provenance, solve as solve_table};
 use layerzero::plan::workload::Workload;
 use layerzero::policy::Policy;
 use layerzero::select::Selector;
-use layerzero::model::device::DeviceRef;
 use layerzero::tensor::HostTensor;
 use layerzero::tune::{DeviceMemory, Host, TuneOptions};
 use pyo3::prelude::*;

@@ -94,6 +94,14 @@ def test_every_op_is_registered_once_and_a_reload_registers_nothing_again():
     assert torch.equal(L.rms_norm(x, w), lz.ops.rms_norm(x, w))
 
 
+def test_every_op_has_a_cpu_and_a_cuda_kernel_so_a_gpu_model_dispatches_through_it():
+    # On CUDA tensors the op selects among the GPU kernels (torch SDPA, Liger, ...); the
+    # registration is what lets a graph built on a GPU call it (checked here without one).
+    for name in layerzero.torch_ops.OPS:
+        for key in ("CPU", "CUDA"):
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(f"layerzero::{name}", key), (name, key)
+
+
 def test_every_registered_op_has_an_opcheck_case():
     assert {c[0] for c in _CASES} == set(layerzero.torch_ops.OPS)
 

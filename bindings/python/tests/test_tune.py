@@ -67,3 +67,23 @@ def test_a_bad_budget_is_refused_naming_the_argument(tmp_path):
     workload.write_text(json.dumps(WORKLOAD))
     with pytest.raises(lz.InvalidInputError, match="budget"):
         lz.tune(workload, perfdb=tmp_path / "p.sqlite", budget=-1)
+
+
+def test_tuning_under_a_named_profile_ranks_with_its_model_and_fits_a_calibration_for_it(tmp_path):
+    workload = tmp_path / "workload.json"
+    workload.write_text(json.dumps(WORKLOAD))
+    calibration = tmp_path / "calibration.json"
+    report = lz.tune(workload, perfdb=tmp_path / "p.sqlite", budget=120, verify=True, calibrate=calibration, hardware="zen4")
+    # The model and its calibration are the named profile's; the times are this machine's.
+    assert report["hardware"] == "zen4"
+    fitted = json.loads(calibration.read_text())
+    assert fitted["hardware"] == "zen4" and fitted["workload"] == "python-tiny-decode"
+    assert any(f["kernel"] == "cpu.attention.flash" for f in fitted["kernels"]), fitted["kernels"]
+    assert report["verify"]["calibrated"] is not None
+
+
+def test_an_unknown_profile_is_refused_naming_it(tmp_path):
+    workload = tmp_path / "workload.json"
+    workload.write_text(json.dumps(WORKLOAD))
+    with pytest.raises(lz.LayerZeroError, match="no-such-gpu"):
+        lz.tune(workload, perfdb=tmp_path / "p.sqlite", budget=5, hardware="no-such-gpu")

@@ -310,7 +310,8 @@ impl LayerZero {
     #[inline]
     fn salted(&self, context: u64) -> u64 {
         const PRESSURE_SALT: u64 = 0x9e37_79b9_7f4a_7c15;
-        let pressed = |g: &Option<Arc<crate::hardware::memory::MemoryGauge>>| g.as_ref().is_some_and(|g| g.under_pressure());
+        let pressed =
+            |g: &Option<Arc<crate::hardware::memory::MemoryGauge>>| g.as_ref().is_some_and(|g| g.under_pressure());
         if pressed(&self.parts.memory) || pressed(&self.parts.gpu_memory) { context ^ PRESSURE_SALT } else { context }
     }
 

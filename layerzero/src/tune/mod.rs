@@ -78,7 +78,11 @@ pub struct Host {
 /// call is the kernel's, launch included. The Python package implements it with torch.
 pub trait DeviceMemory: Send + Sync + std::fmt::Debug {
     /// A copy of host tensor `t` in `device`'s memory.
-    fn upload(&self, t: &crate::tensor::HostTensor, device: DeviceRef) -> std::result::Result<crate::tensor::HostTensor, String>;
+    fn upload(
+        &self,
+        t: &crate::tensor::HostTensor,
+        device: DeviceRef,
+    ) -> std::result::Result<crate::tensor::HostTensor, String>;
     /// Waits for the work queued on `device`.
     fn synchronize(&self, device: DeviceRef) -> std::result::Result<(), String>;
 }

@@ -92,10 +92,8 @@ pub(super) fn time_group(
         Err(e) => return sels.iter().map(|_| Err(e.clone())).collect(),
     };
     // Each call on a GPU is waited for: its time is the kernel's, not its launch's.
-    let synced: Vec<Synced<'_>> = sels
-        .iter()
-        .map(|sel| Synced { exec: host.registry.get(&sel.kernel), device })
-        .collect();
+    let synced: Vec<Synced<'_>> =
+        sels.iter().map(|sel| Synced { exec: host.registry.get(&sel.kernel), device }).collect();
     // Per selection: its executor and adapted inputs, or why it cannot run.
     let prepared: Vec<std::result::Result<Prepared<'_>, String>> = sels
         .iter()
