@@ -143,7 +143,9 @@ impl<'a> Take<'a> {
         let mut tensors = BTreeMap::new();
         let mut stored = None;
         for file in shards(dir)? {
-            for (name, t) in io::read_mapped(&file)? {
+            // Resident weights are copied out piece by piece, each piece released as it is
+            // copied (`Buf::resident`): faulting the whole file in first would double the peak.
+            for (name, t) in io::read_mapped_with(&file, residence == Residence::Mapped)? {
                 // Precomputed RoPE tables are derived from the config, never read.
                 if name.ends_with("rotary_emb.inv_freq") {
                     continue;

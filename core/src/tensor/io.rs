@@ -148,18 +148,30 @@ fn mapped_storage(v: &TensorView<'_>, map: &Arc<Mmap>, off: usize) -> Option<Sto
 /// aligned for their dtype (copied otherwise): loading a model does not copy its weights,
 /// and the pages are read from the page cache as the kernels touch them.
 pub fn read_mapped(path: &Path) -> Result<BTreeMap<String, HostTensor>> {
+    read_mapped_with(path, true)
+}
+
+/// [`read_mapped`], with the pages faulted in at once (`populate`, for tensors served from the
+/// map) or as they are read (tensors copied out piece by piece, whose pieces are released as
+/// they go: populating them all first would hold the whole file at once).
+pub fn read_mapped_with(path: &Path, populate: bool) -> Result<BTreeMap<String, HostTensor>> {
     let origin = path.display().to_string();
     let io_err = |e: std::io::Error| Error::new(ErrorKind::Io, format!("cannot read {origin}: {e}")).with_source(e);
     crate::files::check_regular(path)?;
     let file = std::fs::File::open(path).map_err(io_err)?;
+    let mut options = memmap2::MmapOptions::new();
+    if populate {
+        options.populate();
+    }
     #[allow(unsafe_code)]
     // SAFETY: the map is read-only and this process never writes the file. Another process
     // that truncates or rewrites a model file while it is served breaks the map's contents
     // (as it does for every loader that maps weights: HF safetensors, candle, llama.cpp); the
     // loader accepts that, as the whole point of mapping is not to copy gigabytes of weights.
-    // Populated: the pages are faulted in here, at load, rather than one by one inside the
-    // first forward pass (measured on the 125M model: the first prefill ran 2x slower).
-    let map = Arc::new(unsafe { memmap2::MmapOptions::new().populate().map(&file) }.map_err(io_err)?);
+    // Populated (`populate`): the pages are faulted in here, at load, rather than one by one
+    // inside the first forward pass (measured on the 125M model: the first prefill ran 2x
+    // slower).
+    let map = Arc::new(unsafe { options.map(&file) }.map_err(io_err)?);
     let st = safetensors::SafeTensors::deserialize(&map).map_err(|e| not_safetensors(&map, &origin, &e))?;
     let base = map.as_ptr() as usize;
     let mut out = BTreeMap::new();
@@ -324,6 +336,41 @@ mod tests {
         assert!(err.contains("t.safetensors") && err.contains("not a safetensors file"), "{err}");
         std::fs::write(&path, b"")?;
         assert!(read_mapped(&path).is_err(), "an empty file is refused");
+        Ok(())
+    }
+
+    /// File-backed resident memory of this process (`RssFile` of /proc/self/status), bytes.
+    #[cfg(target_os = "linux")]
+    fn rss_file() -> Option<u64> {
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let line = status.lines().find(|l| l.starts_with("RssFile:"))?;
+        line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_mapped_tensor_copied_resident_gives_its_mapped_pages_back() -> TestResult {
+        const MB: u64 = 1 << 20;
+        let n = 16 << 20; // 64 MiB of f32
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("big.safetensors");
+        let values: Vec<f32> = (0..n).map(|i| (i % 251) as f32).collect();
+        let m = BTreeMap::from([("w".to_owned(), HostTensor::from_f32(&[n], values)?)]);
+        std::fs::write(&path, serialize(&m)?)?;
+        drop(m);
+        let read = read_mapped_with(&path, true)?;
+        let t = read.get("w").ok_or("no tensor w")?;
+        assert!(t.storage().is_mapped());
+        let before = rss_file().ok_or("no RssFile")?;
+        let copy = HostTensor::new(t.storage().resident(), &[n])?;
+        let after = rss_file().ok_or("no RssFile")?;
+        // The 64 MiB the populated map held are released as they are copied (other tests
+        // of this process may map files meanwhile: a margin of 16 MiB).
+        assert!(before >= after + 48 * MB, "RssFile {} MiB before the copy, {} MiB after", before / MB, after / MB);
+        assert_eq!(copy.numel(), n);
+        assert_eq!(copy.to_f32_vec()[..300], t.to_f32_vec()[..300], "the copy holds the values");
+        // The released pages read the same values again (from the unchanged file).
+        assert_eq!(t.to_f32_vec()[(n - 5)..], copy.to_f32_vec()[(n - 5)..]);
         Ok(())
     }
 }
