@@ -261,6 +261,11 @@ pub(super) struct GenerateCmd {
     /// Write hidden states, per-layer stages and logits as safetensors into DIR (dump.safetensors).
     #[arg(long, value_name = "DIR")]
     pub(super) dump: Option<PathBuf>,
+    /// Time every dispatch and report where each phase's time went, per op: selection,
+    /// kernels, the rest of the dispatch, bytes against the measured copy bandwidth, time
+    /// outside any dispatch (measures this machine first if `lz hardware --measure` has not).
+    #[arg(long)]
+    pub(super) profile: bool,
     /// Machine-readable output (schemas/generate_report.schema.json).
     #[arg(long)]
     pub(super) json: bool,

@@ -68,6 +68,7 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
         (Some(other), _) => return Err(Error::invalid(format!("--kv {other:?} is not one of contiguous, paged"))),
     };
     let lz = handle(&a)?;
+    lz.set_dispatch_timing(a.profile);
     let g = generation(&a, kv);
     if let Some(dir) = &a.draft {
         if a.kv.as_deref() == Some("paged") {
@@ -95,6 +96,7 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
     let prefill_ms = out.prefill_ns as f64 / 1e6;
     let decode_ms = out.decode_ns as f64 / 1e6;
     let per_step = if out.decode_steps > 0 { decode_ms / out.decode_steps as f64 } else { 0.0 };
+    let profile = if a.profile { Some(super::profile::report(&out, prompt_tokens)?) } else { None };
     if a.json {
         let [prompt_ids, generated_ids, text] = sequences_json(&out.sequences, texts.as_deref());
         print_json(&soak::with_soak(
@@ -116,6 +118,7 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
                 "ops": ops_json(&out.stats),
                 "counters": lz.counters(),
                 "dump": a.dump.as_ref().map(|d| d.join("dump.safetensors").display().to_string()),
+                "profile": profile,
             }),
             soak.as_ref(),
         ));
@@ -130,6 +133,9 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
             out.decode_steps
         );
         print!("{}", soak.as_ref().map(soak::Rounds::render).unwrap_or_default());
+        if let Some(p) = &profile {
+            eprint!("{}", super::profile::render(p));
+        }
     }
     Ok(soak::outcome(soak.as_ref()))
 }

@@ -11,6 +11,7 @@ mod inspect;
 pub mod parity;
 mod plan;
 mod plugins;
+mod profile;
 mod ranks;
 mod render;
 mod run;

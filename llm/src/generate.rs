@@ -69,8 +69,10 @@ pub struct Generated {
     pub decode_ns: u64,
     /// Decode steps run (each one token for every sequence still going).
     pub decode_steps: usize,
-    /// Per op, what ran.
+    /// Per op, what ran (prefill and decode).
     pub stats: BTreeMap<Op, OpStats>,
+    /// Of `stats`, what ran in the prefill (every prompt and its first token).
+    pub prefill_stats: BTreeMap<Op, OpStats>,
     /// With `dump`: the stages of the prefill and `logits.{k}`.
     pub dump: BTreeMap<String, HostTensor>,
 }
@@ -192,6 +194,7 @@ pub fn generate_batch(
         tokens.push(only_token(chosen)?);
     }
     let prefill_ns = start.elapsed().as_nanos() as u64;
+    let prefill_stats = session.take_stats();
     let decode_start = Instant::now();
     let mut active: Vec<usize> = (0..prompts.len()).collect();
     let mut steps = 0;
@@ -220,7 +223,8 @@ pub fn generate_batch(
         tokens = sample(&mut session, logits, g, &active, step + 1)?;
     }
     let decode_ns = if steps > 0 { decode_start.elapsed().as_nanos() as u64 } else { 0 };
-    Ok(Generated { sequences, prefill_ns, decode_ns, decode_steps: steps, stats: session.take_stats(), dump })
+    let stats = crate::pass::merged(&prefill_stats, session.take_stats());
+    Ok(Generated { sequences, prefill_ns, decode_ns, decode_steps: steps, stats, prefill_stats, dump })
 }
 
 /// Chooses one token per row of `logits` (`[seqs.len(), vocab]`): one `sample` call for

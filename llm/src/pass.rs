@@ -49,6 +49,20 @@ pub struct OpStats {
     pub fallbacks: u64,
     /// Wall time in these calls (selection, kernels, output allocation), ns.
     pub ns: u64,
+    /// Of `ns`, selecting (when the handle times dispatches: `--profile`), ns.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub select_ns: u64,
+    /// Of `ns`, running the kernels with the runtime's guards (when timed), ns.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub run_ns: u64,
+    /// Bytes of the calls' tensors, inputs and outputs (what a kernel reads and writes at
+    /// least: the weights, for a decode step's projections; when timed).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub bytes: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// Where an op's outputs wait between calls, to be handed back as the buffers of its next
@@ -101,6 +115,17 @@ impl<'a> Pass<'a> {
         let start = Instant::now();
         let d = self.lz.dispatch_into(args, buffers)?;
         record(&mut self.stats, args.op(), &d, start.elapsed().as_nanos() as u64);
+        if let (Some(t), Some(s)) = (d.timing(), self.stats.get_mut(&args.op())) {
+            s.select_ns += t.select_ns;
+            s.run_ns += t.run_ns;
+            let bytes = |x: &HostTensor| x.numel() as u64 * u64::from(x.dtype().size_bytes());
+            let out: u64 = d.outputs.iter().map(|(_, x)| bytes(x)).sum();
+            s.bytes += match args {
+                // A lookup reads the rows it gathers, not its table.
+                OpArgs::Embedding(e) => bytes(&e.ids) + 2 * out,
+                _ => args.tensors().iter().map(|(_, x)| bytes(x)).sum::<u64>() + out,
+            };
+        }
         Ok(d)
     }
 
@@ -146,6 +171,25 @@ impl<'a> Pass<'a> {
 /// Output `name` of an `op` call's `outputs`.
 pub(crate) fn take(outputs: &mut Outputs, op: Op, name: &str) -> Result<HostTensor> {
     outputs.remove(name).ok_or_else(|| Error::invalid(format!("{op} produced no `{name}` output")))
+}
+
+/// `a`'s counts added into `b`'s (a generation's phases into its whole).
+pub(crate) fn merged(a: &BTreeMap<Op, OpStats>, mut b: BTreeMap<Op, OpStats>) -> BTreeMap<Op, OpStats> {
+    for (op, s) in a {
+        let t = b.entry(*op).or_default();
+        for (k, n) in &s.kernels {
+            *t.kernels.entry(k.clone()).or_default() += n;
+        }
+        t.plan_hits += s.plan_hits;
+        t.cache_hits += s.cache_hits;
+        t.live += s.live;
+        t.fallbacks += s.fallbacks;
+        t.ns += s.ns;
+        t.select_ns += s.select_ns;
+        t.run_ns += s.run_ns;
+        t.bytes += s.bytes;
+    }
+    b
 }
 
 /// Counts one dispatch of `op` that took `ns` into `stats`.

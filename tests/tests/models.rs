@@ -111,6 +111,48 @@ fn weights_are_served_from_the_mapped_files_or_copied_once_into_resident_memory(
 }
 
 #[test]
+fn a_profiled_generation_says_where_each_phase_and_op_spent_its_time() -> TestResult {
+    let home = tempfile::tempdir()?;
+    let out = lz()?
+        .env("LAYERZERO_HOME", home.path())
+        .args(["generate", "--model"])
+        .arg(models().join("llama-gqa"))
+        .args(["--prompt-ids", "1,2,3,4,5", "--max-new-tokens", "4", "--ignore-eos", "--profile", "--json"])
+        .output()?;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let bad = violations(SchemaKind::GenerateReport, &v)?;
+    assert!(bad.is_empty(), "{bad:?}");
+    let p = &v["profile"];
+    assert!(p["copy_gbps"].as_f64().is_some_and(|g| g > 0.0), "the machine was measured: {p}");
+    let phases = p["phases"].as_array().ok_or("no phases")?;
+    assert_eq!(phases.iter().map(|ph| ph["phase"].as_str()).collect::<Vec<_>>(), [Some("prefill"), Some("decode")]);
+    let decode = &phases[1];
+    assert_eq!(decode["steps"], 3, "four tokens: the first chosen by the prefill, three decode steps");
+    let ops = decode["ops"].as_array().ok_or("no ops")?;
+    let linear = ops.iter().find(|o| o["op"] == "linear").ok_or("no linear in the decode")?;
+    let f = |o: &serde_json::Value, k: &str| o[k].as_f64().unwrap_or(-1.0);
+    // Every dispatch's time is its selection, its kernels, and the rest, each measured.
+    for o in ops {
+        let parts = f(o, "select_us_per_step") + f(o, "run_us_per_step") + f(o, "rest_us_per_step");
+        assert!((parts - f(o, "us_per_step")).abs() <= 1e-6 * f(o, "us_per_step").max(1.0), "{o}");
+    }
+    assert!(f(linear, "mb_per_step") > 0.0 && f(linear, "gb_per_s") > 0.0, "{linear}");
+    assert!(f(decode, "dispatches_per_step") >= f(linear, "calls_per_step"));
+    // The same generation without --profile times nothing.
+    let plain = lz()?
+        .env("LAYERZERO_HOME", home.path())
+        .args(["generate", "--model"])
+        .arg(models().join("llama-gqa"))
+        .args(["--prompt-ids", "1,2,3,4,5", "--max-new-tokens", "4", "--ignore-eos", "--json"])
+        .output()?;
+    let plain: serde_json::Value = serde_json::from_slice(&plain.stdout)?;
+    assert!(plain["profile"].is_null() && plain["ops"]["linear"].get("run_ns").is_none());
+    assert_eq!(plain["generated_ids"], v["generated_ids"]);
+    Ok(())
+}
+
+#[test]
 fn a_bf16_model_is_packed_at_load_and_its_prefill_reuses_the_packs() -> TestResult {
     let model = Model::load(&models().join("llama-gqa-bf16"), None)?;
     let lz = LayerZero::detected()?;

@@ -83,9 +83,7 @@ impl Mapped {
             // process never writes; MADV_DONTNEED on it drops the pages from the page tables,
             // and any later access reads the file's unchanged bytes again, so every `&[u8]`
             // into the map keeps seeing the same values. The range lies inside the map.
-            let _ = unsafe {
-                self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, self.off + at, len)
-            };
+            let _ = unsafe { self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, self.off + at, len) };
         }
         #[cfg(not(unix))]
         let _ = (at, len);

@@ -270,6 +270,7 @@ impl LayerZero {
             flights: flight::Flights::default(),
             max_workspace,
             check_inputs: AtomicBool::new(false),
+            time_dispatches: AtomicBool::new(false),
             counters: Striped::default(),
             faults: None,
             recent: crate::telemetry::Recent::new(RECENT_DECISIONS),
@@ -471,5 +472,12 @@ impl LayerZero {
     /// scans the inputs of its first dispatch, not of every repeat).
     pub fn set_input_check(&self, on: bool) {
         self.check_inputs.store(on, Ordering::Relaxed);
+    }
+
+    /// Turns the timing of each dispatch's selection and kernel on or off
+    /// ([`Dispatch::timing`]; `lz generate --profile`). Off by default: it reads the clock
+    /// three times per call.
+    pub fn set_dispatch_timing(&self, on: bool) {
+        self.time_dispatches.store(on, Ordering::Relaxed);
     }
 }

@@ -55,6 +55,18 @@ pub struct Dispatch<'a> {
     /// What only a fallback or an input check produces (kept out of line: the common
     /// dispatch has neither).
     extra: Option<Box<Extra>>,
+    /// Where the call's time went, when the handle times dispatches.
+    timing: Option<Timing>,
+}
+
+/// Where one dispatch's time went ([`LayerZero::set_dispatch_timing`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timing {
+    /// Selecting the first choice (a plan or cache hit, or a live selection), ns.
+    pub select_ns: u64,
+    /// Running the kernels tried, with the runtime's guards around each (health, faults,
+    /// the output check) and any fallback's selection, ns.
+    pub run_ns: u64,
 }
 
 #[derive(Debug, Default)]
@@ -67,6 +79,11 @@ impl Dispatch<'_> {
     /// The selection whose kernel produced the outputs.
     pub fn selection(&self) -> &Selection {
         &self.ran
+    }
+
+    /// Where the call's time went; `None` unless the handle times dispatches.
+    pub fn timing(&self) -> Option<Timing> {
+        self.timing
     }
 
     /// The same, shared.
@@ -163,13 +180,31 @@ impl LayerZero {
     }
 
     fn dispatch_untraced(&self, args: &OpArgs, buffers: Outputs) -> Result<Dispatch<'_>> {
+        if !self.time_dispatches.load(Ordering::Relaxed) {
+            return self.dispatch_selected(args, buffers);
+        }
+        let start = std::time::Instant::now();
         let first = self.select_args(args)?;
+        let selected = start.elapsed();
+        let mut d = self.run_selected(first, args, buffers)?;
+        let ns = |t: std::time::Duration| u64::try_from(t.as_nanos()).unwrap_or(u64::MAX);
+        d.timing = Some(Timing { select_ns: ns(selected), run_ns: ns(start.elapsed().saturating_sub(selected)) });
+        Ok(d)
+    }
+
+    fn dispatch_selected(&self, args: &OpArgs, buffers: Outputs) -> Result<Dispatch<'_>> {
+        let first = self.select_args(args)?;
+        self.run_selected(first, args, buffers)
+    }
+
+    /// Runs the first choice `first` for `args`, falling back in score order.
+    fn run_selected<'h>(&'h self, first: Hit<'h>, args: &OpArgs, buffers: Outputs) -> Result<Dispatch<'h>> {
         let input_flags = if self.check_inputs.load(Ordering::Relaxed) { flags(args) } else { Vec::new() };
         let mut failed = Vec::new();
         let first_oom = match self.try_run(&first, first.executor(), args, buffers) {
             Ok(outputs) => {
                 let extra = (!input_flags.is_empty()).then(|| Box::new(Extra { failed, input_flags }));
-                return Ok(Dispatch { outputs, ran: first, extra });
+                return Ok(Dispatch { outputs, ran: first, extra, timing: None });
             }
             Err(reason) => {
                 let oom = reason.code() == ReasonCode::KERNEL_OUT_OF_MEMORY;
@@ -197,7 +232,8 @@ impl LayerZero {
             match self.try_run(&hit, hit.executor(), args, Outputs::new()) {
                 Ok(outputs) => {
                     let ran = hit.standing_in_for(source, notes);
-                    return Ok(Dispatch { outputs, ran, extra: Some(Box::new(Extra { failed, input_flags })) });
+                    let extra = Some(Box::new(Extra { failed, input_flags }));
+                    return Ok(Dispatch { outputs, ran, extra, timing: None });
                 }
                 Err(reason) => {
                     let oom = reason.code() == ReasonCode::KERNEL_OUT_OF_MEMORY;

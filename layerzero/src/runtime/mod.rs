@@ -37,7 +37,7 @@ use serde::Serialize;
 pub use crate::plan::PlanMode;
 pub use counters::Counters;
 use counters::{Counter, Striped};
-pub use dispatch::{Attempt, Dispatch, InputFlag};
+pub use dispatch::{Attempt, Dispatch, InputFlag, Timing};
 pub use fusion::RopeAttention;
 pub use hot::Hit;
 pub use scope::Scope;
@@ -179,6 +179,8 @@ pub struct LayerZero {
     flights: flight::Flights,
     max_workspace: u64,
     check_inputs: AtomicBool,
+    /// Whether dispatch times its selection and its kernel ([`Dispatch::timing`]).
+    time_dispatches: AtomicBool,
     counters: Striped,
     /// Injected faults (`LAYERZERO_FAULTS`, `with_faults`): drills only.
     faults: Option<Arc<faults::Faults>>,
