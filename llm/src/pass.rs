@@ -118,7 +118,7 @@ impl<'a> Pass<'a> {
         if let (Some(t), Some(s)) = (d.timing(), self.stats.get_mut(&args.op())) {
             s.select_ns += t.select_ns;
             s.run_ns += t.run_ns;
-            let bytes = |x: &HostTensor| x.numel() as u64 * u64::from(x.dtype().size_bytes());
+            let bytes = |x: &HostTensor| x.numel() as u64 * x.dtype().size_bytes();
             let out: u64 = d.outputs.iter().map(|(_, x)| bytes(x)).sum();
             s.bytes += match args {
                 // A lookup reads the rows it gathers, not its table.

@@ -142,7 +142,7 @@ pub fn run_kernel<'py>(
         registry.get(kernel).ok_or_else(|| invalid(format!("{kernel:?} is not one of LayerZero's own kernels")))?;
     let call = call.get();
     let Prepared { args, buffers, given } = prepare(py, call, inputs, outs)?;
-    if let Some((n, d)) = args.tensors().into_iter().find_map(|(n, t)| t.device().map(|d| (n, d))) {
+    if let Some((n, d)) = args.on_device() {
         return Err(invalid(format!("argument `{n}` is on {d}; {kernel} reads host memory only")));
     }
     let ran =

@@ -280,6 +280,13 @@ macro_rules! op_enum {
                 match self { $( OpArgs::$variant(a) => ($args::NAMES, a.slots()), )* }
             }
 
+            /// The first tensor in device memory (a CUDA tensor lent by torch) and its
+            /// device, without allocating: dispatch asks it of every call.
+            pub fn on_device(&self) -> Option<(&'static str, crate::model::device::DeviceRef)> {
+                let (names, slots) = self.slots();
+                names.iter().zip(slots).find_map(|(n, t)| t.and_then(|t| t.device()).map(|d| (*n, d)))
+            }
+
             /// Feeds every attribute into a fingerprint (exact; floats by their bits).
             pub(crate) fn hash_attrs(&self, sig: &mut crate::model::fingerprint::Sig) {
                 use crate::model::fingerprint::Words;

@@ -16,7 +16,7 @@ pub fn apply_transforms(args: &OpArgs, transforms: &[Transform]) -> Result<OpArg
         return Ok(args.clone());
     }
     // Every transform copies through host memory, which a device tensor has none of.
-    if let Some((name, device)) = args.tensors().into_iter().find_map(|(n, t)| t.device().map(|d| (n, d))) {
+    if let Some((name, device)) = args.on_device() {
         return Err(Error::invalid(format!(
             "tensor `{name}` is on {device}: {} needs adapting in host memory",
             transforms.iter().map(|t| format!("{} of `{}`", t.kind.as_str(), t.tensor)).collect::<Vec<_>>().join(", ")

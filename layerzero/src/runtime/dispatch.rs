@@ -331,7 +331,7 @@ impl LayerZero {
             ));
         };
         if !exec.takes_device_memory()
-            && let Some((name, device)) = args.tensors().into_iter().find_map(|(n, t)| t.device().map(|d| (n, d)))
+            && let Some((name, device)) = args.on_device()
         {
             return Err(Reason::new(
                 ReasonCode::DEVICE_KIND_MISMATCH,

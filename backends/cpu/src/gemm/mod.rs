@@ -28,6 +28,7 @@ mod gemv;
 mod packed;
 mod pairs;
 mod prefill;
+mod small;
 mod view;
 mod weights;
 
@@ -36,6 +37,7 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 pub(super) use amx::linear_bf16 as amx_linear_bf16;
+pub(crate) use gemv::Widen;
 use gemv::gemv;
 pub(super) use gemv::{bf16_pair_columns, chunk_size, chunks, dots_mat_row};
 #[cfg(test)] // the packed GEMM itself, held to f64 sums by the linear tests
@@ -43,6 +45,7 @@ pub(super) use packed::{BSrc, gemm as packed_gemm};
 pub use pairs::{PackedWeightStats, packed_weight_stats};
 pub(super) use pairs::{PairPanels, gemm as pairs_gemm, panels as pair_panels};
 pub(super) use prefill::{gemm, sgemm};
+use small::{small_m, small_m_applies, small_m_max};
 pub(super) use view::{F32View, Mat, rows_view};
 pub(super) use weights::{Int4W, Weights};
 
@@ -80,8 +83,25 @@ pub(super) fn linear_f32_into(x: &Mat, w: &Weights, bias: Option<&[f32]>, c: &mu
     if c.is_empty() {
         return Ok(());
     }
+    let small = (2..=small_m_max()).contains(&m) && small_m_applies(w);
+    // bf16 rows against a bf16 weight on AVX512_BF16: the GEMV's pair products are faster.
+    let pairs = matches!(x.st, Storage::BF16(_))
+        && matches!(w, Weights::Dense(b) if matches!(b.st, Storage::BF16(_)))
+        && simd::avx512_bf16();
     if k == 0 {
         // Nothing to sum; bias below.
+    } else if small && !(pairs && m <= GEMV_MAX_M) {
+        // A few rows: the weight read in place, once, by register tiles (no per-call packing).
+        let done = match x.as_f32().filter(|v| v.is_dense()) {
+            Some(v) => small_m(&v.data[v.off..v.off + m * k], m, w, c),
+            None => with_scratch(m * k, |xf| {
+                x.read_into(xf);
+                small_m(xf, m, w, c)
+            }),
+        };
+        if !done {
+            return linear_f32_gemm(x, w, bias, c);
+        }
     } else if m <= GEMV_MAX_M {
         // bf16 rows of x, read in place, for the bf16 pair-product GEMV.
         let xb = match x.st {
@@ -98,27 +118,33 @@ pub(super) fn linear_f32_into(x: &Mat, w: &Weights, bias: Option<&[f32]>, c: &mu
             }),
         }
     } else {
-        let owned;
-        let xv = match x.as_f32() {
-            Some(v) => v,
-            None => {
-                owned = x.to_f32();
-                F32View::dense(&owned, m, k)
-            }
-        };
-        let beta = match bias {
-            Some(b) => {
-                c.par_chunks_mut(n).for_each(|row| row.copy_from_slice(b));
-                1.0
-            }
-            None => 0.0,
-        };
-        return gemm(xv, w, beta, c, n);
+        return linear_f32_gemm(x, w, bias, c);
     }
     if let Some(b) = bias {
         c.par_chunks_mut(n).for_each(|row| row.iter_mut().zip(b).for_each(|(v, b)| *v += b));
     }
     Ok(())
+}
+
+/// [`linear_f32_into`] through the GEMM (bias first, into `c`).
+fn linear_f32_gemm(x: &Mat, w: &Weights, bias: Option<&[f32]>, c: &mut [f32]) -> Result<(), KernelError> {
+    let (m, k, n) = (x.rows, w.k(), w.n());
+    let owned;
+    let xv = match x.as_f32() {
+        Some(v) => v,
+        None => {
+            owned = x.to_f32();
+            F32View::dense(&owned, m, k)
+        }
+    };
+    let beta = match bias {
+        Some(b) => {
+            c.par_chunks_mut(n).for_each(|row| row.copy_from_slice(b));
+            1.0
+        }
+        None => 0.0,
+    };
+    gemm(xv, w, beta, c, n)
 }
 
 /// An f32 result as a contiguous tensor of `dtype` (rounded once).

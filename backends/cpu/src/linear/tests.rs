@@ -47,7 +47,7 @@ fn lin(x: HostTensor, weight: HostTensor, bias: Option<HostTensor>) -> LinearArg
 #[test]
 fn fast_matches_reference_on_odd_shapes_dtypes_and_layouts() -> TestResult {
     for dtype in [DType::F32, DType::F16, DType::BF16] {
-        for m in [1usize, 3, 17, 130] {
+        for m in [1usize, 3, 5, 8, 17, 32, 130] {
             for k in [5usize, 64, 130] {
                 for n in [7usize, 64] {
                     for nn in [false, true] {
