@@ -39,7 +39,7 @@ pub use layerzero::tensor::Residence;
 pub use scope::ModelScope;
 pub use speculative::{Speculated, speculate, speculate_scoped};
 pub use tokenizer::Tokenizer;
-pub use weights::{Ffn, MoeWeights, Weights};
+pub use weights::{Ffn, MoeWeights, Qkv, Weights};
 
 use layerzero::error::Result;
 use layerzero::model::dtype::DType;

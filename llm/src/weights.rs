@@ -42,6 +42,59 @@ pub struct LayerWeights {
     pub ffn_norm: HostTensor,
     /// The MLP.
     pub ffn: Ffn,
+    /// q, k and v stacked into one weight, `q`, `k` and `v` above being views of it, where
+    /// the weights were copied at load anyway (resident, or cast): a decode step projects
+    /// them in one pass and one dispatch.
+    pub qkv: Option<Qkv>,
+}
+
+/// q_proj, k_proj and v_proj stacked (`[qd + 2 kvd, H]`: q's rows, then k's, then v's), with
+/// their biases likewise when the model has them.
+#[derive(Debug, Clone)]
+pub struct Qkv {
+    /// The stacked weight.
+    pub weight: HostTensor,
+    /// The stacked biases.
+    pub bias: Option<HostTensor>,
+}
+
+impl LayerWeights {
+    /// Stacks q, k and v (and their biases) into [`Qkv`], each becoming a view of it (one copy
+    /// of the weights, in huge-page memory as resident weights are).
+    fn stack_qkv(&mut self) -> Result<()> {
+        let dtype = self.q.dtype();
+        let stack = |parts: [&HostTensor; 3], cols: usize| -> Result<(HostTensor, [usize; 3])> {
+            let rows = parts.map(|p| p.numel() / cols.max(1));
+            let mut vals = Vec::with_capacity(rows.iter().sum::<usize>() * cols);
+            for p in parts {
+                vals.extend(p.to_f32_vec());
+            }
+            let n: usize = rows.iter().sum();
+            let shape: Vec<usize> = if cols == 0 { vec![n] } else { vec![n, cols] };
+            let packed = HostTensor::from_f32_as(dtype, &shape, &vals)?;
+            Ok((HostTensor::new(packed.storage().resident(), &shape)?, rows))
+        };
+        let h = self.q.shape()[1];
+        let (weight, rows) = stack([&self.q, &self.k, &self.v], h)?;
+        let view = |t: &HostTensor, r0: usize, r: usize, cols: usize| -> Result<HostTensor> {
+            if cols == 0 { t.view(&[r], &[1], r0) } else { t.view(&[r, cols], &[cols, 1], r0 * cols) }
+        };
+        self.q = view(&weight, 0, rows[0], h)?;
+        self.k = view(&weight, rows[0], rows[1], h)?;
+        self.v = view(&weight, rows[0] + rows[1], rows[2], h)?;
+        let bias = match (&self.q_bias, &self.k_bias, &self.v_bias) {
+            (Some(q), Some(k), Some(v)) => {
+                let (b, r) = stack([q, k, v], 0)?;
+                self.q_bias = Some(view(&b, 0, r[0], 0)?);
+                self.k_bias = Some(view(&b, r[0], r[1], 0)?);
+                self.v_bias = Some(view(&b, r[0] + r[1], r[2], 0)?);
+                Some(b)
+            }
+            _ => None,
+        };
+        self.qkv = Some(Qkv { weight, bias });
+        Ok(())
+    }
 }
 
 /// A layer's MLP.
@@ -323,6 +376,11 @@ impl Weights {
                             bias: if c.mlp_bias { Some([z(&[i])?, z(&[i])?, z(&[h])?]) } else { None },
                         },
                     },
+                    qkv: None,
+                })
+                .and_then(|mut layer: LayerWeights| {
+                    layer.stack_qkv()?;
+                    Ok(layer)
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -372,7 +430,14 @@ impl Weights {
                         },
                     },
                 },
+                qkv: None,
             });
+            // Copied weights (resident or cast) are stacked for the decode's one-pass q/k/v;
+            // weights served from the map stay there.
+            let layer = layers.last_mut().ok_or_else(|| Error::invalid("no layer"))?;
+            if ![&layer.q, &layer.k, &layer.v].iter().any(|t| t.storage().is_mapped()) {
+                layer.stack_qkv()?;
+            }
         }
         let norm = t.take("model.norm.weight", &[h])?;
         let lm_head = if c.tied {

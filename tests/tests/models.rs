@@ -138,6 +138,14 @@ fn a_profiled_generation_says_where_each_phase_and_op_spent_its_time() -> TestRe
         assert!((parts - f(o, "us_per_step")).abs() <= 1e-6 * f(o, "us_per_step").max(1.0), "{o}");
     }
     assert!(f(linear, "mb_per_step") > 0.0 && f(linear, "gb_per_s") > 0.0, "{linear}");
+    // A decode step projects q, k and v in one pass (the stacked weight) and o: two linears
+    // per layer, and the head.
+    let layers = serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(
+        models().join("llama-gqa/config.json"),
+    )?)?["num_hidden_layers"]
+        .as_f64()
+        .ok_or("no layer count")?;
+    assert_eq!(f(linear, "calls_per_step"), 2.0 * layers + 1.0, "{linear}");
     assert!(f(decode, "dispatches_per_step") >= f(linear, "calls_per_step"));
     // The same generation without --profile times nothing.
     let plain = lz()?

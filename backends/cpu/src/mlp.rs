@@ -5,7 +5,9 @@
 //! - `cpu.mlp.fused`: tiles over I. For M > `GEMV_MAX_M`, each I-tile of `TILE_I` columns
 //!   (and block of at most `BLOCK_M` rows) computes its gate and up tiles with sgemm,
 //!   applies the activation, and accumulates the tile's down-projection contribution into
-//!   the output (sgemm with beta 1); [M, I] is never materialized. For decode, two parallel
+//!   the output (sgemm with beta 1); [M, I] is never materialized. Up to 16 or 32 rows
+//!   (`gemm::small_m_max`), gate, up and down run as the small-batch linear's register tiles
+//!   instead, each weight read once, no tile packed. For decode, two parallel
 //!   sweeps: gate and up over chunks of I (the [M, I] hidden rows live in per-thread scratch),
 //!   then the down projection over chunks of H, whole weight rows; each weight streams once,
 //!   in order, and every output is one dot product (the same on any thread count). A bf16
@@ -26,7 +28,7 @@ use rayon::prelude::*;
 use super::alloc::{Out, with_scratch};
 use super::gemm::{
     F32View, GEMV_MAX_M, Mat, PairPanels, Weights, bf16_pair_columns, chunk_size, dots_mat_row, gemm, linear_f32,
-    pair_panels, pairs_gemm, rows_view, to_tensor, uses_pairs,
+    pair_panels, pairs_gemm, rows_view, small_m, small_m_applies, small_m_max, to_tensor, uses_pairs,
 };
 use super::rows::{Elem, by_dtype};
 use super::simd;
@@ -210,7 +212,10 @@ pub(super) fn fused_into(a: &MlpArgs, bufs: &mut Outputs) -> Result<Outputs, Ker
             let out = fused_pairs(&p, a.attrs.activation, xv[p.x.off..].reinterpret_cast(), &w);
             return Ok(Outputs::one("out", to_tensor(a.x.dtype(), &p.shape, out)?));
         }
-        let out = fused_tiled(&p, a.attrs.activation)?;
+        let out = match fused_small(&p, a.attrs.activation) {
+            Some(out) => out,
+            None => fused_tiled(&p, a.attrs.activation)?,
+        };
         return Ok(Outputs::one("out", to_tensor(a.x.dtype(), &p.shape, out)?));
     }
     by_dtype!(a.x.dtype(), FUSED, T => {
@@ -223,6 +228,32 @@ pub(super) fn fused_into(a: &MlpArgs, bufs: &mut Outputs) -> Result<Outputs, Ker
         })?;
         Ok(Outputs::one("out", out.finish(&p.shape)?))
     })
+}
+
+/// A few rows (a speculative verification, a batched decode step): gate, up and down as
+/// the small-batch linear's register tiles, each weight read in place once (the tiled path
+/// packs every tile of them per call); the [M, I] hidden rows are materialized, at most
+/// 32 of them. `None` where that linear does not take these weights.
+fn fused_small(p: &Problem, act: Activation) -> Option<Vec<f32>> {
+    let (m, h, i) = (p.x.rows, p.x.cols, p.wg.rows);
+    let [wg, wu, wd] = [&p.wg, &p.wu, &p.wd].map(|w| Weights::Dense(w.t()));
+    if !(2..=small_m_max()).contains(&m) || ![&wg, &wu, &wd].into_iter().all(small_m_applies) {
+        return None;
+    }
+    let owned;
+    let x = match p.x.as_f32().filter(|v| v.is_dense()) {
+        Some(v) => &v.data[v.off..v.off + m * h],
+        None => {
+            owned = p.x.to_f32();
+            &owned[..]
+        }
+    };
+    let (mut gate, mut up, mut out) = (vec![0f32; m * i], vec![0f32; m * i], vec![0f32; m * h]);
+    let done = small_m(x, m, &wg, &mut gate) && small_m(x, m, &wu, &mut up) && {
+        act_mul_par(act, &mut gate, &up);
+        small_m(&gate, m, &wd, &mut out)
+    };
+    done.then_some(out)
 }
 
 fn fused_tiled(p: &Problem, act: Activation) -> Result<Vec<f32>, KernelError> {
@@ -448,7 +479,15 @@ mod tests {
     fn chain_fused_and_reference_agree() -> TestResult {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             for act in [Activation::Silu, Activation::Gelu, Activation::GeluTanh] {
-                for (m, h, i) in [(1usize, 48usize, 80usize), (3, 17, 300), (17, 48, 80), (130, 64, 520), (9, 5, 7)] {
+                for (m, h, i) in [
+                    (1usize, 48usize, 80usize),
+                    (3, 17, 300),
+                    (5, 48, 80),
+                    (17, 48, 80),
+                    (32, 33, 70),
+                    (130, 64, 520),
+                    (9, 5, 7),
+                ] {
                     let a = args(m, h, i, dtype, act)?;
                     let want = reference(&a)?;
                     let c = chain(&a)?;

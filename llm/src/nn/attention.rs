@@ -1,4 +1,5 @@
-//! A decoder layer's self-attention: the q/k/v projections (biased for Qwen2), q and k
+//! A decoder layer's self-attention: the q/k/v projections (biased for Qwen2; one stacked
+//! projection for a decode step's single row, where the weights are stacked), q and k
 //! RMS-normalized per head (Qwen3), RoPE, the new keys and values written into the layer's
 //! KV cache, attention over every cached position (GQA, sliding windows), the output
 //! projection.
@@ -22,6 +23,8 @@ pub(crate) struct Attention<'w> {
     q: Linear<'w>,
     k: Linear<'w>,
     v: Linear<'w>,
+    /// q, k and v in one projection (one row: a decode step), where the weights are stacked.
+    qkv: Option<Linear<'w>>,
     o: Linear<'w>,
     /// Qwen3: q_norm and k_norm, over each head's dims before RoPE.
     qk_norm: Option<(Norm<'w>, Norm<'w>)>,
@@ -49,6 +52,7 @@ impl<'w> Attention<'w> {
             q: Linear::new(&w.q, w.q_bias.as_ref(), slots.named("attn.q")),
             k: Linear::new(&w.k, w.k_bias.as_ref(), slots.named("attn.k")),
             v: Linear::new(&w.v, w.v_bias.as_ref(), slots.named("attn.v")),
+            qkv: w.qkv.as_ref().map(|p| Linear::new(&p.weight, p.bias.as_ref(), slots.named("attn.qkv"))),
             o: Linear::new(&w.o, w.o_bias.as_ref(), slots.named("attn.o")),
             qk_norm,
             rope: c.rope.clone(),
@@ -82,9 +86,15 @@ impl<'w> Attention<'w> {
         step: &Step,
     ) -> Result<HostTensor> {
         let l = self.layer;
-        let q = self.q.forward(cx, &x)?;
-        let k = self.k.forward(cx, &x)?;
-        let v = self.v.forward(cx, &x)?;
+        let (q, k, v) = match &self.qkv {
+            // One row: its q, k and v are contiguous pieces of the one projection's row.
+            Some(p) if step.rows() == 1 => {
+                let (qd, kvd) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
+                let qkv = p.forward(cx, &x)?;
+                (view(&qkv, &[1, qd], 0)?, view(&qkv, &[1, kvd], qd)?, view(&qkv, &[1, kvd], qd + kvd)?)
+            }
+            _ => (self.q.forward(cx, &x)?, self.k.forward(cx, &x)?, self.v.forward(cx, &x)?),
+        };
         drop(x);
         let (q, k) = self.rotate(cx, q, k, step)?;
         cx.keep(|| format!("layer.{l}.q"), &q);

@@ -45,7 +45,7 @@ pub(super) use packed::{BSrc, gemm as packed_gemm};
 pub use pairs::{PackedWeightStats, packed_weight_stats};
 pub(super) use pairs::{PairPanels, gemm as pairs_gemm, panels as pair_panels};
 pub(super) use prefill::{gemm, sgemm};
-use small::{small_m, small_m_applies, small_m_max};
+pub(super) use small::{small_m, small_m_applies, small_m_max};
 pub(super) use view::{F32View, Mat, rows_view};
 pub(super) use weights::{Int4W, Weights};
 

@@ -252,14 +252,14 @@ fn columns_at_level<W: TileLane>(x: &[f32], m: usize, k: usize, rows: Rows<'_, W
 
 /// True when [`small_m`] takes the weight: a dense f32 or bf16 `W [N, K]` with contiguous
 /// rows.
-pub(super) fn small_m_applies(w: &Weights) -> bool {
+pub(crate) fn small_m_applies(w: &Weights) -> bool {
     matches!(w, Weights::Dense(b) if w.by_column() && (b.rs == 1 || b.rows <= 1)
         && matches!(b.st, Storage::F32(_) | Storage::BF16(_)))
 }
 
 /// `c [m, n] = x [m, k] . W^T` (x dense f32 rows, `c` contiguous) when
 /// [`small_m_applies`] to the weight; `false` (nothing written) otherwise.
-pub(super) fn small_m(x: &[f32], m: usize, w: &Weights, c: &mut [f32]) -> bool {
+pub(crate) fn small_m(x: &[f32], m: usize, w: &Weights, c: &mut [f32]) -> bool {
     let Weights::Dense(b) = w else { return false };
     if !small_m_applies(w) || m == 0 || x.len() < m * b.rows {
         return false;
