@@ -1,6 +1,5 @@
 //! Decode GEMV (M <= `GEMV_MAX_M`): every weight element is read once, parallel over N.
 
-use half::bf16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
@@ -8,27 +7,8 @@ use super::view::Mat;
 use super::weights::Weights;
 use crate::alloc::with_scratch;
 use crate::simd;
+use crate::simd::Widen;
 use layerzero_core::tensor::Storage;
-
-/// A weight element the dot kernels widen to f32 as they load it.
-pub(crate) trait Widen: Copy + Send + Sync {
-    /// The exact f32 value.
-    fn widen(self) -> f32;
-}
-
-impl Widen for f32 {
-    #[inline(always)]
-    fn widen(self) -> f32 {
-        self
-    }
-}
-
-impl Widen for bf16 {
-    #[inline(always)]
-    fn widen(self) -> f32 {
-        f32::from_bits(u32::from(self.to_bits()) << 16)
-    }
-}
 
 #[inline(always)]
 fn fma<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {

@@ -37,7 +37,6 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 pub(super) use amx::linear_bf16 as amx_linear_bf16;
-pub(crate) use gemv::Widen;
 use gemv::gemv;
 pub(super) use gemv::{bf16_pair_columns, chunk_size, chunks, dots_mat_row};
 #[cfg(test)] // the packed GEMM itself, held to f64 sums by the linear tests

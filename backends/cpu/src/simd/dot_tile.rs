@@ -4,8 +4,28 @@
 //! multiply-adds. Intrinsics, so that each accumulator is one register whatever the
 //! compiler's preferred vector width.
 
+/// A weight element the dot kernels widen to f32 as they load it.
+pub(crate) trait Widen: Copy + Send + Sync {
+    /// The exact f32 value.
+    fn widen(self) -> f32;
+}
+
+impl Widen for f32 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+}
+
+impl Widen for half::bf16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        f32::from_bits(u32::from(self.to_bits()) << 16)
+    }
+}
+
 /// A weight element these kernels load in vectors.
-pub(crate) trait TileLane: Copy + Send + Sync + crate::gemm::Widen {
+pub(crate) trait TileLane: Copy + Send + Sync + Widen {
     /// Loads 16 lanes at `p` widened to f32.
     ///
     /// # Safety
