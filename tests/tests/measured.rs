@@ -92,18 +92,38 @@ fn a_noisy_measurement_is_blended_with_less_weight_than_a_steady_one() -> TestRe
         sel.explain(&req).candidate("cpu.rms_norm.fast").and_then(|c| c.score.clone()).ok_or("ineligible")
     };
     let model = fast(&base)?.estimated_ns;
-    let estimate = |cv: f64| -> TestResult<_> {
-        let s = fast(&with(selector()?, vec![row(&base, &req, "cpu.rms_norm.fast", model * 10.0, cv, &fp)?]))?;
+    let estimate = |cv: f64, samples: u32| -> TestResult<_> {
+        let mut r = row(&base, &req, "cpu.rms_norm.fast", model * 10.0, cv, &fp)?;
+        r.samples = samples;
+        let s = fast(&with(selector()?, vec![r]))?;
         Ok((s.source, s.estimated_ns))
     };
-    let (steady_src, steady) = estimate(0.05)?;
-    let (noisy_src, noisy) = estimate(0.30)?;
-    let (wild_src, wild) = estimate(0.80)?;
+    let (steady_src, steady) = estimate(0.05, 10)?;
+    let (noisy_src, noisy) = estimate(0.30, 6)?;
+    let (wild_src, wild) = estimate(0.80, 30)?;
     assert_eq!(steady_src, ScoreSource::Perfdb);
     assert_eq!(noisy_src, ScoreSource::Blended);
     assert_eq!(wild_src, ScoreSource::Model);
     assert!(steady > noisy && noisy > wild, "{steady} > {noisy} > {wild}");
     assert!((wild - model).abs() < 1e-9);
+    Ok(())
+}
+
+#[test]
+fn a_noisy_series_of_many_samples_pins_its_median_and_is_trusted() -> TestResult {
+    // What the weight follows is the median's standard error, not the spread alone: cv 0.3
+    // over 30 samples leaves the median within about +-13% (95%), far closer than a model.
+    let req = Request::from_json(NORM)?;
+    let base = selector()?;
+    let fp = base.hardware().fingerprint.clone();
+    let model = base.explain(&req).candidate("cpu.rms_norm.fast").and_then(|c| c.score.clone()).ok_or("ineligible")?;
+    let measured = model.estimated_ns * 10.0;
+    let mut r = row(&base, &req, "cpu.rms_norm.fast", measured, 0.30, &fp)?;
+    r.samples = 30;
+    let sel = with(selector()?, vec![r]);
+    let s = sel.explain(&req).candidate("cpu.rms_norm.fast").and_then(|c| c.score.clone()).ok_or("ineligible")?;
+    assert_eq!(s.source, ScoreSource::Perfdb);
+    assert!((s.estimated_ns - measured).abs() < 1e-6 * measured, "{} vs {measured}", s.estimated_ns);
     Ok(())
 }
 
