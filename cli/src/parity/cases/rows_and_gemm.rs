@@ -104,12 +104,17 @@ fn norms(rng: &mut Rng, dtype: DType) -> Vec<Case> {
     out
 }
 
-/// Linears with NT and NN weights, with and without a bias.
+/// Linears with NT and NN weights, with and without a bias, from one row to a prefill's.
 fn linears(rng: &mut Rng, dtype: DType) -> Vec<Case> {
     let mut out = Vec::new();
-    for (m, k, n, nn, bias) in
-        [(1usize, 64usize, 7usize, false, true), (17, 130, 64, true, false), (130, 64, 33, false, false)]
-    {
+    // 5 rows against an NT weight: the small-batch register tiles (`gemm/small.rs`) at every
+    // cap, each level's intrinsics.
+    for (m, k, n, nn, bias) in [
+        (1usize, 64usize, 7usize, false, true),
+        (5, 130, 9, false, true),
+        (17, 130, 64, true, false),
+        (130, 64, 33, false, false),
+    ] {
         let x = tensor(rng, dtype, &[m, k], 1.0);
         let weight = if nn {
             tensor(rng, dtype, &[k, n], 0.2).with_layout(Layout::Nn)
