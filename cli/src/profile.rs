@@ -27,27 +27,6 @@ fn machine() -> Result<(f64, f64, String)> {
     })
 }
 
-/// `b - a` per op: the decode phase's counts, the whole less the prefill's.
-fn minus(all: &BTreeMap<Op, llm::OpStats>, a: &BTreeMap<Op, llm::OpStats>) -> BTreeMap<Op, llm::OpStats> {
-    let mut out = all.clone();
-    for (op, s) in a {
-        if let Some(t) = out.get_mut(op) {
-            for (k, n) in &s.kernels {
-                if let Some(m) = t.kernels.get_mut(k) {
-                    *m = m.saturating_sub(*n);
-                }
-            }
-            t.kernels.retain(|_, n| *n > 0);
-            t.ns = t.ns.saturating_sub(s.ns);
-            t.select_ns = t.select_ns.saturating_sub(s.select_ns);
-            t.run_ns = t.run_ns.saturating_sub(s.run_ns);
-            t.bytes = t.bytes.saturating_sub(s.bytes);
-        }
-    }
-    out.retain(|_, s| !s.kernels.is_empty());
-    out
-}
-
 /// One phase: `steps` units the per-step figures divide by (the prompt's tokens for the
 /// prefill, decode steps for the decode), its wall time, what ran.
 fn phase(name: &str, steps: usize, wall_ns: u64, stats: &BTreeMap<Op, llm::OpStats>, machine: (f64, f64)) -> Value {
@@ -94,7 +73,6 @@ fn phase(name: &str, steps: usize, wall_ns: u64, stats: &BTreeMap<Op, llm::OpSta
 /// The profile of a generation (`--profile`): the machine's figures and both phases.
 pub(super) fn report(out: &llm::Generated, prompt_tokens: usize) -> Result<Value> {
     let (copy_gbps, fork_join_us, cpu) = machine()?;
-    let decode = minus(&out.stats, &out.prefill_stats);
     Ok(json!({
         "cpu": cpu,
         "threads": rayon::current_num_threads(),
@@ -102,7 +80,7 @@ pub(super) fn report(out: &llm::Generated, prompt_tokens: usize) -> Result<Value
         "fork_join_us": fork_join_us,
         "phases": [
             phase("prefill", prompt_tokens, out.prefill_ns, &out.prefill_stats, (copy_gbps, fork_join_us)),
-            phase("decode", out.decode_steps, out.decode_ns, &decode, (copy_gbps, fork_join_us)),
+            phase("decode", out.decode_steps, out.decode_ns, &out.decode_stats, (copy_gbps, fork_join_us)),
         ],
     }))
 }

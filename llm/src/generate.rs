@@ -73,6 +73,8 @@ pub struct Generated {
     pub stats: BTreeMap<Op, OpStats>,
     /// Of `stats`, what ran in the prefill (every prompt and its first token).
     pub prefill_stats: BTreeMap<Op, OpStats>,
+    /// Of `stats`, what ran in the decode steps.
+    pub decode_stats: BTreeMap<Op, OpStats>,
     /// With `dump`: the stages of the prefill and `logits.{k}`.
     pub dump: BTreeMap<String, HostTensor>,
 }
@@ -223,8 +225,9 @@ pub fn generate_batch(
         tokens = sample(&mut session, logits, g, &active, step + 1)?;
     }
     let decode_ns = if steps > 0 { decode_start.elapsed().as_nanos() as u64 } else { 0 };
-    let stats = crate::pass::merged(&prefill_stats, session.take_stats());
-    Ok(Generated { sequences, prefill_ns, decode_ns, decode_steps: steps, stats, prefill_stats, dump })
+    let decode_stats = session.take_stats();
+    let stats = crate::pass::merged(&prefill_stats, decode_stats.clone());
+    Ok(Generated { sequences, prefill_ns, decode_ns, decode_steps: steps, stats, prefill_stats, decode_stats, dump })
 }
 
 /// Chooses one token per row of `logits` (`[seqs.len(), vocab]`): one `sample` call for

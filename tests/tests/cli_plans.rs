@@ -84,7 +84,8 @@ impl Setup {
     }
 }
 
-fn failed<'a>(v: &'a serde_json::Value, name: &str) -> TestResult<&'a serde_json::Value> {
+/// The failed check `name` of a readiness report.
+pub(crate) fn failed<'a>(v: &'a serde_json::Value, name: &str) -> TestResult<&'a serde_json::Value> {
     let checks = v["checks"].as_array();
     let check = checks.and_then(|cs| cs.iter().find(|c| c["name"] == name && c["ok"] == false));
     Ok(check.ok_or_else(|| format!("no failed check {name}: {v}"))?)

@@ -132,10 +132,11 @@ fn a_profiled_generation_says_where_each_phase_and_op_spent_its_time() -> TestRe
     let ops = decode["ops"].as_array().ok_or("no ops")?;
     let linear = ops.iter().find(|o| o["op"] == "linear").ok_or("no linear in the decode")?;
     let f = |o: &serde_json::Value, k: &str| o[k].as_f64().unwrap_or(-1.0);
-    // Every dispatch's time is its selection, its kernels, and the rest, each measured.
+    // Selection and the kernels are each timed, inside the dispatch's own wall time.
     for o in ops {
-        let parts = f(o, "select_us_per_step") + f(o, "run_us_per_step") + f(o, "rest_us_per_step");
-        assert!((parts - f(o, "us_per_step")).abs() <= 1e-6 * f(o, "us_per_step").max(1.0), "{o}");
+        let (select, run, all) = (f(o, "select_us_per_step"), f(o, "run_us_per_step"), f(o, "us_per_step"));
+        assert!(select > 0.0 && run > 0.0, "{o}");
+        assert!(select + run <= all * (1.0 + 1e-9), "{o}");
     }
     assert!(f(linear, "mb_per_step") > 0.0 && f(linear, "gb_per_s") > 0.0, "{linear}");
     // A decode step projects q, k and v in one pass (the stacked weight) and o: two linears

@@ -233,7 +233,7 @@ fn section_6_5_each_4_bit_format_dequantizes_as_pytorch_does_on_both_backends() 
 
 /// A 4-bit dequantize request: x `[32, 128]` packed bytes (K = 256), blocks `[1, group]`,
 /// scales `scale` of `shape`.
-fn deq_request(format: W4Format, group: u64, scale: DType, shape: &[u64]) -> Request {
+pub(crate) fn deq_request(format: W4Format, group: u64, scale: DType, shape: &[u64]) -> Request {
     let attrs = QuantAttrs {
         scheme: QuantScheme::PerBlock,
         block: Some([1, group]),

@@ -10,6 +10,7 @@ use layerzero::schema::{SchemaKind, violations};
 use layerzero_tests::{TestResult, repo_root};
 
 use crate::cli::run;
+use crate::cli_plans::failed;
 
 /// `lz readiness-check --json` with `args`: the exit code and the report, schema-checked.
 fn readiness(args: &[&str]) -> TestResult<(i32, serde_json::Value)> {
@@ -19,13 +20,6 @@ fn readiness(args: &[&str]) -> TestResult<(i32, serde_json::Value)> {
     let v: serde_json::Value = serde_json::from_str(&out).map_err(|e| format!("{e}: {out}{err}"))?;
     assert!(violations(SchemaKind::ReadinessReport, &v).unwrap_or_default().is_empty(), "{v}");
     Ok((code, v))
-}
-
-/// The failed check `name` of a report.
-fn failed<'a>(v: &'a serde_json::Value, name: &str) -> TestResult<&'a serde_json::Value> {
-    let checks = v["checks"].as_array();
-    let check = checks.and_then(|cs| cs.iter().find(|c| c["name"] == name && c["ok"] == false));
-    Ok(check.ok_or_else(|| format!("no failed check {name}: {v}"))?)
 }
 
 /// A folder holding the shipped `cpu_reference` capabilities and `file` as `extra.json`.

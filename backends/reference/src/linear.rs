@@ -170,16 +170,7 @@ pub(crate) fn decode_w4(w: &W4Scales, packed: &HostTensor, n: usize, k: usize, g
 /// `x @ w^T + bias`, rounded once.
 pub fn linear_int4(a: &Int4Args) -> Result<HostTensor, KernelError> {
     let (lead, m, k, n, g) = a.dims()?;
-    let scales = W4Scales {
-        format: a.attrs.format,
-        order: a.attrs.scale_order,
-        group: a.attrs.group_size,
-        scales: &a.scales,
-        name: "scales",
-        zeros: a.zeros.as_ref(),
-        global: a.global_scale.as_ref(),
-    };
-    let w = decode_w4(&scales, &a.weight, n, k, g);
+    let w = decode_w4(&a.w4_scales(), &a.weight, n, k, g);
     let x = a.x.to_f64_vec();
     let bias = a.bias.as_ref().map(HostTensor::to_f64_vec);
     let out = matmul_f64(&x, m, k, n, |j, p| w[j * k + p], bias.as_deref());

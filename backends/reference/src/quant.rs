@@ -40,7 +40,7 @@ use layerzero_core::tensor::{HostTensor, Storage};
 
 use super::{from_f64_as, wrong_op};
 use crate::linear::decode_w4;
-use layerzero_core::exec::check::{W4Scales, invalid};
+use layerzero_core::exec::check::invalid;
 use layerzero_core::exec::quant::{Grid, Target, check_scale};
 
 /// Quantize kernel id.
@@ -156,16 +156,7 @@ pub fn dequantize(a: &DequantizeArgs) -> Result<HostTensor, KernelError> {
 /// decoder `linear_int4` uses), rounded once to `out_dtype`; the result is `[N, K]`.
 fn dequantize_w4(a: &DequantizeArgs, out_dtype: DType) -> Result<HostTensor, KernelError> {
     let (format, n, k, g) = a.w4_dims()?;
-    let scales = W4Scales {
-        format,
-        order: a.attrs.scale_order,
-        group: g as u64,
-        scales: &a.scale,
-        name: "scale",
-        zeros: None,
-        global: a.global_scale.as_ref(),
-    };
-    from_f64_as(out_dtype, &[n, k], &decode_w4(&scales, &a.x, n, k, g))
+    from_f64_as(out_dtype, &[n, k], &decode_w4(&a.w4_scales(format, g as u64), &a.x, n, k, g))
 }
 
 #[cfg(test)]

@@ -166,11 +166,6 @@ impl Selector {
         self
     }
 
-    /// The GPU memory gauge in use, if any.
-    pub fn gpu_memory(&self) -> Option<&MemoryGauge> {
-        self.gpu_memory.as_deref()
-    }
-
     /// The measurements in use, if any.
     pub fn measurements(&self) -> Option<&Measurements> {
         self.measurements.as_deref()

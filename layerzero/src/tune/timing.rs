@@ -19,7 +19,7 @@ pub(super) fn spent(deadline: Option<Instant>) -> bool {
 }
 
 /// A kernel ready to be timed: its executor and its adapted inputs.
-type Prepared<'a> = (&'a Synced<'a>, OpArgs);
+type Prepared<'a> = (Synced<'a>, OpArgs);
 
 /// The device a point's tensors live on, with the memory to make its inputs in, when it is
 /// not the CPU (a request naming no device means the profile's primary device).
@@ -43,13 +43,13 @@ fn device_of<'h>(
 
 /// An executor whose calls on a device are waited for.
 struct Synced<'a> {
-    exec: Option<&'a Arc<dyn Executor>>,
+    exec: &'a Arc<dyn Executor>,
     device: Option<(DeviceRef, &'a dyn DeviceMemory)>,
 }
 
 impl Executor for Synced<'_> {
     fn takes_device_memory(&self) -> bool {
-        self.exec.is_some_and(|e| e.takes_device_memory())
+        self.exec.takes_device_memory()
     }
 
     fn run(&self, args: &OpArgs) -> std::result::Result<Outputs, KernelError> {
@@ -57,8 +57,7 @@ impl Executor for Synced<'_> {
     }
 
     fn run_into(&self, args: &OpArgs, buffers: Outputs) -> std::result::Result<Outputs, KernelError> {
-        let exec = self.exec.ok_or_else(|| KernelError::Failed("no executor".to_owned()))?;
-        let out = exec.run_into(args, buffers)?;
+        let out = self.exec.run_into(args, buffers)?;
         if let Some((d, mem)) = self.device {
             mem.synchronize(d).map_err(KernelError::Failed)?;
         }
@@ -91,26 +90,24 @@ pub(super) fn time_group(
         Ok(a) => a,
         Err(e) => return sels.iter().map(|_| Err(e.clone())).collect(),
     };
-    // Each call on a GPU is waited for: its time is the kernel's, not its launch's.
-    let synced: Vec<Synced<'_>> =
-        sels.iter().map(|sel| Synced { exec: host.registry.get(&sel.kernel), device }).collect();
-    // Per selection: its executor and adapted inputs, or why it cannot run.
+    // Per selection: its executor (each call on a GPU waited for: its time is the kernel's,
+    // not its launch's) and adapted inputs, or why it cannot run.
     let prepared: Vec<std::result::Result<Prepared<'_>, String>> = sels
         .iter()
-        .zip(&synced)
-        .map(|(sel, exec)| {
-            if exec.exec.is_none() {
-                return Err(format!("no executor is registered for {}", sel.kernel));
-            }
+        .map(|sel| {
+            let exec = host
+                .registry
+                .get(&sel.kernel)
+                .ok_or_else(|| format!("no executor is registered for {}", sel.kernel))?;
             let args =
                 apply_transforms(&base, &sel.transforms).map_err(|e| format!("transform before the kernel: {e}"))?;
-            Ok((exec, args))
+            Ok((Synced { exec, device }, args))
         })
         .collect();
     let group: Vec<measure::Candidate<'_>> = prepared
         .iter()
         .filter_map(|p| p.as_ref().ok())
-        .map(|(exec, args)| measure::Candidate { exec: *exec as &dyn Executor, args })
+        .map(|(exec, args)| measure::Candidate { exec: exec as &dyn Executor, args })
         .collect();
     let mut measured = measure::measure_interleaved(&group, &opts.protocol, deadline).into_iter();
     prepared

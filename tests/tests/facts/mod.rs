@@ -18,15 +18,13 @@ use std::sync::Arc;
 
 use layerzero::hardware::named;
 use layerzero::hardware::profile::HardwareProfile;
-use layerzero::model::attrs::{
-    AttentionAttrs, Attrs, CausalAlignment, NormAttrs, QuantAttrs, QuantScheme, RopeAttrs, RopeStyle, SwigluAttrs,
-};
+use layerzero::model::attrs::{AttentionAttrs, Attrs, CausalAlignment, NormAttrs, RopeAttrs, RopeStyle, SwigluAttrs};
 use layerzero::model::dtype::DType;
 use layerzero::model::layout::Layout;
 use layerzero::model::op::Op;
 use layerzero::model::request::Request;
 use layerzero::model::tensor::TensorDesc;
-use layerzero::model::w4::{ScaleOrder, W4Format};
+use layerzero::model::w4::W4Format;
 use layerzero::select::Selector;
 use layerzero_tests::{TestResult, attention, catalog, codes, paged, with_attrs};
 
@@ -111,19 +109,7 @@ fn rope_of(style: RopeStyle) -> Request {
 /// A 4-bit `dequantize` of `format`: `[32, 128]` packed bytes (K = 256), blocks `[1, group]`,
 /// `[32, 256 / group]` scales of `scale`'s dtype (nvfp4 with its global scale).
 fn w4_dequantize(format: W4Format, group: u64, scale: DType) -> Request {
-    let attrs = QuantAttrs {
-        scheme: QuantScheme::PerBlock,
-        block: Some([1, group]),
-        scale_layout: None,
-        target: None,
-        out_dtype: None,
-        format: Some(format),
-        scale_order: ScaleOrder::Linear,
-    };
-    let req = Request::new(Op::Dequantize)
-        .attrs(Attrs::Quant(attrs))
-        .tensor("x", TensorDesc::new(DType::I8, [32, 128]))
-        .tensor("scale", TensorDesc::new(scale, [32, 256 / group]));
+    let req = crate::quant4::deq_request(format, group, scale, &[32, 256 / group]);
     match format {
         W4Format::Nvfp4 => req.tensor("global_scale", TensorDesc::new(DType::F32, [1])),
         _ => req,

@@ -140,6 +140,19 @@ impl W8a8Args {
 }
 
 impl Int4Args {
+    /// The weight's scales (with int4's zero points and nvfp4's global scale).
+    pub fn w4_scales(&self) -> W4Scales<'_> {
+        W4Scales {
+            format: self.attrs.format,
+            order: self.attrs.scale_order,
+            group: self.attrs.group_size,
+            scales: &self.scales,
+            name: "scales",
+            zeros: self.zeros.as_ref(),
+            global: self.global_scale.as_ref(),
+        }
+    }
+
     /// The checked problem of a `linear_int4` call: (leading shape, M, K, N, group size).
     /// Scales that are not the format's (dtype, block size, zeros, a global scale), in
     /// another order than linear, or of another shape are SCALE_LAYOUT_MISMATCH.
@@ -155,16 +168,7 @@ impl Int4Args {
                 a.x.shape()
             )));
         }
-        let g = W4Scales {
-            format: a.attrs.format,
-            order: a.attrs.scale_order,
-            group: a.attrs.group_size,
-            scales: &a.scales,
-            name: "scales",
-            zeros: a.zeros.as_ref(),
-            global: a.global_scale.as_ref(),
-        }
-        .check(n, k)?;
+        let g = a.w4_scales().check(n, k)?;
         check_bias(a.bias.as_ref(), n)?;
         m.checked_mul(n).ok_or_else(|| invalid(format!("the output shape {:?} overflows", out_shape(&lead, n))))?;
         Ok((lead.to_vec(), m, k, n, g))

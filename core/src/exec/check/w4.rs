@@ -99,6 +99,19 @@ impl DequantizeArgs {
         Ok(self.attrs.format.is_some())
     }
 
+    /// The scales of a 4-bit `dequantize` of `format` with blocks of `group` along K.
+    pub fn w4_scales(&self, format: W4Format, group: u64) -> W4Scales<'_> {
+        W4Scales {
+            format,
+            order: self.attrs.scale_order,
+            group,
+            scales: &self.scale,
+            name: "scale",
+            zeros: None,
+            global: self.global_scale.as_ref(),
+        }
+    }
+
     /// The checked problem of a 4-bit `dequantize` (`attrs.format` set): (format, N, K,
     /// group size). The scheme must be per_block with a block `[1, group]` along K.
     pub fn w4_dims(&self) -> Result<(W4Format, usize, usize, usize), KernelError> {
@@ -118,16 +131,7 @@ impl DequantizeArgs {
                 )));
             }
         };
-        let scales = W4Scales {
-            format,
-            order: a.scale_order,
-            group,
-            scales: &self.scale,
-            name: "scale",
-            zeros: None,
-            global: self.global_scale.as_ref(),
-        };
-        let g = scales.check(n, k)?;
+        let g = self.w4_scales(format, group).check(n, k)?;
         Ok((format, n, k, g))
     }
 }
