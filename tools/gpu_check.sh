@@ -20,7 +20,9 @@ if compgen -G "$root/.whl/*.whl" > /dev/null; then
     "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$root"/.whl/*.whl
     export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
-if ! "$py" -c "import layerzero" 2> /dev/null; then
+# Probed from / : run from the repository root, the Rust crate's folder `layerzero/` would be
+# imported as an empty namespace package and hide that the Python package is missing.
+if ! (cd / && "$py" -c "import layerzero._lz") 2> /dev/null; then
     export PYTHONPATH="$root/bindings/python/python${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1

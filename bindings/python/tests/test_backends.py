@@ -293,3 +293,49 @@ def test_zendnn_mask_facts_hold_for_the_zentorch_installed():
     qs = q.transpose(1, 2)  # BSHD, as LayerZero describes it
     zen = lz.explain("attention", q=qs, k=qs, v=qs, mask=keep).candidate("zendnn.attention.flash_sdpa")
     assert zen.verdict == "rejected" and zen.reasons
+
+
+def test_liger_rope_gets_float32_tables_with_exact_angles_so_f16_meets_the_rope_tolerance(monkeypatch):
+    """Liger's Triton RoPE casts q and k to the dtype of its cos/sin tables (liger_kernel 0.8.2,
+    ops/rope.py:79) and rounds only the stored result. Half tables, or f32 angles at position
+    4095, put f16 outputs past the §5 RoPE tolerance (seen on an H100); a stand-in with that
+    dtype rule shows what the executor hands it."""
+    import sys
+    import types
+
+    from layerzero.backends import liger
+
+    seen = {}
+
+    def liger_rope(q, k, cos, sin):
+        seen["dtype"] = cos.dtype
+
+        def rotate(x):
+            xf = x.to(cos.dtype)
+            half = xf.shape[-1] // 2
+            turned = torch.cat([-xf[..., half:], xf[..., :half]], -1)
+            return (xf * cos[:, None] + turned * sin[:, None]).to(x.dtype)
+
+        return rotate(q), rotate(k)
+
+    functional = types.ModuleType("liger_kernel.transformers.functional")
+    functional.liger_rope = liger_rope
+    for name in ("liger_kernel", "liger_kernel.transformers"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers.functional", functional)
+
+    tokens, d = 4096, 64
+    q = torch.randn(1, tokens, 2, d, generator=torch.Generator().manual_seed(5)).to(torch.float16)
+    got = liger._rope({"q": q}, {"base": 10000.0}).double()
+
+    inv = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    ang = torch.arange(tokens, dtype=torch.float64)[:, None] * inv
+    cos = torch.cat([ang.cos(), ang.cos()], -1)[None, :, None, :]
+    sin = torch.cat([ang.sin(), ang.sin()], -1)[None, :, None, :]
+    qd = q.double()
+    want = qd * cos + torch.cat([-qd[..., d // 2 :], qd[..., : d // 2]], -1) * sin
+
+    assert seen["dtype"] == torch.float32
+    err = (got - want).abs()
+    allowed = torch.maximum(1e-4 + 1e-4 * want.abs(), 2.0**-10 * torch.maximum(want.abs(), got.abs()))
+    assert bool((err <= allowed).all()), f"worst {float((err / allowed).max()):.2f}x the f16 RoPE tolerance"

@@ -50,11 +50,16 @@ def _rope(tensors, attrs):
         cos, sin = tensors["cos"][pos], tensors["sin"][pos]
     else:
         base = attrs.get("base") or 10000.0
-        inv = base ** (-torch.arange(0, d, 2, device=q.device, dtype=torch.float32) / d)
-        ang = pos.to(torch.float32)[..., None] * inv
+        # Angles in f64: in f32, position x frequency carries half an ulp of the position
+        # (1.2e-4 rad at 4096), over the f16 RoPE tolerance before any rounding of the output.
+        inv = base ** (-torch.arange(0, d, 2, device=q.device, dtype=torch.float64) / d)
+        ang = pos.to(torch.float64)[..., None] * inv
         cos, sin = ang.cos(), ang.sin()
-    cos = torch.cat([cos, cos], -1).to(q.dtype)
-    sin = torch.cat([sin, sin], -1).to(q.dtype)
+    # Float32 tables: Liger's kernel casts q and k to the tables' dtype, so the rotation runs
+    # in f32 and only the result is rounded; half tables lose accuracy at large positions
+    # (bf16 at position 4096: 10x the RoPE tolerance, measured on an H100).
+    cos = torch.cat([cos, cos], -1).to(torch.float32)
+    sin = torch.cat([sin, sin], -1).to(torch.float32)
     if cos.dim() == 2:
         cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
     qo, ko = liger_rope(qh.contiguous(), kh.contiguous(), cos, sin)
