@@ -56,7 +56,9 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
                 .to_owned(),
         ));
     }
-    let model = Model::load(&a.model, dtype)?;
+    let quant = a.weights.as_deref().map(|w| llm::WeightQuant::parse(w, a.group_size)).transpose()?;
+    let residence = layerzero::knobs::WEIGHTS.value_in(&layerzero::knobs::process_env)?;
+    let model = Model::load_with(&a.model, dtype, residence, quant)?;
     let (tokenizer, tokenizer_file) = tokenizer_of(&a)?;
     let prompts = prompts_of(&a, tokenizer.as_ref(), &tokenizer_file)?;
     let kv = match (a.kv.as_deref(), prompts.len()) {
@@ -104,6 +106,7 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
                 "model": a.model.display().to_string(),
                 "arch": model.config.arch.as_str(),
                 "dtype": model.dtype,
+                "weights": quant.map_or_else(|| model.dtype.to_string(), |q| q.to_string()),
                 "kv": match kv { KvKind::Contiguous => "contiguous", KvKind::Paged { .. } => "paged" },
                 "prompt_ids": prompt_ids,
                 "generated_ids": generated_ids,
@@ -146,6 +149,9 @@ fn seq2seq(a: GenerateCmd, dtype: Option<DType>) -> Result<Outcome> {
     let model = llm::seq2seq::Seq2SeqModel::load(&a.model, dtype)?;
     if a.draft.is_some() {
         return Err(Error::invalid("--draft: speculative decoding runs decoder-only models".to_owned()));
+    }
+    if let Some(w) = &a.weights {
+        return Err(Error::invalid(format!("--weights {w}: quantized projections are served for decoder-only models")));
     }
     if let Some(kv) = &a.kv {
         return Err(Error::invalid(format!(

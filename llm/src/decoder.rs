@@ -87,7 +87,7 @@ impl<'w> Decoder<'w> {
             embed: Embedding::new(&w.embed, Some(slots.named("embed"))),
             blocks,
             norm: Norm::rms(&w.norm, c.eps, slots.named("final_norm")),
-            lm_head: Linear::new(&w.lm_head, None, slots.named("logits")),
+            lm_head: Linear::dense(&w.lm_head, None, slots.named("logits")),
         })
     }
 

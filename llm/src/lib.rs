@@ -21,6 +21,7 @@ pub mod generate;
 mod kv;
 mod nn;
 pub mod pass;
+mod quant;
 mod refill;
 pub mod scope;
 pub mod seq2seq;
@@ -39,7 +40,7 @@ pub use layerzero::tensor::Residence;
 pub use scope::ModelScope;
 pub use speculative::{Speculated, speculate, speculate_scoped};
 pub use tokenizer::Tokenizer;
-pub use weights::{Ffn, MoeWeights, Qkv, Weights};
+pub use weights::{Ffn, MoeWeights, Proj, Qkv, WeightQuant, Weights};
 
 use layerzero::error::Result;
 use layerzero::model::dtype::DType;
@@ -72,8 +73,19 @@ impl Model {
 
     /// [`load`](Model::load) with the weights served as `residence` says.
     pub fn load_as(dir: &Path, dtype: Option<DType>, residence: Residence) -> Result<Model> {
+        Model::load_with(dir, dtype, residence, None)
+    }
+
+    /// [`load_as`](Model::load_as) with the projections quantized at load as `quant` says
+    /// (`lz generate --weights`).
+    pub fn load_with(
+        dir: &Path,
+        dtype: Option<DType>,
+        residence: Residence,
+        quant: Option<WeightQuant>,
+    ) -> Result<Model> {
         let config = ModelConfig::load(dir)?;
-        let weights = Weights::load(dir, &config, dtype, residence)?;
+        let weights = Weights::load_with(dir, &config, dtype, residence, quant)?;
         let dtype = dtype.unwrap_or(weights.stored);
         Ok(Model { dir: dir.to_path_buf(), config, weights, dtype })
     }

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use super::config::ModelConfig;
+pub use super::quant::{Proj, WeightQuant};
 use layerzero::error::{Error, ErrorKind, Result};
 use layerzero::model::dtype::DType;
 use layerzero::tensor::{HostTensor, Residence, io};
@@ -19,13 +20,13 @@ pub struct LayerWeights {
     /// input_layernorm `[H]`.
     pub attn_norm: HostTensor,
     /// q_proj `[heads * head_dim, H]`.
-    pub q: HostTensor,
+    pub q: Proj,
     /// k_proj `[kv_heads * head_dim, H]`.
-    pub k: HostTensor,
+    pub k: Proj,
     /// v_proj `[kv_heads * head_dim, H]`.
-    pub v: HostTensor,
+    pub v: Proj,
     /// o_proj `[H, heads * head_dim]`.
-    pub o: HostTensor,
+    pub o: Proj,
     /// q/k/v biases, when the model has them.
     pub q_bias: Option<HostTensor>,
     /// See `q_bias`.
@@ -43,8 +44,8 @@ pub struct LayerWeights {
     /// The MLP.
     pub ffn: Ffn,
     /// q, k and v stacked into one weight, `q`, `k` and `v` above being views of it, where
-    /// the weights were copied at load anyway (resident, or cast): a decode step projects
-    /// them in one pass and one dispatch.
+    /// the weights were copied at load anyway (resident, or cast) and are not quantized: a
+    /// decode step projects them in one pass and one dispatch.
     pub qkv: Option<Qkv>,
 }
 
@@ -62,7 +63,8 @@ impl LayerWeights {
     /// Stacks q, k and v (and their biases) into [`Qkv`], each becoming a view of it (one copy
     /// of the weights, in huge-page memory as resident weights are).
     fn stack_qkv(&mut self) -> Result<()> {
-        let dtype = self.q.dtype();
+        let (Proj::Dense(q), Proj::Dense(k), Proj::Dense(v)) = (&self.q, &self.k, &self.v) else { return Ok(()) };
+        let dtype = q.dtype();
         let stack = |parts: [&HostTensor; 3], cols: usize| -> Result<(HostTensor, [usize; 3])> {
             let rows = parts.map(|p| p.numel() / cols.max(1));
             let mut vals = Vec::with_capacity(rows.iter().sum::<usize>() * cols);
@@ -74,14 +76,14 @@ impl LayerWeights {
             let packed = HostTensor::from_f32_as(dtype, &shape, &vals)?;
             Ok((HostTensor::new(packed.storage().resident(), &shape)?, rows))
         };
-        let h = self.q.shape()[1];
-        let (weight, rows) = stack([&self.q, &self.k, &self.v], h)?;
+        let h = q.shape()[1];
+        let (weight, rows) = stack([q, k, v], h)?;
         let view = |t: &HostTensor, r0: usize, r: usize, cols: usize| -> Result<HostTensor> {
             if cols == 0 { t.view(&[r], &[1], r0) } else { t.view(&[r, cols], &[cols, 1], r0 * cols) }
         };
-        self.q = view(&weight, 0, rows[0], h)?;
-        self.k = view(&weight, rows[0], rows[1], h)?;
-        self.v = view(&weight, rows[0] + rows[1], rows[2], h)?;
+        self.q = Proj::Dense(view(&weight, 0, rows[0], h)?);
+        self.k = Proj::Dense(view(&weight, rows[0], rows[1], h)?);
+        self.v = Proj::Dense(view(&weight, rows[0] + rows[1], rows[2], h)?);
         let bias = match (&self.q_bias, &self.k_bias, &self.v_bias) {
             (Some(q), Some(k), Some(v)) => {
                 let (b, r) = stack([q, k, v], 0)?;
@@ -98,16 +100,18 @@ impl LayerWeights {
 }
 
 /// A layer's MLP.
+// One per layer, read in place: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum Ffn {
     /// A gated MLP.
     Dense {
         /// gate_proj `[I, H]`.
-        gate: HostTensor,
+        gate: Proj,
         /// up_proj `[I, H]`.
-        up: HostTensor,
+        up: Proj,
         /// down_proj `[H, I]`.
-        down: HostTensor,
+        down: Proj,
         /// MLP biases (gate, up, down), when the model has them.
         bias: Option<[HostTensor; 3]>,
     },
@@ -187,6 +191,8 @@ pub(crate) struct Take<'a> {
     /// The dtype tensors are returned in.
     pub(crate) compute: DType,
     residence: Residence,
+    /// Projections quantized as they are taken ([`Take::proj`]).
+    quant: Option<WeightQuant>,
 }
 
 impl<'a> Take<'a> {
@@ -212,7 +218,7 @@ impl<'a> Take<'a> {
         if !matches!(compute, DType::F32 | DType::BF16) {
             return Err(Error::invalid(format!("compute dtype {compute} is not supported (f32 or bf16)")));
         }
-        Ok((Take { tensors, dir, compute, residence }, stored))
+        Ok((Take { tensors, dir, compute, residence, quant: None }, stored))
     }
 
     /// Whether the files hold `name`.
@@ -237,6 +243,22 @@ impl<'a> Take<'a> {
     }
 
     pub(crate) fn take(&mut self, name: &str, shape: &[usize]) -> Result<HostTensor> {
+        self.take_with(name, shape, false)
+    }
+
+    /// A projection's weight: as [`take`](Take::take) does, or quantized straight from the
+    /// map (its pages given back once read) when the load quantizes.
+    pub(crate) fn proj(&mut self, name: &str, shape: &[usize]) -> Result<Proj> {
+        let Some(how) = self.quant else { return self.take(name, shape).map(Proj::Dense) };
+        let t = self.take_with(name, shape, true)?;
+        let p = Proj::Dense(t.clone()).quantized(how).map_err(|e| Error::invalid(format!("`{name}`: {e}")))?;
+        t.storage().release_mapped();
+        Ok(p)
+    }
+
+    /// [`take`](Take::take), a tensor in the compute dtype left in the map when `keep_mapped`
+    /// and the load quantizes.
+    fn take_with(&mut self, name: &str, shape: &[usize], keep_mapped: bool) -> Result<HostTensor> {
         let (t, file) = self.tensors.remove(name).ok_or_else(|| {
             Error::invalid(format!(
                 "{}: tensor `{name}` is missing from the model's safetensors files",
@@ -259,6 +281,9 @@ impl<'a> Take<'a> {
         }
         if t.dtype() != self.compute {
             return HostTensor::from_f32_as(self.compute, shape, &t.to_f32_vec());
+        }
+        if self.quant.is_some() && keep_mapped {
+            return Ok(t);
         }
         Ok(match self.residence {
             Residence::Resident if t.storage().is_mapped() => HostTensor::new(t.storage().resident(), shape)?,
@@ -347,10 +372,10 @@ impl Weights {
             .map(|l| {
                 Ok(LayerWeights {
                     attn_norm: z(&[h])?,
-                    q: z(&[qd, h])?,
-                    k: z(&[kvd, h])?,
-                    v: z(&[kvd, h])?,
-                    o: z(&[h, qd])?,
+                    q: Proj::Dense(z(&[qd, h])?),
+                    k: Proj::Dense(z(&[kvd, h])?),
+                    v: Proj::Dense(z(&[kvd, h])?),
+                    o: Proj::Dense(z(&[h, qd])?),
                     q_bias: opt(c.qkv_bias, &[qd])?,
                     k_bias: opt(c.qkv_bias, &[kvd])?,
                     v_bias: opt(c.qkv_bias, &[kvd])?,
@@ -370,9 +395,9 @@ impl Weights {
                             })
                         }
                         _ => Ffn::Dense {
-                            gate: z(&[i, h])?,
-                            up: z(&[i, h])?,
-                            down: z(&[h, i])?,
+                            gate: Proj::Dense(z(&[i, h])?),
+                            up: Proj::Dense(z(&[i, h])?),
+                            down: Proj::Dense(z(&[h, i])?),
                             bias: if c.mlp_bias { Some([z(&[i])?, z(&[i])?, z(&[h])?]) } else { None },
                         },
                     },
@@ -392,7 +417,21 @@ impl Weights {
     /// Reads every weight `config` implies from `dir`, in `compute` dtype (`None`: the
     /// stored dtype), those already in it served as `residence` says.
     pub fn load(dir: &Path, config: &ModelConfig, compute: Option<DType>, residence: Residence) -> Result<Weights> {
+        Weights::load_with(dir, config, compute, residence, None)
+    }
+
+    /// [`load`](Weights::load), the projections quantized as `quant` says as each is read:
+    /// read from the map and its pages given back, never copied dense, so the load peaks
+    /// near the quantized size, not the dense one.
+    pub fn load_with(
+        dir: &Path,
+        config: &ModelConfig,
+        compute: Option<DType>,
+        residence: Residence,
+        quant: Option<WeightQuant>,
+    ) -> Result<Weights> {
         let (mut t, stored) = Take::open(dir, compute, residence)?;
+        t.quant = quant;
         let c = config;
         let (h, i, v, d) = (c.hidden, c.intermediate, c.vocab, c.head_dim);
         let (qd, kvd) = (c.heads * d, c.kv_heads * d);
@@ -402,10 +441,10 @@ impl Weights {
             let p = |s: &str| format!("model.layers.{l}.{s}");
             layers.push(LayerWeights {
                 attn_norm: t.take(&p("input_layernorm.weight"), &[h])?,
-                q: t.take(&p("self_attn.q_proj.weight"), &[qd, h])?,
-                k: t.take(&p("self_attn.k_proj.weight"), &[kvd, h])?,
-                v: t.take(&p("self_attn.v_proj.weight"), &[kvd, h])?,
-                o: t.take(&p("self_attn.o_proj.weight"), &[h, qd])?,
+                q: t.proj(&p("self_attn.q_proj.weight"), &[qd, h])?,
+                k: t.proj(&p("self_attn.k_proj.weight"), &[kvd, h])?,
+                v: t.proj(&p("self_attn.v_proj.weight"), &[kvd, h])?,
+                o: t.proj(&p("self_attn.o_proj.weight"), &[h, qd])?,
                 q_bias: t.maybe(&p("self_attn.q_proj.bias"), &[qd], c.qkv_bias)?,
                 k_bias: t.maybe(&p("self_attn.k_proj.bias"), &[kvd], c.qkv_bias)?,
                 v_bias: t.maybe(&p("self_attn.v_proj.bias"), &[kvd], c.qkv_bias)?,
@@ -416,9 +455,9 @@ impl Weights {
                 ffn: match &c.moe {
                     Some(m) if m.sparse[l] => Ffn::Moe(t.moe(l, c, m)?),
                     _ => Ffn::Dense {
-                        gate: t.take(&p("mlp.gate_proj.weight"), &[i, h])?,
-                        up: t.take(&p("mlp.up_proj.weight"), &[i, h])?,
-                        down: t.take(&p("mlp.down_proj.weight"), &[h, i])?,
+                        gate: t.proj(&p("mlp.gate_proj.weight"), &[i, h])?,
+                        up: t.proj(&p("mlp.up_proj.weight"), &[i, h])?,
+                        down: t.proj(&p("mlp.down_proj.weight"), &[h, i])?,
                         bias: if c.mlp_bias {
                             Some([
                                 t.take(&p("mlp.gate_proj.bias"), &[i])?,
@@ -435,7 +474,9 @@ impl Weights {
             // Copied weights (resident or cast) are stacked for the decode's one-pass q/k/v;
             // weights served from the map stay there.
             let layer = layers.last_mut().ok_or_else(|| Error::invalid("no layer"))?;
-            if ![&layer.q, &layer.k, &layer.v].iter().any(|t| t.storage().is_mapped()) {
+            if quant.is_none()
+                && ![&layer.q, &layer.k, &layer.v].iter().any(|p| p.dense().is_some_and(|t| t.storage().is_mapped()))
+            {
                 layer.stack_qkv()?;
             }
         }

@@ -36,6 +36,7 @@ mod policy_config;
 mod properties;
 mod quant4;
 mod quant_pipeline;
+mod quantized_models;
 mod readiness_gate;
 mod rope_fusion;
 mod rope_variants;

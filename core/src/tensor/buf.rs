@@ -165,6 +165,15 @@ impl<T: Pod> Buf<T> {
         Buf::from(v)
     }
 
+    /// Gives a mapped buffer's pages back (`MADV_DONTNEED`, see `Mapped::release`) once its
+    /// values were read into another form (weights quantized at load): a later read faults
+    /// the file's unchanged bytes in again. Nothing for owned or lent memory.
+    pub fn release_mapped(&self) {
+        if let Some(m) = &self.map {
+            m.release(0, m.len * size_of::<T>());
+        }
+    }
+
     /// The elements as a `Vec` (a copy when mapped or lent).
     pub fn into_vec(self) -> Vec<T> {
         if self.map.is_some() || self.lent.is_some() {

@@ -169,6 +169,21 @@ impl Storage {
         }
     }
 
+    /// A mapped storage's pages given back (see [`Buf::release_mapped`]).
+    pub fn release_mapped(&self) {
+        match self {
+            Storage::F32(v) => v.release_mapped(),
+            Storage::F16(v) => v.release_mapped(),
+            Storage::BF16(v) => v.release_mapped(),
+            Storage::Fp8E4M3(v) => v.release_mapped(),
+            Storage::Fp8E5M2(v) => v.release_mapped(),
+            Storage::I8(v) => v.release_mapped(),
+            Storage::I32(v) => v.release_mapped(),
+            Storage::I64(v) => v.release_mapped(),
+            Storage::Bool(_) => {}
+        }
+    }
+
     /// True when empty.
     pub fn is_empty(&self) -> bool {
         self.len() == 0

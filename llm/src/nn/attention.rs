@@ -49,11 +49,11 @@ impl<'w> Attention<'w> {
         };
         Attention {
             layer: l,
-            q: Linear::new(&w.q, w.q_bias.as_ref(), slots.named("attn.q")),
-            k: Linear::new(&w.k, w.k_bias.as_ref(), slots.named("attn.k")),
-            v: Linear::new(&w.v, w.v_bias.as_ref(), slots.named("attn.v")),
-            qkv: w.qkv.as_ref().map(|p| Linear::new(&p.weight, p.bias.as_ref(), slots.named("attn.qkv"))),
-            o: Linear::new(&w.o, w.o_bias.as_ref(), slots.named("attn.o")),
+            q: Linear::new(&w.q, w.q_bias.as_ref(), slots.named("attn.q"), slots),
+            k: Linear::new(&w.k, w.k_bias.as_ref(), slots.named("attn.k"), slots),
+            v: Linear::new(&w.v, w.v_bias.as_ref(), slots.named("attn.v"), slots),
+            qkv: w.qkv.as_ref().map(|p| Linear::dense(&p.weight, p.bias.as_ref(), slots.named("attn.qkv"))),
+            o: Linear::new(&w.o, w.o_bias.as_ref(), slots.named("attn.o"), slots),
             qk_norm,
             rope: c.rope.clone(),
             rope_slot: slots.named("attn.rope"),

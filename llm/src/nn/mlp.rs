@@ -5,7 +5,7 @@
 use super::{Linear, prepare};
 use crate::config::ModelConfig;
 use crate::pass::{Pass, Slot, Slots, take};
-use crate::weights::{Ffn, MoeWeights};
+use crate::weights::{Ffn, MoeWeights, Proj};
 use layerzero::error::{Error, Result};
 use layerzero::exec::args::{MlpArgs, MoeExpertsArgs, MoeRouteArgs, OpArgs, SwigluArgs};
 use layerzero::model::attrs::{MlpAttrs, MoeRouteAttrs, SwigluAttrs};
@@ -25,15 +25,22 @@ impl<'w> FeedForward<'w> {
     /// Layer `l`'s MLP over `w`; every layer's shares `slots`' buffers.
     pub(crate) fn new(l: usize, w: &'w Ffn, c: &ModelConfig, slots: &mut Slots) -> Result<FeedForward<'w>> {
         Ok(match w {
-            Ffn::Dense { gate, up, down, bias: None } => {
+            Ffn::Dense { gate: Proj::Dense(gate), up: Proj::Dense(up), down: Proj::Dense(down), bias: None } => {
                 FeedForward::Mlp(Mlp::Fused { gate, up, down, slot: slots.named("mlp") })
             }
-            Ffn::Dense { gate, up, down, bias: Some([bg, bu, bd]) } => FeedForward::Mlp(Mlp::Unfused {
-                gate: Linear::new(gate, Some(bg), slots.named("mlp.gate")),
-                up: Linear::new(up, Some(bu), slots.named("mlp.up")),
-                act: slots.named("mlp.act"),
-                down: Linear::new(down, Some(bd), slots.named("mlp.down")),
-            }),
+            // Biased, or quantized: the projections and SwiGLU one by one.
+            Ffn::Dense { gate, up, down, bias } => {
+                let [bg, bu, bd] = match bias {
+                    Some([g, u, d]) => [Some(g), Some(u), Some(d)],
+                    None => [None; 3],
+                };
+                FeedForward::Mlp(Mlp::Unfused {
+                    gate: Linear::new(gate, bg, slots.named("mlp.gate"), slots),
+                    up: Linear::new(up, bu, slots.named("mlp.up"), slots),
+                    act: slots.named("mlp.act"),
+                    down: Linear::new(down, bd, slots.named("mlp.down"), slots),
+                })
+            }
             Ffn::Moe(m) => FeedForward::Moe(MoeBlock::new(l, m, c, slots)?),
         })
     }
@@ -64,7 +71,7 @@ impl<'w> FeedForward<'w> {
 pub(crate) enum Mlp<'w> {
     /// Without biases: one `mlp` call.
     Fused { gate: &'w HostTensor, up: &'w HostTensor, down: &'w HostTensor, slot: Slot },
-    /// With biases: the gate and up projections, SwiGLU, the down projection.
+    /// With biases, or quantized: the gate and up projections, SwiGLU, the down projection.
     Unfused { gate: Linear<'w>, up: Linear<'w>, act: Slot, down: Linear<'w> },
 }
 
@@ -118,10 +125,10 @@ impl<'w> MoeBlock<'w> {
         let slices = w.gate.shape()[0].saturating_sub(m.experts);
         Ok(MoeBlock {
             layer: l,
-            router: Linear::new(&w.router, None, slots.named("moe.router")),
+            router: Linear::dense(&w.router, None, slots.named("moe.router")),
             route: MoeRouteAttrs { top_k: m.top_k as u64, renormalize: m.renormalize },
             route_slot: slots.named("moe.route"),
-            shared: w.shared_gate.as_ref().map(|g| (Linear::new(g, None, slots.named("moe.shared_gate")), slices)),
+            shared: w.shared_gate.as_ref().map(|g| (Linear::dense(g, None, slots.named("moe.shared_gate")), slices)),
             w,
             experts: m.experts,
             slot: slots.named("moe.experts"),

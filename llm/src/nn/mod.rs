@@ -6,10 +6,11 @@
 pub(crate) mod attention;
 pub(crate) mod mlp;
 
-use super::pass::{Affine, Pass, Slot, take};
+use super::pass::{Affine, Pass, Slot, Slots, take};
+use super::quant::Proj;
 use layerzero::error::{ErrorKind, Result};
-use layerzero::exec::args::{EmbeddingArgs, GeluArgs, LinearArgs, NormArgs, OpArgs};
-use layerzero::model::attrs::{GeluAttrs, NoAttrs, NormAttrs};
+use layerzero::exec::args::{EmbeddingArgs, GeluArgs, Int4Args, LinearArgs, NormArgs, OpArgs, QuantizeArgs, W8a8Args};
+use layerzero::model::attrs::{GeluAttrs, Int4Attrs, NoAttrs, NormAttrs, QuantAttrs, QuantScheme, W8a8Attrs};
 use layerzero::model::op::Op;
 use layerzero::runtime::LayerZero;
 use layerzero::tensor::{HostTensor, row_major_strides};
@@ -29,40 +30,80 @@ pub(crate) fn prepare(lz: &LayerZero, args: &OpArgs) -> Result<()> {
     }
 }
 
-/// `x W^T (+ b)`.
+/// A [`Linear`]'s weight: dense, or quantized at load.
+#[derive(Clone, Copy)]
+enum Weight<'w> {
+    Dense(&'w HostTensor),
+    Quantized(&'w Proj),
+}
+
+/// `x W^T (+ b)`: `linear` on a dense weight, `linear_int4` on a 4-bit one, and on an int8
+/// one `quantize` (each row of x, per token) then `linear_w8a8`.
 pub(crate) struct Linear<'w> {
-    weight: &'w HostTensor,
+    weight: Weight<'w>,
     bias: Option<&'w HostTensor>,
     slot: Option<Slot>,
+    /// Where an int8 projection's quantized input waits between calls.
+    x8: Option<Slot>,
 }
 
 impl<'w> Linear<'w> {
     /// A projection writing into `slot`.
-    pub(crate) fn new(weight: &'w HostTensor, bias: Option<&'w HostTensor>, slot: Slot) -> Linear<'w> {
-        Linear { weight, bias, slot: Some(slot) }
+    pub(crate) fn new(weight: &'w Proj, bias: Option<&'w HostTensor>, slot: Slot, slots: &mut Slots) -> Linear<'w> {
+        let x8 = matches!(weight, Proj::Int8 { .. }).then(|| slots.named("linear.x8"));
+        let weight = match weight {
+            Proj::Dense(t) => Weight::Dense(t),
+            quantized => Weight::Quantized(quantized),
+        };
+        Linear { weight, bias, slot: Some(slot), x8 }
     }
 
-    /// A projection with its bias, its outputs not kept.
+    /// A dense projection writing into `slot`.
+    pub(crate) fn dense(weight: &'w HostTensor, bias: Option<&'w HostTensor>, slot: Slot) -> Linear<'w> {
+        Linear { weight: Weight::Dense(weight), bias, slot: Some(slot), x8: None }
+    }
+
+    /// A dense projection with its bias, its outputs not kept.
     pub(crate) fn affine(p: &'w Affine) -> Linear<'w> {
-        Linear { weight: &p.weight, bias: Some(&p.bias), slot: None }
-    }
-
-    fn args(&self, x: &HostTensor) -> OpArgs {
-        OpArgs::Linear(LinearArgs {
-            x: x.clone(),
-            weight: self.weight.clone(),
-            bias: self.bias.cloned(),
-            attrs: NoAttrs {},
-        })
+        Linear { weight: Weight::Dense(&p.weight), bias: Some(&p.bias), slot: None, x8: None }
     }
 
     pub(crate) fn forward(&self, cx: &mut Pass<'_>, x: &HostTensor) -> Result<HostTensor> {
-        cx.out(self.args(x), self.slot)
+        let bias = self.bias.cloned();
+        let args = match self.weight {
+            Weight::Dense(w) | Weight::Quantized(Proj::Dense(w)) => {
+                OpArgs::Linear(LinearArgs { x: x.clone(), weight: w.clone(), bias, attrs: NoAttrs {} })
+            }
+            Weight::Quantized(Proj::Int4 { packed, scales, group }) => OpArgs::LinearInt4(Int4Args {
+                x: x.clone(),
+                weight: packed.clone(),
+                scales: scales.clone(),
+                zeros: None,
+                bias,
+                global_scale: None,
+                attrs: Int4Attrs::int4(*group as u64),
+            }),
+            Weight::Quantized(Proj::Int8 { weight, scale }) => {
+                let attrs = QuantAttrs::of(QuantScheme::PerChannel);
+                let mut q = cx.run(OpArgs::Quantize(QuantizeArgs { x: x.clone(), attrs }), self.x8)?;
+                OpArgs::LinearW8a8(W8a8Args {
+                    x: take(&mut q, Op::Quantize, "out")?,
+                    x_scale: take(&mut q, Op::Quantize, "scale")?,
+                    weight: weight.clone(),
+                    w_scale: scale.clone(),
+                    bias,
+                    attrs: W8a8Attrs { out_dtype: Some(x.dtype()) },
+                })
+            }
+        };
+        cx.out(args, self.slot)
     }
 
-    /// Prepares the weight for inputs shaped like `x` (the bias plays no part in packing).
+    /// Prepares a dense weight for inputs shaped like `x` (the bias plays no part in
+    /// packing); the quantized kernels read their weights as they are.
     pub(crate) fn prepare(&self, lz: &LayerZero, x: &HostTensor) -> Result<()> {
-        let args = LinearArgs { x: x.clone(), weight: self.weight.clone(), bias: None, attrs: NoAttrs {} };
+        let Weight::Dense(w) = self.weight else { return Ok(()) };
+        let args = LinearArgs { x: x.clone(), weight: w.clone(), bias: None, attrs: NoAttrs {} };
         prepare(lz, &OpArgs::Linear(args))
     }
 }

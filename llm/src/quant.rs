@@ -1,0 +1,277 @@
+//! Projections quantized at load (`lz generate --weights int8|int4`): a decoder's q/k/v/o
+//! and MLP weights become the operands of `linear_w8a8` or `linear_int4`, which selection
+//! picks a kernel for like any other op; embeddings, norms and lm_head stay in the compute
+//! dtype.
+//!
+//! - `int8`: one f32 scale per output row (`amax / 127`, values rounded half to even and
+//!   clamped to ±127: the `quantize` op's per-channel arithmetic); at run time each input row
+//!   is quantized the same way by a `quantize` dispatch (per token), and the product is
+//!   exact in integers before the two scales. llama.cpp's Q8_0 scales blocks of 32 instead,
+//!   for the weights and the activations alike: finer, so its error is smaller at the same
+//!   width.
+//! - `int4`: llama.cpp's Q4_0 arithmetic in blocks of `group` input features (32 is Q4_0's):
+//!   the block's value of largest magnitude `m` gives `d = m / -8`, codes
+//!   `q = min(15, floor(x / d + 8.5))`, `w = (q - 8) * d` with `d` stored as f16; two codes
+//!   per byte, the even element in the low nibble (LayerZero's `int4` format). The
+//!   activations stay in the compute dtype, where Q4_0 quantizes them to Q8_0 blocks.
+
+use std::fmt;
+use std::str::FromStr;
+
+use half::f16;
+
+use layerzero::error::{Error, Result};
+use layerzero::tensor::{HostTensor, Storage};
+
+/// How projections are stored once loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightQuant {
+    /// i8 weights, one scale per output row; activations quantized per row at run time.
+    Int8,
+    /// 4-bit codes, one f16 scale per `group` input features (Q4_0's arithmetic).
+    Int4 {
+        /// Input features per scale (even; 32 is Q4_0's block).
+        group: usize,
+    },
+}
+
+/// Q4_0's block size, the default group of `int4`.
+pub const Q4_0_GROUP: usize = 32;
+
+impl WeightQuant {
+    /// `int8` or `int4` (group `group`, [`Q4_0_GROUP`] when `None`); a group with `int8`, an
+    /// odd or zero group, or another name is an error naming it.
+    pub fn parse(name: &str, group: Option<usize>) -> Result<WeightQuant> {
+        match (name, group) {
+            ("int8", None) => Ok(WeightQuant::Int8),
+            ("int8", Some(g)) => Err(Error::invalid(format!(
+                "--group-size {g}: int8 weights have one scale per output row; a group size applies to int4"
+            ))),
+            ("int4", g) => {
+                let group = g.unwrap_or(Q4_0_GROUP);
+                if group == 0 || !group.is_multiple_of(2) {
+                    return Err(Error::invalid(format!(
+                        "--group-size {group}: int4 groups hold whole bytes of two codes; give an even size such as 32"
+                    )));
+                }
+                Ok(WeightQuant::Int4 { group })
+            }
+            (other, _) => Err(Error::invalid(format!("--weights {other}: expected int8 or int4"))),
+        }
+    }
+}
+
+impl fmt::Display for WeightQuant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WeightQuant::Int8 => f.write_str("int8"),
+            WeightQuant::Int4 { group } => write!(f, "int4 (group {group})"),
+        }
+    }
+}
+
+impl FromStr for WeightQuant {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<WeightQuant> {
+        WeightQuant::parse(s, None)
+    }
+}
+
+/// A projection's weight, `[out, in]` as HF stores it: as loaded, or quantized at load.
+#[derive(Debug, Clone)]
+pub enum Proj {
+    /// In the compute dtype.
+    Dense(HostTensor),
+    /// i8 `[N, K]` and its f32 row scales `[N]` (`linear_w8a8`'s `weight` and `w_scale`).
+    Int8 {
+        /// The codes.
+        weight: HostTensor,
+        /// One scale per output row.
+        scale: HostTensor,
+    },
+    /// Packed codes `[N, K/2]` (i8 bytes) and f16 scales `[N, K/group]` (`linear_int4`).
+    Int4 {
+        /// Two codes per byte.
+        packed: HostTensor,
+        /// One scale per block.
+        scales: HostTensor,
+        /// Input features per scale.
+        group: usize,
+    },
+}
+
+impl Proj {
+    /// The dense weight, unless quantized.
+    pub fn dense(&self) -> Option<&HostTensor> {
+        match self {
+            Proj::Dense(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// `[out, in]`.
+    pub fn shape(&self) -> [usize; 2] {
+        match self {
+            Proj::Dense(t) => [t.shape()[0], t.shape().get(1).copied().unwrap_or(0)],
+            Proj::Int8 { weight, .. } => [weight.shape()[0], weight.shape()[1]],
+            Proj::Int4 { packed, .. } => [packed.shape()[0], 2 * packed.shape()[1]],
+        }
+    }
+
+    /// Bytes held (codes and scales).
+    pub fn bytes(&self) -> usize {
+        let b = |t: &HostTensor| t.numel() * t.dtype().size_bytes() as usize;
+        match self {
+            Proj::Dense(t) => b(t),
+            Proj::Int8 { weight, scale } => b(weight) + b(scale),
+            Proj::Int4 { packed, scales, .. } => b(packed) + b(scales),
+        }
+    }
+
+    /// This projection in `how` (a dense weight's values read once; a quantized one kept).
+    pub fn quantized(&self, how: WeightQuant) -> Result<Proj> {
+        let Proj::Dense(t) = self else { return Ok(self.clone()) };
+        let [n, k] = self.shape();
+        if t.rank() != 2 || !t.dtype().is_float() {
+            return Err(Error::invalid(format!(
+                "a projection of shape {:?} and dtype {} cannot be quantized: expected a float [out, in] weight",
+                t.shape(),
+                t.dtype()
+            )));
+        }
+        let w = t.to_f32_vec();
+        Ok(match how {
+            WeightQuant::Int8 => {
+                let (codes, scales) = int8_rows(&w, n, k);
+                Proj::Int8 {
+                    weight: HostTensor::new(Storage::I8(codes.into()), &[n, k])?,
+                    scale: HostTensor::from_f32(&[n], scales)?,
+                }
+            }
+            WeightQuant::Int4 { group } => {
+                if !k.is_multiple_of(group) {
+                    return Err(Error::invalid(format!(
+                        "--group-size {group} does not divide a projection's {k} input features ([{n}, {k}])"
+                    )));
+                }
+                let (bytes, scales) = q4_0_rows(&w, n, k, group);
+                Proj::Int4 {
+                    packed: HostTensor::new(Storage::I8(bytes.into()), &[n, k / 2])?,
+                    scales: HostTensor::new(Storage::F16(scales.into()), &[n, k / group])?,
+                    group,
+                }
+            }
+        })
+    }
+}
+
+/// Per-row int8: codes and one scale per row.
+fn int8_rows(w: &[f32], n: usize, k: usize) -> (Vec<i8>, Vec<f32>) {
+    let mut codes = vec![0i8; n * k];
+    let mut scales = vec![1f32; n];
+    for r in 0..n {
+        let row = &w[r * k..(r + 1) * k];
+        let amax = row.iter().fold(0f32, |m, &x| if x.abs() > m { x.abs() } else { m });
+        let s = if amax > 0.0 { amax / 127.0 } else { 1.0 };
+        scales[r] = s;
+        for (c, &x) in codes[r * k..(r + 1) * k].iter_mut().zip(row) {
+            let q = (x / s).round_ties_even();
+            *c = if q.is_nan() { 0 } else { q.clamp(-127.0, 127.0) as i8 };
+        }
+    }
+    (codes, scales)
+}
+
+/// Q4_0 blocks of `g` along each row: packed codes and f16 scales.
+fn q4_0_rows(w: &[f32], n: usize, k: usize, g: usize) -> (Vec<i8>, Vec<f16>) {
+    let mut bytes = vec![0i8; n * k / 2];
+    let mut scales = Vec::with_capacity(n * k / g);
+    for (b, block) in w[..n * k].chunks_exact(g).enumerate() {
+        // The signed value of largest magnitude (the first of equals), as Q4_0 picks it.
+        let m = block.iter().fold(0f32, |m, &x| if x.abs() > m.abs() { x } else { m });
+        let d = m / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        scales.push(f16::from_f32(d));
+        let out = &mut bytes[b * g / 2..(b + 1) * g / 2];
+        for (o, pair) in out.iter_mut().zip(block.chunks_exact(2)) {
+            let code = |x: f32| ((x * id + 8.5).floor().clamp(0.0, 15.0)) as u8;
+            *o = (code(pair[0]) | (code(pair[1]) << 4)) as i8;
+        }
+    }
+    (bytes, scales)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::TestResult;
+
+    fn dequant(p: &Proj) -> Vec<f32> {
+        let [n, k] = p.shape();
+        match p {
+            Proj::Dense(t) => t.to_f32_vec(),
+            Proj::Int8 { weight, scale } => {
+                let (w, s) = (weight.to_f32_vec(), scale.to_f32_vec());
+                (0..n * k).map(|i| w[i] * s[i / k]).collect()
+            }
+            Proj::Int4 { packed, scales, group } => {
+                let (Storage::I8(b), s) = (packed.storage(), scales.to_f32_vec()) else { return vec![] };
+                (0..n * k)
+                    .map(|i| {
+                        let byte = b[i / 2] as u8;
+                        let q = if i % 2 == 0 { byte & 15 } else { byte >> 4 };
+                        (f32::from(q) - 8.0) * s[i / group]
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    #[test]
+    fn int4_follows_q4_0_so_the_block_extreme_is_exact_and_every_error_is_within_half_a_step() -> TestResult {
+        let (n, k) = (3, 64);
+        let w: Vec<f32> = (0..n * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
+        let p = Proj::Dense(HostTensor::from_f32(&[n, k], w.clone())?).quantized(WeightQuant::Int4 { group: 32 })?;
+        let back = dequant(&p);
+        for (b, (orig, got)) in w.chunks(32).zip(back.chunks(32)).enumerate() {
+            let m = orig.iter().fold(0f32, |m, &x| if x.abs() > m.abs() { x } else { m });
+            let d = f32::from(f16::from_f32(m / -8.0));
+            let at = orig.iter().position(|&x| x == m).ok_or("no extreme")?;
+            // The extreme maps to code 0: (0 - 8) * d = m, up to d's f16 rounding.
+            assert!((got[at] - m).abs() <= m.abs() * 1e-3, "block {b}: extreme {m} came back {}", got[at]);
+            for (x, y) in orig.iter().zip(got) {
+                assert!((x - y).abs() <= d.abs() * 0.5 + m.abs() * 1e-3, "block {b}: {x} came back {y} (step {d})");
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn int8_rows_keep_each_row_within_half_a_step_and_zero_rows_stay_zero() -> TestResult {
+        let (n, k) = (2, 8);
+        let mut w: Vec<f32> = (0..k).map(|i| i as f32 - 3.5).collect();
+        w.extend(vec![0.0; k]);
+        let p = Proj::Dense(HostTensor::from_f32(&[n, k], w.clone())?).quantized(WeightQuant::Int8)?;
+        let back = dequant(&p);
+        let step = 4.5 / 127.0;
+        for (x, y) in w.iter().zip(&back) {
+            assert!((x - y).abs() <= step * 0.5 + 1e-6, "{x} came back {y}");
+        }
+        assert_eq!(&back[k..], &vec![0.0; k][..]);
+        Ok(())
+    }
+
+    #[test]
+    fn a_group_that_does_not_divide_the_features_or_an_odd_one_is_refused_by_name() -> TestResult {
+        let p = Proj::Dense(HostTensor::from_f32(&[1, 48], vec![1.0; 48])?);
+        let e = p.quantized(WeightQuant::Int4 { group: 32 }).err().ok_or("48 features took groups of 32")?;
+        assert!(e.to_string().contains("--group-size 32"), "{e}");
+        let e = WeightQuant::parse("int4", Some(7)).err().ok_or("an odd group was taken")?;
+        assert!(e.to_string().contains("--group-size 7"), "{e}");
+        let e = WeightQuant::parse("int8", Some(32)).err().ok_or("int8 took a group")?;
+        assert!(e.to_string().contains("int8"), "{e}");
+        let e = WeightQuant::parse("q5", None).err().ok_or("q5 was taken")?;
+        assert!(e.to_string().contains("--weights q5"), "{e}");
+        Ok(())
+    }
+}
