@@ -13,6 +13,12 @@ Only speed is compared, so random weights are fine. Build ours first:
 `llama_cpp` (llama-cpp-python) and `gguf` packages are importable (the model is written once
 to GGUF under --dir, f32 or bf16 as it is); otherwise it is reported as not installed. With `--tune SECONDS`, `lz workload` and `lz tune` first measure the model's own
 ops into a PerfDB under --dir (LAYERZERO_HOME), so selection is measured rather than modeled.
+
+`--quant int8 int4` adds quantized rows: ours `lz generate --weights int8|int4` on the f32
+model against llama.cpp's Q8_0 and Q4_0 of the same weights (the seven projections of each
+layer quantized by the `gguf` package, embeddings and output f32, as ours keeps them), and
+each one's logits error against its own f32 model on the prompt's last token (max |diff|
+over max |logit|, and the relative L2 error).
 """
 
 import argparse
@@ -55,11 +61,11 @@ def tune(lz: str, model: Path, home: Path, threads: int, budget: int, max_seq: i
                    capture_output=True)
 
 
-def ours(lz: str, model: Path, prompt: list, new: int, threads: int, home: Path) -> tuple:
+def ours(lz: str, model: Path, prompt: list, new: int, threads: int, home: Path, extra=()) -> tuple:
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads), LAYERZERO_HOME=str(home))
     out = subprocess.run(
         [lz, "generate", "--model", str(model), "--prompt-ids", ",".join(map(str, prompt)),
-         "--max-new-tokens", str(new), "--ignore-eos", "--json"],
+         "--max-new-tokens", str(new), "--ignore-eos", "--json", *extra],
         env=env, check=True, capture_output=True, text=True,
     )
     t = json.loads(out.stdout)["timing"]
@@ -93,7 +99,31 @@ class Hf:
         return len(prompt) / prefill, (new - 1) / decode
 
 
-def write_gguf(src: Path, out: Path, dtype: str) -> None:
+def ours_last_logits(lz: str, model: Path, prompt: list, home: Path, extra=()):
+    """Our logits at the prompt's last token (`lz generate --dump`)."""
+    import tempfile
+
+    from safetensors.numpy import load_file
+    with tempfile.TemporaryDirectory() as d:
+        subprocess.run([lz, "generate", "--model", str(model), "--prompt-ids", ",".join(map(str, prompt)),
+                        "--max-new-tokens", "1", "--dump", d, *extra],
+                       env=dict(os.environ, LAYERZERO_HOME=str(home)), check=True, capture_output=True)
+        return load_file(str(Path(d) / "dump.safetensors"))["logits.0"][-1].astype("float64")
+
+
+def logits_error(got, want) -> tuple:
+    """(max |got - want| / max |want|, ||got - want|| / ||want||)."""
+    import numpy as np
+    d = got - want
+    return float(np.abs(d).max() / np.abs(want).max()), float(np.linalg.norm(d) / np.linalg.norm(want))
+
+
+# The projections llama.cpp's Q8_0 / Q4_0 quantize here (its own conversions would also
+# quantize the embeddings and write the output in Q6_K; kept f32 on both sides instead).
+PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def write_gguf(src: Path, out: Path, dtype: str, quant: str | None = None) -> None:
     """The HF model at `src` as a GGUF llama file (tensor names and metadata as llama.cpp
     reads them; a placeholder SPM vocabulary of the model's size, since ids are fed in
     directly). Q and K rows keep HF's order: the weights are random, only speed counts."""
@@ -118,7 +148,10 @@ def write_gguf(src: Path, out: Path, dtype: str) -> None:
     theta = cfg.get("rope_parameters", {}).get("rope_theta", cfg.get("rope_theta", 10000.0))
     w.add_rope_freq_base(float(theta))
     w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
-    w.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_BF16)
+    qtype = {"int8": gguf.GGMLQuantizationType.Q8_0, "int4": gguf.GGMLQuantizationType.Q4_0}.get(quant)
+    file_type = {"int8": gguf.LlamaFileType.MOSTLY_Q8_0, "int4": gguf.LlamaFileType.MOSTLY_Q4_0}.get(
+        quant, gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_BF16)
+    w.add_file_type(file_type)
     vocab = cfg["vocab_size"]
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     tokens = (tokens + [f"t{i}" for i in range(max(0, vocab - len(tokens)))])[:vocab]
@@ -140,7 +173,11 @@ def write_gguf(src: Path, out: Path, dtype: str) -> None:
             names[f"model.layers.{l}.{hf}.weight"] = f"blk.{l}.{gg}.weight"
     for hf, gg in names.items():
         t = st[hf]
-        if t.ndim == 1 or dtype == "f32":
+        if qtype is not None and gg.split(".")[-2] in PROJECTIONS:
+            arr = t.astype(np.float32) if t.dtype != np.uint16 else _bf16_to_f32(t)
+            q = gguf.quants.quantize(arr, qtype)
+            w.add_tensor(gg, q, raw_dtype=qtype)
+        elif t.ndim == 1 or dtype == "f32":
             # Norm weights stay f32 in llama.cpp's own conversions.
             arr = t.astype(np.float32) if t.dtype != np.uint16 else _bf16_to_f32(t)
             w.add_tensor(gg, arr)
@@ -217,6 +254,8 @@ def main() -> None:
     ap.add_argument("--dtype", nargs="+", default=["f32", "bf16"])
     ap.add_argument("--lz", default="target/release/lz")
     ap.add_argument("--dir", default="/tmp/lz-bench-125m")
+    ap.add_argument("--quant", nargs="*", default=[], choices=["int8", "int4"],
+                    help="quantized rows: ours --weights int8|int4 against llama.cpp Q8_0|Q4_0")
     ap.add_argument("--tune", type=int, default=0, metavar="SECONDS",
                     help="measure the model's ops into a PerfDB first (lz workload + lz tune)")
     a = ap.parse_args()
@@ -255,6 +294,35 @@ def main() -> None:
         del hf, lcpp
         med = {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for k, v in samples.items()}
         rows.append((dt, med))
+    errors = {}
+    for q in a.quant:
+        src = root / "f32"
+        flags = ("--weights", q)
+        samples = {"ours": []}
+        lcpp = None
+        if with_llama:
+            gg, ref = root / f"model-{q}.gguf", root / "model-f32.gguf"
+            write_gguf(src, gg, "f32", q)
+            write_gguf(src, ref, "f32")
+            lcpp = LlamaCpp(gg, a.threads, a.prompt + a.new + 8)
+            samples["llama.cpp"] = []
+        for _ in range(a.rounds):
+            samples["ours"].append(ours(a.lz, src, prompt, a.new, a.threads, home, flags))
+            if lcpp is not None:
+                samples["llama.cpp"].append(lcpp.run(prompt, a.new))
+        want = ours_last_logits(a.lz, src, prompt, home)
+        errors[(q, "ours")] = logits_error(ours_last_logits(a.lz, src, prompt, home, flags), want)
+        if lcpp is not None:
+            lcpp.llm.reset()
+            lcpp.llm.eval(prompt)
+            got = lcpp.last_logits().astype("float64").copy()
+            del lcpp
+            f32 = LlamaCpp(root / "model-f32.gguf", a.threads, a.prompt + 8)
+            f32.llm.eval(prompt)
+            errors[(q, "llama.cpp")] = logits_error(got, f32.last_logits().astype("float64").copy())
+            del f32
+        med = {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for k, v in samples.items()}
+        rows.append((q, med))
     print(f"{'dtype':<6} {'engine':<14} {'prefill tok/s':>14} {'decode tok/s':>13}")
     for dt, med in rows:
         for k, (p, d) in med.items():
@@ -264,6 +332,11 @@ def main() -> None:
             if other in med:
                 p, d = med[other]
                 print(f"{dt:<6} {'ours/' + other:<14} {op / p:>14.2f} {od / d:>13.2f}")
+    if errors:
+        print("logits error against the same engine's f32 model (prompt's last token):")
+        print(f"{'format':<6} {'engine':<10} {'max|d|/max':>11} {'rel L2':>9}")
+        for (q, engine), (mx, l2) in errors.items():
+            print(f"{q:<6} {engine:<10} {mx:>11.4f} {l2:>9.4f}")
 
 
 if __name__ == "__main__":

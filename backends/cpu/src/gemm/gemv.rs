@@ -359,6 +359,11 @@ fn columns(x: &[f32], xb: Option<&[u16]>, m: usize, w: &Weights, n0: usize, part
             return;
         }
     }
+    if let Weights::Int4(q) = w
+        && super::gemv_int4::serves(q)
+    {
+        return super::gemv_int4::columns(x, m, q, n0, part);
+    }
     with_scratch(k.max(nb), |scratch| {
         if w.by_column() {
             for j in 0..nb {

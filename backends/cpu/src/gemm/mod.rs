@@ -25,6 +25,7 @@
 
 mod amx;
 mod gemv;
+mod gemv_int4;
 mod packed;
 mod pairs;
 mod prefill;
