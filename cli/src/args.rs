@@ -232,13 +232,15 @@ pub(super) struct GenerateCmd {
     /// Compute dtype (default: the weights' dtype).
     #[arg(long, value_name = "f32|bf16")]
     pub(super) dtype: Option<String>,
-    /// Quantize the decoder's projections (q, k, v, o, gate, up, down) at load: int8 (one
-    /// scale per output row; each input row quantized per token by a `quantize` dispatch,
-    /// then `linear_w8a8`) or int4 (llama.cpp Q4_0's arithmetic in groups of --group-size,
-    /// `linear_int4`). Embeddings, norms and lm_head stay in the compute dtype.
+    /// Quantize the decoder's projections (q, k, v, o, gate, up, down) at load, in blocks of
+    /// --group-size input features with one scale each: int8 (llama.cpp Q8_0's layout; each
+    /// input row quantized in the same blocks by a `quantize` dispatch, then `linear_w8a8`)
+    /// or int4 (Q4_0's arithmetic, `linear_int4`, activations unquantized). Embeddings,
+    /// norms and lm_head stay in the compute dtype.
     #[arg(long, value_name = "int8|int4")]
     pub(super) weights: Option<String>,
-    /// Input features per int4 scale (even; default 32, Q4_0's block).
+    /// Input features per scale of --weights (default 32, Q8_0's and Q4_0's block; even for
+    /// int4; it must divide every projection's input size).
     #[arg(long, value_name = "G", requires = "weights")]
     pub(super) group_size: Option<usize>,
     /// Keep generating after an end-of-sequence token.

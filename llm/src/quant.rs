@@ -3,12 +3,12 @@
 //! picks a kernel for like any other op; embeddings, norms and lm_head stay in the compute
 //! dtype.
 //!
-//! - `int8`: one f32 scale per output row (`amax / 127`, values rounded half to even and
-//!   clamped to ±127: the `quantize` op's per-channel arithmetic); at run time each input row
-//!   is quantized the same way by a `quantize` dispatch (per token), and the product is
-//!   exact in integers before the two scales. llama.cpp's Q8_0 scales blocks of 32 instead,
-//!   for the weights and the activations alike: finer, so its error is smaller at the same
-//!   width.
+//! - `int8`: llama.cpp's Q8_0 layout: blocks of `group` input features (32 is Q8_0's), one
+//!   f32 scale each (`amax / 127`, values rounded half to even and clamped to ±127: the
+//!   `quantize` op's per-block arithmetic; Q8_0 rounds half away from zero and stores the
+//!   scale as f16); at run time each input row is quantized in the same blocks by a
+//!   `quantize` dispatch, and `linear_w8a8` sums each block's exact integer dot times its
+//!   pair of scales, as Q8_0 x Q8_0 does.
 //! - `int4`: llama.cpp's Q4_0 arithmetic in blocks of `group` input features (32 is Q4_0's):
 //!   the block's value of largest magnitude `m` gives `d = m / -8`, codes
 //!   `q = min(15, floor(x / d + 8.5))`, `w = (q - 8) * d` with `d` stored as f16; two codes
@@ -26,8 +26,11 @@ use layerzero::tensor::{HostTensor, Storage};
 /// How projections are stored once loaded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightQuant {
-    /// i8 weights, one scale per output row; activations quantized per row at run time.
-    Int8,
+    /// i8 weights and activations, one f32 scale per `group` input features (Q8_0's layout).
+    Int8 {
+        /// Input features per scale (32 is Q8_0's block).
+        group: usize,
+    },
     /// 4-bit codes, one f16 scale per `group` input features (Q4_0's arithmetic).
     Int4 {
         /// Input features per scale (even; 32 is Q4_0's block).
@@ -35,28 +38,29 @@ pub enum WeightQuant {
     },
 }
 
-/// Q4_0's block size, the default group of `int4`.
-pub const Q4_0_GROUP: usize = 32;
+/// Q8_0's and Q4_0's block size, the default group.
+pub const BLOCK: usize = 32;
 
 impl WeightQuant {
-    /// `int8` or `int4` (group `group`, [`Q4_0_GROUP`] when `None`); a group with `int8`, an
-    /// odd or zero group, or another name is an error naming it.
+    /// `int8` or `int4` in groups of `group` ([`BLOCK`] when `None`); a zero group, an odd
+    /// one for int4, or another name is an error naming it.
     pub fn parse(name: &str, group: Option<usize>) -> Result<WeightQuant> {
-        match (name, group) {
-            ("int8", None) => Ok(WeightQuant::Int8),
-            ("int8", Some(g)) => Err(Error::invalid(format!(
-                "--group-size {g}: int8 weights have one scale per output row; a group size applies to int4"
+        let group = group.unwrap_or(BLOCK);
+        match name {
+            _ if group == 0 => Err(Error::invalid("--group-size 0: a group holds at least one feature".to_owned())),
+            "int8" => Ok(WeightQuant::Int8 { group }),
+            "int4" if !group.is_multiple_of(2) => Err(Error::invalid(format!(
+                "--group-size {group}: int4 groups hold whole bytes of two codes; give an even size such as 32"
             ))),
-            ("int4", g) => {
-                let group = g.unwrap_or(Q4_0_GROUP);
-                if group == 0 || !group.is_multiple_of(2) {
-                    return Err(Error::invalid(format!(
-                        "--group-size {group}: int4 groups hold whole bytes of two codes; give an even size such as 32"
-                    )));
-                }
-                Ok(WeightQuant::Int4 { group })
-            }
-            (other, _) => Err(Error::invalid(format!("--weights {other}: expected int8 or int4"))),
+            "int4" => Ok(WeightQuant::Int4 { group }),
+            other => Err(Error::invalid(format!("--weights {other}: expected int8 or int4"))),
+        }
+    }
+
+    /// Input features per scale.
+    pub fn group(self) -> usize {
+        match self {
+            WeightQuant::Int8 { group } | WeightQuant::Int4 { group } => group,
         }
     }
 }
@@ -64,7 +68,7 @@ impl WeightQuant {
 impl fmt::Display for WeightQuant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            WeightQuant::Int8 => f.write_str("int8"),
+            WeightQuant::Int8 { group } => write!(f, "int8 (group {group})"),
             WeightQuant::Int4 { group } => write!(f, "int4 (group {group})"),
         }
     }
@@ -82,12 +86,15 @@ impl FromStr for WeightQuant {
 pub enum Proj {
     /// In the compute dtype.
     Dense(HostTensor),
-    /// i8 `[N, K]` and its f32 row scales `[N]` (`linear_w8a8`'s `weight` and `w_scale`).
+    /// i8 `[N, K]` and its f32 block scales `[N, K/group]` (`linear_w8a8`'s `weight` and
+    /// `w_scale`).
     Int8 {
         /// The codes.
         weight: HostTensor,
-        /// One scale per output row.
+        /// One scale per block.
         scale: HostTensor,
+        /// Input features per scale.
+        group: usize,
     },
     /// Packed codes `[N, K/2]` (i8 bytes) and f16 scales `[N, K/group]` (`linear_int4`).
     Int4 {
@@ -123,7 +130,7 @@ impl Proj {
         let b = |t: &HostTensor| t.numel() * t.dtype().size_bytes() as usize;
         match self {
             Proj::Dense(t) => b(t),
-            Proj::Int8 { weight, scale } => b(weight) + b(scale),
+            Proj::Int8 { weight, scale, .. } => b(weight) + b(scale),
             Proj::Int4 { packed, scales, .. } => b(packed) + b(scales),
         }
     }
@@ -139,21 +146,23 @@ impl Proj {
                 t.dtype()
             )));
         }
+        let group = how.group();
+        if !k.is_multiple_of(group) {
+            return Err(Error::invalid(format!(
+                "--group-size {group} does not divide a projection's {k} input features ([{n}, {k}])"
+            )));
+        }
         let w = t.to_f32_vec();
         Ok(match how {
-            WeightQuant::Int8 => {
-                let (codes, scales) = int8_rows(&w, n, k);
+            WeightQuant::Int8 { group } => {
+                let (codes, scales) = int8_blocks(&w, group);
                 Proj::Int8 {
                     weight: HostTensor::new(Storage::I8(codes.into()), &[n, k])?,
-                    scale: HostTensor::from_f32(&[n], scales)?,
+                    scale: HostTensor::from_f32(&[n, k / group], scales)?,
+                    group,
                 }
             }
             WeightQuant::Int4 { group } => {
-                if !k.is_multiple_of(group) {
-                    return Err(Error::invalid(format!(
-                        "--group-size {group} does not divide a projection's {k} input features ([{n}, {k}])"
-                    )));
-                }
                 let (bytes, scales) = q4_0_rows(&w, n, k, group);
                 Proj::Int4 {
                     packed: HostTensor::new(Storage::I8(bytes.into()), &[n, k / 2])?,
@@ -165,16 +174,15 @@ impl Proj {
     }
 }
 
-/// Per-row int8: codes and one scale per row.
-fn int8_rows(w: &[f32], n: usize, k: usize) -> (Vec<i8>, Vec<f32>) {
-    let mut codes = vec![0i8; n * k];
-    let mut scales = vec![1f32; n];
-    for r in 0..n {
-        let row = &w[r * k..(r + 1) * k];
-        let amax = row.iter().fold(0f32, |m, &x| if x.abs() > m { x.abs() } else { m });
+/// int8 in blocks of `g` (rows are whole blocks): codes and one scale per block.
+fn int8_blocks(w: &[f32], g: usize) -> (Vec<i8>, Vec<f32>) {
+    let mut codes = vec![0i8; w.len()];
+    let mut scales = Vec::with_capacity(w.len() / g);
+    for (block, out) in w.chunks_exact(g).zip(codes.chunks_exact_mut(g)) {
+        let amax = block.iter().fold(0f32, |m, &x| if x.abs() > m { x.abs() } else { m });
         let s = if amax > 0.0 { amax / 127.0 } else { 1.0 };
-        scales[r] = s;
-        for (c, &x) in codes[r * k..(r + 1) * k].iter_mut().zip(row) {
+        scales.push(s);
+        for (c, &x) in out.iter_mut().zip(block) {
             let q = (x / s).round_ties_even();
             *c = if q.is_nan() { 0 } else { q.clamp(-127.0, 127.0) as i8 };
         }
@@ -210,9 +218,9 @@ mod tests {
         let [n, k] = p.shape();
         match p {
             Proj::Dense(t) => t.to_f32_vec(),
-            Proj::Int8 { weight, scale } => {
+            Proj::Int8 { weight, scale, group } => {
                 let (w, s) = (weight.to_f32_vec(), scale.to_f32_vec());
-                (0..n * k).map(|i| w[i] * s[i / k]).collect()
+                (0..n * k).map(|i| w[i] * s[i / group]).collect()
             }
             Proj::Int4 { packed, scales, group } => {
                 let (Storage::I8(b), s) = (packed.storage(), scales.to_f32_vec()) else { return vec![] };
@@ -247,11 +255,11 @@ mod tests {
     }
 
     #[test]
-    fn int8_rows_keep_each_row_within_half_a_step_and_zero_rows_stay_zero() -> TestResult {
+    fn int8_blocks_keep_each_value_within_half_a_step_and_zero_blocks_stay_zero() -> TestResult {
         let (n, k) = (2, 8);
         let mut w: Vec<f32> = (0..k).map(|i| i as f32 - 3.5).collect();
         w.extend(vec![0.0; k]);
-        let p = Proj::Dense(HostTensor::from_f32(&[n, k], w.clone())?).quantized(WeightQuant::Int8)?;
+        let p = Proj::Dense(HostTensor::from_f32(&[n, k], w.clone())?).quantized(WeightQuant::Int8 { group: 8 })?;
         let back = dequant(&p);
         let step = 4.5 / 127.0;
         for (x, y) in w.iter().zip(&back) {
@@ -268,8 +276,9 @@ mod tests {
         assert!(e.to_string().contains("--group-size 32"), "{e}");
         let e = WeightQuant::parse("int4", Some(7)).err().ok_or("an odd group was taken")?;
         assert!(e.to_string().contains("--group-size 7"), "{e}");
-        let e = WeightQuant::parse("int8", Some(32)).err().ok_or("int8 took a group")?;
-        assert!(e.to_string().contains("int8"), "{e}");
+        let e = WeightQuant::parse("int8", Some(0)).err().ok_or("int8 took a zero group")?;
+        assert!(e.to_string().contains("--group-size 0"), "{e}");
+        assert_eq!(WeightQuant::parse("int8", None)?, WeightQuant::Int8 { group: BLOCK });
         let e = WeightQuant::parse("q5", None).err().ok_or("q5 was taken")?;
         assert!(e.to_string().contains("--weights q5"), "{e}");
         Ok(())

@@ -36,7 +36,7 @@ fn quantized_projections_run_their_kernels_and_keep_the_logits_within_the_declar
         let (want, dense_ops) = logits_and_ops(&dense, &lz)?;
         assert!(!dense_ops.contains(&Op::LinearInt4) && !dense_ops.contains(&Op::LinearW8a8), "{name}: {dense_ops:?}");
         for (quant, bound, op) in [
-            (WeightQuant::Int8, BOUND_INT8, Op::LinearW8a8),
+            (WeightQuant::Int8 { group: 32 }, BOUND_INT8, Op::LinearW8a8),
             (WeightQuant::Int4 { group: 32 }, BOUND_INT4, Op::LinearInt4),
         ] {
             let model = Model::load_with(&dir, None, llm::Residence::Resident, Some(quant))?;
@@ -44,7 +44,11 @@ fn quantized_projections_run_their_kernels_and_keep_the_logits_within_the_declar
             assert!(layer.q.dense().is_none() && layer.o.dense().is_none() && layer.qkv.is_none(), "{name} {quant}");
             let (got, ops) = logits_and_ops(&model, &lz)?;
             assert!(ops.contains(&op), "{name} {quant}: {op} never ran: {ops:?}");
-            assert_eq!(ops.contains(&Op::Quantize), quant == WeightQuant::Int8, "{name} {quant}: {ops:?}");
+            assert_eq!(
+                ops.contains(&Op::Quantize),
+                matches!(quant, WeightQuant::Int8 { .. }),
+                "{name} {quant}: {ops:?}"
+            );
             let err = relative_error(&got, &want);
             assert!(err <= bound, "{name} {quant}: logits error {err:.4} over the bound {bound}");
             assert!(err > 0.0, "{name} {quant}: the logits are the dense model's exactly; nothing was quantized");
@@ -61,7 +65,7 @@ fn quantized_projections_are_smaller_and_the_bad_group_sizes_are_refused_by_name
         [&l.q, &l.k, &l.v, &l.o].iter().map(|p| p.bytes()).sum()
     };
     let dense = bytes(&Model::load(&dir, None)?);
-    let int8 = bytes(&Model::load_with(&dir, None, llm::Residence::Resident, Some(WeightQuant::Int8))?);
+    let int8 = bytes(&Model::load_with(&dir, None, llm::Residence::Resident, Some(WeightQuant::Int8 { group: 32 }))?);
     let int4 = bytes(&Model::load_with(&dir, None, llm::Residence::Resident, Some(WeightQuant::Int4 { group: 32 }))?);
     assert!(int8 * 3 < dense && int4 * 6 < dense, "f32 {dense} B, int8 {int8} B, int4 {int4} B");
     // 64 input features do not divide into groups of 48.
@@ -77,9 +81,9 @@ fn dequantized(p: &llm::Proj) -> TestResult<llm::Proj> {
     let [n, k] = p.shape();
     let values: Vec<f32> = match p {
         llm::Proj::Dense(_) => return Ok(p.clone()),
-        llm::Proj::Int8 { weight, scale } => {
+        llm::Proj::Int8 { weight, scale, group } => {
             let (w, s) = (weight.to_f32_vec(), scale.to_f32_vec());
-            (0..n * k).map(|i| w[i] * s[i / k]).collect()
+            (0..n * k).map(|i| w[i] * s[i / group]).collect()
         }
         llm::Proj::Int4 { packed, scales, group } => {
             let (b, s) = (packed.to_f64_vec(), scales.to_f32_vec());
@@ -133,7 +137,7 @@ fn lz_generate_serves_quantized_weights_and_refuses_bad_options_with_exit_2() ->
         })
     };
     for (flags, weights, op) in [
-        (&["--weights", "int8"][..], "int8", "linear_w8a8"),
+        (&["--weights", "int8"][..], "int8 (group 32)", "linear_w8a8"),
         (&["--weights", "int4", "--group-size", "16"][..], "int4 (group 16)", "linear_int4"),
     ] {
         let out = run(&[flags, &["--max-new-tokens", "3", "--json"]].concat())?;
@@ -146,7 +150,7 @@ fn lz_generate_serves_quantized_weights_and_refuses_bad_options_with_exit_2() ->
     }
     for (flags, names) in [
         (&["--weights", "q5"][..], "--weights q5"),
-        (&["--weights", "int8", "--group-size", "32"][..], "--group-size 32"),
+        (&["--weights", "int8", "--group-size", "0"][..], "--group-size 0"),
         (&["--weights", "int4", "--group-size", "7"][..], "--group-size 7"),
     ] {
         let out = run(flags)?;

@@ -6,6 +6,8 @@
 //!   bias [N]; out [..., N] in x's dtype.
 //! - `linear_w8a8`: i8 x [M, K], i8 weight [N, K], f32 x_scale [M] or [1], f32 w_scale [N]
 //!   or [1], float bias [N]; `out = acc * xs * ws + bias` (exact integer acc), out_dtype.
+//!   With `attrs.group_size` g: x_scale [M, K/g] and w_scale [N, K/g], and the sum runs over
+//!   blocks, each block's exact integer acc times its scale pair (llama.cpp's Q8_0 dot).
 //! - `linear_int4`: x [..., K], weight i8 [N, K/2] (two 4-bit codes per byte, low nibble =
 //!   even k; high nibble for nf4), scales [N, K/g]; int4: zeros [N, K/g] (8 when absent),
 //!   `w = (q - zero) * scale`; nf4 / mxfp4 / nvfp4: `w = code(q) * scale` with the format's
@@ -112,11 +114,21 @@ pub fn linear_w8a8(a: &W8a8Args) -> Result<HostTensor, KernelError> {
     let ws = a.w_scale.to_f64_vec();
     let bias = a.bias.as_ref().map(HostTensor::to_f64_vec);
     let mut out = vec![0.0f64; m * n];
+    // Blocks of g features, each with its scale pair; per row: one block of all K.
+    let g = a.attrs.group_size.map_or(k, |g| g as usize).max(1);
+    let blocks = k / g;
     for i in 0..m {
         for j in 0..n {
-            let acc: i64 = (0..k).map(|p| x[i * k + p] * w[j * k + p]).sum();
-            let s = xs[if xs.len() == 1 { 0 } else { i }] * ws[if ws.len() == 1 { 0 } else { j }];
-            out[i * n + j] = acc as f64 * s + bias.as_ref().map_or(0.0, |b| b[j]);
+            let mut sum = 0.0f64;
+            for b in 0..blocks {
+                let acc: i64 = (b * g..(b + 1) * g).map(|p| x[i * k + p] * w[j * k + p]).sum();
+                let s = match a.attrs.group_size {
+                    Some(_) => xs[i * blocks + b] * ws[j * blocks + b],
+                    None => xs[if xs.len() == 1 { 0 } else { i }] * ws[if ws.len() == 1 { 0 } else { j }],
+                };
+                sum += acc as f64 * s;
+            }
+            out[i * n + j] = sum + bias.as_ref().map_or(0.0, |b| b[j]);
         }
     }
     from_f64_as(out_dtype("out_dtype", a.attrs.out_dtype)?, &[m, n], &out)

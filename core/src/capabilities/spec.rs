@@ -520,7 +520,8 @@ pub(crate) fn fields_for_op(op: Op) -> &'static [&'static str] {
             "scale_orders",
         ],
         Op::LinearInt4 => &["group_sizes", "weight_formats", "scale_orders"],
-        Op::LinearW8a8 | Op::PatchEmbed | Op::Tokenize => &[],
+        Op::LinearW8a8 => &["group_sizes"],
+        Op::PatchEmbed | Op::Tokenize => &[],
         _ => &["hidden_size"],
     }
 }

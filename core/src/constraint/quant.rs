@@ -17,7 +17,7 @@ use crate::reason::ReasonCode;
 pub(super) fn check(c: &Constraints, req: &Request, out: &mut impl Sink) {
     match (&req.attrs, req.op) {
         (Attrs::Quant(a), Op::Quantize | Op::Dequantize) => quant(c, req, a, out),
-        (Attrs::W8a8(_), Op::LinearW8a8) => w8a8(req, out),
+        (Attrs::W8a8(a), Op::LinearW8a8) => w8a8(req, a.group_size, out),
         (Attrs::Int4(a), Op::LinearInt4) => int4(c, req, a, out),
         _ => {}
     }
@@ -126,15 +126,32 @@ fn blocks(c: &Constraints, a: &QuantAttrs, out: &mut impl Sink) {
     }
 }
 
-fn w8a8(req: &Request, out: &mut impl Sink) {
+fn w8a8(req: &Request, group: Option<u64>, out: &mut impl Sink) {
     let (Some(x), Some(w)) = (req.get("x"), req.get("weight")) else { return };
+    let k = x.shape.get(1).copied();
     for (name, rows) in [("x_scale", x.shape.first()), ("w_scale", w.shape.first())] {
         let (Some(s), Some(&rows)) = (req.get(name), rows) else { continue };
-        let n: u64 = s.shape.iter().product();
-        if !(s.rank() == 1 && (n == 1 || n == rows)) {
-            mismatch(out, || {
-                format!("tensor `{name}` shape {:?} must be [1] or [{rows}] (one scale per row)", s.shape)
-            });
+        match (group, k) {
+            // Block scales: [rows, K / g], row-major (Q8_0's blocks along K).
+            (Some(g), Some(k)) if g > 0 => {
+                let want = [rows, k / g];
+                if s.shape.as_slice() != want || !s.is_contiguous() {
+                    mismatch(out, || {
+                        format!(
+                            "tensor `{name}` shape {:?} must be {want:?} row-major (one scale per block of {g})",
+                            s.shape
+                        )
+                    });
+                }
+            }
+            _ => {
+                let n: u64 = s.shape.iter().product();
+                if !(s.rank() == 1 && (n == 1 || n == rows)) {
+                    mismatch(out, || {
+                        format!("tensor `{name}` shape {:?} must be [1] or [{rows}] (one scale per row)", s.shape)
+                    });
+                }
+            }
         }
     }
 }

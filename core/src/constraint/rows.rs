@@ -70,6 +70,20 @@ pub(super) fn check(c: &Constraints, req: &Request, problem: &Problem, out: &mut
                 });
             }
         }
+        // Block scales are opt-in: a kernel that does not list the size takes per-row scales.
+        Attrs::W8a8(a) => {
+            if let Some(g) = a.group_size {
+                match &c.group_sizes {
+                    Some(sizes) if sizes.contains(&g) => {}
+                    Some(sizes) => {
+                        out.reject(ReasonCode::ATTR_UNSUPPORTED, || format!("group_size {g} not in [{}]", list(sizes)))
+                    }
+                    None => out.reject(ReasonCode::ATTR_UNSUPPORTED, || {
+                        format!("group_size {g}: the kernel takes one scale per row (x_scale [M], w_scale [N])")
+                    }),
+                }
+            }
+        }
         Attrs::Int4(a) => {
             if let Some(g) = &c.group_sizes
                 && !g.contains(&a.group_size)

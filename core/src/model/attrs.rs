@@ -339,6 +339,11 @@ pub struct MlpAttrs {
 pub struct W8a8Attrs {
     /// Output dtype (f32, f16, bf16); f32 when absent.
     pub out_dtype: Option<DType>,
+    /// Input features per scale (llama.cpp's Q8_0 takes 32): `x_scale` `[M, K/g]` and
+    /// `w_scale` `[N, K/g]`, row-major, each block's exact integer sum scaled by its pair.
+    /// Absent: one scale per row of each (`[M]` or `[1]`, `[N]` or `[1]`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_size: Option<u64>,
 }
 
 /// Attributes of `linear_int4`.

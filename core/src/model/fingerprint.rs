@@ -170,7 +170,7 @@ struct_words! {
     MlpAttrs { activation }
     MoeRouteAttrs { top_k, renormalize }
     TokenizeAttrs { tokenizer_id, return_offsets }
-    W8a8Attrs { out_dtype }
+    W8a8Attrs { out_dtype, group_size }
     Int4Attrs { group_size, format, scale_order }
     PatchEmbedAttrs { patch }
     NoAttrs {}

@@ -10,7 +10,9 @@ use super::pass::{Affine, Pass, Slot, Slots, take};
 use super::quant::Proj;
 use layerzero::error::{ErrorKind, Result};
 use layerzero::exec::args::{EmbeddingArgs, GeluArgs, Int4Args, LinearArgs, NormArgs, OpArgs, QuantizeArgs, W8a8Args};
-use layerzero::model::attrs::{GeluAttrs, Int4Attrs, NoAttrs, NormAttrs, QuantAttrs, QuantScheme, W8a8Attrs};
+use layerzero::model::attrs::{
+    GeluAttrs, Int4Attrs, NoAttrs, NormAttrs, QuantAttrs, QuantScheme, ScaleLayout, W8a8Attrs,
+};
 use layerzero::model::op::Op;
 use layerzero::runtime::LayerZero;
 use layerzero::tensor::{HostTensor, row_major_strides};
@@ -38,7 +40,7 @@ enum Weight<'w> {
 }
 
 /// `x W^T (+ b)`: `linear` on a dense weight, `linear_int4` on a 4-bit one, and on an int8
-/// one `quantize` (each row of x, per token) then `linear_w8a8`.
+/// one `quantize` (x in the weight's blocks) then `linear_w8a8`.
 pub(crate) struct Linear<'w> {
     weight: Weight<'w>,
     bias: Option<&'w HostTensor>,
@@ -83,8 +85,12 @@ impl<'w> Linear<'w> {
                 global_scale: None,
                 attrs: Int4Attrs::int4(*group as u64),
             }),
-            Weight::Quantized(Proj::Int8 { weight, scale }) => {
-                let attrs = QuantAttrs::of(QuantScheme::PerChannel);
+            Weight::Quantized(Proj::Int8 { weight, scale, group }) => {
+                let attrs = QuantAttrs {
+                    block: Some([1, *group as u64]),
+                    scale_layout: Some(ScaleLayout::RowMajor),
+                    ..QuantAttrs::of(QuantScheme::PerBlock)
+                };
                 let mut q = cx.run(OpArgs::Quantize(QuantizeArgs { x: x.clone(), attrs }), self.x8)?;
                 OpArgs::LinearW8a8(W8a8Args {
                     x: take(&mut q, Op::Quantize, "out")?,
@@ -92,7 +98,7 @@ impl<'w> Linear<'w> {
                     weight: weight.clone(),
                     w_scale: scale.clone(),
                     bias,
-                    attrs: W8a8Attrs { out_dtype: Some(x.dtype()) },
+                    attrs: W8a8Attrs { out_dtype: Some(x.dtype()), group_size: Some(*group as u64) },
                 })
             }
         };

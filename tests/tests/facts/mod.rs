@@ -10,7 +10,7 @@ mod flash_attn;
 mod flashinfer;
 mod onednn;
 mod others;
-mod reference;
+pub(super) mod reference;
 mod rocm;
 mod torch_sdpa;
 

@@ -114,11 +114,13 @@ impl Weights<'_> {
         }
     }
 
-    /// Bytes of B as stored (what a GEMV streams).
+    /// Bytes of B as a GEMV weighs them for splitting (stored bytes; int4: see below).
     pub(super) fn bytes(&self) -> usize {
         match self {
             Weights::Dense(b) => b.rows * b.cols * b.st.dtype().size_bytes() as usize,
-            Weights::Int4(w) => w.k * w.packed.rows / 2,
+            // What the split threshold weighs is time: an int4 row costs its decoding, about
+            // what streaming the row in bf16 costs, not its quarter-size bytes.
+            Weights::Int4(w) => w.k * w.packed.rows * 2,
         }
     }
 

@@ -191,6 +191,52 @@ fn errors_and_empty_dims() -> TestResult {
     Ok(())
 }
 
+#[test]
+fn w8a8_with_block_scales_matches_the_reference_and_a_misshapen_scale_is_named() -> TestResult {
+    for (m, k, n, g) in [(1usize, 64usize, 7usize, 32usize), (3, 128, 33, 32), (17, 96, 16, 16), (2, 256, 5, 256)] {
+        let (x, w) = (i8s(&[m, k], 31)?, i8s(&[n, k], 32)?);
+        let scales = |rows: usize, seed| -> TestResult<HostTensor> {
+            Ok(HostTensor::from_f32(
+                &[rows, k / g],
+                values(rows * k / g, seed).iter().map(|v| v.abs() * 0.01 + 1e-3).collect(),
+            )?)
+        };
+        let a = W8a8Args {
+            x: x.clone(),
+            x_scale: scales(m, 33)?,
+            weight: w.clone(),
+            w_scale: scales(n, 34)?,
+            bias: Some(t(&[n], 35, DType::F32)?),
+            attrs: W8a8Attrs { out_dtype: None, group_size: Some(g as u64) },
+        };
+        let ours = linear_w8a8(&a)?;
+        let what = format!("w8a8 m{m} k{k} n{n} blocks of {g}");
+        assert_gemm_close(&ours, &reference(&OpArgs::LinearW8a8(a.clone()))?, k, 1.0, &what);
+        // Per-row scales of the same values would give another answer: the blocks are read.
+        let flat =
+            W8a8Args { attrs: W8a8Attrs::default(), x_scale: HostTensor::from_f32(&[1], vec![0.01])?, ..a.clone() };
+        let flat = W8a8Args { w_scale: HostTensor::from_f32(&[1], vec![0.01])?, ..flat };
+        assert_ne!(linear_w8a8(&flat)?.to_f32_vec(), ours.to_f32_vec(), "{what}");
+    }
+    let mut bad = W8a8Args {
+        x: i8s(&[2, 64], 1)?,
+        x_scale: HostTensor::from_f32(&[2], vec![0.1; 2])?,
+        weight: i8s(&[3, 64], 2)?,
+        w_scale: HostTensor::from_f32(&[3, 2], vec![0.1; 6])?,
+        bias: None,
+        attrs: W8a8Attrs { out_dtype: None, group_size: Some(32) },
+    };
+    let e = linear_w8a8(&bad).err().ok_or("per-row x scales passed for blocks")?;
+    assert!(
+        matches!(&e, KernelError::InvalidInput(m) if m.contains("SCALE_LAYOUT_MISMATCH") && m.contains("`x_scale`")),
+        "{e:?}"
+    );
+    bad.attrs.group_size = Some(48);
+    let e = linear_w8a8(&bad).err().ok_or("blocks of 48 over K = 64 passed")?;
+    assert!(matches!(&e, KernelError::InvalidInput(m) if m.contains("group_size is 48")), "{e:?}");
+    Ok(())
+}
+
 fn i8s(shape: &[usize], seed: u64) -> TestResult<HostTensor> {
     let n = shape.iter().product();
     let v: Vec<f32> = values(n, seed).iter().map(|v| (v * 128.0).floor().clamp(-128.0, 127.0)).collect();
@@ -210,7 +256,7 @@ fn w8a8_matches_the_dequantized_float_reference() -> TestResult {
                 weight: w.clone(),
                 w_scale: ws.clone(),
                 bias: Some(t(&[n], 14, DType::F16)?),
-                attrs: W8a8Attrs { out_dtype },
+                attrs: W8a8Attrs { out_dtype, group_size: None },
             };
             let ours = linear_w8a8(&a)?;
             assert_gemm_close(&ours, &reference(&OpArgs::LinearW8a8(a.clone()))?, k, 1.0, "w8a8 vs reference");

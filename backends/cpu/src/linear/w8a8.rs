@@ -3,7 +3,7 @@
 use rayon::prelude::*;
 
 use super::{check_bias, invalid};
-use crate::gemm::{chunks, to_tensor};
+use crate::gemm::{Mat, Weights, chunks, linear_f32, to_tensor, weight_b};
 use crate::simd;
 use layerzero_core::exec::args::W8a8Args;
 use layerzero_core::exec::executor::KernelError;
@@ -57,6 +57,29 @@ fn dot_i8(a: &[i8], b: &[i8]) -> i64 {
     dot_i8_impl(a, b)
 }
 
+/// Rows of x from which a call runs as a prefill (f32 GEMM of the scaled operands).
+const PREFILL_ROWS: usize = 16;
+
+/// `v` ([rows, k] codes) times its scales: per block of `group`, or per row ([1] or [rows]).
+fn scaled(v: &[i8], s: &[f32], rows: usize, k: usize, group: Option<usize>) -> Vec<f32> {
+    let mut out = vec![0f32; rows * k];
+    for (r, (o, q)) in out.chunks_exact_mut(k).zip(v.chunks_exact(k)).enumerate() {
+        match group {
+            Some(g) => {
+                let sr = &s[r * (k / g)..(r + 1) * (k / g)];
+                for ((ob, qb), &sc) in o.chunks_exact_mut(g).zip(q.chunks_exact(g)).zip(sr) {
+                    ob.iter_mut().zip(qb).for_each(|(o, &q)| *o = f32::from(q) * sc);
+                }
+            }
+            None => {
+                let sc = s[if s.len() == 1 { 0 } else { r }];
+                o.iter_mut().zip(q).for_each(|(o, &q)| *o = f32::from(q) * sc);
+            }
+        }
+    }
+    out
+}
+
 /// The elements of an i8 matrix in row-major order (in place when contiguous).
 fn i8_rows<'a>(t: &'a HostTensor, holder: &'a mut Vec<i8>) -> &'a [i8] {
     if let Storage::I8(v) = t.storage()
@@ -107,8 +130,14 @@ pub(crate) fn linear_w8a8(a: &W8a8Args) -> Result<HostTensor, KernelError> {
             a.x.shape()
         )));
     }
-    let xs = row_scale("x_scale", &a.x_scale, m, "x")?;
-    let ws = row_scale("w_scale", &a.w_scale, n, "weight")?;
+    // Block scales (`attrs.group_size`) are checked as the reference checks them.
+    let (xs, ws, group) = match a.attrs.group_size {
+        None => (row_scale("x_scale", &a.x_scale, m, "x")?, row_scale("w_scale", &a.w_scale, n, "weight")?, None),
+        Some(g) => {
+            a.dims()?;
+            (a.x_scale.to_f32_vec(), a.w_scale.to_f32_vec(), Some(g as usize))
+        }
+    };
     let bias = check_bias(a.bias.as_ref(), n)?;
     let dtype = match a.attrs.out_dtype.unwrap_or(DType::F32) {
         d @ (DType::F32 | DType::F16 | DType::BF16) => d,
@@ -117,6 +146,17 @@ pub(crate) fn linear_w8a8(a: &W8a8Args) -> Result<HostTensor, KernelError> {
     let len = m.checked_mul(n).ok_or_else(|| invalid(format!("the output [{m}, {n}] overflows")))?;
     let (mut hx, mut hw) = (Vec::new(), Vec::new());
     let (x, w) = (i8_rows(&a.x, &mut hx), i8_rows(&a.weight, &mut hw));
+    if m > PREFILL_ROWS && k > 0 && n > 0 {
+        // A prefill: both operands scaled to f32 once and multiplied by the f32 GEMM (each
+        // product exact in f32 before the sums, which round as any f32 GEMM's do), where
+        // the per-pair dots below would read each weight row once per row of x.
+        let xd = HostTensor::from_f32(&[m, k], scaled(x, &xs, m, k, group))
+            .map_err(|e| KernelError::Failed(format!("scaling x: {e}")))?;
+        let wd = HostTensor::from_f32(&[n, k], scaled(w, &ws, n, k, group))
+            .map_err(|e| KernelError::Failed(format!("scaling the weight: {e}")))?;
+        let c = linear_f32(&Mat::of(&xd), &Weights::Dense(weight_b("weight", &wd, k)?), bias.as_deref())?;
+        return to_tensor(dtype, &[m, n], c);
+    }
     let mut c = vec![0f32; len];
     if len > 0 {
         // Weight-row chunks in parallel (each chunk stays in cache across the M rows).
@@ -126,12 +166,24 @@ pub(crate) fn linear_w8a8(a: &W8a8Args) -> Result<HostTensor, KernelError> {
                 let mut part = vec![0f32; m * nb];
                 for i in 0..m {
                     let xr = &x[i * k..(i + 1) * k];
-                    let sx = xs[if xs.len() == 1 { 0 } else { i }];
                     for j in 0..nb {
                         let col = n0 + j;
-                        let acc = dot_i8(xr, &w[col * k..(col + 1) * k]);
-                        let sw = ws[if ws.len() == 1 { 0 } else { col }];
-                        part[i * nb + j] = (acc as f32 * sx) * sw + bias.as_ref().map_or(0.0, |b| b[col]);
+                        let wr = &w[col * k..(col + 1) * k];
+                        let b = bias.as_ref().map_or(0.0, |b| b[col]);
+                        part[i * nb + j] = match group {
+                            Some(g) => {
+                                let blocks = k / g;
+                                let (sx, sw) =
+                                    (&xs[i * blocks..(i + 1) * blocks], &ws[col * blocks..(col + 1) * blocks]);
+                                simd::dot_i8_blocks(xr, wr, g, sx, sw) + b
+                            }
+                            None => {
+                                let acc = dot_i8(xr, wr);
+                                let sx = xs[if xs.len() == 1 { 0 } else { i }];
+                                let sw = ws[if ws.len() == 1 { 0 } else { col }];
+                                (acc as f32 * sx) * sw + b
+                            }
+                        };
                     }
                 }
                 part

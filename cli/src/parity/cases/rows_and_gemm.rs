@@ -450,7 +450,7 @@ fn linear_w8a8_per_tensor(rng: &mut Rng) -> Case {
         weight: int8(rng, &[n, k]),
         w_scale: HostTensor::from_f32(&[1], vec![0.005]).unwrap_or_else(unreachable_tensor),
         bias: None,
-        attrs: W8a8Attrs { out_dtype: Some(DType::BF16) },
+        attrs: W8a8Attrs { out_dtype: Some(DType::BF16), group_size: None },
     };
     case(format!("linear_w8a8/{m}x{k}x{n}_per_tensor_bf16"), Category::Gemm, OpArgs::LinearW8a8(args))
 }

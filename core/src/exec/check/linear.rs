@@ -104,6 +104,22 @@ pub fn check_row_scale(name: &str, s: &HostTensor, rows: usize, of: &str) -> Res
     Ok(())
 }
 
+/// Checks a block scale of `linear_w8a8`: f32 `[rows, blocks]`, row-major.
+pub fn check_block_scale(name: &str, s: &HostTensor, rows: usize, blocks: usize, of: &str) -> Result<(), KernelError> {
+    if s.dtype() != DType::F32 {
+        return Err(invalid(format!("tensor `{name}` has dtype {}; expected f32", s.dtype())));
+    }
+    if s.shape() != [rows, blocks] || !s.is_contiguous() {
+        return Err(invalid(format!(
+            "SCALE_LAYOUT_MISMATCH: tensor `{name}` has shape {:?} strides {:?}; expected [{rows}, {blocks}] \
+             row-major (one scale per block of attrs.group_size features of each row of {of})",
+            s.shape(),
+            s.strides()
+        )));
+    }
+    Ok(())
+}
+
 impl W8a8Args {
     /// The checked dims (M, K, N) of a `linear_w8a8` call.
     pub fn dims(&self) -> Result<(usize, usize, usize), KernelError> {
@@ -130,8 +146,22 @@ impl W8a8Args {
                 a.x.shape()
             )));
         }
-        check_row_scale("x_scale", &a.x_scale, m, "x")?;
-        check_row_scale("w_scale", &a.w_scale, n, "weight")?;
+        match a.attrs.group_size {
+            None => {
+                check_row_scale("x_scale", &a.x_scale, m, "x")?;
+                check_row_scale("w_scale", &a.w_scale, n, "weight")?;
+            }
+            Some(g) => {
+                let g = usize::try_from(g).unwrap_or(usize::MAX);
+                if g == 0 || !k.is_multiple_of(g) || g > 1 << 16 {
+                    return Err(invalid(format!(
+                        "attrs.group_size is {g}; it must divide K = {k} (and be at most 65536)"
+                    )));
+                }
+                check_block_scale("x_scale", &a.x_scale, m, k / g, "x")?;
+                check_block_scale("w_scale", &a.w_scale, n, k / g, "weight")?;
+            }
+        }
         check_bias(a.bias.as_ref(), n)?;
         out_dtype("out_dtype", a.attrs.out_dtype)?;
         m.checked_mul(n).ok_or_else(|| invalid(format!("the output shape [{m}, {n}] overflows")))?;

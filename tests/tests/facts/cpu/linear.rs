@@ -2,6 +2,8 @@
 //! MoE experts and the patch embedding.
 
 use layerzero::model::attrs::{Activation, Int4Attrs, MlpAttrs, QuantAttrs, QuantScheme, ScaleLayout};
+
+use super::super::reference::linear::w8a8_blocks;
 use layerzero::model::w4::W4Format;
 
 use super::*;
@@ -380,6 +382,8 @@ pub(super) fn gemm_facts() -> TestResult<Vec<Fact>> {
         ),
         fact(w8, "layouts", here(W8A8, "linear_w8a8 takes [N, K] (NT) weights"), "spr", w8a8_in(Some(Layout::Nt)))
             .rejects(w8a8_in(Some(Layout::Nn)), "LAYOUT_UNSUPPORTED"),
+        fact(w8, "group_sizes", here(W8A8, "simd::dot_i8_blocks(xr, wr, g, sx, sw) + b"), "spr", w8a8_blocks(32))
+            .rejects(w8a8_blocks(8), "ATTR_UNSUPPORTED"),
         fact(
             int4,
             "dtypes",

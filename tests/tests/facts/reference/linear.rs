@@ -1,7 +1,9 @@
 //! The reference kernels' matrix rows: linear, quantize and dequantize, W8A8, int4, the MLPs,
 //! the MoE experts and the patch embedding.
 
-use layerzero::model::attrs::{Activation, Int4Attrs, MlpAttrs, PatchEmbedAttrs, QuantAttrs, QuantScheme, ScaleLayout};
+use layerzero::model::attrs::{
+    Activation, Int4Attrs, MlpAttrs, PatchEmbedAttrs, QuantAttrs, QuantScheme, ScaleLayout, W8a8Attrs,
+};
 use layerzero::model::w4::W4Format;
 
 use super::*;
@@ -54,6 +56,16 @@ fn w8a8(weight: TensorDesc) -> Request {
         .tensor("x_scale", f32_of(&[4]))
         .tensor("weight", weight)
         .tensor("w_scale", f32_of(&[32]))
+}
+
+/// The same linear with scales per block of `g` features (`[4, 64/g]`, `[32, 64/g]`).
+pub(in crate::facts) fn w8a8_blocks(g: u64) -> Request {
+    Request::new(Op::LinearW8a8)
+        .attrs(Attrs::W8a8(W8a8Attrs { out_dtype: None, group_size: Some(g) }))
+        .tensor("x", TensorDesc::new(DType::I8, [4, 64]))
+        .tensor("x_scale", f32_of(&[4, 64 / g]))
+        .tensor("weight", TensorDesc::new(DType::I8, [32, 64]))
+        .tensor("w_scale", f32_of(&[32, 64 / g]))
 }
 
 /// A bf16 `[4, 256]` x against int4 weights `[32, 256]` packed in i8 `[32, 128]`, groups of 64.
@@ -253,6 +265,14 @@ pub(super) fn matrix_ops() -> TestResult<Vec<Fact>> {
             w8a8(w8().with_layout(Layout::Nt)),
         )
         .rejects(w8a8(w8().with_layout(Layout::Nn)), "LAYOUT_UNSUPPORTED"),
+        fact(
+            "cpu_reference.linear_w8a8.naive",
+            "group_sizes",
+            here(LINEAR, "Some(_) => xs[i * blocks + b] * ws[j * blocks + b],"),
+            "spr",
+            w8a8_blocks(32),
+        )
+        .rejects(w8a8_blocks(8), "ATTR_UNSUPPORTED"),
         // linear_int4
         fact(
             "cpu_reference.linear_int4.naive",

@@ -2,7 +2,7 @@
 //! our code that implements or enforces it.
 
 mod attention;
-mod linear;
+pub(in crate::facts) mod linear;
 mod rows;
 
 use super::*;

@@ -1,0 +1,234 @@
+//! Dot products of quantized rows, for the decode GEMVs of quantized weights:
+//!
+//! - [`dot_int4`]: a row of `int4` codes (two per byte, the even element in the low nibble)
+//!   against x given as its even and odd elements: per block, `scale * sum((q - zero) * x)`,
+//!   the codes widened to f32 in registers (sixteen low nibbles against sixteen even
+//!   elements, sixteen high ones against the odd), scaled once per block.
+//! - [`dot_i8_blocks`]: two i8 rows in blocks, each block's exact integer dot (i16 products
+//!   summed in pairs into i32 lanes, `vpmaddwd`) times its pair of scales, in f32 lanes.
+//!
+//! Both keep vector accumulators across blocks and sum them once at the end. The portable
+//! versions compute the same sums in the same blocks (lanes summed in another order).
+
+use super::{Level, level};
+
+/// `sum over blocks b of scales[b] * sum_j (q_j - zeros[b]) * x_j` for one int4 row:
+/// `bytes` holds `k / 2` bytes, `even` and `odd` x's `k / 2` even and odd elements, `g`
+/// (a multiple of 32) the block size, `scales` and `zeros` `k / g` values each.
+pub(crate) fn dot_int4(bytes: &[u8], scales: &[f32], zeros: &[f32], g: usize, even: &[f32], odd: &[f32]) -> f32 {
+    let half = bytes.len();
+    assert!(
+        g.is_multiple_of(32) && half * 2 == scales.len() * g && zeros.len() == scales.len(),
+        "dot_int4: blocks of {g} do not tile {half} bytes with {} scales",
+        scales.len()
+    );
+    assert!(even.len() >= half && odd.len() >= half, "dot_int4: x is shorter than the row");
+    #[cfg(target_arch = "x86_64")]
+    match level() {
+        #[allow(unsafe_code)]
+        // SAFETY: Avx512 means AVX-512F (and AVX2, FMA) were detected; the asserts above are
+        // the bounds the kernel reads within.
+        Level::Avx512 => return unsafe { x86::int4_avx512(bytes, scales, zeros, g, even, odd) },
+        #[allow(unsafe_code)]
+        // SAFETY: Avx2 means AVX2 and FMA were detected; bounds as above.
+        Level::Avx2 => return unsafe { x86::int4_avx2(bytes, scales, zeros, g, even, odd) },
+        Level::Portable => {}
+    }
+    let per = g / 2;
+    let mut total = 0f32;
+    for (b, ((gb, ge), go)) in
+        bytes.chunks_exact(per).zip(even.chunks_exact(per)).zip(odd.chunks_exact(per)).enumerate()
+    {
+        let z = zeros[b];
+        let mut t = 0f32;
+        for ((&byte, &e), &o) in gb.iter().zip(ge).zip(go) {
+            t += (f32::from(byte & 0x0F) - z) * e + (f32::from(byte >> 4) - z) * o;
+        }
+        total += scales[b] * t;
+    }
+    total
+}
+
+/// `sum over blocks b of (exact sum_j a_j * b_j over block b) * sa[b] * sb[b]`, blocks of `g`
+/// (at most 65536, so a block's i32 lanes cannot overflow).
+pub(crate) fn dot_i8_blocks(a: &[i8], b: &[i8], g: usize, sa: &[f32], sb: &[f32]) -> f32 {
+    assert!(
+        g > 0 && g <= 1 << 16 && a.len() == b.len() && a.len() == sa.len() * g && sb.len() == sa.len(),
+        "dot_i8_blocks: blocks of {g} do not tile rows of {} and {} with {} scales",
+        a.len(),
+        b.len(),
+        sa.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if g.is_multiple_of(32) {
+        match level() {
+            #[allow(unsafe_code)]
+            // SAFETY: AVX-512BW was detected (and AVX-512F with it); bounds asserted above.
+            Level::Avx512 if x86::has_avx512bw() => return unsafe { x86::i8_avx512bw(a, b, g, sa, sb) },
+            #[allow(unsafe_code)]
+            // SAFETY: Avx2 or better means AVX2 and FMA were detected; bounds asserted above.
+            Level::Avx512 | Level::Avx2 => return unsafe { x86::i8_avx2(a, b, g, sa, sb) },
+            Level::Portable => {}
+        }
+    }
+    let mut total = 0f32;
+    for ((ca, cb), (x, y)) in a.chunks_exact(g).zip(b.chunks_exact(g)).zip(sa.iter().zip(sb)) {
+        let s: i32 = ca.iter().zip(cb).map(|(&p, &q)| i32::from(p) * i32::from(q)).sum();
+        total += s as f32 * (x * y);
+    }
+    total
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod x86 {
+    use std::arch::x86_64::*;
+    use std::sync::OnceLock;
+
+    pub(super) fn has_avx512bw() -> bool {
+        static BW: OnceLock<bool> = OnceLock::new();
+        *BW.get_or_init(|| is_x86_feature_detected!("avx512bw"))
+    }
+
+    /// # Safety
+    /// AVX-512F must be available; `bytes.len() * 2 == scales.len() * g`, `g % 32 == 0`,
+    /// `zeros.len() == scales.len()`, `even` and `odd` at least `bytes.len()` long.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn int4_avx512(
+        bytes: &[u8],
+        scales: &[f32],
+        zeros: &[f32],
+        g: usize,
+        even: &[f32],
+        odd: &[f32],
+    ) -> f32 {
+        let nib = _mm_set1_epi8(0x0F);
+        let mut acc = _mm512_setzero_ps();
+        let per = g / 2;
+        for (blk, (&s, &z)) in scales.iter().zip(zeros).enumerate() {
+            let zv = _mm512_set1_ps(z);
+            let mut t = _mm512_setzero_ps();
+            let mut j = blk * per;
+            while j < (blk + 1) * per {
+                // SAFETY: j + 16 <= bytes.len() <= even.len(), odd.len() (the caller's bounds).
+                let (v, e, o) = unsafe {
+                    (
+                        _mm_loadu_si128(bytes.as_ptr().add(j).cast()),
+                        _mm512_loadu_ps(even.as_ptr().add(j)),
+                        _mm512_loadu_ps(odd.as_ptr().add(j)),
+                    )
+                };
+                let lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, nib)));
+                let hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), nib)));
+                t = _mm512_fmadd_ps(_mm512_sub_ps(lo, zv), e, t);
+                t = _mm512_fmadd_ps(_mm512_sub_ps(hi, zv), o, t);
+                j += 16;
+            }
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(s), t, acc);
+        }
+        _mm512_reduce_add_ps(acc)
+    }
+
+    /// # Safety
+    /// AVX2 and FMA must be available; bounds as [`int4_avx512`]'s.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn int4_avx2(
+        bytes: &[u8],
+        scales: &[f32],
+        zeros: &[f32],
+        g: usize,
+        even: &[f32],
+        odd: &[f32],
+    ) -> f32 {
+        let nib = _mm_set1_epi8(0x0F);
+        let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let per = g / 2;
+        for (blk, (&s, &z)) in scales.iter().zip(zeros).enumerate() {
+            let zv = _mm256_set1_ps(z);
+            let (mut t0, mut t1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let mut j = blk * per;
+            while j < (blk + 1) * per {
+                // SAFETY: j + 16 <= bytes.len() <= even.len(), odd.len() (the caller's bounds).
+                let (v, e0, e1, o0, o1) = unsafe {
+                    (
+                        _mm_loadu_si128(bytes.as_ptr().add(j).cast()),
+                        _mm256_loadu_ps(even.as_ptr().add(j)),
+                        _mm256_loadu_ps(even.as_ptr().add(j + 8)),
+                        _mm256_loadu_ps(odd.as_ptr().add(j)),
+                        _mm256_loadu_ps(odd.as_ptr().add(j + 8)),
+                    )
+                };
+                let lo = _mm_and_si128(v, nib);
+                let hi = _mm_and_si128(_mm_srli_epi16(v, 4), nib);
+                let f = |q: __m128i| _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), zv);
+                t0 = _mm256_fmadd_ps(f(lo), e0, t0);
+                t1 = _mm256_fmadd_ps(f(_mm_srli_si128(lo, 8)), e1, t1);
+                t0 = _mm256_fmadd_ps(f(hi), o0, t0);
+                t1 = _mm256_fmadd_ps(f(_mm_srli_si128(hi, 8)), o1, t1);
+                j += 16;
+            }
+            let sv = _mm256_set1_ps(s);
+            acc0 = _mm256_fmadd_ps(sv, t0, acc0);
+            acc1 = _mm256_fmadd_ps(sv, t1, acc1);
+        }
+        hsum256(_mm256_add_ps(acc0, acc1))
+    }
+
+    /// # Safety
+    /// AVX-512F and AVX-512BW must be available; `a.len() == b.len() == sa.len() * g`,
+    /// `sb.len() == sa.len()`, `g % 32 == 0`, `g <= 65536`.
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+    pub(super) unsafe fn i8_avx512bw(a: &[i8], b: &[i8], g: usize, sa: &[f32], sb: &[f32]) -> f32 {
+        let mut acc = _mm512_setzero_ps();
+        for (blk, (&x, &y)) in sa.iter().zip(sb).enumerate() {
+            let mut lanes = _mm512_setzero_si512();
+            let mut j = blk * g;
+            while j < (blk + 1) * g {
+                // SAFETY: j + 32 <= a.len() == b.len() (the caller's bounds).
+                let (va, vb) = unsafe {
+                    (_mm256_loadu_si256(a.as_ptr().add(j).cast()), _mm256_loadu_si256(b.as_ptr().add(j).cast()))
+                };
+                let p = _mm512_madd_epi16(_mm512_cvtepi8_epi16(va), _mm512_cvtepi8_epi16(vb));
+                lanes = _mm512_add_epi32(lanes, p);
+                j += 32;
+            }
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lanes), _mm512_set1_ps(x * y), acc);
+        }
+        _mm512_reduce_add_ps(acc)
+    }
+
+    /// # Safety
+    /// AVX2 and FMA must be available; bounds as [`i8_avx512bw`]'s.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn i8_avx2(a: &[i8], b: &[i8], g: usize, sa: &[f32], sb: &[f32]) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        for (blk, (&x, &y)) in sa.iter().zip(sb).enumerate() {
+            let mut lanes = _mm256_setzero_si256();
+            let mut j = blk * g;
+            while j < (blk + 1) * g {
+                // SAFETY: j + 32 <= a.len() == b.len() (the caller's bounds).
+                let (a0, a1, b0, b1) = unsafe {
+                    (
+                        _mm_loadu_si128(a.as_ptr().add(j).cast()),
+                        _mm_loadu_si128(a.as_ptr().add(j + 16).cast()),
+                        _mm_loadu_si128(b.as_ptr().add(j).cast()),
+                        _mm_loadu_si128(b.as_ptr().add(j + 16).cast()),
+                    )
+                };
+                let p0 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(a0), _mm256_cvtepi8_epi16(b0));
+                let p1 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(a1), _mm256_cvtepi8_epi16(b1));
+                lanes = _mm256_add_epi32(lanes, _mm256_add_epi32(p0, p1));
+                j += 32;
+            }
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(x * y), acc);
+        }
+        hsum256(acc)
+    }
+
+    #[target_feature(enable = "avx2")]
+    fn hsum256(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+    }
+}
