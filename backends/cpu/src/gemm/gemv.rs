@@ -76,71 +76,13 @@ fn dot4<W: Widen, const FMA: bool>(x: [&[f32]; 4], w: &[W]) -> [f32; 4] {
     out
 }
 
-/// One `x` dotted with four weight rows (each at least `x.len()` long), 16 lanes of each
-/// row per step: four weight streams in flight, so that one row of x (decode) reads the
-/// weight at the memory's pace rather than one row's prefetch stream at a time.
-#[inline(always)]
-fn dot_w4<W: Widen, const FMA: bool>(x: &[f32], w: [&[W]; 4]) -> [f32; 4] {
-    const L: usize = 16;
-    let (mut a0, mut a1, mut a2, mut a3) = ([0f32; L], [0f32; L], [0f32; L], [0f32; L]);
-    let k = x.len();
-    let n = k / L * L;
-    let w = w.map(|r| &r[..k]);
-    let steps = x[..n]
-        .chunks_exact(L)
-        .zip(w[0][..n].chunks_exact(L))
-        .zip(w[1][..n].chunks_exact(L))
-        .zip(w[2][..n].chunks_exact(L))
-        .zip(w[3][..n].chunks_exact(L));
-    for ((((xv, w0), w1), w2), w3) in steps {
-        for l in 0..L {
-            a0[l] = fma::<FMA>(xv[l], w0[l].widen(), a0[l]);
-            a1[l] = fma::<FMA>(xv[l], w1[l].widen(), a1[l]);
-            a2[l] = fma::<FMA>(xv[l], w2[l].widen(), a2[l]);
-            a3[l] = fma::<FMA>(xv[l], w3[l].widen(), a3[l]);
-        }
-    }
-    let mut out = [0f32; 4];
-    for (r, a) in [a0, a1, a2, a3].into_iter().enumerate() {
-        let tail: f32 = x[n..].iter().zip(&w[r][n..]).map(|(p, q)| p * q.widen()).sum();
-        out[r] = hsum16(a) + tail;
-    }
-    out
-}
-
-/// [`dot_w4`] compiled for the best level this CPU has.
-pub(crate) fn dots_w4<W: Widen>(x: &[f32], w: [&[W]; 4]) -> [f32; 4] {
-    #[cfg(target_arch = "x86_64")]
-    {
-        /// # Safety
-        /// The CPU must support AVX-512F, AVX-512VL, AVX2, FMA.
-        #[allow(unsafe_code)]
-        #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-        unsafe fn with_avx512<W: Widen>(x: &[f32], w: [&[W]; 4]) -> [f32; 4] {
-            dot_w4::<W, true>(x, w)
-        }
-        /// # Safety
-        /// The CPU must support AVX2, FMA.
-        #[allow(unsafe_code)]
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn with_avx2<W: Widen>(x: &[f32], w: [&[W]; 4]) -> [f32; 4] {
-            dot_w4::<W, true>(x, w)
-        }
-        match simd::level() {
-            #[allow(unsafe_code)]
-            // SAFETY: `level()` is Avx512 only when the CPU reports AVX-512F/VL, AVX2 and FMA.
-            simd::Level::Avx512 => return unsafe { with_avx512(x, w) },
-            #[allow(unsafe_code)]
-            // SAFETY: `level()` is Avx2 only when the CPU reports AVX2 and FMA.
-            simd::Level::Avx2 => return unsafe { with_avx2(x, w) },
-            simd::Level::Portable => {}
-        }
-    }
-    dot_w4::<W, false>(x, w)
-}
-
 /// Rows `r0..r0 + part.len()` of `wt` ([N, K], contiguous rows of `v`) dotted with one row
-/// `x`, four rows at a time.
+/// `x`, a row at a time: one weight stream read 256 bytes per step. Four rows interleaved
+/// (four streams of 64 bytes per step) streamed slower on an AMD EPYC (Zen 5 class, 2
+/// vCPUs): the 32000 x 768 f32 lm_head at 23-24 GB/s on one thread against 32-35 a row at a
+/// time, on two 30-41 against 32-56 (`lz run --repeat 20`, three interleaved rounds). bf16
+/// pairs keep four rows (`bf16_pair_columns`): there one row's two `vdpbf16ps` chains were
+/// the slower (the 125M bf16 model's decode step 6.05-6.25 ms against 5.28-5.66).
 fn one_row_columns<W: Widen>(x: &[f32], v: &[W], wt: &Mat, r0: usize, part: &mut [f32]) -> bool {
     let k = wt.cols;
     let row = |r: usize| v.get(wt.at(r, 0)..wt.at(r, 0) + k);
@@ -150,16 +92,8 @@ fn one_row_columns<W: Widen>(x: &[f32], v: &[W], wt: &Mat, r0: usize, part: &mut
         return false;
     }
     let x = &x[..k];
-    let rows = |r: usize| row(r).unwrap_or_default();
-    let mut j = 0;
-    while j + 4 <= part.len() {
-        let d = dots_w4(x, [rows(r0 + j), rows(r0 + j + 1), rows(r0 + j + 2), rows(r0 + j + 3)]);
-        part[j..j + 4].copy_from_slice(&d);
-        j += 4;
-    }
-    while j < part.len() {
-        dots_rows(x, k, rows(r0 + j), &mut part[j..j + 1]);
-        j += 1;
+    for (j, out) in part.chunks_exact_mut(1).enumerate() {
+        dots_rows(x, k, row(r0 + j).unwrap_or_default(), out);
     }
     true
 }
@@ -344,7 +278,7 @@ fn columns(x: &[f32], xb: Option<&[u16]>, m: usize, w: &Weights, n0: usize, part
     {
         return;
     }
-    // One f32 row of x against contiguous f32 or bf16 weight rows: four rows per pass.
+    // One f32 row of x against contiguous f32 or bf16 weight rows, a row at a time.
     if let (1, Weights::Dense(b)) = (m, w)
         && w.by_column()
         && (b.rs == 1 || k <= 1)
