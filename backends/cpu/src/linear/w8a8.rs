@@ -3,7 +3,7 @@
 use rayon::prelude::*;
 
 use super::{check_bias, invalid};
-use crate::gemm::{Mat, Weights, chunks, linear_f32, to_tensor, weight_b};
+use crate::gemm::{Mat, Weights, chunk_size, chunks, linear_f32, to_tensor, weight_b};
 use crate::simd;
 use layerzero_core::exec::args::W8a8Args;
 use layerzero_core::exec::executor::KernelError;
@@ -91,6 +91,18 @@ fn i8_rows<'a>(t: &'a HostTensor, holder: &'a mut Vec<i8>) -> &'a [i8] {
     holder
 }
 
+/// A checked f32 tensor's elements in row-major order: in place when contiguous, else
+/// copied into `holder`.
+fn f32_elems<'a>(t: &'a HostTensor, holder: &'a mut Vec<f32>) -> &'a [f32] {
+    if let Storage::F32(v) = t.storage()
+        && t.is_contiguous()
+    {
+        return &v[t.offset()..t.offset() + t.numel()];
+    }
+    *holder = t.to_f32_vec();
+    holder
+}
+
 /// A per-row scale ([1] or [rows]) of `linear_w8a8`, checked.
 fn row_scale(name: &str, s: &HostTensor, rows: usize, of: &str) -> Result<Vec<f32>, KernelError> {
     if s.dtype() != DType::F32 {
@@ -131,11 +143,16 @@ pub(crate) fn linear_w8a8(a: &W8a8Args) -> Result<HostTensor, KernelError> {
         )));
     }
     // Block scales (`attrs.group_size`) are checked as the reference checks them.
+    let (mut hxs, mut hws) = (Vec::new(), Vec::new());
     let (xs, ws, group) = match a.attrs.group_size {
-        None => (row_scale("x_scale", &a.x_scale, m, "x")?, row_scale("w_scale", &a.w_scale, n, "weight")?, None),
+        None => {
+            hxs = row_scale("x_scale", &a.x_scale, m, "x")?;
+            hws = row_scale("w_scale", &a.w_scale, n, "weight")?;
+            (&hxs[..], &hws[..], None)
+        }
         Some(g) => {
             a.dims()?;
-            (a.x_scale.to_f32_vec(), a.w_scale.to_f32_vec(), Some(g as usize))
+            (f32_elems(&a.x_scale, &mut hxs), f32_elems(&a.w_scale, &mut hws), Some(g as usize))
         }
     };
     let bias = check_bias(a.bias.as_ref(), n)?;
@@ -158,6 +175,32 @@ pub(crate) fn linear_w8a8(a: &W8a8Args) -> Result<HostTensor, KernelError> {
         return to_tensor(dtype, &[m, n], c);
     }
     let mut c = vec![0f32; len];
+    let dot = |i: usize, col: usize| -> f32 {
+        let (xr, wr) = (&x[i * k..(i + 1) * k], &w[col * k..(col + 1) * k]);
+        let b = bias.as_ref().map_or(0.0, |b| b[col]);
+        match group {
+            Some(g) => {
+                let blocks = k / g;
+                let (sx, sw) = (&xs[i * blocks..(i + 1) * blocks], &ws[col * blocks..(col + 1) * blocks]);
+                simd::dot_i8_blocks(xr, wr, g, sx, sw) + b
+            }
+            None => {
+                let acc = dot_i8(xr, wr);
+                let sx = xs[if xs.len() == 1 { 0 } else { i }];
+                let sw = ws[if ws.len() == 1 { 0 } else { col }];
+                (acc as f32 * sx) * sw + b
+            }
+        }
+    };
+    if m == 1 && len > 0 {
+        // A decode step: each task writes its columns of the one output row; a weight small
+        // enough that a fork-join would cost more than it saves runs on this thread.
+        let size = if crate::split::worth_splitting(n * k) { chunk_size(n, 16) } else { n };
+        c.par_chunks_mut(size).enumerate().for_each(|(ci, part)| {
+            part.iter_mut().enumerate().for_each(|(j, o)| *o = dot(0, ci * size + j));
+        });
+        return to_tensor(dtype, &[m, n], c);
+    }
     if len > 0 {
         // Weight-row chunks in parallel (each chunk stays in cache across the M rows).
         let parts: Vec<Vec<f32>> = chunks(n, 16)
@@ -165,25 +208,8 @@ pub(crate) fn linear_w8a8(a: &W8a8Args) -> Result<HostTensor, KernelError> {
             .map(|(n0, nb)| {
                 let mut part = vec![0f32; m * nb];
                 for i in 0..m {
-                    let xr = &x[i * k..(i + 1) * k];
                     for j in 0..nb {
-                        let col = n0 + j;
-                        let wr = &w[col * k..(col + 1) * k];
-                        let b = bias.as_ref().map_or(0.0, |b| b[col]);
-                        part[i * nb + j] = match group {
-                            Some(g) => {
-                                let blocks = k / g;
-                                let (sx, sw) =
-                                    (&xs[i * blocks..(i + 1) * blocks], &ws[col * blocks..(col + 1) * blocks]);
-                                simd::dot_i8_blocks(xr, wr, g, sx, sw) + b
-                            }
-                            None => {
-                                let acc = dot_i8(xr, wr);
-                                let sx = xs[if xs.len() == 1 { 0 } else { i }];
-                                let sw = ws[if ws.len() == 1 { 0 } else { col }];
-                                (acc as f32 * sx) * sw + b
-                            }
-                        };
+                        part[i * nb + j] = dot(i, n0 + j);
                     }
                 }
                 part
