@@ -167,9 +167,9 @@ pub(crate) fn linear_w8a8(a: &W8a8Args) -> Result<HostTensor, KernelError> {
         // A prefill: both operands scaled to f32 once and multiplied by the f32 GEMM (each
         // product exact in f32 before the sums, which round as any f32 GEMM's do), where
         // the per-pair dots below would read each weight row once per row of x.
-        let xd = HostTensor::from_f32(&[m, k], scaled(x, &xs, m, k, group))
+        let xd = HostTensor::from_f32(&[m, k], scaled(x, xs, m, k, group))
             .map_err(|e| KernelError::Failed(format!("scaling x: {e}")))?;
-        let wd = HostTensor::from_f32(&[n, k], scaled(w, &ws, n, k, group))
+        let wd = HostTensor::from_f32(&[n, k], scaled(w, ws, n, k, group))
             .map_err(|e| KernelError::Failed(format!("scaling the weight: {e}")))?;
         let c = linear_f32(&Mat::of(&xd), &Weights::Dense(weight_b("weight", &wd, k)?), bias.as_deref())?;
         return to_tensor(dtype, &[m, n], c);
