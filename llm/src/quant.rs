@@ -236,7 +236,7 @@ mod tests {
     }
 
     #[test]
-    fn int4_follows_q4_0_so_the_block_extreme_is_exact_and_every_error_is_within_half_a_step() -> TestResult {
+    fn int4_follows_q4_0_so_the_block_extreme_is_exact_and_the_errors_are_q4_0s() -> TestResult {
         let (n, k) = (3, 64);
         let w: Vec<f32> = (0..n * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
         let p = Proj::Dense(HostTensor::from_f32(&[n, k], w.clone())?).quantized(WeightQuant::Int4 { group: 32 })?;
@@ -247,8 +247,12 @@ mod tests {
             let at = orig.iter().position(|&x| x == m).ok_or("no extreme")?;
             // The extreme maps to code 0: (0 - 8) * d = m, up to d's f16 rounding.
             assert!((got[at] - m).abs() <= m.abs() * 1e-3, "block {b}: extreme {m} came back {}", got[at]);
+            // Codes reach 8 steps on the extreme's side and 7 on the other: a value beyond 7
+            // steps there clamps (within one step), every other lies within half a step.
             for (x, y) in orig.iter().zip(got) {
-                assert!((x - y).abs() <= d.abs() * 0.5 + m.abs() * 1e-3, "block {b}: {x} came back {y} (step {d})");
+                let within = if (x / d).abs() > 7.0 && x.signum() != m.signum() { 1.0 } else { 0.5 };
+                let bound = d.abs() * within + m.abs() * 1e-3;
+                assert!((x - y).abs() <= bound, "block {b}: {x} came back {y} (step {d})");
             }
         }
         Ok(())

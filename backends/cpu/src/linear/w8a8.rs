@@ -164,14 +164,32 @@ pub(crate) fn linear_w8a8(a: &W8a8Args) -> Result<HostTensor, KernelError> {
     let (mut hx, mut hw) = (Vec::new(), Vec::new());
     let (x, w) = (i8_rows(&a.x, &mut hx), i8_rows(&a.weight, &mut hw));
     if m > PREFILL_ROWS && k > 0 && n > 0 {
-        // A prefill: both operands scaled to f32 once and multiplied by the f32 GEMM (each
-        // product exact in f32 before the sums, which round as any f32 GEMM's do), where
-        // the per-pair dots below would read each weight row once per row of x.
-        let xd = HostTensor::from_f32(&[m, k], scaled(x, xs, m, k, group))
-            .map_err(|e| KernelError::Failed(format!("scaling x: {e}")))?;
-        let wd = HostTensor::from_f32(&[n, k], scaled(w, ws, n, k, group))
-            .map_err(|e| KernelError::Failed(format!("scaling the weight: {e}")))?;
-        let c = linear_f32(&Mat::of(&xd), &Weights::Dense(weight_b("weight", &wd, k)?), bias.as_deref())?;
+        // A prefill runs the f32 GEMM, where the per-pair dots below would read each weight
+        // row once per row of x. Per-row scales: on the codes themselves (integers, so every
+        // product is exact and so is every sum below 2^24, K <= 1024), the scales applied
+        // after as the dots apply them. Block scales: on the operands scaled per block (each
+        // product exact in f32 before the sums, which round as any f32 GEMM's do).
+        let (xd, wd) = match group {
+            None => (scaled(x, &[1.0], m, k, None), scaled(w, &[1.0], n, k, None)),
+            Some(_) => (scaled(x, xs, m, k, group), scaled(w, ws, n, k, group)),
+        };
+        let built = |what: &str, e: layerzero_core::error::Error| KernelError::Failed(format!("{what}: {e}"));
+        let xd = HostTensor::from_f32(&[m, k], xd).map_err(|e| built("scaling x", e))?;
+        let wd = HostTensor::from_f32(&[n, k], wd).map_err(|e| built("scaling the weight", e))?;
+        let b = weight_b("weight", &wd, k)?;
+        let mut c = match group {
+            None => linear_f32(&Mat::of(&xd), &Weights::Dense(b), None)?,
+            Some(_) => linear_f32(&Mat::of(&xd), &Weights::Dense(b), bias.as_deref())?,
+        };
+        if group.is_none() {
+            for (i, row) in c.chunks_exact_mut(n).enumerate() {
+                let sx = xs[if xs.len() == 1 { 0 } else { i }];
+                for (j, v) in row.iter_mut().enumerate() {
+                    let sw = ws[if ws.len() == 1 { 0 } else { j }];
+                    *v = (*v * sx) * sw + bias.as_ref().map_or(0.0, |b| b[j]);
+                }
+            }
+        }
         return to_tensor(dtype, &[m, n], c);
     }
     let mut c = vec![0f32; len];

@@ -7,7 +7,9 @@
 //! - [`dot_i8_blocks`]: two i8 rows in blocks, each block's exact integer dot (i16 products
 //!   summed in pairs into i32 lanes, `vpmaddwd`) times its pair of scales, in f32 lanes.
 //!
-//! Both keep vector accumulators across blocks and sum them once at the end. The portable
+//! Both keep four vector accumulators across blocks (a block's scaled sum is one FMA into
+//! one of them, so that chain of FMAs does not bound the loop) and sum them once at the
+//! end. The portable
 //! versions compute the same sums in the same blocks (lanes summed in another order).
 
 use super::{Level, level};
@@ -103,11 +105,13 @@ mod x86 {
         odd: &[f32],
     ) -> f32 {
         let nib = _mm_set1_epi8(0x0F);
-        let mut acc = _mm512_setzero_ps();
+        // Four block accumulators (a block's scaled sum is one FMA: alternating four keeps
+        // that chain off the critical path), each block's low- and high-nibble sums apart.
+        let mut acc = [_mm512_setzero_ps(); 4];
         let per = g / 2;
         for (blk, (&s, &z)) in scales.iter().zip(zeros).enumerate() {
             let zv = _mm512_set1_ps(z);
-            let mut t = _mm512_setzero_ps();
+            let (mut tl, mut th) = (_mm512_setzero_ps(), _mm512_setzero_ps());
             let mut j = blk * per;
             while j < (blk + 1) * per {
                 // SAFETY: j + 16 <= bytes.len() <= even.len(), odd.len() (the caller's bounds).
@@ -120,13 +124,13 @@ mod x86 {
                 };
                 let lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, nib)));
                 let hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), nib)));
-                t = _mm512_fmadd_ps(_mm512_sub_ps(lo, zv), e, t);
-                t = _mm512_fmadd_ps(_mm512_sub_ps(hi, zv), o, t);
+                tl = _mm512_fmadd_ps(_mm512_sub_ps(lo, zv), e, tl);
+                th = _mm512_fmadd_ps(_mm512_sub_ps(hi, zv), o, th);
                 j += 16;
             }
-            acc = _mm512_fmadd_ps(_mm512_set1_ps(s), t, acc);
+            acc[blk % 4] = _mm512_fmadd_ps(_mm512_set1_ps(s), _mm512_add_ps(tl, th), acc[blk % 4]);
         }
-        _mm512_reduce_add_ps(acc)
+        _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
     }
 
     /// # Safety
@@ -141,11 +145,11 @@ mod x86 {
         odd: &[f32],
     ) -> f32 {
         let nib = _mm_set1_epi8(0x0F);
-        let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut acc = [_mm256_setzero_ps(); 4];
         let per = g / 2;
         for (blk, (&s, &z)) in scales.iter().zip(zeros).enumerate() {
             let zv = _mm256_set1_ps(z);
-            let (mut t0, mut t1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let mut t = [_mm256_setzero_ps(); 4];
             let mut j = blk * per;
             while j < (blk + 1) * per {
                 // SAFETY: j + 16 <= bytes.len() <= even.len(), odd.len() (the caller's bounds).
@@ -161,17 +165,16 @@ mod x86 {
                 let lo = _mm_and_si128(v, nib);
                 let hi = _mm_and_si128(_mm_srli_epi16(v, 4), nib);
                 let f = |q: __m128i| _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), zv);
-                t0 = _mm256_fmadd_ps(f(lo), e0, t0);
-                t1 = _mm256_fmadd_ps(f(_mm_srli_si128(lo, 8)), e1, t1);
-                t0 = _mm256_fmadd_ps(f(hi), o0, t0);
-                t1 = _mm256_fmadd_ps(f(_mm_srli_si128(hi, 8)), o1, t1);
+                t[0] = _mm256_fmadd_ps(f(lo), e0, t[0]);
+                t[1] = _mm256_fmadd_ps(f(_mm_srli_si128(lo, 8)), e1, t[1]);
+                t[2] = _mm256_fmadd_ps(f(hi), o0, t[2]);
+                t[3] = _mm256_fmadd_ps(f(_mm_srli_si128(hi, 8)), o1, t[3]);
                 j += 16;
             }
-            let sv = _mm256_set1_ps(s);
-            acc0 = _mm256_fmadd_ps(sv, t0, acc0);
-            acc1 = _mm256_fmadd_ps(sv, t1, acc1);
+            let sum = _mm256_add_ps(_mm256_add_ps(t[0], t[1]), _mm256_add_ps(t[2], t[3]));
+            acc[blk % 4] = _mm256_fmadd_ps(_mm256_set1_ps(s), sum, acc[blk % 4]);
         }
-        hsum256(_mm256_add_ps(acc0, acc1))
+        hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])))
     }
 
     /// # Safety
@@ -179,7 +182,7 @@ mod x86 {
     /// `sb.len() == sa.len()`, `g % 32 == 0`, `g <= 65536`.
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
     pub(super) unsafe fn i8_avx512bw(a: &[i8], b: &[i8], g: usize, sa: &[f32], sb: &[f32]) -> f32 {
-        let mut acc = _mm512_setzero_ps();
+        let mut acc = [_mm512_setzero_ps(); 4];
         for (blk, (&x, &y)) in sa.iter().zip(sb).enumerate() {
             let mut lanes = _mm512_setzero_si512();
             let mut j = blk * g;
@@ -192,16 +195,16 @@ mod x86 {
                 lanes = _mm512_add_epi32(lanes, p);
                 j += 32;
             }
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lanes), _mm512_set1_ps(x * y), acc);
+            acc[blk % 4] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lanes), _mm512_set1_ps(x * y), acc[blk % 4]);
         }
-        _mm512_reduce_add_ps(acc)
+        _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
     }
 
     /// # Safety
     /// AVX2 and FMA must be available; bounds as [`i8_avx512bw`]'s.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn i8_avx2(a: &[i8], b: &[i8], g: usize, sa: &[f32], sb: &[f32]) -> f32 {
-        let mut acc = _mm256_setzero_ps();
+        let mut acc = [_mm256_setzero_ps(); 4];
         for (blk, (&x, &y)) in sa.iter().zip(sb).enumerate() {
             let mut lanes = _mm256_setzero_si256();
             let mut j = blk * g;
@@ -220,9 +223,9 @@ mod x86 {
                 lanes = _mm256_add_epi32(lanes, _mm256_add_epi32(p0, p1));
                 j += 32;
             }
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(x * y), acc);
+            acc[blk % 4] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(x * y), acc[blk % 4]);
         }
-        hsum256(acc)
+        hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])))
     }
 
     #[target_feature(enable = "avx2")]
