@@ -11,7 +11,8 @@
 //!   pair of scales, as Q8_0 x Q8_0 does.
 //! - `int4`: llama.cpp's Q4_0 arithmetic in blocks of `group` input features (32 is Q4_0's):
 //!   the block's value of largest magnitude `m` gives `d = m / -8`, codes
-//!   `q = min(15, floor(x / d + 8.5))`, `w = (q - 8) * d` with `d` stored as f16; two codes
+//!   `q = min(15, floor(x / d + 8.5))`, `w = (q - 8) * d` with `d` rounded to f16 (held in
+//!   f32, so the decode GEMV reads it in place); two codes
 //!   per byte, the even element in the low nibble (LayerZero's `int4` format). The
 //!   activations stay in the compute dtype, where Q4_0 quantizes them to Q8_0 blocks.
 
@@ -96,7 +97,8 @@ pub enum Proj {
         /// Input features per scale.
         group: usize,
     },
-    /// Packed codes `[N, K/2]` (i8 bytes) and f16 scales `[N, K/group]` (`linear_int4`).
+    /// Packed codes `[N, K/2]` (i8 bytes) and scales `[N, K/group]` (`linear_int4`; f16
+    /// values, as Q4_0 stores them, held in f32).
     Int4 {
         /// Two codes per byte.
         packed: HostTensor,
@@ -164,9 +166,12 @@ impl Proj {
             }
             WeightQuant::Int4 { group } => {
                 let (bytes, scales) = q4_0_rows(&w, n, k, group);
+                // Q4_0's f16 scales, held as the f32 values they are: the decode GEMV reads
+                // them in place instead of converting a row's worth per row.
+                let scales: Vec<f32> = scales.iter().map(|s| s.to_f32()).collect();
                 Proj::Int4 {
                     packed: HostTensor::new(Storage::I8(bytes.into()), &[n, k / 2])?,
-                    scales: HostTensor::new(Storage::F16(scales.into()), &[n, k / group])?,
+                    scales: HostTensor::from_f32(&[n, k / group], scales)?,
                     group,
                 }
             }

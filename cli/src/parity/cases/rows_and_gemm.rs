@@ -38,6 +38,7 @@ pub fn rows_and_gemm(seed: u64) -> Vec<Case> {
     out.push(linear_w8a8(&mut rng));
     out.extend(linear_int4(&mut rng));
     out.push(linear_w8a8_per_tensor(&mut rng));
+    out.extend(quantized_decode(&mut rng));
     // Patch embedding has its own generator: the cases above keep their inputs.
     let mut patch_rng = Rng::new(seed ^ 0x5041_5443_4845_4d42);
     for dtype in DTYPES {
@@ -453,6 +454,37 @@ fn linear_w8a8_per_tensor(rng: &mut Rng) -> Case {
         attrs: W8a8Attrs { out_dtype: Some(DType::BF16), group_size: None },
     };
     case(format!("linear_w8a8/{m}x{k}x{n}_per_tensor_bf16"), Category::Gemm, OpArgs::LinearW8a8(args))
+}
+
+/// The decode rows of `--weights int8|int4` (one row of x, blocks of 32, as Q8_0 and Q4_0):
+/// the quantized GEMVs (`simd::dot_i8_blocks`, `simd::dot_int4`) at every cap's parity run.
+fn quantized_decode(rng: &mut Rng) -> Vec<Case> {
+    let (k, n, g) = (256usize, 33usize, 32usize);
+    let packed: Vec<f32> = (0..n * k / 2).map(|_| rng.below(256) as f32 - 128.0).collect();
+    let int4 = Int4Args {
+        x: tensor(rng, DType::F32, &[1, k], 0.05),
+        weight: HostTensor::from_f32_as(DType::I8, &[n, k / 2], &packed).unwrap_or_else(unreachable_tensor),
+        scales: tensor(rng, DType::F32, &[n, k / g], 0.05),
+        zeros: None,
+        bias: Some(tensor(rng, DType::F32, &[n], 1.0)),
+        global_scale: None,
+        attrs: Int4Attrs::int4(g as u64),
+    };
+    let blocks = |rng: &mut Rng, rows: usize| tensor(rng, DType::F32, &[rows, k / g], 0.01);
+    let mut out =
+        vec![case(format!("linear_int4/decode_1x{k}x{n}_group{g}"), Category::Gemm, OpArgs::LinearInt4(int4))];
+    for m in [1usize, 3] {
+        let w8 = W8a8Args {
+            x: int8(rng, &[m, k]),
+            x_scale: blocks(rng, m),
+            weight: int8(rng, &[n, k]),
+            w_scale: blocks(rng, n),
+            bias: Some(tensor(rng, DType::F32, &[n], 1.0)),
+            attrs: W8a8Attrs { out_dtype: None, group_size: Some(g as u64) },
+        };
+        out.push(case(format!("linear_w8a8/{m}x{k}x{n}_blocks{g}"), Category::Gemm, OpArgs::LinearW8a8(w8)));
+    }
+    out
 }
 
 /// Patch embeddings: channels-last, and NCHW (which the im2col kernel takes through a layout
