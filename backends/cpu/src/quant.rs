@@ -88,8 +88,14 @@ pub(super) fn fp8_encode(f: Fp8, x: f32) -> u8 {
 /// i8 code of `q` (already divided by its scale).
 #[inline]
 fn i8_encode(q: f32) -> i8 {
-    // A saturating cast: NaN gives 0.
-    q.round_ties_even().clamp(-127.0, 127.0) as i8
+    // Clamped, then rounded half to even by adding and taking away 1.5 * 2^23 (exact for
+    // |q| <= 127: f32 additions round to nearest even), the same value as rounding first:
+    // `round_ties_even` is a libm call per element on baseline x86-64, this vectorizes (a
+    // 2048-wide row's quantize took 8-9 us, most of a decode step's 48 quantize calls).
+    // The cast saturates and gives 0 for NaN.
+    const MAGIC: f32 = 12_582_912.0;
+    let c = q.clamp(-127.0, 127.0);
+    ((c + MAGIC) - MAGIC) as i8
 }
 
 /// x as rows of its last dim (a 0-d x is one row of one element).

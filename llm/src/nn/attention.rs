@@ -93,7 +93,10 @@ impl<'w> Attention<'w> {
                 let qkv = p.forward(cx, &x)?;
                 (view(&qkv, &[1, qd], 0)?, view(&qkv, &[1, kvd], qd)?, view(&qkv, &[1, kvd], qd + kvd)?)
             }
-            _ => (self.q.forward(cx, &x)?, self.k.forward(cx, &x)?, self.v.forward(cx, &x)?),
+            _ => {
+                let [q, k, v] = Linear::forward_shared(cx, &x, [&self.q, &self.k, &self.v])?;
+                (q, k, v)
+            }
         };
         drop(x);
         let (q, k) = self.rotate(cx, q, k, step)?;

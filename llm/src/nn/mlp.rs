@@ -90,8 +90,7 @@ impl Mlp<'_> {
         match self {
             Mlp::Fused { gate, up, down, slot } => cx.out(Mlp::fused(x, gate, up, down), Some(*slot)),
             Mlp::Unfused { gate, up, act, down } => {
-                let g = gate.forward(cx, &x)?;
-                let u = up.forward(cx, &x)?;
+                let [g, u] = Linear::forward_shared(cx, &x, [gate, up])?;
                 let swiglu = SwigluArgs { x: None, gate: Some(g), up: Some(u), attrs: SwigluAttrs::default() };
                 let a = cx.out(OpArgs::Swiglu(swiglu), Some(*act))?;
                 down.forward(cx, &a)

@@ -70,6 +70,51 @@ impl<'w> Linear<'w> {
         Linear { weight: Weight::Dense(&p.weight), bias: Some(&p.bias), slot: None, x8: None }
     }
 
+    /// The projections `ps` of one `x` (q, k and v; gate and up): int8 ones in the same blocks
+    /// share one `quantize` of x.
+    pub(crate) fn forward_shared<const N: usize>(
+        cx: &mut Pass<'_>,
+        x: &HostTensor,
+        ps: [&Linear<'_>; N],
+    ) -> Result<[HostTensor; N]> {
+        let group = |p: &Linear<'_>| match p.weight {
+            Weight::Quantized(Proj::Int8 { group, .. }) => Some(*group),
+            _ => None,
+        };
+        let shared = group(ps[0]).filter(|g| ps.iter().all(|p| group(p) == Some(*g)));
+        let mut out = Vec::with_capacity(N);
+        match shared {
+            Some(g) => {
+                let (xq, xs) = quantize_x(cx, x, g, ps[0].x8)?;
+                for p in ps {
+                    out.push(p.w8a8(cx, x, &xq, &xs)?);
+                }
+            }
+            None => {
+                for p in ps {
+                    out.push(p.forward(cx, x)?);
+                }
+            }
+        }
+        out.try_into().map_err(|_| layerzero::error::Error::invalid("projection count".to_owned()))
+    }
+
+    /// `linear_w8a8` of x quantized as (`xq`, `xs`) against this int8 weight.
+    fn w8a8(&self, cx: &mut Pass<'_>, x: &HostTensor, xq: &HostTensor, xs: &HostTensor) -> Result<HostTensor> {
+        let Weight::Quantized(Proj::Int8 { weight, scale, group }) = self.weight else {
+            return Err(layerzero::error::Error::invalid("linear_w8a8 of a projection that is not int8".to_owned()));
+        };
+        let args = OpArgs::LinearW8a8(W8a8Args {
+            x: xq.clone(),
+            x_scale: xs.clone(),
+            weight: weight.clone(),
+            w_scale: scale.clone(),
+            bias: self.bias.cloned(),
+            attrs: W8a8Attrs { out_dtype: Some(x.dtype()), group_size: Some(*group as u64) },
+        });
+        cx.out(args, self.slot)
+    }
+
     pub(crate) fn forward(&self, cx: &mut Pass<'_>, x: &HostTensor) -> Result<HostTensor> {
         let bias = self.bias.cloned();
         let args = match self.weight {
@@ -85,21 +130,9 @@ impl<'w> Linear<'w> {
                 global_scale: None,
                 attrs: Int4Attrs::int4(*group as u64),
             }),
-            Weight::Quantized(Proj::Int8 { weight, scale, group }) => {
-                let attrs = QuantAttrs {
-                    block: Some([1, *group as u64]),
-                    scale_layout: Some(ScaleLayout::RowMajor),
-                    ..QuantAttrs::of(QuantScheme::PerBlock)
-                };
-                let mut q = cx.run(OpArgs::Quantize(QuantizeArgs { x: x.clone(), attrs }), self.x8)?;
-                OpArgs::LinearW8a8(W8a8Args {
-                    x: take(&mut q, Op::Quantize, "out")?,
-                    x_scale: take(&mut q, Op::Quantize, "scale")?,
-                    weight: weight.clone(),
-                    w_scale: scale.clone(),
-                    bias,
-                    attrs: W8a8Attrs { out_dtype: Some(x.dtype()), group_size: Some(*group as u64) },
-                })
+            Weight::Quantized(Proj::Int8 { group, .. }) => {
+                let (xq, xs) = quantize_x(cx, x, *group, self.x8)?;
+                return self.w8a8(cx, x, &xq, &xs);
             }
         };
         cx.out(args, self.slot)
@@ -112,6 +145,18 @@ impl<'w> Linear<'w> {
         let args = LinearArgs { x: x.clone(), weight: w.clone(), bias: None, attrs: NoAttrs {} };
         prepare(lz, &OpArgs::Linear(args))
     }
+}
+
+/// x quantized in blocks of `group` (`quantize`, per block `[1, group]`, row-major scales):
+/// the codes and the scales.
+fn quantize_x(cx: &mut Pass<'_>, x: &HostTensor, group: usize, slot: Option<Slot>) -> Result<(HostTensor, HostTensor)> {
+    let attrs = QuantAttrs {
+        block: Some([1, group as u64]),
+        scale_layout: Some(ScaleLayout::RowMajor),
+        ..QuantAttrs::of(QuantScheme::PerBlock)
+    };
+    let mut q = cx.run(OpArgs::Quantize(QuantizeArgs { x: x.clone(), attrs }), slot)?;
+    Ok((take(&mut q, Op::Quantize, "out")?, take(&mut q, Op::Quantize, "scale")?))
 }
 
 /// RMSNorm (decoders) or LayerNorm with its shift (BART, ViT), either with the residual

@@ -227,11 +227,11 @@ mod x86 {
                 lanes = _mm512_add_epi32(lanes, p);
                 j += 32;
             }
+            // Sixteen lanes folded to eight in i32 (exact: a lane holds at most 2^26), then one
+            // widening and one FMA per block.
+            let l8 = _mm256_add_epi32(_mm512_castsi512_si256(lanes), _mm512_extracti64x4_epi64(lanes, 1));
             let s = _mm512_set1_pd(f64::from(x) * f64::from(y));
-            let (lo, hi) = (_mm512_castsi512_si256(lanes), _mm512_extracti64x4_epi64(lanes, 1));
-            let slot = 2 * (blk % 2);
-            acc[slot] = _mm512_fmadd_pd(_mm512_cvtepi32_pd(lo), s, acc[slot]);
-            acc[slot + 1] = _mm512_fmadd_pd(_mm512_cvtepi32_pd(hi), s, acc[slot + 1]);
+            acc[blk % 4] = _mm512_fmadd_pd(_mm512_cvtepi32_pd(l8), s, acc[blk % 4]);
         }
         _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(acc[0], acc[1]), _mm512_add_pd(acc[2], acc[3]))) as f32
     }
@@ -259,11 +259,9 @@ mod x86 {
                 lanes = _mm256_add_epi32(lanes, _mm256_add_epi32(p0, p1));
                 j += 32;
             }
+            let l4 = _mm_add_epi32(_mm256_castsi256_si128(lanes), _mm256_extracti128_si256(lanes, 1));
             let s = _mm256_set1_pd(f64::from(x) * f64::from(y));
-            let (lo, hi) = (_mm256_castsi256_si128(lanes), _mm256_extracti128_si256(lanes, 1));
-            let slot = 2 * (blk % 2);
-            acc[slot] = _mm256_fmadd_pd(_mm256_cvtepi32_pd(lo), s, acc[slot]);
-            acc[slot + 1] = _mm256_fmadd_pd(_mm256_cvtepi32_pd(hi), s, acc[slot + 1]);
+            acc[blk % 4] = _mm256_fmadd_pd(_mm256_cvtepi32_pd(l4), s, acc[blk % 4]);
         }
         let v = _mm256_add_pd(_mm256_add_pd(acc[0], acc[1]), _mm256_add_pd(acc[2], acc[3]));
         let h = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
