@@ -138,6 +138,29 @@ fn a_warm_decode_step_allocates_nothing() -> TestResult {
     Ok(())
 }
 
+#[test]
+fn a_warm_decode_step_of_int4_weights_allocates_nothing() -> TestResult {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models").join("llama-gqa");
+    let quant = Some(layerzero_llm::WeightQuant::Int4 { group: 32 });
+    let m = Model::load_with(&dir, None, layerzero_llm::Residence::Resident, quant)?;
+    let serving = Policy::from_json(r#"{"rules": [{"action": "deny", "kernels": "cpu_reference.*"}]}"#, "p")
+        .and_then(|p| LayerZero::host()?.with_policy(p))?;
+    let mut s = Session::with_cache(&m, &serving, &[64], KvKind::Contiguous)?;
+    s.forward(&[1, 2, 3, 4, 5], false)?;
+    for t in 0..20 {
+        s.forward(&[7 + t], false)?;
+    }
+    let mut fewest = u64::MAX;
+    for t in 0..5 {
+        let region = Region::new(GLOBAL);
+        drop(s.forward(&[30 + t], false)?);
+        fewest = fewest.min(region.change().allocations as u64);
+    }
+    assert_eq!(fewest, 0, "a warm int4 decode step allocated {fewest} times");
+    Ok(())
+}
+
 /// VmRSS of this process in KiB (Linux; `None` elsewhere).
 fn rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;

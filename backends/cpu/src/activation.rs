@@ -14,13 +14,14 @@
 use std::sync::Arc;
 
 use layerzero_core::exec::args::{GegluArgs, GeluArgs, OpArgs, Outputs, SiluArgs};
-use layerzero_core::exec::executor::{KernelError, Registry};
+use layerzero_core::exec::executor::{KernelError, Registry, WritesInto};
 use layerzero_core::model::attrs::GeluApproximate;
 use layerzero_core::tensor::HostTensor;
 
+use super::alloc::Out;
 use super::math::erfc_arg;
 use super::pack::invalid;
-use super::rows::{Elem, View, by_dtype, expect_float, fill, tensor};
+use super::rows::{Elem, View, by_dtype, expect_float, fill, fill_into, tensor};
 use super::{simd, wrong_op};
 
 /// SwiGLU kernel id.
@@ -36,12 +37,13 @@ pub const SILU: &str = "cpu.silu.fast";
 pub(crate) fn register(registry: &mut Registry) {
     registry.register(
         SWIGLU,
-        Arc::new(|args: &OpArgs| match args {
+        Arc::new(WritesInto(|args: &OpArgs, bufs: &mut Outputs| match args {
             OpArgs::Swiglu(a) => {
-                gated(SWIGLU, "swiglu", a.attrs.split, a.x.as_ref(), a.gate.as_ref(), a.up.as_ref(), Act::Silu)
+                let operands = (a.x.as_ref(), a.gate.as_ref(), a.up.as_ref());
+                gated(SWIGLU, "swiglu", a.attrs.split, operands, Act::Silu, bufs)
             }
             other => Err(wrong_op(SWIGLU, other)),
-        }),
+        })),
     );
     registry.register(
         GEGLU,
@@ -203,18 +205,21 @@ pub(crate) fn silu(a: &SiluArgs) -> Result<Outputs, KernelError> {
 /// `geglu`.
 pub(crate) fn geglu(a: &GegluArgs) -> Result<Outputs, KernelError> {
     let act = Act::gelu(a.attrs.approximate);
-    gated(GEGLU, "geglu", a.attrs.split, a.x.as_ref(), a.gate.as_ref(), a.up.as_ref(), act)
+    gated(GEGLU, "geglu", a.attrs.split, (a.x.as_ref(), a.gate.as_ref(), a.up.as_ref()), act, &mut Outputs::new())
 }
 
 /// `act(gate) * up` in the split or separate form.
+/// x (split) or gate and up: the operands a gated op may take.
+type Gated<'a> = (Option<&'a HostTensor>, Option<&'a HostTensor>, Option<&'a HostTensor>);
+
+/// A gated activation into the buffers of the previous call where they fit.
 pub(crate) fn gated(
     kernel: &str,
     op: &str,
     split: bool,
-    x: Option<&HostTensor>,
-    gate: Option<&HostTensor>,
-    up: Option<&HostTensor>,
+    (x, gate, up): Gated<'_>,
     act: Act,
+    bufs: &mut Outputs,
 ) -> Result<Outputs, KernelError> {
     // What makes gated operands valid is defined once, in the core (`check_gated`).
     let shape = layerzero_core::exec::check::check_gated(op, split, x, gate, up)?;
@@ -224,20 +229,28 @@ pub(crate) fn gated(
             let last_stride = x.strides().last().copied().unwrap_or(1);
             let g = View::of(x, &shape, x.strides(), x.offset());
             let u = View::of(x, &shape, x.strides(), x.offset() + i * last_stride);
-            by_dtype!(x.dtype(), kernel, T => run_gated::<T>(act, &g, &u, &shape))
+            by_dtype!(x.dtype(), kernel, T => run_gated::<T>(act, &g, &u, &shape, bufs))
         }
         (_, Some(gate), Some(up)) => {
             let (g, u) = (View::new(gate), View::new(up));
-            by_dtype!(gate.dtype(), kernel, T => run_gated::<T>(act, &g, &u, &shape))
+            by_dtype!(gate.dtype(), kernel, T => run_gated::<T>(act, &g, &u, &shape, bufs))
         }
         _ => Err(invalid(format!("{op}: the checked operands are missing"))),
     }
 }
 
-fn run_gated<T: Elem>(act: Act, g: &View<'_>, u: &View<'_>, shape: &[usize]) -> Result<Outputs, KernelError> {
-    let total = shape.iter().product();
-    let out = fill::<T>(total, UNIT, |start, dst, _| run_chunks(act, g, Some(u), start, dst));
-    Ok(Outputs::from([("out", tensor(out, shape)?)]))
+fn run_gated<T: Elem>(
+    act: Act,
+    g: &View<'_>,
+    u: &View<'_>,
+    shape: &[usize],
+    bufs: &mut Outputs,
+) -> Result<Outputs, KernelError> {
+    let mut out = Out::<T>::take(bufs, "out", shape.iter().product());
+    fill_into::<T>(&mut out.v, UNIT, |start, dst, conv, _| {
+        T::produce(dst, conv, |d| run_chunks(act, g, Some(u), start, d))
+    });
+    Ok(Outputs::one("out", out.finish(shape)?))
 }
 
 #[cfg(test)]
@@ -380,7 +393,7 @@ mod tests {
         let x = t(&[2, 3, 10], 5, DType::BF16, 4.0)?;
         check(SWIGLU, "cpu_reference.swiglu.naive", &swiglu(Some(x), None, None), Category::Gemm, "rank 3")?;
         let e = t(&[4, 0], 5, DType::F32, 1.0)?;
-        let o = gated(SWIGLU, "swiglu", true, Some(&e), None, None, Act::Silu)?;
+        let o = gated(SWIGLU, "swiglu", true, (Some(&e), None, None), Act::Silu, &mut Outputs::new())?;
         assert_eq!(o["out"].shape(), &[4, 0]);
         Ok(())
     }

@@ -188,7 +188,7 @@ impl Rows {
                     dtype: float_dtype(first.dtype())?,
                     alg,
                     flags: (alg as u64) << 8,
-                    out_shape,
+                    out_shape: out_shape.to_vec(),
                     x: first,
                     up: Some(up),
                     norm: None,

@@ -201,7 +201,7 @@ fn gate_up(
     gate: Option<&HostTensor>,
     up: Option<&HostTensor>,
 ) -> Result<GateUp, KernelError> {
-    let shape = check_gated(op.as_str(), split, x, gate, up)?;
+    let shape = check_gated(op.as_str(), split, x, gate, up)?.to_vec();
     match (x, gate, up) {
         (Some(x), _, _) if split => {
             let (n, i) = (x.shape().last().copied().unwrap_or(0), shape.last().copied().unwrap_or(0));

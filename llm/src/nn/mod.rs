@@ -82,21 +82,23 @@ impl<'w> Linear<'w> {
             _ => None,
         };
         let shared = group(ps[0]).filter(|g| ps.iter().all(|p| group(p) == Some(*g)));
-        let mut out = Vec::with_capacity(N);
+        // Filled in place (a decode step allocates nothing).
+        let mut out: [Option<HostTensor>; N] = std::array::from_fn(|_| None);
         match shared {
             Some(g) => {
                 let (xq, xs) = quantize_x(cx, x, g, ps[0].x8)?;
-                for p in ps {
-                    out.push(p.w8a8(cx, x, &xq, &xs)?);
+                for (o, p) in out.iter_mut().zip(ps) {
+                    *o = Some(p.w8a8(cx, x, &xq, &xs)?);
                 }
             }
             None => {
-                for p in ps {
-                    out.push(p.forward(cx, x)?);
+                for (o, p) in out.iter_mut().zip(ps) {
+                    *o = Some(p.forward(cx, x)?);
                 }
             }
         }
-        out.try_into().map_err(|_| layerzero::error::Error::invalid("projection count".to_owned()))
+        // Every slot was filled above; `x` stands in only to satisfy the type.
+        Ok(out.map(|o| o.unwrap_or_else(|| x.clone())))
     }
 
     /// `linear_w8a8` of x quantized as (`xq`, `xs`) against this int8 weight.

@@ -24,14 +24,14 @@ use w8a8::linear_w8a8;
 
 use super::alloc::{Out, with_scratch};
 use super::gemm::{
-    GEMV_MAX_M, Int4W, Mat, Weights, amx_linear_bf16, linear_f32, linear_f32_into, pair_panels, pairs_gemm, rows_view,
-    to_tensor, uses_pairs, weight_b,
+    GEMV_MAX_M, Int4W, Mat, Weights, amx_linear_bf16, linear_f32_into, pair_panels, pairs_gemm, rows_view, uses_pairs,
+    weight_b,
 };
 use super::rows::{Elem, by_dtype};
 use super::simd;
 use super::wrong_op;
 use layerzero_core::exec::args::{Int4Args, LinearArgs, OpArgs, Outputs};
-use layerzero_core::exec::executor::{KernelError, Prepares, Registry};
+use layerzero_core::exec::executor::{KernelError, Prepares, Registry, WritesInto};
 use layerzero_core::model::dtype::DType;
 use layerzero_core::tensor::{Dims, HostTensor, Storage};
 
@@ -63,10 +63,10 @@ pub(crate) fn register(registry: &mut Registry) {
     );
     registry.register(
         INT4,
-        Arc::new(|args: &OpArgs| match args {
-            OpArgs::LinearInt4(a) => linear_int4(a).map(out),
+        Arc::new(WritesInto(|args: &OpArgs, bufs: &mut Outputs| match args {
+            OpArgs::LinearInt4(a) => linear_int4_into(a, bufs),
             other => Err(wrong_op(INT4, other)),
-        }),
+        })),
     );
 }
 
@@ -191,7 +191,15 @@ pub(super) fn linear_into(a: &LinearArgs, bufs: &mut Outputs) -> Result<Outputs,
 }
 
 /// `linear_int4`: the packed weight is dequantized per row (GEMV) or per panel (sgemm).
+#[cfg(test)]
 pub(super) fn linear_int4(a: &Int4Args) -> Result<HostTensor, KernelError> {
+    let mut o = linear_int4_into(a, &mut Outputs::new())?;
+    o.remove("out").ok_or_else(|| KernelError::Failed("linear_int4 wrote no `out`".to_owned()))
+}
+
+/// [`linear_int4`] into the buffers of the previous call where they fit (a decode step's
+/// projections allocate nothing once warm).
+pub(super) fn linear_int4_into(a: &Int4Args, bufs: &mut Outputs) -> Result<Outputs, KernelError> {
     // What makes int4 arguments valid (packing, group size, scale shapes) is defined once,
     // in the core (`Int4Args::dims`).
     let (_, _, k, n, g) = a.dims()?;
@@ -216,6 +224,12 @@ pub(super) fn linear_int4(a: &Int4Args) -> Result<HostTensor, KernelError> {
         format: a.attrs.format,
         global: a.global_scale.as_ref().map_or(1.0, |t| t.to_f32_vec()[0]),
     };
-    let c = linear_f32(&x, &Weights::Int4(w), bias.as_deref())?;
-    to_tensor(a.x.dtype(), &out_shape(&a.x, n), c)
+    let shape = out_shape(&a.x, n);
+    let len = x.rows.checked_mul(n).ok_or_else(|| invalid(format!("the output {shape:?} overflows")))?;
+    let w = Weights::Int4(w);
+    by_dtype!(a.x.dtype(), INT4, T => {
+        let mut out = Out::<T>::take(bufs, "out", len);
+        T::produce_par(&mut out.v, |c| linear_f32_into(&x, &w, bias.as_deref(), c))?;
+        Ok(Outputs::one("out", out.finish(&shape)?))
+    })
 }

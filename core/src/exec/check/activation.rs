@@ -13,7 +13,7 @@ pub fn check_gated(
     x: Option<&HostTensor>,
     gate: Option<&HostTensor>,
     up: Option<&HostTensor>,
-) -> Result<Vec<usize>, KernelError> {
+) -> Result<crate::tensor::Dims, KernelError> {
     if split {
         let (Some(x), None, None) = (x, gate, up) else {
             return Err(invalid(format!(
@@ -34,7 +34,7 @@ pub fn check_gated(
                 x.shape()
             )));
         }
-        let mut shape = x.shape().to_vec();
+        let mut shape = crate::tensor::Dims::from_slice(x.shape());
         if let Some(last) = shape.last_mut() {
             *last = n / 2;
         }
@@ -57,5 +57,5 @@ pub fn check_gated(
             up.shape()
         )));
     }
-    Ok(gate.shape().to_vec())
+    Ok(crate::tensor::Dims::from_slice(gate.shape()))
 }

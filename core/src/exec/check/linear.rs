@@ -186,7 +186,7 @@ impl Int4Args {
     /// The checked problem of a `linear_int4` call: (leading shape, M, K, N, group size).
     /// Scales that are not the format's (dtype, block size, zeros, a global scale), in
     /// another order than linear, or of another shape are SCALE_LAYOUT_MISMATCH.
-    pub fn dims(&self) -> Result<(Vec<usize>, usize, usize, usize, usize), KernelError> {
+    pub fn dims(&self) -> Result<(crate::tensor::Dims, usize, usize, usize, usize), KernelError> {
         let a = self;
         expect_dense_float("x", &a.x)?;
         let (lead, m, k) = rows_of("x", &a.x)?;
@@ -201,6 +201,6 @@ impl Int4Args {
         let g = a.w4_scales().check(n, k)?;
         check_bias(a.bias.as_ref(), n)?;
         m.checked_mul(n).ok_or_else(|| invalid(format!("the output shape {:?} overflows", out_shape(&lead, n))))?;
-        Ok((lead.to_vec(), m, k, n, g))
+        Ok((lead, m, k, n, g))
     }
 }
