@@ -165,7 +165,7 @@ pub(super) fn row_facts() -> TestResult<Vec<Fact>> {
         fact(
             swiglu,
             "dtypes",
-            here(ACTIVATION, "by_dtype!(x.dtype(), kernel, T => run_gated::<T>(act, &g, &u, &shape))"),
+            here(ACTIVATION, "by_dtype!(x.dtype(), kernel, T => run_gated::<T>(act, &g, &u, &shape, bufs))"),
             "spr",
             glu(Op::Swiglu, true, DType::BF16),
         )
@@ -173,7 +173,7 @@ pub(super) fn row_facts() -> TestResult<Vec<Fact>> {
         fact(
             swiglu,
             "dtypes",
-            here(ACTIVATION, "by_dtype!(gate.dtype(), kernel, T => run_gated::<T>(act, &g, &u, &shape))"),
+            here(ACTIVATION, "by_dtype!(gate.dtype(), kernel, T => run_gated::<T>(act, &g, &u, &shape, bufs))"),
             "spr",
             glu(Op::Swiglu, false, DType::F32),
         ),
@@ -202,7 +202,7 @@ pub(super) fn row_facts() -> TestResult<Vec<Fact>> {
         fact(
             geglu,
             "dtypes",
-            here(ACTIVATION, "by_dtype!(x.dtype(), kernel, T => run_gated::<T>(act, &g, &u, &shape))"),
+            here(ACTIVATION, "by_dtype!(x.dtype(), kernel, T => run_gated::<T>(act, &g, &u, &shape, bufs))"),
             "spr",
             glu(Op::Geglu, true, DType::BF16),
         )
