@@ -17,7 +17,6 @@
 //!   activations stay in the compute dtype, where Q4_0 quantizes them to Q8_0 blocks.
 
 use std::fmt;
-use std::str::FromStr;
 
 use half::f16;
 
@@ -75,13 +74,6 @@ impl fmt::Display for WeightQuant {
     }
 }
 
-impl FromStr for WeightQuant {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<WeightQuant> {
-        WeightQuant::parse(s, None)
-    }
-}
-
 /// A projection's weight, `[out, in]` as HF stores it: as loaded, or quantized at load.
 #[derive(Debug, Clone)]
 pub enum Proj {
@@ -121,9 +113,8 @@ impl Proj {
     /// `[out, in]`.
     pub fn shape(&self) -> [usize; 2] {
         match self {
-            Proj::Dense(t) => [t.shape()[0], t.shape().get(1).copied().unwrap_or(0)],
-            Proj::Int8 { weight, .. } => [weight.shape()[0], weight.shape()[1]],
-            Proj::Int4 { packed, .. } => [packed.shape()[0], 2 * packed.shape()[1]],
+            Proj::Dense(t) | Proj::Int8 { weight: t, .. } => [dim(t, 0), dim(t, 1)],
+            Proj::Int4 { packed, .. } => [dim(packed, 0), 2 * dim(packed, 1)],
         }
     }
 
@@ -177,6 +168,11 @@ impl Proj {
             }
         })
     }
+}
+
+/// Dim `i` of `t`, 0 where it has none (a malformed projection reads as empty).
+fn dim(t: &HostTensor, i: usize) -> usize {
+    t.shape().get(i).copied().unwrap_or(0)
 }
 
 /// int8 in blocks of `g` (rows are whole blocks): codes and one scale per block.

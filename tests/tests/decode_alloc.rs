@@ -110,28 +110,32 @@ fn model(name: &str) -> TestResult<Model> {
     Ok(Model::load(&dir, None).map_err(|e| format!("the committed model loads: {e}"))?)
 }
 
+/// The fewest allocations of five warm decode steps of `m` (after a prefill and twenty
+/// steps), served by the kernels that serve (the reference oracle denied: on shapes this
+/// tiny the cost model may pick it, and it never claims to be allocation-free).
+fn warm_step_allocations(m: &Model, kv: KvKind) -> TestResult<u64> {
+    let serving = Policy::from_json(r#"{"rules": [{"action": "deny", "kernels": "cpu_reference.*"}]}"#, "p")
+        .and_then(|p| LayerZero::host()?.with_policy(p))?;
+    let mut s = Session::with_cache(m, &serving, &[64], kv)?;
+    s.forward(&[1, 2, 3, 4, 5], false)?;
+    for t in 0..20 {
+        s.forward(&[7 + t], false)?;
+    }
+    let mut fewest = u64::MAX;
+    for t in 0..5 {
+        let region = Region::new(GLOBAL);
+        drop(s.forward(&[30 + t], false)?);
+        fewest = fewest.min(region.change().allocations as u64);
+    }
+    Ok(fewest)
+}
+
 #[test]
 fn a_warm_decode_step_allocates_nothing() -> TestResult {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     for name in ["llama-gqa", "llama-gqa-bf16"] {
         for kv in [KvKind::Contiguous, KvKind::Paged { page_size: 4 }] {
-            let m = model(name)?;
-            // On shapes this tiny the cost model may pick the reference oracle (f64, never
-            // meant to serve); the step's claim is about the kernels that serve.
-            let serving = Policy::from_json(r#"{"rules": [{"action": "deny", "kernels": "cpu_reference.*"}]}"#, "p")
-                .and_then(|p| LayerZero::host()?.with_policy(p))?;
-            let mut s = Session::with_cache(&m, &serving, &[64], kv)?;
-            s.forward(&[1, 2, 3, 4, 5], false)?;
-            for t in 0..20 {
-                s.forward(&[7 + t], false)?;
-            }
-            let mut fewest = u64::MAX;
-            for t in 0..5 {
-                let region = Region::new(GLOBAL);
-                let logits = s.forward(&[30 + t], false)?;
-                drop(logits);
-                fewest = fewest.min(region.change().allocations as u64);
-            }
+            let fewest = warm_step_allocations(&model(name)?, kv)?;
             assert_eq!(fewest, 0, "{name} {kv:?}: a warm decode step allocated {fewest} times");
         }
     }
@@ -144,19 +148,7 @@ fn a_warm_decode_step_of_int4_weights_allocates_nothing() -> TestResult {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models").join("llama-gqa");
     let quant = Some(layerzero_llm::WeightQuant::Int4 { group: 32 });
     let m = Model::load_with(&dir, None, layerzero_llm::Residence::Resident, quant)?;
-    let serving = Policy::from_json(r#"{"rules": [{"action": "deny", "kernels": "cpu_reference.*"}]}"#, "p")
-        .and_then(|p| LayerZero::host()?.with_policy(p))?;
-    let mut s = Session::with_cache(&m, &serving, &[64], KvKind::Contiguous)?;
-    s.forward(&[1, 2, 3, 4, 5], false)?;
-    for t in 0..20 {
-        s.forward(&[7 + t], false)?;
-    }
-    let mut fewest = u64::MAX;
-    for t in 0..5 {
-        let region = Region::new(GLOBAL);
-        drop(s.forward(&[30 + t], false)?);
-        fewest = fewest.min(region.change().allocations as u64);
-    }
+    let fewest = warm_step_allocations(&m, KvKind::Contiguous)?;
     assert_eq!(fewest, 0, "a warm int4 decode step allocated {fewest} times");
     Ok(())
 }

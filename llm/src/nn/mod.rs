@@ -82,23 +82,16 @@ impl<'w> Linear<'w> {
             _ => None,
         };
         let shared = group(ps[0]).filter(|g| ps.iter().all(|p| group(p) == Some(*g)));
-        // Filled in place (a decode step allocates nothing).
-        let mut out: [Option<HostTensor>; N] = std::array::from_fn(|_| None);
-        match shared {
-            Some(g) => {
-                let (xq, xs) = quantize_x(cx, x, g, ps[0].x8)?;
-                for (o, p) in out.iter_mut().zip(ps) {
-                    *o = Some(p.w8a8(cx, x, &xq, &xs)?);
-                }
-            }
-            None => {
-                for (o, p) in out.iter_mut().zip(ps) {
-                    *o = Some(p.forward(cx, x)?);
-                }
-            }
+        // An array filled in place (a decode step allocates nothing), each slot overwritten.
+        let mut out: [HostTensor; N] = std::array::from_fn(|_| x.clone());
+        let quantized = shared.map(|g| quantize_x(cx, x, g, ps[0].x8)).transpose()?;
+        for (o, p) in out.iter_mut().zip(ps) {
+            *o = match &quantized {
+                Some((xq, xs)) => p.w8a8(cx, x, xq, xs)?,
+                None => p.forward(cx, x)?,
+            };
         }
-        // Every slot was filled above; `x` stands in only to satisfy the type.
-        Ok(out.map(|o| o.unwrap_or_else(|| x.clone())))
+        Ok(out)
     }
 
     /// `linear_w8a8` of x quantized as (`xq`, `xs`) against this int8 weight.
