@@ -251,7 +251,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--dtype", nargs="+", default=["f32", "bf16"])
+    ap.add_argument("--dtype", nargs="*", default=["f32", "bf16"], help="float rows (none: only --quant rows)")
     ap.add_argument("--lz", default="target/release/lz")
     ap.add_argument("--dir", default="/tmp/lz-bench-125m")
     ap.add_argument("--quant", nargs="*", default=[], choices=["int8", "int4"],

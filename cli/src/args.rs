@@ -235,7 +235,7 @@ pub(super) struct GenerateCmd {
     /// Quantize the decoder's projections (q, k, v, o, gate, up, down) at load, in blocks of
     /// --group-size input features with one scale each: int8 (llama.cpp Q8_0's layout; each
     /// input row quantized in the same blocks by a `quantize` dispatch, then `linear_w8a8`)
-    /// or int4 (Q4_0's arithmetic, `linear_int4`, activations unquantized). Embeddings,
+    /// or int4 (Q4_0's arithmetic, `linear_int4`; activations per --activations). Embeddings,
     /// norms and lm_head stay in the compute dtype.
     #[arg(long, value_name = "int8|int4")]
     pub(super) weights: Option<String>,
@@ -243,6 +243,12 @@ pub(super) struct GenerateCmd {
     /// int4; it must divide every projection's input size).
     #[arg(long, value_name = "G", requires = "weights")]
     pub(super) group_size: Option<usize>,
+    /// How --weights int4 takes the activations: int8 (default; rounded in the same blocks
+    /// inside `linear_int4`, as llama.cpp's Q4_0 takes Q8_0 activations, and dotted in
+    /// integers) or f32 (as given: slower, closer to the f32 model). int8 weights always
+    /// take int8 activations.
+    #[arg(long, value_name = "int8|f32", requires = "weights")]
+    pub(super) activations: Option<String>,
     /// Keep generating after an end-of-sequence token.
     #[arg(long)]
     pub(super) ignore_eos: bool,

@@ -56,7 +56,8 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
                 .to_owned(),
         ));
     }
-    let quant = a.weights.as_deref().map(|w| llm::WeightQuant::parse(w, a.group_size)).transpose()?;
+    let quant =
+        a.weights.as_deref().map(|w| llm::WeightQuant::parse(w, a.group_size, a.activations.as_deref())).transpose()?;
     let residence = layerzero::knobs::WEIGHTS.value_in(&layerzero::knobs::process_env)?;
     let model = Model::load_with(&a.model, dtype, residence, quant)?;
     let (tokenizer, tokenizer_file) = tokenizer_of(&a)?;

@@ -14,13 +14,17 @@
 //!   `q = min(15, floor(x / d + 8.5))`, `w = (q - 8) * d` with `d` rounded to f16 (held in
 //!   f32, so the decode GEMV reads it in place); two codes
 //!   per byte, the even element in the low nibble (LayerZero's `int4` format). The
-//!   activations stay in the compute dtype, where Q4_0 quantizes them to Q8_0 blocks.
+//!   activations are rounded to int8 in the same blocks inside `linear_int4`
+//!   (`attrs.activations = int8`, as Q4_0 takes Q8_0 activations; the decode GEMV then dots
+//!   codes in integers), or stay in the compute dtype with `ActQuant::F32` (slower, closer
+//!   to the f32 model).
 
 use std::fmt;
 
 use half::f16;
 
 use layerzero::error::{Error, Result};
+use layerzero::model::w4::ActQuant;
 use layerzero::tensor::{HostTensor, Storage};
 
 /// How projections are stored once loaded.
@@ -35,6 +39,8 @@ pub enum WeightQuant {
     Int4 {
         /// Input features per scale (even; 32 is Q4_0's block).
         group: usize,
+        /// How `linear_int4` takes the activations (int8 by default, as Q4_0 does).
+        activations: ActQuant,
     },
 }
 
@@ -42,25 +48,40 @@ pub enum WeightQuant {
 pub const BLOCK: usize = 32;
 
 impl WeightQuant {
-    /// `int8` or `int4` in groups of `group` ([`BLOCK`] when `None`); a zero group, an odd
-    /// one for int4, or another name is an error naming it.
-    pub fn parse(name: &str, group: Option<usize>) -> Result<WeightQuant> {
+    /// `int8` or `int4` in groups of `group` ([`BLOCK`] when `None`), int4's activations as
+    /// `activations` names them (`int8` when `None`); a zero group, an odd one for int4,
+    /// f32 activations for int8 weights, or another name is an error naming it.
+    pub fn parse(name: &str, group: Option<usize>, activations: Option<&str>) -> Result<WeightQuant> {
         let group = group.unwrap_or(BLOCK);
+        let activations = match activations {
+            None | Some("int8") => ActQuant::Int8,
+            Some("f32") => ActQuant::F32,
+            Some(other) => return Err(Error::invalid(format!("--activations {other}: expected int8 or f32"))),
+        };
         match name {
             _ if group == 0 => Err(Error::invalid("--group-size 0: a group holds at least one feature".to_owned())),
+            "int8" if activations == ActQuant::F32 => Err(Error::invalid(
+                "--activations f32 with --weights int8: linear_w8a8 multiplies int8 activations; f32 ones go with int4"
+                    .to_owned(),
+            )),
             "int8" => Ok(WeightQuant::Int8 { group }),
             "int4" if !group.is_multiple_of(2) => Err(Error::invalid(format!(
                 "--group-size {group}: int4 groups hold whole bytes of two codes; give an even size such as 32"
             ))),
-            "int4" => Ok(WeightQuant::Int4 { group }),
+            "int4" => Ok(WeightQuant::Int4 { group, activations }),
             other => Err(Error::invalid(format!("--weights {other}: expected int8 or int4"))),
         }
+    }
+
+    /// int4 in groups of `group` with int8 activations (Q4_0's arithmetic).
+    pub fn int4(group: usize) -> WeightQuant {
+        WeightQuant::Int4 { group, activations: ActQuant::Int8 }
     }
 
     /// Input features per scale.
     pub fn group(self) -> usize {
         match self {
-            WeightQuant::Int8 { group } | WeightQuant::Int4 { group } => group,
+            WeightQuant::Int8 { group } | WeightQuant::Int4 { group, .. } => group,
         }
     }
 }
@@ -69,7 +90,9 @@ impl fmt::Display for WeightQuant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             WeightQuant::Int8 { group } => write!(f, "int8 (group {group})"),
-            WeightQuant::Int4 { group } => write!(f, "int4 (group {group})"),
+            WeightQuant::Int4 { group, activations } => {
+                write!(f, "int4 (group {group}, {} activations)", activations.as_str())
+            }
         }
     }
 }
@@ -98,6 +121,8 @@ pub enum Proj {
         scales: HostTensor,
         /// Input features per scale.
         group: usize,
+        /// How `linear_int4` takes the activations.
+        activations: ActQuant,
     },
 }
 
@@ -155,7 +180,7 @@ impl Proj {
                     group,
                 }
             }
-            WeightQuant::Int4 { group } => {
+            WeightQuant::Int4 { group, activations } => {
                 let (bytes, scales) = q4_0_rows(&w, n, k, group);
                 // Q4_0's f16 scales, held as the f32 values they are: the decode GEMV reads
                 // them in place instead of converting a row's worth per row.
@@ -164,6 +189,7 @@ impl Proj {
                     packed: HostTensor::new(Storage::I8(bytes.into()), &[n, k / 2])?,
                     scales: HostTensor::from_f32(&[n, k / group], scales)?,
                     group,
+                    activations,
                 }
             }
         })
@@ -223,7 +249,7 @@ mod tests {
                 let (w, s) = (weight.to_f32_vec(), scale.to_f32_vec());
                 (0..n * k).map(|i| w[i] * s[i / group]).collect()
             }
-            Proj::Int4 { packed, scales, group } => {
+            Proj::Int4 { packed, scales, group, .. } => {
                 let (Storage::I8(b), s) = (packed.storage(), scales.to_f32_vec()) else { return vec![] };
                 (0..n * k)
                     .map(|i| {
@@ -240,7 +266,7 @@ mod tests {
     fn int4_follows_q4_0_so_the_block_extreme_is_exact_and_the_errors_are_q4_0s() -> TestResult {
         let (n, k) = (3, 64);
         let w: Vec<f32> = (0..n * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
-        let p = Proj::Dense(HostTensor::from_f32(&[n, k], w.clone())?).quantized(WeightQuant::Int4 { group: 32 })?;
+        let p = Proj::Dense(HostTensor::from_f32(&[n, k], w.clone())?).quantized(WeightQuant::int4(32))?;
         let back = dequant(&p);
         for (b, (orig, got)) in w.chunks(32).zip(back.chunks(32)).enumerate() {
             let m = orig.iter().fold(0f32, |m, &x| if x.abs() > m.abs() { x } else { m });
@@ -277,15 +303,23 @@ mod tests {
     #[test]
     fn a_group_that_does_not_divide_the_features_or_an_odd_one_is_refused_by_name() -> TestResult {
         let p = Proj::Dense(HostTensor::from_f32(&[1, 48], vec![1.0; 48])?);
-        let e = p.quantized(WeightQuant::Int4 { group: 32 }).err().ok_or("48 features took groups of 32")?;
+        let e = p.quantized(WeightQuant::int4(32)).err().ok_or("48 features took groups of 32")?;
         assert!(e.to_string().contains("--group-size 32"), "{e}");
-        let e = WeightQuant::parse("int4", Some(7)).err().ok_or("an odd group was taken")?;
+        let e = WeightQuant::parse("int4", Some(7), None).err().ok_or("an odd group was taken")?;
         assert!(e.to_string().contains("--group-size 7"), "{e}");
-        let e = WeightQuant::parse("int8", Some(0)).err().ok_or("int8 took a zero group")?;
+        let e = WeightQuant::parse("int8", Some(0), None).err().ok_or("int8 took a zero group")?;
         assert!(e.to_string().contains("--group-size 0"), "{e}");
-        assert_eq!(WeightQuant::parse("int8", None)?, WeightQuant::Int8 { group: BLOCK });
-        let e = WeightQuant::parse("q5", None).err().ok_or("q5 was taken")?;
+        assert_eq!(WeightQuant::parse("int8", None, None)?, WeightQuant::Int8 { group: BLOCK });
+        let e = WeightQuant::parse("q5", None, None).err().ok_or("q5 was taken")?;
         assert!(e.to_string().contains("--weights q5"), "{e}");
+        // int4 takes int8 activations unless told f32; int8 weights take only int8 ones.
+        assert_eq!(WeightQuant::parse("int4", None, None)?, WeightQuant::int4(BLOCK));
+        let f32_act = WeightQuant::parse("int4", None, Some("f32"))?;
+        assert_eq!(f32_act, WeightQuant::Int4 { group: BLOCK, activations: ActQuant::F32 });
+        let e = WeightQuant::parse("int8", None, Some("f32")).err().ok_or("int8 took f32 activations")?;
+        assert!(e.to_string().contains("--activations f32"), "{e}");
+        let e = WeightQuant::parse("int4", None, Some("fp8")).err().ok_or("fp8 activations were taken")?;
+        assert!(e.to_string().contains("--activations fp8"), "{e}");
         Ok(())
     }
 }

@@ -13,7 +13,7 @@ use layerzero::model::layout::Layout;
 use layerzero::model::op::Op;
 use layerzero::model::request::Request;
 use layerzero::model::tensor::TensorDesc;
-use layerzero::model::w4::{ScaleOrder, W4Format};
+use layerzero::model::w4::{ActQuant, ScaleOrder, W4Format};
 use layerzero_tests::catalog::{Backend, Kernel};
 use layerzero_tests::{TestResult, attention, causal, codes, paged, planner_with, policy, with_attrs};
 use serde_json::{Value, json};
@@ -34,7 +34,8 @@ fn permissive(op: Op) -> Value {
         Op::RmsNorm => json!({"fused_residual": true}),
         Op::Rope => json!({"rope_scaling": true}),
         Op::LinearInt4 => json!({
-            "weight_formats": ["int4", "nf4", "mxfp4", "nvfp4"], "scale_orders": ["linear", "swizzled_32_4_4"]
+            "weight_formats": ["int4", "nf4", "mxfp4", "nvfp4"], "scale_orders": ["linear", "swizzled_32_4_4"],
+            "int4_activations": ["f32", "int8"]
         }),
         _ => json!({}),
     }
@@ -675,6 +676,15 @@ fn quant_and_mlp_flips() -> Vec<Flip> {
             json!({"scale_orders": ["linear"]}),
             nf4_request(Some(ScaleOrder::Swizzled32x4x4)),
             "SCALE_LAYOUT_MISMATCH",
+        ),
+        flip(
+            "int4_activations",
+            json!({"int4_activations": ["f32"]}),
+            {
+                let r = int4_request(64);
+                r.attrs(Attrs::Int4(Int4Attrs { activations: ActQuant::Int8, ..Int4Attrs::int4(64) }))
+            },
+            "ATTR_UNSUPPORTED",
         ),
     ]
 }

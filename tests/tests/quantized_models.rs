@@ -4,6 +4,7 @@
 
 use layerzero::LayerZero;
 use layerzero::model::op::Op;
+use layerzero::model::w4::ActQuant;
 use layerzero_llm::{self as llm, Model, WeightQuant};
 use layerzero_tests::{TestResult, repo_root};
 
@@ -37,7 +38,8 @@ fn quantized_projections_run_their_kernels_and_keep_the_logits_within_the_declar
         assert!(!dense_ops.contains(&Op::LinearInt4) && !dense_ops.contains(&Op::LinearW8a8), "{name}: {dense_ops:?}");
         for (quant, bound, op) in [
             (WeightQuant::Int8 { group: 32 }, BOUND_INT8, Op::LinearW8a8),
-            (WeightQuant::Int4 { group: 32 }, BOUND_INT4, Op::LinearInt4),
+            (WeightQuant::int4(32), BOUND_INT4, Op::LinearInt4),
+            (WeightQuant::Int4 { group: 32, activations: ActQuant::F32 }, BOUND_INT4, Op::LinearInt4),
         ] {
             let model = Model::load_with(&dir, None, llm::Residence::Resident, Some(quant))?;
             let layer = &model.weights.layers[0];
@@ -66,10 +68,10 @@ fn quantized_projections_are_smaller_and_the_bad_group_sizes_are_refused_by_name
     };
     let dense = bytes(&Model::load(&dir, None)?);
     let int8 = bytes(&Model::load_with(&dir, None, llm::Residence::Resident, Some(WeightQuant::Int8 { group: 32 }))?);
-    let int4 = bytes(&Model::load_with(&dir, None, llm::Residence::Resident, Some(WeightQuant::Int4 { group: 32 }))?);
+    let int4 = bytes(&Model::load_with(&dir, None, llm::Residence::Resident, Some(WeightQuant::int4(32)))?);
     assert!(int8 * 3 < dense && int4 * 6 < dense, "f32 {dense} B, int8 {int8} B, int4 {int4} B");
     // 64 input features do not divide into groups of 48.
-    let e = Model::load_with(&dir, None, llm::Residence::Resident, Some(WeightQuant::Int4 { group: 48 }))
+    let e = Model::load_with(&dir, None, llm::Residence::Resident, Some(WeightQuant::int4(48)))
         .err()
         .ok_or("groups of 48 over 64 features were taken")?;
     assert!(e.to_string().contains("--group-size 48") && e.to_string().contains("q_proj"), "{e}");
@@ -85,7 +87,7 @@ fn dequantized(p: &llm::Proj) -> TestResult<llm::Proj> {
             let (w, s) = (weight.to_f32_vec(), scale.to_f32_vec());
             (0..n * k).map(|i| w[i] * s[i / group]).collect()
         }
-        llm::Proj::Int4 { packed, scales, group } => {
+        llm::Proj::Int4 { packed, scales, group, .. } => {
             let (b, s) = (packed.to_f64_vec(), scales.to_f32_vec());
             (0..n * k)
                 .map(|i| {
@@ -102,12 +104,13 @@ fn dequantized(p: &llm::Proj) -> TestResult<llm::Proj> {
 #[test]
 fn an_int4_model_computes_exactly_what_its_codes_and_scales_say() -> TestResult {
     // The same model with each projection replaced by its dequantized weight, run by the dense
-    // kernels: the int4 kernels' logits match it to f32 rounding, so the error above is the
-    // format's, not the kernels'.
+    // kernels: the int4 kernels' logits (f32 activations) match it to f32 rounding, so the
+    // error above is the format's, not the kernels'.
     let lz = LayerZero::detected()?;
+    let f32_activations = WeightQuant::Int4 { group: 32, activations: ActQuant::F32 };
     for name in ["llama-gqa", "qwen2"] {
         let dir = repo_root().join("tests/models").join(name);
-        let quant = Model::load_with(&dir, None, llm::Residence::Resident, Some(WeightQuant::Int4 { group: 32 }))?;
+        let quant = Model::load_with(&dir, None, llm::Residence::Resident, Some(f32_activations))?;
         let mut widened = quant.clone();
         for l in &mut widened.weights.layers {
             for p in [&mut l.q, &mut l.k, &mut l.v, &mut l.o] {
@@ -138,7 +141,8 @@ fn lz_generate_serves_quantized_weights_and_refuses_bad_options_with_exit_2() ->
     };
     for (flags, weights, op) in [
         (&["--weights", "int8"][..], "int8 (group 32)", "linear_w8a8"),
-        (&["--weights", "int4", "--group-size", "16"][..], "int4 (group 16)", "linear_int4"),
+        (&["--weights", "int4", "--group-size", "16"][..], "int4 (group 16, int8 activations)", "linear_int4"),
+        (&["--weights", "int4", "--activations", "f32"][..], "int4 (group 32, f32 activations)", "linear_int4"),
     ] {
         let out = run(&[flags, &["--max-new-tokens", "3", "--json"]].concat())?;
         assert!(out.status.success(), "{flags:?}: {}", String::from_utf8_lossy(&out.stderr));
@@ -152,6 +156,7 @@ fn lz_generate_serves_quantized_weights_and_refuses_bad_options_with_exit_2() ->
         (&["--weights", "q5"][..], "--weights q5"),
         (&["--weights", "int8", "--group-size", "0"][..], "--group-size 0"),
         (&["--weights", "int4", "--group-size", "7"][..], "--group-size 7"),
+        (&["--weights", "int8", "--activations", "f32"][..], "--activations f32"),
     ] {
         let out = run(flags)?;
         let err = String::from_utf8_lossy(&out.stderr);

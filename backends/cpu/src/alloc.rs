@@ -130,6 +130,21 @@ thread_local! {
     static SCRATCH_F64: RefCell<Vec<Vec<f64>>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Runs `f` on `n` f32 of one of this thread's scratch buffers lent as a `Storage` (for code
+/// that reads through a `Mat`), kept between calls as [`with_scratch`]'s are.
+pub(super) fn with_scratch_storage<R>(n: usize, f: impl FnOnce(&mut Storage) -> R) -> R {
+    let mut v = SCRATCH_F32.with_borrow_mut(Vec::pop).unwrap_or_default();
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+    let mut st = Storage::F32(Buf::from(v));
+    let r = f(&mut st);
+    if let Storage::F32(b) = st {
+        SCRATCH_F32.with_borrow_mut(|s| s.push(b.into_vec()));
+    }
+    r
+}
+
 /// An element of scratch buffers: each type has its own per-thread pool.
 pub(super) trait Scratch: Copy + Default + 'static {
     /// This thread's pool of buffers.

@@ -21,6 +21,7 @@ use rayon::prelude::*;
 
 use super::gemm::{Mat, to_tensor};
 use super::pack::{invalid, read_f32};
+use super::simd::i8_encode;
 use super::wrong_op;
 use layerzero_core::exec::args::{DequantizeArgs, OpArgs, Outputs, QuantizeArgs};
 use layerzero_core::exec::executor::{KernelError, Registry};
@@ -83,19 +84,6 @@ pub(super) fn fp8_encode(f: Fp8, x: f32) -> u8 {
         r - (((127 - bias) as u32) << mb)
     };
     sign | code.min(max_code) as u8
-}
-
-/// i8 code of `q` (already divided by its scale).
-#[inline]
-fn i8_encode(q: f32) -> i8 {
-    // Clamped, then rounded half to even by adding and taking away 1.5 * 2^23 (exact for
-    // |q| <= 127: f32 additions round to nearest even), the same value as rounding first:
-    // `round_ties_even` is a libm call per element on baseline x86-64, this vectorizes (a
-    // 2048-wide row's quantize took 8-9 us, most of a decode step's 48 quantize calls).
-    // The cast saturates and gives 0 for NaN.
-    const MAGIC: f32 = 12_582_912.0;
-    let c = q.clamp(-127.0, 127.0);
-    ((c + MAGIC) - MAGIC) as i8
 }
 
 /// x as rows of its last dim (a 0-d x is one row of one element).

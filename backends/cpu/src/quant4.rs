@@ -32,6 +32,7 @@ pub(super) fn dequantize_w4(a: &DequantizeArgs, out_dtype: DType) -> Result<Host
         g,
         format,
         global: a.global_scale.as_ref().map_or(1.0, |t| t.to_f32_vec()[0]),
+        xq: None,
     };
     let mut out = vec![0f32; n * k];
     if k > 0 {

@@ -11,7 +11,9 @@
 //! - `linear_int4`: x [..., K], weight i8 [N, K/2] (two 4-bit codes per byte, low nibble =
 //!   even k; high nibble for nf4), scales [N, K/g]; int4: zeros [N, K/g] (8 when absent),
 //!   `w = (q - zero) * scale`; nf4 / mxfp4 / nvfp4: `w = code(q) * scale` with the format's
-//!   table and scale decoding (`model::w4`); out [..., N] in x's dtype.
+//!   table and scale decoding (`model::w4`); out [..., N] in x's dtype. With
+//!   `attrs.activations = int8`, x is first rounded to int8 in blocks of g (f32 arithmetic,
+//!   `d = max|x| / 127`, `q = round_ties_even(x / d)`) and scaled back.
 
 use std::sync::Arc;
 
@@ -19,7 +21,7 @@ use layerzero_core::exec::args::{Int4Args, LinearArgs, OpArgs, Outputs, W8a8Args
 use layerzero_core::exec::check::W4Scales;
 use layerzero_core::exec::executor::{KernelError, Registry};
 use layerzero_core::model::op::Op;
-use layerzero_core::model::w4::{W4Format, e8m0};
+use layerzero_core::model::w4::{ActQuant, W4Format, e8m0};
 use layerzero_core::tensor::HostTensor;
 
 use super::{from_f64_as, wrong_op};
@@ -183,10 +185,26 @@ pub(crate) fn decode_w4(w: &W4Scales, packed: &HostTensor, n: usize, k: usize, g
 pub fn linear_int4(a: &Int4Args) -> Result<HostTensor, KernelError> {
     let (lead, m, k, n, g) = a.dims()?;
     let w = decode_w4(&a.w4_scales(), &a.weight, n, k, g);
-    let x = a.x.to_f64_vec();
+    let x = match a.attrs.activations {
+        ActQuant::F32 => a.x.to_f64_vec(),
+        ActQuant::Int8 => round_to_int8(&a.x.to_f32_vec(), g).into_iter().map(f64::from).collect(),
+    };
     let bias = a.bias.as_ref().map(HostTensor::to_f64_vec);
     let out = matmul_f64(&x, m, k, n, |j, p| w[j * k + p], bias.as_deref());
     from_f64_as(a.x.dtype(), &out_shape(&lead, n), &out)
+}
+
+/// x rounded to int8 in blocks of `g` along its rows and scaled back, in f32 arithmetic as
+/// `attrs.activations = int8` defines it: `d = max|x| / 127`, `q = round_ties_even(x / d)`.
+fn round_to_int8(x: &[f32], g: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(x.len());
+    for block in x.chunks(g) {
+        let d = block.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+        out.extend(
+            block.iter().map(|&v| if d == 0.0 { 0.0 } else { (v / d).round_ties_even().clamp(-127.0, 127.0) * d }),
+        );
+    }
+    out
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use crate::model::device::DeviceKind;
 use crate::model::dtype::DType;
 use crate::model::layout::Layout;
 use crate::model::op::Op;
-use crate::model::w4::{ScaleOrder, W4Format};
+use crate::model::w4::{ActQuant, ScaleOrder, W4Format};
 
 /// How a backend's kernels get executed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -457,6 +457,9 @@ pub struct Constraints {
     /// linear_int4 and a 4-bit dequantize: the scale orders it reads (`linear` only when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scale_orders: Option<Vec<ScaleOrder>>,
+    /// linear_int4: how it takes the activations (`f32` only when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub int4_activations: Option<Vec<ActQuant>>,
 }
 
 /// Which ops may declare which op-specific constraint fields.
@@ -519,7 +522,7 @@ pub(crate) fn fields_for_op(op: Op) -> &'static [&'static str] {
             "weight_formats",
             "scale_orders",
         ],
-        Op::LinearInt4 => &["group_sizes", "weight_formats", "scale_orders"],
+        Op::LinearInt4 => &["group_sizes", "weight_formats", "scale_orders", "int4_activations"],
         Op::LinearW8a8 => &["group_sizes"],
         Op::PatchEmbed | Op::Tokenize => &[],
         _ => &["hidden_size"],
@@ -572,6 +575,7 @@ pub(crate) fn declared_op_fields(c: &Constraints) -> Vec<&'static str> {
     add(c.group_sizes.is_some(), "group_sizes");
     add(c.weight_formats.is_some(), "weight_formats");
     add(c.scale_orders.is_some(), "scale_orders");
+    add(c.int4_activations.is_some(), "int4_activations");
     v
 }
 

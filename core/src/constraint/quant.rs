@@ -11,7 +11,7 @@ use crate::model::dtype::DType;
 use crate::model::op::Op;
 use crate::model::request::Request;
 use crate::model::tensor::TensorDesc;
-use crate::model::w4::{ScaleOrder, W4Format, group_shape_mismatch};
+use crate::model::w4::{ActQuant, ScaleOrder, W4Format, group_shape_mismatch};
 use crate::reason::ReasonCode;
 
 pub(super) fn check(c: &Constraints, req: &Request, out: &mut impl Sink) {
@@ -160,6 +160,15 @@ fn int4(c: &Constraints, req: &Request, a: &Int4Attrs, out: &mut impl Sink) {
     let k = req.get("x").and_then(|x| x.shape.last().copied());
     let n = req.get("weight").and_then(|w| w.shape.first().copied());
     w4(c, req, W4 { format: a.format, order: a.scale_order, group: a.group_size, n, k }, out);
+    // Rounding x to int8 changes the result: a kernel that does not declare it would
+    // compute a different product.
+    let takes = c.int4_activations.as_deref().unwrap_or(&[ActQuant::F32]);
+    if !takes.contains(&a.activations) {
+        out.reject(ReasonCode::ATTR_UNSUPPORTED, || {
+            let names: Vec<&str> = takes.iter().map(|t| t.as_str()).collect();
+            format!("activations {} not in [{}]", a.activations.as_str(), names.join(", "))
+        });
+    }
 }
 
 /// A packed 4-bit weight as selection sees it: `[n, k]` when the request's shapes say.

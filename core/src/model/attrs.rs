@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::dtype::DType;
-use super::w4::{ScaleOrder, W4Format};
+use super::w4::{ActQuant, ScaleOrder, W4Format};
 
 /// Which way a causal mask is aligned when seq_q != seq_k.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
@@ -358,17 +358,21 @@ pub struct Int4Attrs {
     /// The order the scales are stored in (`linear` when absent).
     #[serde(default, skip_serializing_if = "ScaleOrder::is_linear")]
     pub scale_order: ScaleOrder,
+    /// How x enters the product (`f32` when absent; `int8`: rounded in blocks of
+    /// `group_size` first, as llama.cpp's Q4_0 takes Q8_0 activations; see `model::w4`).
+    #[serde(default, skip_serializing_if = "ActQuant::is_f32")]
+    pub activations: ActQuant,
 }
 
 impl Int4Attrs {
-    /// Plain int4 in groups of `group_size`, scales in linear order.
+    /// Plain int4 in groups of `group_size`, scales in linear order, f32 activations.
     pub fn int4(group_size: u64) -> Int4Attrs {
-        Int4Attrs { group_size, format: W4Format::Int4, scale_order: ScaleOrder::Linear }
+        Int4Attrs::of(W4Format::Int4, group_size)
     }
 
-    /// `format` in groups of `group_size`, scales in linear order.
+    /// `format` in groups of `group_size`, scales in linear order, f32 activations.
     pub fn of(format: W4Format, group_size: u64) -> Int4Attrs {
-        Int4Attrs { group_size, format, scale_order: ScaleOrder::Linear }
+        Int4Attrs { group_size, format, scale_order: ScaleOrder::Linear, activations: ActQuant::F32 }
     }
 }
 

@@ -8,7 +8,7 @@ use super::attrs::{
     SampleAttrs, ScaleLayout, SwigluAttrs, TokenizeAttrs, W8a8Attrs,
 };
 use super::dtype::DType;
-use super::w4::{ScaleOrder, W4Format};
+use super::w4::{ActQuant, ScaleOrder, W4Format};
 
 /// Most words a fingerprint reads.
 const SIG_WORDS: usize = 40;
@@ -141,7 +141,8 @@ unit_enums!(
     ScaleLayout,
     Activation,
     W4Format,
-    ScaleOrder
+    ScaleOrder,
+    ActQuant
 );
 
 macro_rules! struct_words {
@@ -171,7 +172,7 @@ struct_words! {
     MoeRouteAttrs { top_k, renormalize }
     TokenizeAttrs { tokenizer_id, return_offsets }
     W8a8Attrs { out_dtype, group_size }
-    Int4Attrs { group_size, format, scale_order }
+    Int4Attrs { group_size, format, scale_order, activations }
     PatchEmbedAttrs { patch }
     NoAttrs {}
 }

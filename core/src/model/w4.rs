@@ -48,6 +48,34 @@ pub enum ScaleOrder {
     Swizzled32x4x4,
 }
 
+/// How `linear_int4` takes its activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActQuant {
+    /// As given (f32 arithmetic on x).
+    #[default]
+    F32,
+    /// Rounded to int8 first, in blocks of `group_size` along K with one scale each
+    /// (`d = max|x| / 127`, `q = round_ties_even(x / d)`, `x = q * d`): llama.cpp's Q8_0
+    /// activations, which its Q4_0 dot products take.
+    Int8,
+}
+
+impl ActQuant {
+    /// The stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActQuant::F32 => "f32",
+            ActQuant::Int8 => "int8",
+        }
+    }
+
+    /// Whether this is the default (`f32`).
+    pub fn is_f32(&self) -> bool {
+        *self == ActQuant::F32
+    }
+}
+
 /// The 16 NF4 values, indexed by code, as bitsandbytes writes them (`csrc/kernels.cu`,
 /// `nf4_dequantization_lut`; float32, the decimals below are those float32 values exactly).
 const NF4_DECIMAL: [f64; 16] = [

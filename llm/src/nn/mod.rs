@@ -116,14 +116,14 @@ impl<'w> Linear<'w> {
             Weight::Dense(w) | Weight::Quantized(Proj::Dense(w)) => {
                 OpArgs::Linear(LinearArgs { x: x.clone(), weight: w.clone(), bias, attrs: NoAttrs {} })
             }
-            Weight::Quantized(Proj::Int4 { packed, scales, group }) => OpArgs::LinearInt4(Int4Args {
+            Weight::Quantized(Proj::Int4 { packed, scales, group, activations }) => OpArgs::LinearInt4(Int4Args {
                 x: x.clone(),
                 weight: packed.clone(),
                 scales: scales.clone(),
                 zeros: None,
                 bias,
                 global_scale: None,
-                attrs: Int4Attrs::int4(*group as u64),
+                attrs: Int4Attrs { activations: *activations, ..Int4Attrs::int4(*group as u64) },
             }),
             Weight::Quantized(Proj::Int8 { group, .. }) => {
                 let (xq, xs) = quantize_x(cx, x, *group, self.x8)?;

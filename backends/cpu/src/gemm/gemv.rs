@@ -294,6 +294,11 @@ fn columns(x: &[f32], xb: Option<&[u16]>, m: usize, w: &Weights, n0: usize, part
         }
     }
     if let Weights::Int4(q) = w
+        && let Some(xq) = &q.xq
+    {
+        return super::gemv_int4::columns_i8(xq, m, q, n0, part);
+    }
+    if let Weights::Int4(q) = w
         && super::gemv_int4::serves(q)
     {
         return super::gemv_int4::columns(x, m, q, n0, part);

@@ -40,6 +40,7 @@ use rayon::prelude::*;
 pub(super) use amx::linear_bf16 as amx_linear_bf16;
 use gemv::gemv;
 pub(super) use gemv::{bf16_pair_columns, chunk_size, chunks, dots_mat_row};
+pub(super) use gemv_int4::{QuantX, serves_i8};
 #[cfg(test)] // the packed GEMM itself, held to f64 sums by the linear tests
 pub(super) use packed::{BSrc, gemm as packed_gemm};
 pub use pairs::{PackedWeightStats, packed_weight_stats};

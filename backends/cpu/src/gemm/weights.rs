@@ -2,6 +2,7 @@
 
 use rayon::prelude::*;
 
+use super::gemv_int4::QuantX;
 use super::view::Mat;
 use crate::pack::read_f32;
 use layerzero_core::model::w4::{W4Format, e8m0_f32};
@@ -20,6 +21,9 @@ pub(crate) struct Int4W<'a> {
     pub(crate) format: W4Format,
     /// nvfp4's per-tensor scale (1 otherwise).
     pub(crate) global: f32,
+    /// x's int8 codes, when x arrives rounded to int8 in blocks of `g` (`attrs.activations =
+    /// int8`) and the integer GEMV serves the call: taken once per call, read by every task.
+    pub(crate) xq: Option<QuantX<'a>>,
 }
 
 impl Int4W<'_> {

@@ -22,17 +22,19 @@ use rayon::prelude::*;
 
 use w8a8::linear_w8a8;
 
-use super::alloc::{Out, with_scratch};
+use super::alloc::{Out, with_scratch, with_scratch_storage};
 use super::gemm::{
-    GEMV_MAX_M, Int4W, Mat, Weights, amx_linear_bf16, linear_f32_into, pair_panels, pairs_gemm, rows_view, uses_pairs,
-    weight_b,
+    GEMV_MAX_M, Int4W, Mat, QuantX, Weights, amx_linear_bf16, linear_f32_into, pair_panels, pairs_gemm, rows_view,
+    serves_i8, uses_pairs, weight_b,
 };
+use super::pack::read_f32;
 use super::rows::{Elem, by_dtype};
 use super::simd;
 use super::wrong_op;
 use layerzero_core::exec::args::{Int4Args, LinearArgs, OpArgs, Outputs};
 use layerzero_core::exec::executor::{KernelError, Prepares, Registry, WritesInto};
 use layerzero_core::model::dtype::DType;
+use layerzero_core::model::w4::ActQuant;
 use layerzero_core::tensor::{Dims, HostTensor, Storage};
 
 /// Linear kernel id.
@@ -223,13 +225,56 @@ pub(super) fn linear_int4_into(a: &Int4Args, bufs: &mut Outputs) -> Result<Outpu
         g,
         format: a.attrs.format,
         global: a.global_scale.as_ref().map_or(1.0, |t| t.to_f32_vec()[0]),
+        xq: None,
     };
     let shape = out_shape(&a.x, n);
     let len = x.rows.checked_mul(n).ok_or_else(|| invalid(format!("the output {shape:?} overflows")))?;
-    let w = Weights::Int4(w);
-    by_dtype!(a.x.dtype(), INT4, T => {
-        let mut out = Out::<T>::take(bufs, "out", len);
-        T::produce_par(&mut out.v, |c| linear_f32_into(&x, &w, bias.as_deref(), c))?;
-        Ok(Outputs::one("out", out.finish(&shape)?))
+    let mut run = |x: &Mat, w: Int4W| {
+        let w = Weights::Int4(w);
+        by_dtype!(a.x.dtype(), INT4, T => {
+            let mut out = Out::<T>::take(bufs, "out", len);
+            T::produce_par(&mut out.v, |c| linear_f32_into(x, &w, bias.as_deref(), c))?;
+            Ok(Outputs::one("out", out.finish(&shape)?))
+        })
+    };
+    if a.attrs.activations == ActQuant::F32 {
+        return run(&x, w);
+    }
+    // x rounded to int8 once, here, whatever path the product takes; a decode GEMV also gets
+    // the codes back once per call and dots them in integers (the other paths run the f32
+    // kernels on the rounded values).
+    let rows = x.rows;
+    with_scratch_storage(rows * k, |st| {
+        if let Storage::F32(v) = &mut *st {
+            round_rows_int8(&x, g, &mut v[..rows * k]);
+        }
+        let st: &Storage = st;
+        let rounded = Mat { st, off: 0, rows, cols: k, rs: k, cs: 1 };
+        let Storage::F32(v) = st else { return run(&rounded, w) };
+        if rows > GEMV_MAX_M || !serves_i8(&w) {
+            return run(&rounded, w);
+        }
+        with_scratch(QuantX::words(rows, k, g), |buf: &mut [f32]| {
+            let xq = QuantX::fill(&v[..rows * k], k, g, buf);
+            run(&rounded, Int4W { xq, ..w })
+        })
     })
+}
+
+/// The rows of x into `out` (`[rows, K]`), each rounded to int8 in blocks of `g` and scaled
+/// back (`attrs.activations = int8`; `simd::round_int8`), rows in parallel for a prefill.
+fn round_rows_int8(x: &Mat, g: usize, out: &mut [f32]) {
+    let k = x.cols;
+    if k == 0 || g == 0 {
+        return;
+    }
+    let row = |(r, row): (usize, &mut [f32])| {
+        read_f32(x.st, x.at(r, 0), x.cs, row);
+        simd::round_int8(row, g);
+    };
+    if x.rows >= 16 {
+        out.par_chunks_mut(k).enumerate().for_each(row);
+    } else {
+        out.chunks_mut(k).enumerate().for_each(row);
+    }
 }

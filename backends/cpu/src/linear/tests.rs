@@ -4,6 +4,7 @@ use crate::gemm::{BSrc, F32View, packed_gemm};
 use layerzero_core::exec::args::{W8a8Args, strided_copy};
 use layerzero_core::model::attrs::{Int4Attrs, NoAttrs, W8a8Attrs};
 use layerzero_core::model::layout::Layout;
+use layerzero_core::model::w4::ActQuant;
 use layerzero_reference as cpu_reference;
 use layerzero_reference::test_util::values;
 
@@ -347,6 +348,36 @@ fn int4_matches_the_dequantized_reference_for_group_sizes() -> TestResult {
     assert!(
         matches!(linear_int4(&bad), Err(KernelError::InvalidInput(m)) if m.contains("`zeros`") && m.contains("[3, 2]"))
     );
+    Ok(())
+}
+
+#[test]
+fn int4_with_int8_activations_matches_the_reference_on_every_path() -> TestResult {
+    // m = 1 and 3 take the integer GEMV where it serves (no zeros, K = 256), zeros and
+    // group 16 the f32 GEMV on the rounded x, m = 130 the GEMM on it.
+    for g in [16usize, 32, 64, 128] {
+        for zeros in [false, true] {
+            for (m, dtype) in [(1usize, DType::F32), (3, DType::BF16), (130, DType::F32)] {
+                let (k, n) = (256usize, 9usize);
+                let mut a = int4_args(m, k, n, g, zeros, dtype)?;
+                a.attrs.activations = ActQuant::Int8;
+                let ours = linear_int4(&a)?;
+                let want = reference(&OpArgs::LinearInt4(a.clone()))?;
+                assert_gemm_close(&ours, &want, k, 1.0, &format!("int4 x int8 g{g} zeros={zeros} m{m} {dtype}"));
+                // The attribute changes the product: the f32-activation result is another one.
+                a.attrs.activations = ActQuant::F32;
+                assert_ne!(reference(&OpArgs::LinearInt4(a))?.to_f32_vec(), want.to_f32_vec());
+            }
+        }
+    }
+    // A NaN in x reaches its row's outputs on the integer path too, and only that row's.
+    let mut a = int4_args(2, 256, 5, 32, false, DType::F32)?;
+    a.attrs.activations = ActQuant::Int8;
+    let mut x = a.x.to_f32_vec();
+    x[7] = f32::NAN;
+    a.x = HostTensor::from_f32(&[2, 256], x)?;
+    let out = linear_int4(&a)?.to_f32_vec();
+    assert!(out[..5].iter().all(|v| v.is_nan()) && out[5..].iter().all(|v| v.is_finite()), "{out:?}");
     Ok(())
 }
 

@@ -25,6 +25,7 @@ pub(crate) use dot_quant::{dot_i8_blocks, dot_int4};
 pub(crate) use dot_tile::{TileLane, Widen};
 #[cfg(target_arch = "x86_64")]
 pub(crate) use dot_tile::{dot_tile_avx2, dot_tile_avx512};
+pub(crate) use dot_w4a8::{dot_int4_i8, i8_encode, int8_blocks, round_int8};
 #[cfg(test)]
 pub(crate) use gemm::gemm_reference;
 pub(crate) use gemm::{PANEL, gemm, gemm_panels};
@@ -157,6 +158,7 @@ mod convert;
 mod dot_bf16;
 mod dot_quant;
 mod dot_tile;
+mod dot_w4a8;
 mod gemm;
 mod norm;
 mod softmax;

@@ -4,7 +4,7 @@
 use layerzero::model::attrs::{Activation, Int4Attrs, MlpAttrs, QuantAttrs, QuantScheme, ScaleLayout};
 
 use super::super::reference::linear::w8a8_blocks;
-use layerzero::model::w4::W4Format;
+use layerzero::model::w4::{ActQuant, W4Format};
 
 use super::*;
 
@@ -130,6 +130,13 @@ fn int4_in(dtype: DType, group: u64) -> Request {
         .tensor("x", TensorDesc::new(dtype, [4, 256]))
         .tensor("weight", TensorDesc::new(DType::I8, [32, 128]))
         .tensor("scales", TensorDesc::new(DType::F32, [32, 256 / group]))
+}
+
+/// `r` with x rounded to int8 first (`attrs.activations`).
+fn int8_activations(r: Request) -> Request {
+    let Attrs::Int4(a) = &r.attrs else { return r };
+    let a = Int4Attrs { activations: ActQuant::Int8, ..a.clone() };
+    r.attrs(Attrs::Int4(a))
 }
 
 /// A bf16 `[4, 256]` x against 4-bit weights of `format` in groups of `group`, scales `scale`.
@@ -424,6 +431,13 @@ pub(super) fn gemm_facts() -> TestResult<Vec<Fact>> {
         ),
         fact(int4, "group_sizes", here(WEIGHTS, "let b0 = gi * self.g / 2;"), "spr", int4_in(DType::BF16, 64)),
         fact(int4, "group_sizes", here(WEIGHTS, "let b0 = gi * self.g / 2;"), "spr", int4_in(DType::BF16, 32)),
+        fact(
+            int4,
+            "int4_activations",
+            here(LINEAR, "round_rows_int8(&x, g, &mut v[..rows * k]);"),
+            "spr",
+            int8_activations(int4_in(DType::F32, 32)),
+        ),
         // f32, f16 and bf16 pass the shared MLP check; fp8 is Unsupported there.
         fact(fused, "dtypes", mlp_dims(), "spr", mlp(Op::Mlp, Activation::Silu))
             .rejects(mlp_in(Op::Mlp, DType::Fp8E4M3, Activation::Silu, None), "DTYPE_UNSUPPORTED"),

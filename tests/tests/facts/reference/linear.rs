@@ -4,7 +4,7 @@
 use layerzero::model::attrs::{
     Activation, Int4Attrs, MlpAttrs, PatchEmbedAttrs, QuantAttrs, QuantScheme, ScaleLayout, W8a8Attrs,
 };
-use layerzero::model::w4::W4Format;
+use layerzero::model::w4::{ActQuant, W4Format};
 
 use super::*;
 
@@ -287,6 +287,13 @@ pub(super) fn matrix_ops() -> TestResult<Vec<Fact>> {
             here(LINEAR, "let packed = packed.to_i64_vec();"),
             "spr",
             strided(int4(), "weight")?,
+        ),
+        fact(
+            "cpu_reference.linear_int4.naive",
+            "int4_activations",
+            here(LINEAR, "ActQuant::Int8 => round_to_int8(&a.x.to_f32_vec(), g)"),
+            "spr",
+            Request { attrs: Attrs::Int4(Int4Attrs { activations: ActQuant::Int8, ..Int4Attrs::int4(64) }), ..int4() },
         ),
         fact(
             "cpu_reference.linear_int4.naive",
