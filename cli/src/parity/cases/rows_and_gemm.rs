@@ -13,7 +13,7 @@ use layerzero::model::attrs::{
 };
 use layerzero::model::dtype::DType;
 use layerzero::model::layout::Layout;
-use layerzero::model::w4::W4Format;
+use layerzero::model::w4::{ActQuant, W4Format};
 use layerzero::tensor::HostTensor;
 use layerzero::tensor::rng::Rng;
 
@@ -368,6 +368,22 @@ fn linear_int4(rng: &mut Rng) -> Vec<Case> {
             attrs: Int4Attrs::int4(group as u64),
         };
         out.push(case(format!("linear_int4/group{group}_zeros_{zeros}"), Category::Gemm, OpArgs::LinearInt4(args)));
+    }
+    // x rounded to int8 (Q4_0 x Q8_0): one decode row (the integer GEMV) and a batch (the f32
+    // GEMM on the rounded x).
+    for (rows, group) in [(1usize, 32usize), (m, 64)] {
+        let packed: Vec<f32> = (0..n * k / 2).map(|_| rng.below(256) as f32 - 128.0).collect();
+        let args = Int4Args {
+            x: tensor(rng, DType::F32, &[rows, k], 0.05),
+            weight: HostTensor::from_f32_as(DType::I8, &[n, k / 2], &packed).unwrap_or_else(unreachable_tensor),
+            scales: tensor(rng, DType::F32, &[n, k / group], 0.05),
+            zeros: None,
+            bias: None,
+            global_scale: None,
+            attrs: Int4Attrs { activations: ActQuant::Int8, ..Int4Attrs::int4(group as u64) },
+        };
+        let name = format!("linear_int4/int8_activations_m{rows}_group{group}");
+        out.push(case(name, Category::Gemm, OpArgs::LinearInt4(args)));
     }
     out
 }
