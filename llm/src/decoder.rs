@@ -80,7 +80,7 @@ impl<'w> Decoder<'w> {
                 attn_norm: Norm::rms(&lw.attn_norm, c.eps, input),
                 attn: Attention::new(l, lw, c, slots),
                 ffn_norm: Norm::rms(&lw.ffn_norm, c.eps, slots.named("ffn_norm")),
-                ffn: FeedForward::new(l, &lw.ffn, c, slots)?,
+                ffn: FeedForward::new(l, &lw.ffn, lw.gate_up.as_ref(), c, slots)?,
             });
         }
         Ok(Decoder {

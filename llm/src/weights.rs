@@ -43,18 +43,22 @@ pub struct LayerWeights {
     pub ffn_norm: HostTensor,
     /// The MLP.
     pub ffn: Ffn,
-    /// q, k and v stacked into one weight, `q`, `k` and `v` above being views of it, where
-    /// the weights were copied at load anyway (resident, or cast) and are not quantized: a
-    /// decode step projects them in one pass and one dispatch.
+    /// q, k and v stacked into one projection, `q`, `k` and `v` above being views of it, where
+    /// the weights were copied at load anyway (resident, cast or quantized): a decode step
+    /// projects them in one pass and one dispatch.
     pub qkv: Option<Qkv>,
+    /// A quantized MLP's gate and up stacked (`[2 I, H]`: gate's rows, then up's), `gate` and
+    /// `up` in `ffn` being views of it: one projection, its halves read by SwiGLU. (A dense
+    /// MLP without biases runs as one `mlp` op already.)
+    pub gate_up: Option<Proj>,
 }
 
 /// q_proj, k_proj and v_proj stacked (`[qd + 2 kvd, H]`: q's rows, then k's, then v's), with
 /// their biases likewise when the model has them.
 #[derive(Debug, Clone)]
 pub struct Qkv {
-    /// The stacked weight.
-    pub weight: HostTensor,
+    /// The stacked projection (dense, or the quantized codes and scales of each row).
+    pub weight: Proj,
     /// The stacked biases.
     pub bias: Option<HostTensor>,
 }
@@ -63,33 +67,14 @@ impl LayerWeights {
     /// Stacks q, k and v (and their biases) into [`Qkv`], each becoming a view of it (one copy
     /// of the weights, in huge-page memory as resident weights are).
     fn stack_qkv(&mut self) -> Result<()> {
-        let (Proj::Dense(q), Proj::Dense(k), Proj::Dense(v)) = (&self.q, &self.k, &self.v) else { return Ok(()) };
-        let dtype = q.dtype();
-        let stack = |parts: [&HostTensor; 3], cols: usize| -> Result<(HostTensor, [usize; 3])> {
-            let rows = parts.map(|p| p.numel() / cols.max(1));
-            let mut vals = Vec::with_capacity(rows.iter().sum::<usize>() * cols);
-            for p in parts {
-                vals.extend(p.to_f32_vec());
-            }
-            let n: usize = rows.iter().sum();
-            let shape: Vec<usize> = if cols == 0 { vec![n] } else { vec![n, cols] };
-            let packed = HostTensor::from_f32_as(dtype, &shape, &vals)?;
-            Ok((HostTensor::new(packed.storage().resident(), &shape)?, rows))
-        };
-        let h = q.shape()[1];
-        let (weight, rows) = stack([q, k, v], h)?;
-        let view = |t: &HostTensor, r0: usize, r: usize, cols: usize| -> Result<HostTensor> {
-            if cols == 0 { t.view(&[r], &[1], r0) } else { t.view(&[r, cols], &[cols, 1], r0 * cols) }
-        };
-        self.q = Proj::Dense(view(&weight, 0, rows[0], h)?);
-        self.k = Proj::Dense(view(&weight, rows[0], rows[1], h)?);
-        self.v = Proj::Dense(view(&weight, rows[0] + rows[1], rows[2], h)?);
+        let Some((weight, [q, k, v])) = stack_projs([&self.q, &self.k, &self.v])? else { return Ok(()) };
+        (self.q, self.k, self.v) = (q, k, v);
         let bias = match (&self.q_bias, &self.k_bias, &self.v_bias) {
             (Some(q), Some(k), Some(v)) => {
-                let (b, r) = stack([q, k, v], 0)?;
-                self.q_bias = Some(view(&b, 0, r[0], 0)?);
-                self.k_bias = Some(view(&b, r[0], r[1], 0)?);
-                self.v_bias = Some(view(&b, r[0] + r[1], r[2], 0)?);
+                let (b, r) = stack_rows([q, k, v])?;
+                self.q_bias = Some(rows_of(&b, 0, r[0])?);
+                self.k_bias = Some(rows_of(&b, r[0], r[1])?);
+                self.v_bias = Some(rows_of(&b, r[0] + r[1], r[2])?);
                 Some(b)
             }
             _ => None,
@@ -97,6 +82,113 @@ impl LayerWeights {
         self.qkv = Some(Qkv { weight, bias });
         Ok(())
     }
+
+    /// Stacks a quantized MLP's gate and up (no biases) into `gate_up`, each becoming a view.
+    fn stack_gate_up(&mut self) -> Result<()> {
+        let Ffn::Dense { gate, up, bias: None, .. } = &mut self.ffn else { return Ok(()) };
+        if gate.dense().is_some() {
+            return Ok(());
+        }
+        let Some((both, [g, u])) = stack_projs([&*gate, &*up])? else { return Ok(()) };
+        (*gate, *up) = (g, u);
+        self.gate_up = Some(both);
+        Ok(())
+    }
+
+    /// The decode's one-pass projections, where the weights were copied at load (weights
+    /// served from the map stay there, unstacked).
+    fn stack(&mut self) -> Result<()> {
+        if [&self.q, &self.k, &self.v].iter().any(|p| p.dense().is_some_and(|t| t.storage().is_mapped())) {
+            return Ok(());
+        }
+        self.stack_qkv()?;
+        self.stack_gate_up()
+    }
+}
+
+/// `parts` stacked by rows into one projection of their kind (dense in their dtype; int8 or
+/// int4 codes and scales, the same group and activations), with each part as a view of its
+/// rows; `None` when they are not of one kind.
+fn stack_projs<const N: usize>(parts: [&Proj; N]) -> Result<Option<(Proj, [Proj; N])>> {
+    let views = |t: &HostTensor, rows: &[usize; N]| -> Result<[HostTensor; N]> {
+        let mut r0 = 0;
+        let mut out = Vec::with_capacity(N);
+        for &r in rows {
+            out.push(rows_of(t, r0, r)?);
+            r0 += r;
+        }
+        out.try_into().map_err(|_| Error::invalid("stacked views".to_owned()))
+    };
+    Ok(match parts[0] {
+        Proj::Dense(_) => {
+            let Some(ws) = each(parts, |p| p.dense()) else { return Ok(None) };
+            let (weight, rows) = stack_rows(ws)?;
+            let parts = views(&weight, &rows)?.map(Proj::Dense);
+            Some((Proj::Dense(weight), parts))
+        }
+        &Proj::Int8 { group, .. } => {
+            let Some(ws) = each(parts, |p| match p {
+                Proj::Int8 { weight, scale, group: g } if *g == group => Some((weight, scale)),
+                _ => None,
+            }) else {
+                return Ok(None);
+            };
+            let (weight, rows) = stack_rows(ws.map(|w| w.0))?;
+            let (scale, _) = stack_rows(ws.map(|w| w.1))?;
+            let (w, s) = (views(&weight, &rows)?, views(&scale, &rows)?);
+            let parts = std::array::from_fn(|i| Proj::Int8 { weight: w[i].clone(), scale: s[i].clone(), group });
+            Some((Proj::Int8 { weight, scale, group }, parts))
+        }
+        &Proj::Int4 { group, activations, .. } => {
+            let Some(ws) = each(parts, |p| match p {
+                Proj::Int4 { packed, scales, group: g, activations: a } if *g == group && *a == activations => {
+                    Some((packed, scales))
+                }
+                _ => None,
+            }) else {
+                return Ok(None);
+            };
+            let (packed, rows) = stack_rows(ws.map(|w| w.0))?;
+            let (scales, _) = stack_rows(ws.map(|w| w.1))?;
+            let (p, s) = (views(&packed, &rows)?, views(&scales, &rows)?);
+            let parts =
+                std::array::from_fn(|i| Proj::Int4 { packed: p[i].clone(), scales: s[i].clone(), group, activations });
+            Some((Proj::Int4 { packed, scales, group, activations }, parts))
+        }
+    })
+}
+
+/// `f` of every part, when it gives one for each.
+fn each<'a, const N: usize, T>(parts: [&'a Proj; N], f: impl Fn(&'a Proj) -> Option<T>) -> Option<[T; N]> {
+    let v: Option<Vec<T>> = parts.into_iter().map(f).collect();
+    v?.try_into().ok()
+}
+
+/// Tensors of one dtype and trailing shape stacked along their first dim (resident, as
+/// copied weights are), with each one's row count.
+fn stack_rows<const N: usize>(parts: [&HostTensor; N]) -> Result<(HostTensor, [usize; N])> {
+    let tail: Vec<usize> = parts[0].shape().get(1..).unwrap_or_default().to_vec();
+    let per: usize = tail.iter().product();
+    let rows = parts.map(|p| p.shape().first().copied().unwrap_or(0));
+    let mut vals = Vec::with_capacity(rows.iter().sum::<usize>() * per);
+    for p in parts {
+        vals.extend(p.to_f32_vec());
+    }
+    let shape: Vec<usize> = std::iter::once(rows.iter().sum()).chain(tail).collect();
+    let packed = HostTensor::from_f32_as(parts[0].dtype(), &shape, &vals)?;
+    Ok((HostTensor::new(packed.storage().resident(), &shape)?, rows))
+}
+
+/// Rows `r0..r0 + r` of `t` as a view.
+fn rows_of(t: &HostTensor, r0: usize, r: usize) -> Result<HostTensor> {
+    let tail = t.shape().get(1..).unwrap_or_default();
+    let per: usize = tail.iter().product();
+    let shape: Vec<usize> = std::iter::once(r).chain(tail.iter().copied()).collect();
+    let mut strides = vec![1usize; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * shape[d + 1];
+    }
+    t.view(&shape, &strides, r0 * per)
 }
 
 /// A layer's MLP.
@@ -402,9 +494,10 @@ impl Weights {
                         },
                     },
                     qkv: None,
+                    gate_up: None,
                 })
                 .and_then(|mut layer: LayerWeights| {
-                    layer.stack_qkv()?;
+                    layer.stack()?;
                     Ok(layer)
                 })
             })
@@ -470,15 +563,11 @@ impl Weights {
                     },
                 },
                 qkv: None,
+                gate_up: None,
             });
-            // Copied weights (resident or cast) are stacked for the decode's one-pass q/k/v;
-            // weights served from the map stay there.
-            let layer = layers.last_mut().ok_or_else(|| Error::invalid("no layer"))?;
-            if quant.is_none()
-                && ![&layer.q, &layer.k, &layer.v].iter().any(|p| p.dense().is_some_and(|t| t.storage().is_mapped()))
-            {
-                layer.stack_qkv()?;
-            }
+            // Copied weights (resident, cast or quantized) are stacked for the decode's one-pass
+            // projections; weights served from the map stay there.
+            layers.last_mut().ok_or_else(|| Error::invalid("no layer"))?.stack()?;
         }
         let norm = t.take("model.norm.weight", &[h])?;
         let lm_head = if c.tied {

@@ -43,7 +43,9 @@ fn quantized_projections_run_their_kernels_and_keep_the_logits_within_the_declar
         ] {
             let model = Model::load_with(&dir, None, llm::Residence::Resident, Some(quant))?;
             let layer = &model.weights.layers[0];
-            assert!(layer.q.dense().is_none() && layer.o.dense().is_none() && layer.qkv.is_none(), "{name} {quant}");
+            assert!(layer.q.dense().is_none() && layer.o.dense().is_none(), "{name} {quant}");
+            // q/k/v and gate/up stacked, for a decode step's one projection each.
+            assert!(layer.qkv.is_some() && layer.gate_up.is_some(), "{name} {quant}");
             let (got, ops) = logits_and_ops(&model, &lz)?;
             assert!(ops.contains(&op), "{name} {quant}: {op} never ran: {ops:?}");
             assert_eq!(
@@ -113,6 +115,7 @@ fn an_int4_model_computes_exactly_what_its_codes_and_scales_say() -> TestResult 
         let quant = Model::load_with(&dir, None, llm::Residence::Resident, Some(f32_activations))?;
         let mut widened = quant.clone();
         for l in &mut widened.weights.layers {
+            (l.qkv, l.gate_up) = (None, None);
             for p in [&mut l.q, &mut l.k, &mut l.v, &mut l.o] {
                 *p = dequantized(p)?;
             }

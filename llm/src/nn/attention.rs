@@ -52,7 +52,7 @@ impl<'w> Attention<'w> {
             q: Linear::new(&w.q, w.q_bias.as_ref(), slots.named("attn.q"), slots),
             k: Linear::new(&w.k, w.k_bias.as_ref(), slots.named("attn.k"), slots),
             v: Linear::new(&w.v, w.v_bias.as_ref(), slots.named("attn.v"), slots),
-            qkv: w.qkv.as_ref().map(|p| Linear::dense(&p.weight, p.bias.as_ref(), slots.named("attn.qkv"))),
+            qkv: w.qkv.as_ref().map(|p| Linear::new(&p.weight, p.bias.as_ref(), slots.named("attn.qkv"), slots)),
             o: Linear::new(&w.o, w.o_bias.as_ref(), slots.named("attn.o"), slots),
             qk_norm,
             rope: c.rope.clone(),

@@ -23,7 +23,13 @@ pub(crate) enum FeedForward<'w> {
 
 impl<'w> FeedForward<'w> {
     /// Layer `l`'s MLP over `w`; every layer's shares `slots`' buffers.
-    pub(crate) fn new(l: usize, w: &'w Ffn, c: &ModelConfig, slots: &mut Slots) -> Result<FeedForward<'w>> {
+    pub(crate) fn new(
+        l: usize,
+        w: &'w Ffn,
+        gate_up: Option<&'w Proj>,
+        c: &ModelConfig,
+        slots: &mut Slots,
+    ) -> Result<FeedForward<'w>> {
         Ok(match w {
             Ffn::Dense { gate: Proj::Dense(gate), up: Proj::Dense(up), down: Proj::Dense(down), bias: None } => {
                 FeedForward::Mlp(Mlp::Fused { gate, up, down, slot: slots.named("mlp") })
@@ -37,6 +43,7 @@ impl<'w> FeedForward<'w> {
                 FeedForward::Mlp(Mlp::Unfused {
                     gate: Linear::new(gate, bg, slots.named("mlp.gate"), slots),
                     up: Linear::new(up, bu, slots.named("mlp.up"), slots),
+                    gate_up: gate_up.map(|p| Linear::new(p, None, slots.named("mlp.gate_up"), slots)),
                     act: slots.named("mlp.act"),
                     down: Linear::new(down, bd, slots.named("mlp.down"), slots),
                 })
@@ -71,8 +78,9 @@ impl<'w> FeedForward<'w> {
 pub(crate) enum Mlp<'w> {
     /// Without biases: one `mlp` call.
     Fused { gate: &'w HostTensor, up: &'w HostTensor, down: &'w HostTensor, slot: Slot },
-    /// With biases, or quantized: the gate and up projections, SwiGLU, the down projection.
-    Unfused { gate: Linear<'w>, up: Linear<'w>, act: Slot, down: Linear<'w> },
+    /// With biases, or quantized: the gate and up projections (one stacked projection where
+    /// the layer has it, SwiGLU reading its halves), SwiGLU, the down projection.
+    Unfused { gate: Linear<'w>, up: Linear<'w>, gate_up: Option<Linear<'w>>, act: Slot, down: Linear<'w> },
 }
 
 impl Mlp<'_> {
@@ -89,9 +97,17 @@ impl Mlp<'_> {
     fn forward(&self, cx: &mut Pass<'_>, x: HostTensor) -> Result<HostTensor> {
         match self {
             Mlp::Fused { gate, up, down, slot } => cx.out(Mlp::fused(x, gate, up, down), Some(*slot)),
-            Mlp::Unfused { gate, up, act, down } => {
-                let [g, u] = Linear::forward_shared(cx, &x, [gate, up])?;
-                let swiglu = SwigluArgs { x: None, gate: Some(g), up: Some(u), attrs: SwigluAttrs::default() };
+            Mlp::Unfused { gate, up, gate_up, act, down } => {
+                let swiglu = match gate_up {
+                    Some(both) => {
+                        let gu = both.forward(cx, &x)?;
+                        SwigluArgs { x: Some(gu), gate: None, up: None, attrs: SwigluAttrs { split: true } }
+                    }
+                    None => {
+                        let [g, u] = Linear::forward_shared(cx, &x, [gate, up])?;
+                        SwigluArgs { x: None, gate: Some(g), up: Some(u), attrs: SwigluAttrs::default() }
+                    }
+                };
                 let a = cx.out(OpArgs::Swiglu(swiglu), Some(*act))?;
                 down.forward(cx, &a)
             }
