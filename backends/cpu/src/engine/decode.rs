@@ -17,8 +17,11 @@ use layerzero_core::model::layout::Layout;
 const MIN_CHUNK: usize = 64;
 /// Keys per block of the P . V product.
 const VBLOCK: usize = 64;
-/// Keys per block of the Q . K^T product (one 16 x 16 transpose per 16 dims).
-const KBLOCK: usize = 16;
+/// Keys per block of the Q . K^T product (one query row: `simd::dots_keys`; more: one 16 x 16
+/// transpose per 16 dims).
+const KBLOCK: usize = simd::KEYS;
+/// Query rows per kv head up to which the scores are taken row by row (`simd::dots_keys`).
+const ROWS_BY_KEYS: usize = 1;
 
 /// A task: kv heads `h0..h1` of sequence `seq`, keys `c0..c1`.
 #[derive(Debug, Clone, Copy)]
@@ -185,8 +188,8 @@ fn task(p: &Problem, t: &Task, buf: &mut [f32]) {
             }
         }
         // Scores [row][key]: blocks of KBLOCK keys as a small GEMM of the head's queries
-        // against the block transposed (no horizontal sums, no call per key); the rest key
-        // by key.
+        // against the block transposed (no horizontal sums, no call per key), or for one
+        // query row each key's dot in its own accumulator; the rest key by key.
         let mut j = ja;
         while j < jb {
             let full = jb - j >= KBLOCK && d.is_multiple_of(16);
@@ -204,10 +207,18 @@ fn task(p: &Problem, t: &Task, buf: &mut [f32]) {
                             (&*kbuf, d)
                         }
                     };
+                    let at = kh * per_head * w + (j - ja);
+                    // One query row: each key's dot in its own accumulator; more rows share
+                    // one transpose of the block.
+                    if per_head <= ROWS_BY_KEYS {
+                        for (r, qr) in q.chunks_exact(d).enumerate() {
+                            simd::dots_keys(qr, src, ld, d, &mut s[at + r * w..at + r * w + KBLOCK]);
+                        }
+                        continue;
+                    }
                     for dd in (0..d).step_by(16) {
                         simd::transpose_16x16(&src[dd..], ld, &mut kt[dd * KBLOCK..], KBLOCK);
                     }
-                    let at = kh * per_head * w + (j - ja);
                     simd::gemm(per_head, KBLOCK, d, q, d, kt, KBLOCK, &mut s[at..], w, false);
                 } else {
                     let krow = seq.k.row_f32(t.h0 + kh, j, kscratch);

@@ -21,6 +21,7 @@ pub(crate) use bf16_panels::{bf16_panels, gemm_bf16_panels};
 pub(crate) use convert::bf16_bits_finite;
 pub(crate) use convert::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_bf16_bits};
 pub(crate) use dot_bf16::{PAIR_MR, PAIR_NR, dots_bf16, gemm_tile_bf16_pairs, split_bf16};
+pub(crate) use dot_keys::{KEYS, dots_keys};
 pub(crate) use dot_quant::{dot_i8_blocks, dot_int4};
 pub(crate) use dot_tile::{TileLane, Widen};
 #[cfg(target_arch = "x86_64")]
@@ -156,6 +157,7 @@ mod amx;
 mod bf16_panels;
 mod convert;
 mod dot_bf16;
+mod dot_keys;
 mod dot_quant;
 mod dot_tile;
 mod dot_w4a8;
