@@ -143,13 +143,18 @@ fn a_warm_decode_step_allocates_nothing() -> TestResult {
 }
 
 #[test]
-fn a_warm_decode_step_of_int4_weights_allocates_nothing() -> TestResult {
+fn a_warm_decode_step_of_quantized_weights_allocates_nothing() -> TestResult {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models").join("llama-gqa");
-    let quant = Some(layerzero_llm::WeightQuant::int4(32));
-    let m = Model::load_with(&dir, None, layerzero_llm::Residence::Resident, quant)?;
-    let fewest = warm_step_allocations(&m, KvKind::Contiguous)?;
-    assert_eq!(fewest, 0, "a warm int4 decode step allocated {fewest} times");
+    for quant in [
+        layerzero_llm::WeightQuant::int4(32),
+        layerzero_llm::WeightQuant::Int4 { group: 32, activations: layerzero::model::w4::ActQuant::F32 },
+        layerzero_llm::WeightQuant::Int8 { group: 32 },
+    ] {
+        let m = Model::load_with(&dir, None, layerzero_llm::Residence::Resident, Some(quant))?;
+        let fewest = warm_step_allocations(&m, KvKind::Contiguous)?;
+        assert_eq!(fewest, 0, "a warm {quant} decode step allocated {fewest} times");
+    }
     Ok(())
 }
 

@@ -10,7 +10,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 use std::thread::LocalKey;
 
-use super::rows::Elem;
+use super::rows::Slot;
 use layerzero_core::exec::args::Outputs;
 use layerzero_core::exec::executor::KernelError;
 use layerzero_core::tensor::{Buf, HostTensor, Storage, advise_huge};
@@ -77,14 +77,14 @@ impl<T> std::ops::DerefMut for Aligned<T> {
 /// (a torch tensor, [`Region`](layerzero_core::tensor::Region)) is written in place when it
 /// is lent writable, whole and contiguous and holds exactly the output. The kernel writes
 /// `v`; `finish` makes the tensor.
-pub(super) struct Out<T: Elem> {
+pub(super) struct Out<T: Slot> {
     /// The caller's storage, its buffer taken out for the kernel to write.
     shell: Option<Arc<Storage>>,
     /// The elements, all `n` of them (zeros until written).
     pub(super) v: Buf<T>,
 }
 
-impl<T: Elem> Out<T> {
+impl<T: Slot> Out<T> {
     /// The buffer for output `name` of `n` elements.
     pub(super) fn take(buffers: &mut Outputs, name: &str, n: usize) -> Out<T> {
         if let Some(t) = buffers.remove(name) {

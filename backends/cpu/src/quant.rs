@@ -19,12 +19,13 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
+use super::alloc::{Out, with_scratch};
 use super::gemm::{Mat, to_tensor};
 use super::pack::{invalid, read_f32};
 use super::simd::i8_encode;
 use super::wrong_op;
 use layerzero_core::exec::args::{DequantizeArgs, OpArgs, Outputs, QuantizeArgs};
-use layerzero_core::exec::executor::{KernelError, Registry};
+use layerzero_core::exec::executor::{KernelError, Registry, WritesInto};
 use layerzero_core::exec::quant::{Grid, Target, check_scale};
 use layerzero_core::model::attrs::{QuantScheme, ScaleLayout};
 use layerzero_core::model::dtype::DType;
@@ -40,10 +41,10 @@ pub(super) const DEQUANTIZE: &str = "cpu.dequantize.fast";
 pub(crate) fn register(registry: &mut Registry) {
     registry.register(
         QUANTIZE,
-        Arc::new(|args: &OpArgs| match args {
-            OpArgs::Quantize(a) => quantize(a),
+        Arc::new(WritesInto(|args: &OpArgs, bufs: &mut Outputs| match args {
+            OpArgs::Quantize(a) => quantize_into(a, bufs),
             other => Err(wrong_op(QUANTIZE, other)),
-        }),
+        })),
     );
     registry.register(
         DEQUANTIZE,
@@ -98,79 +99,87 @@ fn amax(v: &[f32]) -> f32 {
     v.iter().fold(0.0f32, |m, &x| if x.abs() > m { x.abs() } else { m })
 }
 
-/// Quantizes x into codes of type `T` with `enc(x / scale)`; returns (codes, row-major scales).
+/// Quantizes x into `codes` (of type `T`, x's rows) with `enc(x / scale)` and the
+/// row-major `scales` (the grid's count); temporaries from this thread's scratch.
 fn run<T: Copy + Default + Send + Sync>(
     x: &Mat,
     grid: &Grid,
     qmax: f32,
     enc: impl Fn(f32) -> T + Sync,
-) -> (Vec<T>, Vec<f32>) {
-    let (rows, cols) = (x.rows, x.cols);
-    let mut codes = vec![T::default(); rows * cols];
+    codes: &mut [T],
+    scales: &mut [f32],
+) {
+    let cols = x.cols;
     let scale_of = |m: f32| if m == 0.0 { 1.0 } else { m / qmax };
     if codes.is_empty() {
-        let n = grid.gr * grid.gc;
-        return (codes, vec![1.0; n]);
+        scales.fill(1.0);
+        return;
     }
     if !grid.banded() {
         let scale = if grid.scheme == QuantScheme::None {
             1.0
         } else {
-            let m = (0..rows)
+            let m = (0..x.rows)
                 .into_par_iter()
-                .map_init(
-                    || vec![0f32; cols],
-                    |buf, r| {
+                .map(|r| {
+                    with_scratch(cols, |buf: &mut [f32]| {
                         x.read_row(r, buf);
                         amax(buf)
-                    },
-                )
+                    })
+                })
                 .reduce(|| 0.0f32, f32::max);
             scale_of(m)
         };
         let none = grid.scheme == QuantScheme::None;
-        codes.par_chunks_mut(cols).enumerate().for_each_init(
-            || vec![0f32; cols],
-            |buf, (r, out)| {
+        codes.par_chunks_mut(cols).enumerate().for_each(|(r, out)| {
+            with_scratch(cols, |buf: &mut [f32]| {
                 x.read_row(r, buf);
                 for (o, &v) in out.iter_mut().zip(buf.iter()) {
                     *o = enc(if none { v } else { v / scale });
                 }
-            },
-        );
-        return (codes, vec![scale]);
+            })
+        });
+        scales.fill(scale);
+        return;
     }
     // Bands of `br` rows: amax per column block over the band, then quantize the band.
     let (br, bc, gc) = (grid.br, grid.bc, grid.gc);
-    let mut scales = vec![0f32; grid.gr * gc];
     codes.par_chunks_mut(br * cols).zip(scales.par_chunks_mut(gc)).enumerate().for_each(|(band, (out, sc))| {
         let nr = out.len() / cols;
-        let mut buf = vec![0f32; nr * cols];
-        for (i, row) in buf.chunks_mut(cols).enumerate() {
-            x.read_row(band * br + i, row);
-        }
-        let mut m = vec![0f32; gc];
-        for row in buf.chunks(cols) {
-            for (j, blk) in row.chunks(bc).enumerate() {
-                m[j] = m[j].max(amax(blk));
+        with_scratch(nr * cols + gc, |t: &mut [f32]| {
+            let (buf, m) = t.split_at_mut(nr * cols);
+            m.fill(0.0);
+            for (i, row) in buf.chunks_mut(cols).enumerate() {
+                x.read_row(band * br + i, row);
             }
-        }
-        for (s, &m) in sc.iter_mut().zip(&m) {
-            *s = scale_of(m);
-        }
-        for (orow, row) in out.chunks_mut(cols).zip(buf.chunks(cols)) {
-            for ((oblk, blk), &s) in orow.chunks_mut(bc).zip(row.chunks(bc)).zip(sc.iter()) {
-                for (o, &v) in oblk.iter_mut().zip(blk) {
-                    *o = enc(v / s);
+            for row in buf.chunks(cols) {
+                for (j, blk) in row.chunks(bc).enumerate() {
+                    m[j] = m[j].max(amax(blk));
                 }
             }
-        }
+            for (s, &m) in sc.iter_mut().zip(m.iter()) {
+                *s = scale_of(m);
+            }
+            for (orow, row) in out.chunks_mut(cols).zip(buf.chunks(cols)) {
+                for ((oblk, blk), &s) in orow.chunks_mut(bc).zip(row.chunks(bc)).zip(sc.iter()) {
+                    for (o, &v) in oblk.iter_mut().zip(blk) {
+                        *o = enc(v / s);
+                    }
+                }
+            }
+        })
     });
-    (codes, scales)
 }
 
 /// `quantize`: outputs `out` (target dtype, x's shape, contiguous) and `scale` (f32).
+#[cfg(test)]
 pub(super) fn quantize(a: &QuantizeArgs) -> Result<Outputs, KernelError> {
+    quantize_into(a, &mut Outputs::new())
+}
+
+/// [`quantize`] into the buffers of the previous call where they fit (i8 codes and
+/// row-major scales: a decode step's activations allocate nothing once warm).
+pub(super) fn quantize_into(a: &QuantizeArgs, bufs: &mut Outputs) -> Result<Outputs, KernelError> {
     let x = &a.x;
     if !matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16) {
         return Err(invalid(format!("tensor `x` has dtype {}; quantize reads f32, f16 or bf16", x.dtype())));
@@ -179,32 +188,35 @@ pub(super) fn quantize(a: &QuantizeArgs) -> Result<Outputs, KernelError> {
     let grid = Grid::new(&a.attrs, x)?;
     let mut holder = None;
     let xm = x_rows(x, &mut holder)?;
-    let (storage, scales) = match target {
+    let n = xm.rows * xm.cols;
+    let column_major = grid.scheme == QuantScheme::PerBlock && a.attrs.scale_layout == Some(ScaleLayout::ColumnMajor);
+    let mut sc = Out::<f32>::take(bufs, "scale", grid.gr * grid.gc);
+    let built = |e: layerzero_core::error::Error| KernelError::Failed(format!("building the output: {e}"));
+    let out = match target {
         Target::I8 => {
-            let (c, s) = run(&xm, &grid, target.qmax(), i8_encode);
-            (Storage::I8(c.into()), s)
+            let mut codes = Out::<i8>::take(bufs, "out", n);
+            run(&xm, &grid, target.qmax(), i8_encode, &mut codes.v, &mut sc.v);
+            codes.finish(x.shape())?
         }
         Target::Fp8(f) => {
-            let (c, s) = run(&xm, &grid, target.qmax(), |v| fp8_encode(f, v));
-            (if f == Fp8::E4M3 { Storage::Fp8E4M3(c.into()) } else { Storage::Fp8E5M2(c.into()) }, s)
+            let mut c = vec![0u8; n];
+            run(&xm, &grid, target.qmax(), |v| fp8_encode(f, v), &mut c, &mut sc.v);
+            let st = if f == Fp8::E4M3 { Storage::Fp8E4M3(c.into()) } else { Storage::Fp8E5M2(c.into()) };
+            HostTensor::new(st, x.shape()).map_err(built)?
         }
     };
-    let built = |e: layerzero_core::error::Error| KernelError::Failed(format!("building the output: {e}"));
-    let out = HostTensor::new(storage, x.shape()).map_err(built)?;
-    let column_major = a.attrs.scale_layout == Some(ScaleLayout::ColumnMajor);
-    let scale = if grid.scheme == QuantScheme::PerBlock && column_major {
+    let scale = if column_major {
         let (gr, gc) = (grid.gr, grid.gc);
         let mut cm = vec![0f32; gr * gc];
         for i in 0..gr {
             for j in 0..gc {
-                cm[j * gr + i] = scales[i * gc + j];
+                cm[j * gr + i] = sc.v[i * gc + j];
             }
         }
-        HostTensor::from_f32(&[gr * gc], cm).and_then(|t| t.view(&[gr, gc], &[1, gr], 0))
+        HostTensor::from_f32(&[gr * gc], cm).and_then(|t| t.view(&[gr, gc], &[1, gr], 0)).map_err(built)?
     } else {
-        HostTensor::from_f32(&grid.shape(), scales)
-    }
-    .map_err(built)?;
+        sc.finish(&grid.shape())?
+    };
     Ok(Outputs::from([("out", out), ("scale", scale)]))
 }
 

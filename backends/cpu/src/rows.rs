@@ -145,13 +145,22 @@ impl<'a> View<'a> {
     }
 }
 
-/// An output element type (f32, f16, bf16).
-pub(super) trait Elem: bytemuck::Pod + Send + Sync + 'static {
+/// An element an output buffer holds (the float outputs, and i8 codes): what reusing the
+/// caller's buffer (`alloc::Out`) needs.
+pub(super) trait Slot: bytemuck::Pod + Send + Sync + 'static {
     /// Zero.
     const ZERO: Self;
     /// `n` zeros (calloc-backed: the pages are first touched by the kernel's writes; huge
     /// pages requested for large outputs, see `alloc`).
     fn zeros(n: usize) -> Vec<Self>;
+    /// The storage of this buffer.
+    fn storage_of(b: Buf<Self>) -> Storage;
+    /// The buffer of `st`, when it holds this type.
+    fn buf_mut(st: &mut Storage) -> Option<&mut Buf<Self>>;
+}
+
+/// An output element type (f32, f16, bf16).
+pub(super) trait Elem: Slot {
     /// `dst[i] = src[i]` rounded to nearest even.
     fn store(src: &[f32], dst: &mut [Self]);
     /// Runs `f` on an f32 image of `dst` (zeros) and stores it, in parallel when it is
@@ -200,19 +209,24 @@ pub(super) trait Elem: bytemuck::Pod + Send + Sync + 'static {
     fn storage(v: Vec<Self>) -> Storage {
         Self::storage_of(Buf::from(v))
     }
-    /// The storage of this buffer.
-    fn storage_of(b: Buf<Self>) -> Storage;
     /// The typed elements of `st`, when it holds this type.
     fn slice(st: &Storage) -> Option<&[Self]>;
-    /// The buffer of `st`, when it holds this type.
-    fn buf_mut(st: &mut Storage) -> Option<&mut Buf<Self>>;
 }
 
-impl Elem for f32 {
+impl Slot for f32 {
     const ZERO: f32 = 0.0;
     fn zeros(n: usize) -> Vec<f32> {
         alloc::huge(vec![0.0; n])
     }
+    fn storage_of(b: Buf<f32>) -> Storage {
+        Storage::F32(b)
+    }
+    fn buf_mut(st: &mut Storage) -> Option<&mut Buf<f32>> {
+        if let Storage::F32(v) = st { Some(v) } else { None }
+    }
+}
+
+impl Elem for f32 {
     #[inline]
     fn store(src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src);
@@ -225,43 +239,49 @@ impl Elem for f32 {
     fn produce_par<E>(dst: &mut [f32], f: impl FnOnce(&mut [f32]) -> Result<(), E>) -> Result<(), E> {
         f(dst)
     }
-    fn storage_of(b: Buf<f32>) -> Storage {
-        Storage::F32(b)
-    }
     fn slice(st: &Storage) -> Option<&[f32]> {
-        if let Storage::F32(v) = st { Some(v) } else { None }
-    }
-    fn buf_mut(st: &mut Storage) -> Option<&mut Buf<f32>> {
         if let Storage::F32(v) = st { Some(v) } else { None }
     }
 }
 
-impl Elem for f16 {
+impl Slot for f16 {
     const ZERO: f16 = f16::ZERO;
     fn zeros(n: usize) -> Vec<f16> {
         alloc::huge(vec![0u16; n]).reinterpret_into()
     }
-    #[inline]
-    fn store(src: &[f32], dst: &mut [f16]) {
-        // half converts 8 at a time with F16C when the CPU has it (detected at run time).
-        dst.convert_from_f32_slice(src);
-    }
     fn storage_of(b: Buf<f16>) -> Storage {
         Storage::F16(b)
-    }
-    fn slice(st: &Storage) -> Option<&[f16]> {
-        if let Storage::F16(v) = st { Some(v) } else { None }
     }
     fn buf_mut(st: &mut Storage) -> Option<&mut Buf<f16>> {
         if let Storage::F16(v) = st { Some(v) } else { None }
     }
 }
 
-impl Elem for bf16 {
+impl Elem for f16 {
+    #[inline]
+    fn store(src: &[f32], dst: &mut [f16]) {
+        // half converts 8 at a time with F16C when the CPU has it (detected at run time).
+        dst.convert_from_f32_slice(src);
+    }
+    fn slice(st: &Storage) -> Option<&[f16]> {
+        if let Storage::F16(v) = st { Some(v) } else { None }
+    }
+}
+
+impl Slot for bf16 {
     const ZERO: bf16 = bf16::ZERO;
     fn zeros(n: usize) -> Vec<bf16> {
         alloc::huge(vec![0u16; n]).reinterpret_into()
     }
+    fn storage_of(b: Buf<bf16>) -> Storage {
+        Storage::BF16(b)
+    }
+    fn buf_mut(st: &mut Storage) -> Option<&mut Buf<bf16>> {
+        if let Storage::BF16(v) = st { Some(v) } else { None }
+    }
+}
+
+impl Elem for bf16 {
     #[inline]
     fn store(src: &[f32], dst: &mut [bf16]) {
         simd::f32_to_bf16_bits(src, dst.reinterpret_cast_mut());
@@ -282,14 +302,21 @@ impl Elem for bf16 {
             Src::Bf16(x) => simd::affine_bf16_bf16(x, n, w, b, dst, finite),
         }
     }
-    fn storage_of(b: Buf<bf16>) -> Storage {
-        Storage::BF16(b)
-    }
     fn slice(st: &Storage) -> Option<&[bf16]> {
         if let Storage::BF16(v) = st { Some(v) } else { None }
     }
-    fn buf_mut(st: &mut Storage) -> Option<&mut Buf<bf16>> {
-        if let Storage::BF16(v) = st { Some(v) } else { None }
+}
+
+impl Slot for i8 {
+    const ZERO: i8 = 0;
+    fn zeros(n: usize) -> Vec<i8> {
+        vec![0; n]
+    }
+    fn storage_of(b: Buf<i8>) -> Storage {
+        Storage::I8(b)
+    }
+    fn buf_mut(st: &mut Storage) -> Option<&mut Buf<i8>> {
+        if let Storage::I8(v) = st { Some(v) } else { None }
     }
 }
 

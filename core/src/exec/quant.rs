@@ -92,12 +92,13 @@ impl Grid {
         }
     }
 
-    /// The logical shape of the scale tensor.
-    pub fn shape(&self) -> Vec<usize> {
+    /// The logical shape of the scale tensor (inline: a decode step's quantize allocates
+    /// nothing for it).
+    pub fn shape(&self) -> crate::tensor::Dims {
         match self.scheme {
-            QuantScheme::None | QuantScheme::PerTensor => vec![1],
-            QuantScheme::PerChannel => vec![self.gr],
-            QuantScheme::PerBlock => vec![self.gr, self.gc],
+            QuantScheme::None | QuantScheme::PerTensor => smallvec::smallvec![1],
+            QuantScheme::PerChannel => smallvec::smallvec![self.gr],
+            QuantScheme::PerBlock => smallvec::smallvec![self.gr, self.gc],
         }
     }
 
@@ -147,7 +148,7 @@ pub fn check_scale(a: &QuantAttrs, x: &HostTensor, s: &HostTensor, grid: &Grid) 
     };
     let shape_ok = match a.scheme {
         QuantScheme::None | QuantScheme::PerTensor => s.numel() == 1,
-        _ => s.shape() == want,
+        _ => s.shape() == &want[..],
     };
     if !shape_ok {
         return Err(invalid(format!(

@@ -20,7 +20,9 @@ use std::sync::Arc;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
+#[cfg(test)]
 use w8a8::linear_w8a8;
+use w8a8::linear_w8a8_into;
 
 use super::alloc::{Out, with_scratch, with_scratch_storage};
 use super::gemm::{
@@ -58,10 +60,10 @@ pub(crate) fn register(registry: &mut Registry) {
     );
     registry.register(
         W8A8,
-        Arc::new(|args: &OpArgs| match args {
-            OpArgs::LinearW8a8(a) => linear_w8a8(a).map(out),
+        Arc::new(WritesInto(|args: &OpArgs, bufs: &mut Outputs| match args {
+            OpArgs::LinearW8a8(a) => linear_w8a8_into(a, bufs),
             other => Err(wrong_op(W8A8, other)),
-        }),
+        })),
     );
     registry.register(
         INT4,
@@ -82,10 +84,6 @@ fn prepare(args: &OpArgs) -> Result<(), KernelError> {
         pair_panels(&a.weight, &b.t());
     }
     Ok(())
-}
-
-fn out(t: HostTensor) -> Outputs {
-    Outputs::from([("out", t)])
 }
 
 pub(super) fn invalid(msg: impl Into<String>) -> KernelError {

@@ -3,9 +3,11 @@
 use rayon::prelude::*;
 
 use super::{check_bias, invalid};
+use crate::alloc::Out;
 use crate::gemm::{Mat, Weights, chunk_size, chunks, linear_f32, to_tensor, weight_b};
+use crate::rows::{Elem, by_dtype};
 use crate::simd;
-use layerzero_core::exec::args::W8a8Args;
+use layerzero_core::exec::args::{Outputs, W8a8Args};
 use layerzero_core::exec::executor::KernelError;
 use layerzero_core::model::dtype::DType;
 use layerzero_core::model::layout::Layout;
@@ -120,7 +122,15 @@ fn row_scale(name: &str, s: &HostTensor, rows: usize, of: &str) -> Result<Vec<f3
 }
 
 /// `linear_w8a8`: `out = (acc * x_scale) * w_scale + bias` with exact integer `acc`.
+#[cfg(test)]
 pub(crate) fn linear_w8a8(a: &W8a8Args) -> Result<HostTensor, KernelError> {
+    let mut o = linear_w8a8_into(a, &mut Outputs::new())?;
+    o.remove("out").ok_or_else(|| KernelError::Failed("linear_w8a8 wrote no `out`".to_owned()))
+}
+
+/// [`linear_w8a8`] into the buffer of the previous call where it fits (a decode step's
+/// projections allocate nothing once warm).
+pub(crate) fn linear_w8a8_into(a: &W8a8Args, bufs: &mut Outputs) -> Result<Outputs, KernelError> {
     for (name, t) in [("x", &a.x), ("weight", &a.weight)] {
         if t.dtype() != DType::I8 {
             return Err(invalid(format!("tensor `{name}` has dtype {}; linear_w8a8 expects i8", t.dtype())));
@@ -190,9 +200,8 @@ pub(crate) fn linear_w8a8(a: &W8a8Args) -> Result<HostTensor, KernelError> {
                 }
             }
         }
-        return to_tensor(dtype, &[m, n], c);
+        return Ok(Outputs::one("out", to_tensor(dtype, &[m, n], c)?));
     }
-    let mut c = vec![0f32; len];
     let dot = |i: usize, col: usize| -> f32 {
         let (xr, wr) = (&x[i * k..(i + 1) * k], &w[col * k..(col + 1) * k]);
         let b = bias.as_ref().map_or(0.0, |b| b[col]);
@@ -210,34 +219,39 @@ pub(crate) fn linear_w8a8(a: &W8a8Args) -> Result<HostTensor, KernelError> {
             }
         }
     };
-    if m == 1 && len > 0 {
-        // A decode step: each task writes its columns of the one output row; a weight small
-        // enough that a fork-join would cost more than it saves runs on this thread.
-        let size = if crate::split::worth_splitting(n * k) { chunk_size(n, 16) } else { n };
-        c.par_chunks_mut(size).enumerate().for_each(|(ci, part)| {
-            part.iter_mut().enumerate().for_each(|(j, o)| *o = dot(0, ci * size + j));
-        });
-        return to_tensor(dtype, &[m, n], c);
-    }
-    if len > 0 {
-        // Weight-row chunks in parallel (each chunk stays in cache across the M rows).
-        let parts: Vec<Vec<f32>> = chunks(n, 16)
-            .into_par_iter()
-            .map(|(n0, nb)| {
-                let mut part = vec![0f32; m * nb];
-                for i in 0..m {
-                    for j in 0..nb {
-                        part[i * nb + j] = dot(i, n0 + j);
+    let fill = |c: &mut [f32]| {
+        if m == 1 && len > 0 {
+            // A decode step: each task writes its columns of the one output row; a weight
+            // small enough that a fork-join would cost more than it saves runs on this thread.
+            let size = if crate::split::worth_splitting(n * k) { chunk_size(n, 16) } else { n };
+            c.par_chunks_mut(size).enumerate().for_each(|(ci, part)| {
+                part.iter_mut().enumerate().for_each(|(j, o)| *o = dot(0, ci * size + j));
+            });
+        } else if len > 0 {
+            // Weight-row chunks in parallel (each chunk stays in cache across the M rows).
+            let parts: Vec<Vec<f32>> = chunks(n, 16)
+                .into_par_iter()
+                .map(|(n0, nb)| {
+                    let mut part = vec![0f32; m * nb];
+                    for i in 0..m {
+                        for j in 0..nb {
+                            part[i * nb + j] = dot(i, n0 + j);
+                        }
                     }
+                    part
+                })
+                .collect();
+            for ((n0, nb), part) in chunks(n, 16).into_iter().zip(parts) {
+                for i in 0..m {
+                    c[i * n + n0..i * n + n0 + nb].copy_from_slice(&part[i * nb..(i + 1) * nb]);
                 }
-                part
-            })
-            .collect();
-        for ((n0, nb), part) in chunks(n, 16).into_iter().zip(parts) {
-            for i in 0..m {
-                c[i * n + n0..i * n + n0 + nb].copy_from_slice(&part[i * nb..(i + 1) * nb]);
             }
         }
-    }
-    to_tensor(dtype, &[m, n], c)
+        Ok::<(), KernelError>(())
+    };
+    by_dtype!(dtype, super::W8A8, T => {
+        let mut out = Out::<T>::take(bufs, "out", len);
+        T::produce_par(&mut out.v, fill)?;
+        Ok(Outputs::one("out", out.finish(&[m, n])?))
+    })
 }
