@@ -252,14 +252,14 @@ pub(super) fn quant_facts() -> TestResult<Vec<Fact>> {
         fact(
             q,
             "scale_layouts",
-            here(QUANT, "HostTensor::from_f32(&grid.shape(), scales)"),
+            here(QUANT, "sc.finish(&grid.shape())?"),
             "spr",
             quantize_blocks([128, 128], Some(ScaleLayout::RowMajor)),
         ),
         fact(
             q,
             "scale_layouts",
-            here(QUANT, "let scale = if grid.scheme == QuantScheme::PerBlock && column_major {"),
+            here(QUANT, "let column_major = grid.scheme == QuantScheme::PerBlock && a.attrs.scale_layout"),
             "spr",
             quantize_blocks([128, 128], Some(ScaleLayout::ColumnMajor)),
         ),
