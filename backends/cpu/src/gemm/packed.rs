@@ -16,6 +16,7 @@ use rayon::prelude::*;
 use super::super::alloc::Aligned;
 use super::super::simd::{self, TILE_MR as MR, TILE_NR as NR};
 use super::F32View;
+use super::weights::Int4W;
 
 /// K steps per block (a B panel, KC x NR floats = 32 KiB, stays in L1).
 const KC: usize = 256;
@@ -82,15 +83,18 @@ fn pack_b(b: &F32View, p0: usize, kc: usize, j0: usize, nc: usize, out: &mut [f3
     }
 }
 
-/// The B [K, N] operand of [`gemm`]: an f32 view, or the bf16 rows of an NT weight (B's
-/// column j is weight row j: `k` contiguous elements at `off + j * ld`), widened to f32 as
-/// they are packed, so that a bf16 model's prefill costs one pass over its weight.
+/// The B [K, N] operand of [`gemm`]: an f32 view, or the rows of an NT weight (B's column j
+/// is weight row j) decoded to f32 as they are packed: bf16 (`k` contiguous elements at
+/// `off + j * ld`) or packed 4-bit codes, so that a bf16 or 4-bit model's prefill costs one
+/// pass over its weight (no f32 copy of it first).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum BSrc<'a> {
     /// f32 data.
     F32(F32View<'a>),
     /// An NT bf16 weight [N, K] (in bounds: checked by the caller).
     Bf16Rows { data: &'a [half::bf16], off: usize, ld: usize, n: usize },
+    /// A 4-bit weight whose groups tile [`KC`] (see [`takes_int4`]).
+    Int4(Int4W<'a>),
 }
 
 impl BSrc<'_> {
@@ -99,27 +103,39 @@ impl BSrc<'_> {
         match self {
             BSrc::F32(v) => v.cols,
             BSrc::Bf16Rows { n, .. } => *n,
+            BSrc::Int4(w) => w.packed.rows,
         }
     }
 }
 
-/// [`pack_b`] for either source: bf16 weight rows are widened `NR` at a time into `tmp`
-/// (`[NR][kc]`, 32 KiB), then packed as an f32 NT view.
+/// True when [`gemm`] can decode this 4-bit weight a K block at a time: its groups tile
+/// the blocks (a block starts and ends on a group boundary).
+pub(crate) fn takes_int4(w: &Int4W) -> bool {
+    w.g > 0 && KC.is_multiple_of(w.g)
+}
+
+/// [`pack_b`] for any source: weight rows are decoded `NR` at a time into `tmp` (`[NR][kc]`,
+/// 32 KiB), then packed as an f32 NT view.
 fn pack_b_src(b: &BSrc, p0: usize, kc: usize, j0: usize, nc: usize, out: &mut [f32], tmp: &mut Vec<f32>) {
-    match *b {
-        BSrc::F32(ref v) => pack_b(v, p0, kc, j0, nc, out),
+    let decode = |j: usize, dst: &mut [f32]| match *b {
         BSrc::Bf16Rows { data, off, ld, .. } => {
-            tmp.resize(NR * kc, 0.0);
-            for (q, panel) in out[..nc.div_ceil(NR) * kc * NR].chunks_exact_mut(kc * NR).enumerate() {
-                let w = NR.min(nc - q * NR);
-                for (c, dst) in tmp.chunks_exact_mut(kc).take(w).enumerate() {
-                    let at = off + (j0 + q * NR + c) * ld + p0;
-                    simd::bf16_to_f32(&data[at..at + kc], dst);
-                }
-                let view = F32View { data: tmp, off: 0, rows: kc, cols: w, rs: 1, cs: kc };
-                pack_b(&view, 0, kc, 0, w, panel);
-            }
+            let at = off + j * ld + p0;
+            simd::bf16_to_f32(&data[at..at + kc], dst);
         }
+        BSrc::Int4(ref w) => w.row_part(j, p0, dst),
+        BSrc::F32(_) => {}
+    };
+    if let BSrc::F32(ref v) = *b {
+        return pack_b(v, p0, kc, j0, nc, out);
+    }
+    tmp.resize(NR * kc, 0.0);
+    for (q, panel) in out[..nc.div_ceil(NR) * kc * NR].chunks_exact_mut(kc * NR).enumerate() {
+        let w = NR.min(nc - q * NR);
+        for (c, dst) in tmp.chunks_exact_mut(kc).take(w).enumerate() {
+            decode(j0 + q * NR + c, dst);
+        }
+        let view = F32View { data: tmp, off: 0, rows: kc, cols: w, rs: 1, cs: kc };
+        pack_b(&view, 0, kc, 0, w, panel);
     }
 }
 

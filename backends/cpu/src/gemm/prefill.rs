@@ -105,6 +105,18 @@ pub(crate) fn gemm(x: F32View, w: &Weights, beta: f32, c: &mut [f32], ldc: usize
         packed_gemm(x, BSrc::Bf16Rows { data: v, off: b.off, ld: b.cs, n }, beta, c, ldc);
         return Ok(());
     }
+    // A 4-bit weight decodes as the packed GEMM packs it, a K block at a time: one pass.
+    if let Weights::Int4(q) = w
+        && packed::takes_int4(q)
+        && use_packed(k, n)
+        && x.rows > 0
+        && x.in_bounds()
+        && c.len() >= (x.rows - 1) * ldc + n
+        && ldc >= n
+    {
+        packed_gemm(x, BSrc::Int4(*q), beta, c, ldc);
+        return Ok(());
+    }
     let nb = (PANEL_ELEMS / k.max(1)).clamp(16, n.max(16));
     let mut buf = Vec::new();
     let mut n0 = 0;

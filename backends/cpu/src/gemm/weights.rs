@@ -53,19 +53,25 @@ impl Int4W<'_> {
 
     /// Dequantizes weight row `n` (length K) into `out`.
     pub(crate) fn row(&self, n: usize, out: &mut [f32]) {
+        self.row_part(n, 0, &mut out[..self.k]);
+    }
+
+    /// Dequantizes columns `p0..p0 + out.len()` of weight row `n` into `out`: whole groups
+    /// (`p0` and `out.len()` multiples of the group size).
+    pub(crate) fn row_part(&self, n: usize, p0: usize, out: &mut [f32]) {
         const CHUNK: usize = 64;
-        let groups = self.k / self.g;
+        let (ga, gb) = (p0 / self.g, (p0 + out.len()) / self.g);
         let codes: [f32; 16] = std::array::from_fn(|q| self.format.code(q as u8));
         // The row's scales are read CHUNK groups at a time (one call, not one per group).
         let mut sc = [0f32; CHUNK];
-        for g0 in (0..groups).step_by(CHUNK) {
-            let cnt = CHUNK.min(groups - g0);
+        for g0 in (ga..gb).step_by(CHUNK) {
+            let cnt = CHUNK.min(gb - g0);
             read_f32(self.scales.st, self.scales.at(n, g0), self.scales.cs, &mut sc[..cnt]);
             self.decode_scales(&mut sc[..cnt]);
             for (i, &s) in sc[..cnt].iter().enumerate() {
                 let gi = g0 + i;
                 let lut = self.lut(&codes, n, gi, s);
-                self.group(n, gi, lut, &mut out[gi * self.g..(gi + 1) * self.g]);
+                self.group(n, gi, lut, &mut out[(gi - ga) * self.g..(gi - ga + 1) * self.g]);
             }
         }
     }
