@@ -91,7 +91,12 @@ pub(crate) fn run<T: Send>(
         })
         .sum();
     let split = crate::split::worth_splitting(kv_bytes);
-    let want = if split { 4 * rayon::current_num_threads() } else { 1 };
+    // One chunk of keys per thread: each streams one long run of the cache and the merge has
+    // the fewest partials. Measured on the 125M model's decode (GQA, 3 rows of 64 per kv
+    // head, 576-704 keys, caches cold after the weights' sweep, 2 threads): attention took
+    // 514-528 us per step against 638-694 with four chunks per thread; cache-resident
+    // single calls were within noise either way.
+    let want = if split { rayon::current_num_threads() } else { 1 };
     let per_group = want.div_ceil(units.len()).max(1);
     let mut tasks: SmallVec<[Task; 64]> = SmallVec::new();
     let mut spans: SmallVec<[(usize, usize); 8]> = SmallVec::new();
