@@ -146,10 +146,39 @@ impl Proj {
     /// Bytes held (codes and scales).
     pub fn bytes(&self) -> usize {
         let b = |t: &HostTensor| t.numel() * t.dtype().size_bytes() as usize;
+        let (codes, scales) = self.operands();
+        b(codes) + scales.map_or(0, b)
+    }
+
+    /// Its tensors, both with one row per output feature: the weight or codes, and the
+    /// block scales when quantized.
+    pub(crate) fn operands(&self) -> (&HostTensor, Option<&HostTensor>) {
         match self {
-            Proj::Dense(t) => b(t),
-            Proj::Int8 { weight, scale, .. } => b(weight) + b(scale),
-            Proj::Int4 { packed, scales, .. } => b(packed) + b(scales),
+            Proj::Dense(t) => (t, None),
+            Proj::Int8 { weight, scale, .. } => (weight, Some(scale)),
+            Proj::Int4 { packed, scales, .. } => (packed, Some(scales)),
+        }
+    }
+
+    /// A projection of this kind (and group, and activations) over other operands; `None`
+    /// when a quantized kind is given no scales.
+    pub(crate) fn with_operands(&self, codes: HostTensor, scales: Option<HostTensor>) -> Option<Proj> {
+        Some(match *self {
+            Proj::Dense(_) => Proj::Dense(codes),
+            Proj::Int8 { group, .. } => Proj::Int8 { weight: codes, scale: scales?, group },
+            Proj::Int4 { group, activations, .. } => Proj::Int4 { packed: codes, scales: scales?, group, activations },
+        })
+    }
+
+    /// Whether `other` is of this kind, group and activations (their rows stack into one).
+    pub(crate) fn stacks_with(&self, other: &Proj) -> bool {
+        match (self, other) {
+            (Proj::Dense(a), Proj::Dense(b)) => a.dtype() == b.dtype(),
+            (Proj::Int8 { group: a, .. }, Proj::Int8 { group: b, .. }) => a == b,
+            (Proj::Int4 { group: a, activations: x, .. }, Proj::Int4 { group: b, activations: y, .. }) => {
+                a == b && x == y
+            }
+            _ => false,
         }
     }
 

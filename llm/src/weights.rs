@@ -110,57 +110,27 @@ impl LayerWeights {
 /// int4 codes and scales, the same group and activations), with each part as a view of its
 /// rows; `None` when they are not of one kind.
 fn stack_projs<const N: usize>(parts: [&Proj; N]) -> Result<Option<(Proj, [Proj; N])>> {
-    let views = |t: &HostTensor, rows: &[usize; N]| -> Result<[HostTensor; N]> {
-        let mut r0 = 0;
-        let mut out = Vec::with_capacity(N);
-        for &r in rows {
-            out.push(rows_of(t, r0, r)?);
-            r0 += r;
-        }
-        out.try_into().map_err(|_| Error::invalid("stacked views".to_owned()))
-    };
-    Ok(match parts[0] {
-        Proj::Dense(_) => {
-            let Some(ws) = each(parts, |p| p.dense()) else { return Ok(None) };
-            let (weight, rows) = stack_rows(ws)?;
-            let parts = views(&weight, &rows)?.map(Proj::Dense);
-            Some((Proj::Dense(weight), parts))
-        }
-        &Proj::Int8 { group, .. } => {
-            let Some(ws) = each(parts, |p| match p {
-                Proj::Int8 { weight, scale, group: g } if *g == group => Some((weight, scale)),
-                _ => None,
-            }) else {
-                return Ok(None);
-            };
-            let (weight, rows) = stack_rows(ws.map(|w| w.0))?;
-            let (scale, _) = stack_rows(ws.map(|w| w.1))?;
-            let (w, s) = (views(&weight, &rows)?, views(&scale, &rows)?);
-            let parts = std::array::from_fn(|i| Proj::Int8 { weight: w[i].clone(), scale: s[i].clone(), group });
-            Some((Proj::Int8 { weight, scale, group }, parts))
-        }
-        &Proj::Int4 { group, activations, .. } => {
-            let Some(ws) = each(parts, |p| match p {
-                Proj::Int4 { packed, scales, group: g, activations: a } if *g == group && *a == activations => {
-                    Some((packed, scales))
-                }
-                _ => None,
-            }) else {
-                return Ok(None);
-            };
-            let (packed, rows) = stack_rows(ws.map(|w| w.0))?;
-            let (scales, _) = stack_rows(ws.map(|w| w.1))?;
-            let (p, s) = (views(&packed, &rows)?, views(&scales, &rows)?);
-            let parts =
-                std::array::from_fn(|i| Proj::Int4 { packed: p[i].clone(), scales: s[i].clone(), group, activations });
-            Some((Proj::Int4 { packed, scales, group, activations }, parts))
-        }
-    })
+    let first = parts[0];
+    if !parts.iter().all(|p| first.stacks_with(p)) {
+        return Ok(None);
+    }
+    let (codes, rows) = stack_rows(parts.map(|p| p.operands().0))?;
+    let scales = all_some(parts.map(|p| p.operands().1)).map(stack_rows).transpose()?.map(|(s, _)| s);
+    // Each part: its rows of the stacked codes (and scales).
+    let mut views = Vec::with_capacity(N);
+    let mut r0 = 0;
+    for &r in &rows {
+        let s = scales.as_ref().map(|s| rows_of(s, r0, r)).transpose()?;
+        views.push(first.with_operands(rows_of(&codes, r0, r)?, s));
+        r0 += r;
+    }
+    let views = views.try_into().ok().and_then(all_some);
+    Ok(first.with_operands(codes, scales).zip(views))
 }
 
-/// `f` of every part, when it gives one for each.
-fn each<'a, const N: usize, T>(parts: [&'a Proj; N], f: impl Fn(&'a Proj) -> Option<T>) -> Option<[T; N]> {
-    let v: Option<Vec<T>> = parts.into_iter().map(f).collect();
+/// The values, when every one is there.
+fn all_some<T, const N: usize>(v: [Option<T>; N]) -> Option<[T; N]> {
+    let v: Option<Vec<T>> = v.into_iter().collect();
     v?.try_into().ok()
 }
 

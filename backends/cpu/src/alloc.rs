@@ -130,15 +130,17 @@ thread_local! {
     static SCRATCH_F64: RefCell<Vec<Vec<f64>>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Runs `f` on `n` f32 of one of this thread's scratch buffers lent as a `Storage` (for code
-/// that reads through a `Mat`), kept between calls as [`with_scratch`]'s are.
-pub(super) fn with_scratch_storage<R>(n: usize, f: impl FnOnce(&mut Storage) -> R) -> R {
+/// Runs `f` on `n` f32 of one of this thread's scratch buffers, written by `fill` and then
+/// lent as a `Storage` (for code that reads through a `Mat`), kept between calls as
+/// [`with_scratch`]'s are.
+pub(super) fn with_scratch_storage<R>(n: usize, fill: impl FnOnce(&mut [f32]), f: impl FnOnce(&Storage) -> R) -> R {
     let mut v = SCRATCH_F32.with_borrow_mut(Vec::pop).unwrap_or_default();
     if v.len() < n {
         v.resize(n, 0.0);
     }
-    let mut st = Storage::F32(Buf::from(v));
-    let r = f(&mut st);
+    fill(&mut v[..n]);
+    let st = Storage::F32(Buf::from(v));
+    let r = f(&st);
     if let Storage::F32(b) = st {
         SCRATCH_F32.with_borrow_mut(|s| s.push(b.into_vec()));
     }

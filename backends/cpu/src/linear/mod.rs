@@ -242,21 +242,22 @@ pub(super) fn linear_int4_into(a: &Int4Args, bufs: &mut Outputs) -> Result<Outpu
     // the codes back once per call and dots them in integers (the other paths run the f32
     // kernels on the rounded values).
     let rows = x.rows;
-    with_scratch_storage(rows * k, |st| {
-        if let Storage::F32(v) = &mut *st {
-            round_rows_int8(&x, g, &mut v[..rows * k]);
-        }
-        let st: &Storage = st;
-        let rounded = Mat { st, off: 0, rows, cols: k, rs: k, cs: 1 };
-        let Storage::F32(v) = st else { return run(&rounded, w) };
-        if rows > GEMV_MAX_M || !serves_i8(&w) {
-            return run(&rounded, w);
-        }
-        with_scratch(QuantX::words(rows, k, g), |buf: &mut [f32]| {
-            let xq = QuantX::fill(&v[..rows * k], k, g, buf);
-            run(&rounded, Int4W { xq, ..w })
-        })
-    })
+    with_scratch_storage(
+        rows * k,
+        |v| round_rows_int8(&x, g, v),
+        |st| {
+            let rounded = Mat { st, off: 0, rows, cols: k, rs: k, cs: 1 };
+            match st {
+                Storage::F32(v) if rows <= GEMV_MAX_M && serves_i8(&w) => {
+                    with_scratch(QuantX::words(rows, k, g), |buf: &mut [f32]| {
+                        let xq = QuantX::fill(&v[..rows * k], k, g, buf);
+                        run(&rounded, Int4W { xq, ..w })
+                    })
+                }
+                _ => run(&rounded, w),
+            }
+        },
+    )
 }
 
 /// The rows of x into `out` (`[rows, K]`), each rounded to int8 in blocks of `g` and scaled

@@ -434,7 +434,7 @@ pub(super) fn gemm_facts() -> TestResult<Vec<Fact>> {
         fact(
             int4,
             "int4_activations",
-            here(LINEAR, "round_rows_int8(&x, g, &mut v[..rows * k]);"),
+            here(LINEAR, "|v| round_rows_int8(&x, g, v),"),
             "spr",
             int8_activations(int4_in(DType::F32, 32)),
         ),
