@@ -13,6 +13,9 @@
 //!   weight packed slab by slab into tile order, f32 sums, rounded once).
 //! - Prefill with bf16 x and weight elsewhere, where `vdpbf16ps` outruns f32 FMAs: the
 //!   `pairs` GEMM (the weight packed once into bf16 pair panels, kept in a cache).
+//! - Prefill of int4 weights with x rounded to int8 (`attrs.activations = int8`) where
+//!   AVX-512 VNNI is: the integer GEMM of `w4a8` (x's codes and the weight's codes packed
+//!   once per call, `vpdpbusd` tiles, block scales in f32).
 //! - Decode (M <= `GEMV_MAX_M`): a GEMV parallel over N (rayon) that reads every weight row
 //!   once and dots it with the M activation rows, four rows per load of the weight (NT; f32
 //!   and bf16 rows are read in place, bf16 widened in registers; others through one f32
@@ -31,6 +34,7 @@ mod pairs;
 mod prefill;
 mod small;
 mod view;
+mod w4a8;
 mod weights;
 
 use half::slice::HalfFloatSliceExt;
@@ -48,6 +52,7 @@ pub(super) use pairs::{PairPanels, gemm as pairs_gemm, panels as pair_panels};
 pub(super) use prefill::{gemm, sgemm};
 pub(super) use small::{small_m, small_m_applies, small_m_max};
 pub(super) use view::{F32View, Mat, rows_view};
+pub(super) use w4a8::{gemm as gemm_w4a8, serves as w4a8_serves, with_codes as w4a8_codes};
 pub(super) use weights::{Int4W, Weights};
 
 use super::alloc::with_scratch;

@@ -26,8 +26,8 @@ use w8a8::linear_w8a8_into;
 
 use super::alloc::{Out, with_scratch, with_scratch_storage};
 use super::gemm::{
-    GEMV_MAX_M, Int4W, Mat, QuantX, Weights, amx_linear_bf16, linear_f32_into, pair_panels, pairs_gemm, rows_view,
-    serves_i8, uses_pairs, weight_b,
+    GEMV_MAX_M, Int4W, Mat, QuantX, Weights, amx_linear_bf16, gemm_w4a8, linear_f32_into, pair_panels, pairs_gemm,
+    rows_view, serves_i8, uses_pairs, w4a8_codes, w4a8_serves, weight_b,
 };
 use super::pack::read_f32;
 use super::rows::{Elem, by_dtype};
@@ -227,14 +227,27 @@ pub(super) fn linear_int4_into(a: &Int4Args, bufs: &mut Outputs) -> Result<Outpu
     };
     let shape = out_shape(&a.x, n);
     let len = x.rows.checked_mul(n).ok_or_else(|| invalid(format!("the output {shape:?} overflows")))?;
-    let mut run = |x: &Mat, w: Int4W| {
-        let w = Weights::Int4(w);
+    // The output in x's dtype, filled in f32 by one of the paths below.
+    let emit = |bufs: &mut Outputs, fill: &dyn Fn(&mut [f32]) -> Result<(), KernelError>| {
         by_dtype!(a.x.dtype(), INT4, T => {
             let mut out = Out::<T>::take(bufs, "out", len);
-            T::produce_par(&mut out.v, |c| linear_f32_into(x, &w, bias.as_deref(), c))?;
+            T::produce_par(&mut out.v, fill)?;
             Ok(Outputs::one("out", out.finish(&shape)?))
         })
     };
+    // A prefill where VNNI is: the integer GEMM on x's codes (x rounded on the way).
+    if a.attrs.activations == ActQuant::Int8 && x.rows > GEMV_MAX_M && w4a8_serves(&w) {
+        let done = w4a8_codes(&x, g, |xq| {
+            emit(bufs, &|c| match gemm_w4a8(xq, &w, bias.as_deref(), c) {
+                true => Ok(()),
+                false => Err(KernelError::Failed("the int8 x int4 GEMM refused shapes it was chosen for".to_owned())),
+            })
+        });
+        if let Some(r) = done {
+            return r;
+        }
+    }
+    let mut run = |x: &Mat, w: Int4W| emit(bufs, &|c| linear_f32_into(x, &Weights::Int4(w), bias.as_deref(), c));
     if a.attrs.activations == ActQuant::F32 {
         return run(&x, w);
     }

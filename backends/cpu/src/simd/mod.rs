@@ -38,6 +38,7 @@ pub(crate) use softmax::{SoftmaxRows, softmax_tile, softmax_tile_bf16};
 pub(crate) use throughput::bf16_pairs_fast;
 pub use throughput::{MacRates, measure as measure_mac_rates};
 pub(crate) use tile::{TILE_MR, TILE_NR, gemm_tile_packed};
+pub(crate) use tile_w4a8::{W4A8_PANEL, W4A8_ROWS, W4a8Tile, w4a8_tile, w4a8_tiles};
 pub(crate) use transpose::{pair_tile, transpose_16x16, transpose_round_bf16};
 pub(crate) use vector::{axpy, dots, exp_approx, exp_sub_sum, row_max, scale};
 
@@ -168,5 +169,6 @@ mod softmax;
 mod tests;
 mod throughput;
 mod tile;
+mod tile_w4a8;
 mod transpose;
 mod vector;
