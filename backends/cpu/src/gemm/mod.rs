@@ -13,8 +13,8 @@
 //!   weight packed slab by slab into tile order, f32 sums, rounded once).
 //! - Prefill with bf16 x and weight elsewhere, where `vdpbf16ps` outruns f32 FMAs: the
 //!   `pairs` GEMM (the weight packed once into bf16 pair panels, kept in a cache).
-//! - Prefill of int4 weights with x rounded to int8 (`attrs.activations = int8`) where
-//!   AVX-512 VNNI is: the integer GEMM of `w4a8` (x's codes and the weight's codes packed
+//! - Prefill of int4 weights with x rounded to int8 (`attrs.activations = int8`) with
+//!   AVX-512 VNNI or AVX2: the integer GEMM of `w4a8` (x's codes and the weight's codes packed
 //!   once per call, `vpdpbusd` tiles, block scales in f32).
 //! - Decode (M <= `GEMV_MAX_M`): a GEMV parallel over N (rayon) that reads every weight row
 //!   once and dots it with the M activation rows, four rows per load of the weight (NT; f32

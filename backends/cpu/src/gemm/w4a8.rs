@@ -7,8 +7,9 @@
 //! exact integers and only the block's scales are applied in f32, where the f32 GEMM ran on
 //! dequantized weights (each code decoded and widened first).
 //!
-//! Served where AVX-512 VNNI is (others keep the f32 GEMM on the rounded x): int4 codes
-//! with the zero point 8 (no `zeros`), contiguous weight rows, blocks of a multiple of 4.
+//! Served where AVX-512 VNNI is (blocks of a multiple of 4) or AVX2 (blocks of a multiple of
+//! 32; others keep the f32 GEMM on the rounded x): int4 codes with the zero point 8 (no
+//! `zeros`), contiguous weight rows.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -23,12 +24,10 @@ use layerzero_core::model::w4::W4Format;
 
 /// True when [`gemm`] serves this weight on this CPU.
 pub(crate) fn serves(w: &Int4W) -> bool {
-    simd::w4a8_tiles()
+    simd::w4a8_tiles(w.g)
         && w.format == W4Format::Int4
         && w.zeros.is_none()
         && w.packed.cs == 1
-        && w.g > 0
-        && w.g.is_multiple_of(4)
         && w.k.is_multiple_of(w.g)
 }
 

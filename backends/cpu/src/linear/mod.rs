@@ -235,7 +235,7 @@ pub(super) fn linear_int4_into(a: &Int4Args, bufs: &mut Outputs) -> Result<Outpu
             Ok(Outputs::one("out", out.finish(&shape)?))
         })
     };
-    // A prefill where VNNI is: the integer GEMM on x's codes (x rounded on the way).
+    // A prefill with AVX-512 VNNI or AVX2: the integer GEMM on x's codes (x rounded on the way).
     if a.attrs.activations == ActQuant::Int8 && x.rows > GEMV_MAX_M && w4a8_serves(&w) {
         let done = w4a8_codes(&x, g, |xq| {
             emit(bufs, &|c| match gemm_w4a8(xq, &w, bias.as_deref(), c) {
