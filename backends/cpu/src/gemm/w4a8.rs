@@ -61,8 +61,8 @@ pub(crate) fn with_codes<R>(x: &Mat, g: usize, f: impl FnOnce(&XCodes<'_>) -> R)
         let codes: &mut [i8] = &mut bytemuck::cast_slice_mut(codes)[..m * k];
         let zt: &mut [i32] = bytemuck::cast_slice_mut(zt);
         let row = |(r, ((q, s), z)): RowParts<'_>| {
-            // A row of x as f32 in its codes' place first (k floats do not fit k bytes: a
-            // thread's own scratch).
+            // The row in f32 first, in this thread's own scratch (k floats do not fit in the
+            // row's k code bytes).
             with_scratch(k, |xr: &mut [f32]| {
                 read_f32(x.st, x.at(r, 0), x.cs, xr);
                 let finite = simd::int8_blocks(xr, g, q, s);
