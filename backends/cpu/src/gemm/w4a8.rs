@@ -114,8 +114,9 @@ fn pack_panels(w: &Int4W, codes: &mut [u8], scales: &mut [f32]) {
     });
 }
 
-/// `c [m, n] = x . W^T (+ bias)` for x's codes; `false` (nothing written) when the weight or
-/// the shapes are not what [`serves`] and [`with_codes`] made (a caller's bug, not data).
+/// `c [m, n] = x . W^T (+ bias)` for x's codes; `false` when the weight or the shapes are not
+/// what [`serves`] and [`with_codes`] made (a caller's bug, not data: `c` is then not the
+/// product, and the caller must not use it).
 pub(crate) fn gemm(x: &XCodes<'_>, w: &Int4W, bias: Option<&[f32]>, c: &mut [f32]) -> bool {
     let (m, k, g, n) = (x.rows, x.k, x.g, w.packed.rows);
     if !serves(w) || w.k != k || w.g != g || c.len() < m * n || bias.is_some_and(|b| b.len() < n) || m == 0 {
