@@ -91,21 +91,30 @@ fn pack_panels(w: &Int4W, codes: &mut [u8], scales: &mut [f32]) {
     let (pc, ps) = panel_sizes(k, g);
     let n = w.packed.rows;
     codes.par_chunks_mut(pc).zip(scales.par_chunks_mut(ps)).enumerate().for_each(|(p, (cp, sp))| {
+        let cols = W4A8_PANEL.min(n - p * W4A8_PANEL);
+        // Each column's bytes (`k / 2` from its row's start), columns past `n` none.
+        let rows: [&[i8]; W4A8_PANEL] = std::array::from_fn(|c| {
+            let start = if c < cols { w.packed.at(p * W4A8_PANEL + c, 0) } else { 0 };
+            if c < cols { &w.bytes[start..start + k / 2] } else { &[] }
+        });
+        // A k-step at a time, its 32 lanes written in order: a lane is four k from two bytes
+        // (even element in the low nibble), one nibble per byte.
+        let lanes: &mut [u32] = bytemuck::cast_slice_mut(cp);
+        for (s, step) in lanes.chunks_exact_mut(W4A8_PANEL).enumerate() {
+            for (lane, row) in step.iter_mut().zip(&rows) {
+                *lane = row.get(2 * s..2 * s + 2).map_or(0, |b| {
+                    let v = u32::from(b[0] as u8) | (u32::from(b[1] as u8) << 8);
+                    ((v & 0xF) | ((v << 4) & 0xF00) | ((v << 8) & 0xF_0000) | ((v << 12) & 0xF00_0000)).to_le()
+                });
+            }
+        }
         let mut row_scales = vec![0f32; k / g];
         for c in 0..W4A8_PANEL {
-            let col = p * W4A8_PANEL + c;
-            if col >= n {
-                (0..k / 4).for_each(|s| cp[s * W4A8_PANEL * 4 + c * 4..][..4].fill(0));
+            if c >= cols {
                 (0..k / g).for_each(|b| sp[b * W4A8_PANEL + c] = 0.0);
                 continue;
             }
-            let start = w.packed.at(col, 0);
-            let bytes = &w.bytes[start..start + k / 2];
-            // Four k from two bytes (even element in the low nibble), one lane.
-            for (s, pair) in bytes.chunks_exact(2).enumerate() {
-                let (b0, b1) = (pair[0] as u8, pair[1] as u8);
-                cp[s * W4A8_PANEL * 4 + c * 4..][..4].copy_from_slice(&[b0 & 15, b0 >> 4, b1 & 15, b1 >> 4]);
-            }
+            let col = p * W4A8_PANEL + c;
             read_f32(w.scales.st, w.scales.at(col, 0), w.scales.cs, &mut row_scales);
             for (b, s) in row_scales.iter().enumerate() {
                 sp[b * W4A8_PANEL + c] = s * w.global;
