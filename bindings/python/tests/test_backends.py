@@ -236,6 +236,15 @@ def test_a_copy_the_policy_forbids_is_an_error_naming_the_reason(tmp_path):
     assert torch.equal(base, before)
 
 
+def _cpu_flags():
+    """This CPU's feature flags as /proc/cpuinfo names them (empty where it does not exist)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+
+
 def test_zendnn_linear_is_selected_only_where_its_selftest_passes(tmp_path, monkeypatch):
     """zentorch's matmul is not verified by CI: its bf16 results were wrong on the machine this
     was written on. By default it is refused; its self-test runs it against PyTorch and
@@ -251,11 +260,17 @@ def test_zendnn_linear_is_selected_only_where_its_selftest_passes(tmp_path, monk
     x, w, b = torch.randn(7, 64, generator=g), torch.randn(48, 64, generator=g), torch.randn(48, generator=g)
     c = lz.explain("linear", x=x, weight=w, bias=b).candidate(kernel)
     assert "EXECUTOR_UNVERIFIED" in {r.code.name for r in c.reasons}
+    # zentorch runs bf16 only where the CPU has AVX512-BF16 (it raises otherwise): the
+    # capability says so, and selection refuses bf16 on a CPU without it.
+    bf16_here = "avx512_bf16" in _cpu_flags()
+    codes = {r.code.name for r in lz.explain("linear", x=x.bfloat16(), weight=w.bfloat16()).candidate(kernel).reasons}
+    assert ("DTYPE_UNSUPPORTED_ON_HARDWARE" in codes) != bf16_here, codes
+    dtypes = (torch.float32, torch.bfloat16) if bf16_here else (torch.float32,)
     h = handle_with(tmp_path, [{"action": "lock", "kernels": kernel}], allow_unverified=True)
     matches = []
     for m, k, n in ((7, 64, 48), (33, 512, 128)):
         x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in dtypes:
             got = lz.ops.linear(x.to(dtype), w.to(dtype), handle=h)
             want = F.linear(x.to(dtype).double(), w.to(dtype).double())
             tol = 1e-3 if dtype == torch.float32 else 0.5

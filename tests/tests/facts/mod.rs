@@ -81,6 +81,7 @@ const AOTRITON: &str = "ROCm/aotriton@6e00ef3e335b45dfb49065259533b59c68995bfe";
 const XFORMERS: &str = "facebookresearch/xformers@bed3978b5efc34b92a84e6116b01f598d83b8af1";
 const LIGER: &str = "linkedin/Liger-Kernel@ead96b618e5c67bddc6a6e9bcb99bfe6b5ab661c";
 const ZENDNN: &str = "amd/ZenDNN@7b8c02fb3c2bbff7ce7a1e9d5f936c05d9459f5b";
+const ZENTORCH: &str = "amd/ZenDNN-pytorch-plugin@69c48fafd4124b6b01462748c0995f155ad26e4c";
 
 /// A `[64, 4096] x [4096, 4096]` linear request in `dtype`.
 fn linear_of(dtype: DType) -> Request {

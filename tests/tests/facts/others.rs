@@ -357,6 +357,15 @@ pub(super) fn facts() -> TestResult<Vec<Fact>> {
             linear_of(DType::F16),
         )
         .rejects_on("zen4", linear_of(DType::F16), "DTYPE_UNSUPPORTED_ON_HARDWARE"),
+        // zentorch's wrapper, which the executor calls, refuses bf16 without AVX512-BF16.
+        fact(
+            "zendnn.linear.matmul",
+            "dtype_requirements",
+            src(ZENTORCH, "src/cpu/cpp/MatmulUtils.hpp:279"),
+            "zen4",
+            linear_of(DType::BF16),
+        )
+        .rejects_on("icx", linear_of(DType::BF16), "DTYPE_UNSUPPORTED_ON_HARDWARE"),
         fact(
             "zendnn.linear.matmul",
             "weight_layouts",
