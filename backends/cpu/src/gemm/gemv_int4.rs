@@ -20,6 +20,9 @@ use layerzero_core::tensor::Storage;
 /// Codes per 16-byte step (two per byte).
 const STEP: usize = 32;
 
+/// x rows [`columns_i8`] holds at once (the GEMV's most).
+const I8_ROWS: usize = super::GEMV_MAX_M;
+
 /// True when [`columns`] serves this weight: `int4` codes, blocks of whole steps, and each
 /// weight row's bytes contiguous.
 pub(super) fn serves(w: &Int4W) -> bool {
@@ -99,7 +102,8 @@ fn scales_in_place<'a>(w: &Int4W<'a>, n0: usize, nb: usize, groups: usize) -> Op
 }
 
 /// Columns `n0..n0 + part.len() / m` of `x . W^T` into `part` (`[nb, m]`) from x's codes
-/// (`xq`, taken once per call): every weight row dotted with each row of x in integer lanes.
+/// (`xq`, taken once per call): every weight row dotted with x's rows in integer lanes,
+/// four rows per pass over it.
 pub(super) fn columns_i8(xq: &QuantX, m: usize, w: &Int4W, n0: usize, part: &mut [f32]) {
     let (k, g, groups) = (w.k, w.g, w.k / w.g);
     let nb = part.len() / m;
@@ -113,13 +117,19 @@ pub(super) fn columns_i8(xq: &QuantX, m: usize, w: &Int4W, n0: usize, part: &mut
                 conv
             }
         };
-        for j in 0..nb {
-            let start = w.packed.at(n0 + j, 0);
-            let bytes: &[u8] = bytemuck::cast_slice(&w.bytes[start..start + k / 2]);
-            let sw = &scales[j * groups..(j + 1) * groups];
-            for i in 0..m {
-                let (even, odd, zc, sx) = xq.row(i);
-                part[j * m + i] = simd::dot_int4_i8(bytes, sw, g, even, odd, zc, sx);
+        // x's rows in chunks of up to I8_ROWS (one chunk unless a caller passes more).
+        for i0 in (0..m).step_by(I8_ROWS) {
+            let cnt = I8_ROWS.min(m - i0);
+            let mut rows = [simd::XRow::default(); I8_ROWS];
+            for (i, r) in rows.iter_mut().enumerate().take(cnt) {
+                let (xe, xo, zc, sx) = xq.row(i0 + i);
+                *r = simd::XRow { xe, xo, zc, sx };
+            }
+            for j in 0..nb {
+                let start = w.packed.at(n0 + j, 0);
+                let bytes: &[u8] = bytemuck::cast_slice(&w.bytes[start..start + k / 2]);
+                let sw = &scales[j * groups..(j + 1) * groups];
+                simd::dot_int4_i8_rows(bytes, sw, g, &rows[..cnt], &mut part[j * m + i0..j * m + i0 + cnt]);
             }
         }
     });

@@ -52,7 +52,7 @@ pub(super) use pairs::{PairPanels, gemm as pairs_gemm, panels as pair_panels};
 pub(super) use prefill::{gemm, sgemm};
 pub(super) use small::{small_m, small_m_applies, small_m_max};
 pub(super) use view::{F32View, Mat, rows_view};
-pub(super) use w4a8::{gemm as gemm_w4a8, serves as w4a8_serves, with_codes as w4a8_codes};
+pub(super) use w4a8::{W4A8_FROM_M, gemm as gemm_w4a8, serves as w4a8_serves, with_codes as w4a8_codes};
 pub(super) use weights::{Int4W, Weights};
 
 use super::alloc::with_scratch;

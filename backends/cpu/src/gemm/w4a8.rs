@@ -1,11 +1,12 @@
-//! Prefill of int4 weights against int8 activations (`linear_int4` with `attrs.activations
-//! = int8` and more rows than the decode GEMV takes): x rounded to its int8 codes once per
-//! call ([`XCodes`]), the weight's codes repacked once per call into panels of 32 columns
-//! with four consecutive k per 32-bit lane ([`pack_panels`]), then register tiles of up to
-//! four rows by one panel ([`simd::w4a8_tile`], `vpdpbusd`), rayon tasks over blocks of
-//! rows. This is llama.cpp's Q4_0 x Q8_0 product as a GEMM: the sums within a block are
-//! exact integers and only the block's scales are applied in f32, where the f32 GEMM ran on
-//! dequantized weights (each code decoded and widened first).
+//! int4 weights against int8 activations beyond the decode GEMV's rows (`linear_int4` with
+//! `attrs.activations = int8`: a prefill, a batched decode from 3 rows, a speculative
+//! verification): x rounded to its int8 codes once per call ([`XCodes`]); rayon tasks over
+//! panels of 32 weight columns, each packing its panel's codes four consecutive k to a
+//! 32-bit lane into its own scratch ([`pack_panel`], `simd::w4a8_pack`) and running register
+//! tiles of up to four rows by the panel on it while it is in cache ([`simd::w4a8_tile`],
+//! `vpdpbusd`). This is llama.cpp's Q4_0 x Q8_0 product as a GEMM: the sums within a block
+//! are exact integers and only the block's scales are applied in f32, where the f32 GEMM ran
+//! on dequantized weights (each code decoded and widened first).
 //!
 //! Served where AVX-512 VNNI is (blocks of a multiple of 4) or AVX2 (blocks of a multiple of
 //! 32; others keep the f32 GEMM on the rounded x): int4 codes with the zero point 8 (no
@@ -21,6 +22,13 @@ use crate::alloc::with_scratch;
 use crate::pack::read_f32;
 use crate::simd::{self, W4A8_PANEL, W4A8_ROWS, W4a8Tile};
 use layerzero_core::model::w4::W4Format;
+use layerzero_core::tensor::Storage;
+
+/// Rows from which `linear_int4` with int8 activations takes [`gemm`] where it serves the
+/// weight: a 2048 x 2048 weight in blocks of 32 took 0.11 / 0.16-0.18 / 0.23 / 0.28 ms at 1 /
+/// 2 / 3 / 4 rows on the integer GEMV and 0.22 / 0.28 / 0.22 / 0.23 ms here (`lz run`, best
+/// of three interleaved medians, 2-vCPU Xeon with AVX-512 VNNI).
+pub(crate) const W4A8_FROM_M: usize = 3;
 
 /// True when [`gemm`] serves this weight on this CPU.
 pub(crate) fn serves(w: &Int4W) -> bool {
@@ -83,45 +91,48 @@ fn panel_sizes(k: usize, g: usize) -> (usize, usize) {
     (k * W4A8_PANEL, (k / g) * W4A8_PANEL)
 }
 
-/// The weight's codes and scales in panels of [`W4A8_PANEL`] columns (`codes`: per panel
-/// `[k / 4][32][4]`, `scales`: `[k / g][32]`, times the weight's global scale); columns past
-/// `n` are zeros.
-fn pack_panels(w: &Int4W, codes: &mut [u8], scales: &mut [f32]) {
+/// Panel `p` of the weight's codes and scales (`codes`: `[k / 4][32][4]`, `scales`:
+/// `[k / g][32]`, times the weight's global scale); columns past `n` are zeros.
+fn pack_panel(w: &Int4W, p: usize, cp: &mut [u8], sp: &mut [f32]) {
     let (k, g) = (w.k, w.g);
-    let (pc, ps) = panel_sizes(k, g);
     let n = w.packed.rows;
-    codes.par_chunks_mut(pc).zip(scales.par_chunks_mut(ps)).enumerate().for_each(|(p, (cp, sp))| {
-        let cols = W4A8_PANEL.min(n - p * W4A8_PANEL);
-        // Each column's bytes (`k / 2` from its row's start), columns past `n` none.
-        let rows: [&[i8]; W4A8_PANEL] = std::array::from_fn(|c| {
-            let start = if c < cols { w.packed.at(p * W4A8_PANEL + c, 0) } else { 0 };
-            if c < cols { &w.bytes[start..start + k / 2] } else { &[] }
-        });
-        // A k-step at a time, its 32 lanes written in order: a lane is four k from two bytes
-        // (even element in the low nibble), one nibble per byte.
-        let lanes: &mut [u32] = bytemuck::cast_slice_mut(cp);
-        for (s, step) in lanes.chunks_exact_mut(W4A8_PANEL).enumerate() {
-            for (lane, row) in step.iter_mut().zip(&rows) {
-                *lane = row.get(2 * s..2 * s + 2).map_or(0, |b| {
-                    let v = u32::from(b[0] as u8) | (u32::from(b[1] as u8) << 8);
-                    ((v & 0xF) | ((v << 4) & 0xF00) | ((v << 8) & 0xF_0000) | ((v << 12) & 0xF00_0000)).to_le()
-                });
+    let cols = W4A8_PANEL.min(n - p * W4A8_PANEL);
+    // Each column's bytes (`k / 2` from its row's start), columns past `n` none.
+    let rows: [&[u8]; W4A8_PANEL] = std::array::from_fn(|c| {
+        let start = if c < cols { w.packed.at(p * W4A8_PANEL + c, 0) } else { 0 };
+        if c < cols { bytemuck::cast_slice(&w.bytes[start..start + k / 2]) } else { &[] }
+    });
+    simd::w4a8_pack(&rows, k, bytemuck::cast_slice_mut(cp));
+    sp.fill(0.0);
+    let groups = k / g;
+    // Scales held as contiguous f32 rows (Q4_0's, as `--weights int4` keeps them) are read in
+    // place a block at a time, each block's 32 written together; others are read a column
+    // at a time.
+    if let Storage::F32(v) = w.scales.st
+        && w.scales.cs == 1
+        && let Some(rows) = v.get(w.scales.at(p * W4A8_PANEL, 0)..)
+        && rows.len() >= (cols - 1) * w.scales.rs + groups
+    {
+        for (b, out) in sp.chunks_exact_mut(W4A8_PANEL).enumerate() {
+            for (c, o) in out.iter_mut().enumerate().take(cols) {
+                *o = rows[c * w.scales.rs + b] * w.global;
             }
         }
-        let mut row_scales = vec![0f32; k / g];
-        for c in 0..W4A8_PANEL {
-            if c >= cols {
-                (0..k / g).for_each(|b| sp[b * W4A8_PANEL + c] = 0.0);
-                continue;
-            }
-            let col = p * W4A8_PANEL + c;
-            read_f32(w.scales.st, w.scales.at(col, 0), w.scales.cs, &mut row_scales);
+        return;
+    }
+    with_scratch(groups, |row_scales: &mut [f32]| {
+        for c in 0..cols {
+            read_f32(w.scales.st, w.scales.at(p * W4A8_PANEL + c, 0), w.scales.cs, row_scales);
             for (b, s) in row_scales.iter().enumerate() {
                 sp[b * W4A8_PANEL + c] = s * w.global;
             }
         }
     });
 }
+
+/// Rows of x per pass over the weight: their codes (`ROW_BLOCK * k` bytes) stay in a core's
+/// L2 while every panel's tiles read them; a longer prompt packs each panel once per block.
+const ROW_BLOCK: usize = 256;
 
 /// `c [m, n] = x . W^T (+ bias)` for x's codes; `false` when the weight or the shapes are not
 /// what [`serves`] and [`with_codes`] made (a caller's bug, not data: `c` is then not the
@@ -131,50 +142,70 @@ pub(crate) fn gemm(x: &XCodes<'_>, w: &Int4W, bias: Option<&[f32]>, c: &mut [f32
     if !serves(w) || w.k != k || w.g != g || c.len() < m * n || bias.is_some_and(|b| b.len() < n) || m == 0 {
         return false;
     }
+    let groups = k / g;
+    (0..m).step_by(ROW_BLOCK).zip(c[..m * n].chunks_mut(ROW_BLOCK * n)).all(|(r0, cb)| {
+        let rows = ROW_BLOCK.min(m - r0);
+        let block = XCodes {
+            codes: &x.codes[r0 * k..(r0 + rows) * k],
+            sx: &x.sx[r0 * groups..(r0 + rows) * groups],
+            zt: &x.zt[r0 * groups..(r0 + rows) * groups],
+            rows,
+            k,
+            g,
+        };
+        by_panel(&block, w, bias, cb)
+    })
+}
+
+/// [`gemm`] for one block of rows: tasks over panels, each packing its panel into its own
+/// scratch and running every row's tiles on it while it is in cache (the whole weight packed
+/// first went through memory, twice the weight's bytes written and read back per call: at 1
+/// to 16 rows most of a call), then each panel's outputs copied to their columns of `c`.
+fn by_panel(x: &XCodes<'_>, w: &Int4W, bias: Option<&[f32]>, c: &mut [f32]) -> bool {
+    let (m, k, g, n) = (x.rows, x.k, x.g, w.packed.rows);
     let panels = n.div_ceil(W4A8_PANEL);
     let (pc, ps) = panel_sizes(k, g);
     let groups = k / g;
     let refused = AtomicBool::new(false);
-    with_scratch((panels * pc).div_ceil(4), |cw: &mut [f32]| {
-        with_scratch(panels * ps, |scales: &mut [f32]| {
-            let codes: &mut [u8] = &mut bytemuck::cast_slice_mut(cw)[..panels * pc];
-            pack_panels(w, codes, scales);
-            let (codes, scales) = (&*codes, &*scales);
-            // Blocks of whole tiles, enough for every thread twice over.
-            let tasks = 2 * rayon::current_num_threads().max(1);
-            let block = m.div_ceil(tasks).next_multiple_of(W4A8_ROWS).max(W4A8_ROWS);
-            c[..m * n].par_chunks_mut(block * n).enumerate().for_each(|(bi, cb)| {
-                let r0 = bi * block;
+    with_scratch(panels * m * W4A8_PANEL, |outs: &mut [f32]| {
+        outs.par_chunks_mut(m * W4A8_PANEL).enumerate().for_each(|(p, po)| {
+            with_scratch(pc.div_ceil(4) + ps, |buf: &mut [f32]| {
+                let (cw, sp) = buf.split_at_mut(pc.div_ceil(4));
+                let cp: &mut [u8] = &mut bytemuck::cast_slice_mut(cw)[..pc];
+                pack_panel(w, p, cp, sp);
                 let mut out = [[0f32; W4A8_PANEL]; W4A8_ROWS];
-                for p in 0..panels {
-                    let (c0, cols) = (p * W4A8_PANEL, W4A8_PANEL.min(n - p * W4A8_PANEL));
-                    for i in (0..cb.len() / n).step_by(W4A8_ROWS) {
-                        let (r, rows) = (r0 + i, W4A8_ROWS.min(cb.len() / n - i));
-                        let t = W4a8Tile {
-                            codes: &codes[p * pc..(p + 1) * pc],
-                            scales: &scales[p * ps..(p + 1) * ps],
-                            x: &x.codes[r * k..(r + rows) * k],
-                            sx: &x.sx[r * groups..(r + rows) * groups],
-                            zt: &x.zt[r * groups..(r + rows) * groups],
-                            rows,
-                            k,
-                            g,
-                        };
-                        if !simd::w4a8_tile(&t, &mut out) {
-                            refused.store(true, Ordering::Relaxed);
-                            return;
-                        }
-                        for (j, o) in out.iter().enumerate().take(rows) {
-                            let dst = &mut cb[(i + j) * n + c0..(i + j) * n + c0 + cols];
-                            dst.copy_from_slice(&o[..cols]);
-                            if let Some(b) = bias {
-                                dst.iter_mut().zip(&b[c0..c0 + cols]).for_each(|(v, b)| *v += b);
-                            }
-                        }
+                for r in (0..m).step_by(W4A8_ROWS) {
+                    let rows = W4A8_ROWS.min(m - r);
+                    let t = W4a8Tile {
+                        codes: cp,
+                        scales: sp,
+                        x: &x.codes[r * k..(r + rows) * k],
+                        sx: &x.sx[r * groups..(r + rows) * groups],
+                        zt: &x.zt[r * groups..(r + rows) * groups],
+                        rows,
+                        k,
+                        g,
+                    };
+                    if !simd::w4a8_tile(&t, &mut out) {
+                        refused.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                    for (j, o) in out.iter().enumerate().take(rows) {
+                        po[(r + j) * W4A8_PANEL..(r + j + 1) * W4A8_PANEL].copy_from_slice(o);
                     }
                 }
             });
         });
+        for (p, po) in outs.chunks(m * W4A8_PANEL).enumerate() {
+            let (c0, cols) = (p * W4A8_PANEL, W4A8_PANEL.min(n - p * W4A8_PANEL));
+            for (r, o) in po.chunks(W4A8_PANEL).enumerate() {
+                let dst = &mut c[r * n + c0..r * n + c0 + cols];
+                dst.copy_from_slice(&o[..cols]);
+                if let Some(b) = bias {
+                    dst.iter_mut().zip(&b[c0..c0 + cols]).for_each(|(v, b)| *v += b);
+                }
+            }
+        }
     });
     !refused.into_inner()
 }

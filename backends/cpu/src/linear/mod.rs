@@ -26,8 +26,8 @@ use w8a8::linear_w8a8_into;
 
 use super::alloc::{Out, with_scratch, with_scratch_storage};
 use super::gemm::{
-    GEMV_MAX_M, Int4W, Mat, QuantX, Weights, amx_linear_bf16, gemm_w4a8, linear_f32_into, pair_panels, pairs_gemm,
-    rows_view, serves_i8, uses_pairs, w4a8_codes, w4a8_serves, weight_b,
+    GEMV_MAX_M, Int4W, Mat, QuantX, W4A8_FROM_M, Weights, amx_linear_bf16, gemm_w4a8, linear_f32_into, pair_panels,
+    pairs_gemm, rows_view, serves_i8, uses_pairs, w4a8_codes, w4a8_serves, weight_b,
 };
 use super::pack::read_f32;
 use super::rows::{Elem, by_dtype};
@@ -235,8 +235,9 @@ pub(super) fn linear_int4_into(a: &Int4Args, bufs: &mut Outputs) -> Result<Outpu
             Ok(Outputs::one("out", out.finish(&shape)?))
         })
     };
-    // A prefill with AVX-512 VNNI or AVX2: the integer GEMM on x's codes (x rounded on the way).
-    if a.attrs.activations == ActQuant::Int8 && x.rows > GEMV_MAX_M && w4a8_serves(&w) {
+    // From W4A8_FROM_M rows, with AVX-512 VNNI or AVX2: the integer GEMM on x's codes (x
+    // rounded on the way); fewer rows take the integer GEMV below.
+    if a.attrs.activations == ActQuant::Int8 && x.rows >= W4A8_FROM_M && w4a8_serves(&w) {
         let done = w4a8_codes(&x, g, |xq| {
             emit(bufs, &|c| match gemm_w4a8(xq, &w, bias.as_deref(), c) {
                 true => Ok(()),

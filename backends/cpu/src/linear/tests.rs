@@ -353,13 +353,22 @@ fn int4_matches_the_dequantized_reference_for_group_sizes() -> TestResult {
 
 #[test]
 fn int4_with_int8_activations_matches_the_reference_on_every_path() -> TestResult {
-    // m = 1 and 3 take the integer GEMV where it serves (no zeros, K = 256), zeros and
-    // group 16 the f32 GEMV on the rounded x; m = 7 and 130 the integer GEMM with AVX-512
-    // VNNI or AVX2 (no zeros; AVX2 blocks of a multiple of 32; 7 rows: a tile of 4 and one
-    // of 3, 9 columns: a part of a panel), else the f32 GEMM on the rounded x.
+    // m = 1 and 2 take the integer GEMV where it serves (no zeros, K = 256; 2 rows dotted in
+    // one pass), zeros and group 16 the f32 GEMV on the rounded x; from m = 3 the integer
+    // GEMM with AVX-512 VNNI or AVX2 (no zeros; AVX2 blocks of a multiple of 32; 7 rows: a
+    // tile of 4 and one of 3; 9 columns: a part of a panel; 300 rows: two row blocks), where
+    // it does not serve the GEMV up to 4 rows and the f32 GEMM on the rounded x beyond.
+    let shapes = [
+        (1usize, DType::F32),
+        (2, DType::F32),
+        (3, DType::BF16),
+        (7, DType::BF16),
+        (130, DType::F32),
+        (300, DType::F32),
+    ];
     for g in [16usize, 32, 64, 128] {
         for zeros in [false, true] {
-            for (m, dtype) in [(1usize, DType::F32), (3, DType::BF16), (7, DType::BF16), (130, DType::F32)] {
+            for (m, dtype) in shapes {
                 let (k, n) = (256usize, 9usize);
                 let mut a = int4_args(m, k, n, g, zeros, dtype)?;
                 a.attrs.activations = ActQuant::Int8;

@@ -113,6 +113,67 @@ pub(crate) fn dot_int4_i8(bytes: &[u8], sw: &[f32], g: usize, xe: &[i8], xo: &[i
     portable(bytes, sw, g, xe, xo, zc, sx)
 }
 
+/// One row of x as [`dot_int4_i8`] reads it: codes at even and odd positions, and per lane
+/// of eight codes its zero-point term and its block's scale.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct XRow<'a> {
+    pub xe: &'a [i8],
+    pub xo: &'a [i8],
+    pub zc: &'a [i32],
+    pub sx: &'a [f32],
+}
+
+/// Most rows [`dot_int4_i8_rows`] dots in one pass over the weight row.
+pub(crate) const DOT_ROWS: usize = 4;
+
+/// `out[r] = dot_int4_i8(bytes, sw, g, rows[r])` for every row, the weight row's codes
+/// loaded and split into nibbles once per [`DOT_ROWS`] rows instead of once per row (a
+/// batched decode or a speculative verification dots every weight row with each of its rows).
+pub(crate) fn dot_int4_i8_rows(bytes: &[u8], sw: &[f32], g: usize, rows: &[XRow<'_>], out: &mut [f32]) {
+    assert!(out.len() >= rows.len(), "dot_int4_i8_rows: {} outputs for {} rows", out.len(), rows.len());
+    for (rows, out) in rows.chunks(DOT_ROWS).zip(out.chunks_mut(DOT_ROWS)) {
+        match rows {
+            [x] => out[0] = dot_int4_i8(bytes, sw, g, x.xe, x.xo, x.zc, x.sx),
+            [a, b] => many::<2>(bytes, sw, g, [*a, *b], out),
+            [a, b, c] => many::<3>(bytes, sw, g, [*a, *b, *c], out),
+            [a, b, c, d] => many::<4>(bytes, sw, g, [*a, *b, *c, *d], out),
+            _ => {}
+        }
+    }
+}
+
+/// [`dot_int4_i8_rows`] for `R` rows at once.
+fn many<const R: usize>(bytes: &[u8], sw: &[f32], g: usize, rows: [XRow<'_>; R], out: &mut [f32]) {
+    let half = bytes.len();
+    assert!(
+        half.is_multiple_of(64) && (g == 32 || g == 64 || g.is_multiple_of(128)) && sw.len() * g == half * 2,
+        "dot_int4_i8_rows: blocks of {g} and {} scales do not tile {half} bytes in steps of 64",
+        sw.len()
+    );
+    assert!(
+        rows.iter()
+            .all(|x| x.xe.len() >= half && x.xo.len() >= half && x.zc.len() >= half / 4 && x.sx.len() >= half / 4),
+        "dot_int4_i8_rows: x is shorter than the row"
+    );
+    let out: &mut [f32; R] = match out.get_mut(..R).and_then(|o| o.try_into().ok()) {
+        Some(o) => o,
+        None => return,
+    };
+    #[cfg(target_arch = "x86_64")]
+    match level() {
+        #[allow(unsafe_code)]
+        // SAFETY: VNNI and BW were detected with AVX-512F; the asserts above are the bounds.
+        Level::Avx512 if x86::has_vnni() => return unsafe { x86::vnni_rows::<R>(bytes, sw, g, &rows, out) },
+        #[allow(unsafe_code)]
+        // SAFETY: Avx2 or better means AVX2 and FMA were detected; bounds as above.
+        Level::Avx512 | Level::Avx2 => return unsafe { x86::avx2_rows::<R>(bytes, sw, g, &rows, out) },
+        Level::Portable => {}
+    }
+    for (o, x) in out.iter_mut().zip(&rows) {
+        *o = portable(bytes, sw, g, x.xe, x.xo, x.zc, x.sx);
+    }
+}
+
 /// [`dot_int4_i8`] in scalar code (the same lanes and the same sums per lane).
 fn portable(bytes: &[u8], sw: &[f32], g: usize, xe: &[i8], xo: &[i8], zc: &[i32], sx: &[f32]) -> f32 {
     let mut total = 0f32;
@@ -133,6 +194,8 @@ fn portable(bytes: &[u8], sw: &[f32], g: usize, xe: &[i8], xo: &[i8], zc: &[i32]
 mod x86 {
     use std::arch::x86_64::*;
     use std::sync::OnceLock;
+
+    use super::XRow;
 
     pub(super) fn has_vnni() -> bool {
         static VNNI: OnceLock<bool> = OnceLock::new();
@@ -248,6 +311,109 @@ mod x86 {
         let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
         _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)))
     }
+
+    /// [`vnni`] for `R` rows: each 64-byte step of the weight row loaded and split into its
+    /// nibbles once, then dotted with every row's codes; one accumulator per row.
+    ///
+    /// # Safety
+    /// AVX-512F, BW and VNNI must be available; bounds as [`super::many`] asserts.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+    pub(super) unsafe fn vnni_rows<const R: usize>(
+        bytes: &[u8],
+        sw: &[f32],
+        g: usize,
+        rows: &[XRow<'_>; R],
+        out: &mut [f32; R],
+    ) {
+        let nib = _mm512_set1_epi8(0x0F);
+        let spread = match g {
+            32 => _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+            _ => _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+        };
+        let mut acc = [_mm512_setzero_ps(); R];
+        for s in 0..bytes.len() / 64 {
+            let (b, l) = (s * 64, s * 16);
+            // SAFETY: b + 64 <= bytes.len(); the scale reads stay within sw (as in `vnni`).
+            let (v, ws) = unsafe {
+                let ws = match g {
+                    32 => _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_loadu_ps(sw.as_ptr().add(4 * s)))),
+                    64 => _mm512_permutexvar_ps(
+                        spread,
+                        _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(sw.as_ptr().add(2 * s).cast()))),
+                    ),
+                    _ => _mm512_set1_ps(*sw.get_unchecked(s * 128 / g)),
+                };
+                (_mm512_loadu_si512(bytes.as_ptr().add(b).cast()), ws)
+            };
+            let lo = _mm512_and_si512(v, nib);
+            let hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+            for (a, x) in acc.iter_mut().zip(rows) {
+                // SAFETY: b + 64 <= bytes.len() <= x.xe.len(), x.xo.len(); l + 16 <= x.zc.len(), x.sx.len().
+                let (e, o, z, xs) = unsafe {
+                    (
+                        _mm512_loadu_si512(x.xe.as_ptr().add(b).cast()),
+                        _mm512_loadu_si512(x.xo.as_ptr().add(b).cast()),
+                        _mm512_loadu_si512(x.zc.as_ptr().add(l).cast()),
+                        _mm512_loadu_ps(x.sx.as_ptr().add(l)),
+                    )
+                };
+                let dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, e), hi, o);
+                *a = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot), xs), ws, *a);
+            }
+        }
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = _mm512_reduce_add_ps(a);
+        }
+    }
+
+    /// [`avx2`] for `R` rows, as [`vnni_rows`] shares each step.
+    ///
+    /// # Safety
+    /// AVX2 and FMA must be available; bounds as [`super::many`] asserts.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn avx2_rows<const R: usize>(
+        bytes: &[u8],
+        sw: &[f32],
+        g: usize,
+        rows: &[XRow<'_>; R],
+        out: &mut [f32; R],
+    ) {
+        let nib = _mm256_set1_epi8(0x0F);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); R];
+        for s in 0..bytes.len() / 32 {
+            let (b, l) = (s * 32, s * 8);
+            let ws = if g == 32 {
+                _mm256_set_m128(_mm_set1_ps(sw[2 * s + 1]), _mm_set1_ps(sw[2 * s]))
+            } else {
+                _mm256_set1_ps(sw[s * 64 / g])
+            };
+            // SAFETY: b + 32 <= bytes.len().
+            let v = unsafe { _mm256_loadu_si256(bytes.as_ptr().add(b).cast()) };
+            let lo = _mm256_and_si256(v, nib);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+            for (a, x) in acc.iter_mut().zip(rows) {
+                // SAFETY: b + 32 <= bytes.len() <= x.xe.len(), x.xo.len(); l + 8 <= x.zc.len(), x.sx.len().
+                let (e, o, z, xs) = unsafe {
+                    (
+                        _mm256_loadu_si256(x.xe.as_ptr().add(b).cast()),
+                        _mm256_loadu_si256(x.xo.as_ptr().add(b).cast()),
+                        _mm256_loadu_si256(x.zc.as_ptr().add(l).cast()),
+                        _mm256_loadu_ps(x.sx.as_ptr().add(l)),
+                    )
+                };
+                // As in `avx2`: pairs in i16 without saturation, widened to the lanes' i32.
+                let pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, e), _mm256_maddubs_epi16(hi, o));
+                let dot = _mm256_add_epi32(_mm256_madd_epi16(pairs, ones), z);
+                *a = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dot), xs), ws, *a);
+            }
+        }
+        for (o, v) in out.iter_mut().zip(acc) {
+            let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            *o = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -296,6 +462,53 @@ mod tests {
             }
             for (path, got) in paths {
                 assert!((f64::from(got) - want).abs() <= 1e-5 * scale, "{path}, k {k} g {g}: {got} vs {want}");
+            }
+        }
+    }
+
+    /// x's operands for the dots: (codes, block scales, even, odd, lane zero terms, lane scales).
+    type Operands = (Vec<i8>, Vec<f32>, Vec<i8>, Vec<i8>, Vec<i32>, Vec<f32>);
+
+    fn operands(x: &[f32], g: usize) -> Operands {
+        let k = x.len();
+        let (mut xq, mut xs) = (vec![0i8; k], vec![0f32; k / g]);
+        assert!(int8_blocks(x, g, &mut xq, &mut xs));
+        let xe: Vec<i8> = xq.iter().step_by(2).copied().collect();
+        let xo: Vec<i8> = xq.iter().skip(1).step_by(2).copied().collect();
+        let zc: Vec<i32> =
+            (0..k / 8).map(|l| -8 * xq[8 * l..8 * l + 8].iter().map(|&c| i32::from(c)).sum::<i32>()).collect();
+        let sx: Vec<f32> = (0..k / 8).map(|l| xs[8 * l / g]).collect();
+        (xq, xs, xe, xo, zc, sx)
+    }
+
+    #[test]
+    fn dotting_several_rows_at_once_equals_each_row_s_definition() {
+        for (k, g) in [(128, 32), (256, 64), (384, 128), (768, 32)] {
+            let bytes: Vec<u8> = (0..k / 2).map(|i| ((i * 53 + 7) % 256) as u8).collect();
+            let sw: Vec<f32> = (0..k / g).map(|b| 0.02 - b as f32 * 0.001).collect();
+            let ops: Vec<Operands> = (0..7)
+                .map(|r| operands(&(0..k).map(|i| ((i * (r + 3) % 31) as f32 - 15.0) * 0.21).collect::<Vec<_>>(), g))
+                .collect();
+            let rows: Vec<XRow<'_>> = ops.iter().map(|(_, _, xe, xo, zc, sx)| XRow { xe, xo, zc, sx }).collect();
+            let want: Vec<f64> = ops.iter().map(|(xq, xs, ..)| by_definition(&bytes, &sw, g, xq, xs, g)).collect();
+            let close = |got: f32, r: usize| (f64::from(got) - want[r]).abs() <= 1e-5 * (1.0 + want[r].abs());
+            for n in 1..=rows.len() {
+                let mut out = vec![f32::NAN; n];
+                dot_int4_i8_rows(&bytes, &sw, g, &rows[..n], &mut out);
+                for (r, &got) in out.iter().enumerate() {
+                    assert!(close(got, r), "{n} rows, row {r}, k {k} g {g}: {got} vs {}", want[r]);
+                }
+            }
+            // The AVX2 rows as well where the dispatch picks VNNI.
+            #[cfg(target_arch = "x86_64")]
+            #[allow(unsafe_code)]
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                let mut out = [0f32; 3];
+                // SAFETY: AVX2 and FMA were just detected; the sizes are many's.
+                unsafe { x86::avx2_rows::<3>(&bytes, &sw, g, &[rows[0], rows[1], rows[2]], &mut out) };
+                for (r, &got) in out.iter().enumerate() {
+                    assert!(close(got, r), "avx2, row {r}, k {k} g {g}: {got} vs {}", want[r]);
+                }
             }
         }
     }

@@ -26,7 +26,7 @@ pub(crate) use dot_quant::{dot_i8_blocks, dot_int4};
 pub(crate) use dot_tile::{TileLane, Widen};
 #[cfg(target_arch = "x86_64")]
 pub(crate) use dot_tile::{dot_tile_avx2, dot_tile_avx512};
-pub(crate) use dot_w4a8::{dot_int4_i8, i8_encode, int8_blocks, round_int8};
+pub(crate) use dot_w4a8::{XRow, dot_int4_i8_rows, i8_encode, int8_blocks, round_int8};
 #[cfg(test)]
 pub(crate) use gemm::gemm_reference;
 pub(crate) use gemm::{PANEL, gemm, gemm_panels};
@@ -34,6 +34,7 @@ pub(crate) use norm::{
     Norm, affine_bf16_bf16, affine_bf16_f32, affine_f32_bf16, affine_f32_f32, shifted_sums_bf16, shifted_sums_f32,
     sums_bf16_dp,
 };
+pub(crate) use pack_w4a8::w4a8_pack;
 pub(crate) use softmax::{SoftmaxRows, softmax_tile, softmax_tile_bf16};
 pub(crate) use throughput::bf16_pairs_fast;
 pub use throughput::{MacRates, measure as measure_mac_rates};
@@ -164,6 +165,7 @@ mod dot_tile;
 mod dot_w4a8;
 mod gemm;
 mod norm;
+mod pack_w4a8;
 mod softmax;
 #[cfg(test)]
 mod tests;
