@@ -17,8 +17,9 @@ ops into a PerfDB under --dir (LAYERZERO_HOME), so selection is measured rather 
 `--quant int8 int4` adds quantized rows: ours `lz generate --weights int8|int4` on the f32
 model against llama.cpp's Q8_0 and Q4_0 of the same weights (the seven projections of each
 layer quantized by the `gguf` package, embeddings and output f32, as ours keeps them), and
-each one's logits error against its own f32 model on the prompt's last token (max |diff|
-over max |logit|, and the relative L2 error).
+each one's logits error against its own f32 model: on the prompt's last token (max |diff|
+over max |logit|, and the relative L2 error), and the relative L2 error's mean over every
+prompt position.
 """
 
 import argparse
@@ -99,8 +100,8 @@ class Hf:
         return len(prompt) / prefill, (new - 1) / decode
 
 
-def ours_last_logits(lz: str, model: Path, prompt: list, home: Path, extra=()):
-    """Our logits at the prompt's last token (`lz generate --dump`)."""
+def ours_logits(lz: str, model: Path, prompt: list, home: Path, extra=()):
+    """Our logits at every prompt position (`lz generate --dump`), `[positions, vocab]`."""
     import tempfile
 
     from safetensors.numpy import load_file
@@ -108,14 +109,18 @@ def ours_last_logits(lz: str, model: Path, prompt: list, home: Path, extra=()):
         subprocess.run([lz, "generate", "--model", str(model), "--prompt-ids", ",".join(map(str, prompt)),
                         "--max-new-tokens", "1", "--dump", d, *extra],
                        env=dict(os.environ, LAYERZERO_HOME=str(home)), check=True, capture_output=True)
-        return load_file(str(Path(d) / "dump.safetensors"))["logits.0"][-1].astype("float64")
+        return load_file(str(Path(d) / "dump.safetensors"))["logits.0"].astype("float64")
 
 
 def logits_error(got, want) -> tuple:
-    """(max |got - want| / max |want|, ||got - want|| / ||want||)."""
+    """For `[positions, vocab]` logits: at the last position (max |got - want| / max |want|,
+    ||got - want|| / ||want||), and the relative L2 error's mean over every position (one
+    token's error moves with its rounding; the mean over a 512-token prompt is steadier)."""
     import numpy as np
     d = got - want
-    return float(np.abs(d).max() / np.abs(want).max()), float(np.linalg.norm(d) / np.linalg.norm(want))
+    last = (float(np.abs(d[-1]).max() / np.abs(want[-1]).max()), float(np.linalg.norm(d[-1]) / np.linalg.norm(want[-1])))
+    rows = np.linalg.norm(d, axis=1) / np.linalg.norm(want, axis=1)
+    return (*last, float(rows.mean()))
 
 
 # The projections llama.cpp's Q8_0 / Q4_0 quantize here (its own conversions would also
@@ -210,10 +215,16 @@ def _bf16_to_f32(bits):
 
 
 class LlamaCpp:
-    def __init__(self, path: Path, threads: int, ctx: int):
+    def __init__(self, path: Path, threads: int, ctx: int, logits_all: bool = False):
         from llama_cpp import Llama
         self.llm = Llama(model_path=str(path), n_ctx=ctx, n_batch=512, n_ubatch=512, n_threads=threads,
-                         n_threads_batch=threads, verbose=False)
+                         n_threads_batch=threads, logits_all=logits_all, verbose=False)
+
+    def all_logits(self, prompt: list):
+        """The logits at every position of `prompt` (made with `logits_all`), `[positions, vocab]`."""
+        self.llm.reset()
+        self.llm.eval(prompt)
+        return self.llm.scores[:len(prompt)].astype("float64").copy()
 
     def last_logits(self):
         """The logits of the last token evaluated, read in place from the context."""
@@ -310,17 +321,13 @@ def main() -> None:
             samples["ours"].append(ours(a.lz, src, prompt, a.new, a.threads, home, flags))
             if lcpp is not None:
                 samples["llama.cpp"].append(lcpp.run(prompt, a.new))
-        want = ours_last_logits(a.lz, src, prompt, home)
-        errors[(q, "ours")] = logits_error(ours_last_logits(a.lz, src, prompt, home, flags), want)
+        want = ours_logits(a.lz, src, prompt, home)
+        errors[(q, "ours")] = logits_error(ours_logits(a.lz, src, prompt, home, flags), want)
         if lcpp is not None:
-            lcpp.llm.reset()
-            lcpp.llm.eval(prompt)
-            got = lcpp.last_logits().astype("float64").copy()
             del lcpp
-            f32 = LlamaCpp(root / "model-f32.gguf", a.threads, a.prompt + 8)
-            f32.llm.eval(prompt)
-            errors[(q, "llama.cpp")] = logits_error(got, f32.last_logits().astype("float64").copy())
-            del f32
+            got = LlamaCpp(gg, a.threads, a.prompt + 8, logits_all=True).all_logits(prompt)
+            want = LlamaCpp(ref, a.threads, a.prompt + 8, logits_all=True).all_logits(prompt)
+            errors[(q, "llama.cpp")] = logits_error(got, want)
         med = {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for k, v in samples.items()}
         rows.append((q, med))
     print(f"{'dtype':<6} {'engine':<14} {'prefill tok/s':>14} {'decode tok/s':>13}")
@@ -333,10 +340,10 @@ def main() -> None:
                 p, d = med[other]
                 print(f"{dt:<6} {'ours/' + other:<14} {op / p:>14.2f} {od / d:>13.2f}")
     if errors:
-        print("logits error against the same engine's f32 model (prompt's last token):")
-        print(f"{'format':<6} {'engine':<10} {'max|d|/max':>11} {'rel L2':>9}")
-        for (q, engine), (mx, l2) in errors.items():
-            print(f"{q:<6} {engine:<10} {mx:>11.4f} {l2:>9.4f}")
+        print("logits error against the same engine's f32 model (at the prompt's last token; rel L2 mean over its positions):")
+        print(f"{'format':<6} {'engine':<10} {'max|d|/max':>11} {'rel L2':>9} {'mean rel L2':>12}")
+        for (q, engine), (mx, l2, mean) in errors.items():
+            print(f"{q:<6} {engine:<10} {mx:>11.4f} {l2:>9.4f} {mean:>12.4f}")
 
 
 if __name__ == "__main__":
