@@ -216,8 +216,10 @@ fn task(p: &Problem, t: &Task, buf: &mut [f32]) {
                     };
                     let at = kh * per_head * w + (j - ja);
                     // A few short query rows: each key's dot in its own accumulator, row by
-                    // row; more share one transpose of the block.
-                    if per_head * d <= ROWS_BY_KEYS {
+                    // row; more share one transpose of the block, where AVX-512 transposes it
+                    // in registers (below AVX-512 the transpose is scalar: at cap avx2 the
+                    // 4096-key GQA decode streamed its cache at 39% of copy bandwidth).
+                    if per_head * d <= ROWS_BY_KEYS || simd::level() != simd::Level::Avx512 {
                         for (r, qr) in q.chunks_exact(d).enumerate() {
                             simd::dots_keys(qr, src, ld, d, &mut s[at + r * w..at + r * w + KBLOCK]);
                         }
