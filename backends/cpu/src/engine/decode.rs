@@ -197,6 +197,8 @@ fn task(p: &Problem, t: &Task, buf: &mut [f32]) {
         // Scores [row][key]: blocks of KBLOCK keys as a small GEMM of the head's queries
         // against the block transposed (no horizontal sums, no call per key), or for one
         // query row each key's dot in its own accumulator; the rest key by key.
+        // Row by row for a few short query rows, or wherever the block transpose is scalar.
+        let by_keys = per_head * d <= ROWS_BY_KEYS || simd::level() != simd::Level::Avx512;
         let mut j = ja;
         while j < jb {
             let full = jb - j >= KBLOCK && d.is_multiple_of(16);
@@ -219,7 +221,7 @@ fn task(p: &Problem, t: &Task, buf: &mut [f32]) {
                     // row; more share one transpose of the block, where AVX-512 transposes it
                     // in registers (below AVX-512 the transpose is scalar: at cap avx2 the
                     // 4096-key GQA decode streamed its cache at 39% of copy bandwidth).
-                    if per_head * d <= ROWS_BY_KEYS || simd::level() != simd::Level::Avx512 {
+                    if by_keys {
                         for (r, qr) in q.chunks_exact(d).enumerate() {
                             simd::dots_keys(qr, src, ld, d, &mut s[at + r * w..at + r * w + KBLOCK]);
                         }

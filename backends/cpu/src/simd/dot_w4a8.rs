@@ -197,6 +197,54 @@ mod x86 {
 
     use super::XRow;
 
+    /// Lane l of a 64-byte step (four bytes each) to its block's index within the step's
+    /// scales: `l / 4` for blocks of 32, `l / 8` for 64 (one block for 128 and more).
+    #[target_feature(enable = "avx512f")]
+    fn spread(g: usize) -> __m512i {
+        match g {
+            32 => _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+            _ => _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+        }
+    }
+
+    /// The weight scale of each lane of 64-byte step `s`.
+    ///
+    /// # Safety
+    /// AVX-512F; `sw` holds the row's `k / g` scales and step `s` lies within the row (4s + 4
+    /// <= k / 32 groups, 2s + 2 <= k / 64, s * 128 / g < k / g).
+    #[target_feature(enable = "avx512f")]
+    unsafe fn step_scales(sw: &[f32], g: usize, s: usize, spread: __m512i) -> __m512 {
+        // SAFETY: the caller's bounds.
+        unsafe {
+            match g {
+                32 => _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_loadu_ps(sw.as_ptr().add(4 * s)))),
+                64 => _mm512_permutexvar_ps(
+                    spread,
+                    _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(sw.as_ptr().add(2 * s).cast()))),
+                ),
+                _ => _mm512_set1_ps(*sw.get_unchecked(s * 128 / g)),
+            }
+        }
+    }
+
+    /// The weight scale of each lane of 32-byte step `s` (two blocks of 32, or one).
+    #[target_feature(enable = "avx2")]
+    fn step_scales_avx2(sw: &[f32], g: usize, s: usize) -> __m256 {
+        if g == 32 {
+            _mm256_set_m128(_mm_set1_ps(sw[2 * s + 1]), _mm_set1_ps(sw[2 * s]))
+        } else {
+            _mm256_set1_ps(sw[s * 64 / g])
+        }
+    }
+
+    /// The sum of the eight lanes.
+    #[target_feature(enable = "avx2")]
+    fn hsum(v: __m256) -> f32 {
+        let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)))
+    }
+
     pub(super) fn has_vnni() -> bool {
         static VNNI: OnceLock<bool> = OnceLock::new();
         *VNNI.get_or_init(|| is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512bw"))
@@ -209,24 +257,14 @@ mod x86 {
         let nib = _mm512_set1_epi8(0x0F);
         // A 64-byte step is 128 codes: lanes of four bytes each map to group `l / 4` (g = 32)
         // or `l / 8` (g = 64) of the step's first one, or all to one group (g >= 128).
-        let spread = match g {
-            32 => _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
-            _ => _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
-        };
+        let spread = spread(g);
         // One 64-byte step's scaled lanes.
         let step = |s: usize| {
             let (b, l) = (s * 64, s * 16);
             // SAFETY: b + 64 <= bytes.len() <= xe.len(), xo.len(); l + 16 <= zc.len(), sx.len();
             // the scale reads stay within sw (4s + 4 <= k / 32 groups, 2s + 2 <= k / 64).
             let (v, e, o, z, xs, ws) = unsafe {
-                let ws = match g {
-                    32 => _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_loadu_ps(sw.as_ptr().add(4 * s)))),
-                    64 => _mm512_permutexvar_ps(
-                        spread,
-                        _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(sw.as_ptr().add(2 * s).cast()))),
-                    ),
-                    _ => _mm512_set1_ps(*sw.get_unchecked(s * 128 / g)),
-                };
+                let ws = step_scales(sw, g, s, spread);
                 (
                     _mm512_loadu_si512(bytes.as_ptr().add(b).cast()),
                     _mm512_loadu_si512(xe.as_ptr().add(b).cast()),
@@ -269,11 +307,7 @@ mod x86 {
         let step = |s: usize| {
             let (b, l) = (s * 32, s * 8);
             // A 32-byte step is 64 codes: lanes 0..4 and 4..8 are two groups of 32, or one.
-            let ws = if g == 32 {
-                _mm256_set_m128(_mm_set1_ps(sw[2 * s + 1]), _mm_set1_ps(sw[2 * s]))
-            } else {
-                _mm256_set1_ps(sw[s * 64 / g])
-            };
+            let ws = step_scales_avx2(sw, g, s);
             // SAFETY: b + 32 <= bytes.len() <= xe.len(), xo.len(); l + 8 <= zc.len(), sx.len().
             let (v, e, o, z, xs) = unsafe {
                 (
@@ -306,10 +340,7 @@ mod x86 {
             let (p0, w0) = step(s);
             acc0 = _mm256_fmadd_ps(p0, w0, acc0);
         }
-        let v = _mm256_add_ps(acc0, acc1);
-        let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)))
+        hsum(_mm256_add_ps(acc0, acc1))
     }
 
     /// [`vnni`] for `R` rows: each 64-byte step of the weight row loaded and split into its
@@ -326,25 +357,12 @@ mod x86 {
         out: &mut [f32; R],
     ) {
         let nib = _mm512_set1_epi8(0x0F);
-        let spread = match g {
-            32 => _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
-            _ => _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
-        };
+        let spread = spread(g);
         let mut acc = [_mm512_setzero_ps(); R];
         for s in 0..bytes.len() / 64 {
             let (b, l) = (s * 64, s * 16);
             // SAFETY: b + 64 <= bytes.len(); the scale reads stay within sw (as in `vnni`).
-            let (v, ws) = unsafe {
-                let ws = match g {
-                    32 => _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_loadu_ps(sw.as_ptr().add(4 * s)))),
-                    64 => _mm512_permutexvar_ps(
-                        spread,
-                        _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(sw.as_ptr().add(2 * s).cast()))),
-                    ),
-                    _ => _mm512_set1_ps(*sw.get_unchecked(s * 128 / g)),
-                };
-                (_mm512_loadu_si512(bytes.as_ptr().add(b).cast()), ws)
-            };
+            let (v, ws) = unsafe { (_mm512_loadu_si512(bytes.as_ptr().add(b).cast()), step_scales(sw, g, s, spread)) };
             let lo = _mm512_and_si512(v, nib);
             let hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
             for (a, x) in acc.iter_mut().zip(rows) {
@@ -383,11 +401,7 @@ mod x86 {
         let mut acc = [_mm256_setzero_ps(); R];
         for s in 0..bytes.len() / 32 {
             let (b, l) = (s * 32, s * 8);
-            let ws = if g == 32 {
-                _mm256_set_m128(_mm_set1_ps(sw[2 * s + 1]), _mm_set1_ps(sw[2 * s]))
-            } else {
-                _mm256_set1_ps(sw[s * 64 / g])
-            };
+            let ws = step_scales_avx2(sw, g, s);
             // SAFETY: b + 32 <= bytes.len().
             let v = unsafe { _mm256_loadu_si256(bytes.as_ptr().add(b).cast()) };
             let lo = _mm256_and_si256(v, nib);
@@ -409,9 +423,7 @@ mod x86 {
             }
         }
         for (o, v) in out.iter_mut().zip(acc) {
-            let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-            let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-            *o = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+            *o = hsum(v);
         }
     }
 }
