@@ -128,6 +128,7 @@ thread_local! {
     /// Per-thread scratch buffers (see [`with_scratch`]).
     static SCRATCH_F32: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
     static SCRATCH_F64: RefCell<Vec<Vec<f64>>> = const { RefCell::new(Vec::new()) };
+    static SCRATCH_I16: RefCell<Vec<Vec<i16>>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Runs `f` on `n` f32 of one of this thread's scratch buffers, written by `fill` and then
@@ -162,6 +163,12 @@ impl Scratch for f32 {
 impl Scratch for f64 {
     fn pool() -> &'static LocalKey<RefCell<Vec<Vec<f64>>>> {
         &SCRATCH_F64
+    }
+}
+
+impl Scratch for i16 {
+    fn pool() -> &'static LocalKey<RefCell<Vec<Vec<i16>>>> {
+        &SCRATCH_I16
     }
 }
 

@@ -25,13 +25,6 @@ fn hsum16(mut a: [f32; 16]) -> f32 {
     a[0]
 }
 
-/// How far ahead of its loads [`dot1`] asks for the weight's cache lines: a decode GEMV
-/// streams rows of a few KiB back to back, and the L2 streamer stops at each 4 KiB page.
-/// On the 2-vCPU Xeon (Emerald Rapids class) the 125M f32 model's decode step went from
-/// 18.3-19.9 to 16.2-17.1 ms (4 KiB ahead; 1 KiB 18.3-18.5, 8 KiB 15.7-16.4, 16 KiB
-/// 16.5-17.0; interleaved runs).
-const PREFETCH_BYTES: usize = 4096;
-
 /// `x . w` (equal lengths) with 64 independent f32 lanes.
 #[inline(always)]
 fn dot1<W: Widen, const FMA: bool>(x: &[f32], w: &[W]) -> f32 {
@@ -39,18 +32,10 @@ fn dot1<W: Widen, const FMA: bool>(x: &[f32], w: &[W]) -> f32 {
     let (mut a0, mut a1, mut a2, mut a3) = ([0f32; L], [0f32; L], [0f32; L], [0f32; L]);
     let n = w.len().min(x.len()) / (4 * L) * (4 * L);
     for (wv, xv) in w[..n].chunks_exact(4 * L).zip(x[..n].chunks_exact(4 * L)) {
-        // Each cache line of this chunk, PREFETCH_BYTES ahead (into the next rows: a GEMV's
-        // rows lie back to back).
-        #[cfg(target_arch = "x86_64")]
+        // Each cache line of this chunk, a few KiB ahead (into the next rows: a GEMV's rows
+        // lie back to back).
         for line in (0..4 * L * size_of::<W>()).step_by(64) {
-            #[allow(unsafe_code)]
-            // SAFETY: a prefetch is a hint that never faults, whatever the address; the
-            // pointer is only formed (wrapping), never read.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                    wv.as_ptr().cast::<i8>().wrapping_add(PREFETCH_BYTES + line),
-                )
-            };
+            simd::prefetch_ahead(wv, line);
         }
         for l in 0..L {
             a0[l] = fma::<FMA>(xv[l], wv[l].widen(), a0[l]);

@@ -1,9 +1,11 @@
-//! `linear_w8a8`: exact i8 dot products, then the f32 scales.
+//! `linear_w8a8`: exact i8 dot products, then the f32 scales. With block scales
+//! (`attrs.group_size`) each block's exact integer dot is scaled in f32 lanes
+//! ([`simd::dot_i8_block_rows`]), the rows of x widened to i16 once per call.
 
 use rayon::prelude::*;
 
 use super::{check_bias, invalid};
-use crate::alloc::Out;
+use crate::alloc::{Out, with_scratch};
 use crate::gemm::{Mat, Weights, chunk_size, chunks, linear_f32, to_tensor, weight_b};
 use crate::rows::{Elem, by_dtype};
 use crate::simd;
@@ -202,56 +204,66 @@ pub(crate) fn linear_w8a8_into(a: &W8a8Args, bufs: &mut Outputs) -> Result<Outpu
         }
         return Ok(Outputs::one("out", to_tensor(dtype, &[m, n], c)?));
     }
-    let dot = |i: usize, col: usize| -> f32 {
-        let (xr, wr) = (&x[i * k..(i + 1) * k], &w[col * k..(col + 1) * k]);
-        let b = bias.as_ref().map_or(0.0, |b| b[col]);
-        match group {
+    // Block scales: x widened to i16 once, the operand of every weight row's block dots.
+    let wide = if group.is_some() { m * k } else { 0 };
+    with_scratch::<i16, _>(wide, |x16| {
+        simd::widen_i8(x, x16);
+        // Per-row scales: the exact integer dot, then its two scales.
+        let dot = |i: usize, col: usize| -> f32 {
+            let acc = dot_i8(&x[i * k..(i + 1) * k], &w[col * k..(col + 1) * k]);
+            let sx = xs[if xs.len() == 1 { 0 } else { i }];
+            let sw = ws[if ws.len() == 1 { 0 } else { col }];
+            (acc as f32 * sx) * sw + bias.as_ref().map_or(0.0, |b| b[col])
+        };
+        // Columns n0.. of row i, weight rows back to back: the block dots in one call.
+        let block_rows = |i: usize, n0: usize, part: &mut [f32]| match group {
             Some(g) => {
-                let blocks = k / g;
-                let (sx, sw) = (&xs[i * blocks..(i + 1) * blocks], &ws[col * blocks..(col + 1) * blocks]);
-                simd::dot_i8_blocks(xr, wr, g, sx, sw) + b
-            }
-            None => {
-                let acc = dot_i8(xr, wr);
-                let sx = xs[if xs.len() == 1 { 0 } else { i }];
-                let sw = ws[if ws.len() == 1 { 0 } else { col }];
-                (acc as f32 * sx) * sw + b
-            }
-        }
-    };
-    let fill = |c: &mut [f32]| {
-        if m == 1 && len > 0 {
-            // A decode step: each task writes its columns of the one output row; a weight
-            // small enough that a fork-join would cost more than it saves runs on this thread.
-            let size = if crate::split::worth_splitting(n * k) { chunk_size(n, 16) } else { n };
-            c.par_chunks_mut(size).enumerate().for_each(|(ci, part)| {
-                part.iter_mut().enumerate().for_each(|(j, o)| *o = dot(0, ci * size + j));
-            });
-        } else if len > 0 {
-            // Weight-row chunks in parallel (each chunk stays in cache across the M rows).
-            let parts: Vec<Vec<f32>> = chunks(n, 16)
-                .into_par_iter()
-                .map(|(n0, nb)| {
-                    let mut part = vec![0f32; m * nb];
-                    for i in 0..m {
-                        for j in 0..nb {
-                            part[i * nb + j] = dot(i, n0 + j);
-                        }
-                    }
-                    part
-                })
-                .collect();
-            for ((n0, nb), part) in chunks(n, 16).into_iter().zip(parts) {
-                for i in 0..m {
-                    c[i * n + n0..i * n + n0 + nb].copy_from_slice(&part[i * nb..(i + 1) * nb]);
+                let (blocks, nb) = (k / g, part.len());
+                simd::dot_i8_block_rows(
+                    &x16[i * k..(i + 1) * k],
+                    &w[n0 * k..(n0 + nb) * k],
+                    g,
+                    &xs[i * blocks..(i + 1) * blocks],
+                    &ws[n0 * blocks..(n0 + nb) * blocks],
+                    part,
+                );
+                if let Some(b) = bias.as_ref() {
+                    part.iter_mut().zip(&b[n0..n0 + nb]).for_each(|(o, b)| *o += b);
                 }
             }
-        }
-        Ok::<(), KernelError>(())
-    };
-    by_dtype!(dtype, super::W8A8, T => {
-        let mut out = Out::<T>::take(bufs, "out", len);
-        T::produce_par(&mut out.v, fill)?;
-        Ok(Outputs::one("out", out.finish(&[m, n])?))
+            None => part.iter_mut().enumerate().for_each(|(j, o)| *o = dot(i, n0 + j)),
+        };
+        let fill = |c: &mut [f32]| {
+            if m == 1 && len > 0 {
+                // A decode step: each task writes its columns of the one output row; a weight
+                // small enough that a fork-join would cost more than it saves runs on this
+                // thread.
+                let size = if crate::split::worth_splitting(n * k) { chunk_size(n, 16) } else { n };
+                c.par_chunks_mut(size).enumerate().for_each(|(ci, part)| block_rows(0, ci * size, part));
+            } else if len > 0 {
+                // Weight-row chunks in parallel (each chunk stays in cache across the M rows).
+                let parts: Vec<Vec<f32>> = chunks(n, 16)
+                    .into_par_iter()
+                    .map(|(n0, nb)| {
+                        let mut part = vec![0f32; m * nb];
+                        for (i, row) in part.chunks_exact_mut(nb).enumerate() {
+                            block_rows(i, n0, row);
+                        }
+                        part
+                    })
+                    .collect();
+                for ((n0, nb), part) in chunks(n, 16).into_iter().zip(parts) {
+                    for i in 0..m {
+                        c[i * n + n0..i * n + n0 + nb].copy_from_slice(&part[i * nb..(i + 1) * nb]);
+                    }
+                }
+            }
+            Ok::<(), KernelError>(())
+        };
+        by_dtype!(dtype, super::W8A8, T => {
+            let mut out = Out::<T>::take(bufs, "out", len);
+            T::produce_par(&mut out.v, fill)?;
+            Ok(Outputs::one("out", out.finish(&[m, n])?))
+        })
     })
 }

@@ -4,9 +4,10 @@
 //!   against x given as its even and odd elements: per block, `scale * sum((q - zero) * x)`,
 //!   the codes widened to f32 in registers (sixteen low nibbles against sixteen even
 //!   elements, sixteen high ones against the odd), scaled once per block.
-//! - [`dot_i8_blocks`]: two i8 rows in blocks, each block's exact integer dot (i16 products
-//!   summed in pairs into i32 lanes, `vpmaddwd`) times its pair of scales, summed in f64
-//!   lanes (blocks' sums may cancel: they round once, at the end, as the reference's).
+//! - [`dot_i8_blocks`]: an i8 weight row against an i8 row of x (widened to i16 once per
+//!   call by the caller) in blocks, each block's exact integer dot (`vpmaddwd` pairs summed
+//!   in i32 lanes) converted to f32 in its lanes and scaled by its pair of scales with one
+//!   FMA: no horizontal sum per block (llama.cpp's Q8_0 x Q8_0 shape), one at the end.
 //!
 //! Both keep four vector accumulators across blocks (a block's scaled sum is one FMA into
 //! one of them, so that chain of FMAs does not bound the loop) and sum them once at the
@@ -76,34 +77,75 @@ pub(crate) fn dot_int4(
     total - corr
 }
 
-/// `sum over blocks b of (exact sum_j a_j * b_j over block b) * sa[b] * sb[b]`, blocks of `g`
-/// (at most 65536, so a block's i32 lanes cannot overflow).
-pub(crate) fn dot_i8_blocks(a: &[i8], b: &[i8], g: usize, sa: &[f32], sb: &[f32]) -> f32 {
+/// `sum over blocks b of (exact sum_j x_j * w_j over block b) * sx[b] * sw[b]`, blocks of
+/// `g` (at most 65536, so a block's i32 lanes cannot overflow), `x` an i8 row widened to
+/// i16 ([`widen_i8`]). The vector paths sum the scaled blocks in f32 lanes (each block's
+/// integer sum is exact; at most one rounding per block and lane); the portable one in f64.
+pub(crate) fn dot_i8_blocks(x: &[i16], w: &[i8], g: usize, sx: &[f32], sw: &[f32]) -> f32 {
     assert!(
-        g > 0 && g <= 1 << 16 && a.len() == b.len() && a.len() == sa.len() * g && sb.len() == sa.len(),
+        g > 0 && g <= 1 << 16 && x.len() == w.len() && w.len() == sx.len() * g && sw.len() == sx.len(),
         "dot_i8_blocks: blocks of {g} do not tile rows of {} and {} with {} scales",
-        a.len(),
-        b.len(),
-        sa.len()
+        x.len(),
+        w.len(),
+        sx.len()
     );
     #[cfg(target_arch = "x86_64")]
     if g.is_multiple_of(32) {
         match level() {
             #[allow(unsafe_code)]
             // SAFETY: AVX-512BW was detected (and AVX-512F with it); bounds asserted above.
-            Level::Avx512 if x86::has_avx512bw() => return unsafe { x86::i8_avx512bw(a, b, g, sa, sb) },
+            Level::Avx512 if x86::has_avx512bw() => return unsafe { x86::i8_avx512bw(x, w, g, sx, sw) },
             #[allow(unsafe_code)]
             // SAFETY: Avx2 or better means AVX2 and FMA were detected; bounds asserted above.
-            Level::Avx512 | Level::Avx2 => return unsafe { x86::i8_avx2(a, b, g, sa, sb) },
+            Level::Avx512 | Level::Avx2 => return unsafe { x86::i8_avx2(x, w, g, sx, sw) },
             Level::Portable => {}
         }
     }
+    blocks_portable(x, w, g, sx, sw)
+}
+
+/// [`dot_i8_blocks`] in scalar code: each block's exact sum, scaled and summed in f64.
+fn blocks_portable(x: &[i16], w: &[i8], g: usize, sx: &[f32], sw: &[f32]) -> f32 {
     let mut total = 0f64;
-    for ((ca, cb), (x, y)) in a.chunks_exact(g).zip(b.chunks_exact(g)).zip(sa.iter().zip(sb)) {
-        let s: i32 = ca.iter().zip(cb).map(|(&p, &q)| i32::from(p) * i32::from(q)).sum();
-        total += f64::from(s) * (f64::from(*x) * f64::from(*y));
+    for ((cx, cw), (a, b)) in x.chunks_exact(g).zip(w.chunks_exact(g)).zip(sx.iter().zip(sw)) {
+        let s: i32 = cx.iter().zip(cw).map(|(&p, &q)| i32::from(p) * i32::from(q)).sum();
+        total += f64::from(s) * (f64::from(*a) * f64::from(*b));
     }
     total as f32
+}
+
+/// [`dot_i8_blocks`] of `x` with each of `out.len()` weight rows lying back to back in `w`
+/// (their scales back to back in `sw`): the level is decided and the bounds checked once
+/// for the rows, not per row (a Q8_0 row of a small model is a few hundred bytes).
+pub(crate) fn dot_i8_block_rows(x: &[i16], w: &[i8], g: usize, sx: &[f32], sw: &[f32], out: &mut [f32]) {
+    let (k, nb, rows) = (x.len(), sx.len(), out.len());
+    assert!(
+        g > 0 && g <= 1 << 16 && k == nb * g && w.len() == rows * k && sw.len() == rows * nb,
+        "dot_i8_block_rows: {rows} rows of {k} in blocks of {g} do not match {} codes and {} scales",
+        w.len(),
+        sw.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if g.is_multiple_of(32) {
+        match level() {
+            #[allow(unsafe_code)]
+            // SAFETY: AVX-512BW was detected (and AVX-512F with it); bounds asserted above.
+            Level::Avx512 if x86::has_avx512bw() => return unsafe { x86::rows_avx512bw(x, w, g, sx, sw, out) },
+            #[allow(unsafe_code)]
+            // SAFETY: Avx2 or better means AVX2 and FMA were detected; bounds asserted above.
+            Level::Avx512 | Level::Avx2 => return unsafe { x86::rows_avx2(x, w, g, sx, sw, out) },
+            Level::Portable => {}
+        }
+    }
+    for (r, o) in out.iter_mut().enumerate() {
+        *o = dot_i8_blocks(x, &w[r * k..(r + 1) * k], g, sx, &sw[r * nb..(r + 1) * nb]);
+    }
+}
+
+/// `x` widened to i16 into `out` (as long), the operand [`dot_i8_blocks`] reads: widened
+/// once per row of x rather than once per weight row it meets.
+pub(crate) fn widen_i8(x: &[i8], out: &mut [i16]) {
+    out.iter_mut().zip(x).for_each(|(o, &v)| *o = i16::from(v));
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -111,6 +153,8 @@ pub(crate) fn dot_i8_blocks(a: &[i8], b: &[i8], g: usize, sa: &[f32], sb: &[f32]
 mod x86 {
     use std::arch::x86_64::*;
     use std::sync::OnceLock;
+
+    use crate::simd::prefetch_ahead;
 
     pub(super) fn has_avx512bw() -> bool {
         static BW: OnceLock<bool> = OnceLock::new();
@@ -207,65 +251,119 @@ mod x86 {
         hsum256(_mm256_add_ps(acc0, acc1))
     }
 
+    /// One block's exact integer dot in sixteen i32 lanes.
+    ///
     /// # Safety
-    /// AVX-512F and AVX-512BW must be available; `a.len() == b.len() == sa.len() * g`,
-    /// `sb.len() == sa.len()`, `g % 32 == 0`, `g <= 65536`.
-    #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-    pub(super) unsafe fn i8_avx512bw(a: &[i8], b: &[i8], g: usize, sa: &[f32], sb: &[f32]) -> f32 {
-        // f64 accumulators: a block's i32 lanes widen exactly, its scale pair multiplies
-        // exactly, and the blocks' sums (which may cancel) round once, at the end.
-        let mut acc = [_mm512_setzero_pd(); 4];
-        for (blk, (&x, &y)) in sa.iter().zip(sb).enumerate() {
-            let mut lanes = _mm512_setzero_si512();
-            let mut j = blk * g;
-            while j < (blk + 1) * g {
-                // SAFETY: j + 32 <= a.len() == b.len() (the caller's bounds).
-                let (va, vb) = unsafe {
-                    (_mm256_loadu_si256(a.as_ptr().add(j).cast()), _mm256_loadu_si256(b.as_ptr().add(j).cast()))
-                };
-                let p = _mm512_madd_epi16(_mm512_cvtepi8_epi16(va), _mm512_cvtepi8_epi16(vb));
-                lanes = _mm512_add_epi32(lanes, p);
-                j += 32;
+    /// AVX-512F and BW must be available; `(b + 1) * g <= x.len(), w.len()`, `g % 32 == 0`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx2")]
+    unsafe fn block_512(x: &[i16], w: &[i8], g: usize, b: usize) -> __m512i {
+        let mut lanes = _mm512_setzero_si512();
+        let mut j = b * g;
+        while j < (b + 1) * g {
+            if j.is_multiple_of(64) {
+                prefetch_ahead(w, j);
             }
-            // Sixteen lanes folded to eight in i32 (exact: a lane holds at most 2^26), then one
-            // widening and one FMA per block.
-            let l8 = _mm256_add_epi32(_mm512_castsi512_si256(lanes), _mm512_extracti64x4_epi64(lanes, 1));
-            let s = _mm512_set1_pd(f64::from(x) * f64::from(y));
-            acc[blk % 4] = _mm512_fmadd_pd(_mm512_cvtepi32_pd(l8), s, acc[blk % 4]);
+            // SAFETY: j + 32 <= (b + 1) * g <= x.len(), w.len() (the caller's bounds).
+            let (wv, xv) =
+                unsafe { (_mm256_loadu_si256(w.as_ptr().add(j).cast()), _mm512_loadu_si512(x.as_ptr().add(j).cast())) };
+            lanes = _mm512_add_epi32(lanes, _mm512_madd_epi16(_mm512_cvtepi8_epi16(wv), xv));
+            j += 32;
         }
-        _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(acc[0], acc[1]), _mm512_add_pd(acc[2], acc[3]))) as f32
+        lanes
+    }
+
+    /// # Safety
+    /// AVX-512F and AVX-512BW must be available; `x.len() == w.len() == sx.len() * g`,
+    /// `sw.len() == sx.len()`, `g % 32 == 0`, `g <= 65536`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+    pub(super) unsafe fn i8_avx512bw(x: &[i16], w: &[i8], g: usize, sx: &[f32], sw: &[f32]) -> f32 {
+        // Four blocks per step into four accumulators: no chain of FMAs bounds the loop.
+        let mut acc = [_mm512_setzero_ps(); 4];
+        let nb = sx.len();
+        let mut b = 0;
+        while b < nb {
+            for (u, a) in acc.iter_mut().enumerate().take(nb - b) {
+                // SAFETY: block b + u < nb lies within the rows (the caller's bounds).
+                let lanes = unsafe { block_512(x, w, g, b + u) };
+                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lanes), _mm512_set1_ps(sx[b + u] * sw[b + u]), *a);
+            }
+            b += 4;
+        }
+        _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
+    }
+
+    /// # Safety
+    /// AVX-512F and AVX-512BW must be available; bounds as [`super::dot_i8_block_rows`]
+    /// asserts them.
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+    pub(super) unsafe fn rows_avx512bw(x: &[i16], w: &[i8], g: usize, sx: &[f32], sw: &[f32], out: &mut [f32]) {
+        let (k, nb) = (x.len(), sx.len());
+        for (r, o) in out.iter_mut().enumerate() {
+            // SAFETY: row r's codes and scales lie within `w` and `sw` (the caller's bounds).
+            *o = unsafe { i8_avx512bw(x, &w[r * k..(r + 1) * k], g, sx, &sw[r * nb..(r + 1) * nb]) };
+        }
+    }
+
+    /// # Safety
+    /// AVX2 and FMA must be available; bounds as [`super::dot_i8_block_rows`] asserts them.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn rows_avx2(x: &[i16], w: &[i8], g: usize, sx: &[f32], sw: &[f32], out: &mut [f32]) {
+        let (k, nb) = (x.len(), sx.len());
+        for (r, o) in out.iter_mut().enumerate() {
+            // SAFETY: row r's codes and scales lie within `w` and `sw` (the caller's bounds).
+            *o = unsafe { i8_avx2(x, &w[r * k..(r + 1) * k], g, sx, &sw[r * nb..(r + 1) * nb]) };
+        }
+    }
+
+    /// One block's exact integer dot in eight i32 lanes.
+    ///
+    /// # Safety
+    /// AVX2 must be available; bounds as [`block_512`]'s.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn block_256(x: &[i16], w: &[i8], g: usize, b: usize) -> __m256i {
+        let mut lanes = _mm256_setzero_si256();
+        let mut j = b * g;
+        while j < (b + 1) * g {
+            if j.is_multiple_of(64) {
+                prefetch_ahead(w, j);
+            }
+            // SAFETY: j + 32 <= (b + 1) * g <= x.len(), w.len() (the caller's bounds).
+            let (w0, w1, x0, x1) = unsafe {
+                (
+                    _mm_loadu_si128(w.as_ptr().add(j).cast()),
+                    _mm_loadu_si128(w.as_ptr().add(j + 16).cast()),
+                    _mm256_loadu_si256(x.as_ptr().add(j).cast()),
+                    _mm256_loadu_si256(x.as_ptr().add(j + 16).cast()),
+                )
+            };
+            let p0 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(w0), x0);
+            let p1 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(w1), x1);
+            lanes = _mm256_add_epi32(lanes, _mm256_add_epi32(p0, p1));
+            j += 32;
+        }
+        lanes
     }
 
     /// # Safety
     /// AVX2 and FMA must be available; bounds as [`i8_avx512bw`]'s.
+    #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn i8_avx2(a: &[i8], b: &[i8], g: usize, sa: &[f32], sb: &[f32]) -> f32 {
-        let mut acc = [_mm256_setzero_pd(); 4];
-        for (blk, (&x, &y)) in sa.iter().zip(sb).enumerate() {
-            let mut lanes = _mm256_setzero_si256();
-            let mut j = blk * g;
-            while j < (blk + 1) * g {
-                // SAFETY: j + 32 <= a.len() == b.len() (the caller's bounds).
-                let (a0, a1, b0, b1) = unsafe {
-                    (
-                        _mm_loadu_si128(a.as_ptr().add(j).cast()),
-                        _mm_loadu_si128(a.as_ptr().add(j + 16).cast()),
-                        _mm_loadu_si128(b.as_ptr().add(j).cast()),
-                        _mm_loadu_si128(b.as_ptr().add(j + 16).cast()),
-                    )
-                };
-                let p0 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(a0), _mm256_cvtepi8_epi16(b0));
-                let p1 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(a1), _mm256_cvtepi8_epi16(b1));
-                lanes = _mm256_add_epi32(lanes, _mm256_add_epi32(p0, p1));
-                j += 32;
+    pub(super) unsafe fn i8_avx2(x: &[i16], w: &[i8], g: usize, sx: &[f32], sw: &[f32]) -> f32 {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let nb = sx.len();
+        let mut b = 0;
+        while b < nb {
+            for (u, a) in acc.iter_mut().enumerate().take(nb - b) {
+                // SAFETY: block b + u < nb lies within the rows (the caller's bounds).
+                let lanes = unsafe { block_256(x, w, g, b + u) };
+                *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(sx[b + u] * sw[b + u]), *a);
             }
-            let l4 = _mm_add_epi32(_mm256_castsi256_si128(lanes), _mm256_extracti128_si256(lanes, 1));
-            let s = _mm256_set1_pd(f64::from(x) * f64::from(y));
-            acc[blk % 4] = _mm256_fmadd_pd(_mm256_cvtepi32_pd(l4), s, acc[blk % 4]);
+            b += 4;
         }
-        let v = _mm256_add_pd(_mm256_add_pd(acc[0], acc[1]), _mm256_add_pd(acc[2], acc[3]));
-        let h = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
-        (_mm_cvtsd_f64(h) + _mm_cvtsd_f64(_mm_unpackhi_pd(h, h))) as f32
+        hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])))
     }
 
     #[target_feature(enable = "avx2")]
@@ -273,5 +371,64 @@ mod x86 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each block's products summed exactly, scaled in f64.
+    fn by_definition(x: &[i8], w: &[i8], g: usize, sx: &[f32], sw: &[f32]) -> f64 {
+        let mut t = 0f64;
+        for (p, (&a, &b)) in x.iter().zip(w).enumerate() {
+            t += f64::from(a) * f64::from(b) * f64::from(sx[p / g]) * f64::from(sw[p / g]);
+        }
+        t
+    }
+
+    #[test]
+    fn block_rows_equal_their_definition_at_the_extremes_of_the_codes() {
+        for (k, g, rows) in [(64usize, 32usize, 3usize), (768, 32, 5), (256, 64, 2), (192, 96, 1), (96, 16, 2)] {
+            // Every code pattern, -128 and 127 included: -128 * -128 summed over a whole block
+            // is the largest a lane holds.
+            let x: Vec<i8> = (0..k).map(|i| if i % 5 == 0 { -128 } else { ((i * 37) % 256) as u8 as i8 }).collect();
+            let w: Vec<i8> =
+                (0..rows * k).map(|i| if i % 3 == 0 { -128 } else { ((i * 91 + 7) % 256) as u8 as i8 }).collect();
+            let sx: Vec<f32> = (0..k / g).map(|b| 0.02 + b as f32 * 1e-3).collect();
+            let sw: Vec<f32> = (0..rows * k / g).map(|b| 0.003 + b as f32 * 7e-4).collect();
+            let mut x16 = vec![0i16; k];
+            widen_i8(&x, &mut x16);
+            let mut dispatched = vec![0f32; rows];
+            dot_i8_block_rows(&x16, &w, g, &sx, &sw, &mut dispatched);
+            let portable: Vec<f32> = (0..rows)
+                .map(|r| blocks_portable(&x16, &w[r * k..(r + 1) * k], g, &sx, &sw[r * (k / g)..(r + 1) * (k / g)]))
+                .collect();
+            let mut paths = vec![dispatched, portable];
+            #[cfg(target_arch = "x86_64")]
+            if g % 32 == 0 && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                let mut out = vec![0f32; rows];
+                // SAFETY: AVX2 and FMA were detected; the rows and scales tile as asserted above.
+                #[allow(unsafe_code)]
+                unsafe {
+                    x86::rows_avx2(&x16, &w, g, &sx, &sw, &mut out)
+                };
+                paths.push(out);
+            }
+            for (r, o) in paths.iter().flat_map(|p| p.iter().enumerate()) {
+                let (wr, swr) = (&w[r * k..(r + 1) * k], &sw[r * (k / g)..(r + 1) * (k / g)]);
+                let want = by_definition(&x, wr, g, &sx, swr);
+                // Scale of the sum's terms, for a relative bound on f32 lanes.
+                let size: f64 = x
+                    .iter()
+                    .zip(wr)
+                    .enumerate()
+                    .map(|(p, (&a, &b))| {
+                        (f64::from(a) * f64::from(b) * f64::from(sx[p / g]) * f64::from(swr[p / g])).abs()
+                    })
+                    .sum();
+                assert!((f64::from(*o) - want).abs() <= 1e-6 * size, "k {k} g {g} row {r}: {o} against {want}");
+            }
+        }
     }
 }

@@ -195,6 +195,8 @@ mod x86 {
     use std::arch::x86_64::*;
     use std::sync::OnceLock;
 
+    use crate::simd::prefetch_ahead;
+
     use super::XRow;
 
     /// Lane l of a 64-byte step (four bytes each) to its block's index within the step's
@@ -285,6 +287,8 @@ mod x86 {
         let steps = bytes.len() / 64;
         let mut s = 0;
         while s + 2 <= steps {
+            prefetch_ahead(bytes, s * 64);
+            prefetch_ahead(bytes, s * 64 + 64);
             let (p0, w0) = step(s);
             let (p1, w1) = step(s + 1);
             acc0 = _mm512_fmadd_ps(p0, w0, acc0);
@@ -330,6 +334,7 @@ mod x86 {
         let steps = bytes.len() / 32;
         let mut s = 0;
         while s + 2 <= steps {
+            prefetch_ahead(bytes, s * 32);
             let (p0, w0) = step(s);
             let (p1, w1) = step(s + 1);
             acc0 = _mm256_fmadd_ps(p0, w0, acc0);
@@ -361,6 +366,7 @@ mod x86 {
         let mut acc = [_mm512_setzero_ps(); R];
         for s in 0..bytes.len() / 64 {
             let (b, l) = (s * 64, s * 16);
+            prefetch_ahead(bytes, b);
             // SAFETY: b + 64 <= bytes.len(); the scale reads stay within sw (as in `vnni`).
             let (v, ws) = unsafe { (_mm512_loadu_si512(bytes.as_ptr().add(b).cast()), step_scales(sw, g, s, spread)) };
             let lo = _mm512_and_si512(v, nib);
@@ -401,6 +407,9 @@ mod x86 {
         let mut acc = [_mm256_setzero_ps(); R];
         for s in 0..bytes.len() / 32 {
             let (b, l) = (s * 32, s * 8);
+            if s.is_multiple_of(2) {
+                prefetch_ahead(bytes, b);
+            }
             let ws = step_scales_avx2(sw, g, s);
             // SAFETY: b + 32 <= bytes.len().
             let v = unsafe { _mm256_loadu_si256(bytes.as_ptr().add(b).cast()) };

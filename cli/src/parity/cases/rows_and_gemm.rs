@@ -473,7 +473,7 @@ fn linear_w8a8_per_tensor(rng: &mut Rng) -> Case {
 }
 
 /// The decode rows of `--weights int8|int4` (one row of x, blocks of 32, as Q8_0 and Q4_0):
-/// the quantized GEMVs (`simd::dot_i8_blocks`, `simd::dot_int4`) at every cap's parity run.
+/// the quantized GEMVs (`simd::dot_i8_block_rows`, `simd::dot_int4`) at every cap's parity run.
 fn quantized_decode(rng: &mut Rng) -> Vec<Case> {
     let (k, n, g) = (256usize, 33usize, 32usize);
     let packed: Vec<f32> = (0..n * k / 2).map(|_| rng.below(256) as f32 - 128.0).collect();

@@ -389,7 +389,7 @@ pub(super) fn gemm_facts() -> TestResult<Vec<Fact>> {
         ),
         fact(w8, "layouts", here(W8A8, "linear_w8a8 takes [N, K] (NT) weights"), "spr", w8a8_in(Some(Layout::Nt)))
             .rejects(w8a8_in(Some(Layout::Nn)), "LAYOUT_UNSUPPORTED"),
-        fact(w8, "group_sizes", here(W8A8, "simd::dot_i8_blocks(xr, wr, g, sx, sw) + b"), "spr", w8a8_blocks(32))
+        fact(w8, "group_sizes", here(W8A8, "simd::dot_i8_block_rows("), "spr", w8a8_blocks(32))
             .rejects(w8a8_blocks(8), "ATTR_UNSUPPORTED"),
         fact(int4, "dtypes", here(LINEAR, "by_dtype!(a.x.dtype(), INT4, T => {"), "spr", int4_in(DType::BF16, 128)),
         fact(int4, "dtypes", here(LINEAR, "by_dtype!(a.x.dtype(), INT4, T => {"), "spr", int4_in(DType::F16, 64)),
