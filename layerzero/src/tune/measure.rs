@@ -22,7 +22,8 @@
 //! The kernels competing for one problem are timed together ([`measure_interleaved`]):
 //! after each one's warm-up, samples are taken round by round, one of each kernel per round,
 //! so a change of the machine's load while they are timed shifts all their series alike
-//! rather than favouring the one that happened to run in a quiet moment.
+//! rather than favouring the one that happened to run in a quiet moment; the group stops as
+//! one, so every series covers the same rounds.
 //!
 //! Only the kernel is timed: inputs are prepared (transforms applied) before. A kernel that
 //! returns an error or panics ends its series with a [`Failure`]; it is reported, not fatal.
@@ -234,8 +235,9 @@ impl Series {
 /// kernel ran in the quiet moment. Each sample follows one untimed call of its kernel, so
 /// it measures the kernel's steady state rather than the switch from the kernel before it
 /// (measured on the 2-core VM: oneDNN's OpenMP workers, spinning after its call, slowed the
-/// next rayon kernel by up to 2x, which made the winner depend on the order). Each kernel stops by the protocol on its own samples and
-/// its own time. The results are in the order of `group`.
+/// next rayon kernel by up to 2x, which made the winner depend on the order). The group
+/// stops as one ([`group_stops`]): every kernel's series covers the same rounds. The results
+/// are in the order of `group`.
 pub fn measure_interleaved(
     group: &[Candidate<'_>],
     p: &Protocol,
@@ -262,18 +264,15 @@ pub fn measure_interleaved(
         .collect();
     let mut round = 0usize;
     loop {
-        let mut active = false;
+        if group_stops(&mut series, p, deadline) {
+            break;
+        }
         for j in 0..group.len() {
             let i = (j + round) % group.len();
             let s = &mut series[i];
-            if s.failure.is_some() || s.stop.is_some() {
+            if s.failure.is_some() {
                 continue;
             }
-            if let Some(stop) = s.stop_now(p, deadline) {
-                s.stop = Some(stop);
-                continue;
-            }
-            active = true;
             let c = &group[i];
             // Another kernel ran just before: one untimed call first, so the sample sees this
             // kernel in its own steady state, not the switch (another backend's thread pool
@@ -308,9 +307,6 @@ pub fn measure_interleaved(
                 None => s.samples.push(dt.as_nanos() as f64 / f64::from(s.batch)),
             }
         }
-        if !active {
-            break;
-        }
         round += 1;
     }
     series
@@ -330,6 +326,29 @@ pub fn measure_interleaved(
             })
         })
         .collect()
+}
+
+/// Whether the group stops sampling now, each kernel's reason recorded when it does. The
+/// group samples as one: every kernel in every round until all of them are steady, or one of
+/// them reaches a cap (its samples, its time, the deadline). A kernel that stopped alone
+/// while the others went on would have its series from another stretch of time than
+/// theirs: on the 2-vCPU VM, oneDNN's linear steadied after 11 rounds and the `cpu` kernel
+/// sampled 28 more alone, and the verified times flipped the rows' order (16% regret).
+fn group_stops(series: &mut [Series], p: &Protocol, deadline: Option<Instant>) -> bool {
+    let wants: Vec<Option<Stop>> =
+        series.iter().map(|s| if s.failure.is_some() { None } else { s.stop_now(p, deadline) }).collect();
+    let live = series.iter().filter(|s| s.failure.is_none()).count();
+    let capped = wants.iter().flatten().find(|w| **w != Stop::Steady).copied();
+    let all_steady = wants.iter().flatten().count() == live;
+    if live > 0 && capped.is_none() && !all_steady {
+        return false;
+    }
+    for (s, w) in series.iter_mut().zip(wants) {
+        if s.failure.is_none() {
+            s.stop = w.or(capped);
+        }
+    }
+    true
 }
 
 /// Warm-up: at least `warmup_runs` runs and `warmup_time` (or the time cap); returns the
