@@ -330,21 +330,29 @@ pub fn measure_interleaved(
 
 /// Whether the group stops sampling now, each kernel's reason recorded when it does. The
 /// group samples as one: every kernel in every round until all of them are steady, or one of
-/// them reaches a cap (its samples, its time, the deadline). A kernel that stopped alone
+/// them reaches a cap (its samples, its time, the deadline) once every kernel has the
+/// capped minimum of samples (or one reached its hard limit). A kernel that stopped alone
 /// while the others went on would have its series from another stretch of time than
 /// theirs: on the 2-vCPU VM, oneDNN's linear steadied after 11 rounds and the `cpu` kernel
 /// sampled 28 more alone, and the verified times flipped the rows' order (16% regret).
 fn group_stops(series: &mut [Series], p: &Protocol, deadline: Option<Instant>) -> bool {
+    let live = |s: &Series| s.failure.is_none();
     let wants: Vec<Option<Stop>> =
-        series.iter().map(|s| if s.failure.is_some() { None } else { s.stop_now(p, deadline) }).collect();
-    let live = series.iter().filter(|s| s.failure.is_none()).count();
+        series.iter().map(|s| if live(s) { s.stop_now(p, deadline) } else { None }).collect();
+    let n_live = series.iter().filter(|s| live(s)).count();
     let capped = wants.iter().flatten().find(|w| **w != Stop::Steady).copied();
-    let all_steady = wants.iter().flatten().count() == live;
-    if live > 0 && capped.is_none() && !all_steady {
+    let all_want = wants.iter().flatten().count() == n_live;
+    let kept = |s: &Series| stats::summarize(&s.samples).map_or(0, |k| k.samples);
+    let hard = |s: &Series| s.samples.len() as u32 >= p.max_samples.max(1) || s.spent >= p.hard_cap;
+    let enough = series.iter().filter(|s| live(s)).all(|s| kept(s) >= p.min_samples_capped);
+    let stop = n_live == 0
+        || all_want
+        || (capped.is_some() && (enough || series.iter().any(|s| live(s) && !s.samples.is_empty() && hard(s))));
+    if !stop {
         return false;
     }
     for (s, w) in series.iter_mut().zip(wants) {
-        if s.failure.is_none() {
+        if live(s) {
             s.stop = w.or(capped);
         }
     }
