@@ -172,6 +172,13 @@ impl Scratch for i16 {
     }
 }
 
+/// Puts `count` buffers of `len` elements into this thread's pool of `T` scratch (a
+/// thread that takes tasks of any size, as a decode team's helper does, then meets no
+/// allocation below that size whichever tasks come its way first).
+pub(super) fn reserve_scratch<T: Scratch>(count: usize, len: usize) {
+    T::pool().with_borrow_mut(|p| p.extend((0..count).map(|_| vec![T::default(); len])));
+}
+
 /// Runs `f` on `n` elements of one of this thread's scratch buffers (contents
 /// unspecified), kept between calls, so a kernel's temporaries cost no allocation once
 /// warm. Nested calls get buffers of their own.

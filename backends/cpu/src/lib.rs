@@ -53,6 +53,7 @@ mod quant;
 mod quant4;
 mod rope;
 mod sample;
+mod team;
 
 #[cfg(test)]
 mod testing;

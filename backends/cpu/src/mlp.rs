@@ -313,7 +313,7 @@ fn fused_decode(p: &Problem, act: Activation, out: &mut [f32]) {
             let (u, rest) = rest.split_at_mut(i * m);
             let (hid, img) = rest.split_at_mut(i * m);
             let size = chunk_size(i, 16);
-            g.par_chunks_mut(size * m).zip(u.par_chunks_mut(size * m)).enumerate().for_each(|(c, (gp, up))| {
+            crate::team::chunks2_mut(g, u, size * m, |c, gp, up| {
                 with_scratch(h, |scratch| {
                     for (w, dst) in [(&p.wg, &mut *gp), (&p.wu, &mut *up)] {
                         for (j, o) in dst.chunks_exact_mut(m).enumerate() {
@@ -332,7 +332,7 @@ fn fused_decode(p: &Problem, act: Activation, out: &mut [f32]) {
             let hid: &[f32] = hid;
             let size = chunk_size(h, 16);
             let dst = if m == 1 { &mut out[..h] } else { &mut img[..h * m] };
-            dst.par_chunks_mut(size * m).enumerate().for_each(|(c, part)| {
+            crate::team::chunks_mut(dst, size * m, |c, part| {
                 with_scratch(i, |scratch| {
                     for (j, o) in part.chunks_exact_mut(m).enumerate() {
                         dots_mat_row(hid, &p.wd, c * size + j, scratch, o);
@@ -375,7 +375,7 @@ fn fused_decode_bf16(p: &Problem, act: Activation, out: &mut [f32]) -> bool {
         let (hb, img) = rest.split_at_mut(i * m);
         // Gate and up, [I, m] (one weight row dotted with every x row), then act(g) * u.
         let size = chunk_size(i, 16);
-        g.par_chunks_mut(size * m).zip(u.par_chunks_mut(size * m)).enumerate().for_each(|(c, (gp, up))| {
+        crate::team::chunks2_mut(g, u, size * m, |c, gp, up| {
             bf16_pair_columns(xb, None, m, &p.wg, c * size, gp);
             bf16_pair_columns(xb, None, m, &p.wu, c * size, up);
             act_mul(act, gp, up);
@@ -392,7 +392,7 @@ fn fused_decode_bf16(p: &Problem, act: Activation, out: &mut [f32]) -> bool {
         // Down: whole rows of w_down, [H, m], written straight into `out` for one row.
         let size = chunk_size(h, 16);
         let dst = if m == 1 { &mut out[..h] } else { &mut img[..h * m] };
-        dst.par_chunks_mut(size * m).enumerate().for_each(|(c, part)| {
+        crate::team::chunks_mut(dst, size * m, |c, part| {
             bf16_pair_columns(hi, Some(lo), m, &p.wd, c * size, part);
         });
         if m > 1 {

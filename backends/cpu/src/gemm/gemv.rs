@@ -246,7 +246,7 @@ pub(super) fn gemv(x: &[f32], xb: Option<&[u16]>, m: usize, w: &Weights, c: &mut
     if m == 1 {
         // One row: [nb, 1] and [1, nb] are the same layout, so each task writes C directly.
         if split {
-            c[..n].par_chunks_mut(size).enumerate().for_each(|(ci, part)| columns(x, xb, m, w, ci * size, part));
+            crate::team::chunks_mut(&mut c[..n], size, |ci, part| columns(x, xb, m, w, ci * size, part));
         } else {
             columns(x, xb, m, w, 0, &mut c[..n]);
         }

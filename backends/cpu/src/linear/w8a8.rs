@@ -242,7 +242,7 @@ pub(crate) fn linear_w8a8_into(a: &W8a8Args, bufs: &mut Outputs) -> Result<Outpu
                 // byte, the 125M model's 2304 x 768 qkv stayed on one thread (129 us; split, 64
                 // us on the 2-vCPU Xeon).
                 let size = if crate::split::worth_splitting(4 * n * k) { chunk_size(n, 16) } else { n };
-                c.par_chunks_mut(size).enumerate().for_each(|(ci, part)| block_rows(0, ci * size, part));
+                crate::team::chunks_mut(c, size, |ci, part| block_rows(0, ci * size, part));
             } else if len > 0 {
                 // Weight-row chunks in parallel (each chunk stays in cache across the M rows).
                 let parts: Vec<Vec<f32>> = chunks(n, 16)
