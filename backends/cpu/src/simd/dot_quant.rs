@@ -4,7 +4,7 @@
 //!   against x given as its even and odd elements: per block, `scale * sum((q - zero) * x)`,
 //!   the codes widened to f32 in registers (sixteen low nibbles against sixteen even
 //!   elements, sixteen high ones against the odd), scaled once per block.
-//! - [`dot_i8_blocks`]: an i8 weight row against an i8 row of x (widened to i16 once per
+//! - [`dot_i8_block_rows`]: i8 weight rows against an i8 row of x (widened to i16 once per
 //!   call by the caller) in blocks, each block's exact integer dot (`vpmaddwd` pairs summed
 //!   in i32 lanes) converted to f32 in its lanes and scaled by its pair of scales with one
 //!   FMA: no horizontal sum per block (llama.cpp's Q8_0 x Q8_0 shape), one at the end.
@@ -77,34 +77,8 @@ pub(crate) fn dot_int4(
     total - corr
 }
 
-/// `sum over blocks b of (exact sum_j x_j * w_j over block b) * sx[b] * sw[b]`, blocks of
-/// `g` (at most 65536, so a block's i32 lanes cannot overflow), `x` an i8 row widened to
-/// i16 ([`widen_i8`]). The vector paths sum the scaled blocks in f32 lanes (each block's
-/// integer sum is exact; at most one rounding per block and lane); the portable one in f64.
-pub(crate) fn dot_i8_blocks(x: &[i16], w: &[i8], g: usize, sx: &[f32], sw: &[f32]) -> f32 {
-    assert!(
-        g > 0 && g <= 1 << 16 && x.len() == w.len() && w.len() == sx.len() * g && sw.len() == sx.len(),
-        "dot_i8_blocks: blocks of {g} do not tile rows of {} and {} with {} scales",
-        x.len(),
-        w.len(),
-        sx.len()
-    );
-    #[cfg(target_arch = "x86_64")]
-    if g.is_multiple_of(32) {
-        match level() {
-            #[allow(unsafe_code)]
-            // SAFETY: AVX-512BW was detected (and AVX-512F with it); bounds asserted above.
-            Level::Avx512 if x86::has_avx512bw() => return unsafe { x86::i8_avx512bw(x, w, g, sx, sw) },
-            #[allow(unsafe_code)]
-            // SAFETY: Avx2 or better means AVX2 and FMA were detected; bounds asserted above.
-            Level::Avx512 | Level::Avx2 => return unsafe { x86::i8_avx2(x, w, g, sx, sw) },
-            Level::Portable => {}
-        }
-    }
-    blocks_portable(x, w, g, sx, sw)
-}
-
-/// [`dot_i8_blocks`] in scalar code: each block's exact sum, scaled and summed in f64.
+/// One row of [`dot_i8_block_rows`] in scalar code: each block's exact sum, scaled and
+/// summed in f64.
 fn blocks_portable(x: &[i16], w: &[i8], g: usize, sx: &[f32], sw: &[f32]) -> f32 {
     let mut total = 0f64;
     for ((cx, cw), (a, b)) in x.chunks_exact(g).zip(w.chunks_exact(g)).zip(sx.iter().zip(sw)) {
@@ -114,9 +88,13 @@ fn blocks_portable(x: &[i16], w: &[i8], g: usize, sx: &[f32], sw: &[f32]) -> f32
     total as f32
 }
 
-/// [`dot_i8_blocks`] of `x` with each of `out.len()` weight rows lying back to back in `w`
-/// (their scales back to back in `sw`): the level is decided and the bounds checked once
-/// for the rows, not per row (a Q8_0 row of a small model is a few hundred bytes).
+/// `out[r] = sum over blocks b of (exact sum_j x_j * w_rj over block b) * sx[b] * sw_r[b]`
+/// for each of `out.len()` weight rows lying back to back in `w` (their scales back to back
+/// in `sw`), blocks of `g` (at most 65536, so a block's i32 lanes cannot overflow), `x` an
+/// i8 row widened to i16 ([`widen_i8`]). The vector paths sum the scaled blocks in f32
+/// lanes (each block's integer sum is exact; at most one rounding per block and lane), the
+/// portable one in f64. The level is decided and the bounds checked once for the rows, not
+/// per row (a Q8_0 row of a small model is a few hundred bytes).
 pub(crate) fn dot_i8_block_rows(x: &[i16], w: &[i8], g: usize, sx: &[f32], sw: &[f32], out: &mut [f32]) {
     let (k, nb, rows) = (x.len(), sx.len(), out.len());
     assert!(
@@ -138,11 +116,11 @@ pub(crate) fn dot_i8_block_rows(x: &[i16], w: &[i8], g: usize, sx: &[f32], sw: &
         }
     }
     for (r, o) in out.iter_mut().enumerate() {
-        *o = dot_i8_blocks(x, &w[r * k..(r + 1) * k], g, sx, &sw[r * nb..(r + 1) * nb]);
+        *o = blocks_portable(x, &w[r * k..(r + 1) * k], g, sx, &sw[r * nb..(r + 1) * nb]);
     }
 }
 
-/// `x` widened to i16 into `out` (as long), the operand [`dot_i8_blocks`] reads: widened
+/// `x` widened to i16 into `out` (as long), the operand [`dot_i8_block_rows`] reads: widened
 /// once per row of x rather than once per weight row it meets.
 pub(crate) fn widen_i8(x: &[i8], out: &mut [i16]) {
     out.iter_mut().zip(x).for_each(|(o, &v)| *o = i16::from(v));
@@ -278,7 +256,7 @@ mod x86 {
     /// `sw.len() == sx.len()`, `g % 32 == 0`, `g <= 65536`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-    pub(super) unsafe fn i8_avx512bw(x: &[i16], w: &[i8], g: usize, sx: &[f32], sw: &[f32]) -> f32 {
+    unsafe fn i8_avx512bw(x: &[i16], w: &[i8], g: usize, sx: &[f32], sw: &[f32]) -> f32 {
         // Four blocks per step into four accumulators: no chain of FMAs bounds the loop.
         let mut acc = [_mm512_setzero_ps(); 4];
         let nb = sx.len();
@@ -351,7 +329,7 @@ mod x86 {
     /// AVX2 and FMA must be available; bounds as [`i8_avx512bw`]'s.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn i8_avx2(x: &[i16], w: &[i8], g: usize, sx: &[f32], sw: &[f32]) -> f32 {
+    unsafe fn i8_avx2(x: &[i16], w: &[i8], g: usize, sx: &[f32], sw: &[f32]) -> f32 {
         let mut acc = [_mm256_setzero_ps(); 4];
         let nb = sx.len();
         let mut b = 0;
