@@ -14,16 +14,17 @@ use layerzero::model::op::Op;
 use layerzero_llm as llm;
 use serde_json::{Value, json};
 
-/// The machine's measured copy bandwidth (GB/s, read + written) and fork-join (µs), from
-/// `lz hardware --measure`'s file, measured first where it holds nothing for this host.
-fn machine() -> Result<(f64, f64, String)> {
+/// The machine's measured copy bandwidth (GB/s, read + written), fork-join and call on the
+/// warm decode team (µs), from `lz hardware --measure`'s file, measured first where it
+/// holds nothing for this host.
+fn machine() -> Result<(f64, f64, Option<f64>, String)> {
     let path = layerzero::host::measure::path();
     layerzero::host::measure::ensure(&path)?;
     let nominal = layerzero::host::detect::detect_nominal();
     let file = layerzero::host::measure::load(&path)?;
     Ok(match file.hosts.get(&nominal.profile.fingerprint) {
-        Some(m) => (m.copy_gbps, m.fork_join_us, m.cpu.clone()),
-        None => (0.0, 0.0, "unmeasured".to_owned()),
+        Some(m) => (m.copy_gbps, m.fork_join_us, m.team_call_us, m.cpu.clone()),
+        None => (0.0, 0.0, None, "unmeasured".to_owned()),
     })
 }
 
@@ -72,12 +73,13 @@ fn phase(name: &str, steps: usize, wall_ns: u64, stats: &BTreeMap<Op, llm::OpSta
 
 /// The profile of a generation (`--profile`): the machine's figures and both phases.
 pub(super) fn report(out: &llm::Generated, prompt_tokens: usize) -> Result<Value> {
-    let (copy_gbps, fork_join_us, cpu) = machine()?;
+    let (copy_gbps, fork_join_us, team_call_us, cpu) = machine()?;
     Ok(json!({
         "cpu": cpu,
         "threads": rayon::current_num_threads(),
         "copy_gbps": copy_gbps,
         "fork_join_us": fork_join_us,
+        "team_call_us": team_call_us,
         "phases": [
             phase("prefill", prompt_tokens, out.prefill_ns, &out.prefill_stats, (copy_gbps, fork_join_us)),
             phase("decode", out.decode_steps, out.decode_ns, &out.decode_stats, (copy_gbps, fork_join_us)),
@@ -91,11 +93,12 @@ pub(super) fn render(p: &Value) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "profile on {} ({} threads): copy bandwidth {:.1} GB/s, fork-join {:.1} us (lz hardware --measure)",
+        "profile on {} ({} threads): copy bandwidth {:.1} GB/s, fork-join {:.1} us{} (lz hardware --measure)",
         p["cpu"].as_str().unwrap_or("?"),
         p["threads"],
         f(p, "copy_gbps"),
-        f(p, "fork_join_us")
+        f(p, "fork_join_us"),
+        p["team_call_us"].as_f64().map(|t| format!(", decode team call {t:.2} us")).unwrap_or_default()
     );
     for ph in p["phases"].as_array().into_iter().flatten() {
         let unit = if ph["phase"] == "prefill" { "prompt token" } else { "decode step" };

@@ -244,6 +244,12 @@ pub(super) fn measured(
     let _ = writeln!(out, "{:<34} {:>12} {:>12}", "fork-join, us", "-", m.fork_join_us);
     let split = m.split_min_bytes.map_or("never".to_owned(), |b| format!("{:.2} MB", b as f64 / 1e6));
     let _ = writeln!(out, "{:<34} {:>12} {:>12}", "row work split from", "32768 elts", split);
+    if let Some(t) = m.team_call_us {
+        let _ = writeln!(out, "{:<34} {:>12} {:>12}", "decode team call, us", "-", t);
+    }
+    if let Some(b) = m.team_split_min_bytes {
+        let _ = writeln!(out, "{:<34} {:>12} {:>12}", "decode op split from", "-", format!("{:.2} MB", b as f64 / 1e6));
+    }
     let _ =
         writeln!(out, "stored in {} for fingerprint {}; detection uses it from now on", path.display(), m.fingerprint);
     out

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use layerzero::LayerZero;
+use layerzero::backend::cpu::scratch_bytes;
 use layerzero::exec::args::{EmbeddingArgs, LinearArgs, MlpArgs, NormArgs, OpArgs, Outputs, RopeArgs};
 use layerzero::model::attrs::{MlpAttrs, NoAttrs, NormAttrs, RopeAttrs};
 use layerzero::model::dtype::DType;
@@ -189,6 +190,7 @@ fn section_11_3_shuffled_rounds_over_many_sizes_stay_correct_and_hold_no_more_me
     let mut held = Vec::new();
     for r in 2..ROUNDS {
         let region = Region::new(GLOBAL);
+        let scratch = scratch_bytes();
         if r + 1 == ROUNDS {
             stress::round(&serving, &cases, r, matches)?;
         } else {
@@ -200,9 +202,12 @@ fn section_11_3_shuffled_rounds_over_many_sizes_stay_correct_and_hold_no_more_me
             "round {r}: every case allocates its outputs ({} allocations)",
             c.allocations
         );
-        held.push(c.bytes_allocated as i64 - c.bytes_deallocated as i64);
+        // A kernel thread may meet a size of scratch for the first time late (which thread
+        // runs which task depends on timing, more so on a loaded machine): that it keeps.
+        let grown = (scratch_bytes() - scratch) as i64;
+        held.push(c.bytes_allocated as i64 - c.bytes_deallocated as i64 - grown);
     }
-    // Every output is freed: a round keeps nothing beyond a few small entries.
+    // Every output is freed: a round keeps nothing beyond a few small entries and scratch.
     assert!(held.iter().all(|&b| b <= 16 << 10), "bytes still allocated after each round: {held:?}");
     // Blocks of every size freed and reused in shuffled order do not pile up as resident memory.
     if let (Some(warm), Some(end)) = (warm_rss, rss_kib()) {

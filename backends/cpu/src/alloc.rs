@@ -6,8 +6,9 @@
 //! transparent huge pages (`madvise(MADV_HUGEPAGE)`, as numpy does for its large arrays),
 //! which matters where THP is in `madvise` mode. Elsewhere this is a no-op.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::thread::LocalKey;
 
 use super::rows::Slot;
@@ -31,6 +32,13 @@ pub(super) struct Aligned<T> {
     buf: Vec<T>,
     off: usize,
     len: usize,
+}
+
+impl<T> Aligned<T> {
+    /// No elements, no allocation.
+    pub(super) const fn empty() -> Self {
+        Aligned { buf: Vec::new(), off: 0, len: 0 }
+    }
 }
 
 impl<T: Copy + Default> Aligned<T> {
@@ -124,18 +132,92 @@ impl<T: Slot> Out<T> {
     }
 }
 
+/// Bytes held at rest in the kernels' per-thread scratch (see [`scratch_bytes`]).
+static HELD: AtomicI64 = AtomicI64::new(0);
+
+fn held(bytes: usize, sign: i64) {
+    HELD.fetch_add(sign * bytes as i64, Ordering::Relaxed);
+}
+
+/// Bytes the kernels' threads keep as scratch between calls, all threads together. Which
+/// thread meets which size of temporaries first depends on timing, so a thread can grow
+/// its scratch late, once per size; memory held beyond this is not the kernels' scratch.
+pub fn scratch_bytes() -> u64 {
+    HELD.load(Ordering::Relaxed).max(0) as u64
+}
+
+/// A thread's pool of scratch vectors, its bytes counted in [`scratch_bytes`] while they
+/// rest in it (and no longer once its thread exits).
+pub(super) struct Pool<T>(Vec<Vec<T>>);
+
+impl<T> Pool<T> {
+    const fn new() -> Self {
+        Pool(Vec::new())
+    }
+    fn pop(&mut self) -> Option<Vec<T>> {
+        let v = self.0.pop()?;
+        held(v.capacity() * size_of::<T>(), -1);
+        Some(v)
+    }
+    fn push(&mut self, v: Vec<T>) {
+        held(v.capacity() * size_of::<T>(), 1);
+        self.0.push(v);
+    }
+}
+
+impl<T> Drop for Pool<T> {
+    fn drop(&mut self) {
+        held(self.0.iter().map(|v| v.capacity() * size_of::<T>()).sum(), -1);
+    }
+}
+
+/// A thread's one kept aligned buffer (GEMM packing, AMX blocks): taken for a call and
+/// returned after, the larger of two kept; counted in [`scratch_bytes`] while it rests.
+pub(super) struct Kept<T>(Cell<Aligned<T>>);
+
+impl<T: Copy + Default> Kept<T> {
+    pub(super) const fn new() -> Self {
+        Kept(Cell::new(Aligned::empty()))
+    }
+    /// The kept buffer with a window of `len` elements (contents unspecified; a nested
+    /// call on the same thread finds none kept and gets a fresh one).
+    pub(super) fn take(&self, len: usize) -> Aligned<T> {
+        let mut v = self.0.take();
+        held(v.capacity() * size_of::<T>(), -1);
+        v.set_len(len);
+        v
+    }
+    /// Keeps `v` unless a larger buffer is kept, or `v` exceeds `max` elements.
+    pub(super) fn keep(&self, v: Aligned<T>, max: usize) {
+        if v.capacity() > max {
+            return;
+        }
+        let old = self.0.take();
+        let kept = if old.capacity() > v.capacity() { old } else { v };
+        held(kept.capacity() * size_of::<T>(), 1);
+        self.0.set(kept);
+    }
+}
+
+impl<T> Drop for Kept<T> {
+    fn drop(&mut self) {
+        let v = self.0.replace(Aligned::empty());
+        held(v.buf.len().saturating_sub(v.off) * size_of::<T>(), -1);
+    }
+}
+
 thread_local! {
     /// Per-thread scratch buffers (see [`with_scratch`]).
-    static SCRATCH_F32: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
-    static SCRATCH_F64: RefCell<Vec<Vec<f64>>> = const { RefCell::new(Vec::new()) };
-    static SCRATCH_I16: RefCell<Vec<Vec<i16>>> = const { RefCell::new(Vec::new()) };
+    static SCRATCH_F32: RefCell<Pool<f32>> = const { RefCell::new(Pool::new()) };
+    static SCRATCH_F64: RefCell<Pool<f64>> = const { RefCell::new(Pool::new()) };
+    static SCRATCH_I16: RefCell<Pool<i16>> = const { RefCell::new(Pool::new()) };
 }
 
 /// Runs `f` on `n` f32 of one of this thread's scratch buffers, written by `fill` and then
 /// lent as a `Storage` (for code that reads through a `Mat`), kept between calls as
 /// [`with_scratch`]'s are.
 pub(super) fn with_scratch_storage<R>(n: usize, fill: impl FnOnce(&mut [f32]), f: impl FnOnce(&Storage) -> R) -> R {
-    let mut v = SCRATCH_F32.with_borrow_mut(Vec::pop).unwrap_or_default();
+    let mut v = SCRATCH_F32.with_borrow_mut(Pool::pop).unwrap_or_default();
     if v.len() < n {
         v.resize(n, 0.0);
     }
@@ -151,23 +233,23 @@ pub(super) fn with_scratch_storage<R>(n: usize, fill: impl FnOnce(&mut [f32]), f
 /// An element of scratch buffers: each type has its own per-thread pool.
 pub(super) trait Scratch: Copy + Default + 'static {
     /// This thread's pool of buffers.
-    fn pool() -> &'static LocalKey<RefCell<Vec<Vec<Self>>>>;
+    fn pool() -> &'static LocalKey<RefCell<Pool<Self>>>;
 }
 
 impl Scratch for f32 {
-    fn pool() -> &'static LocalKey<RefCell<Vec<Vec<f32>>>> {
+    fn pool() -> &'static LocalKey<RefCell<Pool<f32>>> {
         &SCRATCH_F32
     }
 }
 
 impl Scratch for f64 {
-    fn pool() -> &'static LocalKey<RefCell<Vec<Vec<f64>>>> {
+    fn pool() -> &'static LocalKey<RefCell<Pool<f64>>> {
         &SCRATCH_F64
     }
 }
 
 impl Scratch for i16 {
-    fn pool() -> &'static LocalKey<RefCell<Vec<Vec<i16>>>> {
+    fn pool() -> &'static LocalKey<RefCell<Pool<i16>>> {
         &SCRATCH_I16
     }
 }
@@ -176,14 +258,14 @@ impl Scratch for i16 {
 /// thread that takes tasks of any size, as a decode team's helper does, then meets no
 /// allocation below that size whichever tasks come its way first).
 pub(super) fn reserve_scratch<T: Scratch>(count: usize, len: usize) {
-    T::pool().with_borrow_mut(|p| p.extend((0..count).map(|_| vec![T::default(); len])));
+    T::pool().with_borrow_mut(|p| (0..count).for_each(|_| p.push(vec![T::default(); len])));
 }
 
 /// Runs `f` on `n` elements of one of this thread's scratch buffers (contents
 /// unspecified), kept between calls, so a kernel's temporaries cost no allocation once
 /// warm. Nested calls get buffers of their own.
 pub(super) fn with_scratch<T: Scratch, R>(n: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
-    let mut v = T::pool().with_borrow_mut(Vec::pop).unwrap_or_default();
+    let mut v = T::pool().with_borrow_mut(Pool::pop).unwrap_or_default();
     if v.len() < n {
         v.resize(n, T::default());
     }

@@ -67,6 +67,7 @@ type TestResult<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 use std::sync::Arc;
 
+pub use alloc::scratch_bytes;
 pub use gemm::{PackedWeightStats, packed_weight_stats};
 pub use simd::set_cap as set_isa_cap;
 

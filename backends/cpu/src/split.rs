@@ -11,6 +11,10 @@
 //! split when one thread would need [`OUTLAST`] fork-joins' time for it. On that VM a
 //! fork-join from outside the pool costs 16-30 µs, so splitting starts near 2 MB; a
 //! many-core server with cheap wake-ups splits far smaller work.
+//!
+//! The decode step's chain of ops splits on the spinning team ([`crate::team`]) instead,
+//! whose call costs a few atomic operations while its helpers are awake; its threshold is
+//! measured the same way from a call on the warm team ([`worth_teaming`]).
 
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -42,6 +46,11 @@ pub struct SplitCost {
     pub fork_join_ns: f64,
     /// One thread's streaming rate in cache, GB/s (bytes read + written).
     pub serial_gbps: f64,
+    /// Median time of the smallest call on the warm team, ns.
+    pub team_ns: f64,
+    /// Bytes (read + written) from which work is split on the warm team; `usize::MAX` with
+    /// one thread.
+    pub team_min_bytes: usize,
 }
 
 /// The threshold of this process (measured on first use, about a millisecond).
@@ -56,6 +65,13 @@ pub(super) fn worth_splitting(bytes: usize) -> bool {
     bytes >= split_cost().min_bytes
 }
 
+/// True when work moving `bytes` (read + written), run as one of a chain of calls on the
+/// team ([`crate::team`]), is worth splitting across its threads.
+#[inline]
+pub(super) fn worth_teaming(bytes: usize) -> bool {
+    bytes >= split_cost().team_min_bytes
+}
+
 /// Measures the threshold now (about a millisecond).
 pub fn measure() -> SplitCost {
     let threads = rayon::current_num_threads().max(1);
@@ -66,9 +82,13 @@ pub fn measure() -> SplitCost {
             *o = x * 1.000_1 + 0.5;
         }
     };
-    let (mut fork_join, mut serial) = (Vec::with_capacity(REPS), Vec::with_capacity(REPS));
+    let (mut fork_join, mut serial, mut team) =
+        (Vec::with_capacity(REPS), Vec::with_capacity(REPS), Vec::with_capacity(REPS));
     let n = FORK_BYTES / 8;
     let per = n.div_ceil(threads).div_ceil(16) * 16;
+    // The team's first call starts it; the probe measures calls that follow calls.
+    let team_pass = |d: &mut [f32]| crate::team::chunks_mut(&mut d[..n], per, |c, d| pass(&src[c * per..], d));
+    team_pass(&mut dst);
     for _ in 0..REPS {
         let t = Instant::now();
         dst[..n].par_chunks_mut(per).zip(src[..n].par_chunks(per)).for_each(|(d, s)| pass(s, d));
@@ -77,12 +97,16 @@ pub fn measure() -> SplitCost {
         pass(std::hint::black_box(&src), &mut dst);
         serial.push(t.elapsed().as_secs_f64());
         std::hint::black_box(&dst);
+        let t = Instant::now();
+        team_pass(&mut dst);
+        team.push(t.elapsed().as_secs_f64());
     }
     let fork_join_ns = median(&mut fork_join) * 1e9;
     let serial_gbps = RATE_BYTES as f64 / (median(&mut serial) * 1e9).max(1e-3);
     // bytes / (bytes per ns) = ns of serial work; split from OUTLAST fork-joins' worth.
-    let min_bytes = if threads == 1 { usize::MAX } else { (OUTLAST * fork_join_ns * serial_gbps) as usize };
-    SplitCost { threads, min_bytes, fork_join_ns, serial_gbps }
+    let team_ns = median(&mut team) * 1e9;
+    let at = |ns: f64| if threads == 1 { usize::MAX } else { (OUTLAST * ns * serial_gbps) as usize };
+    SplitCost { threads, min_bytes: at(fork_join_ns), fork_join_ns, serial_gbps, team_ns, team_min_bytes: at(team_ns) }
 }
 
 fn median(v: &mut [f64]) -> f64 {

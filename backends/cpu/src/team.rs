@@ -36,6 +36,8 @@ struct Shared {
     ticket: AtomicU64,
     /// The call's job, a `*const Job` on the caller's stack, valid while it waits.
     job: AtomicPtr<()>,
+    /// `epoch << 32 | index`: the next task of the current call to claim.
+    next: AtomicU64,
     /// Tasks of the current call not finished yet.
     left: AtomicUsize,
     /// Set while a caller holds the team.
@@ -50,8 +52,6 @@ struct Shared {
 
 struct Team {
     shared: Arc<Shared>,
-    /// Threads sharing a call's tasks: the caller and the helpers.
-    parts: usize,
     /// The fork generation the helpers were started in.
     generation: u64,
 }
@@ -60,17 +60,32 @@ fn epoch(t: u64) -> u64 {
     t >> 32
 }
 
-/// Runs this thread's share of call `t` with `job`: tasks `who`, `who + parts`, ... (a
-/// fixed share, so each thread meets the same task sizes call after call and its scratch
-/// settles in the first calls; claiming tasks as they come made the scratch each thread
-/// met depend on timing, and a warm round could still grow it).
-fn work(s: &Shared, t: u64, who: usize, parts: usize, job: Job<'_>) {
-    let tasks = ((t >> 16) & 0xFFFF) as usize;
-    for i in (who..tasks).step_by(parts) {
+/// Runs tasks of call `t` until none is left to claim: each thread takes the next
+/// unclaimed task, so a thread the hypervisor slowed takes fewer (a fixed share left the
+/// caller spinning for the slower thread's last tasks, 3-5% of a decode step). A claim
+/// carries the call's epoch, so a helper that saw the call late claims nothing of the next;
+/// the job is read only after a claim, while the caller must still wait for that task.
+fn work(s: &Shared, t: u64) {
+    let tasks = (t >> 16) & 0xFFFF;
+    let e = epoch(t);
+    let mut next = s.next.load(Ordering::Acquire);
+    while next >> 32 == e && next & 0xFFFF_FFFF < tasks {
+        if let Err(now) = s.next.compare_exchange_weak(next, next + 1, Ordering::AcqRel, Ordering::Acquire) {
+            next = now;
+            continue;
+        }
+        // SAFETY: this thread claimed task `next` of call `e` (the caller stored the job
+        // before it published `next` for the call, with Release, and the claim read it with
+        // Acquire); the task is not finished, so the caller still waits (`left` > 0) with
+        // the job alive on its stack, and publishes no other job before.
+        #[allow(unsafe_code)]
+        let job: Job<'_> = unsafe { *s.job.load(Ordering::Relaxed).cast::<Job<'_>>() };
+        let i = (next & 0xFFFF_FFFF) as usize;
         if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(i))) {
             s.panic.lock().get_or_insert(p);
         }
         s.left.fetch_sub(1, Ordering::Release);
+        next = s.next.load(Ordering::Acquire);
     }
 }
 
@@ -80,7 +95,7 @@ fn work(s: &Shared, t: u64, who: usize, parts: usize, job: Job<'_>) {
 /// elements, three of f32 (tasks nest scratch), one each of i16 and f64.
 const RESERVE: usize = 1 << 16;
 
-fn helper(s: Arc<Shared>, who: usize, parts: usize) {
+fn helper(s: Arc<Shared>) {
     crate::alloc::reserve_scratch::<f32>(3, RESERVE);
     crate::alloc::reserve_scratch::<i16>(1, RESERVE);
     crate::alloc::reserve_scratch::<f64>(1, RESERVE);
@@ -115,15 +130,7 @@ fn helper(s: Arc<Shared>, who: usize, parts: usize) {
             s.sleepers.fetch_sub(1, Ordering::SeqCst);
         };
         seen = epoch(t);
-        if ((t >> 16) & 0xFFFF) as usize > who {
-            // SAFETY: the job was stored (Release) before the ticket of call `seen` was
-            // published (read here with Acquire), and this thread has tasks in that call, so
-            // its caller waits (`left` > 0) with the job alive on its stack until they are
-            // done, and publishes no other job before.
-            #[allow(unsafe_code)]
-            let job: Job<'_> = unsafe { *s.job.load(Ordering::Acquire).cast::<Job<'_>>() };
-            work(&s, t, who, parts, job);
-        }
+        work(&s, t);
     }
 }
 
@@ -137,6 +144,7 @@ fn team() -> Option<&'static Team> {
         let shared = Arc::new(Shared {
             ticket: AtomicU64::new(0),
             job: AtomicPtr::new(std::ptr::null_mut()),
+            next: AtomicU64::new(0),
             left: AtomicUsize::new(0),
             busy: AtomicBool::new(false),
             panic: Mutex::new(None),
@@ -146,9 +154,9 @@ fn team() -> Option<&'static Team> {
         });
         for h in 1..=helpers {
             let s = shared.clone();
-            std::thread::Builder::new().name(format!("lz-team-{h}")).spawn(move || helper(s, h, helpers + 1)).ok()?;
+            std::thread::Builder::new().name(format!("lz-team-{h}")).spawn(move || helper(s)).ok()?;
         }
-        Some(Team { shared, parts: helpers + 1, generation: crate::fork::generation() })
+        Some(Team { shared, generation: crate::fork::generation() })
     })
     .as_ref()
     .filter(|t| t.generation == crate::fork::generation())
@@ -170,14 +178,15 @@ pub(crate) fn for_each(tasks: usize, job: impl Fn(usize) + Sync) {
     let job: Job<'_> = &job;
     let e = (epoch(s.ticket.load(Ordering::Relaxed)).wrapping_add(1) & 0xFFFF_FFFF).max(1);
     s.left.store(tasks, Ordering::Relaxed);
-    s.job.store((&job as *const Job<'_>).cast_mut().cast(), Ordering::Release);
+    s.job.store((&job as *const Job<'_>).cast_mut().cast(), Ordering::Relaxed);
+    s.next.store(e << 32, Ordering::Release);
     let t = e << 32 | (tasks as u64) << 16;
     s.ticket.store(t, Ordering::SeqCst);
     if s.sleepers.load(Ordering::SeqCst) > 0 {
         let _bed = s.bed.lock();
         s.wake.notify_all();
     }
-    work(s, t, 0, team.parts, job);
+    work(s, t);
     while s.left.load(Ordering::Acquire) > 0 {
         std::hint::spin_loop();
     }

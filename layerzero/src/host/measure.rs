@@ -57,6 +57,14 @@ pub struct Measured {
     /// Bytes (read + written) from which row-wise work is split across threads (absent:
     /// never, one thread).
     pub split_min_bytes: Option<u64>,
+    /// A call's cost on the warm decode team (its helpers spinning between a decode step's
+    /// ops), µs (absent: one thread, or a file from before it was measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team_call_us: Option<f64>,
+    /// Bytes (read + written) from which a decode step's op is split on the team (absent:
+    /// never, one thread).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team_split_min_bytes: Option<u64>,
 }
 
 /// `hardware.json`: one measurement per host fingerprint.
@@ -105,6 +113,8 @@ pub fn measure(cpu: &DeviceProfile, fingerprint: &str) -> Measured {
         mac_per_ns_per_thread: per_thread,
         fork_join_us: round(split.fork_join_ns / 1000.0, 1),
         split_min_bytes: (split.min_bytes != usize::MAX).then_some(split.min_bytes as u64),
+        team_call_us: (threads > 1).then_some(round(split.team_ns / 1000.0, 2)),
+        team_split_min_bytes: (split.team_min_bytes != usize::MAX).then_some(split.team_min_bytes as u64),
     }
 }
 
@@ -229,6 +239,8 @@ mod tests {
             mac_per_ns_per_thread: [("f32".to_owned(), 120.0)].into_iter().collect(),
             fork_join_us: 19.0,
             split_min_bytes: Some(5 << 20),
+            team_call_us: Some(0.9),
+            team_split_min_bytes: Some(96 << 10),
         }
     }
 

@@ -17,9 +17,8 @@ use half::bf16;
 use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
 use rayon::prelude::*;
-use std::cell::Cell;
 
-use super::super::alloc::{self, Aligned};
+use super::super::alloc::{self, Aligned, Kept};
 use super::super::simd::{self, AMX_A_TILE, AMX_B_TILE, Prefetch, gemm_amx_bf16_tiles};
 use super::Mat;
 use layerzero_core::tensor::Storage;
@@ -159,8 +158,8 @@ pub(crate) fn linear_bf16(x: &Mat, b: &Mat, bias: Option<&[f32]>) -> Vec<bf16> {
         let (n0, nb) = (ni * NB, NB.min(n - ni * NB));
         // One spare tile column: C rows a multiple of 4 KiB apart would share L1 sets.
         let ldc = 16 * nt + 16;
-        let (mut ct, mut slab) = (CT.take(), SLAB.take());
-        ct.set_len(nb.div_ceil(16) * 16 * ldc);
+        let mut ct = CT.with(|k| k.take(nb.div_ceil(16) * 16 * ldc));
+        let mut slab = SLAB.with(|k| k.take(0));
         for c in 0..chunks {
             let s0 = c * KS;
             let steps = KS.min(kt - s0);
@@ -180,8 +179,8 @@ pub(crate) fn linear_bf16(x: &Mat, b: &Mat, bias: Option<&[f32]>) -> Vec<bf16> {
         }
         // ct [nb, rows] transposed into the output rows, bias added, rounded once.
         simd::transpose_round_bf16(&ct, ldc, nb, bias.map(|b| &b[n0..n0 + nb]), &mut rows, 0);
-        CT.set(ct);
-        SLAB.set(slab);
+        CT.with(|k| k.keep(ct, usize::MAX));
+        SLAB.with(|k| k.keep(slab, usize::MAX));
     });
     out
 }
@@ -189,6 +188,6 @@ pub(crate) fn linear_bf16(x: &Mat, b: &Mat, bias: Option<&[f32]>) -> Vec<bf16> {
 thread_local! {
     /// Each worker's f32 product block and packed weight block, kept between tasks and
     /// calls (a few hundred KiB each, faulted in once).
-    static CT: Cell<Aligned<f32>> = Cell::default();
-    static SLAB: Cell<Aligned<u16>> = Cell::default();
+    static CT: Kept<f32> = const { Kept::new() };
+    static SLAB: Kept<u16> = const { Kept::new() };
 }

@@ -240,8 +240,9 @@ pub(super) fn gemv(x: &[f32], xb: Option<&[u16]>, m: usize, w: &Weights, c: &mut
     if m == 0 || n == 0 {
         return;
     }
-    // A small weight runs on this thread (the fork-join would cost more than it saves).
-    let split = crate::split::worth_splitting(w.bytes());
+    // A small weight runs on this thread (the split would cost more than it saves): one row
+    // splits on the team (a decode step's chain of calls), more rows on rayon.
+    let split = if m == 1 { crate::split::worth_teaming(w.bytes()) } else { crate::split::worth_splitting(w.bytes()) };
     let size = if split { chunk_size(n, 16) } else { n };
     if m == 1 {
         // One row: [nb, 1] and [1, nb] are the same layout, so each task writes C directly.

@@ -8,12 +8,11 @@
 //! `MC_TILES` row tiles, whose A panels stream from L2. Every B element is packed once per
 //! call. Packing buffers are kept per thread between calls (see `KEEP_MAX`).
 
-use std::cell::Cell;
 use std::thread::LocalKey;
 
 use rayon::prelude::*;
 
-use super::super::alloc::Aligned;
+use super::super::alloc::{Aligned, Kept};
 use super::super::simd::{self, TILE_MR as MR, TILE_NR as NR};
 use super::F32View;
 use super::weights::Int4W;
@@ -224,8 +223,8 @@ pub(crate) fn gemm(a: F32View, b: BSrc, c: &mut [f32], ldc: usize, accumulate: b
 thread_local! {
     /// Packing buffers kept between calls (no page faults per call): the packed A of
     /// the calling thread, the B block of each worker.
-    static SCRATCH_A: Cell<Aligned<f32>> = Cell::default();
-    static SCRATCH_B: Cell<Aligned<f32>> = Cell::default();
+    static SCRATCH_A: Kept<f32> = const { Kept::new() };
+    static SCRATCH_B: Kept<f32> = const { Kept::new() };
 }
 
 /// Buffers up to this many floats (32 MiB) are kept for the next call.
@@ -234,16 +233,11 @@ const KEEP_MAX: usize = 1 << 23;
 /// This thread's buffer of `key` with at least `len` elements (contents unspecified;
 /// a nested call on the same thread finds it taken and gets a fresh one). Buffers start
 /// on cache lines: the microkernel's 64-byte loads of B would otherwise straddle two.
-fn scratch(key: &'static LocalKey<Cell<Aligned<f32>>>, len: usize) -> Aligned<f32> {
-    let mut v = key.take();
-    v.set_len(len);
-    v
+fn scratch(key: &'static LocalKey<Kept<f32>>, len: usize) -> Aligned<f32> {
+    key.with(|k| k.take(len))
 }
 
 /// Returns a buffer of [`scratch`] to `key` (the larger one stays; none past KEEP_MAX).
-fn keep(key: &'static LocalKey<Cell<Aligned<f32>>>, v: Aligned<f32>) {
-    if v.capacity() <= KEEP_MAX {
-        let old = key.take();
-        key.set(if old.capacity() > v.capacity() { old } else { v });
-    }
+fn keep(key: &'static LocalKey<Kept<f32>>, v: Aligned<f32>) {
+    key.with(|k| k.keep(v, KEEP_MAX));
 }

@@ -236,12 +236,12 @@ pub(crate) fn linear_w8a8_into(a: &W8a8Args, bufs: &mut Outputs) -> Result<Outpu
         let fill = |c: &mut [f32]| {
             if m == 1 && len > 0 {
                 // A decode step: each task writes its columns of the one output row; a weight
-                // small enough that a fork-join would cost more than it saves runs on this
+                // small enough that a team call would cost more than it saves runs on this
                 // thread. The threshold weighs time: a code costs its widening and its block's
                 // scaling, about what streaming an f32 weight costs (4 bytes). Counted as one
                 // byte, the 125M model's 2304 x 768 qkv stayed on one thread (129 us; split, 64
                 // us on the 2-vCPU Xeon).
-                let size = if crate::split::worth_splitting(4 * n * k) { chunk_size(n, 16) } else { n };
+                let size = if crate::split::worth_teaming(4 * n * k) { chunk_size(n, 16) } else { n };
                 crate::team::chunks_mut(c, size, |ci, part| block_rows(0, ci * size, part));
             } else if len > 0 {
                 // Weight-row chunks in parallel (each chunk stays in cache across the M rows).
