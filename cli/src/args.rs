@@ -457,6 +457,12 @@ pub(super) struct ParityArgs {
     /// Only this kernel.
     #[arg(long, value_name = "ID")]
     pub(super) kernel: Option<String>,
+    /// Store each compared (kernel, case) as this machine's parity record in the PerfDB.
+    #[arg(long)]
+    pub(super) record: bool,
+    /// PerfDB file to record into (default $LAYERZERO_PERFDB, else $LAYERZERO_HOME/perfdb.sqlite).
+    #[arg(long, value_name = "FILE", requires = "record")]
+    pub(super) perfdb: Option<PathBuf>,
     #[command(flatten)]
     pub(super) catalog: CatalogArg,
     /// Machine-readable output.

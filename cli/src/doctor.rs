@@ -148,7 +148,15 @@ fn render_perfdb(out: &mut String, c: &PerfDbCheck) {
             let _ = writeln!(out, "  last tune      {last}");
             let _ = writeln!(out, "  integrity      {}", s.integrity);
             let _ = writeln!(out, "  schema         version {}", s.schema_version);
+            let _ = writeln!(
+                out,
+                "  parity         {} records, {} failed (all machines; `lz parity --record` adds this one's)",
+                s.parity_records, s.parity_failed
+            );
         }
+    }
+    for f in &c.parity_failing {
+        let _ = writeln!(out, "  PARITY FAILED  {f}");
     }
 }
 

@@ -148,7 +148,8 @@ fn run(cli: Cli) -> Result<Outcome> {
         Command::Tune(a) => tune::run(a),
         Command::Parity(a) => {
             let op = a.op.as_deref().map(parse_op).transpose()?;
-            parity::command::run(load_catalog(&a.catalog)?, op, a.kernel.as_deref(), a.json)
+            let record = a.record.then(|| a.perfdb.clone().unwrap_or_else(|| knobs().perfdb_path()));
+            parity::command::run(load_catalog(&a.catalog)?, op, a.kernel.as_deref(), a.json, record.as_deref())
         }
         Command::Solve(a) => {
             let sel = selector(a.hardware.as_deref(), a.policy.as_ref(), load_catalog(&a.catalog)?)?;

@@ -109,6 +109,25 @@ pub struct Diff {
     pub first_violation: Option<(usize, f64, f64)>,
 }
 
+/// The cosine similarity of `out` with `reference` over the pairs where both are finite:
+/// 1 for the same direction, about 0 for unrelated values (seed 004's broken GEMM read
+/// 0.006). Two all-zero vectors are alike (1); a zero vector against another is not (0).
+pub fn cosine(reference: &[f64], out: &[f64]) -> f64 {
+    let (mut dot, mut rr, mut oo) = (0.0, 0.0, 0.0);
+    for (&r, &o) in reference.iter().zip(out) {
+        if r.is_finite() && o.is_finite() {
+            dot += r * o;
+            rr += r * r;
+            oo += o * o;
+        }
+    }
+    match (rr > 0.0, oo > 0.0) {
+        (true, true) => (dot / (rr.sqrt() * oo.sqrt())).clamp(-1.0, 1.0),
+        (false, false) => 1.0,
+        _ => 0.0,
+    }
+}
+
 /// Compares `out` with `reference` (same length) under `tol`. A NaN where the reference
 /// is finite (or the other way round) is a violation.
 pub fn compare(reference: &[f64], out: &[f64], tol: Tolerance) -> Diff {
@@ -179,6 +198,19 @@ pub fn check_within(what: &str, tol: Tolerance, reference: &[f64], out: &[f64]) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cosine_tells_the_same_direction_from_a_permutation_and_zeros() {
+        let r = [1.0, -2.0, 3.0, 0.5];
+        assert!((cosine(&r, &r.map(|x| 2.0 * x)) - 1.0).abs() < 1e-12);
+        assert!((cosine(&r, &r.map(|x| -x)) + 1.0).abs() < 1e-12);
+        // A permuted output (seed 004's garbage: plausible values, wrong places) is far off.
+        assert!(cosine(&r, &[3.0, 0.5, -2.0, 1.0]) < 0.5);
+        assert_eq!(cosine(&[0.0; 3], &[0.0; 3]), 1.0);
+        assert_eq!(cosine(&[0.0; 3], &[1.0, 0.0, 0.0]), 0.0);
+        // Non-finite pairs are left out.
+        assert!((cosine(&[1.0, f64::NAN, 2.0], &[1.0, 5.0, 2.0]) - 1.0).abs() < 1e-12);
+    }
 
     #[test]
     fn nmse_and_tolerance_follow_their_definitions() {

@@ -97,7 +97,7 @@ impl LayerZero {
         )?;
         match copy_perfdb(&perfdb_path, dir)? {
             Ok(bytes) => {
-                files.push(SnapshotFile { name: "perfdb.sqlite".to_owned(), what: "a copy of the PerfDB", bytes })
+                files.push(SnapshotFile { name: "perfdb.sqlite".to_owned(), what: "a copy of the PerfDB (timings and parity records)", bytes })
             }
             Err(note) => notes.push(note),
         }

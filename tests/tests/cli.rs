@@ -510,4 +510,50 @@ mod run {
         }
         Ok(())
     }
+
+    #[test]
+    fn parity_record_stores_this_machines_results_and_doctor_names_a_failed_one() -> TestResult {
+        use layerzero::perfdb::{ParityStatus, PerfDb};
+        let dir = tempfile::tempdir()?;
+        let db = dir.path().join("db.sqlite");
+        let db_arg = db.to_str().ok_or("a UTF-8 temp path")?;
+        let out = lz()?.args(["parity", "--op", "rms_norm", "--record", "--perfdb", db_arg, "--json"]).output()?;
+        let (code, out, err) = finished(out);
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).map_err(|e| format!("{e}: {out}{err}"))?;
+        assert!(violations(SchemaKind::ParityReport, &v).unwrap_or_default().is_empty());
+        let fingerprint = v["recorded"]["fingerprint"].as_str().ok_or("the fingerprint recorded under")?.to_owned();
+        let passed = v["passed"].as_u64().ok_or("a count of passed rows")?;
+        assert!(passed > 0);
+        // Every compared row is a record of this machine, with its figures.
+        let opened = PerfDb::open(&db)?;
+        let records = opened.db.parity_for(&fingerprint)?;
+        assert_eq!(records.len() as u64, v["recorded"]["records"].as_u64().ok_or("a record count")?);
+        assert_eq!(records.len() as u64, passed);
+        for r in &records {
+            assert_eq!(r.status, ParityStatus::Pass);
+            assert!(r.cosine.is_some_and(|c| c > 0.9999) && r.nmse.is_some() && r.op == "rms_norm", "{r:?}");
+            assert!(!r.bucket.is_empty() && !r.key.is_empty() && r.origin == "lz parity");
+        }
+        // A failed record (as a shadow check would write) makes doctor name it and fail.
+        let mut failed = records[0].clone();
+        failed.status = ParityStatus::Fail;
+        failed.cosine = Some(0.006);
+        failed.detail = Some("64 of 64 elements outside the tolerance".to_owned());
+        opened.db.insert_parity(&[failed.clone()])?;
+        drop(opened);
+        let out = lz()?.args(["doctor", "--perfdb", db_arg, "--json"]).output()?;
+        let (code, out, err) = finished(out);
+        let d: serde_json::Value = serde_json::from_str(&out).map_err(|e| format!("{e}: {out}{err}"))?;
+        assert!(
+            violations(SchemaKind::Doctor, &d).unwrap_or_default().is_empty(),
+            "{:?}",
+            violations(SchemaKind::Doctor, &d)
+        );
+        assert_eq!(d["perfdb"]["parity_failed"], 1);
+        let named = d["perfdb"]["parity_failing_here"].to_string();
+        assert!(named.contains(&failed.kernel) && named.contains("cosine 0.0060"), "{named}");
+        assert_eq!(code, 1, "doctor fails while a kernel's parity record here failed");
+        Ok(())
+    }
 }

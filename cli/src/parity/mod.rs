@@ -9,10 +9,11 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use serde::Serialize;
 
 use cases::Case;
-use layerzero::compare::{Diff, Tolerance, compare, output_tolerance, tolerance};
+use layerzero::compare::{Diff, Tolerance, compare, cosine, output_tolerance, tolerance};
 use layerzero::exec::args::Outputs;
 use layerzero::exec::executor::Registry;
 use layerzero::model::op::Op;
+use layerzero::plan::SelectionKey;
 use layerzero::select::{Selector, Verdict};
 
 /// The fixed seed of the case matrix.
@@ -25,6 +26,8 @@ pub struct Row {
     pub case: String,
     /// Kernel id.
     pub kernel: String,
+    /// The case's op.
+    pub op: Op,
     /// `pass`, `fail`, `skip` (the kernel's constraints reject the case), or `error`.
     pub status: &'static str,
     /// Output dtype.
@@ -33,6 +36,13 @@ pub struct Row {
     pub tolerance: Tolerance,
     /// The comparison (absent when skipped or errored).
     pub diff: Option<Diff>,
+    /// The lowest cosine similarity of an output with the reference's (absent when skipped
+    /// or errored).
+    pub cosine: Option<f64>,
+    /// The validity key of the case's request (what a parity record is kept under).
+    pub key: String,
+    /// The perf bucket of the case's request.
+    pub bucket: String,
     /// Why it was skipped or errored.
     pub detail: Option<String>,
 }
@@ -101,7 +111,10 @@ pub fn run(registry: &Registry, selector: &Selector, op: Option<Op>, kernel: Opt
         if kernels.is_empty() {
             continue;
         }
-        let report = selector.explain(&case.args.describe());
+        let request = case.args.describe();
+        let report = selector.explain(&request);
+        let sk = SelectionKey::derive(&request);
+        let (key, bucket) = (sk.validity_hex(), sk.buckets().map(|b| b.text(op)).unwrap_or_default());
         let reference = run_kernel(registry, &oracle, &case);
         for k in kernels {
             let dtype =
@@ -110,10 +123,14 @@ pub fn run(registry: &Registry, selector: &Selector, op: Option<Op>, kernel: Opt
             let mut row = Row {
                 case: case.name.clone(),
                 kernel: k.clone(),
+                op,
                 status: "pass",
                 dtype: dtype.to_string(),
                 tolerance: tol,
                 diff: None,
+                cosine: None,
+                key: key.clone(),
+                bucket: bucket.clone(),
                 detail: None,
             };
             if let Some(e) = report.request_errors.first() {
@@ -159,7 +176,10 @@ pub fn run(registry: &Registry, selector: &Selector, op: Option<Op>, kernel: Opt
                                 Some(format!("output `{name}` shape {:?} != reference {:?}", o.shape(), r.shape()));
                             break;
                         }
-                        let d = compare(&r.to_f64_vec(), &o.to_f64_vec(), output_tolerance(case.category, r.dtype()));
+                        let (want, got) = (r.to_f64_vec(), o.to_f64_vec());
+                        let d = compare(&want, &got, output_tolerance(case.category, r.dtype()));
+                        let c = cosine(&want, &got);
+                        row.cosine = Some(row.cosine.map_or(c, |was: f64| was.min(c)));
                         if worst.is_none_or(|w| {
                             d.violations > w.violations || (d.violations == w.violations && d.nmse > w.nmse)
                         }) {

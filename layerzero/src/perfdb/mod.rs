@@ -13,6 +13,7 @@
 //! PerfDB of a newer schema (another layerzero's: refused by [`PerfDb::open`], skipped with
 //! a reason by [`PerfDb::open_for_reading`]).
 
+pub mod parity;
 mod recover;
 mod schema;
 pub mod stats;
@@ -24,6 +25,7 @@ use parking_lot::{Mutex, MutexGuard};
 use rusqlite::{Connection, ErrorCode, TransactionBehavior, params};
 use serde::{Deserialize, Serialize};
 
+pub use parity::{ParityRecord, ParityStatus};
 pub use schema::CURRENT_VERSION as SCHEMA_VERSION;
 pub use stats::{Summary, summarize};
 
@@ -139,6 +141,12 @@ pub struct DbStats {
     pub integrity: String,
     /// The schema version of the file.
     pub schema_version: u32,
+    /// Parity records (`lz parity --record`, shadow checks), all machines.
+    #[serde(default)]
+    pub parity_records: u64,
+    /// Of those, the failed ones.
+    #[serde(default)]
+    pub parity_failed: u64,
 }
 
 /// A damaged file that opening moved aside.
@@ -530,6 +538,11 @@ impl PerfDb {
                 Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, Option<i64>>(2)?))
             })
             .map_err(|e| self.err("cannot count rows", e))?;
+        let (parity_records, parity_failed) = conn
+            .query_row("SELECT count(*), count(*) FILTER (WHERE status != 'pass') FROM parity", [], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+            })
+            .map_err(|e| self.err("cannot count parity records", e))?;
         let integrity = quick_check(&conn).map_err(|e| self.err("quick_check failed", e))?;
         let version: String = conn
             .query_row("SELECT value FROM meta WHERE name = 'schema_version'", [], |r| r.get(0))
@@ -541,6 +554,8 @@ impl PerfDb {
             last_tune,
             integrity,
             schema_version: version.trim().parse().unwrap_or(0),
+            parity_records: u64::try_from(parity_records).unwrap_or(0),
+            parity_failed: u64::try_from(parity_failed).unwrap_or(0),
         })
     }
 

@@ -7,7 +7,7 @@
 use rusqlite::{OptionalExtension, Transaction};
 
 /// The layout this build writes.
-pub const CURRENT_VERSION: u32 = 1;
+pub const CURRENT_VERSION: u32 = 2;
 
 /// The version-1 layout. One row per measurement series; the unique key is what a
 /// measurement is of, so a new measurement of the same thing replaces the old one.
@@ -39,6 +39,39 @@ CREATE TABLE perf (
 CREATE INDEX perf_by_fingerprint ON perf (fingerprint);
 ";
 
+/// Version 2 adds the `parity` table ([`super::parity`]): whether a kernel has been right
+/// on a machine, one record per kernel, versions, machine, op, dtype, key and bucket.
+pub(crate) const CREATE_PARITY: &str = "
+CREATE TABLE parity (
+    kernel            TEXT NOT NULL,
+    kernel_version    TEXT NOT NULL,
+    backend           TEXT NOT NULL,
+    backend_version   TEXT NOT NULL,
+    fingerprint       TEXT NOT NULL,
+    op                TEXT NOT NULL,
+    dtype             TEXT NOT NULL,
+    req_key           TEXT NOT NULL,
+    bucket            TEXT NOT NULL,
+    case_name         TEXT NOT NULL,
+    status            TEXT NOT NULL,
+    nmse              REAL,
+    max_abs           REAL,
+    cosine            REAL,
+    rtol              REAL NOT NULL,
+    atol              REAL NOT NULL,
+    detail            TEXT,
+    origin            TEXT NOT NULL,
+    created_at        INTEGER NOT NULL,
+    layerzero_version TEXT NOT NULL,
+    UNIQUE (kernel, kernel_version, backend_version, fingerprint, op, dtype, req_key, bucket)
+) STRICT;
+CREATE INDEX parity_by_fingerprint ON parity (fingerprint);
+";
+
+fn add_parity(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(CREATE_PARITY)
+}
+
 /// One step from version `from` to `from + 1`.
 pub(crate) struct Migration {
     pub from: u32,
@@ -46,9 +79,9 @@ pub(crate) struct Migration {
     pub apply: fn(&Transaction<'_>) -> rusqlite::Result<()>,
 }
 
-/// The shipped migration steps, in order. Version 1 is the first layout, so there are none yet;
-/// a change of layout bumps [`CURRENT_VERSION`] and appends the step from the previous one.
-pub(crate) const MIGRATIONS: &[Migration] = &[];
+/// The shipped migration steps, in order: a change of layout bumps [`CURRENT_VERSION`] and
+/// appends the step from the previous one.
+pub(crate) const MIGRATIONS: &[Migration] = &[Migration { from: 1, what: "add the parity table", apply: add_parity }];
 
 /// What opening found in the file.
 #[derive(Debug, PartialEq, Eq)]
@@ -86,6 +119,7 @@ pub(crate) fn inspect(tx: &Transaction<'_>) -> rusqlite::Result<Found> {
 /// Creates the current layout in an empty database.
 pub(crate) fn create(tx: &Transaction<'_>, now: i64) -> rusqlite::Result<()> {
     tx.execute_batch(CREATE_V1)?;
+    tx.execute_batch(CREATE_PARITY)?;
     set_meta(tx, "schema_version", &CURRENT_VERSION.to_string())?;
     set_meta(tx, "created_by", env!("CARGO_PKG_VERSION"))?;
     set_meta(tx, "created_at", &now.to_string())?;
@@ -151,7 +185,7 @@ mod tests {
         tx.execute_batch("ALTER TABLE perf RENAME COLUMN note TO remark")
     }
 
-    /// The framework, exercised with test-only steps (the shipped list is empty at version 1).
+    /// The framework, exercised with test-only steps on a version-1 file.
     #[test]
     fn migrations_apply_in_order_and_record_the_version() -> TestResult {
         let steps = [
@@ -160,7 +194,8 @@ mod tests {
         ];
         let mut conn = Connection::open_in_memory()?;
         let tx = conn.transaction()?;
-        create(&tx, 0)?;
+        tx.execute_batch(CREATE_V1)?;
+        set_meta(&tx, "schema_version", "1")?;
         assert_eq!(inspect(&tx)?, Found::Version(1));
         assert!(migrate(&tx, 1, 3, &steps).is_ok());
         assert_eq!(inspect(&tx)?, Found::Version(3));
@@ -173,6 +208,19 @@ mod tests {
         // The shipped list leads to the current version with nothing to do.
         assert!(migrate(&tx, CURRENT_VERSION, CURRENT_VERSION, MIGRATIONS).is_ok());
         assert!(MIGRATIONS.iter().all(|m| m.from < CURRENT_VERSION));
+        Ok(())
+    }
+
+    #[test]
+    fn a_version_1_file_gains_the_parity_table() -> TestResult {
+        let mut conn = Connection::open_in_memory()?;
+        let tx = conn.transaction()?;
+        tx.execute_batch(CREATE_V1)?;
+        set_meta(&tx, "schema_version", "1")?;
+        assert!(migrate(&tx, 1, CURRENT_VERSION, MIGRATIONS).is_ok());
+        assert_eq!(inspect(&tx)?, Found::Version(CURRENT_VERSION));
+        let n: i64 = tx.query_row("SELECT count(*) FROM sqlite_schema WHERE name = 'parity'", [], |r| r.get(0))?;
+        assert_eq!(n, 1);
         Ok(())
     }
 

@@ -335,3 +335,90 @@ fn rows_with_unusable_values_are_skipped_and_counted_not_fatal() -> TestResult {
     assert!(why.is_some_and(|w| w.contains("cpu.c") && w.contains("median_ns")));
     Ok(())
 }
+
+fn parity_record(kernel: &str, fingerprint: &str, bucket: &str, status: ParityStatus) -> ParityRecord {
+    ParityRecord {
+        kernel: kernel.to_owned(),
+        kernel_version: "1".to_owned(),
+        backend: kernel.split('.').next().unwrap_or("cpu").to_owned(),
+        backend_version: "0.1.0".to_owned(),
+        fingerprint: fingerprint.to_owned(),
+        op: "linear".to_owned(),
+        dtype: "f32".to_owned(),
+        key: "k".to_owned(),
+        bucket: bucket.to_owned(),
+        case: "linear f32".to_owned(),
+        status,
+        nmse: Some(if status == ParityStatus::Pass { 1e-12 } else { 0.9 }),
+        max_abs: Some(if status == ParityStatus::Pass { 1e-6 } else { f64::INFINITY }),
+        cosine: Some(if status == ParityStatus::Pass { 1.0 } else { 0.006 }),
+        rtol: 1e-4,
+        atol: 1e-5,
+        detail: (status == ParityStatus::Fail).then(|| "64 of 64 elements outside the tolerance".to_owned()),
+        origin: "test".to_owned(),
+        created_at: 1_700_000_000,
+    }
+}
+
+#[test]
+fn parity_records_round_trip_replace_and_count() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = fresh(&dir)?;
+    let a = parity_record("cpu.linear.fast", "hw1", "m=1", ParityStatus::Pass);
+    let b = parity_record("onednn.linear.matmul", "hw1", "m=1", ParityStatus::Fail);
+    let c = parity_record("cpu.linear.fast", "hw2", "m=1", ParityStatus::Fail);
+    db.insert_parity(&[a.clone(), b.clone(), c.clone()])?;
+    assert_eq!(db.parity_for("hw1")?, vec![a.clone(), b.clone()]);
+    assert_eq!(db.parity()?.len(), 3);
+    let s = db.stats()?;
+    assert_eq!((s.parity_records, s.parity_failed, s.rows), (3, 2, 0));
+    // A new comparison of the same thing replaces the old one.
+    let fixed = ParityRecord {
+        created_at: 1_700_000_100,
+        ..parity_record("onednn.linear.matmul", "hw1", "m=1", ParityStatus::Pass)
+    };
+    db.insert_parity(std::slice::from_ref(&fixed))?;
+    assert_eq!(db.parity_for("hw1")?, vec![a, fixed]);
+    assert_eq!(db.stats()?.parity_failed, 1);
+    Ok(())
+}
+
+#[test]
+fn a_nonsense_parity_record_is_refused_on_write_and_skipped_on_read() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = fresh(&dir)?;
+    let bad = ParityRecord { cosine: Some(3.0), ..parity_record("cpu.x", "hw1", "m=1", ParityStatus::Pass) };
+    let err = db.insert_parity(&[bad]).err().ok_or("a cosine of 3 must be refused")?.to_string();
+    assert!(err.contains("cosine = 3"), "{err}");
+    db.insert_parity(&[parity_record("cpu.x", "hw1", "m=1", ParityStatus::Pass)])?;
+    db.conn().execute_batch("UPDATE parity SET status = 'maybe'")?;
+    assert!(db.parity()?.is_empty());
+    let (skipped, why) = db.skipped_rows();
+    assert_eq!(skipped, 1);
+    assert!(why.unwrap_or_default().contains("neither pass nor fail"));
+    Ok(())
+}
+
+#[test]
+fn a_version_1_file_opens_with_its_rows_and_an_empty_parity_table() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("v1.sqlite");
+    {
+        let conn = rusqlite::Connection::open(&path)?;
+        conn.execute_batch(schema::CREATE_V1)?;
+        conn.execute_batch("INSERT INTO meta (name, value) VALUES ('schema_version', '1')")?;
+        conn.execute(
+            &format!(
+                "INSERT INTO perf ({COLUMNS}, layerzero_version) VALUES ('cpu.a', '1', 'cpu', '0.1.0', 'hw1', \
+                      'attention', 'k', '64', 20, 10.0, 9.0, 11.0, 0.1, 0.02, 'test', 1700000000, 'old')"
+            ),
+            [],
+        )?;
+    }
+    let opened = PerfDb::open(&path)?;
+    assert!(opened.recovered.is_none());
+    assert_eq!(opened.db.rows()?.len(), 1);
+    assert!(opened.db.parity()?.is_empty());
+    assert_eq!(opened.db.stats()?.schema_version, SCHEMA_VERSION);
+    Ok(())
+}

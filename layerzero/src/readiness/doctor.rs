@@ -179,6 +179,8 @@ pub struct PerfDbCheck {
     pub recovered: Option<Recovery>,
     /// Why it could not be opened or read.
     pub error: Option<String>,
+    /// This machine's parity records that failed: `kernel (dtype, bucket): detail`.
+    pub parity_failing: Vec<String>,
 }
 
 /// Whether a configured dispatch table loads.
@@ -226,7 +228,8 @@ pub fn doctor(inputs: &DoctorInputs<'_>) -> Result<DoctorReport> {
     let result = selector.select(&request).map(|s| (s.kernel, s.score.total_ns)).map_err(|e| e.to_string());
     let knobs = knobs::report_in(inputs.env);
     let (settings, _) = Settings::lenient(inputs.env);
-    let perfdb = check_perfdb(inputs.perfdb.map_or_else(|| settings.perfdb_path(), Path::to_path_buf));
+    let perfdb =
+        check_perfdb(inputs.perfdb.map_or_else(|| settings.perfdb_path(), Path::to_path_buf), &host.fingerprint);
     let plan = check_plan(catalog, &host, &availability, inputs.env);
     let calibration = check_calibration(&settings.calibration_path(), &host);
     let backends = catalog
@@ -334,9 +337,11 @@ impl DoctorReport {
 }
 
 impl PerfDbCheck {
-    /// Readable, and intact when present.
+    /// Readable, intact when present, and no kernel failed its parity check on this machine.
     pub fn ok(&self) -> bool {
-        self.error.is_none() && self.stats.as_ref().is_none_or(|s| s.integrity == "ok")
+        self.error.is_none()
+            && self.stats.as_ref().is_none_or(|s| s.integrity == "ok")
+            && self.parity_failing.is_empty()
     }
 
     /// The `perfdb` object of the doctor report.
@@ -350,6 +355,9 @@ impl PerfDbCheck {
             "last_tune": s.and_then(|s| s.last_tune),
             "integrity": s.map(|s| s.integrity.clone()),
             "schema_version": s.map(|s| s.schema_version),
+            "parity_records": s.map(|s| s.parity_records),
+            "parity_failed": s.map(|s| s.parity_failed),
+            "parity_failing_here": self.parity_failing,
             "recovered": self.recovered.as_ref().map(|r| serde_json::json!({
                 "moved_to": r.moved_to.display().to_string(), "why": r.why,
             })),
@@ -426,7 +434,7 @@ fn check_calibration(path: &Path, host: &HardwareProfile) -> (String, bool, Stri
     }
 }
 
-fn check_perfdb(path: PathBuf) -> PerfDbCheck {
+fn check_perfdb(path: PathBuf, fingerprint: &str) -> PerfDbCheck {
     let mut check = PerfDbCheck { exists: path.exists(), ..PerfDbCheck::default() };
     if check.exists {
         match PerfDb::open(&path) {
@@ -434,6 +442,20 @@ fn check_perfdb(path: PathBuf) -> PerfDbCheck {
                 check.recovered = opened.recovered;
                 match opened.db.stats() {
                     Ok(s) => check.stats = Some(s),
+                    Err(e) => check.error = Some(e.to_string()),
+                }
+                match opened.db.parity_for(fingerprint) {
+                    Ok(records) => {
+                        check.parity_failing = records
+                            .iter()
+                            .filter(|r| r.status == crate::perfdb::ParityStatus::Fail)
+                            .map(|r| {
+                                let detail = r.detail.as_deref().unwrap_or("failed");
+                                let cos = r.cosine.map(|c| format!(", cosine {c:.4}")).unwrap_or_default();
+                                format!("{} ({} {}, {}): {detail}{cos}", r.kernel, r.op, r.dtype, r.bucket)
+                            })
+                            .collect()
+                    }
                     Err(e) => check.error = Some(e.to_string()),
                 }
             }
