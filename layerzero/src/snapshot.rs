@@ -96,9 +96,11 @@ impl LayerZero {
             pretty(&readiness),
         )?;
         match copy_perfdb(&perfdb_path, dir)? {
-            Ok(bytes) => {
-                files.push(SnapshotFile { name: "perfdb.sqlite".to_owned(), what: "a copy of the PerfDB (timings and parity records)", bytes })
-            }
+            Ok(bytes) => files.push(SnapshotFile {
+                name: "perfdb.sqlite".to_owned(),
+                what: "a copy of the PerfDB (timings and parity records)",
+                bytes,
+            }),
             Err(note) => notes.push(note),
         }
         let mut log = Vec::new();
