@@ -327,9 +327,32 @@ fn selector_with(hardware: Option<&str>, policy: Policy, catalog: Arc<Catalog>) 
         None => {
             let host = Arc::new(detect::detect_host().profile);
             let availability = Arc::new(layerzero::host::probe::probe(&catalog, &host));
-            Selector::new(catalog, host, policy, availability)
+            let book = host_parity(&catalog, &host)?;
+            let selector = Selector::new(catalog, host, policy, availability)?;
+            Ok(match book {
+                Some(b) => selector.with_parity(Arc::new(b)),
+                None => selector,
+            })
         }
     }
+}
+
+/// This host's parity records in the PerfDB (`$LAYERZERO_PERFDB`, else
+/// `$LAYERZERO_HOME/perfdb.sqlite`), as the runtime gates on them; none without a file or
+/// with one of a newer layout.
+fn host_parity(
+    catalog: &Catalog,
+    host: &layerzero::hardware::profile::HardwareProfile,
+) -> Result<Option<layerzero::select::ParityBook>> {
+    let path = knobs().perfdb_path();
+    if !path.exists() {
+        return Ok(None);
+    }
+    let Ok(opened) = layerzero::perfdb::PerfDb::open_for_reading(&path)? else { return Ok(None) };
+    let records = opened.db.parity_for(&host.fingerprint)?;
+    let book =
+        layerzero::select::ParityBook::build(records.iter().map(layerzero::perfdb::ParityRecord::fact), catalog, host);
+    Ok(Some(book))
 }
 
 fn print_json(v: &serde_json::Value) {

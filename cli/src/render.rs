@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use layerzero::capabilities::spec::{BackendSpec, KernelSpec};
 use layerzero::hardware::profile::HardwareProfile;
-use layerzero::reason::ReasonCode;
+use layerzero::reason::{Category, ReasonCode};
 use layerzero::select::{SelectionReport, Verdict};
 
 /// A duration for people: ns, µs, ms or s.
@@ -139,6 +139,11 @@ pub(super) fn explain(r: &SelectionReport) -> String {
         let _ = writeln!(out, "  {:<9} {:<width$}  {:>12}  {first}", c.verdict.as_str(), c.kernel, total);
         for reason in c.reasons.iter().skip(1) {
             let _ = writeln!(out, "  {:<9} {:<width$}  {:>12}  {reason}", "", "", "");
+        }
+        // A standing that no reason already states: passed, unverified under `warn`, a
+        // failure the policy allows.
+        if let Some(p) = c.parity.filter(|_| c.reasons.iter().all(|r| r.code().category() != Category::Parity)) {
+            let _ = writeln!(out, "  {:<9} {:<width$}  {:>12}  parity: {p} on this machine", "", "", "");
         }
     }
     out

@@ -35,6 +35,9 @@ pub enum Category {
     Input,
     /// A plugin (a kernel library from outside) was refused at load.
     Plugin,
+    /// The kernel's outputs did not match the reference on this machine, or were never
+    /// checked where the policy requires it.
+    Parity,
 }
 
 impl Category {
@@ -52,6 +55,7 @@ impl Category {
             Category::Measurement => "measurement",
             Category::Input => "input",
             Category::Plugin => "plugin",
+            Category::Parity => "parity",
         }
     }
 }
@@ -273,6 +277,14 @@ reason_codes! {
     PERFDB_VERSION_MISMATCH => Measurement,
     /// A PerfDB row has too few samples or too much variance to be trusted; ignored.
     PERFDB_LOW_CONFIDENCE => Measurement,
+    /// The policy requires a passing parity record (`require_parity: strict`) and the kernel
+    /// has none for this machine, its versions and the request's kind and bucket (`lz parity
+    /// --record`).
+    PARITY_UNVERIFIED => Parity,
+    /// The kernel's last comparison against the reference on this machine, for the request's
+    /// kind and bucket, failed (the message has the figures and when); refused under every
+    /// `require_parity` unless the policy lists it in `allow_parity_failed`.
+    PARITY_FAILED => Parity,
     /// The file is not a LayerZero plugin: it does not load as a shared library (truncated,
     /// another architecture, a missing dependency) or lacks the plugin symbols.
     PLUGIN_NOT_LOADABLE => Plugin,

@@ -28,6 +28,7 @@ mod memory;
 mod models;
 mod observability;
 mod onednn;
+mod parity_gate;
 mod patch_embed;
 mod plans;
 mod plugins;

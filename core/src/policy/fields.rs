@@ -23,6 +23,8 @@ pub enum FieldValue {
     ValidateOutputs(bool),
     /// `strict_mode`.
     StrictMode(bool),
+    /// `require_parity`.
+    RequireParity(super::RequireParity),
     /// `isolation`: each glob's plugins run in a worker process.
     Isolate(Vec<String>),
     /// Rules appended after the file's, one per glob.
@@ -91,6 +93,10 @@ impl Policy {
                 FieldValue::StrictMode(b) => {
                     self.strict_mode = *b;
                     note("strict_mode", b.to_string());
+                }
+                FieldValue::RequireParity(m) => {
+                    self.require_parity = *m;
+                    note("require_parity", m.as_str().to_owned());
                 }
                 FieldValue::Isolate(globs) => {
                     for glob in globs {

@@ -185,6 +185,15 @@ pub struct Policy {
     /// only when set, so the hash of every policy without it is what it was.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_unverified: bool,
+    /// Whether a kernel needs a passing parity record on this machine (`lz parity
+    /// --record`) to be chosen: `off` (the default), `warn` (chosen, reported unverified),
+    /// `strict` (refused, `PARITY_UNVERIFIED`). A failed record refuses a kernel under every
+    /// mode. Written out only when set, so the hash of every policy without it is what it was.
+    #[serde(default, skip_serializing_if = "RequireParity::is_off")]
+    pub require_parity: RequireParity,
+    /// Kernels (globs) chosen despite a failed parity record. Written out only when set.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_parity_failed: Vec<String>,
     /// Device memory kept free besides the request's tensors, bytes.
     #[serde(default)]
     pub memory_reserve_bytes: u64,
@@ -221,6 +230,45 @@ pub struct Policy {
     /// a kernel runs, not which).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub isolation: std::collections::BTreeMap<String, Isolation>,
+}
+
+/// Whether selection requires a passing parity record (`require_parity` in a policy file).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RequireParity {
+    /// Records only refuse kernels that failed.
+    #[default]
+    Off,
+    /// Kernels without a passing record are chosen and reported as unverified.
+    Warn,
+    /// Kernels without a passing record are refused.
+    Strict,
+}
+
+impl RequireParity {
+    /// True for `off`.
+    pub fn is_off(&self) -> bool {
+        *self == RequireParity::Off
+    }
+
+    /// `off`, `warn` or `strict`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RequireParity::Off => "off",
+            RequireParity::Warn => "warn",
+            RequireParity::Strict => "strict",
+        }
+    }
+
+    /// Parses `off`, `warn` or `strict`.
+    pub fn parse(s: &str) -> Option<RequireParity> {
+        match s {
+            "off" => Some(RequireParity::Off),
+            "warn" => Some(RequireParity::Warn),
+            "strict" => Some(RequireParity::Strict),
+            _ => None,
+        }
+    }
 }
 
 /// Where a plugin's kernels run (`isolation` in a policy file).
@@ -312,6 +360,8 @@ impl Default for Policy {
             graph_strict_mode: false,
             allow_jit: true,
             allow_unverified: false,
+            require_parity: RequireParity::Off,
+            allow_parity_failed: Vec::new(),
             memory_reserve_bytes: 0,
             health: HealthPolicy::default(),
             kernel_timeout_ms: None,

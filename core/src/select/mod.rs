@@ -2,6 +2,7 @@
 //! pick. Pure and deterministic: same inputs, byte-identical report.
 
 mod availability;
+pub mod parity;
 mod report;
 
 use std::collections::BTreeMap;
@@ -9,6 +10,7 @@ use std::sync::Arc;
 
 pub use crate::score::{Score, ScoreSource};
 pub use availability::{Availability, BackendStatus, LoadedLibrary};
+pub use parity::{ParityBook, ParityFact, ParityVerdict};
 pub use report::{CandidateReport, HardwareRef, LockRef, SelectionReport, Verdict, fused_ops};
 
 use crate::capabilities::catalog::{Catalog, KernelIndex};
@@ -77,7 +79,13 @@ pub struct Selector {
     gpu_memory: Option<Arc<MemoryGauge>>,
     /// This machine's fitted cost-model coefficients, if any.
     calibration: Option<Arc<Calibration>>,
+    /// This machine's parity records, if any were handed in.
+    parity: Option<Arc<ParityBook>>,
 }
+
+/// The backend of the reference kernels parity is measured against: right by definition,
+/// never gated on parity records.
+const REFERENCE_BACKEND: &str = "cpu_reference";
 
 /// One candidate's verdict, before it is written into a report.
 struct Judged<S> {
@@ -95,6 +103,8 @@ struct Context<'a> {
     rules: Matched<'a>,
     /// PerfDB rows for the request's key and bucket, by kernel.
     measured: Option<&'a BTreeMap<String, RowVerdict>>,
+    /// Parity verdicts for the request's key and bucket, by kernel.
+    parity: Option<&'a BTreeMap<String, ParityVerdict>>,
     /// The live headroom, read once for the whole selection, and whether it is under pressure.
     headroom: Option<(u64, bool)>,
 }
@@ -119,6 +129,7 @@ impl Selector {
             memory: None,
             gpu_memory: None,
             calibration: None,
+            parity: None,
         })
     }
 
@@ -132,6 +143,17 @@ impl Selector {
     pub fn with_measurements(mut self, measurements: Arc<Measurements>) -> Selector {
         self.measurements = (!measurements.is_empty()).then_some(measurements);
         self
+    }
+
+    /// The same selector gating kernels on `book`'s parity records (see [`parity`]).
+    pub fn with_parity(mut self, book: Arc<ParityBook>) -> Selector {
+        self.parity = (!book.is_empty()).then_some(book);
+        self
+    }
+
+    /// The parity records in use, if any.
+    pub fn parity(&self) -> Option<&ParityBook> {
+        self.parity.as_deref()
     }
 
     /// The same selector modeling with `calibration`'s coefficients where it has them; a
@@ -382,6 +404,9 @@ impl Selector {
         for &ki in self.catalog.candidates(req.op) {
             let (backend, kernel) = self.catalog.kernel(ki);
             let j: Judged<Vec<Reason>> = self.judge(backend, kernel, req, &cx, &mut memo);
+            let parity = (backend.backend != REFERENCE_BACKEND)
+                .then(|| parity::standing(&self.policy, cx.parity.and_then(|p| p.get(&kernel.id)), kernel))
+                .flatten();
             candidates.push(CandidateReport {
                 kernel: kernel.id.clone(),
                 backend: backend.backend.clone(),
@@ -389,6 +414,7 @@ impl Selector {
                 reasons: j.reasons,
                 transforms: j.transforms,
                 score: j.score,
+                parity,
             });
         }
         let mut best: Option<usize> = None;
@@ -426,18 +452,21 @@ impl Selector {
         let (device_ref, device) = self.resolve_device(req, &mut request_errors);
         let subject = Subject { problem: &problem, hardware: &self.hardware, device: device_ref.kind };
         let rules = self.matching_rules(&subject, req);
-        let measured = self.measurements.as_deref().and_then(|m| {
-            let key = SelectionKey::derive(req);
-            let buckets = key.buckets()?;
-            m.point(key.validity, &buckets.text(req.op))
-        });
+        let point = (self.measurements.is_some() || self.parity.is_some())
+            .then(|| {
+                let key = SelectionKey::derive(req);
+                key.buckets().map(|b| (key.validity, b.text(req.op)))
+            })
+            .flatten();
+        let measured = self.measurements.as_deref().zip(point.as_ref()).and_then(|(m, (k, b))| m.point(*k, b));
+        let parity = self.parity.as_deref().zip(point.as_ref()).and_then(|(p, (k, b))| p.point(*k, b));
         let gauge = match device_ref.kind {
             crate::model::device::DeviceKind::Cpu => self.memory.as_deref(),
             crate::model::device::DeviceKind::Cuda if device_ref.ordinal() == 0 => self.gpu_memory.as_deref(),
             _ => None,
         };
         let headroom = gauge.and_then(|g| g.available().map(|a| (a, g.under_pressure())));
-        Context { problem, request_errors, device_ref, device, rules, measured, headroom }
+        Context { problem, request_errors, device_ref, device, rules, measured, parity, headroom }
     }
 
     /// The device every tensor lives on; records DEVICE_MIXED.
@@ -500,6 +529,9 @@ impl Selector {
         availability::judge_verified(&self.availability, self.policy.allow_unverified, kernel, &mut reasons);
         let (transforms, adapted) = self.constraints(kernel, req, cx, memo, &mut reasons, kernel.device_kind(backend));
         policy::stage::judge(&self.policy, &cx.rules, kernel, &mut reasons);
+        if backend.backend != REFERENCE_BACKEND {
+            parity::judge(&self.policy, cx.parity.and_then(|p| p.get(&kernel.id)), kernel, &mut reasons);
+        }
         let free = cx.device.map(|dev| {
             capacity::check(kernel, &cx.problem, &transforms, dev, &self.policy, cx.headroom.map(|h| h.0), &mut reasons)
         });

@@ -46,6 +46,11 @@ pub struct CandidateReport {
     pub transforms: Vec<Transform>,
     /// Its score, when eligible.
     pub score: Option<Score>,
+    /// Its parity standing on this machine for this kind of request (`passed`, `failed`,
+    /// `failed, allowed`, `unverified`), when parity records are in use or the policy
+    /// requires them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parity: Option<&'static str>,
 }
 
 /// The hardware a report was made for.

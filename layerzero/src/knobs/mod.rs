@@ -26,6 +26,7 @@ pub use value::{Globs, KnobValue, List, Lookup, OtelExport, Period, process_env}
 use crate::error::Result;
 use crate::hardware::cap::IsaCap;
 use crate::plan::PlanMode;
+use crate::policy::RequireParity;
 use crate::policy::{Action, FieldOverride, FieldValue};
 use crate::tensor::Residence;
 
@@ -232,6 +233,10 @@ knobs! {
     DENY => deny: Globs = Globs(List::EMPTY);
     /// Reject kernels that need an implicit transform (layout, contiguity, dtype cast).
     STRICT_MODE => strict_mode: Option<bool> = None, shown "the policy's strict_mode (false)";
+    /// Whether a kernel needs a passing parity record on this machine (`lz parity --record`)
+    /// to be chosen: off, warn (chosen and reported unverified) or strict (refused,
+    /// PARITY_UNVERIFIED). A failed record refuses a kernel under every mode.
+    REQUIRE_PARITY => require_parity: Option<RequireParity> = None, shown "the policy's require_parity (off)";
     /// How often the process-wide handle (and `LayerZero::watch_policy`) checks the
     /// LAYERZERO_POLICY file for changes, in milliseconds (at least 10); a changed, valid file
     /// replaces the policy while serving, an invalid one is reported and the old policy kept.
@@ -342,6 +347,9 @@ impl Settings {
         }
         if let Some(b) = self.strict_mode {
             set(&STRICT_MODE, FieldValue::StrictMode(b));
+        }
+        if let Some(m) = self.require_parity {
+            set(&REQUIRE_PARITY, FieldValue::RequireParity(m));
         }
         if !self.isolate.0.items.is_empty() {
             set(&ISOLATE, FieldValue::Isolate(self.isolate.0.items.clone()));

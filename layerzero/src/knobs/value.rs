@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::hardware::cap::IsaCap;
 use crate::plan::PlanMode;
+use crate::policy::RequireParity;
 use crate::tensor::Residence;
 
 /// Reads a variable: a function from a name to its value (`None` when unset).
@@ -259,6 +260,7 @@ choices! {
     PlanMode { PlanMode::Off = "off", PlanMode::Prefer = "prefer", PlanMode::Strict = "strict" }
     Residence { Residence::Resident = "resident", Residence::Mapped = "mapped" }
     OtelExport { OtelExport::Stdout = "stdout", OtelExport::Otlp = "otlp" }
+    RequireParity { RequireParity::Off = "off", RequireParity::Warn = "warn", RequireParity::Strict = "strict" }
 }
 
 impl KnobValue for IsaCap {

@@ -87,6 +87,25 @@ pub struct ParityRecord {
 }
 
 impl ParityRecord {
+    /// The record as selection's parity gate reads it.
+    pub fn fact(&self) -> crate::select::ParityFact {
+        crate::select::ParityFact {
+            kernel: self.kernel.clone(),
+            kernel_version: self.kernel_version.clone(),
+            backend_version: self.backend_version.clone(),
+            fingerprint: self.fingerprint.clone(),
+            key: self.key.clone(),
+            bucket: self.bucket.clone(),
+            passed: self.status == ParityStatus::Pass,
+            nmse: self.nmse,
+            max_abs: self.max_abs,
+            cosine: self.cosine,
+            detail: self.detail.clone(),
+            origin: self.origin.clone(),
+            created_at: self.created_at,
+        }
+    }
+
     /// Checks that the record can be stored: the identifying fields are not empty and every
     /// figure is a finite number (a cosine within [-1, 1]).
     pub fn validate(&self) -> Result<()> {

@@ -214,6 +214,7 @@ impl LayerZero {
             hardware,
             availability,
             measurements: None,
+            parity: None,
             calibration: None,
             table: None,
             table_rejection: None,
@@ -297,6 +298,9 @@ impl LayerZero {
         if let Some(m) = &p.measurements {
             selector = selector.with_measurements(m.clone());
         }
+        if let Some(b) = &p.parity {
+            selector = selector.with_parity(b.clone());
+        }
         if let Some(c) = &p.calibration {
             selector = selector.with_calibration(c.clone());
         }
@@ -378,17 +382,32 @@ impl LayerZero {
     }
 
     /// Scores with measured times from the PerfDB at `path` (rows for this hardware's
-    /// fingerprint). A damaged file is moved aside and rebuilt, as `lz doctor` reports.
+    /// fingerprint) and gates kernels on its parity records (see [`crate::select::parity`]).
+    /// A damaged file is moved aside and rebuilt, as `lz doctor` reports.
     #[cfg(feature = "perfdb")]
-    pub fn with_perfdb(self, path: &Path) -> Result<LayerZero> {
+    pub fn with_perfdb(mut self, path: &Path) -> Result<LayerZero> {
         let opened = crate::perfdb::PerfDb::open(path)?;
-        let rows = opened.db.rows_for(&self.parts.hardware.fingerprint)?;
+        let fingerprint = &self.parts.hardware.fingerprint;
+        let rows = opened.db.rows_for(fingerprint)?;
         let m = Measurements::build(
             rows.iter().map(crate::score::measured::Measured::from),
             &self.parts.catalog,
             &self.parts.hardware,
         );
+        let records = opened.db.parity_for(fingerprint)?;
+        let book = crate::select::ParityBook::build(
+            records.iter().map(crate::perfdb::ParityRecord::fact),
+            &self.parts.catalog,
+            &self.parts.hardware,
+        );
+        self.parts.parity = (!book.is_empty()).then(|| Arc::new(book));
         self.with_measurements(Arc::new(m))
+    }
+
+    /// Gates kernels on these parity records (see [`crate::select::parity`]).
+    pub fn with_parity(mut self, book: Arc<crate::select::ParityBook>) -> Result<LayerZero> {
+        self.parts.parity = (!book.is_empty()).then_some(book);
+        self.rebuilt(None)
     }
 
     /// Models with `calibration`'s fitted coefficients where it has them (only when it was

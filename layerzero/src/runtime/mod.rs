@@ -106,6 +106,8 @@ struct Parts {
     hardware: Arc<HardwareProfile>,
     availability: Availability,
     measurements: Option<Arc<Measurements>>,
+    /// This machine's parity records, if loaded (the parity gate of selection).
+    parity: Option<Arc<crate::select::ParityBook>>,
     /// This machine's cost-model calibration, if loaded.
     calibration: Option<Arc<crate::score::calibration::Calibration>>,
     table: Option<DispatchTable>,
