@@ -68,6 +68,9 @@ fn a_kernel_that_failed_here_is_refused_with_its_figures_and_the_next_one_is_cho
     assert_eq!(c.parity, Some("failed"));
     let chosen = sel.select(&req)?.kernel;
     assert_ne!(chosen, FAST);
+    // A dispatch-table entry is re-judged through `evaluate` when a table loads: refused too.
+    let reasons = sel.evaluate(&req, FAST).err().ok_or("a table entry naming the failed kernel must be refused")?;
+    assert!(reasons.iter().any(|r| r.code() == ReasonCode::PARITY_FAILED), "{reasons:?}");
     // The policy can let it run anyway, and the report says what it is running.
     let allow = Policy { allow_parity_failed: vec!["cpu.rms_norm.*".into()], ..Policy::default() };
     let sel = gated(selector(allow)?, vec![fact(&plain, &req, FAST, false, &fp)?]);

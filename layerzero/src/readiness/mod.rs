@@ -527,9 +527,16 @@ fn perfdb_check(db_path: &Path) -> Check {
         return Check::pass("perfdb", format!("{} absent (selection uses the cost model)", db_path.display()));
     }
     match PerfDb::open(db_path).and_then(|o| Ok((o.db.stats()?, o.recovered))) {
-        Ok((stats, None)) if stats.integrity == "ok" => {
-            Check::pass("perfdb", format!("{} ok, {} rows", db_path.display(), stats.rows))
-        }
+        Ok((stats, None)) if stats.integrity == "ok" => Check::pass(
+            "perfdb",
+            format!(
+                "{} ok, {} rows, {} parity records ({} failed: refused by selection unless allow_parity_failed lists them)",
+                db_path.display(),
+                stats.rows,
+                stats.parity_records,
+                stats.parity_failed
+            ),
+        ),
         Ok((stats, None)) => Check::fail(
             "perfdb",
             format!("{}: integrity check: {}", db_path.display(), stats.integrity),
