@@ -179,3 +179,48 @@ fn lz_explain_refuses_a_kernel_that_failed_here_and_strict_refuses_the_unverifie
     assert!(out.contains("selected:  cpu_reference.rms_norm.naive") && out.contains("PARITY_UNVERIFIED"), "{out}");
     Ok(())
 }
+
+/// The drill of seed 004's silent bug: `LAYERZERO_FAULTS=cpu.rms_norm.fast=garbage` leaves
+/// finite, plausible, wrong outputs; `lz parity --record` fails the kernel (a cosine far from
+/// 1), and selection on this machine then refuses it with PARITY_FAILED.
+#[test]
+fn a_garbage_drill_fails_parity_and_the_kernel_is_refused_afterwards() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("db.sqlite");
+    let db_arg = db.to_str().ok_or("utf-8")?;
+    let o = layerzero_tests::lz()?
+        .env("LAYERZERO_FAULTS", "cpu.rms_norm.fast=garbage")
+        .args(["parity", "--op", "rms_norm", "--record", "--perfdb", db_arg, "--json"])
+        .output()?;
+    assert_eq!(o.status.code(), Some(1), "a failed parity row exits 1");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout)?;
+    let rows = v["rows"].as_array().ok_or("rows")?;
+    let fast: Vec<&serde_json::Value> = rows.iter().filter(|r| r["kernel"] == FAST).collect();
+    assert!(!fast.is_empty());
+    for r in &fast {
+        assert_eq!(r["status"], "fail", "{r}");
+        assert!(r["cosine"].as_f64().is_some_and(|c| c < 0.9), "{r}");
+    }
+    assert!(
+        rows.iter().filter(|r| r["kernel"] != FAST).all(|r| r["status"] != "fail"),
+        "only the drilled kernel fails"
+    );
+    // The request of one of the cases it failed (`rms_norm/1x64/f32`, default eps): refused
+    // here from now on.
+    let req_path = dir.path().join("norm.json");
+    std::fs::write(
+        &req_path,
+        r#"{"op": "rms_norm", "tensors": {"x": {"dtype": "f32", "shape": [1, 64]},
+            "weight": {"dtype": "f32", "shape": [64]}}}"#,
+    )?;
+    let o = layerzero_tests::lz()?
+        .env("LAYERZERO_PERFDB", &db)
+        .args(["explain", "--request", req_path.to_str().ok_or("utf-8")?, "--json"])
+        .output()?;
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout)?;
+    let c = report["candidates"].as_array().ok_or("candidates")?.iter().find(|c| c["kernel"] == FAST).ok_or("fast")?;
+    assert_eq!(c["verdict"], "rejected", "{c}");
+    assert!(c["reasons"].to_string().contains("PARITY_FAILED"), "{c}");
+    assert_eq!(c["parity"], "failed");
+    Ok(())
+}

@@ -31,7 +31,11 @@ pub(crate) fn run(
     // backend is installed (only registered executors run at all).
     let selector = Selector::planning(catalog, host, Arc::new(Policy::default()))?;
     let registry = layerzero::host::builtin_registry();
-    let report = parity::run(&registry, &selector, op, kernel);
+    let faults = match &crate::knobs().faults {
+        Some(spec) => layerzero::runtime::faults::parse(spec)?,
+        None => Vec::new(),
+    };
+    let report = parity::run(&registry, &selector, op, kernel, &faults);
     let recorded = match record {
         Some(path) => Some(store(path, &records(&report, &selector, &fingerprint))?),
         None => None,

@@ -14,6 +14,7 @@ use layerzero::exec::args::Outputs;
 use layerzero::exec::executor::Registry;
 use layerzero::model::op::Op;
 use layerzero::plan::SelectionKey;
+use layerzero::runtime::faults::{self, FaultRule};
 use layerzero::select::{Selector, Verdict};
 
 /// The fixed seed of the case matrix.
@@ -96,8 +97,16 @@ fn run_adapted(
 }
 
 /// Runs every executable kernel of `registry` (but the oracle) matching the filters against
-/// the oracle on every case. `selector` judges whether a kernel accepts a case.
-pub fn run(registry: &Registry, selector: &Selector, op: Option<Op>, kernel: Option<&str>) -> Report {
+/// the oracle on every case. `selector` judges whether a kernel accepts a case. `faults`
+/// (`LAYERZERO_FAULTS`' rules) corrupt the outputs of the kernels they name under the silent
+/// modes (`garbage`, `transpose_noop`), as dispatch would: a drill's kernel fails here too.
+pub fn run(
+    registry: &Registry,
+    selector: &Selector,
+    op: Option<Op>,
+    kernel: Option<&str>,
+    faults: &[FaultRule],
+) -> Report {
     let mut rows = Vec::new();
     for case in cases::matrix(op, SEED) {
         let op = case.args.op();
@@ -157,7 +166,13 @@ pub fn run(registry: &Registry, selector: &Selector, op: Option<Op>, kernel: Opt
                 }
             };
             let transforms = verdict.map(|c| c.transforms.as_slice()).unwrap_or_default();
-            match run_adapted(registry, &k, &case, transforms) {
+            let backend = verdict.map(|c| c.backend.as_str()).unwrap_or_default();
+            let fault = faults::rule_for(faults, &k, backend).map(|r| r.mode);
+            let ran = run_adapted(registry, &k, &case, transforms).map(|o| match fault {
+                Some(mode) => faults::corrupt(mode, o),
+                None => o,
+            });
+            match ran {
                 Err(e) => {
                     row.status = "error";
                     row.detail = Some(e);

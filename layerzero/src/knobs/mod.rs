@@ -196,8 +196,9 @@ knobs! {
     /// input is refused naming it. Memory-mapped model weights are not counted. Process-wide.
     MAX_READ_BYTES => max_read_bytes: u64 = crate::files::DEFAULT_MAX_READ_BYTES;
     /// Drills only: KERNEL_OR_BACKEND=MODE[,...] makes the named kernels (a kernel id, or a
-    /// backend for all its kernels) fail on every dispatch; MODE is error, panic, slow:MS,
-    /// nan, oom, device_lost or fail_first:N. `lz doctor` warns while it is set.
+    /// backend for all its kernels) fail on every dispatch; MODE is error, panic, hang,
+    /// slow:MS, nan, oom, device_lost, fail_first:N, or the silent garbage and transpose_noop
+    /// (wrong finite outputs; `lz parity` applies these too). `lz doctor` warns while it is set.
     FAULTS => faults: Option<String> = None;
     /// Consecutive failures (errors, panics, invalid outputs, out of memory) after which a
     /// kernel is quarantined (at least 1).

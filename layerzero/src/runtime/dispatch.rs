@@ -484,6 +484,7 @@ fn run_guarded(
     };
     let result = match (injected, result) {
         (Injected::PoisonOutputs, Ok(Ok(outputs))) => Ok(Ok(poison(outputs))),
+        (Injected::Corrupt(mode), Ok(Ok(outputs))) => Ok(Ok(super::faults::corrupt(mode, outputs))),
         (_, r) => r,
     };
     match result {

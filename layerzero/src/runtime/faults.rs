@@ -3,7 +3,10 @@
 //! ones do, so that fallback, breakers and reports can be rehearsed on a healthy machine.
 //! Modes: `error`, `panic`, `hang` (the call never returns by itself), `slow:MS`, `nan` (the
 //! outputs become NaN), `oom`, `device_lost`, `fail_first:N` (the first N calls fail, then the
-//! kernel works). Resolved once per handle into a table by kernel index; a handle without
+//! kernel works), and two silent ones that no NaN check sees (seed 004's bug class):
+//! `garbage` (every float output reversed and scaled by 1.25: plausible, finite, wrong) and
+//! `transpose_noop` (an output of two or more dims keeps the element order of its last two
+//! dims swapped, as a transpose that did nothing would leave it). Resolved once per handle into a table by kernel index; a handle without
 //! faults pays one branch per dispatch.
 //!
 //! A hung call needs a deadline to be abandoned: a kernel under `hang` always runs under one
@@ -39,6 +42,10 @@ pub enum FaultMode {
     DeviceLost,
     /// The first N calls fail, then the kernel works.
     FailFirst(u64),
+    /// The kernel runs, then every float output is reversed and scaled (finite, wrong).
+    Garbage,
+    /// The kernel runs, then each output's last two dims are left untransposed.
+    TransposeNoop,
 }
 
 /// One parsed rule: a kernel id or a backend name, and a mode.
@@ -71,11 +78,14 @@ pub fn parse(spec: &str) -> Result<Vec<FaultRule>> {
                 "oom" => FaultMode::Oom,
                 "device_lost" => FaultMode::DeviceLost,
                 "hang" => FaultMode::Hang,
+                "garbage" => FaultMode::Garbage,
+                "transpose_noop" => FaultMode::TransposeNoop,
                 other => {
                     return Err(bad(
                         item,
                         &format!(
-                            "unknown mode {other:?} (error, panic, hang, slow:MS, nan, oom, device_lost, fail_first:N)"
+                            "unknown mode {other:?} (error, panic, hang, slow:MS, nan, oom, device_lost, fail_first:N, \
+                             garbage, transpose_noop)"
                         ),
                     ));
                 }
@@ -117,6 +127,9 @@ pub(crate) enum Injected {
     Hang(Hang),
     /// Run, then make the float outputs NaN.
     PoisonOutputs,
+    /// Run, then make the outputs wrong without a NaN ([`FaultMode::Garbage`],
+    /// [`FaultMode::TransposeNoop`]).
+    Corrupt(FaultMode),
     /// Run normally.
     Run,
 }
@@ -170,8 +183,56 @@ impl Faults {
                 Injected::Fail(FailureClass::Kernel, format!("failed call {} of the first {n} ({note})", call + 1))
             }
             FaultMode::FailFirst(_) => Injected::Run,
+            FaultMode::Garbage | FaultMode::TransposeNoop => Injected::Corrupt(*mode),
         }
     }
+}
+
+/// `outputs` made wrong the way `mode` says (only [`FaultMode::Garbage`] and
+/// [`FaultMode::TransposeNoop`] change anything): for drills of the silent failures that
+/// parity records and shadow checks exist to catch. Integer outputs are left alone.
+pub fn corrupt(mode: FaultMode, mut outputs: Outputs) -> Outputs {
+    if !matches!(mode, FaultMode::Garbage | FaultMode::TransposeNoop) {
+        return outputs;
+    }
+    for t in outputs.values_mut().filter(|t| t.dtype().is_float()) {
+        let mut v = t.to_f32_vec();
+        match mode {
+            FaultMode::Garbage => {
+                v.reverse();
+                v.iter_mut().for_each(|x| *x *= 1.25);
+            }
+            FaultMode::TransposeNoop => {
+                let s = t.shape();
+                let (r, c) = match s {
+                    [.., r, c] if s.len() >= 2 && r * c > 0 => (*r, *c),
+                    _ => continue,
+                };
+                // Each [r, c] matrix holds its transpose's elements in order, read as [r, c].
+                let mut out = vec![0f32; v.len()];
+                for (src, dst) in v.chunks_exact(r * c).zip(out.chunks_exact_mut(r * c)) {
+                    for (k, d) in dst.iter_mut().enumerate() {
+                        *d = src[(k % r) * c + k / r];
+                    }
+                }
+                v = out;
+            }
+            _ => continue,
+        }
+        if let Ok(n) = HostTensor::from_f32_as(t.dtype(), t.shape(), &v) {
+            *t = match t.layout() {
+                Some(l) => n.with_layout(l),
+                None => n,
+            };
+        }
+    }
+    outputs
+}
+
+/// The rule of `rules` for `kernel` of `backend` (a kernel id beats its backend), for tools
+/// that run executors outside dispatch (`lz parity`).
+pub fn rule_for<'r>(rules: &'r [FaultRule], kernel: &str, backend: &str) -> Option<&'r FaultRule> {
+    rules.iter().find(|r| r.target == kernel).or_else(|| rules.iter().find(|r| r.target == backend))
 }
 
 /// A hung call: [`Hang::wait`] blocks until the faults that made it are dropped (at most
@@ -207,8 +268,25 @@ mod tests {
     use crate::TestResult;
 
     #[test]
+    fn the_silent_modes_leave_finite_values_in_the_wrong_places() -> TestResult {
+        let x = HostTensor::from_f32(&[2, 3], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0])?;
+        let out = |mode| -> TestResult<Vec<f32>> {
+            let o = corrupt(mode, Outputs::from([("out", x.clone())]));
+            Ok(o.get("out").ok_or("out")?.to_f32_vec())
+        };
+        assert_eq!(out(FaultMode::Garbage)?, vec![7.5, 6.25, 5.0, 3.75, 2.5, 1.25]);
+        // [[1, 2, 3], [4, 5, 6]] read as if still in its transpose's order: [[1, 4, 2], [5, 3, 6]].
+        assert_eq!(out(FaultMode::TransposeNoop)?, vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+        assert_eq!(out(FaultMode::Nan)?, x.to_f32_vec(), "only the silent modes change outputs here");
+        Ok(())
+    }
+
+    #[test]
     fn every_mode_parses_and_bad_items_name_the_variable_and_the_item() -> TestResult {
-        let rules = parse("cpu.linear.fast=error, cpu=panic,x=slow:5,y=nan,z=oom,w=device_lost,v=fail_first:2,u=hang")?;
+        let rules = parse(
+            "cpu.linear.fast=error, cpu=panic,x=slow:5,y=nan,z=oom,w=device_lost,v=fail_first:2,u=hang,t=garbage,\
+             s=transpose_noop",
+        )?;
         let modes: Vec<FaultMode> = rules.iter().map(|r| r.mode).collect();
         assert_eq!(
             modes,
@@ -220,7 +298,9 @@ mod tests {
                 FaultMode::Oom,
                 FaultMode::DeviceLost,
                 FaultMode::FailFirst(2),
-                FaultMode::Hang
+                FaultMode::Hang,
+                FaultMode::Garbage,
+                FaultMode::TransposeNoop
             ]
         );
         for (spec, says) in [
