@@ -86,6 +86,9 @@ impl LayerZero {
         items.insert("table".to_owned(), table);
         let measured = selector.measurements().map_or_else(|| "none".to_owned(), |m| m.digest());
         items.insert("measurements".to_owned(), measured);
+        // Parity records refuse kernels: ranks that hold different ones choose differently.
+        let parity = selector.parity().map_or_else(|| "none".to_owned(), |p| p.digest());
+        items.insert("parity".to_owned(), parity);
         let calibration = selector.calibration().map_or_else(
             || "none".to_owned(),
             |c| {

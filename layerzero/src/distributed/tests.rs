@@ -108,7 +108,7 @@ fn one_rank_with_another_policy_fails_every_rank_naming_it_and_the_bucket() -> T
 fn a_handle_lists_what_decides_its_choices() -> TestResult {
     let lz = LayerZero::planning("spr")?;
     let f = lz.agreement_facts(None)?;
-    for name in ["catalog", "policy", "hardware", "table", "measurements", "calibration"] {
+    for name in ["catalog", "policy", "hardware", "table", "measurements", "parity", "calibration"] {
         assert!(f.items.contains_key(name), "{name} missing from {:?}", f.items);
     }
     assert_eq!(f.words().len(), 4);
