@@ -126,6 +126,11 @@ reason_codes! {
     KERNEL_TIMEOUT => Health,
     /// The kernel produced NaN/Inf outputs from finite inputs (`validate_outputs`).
     KERNEL_OUTPUT_INVALID => Health,
+    /// A shadow check (`shadow_check`) ran the reference on rows of the call's inputs and the
+    /// kernel's rows diverged beyond its tolerance (or, for float outputs, a cosine below
+    /// 0.999): the kernel is quarantined, the call falls back, a failing parity record is
+    /// written.
+    KERNEL_OUTPUT_DIVERGED => Health,
     /// The kernel ran out of memory; a kernel with a smaller workspace is tried next.
     KERNEL_OUT_OF_MEMORY => Health,
     /// The worker process running an isolated kernel crashed (a signal, an abort) or hung

@@ -45,6 +45,7 @@ mod runtime;
 mod scopes;
 mod selection_steering;
 mod selection_table;
+mod shadow_check;
 mod shipped_tables;
 mod soak;
 mod speculative;

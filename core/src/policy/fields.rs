@@ -25,6 +25,8 @@ pub enum FieldValue {
     StrictMode(bool),
     /// `require_parity`.
     RequireParity(super::RequireParity),
+    /// `shadow_check` (`None`: off).
+    ShadowCheck(Option<super::ShadowCheck>),
     /// `isolation`: each glob's plugins run in a worker process.
     Isolate(Vec<String>),
     /// Rules appended after the file's, one per glob.
@@ -97,6 +99,11 @@ impl Policy {
                 FieldValue::RequireParity(m) => {
                     self.require_parity = *m;
                     note("require_parity", m.as_str().to_owned());
+                }
+                FieldValue::ShadowCheck(c) => {
+                    self.shadow_check = *c;
+                    let shown = c.map_or_else(|| "off".to_owned(), |c| format!("every {} rows {}", c.every, c.rows));
+                    note("shadow_check", shown);
                 }
                 FieldValue::Isolate(globs) => {
                     for glob in globs {

@@ -194,6 +194,11 @@ pub struct Policy {
     /// Kernels (globs) chosen despite a failed parity record. Written out only when set.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow_parity_failed: Vec<String>,
+    /// Shadow checks while serving: every N-th call of a kernel also runs the reference on
+    /// a few rows of the same inputs and compares. Not part of the policy hash (it checks
+    /// kernels, it does not choose them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow_check: Option<ShadowCheck>,
     /// Device memory kept free besides the request's tensors, bytes.
     #[serde(default)]
     pub memory_reserve_bytes: u64,
@@ -230,6 +235,51 @@ pub struct Policy {
     /// a kernel runs, not which).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub isolation: std::collections::BTreeMap<String, Isolation>,
+}
+
+/// `shadow_check` in a policy file: every `every`-th call of each kernel also runs the
+/// reference (`cpu_reference`) on `rows` rows of the same inputs (a slice of the queries for
+/// attention) and compares them with the kernel's rows of the output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShadowCheck {
+    /// Check one call in this many, per kernel (1: every call).
+    pub every: u32,
+    /// Rows compared per checked call (evenly spread, the last row always among them).
+    #[serde(default = "four")]
+    pub rows: u32,
+}
+
+impl ShadowCheck {
+    /// Parses the knob's form: `N` (every N-th call, 4 rows), `every=N,rows=R`, or `off`
+    /// (`None`). The error names the part that is wrong.
+    pub fn parse(text: &str) -> std::result::Result<Option<ShadowCheck>, String> {
+        let text = text.trim();
+        if text == "off" {
+            return Ok(None);
+        }
+        let number = |what: &str, v: &str| -> std::result::Result<u32, String> {
+            match v.trim().parse::<u32>() {
+                Ok(n) if n >= 1 => Ok(n),
+                _ => Err(format!("`{what}` is {v:?}; expected a whole number of at least 1")),
+            }
+        };
+        if !text.contains('=') {
+            return Ok(Some(ShadowCheck { every: number("every", text)?, rows: 4 }));
+        }
+        let mut check = ShadowCheck { every: 0, rows: 4 };
+        for part in text.split(',') {
+            match part.split_once('=').map(|(k, v)| (k.trim(), v)) {
+                Some(("every", v)) => check.every = number("every", v)?,
+                Some(("rows", v)) => check.rows = number("rows", v)?,
+                _ => return Err(format!("{part:?} is not every=N or rows=R")),
+            }
+        }
+        if check.every == 0 {
+            return Err("`every` is missing; write every=N[,rows=R], N, or off".to_owned());
+        }
+        Ok(Some(check))
+    }
 }
 
 /// Whether selection requires a passing parity record (`require_parity` in a policy file).
@@ -335,8 +385,9 @@ fn one() -> u32 {
     1
 }
 /// Policy fields that tune the runtime's health, not selection: left out of the hash.
-const RUNTIME_FIELDS: [&str; 7] = [
+const RUNTIME_FIELDS: [&str; 8] = [
     "health",
+    "shadow_check",
     "kernel_timeout_ms",
     "validate_outputs",
     "require_warm",
@@ -362,6 +413,7 @@ impl Default for Policy {
             allow_unverified: false,
             require_parity: RequireParity::Off,
             allow_parity_failed: Vec::new(),
+            shadow_check: None,
             memory_reserve_bytes: 0,
             health: HealthPolicy::default(),
             kernel_timeout_ms: None,
@@ -405,6 +457,14 @@ impl Policy {
             if value == 0 {
                 return Err(Error::invalid(format!("{origin}: field `health.{field}` is 0; it must be at least 1")));
             }
+        }
+        if let Some(c) = self.shadow_check
+            && (c.every == 0 || c.rows == 0)
+        {
+            return Err(Error::invalid(format!(
+                "{origin}: field `shadow_check` is every {} rows {}; both must be at least 1",
+                c.every, c.rows
+            )));
         }
         if self.kernel_timeout_ms == Some(0) {
             return Err(Error::invalid(format!(

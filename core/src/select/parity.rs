@@ -73,32 +73,65 @@ impl ParityBook {
     pub fn build(facts: impl IntoIterator<Item = ParityFact>, catalog: &Catalog, hardware: &HardwareProfile) -> Self {
         let mut book = ParityBook::default();
         for f in facts {
-            let current = catalog.find(&f.kernel).map(|i| catalog.kernel(i)).is_some_and(|(b, k)| {
-                f.kernel_version == k.version.as_deref().unwrap_or(&b.version) && f.backend_version == b.version
-            });
-            let Ok(key) = u128::from_str_radix(&f.key, 16) else {
-                book.ignored += 1;
-                continue;
-            };
-            if f.fingerprint != hardware.fingerprint || !current {
-                book.ignored += 1;
-                continue;
-            }
-            let verdict = if f.passed { ParityVerdict::Passed } else { ParityVerdict::Failed(failure(&f)) };
-            let slot = book.by_point.entry((key, f.bucket.clone())).or_default();
-            if !matches!(slot.get(&f.kernel), Some(ParityVerdict::Failed(_))) {
-                slot.insert(f.kernel.clone(), verdict);
-            }
+            book.insert(f, catalog, hardware, false);
         }
-        for slot in book.by_point.values() {
+        book.recount();
+        book
+    }
+
+    /// This book with `facts` recorded since (a shadow check's, a `lz parity --record` while
+    /// serving): each replaces what the book held for its point and kernel.
+    pub fn with(
+        &self,
+        facts: impl IntoIterator<Item = ParityFact>,
+        catalog: &Catalog,
+        hardware: &HardwareProfile,
+    ) -> ParityBook {
+        let mut book = self.clone();
+        for f in facts {
+            book.insert(f, catalog, hardware, true);
+        }
+        book.recount();
+        book
+    }
+
+    /// Files one record, or counts it ignored (another machine, another version). `newer`:
+    /// it replaces the point's verdict for its kernel; else a failure already held stands.
+    fn insert(&mut self, f: ParityFact, catalog: &Catalog, hardware: &HardwareProfile, newer: bool) {
+        let current = catalog.find(&f.kernel).map(|i| catalog.kernel(i)).is_some_and(|(b, k)| {
+            f.kernel_version == k.version.as_deref().unwrap_or(&b.version) && f.backend_version == b.version
+        });
+        let Ok(key) = u128::from_str_radix(&f.key, 16) else {
+            self.ignored += 1;
+            return;
+        };
+        if f.fingerprint != hardware.fingerprint || !current {
+            self.ignored += 1;
+            return;
+        }
+        let verdict = if f.passed { ParityVerdict::Passed } else { ParityVerdict::Failed(failure(&f)) };
+        let slot = self.by_point.entry((key, f.bucket.clone())).or_default();
+        if newer || !matches!(slot.get(&f.kernel), Some(ParityVerdict::Failed(_))) {
+            slot.insert(f.kernel.clone(), verdict);
+        }
+    }
+
+    fn recount(&mut self) {
+        (self.passed, self.failed) = (0, 0);
+        for slot in self.by_point.values() {
             for v in slot.values() {
                 match v {
-                    ParityVerdict::Passed => book.passed += 1,
-                    ParityVerdict::Failed(_) => book.failed += 1,
+                    ParityVerdict::Passed => self.passed += 1,
+                    ParityVerdict::Failed(_) => self.failed += 1,
                 }
             }
         }
-        book
+    }
+
+    /// Whether `kernel` failed at the point (`key`, `bucket`), key in hex as tables hold it.
+    pub fn failed_at(&self, key: &str, bucket: &str, kernel: &str) -> bool {
+        let Ok(key) = u128::from_str_radix(key, 16) else { return false };
+        matches!(self.point(key, bucket).and_then(|p| p.get(kernel)), Some(ParityVerdict::Failed(_)))
     }
 
     /// The verdicts of one point, by kernel.

@@ -34,6 +34,9 @@ pub enum FailureClass {
     Kernel,
     /// It returned NaN/Inf where its inputs had none (`validate_outputs`).
     OutputInvalid,
+    /// Its output diverged from the reference's in a shadow check: quarantined at once (a
+    /// kernel that computes garbage is not given more calls to prove it).
+    OutputDiverged,
     /// It did not return within the deadline; it was abandoned.
     Timeout,
     /// It ran out of memory: the next kernel with a smaller workspace is preferred.
@@ -51,6 +54,7 @@ impl FailureClass {
         match self {
             FailureClass::Kernel => ReasonCode::KERNEL_FAILED,
             FailureClass::OutputInvalid => ReasonCode::KERNEL_OUTPUT_INVALID,
+            FailureClass::OutputDiverged => ReasonCode::KERNEL_OUTPUT_DIVERGED,
             FailureClass::Timeout => ReasonCode::KERNEL_TIMEOUT,
             FailureClass::OutOfMemory => ReasonCode::KERNEL_OUT_OF_MEMORY,
             FailureClass::DeviceLost => ReasonCode::DEVICE_LOST,
@@ -348,7 +352,7 @@ impl Health {
         let (now, limits) = (self.now(), self.limits());
         match class {
             FailureClass::DeviceLost => b.failed(now, limits, true, why),
-            FailureClass::Timeout => k.failed(now, limits, true, why),
+            FailureClass::Timeout | FailureClass::OutputDiverged => k.failed(now, limits, true, why),
             FailureClass::Kernel
             | FailureClass::OutputInvalid
             | FailureClass::OutOfMemory

@@ -21,7 +21,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-pub use value::{Globs, KnobValue, List, Lookup, OtelExport, Period, process_env};
+pub use value::{Globs, KnobValue, List, Lookup, OtelExport, Period, Shadow, process_env};
 
 use crate::error::Result;
 use crate::hardware::cap::IsaCap;
@@ -238,6 +238,11 @@ knobs! {
     /// to be chosen: off, warn (chosen and reported unverified) or strict (refused,
     /// PARITY_UNVERIFIED). A failed record refuses a kernel under every mode.
     REQUIRE_PARITY => require_parity: Option<RequireParity> = None, shown "the policy's require_parity (off)";
+    /// Shadow checks while serving: every N-th call of a kernel also runs the reference on
+    /// R rows of its inputs and compares (`N`, `every=N,rows=R`, or `off`); a kernel that
+    /// diverges is quarantined (KERNEL_OUTPUT_DIVERGED), the call falls back, and a failing
+    /// parity record is written to the PerfDB.
+    SHADOW_CHECK => shadow_check: Option<Shadow> = None, shown "the policy's shadow_check (off)";
     /// How often the process-wide handle (and `LayerZero::watch_policy`) checks the
     /// LAYERZERO_POLICY file for changes, in milliseconds (at least 10); a changed, valid file
     /// replaces the policy while serving, an invalid one is reported and the old policy kept.
@@ -351,6 +356,9 @@ impl Settings {
         }
         if let Some(m) = self.require_parity {
             set(&REQUIRE_PARITY, FieldValue::RequireParity(m));
+        }
+        if let Some(Shadow(c)) = self.shadow_check {
+            set(&SHADOW_CHECK, FieldValue::ShadowCheck(c));
         }
         if !self.isolate.0.items.is_empty() {
             set(&ISOLATE, FieldValue::Isolate(self.isolate.0.items.clone()));

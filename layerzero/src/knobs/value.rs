@@ -146,6 +146,27 @@ impl<T: KnobValue> KnobValue for Option<T> {
     }
 }
 
+/// `LAYERZERO_SHADOW_CHECK`: `N`, `every=N,rows=R`, or `off` (no shadow checks, whatever
+/// the policy says).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shadow(pub Option<crate::policy::ShadowCheck>);
+
+impl KnobValue for Shadow {
+    fn type_name() -> String {
+        "string".to_owned()
+    }
+    fn parse(name: &str, raw: &OsStr) -> Result<Shadow> {
+        let t = text(name, raw)?;
+        crate::policy::ShadowCheck::parse(t).map(Shadow).map_err(|why| Error::invalid(format!("{name}={t:?}: {why}")))
+    }
+    fn show(&self) -> String {
+        match self.0 {
+            Some(c) => format!("every={},rows={}", c.every, c.rows),
+            None => "off".to_owned(),
+        }
+    }
+}
+
 /// A sampling period in milliseconds, at least [`Period::MIN_MS`] (a thread that wakes more
 /// often costs more than it tells).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -215,6 +215,7 @@ impl LayerZero {
             availability,
             measurements: None,
             parity: None,
+            perfdb: None,
             calibration: None,
             table: None,
             table_rejection: None,
@@ -244,11 +245,13 @@ impl LayerZero {
         )?;
         let context = context_of(&selector, parts.scope.as_deref());
         let max_workspace = parts.catalog.kernels().map(|(_, _, k)| k.properties.workspace_bytes).max().unwrap_or(0);
+        let shadow = super::shadow::Shadow::new(&parts.catalog);
         let lz = LayerZero {
             parts,
             executors: Box::new([]),
             registry,
             health,
+            shadow,
             runners: OnceLock::new(),
             live: ArcSwap::from_pointee(Live {
                 declared: policy,
@@ -256,6 +259,7 @@ impl LayerZero {
                 context,
                 plan_rejection: None,
                 plan_on: false,
+                parity_refusal: None,
             }),
             swap: Mutex::new(()),
             plan: None,
@@ -294,7 +298,7 @@ impl LayerZero {
         let policy = Arc::new(declared.in_force_at(now));
         let health = HealthConfig::of(&policy);
         let mut selector =
-            Selector::new(p.catalog.clone(), p.hardware.clone(), policy, Arc::new(p.availability.clone()))?;
+            Selector::new(p.catalog.clone(), p.hardware.clone(), policy.clone(), Arc::new(p.availability.clone()))?;
         if let Some(m) = &p.measurements {
             selector = selector.with_measurements(m.clone());
         }
@@ -311,6 +315,7 @@ impl LayerZero {
             selector = selector.with_gpu_memory(g.clone());
         }
         self.health.configure(health);
+        self.shadow.configure(policy.shadow_check);
         self.executors = p.catalog.kernels().map(|(_, _, k)| self.registry.get(&k.id).cloned()).collect();
         let mut rejection = p.table_rejection.clone();
         self.plan = None;
@@ -336,6 +341,7 @@ impl LayerZero {
             context,
             plan_rejection: rejection,
             plan_on,
+            parity_refusal: None,
         });
         self.cache = SelectionCache::new(self.cache.capacity());
         self.typed_cache = SelectionCache::new(self.cache.capacity());
@@ -401,6 +407,7 @@ impl LayerZero {
             &self.parts.hardware,
         );
         self.parts.parity = (!book.is_empty()).then(|| Arc::new(book));
+        self.parts.perfdb = Some(path.to_owned());
         self.with_measurements(Arc::new(m))
     }
 

@@ -360,6 +360,15 @@ impl LayerZero {
             Ok(outputs) if self.health.validate_outputs() => check_outputs(&sel.kernel, outputs, args),
             r => r,
         };
+        let result = match result {
+            Ok(outputs) => match self.shadow(sel, args, &outputs) {
+                super::shadow::Verdict::Agrees => Ok(outputs),
+                super::shadow::Verdict::Diverged(message, _) => {
+                    Err(Failed::Class(FailureClass::OutputDiverged, message))
+                }
+            },
+            r => r,
+        };
         match result {
             Ok(outputs) => {
                 self.health.record(sel.index, None);

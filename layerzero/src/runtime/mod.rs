@@ -24,6 +24,7 @@ mod hot;
 mod plugins;
 mod policy;
 mod scope;
+mod shadow;
 mod warmup;
 mod watch;
 
@@ -41,6 +42,7 @@ pub use dispatch::{Attempt, Dispatch, InputFlag, Timing};
 pub use fusion::RopeAttention;
 pub use hot::Hit;
 pub use scope::Scope;
+pub use shadow::{MIN_COSINE, ShadowStats};
 pub use warmup::{WarmError, WarmItem, WarmPoint, WarmVerify, WarmupReport, compilations};
 pub use watch::PolicyWatch;
 
@@ -97,6 +99,9 @@ struct Live {
     plan_rejection: Option<Reason>,
     /// The plan is served under this policy (what `LayerZero::plan_on` mirrors).
     plan_on: bool,
+    /// A parity record learned while serving refuses a kernel the table names: the plan is
+    /// not served again by this handle (a table is re-judged entry by entry at load).
+    parity_refusal: Option<Reason>,
 }
 
 /// The parts a handle is built from; builder methods change them and rebuild.
@@ -108,6 +113,8 @@ struct Parts {
     measurements: Option<Arc<Measurements>>,
     /// This machine's parity records, if loaded (the parity gate of selection).
     parity: Option<Arc<crate::select::ParityBook>>,
+    /// The PerfDB they came from: a shadow check's failing record is written there.
+    perfdb: Option<std::path::PathBuf>,
     /// This machine's cost-model calibration, if loaded.
     calibration: Option<Arc<crate::score::calibration::Calibration>>,
     table: Option<DispatchTable>,
@@ -151,6 +158,8 @@ pub struct LayerZero {
     executors: Box<[Option<Arc<dyn Executor>>]>,
     /// Breakers per kernel and backend, deadlines, output checks.
     health: Arc<Health>,
+    /// Shadow checks: which calls are due, what they found and cost.
+    shadow: shadow::Shadow,
     /// Threads that run kernels under a deadline (started at the first such call).
     runners: OnceLock<deadline::Runners>,
     live: ArcSwap<Live>,
@@ -319,7 +328,15 @@ impl LayerZero {
 /// The cache context: what every cached choice depends on, and, in a model's scope, the
 /// model and its tokenizer (so no entry is served across models or tokenizers).
 fn context_of(selector: &Selector, scope: Option<&Scope>) -> u64 {
-    let context = cache::context(&selector.hardware().fingerprint, selector.catalog().hash(), selector.policy_hash());
+    let mut context =
+        cache::context(&selector.hardware().fingerprint, selector.catalog().hash(), selector.policy_hash());
+    // Parity records refuse kernels: a choice cached before a record must not outlive it.
+    if let Some(book) = selector.parity() {
+        let d = blake3::hash(book.digest().as_bytes());
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&d.as_bytes()[..8]);
+        context ^= u64::from_le_bytes(w);
+    }
     scope.map_or(context, |s| context ^ s.salt())
 }
 

@@ -36,11 +36,15 @@ impl LayerZero {
         let now = crate::time::now_unix();
         let policy = declared.in_force_at(now);
         let health = HealthConfig::of(&policy);
+        let shadow = policy.shadow_check;
         let selector = self.live.load().selector.with_policy(Arc::new(policy))?;
         let mut rejection = self.parts.table_rejection.clone();
         let mut plan_on = false;
+        let parity_refusal = self.live.load().parity_refusal.clone();
         if let Some(plan) = &self.plan {
-            if plan.header().policy_hash == selector.policy_hash() {
+            if let Some(r) = &parity_refusal {
+                rejection = Some(r.clone());
+            } else if plan.header().policy_hash == selector.policy_hash() {
                 plan_on = true;
             } else {
                 let reason = Reason::new(
@@ -66,14 +70,64 @@ impl LayerZero {
             context,
             plan_rejection: rejection,
             plan_on,
+            parity_refusal,
         }));
         self.health.configure(health);
+        self.shadow.configure(shadow);
         self.next_expiry.store(next_expiry, Ordering::Release);
         self.policy_swaps.fetch_add(1, Ordering::Relaxed);
         self.plan_on.store(plan_on, Ordering::Release);
         self.quiet.store(quiet, Ordering::Release);
         self.context.store(context, Ordering::Release);
         Ok(())
+    }
+
+    /// Learns parity records made while serving (a shadow check's, a `lz parity --record`
+    /// run beside the engine): selection judges by them from the next call. Choices cached
+    /// before are not served again (the parity records are part of the cache context), and
+    /// when a failed record refuses a kernel the loaded table names for that point, the plan
+    /// stops being served (`PARITY_FAILED` as the plan's rejection; the table's other entries
+    /// are re-judged when it is next loaded). Records of other machines or kernel versions are
+    /// ignored, as at load.
+    pub fn learn_parity(&self, facts: Vec<crate::select::ParityFact>) {
+        let _one_at_a_time = self.swap.lock();
+        let live = self.live.load_full();
+        let (catalog, hardware) = (&self.parts.catalog, &self.parts.hardware);
+        let book = match live.selector.parity() {
+            Some(b) => b.with(facts.iter().cloned(), catalog, hardware),
+            None => crate::select::ParityBook::build(facts.iter().cloned(), catalog, hardware),
+        };
+        let refused =
+            self.parts.table.as_ref().and_then(|t| {
+                t.entries.iter().find(|e| !facts.is_empty() && book.failed_at(&e.key, &e.bucket, &e.kernel))
+            });
+        let mut parity_refusal = live.parity_refusal.clone();
+        if let (Some(e), None) = (refused, &parity_refusal) {
+            parity_refusal = Some(Reason::new(
+                ReasonCode::PARITY_FAILED,
+                format!(
+                    "a parity record learned while serving refuses {} for {} ({}), which the table chose; \
+                     selecting live until the table is loaded again",
+                    e.kernel, e.entry, e.bucket
+                ),
+            ));
+        }
+        let selector = Arc::new((*live.selector).clone().with_parity(Arc::new(book)));
+        let context = context_of(&selector, self.parts.scope.as_deref());
+        let plan_on = live.plan_on && parity_refusal.is_none();
+        let plan_rejection = parity_refusal.clone().or_else(|| live.plan_rejection.clone());
+        let quiet = self.plan.is_none() && plan_rejection.is_none();
+        self.live.store(Arc::new(Live {
+            declared: live.declared.clone(),
+            selector,
+            context,
+            plan_rejection,
+            plan_on,
+            parity_refusal,
+        }));
+        self.plan_on.store(plan_on, Ordering::Release);
+        self.quiet.store(quiet, Ordering::Release);
+        self.context.store(context, Ordering::Release);
     }
 
     /// Reads the policy file at `path`, applies the knobs that override policy fields (of

@@ -1,0 +1,185 @@
+//! Shadow checks while serving (issue 33): a kernel whose rows diverge from the reference's
+//! on a checked call is quarantined (KERNEL_OUTPUT_DIVERGED), the call falls back to a kernel
+//! that computes the right answer, a failing parity record is written and learned, and the
+//! cost is counted. The drills are seed 004's silent bugs: `garbage` (finite, plausible,
+//! wrong) and `transpose_noop` (a transpose that did nothing).
+
+use layerzero::compare::Category;
+use layerzero::exec::args::{LinearArgs, NormArgs, OpArgs};
+use layerzero::model::attrs::NoAttrs;
+use layerzero::model::dtype::DType;
+use layerzero::plan::solve::{self, Provenance};
+use layerzero::plan::workload::Workload;
+use layerzero::policy::{Policy, ShadowCheck};
+use layerzero::select::ParityFact;
+use layerzero::tensor::HostTensor;
+use layerzero::{LayerZero, PlanMode, ReasonCode, SelectionKey, SelectionSource, Verdict};
+use layerzero_tests::{TestResult, close};
+
+fn values(shape: &[usize], scale: f32, shift: usize) -> TestResult<HostTensor> {
+    let n: usize = shape.iter().product();
+    Ok(HostTensor::from_f32(shape, (0..n).map(|i| (((i + shift) % 11) as f32 - 5.0) * scale).collect())?)
+}
+
+fn linear(m: usize) -> TestResult<OpArgs> {
+    let (x, weight) = (values(&[m, 64], 0.25, 0)?, values(&[48, 64], 0.05, 3)?);
+    Ok(OpArgs::Linear(LinearArgs { x, weight, bias: None, attrs: NoAttrs {} }))
+}
+
+fn norm(m: usize) -> TestResult<OpArgs> {
+    let (x, weight) = (values(&[m, 64], 0.5, 1)?, values(&[64], 0.1, 2)?);
+    Ok(OpArgs::RmsNorm(NormArgs { x, weight, bias: None, residual: None, attrs: Default::default() }))
+}
+
+fn shadowed(every: u32, rows: u32) -> Policy {
+    Policy { shadow_check: Some(ShadowCheck { every, rows }), ..Policy::default() }
+}
+
+/// The kernel a healthy handle runs for `args`, and its output.
+fn healthy(args: &OpArgs) -> TestResult<(String, Vec<f64>)> {
+    let lz = LayerZero::detected()?;
+    let d = lz.dispatch(args)?;
+    Ok((d.selection().kernel.clone(), d.outputs["out"].to_f64_vec()))
+}
+
+fn drilled(spec: &str, policy: Policy) -> TestResult<LayerZero> {
+    Ok(LayerZero::detected()?.with_faults(spec)?.with_policy(policy)?)
+}
+
+#[test]
+fn a_garbage_kernel_is_caught_quarantined_and_the_call_falls_back_to_the_right_answer() -> TestResult {
+    let args = linear(16)?;
+    let (kernel, want) = healthy(&args)?;
+    let lz = drilled(&format!("{kernel}=garbage"), shadowed(1, 3))?;
+    let d = lz.dispatch(&args)?;
+    assert!(d.fell_back() && d.selection().kernel != kernel, "{:?}", d.attempts());
+    let reason = d.failed()[0].reason.clone().ok_or("the failed attempt has a reason")?;
+    assert_eq!(reason.code(), ReasonCode::KERNEL_OUTPUT_DIVERGED, "{reason}");
+    assert!(reason.message().contains("3 of 16 rows") && reason.message().contains("cosine"), "{reason}");
+    close::values(&d.selection().kernel, Category::Gemm, DType::F32, &want, &d.outputs["out"].to_f64_vec())?;
+    assert!(lz.open_circuits().contains(&kernel), "the diverged kernel is quarantined");
+    let stats = lz.shadow_stats();
+    assert_eq!((stats.checks, stats.diverged), (1, 1), "{stats:?}");
+    assert!(stats.checked_ns > 0 && stats.added_us_per_check() > 0.0);
+    // The failing record was learned: selection refuses the kernel for this kind of request.
+    let report = lz.explain(&args.describe());
+    let c = report.candidate(&kernel).ok_or("the drilled kernel is a candidate")?;
+    assert_eq!(c.verdict, Verdict::Rejected);
+    let failed = c.reasons.iter().find(|r| r.code() == ReasonCode::PARITY_FAILED).ok_or("PARITY_FAILED")?;
+    assert!(failed.message().contains("by shadow check"), "{failed}");
+    // Later calls run the fallback first, at once.
+    let again = lz.dispatch(&args)?;
+    assert!(!again.fell_back() && again.selection().kernel != kernel);
+    Ok(())
+}
+
+#[test]
+fn a_transpose_that_did_nothing_is_caught_by_the_shadow_check() -> TestResult {
+    let args = norm(8)?;
+    let (kernel, want) = healthy(&args)?;
+    let lz = drilled(&format!("{kernel}=transpose_noop"), shadowed(1, 4))?;
+    let d = lz.dispatch(&args)?;
+    let reason = d.failed().first().and_then(|a| a.reason.clone()).ok_or("the drilled kernel must fail")?;
+    assert_eq!(reason.code(), ReasonCode::KERNEL_OUTPUT_DIVERGED, "{reason}");
+    close::values(&d.selection().kernel, Category::Norms, DType::F32, &want, &d.outputs["out"].to_f64_vec())?;
+    Ok(())
+}
+
+#[test]
+fn only_every_nth_call_is_checked_and_a_right_kernel_is_never_quarantined() -> TestResult {
+    let args = linear(32)?;
+    let lz = LayerZero::detected()?.with_policy(shadowed(3, 4))?;
+    for _ in 0..7 {
+        assert!(!lz.dispatch(&args)?.fell_back());
+    }
+    let stats = lz.shadow_stats();
+    assert_eq!((stats.every, stats.rows, stats.checks, stats.diverged), (3, 4, 2, 0), "{stats:?}");
+    assert!(lz.open_circuits().is_empty());
+    // Off by default: nothing is checked.
+    let plain = LayerZero::detected()?;
+    plain.dispatch(&args)?;
+    assert_eq!(plain.shadow_stats().checks, 0);
+    Ok(())
+}
+
+#[test]
+fn the_failing_record_is_written_to_the_perfdb_and_a_later_process_refuses_the_kernel() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("perf.sqlite");
+    let args = linear(16)?;
+    let (kernel, _) = healthy(&args)?;
+    let lz = LayerZero::detected()?.with_perfdb(&db)?.with_faults(&format!("{kernel}=garbage"))?;
+    let lz = lz.with_policy(shadowed(1, 2))?;
+    assert!(lz.dispatch(&args)?.fell_back());
+    let later = LayerZero::detected()?.with_perfdb(&db)?;
+    let report = later.explain(&args.describe());
+    let c = report.candidate(&kernel).ok_or("candidate")?;
+    let failed = c.reasons.iter().find(|r| r.code() == ReasonCode::PARITY_FAILED).ok_or("PARITY_FAILED")?;
+    assert!(failed.message().contains("shadow check on 2 of 16 rows"), "{failed}");
+    assert_ne!(later.dispatch(&args)?.selection().kernel, kernel);
+    Ok(())
+}
+
+/// A failing record of `kernel` for `args` on this machine.
+fn failing(lz: &LayerZero, args: &OpArgs, kernel: &str) -> TestResult<ParityFact> {
+    let req = lz.describe(args);
+    let key = SelectionKey::derive(&req);
+    let cat = lz.catalog();
+    let (b, k) = cat.kernel(cat.find(kernel).ok_or("in the catalog")?);
+    Ok(ParityFact {
+        kernel: kernel.into(),
+        kernel_version: k.version.clone().unwrap_or_else(|| b.version.clone()),
+        backend_version: b.version.clone(),
+        fingerprint: lz.hardware().fingerprint.clone(),
+        key: key.validity_hex(),
+        bucket: key.buckets().map(|bk| bk.text(req.op)).unwrap_or_default(),
+        passed: false,
+        nmse: Some(0.9),
+        max_abs: Some(2.0),
+        cosine: Some(0.01),
+        detail: None,
+        origin: "test".into(),
+        created_at: 1_700_000_000,
+    })
+}
+
+#[test]
+fn a_record_learned_while_serving_invalidates_the_cached_choice_it_changes() -> TestResult {
+    let lz = LayerZero::detected()?;
+    let args = linear(8)?;
+    let first = lz.dispatch(&args)?.selection().kernel.clone();
+    assert_eq!(lz.dispatch(&args)?.source(), SelectionSource::Cache);
+    lz.learn_parity(vec![failing(&lz, &args, &first)?]);
+    let d = lz.dispatch(&args)?;
+    assert_ne!(d.selection().kernel, first, "the cached choice was not served again");
+    assert!(!d.fell_back());
+    Ok(())
+}
+
+#[test]
+fn a_record_learned_while_serving_stops_a_table_that_chose_the_kernel() -> TestResult {
+    let lz = LayerZero::detected()?;
+    let workload = Workload::from_json(
+        r#"{"schema_version": 1, "name": "small-linear", "entries": [{"name": "proj", "request": {"op": "linear",
+            "tensors": {"x": {"dtype": "f32", "shape": [8, 64]}, "weight": {"dtype": "f32", "shape": [48, 64]}}},
+            "ranges": {"m": [1, 16]}}]}"#,
+        "w.json",
+    )?;
+    let prov = Provenance { perfdb_digest: None, created_at: "2026-11-28T00:00:00Z".into(), command: "test".into() };
+    let table = solve::solve(&workload, &lz.selector(), prov)?;
+    let served = LayerZero::detected()?.with_plan(&table, PlanMode::Prefer)?;
+    let args = linear(8)?;
+    let d = served.dispatch(&args)?;
+    assert_eq!(d.source(), SelectionSource::Plan);
+    let planned = d.selection().kernel.clone();
+    served.learn_parity(vec![failing(&served, &args, &planned)?]);
+    let d = served.dispatch(&args)?;
+    assert_eq!(d.source(), SelectionSource::Live);
+    assert_ne!(d.selection().kernel, planned);
+    let why = served.plan_rejection().ok_or("the plan's rejection says why")?;
+    assert_eq!(why.code(), ReasonCode::PARITY_FAILED, "{why}");
+    // A policy swap does not bring the table back.
+    served.set_policy(Policy::default())?;
+    assert_ne!(served.dispatch(&args)?.source(), SelectionSource::Plan);
+    Ok(())
+}
