@@ -49,7 +49,7 @@ pub(super) enum Command {
     Warmup(WarmupCmd),
     /// Generate text with a Hugging Face model folder; every op is selected and dispatched by
     /// LayerZero. Exit 2 on a bad model, prompt or option.
-    Generate(GenerateCmd),
+    Generate(Box<GenerateCmd>),
     /// Classify an image with a Hugging Face ViT folder; every op (patch embedding, blocks,
     /// classifier) is selected and dispatched by LayerZero. Exit 2 on a bad model, image or
     /// option.
@@ -283,6 +283,16 @@ pub(super) struct GenerateCmd {
     /// outside any dispatch (measures this machine first if `lz hardware --measure` has not).
     #[arg(long)]
     pub(super) profile: bool,
+    /// Shadow-check every N-th call of each kernel against the reference (cpu_reference on
+    /// --verify-rows rows of the same inputs) while generating, and report per layer the
+    /// lowest cosine; a kernel that diverges is quarantined, its call falls back, and the
+    /// layer is named (exit 1).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub(super) verify_every: Option<u32>,
+    /// Rows compared per checked call with --verify-every.
+    #[arg(long, value_name = "R", default_value_t = 4, requires = "verify_every",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(super) verify_rows: u32,
     /// Machine-readable output (schemas/generate_report.schema.json).
     #[arg(long)]
     pub(super) json: bool,

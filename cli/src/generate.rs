@@ -74,6 +74,9 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
     lz.set_dispatch_timing(a.profile);
     let g = generation(&a, kv);
     if let Some(dir) = &a.draft {
+        if a.verify_every.is_some() {
+            return Err(Error::invalid("--verify-every: give it without --draft (one model's layers)".to_owned()));
+        }
         if a.kv.as_deref() == Some("paged") {
             return Err(Error::invalid("--kv paged: speculative decoding keeps contiguous caches".to_owned()));
         }
@@ -100,6 +103,8 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
     let decode_ms = out.decode_ns as f64 / 1e6;
     let per_step = if out.decode_steps > 0 { decode_ms / out.decode_steps as f64 } else { 0.0 };
     let profile = if a.profile { Some(super::profile::report(&out, prompt_tokens)?) } else { None };
+    let verify = verify_json(&a, &lz, &out);
+    let diverged = out.checks.iter().any(|c| !c.diverged.is_empty());
     if a.json {
         let [prompt_ids, generated_ids, text] = sequences_json(&out.sequences, texts.as_deref());
         print_json(&soak::with_soak(
@@ -123,6 +128,7 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
                 "counters": lz.counters(),
                 "dump": a.dump.as_ref().map(|d| d.join("dump.safetensors").display().to_string()),
                 "profile": profile,
+                "verify": verify,
             }),
             soak.as_ref(),
         ));
@@ -140,6 +146,12 @@ pub(super) fn generate(a: GenerateCmd) -> Result<Outcome> {
         if let Some(p) = &profile {
             eprint!("{}", super::profile::render(p));
         }
+        if let Some(v) = &verify {
+            eprint!("{}", render_verify(v, &out));
+        }
+    }
+    if diverged {
+        return Ok(Outcome::CheckFailed);
     }
     Ok(soak::outcome(soak.as_ref()))
 }
@@ -150,6 +162,9 @@ fn seq2seq(a: GenerateCmd, dtype: Option<DType>) -> Result<Outcome> {
     let model = llm::seq2seq::Seq2SeqModel::load(&a.model, dtype)?;
     if a.draft.is_some() {
         return Err(Error::invalid("--draft: speculative decoding runs decoder-only models".to_owned()));
+    }
+    if a.verify_every.is_some() {
+        return Err(Error::invalid("--verify-every reports per decoder layer: it runs decoder-only models".to_owned()));
     }
     if let Some(w) = &a.weights {
         return Err(Error::invalid(format!("--weights {w}: quantized projections are served for decoder-only models")));
@@ -266,13 +281,67 @@ fn prompts_of(a: &GenerateCmd, tokenizer: Option<&Tokenizer>, file: &Path) -> Re
     }
 }
 
-/// This machine's handle, serving `--table` when given.
+/// This machine's handle, serving `--table` when given, shadow-checking with
+/// `--verify-every`.
 fn handle(a: &GenerateCmd) -> Result<LayerZero> {
     let lz = LayerZero::host()?;
-    match &a.table {
-        Some(table) => lz.with_plan_file(table, super::knobs().plan_mode),
-        None => Ok(lz),
+    let lz = match &a.table {
+        Some(table) => lz.with_plan_file(table, super::knobs().plan_mode)?,
+        None => lz,
+    };
+    if let Some(every) = a.verify_every {
+        let check = layerzero::policy::ShadowCheck { every, rows: a.verify_rows };
+        let policy = layerzero::policy::Policy { shadow_check: Some(check), ..(*lz.declared_policy()).clone() };
+        lz.set_policy(policy)?;
     }
+    Ok(lz)
+}
+
+/// `--verify-every`: the shadow checks' report (`verify` of the JSON), or `None` without it.
+fn verify_json(a: &GenerateCmd, lz: &LayerZero, out: &llm::Generated) -> Option<serde_json::Value> {
+    a.verify_every?;
+    let s = lz.shadow_stats();
+    Some(serde_json::json!({
+        "every": s.every,
+        "rows": s.rows,
+        "checks": s.checks,
+        "diverged": s.diverged,
+        "skipped": s.skipped,
+        "added_ms": s.checked_ns as f64 / 1e6,
+        "added_us_per_check": s.added_us_per_check(),
+        "stages": out.checks,
+    }))
+}
+
+/// The shadow checks' report as text: one line per stage, the diverged checks named.
+fn render_verify(v: &serde_json::Value, out: &llm::Generated) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "shadow checks: every {} calls of each kernel, {} rows: {} checked, {} diverged, {} skipped; {:.2} ms added ({:.1} us per check)",
+        v["every"],
+        v["rows"],
+        v["checks"],
+        v["diverged"],
+        v["skipped"],
+        v["added_ms"].as_f64().unwrap_or(0.0),
+        v["added_us_per_check"].as_f64().unwrap_or(0.0)
+    );
+    let _ = writeln!(
+        s,
+        "{:<10} {:>6}  {:>10}  {:<12} {:>10}  DIVERGED",
+        "STAGE", "CHECKS", "MIN_COSINE", "WORST_OP", "MAX_NMSE"
+    );
+    for c in &out.checks {
+        let diverged = if c.diverged.is_empty() { "-".to_owned() } else { c.diverged.join("; ") };
+        let _ = writeln!(
+            s,
+            "{:<10} {:>6}  {:>10.6}  {:<12} {:>10.3e}  {diverged}",
+            c.stage, c.checks, c.min_cosine, c.worst_op, c.max_nmse
+        );
+    }
+    s
 }
 
 /// The generation options `a` gives.

@@ -185,7 +185,7 @@ fn run(cli: Cli) -> Result<Outcome> {
             verify: a.verify,
             json: a.json,
         }),
-        Command::Generate(a) => generate::generate(a),
+        Command::Generate(a) => generate::generate(*a),
         Command::Classify(a) => classify::classify(a),
         Command::Diff(a) => diff::diff(a),
         Command::Snapshot(a) => snapshot(a),

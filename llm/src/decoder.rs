@@ -42,6 +42,7 @@ impl Block<'_> {
     /// `h` through attention and the MLP, each added to the residual stream.
     fn forward(&self, cx: &mut Pass<'_>, h: Residual, kv: &mut KvCache, step: &Step) -> Result<Residual> {
         let l = self.layer;
+        cx.layer = Some(l);
         let (x, stream) = self.attn_norm.add(cx, h.branch, h.stream)?;
         if l > 0 {
             cx.keep(|| format!("layer.{}.out", l - 1), &stream);
@@ -121,6 +122,7 @@ impl<'w> Decoder<'w> {
         for block in &self.blocks {
             h = block.forward(cx, h, kv, step)?;
         }
+        cx.layer = None;
         let x = self.final_norm(cx, h)?;
         let x = if all_logits || step.len == 1 { x } else { last_row(&x)? };
         self.lm_head.forward(cx, &x)

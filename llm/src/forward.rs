@@ -86,6 +86,12 @@ impl<'m> Session<'m> {
         std::mem::take(&mut self.pass.stats)
     }
 
+    /// The shadow checks made so far (`shadow_check` in the handle's policy), by stage:
+    /// each layer, then what runs outside them; collecting starts again.
+    pub fn take_checks(&mut self) -> Vec<crate::pass::StageCheck> {
+        self.pass.take_checks()
+    }
+
     /// Positions cached for sequence `seq`.
     pub fn len(&self, seq: usize) -> usize {
         self.kv.room(seq).map_or(0, |(len, _)| len)

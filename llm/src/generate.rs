@@ -77,6 +77,8 @@ pub struct Generated {
     pub decode_stats: BTreeMap<Op, OpStats>,
     /// With `dump`: the stages of the prefill and `logits.{k}`.
     pub dump: BTreeMap<String, HostTensor>,
+    /// The shadow checks made (when the handle's policy has `shadow_check`), by stage.
+    pub checks: Vec<crate::pass::StageCheck>,
 }
 
 impl Generated {
@@ -227,7 +229,18 @@ pub fn generate_batch(
     let decode_ns = if steps > 0 { decode_start.elapsed().as_nanos() as u64 } else { 0 };
     let decode_stats = session.take_stats();
     let stats = crate::pass::merged(&prefill_stats, decode_stats.clone());
-    Ok(Generated { sequences, prefill_ns, decode_ns, decode_steps: steps, stats, prefill_stats, decode_stats, dump })
+    let checks = session.take_checks();
+    Ok(Generated {
+        sequences,
+        prefill_ns,
+        decode_ns,
+        decode_steps: steps,
+        stats,
+        prefill_stats,
+        decode_stats,
+        dump,
+        checks,
+    })
 }
 
 /// Chooses one token per row of `logits` (`[seqs.len(), vocab]`): one `sample` call for

@@ -37,6 +37,7 @@ pub use config::{Arch, ModelConfig, MoeConfig};
 pub use forward::{KvKind, OpStats, Session};
 pub use generate::{Generated, Generation, Sequence};
 pub use layerzero::tensor::Residence;
+pub use pass::StageCheck;
 pub use scope::ModelScope;
 pub use speculative::{Speculated, speculate, speculate_scoped};
 pub use tokenizer::Tokenizer;

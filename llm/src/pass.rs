@@ -61,6 +61,42 @@ pub struct OpStats {
     pub bytes: u64,
 }
 
+/// The shadow checks of one stage of a model (`lz generate --verify-every`): a layer, or what
+/// runs outside the layers (embedding, final norm, head, sampling).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StageCheck {
+    /// `layer.3`, or `outside`.
+    pub stage: String,
+    /// Calls checked.
+    pub checks: u64,
+    /// The lowest cosine with the reference.
+    pub min_cosine: f64,
+    /// The op of that lowest cosine.
+    pub worst_op: String,
+    /// The largest NMSE.
+    pub max_nmse: f64,
+    /// Checks that diverged: `kernel (op): cosine c, compared`.
+    pub diverged: Vec<String>,
+}
+
+impl StageCheck {
+    fn new(stage: String) -> StageCheck {
+        StageCheck { stage, checks: 0, min_cosine: 1.0, worst_op: String::new(), max_nmse: 0.0, diverged: Vec::new() }
+    }
+
+    fn add(&mut self, c: &layerzero::runtime::Checked) {
+        self.checks += 1;
+        if c.cosine < self.min_cosine || self.worst_op.is_empty() {
+            self.min_cosine = self.min_cosine.min(c.cosine);
+            self.worst_op = c.op.as_str().to_owned();
+        }
+        self.max_nmse = self.max_nmse.max(c.nmse);
+        if c.diverged {
+            self.diverged.push(format!("{} ({}): cosine {:.4}, {}", c.kernel, c.op, c.cosine, c.compared));
+        }
+    }
+}
+
 fn is_zero(v: &u64) -> bool {
     *v == 0
 }
@@ -99,12 +135,24 @@ pub(crate) struct Pass<'a> {
     pub(crate) dump: Option<BTreeMap<String, HostTensor>>,
     /// Every request dispatched, when recording (`lz workload`).
     pub(crate) record: Option<Vec<Request>>,
+    /// The layer being run (`None`: outside the layers), for the shadow checks' report.
+    pub(crate) layer: Option<usize>,
+    /// Shadow checks by stage (layers in order, then outside).
+    pub(crate) checks: BTreeMap<usize, StageCheck>,
 }
 
 impl<'a> Pass<'a> {
     /// A pass through `lz`, keeping stages when `dump`.
     pub(crate) fn new(lz: &'a LayerZero, dump: bool) -> Pass<'a> {
-        Pass { lz, kept: Vec::new(), stats: BTreeMap::new(), dump: dump.then(BTreeMap::new), record: None }
+        Pass {
+            lz,
+            kept: Vec::new(),
+            stats: BTreeMap::new(),
+            dump: dump.then(BTreeMap::new),
+            record: None,
+            layer: None,
+            checks: BTreeMap::new(),
+        }
     }
 
     /// Dispatches `args` into `buffers` and counts what ran.
@@ -115,6 +163,13 @@ impl<'a> Pass<'a> {
         let start = Instant::now();
         let d = self.lz.dispatch_into(args, buffers)?;
         record(&mut self.stats, args.op(), &d, start.elapsed().as_nanos() as u64);
+        for c in d.shadow_checks() {
+            let (key, stage) = match self.layer {
+                Some(l) => (l, format!("layer.{l}")),
+                None => (usize::MAX, "outside".to_owned()),
+            };
+            self.checks.entry(key).or_insert_with(|| StageCheck::new(stage)).add(c);
+        }
         if let (Some(t), Some(s)) = (d.timing(), self.stats.get_mut(&args.op())) {
             s.select_ns += t.select_ns;
             s.run_ns += t.run_ns;
@@ -145,6 +200,11 @@ impl<'a> Pass<'a> {
         drop(args);
         self.kept[i] = d.outputs.clone();
         Ok(d.outputs)
+    }
+
+    /// The shadow checks so far, by stage in order; collecting starts again.
+    pub(crate) fn take_checks(&mut self) -> Vec<StageCheck> {
+        std::mem::take(&mut self.checks).into_values().collect()
     }
 
     /// The `out` output of `args` (see [`run`](Pass::run)).

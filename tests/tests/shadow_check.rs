@@ -183,3 +183,42 @@ fn a_record_learned_while_serving_stops_a_table_that_chose_the_kernel() -> TestR
     assert_ne!(served.dispatch(&args)?.source(), SelectionSource::Plan);
     Ok(())
 }
+
+/// `lz generate --verify-every N` (seed 004's per-layer cosine report): a healthy model's
+/// every layer agrees with the reference; with a kernel computing garbage the first layer
+/// that ran it is named, the call falls back, and the tokens are the healthy ones (exit 1).
+#[test]
+fn lz_generate_verify_every_names_the_layer_whose_kernel_diverged() -> TestResult {
+    let model = layerzero_tests::repo_root().join("tests/models/llama-gqa");
+    let generate = |faults: Option<&str>| -> TestResult<(Option<i32>, serde_json::Value)> {
+        let mut cmd = layerzero_tests::lz()?;
+        if let Some(f) = faults {
+            cmd.env("LAYERZERO_FAULTS", f);
+        }
+        let o = cmd
+            .args(["generate", "--model", model.to_str().unwrap_or_default(), "--prompt-ids", "1,2,3,4,5,6"])
+            .args(["--max-new-tokens", "3", "--verify-every", "1", "--verify-rows", "2", "--json"])
+            .output()?;
+        let v: serde_json::Value =
+            serde_json::from_slice(&o.stdout).map_err(|e| format!("{e}: {}", String::from_utf8_lossy(&o.stderr)))?;
+        let schema = layerzero::schema::SchemaKind::GenerateReport;
+        assert!(layerzero::schema::violations(schema, &v).unwrap_or_default().is_empty(), "schema-valid");
+        Ok((o.status.code(), v))
+    };
+    let (code, healthy) = generate(None)?;
+    assert_eq!(code, Some(0));
+    let verify = &healthy["verify"];
+    assert_eq!((verify["every"].as_u64(), verify["rows"].as_u64()), (Some(1), Some(2)));
+    assert_eq!(verify["diverged"], 0);
+    let stages = verify["stages"].as_array().ok_or("stages")?;
+    assert_eq!(stages.first().map(|s| &s["stage"]), Some(&serde_json::json!("layer.0")));
+    assert!(stages.iter().all(|s| s["min_cosine"].as_f64().is_some_and(|c| c > 0.9999)), "{stages:?}");
+    let (code, drilled) = generate(Some("cpu.linear.fast=garbage"))?;
+    assert_eq!(code, Some(1), "a diverged layer fails the run");
+    assert_eq!(drilled["generated_ids"], healthy["generated_ids"], "the fallback computes the healthy tokens");
+    let first = &drilled["verify"]["stages"][0];
+    assert_eq!(first["stage"], "layer.0");
+    let named = first["diverged"].to_string();
+    assert!(named.contains("cpu.linear.fast (linear): cosine"), "{named}");
+    Ok(())
+}

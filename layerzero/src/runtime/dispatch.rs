@@ -73,6 +73,7 @@ pub struct Timing {
 struct Extra {
     failed: Vec<Attempt>,
     input_flags: Vec<InputFlag>,
+    checks: Vec<super::Checked>,
 }
 
 impl Dispatch<'_> {
@@ -109,6 +110,12 @@ impl Dispatch<'_> {
     /// Float inputs with NaN/Inf (only when the handle checks inputs: `with_input_check`).
     pub fn input_flags(&self) -> &[InputFlag] {
         self.extra.as_ref().map_or(&[], |e| &e.input_flags)
+    }
+
+    /// The shadow checks made during this dispatch (`shadow_check` in the policy): of the
+    /// kernel that ran, and of one that diverged before it.
+    pub fn shadow_checks(&self) -> &[super::Checked] {
+        self.extra.as_ref().map_or(&[], |e| &e.checks)
     }
 
     /// True when the first choice did not run.
@@ -200,10 +207,17 @@ impl LayerZero {
     /// Runs the first choice `first` for `args`, falling back in score order.
     fn run_selected<'h>(&'h self, first: Hit<'h>, args: &OpArgs, buffers: Outputs) -> Result<Dispatch<'h>> {
         let input_flags = if self.check_inputs.load(Ordering::Relaxed) { flags(args) } else { Vec::new() };
+        let checking = self.shadow.on();
+        if checking {
+            // Checks of an earlier dispatch that ended in an error are not this one's.
+            super::shadow::drain();
+        }
         let mut failed = Vec::new();
         let first_oom = match self.try_run(&first, first.executor(), args, buffers) {
             Ok(outputs) => {
-                let extra = (!input_flags.is_empty()).then(|| Box::new(Extra { failed, input_flags }));
+                let checks = if checking { super::shadow::drain() } else { Vec::new() };
+                let extra = (!input_flags.is_empty() || !checks.is_empty())
+                    .then(|| Box::new(Extra { failed, input_flags, checks }));
                 return Ok(Dispatch { outputs, ran: first, extra, timing: None });
             }
             Err(reason) => {
@@ -232,7 +246,8 @@ impl LayerZero {
             match self.try_run(&hit, hit.executor(), args, Outputs::new()) {
                 Ok(outputs) => {
                     let ran = hit.standing_in_for(source, notes);
-                    let extra = Some(Box::new(Extra { failed, input_flags }));
+                    let checks = if checking { super::shadow::drain() } else { Vec::new() };
+                    let extra = Some(Box::new(Extra { failed, input_flags, checks }));
                     return Ok(Dispatch { outputs, ran, extra, timing: None });
                 }
                 Err(reason) => {

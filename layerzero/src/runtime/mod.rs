@@ -42,7 +42,7 @@ pub use dispatch::{Attempt, Dispatch, InputFlag, Timing};
 pub use fusion::RopeAttention;
 pub use hot::Hit;
 pub use scope::Scope;
-pub use shadow::{MIN_COSINE, ShadowStats};
+pub use shadow::{Checked, MIN_COSINE, ShadowStats};
 pub use warmup::{WarmError, WarmItem, WarmPoint, WarmVerify, WarmupReport, compilations};
 pub use watch::PolicyWatch;
 

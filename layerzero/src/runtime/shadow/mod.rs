@@ -12,6 +12,7 @@
 
 mod slice;
 
+use std::cell::RefCell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
@@ -57,6 +58,37 @@ impl ShadowStats {
     pub fn added_us_per_check(&self) -> f64 {
         if self.checks == 0 { 0.0 } else { self.checked_ns as f64 / self.checks as f64 / 1e3 }
     }
+}
+
+/// One shadow check: what was compared and how close it was (a dispatch carries the checks
+/// made while it ran: [`crate::runtime::Dispatch::shadow_checks`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Checked {
+    /// The kernel checked.
+    pub kernel: String,
+    /// Its op.
+    pub op: Op,
+    /// What was compared: `3 of 16 rows`, `4 query positions`, `the whole call`.
+    pub compared: String,
+    /// The lowest cosine of a float output with the reference's (1 when none is float).
+    pub cosine: f64,
+    /// The largest NMSE of an output.
+    pub nmse: f64,
+    /// The largest absolute difference.
+    pub max_abs: f64,
+    /// Whether the kernel diverged (and the call fell back).
+    pub diverged: bool,
+}
+
+thread_local! {
+    /// The checks made on this thread since its dispatch began (a dispatch runs its kernels'
+    /// checks on the calling thread).
+    static CHECKED: RefCell<Vec<Checked>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Takes the checks made on this thread since the last call.
+pub(super) fn drain() -> Vec<Checked> {
+    CHECKED.with(|c| std::mem::take(&mut *c.borrow_mut()))
 }
 
 /// The shadow-check state of one handle.
@@ -107,6 +139,12 @@ impl Shadow {
         let (every, rows) = check.map_or((0, 0), |c| (c.every.max(1), c.rows.max(1)));
         self.rows.store(rows, Ordering::Relaxed);
         self.every.store(every, Ordering::Relaxed);
+    }
+
+    /// Whether checks are on.
+    #[inline]
+    pub(super) fn on(&self) -> bool {
+        self.every.load(Ordering::Relaxed) != 0
     }
 
     /// Whether this call of `kernel` is to be checked (the N-th since the last).
@@ -199,6 +237,11 @@ impl LayerZero {
         let ran = layerzero_cpu::fork::in_live_pool(|| catch_unwind(AssertUnwindSafe(|| reference.run(&cut_args))));
         let expected = match ran {
             Ok(Ok(Ok(o))) => o,
+            Ok(Ok(Err(e))) => {
+                tracing::warn!(target: "layerzero::shadow", kernel = %sel.kernel, error = %e,
+                    "the reference refused a shadow check's inputs; skipped");
+                return None;
+            }
             _ => {
                 tracing::warn!(target: "layerzero::shadow", kernel = %sel.kernel, "the reference failed on a shadow check; skipped");
                 return None;
@@ -240,14 +283,24 @@ impl LayerZero {
                 }
             }
         }
-        if problems.is_empty() {
-            return Some(Verdict::Agrees);
-        }
         let what = match cut {
             slice::Cut::Whole => "the whole call".to_owned(),
             slice::Cut::Rows(p) => format!("{} of {} rows", p.count, p.total),
             slice::Cut::Queries { len, .. } => format!("{len} query positions"),
         };
+        let checked = Checked {
+            kernel: sel.kernel.clone(),
+            op,
+            compared: what.clone(),
+            cosine: worst_cos,
+            nmse: worst_nmse,
+            max_abs: worst_abs,
+            diverged: !problems.is_empty(),
+        };
+        CHECKED.with(|c| c.borrow_mut().push(checked));
+        if problems.is_empty() {
+            return Some(Verdict::Agrees);
+        }
         let message = format!("{}: shadow check on {what}: {}", sel.kernel, problems.join("; "));
         let request = self.describe(args);
         let key = SelectionKey::derive(&request);

@@ -79,7 +79,8 @@ pub(crate) fn cut(args: &OpArgs, rows: usize, whole_limit: usize) -> Option<(OpA
     let mut uncut = false;
     let sliced = args
         .map_tensors(|name, t| {
-            if !names.contains(&name) || (name == "x_scale" && t.numel() != total) {
+            // A per-tensor scale (one value) holds for every row.
+            if !names.contains(&name) || (name == "x_scale" && t.numel() == 1) {
                 return Ok(t.clone());
             }
             match take_rows(t, picks) {
