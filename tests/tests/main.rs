@@ -42,6 +42,7 @@ mod readiness_gate;
 mod rope_fusion;
 mod rope_variants;
 mod runtime;
+mod scale_layouts;
 mod scopes;
 mod selection_steering;
 mod selection_table;

@@ -523,7 +523,7 @@ pub(crate) fn fields_for_op(op: Op) -> &'static [&'static str] {
             "scale_orders",
         ],
         Op::LinearInt4 => &["group_sizes", "weight_formats", "scale_orders", "int4_activations"],
-        Op::LinearW8a8 => &["group_sizes"],
+        Op::LinearW8a8 => &["group_sizes", "scale_layouts"],
         Op::PatchEmbed | Op::Tokenize => &[],
         _ => &["hidden_size"],
     }

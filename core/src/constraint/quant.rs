@@ -17,7 +17,7 @@ use crate::reason::ReasonCode;
 pub(super) fn check(c: &Constraints, req: &Request, out: &mut impl Sink) {
     match (&req.attrs, req.op) {
         (Attrs::Quant(a), Op::Quantize | Op::Dequantize) => quant(c, req, a, out),
-        (Attrs::W8a8(a), Op::LinearW8a8) => w8a8(req, a.group_size, out),
+        (Attrs::W8a8(a), Op::LinearW8a8) => w8a8(c, req, a.group_size, out),
         (Attrs::Int4(a), Op::LinearInt4) => int4(c, req, a, out),
         _ => {}
     }
@@ -126,22 +126,48 @@ fn blocks(c: &Constraints, a: &QuantAttrs, out: &mut impl Sink) {
     }
 }
 
-fn w8a8(req: &Request, group: Option<u64>, out: &mut impl Sink) {
+/// `linear_w8a8`'s scales: per row (`[1]` or `[rows]`), or with a group size per block
+/// (`[rows, K / g]`) stored in an order the kernel declares it reads (`scale_layouts`,
+/// row-major when it declares none): seed 004's fallback wrote row-major block scales where
+/// its GEMM read column-major ones, and every number it then computed was wrong.
+fn w8a8(c: &Constraints, req: &Request, group: Option<u64>, out: &mut impl Sink) {
     let (Some(x), Some(w)) = (req.get("x"), req.get("weight")) else { return };
     let k = x.shape.get(1).copied();
+    let reads = c.scale_layouts.as_deref().unwrap_or(&[ScaleLayout::RowMajor]);
     for (name, rows) in [("x_scale", x.shape.first()), ("w_scale", w.shape.first())] {
         let (Some(s), Some(&rows)) = (req.get(name), rows) else { continue };
         match (group, k) {
-            // Block scales: [rows, K / g], row-major (Q8_0's blocks along K).
             (Some(g), Some(k)) if g > 0 => {
                 let want = [rows, k / g];
-                if s.shape.as_slice() != want || !s.is_contiguous() {
+                if s.shape.as_slice() != want {
                     mismatch(out, || {
                         format!(
-                            "tensor `{name}` shape {:?} must be {want:?} row-major (one scale per block of {g})",
+                            "tensor `{name}` shape {:?} must be {want:?} (one scale per block of {g} along K)",
                             s.shape
                         )
                     });
+                    continue;
+                }
+                let stored = if s.is_contiguous() { Some(ScaleLayout::RowMajor) } else { scale_order(s) };
+                match stored {
+                    // A dim of 1: both orders are one memory.
+                    _ if s.shape.iter().any(|&d| d <= 1) => {}
+                    Some(order) if !reads.contains(&order) => mismatch(out, || {
+                        format!(
+                            "tensor `{name}` {want:?} is stored {} (strides {:?}); the kernel reads {} scales",
+                            order.as_str(),
+                            s.strides.clone().unwrap_or_else(|| vec![want[1], 1]),
+                            names2(reads)
+                        )
+                    }),
+                    Some(_) => {}
+                    None => mismatch(out, || {
+                        format!(
+                            "tensor `{name}` {want:?} has strides {:?}, neither row- nor column-major; the kernel reads {} scales",
+                            s.strides,
+                            names2(reads)
+                        )
+                    }),
                 }
             }
             _ => {

@@ -1,7 +1,8 @@
 //! Shadow checks while serving (`shadow_check: {every: N, rows: R}` in the policy): every
 //! N-th call of a kernel also runs the reference (`cpu_reference`) on R rows of the same
 //! inputs and compares them with the kernel's rows. A kernel whose rows diverge beyond the
-//! tolerance of its op and dtype (the E2E specification's §5 table), or whose float output
+//! tolerance of its op and dtype (the E2E specification's §5 table, or the `error_bound` a
+//! quantized kernel declares where that is looser), or whose float output
 //! points elsewhere than the reference's (cosine below [`MIN_COSINE`], seed 004's figure),
 //! is quarantined through the health system (`KERNEL_OUTPUT_DIVERGED`), the call falls back,
 //! and a failing parity record is written (to the handle's PerfDB when it has one) and
@@ -247,6 +248,7 @@ impl LayerZero {
                 return None;
             }
         };
+        let spec = self.parts.catalog.kernel(sel.index).1;
         let mut problems = Vec::new();
         let (mut worst_cos, mut worst_nmse, mut worst_abs): (f64, f64, f64) = (1.0, 0.0, 0.0);
         let (mut rtol, mut atol): (f64, f64) = (0.0, 0.0);
@@ -263,7 +265,11 @@ impl LayerZero {
                 ));
                 continue;
             }
-            let tol = output_tolerance(category, want.dtype());
+            let mut tol = output_tolerance(category, want.dtype());
+            // A quantized kernel is held to the bound it declares where that is looser.
+            if let Some(b) = spec.properties.error_bound.as_ref().and_then(|e| e.get(&want.dtype())) {
+                (tol.rtol, tol.atol) = (tol.rtol.max(b.rtol), tol.atol.max(b.atol));
+            }
             (rtol, atol) = (rtol.max(tol.rtol), atol.max(tol.atol));
             let (w, g) = (want.to_f64_vec(), got.to_f64_vec());
             let d = compare(&w, &g, tol);
