@@ -174,6 +174,14 @@ fn summary(r: &TuneReport) -> String {
         r.elapsed_s
     );
     out.push_str(&format!("perfdb: {} ({} rows written)\n", r.perfdb, r.rows_written));
+    out.push_str(&format!(
+        "parity: {} lead-in calls compared with the reference and recorded, {} failed\n",
+        r.parity.records,
+        r.parity.failed.len()
+    ));
+    for f in &r.parity.failed {
+        out.push_str(&format!("  FAILED {f}\n"));
+    }
     if let Some(rec) = &r.perfdb_recovered {
         out.push_str(&format!("perfdb: a damaged file was moved to {} ({})\n", rec.moved_to.display(), rec.why));
     }

@@ -118,8 +118,10 @@ impl LayerZero {
         let policy = serde_json::to_value(&*self.declared_policy()).unwrap_or_default();
         put(&mut files, "policy.json", "the policy as set (time-boxed rules included)", pretty(&policy))?;
         let health = serde_json::json!({"health": self.health_report(), "counters": self.counters(),
+                                        "shadow_checks": self.shadow_stats(),
                                         "policy_swaps": self.policy_swaps(), "policy_error": self.policy_error()});
-        put(&mut files, "health.json", "breakers, abandoned calls, counters, policy swaps", pretty(&health))?;
+        let what = "breakers, abandoned calls, counters, shadow checks, policy swaps";
+        put(&mut files, "health.json", what, pretty(&health))?;
         let manifest = SnapshotManifest {
             dir: dir.display().to_string(),
             layerzero_version: env!("CARGO_PKG_VERSION"),

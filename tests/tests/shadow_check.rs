@@ -82,6 +82,11 @@ fn a_transpose_that_did_nothing_is_caught_by_the_shadow_check() -> TestResult {
     let reason = d.failed().first().and_then(|a| a.reason.clone()).ok_or("the drilled kernel must fail")?;
     assert_eq!(reason.code(), ReasonCode::KERNEL_OUTPUT_DIVERGED, "{reason}");
     close::values(&d.selection().kernel, Category::Norms, DType::F32, &want, &d.outputs["out"].to_f64_vec())?;
+    // The parity gate refuses it from now on, with the shadow check's figures.
+    let report = lz.explain(&args.describe());
+    let c = report.candidate(&kernel).ok_or("candidate")?;
+    let failed = c.reasons.iter().find(|r| r.code() == ReasonCode::PARITY_FAILED).ok_or("PARITY_FAILED")?;
+    assert!(failed.message().contains("shadow check on 4 of 8 rows"), "{failed}");
     Ok(())
 }
 

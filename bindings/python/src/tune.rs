@@ -45,7 +45,7 @@ fn tune_host(hardware: Option<&str>) -> Result<Host> {
         Arc::new(selector.availability().clone()),
     )?;
     let device: Arc<dyn DeviceMemory> = Arc::new(TorchDevice);
-    Ok(Host { selector, registry: host::registry()?, device: Some(device) })
+    Ok(Host { selector, registry: host::registry()?, device: Some(device), faults: Vec::new() })
 }
 
 /// GPU memory through torch: a tuning point on a GPU gets its inputs copied there, and each

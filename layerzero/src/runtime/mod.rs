@@ -24,7 +24,7 @@ mod hot;
 mod plugins;
 mod policy;
 mod scope;
-mod shadow;
+pub(crate) mod shadow;
 mod warmup;
 mod watch;
 

@@ -20,6 +20,7 @@
 //! model alone and for selection backed by the PerfDB rows now stored.
 
 pub mod calibrate;
+mod lead_in;
 pub mod measure;
 mod report;
 pub use crate::exec::synth;
@@ -43,8 +44,8 @@ use crate::score::measured::{Measured, Measurements};
 use crate::select::{Selection, Selector};
 use measure::Protocol;
 pub use report::{
-    BucketRegret, CalibrationReport, KernelResult, Phase, Pick, RegretSummary, Skipped, Status, TuneReport,
-    Unselectable, VerifiedTime, VerifyReport,
+    BucketRegret, CalibrationReport, KernelResult, ParitySummary, Phase, Pick, RegretSummary, Skipped, Status,
+    TuneReport, Unselectable, VerifiedTime, VerifyReport,
 };
 use tuning::{Plan, Tuning};
 
@@ -71,6 +72,9 @@ pub struct Host {
     /// (the `lz` binary, which allocates no device memory): such points are reported failed
     /// with the reason.
     pub device: Option<Arc<dyn DeviceMemory>>,
+    /// Drills (`LAYERZERO_FAULTS`) whose silent modes (`garbage`, `transpose_noop`) corrupt
+    /// a kernel's lead-in output, so its parity record fails as a real bug would.
+    pub faults: Vec<crate::runtime::faults::FaultRule>,
 }
 
 /// Device memory for tuning a GPU's kernels: the synthesized inputs are copied there, and
@@ -98,7 +102,11 @@ impl Host {
         let mut policy = Policy::default();
         policy.apply_overrides(&crate::host::process().policy_overrides());
         let selector = Selector::new(catalog, hardware, Arc::new(policy), availability)?;
-        Ok(Host { selector, registry, device: None })
+        let faults = match &crate::host::process().faults {
+            Some(spec) => crate::runtime::faults::parse(spec)?,
+            None => Vec::new(),
+        };
+        Ok(Host { selector, registry, device: None, faults })
     }
 }
 
@@ -214,6 +222,7 @@ pub fn tune_with(host: &Host, opts: &TuneOptions, on_event: &mut dyn FnMut(Event
         perfdb: opened.db.path().display().to_string(),
         perfdb_recovered: opened.recovered,
         rows_written: tuned.rows_written,
+        parity: tuned.parity,
         budget_s: opts.budget.map(|b| b.as_secs_f64()),
         budget_exhausted: tuned.budget_exhausted,
         elapsed_s: start.elapsed().as_secs_f64(),
@@ -350,6 +359,33 @@ mod tests {
         let again = tune_with(&host, &o, &mut |_| {})?;
         assert_eq!(again.rows_written, 0);
         assert!(again.results.iter().all(|r| r.status == Status::Cached));
+        Ok(())
+    }
+
+    #[test]
+    fn the_lead_in_calls_record_parity_and_a_drilled_kernel_fails_its_records() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let mut host = Host::detect(Catalog::builtin()?)?;
+        let o = opts(&dir)?;
+        let report = tune_with(&host, &o, &mut |_| {})?;
+        // Three points, one kernel each besides the reference (never compared with itself).
+        assert_eq!(report.parity.records, 3, "{:?}", report.parity);
+        assert!(report.parity.failed.is_empty(), "{:?}", report.parity);
+        let records = PerfDb::open(&o.perfdb)?.db.parity_for(&report.fingerprint)?;
+        assert_eq!(records.len(), 3);
+        for r in &records {
+            assert_eq!((r.origin.as_str(), r.kernel.as_str()), (lead_in::ORIGIN, "cpu.rms_norm.fast"));
+            assert_eq!(r.status, crate::perfdb::ParityStatus::Pass);
+            assert!(r.cosine.is_some_and(|c| c > 0.999_999) && r.key.len() == 32, "{r:?}");
+        }
+        // The drill: the kernel's lead-in output is finite and wrong; every record fails.
+        host.faults = crate::runtime::faults::parse("cpu.rms_norm.fast=garbage")?;
+        let dir = tempfile::tempdir()?;
+        let report = tune_with(&host, &opts(&dir)?, &mut |_| {})?;
+        assert_eq!(report.parity.failed.len(), 3, "{:?}", report.parity);
+        assert!(
+            report.parity.failed.iter().all(|f| f.starts_with("cpu.rms_norm.fast at norm") && f.contains("cosine"))
+        );
         Ok(())
     }
 

@@ -210,6 +210,8 @@ pub struct TuneReport {
     pub perfdb_recovered: Option<Recovery>,
     /// Rows written.
     pub rows_written: usize,
+    /// The lead-in calls' parity records.
+    pub parity: ParitySummary,
     /// The budget, seconds.
     pub budget_s: Option<f64>,
     /// True when the budget ran out before every planned measurement started.
@@ -233,6 +235,15 @@ pub struct TuneReport {
     /// Whether each kernel's time grows with the size of its buckets, per backend (empty when
     /// no kernel was measured at two comparable buckets of an entry).
     pub growth: Vec<Growth>,
+}
+
+/// What the lead-in calls' comparisons with the reference found.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ParitySummary {
+    /// Parity records written.
+    pub records: usize,
+    /// Those that failed: `kernel at entry bucket: what diverged`.
+    pub failed: Vec<String>,
 }
 
 /// Whether time grows with size, over one backend's kernels: for each (entry, kernel)

@@ -62,6 +62,8 @@ pub(super) struct Tuned {
     pub results: Vec<KernelResult>,
     /// PerfDB rows written.
     pub rows_written: usize,
+    /// The lead-in calls' parity records.
+    pub parity: super::report::ParitySummary,
     /// Whether the budget left measurements out.
     pub budget_exhausted: bool,
 }
@@ -164,6 +166,7 @@ impl<'a> Tuning<'a> {
             let outcomes = self.time_point(pi, plan, &todo, on_event);
             // Stored point by point, so an interrupted run keeps what it measured.
             tuned.rows_written += self.store(plan, &todo, &outcomes)?;
+            self.record_parity(pi, plan, &todo, &mut tuned.parity)?;
             measured.push((todo, outcomes));
         }
         for (pi, (plan, (todo, first))) in plans.iter().zip(&mut measured).enumerate() {
@@ -184,6 +187,29 @@ impl<'a> Tuning<'a> {
             self.point_results(plan, todo, outcomes, &mut tuned.results);
         }
         Ok(tuned)
+    }
+
+    /// Compares each kernel's lead-in call at `plan`'s point with the reference and stores
+    /// the parity records next to the timings.
+    fn record_parity(
+        &self,
+        salt: usize,
+        plan: &Planned<'_>,
+        todo: &[&Selection],
+        summary: &mut super::report::ParitySummary,
+    ) -> Result<()> {
+        let seed = self.opts.seed ^ (salt as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let records = super::lead_in::records(self.host, plan, todo, seed, &self.fingerprint);
+        if records.is_empty() {
+            return Ok(());
+        }
+        self.db.insert_parity(&records)?;
+        summary.records += records.len();
+        for r in records.iter().filter(|r| r.status == crate::perfdb::ParityStatus::Fail) {
+            let why = r.detail.as_deref().unwrap_or("failed");
+            summary.failed.push(format!("{} at {} {}: {why}", r.kernel, plan.point.entry, plan.bucket));
+        }
+        Ok(())
     }
 
     /// Stores the rows of what was measured at `plan`'s point (each replacing the row of an

@@ -228,86 +228,31 @@ impl LayerZero {
     /// made (skipped).
     fn shadow_compare(&self, sel: &Selection, args: &OpArgs, outputs: &Outputs) -> Option<Verdict> {
         let op = args.op();
-        let category = Category::of(op)?;
-        if op == Op::Sample || args.on_device().is_some() {
+        if args.on_device().is_some() {
             return None;
         }
         let reference = self.parts.catalog.find(&reference_of(op)).and_then(|k| self.executor(k))?;
         let rows = usize::try_from(self.shadow.rows.load(Ordering::Relaxed)).unwrap_or(usize::MAX);
-        let (cut_args, cut) = slice::cut(args, rows, WHOLE_LIMIT)?;
-        let ran = layerzero_cpu::fork::in_live_pool(|| catch_unwind(AssertUnwindSafe(|| reference.run(&cut_args))));
-        let expected = match ran {
-            Ok(Ok(Ok(o))) => o,
-            Ok(Ok(Err(e))) => {
-                tracing::warn!(target: "layerzero::shadow", kernel = %sel.kernel, error = %e,
-                    "the reference refused a shadow check's inputs; skipped");
-                return None;
-            }
-            _ => {
-                tracing::warn!(target: "layerzero::shadow", kernel = %sel.kernel, "the reference failed on a shadow check; skipped");
-                return None;
-            }
-        };
         let spec = self.parts.catalog.kernel(sel.index).1;
-        let mut problems = Vec::new();
-        let (mut worst_cos, mut worst_nmse, mut worst_abs): (f64, f64, f64) = (1.0, 0.0, 0.0);
-        let (mut rtol, mut atol): (f64, f64) = (0.0, 0.0);
-        for (name, want) in expected.iter() {
-            let Some(got) = outputs.get(name).and_then(|t| slice::cut_output(t, cut)) else {
-                problems.push(format!("output `{name}` is missing or not of the reference's shape"));
-                continue;
-            };
-            if got.shape() != want.shape() {
-                problems.push(format!(
-                    "output `{name}` has shape {:?}, the reference's {:?}",
-                    got.shape(),
-                    want.shape()
-                ));
-                continue;
-            }
-            let mut tol = output_tolerance(category, want.dtype());
-            // A quantized kernel is held to the bound it declares where that is looser.
-            if let Some(b) = spec.properties.error_bound.as_ref().and_then(|e| e.get(&want.dtype())) {
-                (tol.rtol, tol.atol) = (tol.rtol.max(b.rtol), tol.atol.max(b.atol));
-            }
-            (rtol, atol) = (rtol.max(tol.rtol), atol.max(tol.atol));
-            let (w, g) = (want.to_f64_vec(), got.to_f64_vec());
-            let d = compare(&w, &g, tol);
-            worst_nmse = worst_nmse.max(d.nmse);
-            worst_abs = worst_abs.max(d.max_abs);
-            if d.violations > 0 {
-                problems.push(format!(
-                    "`{name}`: {} of {} elements outside rtol {:e} atol {:e} (max |diff| {:.3e})",
-                    d.violations, d.elements, tol.rtol, tol.atol, d.max_abs
-                ));
-            }
-            if want.dtype().is_float() {
-                let c = cosine(&w, &g);
-                worst_cos = worst_cos.min(c);
-                if c < MIN_COSINE {
-                    problems.push(format!("`{name}`: cosine {c:.4} with the reference (at least {MIN_COSINE})"));
-                }
-            }
-        }
-        let what = match cut {
-            slice::Cut::Whole => "the whole call".to_owned(),
-            slice::Cut::Rows(p) => format!("{} of {} rows", p.count, p.total),
-            slice::Cut::Queries { len, .. } => format!("{len} query positions"),
-        };
-        let checked = Checked {
-            kernel: sel.kernel.clone(),
-            op,
-            compared: what.clone(),
-            cosine: worst_cos,
-            nmse: worst_nmse,
-            max_abs: worst_abs,
-            diverged: !problems.is_empty(),
-        };
-        CHECKED.with(|c| c.borrow_mut().push(checked));
-        if problems.is_empty() {
+        let a = agreement(reference.as_ref(), spec, args, outputs, rows).map_err(|why| {
+            tracing::warn!(target: "layerzero::shadow", kernel = %sel.kernel, why = %why, "shadow check skipped");
+        });
+        let a = a.ok()?;
+        CHECKED.with(|c| {
+            c.borrow_mut().push(Checked {
+                kernel: sel.kernel.clone(),
+                op,
+                compared: a.compared.clone(),
+                cosine: a.cosine,
+                nmse: a.nmse,
+                max_abs: a.max_abs,
+                diverged: !a.problems.is_empty(),
+            })
+        });
+        if a.problems.is_empty() {
             return Some(Verdict::Agrees);
         }
-        let message = format!("{}: shadow check on {what}: {}", sel.kernel, problems.join("; "));
+        let message = format!("{}: shadow check on {}: {}", sel.kernel, a.compared, a.problems.join("; "));
         let request = self.describe(args);
         let key = SelectionKey::derive(&request);
         let (b, k) = self.parts.catalog.kernel(sel.index);
@@ -319,15 +264,15 @@ impl LayerZero {
             key: key.validity_hex(),
             bucket: key.buckets().map(|bk| bk.text(op)).unwrap_or_default(),
             passed: false,
-            nmse: Some(worst_nmse),
-            max_abs: Some(worst_abs),
-            cosine: Some(worst_cos),
-            detail: Some(format!("shadow check on {what}: {}", problems.join("; "))),
+            nmse: Some(a.nmse),
+            max_abs: Some(a.max_abs),
+            cosine: Some(a.cosine),
+            detail: Some(format!("shadow check on {}: {}", a.compared, a.problems.join("; "))),
             origin: "shadow check".to_owned(),
             created_at: crate::time::now_unix(),
         };
         let dtype = args.tensors().first().map(|(_, t)| t.dtype().to_string()).unwrap_or_default();
-        Some(Verdict::Diverged(message, Box::new(Divergence { fact, dtype, rtol, atol })))
+        Some(Verdict::Diverged(message, Box::new(Divergence { fact, dtype, rtol: a.rtol, atol: a.atol })))
     }
 
     /// Writes a diverged check's failing record to the PerfDB (when the handle has one) and
@@ -343,6 +288,98 @@ impl LayerZero {
         }
         self.learn_parity(vec![d.fact.clone()]);
     }
+}
+
+/// How a kernel's outputs compare with the reference's on a cut of the same inputs.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Agreement {
+    /// What was compared: `3 of 16 rows`, `4 query positions`, `the whole call`.
+    pub(crate) compared: String,
+    /// The lowest cosine of a float output (1 when none is float).
+    pub(crate) cosine: f64,
+    /// The largest NMSE.
+    pub(crate) nmse: f64,
+    /// The largest absolute difference.
+    pub(crate) max_abs: f64,
+    /// The loosest tolerance applied.
+    pub(crate) rtol: f64,
+    /// Its absolute part.
+    pub(crate) atol: f64,
+    /// What is wrong, in words; empty when the kernel agrees.
+    pub(crate) problems: Vec<String>,
+}
+
+/// Runs `reference` on `rows` rows of `args` (see [`slice`]) and compares its outputs with
+/// the same rows of `outputs`, a call of the kernel `spec` on `args`: the §5 tolerance of the
+/// op and dtype (the kernel's `error_bound` where looser) and, for float outputs, a cosine of
+/// at least [`MIN_COSINE`]. An error says why no comparison could be made.
+pub(crate) fn agreement(
+    reference: &dyn crate::exec::executor::Executor,
+    spec: &crate::capabilities::spec::KernelSpec,
+    args: &OpArgs,
+    outputs: &Outputs,
+    rows: usize,
+) -> std::result::Result<Agreement, String> {
+    let op = args.op();
+    let category = Category::of(op).ok_or_else(|| format!("{op} has no tolerance"))?;
+    if op == Op::Sample {
+        return Err("sampling is random: not compared".to_owned());
+    }
+    let (cut_args, cut) = slice::cut(args, rows, WHOLE_LIMIT).ok_or("too large to compare whole")?;
+    let ran = layerzero_cpu::fork::in_live_pool(|| catch_unwind(AssertUnwindSafe(|| reference.run(&cut_args))));
+    let expected = match ran {
+        Ok(Ok(Ok(o))) => o,
+        Ok(Ok(Err(e))) => return Err(format!("the reference refused the inputs: {e}")),
+        Ok(Err(_)) => return Err("the reference panicked".to_owned()),
+        Err(e) => return Err(e),
+    };
+    let mut a = Agreement {
+        compared: match cut {
+            slice::Cut::Whole => "the whole call".to_owned(),
+            slice::Cut::Rows(p) => format!("{} of {} rows", p.count, p.total),
+            slice::Cut::Queries { len, .. } => format!("{len} query positions"),
+        },
+        cosine: 1.0,
+        nmse: 0.0,
+        max_abs: 0.0,
+        rtol: 0.0,
+        atol: 0.0,
+        problems: Vec::new(),
+    };
+    for (name, want) in expected.iter() {
+        let Some(got) = outputs.get(name).and_then(|t| slice::cut_output(t, cut)) else {
+            a.problems.push(format!("output `{name}` is missing or not of the reference's shape"));
+            continue;
+        };
+        if got.shape() != want.shape() {
+            a.problems.push(format!("output `{name}` has shape {:?}, the reference's {:?}", got.shape(), want.shape()));
+            continue;
+        }
+        let mut tol = output_tolerance(category, want.dtype());
+        // A quantized kernel is held to the bound it declares where that is looser.
+        if let Some(b) = spec.properties.error_bound.as_ref().and_then(|e| e.get(&want.dtype())) {
+            (tol.rtol, tol.atol) = (tol.rtol.max(b.rtol), tol.atol.max(b.atol));
+        }
+        (a.rtol, a.atol) = (a.rtol.max(tol.rtol), a.atol.max(tol.atol));
+        let (w, g) = (want.to_f64_vec(), got.to_f64_vec());
+        let d = compare(&w, &g, tol);
+        a.nmse = a.nmse.max(d.nmse);
+        a.max_abs = a.max_abs.max(d.max_abs);
+        if d.violations > 0 {
+            a.problems.push(format!(
+                "`{name}`: {} of {} elements outside rtol {:e} atol {:e} (max |diff| {:.3e})",
+                d.violations, d.elements, tol.rtol, tol.atol, d.max_abs
+            ));
+        }
+        if want.dtype().is_float() {
+            let c = cosine(&w, &g);
+            a.cosine = a.cosine.min(c);
+            if c < MIN_COSINE {
+                a.problems.push(format!("`{name}`: cosine {c:.4} with the reference (at least {MIN_COSINE})"));
+            }
+        }
+    }
+    Ok(a)
 }
 
 /// Stores `fact` as a failing parity record in the PerfDB at `path`.

@@ -3,7 +3,7 @@
 
 use layerzero::model::attrs::{Activation, Int4Attrs, MlpAttrs, QuantAttrs, QuantScheme, ScaleLayout};
 
-use super::super::reference::linear::w8a8_blocks;
+use super::super::reference::linear::{w8a8_blocks, w8a8_blocks_column_major};
 use layerzero::model::w4::{ActQuant, W4Format};
 
 use super::*;
@@ -391,6 +391,8 @@ pub(super) fn gemm_facts() -> TestResult<Vec<Fact>> {
             .rejects(w8a8_in(Some(Layout::Nn)), "LAYOUT_UNSUPPORTED"),
         fact(w8, "group_sizes", here(W8A8, "simd::dot_i8_block_rows("), "spr", w8a8_blocks(32))
             .rejects(w8a8_blocks(8), "ATTR_UNSUPPORTED"),
+        // A strided (column-major) block scale is copied into row order.
+        fact(w8, "scale_layouts", here(W8A8, "*holder = t.to_f32_vec();"), "spr", w8a8_blocks_column_major(32)),
         fact(int4, "dtypes", here(LINEAR, "by_dtype!(a.x.dtype(), INT4, T => {"), "spr", int4_in(DType::BF16, 128)),
         fact(int4, "dtypes", here(LINEAR, "by_dtype!(a.x.dtype(), INT4, T => {"), "spr", int4_in(DType::F16, 64)),
         fact(int4, "dtypes", here(LINEAR, "by_dtype!(a.x.dtype(), INT4, T => {"), "spr", int4_in(DType::F32, 32)),

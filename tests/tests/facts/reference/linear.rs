@@ -68,6 +68,18 @@ pub(in crate::facts) fn w8a8_blocks(g: u64) -> Request {
         .tensor("w_scale", f32_of(&[32, 64 / g]))
 }
 
+/// [`w8a8_blocks`] with both block scales stored column-major (`x_scale [4, 64/g]` with
+/// strides `[1, 4]`, `w_scale` likewise).
+pub(in crate::facts) fn w8a8_blocks_column_major(g: u64) -> Request {
+    let mut req = w8a8_blocks(g);
+    for (name, rows) in [("x_scale", 4u64), ("w_scale", 32)] {
+        if let Some(t) = req.tensors.get_mut(name) {
+            t.strides = Some(vec![1, rows]);
+        }
+    }
+    req
+}
+
 /// A bf16 `[4, 256]` x against int4 weights `[32, 256]` packed in i8 `[32, 128]`, groups of 64.
 fn int4() -> Request {
     Request::new(Op::LinearInt4)
@@ -273,6 +285,13 @@ pub(super) fn matrix_ops() -> TestResult<Vec<Fact>> {
             w8a8_blocks(32),
         )
         .rejects(w8a8_blocks(8), "ATTR_UNSUPPORTED"),
+        fact(
+            "cpu_reference.linear_w8a8.naive",
+            "scale_layouts",
+            here(LINEAR, "let xs = a.x_scale.to_f64_vec();"),
+            "spr",
+            w8a8_blocks_column_major(32),
+        ),
         // linear_int4
         fact(
             "cpu_reference.linear_int4.naive",
