@@ -164,6 +164,9 @@ reason_codes! {
     DTYPE_UNSUPPORTED => Constraint,
     /// The dtype is accepted, but not on this hardware.
     DTYPE_UNSUPPORTED_ON_HARDWARE => Constraint,
+    /// The head dim (with this KV dtype) is built only for a newer compute capability than
+    /// the device's.
+    HEAD_DIM_UNSUPPORTED_ON_HARDWARE => Constraint,
     /// Tensors that must share a dtype do not.
     DTYPE_MISMATCH => Constraint,
     /// head_dim is below the kernel's minimum.
@@ -221,6 +224,10 @@ reason_codes! {
     LAST_DIM_NOT_CONTIGUOUS => Constraint,
     /// The kernel needs fully contiguous tensors.
     NOT_CONTIGUOUS => Constraint,
+    /// A stride is not aligned as the kernel reads memory (xFormers' cutlass: q/k/v's head
+    /// stride a multiple of the head-dim alignment, a float mask's rows on 16-byte
+    /// boundaries); a contiguous copy of q/k/v may fix it, a mask must be allocated padded.
+    STRIDE_ALIGNMENT => Constraint,
     /// The paged KV cache page size is not accepted.
     PAGE_SIZE_UNSUPPORTED => Constraint,
     /// The block table dtype is not accepted.

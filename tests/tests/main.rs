@@ -52,4 +52,5 @@ mod soak;
 mod speculative;
 mod tokenizer_fidelity;
 mod tune;
+mod upstream_cases;
 mod vision;

@@ -158,6 +158,21 @@ pub struct DtypeRequirement {
     pub cpu_isa_any_of: Option<Vec<CpuFeatures>>,
 }
 
+/// Head dims that need more of the hardware than the kernel in general (FlashInfer's decode
+/// compiles head dims above 256 on SM80 and newer, and with a one-byte KV cache only on
+/// SM100 and newer).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeadDimRequirement {
+    /// The requirement holds for head dims above this.
+    pub above: u64,
+    /// Only with these KV dtypes (every KV dtype when absent).
+    #[serde(default)]
+    pub kv_dtypes: Option<Vec<DType>>,
+    /// Lowest compute capability.
+    pub min_compute_capability: ComputeCapability,
+}
+
 /// head_dim limits.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -353,6 +368,17 @@ pub struct Constraints {
     /// A mask may be combined with causal.
     #[serde(default)]
     pub mask_with_causal: bool,
+    /// Head dims that need a newer compute capability (per KV dtype).
+    #[serde(default)]
+    pub head_dim_requirements: Vec<HeadDimRequirement>,
+    /// The K and V caches must have identical strides (FlashInfer's CUDA-core decode).
+    #[serde(default)]
+    pub kv_cache_equal_strides: bool,
+    /// Strides aligned as xFormers' cutlass kernel reads them: q's and v's head stride
+    /// (`stride(-2)` of BMHK) a multiple of the head_dim multiple of the dtype, and a float
+    /// mask's strides but the last multiples of 16 bytes, its last stride 1.
+    #[serde(default)]
+    pub aligned_strides: bool,
     /// A mask may broadcast over batch/heads (otherwise it must be full [B, H, Sq, Sk]).
     #[serde(default)]
     pub mask_broadcast: bool,
@@ -473,6 +499,8 @@ pub(crate) fn fields_for_op(op: Op) -> &'static [&'static str] {
         "masks",
         "float_mask_matches_q",
         "mask_with_causal",
+        "aligned_strides",
+        "head_dim_requirements",
         "mask_broadcast",
         "mask_shared_by_heads",
         "dropout",
@@ -486,6 +514,8 @@ pub(crate) fn fields_for_op(op: Op) -> &'static [&'static str] {
     ];
     const PAGED: &[&str] = &[
         "head_dim",
+        "head_dim_requirements",
+        "kv_cache_equal_strides",
         "different_v_head_dim",
         "gqa",
         "seq_len_q",
@@ -545,6 +575,9 @@ pub(crate) fn declared_op_fields(c: &Constraints) -> Vec<&'static str> {
     add(!c.masks.is_empty(), "masks");
     add(c.float_mask_matches_q, "float_mask_matches_q");
     add(c.mask_with_causal, "mask_with_causal");
+    add(c.aligned_strides, "aligned_strides");
+    add(!c.head_dim_requirements.is_empty(), "head_dim_requirements");
+    add(c.kv_cache_equal_strides, "kv_cache_equal_strides");
     add(c.mask_broadcast, "mask_broadcast");
     add(c.mask_shared_by_heads, "mask_shared_by_heads");
     add(c.dropout, "dropout");

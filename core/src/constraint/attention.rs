@@ -22,6 +22,7 @@ pub(super) fn check(c: &Constraints, req: &Request, problem: &Problem, out: &mut
     }
     causal(c, a, d, out);
     mask(c, a, problem, d, out);
+    aligned_strides(c, req, problem, out);
     features(c, a, d, out);
     exclusive(c, a, problem, d, out);
     if let Some(p) = &d.paged {
@@ -181,6 +182,52 @@ fn mask(c: &Constraints, a: &AttentionAttrs, problem: &Problem, d: &AttentionDim
     }
 }
 
+/// `aligned_strides` (xFormers' cutlass reads memory in 128-bit pieces): q's and v's head
+/// stride a multiple of the dtype's head-dim multiple, a float mask's strides but the last
+/// multiples of 16 bytes and its last stride at most 1. Untagged strides are contiguous.
+fn aligned_strides(c: &Constraints, req: &Request, problem: &Problem, out: &mut impl Sink) {
+    if !c.aligned_strides {
+        return;
+    }
+    let multiple = c.head_dim.as_ref().and_then(|h| h.multiple_by_dtype.get(&problem.dtype).copied().or(h.multiple));
+    // The library checks the query's and the value's (not the key's).
+    for name in ["q", "v"] {
+        let (Some(t), Some(m)) = (req.get(name), multiple) else { continue };
+        let Some(strides) = &t.strides else { continue };
+        // The head axis: BMHK's -2 (BSHD), BHSD's 1.
+        let axis = if t.layout == Some(crate::model::layout::Layout::Bhsd) { 1 } else { 2 };
+        if let Some(&s) = strides.get(axis)
+            && m > 1
+            && s % m != 0
+        {
+            out.reject(ReasonCode::STRIDE_ALIGNMENT, || {
+                format!(
+                    "tensor `{name}` head stride {s} is not a multiple of {m} ({}); strides {strides:?}",
+                    problem.dtype
+                )
+            });
+        }
+    }
+    let Some(mask) = req.get("mask").filter(|m| m.dtype.is_float()) else { return };
+    let strides = mask.strides.clone().unwrap_or_else(|| crate::model::layout::contiguous_strides(&mask.shape));
+    let align = (16 / mask.dtype.size_bytes().max(1)).max(1);
+    let Some((&last, rest)) = strides.split_last() else { return };
+    if let Some(s) = rest.iter().find(|&&s| s % align != 0) {
+        out.reject(ReasonCode::STRIDE_ALIGNMENT, || {
+            format!(
+                "mask strides {strides:?}: {s} is not a multiple of {align} {} elements (16 bytes); allocate the mask \
+                 padded and slice it",
+                mask.dtype
+            )
+        });
+    }
+    if last > 1 {
+        out.reject(ReasonCode::STRIDE_ALIGNMENT, || {
+            format!("mask stride(-1) is {last}; the kernel reads each mask row as contiguous elements")
+        });
+    }
+}
+
 fn features(c: &Constraints, a: &AttentionAttrs, d: &AttentionDims, out: &mut impl Sink) {
     if a.dropout_p > 0.0 && !c.dropout {
         out.reject(ReasonCode::DROPOUT_UNSUPPORTED, || {
@@ -289,6 +336,19 @@ fn paged(
         out.reject(ReasonCode::KV_CACHE_LAYOUT_UNSUPPORTED, || {
             format!("KV cache layout {} not in [{}]", p.kv_layout, list(layouts))
         });
+    }
+    if c.kv_cache_equal_strides
+        && let (Some(k), Some(v)) = (req.get("k_cache"), req.get("v_cache"))
+    {
+        let strides = |t: &crate::model::tensor::TensorDesc| {
+            t.strides.clone().unwrap_or_else(|| crate::model::layout::contiguous_strides(&t.shape))
+        };
+        let (ks, vs) = (strides(k), strides(v));
+        if ks != vs {
+            out.reject(ReasonCode::KV_CACHE_STRIDES_UNSUPPORTED, || {
+                format!("k_cache strides {ks:?} and v_cache strides {vs:?} differ; the kernel needs them identical")
+            });
+        }
     }
     if let Some(rule) = c.kv_cache_strides {
         for name in ["k_cache", "v_cache"] {

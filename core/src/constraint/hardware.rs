@@ -5,6 +5,7 @@ use super::list;
 use crate::capabilities::spec::Constraints;
 use crate::hardware::profile::{CpuFeatures, DeviceProfile};
 use crate::model::dtype::DType;
+use crate::model::problem::AttentionDims;
 use crate::reason::ReasonCode;
 
 pub(super) fn check(c: &Constraints, dtype: DType, dev: &DeviceProfile, out: &mut impl Sink) {
@@ -63,6 +64,26 @@ pub(super) fn check(c: &Constraints, dtype: DType, dev: &DeviceProfile, out: &mu
                     options.join(" "),
                     dev.name,
                     dev.isa.names()
+                )
+            });
+        }
+    }
+}
+
+/// `head_dim_requirements`: a head dim above a bound (with the listed KV dtypes) needs a newer
+/// compute capability than the device's.
+pub(super) fn head_dims(c: &Constraints, d: &AttentionDims, dev: &DeviceProfile, out: &mut impl Sink) {
+    let Some(cc) = dev.compute_capability else { return };
+    let hd = d.head_dim.max(d.head_dim_v);
+    for r in &c.head_dim_requirements {
+        let kv_matches = r.kv_dtypes.as_ref().is_none_or(|k| k.contains(&d.kv_dtype));
+        if hd > r.above && kv_matches && cc < r.min_compute_capability {
+            out.reject(ReasonCode::HEAD_DIM_UNSUPPORTED_ON_HARDWARE, || {
+                let with =
+                    if r.kv_dtypes.is_some() { format!(" with a {} KV cache", d.kv_dtype) } else { String::new() };
+                format!(
+                    "head_dim {hd}{with} is built for compute capability >= {} (above {}); {} has {cc}",
+                    r.min_compute_capability, r.above, dev.name
                 )
             });
         }

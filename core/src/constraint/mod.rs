@@ -28,6 +28,9 @@ pub fn check(
     let c = &kernel.constraints;
     if let Some(device) = device {
         hardware::check(c, problem.dtype, device, out);
+        if let Some(d) = problem.attention() {
+            hardware::head_dims(c, d, device, out);
+        }
     }
     tensors::check(c, req, problem, out);
     if req.op.is_attention() {

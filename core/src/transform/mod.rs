@@ -25,6 +25,7 @@ pub const ADAPTABLE: &[ReasonCode] = &[
     ReasonCode::LAYOUT_UNSUPPORTED,
     ReasonCode::LAST_DIM_NOT_CONTIGUOUS,
     ReasonCode::NOT_CONTIGUOUS,
+    ReasonCode::STRIDE_ALIGNMENT,
     ReasonCode::DTYPE_UNSUPPORTED,
     ReasonCode::BLOCK_SPARSE_MASK_UNSUPPORTED,
 ];

@@ -212,6 +212,14 @@ fn decode() -> TestResult<Vec<Fact>> {
     const K: &str = "flashinfer.attention.decode";
     let one = || bf16(4, 1, 512, 32, 8, 128);
     Ok(vec![
+        fact(
+            "flashinfer.attention.decode",
+            "head_dim_requirements",
+            src(FLASHINFER, "tests/attention/test_batch_decode_kernels.py:38"),
+            "a100",
+            attention(DType::F16, 1, 1, 128, 32, 32, 512),
+        )
+        .rejects_on("t4", attention(DType::F16, 1, 1, 128, 32, 32, 512), "HEAD_DIM_UNSUPPORTED_ON_HARDWARE"),
         // T4 (sm 7.5) is the oldest GPU among the named profiles: nothing older to reject on.
         fact(
             K,
@@ -407,7 +415,48 @@ fn paged_decode() -> TestResult<Vec<Fact>> {
             paged16(DType::BF16, DType::Fp8E5M2, 1, 32, 128, Layout::Nhd, DType::I32),
         )
         .rejects(paged16(DType::BF16, DType::F32, 1, 32, 128, Layout::Nhd, DType::I32), "KV_CACHE_DTYPE_UNSUPPORTED"),
+        // Head dims above 256: SM80 and newer; with an fp8 cache, SM100 and newer.
+        fact(
+            K,
+            "head_dim_requirements",
+            src(FLASHINFER, "tests/attention/test_batch_decode_kernels.py:38"),
+            "a100",
+            paged16(DType::F16, DType::F16, 1, 32, 512, Layout::Nhd, DType::I32),
+        )
+        .rejects_on(
+            "t4",
+            paged16(DType::F16, DType::F16, 1, 32, 512, Layout::Nhd, DType::I32),
+            "HEAD_DIM_UNSUPPORTED_ON_HARDWARE",
+        ),
+        fact(
+            K,
+            "head_dim_requirements",
+            src(FLASHINFER, "tests/attention/test_batch_decode_kernels.py:48"),
+            "b200",
+            paged16(DType::F16, DType::Fp8E4M3, 1, 32, 512, Layout::Nhd, DType::I32),
+        )
+        .rejects_on(
+            "h100",
+            paged16(DType::F16, DType::Fp8E4M3, 1, 32, 512, Layout::Nhd, DType::I32),
+            "HEAD_DIM_UNSUPPORTED_ON_HARDWARE",
+        ),
+        fact(
+            K,
+            "kv_cache_equal_strides",
+            src(FLASHINFER, "tests/attention/test_batch_decode_kernels.py:978"),
+            "h100",
+            one()?,
+        )
+        .rejects(v_padded(one()?)?, "KV_CACHE_STRIDES_UNSUPPORTED"),
     ])
+}
+
+/// `req` with its V cache's pages padded (a page stride one row longer than K's).
+fn v_padded(req: Request) -> TestResult<Request> {
+    let v: TensorDesc = req.get("v_cache").cloned().ok_or("no v_cache")?;
+    let (page, heads, d) = (v.shape[1], v.shape[2], v.shape[3]);
+    let v = v.with_strides([(page + 1) * heads * d, heads * d, d, 1]);
+    Ok(req.tensor("v_cache", v))
 }
 
 fn paged_prefill() -> TestResult<Vec<Fact>> {

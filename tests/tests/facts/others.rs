@@ -214,6 +214,28 @@ pub(super) fn facts() -> TestResult<Vec<Fact>> {
         ),
         fact(
             "xformers.attention.cutlass",
+            "mask_with_causal",
+            src(XFORMERS, "xformers/ops/fmha/cutlass.py:180"),
+            "h100",
+            attrs(
+                bf16(2, 128, 128, 16, 16, 128).tensor("mask", TensorDesc::new(DType::BF16, [2, 16, 128, 128])),
+                AttentionAttrs { causal: true, ..AttentionAttrs::default() },
+            ),
+        ),
+        // A mask's rows must start on 16-byte boundaries: 127 bf16 keys per row do not.
+        fact(
+            "xformers.attention.cutlass",
+            "aligned_strides",
+            src(XFORMERS, "xformers/ops/fmha/cutlass.py:101"),
+            "h100",
+            bf16(2, 128, 128, 16, 16, 128).tensor("mask", TensorDesc::new(DType::BF16, [2, 16, 128, 128])),
+        )
+        .rejects(
+            bf16(2, 128, 127, 16, 16, 128).tensor("mask", TensorDesc::new(DType::BF16, [2, 16, 128, 127])),
+            "STRIDE_ALIGNMENT",
+        ),
+        fact(
+            "xformers.attention.cutlass",
             "compute_capability",
             src(XFORMERS, "xformers/ops/fmha/cutlass.py:170"),
             "h100",
