@@ -24,7 +24,7 @@ fn permissive(op: Op) -> Value {
             "gqa": {"supported": true}, "causal": {"alignments": ["bottom_right", "top_left"]},
             "masks": ["bool", "float"], "mask_with_causal": true, "mask_broadcast": true, "dropout": true,
             "window": true, "softcap": true, "alibi": true, "custom_scale": true, "varlen": true,
-            "different_v_head_dim": true
+            "different_v_head_dim": true, "kv_dtypes": ["f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2"]
         }),
         Op::PagedAttention => json!({
             "gqa": {"supported": true}, "causal": {"alignments": ["bottom_right", "top_left"]},
@@ -308,9 +308,42 @@ fn flips() -> TestResult<Vec<Flip>> {
             ),
             "LAST_DIM_NOT_CONTIGUOUS",
         ),
+        // Found by the upstream test suites (issue 34): each was a wrong accept.
+        cu(
+            "head_dim_requirements",
+            json!({"head_dim_requirements": [{"above": 64, "min_compute_capability": "10.0"}]}),
+            mha(),
+            "HEAD_DIM_UNSUPPORTED_ON_HARDWARE",
+        ),
+        cu(
+            "aligned_strides",
+            json!({"aligned_strides": true, "head_dim": {"multiple_by_dtype": {"bf16": 8}}}),
+            mha().tensor(
+                "q",
+                TensorDesc::new(DType::BF16, [2, 128, 16, 128]).with_layout(Layout::Bshd).with_strides([
+                    128 * 16 * 132,
+                    16 * 132,
+                    132,
+                    1,
+                ]),
+            ),
+            "STRIDE_ALIGNMENT",
+        ),
+        cu(
+            "kv_dtypes",
+            json!({"kv_dtypes": ["f16"]}),
+            mha()
+                .tensor("k", TensorDesc::new(DType::Fp8E4M3, [2, 128, 16, 128]).with_layout(Layout::Bshd))
+                .tensor("v", TensorDesc::new(DType::Fp8E4M3, [2, 128, 16, 128]).with_layout(Layout::Bshd)),
+            "DTYPE_MISMATCH",
+        ),
     ];
     let pg = |kv: DType, page: u64, layout: Layout, table: DType| {
         paged(DType::F16, kv, 4, 1, 32, 8, 128, page, layout, table)
+    };
+    let v_padded = |req: Request| -> TestResult<Request> {
+        let v: TensorDesc = req.get("v_cache").cloned().ok_or("no v_cache")?;
+        Ok(req.tensor("v_cache", v.with_strides([17 * 8 * 128, 8 * 128, 128, 1])))
     };
     for (name, patch, req, code) in [
         (
@@ -353,6 +386,12 @@ fn flips() -> TestResult<Vec<Flip>> {
             "kv_cache_strides: contiguous (strided pages)",
             json!({"kv_cache_strides": "contiguous"}),
             strided_pages(pg(DType::F16, 16, Layout::Nhd, DType::I32), 2 * 16 * 8 * 128, 1)?,
+            "KV_CACHE_STRIDES_UNSUPPORTED",
+        ),
+        (
+            "kv_cache_equal_strides",
+            json!({"kv_cache_equal_strides": true}),
+            v_padded(pg(DType::F16, 16, Layout::Nhd, DType::I32))?,
             "KV_CACHE_STRIDES_UNSUPPORTED",
         ),
         (

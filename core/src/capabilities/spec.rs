@@ -173,6 +173,34 @@ pub struct HeadDimRequirement {
     pub min_compute_capability: ComputeCapability,
 }
 
+/// A (query/key, value) head-dim pair a kernel is built for beside equal head dims (FA3's
+/// dispatcher compiles (64, 256), (64, 512), (192, 128)).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeadDimPair {
+    /// q/k head dim.
+    pub head_dim: u64,
+    /// v head dim.
+    pub head_dim_v: u64,
+    /// Only for these query dtypes (any when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtypes: Option<Vec<DType>>,
+    /// Built only from this compute capability on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_compute_capability: Option<ComputeCapability>,
+}
+
+/// A check that a library makes in its single-request entry point only, not in its batch
+/// wrappers (FlashInfer's `single_prefill_with_kv_cache`): a ragged or paged request skips it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SinglePathCheck {
+    /// `exclusive`.
+    Exclusive,
+    /// `causal.seq_q_le_seq_k`.
+    CausalSeqQLeSeqK,
+}
+
 /// head_dim limits.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -368,6 +396,18 @@ pub struct Constraints {
     /// A mask may be combined with causal.
     #[serde(default)]
     pub mask_with_causal: bool,
+    /// (head_dim, head_dim_v) pairs built beside equal head dims (`different_v_head_dim`
+    /// admits any pair; this only these).
+    #[serde(default)]
+    pub head_dim_pairs: Vec<HeadDimPair>,
+    /// Checks made only on the library's single-request path (a ragged or paged request
+    /// skips them).
+    #[serde(default)]
+    pub single_path_only: Vec<SinglePathCheck>,
+    /// Dense attention: the dtypes k and v may have besides the query's (a quantized KV
+    /// under a 16-bit query, FlashInfer's single decode and ragged prefill); absent: q's.
+    #[serde(default)]
+    pub kv_dtypes: Option<Vec<DType>>,
     /// Head dims that need a newer compute capability (per KV dtype).
     #[serde(default)]
     pub head_dim_requirements: Vec<HeadDimRequirement>,
@@ -501,6 +541,9 @@ pub(crate) fn fields_for_op(op: Op) -> &'static [&'static str] {
         "mask_with_causal",
         "aligned_strides",
         "head_dim_requirements",
+        "head_dim_pairs",
+        "single_path_only",
+        "kv_dtypes",
         "mask_broadcast",
         "mask_shared_by_heads",
         "dropout",
@@ -515,6 +558,8 @@ pub(crate) fn fields_for_op(op: Op) -> &'static [&'static str] {
     const PAGED: &[&str] = &[
         "head_dim",
         "head_dim_requirements",
+        "head_dim_pairs",
+        "single_path_only",
         "kv_cache_equal_strides",
         "different_v_head_dim",
         "gqa",
@@ -577,6 +622,9 @@ pub(crate) fn declared_op_fields(c: &Constraints) -> Vec<&'static str> {
     add(c.mask_with_causal, "mask_with_causal");
     add(c.aligned_strides, "aligned_strides");
     add(!c.head_dim_requirements.is_empty(), "head_dim_requirements");
+    add(!c.head_dim_pairs.is_empty(), "head_dim_pairs");
+    add(!c.single_path_only.is_empty(), "single_path_only");
+    add(c.kv_dtypes.is_some(), "kv_dtypes");
     add(c.kv_cache_equal_strides, "kv_cache_equal_strides");
     add(c.mask_broadcast, "mask_broadcast");
     add(c.mask_shared_by_heads, "mask_shared_by_heads");

@@ -2,7 +2,7 @@
 
 use super::Sink;
 use super::list;
-use crate::capabilities::spec::{Constraints, Feature, MaskName, StrideRule};
+use crate::capabilities::spec::{Constraints, Feature, MaskName, SinglePathCheck, StrideRule};
 use crate::model::attrs::{AttentionAttrs, CausalAlignment};
 use crate::model::dtype::DType;
 use crate::model::problem::{AttentionDims, MaskKind, Problem};
@@ -35,6 +35,15 @@ fn bound(b: Option<u64>) -> String {
 }
 
 fn head_dims(c: &Constraints, problem: &Problem, d: &AttentionDims, out: &mut impl Sink) {
+    // A declared (head_dim, head_dim_v) pair is built as it is: no other head-dim limit applies.
+    if d.head_dim_v != d.head_dim
+        && c.head_dim_pairs.iter().any(|p| {
+            (p.head_dim, p.head_dim_v) == (d.head_dim, d.head_dim_v)
+                && p.dtypes.as_ref().is_none_or(|dts| dts.contains(&problem.dtype))
+        })
+    {
+        return;
+    }
     if let Some(h) = &c.head_dim {
         for (what, hd) in [("head_dim", d.head_dim), ("v head_dim", d.head_dim_v)] {
             if what == "v head_dim" && hd == d.head_dim {
@@ -68,7 +77,10 @@ fn head_dims(c: &Constraints, problem: &Problem, d: &AttentionDims, out: &mut im
     }
     if d.head_dim_v != d.head_dim && !c.different_v_head_dim {
         out.reject(ReasonCode::HEAD_DIM_V_MISMATCH, || {
-            format!("v head_dim {} != q/k head_dim {}; the kernel needs them equal", d.head_dim_v, d.head_dim)
+            let pairs: Vec<String> =
+                c.head_dim_pairs.iter().map(|p| format!("({}, {})", p.head_dim, p.head_dim_v)).collect();
+            let built = if pairs.is_empty() { String::new() } else { format!(" or be one of {}", pairs.join(", ")) };
+            format!("v head_dim {} != q/k head_dim {}; the kernel needs them equal{built}", d.head_dim_v, d.head_dim)
         });
     }
 }
@@ -127,7 +139,12 @@ fn causal(c: &Constraints, a: &AttentionAttrs, d: &AttentionDims, out: &mut impl
             )
         });
     }
-    if cz.seq_q_le_seq_k && a.causal_alignment == CausalAlignment::BottomRight && d.seq_q > d.seq_k {
+    let single_only = c.single_path_only.contains(&SinglePathCheck::CausalSeqQLeSeqK);
+    if cz.seq_q_le_seq_k
+        && (single_path(d) || !single_only)
+        && a.causal_alignment == CausalAlignment::BottomRight
+        && d.seq_q > d.seq_k
+    {
         out.reject(ReasonCode::CAUSAL_SEQ_Q_EXCEEDS_SEQ_K, || {
             format!("bottom-right causal with seq_q {} > seq_k {}", d.seq_q, d.seq_k)
         });
@@ -270,8 +287,14 @@ fn features(c: &Constraints, a: &AttentionAttrs, d: &AttentionDims, out: &mut im
 }
 
 /// Features the request uses together that the kernel rejects together.
+/// Whether a request takes a library's single-request entry point: dense, not ragged (a
+/// ragged or paged one goes through its batch wrappers).
+fn single_path(d: &AttentionDims) -> bool {
+    !d.varlen && d.paged.is_none()
+}
+
 fn exclusive(c: &Constraints, a: &AttentionAttrs, problem: &Problem, d: &AttentionDims, out: &mut impl Sink) {
-    if c.exclusive.is_empty() {
+    if c.exclusive.is_empty() || (c.single_path_only.contains(&SinglePathCheck::Exclusive) && !single_path(d)) {
         return;
     }
     let uses = |f: Feature| match f {

@@ -74,6 +74,21 @@ pub(super) fn check(c: &Constraints, dtype: DType, dev: &DeviceProfile, out: &mu
 /// compute capability than the device's.
 pub(super) fn head_dims(c: &Constraints, d: &AttentionDims, dev: &DeviceProfile, out: &mut impl Sink) {
     let Some(cc) = dev.compute_capability else { return };
+    if d.head_dim != d.head_dim_v
+        && let Some(min) = c
+            .head_dim_pairs
+            .iter()
+            .find(|p| (p.head_dim, p.head_dim_v) == (d.head_dim, d.head_dim_v))
+            .and_then(|p| p.min_compute_capability)
+        && cc < min
+    {
+        out.reject(ReasonCode::HEAD_DIM_UNSUPPORTED_ON_HARDWARE, || {
+            format!(
+                "head dims ({}, {}) are built for compute capability >= {min}; {} has {cc}",
+                d.head_dim, d.head_dim_v, dev.name
+            )
+        });
+    }
     let hd = d.head_dim.max(d.head_dim_v);
     for r in &c.head_dim_requirements {
         let kv_matches = r.kv_dtypes.as_ref().is_none_or(|k| k.contains(&d.kv_dtype));

@@ -162,6 +162,15 @@ fn limits() -> TestResult<Vec<Fact>> {
             pages(256, Some(2 * 256 * 8 * 128), 1)?,
         )
         .rejects(pages(256, Some(2 * 256 * 8 * 128), 2)?, "KV_CACHE_STRIDES_UNSUPPORTED"),
+        // Only Hopper builds a V head dim other than Q/K's, in these pairs.
+        fact(
+            "flash_attn_3.attention.fwd",
+            "head_dim_pairs",
+            src(FLASH_ATTN, "hopper/flash_api.cpp:783"),
+            "h100",
+            v_dim(bf16(2, 128, 128, 16, 16, 64), 512),
+        )
+        .rejects_on("a100", v_dim(bf16(2, 128, 128, 16, 16, 64), 512), "HEAD_DIM_UNSUPPORTED_ON_HARDWARE"),
         fact(
             "flash_attn_3.attention.fwd",
             "compute_capability",
@@ -403,4 +412,12 @@ fn fa3() -> TestResult<Vec<Fact>> {
         fact(PAGED, "custom_scale", api(774), "h100", scaled(queries_on_pages(4, 16, None, 1)?)),
         fact(PAGED, "kv_cache_layouts", api(94), "h100", paged_bf16(128, 16, Layout::Hnd, DType::I32)),
     ])
+}
+
+/// `req` with v's head dim `dv` (q/k keep theirs).
+fn v_dim(mut req: Request, dv: u64) -> Request {
+    if let Some(last) = req.tensors.get_mut("v").and_then(|v| v.shape.last_mut()) {
+        *last = dv;
+    }
+    req
 }

@@ -43,6 +43,24 @@ fn k_heads_apart(req: Request) -> TestResult<Request> {
     Ok(req.tensor("k", k))
 }
 
+/// `req` with k and v in `dtype` (a quantized KV under the query's dtype).
+fn kv_in(mut req: Request, dtype: DType) -> Request {
+    for name in ["k", "v"] {
+        if let Some(t) = req.tensors.get_mut(name) {
+            t.dtype = dtype;
+        }
+    }
+    req
+}
+
+/// `req` with v's head dim `dv` (q/k keep theirs).
+fn v_dim(mut req: Request, dv: u64) -> Request {
+    if let Some(last) = req.tensors.get_mut("v").and_then(|v| v.shape.last_mut()) {
+        *last = dv;
+    }
+    req
+}
+
 /// A paged request on 16-position pages (4 sequences, 8 KV heads, an 8-page table: 128 keys).
 fn paged16(q: DType, kv: DType, seq_q: u64, hq: u64, d: u64, layout: Layout, table: DType) -> Request {
     paged(q, kv, 4, seq_q, hq, 8, d, 16, layout, table)
@@ -214,6 +232,13 @@ fn decode() -> TestResult<Vec<Fact>> {
     Ok(vec![
         fact(
             "flashinfer.attention.decode",
+            "kv_dtypes",
+            src(FLASHINFER, "tests/attention/test_batch_decode_kernels.py:110"),
+            "h100",
+            kv_in(attention(DType::F16, 1, 1, 128, 32, 32, 128), DType::Fp8E4M3),
+        ),
+        fact(
+            "flashinfer.attention.decode",
             "head_dim_requirements",
             src(FLASHINFER, "tests/attention/test_batch_decode_kernels.py:38"),
             "a100",
@@ -265,6 +290,22 @@ fn dense_prefill() -> TestResult<Vec<Fact>> {
     let mha = || bf16(2, 128, 128, 16, 16, 128);
     let mask = |heads: u64| mha().tensor("mask", TensorDesc::new(DType::Bool, [2, heads, 128, 128]));
     Ok(vec![
+        fact(
+            K,
+            "head_dim_requirements",
+            src(FLASHINFER, "tests/attention/test_batch_prefill_kernels.py:881"),
+            "a100",
+            attention(DType::F16, 2, 128, 128, 16, 16, 512),
+        )
+        .rejects_on("t4", attention(DType::F16, 2, 128, 128, 16, 16, 512), "HEAD_DIM_UNSUPPORTED_ON_HARDWARE"),
+        fact(
+            K,
+            "kv_dtypes",
+            src(FLASHINFER, "tests/attention/test_fp8_prefill.py:133"),
+            "h100",
+            kv_in(attention(DType::F16, 2, 128, 128, 16, 16, 128), DType::Fp8E4M3),
+        )
+        .rejects(kv_in(attention(DType::F16, 2, 128, 128, 16, 16, 128), DType::F32), "DTYPE_MISMATCH"),
         // One [qo_len, kv_len] mask per request, for every head.
         fact(K, "mask_shared_by_heads", src(FLASHINFER, "flashinfer/prefill.py:1239"), "h100", mask(1))
             .rejects(mask(16), "MASK_PER_HEAD_UNSUPPORTED"),
@@ -308,6 +349,28 @@ fn dense_prefill_fa3() -> TestResult<Vec<Fact>> {
     const K: &str = "flashinfer.attention.prefill_fa3";
     let mha = || bf16(2, 128, 128, 16, 16, 128);
     Ok(vec![
+        fact(K, "softcap", src(FLASHINFER, "tests/attention/test_hopper.py:53"), "h100", capped(mha()))
+            .rejects(capped(attention(DType::Fp8E4M3, 2, 128, 128, 16, 16, 128)), "FEATURES_EXCLUSIVE"),
+        // fp8 with a window: refused by single prefill only; the ragged wrapper runs it.
+        fact(
+            K,
+            "single_path_only",
+            src(FLASHINFER, "tests/attention/test_hopper_fp8_sliding_window.py:57"),
+            "h100",
+            windowed(
+                attention(DType::Fp8E4M3, 1, 300, 300, 16, 16, 128)
+                    .tensor("cu_seqlens_q", TensorDesc::new(DType::I32, [4]))
+                    .tensor("cu_seqlens_k", TensorDesc::new(DType::I32, [4])),
+            ),
+        ),
+        fact(
+            K,
+            "head_dim_pairs",
+            src(FLASHINFER, "tests/attention/test_hopper.py:129"),
+            "h100",
+            v_dim(bf16(2, 128, 128, 16, 16, 192), 128),
+        )
+        .rejects(v_dim(bf16(2, 128, 128, 16, 16, 192), 64), "HEAD_DIM_V_MISMATCH"),
         fact(K, "built_archs", src(FLASHINFER, "flashinfer/utils.py:636"), "h100", mha()).rejects_on(
             "a100",
             mha(),
@@ -493,6 +556,18 @@ fn paged_prefill() -> TestResult<Vec<Fact>> {
             .rejects(top_left(four()?), "CAUSAL_ALIGNMENT_UNSUPPORTED"),
         fact(K, "causal", src(FLASHINFER, "include/flashinfer/attention/prefill.cuh:3823"), "h100", causal_br(four()?))
             .rejects(causal_br(queries_on_pages(256, 16, None, 1)?), "CAUSAL_SEQ_Q_EXCEEDS_SEQ_K"),
+        fact(
+            K,
+            "head_dim_requirements",
+            src(FLASHINFER, "tests/attention/test_batch_prefill_kernels.py:341"),
+            "a100",
+            paged16(DType::F16, DType::F16, 4, 32, 512, Layout::Nhd, DType::I32),
+        )
+        .rejects_on(
+            "t4",
+            paged16(DType::F16, DType::F16, 4, 32, 512, Layout::Nhd, DType::I32),
+            "HEAD_DIM_UNSUPPORTED_ON_HARDWARE",
+        ),
         fact(K, "window", src(FLASHINFER, "flashinfer/prefill.py:2525"), "h100", windowed(four()?)),
         fact(K, "softcap", src(FLASHINFER, "flashinfer/prefill.py:2526"), "h100", capped(four()?)),
         fact(K, "alibi", src(FLASHINFER, "flashinfer/prefill.py:3098"), "h100", alibi_on(four()?)),
@@ -525,6 +600,18 @@ fn paged_prefill_fa3() -> TestResult<Vec<Fact>> {
     const K: &str = "flashinfer.paged_attention.prefill_fa3";
     let four = || queries_on_pages(4, 16, None, 1);
     Ok(vec![
+        fact(K, "softcap", src(FLASHINFER, "tests/attention/test_hopper.py:215"), "h100", capped(four()?)),
+        fact(
+            K,
+            "window",
+            src(FLASHINFER, "tests/attention/test_hopper_fp8_sliding_window.py:101"),
+            "h100",
+            windowed(four()?),
+        ),
+        fact(K, "exclusive", src(FLASHINFER, "tests/attention/test_hopper.py:215"), "h100", capped(four()?)).rejects(
+            capped(paged16(DType::Fp8E4M3, DType::Fp8E4M3, 4, 32, 128, Layout::Nhd, DType::I32)),
+            "FEATURES_EXCLUSIVE",
+        ),
         fact(K, "built_archs", src(FLASHINFER, "flashinfer/utils.py:636"), "h100", four()?).rejects_on(
             "a100",
             four()?,
