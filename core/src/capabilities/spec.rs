@@ -220,6 +220,11 @@ pub struct HeadDim {
     /// The only values built.
     #[serde(default)]
     pub values: Option<Vec<u64>>,
+    /// The library's entry point pads a head dim up to a multiple of this before its own
+    /// check (FlashAttention-2's Python wrappers): an unaligned head dim is taken, its pad
+    /// planned as a transform the library performs, and charged.
+    #[serde(default)]
+    pub padded_to: Option<u64>,
 }
 
 /// Grouped-query attention support.

@@ -26,6 +26,7 @@ pub const ADAPTABLE: &[ReasonCode] = &[
     ReasonCode::LAST_DIM_NOT_CONTIGUOUS,
     ReasonCode::NOT_CONTIGUOUS,
     ReasonCode::STRIDE_ALIGNMENT,
+    ReasonCode::HEAD_DIM_ALIGNMENT,
     ReasonCode::DTYPE_UNSUPPORTED,
     ReasonCode::BLOCK_SPARSE_MASK_UNSUPPORTED,
 ];
@@ -42,6 +43,10 @@ pub enum TransformKind {
     Cast,
     /// Expand a block-sparse mask's bool block layout into the dense bool mask it means.
     ExpandBlockMask,
+    /// Pad the head dim of q, k and v with zeros up to the kernel's multiple, and slice the
+    /// output back: done by the library's own entry point (FlashAttention-2's wrappers), so
+    /// LayerZero only plans and charges it.
+    PadHeadDim,
 }
 
 impl TransformKind {
@@ -52,7 +57,14 @@ impl TransformKind {
             TransformKind::MakeContiguous => "make_contiguous",
             TransformKind::Cast => "cast",
             TransformKind::ExpandBlockMask => "expand_block_mask",
+            TransformKind::PadHeadDim => "pad_head_dim",
         }
+    }
+
+    /// True when the kernel's library performs it on the inputs as given (LayerZero hands the
+    /// tensors over unchanged and only charges it).
+    pub fn in_library(self) -> bool {
+        self == TransformKind::PadHeadDim
     }
 }
 
@@ -130,6 +142,24 @@ pub fn plan(kernel: &KernelSpec, req: &Request, problem: &Problem, dev: &DeviceP
         let dense: u64 = block::dense_shape(&m.shape, dims.seq_q, dims.seq_k).iter().product();
         push(TransformKind::ExpandBlockMask, "mask", "block_sparse", "bool", m.numel().saturating_add(dense));
     }
+    // A head dim the library pads itself: q, k and v copied with zeros up to the multiple
+    // (read once, written padded), the output sliced back.
+    if let (Some(p), Some(dims)) = (c.head_dim.as_ref().and_then(|h| h.padded_to), problem.attention())
+        && p > 1
+        && (dims.head_dim % p != 0 || dims.head_dim_v % p != 0)
+    {
+        let max = c.head_dim.as_ref().and_then(|h| h.max).unwrap_or(u64::MAX);
+        if dims.head_dim.next_multiple_of(p) > max || dims.head_dim_v.next_multiple_of(p) > max {
+            return None;
+        }
+        let to = pad_name(p)?;
+        for name in ["q", "k", "v"] {
+            let Some(t) = req.tensors.get(name) else { continue };
+            let d = t.shape.last().copied().unwrap_or(1).max(1);
+            let padded = t.bytes() / d * d.next_multiple_of(p);
+            push(TransformKind::PadHeadDim, name, "unaligned", to, t.bytes().saturating_add(padded));
+        }
+    }
     for &name in data_roles(req.op) {
         let Some(t) = req.tensors.get(name) else { continue };
         // An untagged tensor is copied from the layout its op gives it (an NCHW image).
@@ -165,6 +195,14 @@ pub fn plan(kernel: &KernelSpec, req: &Request, problem: &Problem, dev: &DeviceP
     if transforms.is_empty() { None } else { Some(transforms) }
 }
 
+/// The head-dim multiples a library pads to, by the name a transform's `to` carries.
+const PADS: [(u64, &str); 4] =
+    [(8, "multiple of 8"), (16, "multiple of 16"), (32, "multiple of 32"), (64, "multiple of 64")];
+
+fn pad_name(p: u64) -> Option<&'static str> {
+    PADS.iter().find(|(m, _)| *m == p).map(|(_, n)| *n)
+}
+
 /// The request as the kernel sees it after `transforms`.
 pub fn apply(req: &Request, transforms: &[Transform]) -> Request {
     let mut adapted = req.clone();
@@ -187,6 +225,13 @@ pub fn apply(req: &Request, transforms: &[Transform]) -> Request {
                 }
             }
             TransformKind::ExpandBlockMask => block::expand_desc(&mut adapted),
+            TransformKind::PadHeadDim => {
+                let p = PADS.iter().find(|(_, n)| *n == tr.to).map_or(1, |(p, _)| *p);
+                if let Some(last) = t.shape.last_mut() {
+                    *last = last.next_multiple_of(p);
+                }
+                t.strides = None;
+            }
         }
     }
     adapted

@@ -12,6 +12,14 @@ use super::{Transform, TransformKind, relayout};
 /// Applies the input transforms a selection planned (the caller's tensors are not touched:
 /// adapted tensors are new).
 pub fn apply_transforms(args: &OpArgs, transforms: &[Transform]) -> Result<OpArgs> {
+    // What the kernel's library does itself is handed over as it is.
+    let owned: Vec<Transform>;
+    let transforms = if transforms.iter().any(|t| t.kind.in_library()) {
+        owned = transforms.iter().filter(|t| !t.kind.in_library()).cloned().collect();
+        &owned[..]
+    } else {
+        transforms
+    };
     if transforms.is_empty() {
         return Ok(args.clone());
     }
@@ -49,7 +57,7 @@ pub fn apply_transforms(args: &OpArgs, transforms: &[Transform]) -> Result<OpArg
                     }
                 }
                 TransformKind::Cast => cast(&t, tr.to)?,
-                TransformKind::ExpandBlockMask => t,
+                TransformKind::ExpandBlockMask | TransformKind::PadHeadDim => t,
             };
         }
         Ok(t)
