@@ -228,6 +228,9 @@ reason_codes! {
     /// stride a multiple of the head-dim alignment, a float mask's rows on 16-byte
     /// boundaries); a contiguous copy of q/k/v may fix it, a mask must be allocated padded.
     STRIDE_ALIGNMENT => Constraint,
+    /// The batch or the head count is above what the kernel launches (a CUDA grid
+    /// dimension: cuDNN's SDPA takes each below 65536).
+    BATCH_OR_HEADS_TOO_LARGE => Constraint,
     /// The paged KV cache page size is not accepted.
     PAGE_SIZE_UNSUPPORTED => Constraint,
     /// The block table dtype is not accepted.

@@ -329,6 +329,16 @@ fn flips() -> TestResult<Vec<Flip>> {
             ),
             "STRIDE_ALIGNMENT",
         ),
+        cu("max_batch_and_heads", json!({"max_batch_and_heads": 8}), mha(), "BATCH_OR_HEADS_TOO_LARGE"),
+        cu(
+            "mask_strides",
+            json!({"mask_strides": "last_dim_contiguous"}),
+            mha().tensor(
+                "mask",
+                TensorDesc::new(DType::BF16, [2, 16, 128, 128]).with_strides([16 * 128 * 256, 128 * 256, 256, 2]),
+            ),
+            "LAST_DIM_NOT_CONTIGUOUS",
+        ),
         cu(
             "kv_dtypes",
             json!({"kv_dtypes": ["f16"]}),

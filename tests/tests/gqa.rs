@@ -105,7 +105,6 @@ fn section_6_1_gqa_32_8_at_32768_tokens_on_h100_refuses_exactly_these_kernels_fo
         ("cpu_reference.attention.naive", &off_device),
         ("flash_attn_2.attention.fwd_ck", &off_device),
         ("onednn.attention.sdpa_graph", &gqa_off_device),
-        ("torch_sdpa.attention.efficient", &["GQA_UNSUPPORTED"]),
         ("torch_sdpa.attention.efficient_rocm", &gqa_off_device),
         ("torch_sdpa.attention.flash_cpu", &off_device),
         ("torch_sdpa.attention.flash_rocm", &off_device),

@@ -11,6 +11,7 @@ so a moved or changed condition fails loudly instead of citing the wrong line.
 import ast
 import itertools
 import json
+import os
 import subprocess
 from dataclasses import dataclass, field
 
@@ -21,7 +22,9 @@ class UpstreamChanged(Exception):
 
 @dataclass
 class Source:
-    """One upstream file at one commit, read from a local git mirror."""
+    """One upstream file at one commit, read from a local git mirror, or from a plain directory
+    holding the files as they are at that commit (a repository too large to mirror; `commit`
+    is then only cited)."""
 
     mirror: str
     commit: str
@@ -29,12 +32,16 @@ class Source:
     text: str = ""
 
     def __post_init__(self):
-        out = subprocess.run(
-            ["git", "--git-dir", self.mirror, "show", f"{self.commit}:{self.path}"],
-            check=True,
-            capture_output=True,
-        )
-        self.text = out.stdout.decode("utf-8")
+        if _is_plain_tree(self.mirror):
+            with open(os.path.join(self.mirror, self.path), encoding="utf-8", newline="") as f:
+                self.text = f.read()
+        else:
+            out = subprocess.run(
+                ["git", "--git-dir", self.mirror, "show", f"{self.commit}:{self.path}"],
+                check=True,
+                capture_output=True,
+            )
+            self.text = out.stdout.decode("utf-8")
         self.lines = self.text.splitlines()
         self.tree = ast.parse(self.text)
 
@@ -81,6 +88,11 @@ class Source:
             if missing:
                 raise UpstreamChanged(f"{self.path}:{fn.lineno} {name} has no parametrize for {missing}")
         return grid
+
+
+def _is_plain_tree(path):
+    """A directory that is neither a git directory (no HEAD) nor a checkout (no .git)."""
+    return os.path.isdir(path) and not any(os.path.exists(os.path.join(path, n)) for n in ("HEAD", ".git"))
 
 
 def _dotted(node):

@@ -5,7 +5,9 @@ the commits the capability files name (issue 34). Usage, from the repository roo
         --mirror flash_attn=PATH/TO/flash-attention.git ...
 
 Each `--mirror` names a library module of this folder and a git directory holding the commit
-(a bare mirror or a checkout's .git); libraries without one are left as they are.
+(a bare mirror or a checkout's .git), or a plain directory holding the files the module reads as
+they are at that commit (for a repository too large to mirror, e.g. torch_sdpa=DIR with
+DIR/test/test_transformers.py); libraries without one are left as they are.
 """
 
 import argparse

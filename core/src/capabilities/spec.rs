@@ -401,6 +401,12 @@ pub struct Constraints {
     /// A mask may be combined with causal.
     #[serde(default)]
     pub mask_with_causal: bool,
+    /// Batch and heads each at most this (a CUDA grid dimension: cuDNN's SDPA).
+    #[serde(default)]
+    pub max_batch_and_heads: Option<u64>,
+    /// Stride rule of an attention mask (absent: any strides).
+    #[serde(default)]
+    pub mask_strides: Option<StrideRule>,
     /// (head_dim, head_dim_v) pairs built beside equal head dims (`different_v_head_dim`
     /// admits any pair; this only these).
     #[serde(default)]
@@ -549,6 +555,8 @@ pub(crate) fn fields_for_op(op: Op) -> &'static [&'static str] {
         "head_dim_pairs",
         "single_path_only",
         "kv_dtypes",
+        "max_batch_and_heads",
+        "mask_strides",
         "mask_broadcast",
         "mask_shared_by_heads",
         "dropout",
@@ -630,6 +638,8 @@ pub(crate) fn declared_op_fields(c: &Constraints) -> Vec<&'static str> {
     add(!c.head_dim_pairs.is_empty(), "head_dim_pairs");
     add(!c.single_path_only.is_empty(), "single_path_only");
     add(c.kv_dtypes.is_some(), "kv_dtypes");
+    add(c.max_batch_and_heads.is_some(), "max_batch_and_heads");
+    add(c.mask_strides.is_some(), "mask_strides");
     add(c.kv_cache_equal_strides, "kv_cache_equal_strides");
     add(c.mask_broadcast, "mask_broadcast");
     add(c.mask_shared_by_heads, "mask_shared_by_heads");

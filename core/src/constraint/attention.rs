@@ -13,6 +13,13 @@ pub(super) fn check(c: &Constraints, req: &Request, problem: &Problem, out: &mut
     let (Some(d), Some(a)) = (problem.attention(), req.attention_attrs()) else { return };
     head_dims(c, problem, d, out);
     heads(c, d, out);
+    if let Some(max) = c.max_batch_and_heads
+        && (d.batch > max || d.heads_q > max || d.heads_kv > max)
+    {
+        out.reject(ReasonCode::BATCH_OR_HEADS_TOO_LARGE, || {
+            format!("batch {}, {} q heads, {} kv heads: each must be at most {max}", d.batch, d.heads_q, d.heads_kv)
+        });
+    }
     if let Some(range) = &c.seq_len_q
         && !range.contains(d.seq_q)
     {
@@ -23,6 +30,7 @@ pub(super) fn check(c: &Constraints, req: &Request, problem: &Problem, out: &mut
     causal(c, a, d, out);
     mask(c, a, problem, d, out);
     aligned_strides(c, req, problem, out);
+    mask_strides(c, req, out);
     features(c, a, d, out);
     exclusive(c, a, problem, d, out);
     if let Some(p) = &d.paged {
@@ -241,6 +249,27 @@ fn aligned_strides(c: &Constraints, req: &Request, problem: &Problem, out: &mut 
     if last > 1 {
         out.reject(ReasonCode::STRIDE_ALIGNMENT, || {
             format!("mask stride(-1) is {last}; the kernel reads each mask row as contiguous elements")
+        });
+    }
+}
+
+/// `mask_strides`: the strides an explicit mask must have (PyTorch's GPU backends read each
+/// mask row as contiguous elements).
+fn mask_strides(c: &Constraints, req: &Request, out: &mut impl Sink) {
+    let (Some(rule), Some(m)) = (c.mask_strides, req.get("mask")) else { return };
+    let bad = match rule {
+        StrideRule::Any => false,
+        StrideRule::LastDimContiguous => !m.last_dim_contiguous(),
+        StrideRule::Contiguous => !m.is_contiguous(),
+    };
+    if bad {
+        out.reject(ReasonCode::LAST_DIM_NOT_CONTIGUOUS, || {
+            format!(
+                "mask strides {:?} for shape {:?}; the kernel needs {}",
+                m.strides.as_deref().unwrap_or(&[]),
+                m.shape,
+                if rule == StrideRule::Contiguous { "a contiguous mask" } else { "mask stride(-1) == 1" }
+            )
         });
     }
 }

@@ -86,6 +86,15 @@ fn float_mask(dtype: DType) -> Request {
     masked(dtype, &[2, 16, 128, 128])
 }
 
+/// The test suite's file at the cited commit (tools/upstream_cases reads it).
+const PYTORCH_TESTS: &str = "pytorch/pytorch@001f694aef6f922b4fdf6d27d59162d27bf3df58";
+
+/// [`float_mask`] of q's dtype whose last dimension has stride 2.
+fn strided_mask() -> Request {
+    let m = TensorDesc::new(DType::BF16, [2, 16, 128, 128]).with_strides([16 * 128 * 256, 128 * 256, 256, 2]);
+    base().tensor("mask", m)
+}
+
 /// A `[seq_q, seq_k]` bool mask, broadcast over batch and heads.
 fn broadcast_mask() -> Request {
     masked(DType::Bool, &[128, 128])
@@ -141,11 +150,16 @@ fn cudnn() -> TestResult<Vec<Fact>> {
             .rejects(bottom_right(short_q()), "CAUSAL_ALIGNMENT_UNSUPPORTED"),
         // check_attn_mask_shape is in cuDNN's gate list (no check_for_attn_mask as in flash).
         fact(K, "masks", gate(993), "h100", bool_mask()),
-        // Conservative: no gate compares the mask's dtype with q's; a bool mask becomes an
-        // additive mask in q's dtype and a float mask is passed through, so one of q's dtype is
-        // the form cuDNN is known to take.
-        fact(K, "float_mask_matches_q", gate(993), "h100", float_mask(DType::BF16))
-            .rejects(float_mask(DType::F32), "MASK_DTYPE_MISMATCH"),
+        // No gate compares the mask's dtype with q's, and the test suite runs an f32 mask
+        // under 16-bit queries: either dtype is taken.
+        fact(K, "masks", src(PYTORCH_TESTS, "test/test_transformers.py:4039"), "h100", float_mask(DType::F32)),
+        fact(
+            K,
+            "different_v_head_dim",
+            src(PYTORCH_TESTS, "test/test_transformers.py:3183"),
+            "h100",
+            v_dim(base(), 64)?,
+        ),
         // check_attn_mask_shape: 2-D, or 4-D with batch and heads each 1 or full.
         fact(K, "mask_broadcast", shared(289), "h100", broadcast_mask()),
         // The `scale` argument replaces 1/sqrt(head_dim) for every backend.
@@ -154,6 +168,10 @@ fn cudnn() -> TestResult<Vec<Fact>> {
         // BSHD tensor is a transposed (B, H, S, D) view and passes, as does BHSD.
         fact(K, "layouts", gate(1005), "h100", bhsd()?),
         fact(K, "strides", gate(1005), "h100", base()).rejects(strided_v(base())?, "LAST_DIM_NOT_CONTIGUOUS"),
+        fact(K, "mask_strides", src(PYTORCH_TESTS, "test/test_transformers.py:1884"), "h100", float_mask(DType::BF16))
+            .rejects(strided_mask(), "LAST_DIM_NOT_CONTIGUOUS"),
+        fact(K, "max_batch_and_heads", src(PYTORCH_TESTS, "test/test_transformers.py:3703"), "h100", base())
+            .rejects(attention(DType::F16, 65536, 4, 4, 1, 1, 8), "BATCH_OR_HEADS_TOO_LARGE"),
     ])
 }
 
@@ -192,11 +210,14 @@ fn efficient() -> TestResult<Vec<Fact>> {
         // No mask-shape filter in the gate: attention.cpp's preprocess_mask expands a
         // broadcastable mask to (B, H, L, S).
         fact(K, "mask_broadcast", gate(1111), "h100", broadcast_mask()),
+        fact(K, "gqa", src(PYTORCH_TESTS, "test/test_transformers.py:3284"), "h100", grouped()),
         // No dropout filter in the gate (the CPU gate has check_for_dropout).
         fact(K, "dropout", gate(1111), "h100", dropped(base())),
         fact(K, "custom_scale", shared(52), "h100", scaled()),
         fact(K, "layouts", gate(1148), "h100", bhsd()?),
         fact(K, "strides", gate(1148), "h100", base()).rejects(strided_v(base())?, "LAST_DIM_NOT_CONTIGUOUS"),
+        fact(K, "mask_strides", src(PYTORCH_TESTS, "test/test_transformers.py:1884"), "h100", float_mask(DType::BF16))
+            .rejects(strided_mask(), "LAST_DIM_NOT_CONTIGUOUS"),
     ])
 }
 
@@ -334,6 +355,14 @@ fn rocm() -> TestResult<Vec<Fact>> {
             fact(EFFICIENT, "float_mask_matches_q", gate(1161), "mi300x", float_mask(DType::BF16))
                 .rejects(float_mask(DType::F32), "MASK_DTYPE_MISMATCH"),
             fact(EFFICIENT, "mask_broadcast", gate(1111), "mi300x", broadcast_mask()),
+            fact(
+                EFFICIENT,
+                "mask_strides",
+                src(PYTORCH_TESTS, "test/test_transformers.py:1884"),
+                "mi300x",
+                float_mask(DType::BF16),
+            )
+            .rejects(strided_mask(), "LAST_DIM_NOT_CONTIGUOUS"),
             fact(EFFICIENT, "dropout", gate(1111), "mi300x", dropped(base())),
             fact(EFFICIENT, "custom_scale", shared(52), "mi300x", scaled()),
             fact(EFFICIENT, "layouts", gate(1148), "mi300x", bhsd()?),
