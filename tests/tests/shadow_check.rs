@@ -5,13 +5,14 @@
 //! wrong) and `transpose_noop` (a transpose that did nothing).
 
 use layerzero::compare::Category;
-use layerzero::exec::args::{LinearArgs, NormArgs, OpArgs};
+use layerzero::exec::args::{LinearArgs, NormArgs, OpArgs, Outputs};
+use layerzero::exec::executor::{Executor, KernelError};
 use layerzero::model::attrs::NoAttrs;
 use layerzero::model::dtype::DType;
 use layerzero::plan::solve::{self, Provenance};
 use layerzero::plan::workload::Workload;
 use layerzero::policy::{Policy, ShadowCheck};
-use layerzero::select::ParityFact;
+use layerzero::select::{ParityFact, Selector};
 use layerzero::tensor::HostTensor;
 use layerzero::{LayerZero, PlanMode, ReasonCode, SelectionKey, SelectionSource, Verdict};
 use layerzero_tests::{TestResult, close};
@@ -107,14 +108,40 @@ fn only_every_nth_call_is_checked_and_a_right_kernel_is_never_quarantined() -> T
     Ok(())
 }
 
+/// The kernel `id` of this host's builtin registry with every output scaled by 1.5: a real
+/// (not drilled) silent bug.
+struct Scaled(std::sync::Arc<dyn Executor>);
+
+impl Executor for Scaled {
+    fn run(&self, args: &OpArgs) -> Result<Outputs, KernelError> {
+        let mut out = self.0.run(args)?;
+        for t in out.values_mut() {
+            let v: Vec<f32> = t.to_f32_vec().iter().map(|x| x * 1.5).collect();
+            *t = HostTensor::from_f32_as(t.dtype(), t.shape(), &v).map_err(|e| KernelError::Failed(e.to_string()))?;
+        }
+        Ok(out)
+    }
+}
+
+/// This host with `kernel`'s executor replaced by [`Scaled`].
+fn with_broken(kernel: &str) -> TestResult<LayerZero> {
+    let catalog = layerzero::Catalog::builtin()?;
+    let hardware = std::sync::Arc::new(layerzero::host::detect::detect_host().profile);
+    let availability = std::sync::Arc::new(layerzero::host::probe::probe(&catalog, &hardware));
+    let selector = Selector::new(catalog, hardware, std::sync::Arc::new(Policy::default()), availability)?;
+    let mut registry = layerzero::builtin_registry();
+    let real = registry.get(kernel).cloned().ok_or("the kernel has a builtin executor")?;
+    registry.register(kernel, std::sync::Arc::new(Scaled(real)));
+    Ok(LayerZero::new(selector, registry)?)
+}
+
 #[test]
 fn the_failing_record_is_written_to_the_perfdb_and_a_later_process_refuses_the_kernel() -> TestResult {
     let dir = tempfile::tempdir()?;
     let db = dir.path().join("perf.sqlite");
     let args = linear(16)?;
     let (kernel, _) = healthy(&args)?;
-    let lz = LayerZero::detected()?.with_perfdb(&db)?.with_faults(&format!("{kernel}=garbage"))?;
-    let lz = lz.with_policy(shadowed(1, 2))?;
+    let lz = with_broken(&kernel)?.with_perfdb(&db)?.with_policy(shadowed(1, 2))?;
     assert!(lz.dispatch(&args)?.fell_back());
     let later = LayerZero::detected()?.with_perfdb(&db)?;
     let report = later.explain(&args.describe());
@@ -122,6 +149,21 @@ fn the_failing_record_is_written_to_the_perfdb_and_a_later_process_refuses_the_k
     let failed = c.reasons.iter().find(|r| r.code() == ReasonCode::PARITY_FAILED).ok_or("PARITY_FAILED")?;
     assert!(failed.message().contains("shadow check on 2 of 16 rows"), "{failed}");
     assert_ne!(later.dispatch(&args)?.selection().kernel, kernel);
+    Ok(())
+}
+
+#[test]
+fn a_drills_divergence_is_learned_by_its_process_but_not_written_to_the_perfdb() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("perf.sqlite");
+    let args = linear(16)?;
+    let (kernel, _) = healthy(&args)?;
+    let lz = LayerZero::detected()?.with_perfdb(&db)?.with_faults(&format!("{kernel}=garbage"))?;
+    let lz = lz.with_policy(shadowed(1, 2))?;
+    assert!(lz.dispatch(&args)?.fell_back());
+    assert_ne!(lz.dispatch(&args)?.selection().kernel, kernel, "the drilled process refuses it");
+    let later = LayerZero::detected()?.with_perfdb(&db)?;
+    assert_eq!(later.dispatch(&args)?.selection().kernel, kernel, "a later process still runs it");
     Ok(())
 }
 

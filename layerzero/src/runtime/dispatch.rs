@@ -361,6 +361,7 @@ impl LayerZero {
         // its outputs here, so the fallback and the breakers see what a real failure does.
         let injected = self.faults.as_ref().map_or(Injected::Run, |f| f.inject(sel.index));
         let hangs = matches!(injected, Injected::Hang(_));
+        let drilled = matches!(injected, Injected::Corrupt(_));
         // An executor that kills its own late calls (an isolated worker) is not abandoned. One
         // that takes device memory runs on the caller's thread: torch's current CUDA stream
         // (and a graph being captured on it) is the calling thread's, and a kernel launch
@@ -376,7 +377,8 @@ impl LayerZero {
             r => r,
         };
         let result = match result {
-            Ok(outputs) => match self.shadow(sel, args, &outputs) {
+            // A drill's corrupted output is the drill's doing: learned, not persisted.
+            Ok(outputs) => match self.shadow(sel, args, &outputs, drilled) {
                 super::shadow::Verdict::Agrees => Ok(outputs),
                 super::shadow::Verdict::Diverged(message, _) => {
                     Err(Failed::Class(FailureClass::OutputDiverged, message))

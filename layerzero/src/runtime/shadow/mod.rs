@@ -186,17 +186,19 @@ impl LayerZero {
     }
 
     /// The shadow check of one successful call of `sel`: `Agrees` unless it was due and the
-    /// kernel's rows diverged. A diverged check has already written its parity record.
+    /// kernel's rows diverged. A diverged check has already learned its parity record and,
+    /// unless `drilled` (an injected fault corrupted the output: the drill's doing, not the
+    /// kernel's), written it to the PerfDB.
     #[inline]
-    pub(super) fn shadow(&self, sel: &Selection, args: &OpArgs, outputs: &Outputs) -> Verdict {
+    pub(super) fn shadow(&self, sel: &Selection, args: &OpArgs, outputs: &Outputs, drilled: bool) -> Verdict {
         if !self.shadow.due(sel.index) {
             return Verdict::Agrees;
         }
-        self.shadow_slow(sel, args, outputs)
+        self.shadow_slow(sel, args, outputs, drilled)
     }
 
     #[cold]
-    fn shadow_slow(&self, sel: &Selection, args: &OpArgs, outputs: &Outputs) -> Verdict {
+    fn shadow_slow(&self, sel: &Selection, args: &OpArgs, outputs: &Outputs, drilled: bool) -> Verdict {
         if sel.backend == REFERENCE_BACKEND {
             // The reference checked against itself says nothing.
             return Verdict::Agrees;
@@ -219,7 +221,7 @@ impl LayerZero {
         s.checked_ns.fetch_add(ns, Ordering::Relaxed);
         let verdict = verdict.unwrap_or(Verdict::Agrees);
         if let Verdict::Diverged(_, d) = &verdict {
-            self.record_divergence(d);
+            self.record_divergence(d, !drilled);
         }
         verdict
     }
@@ -278,9 +280,10 @@ impl LayerZero {
     /// Writes a diverged check's failing record to the PerfDB (when the handle has one) and
     /// makes selection refuse the kernel for that kind of request from now on.
     #[cold]
-    fn record_divergence(&self, d: &Divergence) {
+    fn record_divergence(&self, d: &Divergence, persist: bool) {
         #[cfg(feature = "perfdb")]
-        if let Some(path) = &self.parts.perfdb
+        if persist
+            && let Some(path) = &self.parts.perfdb
             && let Err(e) = write_record(path, d, &self.parts.catalog)
         {
             tracing::warn!(target: "layerzero::shadow", perfdb = %path.display(), error = %e,
