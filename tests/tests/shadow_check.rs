@@ -12,7 +12,7 @@ use layerzero::model::dtype::DType;
 use layerzero::plan::solve::{self, Provenance};
 use layerzero::plan::workload::Workload;
 use layerzero::policy::{Policy, ShadowCheck};
-use layerzero::select::{ParityFact, Selector};
+use layerzero::select::{ParityBook, ParityFact, Selector};
 use layerzero::tensor::HostTensor;
 use layerzero::{LayerZero, PlanMode, ReasonCode, SelectionKey, SelectionSource, Verdict};
 use layerzero_tests::{TestResult, close};
@@ -205,20 +205,15 @@ fn a_record_learned_while_serving_invalidates_the_cached_choice_it_changes() -> 
 
 #[test]
 fn a_record_learned_while_serving_stops_a_table_that_chose_the_kernel() -> TestResult {
-    let lz = LayerZero::detected()?;
-    let workload = Workload::from_json(
-        r#"{"schema_version": 1, "name": "small-linear", "entries": [{"name": "proj", "request": {"op": "linear",
-            "tensors": {"x": {"dtype": "f32", "shape": [8, 64]}, "weight": {"dtype": "f32", "shape": [48, 64]}}},
-            "ranges": {"m": [1, 16]}}]}"#,
-        "w.json",
-    )?;
-    let prov = Provenance { perfdb_digest: None, created_at: "2026-11-28T00:00:00Z".into(), command: "test".into() };
-    let table = solve::solve(&workload, &lz.selector(), prov)?;
+    let table = small_linear_table()?;
     let served = LayerZero::detected()?.with_plan(&table, PlanMode::Prefer)?;
     let args = linear(8)?;
     let d = served.dispatch(&args)?;
     assert_eq!(d.source(), SelectionSource::Plan);
     let planned = d.selection().kernel.clone();
+    // A passing record changes nothing the table chose.
+    served.learn_parity(vec![ParityFact { passed: true, ..failing(&served, &args, &planned)? }]);
+    assert_eq!(served.dispatch(&args)?.source(), SelectionSource::Plan);
     served.learn_parity(vec![failing(&served, &args, &planned)?]);
     let d = served.dispatch(&args)?;
     assert_eq!(d.source(), SelectionSource::Live);
@@ -229,6 +224,37 @@ fn a_record_learned_while_serving_stops_a_table_that_chose_the_kernel() -> TestR
     served.set_policy(Policy::default())?;
     assert_ne!(served.dispatch(&args)?.source(), SelectionSource::Plan);
     Ok(())
+}
+
+#[test]
+fn a_failure_known_at_load_drops_its_entry_and_a_later_record_leaves_the_rest_of_the_table_served() -> TestResult {
+    let table = small_linear_table()?;
+    let lz = LayerZero::detected()?;
+    let args = linear(8)?;
+    let planned = lz.dispatch(&args)?.selection().kernel.clone();
+    let book = ParityBook::build(vec![failing(&lz, &args, &planned)?], lz.catalog(), lz.hardware());
+    let served = LayerZero::detected()?.with_parity(std::sync::Arc::new(book))?.with_plan(&table, PlanMode::Prefer)?;
+    // The other buckets are served by the table; the failed one is not.
+    let small = linear(2)?;
+    assert_eq!(served.dispatch(&small)?.source(), SelectionSource::Plan);
+    assert_ne!(served.dispatch(&args)?.source(), SelectionSource::Plan);
+    // A record learned later about another point does not stop the table.
+    served.learn_parity(vec![ParityFact { passed: true, ..failing(&served, &small, &planned)? }]);
+    assert!(served.plan_rejection().is_none(), "{:?}", served.plan_rejection());
+    assert_eq!(served.dispatch(&small)?.source(), SelectionSource::Plan);
+    Ok(())
+}
+
+/// A table of one linear entry (m 1..16) solved on this host.
+fn small_linear_table() -> TestResult<layerzero::DispatchTable> {
+    let workload = Workload::from_json(
+        r#"{"schema_version": 1, "name": "small-linear", "entries": [{"name": "proj", "request": {"op": "linear",
+            "tensors": {"x": {"dtype": "f32", "shape": [8, 64]}, "weight": {"dtype": "f32", "shape": [48, 64]}}},
+            "ranges": {"m": [1, 16]}}]}"#,
+        "w.json",
+    )?;
+    let prov = Provenance { perfdb_digest: None, created_at: "2026-11-28T00:00:00Z".into(), command: "test".into() };
+    Ok(solve::solve(&workload, &LayerZero::detected()?.selector(), prov)?)
 }
 
 /// `lz generate --verify-every N` (seed 004's per-layer cosine report): a healthy model's

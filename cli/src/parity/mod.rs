@@ -64,9 +64,7 @@ pub struct Report {
 }
 
 /// The oracle's kernel id for an op.
-pub fn reference_kernel(op: Op) -> String {
-    format!("cpu_reference.{op}.naive")
-}
+pub use layerzero::select::reference_kernel;
 
 fn run_kernel(registry: &Registry, kernel: &str, case: &Case) -> Result<Outputs, String> {
     run_adapted(registry, kernel, case, &[])

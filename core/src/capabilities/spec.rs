@@ -197,8 +197,6 @@ pub struct HeadDimPair {
 pub enum SinglePathCheck {
     /// `exclusive`.
     Exclusive,
-    /// `causal.seq_q_le_seq_k`.
-    CausalSeqQLeSeqK,
 }
 
 /// head_dim limits.

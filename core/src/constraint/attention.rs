@@ -147,12 +147,7 @@ fn causal(c: &Constraints, a: &AttentionAttrs, d: &AttentionDims, out: &mut impl
             )
         });
     }
-    let single_only = c.single_path_only.contains(&SinglePathCheck::CausalSeqQLeSeqK);
-    if cz.seq_q_le_seq_k
-        && (single_path(d) || !single_only)
-        && a.causal_alignment == CausalAlignment::BottomRight
-        && d.seq_q > d.seq_k
-    {
+    if cz.seq_q_le_seq_k && a.causal_alignment == CausalAlignment::BottomRight && d.seq_q > d.seq_k {
         out.reject(ReasonCode::CAUSAL_SEQ_Q_EXCEEDS_SEQ_K, || {
             format!("bottom-right causal with seq_q {} > seq_k {}", d.seq_q, d.seq_k)
         });

@@ -84,8 +84,14 @@ pub struct Selector {
 }
 
 /// The backend of the reference kernels parity is measured against: right by definition,
-/// never gated on parity records.
-const REFERENCE_BACKEND: &str = "cpu_reference";
+/// never gated on parity records (nor shadow-checked against itself).
+pub const REFERENCE_BACKEND: &str = "cpu_reference";
+
+/// The reference kernel of an op: what `lz parity`, the shadow checks and `lz tune`'s
+/// lead-in calls compare kernels with.
+pub fn reference_kernel(op: crate::model::op::Op) -> String {
+    format!("{REFERENCE_BACKEND}.{op}.naive")
+}
 
 /// One candidate's verdict, before it is written into a report.
 struct Judged<S> {

@@ -325,7 +325,12 @@ impl LayerZero {
     /// Runs one selected kernel (transforms included), under the health system, the panic
     /// guard, the deadline and the output check.
     pub fn run_selection(&self, sel: &Selection, args: &OpArgs) -> Result<Outputs> {
-        self.try_run(sel, self.executor(sel.index), args, Outputs::new()).map_err(|r| {
+        let ran = self.try_run(sel, self.executor(sel.index), args, Outputs::new());
+        // A shadow check's figures go to a dispatch's caller; here no one collects them.
+        if self.shadow.on() {
+            super::shadow::drain();
+        }
+        ran.map_err(|r| {
             let kind =
                 if r.code() == ReasonCode::INVALID_REQUEST { ErrorKind::InvalidInput } else { ErrorKind::KernelFailed };
             Error::new(kind, r.to_string()).with_reasons(vec![r])

@@ -97,10 +97,12 @@ impl LayerZero {
             Some(b) => b.with(facts.iter().cloned(), catalog, hardware),
             None => crate::select::ParityBook::build(facts.iter().cloned(), catalog, hardware),
         };
-        let refused =
-            self.parts.table.as_ref().and_then(|t| {
-                t.entries.iter().find(|e| !facts.is_empty() && book.failed_at(&e.key, &e.bucket, &e.kernel))
-            });
+        // Only a failure learned now can stop the table: one known at load dropped its entry then.
+        let learned_failure = |e: &crate::plan::table::TableEntry| {
+            facts.iter().any(|f| !f.passed && (&f.kernel, &f.key, &f.bucket) == (&e.kernel, &e.key, &e.bucket))
+                && book.failed_at(&e.key, &e.bucket, &e.kernel)
+        };
+        let refused = self.parts.table.as_ref().and_then(|t| t.entries.iter().find(|e| learned_failure(e)));
         let mut parity_refusal = live.parity_refusal.clone();
         if let (Some(e), None) = (refused, &parity_refusal) {
             parity_refusal = Some(Reason::new(

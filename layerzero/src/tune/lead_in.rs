@@ -12,7 +12,7 @@ use crate::exec::args::OpArgs;
 use crate::model::device::DeviceKind;
 use crate::perfdb::{ParityRecord, ParityStatus};
 use crate::runtime::shadow::agreement;
-use crate::select::Selection;
+use crate::select::{REFERENCE_BACKEND, Selection, reference_kernel};
 use crate::transform::{apply_transforms, cast_outputs_back};
 
 /// Rows compared per kernel.
@@ -34,13 +34,13 @@ pub(super) fn records(
     let catalog = host.selector.catalog();
     let on_cpu = request.tensors.values().all(|t| t.device.is_none_or(|d| d.kind == DeviceKind::Cpu))
         && host.selector.hardware().primary().kind == DeviceKind::Cpu;
-    let reference = host.registry.get(&format!("cpu_reference.{}.naive", request.op));
+    let reference = host.registry.get(&reference_kernel(request.op));
     let (Some(reference), true) = (reference, on_cpu) else { return Vec::new() };
     let Ok(base) = synth::synthesize(request, seed) else { return Vec::new() };
     let dtype = base.tensors().first().map(|(_, t)| t.dtype().to_string()).unwrap_or_default();
     let now = crate::time::now_unix();
     sels.iter()
-        .filter(|sel| sel.backend != "cpu_reference")
+        .filter(|sel| sel.backend != REFERENCE_BACKEND)
         .filter_map(|sel| {
             let (b, k) = catalog.kernel(catalog.find(&sel.kernel)?);
             let outputs = lead_in(host, sel, &base)?;

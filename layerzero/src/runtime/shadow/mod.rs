@@ -27,7 +27,7 @@ use crate::exec::args::{OpArgs, Outputs};
 use crate::model::op::Op;
 use crate::plan::SelectionKey;
 use crate::policy::ShadowCheck;
-use crate::select::{ParityFact, Selection};
+use crate::select::{ParityFact, REFERENCE_BACKEND, Selection, reference_kernel};
 
 /// Float outputs whose cosine with the reference is below this diverged, whatever the
 /// elementwise tolerance says.
@@ -171,14 +171,6 @@ impl Shadow {
     }
 }
 
-/// The backend of the reference kernels.
-const REFERENCE_BACKEND: &str = "cpu_reference";
-
-/// The reference's kernel id for an op.
-fn reference_of(op: Op) -> String {
-    format!("cpu_reference.{op}.naive")
-}
-
 impl LayerZero {
     /// What the shadow checks of this handle did, and the setting in force.
     pub fn shadow_stats(&self) -> ShadowStats {
@@ -233,7 +225,7 @@ impl LayerZero {
         if args.on_device().is_some() {
             return None;
         }
-        let reference = self.parts.catalog.find(&reference_of(op)).and_then(|k| self.executor(k))?;
+        let reference = self.parts.catalog.find(&reference_kernel(op)).and_then(|k| self.executor(k))?;
         let rows = usize::try_from(self.shadow.rows.load(Ordering::Relaxed)).unwrap_or(usize::MAX);
         let spec = self.parts.catalog.kernel(sel.index).1;
         let a = agreement(reference.as_ref(), spec, args, outputs, rows).map_err(|why| {
