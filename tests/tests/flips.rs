@@ -18,13 +18,19 @@ use layerzero_tests::catalog::{Backend, Kernel};
 use layerzero_tests::{TestResult, attention, causal, codes, paged, planner_with, policy, with_attrs};
 use serde_json::{Value, json};
 
+/// Fused RoPE of every style and scaling, partial rotation included.
+static FUSED_ROPE: std::sync::LazyLock<Value> = std::sync::LazyLock::new(
+    || json!({"styles": ["rotate_half", "interleaved"], "scalings": ["linear", "dynamic_ntk", "yarn", "llama3"], "partial": true}),
+);
+
 fn permissive(op: Op) -> Value {
     match op {
         Op::Attention => json!({
             "gqa": {"supported": true}, "causal": {"alignments": ["bottom_right", "top_left"]},
             "masks": ["bool", "float"], "mask_with_causal": true, "mask_broadcast": true, "dropout": true,
             "window": true, "softcap": true, "alibi": true, "custom_scale": true, "varlen": true,
-            "different_v_head_dim": true, "kv_dtypes": ["f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2"]
+            "different_v_head_dim": true, "kv_dtypes": ["f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2"],
+            "fused_rope": FUSED_ROPE.clone()
         }),
         Op::PagedAttention => json!({
             "gqa": {"supported": true}, "causal": {"alignments": ["bottom_right", "top_left"]},
@@ -101,6 +107,11 @@ fn attn_with(a: AttentionAttrs) -> Request {
     with_attrs(mha(), a)
 }
 
+/// `mha()` with RoPE fused as `rope` (queries at the keys' last positions: seq_q == seq_k).
+fn roped(rope: RopeAttrs) -> Request {
+    attn_with(AttentionAttrs { rope: Some(rope), ..Default::default() })
+}
+
 fn masked(dtype: DType, shape: &[u64], attrs: AttentionAttrs) -> Request {
     with_attrs(mha(), attrs).tensor("mask", TensorDesc::new(dtype, shape.to_vec()))
 }
@@ -162,6 +173,13 @@ fn flips() -> TestResult<Vec<Flip>> {
             "HEAD_DIM_ALIGNMENT",
         ),
         cu("head_dim.values", json!({"head_dim": {"values": [64, 256]}}), mha(), "HEAD_DIM_UNSUPPORTED"),
+        // h100 (9.0) is below 10.0: the older device's multiple holds.
+        cu(
+            "head_dim.multiple_by_arch",
+            json!({"head_dim": {"multiple_by_arch": [{"below_compute_capability": "10.0", "dtypes": ["bf16"], "multiple": 96}]}}),
+            mha(),
+            "HEAD_DIM_ALIGNMENT",
+        ),
         cu(
             "different_v_head_dim",
             json!({"different_v_head_dim": null}),
@@ -195,6 +213,41 @@ fn flips() -> TestResult<Vec<Flip>> {
             json!({"causal": {"alignments": ["bottom_right"], "seq_q_le_seq_k": true}}),
             with_attrs(attention(DType::BF16, 1, 128, 16, 8, 8, 64), causal()),
             "CAUSAL_SEQ_Q_EXCEEDS_SEQ_K",
+        ),
+        // Exempting the batch wrappers leaves the single path's check in force.
+        cu(
+            "single_path_only: seq_q_le_seq_k (a dense request)",
+            json!({"causal": {"alignments": ["bottom_right"], "seq_q_le_seq_k": true},
+                   "single_path_only": ["seq_q_le_seq_k"]}),
+            with_attrs(attention(DType::BF16, 1, 128, 16, 8, 8, 64), causal()),
+            "CAUSAL_SEQ_Q_EXCEEDS_SEQ_K",
+        ),
+        cu("fused_rope (absent)", json!({"fused_rope": null}), roped(RopeAttrs::default()), "FUSED_ROPE_UNSUPPORTED"),
+        cu(
+            "fused_rope.styles",
+            json!({"fused_rope": {"styles": ["rotate_half"], "scalings": ["linear"], "partial": true}}),
+            roped(RopeAttrs { style: RopeStyle::Interleaved, ..Default::default() }),
+            "FUSED_ROPE_UNSUPPORTED",
+        ),
+        cu(
+            "fused_rope.scalings",
+            json!({"fused_rope": {"styles": ["rotate_half"], "scalings": ["linear"], "partial": true}}),
+            roped(RopeAttrs {
+                scaling: Some(RopeScaling::Yarn {
+                    factor: 4.0,
+                    original_max_position: 64,
+                    beta_fast: 32.0,
+                    beta_slow: 1.0,
+                }),
+                ..Default::default()
+            }),
+            "FUSED_ROPE_UNSUPPORTED",
+        ),
+        cu(
+            "fused_rope.partial",
+            json!({"fused_rope": {"styles": ["rotate_half"], "scalings": ["linear"]}}),
+            roped(RopeAttrs { rotary_dim: Some(64), ..Default::default() }),
+            "FUSED_ROPE_UNSUPPORTED",
         ),
         cu(
             "masks (bool)",

@@ -12,7 +12,9 @@ backend fa2 / fa3 / auto), the axes kept and the skips or raises that depend on 
 - backend="auto" prefill is FA3 on sm90 exactly when determine_attention_backend
   (flashinfer/utils.py) says so; elsewhere FA2. The decode wrappers used here run on CUDA cores.
 - A skip gating another call of the same test (SM90A before an fa2 reference) is no verdict on
-  this call's kernel: those profiles are left out, not rejected.
+  this call's kernel: those profiles are left out, not rejected. The batch tests' skip of causal
+  with qo_len > kv_len guards their single-prefill reference (which refuses it); it rejects
+  that reference call, and leaves the batch wrapper call out.
 - num_qo_heads % num_kv_heads != 0 (skipped upstream) is no request at all: dropped.
 - bf16 FA2 prefill on sm75 runs in tests without a skip but prefill.cuh asserts against it: no claim.
 - A test running what another skips keeps both cases (they differ somewhere); an exact clash
@@ -57,10 +59,11 @@ DEFAULTS = dict(b=1, qo=1, kv=1, page=16, layout="NHD", causal=False, pos="NONE"
                 mask=False, kv5=False, kpad=0, vpad=0, packed=False, scales=False)
 
 
-def gate(needle, cond, via=None, only=None, kind="pytest.skip"):
+def gate(needle, cond, via=None, only=None, kind="pytest.skip", apis=None):
     """A skip/raise at the line holding `needle`; `cond(cc, p)` says it fires; `via` is the helper
-    call the test body must hold; `only` names the backends whose kernel it judges."""
-    return dict(needle=needle, cond=cond, via=via, only=only, kind=kind)
+    call the test body must hold; `only` names the backends, `apis` the calls, whose kernel it
+    judges (a skip guarding a test's reference call is no verdict on the call under test)."""
+    return dict(needle=needle, cond=cond, via=via, only=only, kind=kind, apis=apis)
 
 
 HD512_SM80 = gate('"16-bit FA2 head_dim > 256 is only supported on SM80 or newer"',
@@ -70,7 +73,12 @@ FP8_512_SM100 = gate('"head_dim > 256 with FP8 KV is only validated on SM100 or 
 HD512_SM100 = gate('"head_dim > 256 is only supported on SM100 or newer"',
                    lambda cc, p: p["d"] > 256 and cc < 10, via="skip_if_head_dim_unsupported(head_dim)")
 SM90A = gate('pytest.skip("SM90A is not supported")', lambda cc, p: cc != 9.0, only={"fa3"})
+FA3_SM90A = gate('pytest.skip("FA3 is not supported on this device")', lambda cc, p: cc != 9.0, only={"fa3"})
 CAUSAL = gate('"qo_len > kv_len and causal is not supported"', lambda cc, p: p["causal"] and p["qo"] > p["kv"])
+# The batch tests skip causal with more queries than keys for their single-prefill reference,
+# which refuses it (prefill.cuh l.2533); their batch wrappers run it elsewhere (custom mask,
+# fully masked rows). The skip judges the reference call only.
+CAUSAL_REF = dict(CAUSAL, apis={"prefill"})
 ALIBI_CAUSAL = gate('"Causal attention requires q_len <= kv_len"', lambda cc, p: p["causal"] and p["qo"] > p["kv"])
 
 
@@ -256,7 +264,7 @@ class Run:
                 continue
             verdict = ("accept", f"{s.path}:{line}", f"runs: {what} (l.{line})")
             for g in (g for g in gates if g["cond"](cc, p)):
-                if g["only"] is not None and backend not in g["only"]:
+                if (g["only"] is not None and backend not in g["only"]) or (g["apis"] is not None and api not in g["apis"]):
                     verdict = None
                     break
                 if g["via"]:
@@ -334,10 +342,13 @@ def extract(gitdir):
            gates=[gate('match="use_tensor_cores"', lambda cc, p: p["qo"] > 1, kind="pytest.raises")])
     # --- paged and ragged prefill
     causal_axes = dict(qo_len=[37, 577], num_qo_heads=ALL, head_dim=ALL, causal=ALL, pos_encoding_mode=ALL)
-    r.test(PRE, "test_batch_prefill_with_paged_kv_cache", [("pprefill", "auto", "PagedKVCacheWrapper(", {"kv5": True})],
-           vary=dict(causal_axes, page_size=ALL), cross=[("qo_len", "causal")], gates=[CAUSAL])
-    r.test(PRE, "test_batch_prefill_with_ragged_kv_cache", [("ragged", "auto", "RaggedKVCacheWrapper(", {})],
-           vary=causal_axes, cross=[("qo_len", "causal")], gates=[CAUSAL])
+    # each request checked against single prefill on its own NHD slices
+    ref = ("prefill", "auto", "o_ref_i = flashinfer.prefill.single_prefill_with_kv_cache(", {"layout": "NHD"})
+    r.test(PRE, "test_batch_prefill_with_paged_kv_cache",
+           [("pprefill", "auto", "PagedKVCacheWrapper(", {"kv5": True}), ref],
+           vary=dict(causal_axes, page_size=ALL), cross=[("qo_len", "causal")], gates=[CAUSAL_REF])
+    r.test(PRE, "test_batch_prefill_with_ragged_kv_cache", [("ragged", "auto", "RaggedKVCacheWrapper(", {}), ref],
+           vary=causal_axes, cross=[("qo_len", "causal")], gates=[CAUSAL_REF])
     for fn, w, over in (("test_batch_prefill_with_paged_kv_cache_head_dim_512", "pprefill", {"kv5": True}),
                         ("test_batch_prefill_with_ragged_kv_cache_head_dim_512", "ragged", {})):
         r.test(PRE, fn, fa2(w, over), vary=dict(causal=ALL, pos_encoding_mode=ALL), gates=[HD512_SM80])
@@ -362,6 +373,12 @@ def extract(gitdir):
     r.test(HOP, "test_batch_ragged_prefill", both("ragged"), names=seq, gates=[SM90A],
            vary=dict(num_qo_heads=ALL, causal=ALL, logits_soft_cap=ALL))
     r.test(HOP, "test_deepseek_prefill", both("ragged"), names=seq, gates=[SM90A], vary=dict(causal=ALL, dtype=ALL))
+    # (192, 128) on FA2 on every GPU, on FA3 on sm90
+    mla = "test_deepseek_mla.py"
+    r.test(mla, "test_single_prefill_with_kv_cache", [("prefill", "fa2", "flashinfer.single_prefill_with_kv_cache(", {})],
+           gates=[FA3_SM90A], vary=dict(causal=ALL, backend=ALL))
+    r.test(mla, "test_batch_prefill_with_ragged_kv_cache", [("ragged", "fa2", "BatchPrefillWithRaggedKVCacheWrapper(", {})],
+           gates=[FA3_SM90A], vary=dict(causal=ALL, backend=ALL))
     r.test(HOP, "test_batch_paged_prefill", both("pprefill"), names=seq, gates=[SM90A],
            vary=dict(page_size=ALL, num_qo_heads=ALL, causal=ALL, head_dim=ALL, logits_soft_cap=ALL))
     # --- fp8 on sm90 (FA3); each fp8 call has an f16 reference on the same backend. Requests carry

@@ -11,7 +11,9 @@ use std::str::FromStr;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::hardware::profile::{ComputeCapability, CpuFeatures};
-use crate::model::attrs::{Activation, CausalAlignment, GeluApproximate, QuantScheme, RopeStyle, ScaleLayout};
+use crate::model::attrs::{
+    Activation, CausalAlignment, GeluApproximate, QuantScheme, RopeScalingKind, RopeStyle, ScaleLayout,
+};
 use crate::model::device::DeviceKind;
 use crate::model::dtype::DType;
 use crate::model::layout::Layout;
@@ -197,6 +199,36 @@ pub struct HeadDimPair {
 pub enum SinglePathCheck {
     /// `exclusive`.
     Exclusive,
+    /// `causal.seq_q_le_seq_k`: the batch wrappers take causal with more queries than keys
+    /// (the rows before the first key give zeros), the single-request path refuses it.
+    SeqQLeSeqK,
+}
+
+/// A head-dim multiple that holds below a compute capability instead of `multiple_by_dtype`
+/// (xFormers' cutlass kernel aligns f32 head dims to 4 only where tensor cores run them).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArchMultiple {
+    /// Devices below this compute capability.
+    pub below_compute_capability: ComputeCapability,
+    /// Query dtypes it is for.
+    pub dtypes: Vec<DType>,
+    /// The multiple there.
+    pub multiple: u64,
+}
+
+/// RoPE fused into attention (`attrs.rope`): what the kernel's rotation covers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FusedRope {
+    /// Pair arrangements.
+    pub styles: Vec<RopeStyle>,
+    /// Frequency scalings it applies (none: unscaled frequencies only).
+    #[serde(default)]
+    pub scalings: Vec<RopeScalingKind>,
+    /// Rotates a leading part of the head dim (`rotary_dim` below head_dim); otherwise all of it.
+    #[serde(default)]
+    pub partial: bool,
 }
 
 /// head_dim limits.
@@ -218,11 +250,26 @@ pub struct HeadDim {
     /// The only values built.
     #[serde(default)]
     pub values: Option<Vec<u64>>,
+    /// Multiples that replace `multiple_by_dtype` / `multiple` on older devices (the first
+    /// entry matching the device and dtype).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub multiple_by_arch: Vec<ArchMultiple>,
     /// The library's entry point pads a head dim up to a multiple of this before its own
     /// check (FlashAttention-2's Python wrappers): an unaligned head dim is taken, its pad
     /// planned as a transform the library performs, and charged.
     #[serde(default)]
     pub padded_to: Option<u64>,
+}
+
+impl HeadDim {
+    /// The multiple a head dim of `dtype` needs on a device of compute capability `cc`
+    /// (unknown: the strictest, `multiple_by_dtype` / `multiple`).
+    pub fn multiple_for(&self, dtype: DType, cc: Option<ComputeCapability>) -> Option<u64> {
+        let older = cc.and_then(|cc| {
+            self.multiple_by_arch.iter().find(|m| cc < m.below_compute_capability && m.dtypes.contains(&dtype))
+        });
+        older.map(|m| m.multiple).or_else(|| self.multiple_by_dtype.get(&dtype).copied()).or(self.multiple)
+    }
 }
 
 /// Grouped-query attention support.
@@ -490,7 +537,7 @@ pub struct Constraints {
     pub fused_residual: bool,
     /// attention: RoPE applied to q and k inside the kernel (`attrs.rope`).
     #[serde(default)]
-    pub fused_rope: bool,
+    pub fused_rope: Option<FusedRope>,
     /// rope: pair arrangements.
     #[serde(default)]
     pub rope_styles: Option<Vec<RopeStyle>>,
@@ -585,6 +632,7 @@ pub(crate) fn fields_for_op(op: Op) -> &'static [&'static str] {
         "kv_cache_layouts",
         "kv_cache_dtypes",
         "kv_cache_strides",
+        "fused_rope",
         "exclusive",
     ];
     match op {
@@ -655,7 +703,7 @@ pub(crate) fn declared_op_fields(c: &Constraints) -> Vec<&'static str> {
     add(!c.exclusive.is_empty(), "exclusive");
     add(c.hidden_size.is_some(), "hidden_size");
     add(c.fused_residual, "fused_residual");
-    add(c.fused_rope, "fused_rope");
+    add(c.fused_rope.is_some(), "fused_rope");
     add(c.rope_styles.is_some(), "rope_styles");
     add(c.rope_scaling, "rope_scaling");
     add(c.gelu_approximations.is_some(), "gelu_approximations");

@@ -3,15 +3,24 @@
 use super::Sink;
 use super::list;
 use crate::capabilities::spec::{Constraints, Feature, MaskName, SinglePathCheck, StrideRule};
-use crate::model::attrs::{AttentionAttrs, CausalAlignment};
+use crate::hardware::profile::ComputeCapability;
+use crate::model::attrs::{AttentionAttrs, CausalAlignment, RopeAttrs};
 use crate::model::dtype::DType;
 use crate::model::problem::{AttentionDims, MaskKind, Problem};
 use crate::model::request::Request;
 use crate::reason::ReasonCode;
 
-pub(super) fn check(c: &Constraints, req: &Request, problem: &Problem, out: &mut impl Sink) {
+/// `cc`: the device's compute capability, where a head-dim multiple depends on it.
+pub(super) fn check(
+    c: &Constraints,
+    req: &Request,
+    problem: &Problem,
+    cc: Option<ComputeCapability>,
+    out: &mut impl Sink,
+) {
     let (Some(d), Some(a)) = (problem.attention(), req.attention_attrs()) else { return };
-    head_dims(c, problem, d, out);
+    let multiple = c.head_dim.as_ref().and_then(|h| h.multiple_for(problem.dtype, cc));
+    head_dims(c, problem, d, multiple, out);
     heads(c, d, out);
     if let Some(max) = c.max_batch_and_heads
         && (d.batch > max || d.heads_q > max || d.heads_kv > max)
@@ -29,7 +38,7 @@ pub(super) fn check(c: &Constraints, req: &Request, problem: &Problem, out: &mut
     }
     causal(c, a, d, out);
     mask(c, a, problem, d, out);
-    aligned_strides(c, req, problem, out);
+    aligned_strides(c, req, problem, multiple, out);
     mask_strides(c, req, out);
     features(c, a, d, out);
     exclusive(c, a, problem, d, out);
@@ -42,7 +51,7 @@ fn bound(b: Option<u64>) -> String {
     b.map_or_else(|| "-".to_owned(), |v| v.to_string())
 }
 
-fn head_dims(c: &Constraints, problem: &Problem, d: &AttentionDims, out: &mut impl Sink) {
+fn head_dims(c: &Constraints, problem: &Problem, d: &AttentionDims, multiple: Option<u64>, out: &mut impl Sink) {
     // A declared (head_dim, head_dim_v) pair is built as it is: no other head-dim limit applies.
     if d.head_dim_v != d.head_dim
         && c.head_dim_pairs.iter().any(|p| {
@@ -67,7 +76,6 @@ fn head_dims(c: &Constraints, problem: &Problem, d: &AttentionDims, out: &mut im
             {
                 out.reject(ReasonCode::HEAD_DIM_TOO_LARGE, || format!("{what} {hd} > max {max}"));
             }
-            let multiple = h.multiple_by_dtype.get(&problem.dtype).copied().or(h.multiple);
             if let Some(m) = multiple
                 && m > 1
                 && hd % m != 0
@@ -147,7 +155,9 @@ fn causal(c: &Constraints, a: &AttentionAttrs, d: &AttentionDims, out: &mut impl
             )
         });
     }
-    if cz.seq_q_le_seq_k && a.causal_alignment == CausalAlignment::BottomRight && d.seq_q > d.seq_k {
+    let batch_path_skips = c.single_path_only.contains(&SinglePathCheck::SeqQLeSeqK) && !single_path(d);
+    if cz.seq_q_le_seq_k && !batch_path_skips && a.causal_alignment == CausalAlignment::BottomRight && d.seq_q > d.seq_k
+    {
         out.reject(ReasonCode::CAUSAL_SEQ_Q_EXCEEDS_SEQ_K, || {
             format!("bottom-right causal with seq_q {} > seq_k {}", d.seq_q, d.seq_k)
         });
@@ -205,11 +215,10 @@ fn mask(c: &Constraints, a: &AttentionAttrs, problem: &Problem, d: &AttentionDim
 /// `aligned_strides` (xFormers' cutlass reads memory in 128-bit pieces): q's and v's head
 /// stride a multiple of the dtype's head-dim multiple, a float mask's strides but the last
 /// multiples of 16 bytes and its last stride at most 1. Untagged strides are contiguous.
-fn aligned_strides(c: &Constraints, req: &Request, problem: &Problem, out: &mut impl Sink) {
+fn aligned_strides(c: &Constraints, req: &Request, problem: &Problem, multiple: Option<u64>, out: &mut impl Sink) {
     if !c.aligned_strides {
         return;
     }
-    let multiple = c.head_dim.as_ref().and_then(|h| h.multiple_by_dtype.get(&problem.dtype).copied().or(h.multiple));
     // The library checks the query's and the value's (not the key's).
     for name in ["q", "v"] {
         let (Some(t), Some(m)) = (req.get(name), multiple) else { continue };
@@ -297,16 +306,50 @@ fn features(c: &Constraints, a: &AttentionAttrs, d: &AttentionDims, out: &mut im
     {
         out.reject(ReasonCode::SCALE_UNSUPPORTED, || format!("scale {s} requested; the kernel uses 1/sqrt(head_dim)"));
     }
-    if a.rope.is_some() && !c.fused_rope {
-        out.reject(ReasonCode::FUSED_ROPE_UNSUPPORTED, || {
-            "RoPE fused into attention requested; the kernel takes q and k already rotated (run rope, then attention)"
-        });
+    if let Some(r) = &a.rope {
+        fused_rope(c, r, d, out);
     }
     if d.varlen && !c.varlen {
         out.reject(
             ReasonCode::VARLEN_UNSUPPORTED,
             || "ragged batch (cu_seqlens) given; the kernel takes padded batches only",
         );
+    }
+}
+
+/// `attrs.rope` against what the kernel's fused rotation covers.
+fn fused_rope(c: &Constraints, r: &RopeAttrs, d: &AttentionDims, out: &mut impl Sink) {
+    let Some(f) = &c.fused_rope else {
+        out.reject(ReasonCode::FUSED_ROPE_UNSUPPORTED, || {
+            "RoPE fused into attention requested; the kernel takes q and k already rotated (run rope, then attention)"
+        });
+        return;
+    };
+    if !f.styles.contains(&r.style) {
+        out.reject(ReasonCode::FUSED_ROPE_UNSUPPORTED, || {
+            let have: Vec<&str> = f.styles.iter().map(|s| s.as_str()).collect();
+            format!("fused RoPE style {} requested; the kernel rotates {}", r.style.as_str(), have.join(" or "))
+        });
+    }
+    if let Some(s) = &r.scaling
+        && !f.scalings.contains(&s.kind())
+    {
+        out.reject(ReasonCode::FUSED_ROPE_UNSUPPORTED, || {
+            let have: Vec<&str> = f.scalings.iter().map(|s| s.as_str()).collect();
+            let have = if have.is_empty() { "none".to_owned() } else { have.join(", ") };
+            format!("fused RoPE with {} frequency scaling requested; the kernel applies {have}", s.kind().as_str())
+        });
+    }
+    if let Some(rot) = r.rotary_dim
+        && rot != d.head_dim
+        && !f.partial
+    {
+        out.reject(ReasonCode::FUSED_ROPE_UNSUPPORTED, || {
+            format!(
+                "fused RoPE over rotary_dim {rot} of head_dim {} requested; the kernel rotates the whole head",
+                d.head_dim
+            )
+        });
     }
 }
 

@@ -34,7 +34,7 @@ pub fn check(
     }
     tensors::check(c, req, problem, out);
     if req.op.is_attention() {
-        attention::check(c, req, problem, out);
+        attention::check(c, req, problem, device.and_then(|d| d.compute_capability), out);
     } else {
         rows::check(c, req, problem, out);
     }

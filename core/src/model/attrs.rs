@@ -128,6 +128,44 @@ pub enum RopeScaling {
     },
 }
 
+impl RopeScaling {
+    /// Which scaling this is, without its parameters.
+    pub fn kind(&self) -> RopeScalingKind {
+        match self {
+            RopeScaling::Linear { .. } => RopeScalingKind::Linear,
+            RopeScaling::DynamicNtk { .. } => RopeScalingKind::DynamicNtk,
+            RopeScaling::Yarn { .. } => RopeScalingKind::Yarn,
+            RopeScaling::Llama3 { .. } => RopeScalingKind::Llama3,
+        }
+    }
+}
+
+/// A RoPE frequency scaling by name (what a kernel declares it applies).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RopeScalingKind {
+    /// `linear`.
+    Linear,
+    /// `dynamic_ntk`.
+    DynamicNtk,
+    /// `yarn`.
+    Yarn,
+    /// `llama3`.
+    Llama3,
+}
+
+impl RopeScalingKind {
+    /// The stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RopeScalingKind::Linear => "linear",
+            RopeScalingKind::DynamicNtk => "dynamic_ntk",
+            RopeScalingKind::Yarn => "yarn",
+            RopeScalingKind::Llama3 => "llama3",
+        }
+    }
+}
+
 fn yarn_beta_fast() -> f64 {
     32.0
 }

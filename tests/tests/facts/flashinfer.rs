@@ -61,6 +61,43 @@ fn v_dim(mut req: Request, dv: u64) -> Request {
     req
 }
 
+/// `req` with RoPE fused (`pos_encoding_mode="ROPE_LLAMA"`, `rope` as given).
+fn roped(req: Request, rope: RopeAttrs) -> Request {
+    attrs(req, AttentionAttrs { rope: Some(rope), ..AttentionAttrs::default() })
+}
+
+/// The fused-RoPE rows of a FlashInfer kernel whose pos_encoding_mode takes ROPE_LLAMA: the
+/// llama (rotate-half) rotation of the whole head, linearly scaled by rope_scale, and never
+/// with ALiBi (one pos_encoding_mode per call).
+fn fused_rope(kernel: &'static str, line: &'static str, req: Request) -> Vec<Fact> {
+    let llama = RopeAttrs::default();
+    let with = |rope: RopeAttrs| roped(req.clone(), rope);
+    let row = || fact(kernel, "fused_rope", src(FLASHINFER, line), "h100", with(llama.clone()));
+    vec![
+        row().rejects(with(RopeAttrs { style: RopeStyle::Interleaved, ..llama.clone() }), "FUSED_ROPE_UNSUPPORTED"),
+        row().rejects(with(RopeAttrs { rotary_dim: Some(64), ..llama.clone() }), "FUSED_ROPE_UNSUPPORTED"),
+        row().rejects(
+            with(RopeAttrs {
+                scaling: Some(RopeScaling::DynamicNtk { factor: 2.0, original_max_position: 64 }),
+                ..llama.clone()
+            }),
+            "FUSED_ROPE_UNSUPPORTED",
+        ),
+        // rope_scale divides the positions: linear scaling.
+        fact(
+            kernel,
+            "fused_rope",
+            src(FLASHINFER, "include/flashinfer/attention/prefill.cuh:893"),
+            "h100",
+            with(RopeAttrs { scaling: Some(RopeScaling::Linear { factor: 4.0 }), ..llama.clone() }),
+        ),
+        fact(kernel, "exclusive", src(FLASHINFER, "flashinfer/utils.py:37"), "h100", with(llama.clone())).rejects(
+            attrs(req.clone(), AttentionAttrs { rope: Some(llama), alibi: true, ..AttentionAttrs::default() }),
+            "FEATURES_EXCLUSIVE",
+        ),
+    ]
+}
+
 /// A paged request on 16-position pages (4 sequences, 8 KV heads, an 8-page table: 128 keys).
 fn paged16(q: DType, kv: DType, seq_q: u64, hq: u64, d: u64, layout: Layout, table: DType) -> Request {
     paged(q, kv, 4, seq_q, hq, 8, d, 16, layout, table)
@@ -229,7 +266,8 @@ fn limits() -> TestResult<Vec<Fact>> {
 fn decode() -> TestResult<Vec<Fact>> {
     const K: &str = "flashinfer.attention.decode";
     let one = || bf16(4, 1, 512, 32, 8, 128);
-    Ok(vec![
+    let mut rows = fused_rope(K, "include/flashinfer/attention/decode.cuh:267", one());
+    rows.extend(vec![
         fact(
             "flashinfer.attention.decode",
             "kv_dtypes",
@@ -282,14 +320,42 @@ fn decode() -> TestResult<Vec<Fact>> {
         ),
         fact(K, "strides", src(FLASHINFER, "csrc/single_decode.cu:37"), "h100", one())
             .rejects(k_heads_apart(one())?, "NOT_CONTIGUOUS"),
-    ])
+    ]);
+    Ok(rows)
 }
 
 fn dense_prefill() -> TestResult<Vec<Fact>> {
     const K: &str = "flashinfer.attention.prefill";
     let mha = || bf16(2, 128, 128, 16, 16, 128);
     let mask = |heads: u64| mha().tensor("mask", TensorDesc::new(DType::Bool, [2, heads, 128, 128]));
-    Ok(vec![
+    let mut rows = fused_rope(K, "include/flashinfer/attention/prefill.cuh:1014", mha());
+    let ragged = |sq: u64, sk: u64| {
+        bf16(1, sq, sk, 16, 16, 128)
+            .tensor("cu_seqlens_q", TensorDesc::new(DType::I32, [4]))
+            .tensor("cu_seqlens_k", TensorDesc::new(DType::I32, [4]))
+    };
+    rows.extend(vec![
+        // Causal with more queries than keys: the ragged wrapper runs it (the custom-mask
+        // test's causal call), single prefill refuses it (prefill.cuh:2533).
+        fact(
+            K,
+            "single_path_only",
+            src(FLASHINFER, "tests/attention/test_batch_prefill_kernels.py:1045"),
+            "a100",
+            causal_br(ragged(600, 300)),
+        )
+        .rejects(causal_br(bf16(2, 256, 128, 16, 16, 128)), "CAUSAL_SEQ_Q_EXCEEDS_SEQ_K"),
+        // DeepSeek's (192, 128) on the FA2 backend, on every GPU.
+        fact(
+            K,
+            "head_dim_pairs",
+            src(FLASHINFER, "tests/attention/test_deepseek_mla.py:176"),
+            "a100",
+            v_dim(attention(DType::F16, 2, 128, 128, 16, 16, 192), 128),
+        )
+        .rejects(v_dim(attention(DType::F16, 2, 128, 128, 16, 16, 192), 64), "HEAD_DIM_V_MISMATCH"),
+    ]);
+    rows.extend(vec![
         fact(
             K,
             "head_dim_requirements",
@@ -342,7 +408,8 @@ fn dense_prefill() -> TestResult<Vec<Fact>> {
         ),
         fact(K, "strides", src(FLASHINFER, "csrc/single_prefill.cu:46"), "h100", k_heads_apart(mha())?)
             .rejects(strided_v(mha())?, "LAST_DIM_NOT_CONTIGUOUS"),
-    ])
+    ]);
+    Ok(rows)
 }
 
 fn dense_prefill_fa3() -> TestResult<Vec<Fact>> {
@@ -438,7 +505,8 @@ fn dense_prefill_fa3() -> TestResult<Vec<Fact>> {
 fn paged_decode() -> TestResult<Vec<Fact>> {
     const K: &str = "flashinfer.paged_attention.decode";
     let one = || pages(16, None, 1);
-    Ok(vec![
+    let mut rows = fused_rope(K, "include/flashinfer/attention/decode.cuh:466", one()?);
+    rows.extend(vec![
         // T4 (sm 7.5) is the oldest GPU among the named profiles: nothing older to reject on.
         fact(
             K,
@@ -511,7 +579,8 @@ fn paged_decode() -> TestResult<Vec<Fact>> {
             one()?,
         )
         .rejects(v_padded(one()?)?, "KV_CACHE_STRIDES_UNSUPPORTED"),
-    ])
+    ]);
+    Ok(rows)
 }
 
 /// `req` with its V cache's pages padded (a page stride one row longer than K's).
@@ -525,7 +594,8 @@ fn v_padded(req: Request) -> TestResult<Request> {
 fn paged_prefill() -> TestResult<Vec<Fact>> {
     const K: &str = "flashinfer.paged_attention.prefill";
     let four = || queries_on_pages(4, 16, None, 1);
-    Ok(vec![
+    let mut rows = fused_rope(K, "include/flashinfer/attention/prefill.cuh:3715", four()?);
+    rows.extend(vec![
         // T4 (sm 7.5) is the oldest GPU among the named profiles: nothing older to reject on.
         fact(
             K,
@@ -554,8 +624,14 @@ fn paged_prefill() -> TestResult<Vec<Fact>> {
         // longer than its keys has rows with nothing to attend.
         fact(K, "causal", src(FLASHINFER, "include/flashinfer/attention/prefill.cuh:3823"), "h100", causal_br(four()?))
             .rejects(top_left(four()?), "CAUSAL_ALIGNMENT_UNSUPPORTED"),
-        fact(K, "causal", src(FLASHINFER, "include/flashinfer/attention/prefill.cuh:3823"), "h100", causal_br(four()?))
-            .rejects(causal_br(queries_on_pages(256, 16, None, 1)?), "CAUSAL_SEQ_Q_EXCEEDS_SEQ_K"),
+        // More queries than keys: the rows before the first key give zeros.
+        fact(
+            K,
+            "causal",
+            src(FLASHINFER, "tests/attention/test_batch_prefill_kernels.py:2363"),
+            "h100",
+            causal_br(queries_on_pages(256, 16, None, 1)?),
+        ),
         fact(
             K,
             "head_dim_requirements",
@@ -593,7 +669,8 @@ fn paged_prefill() -> TestResult<Vec<Fact>> {
             paged16(DType::BF16, DType::Fp8E4M3, 4, 32, 128, Layout::Nhd, DType::I32),
         )
         .rejects(paged16(DType::BF16, DType::F32, 4, 32, 128, Layout::Nhd, DType::I32), "KV_CACHE_DTYPE_UNSUPPORTED"),
-    ])
+    ]);
+    Ok(rows)
 }
 
 fn paged_prefill_fa3() -> TestResult<Vec<Fact>> {

@@ -18,7 +18,9 @@ use std::sync::Arc;
 
 use layerzero::hardware::named;
 use layerzero::hardware::profile::HardwareProfile;
-use layerzero::model::attrs::{AttentionAttrs, Attrs, CausalAlignment, NormAttrs, RopeAttrs, RopeStyle, SwigluAttrs};
+use layerzero::model::attrs::{
+    AttentionAttrs, Attrs, CausalAlignment, NormAttrs, RopeAttrs, RopeScaling, RopeStyle, SwigluAttrs,
+};
 use layerzero::model::dtype::DType;
 use layerzero::model::layout::Layout;
 use layerzero::model::op::Op;

@@ -64,6 +64,15 @@ pub(super) fn facts() -> TestResult<Vec<Fact>> {
             attention(DType::F32, 2, 128, 128, 16, 16, 100),
         )
         .rejects(attention(DType::F32, 2, 128, 128, 16, 16, 102), "HEAD_DIM_ALIGNMENT"),
+        // Below sm80 f32 runs without tensor cores: alignment 1; f16 keeps them on sm7x (8).
+        fact(
+            XF,
+            "head_dim",
+            src(XFORMERS, "xformers/ops/fmha/cutlass.py:44"),
+            "t4",
+            attention(DType::F32, 2, 128, 128, 16, 16, 102),
+        )
+        .rejects_on("t4", attention(DType::F16, 2, 128, 128, 16, 16, 100), "HEAD_DIM_ALIGNMENT"),
         // GQA as BMGHK: K/V expanded along the heads of each group.
         fact(XF, "gqa", src(XFORMERS, "xformers/ops/fmha/__init__.py:268"), "h100", bf16(2, 128, 128, 32, 8, 128)),
         fact(
