@@ -122,8 +122,10 @@ pub struct Pick {
 pub struct VerifiedTime {
     /// Kernel id.
     pub kernel: String,
-    /// Median, ns (absent when it failed).
+    /// Median, ns (absent when it failed); with two windows, the mean of their medians.
     pub median_ns: Option<f64>,
+    /// Each window's median, ns (two where kernels competed).
+    pub windows_ns: Vec<f64>,
     /// Coefficient of variation.
     pub cv: Option<f64>,
     /// Samples kept.

@@ -133,7 +133,8 @@ impl<'a> Tuning<'a> {
         let windows = |n: usize| if n >= 2 { 2 * n } else { n };
         let tune_count: usize =
             plans.iter().map(|p| windows(p.ranked.iter().filter(|s| self.todo(p, s)).count())).sum();
-        let verify_count: usize = if self.opts.verify { plans.iter().map(|p| p.ranked.len()).sum() } else { 0 };
+        let verify_count: usize =
+            if self.opts.verify { plans.iter().map(|p| windows(p.ranked.len())).sum() } else { 0 };
         tune_count + verify_count
     }
 
