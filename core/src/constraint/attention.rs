@@ -353,13 +353,13 @@ fn fused_rope(c: &Constraints, r: &RopeAttrs, d: &AttentionDims, out: &mut impl 
     }
 }
 
-/// Features the request uses together that the kernel rejects together.
 /// Whether a request takes a library's single-request entry point: dense, not ragged (a
 /// ragged or paged one goes through its batch wrappers).
 fn single_path(d: &AttentionDims) -> bool {
     !d.varlen && d.paged.is_none()
 }
 
+/// Features the request uses together that the kernel rejects together.
 fn exclusive(c: &Constraints, a: &AttentionAttrs, problem: &Problem, d: &AttentionDims, out: &mut impl Sink) {
     if c.exclusive.is_empty() || (c.single_path_only.contains(&SinglePathCheck::Exclusive) && !single_path(d)) {
         return;
