@@ -154,6 +154,20 @@ pub fn planner_with(catalog: Arc<Catalog>, hw: &str, policy: Policy) -> TestResu
     Ok(Selector::planning(catalog, Arc::new(profile), Arc::new(policy)).map_err(|e| format!("selector: {e}"))?)
 }
 
+/// A table of one f32 linear entry (x [m, 64], weight [48, 64], m 1..16) solved by `selector`.
+pub fn small_linear_table(selector: &Selector) -> TestResult<layerzero::DispatchTable> {
+    use layerzero::plan::{solve, workload::Workload};
+    let workload = Workload::from_json(
+        r#"{"schema_version": 1, "name": "small-linear", "entries": [{"name": "proj", "request": {"op": "linear",
+            "tensors": {"x": {"dtype": "f32", "shape": [8, 64]}, "weight": {"dtype": "f32", "shape": [48, 64]}}},
+            "ranges": {"m": [1, 16]}}]}"#,
+        "w.json",
+    )?;
+    let prov =
+        solve::Provenance { perfdb_digest: None, created_at: "2026-11-28T00:00:00Z".into(), command: "test".into() };
+    Ok(solve::solve(&workload, selector, prov)?)
+}
+
 /// A policy from JSON text.
 pub fn policy(json: &str) -> TestResult<Policy> {
     Ok(Policy::from_json(json, "test policy").map_err(|e| format!("policy: {e}"))?)

@@ -15,8 +15,6 @@ use layerzero::exec::executor::{Executor, KernelError};
 use layerzero::model::attrs::NoAttrs;
 use layerzero::model::dtype::DType;
 use layerzero::model::layout::Layout;
-use layerzero::plan::solve::{self, Provenance};
-use layerzero::plan::workload::Workload;
 use layerzero::policy::Policy;
 use layerzero::tensor::HostTensor;
 use layerzero::{ErrorKind, LayerZero, PlanMode, ReasonCode, SelectionSource};
@@ -226,14 +224,7 @@ fn graph_unsafe_kernel_is_never_selected_under_graph_strict_mode() -> TestResult
 #[test]
 fn plan_bucket_miss_on_an_unseen_shape_selects_live_with_the_reason_and_strict_mode_refuses() -> TestResult {
     let lz = LayerZero::detected()?;
-    let workload = Workload::from_json(
-        r#"{"schema_version": 1, "name": "small-linear", "entries": [{"name": "proj", "request": {"op": "linear",
-            "tensors": {"x": {"dtype": "f32", "shape": [8, 64]}, "weight": {"dtype": "f32", "shape": [48, 64]}}},
-            "ranges": {"m": [1, 16]}}]}"#,
-        "w.json",
-    )?;
-    let prov = Provenance { perfdb_digest: None, created_at: "2026-11-25T00:00:00Z".into(), command: "test".into() };
-    let table = solve::solve(&workload, &lz.selector(), prov)?;
+    let table = layerzero_tests::small_linear_table(&lz.selector())?;
     let served = LayerZero::detected().and_then(|l| l.with_plan(&table, PlanMode::Prefer))?;
     let inside = linear(8)?;
     assert_eq!(served.dispatch(&inside).map(|d| d.source()).ok(), Some(SelectionSource::Plan));

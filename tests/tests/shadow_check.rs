@@ -9,8 +9,6 @@ use layerzero::exec::args::{LinearArgs, NormArgs, OpArgs, Outputs};
 use layerzero::exec::executor::{Executor, KernelError};
 use layerzero::model::attrs::NoAttrs;
 use layerzero::model::dtype::DType;
-use layerzero::plan::solve::{self, Provenance};
-use layerzero::plan::workload::Workload;
 use layerzero::policy::{Policy, ShadowCheck};
 use layerzero::select::{ParityBook, ParityFact, Selector};
 use layerzero::tensor::HostTensor;
@@ -266,14 +264,7 @@ fn a_failure_known_at_load_drops_its_entry_and_a_later_record_leaves_the_rest_of
 
 /// A table of one linear entry (m 1..16) solved on this host.
 fn small_linear_table() -> TestResult<layerzero::DispatchTable> {
-    let workload = Workload::from_json(
-        r#"{"schema_version": 1, "name": "small-linear", "entries": [{"name": "proj", "request": {"op": "linear",
-            "tensors": {"x": {"dtype": "f32", "shape": [8, 64]}, "weight": {"dtype": "f32", "shape": [48, 64]}}},
-            "ranges": {"m": [1, 16]}}]}"#,
-        "w.json",
-    )?;
-    let prov = Provenance { perfdb_digest: None, created_at: "2026-11-28T00:00:00Z".into(), command: "test".into() };
-    Ok(solve::solve(&workload, &LayerZero::detected()?.selector(), prov)?)
+    layerzero_tests::small_linear_table(&LayerZero::detected()?.selector())
 }
 
 /// `lz generate --verify-every N` (seed 004's per-layer cosine report): a healthy model's

@@ -18,6 +18,7 @@ use crate::model::device::DeviceKind;
 use crate::model::dtype::DType;
 use crate::model::layout::Layout;
 use crate::model::op::Op;
+use crate::model::tensor::TensorDesc;
 use crate::model::w4::{ActQuant, ScaleOrder, W4Format};
 
 /// How a backend's kernels get executed.
@@ -363,6 +364,17 @@ pub enum StrideRule {
     LastDimContiguous,
     /// Fully contiguous tensors only.
     Contiguous,
+}
+
+impl StrideRule {
+    /// Whether `t`'s strides follow the rule.
+    pub fn allows(self, t: &TensorDesc) -> bool {
+        match self {
+            StrideRule::Any => true,
+            StrideRule::LastDimContiguous => t.last_dim_contiguous(),
+            StrideRule::Contiguous => t.is_contiguous(),
+        }
+    }
 }
 
 /// Paged-cache page sizes.

@@ -261,12 +261,7 @@ fn aligned_strides(c: &Constraints, req: &Request, problem: &Problem, multiple: 
 /// mask row as contiguous elements).
 fn mask_strides(c: &Constraints, req: &Request, out: &mut impl Sink) {
     let (Some(rule), Some(m)) = (c.mask_strides, req.get("mask")) else { return };
-    let bad = match rule {
-        StrideRule::Any => false,
-        StrideRule::LastDimContiguous => !m.last_dim_contiguous(),
-        StrideRule::Contiguous => !m.is_contiguous(),
-    };
-    if bad {
+    if !rule.allows(m) {
         out.reject(ReasonCode::LAST_DIM_NOT_CONTIGUOUS, || {
             format!(
                 "mask strides {:?} for shape {:?}; the kernel needs {}",
@@ -443,12 +438,7 @@ fn paged(
     if let Some(rule) = c.kv_cache_strides {
         for name in ["k_cache", "v_cache"] {
             let Some(t) = req.get(name) else { continue };
-            let bad = match rule {
-                StrideRule::Any => false,
-                StrideRule::LastDimContiguous => !t.last_dim_contiguous(),
-                StrideRule::Contiguous => !t.is_contiguous(),
-            };
-            if bad {
+            if !rule.allows(t) {
                 out.reject(ReasonCode::KV_CACHE_STRIDES_UNSUPPORTED, || {
                     let need = match rule {
                         StrideRule::Contiguous => "contiguous pages",

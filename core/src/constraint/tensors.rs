@@ -26,8 +26,8 @@ pub(super) fn check(c: &Constraints, req: &Request, problem: &Problem, out: &mut
         _ => &[],
     };
     // A kernel that declares KV dtypes takes k and v in one of them under any query dtype.
-    let kv_declared = req.op == Op::Attention && c.kv_dtypes.is_some();
-    if let (true, Some(kv), Some(k), Some(v)) = (kv_declared, &c.kv_dtypes, req.get("k"), req.get("v")) {
+    let kv_dtypes = c.kv_dtypes.as_ref().filter(|_| req.op == Op::Attention);
+    if let (Some(kv), Some(k), Some(v)) = (kv_dtypes, req.get("k"), req.get("v")) {
         if k.dtype != v.dtype {
             out.reject(ReasonCode::DTYPE_MISMATCH, || format!("k is {} but v is {}", k.dtype, v.dtype));
         } else if k.dtype != problem.dtype && !kv.contains(&k.dtype) {
@@ -37,7 +37,7 @@ pub(super) fn check(c: &Constraints, req: &Request, problem: &Problem, out: &mut
         }
     }
     for name in same_dtype {
-        if kv_declared && (*name == "k" || *name == "v") {
+        if kv_dtypes.is_some() && (*name == "k" || *name == "v") {
             continue;
         }
         if let Some(t) = req.get(name)

@@ -173,6 +173,7 @@ impl VerifiedTime {
             }
             (Some(_), None) => {
                 self.median_ns = None;
+                self.windows_ns.clear();
                 self.cv = None;
                 self.error = other.error;
             }

@@ -354,8 +354,6 @@ fn dense_prefill() -> TestResult<Vec<Fact>> {
             v_dim(attention(DType::F16, 2, 128, 128, 16, 16, 192), 128),
         )
         .rejects(v_dim(attention(DType::F16, 2, 128, 128, 16, 16, 192), 64), "HEAD_DIM_V_MISMATCH"),
-    ]);
-    rows.extend(vec![
         fact(
             K,
             "head_dim_requirements",

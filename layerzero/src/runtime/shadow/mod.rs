@@ -22,9 +22,8 @@ use serde::Serialize;
 
 use super::LayerZero;
 use crate::capabilities::catalog::{Catalog, KernelIndex};
-use crate::compare::{Category, compare, cosine, output_tolerance};
+use crate::compare::{Category, compare, cosine, real_call_tolerance};
 use crate::exec::args::{OpArgs, Outputs};
-use crate::model::dtype::DType;
 use crate::model::op::Op;
 use crate::plan::SelectionKey;
 use crate::policy::ShadowCheck;
@@ -309,11 +308,6 @@ pub(crate) struct Agreement {
 /// the same rows of `outputs`, a call of the kernel `spec` on `args`: the §5 tolerance of the
 /// op and dtype (the kernel's `error_bound` where looser) and, for float outputs, a cosine of
 /// at least [`MIN_COSINE`]. An error says why no comparison could be made.
-/// torch.testing.assert_close's default tolerance for float32.
-const TORCH_F32_RTOL: f64 = 1.3e-6;
-/// See [`TORCH_F32_RTOL`].
-const TORCH_F32_ATOL: f64 = 1e-5;
-
 pub(crate) fn agreement(
     reference: &dyn crate::exec::executor::Executor,
     spec: &crate::capabilities::spec::KernelSpec,
@@ -356,18 +350,10 @@ pub(crate) fn agreement(
             a.problems.push(format!("output `{name}` has shape {:?}, the reference's {:?}", got.shape(), want.shape()));
             continue;
         }
-        let mut tol = output_tolerance(category, want.dtype());
+        let mut tol = real_call_tolerance(category, want.dtype());
         // A quantized kernel is held to the bound it declares where that is looser.
         if let Some(b) = spec.properties.error_bound.as_ref().and_then(|e| e.get(&want.dtype())) {
             (tol.rtol, tol.atol) = (tol.rtol.max(b.rtol), tol.atol.max(b.atol));
-        }
-        // The table's f32 GEMM tolerance (1e-6) is sized for the specification's fixtures; at
-        // a model's reduction lengths two correct f32 kernels summing in other orders differ
-        // by a few 1e-6 from the f64 reference (K = 2048: oneDNN's matmul 6.0e-6,
-        // cpu.linear.fast 1.7e-6), so a check on this machine's real calls floors it at
-        // torch.testing's float32 default.
-        if category == Category::Gemm && want.dtype() == DType::F32 {
-            (tol.rtol, tol.atol) = (tol.rtol.max(TORCH_F32_RTOL), tol.atol.max(TORCH_F32_ATOL));
         }
         (a.rtol, a.atol) = (a.rtol.max(tol.rtol), a.atol.max(tol.atol));
         let (w, g) = (want.to_f64_vec(), got.to_f64_vec());
