@@ -858,6 +858,18 @@ fn a_fused_mlp_is_modeled_without_its_intermediate_traffic() -> TestResult {
 }
 
 #[test]
+fn a_pad_multiple_no_planned_pad_can_name_is_refused_when_the_catalog_loads() -> TestResult {
+    let pads = |p: u64| {
+        let k = kernel("probe.attention.padded", Op::Attention, json!({"head_dim": {"multiple": 8, "padded_to": p}}));
+        Backend::new("probe", "cuda").kernel(k).catalog().err().map(|e| e.to_string()).unwrap_or_default()
+    };
+    assert_eq!(pads(8), "");
+    let err = pads(12);
+    assert!(err.contains("constraints.head_dim.padded_to") && err.contains("12"), "{err}");
+    Ok(())
+}
+
+#[test]
 fn a_paged_decode_is_charged_the_pages_its_block_table_reaches_not_the_whole_pool() -> TestResult {
     // 4 sequences x 8 pages of 16 positions x 8 kv heads x (128 + 128) x bf16, out of a pool
     // of 64 pages: a pool 8 times as large changes nothing.

@@ -3,7 +3,9 @@
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
-use super::spec::{BackendSpec, CAPABILITIES_SCHEMA_VERSION, KernelSpec, declared_op_fields, fields_for_op};
+use super::spec::{
+    BackendSpec, CAPABILITIES_SCHEMA_VERSION, KernelSpec, PAD_MULTIPLES, declared_op_fields, fields_for_op,
+};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::op::Op;
 use crate::schema::{self, SchemaKind};
@@ -217,6 +219,16 @@ fn validate_kernel(b: &BackendSpec, k: &KernelSpec) -> Result<()> {
                 )));
             }
         }
+    }
+    if let Some(p) = k.constraints.head_dim.as_ref().and_then(|h| h.padded_to)
+        && !PAD_MULTIPLES.iter().any(|(m, _)| *m == p)
+    {
+        let known: Vec<String> = PAD_MULTIPLES.iter().map(|(m, _)| m.to_string()).collect();
+        return Err(Error::invalid(format!(
+            "kernel {}: field `constraints.head_dim.padded_to` is {p}; expected one of {}",
+            k.id,
+            known.join(", ")
+        )));
     }
     let allowed = fields_for_op(k.op);
     if let Some(field) = declared_op_fields(&k.constraints).into_iter().find(|f| !allowed.contains(f)) {

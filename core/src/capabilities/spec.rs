@@ -262,6 +262,11 @@ pub struct HeadDim {
     pub padded_to: Option<u64>,
 }
 
+/// The multiples `head_dim.padded_to` may name, with the name a planned pad carries as its
+/// `to` (checked when a catalog loads).
+pub const PAD_MULTIPLES: [(u64, &str); 4] =
+    [(8, "multiple of 8"), (16, "multiple of 16"), (32, "multiple of 32"), (64, "multiple of 64")];
+
 impl HeadDim {
     /// The multiple a head dim of `dtype` needs on a device of compute capability `cc`
     /// (unknown: the strictest, `multiple_by_dtype` / `multiple`).

@@ -9,7 +9,7 @@ mod tensors;
 
 use serde::Serialize;
 
-use crate::capabilities::spec::{KernelSpec, MaskName};
+use crate::capabilities::spec::{KernelSpec, MaskName, PAD_MULTIPLES};
 use crate::hardware::profile::DeviceProfile;
 use crate::model::device::DeviceKind;
 use crate::model::dtype::DType;
@@ -195,12 +195,8 @@ pub fn plan(kernel: &KernelSpec, req: &Request, problem: &Problem, dev: &DeviceP
     if transforms.is_empty() { None } else { Some(transforms) }
 }
 
-/// The head-dim multiples a library pads to, by the name a transform's `to` carries.
-const PADS: [(u64, &str); 4] =
-    [(8, "multiple of 8"), (16, "multiple of 16"), (32, "multiple of 32"), (64, "multiple of 64")];
-
 fn pad_name(p: u64) -> Option<&'static str> {
-    PADS.iter().find(|(m, _)| *m == p).map(|(_, n)| *n)
+    PAD_MULTIPLES.iter().find(|(m, _)| *m == p).map(|(_, n)| *n)
 }
 
 /// The request as the kernel sees it after `transforms`.
@@ -226,7 +222,7 @@ pub fn apply(req: &Request, transforms: &[Transform]) -> Request {
             }
             TransformKind::ExpandBlockMask => block::expand_desc(&mut adapted),
             TransformKind::PadHeadDim => {
-                let p = PADS.iter().find(|(_, n)| *n == tr.to).map_or(1, |(p, _)| *p);
+                let p = PAD_MULTIPLES.iter().find(|(_, n)| *n == tr.to).map_or(1, |(p, _)| *p);
                 if let Some(last) = t.shape.last_mut() {
                     *last = last.next_multiple_of(p);
                 }
